@@ -1,0 +1,18 @@
+"""Test settings: the same as production, with a fast hasher and a private engine folder."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from console.settings import *  # noqa: F403
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+ENGINE_HOME = Path(os.environ.get("ENGINE_HOME") or tempfile.mkdtemp(prefix="lethe-engine-"))
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+WHITENOISE_AUTOREFRESH = True
+Q_CLUSTER = {**Q_CLUSTER, "sync": False}  # noqa: F405

@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.utils import translation
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_POST
+
+
+@require_POST
+def set_language(request: HttpRequest) -> HttpResponse:
+    """Switch the interface language; remembered in a cookie, works without JavaScript."""
+    code = request.POST.get("language", "")
+    target = request.POST.get("next") or "/"
+    if not url_has_allowed_host_and_scheme(target, {request.get_host()}, require_https=request.is_secure()):
+        target = "/"
+    response = HttpResponseRedirect(target)
+    if code in dict(settings.LANGUAGES):
+        translation.activate(code)
+        response.set_cookie(
+            settings.LANGUAGE_COOKIE_NAME, code, max_age=365 * 24 * 3600, samesite="Lax"
+        )
+    return response

@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from lifecycle.errors import ActionRefused
+from lifecycle.models import Conversation, ConversationState, Item, Role
+from retention.reducer import MARKER_KEY, measure
+
+
+def check_writable(conversation: Conversation) -> None:
+    if conversation.state != ConversationState.LIVE:
+        raise ActionRefused(
+            "conversation_deletion_pending",
+            _("This conversation is being deleted; it accepts no more writes."),
+        )
+
+
+def append_item(
+    conversation: Conversation,
+    *,
+    role: str,
+    content: str = "",
+    tool_kind: str = "",
+    tool_call_id: str = "",
+    status: str = "",
+    title: str = "",
+    payload: Any = None,
+) -> Item:
+    """Append one message to the conversation's transcript and mark it active now."""
+    if role != Role.TOOL and (tool_kind or payload is not None):
+        raise ActionRefused(
+            "invalid_item", _("Only tool items have a tool kind or a payload."), status=400
+        )
+    if isinstance(payload, dict) and MARKER_KEY in payload:
+        raise ActionRefused(
+            "invalid_item", _("A new item cannot carry a removal marker."), status=400
+        )
+    with transaction.atomic():
+        locked = Conversation.objects.select_for_update().get(pk=conversation.pk)
+        check_writable(locked)
+        now = timezone.now()
+        last = Item.objects.filter(conversation=locked).aggregate(m=Max("seq"))["m"] or 0
+        size, removable = measure(tool_kind, payload) if role == Role.TOOL else (0, 0)
+        item = Item.objects.create(
+            conversation=locked,
+            seq=last + 1,
+            role=role,
+            content=content,
+            tool_kind=tool_kind if role == Role.TOOL else "",
+            tool_call_id=tool_call_id,
+            status=status,
+            title=title,
+            payload=payload,
+            payload_bytes=size,
+            removable_bytes=removable,
+            created_at=now,
+            updated_at=now,
+        )
+        Conversation.objects.filter(pk=locked.pk).update(last_activity_at=now)
+    return item

@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from datetime import date
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
+
+from lifecycle.enginefs import EngineHome
+from lifecycle.models import Conversation
+from lifecycle.seeding import Seeder
+
+CREDENTIALS_FILE = "demo-credentials.txt"
+
+
+class Command(BaseCommand):
+    help = "Seed deterministic demo conversations in the database and the engine folder."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--conversations", type=int, default=60)
+        parser.add_argument("--messages", type=int, default=40, help="Average messages per conversation.")
+        parser.add_argument("--seed", type=int, default=1)
+        parser.add_argument("--anchor", type=date.fromisoformat, default=None,
+                            help="The day the data is 'now' for (YYYY-MM-DD); default today.")
+        parser.add_argument("--if-empty", action="store_true", help="Do nothing when conversations exist.")
+        parser.add_argument("--no-users", action="store_true")
+
+    def handle(self, *args, conversations, messages, seed, anchor, if_empty, no_users, **options):
+        if conversations < 2 or messages < 1:
+            raise CommandError("Seed at least 2 conversations with at least 1 message each.")
+        if not no_users:
+            self.users()
+        if if_empty and Conversation.objects.exists():
+            self.stdout.write("Demo data already present; not seeding again.")
+            return
+        if Conversation.objects.exists():
+            raise CommandError("Conversations already exist; seed into an empty database.")
+        started = time.perf_counter()
+        seeder = Seeder(seed=seed, anchor=anchor or timezone.now().date(), messages=messages, home=EngineHome())
+        report = seeder.run(conversations)
+        elapsed = time.perf_counter() - started
+        self.stdout.write(
+            f"Seeded {report.conversations} conversations, {report.items} items and "
+            f"{report.files} engine files in {elapsed:.1f} s."
+        )
+
+    def users(self) -> None:
+        User = get_user_model()
+        path = settings.VAR_DIR / CREDENTIALS_FILE
+        password = os.environ.get("LETHE_DEMO_PASSWORD", "")
+        if not password and path.exists():
+            password = path.read_text().split()[-1]
+        generated = not password
+        if generated:
+            password = secrets.token_urlsafe(9)
+        for username, staff in (("admin", True), ("member", False)):
+            user, created = User.objects.get_or_create(username=username, defaults={"is_staff": staff})
+            if created or os.environ.get("LETHE_DEMO_PASSWORD"):
+                user.set_password(password)
+                user.is_staff = staff
+                user.save()
+        if generated:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"password {password}\n")
+            path.chmod(0o600)
+        self.stdout.write(
+            f"Demo logins: admin / {password} (admin), member / {password} (read-only member)"
+        )

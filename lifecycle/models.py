@@ -1,0 +1,506 @@
+"""The conversation store: identity, content, runtime facts and retained facts.
+
+A conversation's content lives in these tables and in the engine folder (see
+`lifecycle.enginefs`). Every model that refers to a conversation declares a retention
+class in `lifecycle.registry`; the system check in `lifecycle.checks` enforces it.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import datetime
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Exists, OuterRef, Q
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+
+def new_public_id() -> str:
+    # Opaque and unguessable: a URL never reveals the raw thread id or the owner.
+    return "c_" + secrets.token_hex(10)
+
+
+class Account(models.Model):
+    name = models.CharField(_("name"), max_length=120)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name", "id"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def owner_key(self) -> str:
+        return f"account:{self.pk}"
+
+
+class Computer(models.Model):
+    name = models.CharField(_("name"), max_length=120)
+    account = models.ForeignKey(
+        Account, null=True, blank=True, on_delete=models.SET_NULL, related_name="computers"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name", "id"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def owner_key(self) -> str:
+        return f"computer:{self.pk}"
+
+
+class Scope(models.TextChoices):
+    BOUND = "bound", _("Account-managed")
+    LOCAL = "local", _("Local to a computer")
+
+
+class ConversationState(models.TextChoices):
+    LIVE = "live", _("Live")
+    PENDING_DELETE = "pending_delete", _("Pending delete")
+    DELETED = "deleted", _("Deleted")
+
+
+class TurnState(models.TextChoices):
+    QUEUED = "queued", _("Queued")
+    RUNNING = "running", _("Running")
+    DONE = "done", _("Done")
+    FAILED = "failed", _("Failed")
+    CANCELLED = "cancelled", _("Cancelled")
+    INTERRUPTED = "interrupted", _("Interrupted")
+
+
+ACTIVE_TURN_STATES = (TurnState.QUEUED, TurnState.RUNNING)
+
+
+class ConversationQuerySet(models.QuerySet):
+    def live(self) -> ConversationQuerySet:
+        return self.filter(state=ConversationState.LIVE)
+
+    def recent(self) -> ConversationQuerySet:
+        return self.live().filter(archived_at__isnull=True, closed_at__isnull=True)
+
+    def archived(self) -> ConversationQuerySet:
+        return self.live().filter(archived_at__isnull=False)
+
+    def closed(self) -> ConversationQuerySet:
+        return self.live().filter(archived_at__isnull=True, closed_at__isnull=False)
+
+    def inactive_since(self, moment: datetime) -> ConversationQuerySet:
+        return self.filter(last_activity_at__lt=moment)
+
+    def owned_by(self, kind: str, owner_id: int) -> ConversationQuerySet:
+        if kind == "account":
+            return self.filter(account_id=owner_id)
+        if kind == "computer":
+            return self.filter(computer_id=owner_id)
+        return self.none()
+
+    def search(self, text: str) -> ConversationQuerySet:
+        text = text.strip()
+        if not text:
+            return self
+        return self.filter(Q(title__icontains=text) | Q(thread_id__icontains=text))
+
+    def with_activity(self) -> ConversationQuerySet:
+        running = Turn.objects.filter(conversation=OuterRef("pk"), state__in=ACTIVE_TURN_STATES)
+        return self.annotate(is_active=Exists(running))
+
+
+class Conversation(models.Model):
+    """One conversation, identified by (owner, scope, raw thread id).
+
+    The row itself is the identity; after a delete it stays as the tombstone (no title,
+    no content), so its public id keeps answering lookups.
+    """
+
+    public_id = models.CharField(max_length=32, unique=True, default=new_public_id, editable=False)
+    account = models.ForeignKey(
+        Account, null=True, blank=True, on_delete=models.PROTECT, related_name="conversations"
+    )
+    computer = models.ForeignKey(
+        Computer, null=True, blank=True, on_delete=models.PROTECT, related_name="conversations"
+    )
+    scope = models.CharField(max_length=8, choices=Scope.choices)
+    thread_id = models.CharField(_("thread id"), max_length=128)
+    title = models.CharField(_("title"), max_length=300, blank=True)
+    state = models.CharField(
+        max_length=16, choices=ConversationState.choices, default=ConversationState.LIVE
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    last_activity_at = models.DateTimeField(default=timezone.now)
+    archived_at = models.DateTimeField(null=True, blank=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ConversationQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-last_activity_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                name="conversation_owner_matches_scope",
+                condition=(
+                    Q(scope="bound", account__isnull=False, computer__isnull=True)
+                    | Q(scope="local", computer__isnull=False, account__isnull=True)
+                ),
+            ),
+            models.UniqueConstraint(
+                fields=["account", "thread_id"],
+                condition=Q(account__isnull=False),
+                name="conversation_unique_thread_per_account",
+            ),
+            models.UniqueConstraint(
+                fields=["computer", "thread_id"],
+                condition=Q(computer__isnull=False),
+                name="conversation_unique_thread_per_computer",
+            ),
+            models.CheckConstraint(
+                name="conversation_state_valid",
+                condition=Q(state__in=["live", "pending_delete", "deleted"]),
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["state", "-last_activity_at", "-id"], name="conv_state_activity_idx"),
+            models.Index(fields=["last_activity_at"], name="conv_activity_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return self.title or self.thread_id
+
+    @property
+    def owner(self) -> Account | Computer:
+        return self.account if self.scope == Scope.BOUND else self.computer  # type: ignore[return-value]
+
+    @property
+    def owner_kind(self) -> str:
+        return "account" if self.scope == Scope.BOUND else "computer"
+
+    @property
+    def owner_id(self) -> int:
+        return self.account_id if self.scope == Scope.BOUND else self.computer_id  # type: ignore[return-value]
+
+    @property
+    def storage_key(self) -> str:
+        """The folder name under the engine home. Raw thread ids collide across owners."""
+        return self.public_id
+
+
+class Turn(models.Model):
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="turns")
+    seq = models.PositiveIntegerField()
+    state = models.CharField(max_length=12, choices=TurnState.choices, default=TurnState.DONE)
+    started_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["conversation", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["conversation", "seq"], name="turn_unique_seq"),
+        ]
+        indexes = [models.Index(fields=["conversation", "state"], name="turn_conv_state_idx")]
+
+
+class Role(models.TextChoices):
+    USER = "user", _("User")
+    ASSISTANT = "assistant", _("Assistant")
+    TOOL = "tool", _("Tool")
+
+
+class ToolKind(models.TextChoices):
+    SHELL = "shell", _("Shell")
+    READ_FILE = "read_file", _("Read file")
+    EDIT_FILE = "edit_file", _("Edit file")
+    SEARCH = "search", _("Search")
+    HTTP = "http", _("Web request")
+    GENERIC = "generic", _("Tool")
+    PLAN = "plan", _("Plan")
+    TODO = "todo", _("To-do list")
+    SUBAGENT_TASK = "subagent_task", _("Subagent task")
+    BACKGROUND_WORK = "background_work", _("Background work")
+    MONITOR = "monitor", _("Monitor")
+
+
+class ItemStatus(models.TextChoices):
+    PENDING = "pending", _("Pending")
+    RUNNING = "running", _("Running")
+    COMPLETED = "completed", _("Completed")
+    FAILED = "failed", _("Failed")
+    CANCELLED = "cancelled", _("Cancelled")
+
+
+class Item(models.Model):
+    """A message in a conversation. Tool items carry a kind, a status and a JSON payload.
+
+    `payload_bytes` is the stored size of the payload and `removable_bytes` what the tool
+    payload reducer would remove from it; both are computed when the item is written, so
+    analysis is a SUM over an index and cleanup walks primary-key batches.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="items")
+    turn = models.ForeignKey(Turn, null=True, blank=True, on_delete=models.SET_NULL, related_name="items")
+    seq = models.PositiveBigIntegerField()
+    role = models.CharField(max_length=12, choices=Role.choices)
+    tool_kind = models.CharField(max_length=20, choices=ToolKind.choices, blank=True)
+    tool_call_id = models.CharField(max_length=80, blank=True)
+    status = models.CharField(max_length=12, choices=ItemStatus.choices, blank=True)
+    title = models.CharField(max_length=300, blank=True)
+    content = models.TextField(blank=True)
+    payload = models.JSONField(null=True, blank=True)
+    payload_bytes = models.PositiveIntegerField(default=0)
+    removable_bytes = models.PositiveIntegerField(default=0)
+    revision = models.PositiveIntegerField(default=1)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["conversation", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["conversation", "seq"], name="item_unique_seq"),
+            models.CheckConstraint(
+                name="item_tool_fields_only_on_tool_items",
+                condition=Q(role="tool") | Q(tool_kind="", payload__isnull=True),
+            ),
+        ]
+        indexes = [
+            # Analysis: SUM(removable_bytes) per conversation without touching payloads.
+            models.Index(
+                fields=["conversation", "removable_bytes"],
+                name="item_removable_idx",
+                condition=Q(removable_bytes__gt=0),
+            ),
+        ]
+
+
+class Goal(models.Model):
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="goals")
+    text = models.TextField()
+    status = models.CharField(max_length=16, default="open")
+    created_at = models.DateTimeField(default=timezone.now)
+
+
+class MailEnvelope(models.Model):
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="mail")
+    sender = models.CharField(max_length=200)
+    recipient = models.CharField(max_length=200)
+    subject = models.CharField(max_length=300)
+    body = models.TextField()
+    sent_at = models.DateTimeField(default=timezone.now)
+
+
+class SessionDocument(models.Model):
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="session_documents"
+    )
+    name = models.CharField(max_length=200)
+    document = models.JSONField()
+    saved_at = models.DateTimeField(default=timezone.now)
+
+
+class BranchJournalEntry(models.Model):
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="branch_journal")
+    seq = models.PositiveIntegerField()
+    branch = models.CharField(max_length=80)
+    entry = models.JSONField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+
+class Checkpoint(models.Model):
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="checkpoints")
+    label = models.CharField(max_length=200)
+    snapshot = models.JSONField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+
+class RecoveryKind(models.TextChoices):
+    PRE_IMPORT_ARCHIVE = "pre_import_archive", _("Pre-import archive")
+    RECOVERY_SNAPSHOT = "recovery_snapshot", _("Recovery snapshot")
+
+
+class RecoveryMaterial(models.Model):
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="recovery_material")
+    kind = models.CharField(max_length=24, choices=RecoveryKind.choices)
+    body = models.TextField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+
+class OperationOutcome(models.TextChoices):
+    APPLIED = "applied", _("Applied")
+    REJECTED = "rejected", _("Rejected")
+    SUPERSEDED = "superseded", _("Superseded")
+
+
+class OperationBinding(models.Model):
+    """Binds a turn operation to the conversation, for idempotent retry.
+
+    On delete it compacts to operation id, target id, timestamp and outcome.
+    """
+
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="operation_bindings")
+    operation_id = models.CharField(max_length=64)
+    target_id = models.CharField(max_length=64)
+    outcome = models.CharField(max_length=12, choices=OperationOutcome.choices)
+    created_at = models.DateTimeField(default=timezone.now)
+    request = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["conversation", "operation_id"], name="binding_unique_op"),
+        ]
+
+
+class HistoryReceipt(models.Model):
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="history_receipts")
+    operation_id = models.CharField(max_length=64)
+    target_id = models.CharField(max_length=64)
+    outcome = models.CharField(max_length=12, choices=OperationOutcome.choices)
+    created_at = models.DateTimeField(default=timezone.now)
+    detail = models.JSONField(null=True, blank=True)
+
+
+class SharedLink(models.Model):
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="shared_links")
+    token = models.CharField(max_length=64, unique=True)
+    publisher = models.CharField(max_length=80)
+    publisher_supports_revoke = models.BooleanField(default=True)
+    published_at = models.DateTimeField(default=timezone.now)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+
+class Export(models.Model):
+    # Retain-detach: on delete the file stays where the user saved it; only the link goes.
+    conversation = models.ForeignKey(
+        Conversation, null=True, blank=True, on_delete=models.SET_NULL, related_name="exports"
+    )
+    path = models.CharField(max_length=500)
+    size_bytes = models.PositiveBigIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+
+
+class WorkspaceFile(models.Model):
+    conversation = models.ForeignKey(
+        Conversation, null=True, blank=True, on_delete=models.SET_NULL, related_name="workspace_files"
+    )
+    path = models.CharField(max_length=500)
+    size_bytes = models.PositiveBigIntegerField(default=0)
+    written_at = models.DateTimeField(default=timezone.now)
+
+
+class MemoryScope(models.TextChoices):
+    PROJECT = "project", _("Project memory")
+    LEARNED = "learned", _("Learned memory")
+
+
+class MemoryEntry(models.Model):
+    conversation = models.ForeignKey(
+        Conversation, null=True, blank=True, on_delete=models.SET_NULL, related_name="memory_entries"
+    )
+    scope = models.CharField(max_length=12, choices=MemoryScope.choices)
+    text = models.TextField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+
+class UsageFact(models.Model):
+    """Content-free metering: token counts only."""
+
+    conversation = models.ForeignKey(Conversation, on_delete=models.PROTECT, related_name="usage_facts")
+    input_tokens = models.PositiveIntegerField(default=0)
+    output_tokens = models.PositiveIntegerField(default=0)
+    recorded_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["recorded_at"], name="usage_recorded_idx")]
+
+
+class BillingFact(models.Model):
+    conversation = models.ForeignKey(Conversation, on_delete=models.PROTECT, related_name="billing_facts")
+    amount_minor = models.BigIntegerField()
+    currency = models.CharField(max_length=3, default="USD")
+    recorded_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["recorded_at"], name="billing_recorded_idx")]
+
+
+class AuditFact(models.Model):
+    """Who did what, when, with old and new values; never conversation content."""
+
+    conversation = models.ForeignKey(
+        Conversation, null=True, blank=True, on_delete=models.PROTECT, related_name="audit_facts"
+    )
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    action = models.CharField(max_length=64)
+    old_value = models.JSONField(null=True, blank=True)
+    new_value = models.JSONField(null=True, blank=True)
+    recorded_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["recorded_at"], name="audit_recorded_idx")]
+
+
+class ClaimKind(models.TextChoices):
+    APPROVAL = "approval", _("Pending approval")
+    USER_INPUT = "user_input", _("Pending user input")
+    DYNAMIC_TOOL = "dynamic_tool", _("Dynamic tool")
+    SHELL_JOB = "shell_job", _("Live shell job")
+    TASK = "task", _("Task ownership")
+    AUTOMATION = "automation", _("Automation ownership")
+
+
+class RuntimeClaimQuerySet(models.QuerySet):
+    def open(self) -> RuntimeClaimQuerySet:
+        return self.filter(resolved_at__isnull=True)
+
+
+class RuntimeClaim(models.Model):
+    """Live runtime work that ties a conversation down (what delete admission checks)."""
+
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="runtime_claims")
+    kind = models.CharField(max_length=16, choices=ClaimKind.choices)
+    label = models.CharField(max_length=300, blank=True)
+    opened_at = models.DateTimeField(default=timezone.now)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+
+    objects = RuntimeClaimQuerySet.as_manager()
+
+    class Meta:
+        indexes = [models.Index(fields=["conversation", "resolved_at"], name="claim_open_idx")]
+
+
+class ProcessLease(models.Model):
+    """The engine process lease that Close releases."""
+
+    conversation = models.OneToOneField(Conversation, on_delete=models.CASCADE, related_name="lease")
+    holder = models.CharField(max_length=120)
+    workers = models.PositiveSmallIntegerField(default=1)
+    acquired_at = models.DateTimeField(default=timezone.now)
+
+
+class RetainedFactsPolicy(models.Model):
+    """How long content-free facts are kept after a delete (a singleton, id 1)."""
+
+    audit_days = models.PositiveIntegerField(default=365)
+    usage_days = models.PositiveIntegerField(default=400)
+    billing_days = models.PositiveIntegerField(default=2555)
+    revision = models.PositiveIntegerField(default=1)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    MIN_DAYS = 1
+    MAX_DAYS = 3650
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(name="facts_policy_singleton", condition=Q(id=1)),
+        ]
+
+    @classmethod
+    def load(cls) -> RetainedFactsPolicy:
+        obj, _created = cls.objects.get_or_create(id=1)
+        return obj

@@ -1,0 +1,317 @@
+"""Deterministic, realistic demo data in both stores (database and engine folder).
+
+The same seed and anchor give the same rows and the same files. Items go in with
+bulk_create in large batches; payloads are slices of one generated corpus, so seeding
+100,000 items is dominated by the database write, not by text generation.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
+
+from django.db import connection, transaction
+
+from lifecycle import models as m
+from lifecycle.enginefs import EngineHome
+from retention.reducer import measure
+
+TOPICS = [
+    "Fix flaky login test", "Migrate billing job to queue", "Investigate slow search", "Draft release notes",
+    "Refactor payment adapter", "Add dark mode to settings", "Upgrade build tooling", "Audit API permissions",
+    "Profile memory growth in worker", "Write onboarding guide", "Clean up feature flags", "Triage crash reports",
+    "Port CSV export to streaming", "Harden file upload checks", "Review database indexes", "Plan Q3 roadmap",
+    "Automate nightly backups", "Summarize customer feedback", "Rework error messages", "Tune cache expiry",
+]
+WORDS = (
+    "alpha beta cache commit config deploy diff error event export fetch file handler index job "
+    "lock log merge module null offset parse patch path query queue render request response retry "
+    "schema server session shell status stream table test thread timeout token trace update user "
+    "value worker write yaml zone build check client daemon field guard hash input limit metric"
+).split()
+TITLES = {"shell": "Run tests", "read_file": "Read file", "edit_file": "Edit file",
+          "search": "Search workspace", "http": "Fetch URL"}
+TOOL_KINDS = ["shell", "read_file", "edit_file", "search", "http", "generic", "shell", "read_file",
+              "plan", "todo", "subagent_task", "background_work", "monitor", "edit_file", "generic"]
+
+
+@dataclass
+class SeedReport:
+    conversations: int = 0
+    items: int = 0
+    files: int = 0
+    seconds: float = 0.0
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def _corpus(rng: random.Random, size: int = 1 << 20) -> str:
+    lines = []
+    total = 0
+    n = 0
+    while total < size:
+        n += 1
+        words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 14)))
+        line = f"{n:05d} {rng.choice(['INFO', 'DEBUG', 'WARN', 'ok', '  ', '+', '-'])} {words}"
+        lines.append(line)
+        total += len(line) + 1
+    return "\n".join(lines)
+
+
+class Seeder:
+    def __init__(self, *, seed: int, anchor: date, messages: int, home: EngineHome) -> None:
+        self.rng = random.Random(seed)
+        self.anchor = datetime.combine(anchor, time(12, 0), tzinfo=UTC)
+        self.messages = messages
+        self.home = home
+        self.corpus = _corpus(random.Random(seed ^ 0x5EED))
+
+    # Text ---------------------------------------------------------------------
+
+    def text(self, size: int) -> str:
+        start = self.rng.randrange(0, len(self.corpus) - size - 1)
+        return self.corpus[start:start + size]
+
+    def payload_size(self) -> int:
+        # 1 KB to 50 KB, most near the low end, as real tool output is.
+        return int(1024 * 50 ** (self.rng.random() ** 2))
+
+    def hexid(self, n: int = 12) -> str:
+        return f"{self.rng.getrandbits(4 * n):0{n}x}"
+
+    def payload(self, kind: str) -> dict[str, Any]:
+        size = self.payload_size()
+        path = f"src/{self.rng.choice(WORDS)}/{self.rng.choice(WORDS)}.py"
+        if kind == "shell":
+            return {"command": f"pytest -q tests/test_{self.rng.choice(WORDS)}.py", "cwd": "/workspace/app",
+                    "exit_code": self.rng.choice([0, 0, 0, 1, 2]), "truncated": size > 40_000,
+                    "stdout": self.text(size), "stderr": self.text(self.rng.randint(0, 400))}
+        if kind == "read_file":
+            start = self.rng.randint(1, 400)
+            return {"path": path, "range": [start, start + 120], "line_count": 120, "content": self.text(size)}
+        if kind == "edit_file":
+            changes = []
+            for _ in range(self.rng.randint(1, 3)):
+                line = self.rng.randint(1, 900)
+                part = size // 3
+                changes.append({"path": path, "change_type": self.rng.choice(["modify", "add", "delete"]),
+                                "start_line": line, "end_line": line + 20, "old_content": self.text(part // 2),
+                                "new_content": self.text(part // 2), "diff": self.text(part)})
+            return {"changes": changes}
+        if kind == "search":
+            files = [f"src/{self.rng.choice(WORDS)}/{w}.py" for w in self.rng.sample(WORDS, 8)]
+            return {"query": self.rng.choice(WORDS), "scope": "workspace", "file_count": len(files),
+                    "matches": [{"path": f, "lines": self.text(size // 8)} for f in files]}
+        if kind == "http":
+            return {"url": f"https://api.example.test/v1/{self.rng.choice(WORDS)}", "method": "GET",
+                    "status": self.rng.choice([200, 200, 404, 500]), "response": self.text(size)}
+        if kind == "generic":
+            structured = self.rng.random() < 0.3
+            output: Any = {"rows": self.rng.randint(1, 90), "table": self.rng.choice(WORDS)} if structured else self.text(size)
+            return {"tool_name": f"{self.rng.choice(WORDS)}_tool", "input": {"arg": self.text(200)}, "output": output}
+        if kind in ("plan", "todo"):
+            return {"steps": [{"text": " ".join(self.rng.sample(WORDS, 5)), "done": self.rng.random() < 0.5}
+                              for _ in range(self.rng.randint(2, 6))]}
+        if kind == "subagent_task":
+            return {"agent_id": "sa_" + self.hexid(8), "task": self.text(300), "result": self.text(600)}
+        if kind == "background_work":
+            return {"job": "bg_" + self.hexid(6), "state": "finished", "log": self.text(500)}
+        return {"probe": self.rng.choice(WORDS), "samples": [self.rng.randint(1, 99) for _ in range(10)]}
+
+    # Data -----------------------------------------------------------------------
+
+    def owners(self) -> tuple[list[m.Account], list[m.Computer]]:
+        accounts = [m.Account.objects.create(name=n, created_at=self.anchor - timedelta(days=900))
+                    for n in ("Northwind Labs", "Harbor Analytics")]
+        computers = [
+            m.Computer.objects.create(name="studio-laptop", account=accounts[0], created_at=self.anchor - timedelta(days=600)),
+            m.Computer.objects.create(name="build-box", account=None, created_at=self.anchor - timedelta(days=400)),
+        ]
+        return accounts, computers
+
+    def run(self, conversations: int) -> SeedReport:
+        report = SeedReport()
+        with transaction.atomic():
+            accounts, computers = self.owners()
+            convs = self.conversations(conversations, accounts, computers)
+        report.conversations = len(convs)
+        self.rows: list[tuple] = []
+        self.extra_rows: dict[type, list] = {}
+        fleet: list[dict[str, Any]] = []
+        for start in range(0, len(convs), 50):
+            with transaction.atomic():
+                for index in range(start, min(start + 50, len(convs))):
+                    report.items += self.fill(convs[index], index, fleet)
+                self.flush()
+        fleet.append({"agent_id": "sa_legacy_" + self.hexid(6), "origin": None, "legacy": True,
+                      "status": "completed", "delivery": "settled",
+                      "started_at": (self.anchor - timedelta(days=200)).isoformat(),
+                      "finished_at": (self.anchor - timedelta(days=1)).isoformat(),
+                      "prompt": self.text(200), "result": self.text(300)})
+        self.home.update_fleet(lambda rows: rows + fleet)
+        self.home.write_atomic(self.home.legacy_fleet_path, json.dumps(
+            {"version": 0, "agents": [fleet[-1]]}, indent=1, sort_keys=True).encode())
+        report.files, _ = self.home.usage()
+        return report
+
+    def add(self, obj) -> None:
+        self.extra_rows.setdefault(type(obj), []).append(obj)
+
+    def flush(self) -> None:
+        """Write the collected rows; items through one executemany, the rest in bulk."""
+        for model, objs in self.extra_rows.items():
+            model.objects.bulk_create(objs, batch_size=500)
+        self.extra_rows.clear()
+        if not self.rows:
+            return
+        ops = connection.ops
+        payload_sql = "%s::jsonb" if connection.vendor == "postgresql" else "%s"
+        sql = (
+            f"INSERT INTO {m.Item._meta.db_table} (conversation_id, turn_id, seq, role, tool_kind, tool_call_id, "
+            "status, title, content, payload, payload_bytes, removable_bytes, revision, created_at, updated_at) "
+            f"VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, {payload_sql}, %s, %s, 1, %s, %s)"
+        )
+        with connection.cursor() as cursor:
+            for start in range(0, len(self.rows), 2000):
+                chunk = self.rows[start:start + 2000]
+                cursor.executemany(sql, [
+                    (*row[:12], ops.adapt_datetimefield_value(row[12]), ops.adapt_datetimefield_value(row[12]))
+                    for row in chunk
+                ])
+        self.rows.clear()
+
+    def conversations(self, n: int, accounts, computers) -> list[m.Conversation]:
+        rows = []
+        for i in range(n):
+            bound = i % 3 != 2
+            owner_index = (i // 3) % 2
+            category = self.category(i)
+            if category == "old":
+                last = self.anchor - timedelta(days=self.rng.randint(100, 420), minutes=self.rng.randint(0, 1440))
+            else:
+                last = self.anchor - timedelta(minutes=self.rng.randint(1 if category == "active" else 30, 60 * 24 * 60))
+            thread = "thr_" + self.hexid(10)
+            if i == 1:
+                # Same raw thread id as conversation 0, under another owner: a different conversation.
+                thread = rows[0].thread_id
+                bound = False
+            rows.append(m.Conversation(
+                public_id="c_" + self.hexid(20),
+                scope=m.Scope.BOUND if bound else m.Scope.LOCAL,
+                account=accounts[owner_index] if bound else None,
+                computer=None if bound else computers[owner_index],
+                thread_id=thread,
+                title=f"{TOPICS[i % len(TOPICS)]}" + (f" ({i // len(TOPICS) + 1})" if i >= len(TOPICS) else ""),
+                created_at=last - timedelta(days=self.rng.randint(0, 30), hours=self.rng.randint(1, 20)),
+                last_activity_at=last,
+                archived_at=last + timedelta(hours=2) if category == "archived" else None,
+                closed_at=last + timedelta(hours=1) if category == "closed" else None,
+            ))
+        return m.Conversation.objects.bulk_create(rows)
+
+    @staticmethod
+    def category(i: int) -> str:
+        return ["active", "idle", "old", "idle", "archived", "closed", "old", "idle", "active", "old"][i % 10]
+
+    def fill(self, conv: m.Conversation, index: int, fleet: list) -> int:
+        rng = self.rng
+        category = self.category(index)
+        target = max(4, int(self.messages * (0.5 + rng.random())))
+        span = max((conv.last_activity_at - conv.created_at).total_seconds(), 60.0)
+        plan: list[list[str]] = []
+        count = 0
+        while count < target:
+            steps = (["user", "assistant"] + ["tool"] * rng.randint(1, 3) + ["assistant"])[: target - count]
+            plan.append(steps)
+            count += len(steps)
+        turns = [m.Turn(conversation=conv, seq=n, state=m.TurnState.DONE) for n in range(1, len(plan) + 1)]
+        if category == "active":
+            turns[-1].state = rng.choice([m.TurnState.RUNNING, m.TurnState.QUEUED])
+            turns[-1].finished_at = None
+        turns = m.Turn.objects.bulk_create(turns)
+        seq = 0
+        tool_index = index
+        shell_items: list[tuple[int, dict[str, Any]]] = []
+        events: list[dict[str, Any]] = []
+        for turn, steps in zip(turns, plan, strict=True):
+            for role in steps:
+                seq += 1
+                at = conv.created_at + timedelta(seconds=span * seq / target)
+                kind = tool_call = status = title = ""
+                payload_json = None
+                size = removable = 0
+                if role == "user":
+                    content = f"Please {rng.choice(WORDS)} the {rng.choice(WORDS)} {rng.choice(WORDS)}; " + self.text(rng.randint(40, 300))
+                elif role == "assistant":
+                    content = f"I looked at the {rng.choice(WORDS)} {rng.choice(WORDS)}. " + self.text(rng.randint(80, 900))
+                else:
+                    content = ""
+                    kind = TOOL_KINDS[tool_index % len(TOOL_KINDS)]
+                    tool_index += 1
+                    payload = self.payload(kind)
+                    tool_call = "call_" + self.hexid(16)
+                    status = rng.choice([m.ItemStatus.COMPLETED.value] * 5 + [m.ItemStatus.FAILED.value])
+                    title = TITLES.get(kind, kind.replace("_", " ").capitalize())
+                    payload_json = json.dumps(payload)
+                    size, removable = measure(kind, payload)
+                    if kind == "shell":
+                        shell_items.append((seq, payload))
+                self.rows.append((conv.pk, turn.pk, seq, role, kind, tool_call, status, title, content,
+                                  payload_json, size, removable, at))
+            events.append({"type": "turn.completed", "turn": turn.seq, "at": at.isoformat()})
+        self.extras(conv, index, category, fleet)
+        self.files(conv, events, shell_items, index)
+        return seq
+
+    def extras(self, conv: m.Conversation, index: int, category: str, fleet: list) -> None:
+        rng, at = self.rng, conv.last_activity_at
+        self.add(m.Goal(conversation=conv, text=f"Goal: {conv.title}", created_at=conv.created_at))
+        self.add(m.UsageFact(conversation=conv, input_tokens=rng.randint(1000, 90000),
+                                   output_tokens=rng.randint(500, 30000), recorded_at=at))
+        self.add(m.BillingFact(conversation=conv, amount_minor=rng.randint(1, 900), recorded_at=at))
+        self.add(m.AuditFact(conversation=conv, action="conversation.created", recorded_at=conv.created_at))
+        self.add(m.OperationBinding(conversation=conv, operation_id="op_" + self.hexid(), target_id="turn_1",
+                                          outcome=m.OperationOutcome.APPLIED, created_at=conv.created_at,
+                                          request={"prompt": self.text(120)}))
+        self.add(m.HistoryReceipt(conversation=conv, operation_id="op_" + self.hexid(), target_id="item_1",
+                                        outcome=m.OperationOutcome.APPLIED, created_at=at, detail={"note": self.text(80)}))
+        if index % 2 == 0:
+            self.add(m.MailEnvelope(conversation=conv, sender="agent@workspace.test", recipient="team@workspace.test",
+                                          subject=f"Update: {conv.title}", body=self.text(400), sent_at=at))
+            self.add(m.Checkpoint(conversation=conv, label="before-refactor", snapshot={"files": 3, "note": self.text(200)}))
+            self.add(m.BranchJournalEntry(conversation=conv, seq=1, branch="main", entry={"summary": self.text(160)}))
+        if index % 3 == 0:
+            self.add(m.SessionDocument(conversation=conv, name=f"{conv.title}.session", document={"turns": 4, "text": self.text(500)}))
+            self.add(m.RecoveryMaterial(conversation=conv, kind=m.RecoveryKind.PRE_IMPORT_ARCHIVE, body=self.text(800)))
+        if index % 4 == 0:
+            self.add(m.SharedLink(conversation=conv, token="sh_" + self.hexid(16), publisher="web",
+                                        publisher_supports_revoke=index % 8 == 0, published_at=at))
+            self.add(m.Export(conversation=conv, path=f"exports/{conv.thread_id}.md", size_bytes=rng.randint(2000, 90000)))
+        if index % 5 == 0:
+            self.add(m.WorkspaceFile(conversation=conv, path=f"notes/{conv.thread_id}.md", size_bytes=rng.randint(100, 9000)))
+            self.add(m.MemoryEntry(conversation=conv, scope=rng.choice(list(m.MemoryScope.values)),
+                                         text=f"Prefers {rng.choice(WORDS)} over {rng.choice(WORDS)}"))
+        if category == "active":
+            self.add(m.ProcessLease(conversation=conv, holder=f"engine-{index}", workers=rng.randint(1, 3)))
+            kind = [m.ClaimKind.APPROVAL, m.ClaimKind.USER_INPUT, m.ClaimKind.SHELL_JOB, m.ClaimKind.TASK][index % 4]
+            self.add(m.RuntimeClaim(conversation=conv, kind=kind, label=f"{kind} for {conv.thread_id}", opened_at=at))
+        if index % 6 == 0:
+            status = "running" if category == "active" else "completed"
+            fleet.append({"agent_id": "sa_" + self.hexid(8), "origin": {"conversation": conv.public_id},
+                          "status": status, "delivery": "pending" if status == "running" else "settled",
+                          "started_at": conv.created_at.isoformat(), "finished_at": None if status == "running" else at.isoformat(),
+                          "prompt": self.text(200), "result": self.text(300)})
+
+    def files(self, conv: m.Conversation, events: list, shell_items: list, index: int) -> None:
+        key = conv.storage_key
+        self.home.write_atomic(self.home.events_path(key), b"".join(
+            json.dumps(e, sort_keys=True).encode() + b"\n" for e in events))
+        if shell_items:
+            receipts = [{"item_seq": seq, "command": p["command"], "decision": "approved"} for seq, p in shell_items]
+            self.home.write_atomic(self.home.receipts_path(key), b"".join(
+                json.dumps(r, sort_keys=True).encode() + b"\n" for r in receipts))
+        if index % 4 == 1:
+            self.home.write_atomic(self.home.artifacts_dir(key) / "large-output.txt",
+                                   self.text(self.payload_size() * 2).encode())

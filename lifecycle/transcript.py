@@ -1,0 +1,99 @@
+"""Turn stored items into transcript rows: a summary line and an output per tool kind.
+
+Outputs are shown as a short preview; the rest is fetched on demand, so a page of a
+conversation with megabytes of tool output stays small.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.utils.dateparse import parse_datetime
+from django.utils.translation import gettext as _
+
+from lifecycle.models import Item, Role
+from retention.reducer import MARKER_KEY
+
+PREVIEW_CHARS = 600
+
+
+def preview_limit() -> int:
+    return PREVIEW_CHARS
+
+
+@dataclass
+class Row:
+    item: Item
+    summary: list[tuple[str, str]] = field(default_factory=list)
+    output: str = ""
+    truncated: bool = False
+    removed_on: Any = None
+
+    @property
+    def is_tool(self) -> bool:
+        return self.item.role == Role.TOOL
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+def _summary_and_output(kind: str, p: dict[str, Any]) -> tuple[list[tuple[str, str]], str]:
+    if kind == "shell":
+        summary = [(_("Command"), _text(p.get("command"))), (_("Folder"), _text(p.get("cwd")))]
+        if p.get("exit_code") is not None:
+            summary.append((_("Exit code"), str(p["exit_code"])))
+        output = _text(p.get("stdout"))
+        if p.get("stderr"):
+            output += ("\n" if output else "") + _text(p["stderr"])
+        return summary, output
+    if kind == "read_file":
+        summary = [(_("Path"), _text(p.get("path")))]
+        if p.get("line_count") is not None:
+            summary.append((_("Lines"), str(p["line_count"])))
+        return summary, _text(p.get("content"))
+    if kind == "edit_file":
+        changes = p.get("changes") or []
+        paths = ", ".join(sorted({_text(c.get("path")) for c in changes if isinstance(c, dict)}))
+        summary = [(_("Files"), paths), (_("Changes"), str(len(changes)))]
+        output = "\n".join(_text(c.get("diff")) for c in changes if isinstance(c, dict) and c.get("diff"))
+        return summary, output or _text(p.get("content"))
+    if kind == "search":
+        summary = [(_("Query"), _text(p.get("query"))), (_("Scope"), _text(p.get("scope")))]
+        if p.get("file_count") is not None:
+            summary.append((_("Files found"), str(p["file_count"])))
+        return summary, _text(p.get("matches"))
+    if kind == "http":
+        summary = [(_("Request"), f"{_text(p.get('method'))} {_text(p.get('url'))}".strip())]
+        if p.get("status") is not None:
+            summary.append((_("Status"), str(p["status"])))
+        return summary, _text(p.get("response"))
+    if kind == "generic":
+        return [(_("Tool"), _text(p.get("tool_name")))], _text(p.get("output"))
+    # Plans, to-do lists, subagent tasks, background work and monitors: show them whole.
+    return [], _text(p)
+
+
+def item_rows(items: list[Item], *, full: bool = False) -> list[Row]:
+    rows = []
+    for item in items:
+        row = Row(item=item)
+        if item.role == Role.TOOL:
+            payload = item.payload if isinstance(item.payload, dict) else {}
+            summary, output = _summary_and_output(item.tool_kind, payload)
+            row.summary = [(k, v) for k, v in summary if v]
+            marker = payload.get(MARKER_KEY)
+            if isinstance(marker, dict):
+                row.removed_on = parse_datetime(str(marker.get("removed_at", "")))
+                output = ""
+            if not full and len(output) > PREVIEW_CHARS:
+                output, row.truncated = output[:PREVIEW_CHARS], True
+            row.output = output
+        rows.append(row)
+    return rows

@@ -1,0 +1,104 @@
+"""Conversation screens. Every view renders the whole page, or its region for htmx."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, render
+from django.utils.translation import gettext_lazy as _
+from django.views.decorators.http import require_GET
+
+from lifecycle import enginefs
+from lifecycle.models import Account, Computer, Conversation, Item
+from lifecycle.transcript import item_rows, preview_limit
+
+VIEWS = ("recent", "archived", "closed")
+PAGE_SIZE = 25
+TRANSCRIPT_PAGE = 100
+
+
+def _owner_filter(request: HttpRequest) -> tuple[str, str, int | None]:
+    """`owner=account:3` or `owner=computer:7`; anything else means every owner."""
+    raw = request.GET.get("owner", "")
+    kind, _sep, ident = raw.partition(":")
+    if kind in ("account", "computer") and ident.isdigit():
+        return raw, kind, int(ident)
+    return "", "", None
+
+
+@login_required
+@require_GET
+def conversation_list(request: HttpRequest) -> HttpResponse:
+    view = request.GET.get("view", "recent")
+    if view not in VIEWS:
+        view = "recent"
+    qs = getattr(Conversation.objects, view)()
+    owner, kind, owner_id = _owner_filter(request)
+    if owner_id is not None:
+        qs = qs.owned_by(kind, owner_id)
+    query = request.GET.get("q", "").strip()[:200]
+    qs = qs.search(query).with_activity().select_related("account", "computer")
+    page = Paginator(qs.order_by("-last_activity_at", "-pk"), PAGE_SIZE).get_page(request.GET.get("page"))
+    context = {
+        "view": view,
+        "views": [("recent", _("Recent")), ("archived", _("Archived")), ("closed", _("Closed"))],
+        "owner": owner,
+        "query": query,
+        "page": page,
+        "accounts": Account.objects.all(),
+        "computers": Computer.objects.all(),
+    }
+    template = "lifecycle/conversation_list.html"
+    if request.htmx and not request.htmx.boosted:
+        template += "#results"
+    return render(request, template, context)
+
+
+@login_required
+@require_GET
+def conversation_detail(request: HttpRequest, public_id: str) -> HttpResponse:
+    conversation = get_object_or_404(
+        Conversation.objects.with_activity().select_related("account", "computer"), public_id=public_id
+    )
+    after = request.GET.get("after", "0")
+    after_seq = int(after) if after.isdigit() else 0
+    items = list(
+        Item.objects.filter(conversation=conversation, seq__gt=after_seq).order_by("seq")[: TRANSCRIPT_PAGE + 1]
+    )
+    more = len(items) > TRANSCRIPT_PAGE
+    items = items[:TRANSCRIPT_PAGE]
+    home = enginefs.EngineHome()
+    children = [
+        row for row in home.read_fleet() if (row.get("origin") or {}).get("conversation") == conversation.public_id
+    ]
+    files, size = home.conversation_usage(conversation.storage_key)
+    context = {
+        "conversation": conversation,
+        "rows": item_rows(items),
+        "next_after": items[-1].seq if more else None,
+        "item_count": Item.objects.filter(conversation=conversation).count(),
+        "turns": conversation.turns.filter(state__in=("queued", "running")).count(),
+        "claims": conversation.runtime_claims.open().order_by("opened_at"),
+        "children": children,
+        "engine_files": files,
+        "engine_bytes": size,
+        "preview_limit": preview_limit(),
+    }
+    template = "lifecycle/conversation_detail.html"
+    if request.htmx and after_seq:
+        template += "#transcript-page"
+    return render(request, template, context)
+
+
+@login_required
+@require_GET
+def item_output(request: HttpRequest, public_id: str, item_id: int) -> HttpResponse:
+    """The full output of one tool call, loaded on demand."""
+    conversation = get_object_or_404(Conversation, public_id=public_id)
+    item = get_object_or_404(Item, conversation=conversation, pk=item_id)
+    context = {"conversation": conversation, "row": item_rows([item], full=True)[0]}
+    template = "lifecycle/item_output.html"
+    if request.htmx:
+        template += "#output"
+    return render(request, template, context)
