@@ -10,20 +10,27 @@ def conversation_references(model) -> bool:
     conversation = apps.get_model("lifecycle", "Conversation")
     if model is conversation:
         return True
-    return any(
-        f.is_relation and f.related_model is conversation and (f.many_to_one or f.one_to_one or f.many_to_many)
-        for f in model._meta.get_fields()
-        if not f.auto_created or f.concrete
-    )
+    for f in model._meta.get_fields():
+        if f.auto_created and not f.concrete or not f.is_relation:
+            continue
+        target = f.related_model
+        label = target.lower() if isinstance(target, str) else getattr(target, "_meta", None) and target._meta.label_lower
+        if label == conversation._meta.label_lower:
+            return True
+    return False
 
 
 @checks.register()
 def check_retention_registry(app_configs=None, **kwargs):
+    return check_models(apps.get_models())
+
+
+def check_models(models) -> list[checks.Error]:
     from lifecycle.registry import stores_by_model
 
     registered = stores_by_model()
     errors = []
-    for model in apps.get_models():
+    for model in models:
         if conversation_references(model) and model._meta.label_lower not in registered:
             errors.append(
                 checks.Error(

@@ -116,12 +116,17 @@ class EngineHome:
         data = b"".join(json.dumps(r, separators=(",", ":"), sort_keys=True).encode() + b"\n" for r in records)
         with self.locked(path.with_name(path.name + ".lock")):
             path.parent.mkdir(parents=True, exist_ok=True)
+            created = not path.exists()
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             try:
-                os.write(fd, data)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
                 os.fsync(fd)
             finally:
                 os.close(fd)
+            if created:
+                _fsync_dir(path.parent)
 
     def read_jsonl(self, path: Path) -> list[dict[str, Any]]:
         if not path.exists():

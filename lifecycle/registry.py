@@ -67,6 +67,8 @@ STORES: tuple[Store, ...] = (
           _("Compacted to operation id, target id, timestamp and outcome.")),
     files("subagents", "state/subagents.v1.json", _("Settled subagent rows"), C,
           _("This conversation's settled rows are removed under the fleet lock; other rows stay.")),
+    files("legacy_subagents", "legacy-state/subagents.v1.json", _("Legacy subagent rows"), C,
+          _("Rows attributed to this conversation are removed; rows of unknown origin make delete unavailable.")),
     table("lifecycle.Export", _("Exports you saved"), RetentionClass.RETAIN_DETACH,
           _("Files are kept; their link to the conversation is cut.")),
     table("lifecycle.SharedLink", _("Shared links and published copies"), RetentionClass.SHARED,

@@ -1,0 +1,101 @@
+"""Browser tests: real Chromium against pytest-django's live server.
+
+One browser for the whole session; each test gets fresh contexts (own cookies) at the
+viewport it asks for, a freshly seeded database and its own engine folder.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+from playwright.sync_api import Browser, Page, expect
+
+from lifecycle.enginefs import EngineHome
+from lifecycle.seeding import Seeder
+
+# Playwright's sync API runs an event loop in this thread; the ORM calls the tests
+# make between browser steps are still plain synchronous calls.
+os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+
+VIEWPORTS = {
+    "desktop": {"width": 1280, "height": 800},
+    "phone": {"width": 390, "height": 844},
+    "small-phone": {"width": 320, "height": 640},
+}
+ALL_VIEWPORTS = pytest.mark.parametrize("viewport", list(VIEWPORTS), ids=lambda v: str(VIEWPORTS[v]["width"]))
+PHONE_VIEWPORTS = pytest.mark.parametrize(
+    "viewport", ["phone", "small-phone"], ids=lambda v: str(VIEWPORTS[v]["width"])
+)
+
+ADMIN = ("admin", "admin-pass-e2e")
+MEMBER = ("member", "member-pass-e2e")
+
+expect.set_options(timeout=10_000)
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.nodeid.startswith("e2e/"):
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args):
+    return {**browser_type_launch_args, "headless": True, "executable_path": CHROMIUM, "args": CHROMIUM_ARGS}
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix, tmp_path_factory):
+    """A private SQLite test database file, so a unit-test run beside this one can't clash."""
+    from django.conf import settings
+
+    for db in settings.DATABASES.values():
+        if db["ENGINE"].endswith("sqlite3"):
+            db.setdefault("TEST", {})["NAME"] = str(tmp_path_factory.mktemp("db") / "e2e.sqlite3")
+
+
+@dataclass
+class Seeded:
+    conversations: int
+    items: int
+
+
+@pytest.fixture
+def seeded(settings, tmp_path) -> Seeded:
+    """The demo data in both stores, plus an admin and a member with known passwords."""
+    home = tmp_path / "engine"
+    home.mkdir()
+    settings.ENGINE_HOME = home
+    report = Seeder(seed=1, anchor=timezone.now().date(), messages=20, home=EngineHome(home)).run(24)
+    users = get_user_model()
+    users.objects.create_user(ADMIN[0], password=ADMIN[1], is_staff=True)
+    users.objects.create_user(MEMBER[0], password=MEMBER[1], is_staff=False)
+    return Seeded(conversations=report.conversations, items=report.items)
+
+
+@pytest.fixture
+def open_page(browser: Browser) -> Iterator[Callable[[str], Page]]:
+    """open_page("phone") -> a page in a fresh context at that viewport."""
+    contexts = []
+
+    def make(viewport: str) -> Page:
+        # Not is_mobile: mobile emulation zooms out to fit wide content, which would
+        # hide exactly the horizontal overflow the phone checks look for.
+        context = browser.new_context(viewport=VIEWPORTS[viewport], locale="en-US")
+        contexts.append(context)
+        return context.new_page()
+
+    yield make
+    for context in contexts:
+        context.close()

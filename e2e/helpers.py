@@ -1,0 +1,107 @@
+"""What the browser tests do again and again: sign in, check a phone layout, screenshot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from playwright.sync_api import Page, expect
+
+SCREENSHOTS = Path(__file__).resolve().parent / "screenshots"
+TOUCH = 44  # px, the smallest comfortable touch target
+
+INTERACTIVE = "a, button, select, input, label.tab, label.switch"
+
+
+def log_in(page: Page, base_url: str, username: str, password: str) -> None:
+    """Sign in through the real login form and land on the conversation list."""
+    page.goto(f"{base_url}/accounts/login/")
+    expect(page.get_by_role("heading", name="Sign in to Lethe")).to_be_visible()
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(password)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page).to_have_url(f"{base_url}/conversations/")
+    expect(page.get_by_role("heading", name="Conversations", level=1)).to_be_visible()
+
+
+def screenshot(page: Page, name: str) -> Path:
+    """e2e/screenshots/<name>-<width>.png, the whole page."""
+    SCREENSHOTS.mkdir(exist_ok=True)
+    path = SCREENSHOTS / f"{name}-{page.viewport_size['width']}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+_LAYOUT_PROBE = """
+(selector) => {
+  const describe = (el) => {
+    let s = el.tagName.toLowerCase();
+    if (el.id) s += "#" + el.id;
+    if (el.classList.length) s += "." + Array.from(el.classList).join(".");
+    const text = (el.innerText || el.value || el.getAttribute("aria-label") || "").trim().slice(0, 40);
+    return text ? `${s} "${text}"` : s;
+  };
+  const shown = (el) => {
+    const r = el.getBoundingClientRect();
+    if (r.width === 0 || r.height === 0) return false;
+    if (getComputedStyle(el).visibility === "hidden") return false;
+    // Off-screen on purpose (the skip link until it has focus): nobody sees or taps it.
+    return r.right > 0 && r.bottom > -window.scrollY;
+  };
+
+  const doc = document.documentElement;
+  const overflow = { scrollWidth: doc.scrollWidth, innerWidth: window.innerWidth };
+
+  const small = [];
+  const seen = new Set();
+  for (const el of document.querySelectorAll(selector)) {
+    if (el.matches("input[type=hidden]")) continue;
+    let target = el;
+    if (el.matches("input[type=checkbox], input[type=radio]")) {
+      // A small box is fine when its whole label is the touch target.
+      target = el.closest("label") || el;
+    }
+    if (seen.has(target) || !shown(target)) continue;
+    seen.add(target);
+    const r = target.getBoundingClientRect();
+    // Sub-pixel layout can land a 44px box on 43.99.
+    if (r.width < 43.5 || r.height < 43.5) {
+      small.push(`${describe(target)} ${r.width.toFixed(1)}x${r.height.toFixed(1)}`);
+    }
+  }
+
+  const scrollers = [];
+  for (const el of document.querySelectorAll("body *")) {
+    const style = getComputedStyle(el);
+    const scrollsY = /(auto|scroll)/.test(style.overflowY) && el.scrollHeight > el.clientHeight;
+    const scrollsX = /(auto|scroll)/.test(style.overflowX) && el.scrollWidth > el.clientWidth;
+    if (scrollsX || scrollsY) {
+      scrollers.push(`${describe(el)} (${scrollsX ? "x" : ""}${scrollsY ? "y" : ""})`);
+    }
+  }
+  return { overflow, small, scrollers };
+}
+"""
+
+
+def assert_phone_friendly(page: Page) -> None:
+    """No sideways scrolling, touch-sized controls, and the document is the one scroller."""
+    found = page.evaluate(_LAYOUT_PROBE, INTERACTIVE)
+    overflow = found["overflow"]
+    assert overflow["scrollWidth"] <= overflow["innerWidth"], f"page scrolls sideways: {overflow}"
+    assert found["small"] == [], "controls smaller than 44x44 px:\n" + "\n".join(found["small"])
+    assert found["scrollers"] == [], "elements that scroll inside the page:\n" + "\n".join(found["scrollers"])
+
+
+def assert_layout_holds(page: Page) -> None:
+    """At desktop width: no sideways scrolling and one scroll owner (touch sizes are a phone rule)."""
+    found = page.evaluate(_LAYOUT_PROBE, INTERACTIVE)
+    overflow = found["overflow"]
+    assert overflow["scrollWidth"] <= overflow["innerWidth"], f"page scrolls sideways: {overflow}"
+    assert found["scrollers"] == [], "elements that scroll inside the page:\n" + "\n".join(found["scrollers"])
+
+
+def check_layout(page: Page) -> None:
+    if page.viewport_size["width"] < 768:
+        assert_phone_friendly(page)
+    else:
+        assert_layout_holds(page)

@@ -1,0 +1,167 @@
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from console.models import ApiToken
+from lifecycle.models import Conversation, Item
+from retention.reducer import MARKER_KEY, apply, encoded_size
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+HOST = {"HTTP_HOST": "127.0.0.1"}
+
+
+@pytest.fixture
+def runtime(admin_user) -> Client:
+    """The agent runtime: a token client with an admin's rights."""
+    _token, raw = ApiToken.issue(admin_user)
+    return Client(HTTP_AUTHORIZATION=f"Bearer {raw}", **HOST)
+
+
+def post(client, conv, body, **extra):
+    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return client.post(f"/v1/threads/{conv.public_id}/items", data=data,
+                       content_type=extra.pop("content_type", "application/json"), **extra)
+
+
+def patch(client, conv, item, body):
+    return client.patch(f"/v1/threads/{conv.public_id}/items/{item.pk}", data=json.dumps(body),
+                        content_type="application/json")
+
+
+def test_it_appends_an_item_and_marks_the_conversation_active_now(runtime):
+    conv = factories.make_conversation(days_idle=200)
+    factories.add_message(conv)
+    Conversation.objects.filter(pk=conv.pk).update(last_activity_at=timezone.now() - timedelta(days=200))
+    payload = {"command": "ls", "cwd": "/w", "exit_code": 0, "stdout": "a.txt\n" * 100}
+    response = post(runtime, conv, {"role": "tool", "tool_kind": "shell", "tool_call_id": "call_9",
+                                    "status": "running", "title": "List", "payload": payload})
+    assert response.status_code == 201, response.content
+    item = Item.objects.get(pk=response.json()["id"])
+    assert (item.seq, item.tool_kind, item.tool_call_id, item.payload) == (2, "shell", "call_9", payload)
+    assert item.payload_bytes == encoded_size(payload)
+    assert item.removable_bytes == encoded_size(payload["stdout"])
+    conv.refresh_from_db()
+    assert conv.last_activity_at > timezone.now() - timedelta(minutes=1)
+
+
+def test_it_pages_items_in_order(member_client):
+    conv = factories.make_conversation()
+    for n in range(5):
+        factories.add_message(conv, content=f"m{n}")
+    first = member_client.get(f"/v1/threads/{conv.public_id}/items?limit=3", **HOST).json()
+    assert [i["content"] for i in first["results"]] == ["m0", "m1", "m2"]
+    assert set(first["results"][0]) >= {"id", "role", "tool_kind", "tool_call_id", "status", "title", "content", "payload"}
+    rest = member_client.get(f"/v1/threads/{conv.public_id}/items?limit=3&after={first['next']}", **HOST).json()
+    assert [i["content"] for i in rest["results"]] == ["m3", "m4"]
+    assert rest["next"] is None
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        (b"{not json", 400, "malformed_json"),
+        ([1, 2], 400, "invalid_body"),
+        ({"role": "user", "content": "x", "colour": "red"}, 400, "unknown_field"),
+        ({"content": "x"}, 400, "missing_field"),
+        ({"role": "robot"}, 400, "invalid_choice"),
+        ({"role": "user", "content": 5}, 400, "invalid_type"),
+        ({"role": "user", "content": True}, 400, "invalid_type"),
+        ({"role": "tool", "payload": {"a": 1}}, 400, "missing_field"),
+        ({"role": "user", "payload": {"a": 1}}, 400, "invalid_item"),
+        ({"role": "user", "title": "t" * 301}, 400, "too_long"),
+        ({"role": "tool", "tool_kind": "shell", "payload": {MARKER_KEY: {}}}, 400, "invalid_item"),
+    ],
+)
+def test_it_refuses_bad_bodies_and_stores_nothing(runtime, conversation, body, status, code):
+    response = post(runtime, conversation, body)
+    assert response.status_code == status
+    assert response.json()["code"] == code
+    assert Item.objects.filter(conversation=conversation).count() == 0
+
+
+def test_it_refuses_oversized_bodies_and_wrong_media_types(runtime, conversation, settings):
+    settings.API_MAX_BODY_BYTES = 1000
+    big = post(runtime, conversation, {"role": "user", "content": "x" * 2000})
+    assert (big.status_code, big.json()["code"]) == (413, "body_too_large")
+    form = post(runtime, conversation, "role=user", content_type="application/x-www-form-urlencoded")
+    assert (form.status_code, form.json()["code"]) == (415, "unsupported_media_type")
+    assert Item.objects.count() == 0
+
+
+def test_it_lets_members_read_but_not_write(member_client, conversation):
+    response = post(member_client, conversation, {"role": "user", "content": "hi"})
+    assert response.status_code == 403
+    assert response.json()["code"] == "forbidden"
+    assert Item.objects.count() == 0
+
+
+def test_it_requires_csrf_for_browser_sessions(admin_user, conversation):
+    browser = Client(enforce_csrf_checks=True, **HOST)
+    browser.force_login(admin_user)
+    response = post(browser, conversation, {"role": "user", "content": "hi"})
+    assert response.status_code == 403
+    assert response.json()["code"] == "csrf_failed"
+    assert Item.objects.count() == 0
+
+
+def test_it_answers_404_for_unknown_threads_and_items_and_stores_nothing(runtime, conversation):
+    response = runtime.post("/v1/threads/c_unknown/items", data='{"role":"user"}', content_type="application/json")
+    assert (response.status_code, response.json()["code"]) == (404, "not_found")
+    other = factories.make_conversation()
+    foreign = factories.add_message(other)
+    assert patch(runtime, conversation, foreign, {"title": "x"}).status_code == 404
+    assert Item.objects.get(pk=foreign.pk).title == ""
+
+
+def test_it_updates_status_title_and_payload_and_bumps_the_revision(runtime, conversation):
+    item = factories.add_tool(conversation, status="running")
+    new_payload = {"command": "ls", "cwd": "/w", "exit_code": 1, "stdout": "", "stderr": "boom"}
+    response = patch(runtime, conversation, item, {"status": "failed", "title": "Listed", "payload": new_payload,
+                                                   "revision": 1})
+    assert response.status_code == 200, response.content
+    item.refresh_from_db()
+    assert (item.status, item.title, item.payload, item.revision) == ("failed", "Listed", new_payload, 2)
+    assert item.removable_bytes == encoded_size("boom")
+
+
+def test_it_refuses_a_stale_revision_and_changes_nothing(runtime, conversation):
+    item = factories.add_tool(conversation)
+    patch(runtime, conversation, item, {"title": "first"})
+    response = patch(runtime, conversation, item, {"title": "second", "revision": 1})
+    assert (response.status_code, response.json()["code"]) == (409, "stale_revision")
+    item.refresh_from_db()
+    assert (item.title, item.revision) == ("first", 2)
+
+
+def test_it_never_restores_removed_tool_details(runtime, conversation):
+    item = factories.add_tool(conversation)
+    reduced, _ = apply("shell", item.payload, removed_at=timezone.now())
+    Item.objects.filter(pk=item.pk).update(payload=reduced)  # what cleanup will write
+    late = {"command": "ls", "cwd": "/w", "exit_code": 0, "stdout": "x" * 2000, "stderr": ""}
+    response = patch(runtime, conversation, item, {"payload": late})
+    assert (response.status_code, response.json()["code"]) == (409, "tool_details_removed")
+    item.refresh_from_db()
+    assert item.payload == reduced and "stdout" not in item.payload
+
+
+def test_it_refuses_writes_to_a_conversation_being_deleted(runtime, conversation):
+    item = factories.add_message(conversation)
+    Conversation.objects.filter(pk=conversation.pk).update(state="pending_delete")
+    appended = post(runtime, conversation, {"role": "user", "content": "late"})
+    assert (appended.status_code, appended.json()["code"]) == (409, "conversation_deletion_pending")
+    patched = patch(runtime, conversation, item, {"title": "late"})
+    assert patched.status_code == 409
+    assert Item.objects.filter(conversation=conversation).count() == 1
+    assert Item.objects.get(pk=item.pk).title == ""
+
+
+def test_it_refuses_a_non_positive_revision(runtime, conversation):
+    item = factories.add_tool(conversation)
+    response = patch(runtime, conversation, item, {"title": "x", "revision": 0})
+    assert (response.status_code, response.json()["code"]) == (400, "invalid_type")

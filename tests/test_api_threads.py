@@ -1,0 +1,129 @@
+from __future__ import annotations
+
+import io
+
+import pytest
+from django.core.management import call_command
+from django.test import Client
+
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+HOST = {"HTTP_HOST": "127.0.0.1"}
+
+
+def token_for(user) -> str:
+    out = io.StringIO()
+    call_command("create_api_token", user.username, stdout=out)
+    return out.getvalue().strip()
+
+
+def test_it_answers_anonymous_requests_with_401_json(client):
+    response = client.get("/v1/threads", **HOST)
+    assert response.status_code == 401
+    assert response.json()["code"] == "not_authenticated"
+
+
+def test_it_lists_threads_with_the_documented_shape(member_client):
+    account = factories.make_account("Acme")
+    conv = factories.make_conversation(account, thread_id="thr_same", title="Shape")
+    factories.start_turn(conv)
+    response = member_client.get("/v1/threads", **HOST)
+    assert response.status_code == 200
+    row = response.json()["results"][0]
+    assert row == {
+        "id": conv.public_id, "thread_id": "thr_same", "owner": {"kind": "account", "id": account.pk},
+        "scope": "bound", "title": "Shape", "archived": False, "closed": False, "active": True,
+        "last_activity_at": row["last_activity_at"], "created_at": row["created_at"], "state": "live",
+    }
+    assert response.json()["next"] is None
+
+
+def test_it_keeps_equal_raw_ids_under_different_owners_apart(member_client):
+    a = factories.make_conversation(factories.make_account(), thread_id="thr_dup")
+    b = factories.make_conversation(factories.make_computer(), thread_id="thr_dup")
+    rows = member_client.get("/v1/threads", **HOST).json()["results"]
+    assert {r["id"] for r in rows} == {a.public_id, b.public_id}
+    assert {(r["owner"]["kind"], r["scope"]) for r in rows} == {("account", "bound"), ("computer", "local")}
+
+
+def test_it_filters_by_view_owner_search_and_activity(member_client):
+    account, computer = factories.make_account(), factories.make_computer()
+    recent = factories.make_conversation(account, title="Deploy fix")
+    archived = factories.make_conversation(account, title="Old deploy", archived=True)
+    closed = factories.make_conversation(computer, title="Closed one", closed=True)
+    factories.start_turn(recent, "queued")
+
+    def ids(query):
+        response = member_client.get("/v1/threads?" + query, **HOST)
+        assert response.status_code == 200, response.content
+        return {r["id"] for r in response.json()["results"]}
+
+    assert ids("view=recent") == {recent.public_id}
+    assert ids("view=archived") == {archived.public_id}
+    assert ids("view=closed") == {closed.public_id}
+    assert ids(f"owner_kind=computer&owner_id={computer.pk}") == {closed.public_id}
+    assert ids("q=deploy") == {recent.public_id, archived.public_id}
+    assert ids("active=true") == {recent.public_id}
+    assert ids("archived=false&closed=false") == {recent.public_id}
+
+
+def test_it_pages_with_a_cursor_without_gaps_or_repeats(member_client):
+    account = factories.make_account()
+    made = {factories.make_conversation(account, days_idle=i % 3).public_id for i in range(7)}
+    seen, cursor = [], None
+    while True:
+        query = "limit=3" + (f"&cursor={cursor}" if cursor else "")
+        body = member_client.get("/v1/threads?" + query, **HOST).json()
+        seen += [r["id"] for r in body["results"]]
+        cursor = body["next"]
+        if not cursor:
+            break
+    assert sorted(seen) == sorted(made)
+
+
+@pytest.mark.parametrize(
+    ("query", "code"),
+    [
+        ("limit=0", "invalid_limit"),
+        ("limit=abc", "invalid_limit"),
+        ("limit=201", "invalid_limit"),
+        ("view=everything", "invalid_filter"),
+        ("active=yes", "invalid_filter"),
+        ("owner_kind=planet&owner_id=1", "invalid_filter"),
+        ("color=blue", "unknown_filter"),
+        ("cursor=%%%", "invalid_cursor"),
+    ],
+)
+def test_it_refuses_bad_filters_with_a_clear_error(member_client, query, code):
+    response = member_client.get("/v1/threads?" + query, **HOST)
+    assert response.status_code == 400
+    assert response.json()["code"] == code
+    assert response.json()["message"]
+
+
+def test_it_returns_one_thread_and_404_json_for_an_unknown_id(member_client, conversation):
+    assert member_client.get(f"/v1/threads/{conversation.public_id}", **HOST).json()["id"] == conversation.public_id
+    response = member_client.get("/v1/threads/c_doesnotexist", **HOST)
+    assert response.status_code == 404
+    assert response.json()["code"] == "not_found"
+
+
+def test_it_authenticates_bearer_tokens_and_refuses_bad_ones(admin_user, conversation):
+    raw = token_for(admin_user)
+    client = Client()
+    ok = client.get("/v1/threads", HTTP_AUTHORIZATION=f"Bearer {raw}", **HOST)
+    assert ok.status_code == 200
+    bad = client.get("/v1/threads", HTTP_AUTHORIZATION="Bearer lethe_wrong", **HOST)
+    assert bad.status_code == 401
+    from console.models import ApiToken
+
+    token = ApiToken.objects.get(user=admin_user)
+    assert token.key_hash != raw and token.last_used_at is not None
+
+
+def test_it_localizes_error_messages(member_client):
+    response = member_client.get("/v1/threads?limit=0", HTTP_ACCEPT_LANGUAGE="es", **HOST)
+    english = member_client.get("/v1/threads?limit=0", HTTP_ACCEPT_LANGUAGE="en", **HOST)
+    assert response.json()["code"] == english.json()["code"] == "invalid_limit"
+    assert response.json()["message"] != english.json()["message"]

@@ -1,0 +1,115 @@
+from __future__ import annotations
+
+import pytest
+
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+HOST = {"HTTP_HOST": "127.0.0.1"}
+HX = {"HTTP_HX_REQUEST": "true", **HOST}
+
+
+def test_it_sends_anonymous_visitors_to_the_login_page(client, conversation):
+    for url in ("/conversations/", f"/conversations/{conversation.public_id}/", "/settings/system/data-storage/"):
+        response = client.get(url, **HOST)
+        assert response.status_code == 302
+        assert response["Location"].startswith("/accounts/login/")
+
+
+def test_it_signs_in_through_the_login_form(client, admin_user):
+    response = client.post("/accounts/login/", {"username": "alice", "password": "pw-for-tests"}, **HOST)
+    assert response.status_code == 302
+    assert client.get("/conversations/", **HOST).status_code == 200
+    wrong = client.post("/accounts/login/", {"username": "alice", "password": "nope"}, **HOST)
+    assert wrong.status_code == 200 and b"do not match" in wrong.content
+
+
+def test_it_renders_the_whole_page_or_only_the_results_for_htmx(member_client, conversation):
+    full = member_client.get("/conversations/", **HOST)
+    assert full.status_code == 200 and b"<html" in full.content and b"Fix flaky login test" in full.content
+    fragment = member_client.get("/conversations/", **HX)
+    assert fragment.status_code == 200
+    assert b"<html" not in fragment.content
+    assert fragment.content.strip().startswith(b'<section id="results"')
+    assert b"Fix flaky login test" in fragment.content
+
+
+def test_it_filters_by_tab_owner_and_search(member_client):
+    account, computer = factories.make_account("Acme"), factories.make_computer("box")
+    factories.make_conversation(account, title="Recent deploy")
+    factories.make_conversation(account, title="Archived deploy", archived=True)
+    factories.make_conversation(computer, title="Closed build", closed=True)
+    factories.make_conversation(computer, title="Local notes")
+
+    def titles(query):
+        content = member_client.get("/conversations/?" + query, **HX).content.decode()
+        return {t for t in ("Recent deploy", "Archived deploy", "Closed build", "Local notes") if t in content}
+
+    assert titles("") == {"Recent deploy", "Local notes"}
+    assert titles("view=archived") == {"Archived deploy"}
+    assert titles("view=closed") == {"Closed build"}
+    assert titles(f"owner=computer:{computer.pk}") == {"Local notes"}
+    assert titles(f"owner=account:{account.pk}&view=archived") == {"Archived deploy"}
+    assert titles("q=deploy") == {"Recent deploy"}
+    assert titles("view=nonsense&owner=planet:x") == {"Recent deploy", "Local notes"}
+
+
+def test_it_paginates_the_list(member_client):
+    account = factories.make_account()
+    for n in range(30):
+        factories.make_conversation(account, title=f"Conv {n:02d}", days_idle=n)
+    first = member_client.get("/conversations/", **HOST).content.decode()
+    second = member_client.get("/conversations/?page=2", **HOST).content.decode()
+    assert "Conv 00" in first and "Conv 29" not in first
+    assert "Conv 29" in second and "Conv 00" not in second
+    assert "Page 2 of 2" in second
+
+
+def test_it_shows_a_transcript_with_a_row_per_tool_kind(member_client, conversation):
+    factories.add_message(conversation, "user", "Please run the tests")
+    factories.add_message(conversation, "assistant", "Running them now")
+    payloads = {
+        "shell": {"command": "pytest -q", "cwd": "/w", "exit_code": 1, "stdout": "1 failed", "stderr": ""},
+        "read_file": {"path": "src/app.py", "line_count": 12, "content": "print('hi')"},
+        "edit_file": {"changes": [{"path": "src/app.py", "change_type": "modify", "diff": "-a\n+b"}]},
+        "search": {"query": "login", "scope": "workspace", "file_count": 2, "matches": ["a.py", "b.py"]},
+        "http": {"url": "https://example.test/x", "method": "GET", "status": 404, "response": "not here"},
+        "generic": {"tool_name": "lint_tool", "input": {}, "output": "clean"},
+        "plan": {"steps": [{"text": "Write the fix", "done": False}]},
+    }
+    for kind, payload in payloads.items():
+        factories.add_tool(conversation, kind, payload, title=f"{kind} call")
+    content = member_client.get(f"/conversations/{conversation.public_id}/", **HOST).content.decode()
+    for expected in ("Please run the tests", "Running them now", "pytest -q", "Exit code", "src/app.py",
+                     "login", "GET https://example.test/x", "404", "lint_tool", "Write the fix",
+                     "kind-shell", "kind-read_file", "kind-edit_file", "kind-search", "kind-http", "kind-generic"):
+        assert expected in content, expected
+    assert "Lifecycle actions are for admins only." in content
+
+
+def test_it_loads_large_outputs_on_demand(member_client, conversation):
+    big = "line of output\n" * 400
+    item = factories.add_tool(conversation, payload={"command": "cat big", "cwd": "/", "exit_code": 0, "stdout": big})
+    page = member_client.get(f"/conversations/{conversation.public_id}/", **HOST).content.decode()
+    assert big not in page and "Show full output" in page
+    url = f"/conversations/{conversation.public_id}/items/{item.pk}/output/"
+    fragment = member_client.get(url, **HX).content.decode()
+    assert big.strip() in fragment and "<html" not in fragment
+    full = member_client.get(url, **HOST).content.decode()
+    assert "<html" in full and big.strip() in full
+
+
+def test_it_pages_long_transcripts(member_client, conversation):
+    for n in range(105):
+        factories.add_message(conversation, content=f"message number {n}")
+    first = member_client.get(f"/conversations/{conversation.public_id}/", **HOST).content.decode()
+    assert "message number 99" in first and "message number 100" not in first
+    more = member_client.get(f"/conversations/{conversation.public_id}/?after=100", **HX).content.decode()
+    assert "message number 100" in more and "<html" not in more
+
+
+def test_it_answers_404_for_unknown_conversations_and_items(member_client, conversation):
+    assert member_client.get("/conversations/c_nope/", **HOST).status_code == 404
+    other = factories.add_message(factories.make_conversation())
+    url = f"/conversations/{conversation.public_id}/items/{other.pk}/output/"
+    assert member_client.get(url, **HOST).status_code == 404

@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+import pytest
+
+from lifecycle.models import AuditFact, RetainedFactsPolicy
+from retention.models import ToolPayloadPolicy
+
+pytestmark = pytest.mark.django_db
+HOST = {"HTTP_HOST": "127.0.0.1"}
+HX = {"HTTP_HX_REQUEST": "true", **HOST}
+PAGE = "/settings/system/data-storage/"
+TOOL = PAGE + "tool-payload-cleanup/"
+FACTS = PAGE + "retained-facts/"
+
+
+def tool_form(**overrides):
+    return {"age_value": "3", "age_unit": "months", "revision": "1", **overrides}
+
+
+def facts_form(**overrides):
+    return {"audit_days": "365", "usage_days": "400", "billing_days": "2555", "revision": "1", **overrides}
+
+
+def test_it_shows_sizes_and_both_cards_with_defaults(admin_client):
+    content = admin_client.get(PAGE, **HOST).content.decode()
+    for text in ("Size on disk", "Reusable space", "Engine folder", "Tool payload cleanup", "Retained facts",
+                 'data-contributor="tool"', 'data-contributor="facts"', 'id="save-bar"'):
+        assert text in content, text
+    assert ToolPayloadPolicy.load().enabled is False
+    assert (RetainedFactsPolicy.load().audit_days, RetainedFactsPolicy.load().usage_days,
+            RetainedFactsPolicy.load().billing_days) == (365, 400, 2555)
+
+
+def test_it_shows_members_a_read_only_page(member_client):
+    content = member_client.get(PAGE, **HOST).content.decode()
+    assert "Only admins can change them." in content
+    assert 'id="save-bar"' not in content
+    assert content.count(" disabled") >= 6
+
+
+def test_it_refuses_member_saves_and_changes_nothing(member_client):
+    response = member_client.post(TOOL, tool_form(enabled="on"), **HOST)
+    assert response.status_code == 403
+    response = member_client.post(FACTS, facts_form(audit_days="30"), **HX)
+    assert response.status_code == 403
+    assert ToolPayloadPolicy.load().enabled is False
+    assert RetainedFactsPolicy.load().audit_days == 365
+    assert AuditFact.objects.count() == 0
+
+
+def test_it_saves_the_tool_policy_with_an_audit_row(admin_client, admin_user):
+    response = admin_client.post(TOOL, tool_form(enabled="on", age_value="6", age_unit="weeks"), **HOST)
+    assert response.status_code == 302
+    policy = ToolPayloadPolicy.load()
+    assert (policy.enabled, policy.age_value, policy.age_unit, policy.revision) == (True, 6, "weeks", 2)
+    audit = AuditFact.objects.get(action="tool_payload_policy.saved")
+    assert audit.actor == admin_user
+    assert audit.old_value == {"enabled": False, "age_value": 3, "age_unit": "months"}
+    assert audit.new_value == {"enabled": True, "age_value": 6, "age_unit": "weeks"}
+
+
+def test_it_returns_the_card_fragment_to_htmx(admin_client):
+    response = admin_client.post(FACTS, facts_form(audit_days="30"), **HX)
+    assert response.status_code == 200
+    content = response.content.decode()
+    assert content.strip().startswith('<section class="card" id="facts-card"')
+    assert "Retention periods saved." in content and "<html" not in content
+    assert RetainedFactsPolicy.load().audit_days == 30
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"age_value": "0"},
+        {"age_value": "521", "age_unit": "weeks"},
+        {"age_value": "121", "age_unit": "months"},
+        {"age_value": "three"},
+        {"age_unit": "days"},
+        {"revision": ""},
+    ],
+)
+def test_it_rejects_invalid_policy_input_and_saves_nothing(admin_client, bad):
+    response = admin_client.post(TOOL, tool_form(enabled="on", **bad), **HX)
+    assert response.status_code == 422
+    policy = ToolPayloadPolicy.load()
+    assert (policy.enabled, policy.age_value, policy.age_unit, policy.revision) == (False, 3, "months", 1)
+    assert AuditFact.objects.count() == 0
+
+
+def test_it_accepts_the_range_limits(admin_client):
+    assert admin_client.post(TOOL, tool_form(age_value="520", age_unit="weeks"), **HX).status_code == 200
+    assert admin_client.post(TOOL, tool_form(age_value="120", age_unit="months", revision="2"), **HX).status_code == 200
+    assert (ToolPayloadPolicy.load().age_value, ToolPayloadPolicy.load().age_unit) == (120, "months")
+
+
+def test_it_refuses_a_stale_revision(admin_client):
+    admin_client.post(FACTS, facts_form(audit_days="100"), **HX)
+    response = admin_client.post(FACTS, facts_form(audit_days="200"), **HX)
+    assert response.status_code == 409
+    assert "Someone else saved" in response.content.decode()
+    assert RetainedFactsPolicy.load().audit_days == 100
+
+
+def test_it_changes_nothing_when_saved_twice_with_the_same_values(admin_client):
+    admin_client.post(FACTS, facts_form(usage_days="500"), **HX)
+    admin_client.post(FACTS, facts_form(usage_days="500", revision="2"), **HX)
+    assert RetainedFactsPolicy.load().revision == 2
+    assert AuditFact.objects.filter(action="retained_facts_policy.saved").count() == 1
+
+
+def test_it_saves_each_card_independently(admin_client):
+    bad = admin_client.post(TOOL, tool_form(age_value="0"), **HX)
+    good = admin_client.post(FACTS, facts_form(billing_days="3000"), **HX)
+    assert (bad.status_code, good.status_code) == (422, 200)
+    assert RetainedFactsPolicy.load().billing_days == 3000
+    assert ToolPayloadPolicy.load().revision == 1
+
+
+def test_it_rejects_out_of_range_days(admin_client):
+    for value in ("0", "3651", "-5"):
+        assert admin_client.post(FACTS, facts_form(audit_days=value), **HX).status_code == 422
+    assert RetainedFactsPolicy.load().audit_days == 365

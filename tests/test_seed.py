@@ -1,0 +1,112 @@
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+from datetime import date, timedelta
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+
+from lifecycle import models as m
+from lifecycle.enginefs import EngineHome
+from lifecycle.seeding import Seeder
+
+pytestmark = pytest.mark.django_db
+ANCHOR = date(2026, 11, 30)
+
+
+def digest(home: EngineHome) -> str:
+    h = hashlib.sha256()
+    for c in m.Conversation.objects.order_by("public_id"):
+        h.update(repr((c.public_id, c.scope, c.thread_id, c.title, c.created_at, c.last_activity_at,
+                       c.archived_at, c.closed_at, c.account.name if c.account else c.computer.name)).encode())
+    for i in m.Item.objects.order_by("conversation__public_id", "seq").select_related("conversation"):
+        h.update(repr((i.conversation.public_id, i.seq, i.role, i.tool_kind, i.tool_call_id, i.status, i.title,
+                       i.content, json.dumps(i.payload, sort_keys=True), i.payload_bytes, i.removable_bytes,
+                       i.created_at)).encode())
+    for path in sorted(p for p in home.root.rglob("*") if p.is_file()):
+        h.update(str(path.relative_to(home.root)).encode() + hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def wipe(home: EngineHome) -> None:
+    for model in (m.UsageFact, m.BillingFact, m.AuditFact):
+        model.objects.all().delete()
+    m.Conversation.objects.all().delete()
+    m.Computer.objects.all().delete()
+    m.Account.objects.all().delete()
+    shutil.rmtree(home.root)
+
+
+def seed(home: EngineHome, seed_value: int = 7, conversations: int = 12) -> str:
+    Seeder(seed=seed_value, anchor=ANCHOR, messages=12, home=home).run(conversations)
+    return digest(home)
+
+
+def test_it_seeds_the_same_data_for_the_same_seed(tmp_path):
+    home = EngineHome(tmp_path / "engine")
+    first = seed(home)
+    wipe(home)
+    assert seed(home) == first
+    wipe(home)
+    assert seed(home, seed_value=8) != first
+
+
+def test_it_seeds_every_kind_of_conversation_and_store(tmp_path):
+    home = EngineHome(tmp_path / "engine")
+    report = Seeder(seed=1, anchor=ANCHOR, messages=30, home=home).run(20)
+    assert report.conversations == 20 and report.items == m.Item.objects.count()
+    convs = m.Conversation.objects.all()
+    assert convs.filter(scope="bound").exists() and convs.filter(scope="local").exists()
+    # Two conversations under different owners share a raw thread id.
+    same = [c for c in convs if convs.filter(thread_id=c.thread_id).count() == 2]
+    assert len(same) == 2 and {c.scope for c in same} == {"bound", "local"}
+    anchor = m.Conversation.objects.order_by("-last_activity_at").first().last_activity_at
+    assert convs.filter(last_activity_at__lt=anchor - timedelta(days=92)).exists()
+    assert convs.filter(archived_at__isnull=False).exists() and convs.filter(closed_at__isnull=False).exists()
+    assert m.Conversation.objects.with_activity().filter(is_active=True).exists()
+    kinds = set(m.Item.objects.filter(role="tool").values_list("tool_kind", flat=True))
+    assert kinds == set(m.ToolKind.values)
+    sizes = [i.payload_bytes for i in m.Item.objects.filter(tool_kind__in=["shell", "read_file", "http"])]
+    assert min(sizes) >= 1000 and max(sizes) <= 60_000
+    assert m.Item.objects.filter(removable_bytes__gt=0).exists()
+    for model in (m.Goal, m.MailEnvelope, m.SessionDocument, m.BranchJournalEntry, m.Checkpoint, m.RecoveryMaterial,
+                  m.OperationBinding, m.HistoryReceipt, m.SharedLink, m.Export, m.WorkspaceFile, m.MemoryEntry,
+                  m.UsageFact, m.BillingFact, m.AuditFact, m.RuntimeClaim, m.ProcessLease):
+        assert model.objects.exists(), model.__name__
+    assert m.SharedLink.objects.filter(publisher_supports_revoke=False).exists()
+    fleet = home.read_fleet()
+    assert {r["status"] for r in fleet} >= {"running", "completed"}
+    assert [r for r in fleet if r["origin"] is None]
+    first = convs.first()
+    assert home.events_path(first.storage_key).exists()
+    assert any(home.receipts_path(c.storage_key).exists() for c in convs)
+    assert any(home.artifacts_dir(c.storage_key).exists() for c in convs)
+    assert home.legacy_fleet_path.exists()
+
+
+def test_it_creates_the_demo_users_and_seeds_only_once(monkeypatch, settings, tmp_path):
+    settings.VAR_DIR = tmp_path
+    monkeypatch.setenv("LETHE_DEMO_PASSWORD", "demo-pass-123")
+    out = io.StringIO()
+    call_command("seed_demo", "--conversations", "4", "--messages", "6", "--if-empty", stdout=out)
+    assert "admin / demo-pass-123" in out.getvalue()
+    users = {u.username: u for u in get_user_model().objects.all()}
+    assert users["admin"].is_staff and not users["member"].is_staff
+    assert users["member"].check_password("demo-pass-123")
+    count = m.Item.objects.count()
+    call_command("seed_demo", "--if-empty", stdout=io.StringIO())
+    assert m.Item.objects.count() == count
+
+
+def test_it_generates_and_remembers_a_password_when_none_is_given(monkeypatch, settings, tmp_path):
+    settings.VAR_DIR = tmp_path
+    monkeypatch.delenv("LETHE_DEMO_PASSWORD", raising=False)
+    out = io.StringIO()
+    call_command("seed_demo", "--conversations", "2", "--messages", "2", stdout=out)
+    password = (tmp_path / "demo-credentials.txt").read_text().split()[-1]
+    assert f"admin / {password}" in out.getvalue()
+    assert get_user_model().objects.get(username="admin").check_password(password)
