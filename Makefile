@@ -71,9 +71,12 @@ test-e2e:
 	@echo "== Browser tests in Chromium"
 	env -u DATABASE_URL $(PY) -m pytest -q e2e
 
-## bench-seed: how long seeding 100,000 items takes (prints the figure).
+## bench-seed: how long seeding 100,000 items takes, in a scratch database (prints the figure).
+BENCH_ITEMS ?= 100000
 bench-seed: setup
-	$(PY) manage.py bench_seed --items 100000
+	rm -rf var/bench && mkdir -p var/bench
+	env -u DATABASE_URL LETHE_VAR_DIR=var/bench $(PY) manage.py migrate -v0
+	env -u DATABASE_URL LETHE_VAR_DIR=var/bench $(PY) manage.py bench_seed --items $(BENCH_ITEMS)
 
 ## messages: refresh the catalogs after changing copy, then translate locale/es and run again.
 messages: setup

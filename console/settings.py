@@ -15,6 +15,7 @@ from django.utils.translation import gettext_lazy as _
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("LETHE_VAR_DIR", BASE_DIR / "var"))
+VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 
 def env_bool(name: str, default: bool) -> bool:
@@ -49,7 +50,8 @@ def database_from_url(url: str) -> dict:
                     "PRAGMA secure_delete=ON;"
                 ),
             },
-            "TEST": {"NAME": str(VAR_DIR / "test-db.sqlite3")},
+            # One file per test process, so parallel runs never share a test database.
+            "TEST": {"NAME": str(VAR_DIR / f"test-db-{os.getpid()}.sqlite3")},
         }
     if parts.scheme in {"postgres", "postgresql", "pgsql"}:
         return {

@@ -110,3 +110,11 @@ def test_it_generates_and_remembers_a_password_when_none_is_given(monkeypatch, s
     password = (tmp_path / "demo-credentials.txt").read_text().split()[-1]
     assert f"admin / {password}" in out.getvalue()
     assert get_user_model().objects.get(username="admin").check_password(password)
+
+
+def test_it_prints_benchmark_figures_at_small_size():
+    out = io.StringIO()
+    call_command("bench_seed", "--items", "400", stdout=out)
+    line = out.getvalue()
+    assert "items/s" in line
+    assert m.Item.objects.count() == int(line.split(": ")[1].split(" items")[0])
