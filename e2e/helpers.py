@@ -105,3 +105,8 @@ def check_layout(page: Page) -> None:
         assert_phone_friendly(page)
     else:
         assert_layout_holds(page)
+
+
+def nav_link(page: Page, name: str):
+    """The main navigation link a person can see: the sidebar on desktop, the bottom bar on phones."""
+    return page.get_by_role("link", name=name, exact=True).filter(visible=True)

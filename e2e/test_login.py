@@ -1,0 +1,52 @@
+"""Signing in through the real login form, as an admin and as a member."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import expect
+
+from e2e.conftest import ADMIN, ALL_VIEWPORTS, MEMBER
+from e2e.helpers import check_layout, log_in, screenshot
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@ALL_VIEWPORTS
+@pytest.mark.parametrize("who", ["admin", "member"])
+def test_it_signs_in_and_lands_on_the_conversation_list(seeded, live_server, open_page, viewport, who):
+    page = open_page(viewport)
+    username, password = ADMIN if who == "admin" else MEMBER
+
+    log_in(page, live_server.url, username, password)
+
+    expect(page.get_by_role("button", name="Sign out")).to_be_visible()
+    expect(page.locator(".conv")).to_have_count(20)  # the 20 recent seeded conversations
+    role = "Admin" if who == "admin" else "Member"
+    who_line = page.locator(".who")
+    if viewport == "desktop":
+        expect(who_line).to_have_text(f"{username} · {role}")
+    else:
+        expect(who_line).to_be_hidden()  # phones keep the top bar to the brand and Sign out
+
+
+def test_it_refuses_a_wrong_password(seeded, live_server, open_page):
+    page = open_page("desktop")
+    page.goto(f"{live_server.url}/conversations/")
+    expect(page).to_have_url(f"{live_server.url}/accounts/login/?next=/conversations/")
+
+    page.get_by_label("Username").fill(ADMIN[0])
+    page.get_by_label("Password").fill("not-the-password")
+    page.get_by_role("button", name="Sign in").click()
+
+    expect(page.get_by_role("alert")).to_have_text("That username and password do not match. Try again.")
+    expect(page.get_by_role("heading", name="Sign in to Lethe")).to_be_visible()
+
+
+@ALL_VIEWPORTS
+def test_it_fits_the_login_page_on_every_screen(seeded, live_server, open_page, viewport):
+    page = open_page(viewport)
+    page.goto(f"{live_server.url}/accounts/login/")
+    expect(page.get_by_role("heading", name="Sign in to Lethe")).to_be_visible()
+
+    check_layout(page)
+    screenshot(page, "login")
