@@ -7,6 +7,7 @@ from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import pgettext_lazy
 from django.views.decorators.http import require_GET
 
 from lifecycle import enginefs
@@ -14,6 +15,14 @@ from lifecycle.models import Account, Computer, Conversation, Item
 from lifecycle.transcript import item_rows, preview_limit
 
 VIEWS = ("recent", "archived", "closed")
+CHILD_STATUS = {
+    "queued": _("Queued"),
+    "running": _("Running"),
+    "completed": _("Completed"),
+    "failed": _("Failed"),
+    "interrupted": _("Interrupted"),
+    "cancelled": _("Cancelled"),
+}
 PAGE_SIZE = 25
 TRANSCRIPT_PAGE = 100
 
@@ -42,7 +51,11 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
     page = Paginator(qs.order_by("-last_activity_at", "-pk"), PAGE_SIZE).get_page(request.GET.get("page"))
     context = {
         "view": view,
-        "views": [("recent", _("Recent")), ("archived", _("Archived")), ("closed", _("Closed"))],
+        "views": [
+            ("recent", pgettext_lazy("conversation list tab", "Recent")),
+            ("archived", pgettext_lazy("conversation list tab", "Archived")),
+            ("closed", pgettext_lazy("conversation list tab", "Closed")),
+        ],
         "owner": owner,
         "query": query,
         "page": page,
@@ -70,7 +83,9 @@ def conversation_detail(request: HttpRequest, public_id: str) -> HttpResponse:
     items = items[:TRANSCRIPT_PAGE]
     home = enginefs.EngineHome()
     children = [
-        row for row in home.read_fleet() if (row.get("origin") or {}).get("conversation") == conversation.public_id
+        {"agent_id": row.get("agent_id", ""), "status": CHILD_STATUS.get(row.get("status"), _("Unknown"))}
+        for row in home.read_fleet()
+        if (row.get("origin") or {}).get("conversation") == conversation.public_id
     ]
     files, size = home.conversation_usage(conversation.storage_key)
     context = {

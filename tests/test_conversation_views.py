@@ -113,3 +113,19 @@ def test_it_answers_404_for_unknown_conversations_and_items(member_client, conve
     other = factories.add_message(factories.make_conversation())
     url = f"/conversations/{conversation.public_id}/items/{other.pk}/output/"
     assert member_client.get(url, **HOST).status_code == 404
+
+
+def test_it_lists_the_conversations_subagents_with_localized_states(member_client, conversation, engine_home):
+    from lifecycle.enginefs import EngineHome
+
+    other = factories.make_conversation()
+    EngineHome().update_fleet(lambda rows: [
+        {"agent_id": "sa_mine", "origin": {"conversation": conversation.public_id}, "status": "completed"},
+        {"agent_id": "sa_theirs", "origin": {"conversation": other.public_id}, "status": "running"},
+        {"agent_id": "sa_legacy", "origin": None, "status": "completed"},
+    ])
+    english = member_client.get(f"/conversations/{conversation.public_id}/", **HOST).content.decode()
+    assert "sa_mine" in english and "Completed" in english
+    assert "sa_theirs" not in english and "sa_legacy" not in english
+    spanish = member_client.get(f"/conversations/{conversation.public_id}/", HTTP_ACCEPT_LANGUAGE="es", **HOST)
+    assert "Completado" in spanish.content.decode() or "Completada" in spanish.content.decode()

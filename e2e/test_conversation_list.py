@@ -1,0 +1,159 @@
+"""The conversation list: tabs, owner switch, search and pages, all updated in place by htmx."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from playwright.sync_api import Page, expect
+
+from e2e.conftest import ADMIN, ALL_VIEWPORTS, MEMBER
+from e2e.helpers import check_layout, log_in, screenshot
+from lifecycle.models import Account, Computer, Conversation, Scope
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def count_text(n: int) -> str:
+    return f"{n} conversation" if n == 1 else f"{n} conversations"
+
+
+def shown_titles(page: Page) -> list[str]:
+    return [t.strip() for t in page.locator("#results .conv-title").all_inner_texts()]
+
+
+def tab(page: Page, name: str):
+    return page.locator("label.tab", has_text=name)
+
+
+@ALL_VIEWPORTS
+def test_it_switches_between_recent_archived_and_closed(seeded, live_server, open_page, viewport):
+    page = open_page(viewport)
+    log_in(page, live_server.url, *MEMBER)
+    recent = Conversation.objects.recent()
+    expect(page.locator("#results .count")).to_have_text(count_text(recent.count()))
+    expect(page.locator("#results .conv")).to_have_count(recent.count())
+
+    for key, name in [("archived", "Archived"), ("closed", "Closed"), ("recent", "Recent")]:
+        expected = getattr(Conversation.objects, key)()
+        tab(page, name).click()
+
+        expect(page).to_have_url(re.compile(rf"/conversations/\?view={key}(&|$)"))
+        expect(page.locator("#results .count")).to_have_text(count_text(expected.count()))
+        assert sorted(shown_titles(page)) == sorted(c.title for c in expected)
+        expect(tab(page, name).locator("input")).to_be_checked()
+        # Exactly one tab looks selected: the one just chosen.
+        selected = page.locator("label.tab").evaluate_all(
+            "tabs => tabs.map(t => getComputedStyle(t).backgroundColor)"
+        )
+        chosen = ["Recent", "Archived", "Closed"].index(name)
+        others = {color for i, color in enumerate(selected) if i != chosen}
+        assert len(others) == 1 and selected[chosen] not in others, selected
+
+    archived = Conversation.objects.archived().first()
+    tab(page, "Archived").click()
+    expect(page.locator("#results .conv-title", has_text=archived.title).first).to_be_visible()
+    expect(page.locator("#results .conv").first.locator(".badge", has_text="Archived")).to_be_visible()
+
+
+@ALL_VIEWPORTS
+def test_it_filters_by_owner(seeded, live_server, open_page, viewport):
+    page = open_page(viewport)
+    log_in(page, live_server.url, *ADMIN)
+    everyone = Conversation.objects.recent().count()
+    expect(page.locator("#results .count")).to_have_text(count_text(everyone))
+
+    for owner in [Account.objects.get(name="Harbor Analytics"), Computer.objects.get(name="build-box")]:
+        kind = "account" if isinstance(owner, Account) else "computer"
+        theirs = Conversation.objects.recent().owned_by(kind, owner.pk)
+        assert 0 < theirs.count() < everyone
+
+        page.get_by_label("Owner").select_option(label=owner.name)
+
+        expect(page).to_have_url(re.compile(rf"owner={kind}%3A{owner.pk}"))
+        expect(page.locator("#results .count")).to_have_text(count_text(theirs.count()))
+        scope = "Account" if kind == "account" else "Local"
+        badges = page.locator("#results .conv .badge-" + (Scope.BOUND if kind == "account" else Scope.LOCAL))
+        expect(badges).to_have_count(theirs.count())
+        for text in badges.all_inner_texts():
+            assert text.strip() == f"{scope} · {owner.name}"
+        assert sorted(shown_titles(page)) == sorted(c.title for c in theirs)
+
+    page.get_by_label("Owner").select_option(label="All owners")
+    expect(page.locator("#results .count")).to_have_text(count_text(everyone))
+
+
+@ALL_VIEWPORTS
+def test_it_narrows_the_list_by_searching(seeded, live_server, open_page, viewport):
+    page = open_page(viewport)
+    log_in(page, live_server.url, *ADMIN)
+    everyone = Conversation.objects.recent().count()
+    expect(page.locator("#results .count")).to_have_text(count_text(everyone))
+
+    page.get_by_label("Search").press_sequentially("draft")
+
+    matches = Conversation.objects.recent().search("draft")
+    assert 0 < matches.count() < everyone
+    expect(page.locator("#results .count")).to_have_text(count_text(matches.count()))
+    expect(page).to_have_url(re.compile(r"q=draft"))
+    titles = shown_titles(page)
+    assert titles and all("draft" in t.lower() for t in titles), titles
+
+    page.get_by_label("Search").fill("")
+    page.get_by_label("Search").press_sequentially("no such conversation")
+    expect(page.locator("#results .empty")).to_have_text("No conversations match.")
+    expect(page.locator("#results .count")).to_have_text(count_text(0))
+
+    # A thread id works too.
+    thread = Conversation.objects.recent().order_by("pk").last().thread_id
+    page.get_by_label("Search").fill("")
+    page.get_by_label("Search").press_sequentially(thread)
+    expect(page.locator("#results .count")).to_have_text(
+        count_text(Conversation.objects.recent().search(thread).count())
+    )
+    expect(page.locator("#results .tid", has_text=thread).first).to_be_visible()
+
+
+@pytest.mark.parametrize("viewport", ["desktop", "small-phone"], ids=["1280", "320"])
+def test_it_pages_through_a_long_list(seeded, live_server, open_page, viewport):
+    account = Account.objects.get(name="Northwind Labs")
+    now = timezone.now()
+    Conversation.objects.bulk_create(
+        Conversation(scope=Scope.BOUND, account=account, thread_id=f"thr_page_{n:03d}",
+                     title=f"Older planning note {n:02d}", created_at=now - timedelta(days=800 + n),
+                     last_activity_at=now - timedelta(days=700 + n))
+        for n in range(30)
+    )
+    total = Conversation.objects.recent().count()
+    assert total > 25
+    page = open_page(viewport)
+    log_in(page, live_server.url, *ADMIN)
+    expect(page.locator("#results .count")).to_have_text(count_text(total))
+    expect(page.locator("#results .conv")).to_have_count(25)
+    expect(page.locator(".pager")).to_contain_text("Page 1 of 2")
+    first_page = shown_titles(page)
+
+    page.locator(".pager").get_by_role("link", name="Next").click()
+
+    expect(page.locator(".pager")).to_contain_text("Page 2 of 2")
+    expect(page).to_have_url(re.compile(r"page=2"))
+    expect(page.locator("#results .conv")).to_have_count(total - 25)
+    second_page = shown_titles(page)
+    assert not set(first_page) & set(second_page)
+    assert "Older planning note 29" in second_page  # the oldest comes last
+
+    page.locator(".pager").get_by_role("link", name="Previous").click()
+    expect(page.locator(".pager")).to_contain_text("Page 1 of 2")
+    assert shown_titles(page) == first_page
+
+
+@ALL_VIEWPORTS
+def test_it_fits_the_conversation_list_on_every_screen(seeded, live_server, open_page, viewport):
+    page = open_page(viewport)
+    log_in(page, live_server.url, *ADMIN)
+    expect(page.locator("#results .conv")).to_have_count(Conversation.objects.recent().count())
+
+    check_layout(page)
+    screenshot(page, "conversations")
