@@ -110,3 +110,25 @@ def check_layout(page: Page) -> None:
 def nav_link(page: Page, name: str):
     """The main navigation link a person can see: the sidebar on desktop, the bottom bar on phones."""
     return page.get_by_role("link", name=name, exact=True).filter(visible=True)
+
+
+_COVERED_BY_BAR = """
+(selector) => {
+  window.scrollTo(0, document.documentElement.scrollHeight);
+  const bar = document.getElementById("save-bar").getBoundingClientRect();
+  const covered = [];
+  for (const el of document.querySelectorAll(selector)) {
+    if (el.closest("#save-bar") || el.matches("input[type=hidden]")) continue;
+    const r = el.getBoundingClientRect();
+    if (r.width === 0 || r.height === 0) continue;
+    if (r.bottom > bar.top && r.top < bar.bottom) covered.push(`${el.tagName.toLowerCase()}#${el.id} top=${r.top} bar=${bar.top}`);
+  }
+  return covered;
+}
+"""
+
+
+def assert_save_bar_covers_nothing(page: Page) -> None:
+    """Scrolled to the very bottom, no control of the page sits under the fixed save bar."""
+    covered = page.evaluate(_COVERED_BY_BAR, INTERACTIVE)
+    assert covered == [], "controls hidden under the save bar:\n" + "\n".join(covered)

@@ -166,20 +166,23 @@ class Seeder:
         self.extra_rows.clear()
         if not self.rows:
             return
-        ops = connection.ops
-        payload_sql = "%s::jsonb" if connection.vendor == "postgresql" else "%s"
-        sql = (
-            f"INSERT INTO {m.Item._meta.db_table} (conversation_id, turn_id, seq, role, tool_kind, tool_call_id, "
-            "status, title, content, payload, payload_bytes, removable_bytes, revision, created_at, updated_at) "
-            f"VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, {payload_sql}, %s, %s, 1, %s, %s)"
-        )
-        with connection.cursor() as cursor:
-            for start in range(0, len(self.rows), 2000):
-                chunk = self.rows[start:start + 2000]
-                cursor.executemany(sql, [
-                    (*row[:12], ops.adapt_datetimefield_value(row[12]), ops.adapt_datetimefield_value(row[12]))
-                    for row in chunk
-                ])
+        columns = ("conversation_id, turn_id, seq, role, tool_kind, tool_call_id, status, title, content, "
+                   "payload, payload_bytes, removable_bytes, revision, created_at, updated_at")
+        table = m.Item._meta.db_table
+        if connection.vendor == "postgresql":
+            # COPY streams rows without per-row statements; the server parses the JSON.
+            with connection.cursor() as cursor, cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+                for row in self.rows:
+                    copy.write_row((*row[:12], 1, row[12], row[12]))
+        else:
+            ops = connection.ops
+            sql = f"INSERT INTO {table} ({columns}) VALUES ({', '.join(['%s'] * 15)})"
+            with connection.cursor() as cursor:
+                for start in range(0, len(self.rows), 2000):
+                    cursor.executemany(sql, [
+                        (*row[:12], 1, ops.adapt_datetimefield_value(row[12]), ops.adapt_datetimefield_value(row[12]))
+                        for row in self.rows[start:start + 2000]
+                    ])
         self.rows.clear()
 
     def conversations(self, n: int, accounts, computers) -> list[m.Conversation]:
@@ -191,7 +194,9 @@ class Seeder:
             if category == "old":
                 last = self.anchor - timedelta(days=self.rng.randint(100, 420), minutes=self.rng.randint(0, 1440))
             else:
-                last = self.anchor - timedelta(minutes=self.rng.randint(1 if category == "active" else 30, 60 * 24 * 60))
+                # Active conversations were touched minutes ago; idle ones up to two months ago.
+                span = 120 if category == "active" else 60 * 24 * 60
+                last = self.anchor - timedelta(minutes=self.rng.randint(1, span))
             thread = "thr_" + self.hexid(10)
             if i == 1:
                 # Same raw thread id as conversation 0, under another owner: a different conversation.

@@ -11,7 +11,7 @@ from django.utils.translation import pgettext_lazy
 from django.views.decorators.http import require_GET
 
 from lifecycle import enginefs
-from lifecycle.models import Account, Computer, Conversation, Item
+from lifecycle.models import ACTIVE_TURN_STATES, Account, Computer, Conversation, Item
 from lifecycle.transcript import item_rows, preview_limit
 
 VIEWS = ("recent", "archived", "closed")
@@ -93,7 +93,7 @@ def conversation_detail(request: HttpRequest, public_id: str) -> HttpResponse:
         "rows": item_rows(items),
         "next_after": items[-1].seq if more else None,
         "item_count": Item.objects.filter(conversation=conversation).count(),
-        "turns": conversation.turns.filter(state__in=("queued", "running")).count(),
+        "turns": conversation.turns.filter(state__in=ACTIVE_TURN_STATES).count(),
         "claims": conversation.runtime_claims.open().order_by("opened_at"),
         "children": children,
         "engine_files": files,

@@ -1,0 +1,103 @@
+"""One conversation: the transcript with its tool rows, and full tool output on demand."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from e2e.conftest import ADMIN, ALL_VIEWPORTS, MEMBER
+from e2e.helpers import check_layout, log_in, screenshot
+from lifecycle.models import Conversation, Item, Role
+from lifecycle.transcript import item_rows
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def conversation_with_long_output() -> tuple[Conversation, Item]:
+    """The newest recent conversation that has a tool row whose output is cut short."""
+    for conversation in Conversation.objects.recent().order_by("-last_activity_at", "-pk"):
+        for item in conversation.items.filter(role=Role.TOOL).order_by("seq"):
+            if item_rows([item])[0].truncated:
+                return conversation, item
+    raise AssertionError("the seed has no truncated tool output")
+
+
+def open_from_list(page: Page, conversation: Conversation) -> None:
+    page.locator("#results .conv-title").filter(has_text=re.compile(rf"^{re.escape(conversation.title)}$")).click()
+    expect(page).to_have_url(re.compile(rf"/conversations/{conversation.public_id}/$"))
+    expect(page.get_by_role("heading", level=1)).to_have_text(conversation.title)
+
+
+@ALL_VIEWPORTS
+def test_it_shows_the_transcript_with_tool_rows(seeded, live_server, open_page, viewport):
+    conversation, tool_item = conversation_with_long_output()
+    items = list(conversation.items.order_by("seq"))
+    page = open_page(viewport)
+    log_in(page, live_server.url, *MEMBER)
+
+    open_from_list(page, conversation)
+
+    transcript = page.locator("section.transcript")
+    for role, css in [(Role.USER, ".msg-user"), (Role.ASSISTANT, ".msg-assistant"), (Role.TOOL, ".msg-tool")]:
+        expected = sum(1 for i in items if i.role == role)
+        assert expected > 0
+        expect(transcript.locator(css)).to_have_count(expected)
+    first_user = next(i for i in items if i.role == Role.USER)
+    user_row = transcript.locator(f"#item-{first_user.pk}")
+    expect(user_row.locator(".role")).to_have_text("User")
+    expect(user_row.locator(".msg-text")).to_contain_text(first_user.content[:40])
+    first_assistant = next(i for i in items if i.role == Role.ASSISTANT)
+    expect(transcript.locator(f"#item-{first_assistant.pk} .role")).to_have_text("Assistant")
+
+    tool_row = transcript.locator(f"#item-{tool_item.pk}")
+    expect(tool_row.locator(".tool-kind")).to_have_text(tool_item.get_tool_kind_display())
+    expect(tool_row.locator(".tool-title")).to_have_text(tool_item.title)
+    expect(tool_row.locator(".status")).to_have_text(tool_item.get_status_display())
+    # Every tool row names its kind.
+    for pk, label in [(i.pk, i.get_tool_kind_display()) for i in items if i.role == Role.TOOL]:
+        expect(transcript.locator(f"#item-{pk} .tool-kind")).to_have_text(label)
+
+    facts = page.locator(".status-card")
+    expect(facts).to_contain_text(conversation.thread_id)
+    expect(facts).to_contain_text(conversation.owner.name)
+
+
+@ALL_VIEWPORTS
+def test_it_loads_the_full_tool_output_in_place(seeded, live_server, open_page, viewport):
+    conversation, tool_item = conversation_with_long_output()
+    full = item_rows([tool_item], full=True)[0].output
+    page = open_page(viewport)
+    log_in(page, live_server.url, *ADMIN)
+    open_from_list(page, conversation)
+    detail_url = page.url
+
+    row = page.locator(f"#item-{tool_item.pk}")
+    output = row.locator(".output pre")
+    preview = output.inner_text()
+    assert preview.endswith("…")
+    button = row.get_by_role("link", name=re.compile(r"^Show full output \(.+\)$"))
+    expect(button).to_be_visible()
+
+    button.click()
+
+    expect(button).to_have_count(0)
+    expect(output).not_to_have_text(preview)
+    shown = output.inner_text()
+    assert len(shown) > len(preview)
+    assert shown.strip() == full.strip()
+    assert page.url == detail_url  # loaded in place, no navigation
+    check_layout(page)  # a long output still wraps inside the screen
+
+
+@ALL_VIEWPORTS
+def test_it_fits_the_conversation_on_every_screen(seeded, live_server, open_page, viewport):
+    conversation, _item = conversation_with_long_output()
+    page = open_page(viewport)
+    log_in(page, live_server.url, *ADMIN)
+    open_from_list(page, conversation)
+    expect(page.locator("section.transcript .msg").first).to_be_visible()
+
+    check_layout(page)
+    screenshot(page, "conversation")

@@ -1,0 +1,235 @@
+"""Settings > System > Data & storage: one Save/Discard bar for two independent cards."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from e2e.conftest import ADMIN, ALL_VIEWPORTS, MEMBER
+from e2e.helpers import (
+    assert_save_bar_covers_nothing,
+    check_layout,
+    log_in,
+    nav_link,
+    screenshot,
+)
+from lifecycle.models import RetainedFactsPolicy
+from retention.models import ToolPayloadPolicy
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NOT_SAVED = "Some changes were not saved. Check the highlighted card."
+
+
+def open_data_storage(page: Page, base_url: str, who: tuple[str, str]) -> None:
+    log_in(page, base_url, *who)
+    nav_link(page, "Data & storage").click()
+    expect(page).to_have_url(f"{base_url}/settings/system/data-storage/")
+    expect(page.get_by_role("heading", level=1)).to_have_text("Data & storage")
+
+
+def bar(page: Page):
+    return page.locator("#save-bar")
+
+
+def facts_policy() -> RetainedFactsPolicy:
+    return RetainedFactsPolicy.objects.get(id=1)
+
+
+def tool_policy() -> ToolPayloadPolicy:
+    return ToolPayloadPolicy.objects.get(id=1)
+
+
+@pytest.fixture
+def policies(seeded):
+    """Both singletons as they stand before the test (the defaults)."""
+    return ToolPayloadPolicy.load(), RetainedFactsPolicy.load()
+
+
+@ALL_VIEWPORTS
+def test_it_shows_the_save_bar_for_an_edit_and_discards_it(policies, live_server, open_page, viewport):
+    _tool, facts = policies
+    page = open_page(viewport)
+    open_data_storage(page, live_server.url, ADMIN)
+    audit = page.get_by_label("Audit facts, days")
+    expect(audit).to_have_value(str(facts.audit_days))
+    expect(bar(page)).to_be_hidden()
+
+    audit.fill("500")
+
+    expect(bar(page)).to_be_visible()
+    expect(bar(page).locator(".save-bar-status")).to_have_text("Unsaved changes")
+    expect(bar(page).locator(".save-bar-which")).to_have_text("Retained facts")
+    if viewport != "desktop":
+        expect(page.locator(".phonenav")).to_be_hidden()  # the bar takes the bottom edge
+    check_layout(page)
+    assert_save_bar_covers_nothing(page)
+
+    bar(page).get_by_role("button", name="Discard").click()
+
+    expect(audit).to_have_value(str(facts.audit_days))
+    expect(bar(page)).to_be_hidden()
+    if viewport != "desktop":
+        expect(page.locator(".phonenav")).to_be_visible()
+    stored = facts_policy()
+    assert (stored.audit_days, stored.revision) == (facts.audit_days, facts.revision)
+
+    # Changing a value and changing it back is no change at all.
+    audit.fill("366")
+    expect(bar(page)).to_be_visible()
+    audit.fill(str(facts.audit_days))
+    expect(bar(page)).to_be_hidden()
+
+
+@pytest.mark.parametrize("viewport", ["desktop", "small-phone"], ids=["1280", "320"])
+def test_it_saves_both_cards_from_one_bar(policies, live_server, open_page, viewport):
+    tool, facts = policies
+    assert not tool.enabled
+    page = open_page(viewport)
+    open_data_storage(page, live_server.url, ADMIN)
+
+    page.get_by_label("Clean up old tool payloads").check()
+    page.get_by_label("Number").fill("6")
+    page.get_by_label("Unit").select_option("weeks")
+    page.get_by_label("Audit facts, days").fill("500")
+    page.get_by_label("Usage and metering, days").fill("450")
+
+    expect(bar(page).locator(".save-bar-which")).to_have_text("Tool payload cleanup · Retained facts")
+    bar(page).get_by_role("button", name="Save").click()
+
+    expect(page.get_by_role("status").filter(has_text="Cleanup policy saved.")).to_be_visible()
+    expect(page.get_by_role("status").filter(has_text="Retention periods saved.")).to_be_visible()
+    expect(bar(page)).to_be_hidden()
+    stored_tool = tool_policy()
+    assert (stored_tool.enabled, stored_tool.age_value, stored_tool.age_unit) == (True, 6, "weeks")
+    assert stored_tool.revision == tool.revision + 1
+    stored_facts = facts_policy()
+    assert (stored_facts.audit_days, stored_facts.usage_days, stored_facts.billing_days) == (
+        500, 450, facts.billing_days,
+    )
+    assert stored_facts.revision == facts.revision + 1
+
+    # What was saved is what the page shows after a reload.
+    page.reload()
+    expect(page.get_by_label("Clean up old tool payloads")).to_be_checked()
+    expect(page.get_by_label("Number")).to_have_value("6")
+    expect(page.get_by_label("Unit")).to_have_value("weeks")
+    expect(page.get_by_label("Audit facts, days")).to_have_value("500")
+    expect(page.get_by_label("Usage and metering, days")).to_have_value("450")
+    expect(bar(page)).to_be_hidden()
+
+
+@ALL_VIEWPORTS
+def test_it_saves_the_valid_card_and_holds_back_the_invalid_one(policies, live_server, open_page, viewport):
+    tool, facts = policies
+    page = open_page(viewport)
+    open_data_storage(page, live_server.url, ADMIN)
+
+    page.get_by_label("Audit facts, days").fill("0")
+    page.get_by_label("Number").fill("8")
+    bar(page).get_by_role("button", name="Save").click()
+
+    # The tool card saved ...
+    expect(page.get_by_role("status").filter(has_text="Cleanup policy saved.")).to_be_visible()
+    expect(page.get_by_label("Number")).to_have_value("8")
+    # ... the facts card did not, and says why, next to the field.
+    audit = page.get_by_label("Audit facts, days")
+    expect(audit).to_have_value("0")
+    expect(audit).to_have_attribute("aria-invalid", "true")
+    error = page.locator("#facts-card .field-error")
+    expect(error).to_be_visible()
+    expect(error).to_have_text(re.compile(r"greater than or equal to 1"))
+    expect(audit).to_have_accessible_description(re.compile(r"greater than or equal to 1"))
+    expect(page.get_by_role("status").filter(has_text="Retention periods saved.")).to_have_count(0)
+    # The bar stays, names the card still unsaved, and says some changes failed.
+    expect(bar(page)).to_be_visible()
+    expect(bar(page).locator(".save-bar-status")).to_have_text(NOT_SAVED)
+    expect(bar(page).locator(".save-bar-which")).to_have_text("Retained facts")
+    check_layout(page)
+    assert_save_bar_covers_nothing(page)
+
+    stored_tool = tool_policy()
+    assert (stored_tool.age_value, stored_tool.revision) == (8, tool.revision + 1)
+    stored_facts = facts_policy()
+    assert (stored_facts.audit_days, stored_facts.revision) == (facts.audit_days, facts.revision)
+
+    # Correcting the value and saving again saves just that card.
+    audit.fill("30")
+    expect(bar(page).locator(".save-bar-status")).to_have_text("Unsaved changes")
+    bar(page).get_by_role("button", name="Save").click()
+
+    expect(page.get_by_role("status").filter(has_text="Retention periods saved.")).to_be_visible()
+    expect(bar(page)).to_be_hidden()
+    expect(page.locator("#facts-card .field-error")).to_have_count(0)
+    assert facts_policy().audit_days == 30
+    assert tool_policy().revision == tool.revision + 1  # not saved twice
+
+
+def test_it_warns_before_leaving_with_unsaved_changes(policies, live_server, open_page):
+    _tool, facts = policies
+    page = open_page("desktop")
+    open_data_storage(page, live_server.url, ADMIN)
+    dialogs = []
+
+    def stay(dialog):
+        dialogs.append(dialog.type)
+        dialog.dismiss()
+
+    page.on("dialog", stay)
+    audit = page.get_by_label("Audit facts, days")
+    audit.click()  # a real click: browsers only warn after the person interacted
+    audit.fill("500")
+    expect(bar(page)).to_be_visible()
+
+    with page.expect_event("dialog"):
+        page.close(run_before_unload=True)
+
+    assert dialogs == ["beforeunload"]
+    assert not page.is_closed()  # staying keeps the edit
+    expect(audit).to_have_value("500")
+    assert facts_policy().audit_days == facts.audit_days
+
+    # Once saved, leaving asks nothing.
+    bar(page).get_by_role("button", name="Save").click()
+    expect(bar(page)).to_be_hidden()
+    with page.expect_event("close"):
+        page.close(run_before_unload=True)
+    assert dialogs == ["beforeunload"]
+    assert facts_policy().audit_days == 500
+
+
+@pytest.mark.parametrize("viewport", ["desktop", "small-phone"], ids=["1280", "320"])
+def test_it_shows_members_the_settings_read_only(policies, live_server, open_page, viewport):
+    tool, facts = policies
+    page = open_page(viewport)
+    open_data_storage(page, live_server.url, MEMBER)
+
+    expect(page.get_by_text("You can see these settings. Only admins can change them.")).to_be_visible()
+    controls = page.locator("form[data-contributor] input:not([type=hidden]), form[data-contributor] select")
+    expect(controls).to_have_count(6)
+    for control in controls.all():
+        expect(control).to_be_disabled()
+    expect(page.get_by_label("Audit facts, days")).to_have_value(str(facts.audit_days))
+    expect(page.locator("form[data-contributor] .note", has_text="Admins only.")).to_have_count(2)
+    expect(page.locator("#save-bar")).to_have_count(0)
+    expect(page.get_by_role("button", name=re.compile("Save"))).to_have_count(0)
+    check_layout(page)
+    assert tool_policy().revision == tool.revision and facts_policy().revision == facts.revision
+
+
+@ALL_VIEWPORTS
+def test_it_fits_data_and_storage_on_every_screen(policies, live_server, open_page, viewport):
+    page = open_page(viewport)
+    open_data_storage(page, live_server.url, ADMIN)
+    expect(page.get_by_role("heading", name="Retained facts")).to_be_visible()
+
+    check_layout(page)
+    screenshot(page, "data-storage")
+
+    page.get_by_label("Billing facts, days").fill("3000")
+    expect(bar(page)).to_be_visible()
+    check_layout(page)
+    assert_save_bar_covers_nothing(page)
+    screenshot(page, "data-storage-unsaved")

@@ -1,0 +1,52 @@
+"""Switching the interface to Spanish and back: the sidebar on desktop, the page footer on phones."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from e2e.conftest import ADMIN, ALL_VIEWPORTS
+from e2e.helpers import check_layout, log_in
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def language_select(page: Page, viewport: str):
+    sidebar = page.locator(".sidenav select[name=language]")
+    footer = page.locator(".page-foot select[name=language]")
+    if viewport == "desktop":
+        expect(footer).to_be_hidden()
+        return sidebar
+    expect(sidebar).to_be_hidden()  # no sidebar on phones: the switch lives in the footer
+    return footer
+
+
+@ALL_VIEWPORTS
+def test_it_switches_the_language_to_spanish_and_back(seeded, live_server, open_page, viewport):
+    page = open_page(viewport)
+    log_in(page, live_server.url, *ADMIN)
+    html = page.locator("html")
+    expect(html).to_have_attribute("lang", "en")
+
+    select = language_select(page, viewport)
+    expect(select).to_be_visible()
+    expect(select).to_have_value("en")
+    select.select_option("es")
+
+    expect(html).to_have_attribute("lang", "es")
+    expect(page).to_have_url(f"{live_server.url}/conversations/")
+    expect(page.get_by_role("heading", level=1)).to_have_text("Conversaciones")
+    expect(page.locator(".conv")).to_have_count(20)  # same list, other words
+    expect(language_select(page, viewport)).to_have_value("es")
+    check_layout(page)  # Spanish copy is longer; it must still fit
+
+    # The choice sticks for the next page.
+    page.locator(".conv-link").first.click()
+    expect(html).to_have_attribute("lang", "es")
+
+    language_select(page, viewport).select_option("en")
+
+    expect(html).to_have_attribute("lang", "en")
+    expect(page.get_by_role("heading", level=2, name="Transcript")).to_be_visible()
+    page.goto(f"{live_server.url}/conversations/")
+    expect(page.get_by_role("heading", level=1)).to_have_text("Conversations")
