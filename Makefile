@@ -40,10 +40,7 @@ run: setup
 	$(PY) manage.py collectstatic --noinput -v0
 	$(PY) manage.py seed_demo --if-empty
 	@echo "Lethe is at http://$(HOST):$(PORT)/  (Ctrl-C stops the web server and the job cluster)"
-	@trap 'kill 0' INT TERM EXIT; \
-	$(PY) manage.py qcluster & \
-	$(PY) manage.py runserver $(HOST):$(PORT) --noreload & \
-	wait
+	$(PY) manage.py serve $(HOST):$(PORT)
 
 ## test: the whole suite on SQLite, then on PostgreSQL, then the browser tests.
 test: setup browser lint test-sqlite test-postgres test-e2e

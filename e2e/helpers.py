@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from playwright.sync_api import Page, expect
+
+from lifecycle.models import Conversation, Item, Role
+from lifecycle.transcript import item_rows
 
 SCREENSHOTS = Path(__file__).resolve().parent / "screenshots"
 TOUCH = 44  # px, the smallest comfortable touch target
@@ -23,11 +27,13 @@ def log_in(page: Page, base_url: str, username: str, password: str) -> None:
     expect(page.get_by_role("heading", name="Conversations", level=1)).to_be_visible()
 
 
-def screenshot(page: Page, name: str) -> Path:
-    """e2e/screenshots/<name>-<width>.png, the whole page."""
+def screenshot(page: Page, name: str, *, full_page: bool = True) -> Path:
+    """e2e/screenshots/<name>-<width>.png: the whole page from the top, or what the screen shows now."""
     SCREENSHOTS.mkdir(exist_ok=True)
     path = SCREENSHOTS / f"{name}-{page.viewport_size['width']}.png"
-    page.screenshot(path=str(path), full_page=True)
+    if full_page:
+        page.evaluate("window.scrollTo(0, 0)")  # sticky bars are drawn where the scroll leaves them
+    page.screenshot(path=str(path), full_page=full_page)
     return path
 
 
@@ -83,28 +89,18 @@ _LAYOUT_PROBE = """
 """
 
 
-def assert_phone_friendly(page: Page) -> None:
-    """No sideways scrolling, touch-sized controls, and the document is the one scroller."""
+def check_layout(page: Page, where: str = "") -> None:
+    """No sideways scrolling and the document as the one scroller; on phones also
+    touch-sized controls (at desktop width a mouse is assumed)."""
+    where = where or page.url
     found = page.evaluate(_LAYOUT_PROBE, INTERACTIVE)
     overflow = found["overflow"]
-    assert overflow["scrollWidth"] <= overflow["innerWidth"], f"page scrolls sideways: {overflow}"
-    assert found["small"] == [], "controls smaller than 44x44 px:\n" + "\n".join(found["small"])
-    assert found["scrollers"] == [], "elements that scroll inside the page:\n" + "\n".join(found["scrollers"])
-
-
-def assert_layout_holds(page: Page) -> None:
-    """At desktop width: no sideways scrolling and one scroll owner (touch sizes are a phone rule)."""
-    found = page.evaluate(_LAYOUT_PROBE, INTERACTIVE)
-    overflow = found["overflow"]
-    assert overflow["scrollWidth"] <= overflow["innerWidth"], f"page scrolls sideways: {overflow}"
-    assert found["scrollers"] == [], "elements that scroll inside the page:\n" + "\n".join(found["scrollers"])
-
-
-def check_layout(page: Page) -> None:
+    assert overflow["scrollWidth"] <= overflow["innerWidth"], f"{where}: page scrolls sideways: {overflow}"
+    assert found["scrollers"] == [], f"{where}: elements that scroll inside the page:\n" + "\n".join(
+        found["scrollers"]
+    )
     if page.viewport_size["width"] < 768:
-        assert_phone_friendly(page)
-    else:
-        assert_layout_holds(page)
+        assert found["small"] == [], f"{where}: controls smaller than 44x44 px:\n" + "\n".join(found["small"])
 
 
 def nav_link(page: Page, name: str):
@@ -132,3 +128,18 @@ def assert_save_bar_covers_nothing(page: Page) -> None:
     """Scrolled to the very bottom, no control of the page sits under the fixed save bar."""
     covered = page.evaluate(_COVERED_BY_BAR, INTERACTIVE)
     assert covered == [], "controls hidden under the save bar:\n" + "\n".join(covered)
+
+
+def conversation_with_long_output() -> tuple[Conversation, Item]:
+    """The newest recent conversation that has a tool row whose output is cut short."""
+    for conversation in Conversation.objects.recent().order_by("-last_activity_at", "-pk"):
+        for item in conversation.items.filter(role=Role.TOOL).order_by("seq"):
+            if item_rows([item])[0].truncated:
+                return conversation, item
+    raise AssertionError("the seed has no truncated tool output")
+
+
+def open_from_list(page: Page, conversation: Conversation) -> None:
+    page.locator("#results .conv-title").filter(has_text=re.compile(rf"^{re.escape(conversation.title)}$")).click()
+    expect(page).to_have_url(re.compile(rf"/conversations/{conversation.public_id}/$"))
+    expect(page.get_by_role("heading", level=1)).to_have_text(conversation.title)

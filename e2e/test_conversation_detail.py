@@ -5,29 +5,14 @@ from __future__ import annotations
 import re
 
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import expect
 
 from e2e.conftest import ADMIN, ALL_VIEWPORTS, MEMBER
-from e2e.helpers import check_layout, log_in, screenshot
-from lifecycle.models import Conversation, Item, Role
+from e2e.helpers import check_layout, conversation_with_long_output, log_in, open_from_list
+from lifecycle.models import Role
 from lifecycle.transcript import item_rows
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def conversation_with_long_output() -> tuple[Conversation, Item]:
-    """The newest recent conversation that has a tool row whose output is cut short."""
-    for conversation in Conversation.objects.recent().order_by("-last_activity_at", "-pk"):
-        for item in conversation.items.filter(role=Role.TOOL).order_by("seq"):
-            if item_rows([item])[0].truncated:
-                return conversation, item
-    raise AssertionError("the seed has no truncated tool output")
-
-
-def open_from_list(page: Page, conversation: Conversation) -> None:
-    page.locator("#results .conv-title").filter(has_text=re.compile(rf"^{re.escape(conversation.title)}$")).click()
-    expect(page).to_have_url(re.compile(rf"/conversations/{conversation.public_id}/$"))
-    expect(page.get_by_role("heading", level=1)).to_have_text(conversation.title)
 
 
 @ALL_VIEWPORTS
@@ -89,15 +74,3 @@ def test_it_loads_the_full_tool_output_in_place(seeded, live_server, open_page, 
     assert shown.strip() == full.strip()
     assert page.url == detail_url  # loaded in place, no navigation
     check_layout(page)  # a long output still wraps inside the screen
-
-
-@ALL_VIEWPORTS
-def test_it_fits_the_conversation_on_every_screen(seeded, live_server, open_page, viewport):
-    conversation, _item = conversation_with_long_output()
-    page = open_page(viewport)
-    log_in(page, live_server.url, *ADMIN)
-    open_from_list(page, conversation)
-    expect(page.locator("section.transcript .msg").first).to_be_visible()
-
-    check_layout(page)
-    screenshot(page, "conversation")

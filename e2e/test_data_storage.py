@@ -13,7 +13,6 @@ from e2e.helpers import (
     check_layout,
     log_in,
     nav_link,
-    screenshot,
 )
 from lifecycle.models import RetainedFactsPolicy
 from retention.models import ToolPayloadPolicy
@@ -217,19 +216,3 @@ def test_it_shows_members_the_settings_read_only(policies, live_server, open_pag
     expect(page.get_by_role("button", name=re.compile("Save"))).to_have_count(0)
     check_layout(page)
     assert tool_policy().revision == tool.revision and facts_policy().revision == facts.revision
-
-
-@ALL_VIEWPORTS
-def test_it_fits_data_and_storage_on_every_screen(policies, live_server, open_page, viewport):
-    page = open_page(viewport)
-    open_data_storage(page, live_server.url, ADMIN)
-    expect(page.get_by_role("heading", name="Retained facts")).to_be_visible()
-
-    check_layout(page)
-    screenshot(page, "data-storage")
-
-    page.get_by_label("Billing facts, days").fill("3000")
-    expect(bar(page)).to_be_visible()
-    check_layout(page)
-    assert_save_bar_covers_nothing(page)
-    screenshot(page, "data-storage-unsaved")

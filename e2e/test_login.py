@@ -6,7 +6,7 @@ import pytest
 from playwright.sync_api import expect
 
 from e2e.conftest import ADMIN, ALL_VIEWPORTS, MEMBER
-from e2e.helpers import check_layout, log_in, screenshot
+from e2e.helpers import log_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -40,13 +40,3 @@ def test_it_refuses_a_wrong_password(seeded, live_server, open_page):
 
     expect(page.get_by_role("alert")).to_have_text("That username and password do not match. Try again.")
     expect(page.get_by_role("heading", name="Sign in to Lethe")).to_be_visible()
-
-
-@ALL_VIEWPORTS
-def test_it_fits_the_login_page_on_every_screen(seeded, live_server, open_page, viewport):
-    page = open_page(viewport)
-    page.goto(f"{live_server.url}/accounts/login/")
-    expect(page.get_by_role("heading", name="Sign in to Lethe")).to_be_visible()
-
-    check_layout(page)
-    screenshot(page, "login")
