@@ -34,9 +34,6 @@ VIEWPORTS = {
     "small-phone": {"width": 320, "height": 640},
 }
 ALL_VIEWPORTS = pytest.mark.parametrize("viewport", list(VIEWPORTS), ids=lambda v: str(VIEWPORTS[v]["width"]))
-PHONE_VIEWPORTS = pytest.mark.parametrize(
-    "viewport", ["phone", "small-phone"], ids=lambda v: str(VIEWPORTS[v]["width"])
-)
 
 ADMIN = ("admin", "admin-pass-e2e")
 MEMBER = ("member", "member-pass-e2e")

@@ -20,8 +20,14 @@ def count_text(n: int) -> str:
     return f"{n} conversation" if n == 1 else f"{n} conversations"
 
 
-def shown_titles(page: Page) -> list[str]:
-    return [t.strip() for t in page.locator("#results .conv-title").all_inner_texts()]
+def in_list_order(queryset) -> list[str]:
+    return [c.title for c in queryset.order_by("-last_activity_at", "-pk")]
+
+
+def expect_listed(page: Page, queryset) -> None:
+    """The results show exactly these conversations, newest first (waits for the swap)."""
+    expect(page.locator("#results .count")).to_have_text(count_text(queryset.count()))
+    expect(page.locator("#results .conv-title")).to_have_text(in_list_order(queryset))
 
 
 def tab(page: Page, name: str):
@@ -32,29 +38,24 @@ def tab(page: Page, name: str):
 def test_it_switches_between_recent_archived_and_closed(seeded, live_server, open_page, viewport):
     page = open_page(viewport)
     log_in(page, live_server.url, *MEMBER)
-    recent = Conversation.objects.recent()
-    expect(page.locator("#results .count")).to_have_text(count_text(recent.count()))
-    expect(page.locator("#results .conv")).to_have_count(recent.count())
+    expect_listed(page, Conversation.objects.recent())
 
     for key, name in [("archived", "Archived"), ("closed", "Closed"), ("recent", "Recent")]:
-        expected = getattr(Conversation.objects, key)()
         tab(page, name).click()
 
+        expect_listed(page, getattr(Conversation.objects, key)())
         expect(page).to_have_url(re.compile(rf"/conversations/\?view={key}(&|$)"))
-        expect(page.locator("#results .count")).to_have_text(count_text(expected.count()))
-        assert sorted(shown_titles(page)) == sorted(c.title for c in expected)
         expect(tab(page, name).locator("input")).to_be_checked()
         # Exactly one tab looks selected: the one just chosen.
-        selected = page.locator("label.tab").evaluate_all(
+        colors = page.locator("label.tab").evaluate_all(
             "tabs => tabs.map(t => getComputedStyle(t).backgroundColor)"
         )
         chosen = ["Recent", "Archived", "Closed"].index(name)
-        others = {color for i, color in enumerate(selected) if i != chosen}
-        assert len(others) == 1 and selected[chosen] not in others, selected
+        others = {color for i, color in enumerate(colors) if i != chosen}
+        assert len(others) == 1 and colors[chosen] not in others, colors
 
-    archived = Conversation.objects.archived().first()
     tab(page, "Archived").click()
-    expect(page.locator("#results .conv-title", has_text=archived.title).first).to_be_visible()
+    expect_listed(page, Conversation.objects.archived())
     expect(page.locator("#results .conv").first.locator(".badge", has_text="Archived")).to_be_visible()
 
 
@@ -62,57 +63,53 @@ def test_it_switches_between_recent_archived_and_closed(seeded, live_server, ope
 def test_it_filters_by_owner(seeded, live_server, open_page, viewport):
     page = open_page(viewport)
     log_in(page, live_server.url, *ADMIN)
-    everyone = Conversation.objects.recent().count()
-    expect(page.locator("#results .count")).to_have_text(count_text(everyone))
+    everyone = Conversation.objects.recent()
+    expect_listed(page, everyone)
 
     for owner in [Account.objects.get(name="Harbor Analytics"), Computer.objects.get(name="build-box")]:
         kind = "account" if isinstance(owner, Account) else "computer"
         theirs = Conversation.objects.recent().owned_by(kind, owner.pk)
-        assert 0 < theirs.count() < everyone
+        assert 0 < theirs.count() < everyone.count()
 
         page.get_by_label("Owner").select_option(label=owner.name)
 
+        expect_listed(page, theirs)
         expect(page).to_have_url(re.compile(rf"owner={kind}%3A{owner.pk}"))
-        expect(page.locator("#results .count")).to_have_text(count_text(theirs.count()))
+        # Every row shown says it belongs to that owner.
         scope = "Account" if kind == "account" else "Local"
         badges = page.locator("#results .conv .badge-" + (Scope.BOUND if kind == "account" else Scope.LOCAL))
-        expect(badges).to_have_count(theirs.count())
-        for text in badges.all_inner_texts():
-            assert text.strip() == f"{scope} · {owner.name}"
-        assert sorted(shown_titles(page)) == sorted(c.title for c in theirs)
+        expect(badges).to_have_text([f"{scope} · {owner.name}"] * theirs.count())
 
     page.get_by_label("Owner").select_option(label="All owners")
-    expect(page.locator("#results .count")).to_have_text(count_text(everyone))
+    expect_listed(page, everyone)
 
 
 @ALL_VIEWPORTS
 def test_it_narrows_the_list_by_searching(seeded, live_server, open_page, viewport):
     page = open_page(viewport)
     log_in(page, live_server.url, *ADMIN)
-    everyone = Conversation.objects.recent().count()
-    expect(page.locator("#results .count")).to_have_text(count_text(everyone))
+    everyone = Conversation.objects.recent()
+    expect_listed(page, everyone)
+    search = page.get_by_label("Search")
 
-    page.get_by_label("Search").press_sequentially("draft")
+    search.press_sequentially("draft")
 
     matches = Conversation.objects.recent().search("draft")
-    assert 0 < matches.count() < everyone
-    expect(page.locator("#results .count")).to_have_text(count_text(matches.count()))
+    assert 0 < matches.count() < everyone.count()
+    expect_listed(page, matches)
     expect(page).to_have_url(re.compile(r"q=draft"))
-    titles = shown_titles(page)
-    assert titles and all("draft" in t.lower() for t in titles), titles
+    assert all("draft" in title.lower() for title in in_list_order(matches))
 
-    page.get_by_label("Search").fill("")
-    page.get_by_label("Search").press_sequentially("no such conversation")
+    search.clear()
+    search.press_sequentially("no such conversation")
     expect(page.locator("#results .empty")).to_have_text("No conversations match.")
     expect(page.locator("#results .count")).to_have_text(count_text(0))
 
     # A thread id works too.
     thread = Conversation.objects.recent().order_by("pk").last().thread_id
-    page.get_by_label("Search").fill("")
-    page.get_by_label("Search").press_sequentially(thread)
-    expect(page.locator("#results .count")).to_have_text(
-        count_text(Conversation.objects.recent().search(thread).count())
-    )
+    search.clear()
+    search.press_sequentially(thread)
+    expect_listed(page, Conversation.objects.recent().search(thread))
     expect(page.locator("#results .tid", has_text=thread).first).to_be_visible()
 
 
@@ -126,24 +123,21 @@ def test_it_pages_through_a_long_list(seeded, live_server, open_page, viewport):
                      last_activity_at=now - timedelta(days=700 + n))
         for n in range(30)
     )
-    total = Conversation.objects.recent().count()
-    assert total > 25
+    everyone = in_list_order(Conversation.objects.recent())
+    assert len(everyone) > 25
     page = open_page(viewport)
     log_in(page, live_server.url, *ADMIN)
-    expect(page.locator("#results .count")).to_have_text(count_text(total))
-    expect(page.locator("#results .conv")).to_have_count(25)
+    expect(page.locator("#results .count")).to_have_text(count_text(len(everyone)))
+    expect(page.locator("#results .conv-title")).to_have_text(everyone[:25])
     expect(page.locator(".pager")).to_contain_text("Page 1 of 2")
-    first_page = shown_titles(page)
 
     page.locator(".pager").get_by_role("link", name="Next").click()
 
     expect(page.locator(".pager")).to_contain_text("Page 2 of 2")
     expect(page).to_have_url(re.compile(r"page=2"))
-    expect(page.locator("#results .conv")).to_have_count(total - 25)
-    second_page = shown_titles(page)
-    assert not set(first_page) & set(second_page)
-    assert "Older planning note 29" in second_page  # the oldest comes last
+    expect(page.locator("#results .conv-title")).to_have_text(everyone[25:])
+    assert everyone[-1] == "Older planning note 29"  # the oldest comes last
 
     page.locator(".pager").get_by_role("link", name="Previous").click()
     expect(page.locator(".pager")).to_contain_text("Page 1 of 2")
-    assert shown_titles(page) == first_page
+    expect(page.locator("#results .conv-title")).to_have_text(everyone[:25])
