@@ -17,7 +17,7 @@ from django.db import connection, transaction
 
 from lifecycle import models as m
 from lifecycle.enginefs import EngineHome
-from retention.reducer import measure
+from retention.reducer import encode, measure
 
 TOPICS = [
     "Fix flaky login test", "Migrate billing job to queue", "Investigate slow search", "Draft release notes",
@@ -259,8 +259,8 @@ class Seeder:
                     tool_call = "call_" + self.hexid(16)
                     status = rng.choice([m.ItemStatus.COMPLETED.value] * 5 + [m.ItemStatus.FAILED.value])
                     title = TITLES.get(kind, kind.replace("_", " ").capitalize())
-                    payload_json = json.dumps(payload)
-                    size, removable = measure(kind, payload)
+                    payload_json = encode(payload)
+                    size, removable = measure(kind, payload, encoded=payload_json)
                     if kind == "shell":
                         shell_items.append((seq, payload))
                 self.rows.append((conv.pk, turn.pk, seq, role, kind, tool_call, status, title, content,

@@ -45,8 +45,13 @@ class Skip:
     ALL = (OVERSIZE, MALFORMED, ALREADY_REMOVED, UNSUPPORTED, NO_PAYLOAD, PROTECTED)
 
 
+def encode(value: Any) -> str:
+    """The canonical JSON form sizes are measured in."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+
+
 def encoded_size(value: Any) -> int:
-    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True).encode())
+    return len(encode(value).encode())
 
 
 @dataclass(frozen=True)
@@ -113,9 +118,12 @@ def apply(kind: str, payload: dict[str, Any], *, removed_at: datetime) -> tuple[
     return reduced, result
 
 
-def measure(kind: str, payload: Any) -> tuple[int, int]:
-    """(payload_bytes, removable_bytes) for an item about to be written."""
+def measure(kind: str, payload: Any, *, encoded: str | None = None) -> tuple[int, int]:
+    """(payload_bytes, removable_bytes) for an item about to be written.
+
+    `encoded` is the payload's `encode()` form when the caller already has it.
+    """
     if payload is None:
         return 0, 0
-    size = encoded_size(payload)
+    size = len((encoded if encoded is not None else encode(payload)).encode())
     return size, plan(kind, payload, size=size).removed_bytes
