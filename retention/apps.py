@@ -7,3 +7,10 @@ from django.utils.translation import gettext_lazy as _
 class RetentionConfig(AppConfig):
     name = "retention"
     verbose_name = _("Tool payload retention")
+
+    def ready(self) -> None:
+        from django.db.models.signals import post_migrate
+
+        from retention.schedules import ensure_schedules
+
+        post_migrate.connect(ensure_schedules, sender=self, dispatch_uid="retention-schedules")

@@ -43,3 +43,23 @@ class ToolPayloadPolicy(models.Model):
     def load(cls) -> ToolPayloadPolicy:
         obj, _created = cls.objects.get_or_create(id=1)
         return obj
+
+
+class StorageSnapshot(models.Model):
+    """The engine folder's size, measured by a background job (a singleton, id 1).
+
+    Walking the folder can take long on a large installation, so pages show the last
+    measurement instead of walking it per request.
+    """
+
+    engine_files = models.PositiveBigIntegerField(default=0)
+    engine_bytes = models.PositiveBigIntegerField(default=0)
+    measured_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.CheckConstraint(name="storage_snapshot_singleton", condition=Q(id=1))]
+
+    @classmethod
+    def load(cls) -> StorageSnapshot:
+        obj, _created = cls.objects.get_or_create(id=1)
+        return obj

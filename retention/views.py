@@ -15,12 +15,11 @@ from django.views.decorators.http import require_GET, require_POST
 
 from console.auth import is_admin
 from lifecycle.actions.save_facts_policy import save_facts_policy
-from lifecycle.enginefs import EngineHome
 from lifecycle.errors import ActionRefused
 from lifecycle.models import RetainedFactsPolicy
 from retention.actions.save_policy import save_tool_payload_policy
 from retention.forms import RetainedFactsForm, ToolPayloadPolicyForm
-from retention.models import ToolPayloadPolicy
+from retention.models import StorageSnapshot, ToolPayloadPolicy
 from retention.storage import database_size
 
 PAGE = "retention/data_storage.html"
@@ -51,11 +50,9 @@ def _facts_form(policy: RetainedFactsPolicy) -> RetainedFactsForm:
 def _context(request: HttpRequest, **overrides) -> dict:
     tool_policy = ToolPayloadPolicy.load()
     facts_policy = RetainedFactsPolicy.load()
-    files, engine_bytes = EngineHome().usage()
     context = {
         "db": database_size(),
-        "engine_files": files,
-        "engine_bytes": engine_bytes,
+        "snapshot": StorageSnapshot.load(),
         "tool_policy": tool_policy,
         "tool_form": _tool_form(tool_policy),
         "facts_policy": facts_policy,
