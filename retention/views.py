@@ -79,38 +79,35 @@ def _card_response(request: HttpRequest, region: str, status: int, **overrides) 
     return render(request, f"{PAGE}#{region}" if request.htmx else PAGE, context, status=status)
 
 
+def _save_card(request: HttpRequest, region: str, form_name: str, form, save) -> HttpResponse:
+    """One contributor's save: 403 for members, 422 invalid, 409 refused, else saved."""
+    if not is_admin(request.user):
+        return _refused(request, region)
+    if not form.is_valid():
+        return _card_response(request, region, 422, **{form_name: form})
+    try:
+        save(form.cleaned_data)
+    except ActionRefused as exc:
+        form.add_error(None, exc.message)
+        return _card_response(request, region, 409, **{form_name: form})
+    if request.htmx:
+        return _card_response(request, region, 200, **{f"{form_name}_saved": True})
+    return redirect("retention:data-storage")
+
+
 @login_required
 @require_POST
 def tool_policy_save(request: HttpRequest) -> HttpResponse:
-    if not is_admin(request.user):
-        return _refused(request, "tool-card")
-    form = ToolPayloadPolicyForm(request.POST)
-    if not form.is_valid():
-        return _card_response(request, "tool-card", 422, tool_form=form)
-    try:
-        save_tool_payload_policy(**form.cleaned_data, acting_user=request.user)
-    except ActionRefused as exc:
-        form.add_error(None, exc.message)
-        return _card_response(request, "tool-card", 409, tool_form=form)
-    if request.htmx:
-        return _card_response(request, "tool-card", 200, tool_saved=True)
-    return redirect("retention:data-storage")
+    return _save_card(
+        request, "tool-card", "tool_form", ToolPayloadPolicyForm(request.POST),
+        lambda data: save_tool_payload_policy(**data, acting_user=request.user),
+    )
 
 
 @login_required
 @require_POST
 def facts_policy_save(request: HttpRequest) -> HttpResponse:
-    if not is_admin(request.user):
-        return _refused(request, "facts-card")
-    form = RetainedFactsForm(request.POST)
-    if not form.is_valid():
-        return _card_response(request, "facts-card", 422, facts_form=form)
-    data = form.cleaned_data
-    try:
-        save_facts_policy(values=data, revision=data["revision"], acting_user=request.user)
-    except ActionRefused as exc:
-        form.add_error(None, exc.message)
-        return _card_response(request, "facts-card", 409, facts_form=form)
-    if request.htmx:
-        return _card_response(request, "facts-card", 200, facts_saved=True)
-    return redirect("retention:data-storage")
+    return _save_card(
+        request, "facts-card", "facts_form", RetainedFactsForm(request.POST),
+        lambda data: save_facts_policy(values=data, revision=data["revision"], acting_user=request.user),
+    )
