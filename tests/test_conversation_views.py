@@ -129,3 +129,15 @@ def test_it_lists_the_conversations_subagents_with_localized_states(member_clien
     assert "sa_theirs" not in english and "sa_legacy" not in english
     spanish = member_client.get(f"/conversations/{conversation.public_id}/", HTTP_ACCEPT_LANGUAGE="es", **HOST)
     assert "Completado" in spanish.content.decode()
+
+
+def test_it_renders_localized_error_pages(member_client, client):
+    missing = member_client.get("/conversations/c_nope/", **HOST)
+    assert missing.status_code == 404 and "Not found" in missing.content.decode()
+    spanish = member_client.get("/conversations/c_nope/", HTTP_ACCEPT_LANGUAGE="es", **HOST)
+    assert spanish.status_code == 404 and "No encontrado" in spanish.content.decode()
+    from django.test import Client
+
+    strict = Client(enforce_csrf_checks=True)
+    expired = strict.post("/accounts/login/", {"username": "x", "password": "y"}, **HOST)
+    assert expired.status_code == 403 and "Form expired" in expired.content.decode()
