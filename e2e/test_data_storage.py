@@ -142,6 +142,10 @@ def test_it_saves_the_valid_card_and_holds_back_the_invalid_one(policies, live_s
     expect(error).to_have_text(re.compile(r"greater than or equal to 1"))
     expect(audit).to_have_accessible_description(re.compile(r"greater than or equal to 1"))
     expect(page.get_by_role("status").filter(has_text="Retention periods saved.")).to_have_count(0)
+    # The failing card is marked and the field that needs fixing has the focus.
+    expect(page.locator("#facts-card")).to_have_class(re.compile(r"\bhas-error\b"))
+    expect(page.locator("#tool-card")).not_to_have_class(re.compile(r"\bhas-error\b"))
+    expect(audit).to_be_focused()
     # The bar stays, names the card still unsaved, and says some changes failed.
     expect(bar(page)).to_be_visible()
     expect(bar(page).locator(".save-bar-status")).to_have_text(NOT_SAVED)

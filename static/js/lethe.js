@@ -69,6 +69,7 @@
         }
         var newForm = document.querySelector('form[data-contributor="' + key + '"]');
         if (response.ok && newForm) remember(newForm);
+        if (!response.ok && fresh) fresh.classList.add("has-error");
         return response.ok;
       });
     }).catch(function () { return false; });
@@ -81,6 +82,13 @@
       bar.classList.remove("is-busy");
       var failed = results.indexOf(false) !== -1;
       refresh(failed ? bar.dataset.failed : "");
+      if (failed) {
+        // Take the person to what needs fixing.
+        var card = document.querySelector(".card.has-error");
+        var field = card && (card.querySelector("[aria-invalid=true]") || card.querySelector("input, select"));
+        if (card) card.scrollIntoView({ block: "center" });
+        if (field) field.focus({ preventScroll: true });
+      }
     });
   }
 
