@@ -24,7 +24,7 @@ CHILD_STATUS = {
     "cancelled": _("Cancelled"),
 }
 PAGE_SIZE = 25
-TRANSCRIPT_PAGE = 100
+TRANSCRIPT_PAGE = 50
 
 
 def _owner_filter(request: HttpRequest) -> tuple[str, str, int | None]:

@@ -100,12 +100,14 @@ def test_it_loads_large_outputs_on_demand(member_client, conversation):
 
 
 def test_it_pages_long_transcripts(member_client, conversation):
-    for n in range(105):
-        factories.add_message(conversation, content=f"message number {n}")
+    for n in range(55):
+        factories.add_message(conversation, content=f"message number {n}.")
     first = member_client.get(f"/conversations/{conversation.public_id}/", **HOST).content.decode()
-    assert "message number 99" in first and "message number 100" not in first
-    more = member_client.get(f"/conversations/{conversation.public_id}/?after=100", **HX).content.decode()
-    assert "message number 100" in more and "<html" not in more
+    assert "message number 49." in first and "message number 50." not in first
+    assert "Show later messages" in first
+    more = member_client.get(f"/conversations/{conversation.public_id}/?after=50", **HX).content.decode()
+    assert "message number 50." in more and "message number 54." in more and "<html" not in more
+    assert "message number 49." not in more and "Show later messages" not in more
 
 
 def test_it_answers_404_for_unknown_conversations_and_items(member_client, conversation):

@@ -118,3 +118,12 @@ def test_it_prints_benchmark_figures_at_small_size():
     line = out.getvalue()
     assert "items/s" in line
     assert m.Item.objects.count() == int(line.split(": ")[1].split(" items")[0])
+
+
+def test_it_prints_page_benchmark_figures_at_small_size():
+    Seeder(seed=3, anchor=ANCHOR, messages=8, home=EngineHome()).run(6)
+    out = io.StringIO()
+    call_command("bench_pages", "--requests", "3", stdout=out)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("page benchmark")
+    assert len([line for line in lines if "p95" in line]) == 7

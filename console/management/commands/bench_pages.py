@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import statistics
+import time
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connection
+from django.test import Client
+
+from lifecycle.models import Conversation, Item
+
+
+class Command(BaseCommand):
+    help = "Benchmark: render the main pages and API reads N times each and print p50/p95 in ms."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--requests", type=int, default=40)
+
+    def handle(self, *args, requests: int, **options):
+        conversation = Conversation.objects.order_by("-last_activity_at").first()
+        if conversation is None:
+            raise CommandError("Seed some conversations first (manage.py seed_demo).")
+        user, _created = get_user_model().objects.get_or_create(username="bench-reader")
+        client = Client(HTTP_HOST="127.0.0.1")
+        client.force_login(user)
+        paths = [
+            "/conversations/",
+            "/conversations/?view=archived&q=test",
+            "/conversations/?page=3",
+            f"/conversations/{conversation.public_id}/",
+            "/settings/system/data-storage/",
+            "/v1/threads?limit=50",
+            f"/v1/threads/{conversation.public_id}/items?limit=100",
+        ]
+        items = Item.objects.count()
+        self.stdout.write(f"page benchmark ({connection.vendor}, {items:,} items, {requests} requests each)")
+        for path in paths:
+            client.get(path)  # warm
+            timings = []
+            for _ in range(requests):
+                started = time.perf_counter()
+                response = client.get(path)
+                timings.append((time.perf_counter() - started) * 1000)
+                if response.status_code != 200:
+                    raise CommandError(f"{path} answered {response.status_code}")
+            timings.sort()
+            p95 = timings[min(len(timings) - 1, int(len(timings) * 0.95))]
+            self.stdout.write(f"  {path:<60} p50 {statistics.median(timings):7.1f} ms   p95 {p95:7.1f} ms")
