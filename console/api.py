@@ -25,6 +25,11 @@ class ApiError(Exception):
         self.status, self.code, self.message = status, code, message
 
 
+def is_number(raw: str) -> bool:
+    """A plain ASCII whole number of sane length (str.isdigit also accepts "²" and other digits)."""
+    return raw.isascii() and raw.isdigit() and len(raw) <= 18
+
+
 def error(status: int, code: str, message: str) -> JsonResponse:
     return JsonResponse({"code": code, "message": message}, status=status)
 

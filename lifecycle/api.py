@@ -12,7 +12,7 @@ from django.shortcuts import get_object_or_404
 from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext as _
 
-from console.api import ApiError, Field, api_view, parse_body
+from console.api import ApiError, Field, api_view, is_number, parse_body
 from lifecycle.actions.append_item import append_item
 from lifecycle.actions.update_item import update_item
 from lifecycle.errors import ActionRefused
@@ -26,7 +26,7 @@ THREAD_FILTERS = {"view", "owner_kind", "owner_id", "q", "archived", "closed", "
 
 def _limit(request: HttpRequest) -> int:
     raw = request.GET.get("limit", str(DEFAULT_LIMIT))
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIMIT:
+    if not is_number(raw) or not 1 <= int(raw) <= MAX_LIMIT:
         raise ApiError(400, "invalid_limit", _("limit must be a whole number from 1 to %(max)s.") % {"max": MAX_LIMIT})
     return int(raw)
 
@@ -68,7 +68,7 @@ def filtered_threads(request: HttpRequest):
     owner_kind = request.GET.get("owner_kind")
     if owner_kind is not None:
         owner_id = request.GET.get("owner_id", "")
-        if owner_kind not in ("account", "computer") or not owner_id.isdigit():
+        if owner_kind not in ("account", "computer") or not is_number(owner_id):
             raise ApiError(400, "invalid_filter", _("owner_kind must be account or computer, with a numeric owner_id."))
         qs = qs.owned_by(owner_kind, int(owner_id))
     if request.GET.get("q"):
@@ -138,7 +138,7 @@ def thread_items(request: HttpRequest, public_id: str) -> JsonResponse:
         return JsonResponse(item_json(item), status=201)
     limit = _limit(request)
     after = request.GET.get("after", "0")
-    if not after.isdigit():
+    if not is_number(after):
         raise ApiError(400, "invalid_cursor", _("The cursor is not valid."))
     rows = list(Item.objects.filter(conversation=conversation, seq__gt=int(after)).order_by("seq")[: limit + 1])
     more = len(rows) > limit

@@ -10,6 +10,7 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import pgettext_lazy
 from django.views.decorators.http import require_GET
 
+from console.api import is_number
 from lifecycle import enginefs
 from lifecycle.models import ACTIVE_TURN_STATES, Account, Computer, Conversation, Item
 from lifecycle.transcript import item_rows, preview_limit
@@ -31,7 +32,7 @@ def _owner_filter(request: HttpRequest) -> tuple[str, str, int | None]:
     """`owner=account:3` or `owner=computer:7`; anything else means every owner."""
     raw = request.GET.get("owner", "")
     kind, _sep, ident = raw.partition(":")
-    if kind in ("account", "computer") and ident.isdigit():
+    if kind in ("account", "computer") and is_number(ident):
         return raw, kind, int(ident)
     return "", "", None
 
@@ -75,7 +76,7 @@ def conversation_detail(request: HttpRequest, public_id: str) -> HttpResponse:
         Conversation.objects.with_activity().select_related("account", "computer"), public_id=public_id
     )
     after = request.GET.get("after", "0")
-    after_seq = int(after) if after.isdigit() else 0
+    after_seq = int(after) if is_number(after) else 0
     items = list(
         Item.objects.filter(conversation=conversation, seq__gt=after_seq).order_by("seq")[: TRANSCRIPT_PAGE + 1]
     )

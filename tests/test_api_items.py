@@ -165,3 +165,18 @@ def test_it_refuses_a_non_positive_revision(runtime, conversation):
     item = factories.add_tool(conversation)
     response = patch(runtime, conversation, item, {"title": "x", "revision": 0})
     assert (response.status_code, response.json()["code"]) == (400, "invalid_type")
+
+
+def test_it_refuses_a_bad_item_cursor(member_client, conversation):
+    for after in ("x", "%C2%B2", "-1"):
+        response = member_client.get(f"/v1/threads/{conversation.public_id}/items?after={after}", **HOST)
+        assert (response.status_code, response.json()["code"]) == (400, "invalid_cursor")
+
+
+def test_it_answers_404_for_an_item_id_beyond_any_integer(member_client, runtime, conversation):
+    huge = "9" * 30
+    response = member_client.get(f"/v1/threads/{conversation.public_id}/items/{huge}", **HOST)
+    assert (response.status_code, response.json()["code"]) == (404, "not_found")
+    assert patch(runtime, conversation, type("I", (), {"pk": huge})(), {"title": "x"}).status_code == 404
+    page = member_client.get(f"/conversations/{conversation.public_id}/items/{huge}/output/", **HOST)
+    assert page.status_code == 404

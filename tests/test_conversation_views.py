@@ -52,6 +52,7 @@ def test_it_filters_by_tab_owner_and_search(member_client):
     assert titles(f"owner=account:{account.pk}&view=archived") == {"Archived deploy"}
     assert titles("q=deploy") == {"Recent deploy"}
     assert titles("view=nonsense&owner=planet:x") == {"Recent deploy", "Local notes"}
+    assert titles("owner=account:%C2%B2") == {"Recent deploy", "Local notes"}
 
 
 def test_it_paginates_the_list(member_client):
