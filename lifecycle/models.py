@@ -202,7 +202,13 @@ class Turn(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["conversation", "seq"], name="turn_unique_seq"),
         ]
-        indexes = [models.Index(fields=["conversation", "state"], name="turn_conv_state_idx")]
+        indexes = [
+            # "Is it active?" is asked for every listed conversation; only a few turns are
+            # queued or running at any time, so this index stays tiny.
+            models.Index(
+                fields=["conversation"], name="turn_active_idx", condition=Q(state__in=["queued", "running"])
+            ),
+        ]
 
 
 class Role(models.TextChoices):
