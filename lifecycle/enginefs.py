@@ -92,9 +92,12 @@ class EngineHome:
             finally:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
+    def lock_for(self, path: Path) -> Path:
+        """The lock file that guards `path`: the fleet's own, else `<name>.lock` beside it."""
+        return self.fleet_lock if path == self.fleet_path else path.with_name(path.name + ".lock")
+
     def write_atomic(self, path: Path, data: bytes, *, lock_path: Path | None = None) -> None:
-        lock = lock_path or path.with_name(path.name + ".lock")
-        with self.locked(lock):
+        with self.locked(lock_path or self.lock_for(path)):
             self._replace(path, data)
 
     def _replace(self, path: Path, data: bytes) -> None:
@@ -181,12 +184,19 @@ class EngineHome:
     # Housekeeping -----------------------------------------------------------
 
     def sweep_temporaries(self) -> int:
-        """Remove `*.tmp-*` files a killed writer left behind; they were never renamed in."""
+        """Remove `*.tmp-*` files a killed writer left behind; they were never renamed in.
+
+        Each one is removed under its target's lock, so a writer that is alive and
+        mid-write (it holds that lock) is never robbed of its temporary file.
+        """
         removed = 0
         if self.root.exists():
-            for tmp in self.root.rglob("*.tmp-*"):
-                tmp.unlink(missing_ok=True)
-                removed += 1
+            for tmp in list(self.root.rglob("*.tmp-*")):
+                target = tmp.with_name(tmp.name.split(".tmp-")[0])
+                with self.locked(self.lock_for(target)):
+                    if tmp.exists():
+                        tmp.unlink()
+                        removed += 1
         return removed
 
     def usage(self) -> tuple[int, int]:

@@ -132,27 +132,35 @@ class Seeder:
         return accounts, computers
 
     def run(self, conversations: int) -> SeedReport:
+        """Seed in one transaction, so a seed killed at any point leaves no rows behind.
+
+        Engine files are written along the way, outside the transaction; a rerun with the
+        same seed and anchor rewrites them with the same bytes and replaces (never
+        duplicates) its rows in the fleet file, so killing and rerunning ends exactly
+        where an uninterrupted run would.
+        """
         report = SeedReport()
-        with transaction.atomic():
-            accounts, computers = self.owners()
-            convs = self.conversations(conversations, accounts, computers)
-        report.conversations = len(convs)
+        self.home.sweep_temporaries()  # what an earlier, killed run may have left
         self.rows: list[tuple] = []
         self.extra_rows: dict[type, list] = {}
         fleet: list[dict[str, Any]] = []
-        for start in range(0, len(convs), 50):
-            with transaction.atomic():
+        with transaction.atomic():
+            accounts, computers = self.owners()
+            convs = self.conversations(conversations, accounts, computers)
+            report.conversations = len(convs)
+            for start in range(0, len(convs), 50):
                 for index in range(start, min(start + 50, len(convs))):
                     report.items += self.fill(convs[index], index, fleet)
                 self.flush()
-        fleet.append({"agent_id": "sa_legacy_" + self.hexid(6), "origin": None, "legacy": True,
-                      "status": "completed", "delivery": "settled",
-                      "started_at": (self.anchor - timedelta(days=200)).isoformat(),
-                      "finished_at": (self.anchor - timedelta(days=1)).isoformat(),
-                      "prompt": self.text(200), "result": self.text(300)})
-        self.home.update_fleet(lambda rows: rows + fleet)
-        self.home.write_atomic(self.home.legacy_fleet_path, json.dumps(
-            {"version": 0, "agents": [fleet[-1]]}, indent=1, sort_keys=True).encode())
+            fleet.append({"agent_id": "sa_legacy_" + self.hexid(6), "origin": None, "legacy": True,
+                          "status": "completed", "delivery": "settled",
+                          "started_at": (self.anchor - timedelta(days=200)).isoformat(),
+                          "finished_at": (self.anchor - timedelta(days=1)).isoformat(),
+                          "prompt": self.text(200), "result": self.text(300)})
+            seeded = {row["agent_id"] for row in fleet}
+            self.home.update_fleet(lambda rows: [r for r in rows if r.get("agent_id") not in seeded] + fleet)
+            self.home.write_atomic(self.home.legacy_fleet_path, json.dumps(
+                {"version": 0, "agents": [fleet[-1]]}, indent=1, sort_keys=True).encode())
         report.files, _ = self.home.usage()
         return report
 

@@ -95,3 +95,21 @@ def test_it_reports_usage_per_conversation(tmp_path):
     # Lock files are zero bytes and count as files the conversation owns.
     assert size == 8
     assert files == 4
+
+
+def test_it_never_sweeps_the_temporary_file_of_a_writer_that_holds_the_lock(tmp_path):
+    import threading
+
+    home = EngineHome(tmp_path)
+    target = home.fleet_path
+    target.parent.mkdir(parents=True)
+    tmp = target.with_name(target.name + ".tmp-live")
+    tmp.write_bytes(b"{}")
+    swept = []
+    with home.locked(home.fleet_lock):  # a live writer, mid-write
+        sweeper = threading.Thread(target=lambda: swept.append(home.sweep_temporaries()))
+        sweeper.start()
+        sweeper.join(0.5)
+        assert sweeper.is_alive() and tmp.exists()
+    sweeper.join(5)
+    assert swept == [1] and not tmp.exists()

@@ -3,8 +3,14 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from datetime import date, timedelta
+from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -16,6 +22,7 @@ from lifecycle.seeding import Seeder
 
 pytestmark = pytest.mark.django_db
 ANCHOR = date(2026, 11, 30)
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def digest(home: EngineHome) -> str:
@@ -127,3 +134,39 @@ def test_it_prints_page_benchmark_figures_at_small_size():
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("page benchmark")
     assert len([line for line in lines if "p95" in line]) == 7
+
+
+def _seed_process(engine: str, url: str):
+    env = {**os.environ, "DATABASE_URL": url, "ENGINE_HOME": engine, "DJANGO_SETTINGS_MODULE": "console.settings_test"}
+    return subprocess.Popen(
+        [sys.executable, "manage.py", "seed_demo", "--conversations", "60", "--messages", "30", "--seed", "5",
+         "--anchor", ANCHOR.isoformat(), "--no-users", "--if-empty"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_finishes_a_killed_seed_exactly_like_an_uninterrupted_one(tmp_path):
+    from tests.test_jobs import database_url
+
+    engine = tmp_path / "engine"
+    killed = _seed_process(str(engine), database_url())
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(list((engine / "threads").glob("*"))) < 10:
+        time.sleep(0.02)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert m.Conversation.objects.count() == 0  # nothing half-seeded in the database
+
+    resumed = _seed_process(str(engine), database_url())
+    assert resumed.wait(120) == 0, resumed.stderr.read()
+    home = EngineHome(engine)
+    after_kill = digest(home)
+    agent_ids = [r["agent_id"] for r in home.read_fleet()]
+    assert len(agent_ids) == len(set(agent_ids))
+
+    wipe(home)
+    clean = _seed_process(str(engine), database_url())
+    assert clean.wait(120) == 0, clean.stderr.read()
+    assert digest(home) == after_kill
+    assert m.Conversation.objects.count() == 60

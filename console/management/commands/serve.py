@@ -8,6 +8,8 @@ import time
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from lifecycle.enginefs import EngineHome
+
 
 class Command(BaseCommand):
     help = "Run the web server and the job cluster together; Ctrl-C (or SIGTERM) stops both."
@@ -16,6 +18,8 @@ class Command(BaseCommand):
         parser.add_argument("address", nargs="?", default="127.0.0.1:8000")
 
     def handle(self, *args, address: str, **options):
+        # Nothing writes the engine folder yet: clear what a killed writer left behind.
+        EngineHome().sweep_temporaries()
         manage = str(settings.BASE_DIR / "manage.py")
         children = [
             subprocess.Popen([sys.executable, manage, "qcluster"]),
