@@ -120,3 +120,10 @@ def test_it_rejects_out_of_range_days(admin_client):
     for value in ("0", "3651", "-5"):
         assert admin_client.post(FACTS, facts_form(audit_days=value), **HX).status_code == 422
     assert RetainedFactsPolicy.load().audit_days == 365
+
+
+def test_it_says_plainly_what_this_version_does_not_do_yet(member_client):
+    content = member_client.get(PAGE, **HOST).content.decode()
+    assert "analysis and cleanup are not available yet, so no tool details are removed" in content
+    assert "conversations cannot be deleted yet, so no facts expire" in content
+    assert "Last cleanup" in content and "Never" in content
