@@ -52,16 +52,6 @@ def browser_type_launch_args(browser_type_launch_args):
     return {**browser_type_launch_args, "headless": True, "executable_path": CHROMIUM, "args": CHROMIUM_ARGS}
 
 
-@pytest.fixture(scope="session")
-def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix, tmp_path_factory):
-    """A private SQLite test database file, so a unit-test run beside this one can't clash."""
-    from django.conf import settings
-
-    for db in settings.DATABASES.values():
-        if db["ENGINE"].endswith("sqlite3"):
-            db.setdefault("TEST", {})["NAME"] = str(tmp_path_factory.mktemp("db") / "e2e.sqlite3")
-
-
 @dataclass
 class Seeded:
     conversations: int

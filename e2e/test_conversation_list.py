@@ -30,15 +30,22 @@ def expect_listed(page: Page, queryset) -> None:
     expect(page.locator("#results .conv-title")).to_have_text(in_list_order(queryset))
 
 
+def signed_in_list(open_page, viewport: str, base_url: str, who=ADMIN) -> tuple[Page, object]:
+    """A signed-in page showing the Recent list, and that list's queryset."""
+    page = open_page(viewport)
+    log_in(page, base_url, *who)
+    everyone = Conversation.objects.recent()
+    expect_listed(page, everyone)
+    return page, everyone
+
+
 def tab(page: Page, name: str):
     return page.locator("label.tab", has_text=name)
 
 
 @ALL_VIEWPORTS
 def test_it_switches_between_recent_archived_and_closed(seeded, live_server, open_page, viewport):
-    page = open_page(viewport)
-    log_in(page, live_server.url, *MEMBER)
-    expect_listed(page, Conversation.objects.recent())
+    page, _recent = signed_in_list(open_page, viewport, live_server.url, MEMBER)
 
     for key, name in [("archived", "Archived"), ("closed", "Closed"), ("recent", "Recent")]:
         tab(page, name).click()
@@ -61,10 +68,7 @@ def test_it_switches_between_recent_archived_and_closed(seeded, live_server, ope
 
 @ALL_VIEWPORTS
 def test_it_filters_by_owner(seeded, live_server, open_page, viewport):
-    page = open_page(viewport)
-    log_in(page, live_server.url, *ADMIN)
-    everyone = Conversation.objects.recent()
-    expect_listed(page, everyone)
+    page, everyone = signed_in_list(open_page, viewport, live_server.url)
 
     for owner in [Account.objects.get(name="Harbor Analytics"), Computer.objects.get(name="build-box")]:
         kind = "account" if isinstance(owner, Account) else "computer"
@@ -86,10 +90,7 @@ def test_it_filters_by_owner(seeded, live_server, open_page, viewport):
 
 @ALL_VIEWPORTS
 def test_it_narrows_the_list_by_searching(seeded, live_server, open_page, viewport):
-    page = open_page(viewport)
-    log_in(page, live_server.url, *ADMIN)
-    everyone = Conversation.objects.recent()
-    expect_listed(page, everyone)
+    page, everyone = signed_in_list(open_page, viewport, live_server.url)
     search = page.get_by_label("Search")
 
     search.press_sequentially("draft")

@@ -13,8 +13,9 @@ def conversation_references(model) -> bool:
     for f in model._meta.get_fields():
         if f.auto_created and not f.concrete or not f.is_relation:
             continue
+        # An unresolved lazy reference is still the "app.Model" string.
         target = f.related_model
-        label = target.lower() if isinstance(target, str) else getattr(target, "_meta", None) and target._meta.label_lower
+        label = target.lower() if isinstance(target, str) else target._meta.label_lower
         if label == conversation._meta.label_lower:
             return True
     return False

@@ -35,6 +35,17 @@ FLEET_LOCK = "state/subagents.v1.lock"
 LEGACY_FLEET_FILE = "legacy-state/subagents.v1.json"
 
 
+def jsonl(records: list[dict[str, Any]]) -> bytes:
+    """Whole lines of compact JSON, as the engine logs them."""
+    return b"".join(json.dumps(r, separators=(",", ":"), sort_keys=True).encode() + b"\n" for r in records)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def _fsync_dir(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY)
     try:
@@ -96,8 +107,8 @@ class EngineHome:
         """The lock file that guards `path`: the fleet's own, else `<name>.lock` beside it."""
         return self.fleet_lock if path == self.fleet_path else path.with_name(path.name + ".lock")
 
-    def write_atomic(self, path: Path, data: bytes, *, lock_path: Path | None = None) -> None:
-        with self.locked(lock_path or self.lock_for(path)):
+    def write_atomic(self, path: Path, data: bytes) -> None:
+        with self.locked(self.lock_for(path)):
             self._replace(path, data)
 
     def _replace(self, path: Path, data: bytes) -> None:
@@ -105,10 +116,7 @@ class EngineHome:
         tmp = path.with_name(f"{path.name}.tmp-{secrets.token_hex(4)}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
+            _write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -116,15 +124,13 @@ class EngineHome:
         _fsync_dir(path.parent)
 
     def append_jsonl(self, path: Path, records: list[dict[str, Any]]) -> None:
-        data = b"".join(json.dumps(r, separators=(",", ":"), sort_keys=True).encode() + b"\n" for r in records)
-        with self.locked(path.with_name(path.name + ".lock")):
+        data = jsonl(records)
+        with self.locked(self.lock_for(path)):
             path.parent.mkdir(parents=True, exist_ok=True)
             created = not path.exists()
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
+                _write_all(fd, data)
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -142,7 +148,7 @@ class EngineHome:
 
     def recover_torn_tail(self, path: Path) -> Path | None:
         """Move an unterminated last line aside, as the engine does after a crash."""
-        with self.locked(path.with_name(path.name + ".lock")):
+        with self.locked(self.lock_for(path)):
             if not path.exists():
                 return None
             data = path.read_bytes()
@@ -162,9 +168,9 @@ class EngineHome:
         except FileNotFoundError:
             return default
 
-    def update_json(self, path: Path, lock_path: Path, change: Callable[[Any], Any], default: Any) -> Any:
-        """Read-modify-write under the lock; `change` returns the new document."""
-        with self.locked(lock_path):
+    def update_json(self, path: Path, change: Callable[[Any], Any], default: Any) -> Any:
+        """Read-modify-write under the path's lock; `change` returns the new document."""
+        with self.locked(self.lock_for(path)):
             document = self.read_json(path, default)
             updated = change(document)
             self._replace(path, json.dumps(updated, indent=1, sort_keys=True).encode())
@@ -179,7 +185,7 @@ class EngineHome:
         def apply(document: dict[str, Any]) -> dict[str, Any]:
             return {**document, "version": 1, "agents": change(list(document.get("agents", [])))}
 
-        return self.update_json(self.fleet_path, self.fleet_lock, apply, {"version": 1, "agents": []})["agents"]
+        return self.update_json(self.fleet_path, apply, {"version": 1, "agents": []})["agents"]
 
     # Housekeeping -----------------------------------------------------------
 

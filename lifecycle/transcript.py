@@ -19,10 +19,6 @@ from retention.reducer import MARKER_KEY
 PREVIEW_CHARS = 600
 
 
-def preview_limit() -> int:
-    return PREVIEW_CHARS
-
-
 @dataclass
 class Row:
     item: Item

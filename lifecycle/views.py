@@ -13,7 +13,7 @@ from django.views.decorators.http import require_GET
 from console.api import is_number
 from lifecycle import enginefs
 from lifecycle.models import ACTIVE_TURN_STATES, Account, Computer, Conversation, Item
-from lifecycle.transcript import item_rows, preview_limit
+from lifecycle.transcript import item_rows
 
 VIEWS = ("recent", "archived", "closed")
 CHILD_STATUS = {
@@ -99,7 +99,6 @@ def conversation_detail(request: HttpRequest, public_id: str) -> HttpResponse:
         "children": children,
         "engine_files": files,
         "engine_bytes": size,
-        "preview_limit": preview_limit(),
     }
     template = "lifecycle/conversation_detail.html"
     if request.htmx and after_seq:

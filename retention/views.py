@@ -25,38 +25,19 @@ from retention.storage import database_size
 PAGE = "retention/data_storage.html"
 
 
-def _tool_form(policy: ToolPayloadPolicy) -> ToolPayloadPolicyForm:
-    return ToolPayloadPolicyForm(
-        initial={
-            "enabled": policy.enabled,
-            "age_value": policy.age_value,
-            "age_unit": policy.age_unit,
-            "revision": policy.revision,
-        }
-    )
-
-
-def _facts_form(policy: RetainedFactsPolicy) -> RetainedFactsForm:
-    return RetainedFactsForm(
-        initial={
-            "audit_days": policy.audit_days,
-            "usage_days": policy.usage_days,
-            "billing_days": policy.billing_days,
-            "revision": policy.revision,
-        }
-    )
+def _saved_form(form_class, policy):
+    """An unbound form showing the saved values (every form field is a policy field)."""
+    return form_class(initial={name: getattr(policy, name) for name in form_class.base_fields})
 
 
 def _context(request: HttpRequest, **overrides) -> dict:
     tool_policy = ToolPayloadPolicy.load()
-    facts_policy = RetainedFactsPolicy.load()
     context = {
         "db": database_size(),
         "snapshot": StorageSnapshot.load(),
         "tool_policy": tool_policy,
-        "tool_form": _tool_form(tool_policy),
-        "facts_policy": facts_policy,
-        "facts_form": _facts_form(facts_policy),
+        "tool_form": _saved_form(ToolPayloadPolicyForm, tool_policy),
+        "facts_form": _saved_form(RetainedFactsForm, RetainedFactsPolicy.load()),
         "can_edit": is_admin(request.user),
     }
     context.update(overrides)
@@ -69,11 +50,6 @@ def data_storage(request: HttpRequest) -> HttpResponse:
     return render(request, PAGE, _context(request))
 
 
-def _refused(request: HttpRequest, region: str) -> HttpResponse:
-    context = _context(request, notice=_("Only admins can change these settings."))
-    return render(request, f"{PAGE}#{region}" if request.htmx else PAGE, context, status=403)
-
-
 def _card_response(request: HttpRequest, region: str, status: int, **overrides) -> HttpResponse:
     context = _context(request, **overrides)
     return render(request, f"{PAGE}#{region}" if request.htmx else PAGE, context, status=status)
@@ -82,7 +58,7 @@ def _card_response(request: HttpRequest, region: str, status: int, **overrides) 
 def _save_card(request: HttpRequest, region: str, form_name: str, form, save) -> HttpResponse:
     """One contributor's save: 403 for members, 422 invalid, 409 refused, else saved."""
     if not is_admin(request.user):
-        return _refused(request, region)
+        return _card_response(request, region, 403, notice=_("Only admins can change these settings."))
     if not form.is_valid():
         return _card_response(request, region, 422, **{form_name: form})
     try:

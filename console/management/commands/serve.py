@@ -18,7 +18,7 @@ class Command(BaseCommand):
         parser.add_argument("address", nargs="?", default="127.0.0.1:8000")
 
     def handle(self, *args, address: str, **options):
-        # Nothing writes the engine folder yet: clear what a killed writer left behind.
+        # Clear what a killed writer left behind (lock-safe, so a live writer is untouched).
         EngineHome().sweep_temporaries()
         manage = str(settings.BASE_DIR / "manage.py")
         children = [
