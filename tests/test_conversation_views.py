@@ -73,8 +73,8 @@ def test_it_shows_a_transcript_with_a_row_per_tool_kind(member_client, conversat
         "shell": {"command": "pytest -q", "cwd": "/w", "exit_code": 1, "stdout": "1 failed", "stderr": ""},
         "read_file": {"path": "src/app.py", "line_count": 12, "content": "print('hi')"},
         "edit_file": {"changes": [{"path": "src/app.py", "change_type": "modify", "diff": "-a\n+b"}]},
-        "search": {"query": "login", "scope": "workspace", "file_count": 2, "matches": ["a.py", "b.py"]},
-        "http": {"url": "https://example.test/x", "method": "GET", "status": 404, "response": "not here"},
+        "search": {"query": "needle_term", "scope": "workspace", "file_count": 2, "matches": ["a.py", "b.py"]},
+        "http": {"url": "https://example.test/x", "method": "GET", "status": 418, "response": "not here"},
         "generic": {"tool_name": "lint_tool", "input": {}, "output": "clean"},
         "plan": {"steps": [{"text": "Write the fix", "done": False}]},
     }
@@ -82,7 +82,8 @@ def test_it_shows_a_transcript_with_a_row_per_tool_kind(member_client, conversat
         factories.add_tool(conversation, kind, payload, title=f"{kind} call")
     content = member_client.get(f"/conversations/{conversation.public_id}/", **HOST).content.decode()
     for expected in ("Please run the tests", "Running them now", "pytest -q", "Exit code", "src/app.py",
-                     "login", "GET https://example.test/x", "404", "lint_tool", "Write the fix",
+                     "needle_term", "Files found", "GET https://example.test/x", "<code>418</code>", "lint_tool",
+                     "Write the fix",
                      "kind-shell", "kind-read_file", "kind-edit_file", "kind-search", "kind-http", "kind-generic"):
         assert expected in content, expected
     assert "Lifecycle actions are for admins only." in content

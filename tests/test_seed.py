@@ -134,6 +134,7 @@ def test_it_prints_page_benchmark_figures_at_small_size():
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("page benchmark")
     assert len([line for line in lines if "p95" in line]) == 7
+    assert not get_user_model().objects.filter(username__startswith="bench-reader").exists()
 
 
 def _seed_process(engine: str, url: str):
