@@ -64,7 +64,7 @@ def seeded(settings, tmp_path) -> Seeded:
     home = tmp_path / "engine"
     home.mkdir()
     settings.ENGINE_HOME = home
-    report = Seeder(seed=1, anchor=timezone.now().date(), messages=20, home=EngineHome(home)).run(24)
+    report = Seeder(seed=1, anchor=timezone.now(), messages=20, home=EngineHome(home)).run(24)
     users = get_user_model()
     users.objects.create_user(ADMIN[0], password=ADMIN[1], is_staff=True)
     users.objects.create_user(MEMBER[0], password=MEMBER[1], is_staff=False)

@@ -59,9 +59,16 @@ def _corpus(rng: random.Random, size: int = 1 << 20) -> str:
 
 
 class Seeder:
-    def __init__(self, *, seed: int, anchor: date, messages: int, home: EngineHome) -> None:
+    def __init__(self, *, seed: int, anchor: date | datetime, messages: int, home: EngineHome) -> None:
+        """`anchor` is "now" for the data: a moment, or a day (its noon, UTC) for fixed output.
+
+        Nothing is seeded after the anchor, so a live console never shows activity "from now".
+        """
         self.rng = random.Random(seed)
-        self.anchor = datetime.combine(anchor, time(12, 0), tzinfo=UTC)
+        if isinstance(anchor, datetime):
+            self.anchor = anchor.replace(second=0, microsecond=0)
+        else:
+            self.anchor = datetime.combine(anchor, time(12, 0), tzinfo=UTC)
         self.messages = messages
         self.home = home
         self.corpus = _corpus(random.Random(seed ^ 0x5EED))
@@ -218,8 +225,8 @@ class Seeder:
                 title=f"{TOPICS[i % len(TOPICS)]}" + (f" ({i // len(TOPICS) + 1})" if i >= len(TOPICS) else ""),
                 created_at=last - timedelta(days=self.rng.randint(0, 30), hours=self.rng.randint(1, 20)),
                 last_activity_at=last,
-                archived_at=last + timedelta(hours=2) if category == "archived" else None,
-                closed_at=last + timedelta(hours=1) if category == "closed" else None,
+                archived_at=min(last + timedelta(hours=2), self.anchor) if category == "archived" else None,
+                closed_at=min(last + timedelta(hours=1), self.anchor) if category == "closed" else None,
             ))
         return m.Conversation.objects.bulk_create(rows)
 

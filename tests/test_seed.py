@@ -171,3 +171,16 @@ def test_it_finishes_a_killed_seed_exactly_like_an_uninterrupted_one(tmp_path):
     assert clean.wait(120) == 0, clean.stderr.read()
     assert digest(home) == after_kill
     assert m.Conversation.objects.count() == 60
+
+
+def test_it_seeds_nothing_after_its_anchor(tmp_path):
+    from django.utils import timezone
+
+    now = timezone.now()
+    Seeder(seed=2, anchor=now, messages=10, home=EngineHome(tmp_path / "engine")).run(12)
+    assert not m.Conversation.objects.filter(last_activity_at__gt=now).exists()
+    assert not m.Conversation.objects.filter(created_at__gt=now).exists()
+    assert not m.Item.objects.filter(created_at__gt=now).exists()
+    assert not m.Conversation.objects.filter(archived_at__gt=now).exists()
+    assert not m.Conversation.objects.filter(closed_at__gt=now).exists()
+    assert m.Conversation.objects.filter(last_activity_at__gt=now - timedelta(hours=3)).exists()

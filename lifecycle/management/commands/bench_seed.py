@@ -23,7 +23,7 @@ class Command(BaseCommand):
             raise CommandError("Run the benchmark on an empty database (make bench-seed does).")
         conversations = max(2, items // 100)
         started = time.perf_counter()
-        report = Seeder(seed=seed, anchor=timezone.now().date(), messages=100, home=EngineHome()).run(conversations)
+        report = Seeder(seed=seed, anchor=timezone.now(), messages=100, home=EngineHome()).run(conversations)
         elapsed = time.perf_counter() - started
         # Fresh statistics, as a long-running database would have from autovacuum.
         with connection.cursor() as cursor:

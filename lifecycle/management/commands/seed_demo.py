@@ -25,7 +25,7 @@ class Command(BaseCommand):
         parser.add_argument("--messages", type=int, default=40, help="Average messages per conversation.")
         parser.add_argument("--seed", type=int, default=1)
         parser.add_argument("--anchor", type=date.fromisoformat, default=None,
-                            help="The day the data is 'now' for (YYYY-MM-DD); default today.")
+                            help="The day the data is 'now' for (YYYY-MM-DD, its noon UTC), for identical output; default the current moment.")
         parser.add_argument("--if-empty", action="store_true", help="Do nothing when conversations exist.")
         parser.add_argument("--no-users", action="store_true")
 
@@ -40,7 +40,7 @@ class Command(BaseCommand):
         if Conversation.objects.exists():
             raise CommandError("Conversations already exist; seed into an empty database.")
         started = time.perf_counter()
-        seeder = Seeder(seed=seed, anchor=anchor or timezone.now().date(), messages=messages, home=EngineHome())
+        seeder = Seeder(seed=seed, anchor=anchor or timezone.now(), messages=messages, home=EngineHome())
         report = seeder.run(conversations)
         elapsed = time.perf_counter() - started
         self.stdout.write(
