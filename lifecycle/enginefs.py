@@ -29,6 +29,10 @@ person trusts what it reports:
   file and a clean log.
 - Walks (`usage`, `conversation_usage`, the sweep) never follow symlinks and skip files and
   folders that vanish under them.
+- Reads that decide anything are strict: `read_fleet` raises UnreadableEngineFile for a
+  fleet file that exists but cannot be understood (the erasure executor must never take it
+  for an empty fleet), and `update_fleet` never overwrites one. Pages use the tolerant
+  forms (`try_read_fleet`, `inspect_jsonl`) and say what they could not read.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import re
 import secrets
 import stat
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +76,61 @@ class InvalidStorageKey(EnginePathError):
 
 class UnsafeEnginePath(EnginePathError):
     """A path that leaves the engine folder or passes through a symlink."""
+
+
+class UnreadableEngineFile(Exception):  # noqa: N818 (a state of a file, not a programming error)
+    """An engine file that exists but cannot be understood. Never to be taken as empty.
+
+    `reason` is one of "unreadable" (cannot be opened or read, or is not a regular file),
+    "not_json", "wrong_shape", "torn_line" (ends without a newline) and "bad_lines" (holds
+    lines that are not JSON records).
+    """
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class FleetRead:
+    rows: list[dict[str, Any]]
+    problem: UnreadableEngineFile | None = None
+
+
+EMPTY_FLEET: dict[str, Any] = {"version": 1, "agents": []}
+JSONL_CHECK_BYTES = 4 << 20
+
+
+def _fleet_document(path: Path) -> dict[str, Any]:
+    """The fleet document at `path`, checked for shape; the empty fleet when absent."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return dict(EMPTY_FLEET)
+    except OSError as error:
+        raise UnreadableEngineFile(path, "unreadable") from error
+    try:
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise UnreadableEngineFile(path, "unreadable")
+            data = handle.read()
+    except OSError as error:
+        raise UnreadableEngineFile(path, "unreadable") from error
+    try:
+        document = json.loads(data)
+    except (ValueError, RecursionError) as error:
+        raise UnreadableEngineFile(path, "not_json") from error
+    if not isinstance(document, dict):
+        raise UnreadableEngineFile(path, "wrong_shape")
+    agents = document.setdefault("agents", [])
+    if not isinstance(agents, list) or not all(isinstance(row, dict) for row in agents):
+        raise UnreadableEngineFile(path, "wrong_shape")
+    return document
+
+
+def _fleet_rows(path: Path) -> list[dict[str, Any]]:
+    return _fleet_document(path)["agents"]
 
 
 def jsonl(records: list[dict[str, Any]]) -> bytes:
@@ -353,6 +413,7 @@ class EngineHome:
         return torn
 
     def read_json(self, path: Path, default: Any) -> Any:
+        """The parsed document, or `default` when the file is absent (ValueError when not JSON)."""
         try:
             return json.loads(path.read_bytes())
         except FileNotFoundError:
@@ -369,13 +430,67 @@ class EngineHome:
     # Fleet ------------------------------------------------------------------
 
     def read_fleet(self) -> list[dict[str, Any]]:
-        return self.read_json(self.fleet_path, {"version": 1, "agents": []}).get("agents", [])
+        """The fleet rows; [] when there is no fleet file.
+
+        Strict: a file that exists but cannot be read, is not JSON or is not shaped like a
+        fleet raises UnreadableEngineFile, so no caller mistakes it for a file without rows.
+        """
+        return _fleet_rows(self.fleet_path)
+
+    def read_legacy_fleet(self) -> list[dict[str, Any]]:
+        """The legacy copy's rows, as strictly as `read_fleet`."""
+        return _fleet_rows(self.legacy_fleet_path)
+
+    def try_read_fleet(self, legacy: bool = False) -> FleetRead:
+        """The tolerant form for pages: the rows, or none and the reason the file is unreadable."""
+        try:
+            return FleetRead(_fleet_rows(self.legacy_fleet_path if legacy else self.fleet_path))
+        except UnreadableEngineFile as problem:
+            return FleetRead([], problem)
 
     def update_fleet(self, change: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]) -> list[dict[str, Any]]:
-        def apply(document: dict[str, Any]) -> dict[str, Any]:
-            return {**document, "version": 1, "agents": change(list(document.get("agents", [])))}
+        """Read-modify-write of the fleet under its lock; an unreadable fleet file is never overwritten."""
+        with self.locked(self.fleet_lock):
+            document = _fleet_document(self.fleet_path)
+            rows = change(list(document["agents"]))
+            self._replace(self.fleet_path, json.dumps({**document, "version": 1, "agents": rows},
+                                                      indent=1, sort_keys=True).encode())
+            return rows
 
-        return self.update_json(self.fleet_path, apply, {"version": 1, "agents": []})["agents"]
+    def inspect_jsonl(self, path: Path) -> UnreadableEngineFile | None:
+        """Why a JSONL log cannot be fully trusted (None when it reads cleanly or is absent).
+
+        Logs over JSONL_CHECK_BYTES are checked in their last JSONL_CHECK_BYTES only.
+        """
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return UnreadableEngineFile(path, "unreadable")
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                return UnreadableEngineFile(path, "unreadable")
+            start = max(0, info.st_size - JSONL_CHECK_BYTES)
+            data = os.pread(fd, info.st_size - start, start)
+        except OSError:
+            return UnreadableEngineFile(path, "unreadable")
+        finally:
+            os.close(fd)
+        if data and not data.endswith(b"\n"):
+            return UnreadableEngineFile(path, "torn_line")
+        lines = data.splitlines()
+        if start:
+            lines = lines[1:]  # the window starts mid-line
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except (ValueError, RecursionError):
+                record = None
+            if not isinstance(record, dict):
+                return UnreadableEngineFile(path, "bad_lines")
+        return None
 
     # Housekeeping -----------------------------------------------------------
 
