@@ -90,7 +90,7 @@ def test_schemathesis_finds_no_server_error_and_no_answer_outside_the_schema(liv
          "--max-examples", "25", "--seed", "7", "--no-shrink", "--workers", "1",
          "--generation-database", "none", "--phases", "examples,coverage,fuzzing",
          "--request-timeout", "20", "--report", "ndjson", "--report-dir", str(report)],
-        capture_output=True, text=True, timeout=900,
+        capture_output=True, text=True, timeout=900, cwd=tmp_path,
     )
     tail = (result.stdout + result.stderr)[-6000:]
     assert result.returncode == 0, tail
