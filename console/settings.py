@@ -13,6 +13,8 @@ from urllib.parse import unquote, urlsplit
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.translation import gettext_lazy as _
 
+from ops.logs import logging_config
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("LETHE_VAR_DIR", BASE_DIR / "var"))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
@@ -101,9 +103,12 @@ INSTALLED_APPS = [
     "console",
     "lifecycle",
     "retention",
+    "ops",
 ]
 
 MIDDLEWARE = [
+    # First: request ids, request metrics and the access log; answers health probes.
+    "ops.middleware.OpsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -185,10 +190,15 @@ Q_CLUSTER = {
     "label": "Jobs",
 }
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
-}
+# Logs: JSON lines on stderr (LOG_FORMAT=json, the default) or text (LOG_FORMAT=text); never
+# content (see ops/logs.py). ACCESS_LOG=false drops the one line per request.
+LOG_FORMAT = os.environ.get("LOG_FORMAT", "json").strip().lower()
+if LOG_FORMAT not in ("json", "text"):
+    raise ImproperlyConfigured(f"LOG_FORMAT must be json or text, not {LOG_FORMAT!r}.")
+LOGGING = logging_config(LOG_FORMAT, os.environ.get("LOG_LEVEL", "INFO").upper())
+ACCESS_LOG = env_bool("ACCESS_LOG", True)
+
+# /metrics is readable by admins, and by `Authorization: Bearer <METRICS_TOKEN>` when set.
+METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "").strip()
+# /readyz fails when no job has finished on any job cluster for this long.
+READYZ_HEARTBEAT_SECONDS = int(os.environ.get("READYZ_HEARTBEAT_SECONDS", 300))
