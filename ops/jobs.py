@@ -20,6 +20,7 @@ import logging
 import time
 from datetime import datetime
 
+from django.db import transaction
 from django.db.models import F, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
@@ -96,8 +97,14 @@ def on_post_execute(sender, task: dict, **kwargs) -> None:
 
 
 def record_run(func: str, *, success: bool, seconds: float, finished_at: datetime | None = None) -> None:
-    """Add one finished run to `func`'s figures (single-statement increments)."""
+    """Add one finished run to `func`'s figures: single-statement increments in one
+    transaction, so the count, the time and the histogram move together or not at all."""
     finished_at = finished_at or timezone.now()
+    with transaction.atomic():
+        _record(func, success=success, seconds=seconds, finished_at=finished_at)
+
+
+def _record(func: str, *, success: bool, seconds: float, finished_at: datetime) -> None:
     stat, _created = JobStat.objects.get_or_create(func=func)
     latest = {"last_finished_at": Greatest(Coalesce("last_finished_at", Value(finished_at)), Value(finished_at))}
     if not success:
