@@ -12,6 +12,8 @@ LOCK_VENV := .venv-lock
 PG_URL ?= postgres://postgres@127.0.0.1:5432/lethe
 HOST ?= 127.0.0.1
 PORT ?= 8000
+# `make run` logs readable lines; deployments keep the default, JSON (see docs/deploy.md).
+LOG_FORMAT ?= text
 
 # Python 3.12+: the pyenv-selected 3.12 (see .python-version), else any python3.12/3.13 on PATH.
 PYTHON ?= $(shell for c in python3.12 python3.13 $$(ls -d $$HOME/.pyenv/versions/3.1[2-9]*/bin/python3 2>/dev/null) python3; do \
@@ -65,7 +67,7 @@ run: setup-runtime
 	$(PY) manage.py collectstatic --noinput -v0
 	$(PY) manage.py seed_demo --if-empty
 	@echo "Lethe is at http://$(HOST):$(PORT)/  (Ctrl-C stops the web server and the job cluster)"
-	$(PY) manage.py serve $(HOST):$(PORT)
+	LOG_FORMAT=$(LOG_FORMAT) $(PY) manage.py serve $(HOST):$(PORT)
 
 ## test: lint, then the whole suite on SQLite, the same suite on PostgreSQL and the browser
 ## tests, the three side by side (each prints its output when it ends; any failure fails).

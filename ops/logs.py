@@ -130,10 +130,10 @@ def logging_config(log_format: str = "json", level: str = "INFO") -> dict[str, A
         },
         "root": {"handlers": ["stderr"], "level": level},
         "loggers": {
-            # Django's own handlers print plain text (and the development server's request
-            # lines hold query strings): everything goes through the one handler instead.
+            # Django's own handlers print plain text: everything goes through the one handler.
             "django": {"handlers": [], "level": "INFO", "propagate": True},
-            "django.server": {"handlers": [], "level": "WARNING", "propagate": True},
+            # The development server's request lines repeat ours, query strings included.
+            "django.server": {"handlers": [], "level": "CRITICAL", "propagate": True},
             # SQL with its parameters is content.
             "django.db.backends": {"handlers": [], "level": "WARNING", "propagate": True},
         },
