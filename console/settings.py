@@ -222,6 +222,25 @@ SECURE_CSP = {
     "frame-ancestors": [CSP.NONE],
 }
 
+# API tokens expire this many days after they are made (`manage.py api_tokens create --days`).
+API_TOKEN_DAYS = int(os.environ.get("API_TOKEN_DAYS", 90))
+
+# Failed sign-ins, per username and per client address (and bad API tokens, per address):
+# after LOGIN_FREE_FAILURES failures each further attempt waits LOGIN_DELAY_SECONDS, doubling
+# up to 60 s; at LOCK_AFTER failures the key is locked for LOGIN_LOCK_SECONDS. Failures older
+# than LOGIN_FAILURE_WINDOW_SECONDS are forgotten. See docs/operations.md.
+LOGIN_THROTTLE = {
+    "free_failures": int(os.environ.get("LOGIN_FREE_FAILURES", 3)),
+    "delay_seconds": int(os.environ.get("LOGIN_DELAY_SECONDS", 1)),
+    "max_delay_seconds": 60,
+    "user_lock_after": int(os.environ.get("LOGIN_USER_LOCK_AFTER", 10)),
+    "address_lock_after": int(os.environ.get("LOGIN_ADDRESS_LOCK_AFTER", 30)),
+    "lock_seconds": int(os.environ.get("LOGIN_LOCK_SECONDS", 15 * 60)),
+    "window_seconds": int(os.environ.get("LOGIN_FAILURE_WINDOW_SECONDS", 15 * 60)),
+}
+# Reverse proxies in front of Lethe that append to X-Forwarded-For; 0 uses the socket address.
+TRUSTED_PROXIES = int(os.environ.get("TRUSTED_PROXIES", 0))
+
 # JSON bodies larger than this are refused with 413 before they are parsed.
 API_MAX_BODY_BYTES = int(os.environ.get("API_MAX_BODY_BYTES", 2 * 1024 * 1024))
 
