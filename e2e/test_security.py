@@ -62,3 +62,9 @@ def test_the_main_pages_run_without_a_csp_violation(seeded, live_server, open_pa
     page.locator("#save-bar").get_by_role("button", name="Save").click()
     expect(page.get_by_text("Retention periods saved.")).to_be_visible()
     assert violations(page, seen) == []
+
+    nav_link(page, "API tokens").click()
+    page.get_by_label("Name").fill("CSP check")
+    page.get_by_role("button", name="Create token").click()
+    expect(page.get_by_label("New API token")).to_be_visible()
+    assert violations(page, seen) == []
