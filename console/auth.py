@@ -9,7 +9,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.contrib.auth.models import AnonymousUser
-from django.http import JsonResponse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -52,20 +51,22 @@ class BearerTokenMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
-        scheme, _sep, raw = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer":
+        scheme, _sep, raw = request.headers.get("Authorization", "").strip().partition(" ")
+        raw = raw.strip()
+        if scheme.lower() != "bearer" or not raw:  # the scheme is case-insensitive (RFC 9110)
             request.token_auth = False
             return self.get_response(request)
         address = throttle.client_address(request)
         wait = throttle.wait_seconds(throttle.token_keys(address))
         if wait:
-            return JsonResponse(
-                {"code": "too_many_attempts",
-                 "message": _("Too many requests with an unknown API token. Wait %(wait)s, then try again.")
-                 % {"wait": throttle.describe_wait(wait)}},
-                status=429, headers={"Retry-After": str(wait)},
-            )
-        request.user = _token_user(raw.strip(), address)
+            from console.api import error  # console.api imports this module
+
+            response = error(429, "too_many_attempts", _(
+                "Too many requests with an unknown API token. Wait %(wait)s, then try again."
+            ) % {"wait": throttle.describe_wait(wait)})
+            response["Retry-After"] = str(wait)
+            return response
+        request.user = _token_user(raw, address)
         request.token_auth = True
         request._dont_enforce_csrf_checks = True
         return self.get_response(request)

@@ -138,6 +138,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "console.auth.BearerTokenMiddleware",
+    "console.middleware.RejectNulMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -243,6 +244,10 @@ TRUSTED_PROXIES = int(os.environ.get("TRUSTED_PROXIES", 0))
 
 # JSON bodies larger than this are refused with 413 before they are parsed.
 API_MAX_BODY_BYTES = int(os.environ.get("API_MAX_BODY_BYTES", 2 * 1024 * 1024))
+# Deeper JSON is refused with 400 `too_deep` (tool payloads nest a few levels, never hundreds).
+API_MAX_JSON_DEPTH = int(os.environ.get("API_MAX_JSON_DEPTH", 64))
+# An item page stops early once its messages reach this many bytes (at least one item is sent).
+API_MAX_PAGE_BYTES = int(os.environ.get("API_MAX_PAGE_BYTES", 4 * 1024 * 1024))
 
 Q_CLUSTER = {
     "name": "lethe",

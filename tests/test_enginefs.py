@@ -17,7 +17,8 @@ from lifecycle.enginefs import EngineHome, InvalidStorageKey, UnsafeEnginePath
 
 A = "c_" + "a" * 20
 B = "c_" + "b" * 20
-FORK = multiprocessing.get_context("fork")
+# A fresh single-threaded server forks the children: other tests may leave threads running here.
+FORK = multiprocessing.get_context("forkserver")
 
 
 def _bump(root: str, times: int) -> None:
