@@ -68,7 +68,10 @@ class OpsMiddleware:
             response = self.get_response(request)
             view = view_label(request)
         seconds = time.perf_counter() - started
-        observe_request(request.method or "", view, response.status_code, seconds)
+        try:
+            observe_request(request.method or "", view, response.status_code, seconds)
+        except Exception:  # figures never cost a request its answer
+            logger.exception("could not count the request")
         if self.access_log and (direct is None or response.status_code >= 400):
             logger.info(
                 "%s %s %s", request.method, view, response.status_code,
