@@ -11,10 +11,12 @@ import secrets
 from datetime import datetime
 
 from django.conf import settings
-from django.db import models
+from django.db import models, transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
+
+from lifecycle.search import fold, search_column
 
 
 def new_public_id() -> str:
@@ -102,10 +104,36 @@ class ConversationQuerySet(models.QuerySet):
         return self.none()
 
     def search(self, text: str) -> ConversationQuerySet:
-        text = text.strip()
-        if not text:
+        """Title or thread id contains the text, ignoring case and accents (`lifecycle.search`)."""
+        folded = fold(text)
+        if not folded:
             return self
-        return self.filter(Q(title__icontains=text) | Q(thread_id__icontains=text))
+        return self.filter(search_text__contains=folded)
+
+    # Every write path that can set a title or thread id keeps `search_text` in step: save()
+    # on the model, and these three on the queryset (bulk writes skip save()).
+    def bulk_create(self, objs, *args, **kwargs):
+        objs = list(objs)
+        for obj in objs:
+            obj.search_text = search_column(obj.title, obj.thread_id)
+        return super().bulk_create(objs, *args, **kwargs)
+
+    def bulk_update(self, objs, fields, *args, **kwargs):
+        objs = list(objs)
+        if {"title", "thread_id"} & set(fields):
+            for obj in objs:
+                obj.search_text = search_column(obj.title, obj.thread_id)
+            fields = [*fields, "search_text"] if "search_text" not in fields else fields
+        return super().bulk_update(objs, fields, *args, **kwargs)
+
+    def update(self, **kwargs):
+        if not {"title", "thread_id"} & set(kwargs):
+            return super().update(**kwargs)
+        with transaction.atomic(using=self.db):
+            pks = list(self.values_list("pk", flat=True))
+            count = super().update(**kwargs)
+            Conversation.refresh_search_text(pks, using=self.db)
+        return count
 
     def with_activity(self) -> ConversationQuerySet:
         running = Turn.objects.filter(conversation=OuterRef("pk"), state__in=ACTIVE_TURN_STATES)
@@ -129,6 +157,9 @@ class Conversation(models.Model):
     scope = models.CharField(max_length=8, choices=Scope.choices)
     thread_id = models.CharField(_("thread id"), max_length=128)
     title = models.CharField(_("title"), max_length=300, blank=True)
+    # Title and thread id folded for search (lifecycle.search); derived, never edited. It
+    # holds the title, so it is conversation content: erasing a title refreshes it.
+    search_text = models.TextField(null=True, blank=True, editable=False)
     state = models.CharField(
         max_length=16, choices=ConversationState.choices, default=ConversationState.LIVE
     )
@@ -171,6 +202,25 @@ class Conversation(models.Model):
 
     def __str__(self) -> str:
         return self.title or self.thread_id
+
+    def save(self, *args, **kwargs) -> None:
+        self.search_text = search_column(self.title, self.thread_id)
+        update_fields = kwargs.get("update_fields")
+        if update_fields is not None and {"title", "thread_id"} & set(update_fields):
+            kwargs["update_fields"] = {*update_fields, "search_text"}
+        super().save(*args, **kwargs)
+
+    @classmethod
+    def refresh_search_text(cls, pks, *, using: str = "default", batch: int = 500) -> None:
+        """Recompute the search column of these conversations from what is stored."""
+        pks = list(pks)
+        for start in range(0, len(pks), batch):
+            rows = list(
+                cls.objects.using(using).filter(pk__in=pks[start:start + batch]).only("pk", "title", "thread_id")
+            )
+            for row in rows:
+                row.search_text = search_column(row.title, row.thread_id)
+            cls.objects.using(using).bulk_update(rows, ["search_text"])
 
     @property
     def owner(self) -> Account | Computer:
