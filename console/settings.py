@@ -115,6 +115,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "console.middleware.ViewerTimezoneMiddleware",
+    "console.middleware.HtmxSignedOutMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"

@@ -15,6 +15,10 @@ urlpatterns = [
     ),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("i18n/setlang/", core_views.set_language, name="set-language"),
+    path("i18n/settz/", core_views.set_timezone, name="set-timezone"),
+    # The breadcrumb's levels: each holds one page today.
+    path("settings/", RedirectView.as_view(pattern_name="retention:data-storage"), name="settings"),
+    path("settings/system/", RedirectView.as_view(pattern_name="retention:data-storage"), name="settings-system"),
     path("", include("lifecycle.urls")),
     path("", include("retention.urls")),
 ]
