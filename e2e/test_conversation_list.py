@@ -135,7 +135,7 @@ def test_it_pages_through_a_long_list(seeded, live_server, open_page, viewport):
     page.locator(".pager").get_by_role("link", name="Next").click()
 
     expect(page.locator(".pager")).to_contain_text("Page 2 of 2")
-    expect(page).to_have_url(re.compile(r"page=2"))
+    expect(page).to_have_url(re.compile(r"cursor="))
     expect(page.locator("#results .conv-title")).to_have_text(everyone[25:])
     assert everyone[-1] == "Older planning note 29"  # the oldest comes last
 
