@@ -8,8 +8,8 @@ browser reports, set by lethe.js); each is used only when it names a zone in
 Signed-out htmx requests: a request made in place (the list's search, tabs and pages; the
 save bar's saves) whose session has ended would follow the login redirect and put the login
 page inside the page. Instead it gets 401 with an `HX-Redirect` to the login page, which
-returns to the page the person was on: htmx navigates there, and the save bar keeps its
-draft and says the session ended.
+returns to the page the person was on (or, for the list, the search they just made): htmx navigates
+there, and the save bar keeps its draft and says the session ended.
 """
 
 from __future__ import annotations
@@ -95,13 +95,15 @@ class HtmxSignedOutMiddleware:
 
     @staticmethod
     def signed_out(request: HttpRequest) -> HttpResponse:
+        """401 with the way back: a GET in place is itself a page to return to (the list with
+        its search); after a POST (a save), the page it was made from."""
+        back = request.get_full_path()
         current = request.headers.get("HX-Current-URL", "")
-        parts = urlsplit(current)
-        back = parts.path + (f"?{parts.query}" if parts.query else "") if current else ""
-        if not back or not url_has_allowed_host_and_scheme(
+        if request.method != "GET" and current and url_has_allowed_host_and_scheme(
             current, {request.get_host()}, require_https=request.is_secure()
         ):
-            back = request.get_full_path()
+            parts = urlsplit(current)
+            back = parts.path + (f"?{parts.query}" if parts.query else "")
         response = HttpResponse(_("Your session ended. Sign in again."), status=401, content_type="text/plain")
         response["HX-Redirect"] = redirect_to_login(back)["Location"]
         return response

@@ -84,6 +84,9 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
     if request.htmx and not request.htmx.boosted and not request.htmx.history_restore_request:
         template += "#results"
     response = render(request, template, context)
+    if request.htmx and request.htmx.current_url_abs_path == request.get_full_path():
+        # The same search again (typing, then Enter): one history entry, not two.
+        response["HX-Push-Url"] = "false"
     patch_vary_headers(response, ["HX-Request", "HX-History-Restore-Request"])
     return response
 

@@ -160,3 +160,11 @@ def test_it_answers_htmx_history_restores_with_the_whole_page(member_client, con
     assert "<html" in content and 'class="sidenav"' in content and "Fix flaky login test" in content
     # Caches must keep the page and the fragment of one address apart.
     assert {"HX-Request", "HX-History-Restore-Request"} <= {v.strip() for v in restore["Vary"].split(",")}
+
+
+def test_the_same_search_again_adds_no_history_entry(member_client, conversation):
+    url = "/conversations/?view=recent&owner=&q=flaky"
+    again = member_client.get(url, HTTP_HX_CURRENT_URL="http://127.0.0.1" + url, **HX)
+    assert again["HX-Push-Url"] == "false"
+    new = member_client.get(url, HTTP_HX_CURRENT_URL="http://127.0.0.1/conversations/", **HX)
+    assert "HX-Push-Url" not in new

@@ -18,14 +18,17 @@ def test_a_signed_out_list_request_gets_401_and_a_redirect_back(client):
         "/conversations/?view=archived&q=x", HTTP_HX_CURRENT_URL="http://127.0.0.1/conversations/?view=archived", **HX
     )
     assert response.status_code == 401
-    assert response["HX-Redirect"] == "/accounts/login/?next=/conversations/%3Fview%3Darchived"
+    # Back to the search just made, not the page before it.
+    assert response["HX-Redirect"] == "/accounts/login/?next=/conversations/%3Fview%3Darchived%26q%3Dx"
     assert b"<html" not in response.content
 
 
 def test_it_never_redirects_to_another_site(client):
-    response = client.get("/conversations/", HTTP_HX_CURRENT_URL="https://evil.example/phish", **HX)
+    response = client.post(
+        "/settings/system/data-storage/retained-facts/", {}, HTTP_HX_CURRENT_URL="https://evil.example/phish", **HX
+    )
     assert response.status_code == 401
-    assert response["HX-Redirect"] == "/accounts/login/?next=/conversations/"
+    assert response["HX-Redirect"] == "/accounts/login/?next=/settings/system/data-storage/retained-facts/"
 
 
 def test_plain_requests_and_history_restores_still_get_the_login_page(client):
