@@ -42,8 +42,10 @@ run: setup
 	@echo "Lethe is at http://$(HOST):$(PORT)/  (Ctrl-C stops the web server and the job cluster)"
 	$(PY) manage.py serve $(HOST):$(PORT)
 
-## test: the whole suite on SQLite, then on PostgreSQL, then the browser tests.
-test: setup browser lint test-sqlite test-postgres test-e2e
+## test: lint, then the whole suite on SQLite, the same suite on PostgreSQL and the browser
+## tests, the three side by side (each prints its output when it ends; any failure fails).
+test: setup browser lint
+	@$(MAKE) --no-print-directory -j3 --output-sync=target test-sqlite test-postgres test-e2e
 
 lint:
 	$(VENV)/bin/ruff check .
@@ -77,5 +79,5 @@ bench-seed: setup
 
 ## messages: refresh the catalogs after changing copy, then translate locale/es and run again.
 messages: setup
-	$(PY) manage.py makemessages -l en -l es --no-obsolete --ignore=.venv --ignore=staticfiles
+	$(PY) manage.py makemessages -l en -l es --no-obsolete --add-location file --ignore=.venv --ignore=staticfiles
 	$(PY) manage.py compilemessages --ignore=.venv

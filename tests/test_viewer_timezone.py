@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from console.middleware import BROWSER_COOKIE, CHOSEN_COOKIE, zone_choices
+from console.viewer import BROWSER_COOKIE, CHOSEN_COOKIE, zone_choices
 from lifecycle.models import Conversation
 from tests import factories
 

@@ -1,4 +1,4 @@
-"""Template helpers for times shown in the viewer's zone (see console.middleware)."""
+"""Template helpers for times shown in the viewer's zone (see console.viewer)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from django.utils.html import escape, format_html
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext as _
 
-from console.middleware import zone_choices
+from console.viewer import zone_choices
 
 register = template.Library()
 
