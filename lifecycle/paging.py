@@ -172,8 +172,12 @@ def snapshot_page(
     if first is not None:
         page.before = snapshot.filter(_newer(first)).count()
         page.after = snapshot.filter(_older(last)).count()
-    changed = queryset.filter(last_activity_at__gt=as_of)
-    page.changed = changed.count()
+    page.changed = changed_since(queryset, as_of)
     if page.changed and changed_sample:
-        page.changed_rows = list(changed.order_by(*ORDER)[:changed_sample])
+        page.changed_rows = list(queryset.filter(last_activity_at__gt=as_of).order_by(*ORDER)[:changed_sample])
     return page
+
+
+def changed_since(queryset: QuerySet[Conversation], as_of: datetime) -> int:
+    """How many of these conversations changed or were added after the snapshot moment."""
+    return queryset.filter(last_activity_at__gt=as_of).count()

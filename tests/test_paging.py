@@ -160,3 +160,37 @@ def test_a_clock_behind_the_data_still_lists_every_row(member_client, listed):
     first = get(member_client, "")
     assert titles(first)[0] == "From a fast clock"
     assert changed_note(first) == []
+
+
+def test_the_api_pages_against_the_same_snapshot(member_client, listed):
+    def fetch(query: str) -> dict:
+        response = member_client.get("/v1/threads?" + query, **HOST)
+        assert response.status_code == 200, response.content
+        return response.json()
+
+    first = fetch("limit=5")
+    assert [r["title"] for r in first["results"]] == [c.title for c in listed[:5]]
+    assert first["changed_since_start"] == 0 and first["as_of"].endswith("Z")
+    factories.add_message(listed[7], content="moved")
+    second = fetch(f"limit=5&cursor={first['next']}")
+    assert [r["title"] for r in second["results"]] == [c.title for c in listed[5:11] if c != listed[7]]
+    assert second["changed_since_start"] == 1 and second["as_of"] == first["as_of"]
+    rest = []
+    cursor = second["next"]
+    while cursor:
+        page = fetch(f"limit=5&cursor={cursor}")
+        rest += [r["title"] for r in page["results"]]
+        cursor = page["next"]
+    seen = [r["title"] for r in first["results"] + second["results"]] + rest
+    assert sorted(seen + [listed[7].title]) == sorted(c.title for c in listed)
+    assert fetch("limit=5")["results"][0]["title"] == listed[7].title
+
+
+def test_the_api_refuses_cursors_it_did_not_give(member_client, listed):
+    import base64
+
+    old_style = base64.urlsafe_b64encode(f"{timezone.now().isoformat()}|3".encode()).decode()
+    backward = Cursor(timezone.now(), timezone.now(), 3, backward=True).encode()
+    for cursor in (old_style, backward, "%%%", "x" * 199):
+        response = member_client.get(f"/v1/threads?cursor={cursor}", **HOST)
+        assert (response.status_code, response.json()["code"]) == (400, "invalid_cursor"), cursor
