@@ -15,6 +15,7 @@ from e2e.conftest import ADMIN, MEMBER
 from e2e.helpers import conversation_with_long_output, log_in, nav_link, open_from_list
 from lifecycle.models import Account, Conversation, RetainedFactsPolicy, Scope
 from lifecycle.transcript import item_rows
+from tests.factories import add_message
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -240,3 +241,20 @@ def test_the_breadcrumb_links_lead_up_the_settings(seeded, live_server, open_pag
     crumbs.get_by_role("link", name="Settings").click()
     expect(page).to_have_url(f"{live_server.url}/settings/system/data-storage/")
     expect(page.get_by_role("heading", level=1)).to_have_text("Data & storage")
+
+
+def test_show_later_messages_moves_the_focus_to_the_first_new_message(seeded, live_server, open_page):
+    conversation = Conversation.objects.recent().order_by("-last_activity_at").first()
+    have = conversation.items.count()
+    for n in range(55 - have):
+        add_message(conversation, content=f"filler message {n}")
+    page = open_page("small-phone")
+    log_in(page, live_server.url, *MEMBER)
+    open_from_list(page, conversation)
+    later = page.get_by_role("link", name="Show later messages")
+    later.focus()
+    page.keyboard.press("Enter")
+
+    first_new = conversation.items.order_by("seq")[50]
+    expect(page.locator(f"#item-{first_new.pk}")).to_be_focused()
+    expect(page.get_by_role("link", name="Show later messages")).to_have_count(0)
