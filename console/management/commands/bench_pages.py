@@ -56,7 +56,8 @@ class Command(BaseCommand):
                     raise CommandError(f"{path} answered {response.status_code}")
             timings.sort()
             p95 = timings[min(len(timings) - 1, int(len(timings) * 0.95))]
-            self.stdout.write(f"  {path:<60} p50 {statistics.median(timings):7.1f} ms   p95 {p95:7.1f} ms")
+            label = path if "cursor=" not in path else path.split("cursor=")[0] + "cursor=<page 3>"
+            self.stdout.write(f"  {label:<60} p50 {statistics.median(timings):7.1f} ms   p95 {p95:7.1f} ms")
         client.logout()
 
     @staticmethod
