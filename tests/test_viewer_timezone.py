@@ -44,7 +44,7 @@ def test_a_chosen_zone_wins_over_the_browser(member_client, dated):
     assert response.cookies[CHOSEN_COOKIE].value == "Asia/Tokyo"
     page = detail(member_client, dated)
     assert "Jan. 15, 2026, 10:05 p.m. JST" in page
-    assert '<option value="Asia/Tokyo" selected>' in page
+    assert "<option selected>Asia/Tokyo</option>" in page
 
     # Back to automatic: the chosen cookie goes, the browser's zone applies again.
     response = member_client.post("/i18n/settz/", {"timezone": "", "next": "/conversations/"}, **HOST)
@@ -66,7 +66,7 @@ def test_an_alias_the_picker_leaves_out_is_still_shown_as_chosen(member_client, 
     assert "US/Eastern" not in zone_choices() and "Europe/Madrid" in zone_choices()
     member_client.cookies[CHOSEN_COOKIE] = "US/Eastern"
     page = detail(member_client, dated)
-    assert "8:05 a.m. EST" in page and '<option value="US/Eastern" selected>' in page
+    assert "8:05 a.m. EST" in page and "<option selected>US/Eastern</option>" in page
 
 
 def test_the_api_keeps_answering_in_utc(member_client, dated):

@@ -17,26 +17,27 @@ register = template.Library()
 
 @cache
 def _zone_options() -> str:
-    return "".join(f'<option value="{escape(z)}">{escape(z.replace("_", " "))}</option>' for z in zone_choices())
+    # An option's value is its text when it has no value attribute: half the bytes, twice a page.
+    return "".join(f"<option>{escape(z)}</option>" for z in zone_choices())
 
 
 @register.simple_tag(takes_context=True)
 def timezone_options(context) -> SafeString:
     """The time zone picker's options: "Automatic" (what the browser reports) and every zone,
-    with the viewer's current choice selected. Built once; about 420 options."""
+    with the viewer's current choice selected. Built once; about 490 options."""
     name, chosen = context.get("timezone_name", "UTC"), context.get("timezone_chosen", False)
     automatic = format_html(
         '<option value=""{}>{}</option>',
         "" if chosen else mark_safe(" selected"),  # noqa: S308 (a constant)
-        _("%(zone)s (automatic)") % {"zone": name.replace("_", " ")} if not chosen else _("Automatic"),
+        _("%(zone)s (automatic)") % {"zone": name} if not chosen else _("Automatic"),
     )
     options = _zone_options()
     if chosen:
-        marker = f'<option value="{escape(name)}">'
+        marker = f"<option>{escape(name)}</option>"
         if marker in options:
-            options = options.replace(marker, f'<option value="{escape(name)}" selected>', 1)
+            options = options.replace(marker, f"<option selected>{escape(name)}</option>", 1)
         else:  # an alias the list leaves out, such as US/Eastern
-            options = f'<option value="{escape(name)}" selected>{escape(name)}</option>' + options
+            options = f"<option selected>{escape(name)}</option>" + options
     return mark_safe(automatic + options)  # noqa: S308 (escaped above)
 
 
