@@ -1,4 +1,4 @@
-"""axe-core on every page, at 1280, 390 and 320 px, in light and dark: no serious or
+"""axe-core on every page (each list tab, and every error page), at 1280, 390 and 320 px, in light and dark: no serious or
 critical violations. One test per page; each signs in once and then runs axe at every size
 and colour scheme in the same tab."""
 
@@ -71,6 +71,12 @@ def not_found(page: Page, base: str) -> None:
     expect(page.get_by_role("heading", level=1)).to_have_text("Not found")
 
 
+def bad_request(page: Page, base: str) -> None:
+    log_in(page, base, *MEMBER)
+    page.goto(f"{base}/conversations/?q=a%00b")
+    expect(page.get_by_role("heading", level=1)).to_have_text("Bad request")
+
+
 def form_expired(page: Page, base: str) -> None:
     login_page(page, base)
     page.locator("form.stack input[name=csrfmiddlewaretoken]").evaluate("el => el.value = 'stale'")
@@ -99,6 +105,7 @@ PAGES: dict[str, Callable[[Page, str], None]] = {
     "conversation": detail,
     "data-storage-admin": data_storage(ADMIN, edit=True),
     "data-storage-member": data_storage(MEMBER, edit=False),
+    "400": bad_request,
     "404": not_found,
     "403": forbidden,
     "403-form-expired": form_expired,
