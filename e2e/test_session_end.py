@@ -11,7 +11,7 @@ from django.contrib.sessions.models import Session
 from playwright.sync_api import Page, expect
 
 from e2e.conftest import ADMIN, MEMBER
-from e2e.helpers import assert_save_bar_covers_nothing, log_in, nav_link
+from e2e.helpers import assert_save_bar_covers_nothing, check_layout, log_in, nav_link
 from lifecycle.models import RetainedFactsPolicy
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -22,9 +22,14 @@ def bar(page: Page):
     return page.locator("#save-bar")
 
 
-@pytest.mark.parametrize("how", ["session row deleted", "signed out in another tab"])
-def test_a_draft_survives_the_end_of_the_session_and_saves_after_signing_in(seeded, live_server, open_page, how):
-    page = open_page("phone")
+@pytest.mark.parametrize(
+    ("how", "viewport"), [("session row deleted", "phone"), ("signed out in another tab", "small-phone")],
+    ids=["expired-390", "signed-out-320"],
+)
+def test_a_draft_survives_the_end_of_the_session_and_saves_after_signing_in(
+    seeded, live_server, open_page, how, viewport
+):
+    page = open_page(viewport)
     log_in(page, live_server.url, *ADMIN)
     nav_link(page, "Data & storage").click()
     before = RetainedFactsPolicy.load()
@@ -55,6 +60,7 @@ def test_a_draft_survives_the_end_of_the_session_and_saves_after_signing_in(seed
     sign_in = bar(page).get_by_role("link", name="Sign in again (new tab)")
     expect(sign_in).to_be_visible()
     expect(sign_in).to_have_attribute("target", "_blank")
+    check_layout(page)
     assert_save_bar_covers_nothing(page)
 
     # Sign in again in a new tab, as the link offers ...
@@ -94,6 +100,7 @@ def test_signing_in_as_someone_else_still_saves_nothing(seeded, live_server, ope
 
     expect(bar(page).locator(".save-bar-status")).to_have_text(ENDED)
     expect(page.get_by_label("Audit facts, days")).to_have_value("501")
+    check_layout(page)
     assert RetainedFactsPolicy.load().audit_days != 501
 
 

@@ -11,7 +11,7 @@ from django.template.defaultfilters import date as format_date
 from django.utils import timezone
 from playwright.sync_api import Page, expect
 
-from e2e.conftest import ADMIN, MEMBER
+from e2e.conftest import ADMIN, ALL_VIEWPORTS, MEMBER
 from e2e.helpers import check_layout, log_in, open_from_list
 from lifecycle.models import Conversation
 
@@ -33,7 +33,7 @@ def newest() -> Conversation:
     return Conversation.objects.recent().order_by("-last_activity_at", "-pk").first()
 
 
-@pytest.mark.parametrize("viewport", ["desktop", "small-phone"], ids=["1280", "320"])
+@ALL_VIEWPORTS
 def test_it_shows_times_in_the_browsers_zone(seeded, live_server, open_page, viewport):
     page = open_page(viewport, timezone_id="Asia/Tokyo")
     log_in(page, live_server.url, *MEMBER)
