@@ -1,16 +1,19 @@
 """Conversation search: one Python folding of text, the same on SQLite and PostgreSQL.
 
 The databases disagree on case (SQLite's LIKE folds ASCII only) and neither ignores
-accents without an extension, so the folding happens here: the title and thread id are
-folded into `Conversation.search_text` on every write, the query is folded the same way,
-and the database only does a plain substring match on already-folded text.
+accents without an extension, so the folding happens here: the title and the thread id are
+folded into `Conversation.search_title` and `Conversation.search_thread` on every write, the
+query is folded the same way, and the database only does a plain substring match on
+already-folded text. The folded title is content (it is erased with the title); the folded
+thread id is identity, like the thread id itself.
 
 Folding: full Unicode case folding (so `ß` and `ss` match, and `Σ`, `σ`, `ς` match each
 other), compatibility decomposition (`ﬁ` is `fi`, full-width letters are plain ones), and
 accents removed (the combining diacritical marks, so `École` is `ecole` and `ελληνικά` is
 `ελληνικα`), and the few Latin letters whose accent is drawn into the letter spelled out
-(`ø` is `o`, `ł` is `l`, `œ` is `oe`). Marks that change a letter in other scripts (Japanese voicing marks, Indic
-vowel signs, Hebrew points) are kept, so `が` does not match `か`.
+(`ø` is `o`, `ł` is `l`, `œ` is `oe`). Marks that change a letter in other scripts
+(Japanese voicing marks, Indic vowel signs, Hebrew points) are kept, so `が` does not match
+`か`.
 """
 
 from __future__ import annotations
@@ -37,9 +40,3 @@ def fold(text: str) -> str:
     decomposed = unicodedata.normalize("NFKD", folded)
     kept = "".join(c for c in decomposed if not _is_accent(c))
     return " ".join(unicodedata.normalize("NFC", kept).split())
-
-
-def search_column(title: str, thread_id: str) -> str:
-    """The stored search column of one conversation. A newline separates the two parts,
-    and folded text has none, so a query never matches across them."""
-    return fold(title) + "\n" + fold(thread_id)

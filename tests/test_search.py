@@ -7,10 +7,13 @@ import importlib
 import pytest
 from django.apps import apps
 from django.db import connection
+from django.db.models import Value
+from django.db.models.functions import Concat
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from lifecycle.models import Account, Conversation, Scope
-from lifecycle.search import fold, search_column
+from lifecycle.search import fold
 from lifecycle.seeding import Seeder
 from tests import factories
 
@@ -88,16 +91,25 @@ def test_it_matches_thread_ids_but_never_across_title_and_thread_id(db):
     assert found("thr_abc") == {"Alpha"}
     assert found("äBC_0") == {"Alpha"}
     assert found("alpha thr") == set()
-    assert conv.search_text == "alpha\nthr_abc_01"
+    assert (conv.search_title, conv.search_thread) == ("alpha", "thr_abc_01")
 
 
-def test_it_keeps_the_search_column_in_step_on_every_write(db):
+def folded(conv: Conversation) -> tuple[str, str]:
+    stored = Conversation.objects.get(pk=conv.pk)
+    return stored.search_title, stored.search_thread
+
+
+def test_it_keeps_the_search_columns_in_step_on_every_write(db):
     account = factories.make_account()
     conv = factories.make_conversation(account, title="Before")
 
     conv.title = "Café society"
     conv.save(update_fields=["title"])
-    assert Conversation.objects.get(pk=conv.pk).search_text == search_column("Café society", conv.thread_id)
+    assert folded(conv) == ("cafe society", fold(conv.thread_id))
+    conv.thread_id = "THR_Ωmega"
+    conv.save(update_fields=["thread_id"])
+    assert folded(conv) == ("cafe society", "thr_ωmega")
+    assert found("ΩMEGA") == {"Café society"}
 
     Conversation.objects.filter(pk=conv.pk).update(title="Ünïcode")
     assert found("unicode") == {"Ünïcode"}
@@ -114,10 +126,17 @@ def test_it_keeps_the_search_column_in_step_on_every_write(db):
     Conversation.objects.bulk_update(created, ["title"])
     assert found("oeuvre") == found("ŒUVRE") == {"Bulk Œuvre 0", "Bulk Œuvre 1", "Bulk Œuvre 2"}
 
-    # Erasing a title (what a tombstone does) leaves only the thread id searchable.
-    Conversation.objects.filter(pk=conv.pk).update(title="")
-    assert Conversation.objects.get(pk=conv.pk).search_text == "\n" + fold(conv.thread_id)
-    assert found("unicode") == set()
+    # An update by expression folds what it stored.
+    Conversation.objects.filter(pk=conv.pk).update(title=Concat(Value("Ñandú "), "thread_id"))
+    assert folded(conv) == ("nandu thr_ωmega", "thr_ωmega")
+
+    # Erasing a title (what a tombstone does) erases its folded copy in the same statement,
+    # and leaves the conversation findable by thread id.
+    with CaptureQueriesContext(connection) as queries:
+        Conversation.objects.filter(pk=conv.pk).update(title="")
+    assert len([q for q in queries if q["sql"].startswith("UPDATE")]) == 1
+    assert folded(conv) == ("", "thr_ωmega")
+    assert found("nandu") == set() and found("omega") == set() and found("ωmega") == {""}
 
 
 def test_the_seeder_and_the_data_migration_fill_the_column(db, engine_home):
@@ -125,13 +144,15 @@ def test_the_seeder_and_the_data_migration_fill_the_column(db, engine_home):
 
     Seeder(seed=3, anchor=timezone.now(), messages=4, home=EngineHome(engine_home)).run(6)
     rows = list(Conversation.objects.all())
-    assert rows and all(r.search_text == search_column(r.title, r.thread_id) for r in rows)
+    assert rows and all((r.search_title, r.search_thread) == (fold(r.title), fold(r.thread_id)) for r in rows)
 
-    # Rows written before the column existed are filled by the migration.
-    Conversation.objects.update(search_text=None)
-    migration = importlib.import_module("lifecycle.migrations.0003_conversation_search_text")
+    # Rows written before the columns existed are filled by the migration.
+    Conversation.objects.update(search_title=None, search_thread=None)
+    assert not Conversation.objects.search(rows[0].title).exists()
+    migration = importlib.import_module("lifecycle.migrations.0003_conversation_search_columns")
     migration.fill(apps, type("Editor", (), {"connection": connection})())
-    assert all(r.search_text == search_column(r.title, r.thread_id) for r in Conversation.objects.all())
+    assert all((r.search_title, r.search_thread) == (fold(r.title), fold(r.thread_id))
+               for r in Conversation.objects.all())
 
 
 def test_the_list_and_the_api_search_the_same_way(member_client, titled):

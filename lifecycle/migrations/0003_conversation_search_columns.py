@@ -1,10 +1,10 @@
-# The folded search column (lifecycle.search): added nullable so SQLite adds it with ALTER
+# The folded search columns (lifecycle.search): added nullable so SQLite adds them with ALTER
 # TABLE instead of rebuilding the table (a rebuild drops the table's triggers), then filled
 # for the rows that exist.
 
 from django.db import migrations, models
 
-from lifecycle.search import search_column
+from lifecycle.search import fold
 
 
 def fill(apps, schema_editor):
@@ -18,8 +18,8 @@ def fill(apps, schema_editor):
         if not rows:
             return
         for row in rows:
-            row.search_text = search_column(row.title, row.thread_id)
-        Conversation.objects.using(db).bulk_update(rows, ["search_text"])
+            row.search_title, row.search_thread = fold(row.title), fold(row.thread_id)
+        Conversation.objects.using(db).bulk_update(rows, ["search_title", "search_thread"])
         last = rows[-1].pk
 
 
@@ -32,7 +32,12 @@ class Migration(migrations.Migration):
     operations = [
         migrations.AddField(
             model_name='conversation',
-            name='search_text',
+            name='search_title',
+            field=models.TextField(blank=True, editable=False, null=True),
+        ),
+        migrations.AddField(
+            model_name='conversation',
+            name='search_thread',
             field=models.TextField(blank=True, editable=False, null=True),
         ),
         migrations.RunPython(fill, migrations.RunPython.noop, elidable=True),
