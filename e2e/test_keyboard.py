@@ -94,6 +94,13 @@ def test_save_and_discard_keep_the_focus_and_are_announced(seeded, live_server, 
     stored = RetainedFactsPolicy.load()
     assert (stored.audit_days, stored.revision) == (400, before.revision + 1)
 
+    # Enter in a field saves its card; the card is redrawn and the focus is back in the field.
+    audit.fill("404")
+    audit.press("Enter")
+    expect(page.locator("#save-bar-live")).to_have_text("Changes saved.")
+    expect(page.get_by_label("Audit facts, days")).to_be_focused()
+    assert RetainedFactsPolicy.load().audit_days == 404
+
 
 def test_a_failed_card_is_announced_and_its_outline_clears_on_discard(seeded, live_server, open_page):
     page = open_page("phone")
