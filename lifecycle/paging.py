@@ -170,8 +170,11 @@ def snapshot_page(
     else:
         first = last = None
     if first is not None:
-        page.before = snapshot.filter(_newer(first)).count()
+        # The first page has nothing ahead of it, and nothing newer than the moment it fixed.
+        page.before = snapshot.filter(_newer(first)).count() if cursor else 0
         page.after = snapshot.filter(_older(last)).count()
+    if cursor is None:
+        return page
     page.changed = changed_since(queryset, as_of)
     if page.changed and changed_sample:
         page.changed_rows = list(queryset.filter(last_activity_at__gt=as_of).order_by(*ORDER)[:changed_sample])
