@@ -147,6 +147,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "console.viewer.ViewerTimezoneMiddleware",
+    "console.viewer.HtmxSignedOutMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"

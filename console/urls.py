@@ -21,6 +21,10 @@ urlpatterns = [
     path("accounts/login/", LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("i18n/setlang/", core_views.set_language, name="set-language"),
+    path("i18n/settz/", core_views.set_timezone, name="set-timezone"),
+    # The breadcrumb's levels: each holds one page today.
+    path("settings/", RedirectView.as_view(pattern_name="retention:data-storage"), name="settings"),
+    path("settings/system/", RedirectView.as_view(pattern_name="retention:data-storage"), name="settings-system"),
     path("settings/api-tokens/", token_views.api_tokens, name="api-tokens"),
     path("settings/api-tokens/<int:token_id>/revoke/", token_views.api_token_revoke, name="api-token-revoke"),
     path("", include((api.urlpatterns(), "api"))),

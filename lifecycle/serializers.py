@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from pydantic import Field as PydanticField
 from pydantic import JsonValue
 
 from console.api import Schema
@@ -39,6 +40,10 @@ class ThreadOut(Schema):
 class ThreadPageOut(Schema):
     results: list[ThreadOut]
     next: str | None
+    as_of: str = PydanticField(description="The snapshot moment the pages are listed against.")
+    changed_since_start: int = PydanticField(
+        ge=0, description="Matching conversations with activity after `as_of`, which these pages leave out."
+    )
 
 
 def thread_json(c: Conversation) -> dict[str, Any]:
