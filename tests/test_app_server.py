@@ -149,8 +149,9 @@ def test_it_measures_the_same_api_load_on_either_server(served, server):
                                                           ("jobs", b"qcluster", "Stopped the job cluster.")])
 def test_it_runs_only_the_web_server_or_only_the_job_cluster(served, tree, only, program, stopped):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "manage.py", "serve", f"127.0.0.1:{port}", "--only", only], cwd=ROOT,
-                            env=served["env"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    # Started from another folder, as a supervisor may do.
+    proc = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "serve", f"127.0.0.1:{port}", "--only", only],
+                            cwd="/", env=served["env"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             start_new_session=True)
     tree.pids.add(proc.pid)
     tree.groups.add(proc.pid)

@@ -127,7 +127,9 @@ class Command(BaseCommand):
         try:
             for name, spec in children_to_start.items():
                 # Each child leads its own process group, so stopping it reaches its workers.
-                children[name] = subprocess.Popen(spec.argv, env=spec.env, process_group=0,
+                # From the project folder: gunicorn finds its configuration's and the app's modules
+                # there, whatever folder serve was started from.
+                children[name] = subprocess.Popen(spec.argv, env=spec.env, cwd=settings.BASE_DIR, process_group=0,
                                                   preexec_fn=_child_setup(os.getpid()))
             while failed is None:
                 failed = next((name for name, child in children.items() if child.poll() is not None), None)

@@ -24,6 +24,7 @@ import time
 import uuid
 from urllib.parse import urlsplit
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
@@ -90,7 +91,8 @@ class Command(BaseCommand):
         if server == "prod":
             empty_metrics_dir()
         env = {**(spec.env or os.environ), "ACCESS_LOG": "false", "LOG_LEVEL": "WARNING"}
-        process = subprocess.Popen(spec.argv, env=env, process_group=0, stdout=subprocess.DEVNULL)
+        process = subprocess.Popen(spec.argv, env=env, cwd=settings.BASE_DIR, process_group=0,
+                                   stdout=subprocess.DEVNULL)
         process.stop_signal = spec.stop_signal
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
