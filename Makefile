@@ -4,32 +4,60 @@ SHELL := /bin/bash
 
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml 2>/dev/null | sha1sum | cut -c1-12)
+# Each stamp names the exact lock (and pyproject.toml, for the editable install) it installed.
+RUNTIME_STAMP := $(VENV)/.runtime-$(shell cat pyproject.toml requirements/runtime.txt 2>/dev/null | sha1sum | cut -c1-12)
+TEST_STAMP := $(VENV)/.test-$(shell cat requirements/test.txt 2>/dev/null | sha1sum | cut -c1-12)
+PIP_INSTALL = $(1)/bin/python -m pip install --quiet --disable-pip-version-check
+LOCK_VENV := .venv-lock
 PG_URL ?= postgres://postgres@127.0.0.1:5432/lethe
 HOST ?= 127.0.0.1
 PORT ?= 8000
+# `make run` logs readable lines; deployments keep the default, JSON (see docs/deploy.md).
+LOG_FORMAT ?= text
 
 # Python 3.12+: the pyenv-selected 3.12 (see .python-version), else any python3.12/3.13 on PATH.
 PYTHON ?= $(shell for c in python3.12 python3.13 $$(ls -d $$HOME/.pyenv/versions/3.1[2-9]*/bin/python3 2>/dev/null) python3; do \
 	if command -v $$c >/dev/null 2>&1 && $$c -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then command -v $$c; break; fi; done)
 
-.PHONY: setup system-packages browser run test test-sqlite test-postgres test-e2e lint bench-seed messages
+.PHONY: setup setup-runtime lock system-packages browser run test test-sqlite test-postgres test-e2e lint bench-seed messages
 
-## setup: the shared, idempotent install step (venv, packages, gettext, a secret key for local runs).
-setup: $(STAMP) system-packages var/secret-key
+## setup: the shared, idempotent install step (venv from the locks, runtime and test tools;
+## gettext; a secret key for local runs).
+setup: $(RUNTIME_STAMP) $(TEST_STAMP) system-packages var/secret-key
 
 # A random key kept for this checkout (mode 0600); settings read it when SECRET_KEY is unset.
 var/secret-key:
 	@mkdir -p var
 	@(umask 077 && $(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(50))' > $@.tmp && mv $@.tmp $@)
 
-$(STAMP): pyproject.toml
+## setup-runtime: the runtime lock only (what `make run` needs; no test tools).
+setup-runtime: $(RUNTIME_STAMP) system-packages var/secret-key
+
+$(VENV)/bin/python:
 	@test -n "$(PYTHON)" || { echo "Python 3.12 or newer is required (pyenv install 3.12)"; exit 1; }
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test]"
-	@rm -f $(VENV)/.installed-*
+	$(PYTHON) -m venv $(VENV)
+
+# Exactly the locked files: every pin checked against its SHA-256, nothing resolved here.
+$(RUNTIME_STAMP): pyproject.toml requirements/runtime.txt | $(VENV)/bin/python
+	@$(PY) requirements/locks.py check >/dev/null
+	$(call PIP_INSTALL,$(VENV)) --require-hashes --no-deps -r requirements/runtime.txt
+	$(call PIP_INSTALL,$(VENV)) --no-deps -e .
+	@rm -f $(VENV)/.runtime-* $(VENV)/.installed-*
 	@touch $@
+
+$(TEST_STAMP): requirements/test.txt $(RUNTIME_STAMP)
+	$(call PIP_INSTALL,$(VENV)) --require-hashes --no-deps -r requirements/test.txt
+	@rm -f $(VENV)/.test-*
+	@touch $@
+
+## lock: recompile requirements/*.txt from pyproject.toml; run it after changing dependencies or
+## merging a branch that did, and commit requirements/. Pins move only where they must;
+## `make lock UPGRADE=1` moves every pin to the newest allowed version.
+lock:
+	@test -n "$(PYTHON)" || { echo "Python 3.12 or newer is required (pyenv install 3.12)"; exit 1; }
+	@test -x $(LOCK_VENV)/bin/python || $(PYTHON) -m venv $(LOCK_VENV)
+	$(call PIP_INSTALL,$(LOCK_VENV)) --require-hashes --no-deps -r requirements/tools.txt
+	$(LOCK_VENV)/bin/python requirements/locks.py compile --uv $(LOCK_VENV)/bin/uv $(if $(UPGRADE),--upgrade)
 
 system-packages:
 	@command -v msgfmt >/dev/null 2>&1 || { echo "Installing gettext"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gettext >/dev/null; }
@@ -38,14 +66,14 @@ browser:
 	@test -x /usr/bin/chromium || { echo "Installing chromium"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-dejavu-core >/dev/null; }
 
 ## run: migrate, compile translations, collect static files, seed demo data once, serve with the job cluster.
-run: setup
+run: setup-runtime
 	@mkdir -p var
 	$(PY) manage.py migrate --noinput -v0
 	$(PY) manage.py compilemessages -v0 --ignore=.venv
 	$(PY) manage.py collectstatic --noinput -v0
 	$(PY) manage.py seed_demo --if-empty
 	@echo "Lethe is at http://$(HOST):$(PORT)/  (Ctrl-C stops the web server and the job cluster)"
-	$(PY) manage.py serve $(HOST):$(PORT)
+	LOG_FORMAT=$(LOG_FORMAT) $(PY) manage.py serve $(HOST):$(PORT)
 
 ## test: lint, then the whole suite on SQLite, the same suite on PostgreSQL and the browser
 ## tests, the three side by side (each prints its output when it ends; any failure fails).
@@ -53,6 +81,7 @@ test: setup browser lint
 	@$(MAKE) --no-print-directory -j3 --output-sync=target test-sqlite test-postgres test-e2e
 
 lint:
+	$(PY) requirements/locks.py check
 	$(VENV)/bin/ruff check .
 	$(PY) manage.py makemigrations --check --dry-run -v0
 	$(PY) manage.py retention_table --check

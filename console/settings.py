@@ -14,6 +14,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 from django.utils.translation import gettext_lazy as _
 
+from ops.logs import logging_config
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("LETHE_VAR_DIR", BASE_DIR / "var"))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
@@ -125,9 +127,12 @@ INSTALLED_APPS = [
     "console",
     "lifecycle",
     "retention",
+    "ops",
 ]
 
 MIDDLEWARE = [
+    # First: request ids, request metrics and the access log; answers health probes.
+    "ops.middleware.OpsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -182,7 +187,7 @@ TIME_ZONE = "UTC"
 
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = BASE_DIR / "staticfiles"
+STATIC_ROOT = Path(os.environ.get("STATIC_ROOT") or BASE_DIR / "staticfiles")
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
@@ -263,10 +268,15 @@ Q_CLUSTER = {
     "label": "Jobs",
 }
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
-}
+# Logs: JSON lines on stderr (LOG_FORMAT=json, the default) or text (LOG_FORMAT=text); never
+# content (see ops/logs.py). ACCESS_LOG=false drops the one line per request.
+LOG_FORMAT = os.environ.get("LOG_FORMAT", "json").strip().lower()
+if LOG_FORMAT not in ("json", "text"):
+    raise ImproperlyConfigured(f"LOG_FORMAT must be json or text, not {LOG_FORMAT!r}.")
+LOGGING = logging_config(LOG_FORMAT, os.environ.get("LOG_LEVEL", "INFO").upper())
+ACCESS_LOG = env_bool("ACCESS_LOG", True)
+
+# /metrics is readable by admins, and by `Authorization: Bearer <METRICS_TOKEN>` when set.
+METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "").strip()
+# /readyz fails when no job has finished on any job cluster for this long.
+READYZ_HEARTBEAT_SECONDS = int(os.environ.get("READYZ_HEARTBEAT_SECONDS", 300))

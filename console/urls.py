@@ -31,6 +31,7 @@ urlpatterns = [
     re_path(r"^(?:v1|api/v1)/(?P<unmatched>.*)$", api.not_found),
     path("", include("lifecycle.urls")),
     path("", include("retention.urls")),
+    path("", include("ops.urls")),
 ]
 
 handler400 = "console.views.bad_request"

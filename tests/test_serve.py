@@ -1,6 +1,7 @@
 """`manage.py serve` as a real process tree: it stops both children on SIGINT and SIGTERM,
 also when started in the background with SIGINT ignored, and leaves none behind when it is
-killed. Every test kills whatever it started, whole process groups, even when it fails."""
+killed; the same with gunicorn (the default) and the development server (`--dev`). Every
+test kills whatever it started, whole process groups, even when it fails."""
 
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ class Tree:
                 self.groups.update(os.getpgid(p) for p in children_of(kid))
             self.pids.add(kid)
         assert status == 200
-        assert len(kids) == 2  # qcluster and runserver
+        assert len(kids) == 2  # qcluster, and gunicorn's master or runserver
         return kids
 
     def everything_stopped(self) -> bool:
@@ -122,17 +123,32 @@ def tree():
     found.cleanup()
 
 
-def start(env, port: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "manage.py", "serve", f"127.0.0.1:{port}"], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+def start(env, port: int, *options: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "manage.py", "serve", f"127.0.0.1:{port}", *options], cwd=ROOT,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def cmdline(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_it_stops_the_web_server_and_the_job_cluster_together(env, tree, signum):
     port = free_port()
     proc = start(env, port)
-    tree.watch(proc.pid, port)
+    kids = tree.watch(proc.pid, port)
+    assert any(b"gunicorn" in cmdline(k) for k in kids) and any(b"qcluster" in cmdline(k) for k in kids)
     proc.send_signal(signum)
+    assert proc.wait(30) == 0
+    assert wait_until(tree.everything_stopped, 10)
+
+
+def test_it_runs_the_development_server_only_when_asked(env, tree):
+    port = free_port()
+    proc = start(env, port, "--dev")
+    kids = tree.watch(proc.pid, port)
+    assert any(b"runserver" in cmdline(k) for k in kids) and not any(b"gunicorn" in cmdline(k) for k in kids)
+    proc.send_signal(signal.SIGINT)
     assert proc.wait(30) == 0
     assert wait_until(tree.everything_stopped, 10)
 
@@ -167,7 +183,7 @@ def test_it_stops_the_other_child_when_one_exits(env, tree):
     port = free_port()
     proc = start(env, port)
     kids = tree.watch(proc.pid, port)
-    runserver = next(k for k in kids if b"runserver" in Path(f"/proc/{k}/cmdline").read_bytes())
-    os.kill(runserver, signal.SIGKILL)
+    web = next(k for k in kids if b"gunicorn" in cmdline(k))
+    os.kill(web, signal.SIGKILL)
     assert proc.wait(30) == 1
     assert wait_until(tree.everything_stopped, 10)

@@ -12,6 +12,7 @@ from django.test import Client
 from lifecycle.models import Conversation, Item
 from lifecycle.paging import snapshot_page
 from lifecycle.views import PAGE_SIZE
+from ops.static import ensure_static_files
 
 
 class Command(BaseCommand):
@@ -21,6 +22,8 @@ class Command(BaseCommand):
         parser.add_argument("--requests", type=int, default=40)
 
     def handle(self, *args, requests: int, **options):
+        if ensure_static_files():
+            self.stdout.write("Collected the static files first (pages need their manifest).")
         conversation = Conversation.objects.order_by("-last_activity_at").first()
         if conversation is None:
             raise CommandError("Seed some conversations first (manage.py seed_demo).")

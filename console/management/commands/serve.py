@@ -1,16 +1,22 @@
 """`manage.py serve`: the web server and the job cluster as one command.
 
+The web server is gunicorn with threaded workers (ops/gunicorn_config.py: WEB_CONCURRENCY
+processes of WEB_THREADS threads), serving static files through whitenoise; `serve --dev`
+runs Django's development server instead, for development only.
+
 Both children stop together, however serve ends:
 - SIGINT (Ctrl-C) and SIGTERM: serve handles both itself, even when it was started in the
   background by a non-interactive shell (which starts it with SIGINT ignored). It asks each
-  child to stop, and after a grace period kills each child's whole process group, the
-  cluster's workers included.
+  child to stop the graceful way (gunicorn: SIGTERM, so requests in flight finish; the job
+  cluster and the development server: SIGINT), and after a grace period kills each child's
+  whole process group, the cluster's and gunicorn's workers included.
 - serve killed outright (SIGKILL): every child asked the kernel to send it SIGTERM when its
-  parent dies (Linux PR_SET_PDEATHSIG), so none is left behind.
+  parent dies (Linux PR_SET_PDEATHSIG), so none is left behind; gunicorn's workers leave
+  when their master does.
 - one child exits: the console is not whole, so serve stops the other and exits non-zero.
 
-The children are listed in `commands()`; swapping runserver for another application
-server is a change to that one function.
+The children are listed in `commands()`; swapping the application server is a change to
+that one function.
 """
 
 from __future__ import annotations
@@ -22,22 +28,51 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from lifecycle.enginefs import EngineHome
+from ops.static import ensure_static_files
 
 PR_SET_PDEATHSIG = 1
 GRACE_SECONDS = 15
 
 
-def commands(address: str) -> dict[str, list[str]]:
+@dataclass(frozen=True)
+class Child:
+    argv: list[str]
+    stop_signal: signal.Signals
+    env: dict[str, str] | None = None
+
+
+def commands(address: str, *, dev: bool = False) -> dict[str, Child]:
     manage = str(settings.BASE_DIR / "manage.py")
+    if dev:
+        web = Child([sys.executable, manage, "runserver", address, "--noreload"], signal.SIGINT)
+    else:
+        config = str(settings.BASE_DIR / "ops" / "gunicorn_config.py")
+        web = Child([sys.executable, "-m", "gunicorn", "-c", config, "--bind", address], signal.SIGTERM,
+                    env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir())})
     return {
-        "job cluster": [sys.executable, manage, "qcluster"],
-        "web server": [sys.executable, manage, "runserver", address, "--noreload"],
+        "job cluster": Child([sys.executable, manage, "qcluster"], signal.SIGINT),
+        "web server": web,
     }
+
+
+def metrics_dir() -> Path:
+    """Where gunicorn's workers add up their request figures; emptied at every start."""
+    return Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or settings.VAR_DIR / "prometheus")
+
+
+def empty_metrics_dir() -> None:
+    """Before gunicorn starts: the folder exists and holds no figures of an earlier run."""
+    folder = metrics_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob("*.db"):
+        stale.unlink()
 
 
 def _child_setup(parent: int):
@@ -59,14 +94,27 @@ class Stop(Exception):
 
 
 class Command(BaseCommand):
-    help = "Run the web server and the job cluster together; Ctrl-C or SIGTERM stops both."
+    help = ("Run the web server (gunicorn; --dev for Django's development server) and the job cluster "
+            "together; Ctrl-C or SIGTERM stops both.")
 
     def add_arguments(self, parser):
         parser.add_argument("address", nargs="?", default="127.0.0.1:8000")
+        parser.add_argument("--dev", action="store_true",
+                            help="Django's development server instead of gunicorn (development only).")
+        parser.add_argument("--only", choices=("web", "jobs"),
+                            help="Run only the web server or only the job cluster (hosts of a larger install).")
 
-    def handle(self, *args, address: str, **options):
+    def handle(self, *args, address: str, dev: bool, only: str | None, **options):
         # Clear what a killed writer left behind (lock-safe, so a live writer is untouched).
         EngineHome().sweep_temporaries()
+        if ensure_static_files():
+            self.stdout.write("Collected the static files.")
+        children_to_start = commands(address, dev=dev)
+        if only is not None:
+            keep = "web server" if only == "web" else "job cluster"
+            children_to_start = {keep: children_to_start[keep]}
+        if "web server" in children_to_start and not dev:
+            empty_metrics_dir()
 
         def stop(signum, frame):
             raise Stop
@@ -77,9 +125,12 @@ class Command(BaseCommand):
         children: dict[str, subprocess.Popen] = {}
         failed = None
         try:
-            for name, argv in commands(address).items():
+            for name, spec in children_to_start.items():
                 # Each child leads its own process group, so stopping it reaches its workers.
-                children[name] = subprocess.Popen(argv, process_group=0, preexec_fn=_child_setup(os.getpid()))
+                # From the project folder: gunicorn finds its configuration's and the app's modules
+                # there, whatever folder serve was started from.
+                children[name] = subprocess.Popen(spec.argv, env=spec.env, cwd=settings.BASE_DIR, process_group=0,
+                                                  preexec_fn=_child_setup(os.getpid()))
             while failed is None:
                 failed = next((name for name, child in children.items() if child.poll() is not None), None)
                 time.sleep(0.5)
@@ -88,18 +139,20 @@ class Command(BaseCommand):
         finally:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the stop short
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            self.stop_all(children)
+            self.stop_all(children, children_to_start)
         if failed:
-            self.stderr.write(f"The {failed} exited; stopped the other.")
+            self.stderr.write(f"The {failed} exited; stopped the other." if len(children_to_start) > 1
+                              else f"The {failed} exited.")
             sys.exit(1)
-        self.stdout.write("Stopped the web server and the job cluster.")
+        self.stdout.write("Stopped the web server and the job cluster." if len(children_to_start) > 1
+                          else f"Stopped the {next(iter(children_to_start))}.")
 
-    def stop_all(self, children: dict[str, subprocess.Popen]) -> None:
-        for child in children.values():
+    def stop_all(self, children: dict[str, subprocess.Popen], specs: dict[str, Child]) -> None:
+        for name, child in children.items():
             # The leader stops its own workers in order (signalling the workers directly
             # makes the cluster wait for them); the group is only for what outlives it.
             with contextlib.suppress(ProcessLookupError):
-                child.send_signal(signal.SIGINT)
+                child.send_signal(specs[name].stop_signal)
         deadline = time.monotonic() + GRACE_SECONDS
         for child in children.values():
             while not self.exited(child) and time.monotonic() < deadline:

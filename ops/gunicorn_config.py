@@ -1,0 +1,60 @@
+"""gunicorn's configuration for `manage.py serve` (read with `gunicorn -c`).
+
+Threaded workers (gthread): WEB_CONCURRENCY processes (default 2) of WEB_THREADS threads
+(default 4) each. SIGTERM stops gracefully: the workers take no new connections and finish
+the requests they hold, for up to WEB_GRACEFUL_TIMEOUT seconds (default 10, inside serve's
+own 15 s grace); `serve` turns a SIGINT (Ctrl-C) into that SIGTERM. A request running
+longer than WEB_TIMEOUT seconds (default 60) gets its worker replaced.
+
+gunicorn's own lines go through the same formatter as Django's (LOG_FORMAT); its access log
+stays off, since OpsMiddleware writes one line per request with the request id. When a worker
+exits, its live metric files are marked dead so /metrics stops counting them
+(prometheus-client's multiprocess mode, PROMETHEUS_MULTIPROC_DIR, which serve sets).
+
+This file is loaded by the gunicorn master before Django, so it imports only ops.logs
+(standard library) at the top.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ops.logs import logging_config
+
+
+def _number(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    value = int(raw) if raw else default
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1")
+    return value
+
+
+wsgi_app = "console.wsgi:application"
+worker_class = "gthread"
+workers = _number("WEB_CONCURRENCY", 2)
+threads = _number("WEB_THREADS", 4)
+timeout = _number("WEB_TIMEOUT", 60)
+graceful_timeout = _number("WEB_GRACEFUL_TIMEOUT", 10)
+keepalive = 5
+# Worker recycling bounds slow growth; the jitter keeps workers from restarting together.
+max_requests = _number("WEB_MAX_REQUESTS", 5000)
+max_requests_jitter = max_requests // 10
+accesslog = None
+errorlog = "-"
+# serve manages the server's life; one shared control socket per user would also make
+# several servers on one host step on each other.
+control_socket_disable = True
+
+_logging = logging_config(os.environ.get("LOG_FORMAT", "json").strip().lower() or "json",
+                          os.environ.get("LOG_LEVEL", "INFO").upper())
+_logging["loggers"]["gunicorn.error"] = {"handlers": ["stderr"], "level": "INFO", "propagate": False}
+_logging["loggers"]["gunicorn.access"] = {"handlers": [], "level": "CRITICAL", "propagate": False}
+logconfig_dict = _logging
+
+
+def child_exit(server, worker) -> None:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(worker.pid)

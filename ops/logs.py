@@ -1,0 +1,140 @@
+"""Structured logs: one JSON object a line on stderr (`LOG_FORMAT=json`, the default), or the
+same fields as readable text (`LOG_FORMAT=text`).
+
+Every line has `time` (UTC, ISO 8601), `level`, `logger` and `message`, and the request id,
+operation id and job id of what it belongs to when there is one (ops.context). Logs must
+never hold conversation content, so:
+- an exception is logged by its type and where it was raised (file, line, function), never
+  by its message: database errors quote the rows they refused and validation errors the
+  values they were given;
+- a failed job's line from the job cluster is cut before the error text it appends (the
+  error stays in the task's stored result, for admins);
+- extra fields are kept only when they are plain numbers, text or flags (a request object,
+  for one, is dropped).
+
+This module is imported by the settings and by the application server's configuration, so
+it uses only the standard library and ops.context.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import traceback
+from datetime import UTC, datetime
+from typing import Any
+
+from ops import context
+
+FORMATS = ("json", "text")
+
+# Attributes every LogRecord has; anything else on a record came in through `extra=`.
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime", *context.FIELDS}
+_DROPPED_EXTRAS = {"request", "server_time"}  # Django's: an object, and a time repeated in `time`
+_Q_FAILURE = re.compile(r"^(Failed '[^']*' \([^)]*\)) - ", re.DOTALL)
+
+
+class ContextFilter(logging.Filter):
+    """Stamps each record with the bound context, and cuts error text out of the job
+    cluster's failure lines."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for name in context.FIELDS:
+            setattr(record, name, None)
+        for name, value in context.current().items():
+            setattr(record, name, value)
+        if record.name == "django-q" and record.levelno >= logging.ERROR:
+            message = record.getMessage()
+            if match := _Q_FAILURE.match(message):
+                record.msg, record.args = match.group(1) + " (the error is kept in the task's result)", None
+        return True
+
+
+def _time(record: logging.LogRecord) -> str:
+    moment = datetime.fromtimestamp(record.created, UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def _exception(exc_info) -> dict[str, Any]:
+    kind, _value, tb = exc_info
+    frames = traceback.extract_tb(tb)[-12:]
+    return {
+        "type": f"{kind.__module__}.{kind.__qualname__}" if kind.__module__ != "builtins" else kind.__qualname__,
+        "stack": [f"{frame.filename}:{frame.lineno} in {frame.name}" for frame in frames],
+    }
+
+
+def _extras(record: logging.LogRecord) -> dict[str, Any]:
+    return {
+        key: value for key, value in record.__dict__.items()
+        if key not in _STANDARD and key not in _DROPPED_EXTRAS and not key.startswith("_")
+        and (value is None or isinstance(value, str | int | float | bool))
+    }
+
+
+def fields(record: logging.LogRecord) -> dict[str, Any]:
+    line: dict[str, Any] = {
+        "time": _time(record),
+        "level": record.levelname,
+        "logger": record.name,
+        "message": record.getMessage(),
+    }
+    for name in context.FIELDS:
+        value = getattr(record, name, None)
+        if value is not None:
+            line[name] = value
+    line.update(_extras(record))
+    if record.exc_info and record.exc_info[0] is not None:
+        line["exception"] = _exception(record.exc_info)
+    return line
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps(fields(record), ensure_ascii=False, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """`time level logger [request_id=... job_id=...] message key=value...` on one line (a
+    traceback, when there is one, follows as `  at file:line in function` lines)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = fields(record)
+        exception = line.pop("exception", None)
+        head = [line.pop("time"), f"{line.pop('level'):<7}", line.pop("logger")]
+        ids = " ".join(f"{name}={line.pop(name)}" for name in context.FIELDS if name in line)
+        message = line.pop("message")
+        rest = " ".join(f"{key}={value}" for key, value in line.items())
+        text = " ".join(part for part in (*head, f"[{ids}]" if ids else "", message, rest) if part)
+        if exception:
+            text += f"\n  {exception['type']} (message not logged)" + "".join(
+                f"\n  at {frame}" for frame in exception["stack"])
+        return text
+
+
+def logging_config(log_format: str = "json", level: str = "INFO") -> dict[str, Any]:
+    """The LOGGING setting: everything through one stderr handler in the chosen format."""
+    if log_format not in FORMATS:
+        raise ValueError(f"LOG_FORMAT must be one of {', '.join(FORMATS)}, not {log_format!r}")
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "filters": {"context": {"()": "ops.logs.ContextFilter"}},
+        "formatters": {
+            "json": {"()": "ops.logs.JsonFormatter"},
+            "text": {"()": "ops.logs.TextFormatter"},
+        },
+        "handlers": {
+            "stderr": {"class": "logging.StreamHandler", "formatter": log_format, "filters": ["context"]},
+        },
+        "root": {"handlers": ["stderr"], "level": level},
+        "loggers": {
+            # Django's own handlers print plain text: everything goes through the one handler.
+            "django": {"handlers": [], "level": "INFO", "propagate": True},
+            # The development server's request lines repeat ours, query strings included.
+            "django.server": {"handlers": [], "level": "CRITICAL", "propagate": True},
+            # SQL with its parameters is content.
+            "django.db.backends": {"handlers": [], "level": "WARNING", "propagate": True},
+        },
+    }

@@ -1,0 +1,204 @@
+"""Prometheus metrics at /metrics (prometheus-client), for admins or the METRICS_TOKEN.
+
+Two kinds of figures:
+
+- Counted in the web process: requests by method, view name and status, with their
+  latency (`lethe_http_requests_total`, `lethe_http_request_duration_seconds`). With several
+  worker processes (the application server), prometheus-client's multiprocess mode adds up
+  every worker's figures: `PROMETHEUS_MULTIPROC_DIR` names an empty folder they all write
+  to (`manage.py serve` sets one up); without it the figures are this process's own.
+- Read from the database when /metrics is scraped, so they are the same from any web
+  server however many processes and hosts there are: job runs, failures and durations
+  (ops.models, written by every job cluster), the job queue, and the domain figures.
+
+Adding a figure read at scrape time is one function, in this module or in any app's
+`metrics.py` (all are imported at start-up):
+
+    @gauge("lethe_operations", "Delete operations by state.", labels=("state",))
+    def operations_by_state():
+        return dict(Operation.objects.values_list("state").annotate(n=Count("id")))
+
+It returns a number, or a dict from label values (a string, or a tuple for several labels)
+to numbers. `counter(...)` is the same for totals that only grow (exposed as `<name>_total`),
+and `collector` registers a function that yields whole metric families. A function that fails
+is left out of that scrape and `lethe_metrics_reader_up{metric=...}` shows 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.multiprocess import MultiProcessCollector
+
+logger = logging.getLogger("lethe.metrics")
+
+REQUESTS = Counter("lethe_http_requests", "HTTP requests answered, by method, view name and status.",
+                   ["method", "view", "status"])
+LATENCY = Histogram(
+    "lethe_http_request_duration_seconds", "Time to answer an HTTP request, by method, view name and status.",
+    ["method", "view", "status"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+
+
+def observe_request(method: str, view: str, status: int, seconds: float) -> None:
+    labels = (method, view, str(status))
+    REQUESTS.labels(*labels).inc()
+    LATENCY.labels(*labels).observe(seconds)
+
+
+# ---- Figures read at scrape time --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reader:
+    name: str
+    documentation: str
+    kind: str  # "gauge", "counter" or "collector"
+    labels: tuple[str, ...]
+    read: Callable[[], Any]
+
+
+READERS: dict[str, Reader] = {}
+
+
+def _register(reader: Reader) -> None:
+    # Re-registering a name replaces it (a module imported twice); two different names never clash.
+    READERS[reader.name] = reader
+
+
+def gauge(name: str, documentation: str, *, labels: Iterable[str] = ()) -> Callable:
+    def register(read: Callable[[], Any]) -> Callable[[], Any]:
+        _register(Reader(name, documentation, "gauge", tuple(labels), read))
+        return read
+    return register
+
+
+def counter(name: str, documentation: str, *, labels: Iterable[str] = ()) -> Callable:
+    def register(read: Callable[[], Any]) -> Callable[[], Any]:
+        _register(Reader(name, documentation, "counter", tuple(labels), read))
+        return read
+    return register
+
+
+def collector(read: Callable[[], Iterable[Metric]]) -> Callable[[], Iterable[Metric]]:
+    _register(Reader(f"{read.__module__}.{read.__qualname__}", "", "collector", (), read))
+    return read
+
+
+def _samples(reader: Reader, value: Any) -> Iterator[tuple[list[str], float]]:
+    if not isinstance(value, dict):
+        if reader.labels:
+            raise TypeError(f"{reader.name} has labels, so it must return a dict")
+        yield [], float(value)
+        return
+    for key, number in value.items():
+        key = key if isinstance(key, tuple) else (key,)
+        if len(key) != len(reader.labels):
+            raise TypeError(f"{reader.name}: {len(key)} label values for labels {reader.labels}")
+        yield [str(part) for part in key], float(number or 0)
+
+
+class DatabaseCollector:
+    """Runs every registered reader at scrape time."""
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("lethe_metrics_reader_up", "1 when the figure could be read at this scrape.",
+                               labels=["metric"])
+        for reader in list(READERS.values()):
+            try:
+                if reader.kind == "collector":
+                    families = list(reader.read())
+                else:
+                    family_class = GaugeMetricFamily if reader.kind == "gauge" else CounterMetricFamily
+                    family = family_class(reader.name, reader.documentation, labels=list(reader.labels))
+                    for labels, number in _samples(reader, reader.read()):
+                        family.add_metric(labels, number)
+                    families = [family]
+            except Exception:
+                logger.exception("could not read the figure %s", reader.name)
+                up.add_metric([reader.name], 0)
+                continue
+            up.add_metric([reader.name], 1)
+            yield from families
+        yield up
+
+
+def multiprocess_dir() -> str | None:
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+def exposition() -> bytes:
+    """The text every scrape gets: the web processes' own figures, then the database's."""
+    if multiprocess_dir():
+        counted = CollectorRegistry(auto_describe=False)
+        MultiProcessCollector(counted)
+    else:
+        counted = REGISTRY
+    read = CollectorRegistry(auto_describe=False)
+    read.register(DatabaseCollector())
+    return generate_latest(counted) + generate_latest(read)
+
+
+# ---- The figures that exist today -------------------------------------------------------------
+
+
+@collector
+def job_figures() -> Iterator[Metric]:
+    from ops.models import DURATION_BUCKETS, JobDurationBucket, JobStat
+
+    runs = CounterMetricFamily("lethe_job_runs", "Finished jobs by task function and outcome.",
+                               labels=["func", "outcome"])
+    durations = HistogramMetricFamily("lethe_job_duration_seconds", "Running time of finished jobs.",
+                                      labels=["func"])
+    last = GaugeMetricFamily("lethe_job_last_finished_timestamp_seconds",
+                             "When a job of this function last finished (Unix time).", labels=["func"])
+    counts: dict[int, dict[float, int]] = {}
+    for stat_id, le, count in JobDurationBucket.objects.values_list("stat_id", "le", "count"):
+        counts.setdefault(stat_id, {})[le] = count
+    for stat in JobStat.objects.all():
+        runs.add_metric([stat.func, "success"], stat.runs - stat.failures)
+        runs.add_metric([stat.func, "failure"], stat.failures)
+        cumulative, buckets = 0, []
+        for le in DURATION_BUCKETS:
+            cumulative += counts.get(stat.pk, {}).get(le, 0)
+            buckets.append((repr(le), cumulative))
+        buckets.append(("+Inf", stat.runs))
+        durations.add_metric([stat.func], buckets, sum_value=stat.seconds)
+        if stat.last_finished_at is not None:
+            last.add_metric([stat.func], stat.last_finished_at.timestamp())
+    yield from (runs, durations, last)
+
+
+@gauge("lethe_job_queue", "Jobs in the queue: waiting to be taken, or taken by a worker (locked until done "
+                          "or until the retry time).", labels=("state",))
+def job_queue() -> dict[str, int]:
+    from django.db.models import Count, Q
+    from django.utils import timezone
+    from django_q.models import OrmQ
+
+    now = timezone.now()
+    figures = OrmQ.objects.aggregate(waiting=Count("id", filter=Q(lock__lte=now)),
+                                     taken=Count("id", filter=Q(lock__gt=now)))
+    return {"waiting": figures["waiting"], "taken": figures["taken"]}
+
+
+@gauge("lethe_job_queue_oldest_waiting_seconds", "How long the oldest waiting job has waited (0 when none).")
+def oldest_waiting() -> float:
+    from django.utils import timezone
+    from django_q.models import OrmQ
+
+    now = timezone.now()
+    oldest = OrmQ.objects.filter(lock__lte=now).order_by("lock").values_list("lock", flat=True).first()
+    return 0.0 if oldest is None else (now - oldest).total_seconds()

@@ -1,0 +1,174 @@
+"""The production server `manage.py serve` runs (gunicorn, threaded workers): workers from the
+environment, request figures added up across workers, a request in flight finished when it
+is told to stop, and the load benchmark at a small size."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.test_serve import ROOT, Tree, children_of, free_port, start, wait_until
+
+METRICS_TOKEN = "t" * 40
+SETUP = """
+from console.models import ApiToken
+from tests import factories
+admin = factories.make_user("server-admin", admin=True)
+conversation = factories.make_conversation(title="Served")
+factories.add_message(conversation, content="first")
+_token, raw = ApiToken.issue(admin, name="server test")
+print(conversation.public_id, raw)
+"""
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A migrated database with a conversation and an admin token, and serve's environment."""
+    var = tmp_path_factory.mktemp("app-server")
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env.update(LETHE_VAR_DIR=str(var), ENGINE_HOME=str(var / "engine"), DJANGO_SETTINGS_MODULE="console.settings_test",
+               Q_WORKERS="1", METRICS_TOKEN=METRICS_TOKEN, LOG_FORMAT="json", STATIC_ROOT=str(var / "static"))
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
+    subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v0"], cwd=ROOT, env=env, check=True)
+    out = subprocess.run([sys.executable, "manage.py", "shell", "-c", SETUP], cwd=ROOT, env=env, check=True,
+                         capture_output=True, text=True).stdout
+    public_id, token = out.split()[-2:]
+    database = next(var.glob("*.sqlite3"))
+    return {"env": env, "var": var, "public_id": public_id, "token": token, "database": database}
+
+
+@pytest.fixture
+def tree():
+    found = Tree()
+    yield found
+    found.cleanup()
+
+
+def get(port: int, path: str, **headers: str) -> tuple[int, bytes, dict]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers)
+    with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 (http on loopback)
+        return response.status, response.read(), dict(response.headers)
+
+
+def login_count(text: str) -> float:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "lethe_http_requests_total" and sample.labels == {
+                    "method": "GET", "view": "login", "status": "200"}:
+                return sample.value
+    return 0.0
+
+
+def test_it_runs_the_workers_the_environment_asks_for_and_adds_up_their_figures(served, tree):
+    # Each worker is replaced after 5 requests, so many processes answer (the kernel may hand
+    # every connection to one worker otherwise), and the replaced ones' figures must still count.
+    env = {**served["env"], "WEB_CONCURRENCY": "3", "WEB_THREADS": "2", "WEB_MAX_REQUESTS": "5"}
+    port = free_port()
+    proc = start(env, port)
+    kids = tree.watch(proc.pid, port)
+    master = next(k for k in kids if b"gunicorn" in Path(f"/proc/{k}/cmdline").read_bytes())
+    assert wait_until(lambda: len(children_of(master)) == 3, 30)
+
+    status, _body, headers = get(port, "/static/css/lethe.css")
+    assert status == 200 and headers["Server"] == "gunicorn"
+    before = login_count(get(port, "/metrics", Authorization=f"Bearer {METRICS_TOKEN}")[1].decode())
+    assert before >= 1  # watch()'s own visits
+    for _ in range(30):  # a new connection each time, so the workers share them
+        assert get(port, "/accounts/login/")[0] == 200
+    files = list((Path(served["var"]) / "prometheus").glob("counter_*.db"))
+    assert len({re.sub(r"\D", "", f.name) for f in files}) >= 6  # 30 requests, 5 per worker
+    assert len(children_of(master)) == 3  # replaced, never fewer
+    for _ in range(4):  # whichever worker answers, it reports every worker's requests
+        status, body, _headers = get(port, "/metrics", Authorization=f"Bearer {METRICS_TOKEN}")
+        assert status == 200 and login_count(body.decode()) == before + 30
+
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    assert wait_until(tree.everything_stopped, 10)
+
+
+def test_it_finishes_a_request_in_flight_when_told_to_stop(served, tree):
+    port = free_port()
+    proc = start(served["env"], port)
+    tree.watch(proc.pid, port)
+    body = json.dumps({"role": "assistant", "content": "written while stopping"}).encode()
+    head = (f"POST /v1/threads/{served['public_id']}/items HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Authorization: Bearer {served['token']}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as client:
+        client.sendall(head + body[:10])
+        time.sleep(0.5)  # the worker is now reading the body
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)
+        client.sendall(body[10:])
+        answer = b""
+        with contextlib.suppress(TimeoutError):
+            while chunk := client.recv(65536):
+                answer += chunk
+    assert answer.startswith(b"HTTP/1.1 201"), answer[:200]
+    assert proc.wait(30) == 0
+    assert wait_until(tree.everything_stopped, 10)
+    with sqlite3.connect(served["database"]) as db:
+        stored = db.execute("SELECT COUNT(*) FROM lifecycle_item WHERE content = 'written while stopping'").fetchone()
+    assert stored == (1,)
+    # A new connection after the stop is refused: nothing is left listening.
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+@pytest.mark.parametrize("server", ["prod", "dev"])
+def test_it_measures_the_same_api_load_on_either_server(served, server):
+    env = {**served["env"], "DJANGO_SETTINGS_MODULE": "console.settings_test"}
+    out = subprocess.run(
+        [sys.executable, "manage.py", "bench_http", "--clients", "3", "--seconds", "1", "--server", server,
+         "--port", str(free_port())], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    line = out.stdout.strip().splitlines()[-1]
+    match = re.fullmatch(rf"http benchmark \({server} server, 3 clients, 1 s\): ([\d,]+) requests, (\d+) errors, "
+                         r"[\d,]+ req/s, p50 [\d.]+ ms, p99 [\d.]+ ms", line)
+    assert match, line
+    assert int(match[1].replace(",", "")) > 0 and match[2] == "0"
+    with sqlite3.connect(served["database"]) as db:  # the throwaway admin and its token are gone
+        assert db.execute("SELECT COUNT(*) FROM auth_user WHERE username LIKE 'bench-http-%'").fetchone() == (0,)
+
+
+@pytest.mark.parametrize(("only", "program", "stopped"), [("web", b"gunicorn", "Stopped the web server."),
+                                                          ("jobs", b"qcluster", "Stopped the job cluster.")])
+def test_it_runs_only_the_web_server_or_only_the_job_cluster(served, tree, only, program, stopped):
+    port = free_port()
+    # Started from another folder, as a supervisor may do.
+    proc = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "serve", f"127.0.0.1:{port}", "--only", only],
+                            cwd="/", env=served["env"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
+    tree.pids.add(proc.pid)
+    tree.groups.add(proc.pid)
+    assert wait_until(lambda: len(children_of(proc.pid)) == 1, 30)
+    (kid,) = children_of(proc.pid)
+    tree.pids.add(kid)
+    tree.groups.add(os.getpgid(kid))
+    assert program in Path(f"/proc/{kid}/cmdline").read_bytes()
+    if only == "web":
+        assert wait_until(lambda: _answers(port), 60)
+    proc.send_signal(signal.SIGTERM)
+    out, _err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and stopped in out
+    assert wait_until(tree.everything_stopped, 10)
+
+
+def _answers(port: int) -> bool:
+    with contextlib.suppress(OSError):
+        return get(port, "/healthz")[0] == 200
+    return False

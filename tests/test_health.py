@@ -1,0 +1,111 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.db import connection
+from django.db.migrations.recorder import MigrationRecorder
+from django.test import Client
+from django.utils import timezone
+
+from ops.jobs import record_run
+from ops.models import JobStat
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_it_answers_healthz_without_the_database_a_session_or_a_known_host():
+    # No django_db mark: pytest-django makes any database access here fail the test.
+    client = Client()
+    response = client.get("/healthz", HTTP_HOST="10.1.2.3:8000")  # a probe uses the pod's address
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok"}
+    assert response["Cache-Control"] == "no-store"
+    assert "sessionid" not in response.cookies and "csrftoken" not in response.cookies
+    assert client.head("/healthz").status_code == 200
+    assert client.post("/healthz").status_code == 405
+
+
+@pytest.mark.django_db
+def test_it_is_not_ready_until_a_job_cluster_has_finished_a_job(client):
+    response = client.get("/readyz", HTTP_HOST="10.1.2.3")
+    assert response.status_code == 503
+    body = response.json()
+    assert body["status"] == "not_ready"
+    assert body["checks"]["job_cluster"] == {"ok": False, "error": "never", "limit_seconds": 300}
+    assert body["checks"]["database"] == {"ok": True}
+    assert body["checks"]["engine_folder"] == {"ok": True}
+    assert body["checks"]["migrations"] == {"ok": True, "unapplied": 0}
+
+    record_run("ops.tasks.heartbeat", success=True, seconds=0.01)
+    response = client.get("/readyz")
+    assert response.status_code == 200
+    assert response.json()["status"] == "ready"
+    assert response.json()["checks"]["job_cluster"]["ok"] is True
+
+
+@pytest.mark.django_db
+def test_it_is_not_ready_when_the_last_job_finished_too_long_ago(client, settings):
+    settings.READYZ_HEARTBEAT_SECONDS = 120
+    record_run("ops.tasks.heartbeat", success=True, seconds=0.01, finished_at=timezone.now() - timedelta(seconds=200))
+    check = client.get("/readyz").json()["checks"]["job_cluster"]
+    assert check["ok"] is False and check["limit_seconds"] == 120 and 199 <= check["seconds_since_last_job"] <= 230
+    # A later job on another cluster makes it ready; an older timestamp never moves it back.
+    record_run("lifecycle.tasks.recover", success=False, seconds=0.5)
+    record_run("ops.tasks.heartbeat", success=True, seconds=0.01, finished_at=timezone.now() - timedelta(hours=1))
+    assert client.get("/readyz").status_code == 200
+    assert JobStat.objects.get(func="ops.tasks.heartbeat").runs == 2
+
+
+@pytest.mark.django_db
+def test_it_reports_an_engine_folder_it_cannot_write_and_leaves_no_probe_behind(client, engine_home, settings):
+    record_run("ops.tasks.heartbeat", success=True, seconds=0.01)
+    before = sorted(os.listdir(engine_home))
+    assert client.get("/readyz").status_code == 200
+    assert sorted(os.listdir(engine_home)) == before
+
+    blocker = engine_home.parent / "not-a-folder"
+    blocker.write_bytes(b"x")
+    settings.ENGINE_HOME = blocker
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    assert response.json()["checks"]["engine_folder"] == {"ok": False, "error": "missing"}
+
+
+@pytest.mark.django_db
+def test_it_reports_unapplied_migrations(client):
+    record_run("ops.tasks.heartbeat", success=True, seconds=0.01)
+    recorder = MigrationRecorder(connection)
+    recorder.record_unapplied("ops", "0001_initial")
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    assert response.json()["checks"]["migrations"] == {"ok": False, "unapplied": 1}
+    recorder.record_applied("ops", "0001_initial")
+    assert client.get("/readyz").status_code == 200
+
+
+def test_it_stays_healthy_but_not_ready_when_the_database_is_unreachable(tmp_path):
+    script = (
+        "import json\n"
+        "from django.test import Client\n"
+        "c = Client()\n"
+        "h, r = c.get('/healthz'), c.get('/readyz')\n"
+        "print(json.dumps([h.status_code, h.json(), r.status_code, r.json()]))\n"
+    )
+    env = {**os.environ, "DATABASE_URL": "postgres://postgres@127.0.0.1:1/lethe_nowhere",
+           "DJANGO_SETTINGS_MODULE": "console.settings_test", "ENGINE_HOME": str(tmp_path), "LOG_LEVEL": "CRITICAL"}
+    out = subprocess.run([sys.executable, "manage.py", "shell", "-c", script], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    health_status, health, ready_status, ready = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (health_status, health) == (200, {"status": "ok"})
+    assert ready_status == 503
+    assert ready["checks"]["database"] == {"ok": False, "error": "OperationalError"}
+    assert ready["checks"]["engine_folder"] == {"ok": True}
+    assert ready["checks"]["job_cluster"]["ok"] is False
+    assert ready["checks"]["migrations"]["ok"] is False
