@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lifecycle.models import Conversation, Item
+from lifecycle.models import Conversation, DeleteOperation, DeleteState, Item
 
 
 def iso(value) -> str | None:
@@ -42,4 +42,58 @@ def item_json(i: Item) -> dict[str, Any]:
         "revision": i.revision,
         "created_at": iso(i.created_at),
         "updated_at": iso(i.updated_at),
+    }
+
+
+def operation_json(op: DeleteOperation) -> dict[str, Any]:
+    """A delete operation: state, step, attempts, receipt. Content-free, like the operation."""
+    from lifecycle import fleet
+    from lifecycle.deletion import reasons
+    from lifecycle.deletion.errors import error_message
+    from lifecycle.enginefs import EngineHome
+
+    steps = [
+        {"store": s.key, "state": s.state, "records": s.records, "bytes": s.bytes}
+        for s in op.steps.order_by("position")
+    ] if op.is_intent else []
+    receipt = None
+    if op.state == DeleteState.COMPLETED:
+        receipt = {
+            **(op.receipt or {}),
+            "physical": {"state": op.physical_state or None, "erased_at": iso(op.physically_erased_at)},
+            "verified_at": iso(op.verified_at),
+            "verified_physical_at": iso(op.verified_physical_at),
+        }
+    way_out = None
+    if op.reason == reasons.CHILD_AMBIGUOUS:
+        conversation = op.conversation
+        try:
+            rows = [row for _path, row in fleet.all_rows(EngineHome())]
+            ambiguous = fleet.ambiguous(rows, conversation) if conversation.state == "live" else []
+        except fleet.FleetUnreadable:
+            ambiguous = []
+        seen: dict[str, dict[str, Any]] = {}
+        for row in ambiguous:
+            seen.setdefault(str(row.get("agent_id", "")), {
+                k: row.get(k) for k in ("agent_id", "status", "started_at", "finished_at")
+            })
+        way_out = {"ambiguous": list(seen.values())}
+    return {
+        "id": op.public_id,
+        "kind": "delete",
+        "target": op.conversation.public_id,
+        "state": op.state,
+        "outcome": op.state,
+        "code": op.reason or None,
+        "message": reasons.message(op.reason) or None,
+        "reasons": list(op.reasons or []),
+        "step": op.step or None,
+        "steps": steps,
+        "attempts": op.attempts,
+        "error": op.last_error or None,
+        "error_message": error_message(op.last_error) or None,
+        "requested_at": iso(op.requested_at),
+        "completed_at": iso(op.completed_at),
+        "receipt": receipt,
+        "way_out": way_out,
     }

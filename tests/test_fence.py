@@ -59,12 +59,10 @@ def test_it_refuses_a_raw_insert_and_update_of_a_fenced_conversations_rows():
     assert Item.objects.get(pk=item.pk).content == "before the fence"
     assert not Goal.objects.filter(conversation=target).exists()
     # The ORM's paths are refused the same way.
-    with pytest.raises(IntegrityError):
-        with transaction.atomic():
-            Goal.objects.bulk_create([Goal(conversation=target, text="bulk")])
-    with pytest.raises(IntegrityError):
-        with transaction.atomic():
-            Item.objects.filter(pk=item.pk).update(title="late")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Goal.objects.bulk_create([Goal(conversation=target, text="bulk")])
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Item.objects.filter(pk=item.pk).update(title="late")
     # Others are untouched by the fence, and deleting the fenced rows is allowed.
     raw("INSERT INTO lifecycle_goal (conversation_id, text, status, created_at) VALUES (%s, %s, %s, %s)",
         [other.pk, "fine", "open", now])
@@ -75,9 +73,8 @@ def test_it_refuses_a_raw_insert_and_update_of_a_fenced_conversations_rows():
 def test_it_tells_a_fence_refusal_from_a_unique_violation():
     conversation = factories.make_conversation()
     Turn.objects.create(conversation=conversation, seq=1)
-    with pytest.raises(IntegrityError) as caught:
-        with transaction.atomic():
-            Turn.objects.create(conversation=conversation, seq=1)
+    with pytest.raises(IntegrityError) as caught, transaction.atomic():
+        Turn.objects.create(conversation=conversation, seq=1)
     assert not fence.is_fence_error(caught.value)
 
 
@@ -112,8 +109,7 @@ def test_it_never_lets_a_tombstone_get_its_title_back_or_go_live():
 def test_it_turns_a_database_refusal_into_the_fence_code():
     target = factories.make_conversation()
     fence_up(target)
-    with pytest.raises(fence.ActionRefused) as caught:
-        with fence.fenced_write():
-            Goal.objects.create(conversation=target, text="late")
+    with pytest.raises(fence.ActionRefused) as caught, fence.fenced_write():
+        Goal.objects.create(conversation=target, text="late")
     assert caught.value.code == "conversation_deletion_pending"
     assert Goal.objects.count() == 0  # and the outer transaction is still usable
