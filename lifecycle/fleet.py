@@ -11,23 +11,27 @@
   other caller of `EngineHome.update_fleet`). It drops rows whose origin conversation is
   fenced, under the fleet lock, after the caller's change: a late or stale snapshot write
   cannot bring a deleted conversation's rows back, and other rows are written as given.
+- A delete's intent reads (admission) and measures (the receipt) the fleet files under
+  their locks and commits before releasing them (`locked_files`), so no write slips in
+  between: the receipt counts exactly the rows the fence and the erasure then remove.
+  Lock order everywhere: database first, then the fleet lock, then the legacy file's.
 - Erasure compacts a conversation's rows out of a file under that file's lock, leaving
   every other row as it was.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from django.db import transaction
 from django.utils.dateparse import parse_datetime
 
 from lifecycle.enginefs import EngineHome
-from lifecycle.fence import lock_writable
+from lifecycle.fence import refusal
 from lifecycle.models import Conversation, ConversationState
 
 Row = dict[str, Any]
@@ -153,15 +157,26 @@ def write_snapshot(rows: list[Row], *, home: EngineHome | None = None) -> list[R
 
 
 def put_row(row: Row, *, home: EngineHome | None = None) -> list[Row]:
-    """Add or replace one agent's row. A row of a fenced conversation is refused."""
+    """Add or replace one agent's row. A row of a fenced conversation is refused.
+
+    The fence is read under the fleet lock, which a delete's intent holds until it commits.
+    """
     agent_id = row.get("agent_id")
     origin = origin_of(row)
-    with transaction.atomic():
-        if origin is not None:
-            conversation = Conversation.objects.filter(public_id=origin).first()
-            if conversation is not None:
-                lock_writable(conversation)
-        return update_fleet(lambda rows: [r for r in rows if r.get("agent_id") != agent_id] + [row], home=home)
+
+    def change(rows: list[Row]) -> list[Row]:
+        if origin is not None and fenced_origins({origin}):
+            raise refusal()
+        return [r for r in rows if r.get("agent_id") != agent_id] + [row]
+
+    return update_fleet(change, home=home)
+
+
+@contextlib.contextmanager
+def locked_files(home: EngineHome) -> Iterator[None]:
+    """Hold the locks of both fleet files (always in this order)."""
+    with home.locked(home.lock_for(home.fleet_path)), home.locked(home.lock_for(home.legacy_fleet_path)):
+        yield
 
 
 def compact(home: EngineHome, path: Path, public_id: str) -> list[Row]:

@@ -1,14 +1,17 @@
 from __future__ import annotations
 
+import contextlib
 import re
 
 from django.db import IntegrityError, transaction
 from django.utils.translation import gettext as _
 from django_q.tasks import async_task
 
-from lifecycle import audit
+from lifecycle import audit, fleet
 from lifecycle.deletion.admission import admit
-from lifecycle.deletion.plan import step_keys
+from lifecycle.deletion.plan import step_keys, stores_by_key
+from lifecycle.deletion.stores import measure
+from lifecycle.enginefs import EngineHome
 from lifecycle.errors import ActionRefused
 from lifecycle.models import (
     Conversation,
@@ -18,9 +21,21 @@ from lifecycle.models import (
     DeleteStep,
     DeletionFence,
     OperationKey,
+    StepState,
 )
 
 KEY = re.compile(r"[\x21-\x7e]{1,200}")  # printable ASCII, no spaces
+
+
+def _step(operation: DeleteOperation, key: str, position: int, conversation: Conversation,
+          home: EngineHome) -> DeleteStep:
+    """A step row; the fleet files' steps are measured now, under their locks (see above)."""
+    step = DeleteStep(operation=operation, key=key, position=position)
+    store = stores_by_key().get(key)
+    if store is not None and store.shared_file:
+        figures = measure(store, conversation, home)
+        step.state, step.records, step.bytes, step.detail = StepState.MEASURED, figures.records, figures.bytes, figures.detail
+    return step
 
 
 def check_key(key: str | None) -> str:
@@ -48,9 +63,11 @@ def request_deletion(conversation: Conversation, *, key: str, acting_user) -> De
        and the erasure job, in one transaction, before anything is erased.
     """
     check_key(key)
+    home = EngineHome()
+    held = contextlib.ExitStack()
     try:
-        with transaction.atomic():
-            return _request(conversation, key, acting_user)
+        with held, transaction.atomic():
+            return _request(conversation, key, acting_user, home, held)
     except IntegrityError:
         # Two requests with one key raced; the first one's answer stands.
         recorded = OperationKey.objects.select_related("operation").filter(key=key).first()
@@ -69,7 +86,8 @@ def _recorded(recorded: OperationKey, conversation: Conversation) -> DeleteOpera
     return recorded.operation
 
 
-def _request(conversation: Conversation, key: str, acting_user) -> DeleteOperation:
+def _request(conversation: Conversation, key: str, acting_user, home: EngineHome,
+             held: contextlib.ExitStack) -> DeleteOperation:
     locked = Conversation.objects.select_for_update().get(pk=conversation.pk)
     recorded = OperationKey.objects.select_related("operation").filter(key=key).first()
     if recorded is not None:
@@ -79,7 +97,11 @@ def _request(conversation: Conversation, key: str, acting_user) -> DeleteOperati
     if intent is not None:
         OperationKey.objects.create(key=key, operation=intent)
         return intent
-    admission = admit(locked)
+    # The fleet files stay locked until this transaction has committed (the ExitStack closes
+    # after the atomic block): admission and the receipt's figures see exactly what the fence
+    # then guards.
+    held.enter_context(fleet.locked_files(home))
+    admission = admit(locked, home)
     if admission.outcome != "admitted":
         operation = DeleteOperation.objects.create(
             conversation=locked, requested_by=requester, state=admission.outcome,
@@ -91,9 +113,7 @@ def _request(conversation: Conversation, key: str, acting_user) -> DeleteOperati
     operation = DeleteOperation.objects.create(
         conversation=locked, requested_by=requester, state=DeleteState.PENDING, step=keys[0],
     )
-    DeleteStep.objects.bulk_create(
-        [DeleteStep(operation=operation, key=k, position=n) for n, k in enumerate(keys)]
-    )
+    DeleteStep.objects.bulk_create([_step(operation, k, n, locked, home) for n, k in enumerate(keys)])
     DeletionFence.objects.create(conversation_id=locked.pk, operation_id=operation.pk)
     Conversation.objects.filter(pk=locked.pk).update(state=ConversationState.PENDING_DELETE)
     OperationKey.objects.create(key=key, operation=operation)
