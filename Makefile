@@ -77,5 +77,5 @@ bench-seed: setup
 
 ## messages: refresh the catalogs after changing copy, then translate locale/es and run again.
 messages: setup
-	$(PY) manage.py makemessages -l en -l es --no-obsolete --ignore=.venv --ignore=staticfiles
+	$(PY) manage.py makemessages -l en -l es --no-obsolete --add-location file --ignore=.venv --ignore=staticfiles
 	$(PY) manage.py compilemessages --ignore=.venv

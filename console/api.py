@@ -1,28 +1,65 @@
-"""Small helpers shared by every JSON endpoint: auth, strict bodies, uniform errors.
+"""The JSON API layer: declared endpoints, strict bodies, uniform errors, the published schema.
 
-Errors are always `{"code": ..., "message": ...}` with a localized, sanitized message.
+Every endpoint is declared once, with `@endpoint(method, path, body=..., query=...,
+response=...)`. That one declaration validates the request, builds the URL pattern and
+generates the OpenAPI 3.1 document at `GET /v1/openapi.json`, so the published schema cannot
+drift from what the server accepts. Bodies and answers are pydantic models (`Schema`:
+unknown fields refused, no type coercion).
+
+Before a body reaches its model it passes the strict JSON reader: duplicate keys, `NaN`,
+`Infinity`, numbers that overflow, nesting deeper than `API_MAX_JSON_DEPTH`, NUL characters
+and lone surrogates are refused with a stable code, since each of them either means two
+different things to two parsers or cannot be stored by one of the databases.
+
+Errors are always `{"code": ..., "message": ...}` (plus documented keys such as `outcome`)
+with a localized, sanitized message; nothing under `/v1/` or `/api/v1/` answers HTML.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+import logging
+import math
+import re
+import typing
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from django.conf import settings
-from django.http import Http404, HttpRequest, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.urls import URLPattern, path
 from django.utils.translation import gettext as _
 from django.views.decorators.csrf import csrf_exempt
+from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic.json_schema import models_json_schema
 
 from console.auth import is_admin
 
+logger = logging.getLogger("lethe.api")
+
+API_PREFIXES = ("/v1/", "/api/v1/")
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+
+
+# ---- Errors -------------------------------------------------------------------------------
+
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
+    """Answer `status` with `{"code", "message", **extra}` and change nothing."""
+
+    def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
         super().__init__(message)
-        self.status, self.code, self.message = status, code, message
+        self.status, self.code, self.message, self.extra = status, code, message, extra
+
+
+def error(status: int, code: str, message: str, **extra: Any) -> JsonResponse:
+    return JsonResponse({"code": code, "message": message, **extra}, status=status)
+
+
+def is_api_path(path_info: str) -> bool:
+    return path_info.startswith(API_PREFIXES)
 
 
 def is_number(raw: str) -> bool:
@@ -30,94 +67,524 @@ def is_number(raw: str) -> bool:
     return raw.isascii() and raw.isdigit() and len(raw) <= 18
 
 
-def error(status: int, code: str, message: str) -> JsonResponse:
-    return JsonResponse({"code": code, "message": message}, status=status)
+# ---- Declarations -------------------------------------------------------------------------
 
 
-def api_view(methods: tuple[str, ...], *, write: tuple[str, ...] = ()) -> Callable:
-    """Wrap a JSON view: 401 anonymous, 405 wrong method, 403 members on write methods.
+class Schema(BaseModel):
+    """A request body or an answer: unknown fields refused, types exact (no coercion)."""
 
-    Browsers keep CSRF protection (the session cookie is ambient authority); token clients
-    are exempted by the bearer middleware.
-    """
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    def decorate(view: Callable) -> Callable:
-        @functools.wraps(view)
-        def wrapper(request: HttpRequest, *args, **kwargs):
-            if not request.user.is_authenticated:
-                return error(401, "not_authenticated", _("Sign in or send an API token."))
-            if request.method not in methods:
-                response = error(405, "method_not_allowed", _("This method is not allowed here."))
-                response["Allow"] = ", ".join(methods)
-                return response
-            if request.method in write and not is_admin(request.user):
-                return error(403, "forbidden", _("Only admins can change this."))
-            if request.method not in ("GET", "HEAD", "OPTIONS") and not getattr(request, "token_auth", False):
-                from django.middleware.csrf import CsrfViewMiddleware
 
-                reason = CsrfViewMiddleware(lambda r: None).process_view(request, None, (), {})
-                if reason is not None:
-                    return error(403, "csrf_failed", _("The form expired; reload the page and try again."))
-            try:
-                return view(request, *args, **kwargs)
-            except ApiError as exc:
-                return error(exc.status, exc.code, exc.message)
-            except Http404:
-                return error(404, "not_found", _("Nothing with that id exists here."))
+class QuerySchema(BaseModel):
+    """Query parameters. Values arrive as text, so numbers are parsed (lax), but unknown
+    parameters are refused. `error_codes` names the refusal code per parameter."""
 
-        return csrf_exempt(wrapper)
+    model_config = ConfigDict(extra="forbid")
+    error_codes: ClassVar[dict[str, str]] = {}
+    default_error_code: ClassVar[str] = "invalid_filter"
 
-    return decorate
+
+class ResponseMismatch(AssertionError):
+    """An answer that does not match its declaration (checked when API_VALIDATE_RESPONSES)."""
+
+
+class ErrorOut(BaseModel):
+    model_config = ConfigDict(extra="allow", title="Error")
+
+    code: str
+    message: str
 
 
 @dataclass(frozen=True)
-class Field:
-    types: tuple[type, ...]
+class Header:
+    """A request header an endpoint reads; `code` is the refusal when a required one is missing."""
+
+    name: str
+    description: str = ""
     required: bool = False
-    max_length: int | None = None
-    choices: tuple[str, ...] | None = None
-    nullable: bool = False
+    max_length: int = 200
+    code: str = "missing_header"
 
 
-def parse_body(request: HttpRequest, fields: dict[str, Field]) -> dict[str, Any]:
-    """A strict JSON object: known fields only, right types, within limits."""
-    if not request.content_type or request.content_type != "application/json":
+@dataclass
+class Endpoint:
+    method: str
+    path: str
+    view: Callable[..., Any]
+    body: type[Schema] | None = None
+    query: type[QuerySchema] | None = None
+    responses: dict[int, type[BaseModel] | None] = field(default_factory=dict)
+    admin: bool = False
+    public: bool = False
+    errors: tuple[int, ...] = ()
+    headers: tuple[Header, ...] = ()
+    summary: str = ""
+    description: str = ""
+    name: str = ""
+
+    @property
+    def path_params(self) -> list[str]:
+        return re.findall(r"{(\w+)}", self.path)
+
+    def param_type(self, name: str) -> type:
+        hints = typing.get_type_hints(self.view)
+        return int if hints.get(name) is int else str
+
+    @property
+    def default_status(self) -> int:
+        return next(iter(self.responses))
+
+
+ENDPOINTS: list[Endpoint] = []
+
+
+def endpoint(
+    method: str,
+    route: str,
+    *,
+    body: type[Schema] | None = None,
+    query: type[QuerySchema] | None = None,
+    response: type[BaseModel] | dict[int, type[BaseModel] | None] | None = None,
+    status: int = 200,
+    admin: bool = False,
+    public: bool = False,
+    errors: Iterable[int] = (),
+    headers: Iterable[Header] = (),
+    summary: str = "",
+    description: str = "",
+    name: str = "",
+) -> Callable:
+    """Declare a JSON endpoint. The view gets `request`, the path parameters, and `body` /
+    `query` when declared; it returns a dict (answered with the first declared status), a
+    `(status, dict)` pair, or an HttpResponse. `admin=True` refuses members with 403;
+    `public=True` needs no sign-in."""
+
+    responses = response if isinstance(response, dict) else {status: response}
+
+    def register(view: Callable) -> Callable:
+        ENDPOINTS.append(
+            Endpoint(
+                method=method.upper(), path=route, view=view, body=body, query=query,
+                responses=responses, admin=admin, public=public, errors=tuple(errors),
+                headers=tuple(headers), summary=summary, description=description or (view.__doc__ or "").strip(),
+                name=name or view.__name__,
+            )
+        )
+        return view
+
+    return register
+
+
+# ---- Strict JSON --------------------------------------------------------------------------
+
+
+class _Refused(ValueError):
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        raise _Refused("duplicate_key")
+    return result
+
+
+def _constant(name: str) -> Any:
+    raise _Refused("invalid_number")
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _Refused("invalid_number")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:  # more digits than Python converts
+        raise _Refused("invalid_number") from None
+
+
+_BAD_TEXT = re.compile("[\x00\ud800-\udfff]")
+
+
+def check_tree(value: Any, *, max_depth: int) -> None:
+    """Refuse nesting deeper than `max_depth`, NUL characters and lone surrogates anywhere."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, str):
+            if _BAD_TEXT.search(node):
+                raise _Refused("invalid_text")
+        elif isinstance(node, dict | list):
+            if depth > max_depth:
+                raise _Refused("too_deep")
+            if isinstance(node, dict):
+                for key, child in node.items():
+                    if _BAD_TEXT.search(key):
+                        raise _Refused("invalid_text")
+                    stack.append((child, depth + 1))
+            else:
+                stack.extend((child, depth + 1) for child in node)
+
+
+def loads_strict(raw: bytes, *, max_depth: int) -> Any:
+    """Parse JSON the strict way; raises ApiError(400) with a stable code."""
+    messages = {
+        "malformed_json": _("The request body is not valid JSON."),
+        "duplicate_key": _("The request body has a key more than once."),
+        "invalid_number": _("The request body has a number that is not finite or too large."),
+        "too_deep": _("The request body is nested too deeply."),
+        "invalid_text": _("The request body has text with a NUL character or an invalid character."),
+    }
+    try:
+        text = raw.decode("utf-8")
+        value = json.loads(
+            text, object_pairs_hook=_pairs, parse_constant=_constant, parse_float=_float, parse_int=_int
+        )
+        check_tree(value, max_depth=max_depth)
+    except _Refused as exc:
+        raise ApiError(400, exc.code, messages[exc.code]) from None
+    except RecursionError:
+        raise ApiError(400, "too_deep", messages["too_deep"]) from None
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "malformed_json", messages["malformed_json"]) from None
+    return value
+
+
+def read_json_body(request: HttpRequest) -> Any:
+    if request.content_type != "application/json":
         raise ApiError(415, "unsupported_media_type", _("Send the body as application/json."))
+    limit = settings.API_MAX_BODY_BYTES
     length = request.headers.get("Content-Length")
     if length is not None:
-        try:
-            declared = int(length)
-        except ValueError:
-            raise ApiError(400, "invalid_body", _("The request body length is not valid.")) from None
-        if declared > settings.API_MAX_BODY_BYTES:
+        if not is_number(length.strip()):
+            raise ApiError(400, "invalid_body", _("The request body length is not valid."))
+        if int(length) > limit:
             raise ApiError(413, "body_too_large", _("The request body is too large."))
-    raw = request.read(settings.API_MAX_BODY_BYTES + 1)
-    if len(raw) > settings.API_MAX_BODY_BYTES:
+    raw = request.read(limit + 1)
+    if len(raw) > limit:
         raise ApiError(413, "body_too_large", _("The request body is too large."))
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise ApiError(400, "malformed_json", _("The request body is not valid JSON.")) from None
-    if not isinstance(body, dict):
+    return loads_strict(raw, max_depth=settings.API_MAX_JSON_DEPTH)
+
+
+# ---- Validation ---------------------------------------------------------------------------
+
+
+def _field_name(loc: tuple) -> str:
+    names = [str(part) for part in loc if not isinstance(part, int)]
+    return ".".join(names)[:80] or "body"
+
+
+_OUT_OF_RANGE = {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "string_too_short",
+                 "too_short", "string_pattern_mismatch"}
+
+
+def _body_error(exc: ValidationError) -> ApiError:
+    first = exc.errors(include_url=False, include_input=False)[0]
+    kind, name = first["type"], _field_name(first["loc"])
+    if kind == "extra_forbidden":
+        return ApiError(400, "unknown_field", _("Unknown field: %(field)s.") % {"field": name})
+    if kind == "missing":
+        return ApiError(400, "missing_field", _("Missing field: %(field)s.") % {"field": name})
+    if kind in ("string_too_long", "too_long"):
+        return ApiError(400, "too_long", _("Field %(field)s is too long.") % {"field": name})
+    if kind in ("literal_error", "enum"):
+        return ApiError(400, "invalid_choice", _("Field %(field)s has an unknown value.") % {"field": name})
+    if kind in _OUT_OF_RANGE:
+        return ApiError(400, "invalid_value", _("Field %(field)s is out of range.") % {"field": name})
+    return ApiError(400, "invalid_type", _("Field %(field)s has the wrong type.") % {"field": name})
+
+
+def _query_error(exc: ValidationError, model: type[QuerySchema]) -> ApiError:
+    first = exc.errors(include_url=False, include_input=False)[0]
+    if not first["loc"]:  # a rule across parameters
+        return ApiError(400, model.default_error_code, _("These filters do not go together."))
+    name = _field_name(first["loc"][:1])
+    if first["type"] == "extra_forbidden":
+        return ApiError(400, "unknown_filter", _("Unknown filter: %(name)s.") % {"name": name})
+    code = model.error_codes.get(name, model.default_error_code)
+    expected = _expected(model, name)
+    if expected:
+        return ApiError(400, code, _("The value of %(name)s is not valid; expected %(expected)s.")
+                        % {"name": name, "expected": expected})
+    return ApiError(400, code, _("The value of %(name)s is not valid.") % {"name": name})
+
+
+def _expected(model: type[QuerySchema], name: str) -> str:
+    """What a query parameter accepts, in words, from its declaration."""
+    schema = model.model_json_schema().get("properties", {}).get(name, {})
+    options = [s for s in schema.get("anyOf", [schema]) if s.get("type") != "null"]
+    if not options:
+        return ""
+    option = options[0]
+    if "enum" in option or "const" in option:
+        return ", ".join(str(v) for v in option.get("enum", [option.get("const")]))
+    if option.get("type") == "integer":
+        low, high = option.get("minimum"), option.get("maximum")
+        if low is not None and high is not None:
+            return _("a whole number from %(low)s to %(high)s") % {"low": low, "high": high}
+        return _("a whole number")
+    return ""
+
+
+def parse_body(request: HttpRequest, model: type[Schema]) -> Schema:
+    value = read_json_body(request)
+    if not isinstance(value, dict):
         raise ApiError(400, "invalid_body", _("The request body must be a JSON object."))
-    unknown = sorted(set(body) - set(fields))
-    if unknown:
-        raise ApiError(
-            400, "unknown_field", _("Unknown field: %(field)s.") % {"field": unknown[0][:60]}
-        )
-    for name, spec in fields.items():
-        if name not in body:
-            if spec.required:
-                raise ApiError(400, "missing_field", _("Missing field: %(field)s.") % {"field": name})
-            continue
-        value = body[name]
-        if value is None and spec.nullable:
-            continue
-        # bool is an int in Python; a JSON true is never a number here.
-        if not isinstance(value, spec.types) or (isinstance(value, bool) and bool not in spec.types):
-            raise ApiError(400, "invalid_type", _("Field %(field)s has the wrong type.") % {"field": name})
-        if spec.max_length is not None and isinstance(value, str) and len(value) > spec.max_length:
-            raise ApiError(400, "too_long", _("Field %(field)s is too long.") % {"field": name})
-        if spec.choices is not None and value not in spec.choices:
-            raise ApiError(400, "invalid_choice", _("Field %(field)s has an unknown value.") % {"field": name})
-    return body
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        raise _body_error(exc) from None
+
+
+def parse_query(request: HttpRequest, model: type[QuerySchema]) -> QuerySchema:
+    values: dict[str, str] = {}
+    for key in request.GET:
+        raw = request.GET.getlist(key)
+        if len(raw) > 1:
+            raise ApiError(400, model.error_codes.get(key, model.default_error_code),
+                           _("%(name)s is given more than once.") % {"name": key[:60]})
+        values[key] = raw[0]
+    try:
+        return model.model_validate(values)
+    except ValidationError as exc:
+        raise _query_error(exc, model) from None
+
+
+# ---- Dispatch -----------------------------------------------------------------------------
+
+
+def _csrf_refused(request: HttpRequest) -> bool:
+    from django.middleware.csrf import CsrfViewMiddleware
+
+    return CsrfViewMiddleware(lambda r: None).process_view(request, None, (), {}) is not None
+
+
+def _not_authenticated() -> JsonResponse:
+    response = error(401, "not_authenticated", _("Sign in or send an API token."))
+    response["WWW-Authenticate"] = 'Bearer realm="lethe"'
+    return response
+
+
+def _answer(ep: Endpoint, result: Any) -> HttpResponse:
+    if isinstance(result, HttpResponse):
+        return result
+    status, payload = result if isinstance(result, tuple) else (ep.default_status, result)
+    if getattr(settings, "API_VALIDATE_RESPONSES", False):
+        # Tests hold every answer to its declaration; a mismatch fails the test, never a 200.
+        if status not in ep.responses:
+            raise ResponseMismatch(f"{ep.method} {ep.path} answered undeclared status {status}")
+        model = ep.responses[status]
+        if model is not None:
+            try:
+                model.model_validate(payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload)
+            except ValidationError as exc:
+                raise ResponseMismatch(f"{ep.method} {ep.path} answered outside its schema: {exc}") from None
+    if isinstance(payload, BaseModel):
+        payload = payload.model_dump(mode="json")
+    if payload is None:
+        return HttpResponse(status=status)
+    return JsonResponse(payload, status=status, safe=False)
+
+
+def _run(ep: Endpoint, request: HttpRequest, kwargs: dict[str, Any]) -> HttpResponse:
+    if not ep.public and not request.user.is_authenticated:
+        return _not_authenticated()
+    if ep.admin and not is_admin(request.user):
+        return error(403, "forbidden", _("Only admins can change this."))
+    if request.method not in SAFE_METHODS and not getattr(request, "token_auth", False) and _csrf_refused(request):
+        return error(403, "csrf_failed", _("The form expired; reload the page and try again."))
+    for header in ep.headers:
+        value = request.headers.get(header.name)
+        if value is None and header.required:
+            raise ApiError(400, header.code, _("The %(name)s header is required.") % {"name": header.name})
+        if value is not None and (len(value) > header.max_length or not value.isprintable()):
+            raise ApiError(400, header.code, _("The %(name)s header is not valid.") % {"name": header.name})
+    if ep.query is not None:
+        kwargs["query"] = parse_query(request, ep.query)
+    elif request.GET:
+        raise ApiError(400, "unknown_filter", _("Unknown filter: %(name)s.") % {"name": next(iter(request.GET))[:60]})
+    if ep.body is not None:
+        kwargs["body"] = parse_body(request, ep.body)
+    return _answer(ep, ep.view(request, **kwargs))
+
+
+def _dispatcher(by_method: dict[str, Endpoint]) -> Callable:
+    allowed = sorted({*by_method, *(["HEAD"] if "GET" in by_method else [])})
+
+    @csrf_exempt  # checked in _run for session requests; token requests carry no cookie
+    def view(request: HttpRequest, **kwargs: Any) -> HttpResponse:
+        from lifecycle.errors import ActionRefused
+
+        method = "GET" if request.method == "HEAD" else request.method
+        ep = by_method.get(method)
+        try:
+            if ep is None:
+                if not all(e.public for e in by_method.values()) and not request.user.is_authenticated:
+                    return _not_authenticated()
+                response = error(405, "method_not_allowed", _("This method is not allowed here."))
+                response["Allow"] = ", ".join(allowed)
+                return response
+            response = _run(ep, request, dict(kwargs))
+        except ApiError as exc:
+            response = error(exc.status, exc.code, exc.message, **exc.extra)
+        except ActionRefused as exc:
+            response = error(exc.status, exc.code, exc.message, **getattr(exc, "extra", {}))
+        except Http404:
+            response = error(404, "not_found", _("Nothing with that id exists here."))
+        except ResponseMismatch:
+            raise
+        except Exception:
+            logger.exception("Unexpected error in %s %s", request.method, request.path)
+            response = internal_error()
+        if request.method == "HEAD":
+            response.content = b""
+        return response
+
+    return view
+
+
+def internal_error() -> JsonResponse:
+    return error(500, "internal_error", _("Something went wrong on our side. Nothing was changed by this request."))
+
+
+def not_found(request: HttpRequest, unmatched: str = "") -> JsonResponse:
+    """Any path under the API prefixes that names no endpoint."""
+    return error(404, "not_found", _("There is nothing at this address."))
+
+
+def urlpatterns() -> list[URLPattern]:
+    grouped: dict[str, dict[str, Endpoint]] = {}
+    for ep in ENDPOINTS:
+        methods = grouped.setdefault(ep.path, {})
+        if ep.method in methods:
+            raise ValueError(f"{ep.method} {ep.path} is declared twice")
+        methods[ep.method] = ep
+    patterns = []
+    for route, by_method in grouped.items():
+        first = next(iter(by_method.values()))
+        django_route = route.lstrip("/")
+        for name in first.path_params:
+            converter = "int" if first.param_type(name) is int else "str"
+            django_route = django_route.replace(f"{{{name}}}", f"<{converter}:{name}>")
+        patterns.append(path(django_route, _dispatcher(by_method), name=first.name))
+    return patterns
+
+
+# ---- The OpenAPI document -----------------------------------------------------------------
+
+
+def _schema_of(model: type[BaseModel], refs: dict) -> dict[str, Any]:
+    return refs[(model, "validation")]
+
+
+def openapi_document() -> dict[str, Any]:
+    models: list[type[BaseModel]] = [ErrorOut]
+    for ep in ENDPOINTS:
+        models += [m for m in (ep.body, *ep.responses.values()) if m is not None]
+    unique = list(dict.fromkeys(models))
+    refs, definitions = models_json_schema(
+        [(m, "validation") for m in unique], ref_template="#/components/schemas/{model}"
+    )
+    error_ref = _schema_of(ErrorOut, refs)
+    paths: dict[str, dict[str, Any]] = {}
+    for ep in ENDPOINTS:
+        parameters: list[dict[str, Any]] = [
+            {"name": p, "in": "path", "required": True,
+             "schema": {"type": "integer", "minimum": 0} if ep.param_type(p) is int else {"type": "string"}}
+            for p in ep.path_params
+        ]
+        if ep.query is not None:
+            query_schema = ep.query.model_json_schema()
+            for pname, pschema in query_schema.get("properties", {}).items():
+                parameters.append({
+                    "name": pname, "in": "query", "required": pname in query_schema.get("required", []),
+                    "schema": {k: v for k, v in pschema.items() if k != "title"},
+                    **({"description": pschema["description"]} if "description" in pschema else {}),
+                })
+        for header in ep.headers:
+            parameters.append({"name": header.name, "in": "header", "required": header.required,
+                               "description": header.description,
+                               "schema": {"type": "string", "minLength": 1, "maxLength": header.max_length}})
+        responses: dict[str, Any] = {}
+        for status, model in ep.responses.items():
+            entry: dict[str, Any] = {"description": "OK" if status < 300 else str(status)}
+            if model is not None:
+                entry["content"] = {"application/json": {"schema": _schema_of(model, refs)}}
+            responses[str(status)] = entry
+        statuses = set(ep.errors)
+        if ep.path_params or ep.query or ep.body or ep.headers:
+            statuses.add(400)
+        if ep.path_params:
+            statuses.add(404)
+        if not ep.public:
+            statuses.add(401)
+        if ep.admin or ep.method not in SAFE_METHODS:
+            statuses.add(403)
+        if ep.body is not None:
+            statuses |= {413, 415}
+        for status in sorted(statuses):
+            responses[str(status)] = {
+                "description": _ERROR_DESCRIPTIONS.get(status, "Refused"),
+                "content": {"application/json": {"schema": error_ref}},
+            }
+        operation: dict[str, Any] = {
+            "operationId": ep.name,
+            "summary": ep.summary or ep.name.replace("_", " ").capitalize(),
+            "responses": responses,
+        }
+        if ep.description:
+            operation["description"] = ep.description
+        if parameters:
+            operation["parameters"] = parameters
+        if ep.body is not None:
+            operation["requestBody"] = {
+                "required": True, "content": {"application/json": {"schema": _schema_of(ep.body, refs)}},
+            }
+        if ep.public:
+            operation["security"] = []
+        paths.setdefault(ep.path, {})[ep.method.lower()] = operation
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Lethe API",
+            "version": "1",
+            "description": "Engine API (/v1/) and console API (/api/v1/). Errors are {code, message}.",
+        },
+        "servers": [{"url": "/"}],
+        "paths": paths,
+        "components": {
+            "schemas": definitions.get("$defs", {}),
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer",
+                           "description": "A token from `manage.py create_api_token <user>`."},
+                "session": {"type": "apiKey", "in": "cookie", "name": settings.SESSION_COOKIE_NAME,
+                            "description": "A signed-in browser session; unsafe methods need the CSRF token."},
+            },
+        },
+        "security": [{"bearer": []}, {"session": []}],
+    }
+
+
+_ERROR_DESCRIPTIONS = {
+    400: "The request is not valid; nothing changed.",
+    401: "Not signed in and no valid API token.",
+    403: "Not allowed (members are read-only), or the CSRF check failed.",
+    404: "Nothing with that id exists here.",
+    409: "Refused in the current state (stale revision, busy, being deleted...).",
+    410: "Gone: removed for good.",
+    413: "The request body is too large.",
+    415: "The body must be application/json.",
+    422: "The request conflicts with an earlier one (e.g. an operation key reused).",
+}
+
+
+@functools.cache
+def cached_openapi_document() -> str:
+    return json.dumps(openapi_document(), separators=(",", ":"), sort_keys=False)

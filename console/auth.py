@@ -35,9 +35,9 @@ class BearerTokenMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
-        header = request.headers.get("Authorization", "")
-        if header.startswith("Bearer "):
-            raw = header.removeprefix("Bearer ").strip()
+        scheme, _sep, raw = request.headers.get("Authorization", "").strip().partition(" ")
+        raw = raw.strip()
+        if scheme.lower() == "bearer" and raw:  # the scheme is case-insensitive (RFC 9110)
             request.user = SimpleLazyObject(lambda: _token_user(raw))
             request.token_auth = True
             request._dont_enforce_csrf_checks = True

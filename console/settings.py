@@ -112,6 +112,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "console.auth.BearerTokenMiddleware",
+    "console.middleware.RejectNulMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -167,6 +168,10 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 
 # JSON bodies larger than this are refused with 413 before they are parsed.
 API_MAX_BODY_BYTES = int(os.environ.get("API_MAX_BODY_BYTES", 2 * 1024 * 1024))
+# Deeper JSON is refused with 400 `too_deep` (tool payloads nest a few levels, never hundreds).
+API_MAX_JSON_DEPTH = int(os.environ.get("API_MAX_JSON_DEPTH", 64))
+# An item page stops early once its messages reach this many bytes (at least one item is sent).
+API_MAX_PAGE_BYTES = int(os.environ.get("API_MAX_PAGE_BYTES", 4 * 1024 * 1024))
 
 Q_CLUSTER = {
     "name": "lethe",

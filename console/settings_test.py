@@ -16,3 +16,5 @@ STORAGES = {
 }
 WHITENOISE_AUTOREFRESH = True
 Q_CLUSTER = {**Q_CLUSTER, "sync": False}  # noqa: F405
+# Every API answer is checked against its declared schema; a mismatch fails the test.
+API_VALIDATE_RESPONSES = True

@@ -3,9 +3,13 @@ from __future__ import annotations
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
+from django.template import loader
 from django.utils import translation
 from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
+
+from console.api import error, internal_error, is_api_path
 
 
 @require_POST
@@ -26,3 +30,25 @@ def set_language(request: HttpRequest) -> HttpResponse:
 
 def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
     return render(request, "403_csrf.html", status=403)
+
+
+# Error handlers: JSON under the API prefixes, the localized pages everywhere else.
+
+
+def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    if is_api_path(request.path):
+        return error(400, "bad_request", _("The request is not valid."))
+    return render(request, "400.html", status=400)
+
+
+def page_not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    if is_api_path(request.path):
+        return error(404, "not_found", _("There is nothing at this address."))
+    return render(request, "404.html", status=404)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    if is_api_path(request.path):
+        return internal_error()
+    # The plain page: it renders without the database, the session or a signed-in user.
+    return HttpResponse(loader.get_template("500.html").render(), status=500)

@@ -5,39 +5,66 @@ from __future__ import annotations
 import base64
 import binascii
 from datetime import datetime
+from typing import Annotated, Any, Literal
 
-from django.db.models import Q
-from django.http import HttpRequest, JsonResponse
+from django.conf import settings
+from django.db.models import Func, IntegerField, Q
+from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
 from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext as _
+from pydantic import BeforeValidator, Field, model_validator
 
-from console.api import ApiError, Field, api_view, is_number, parse_body
+from console.api import ApiError, QuerySchema, Schema, endpoint, is_number
 from lifecycle.actions.append_item import append_item
 from lifecycle.actions.update_item import update_item
-from lifecycle.errors import ActionRefused
 from lifecycle.models import Conversation, Item, ItemStatus, Role, ToolKind
-from lifecycle.serializers import item_json, thread_json
+from lifecycle.serializers import (
+    ItemOut,
+    ItemPageOut,
+    Payload,
+    ThreadOut,
+    ThreadPageOut,
+    item_json,
+    thread_json,
+)
 
 MAX_LIMIT = 200
 DEFAULT_LIMIT = 50
-THREAD_FILTERS = {"view", "owner_kind", "owner_id", "q", "archived", "closed", "active", "limit", "cursor"}
 
 
-def _limit(request: HttpRequest) -> int:
-    raw = request.GET.get("limit", str(DEFAULT_LIMIT))
-    if not is_number(raw) or not 1 <= int(raw) <= MAX_LIMIT:
-        raise ApiError(400, "invalid_limit", _("limit must be a whole number from 1 to %(max)s.") % {"max": MAX_LIMIT})
-    return int(raw)
+def _whole_number(value: Any) -> Any:
+    # Query values are text: only plain ASCII digits count (int() would also take "²" or " 5").
+    if isinstance(value, str):
+        if not is_number(value):
+            raise ValueError("not a whole number")
+        return int(value)
+    return value
 
 
-def _bool(request: HttpRequest, name: str) -> bool | None:
-    raw = request.GET.get(name)
-    if raw is None:
-        return None
-    if raw not in ("true", "false"):
-        raise ApiError(400, "invalid_filter", _("%(name)s must be true or false.") % {"name": name})
-    return raw == "true"
+WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
+Limit = Annotated[WholeNumber, Field(ge=1, le=MAX_LIMIT, description=f"Page size, 1 to {MAX_LIMIT}.")]
+Flag = Literal["true", "false"]
+
+
+class ThreadsQuery(QuerySchema):
+    error_codes = {"limit": "invalid_limit", "cursor": "invalid_cursor"}
+
+    view: Literal["recent", "archived", "closed", "all"] | None = None
+    owner_kind: Literal["account", "computer"] | None = None
+    owner_id: Annotated[WholeNumber, Field(ge=0)] | None = None
+    q: Annotated[str, Field(max_length=200, description="Search in titles and thread ids.")] | None = None
+    archived: Flag | None = None
+    closed: Flag | None = None
+    active: Flag | None = None
+    limit: Limit = DEFAULT_LIMIT
+    cursor: Annotated[str, Field(max_length=200, description="The `next` of the previous page.")] | None = None
+
+    @model_validator(mode="after")
+    def _owner_pair(self) -> ThreadsQuery:
+        if (self.owner_kind is None) != (self.owner_id is None):
+            raise ValueError("owner_kind and owner_id go together")
+        return self
 
 
 def _encode_cursor(c: Conversation) -> str:
@@ -48,114 +75,135 @@ def _decode_cursor(raw: str) -> tuple[datetime, int]:
     try:
         moment, pk = base64.urlsafe_b64decode(raw.encode()).decode().split("|")
         parsed = parse_datetime(moment)
-        if parsed is None:
+        if parsed is None or not is_number(pk):
             raise ValueError
         return parsed, int(pk)
     except (ValueError, binascii.Error, UnicodeDecodeError):
         raise ApiError(400, "invalid_cursor", _("The cursor is not valid.")) from None
 
 
-def filtered_threads(request: HttpRequest):
-    unknown = sorted(set(request.GET) - THREAD_FILTERS)
-    if unknown:
-        raise ApiError(400, "unknown_filter", _("Unknown filter: %(name)s.") % {"name": unknown[0][:60]})
+def filtered_threads(query: ThreadsQuery):
     qs = Conversation.objects.with_activity()
-    view = request.GET.get("view")
-    if view is not None:
-        if view not in ("recent", "archived", "closed", "all"):
-            raise ApiError(400, "invalid_filter", _("view must be recent, archived, closed or all."))
-        qs = {"recent": qs.recent, "archived": qs.archived, "closed": qs.closed, "all": qs.all}[view]()
-    owner_kind = request.GET.get("owner_kind")
-    if owner_kind is not None:
-        owner_id = request.GET.get("owner_id", "")
-        if owner_kind not in ("account", "computer") or not is_number(owner_id):
-            raise ApiError(400, "invalid_filter", _("owner_kind must be account or computer, with a numeric owner_id."))
-        qs = qs.owned_by(owner_kind, int(owner_id))
-    if request.GET.get("q"):
-        qs = qs.search(request.GET["q"][:200])
-    for name, lookup in (("archived", "archived_at__isnull"), ("closed", "closed_at__isnull")):
-        flag = _bool(request, name)
+    if query.view is not None:
+        qs = {"recent": qs.recent, "archived": qs.archived, "closed": qs.closed, "all": qs.all}[query.view]()
+    if query.owner_kind is not None and query.owner_id is not None:
+        qs = qs.owned_by(query.owner_kind, query.owner_id)
+    if query.q:
+        qs = qs.search(query.q)
+    for flag, lookup in ((query.archived, "archived_at__isnull"), (query.closed, "closed_at__isnull")):
         if flag is not None:
-            qs = qs.filter(**{lookup: not flag})
-    active = _bool(request, "active")
-    if active is not None:
-        qs = qs.filter(is_active=active)
+            qs = qs.filter(**{lookup: flag != "true"})
+    if query.active is not None:
+        qs = qs.filter(is_active=query.active == "true")
     return qs
 
 
-@api_view(("GET",))
-def thread_list(request: HttpRequest) -> JsonResponse:
-    qs = filtered_threads(request).select_related("account", "computer")
-    limit = _limit(request)
-    if request.GET.get("cursor"):
-        moment, pk = _decode_cursor(request.GET["cursor"])
+@endpoint("GET", "/v1/threads", query=ThreadsQuery, response=ThreadPageOut, name="api-thread-list",
+          summary="List conversations, newest activity first")
+def thread_list(request: HttpRequest, query: ThreadsQuery) -> dict:
+    qs = filtered_threads(query).select_related("account", "computer")
+    if query.cursor:
+        moment, pk = _decode_cursor(query.cursor)
         qs = qs.filter(Q(last_activity_at__lt=moment) | Q(last_activity_at=moment, pk__lt=pk))
-    rows = list(qs.order_by("-last_activity_at", "-pk")[: limit + 1])
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return JsonResponse(
-        {"results": [thread_json(c) for c in rows], "next": _encode_cursor(rows[-1]) if more else None}
-    )
+    rows = list(qs.order_by("-last_activity_at", "-pk")[: query.limit + 1])
+    more = len(rows) > query.limit
+    rows = rows[: query.limit]
+    return {"results": [thread_json(c) for c in rows], "next": _encode_cursor(rows[-1]) if more else None}
 
 
 def _thread(public_id: str) -> Conversation:
     return get_object_or_404(Conversation.objects.with_activity(), public_id=public_id)
 
 
-@api_view(("GET",))
-def thread_detail(request: HttpRequest, public_id: str) -> JsonResponse:
-    return JsonResponse(thread_json(_thread(public_id)))
+@endpoint("GET", "/v1/threads/{public_id}", response=ThreadOut, name="api-thread-detail",
+          summary="One conversation")
+def thread_detail(request: HttpRequest, public_id: str) -> dict:
+    return thread_json(_thread(public_id))
 
 
-ITEM_FIELDS = {
-    "role": Field((str,), required=True, choices=tuple(Role.values)),
-    "content": Field((str,), max_length=200_000),
-    "tool_kind": Field((str,), choices=("", *ToolKind.values)),
-    "tool_call_id": Field((str,), max_length=80),
-    "status": Field((str,), choices=("", *ItemStatus.values)),
-    "title": Field((str,), max_length=300),
-    "payload": Field((dict, list, str, int, float), nullable=True),
-}
-ITEM_PATCH_FIELDS = {
-    "status": Field((str,), choices=("", *ItemStatus.values)),
-    "title": Field((str,), max_length=300),
-    "payload": Field((dict, list, str, int, float), nullable=True),
-    "revision": Field((int,)),
-}
+class ItemsQuery(QuerySchema):
+    error_codes = {"limit": "invalid_limit", "after": "invalid_cursor"}
+
+    after: Annotated[WholeNumber, Field(ge=0, description="Items after this sequence number.")] = 0
+    limit: Limit = DEFAULT_LIMIT
 
 
-@api_view(("GET", "POST"), write=("POST",))
-def thread_items(request: HttpRequest, public_id: str) -> JsonResponse:
+class ItemIn(Schema):
+    role: Literal[tuple(Role.values)]  # type: ignore[valid-type]
+    content: Annotated[str, Field(max_length=200_000)] = ""
+    tool_kind: Literal[("", *ToolKind.values)] = ""  # type: ignore[valid-type]
+    tool_call_id: Annotated[str, Field(max_length=80)] = ""
+    status: Literal[("", *ItemStatus.values)] = ""  # type: ignore[valid-type]
+    title: Annotated[str, Field(max_length=300)] = ""
+    payload: Payload = None
+
+
+class ItemPatchIn(Schema):
+    status: Literal[("", *ItemStatus.values)] = ""  # type: ignore[valid-type]
+    title: Annotated[str, Field(max_length=300)] = ""
+    payload: Payload = None
+    revision: Annotated[int, Field(ge=1, description="Refuse the change unless the item is at this revision.")] = 1
+
+
+class OctetLength(Func):
+    """The stored size of a text column in bytes."""
+
+    function = "OCTET_LENGTH"
+    output_field = IntegerField()
+
+    def as_sqlite(self, compiler, connection, **extra):
+        return self.as_sql(compiler, connection, template="LENGTH(CAST(%(expressions)s AS BLOB))", **extra)
+
+
+def _item_page(conversation: Conversation, after: int, limit: int) -> tuple[list[Item], bool]:
+    """Up to `limit` items after `after`, stopping early at API_MAX_PAGE_BYTES (at least one).
+
+    Sizes are read first, so a page of huge items is cut without loading their payloads.
+    """
+    sizes = list(
+        Item.objects.filter(conversation=conversation, seq__gt=after)
+        .order_by("seq")
+        .values_list("pk", "payload_bytes", OctetLength("content"))[: limit + 1]
+    )
+    chosen, total = [], 0
+    for pk, payload_bytes, content_bytes in sizes[:limit]:
+        total += payload_bytes + (content_bytes or 0)
+        if chosen and total > settings.API_MAX_PAGE_BYTES:
+            break
+        chosen.append(pk)
+    items = list(Item.objects.filter(pk__in=chosen).order_by("seq"))
+    return items, len(sizes) > len(chosen)
+
+
+@endpoint("GET", "/v1/threads/{public_id}/items", query=ItemsQuery, response=ItemPageOut,
+          name="api-thread-items", summary="A page of a conversation's items, in order",
+          description="A page holds at most `limit` items and stops early, after at least one item, "
+                      "once the items reach the configured byte budget; follow `next` for the rest.")
+def thread_items(request: HttpRequest, public_id: str, query: ItemsQuery) -> dict:
+    items, more = _item_page(_thread(public_id), query.after, query.limit)
+    return {"results": [item_json(i) for i in items], "next": str(items[-1].seq) if more else None}
+
+
+@endpoint("POST", "/v1/threads/{public_id}/items", body=ItemIn, response=ItemOut, status=201, admin=True,
+          errors=(409,), name="api-thread-items-append", summary="Append an item (the runtime's write path)")
+def thread_items_append(request: HttpRequest, public_id: str, body: ItemIn) -> dict:
     conversation = _thread(public_id)
-    if request.method == "POST":
-        body = parse_body(request, ITEM_FIELDS)
-        if body["role"] == Role.TOOL and not body.get("tool_kind"):
-            raise ApiError(400, "missing_field", _("Missing field: %(field)s.") % {"field": "tool_kind"})
-        try:
-            item = append_item(conversation, **body)
-        except ActionRefused as exc:
-            raise ApiError(exc.status, exc.code, exc.message) from None
-        return JsonResponse(item_json(item), status=201)
-    limit = _limit(request)
-    after = request.GET.get("after", "0")
-    if not is_number(after):
-        raise ApiError(400, "invalid_cursor", _("The cursor is not valid."))
-    rows = list(Item.objects.filter(conversation=conversation, seq__gt=int(after)).order_by("seq")[: limit + 1])
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return JsonResponse({"results": [item_json(i) for i in rows], "next": str(rows[-1].seq) if more else None})
+    if body.role == Role.TOOL and not body.tool_kind:
+        raise ApiError(400, "missing_field", _("Missing field: %(field)s.") % {"field": "tool_kind"})
+    return item_json(append_item(conversation, **body.model_dump()))
 
 
-@api_view(("GET", "PATCH"), write=("PATCH",))
-def thread_item(request: HttpRequest, public_id: str, item_id: int) -> JsonResponse:
-    conversation = _thread(public_id)
-    item = get_object_or_404(Item, conversation=conversation, pk=item_id)
-    if request.method == "PATCH":
-        body = parse_body(request, ITEM_PATCH_FIELDS)
-        if "revision" in body and body["revision"] < 1:
-            raise ApiError(400, "invalid_type", _("Field %(field)s has the wrong type.") % {"field": "revision"})
-        try:
-            item = update_item(item, **body)
-        except ActionRefused as exc:
-            raise ApiError(exc.status, exc.code, exc.message) from None
-    return JsonResponse(item_json(item))
+@endpoint("GET", "/v1/threads/{public_id}/items/{item_id}", response=ItemOut, name="api-thread-item",
+          summary="One item")
+def thread_item(request: HttpRequest, public_id: str, item_id: int) -> dict:
+    return item_json(get_object_or_404(Item, conversation=_thread(public_id), pk=item_id))
+
+
+@endpoint("PATCH", "/v1/threads/{public_id}/items/{item_id}", body=ItemPatchIn, response=ItemOut, admin=True,
+          errors=(409,), name="api-thread-item-update",
+          summary="Change an item's status, title or payload (only the fields sent)")
+def thread_item_update(request: HttpRequest, public_id: str, item_id: int, body: ItemPatchIn) -> dict:
+    item = get_object_or_404(Item, conversation=_thread(public_id), pk=item_id)
+    sent = body.model_dump(include=body.model_fields_set)
+    revision = sent.pop("revision", None)
+    return item_json(update_item(item, revision=revision, **sent))

@@ -9,12 +9,30 @@ raw thread ids repeat across owners):
     state/subagents.v1.json (+ subagents.v1.lock) workspace-wide subagent fleet snapshot
     legacy-state/subagents.v1.json                legacy copy, read once for migration
 
-Discipline, for every whole-file write: take the lock file (flock), write a temporary file
-in the same folder, fsync it, rename it over the target, fsync the folder. A reader never
-sees a half-written file and a writer killed at any line leaves the old file intact (and at
-worst a `*.tmp-*` file, removed by `sweep_temporaries`). Appends to a JSONL log take the same
-lock, write whole lines with O_APPEND and fsync; a torn last line is set aside by
-`recover_torn_tail` into `<name>.torn-<n>`.
+What this module guarantees, because the erasure executor deletes what it returns and a
+person trusts what it reports:
+
+- Per-conversation paths exist only for well-formed public ids (`c_` + 20 lowercase hex) and
+  are their own resolved form under the resolved ENGINE_HOME: a symlink anywhere between the
+  engine folder and a conversation folder raises `UnsafeEnginePath` instead of being followed.
+- Whole-file writes: take the lock file (flock), write `.<name>.lethe-tmp-<16 hex>` in the
+  same folder, fsync it, rename it over the target, fsync the folder. A reader never sees
+  half a file; a writer that fails removes its temporary, and one killed at any line leaves
+  the old file intact and at worst a temporary that `sweep_temporaries` removes under the
+  same lock. New folders are fsynced into their parents.
+- JSONL appends take the same lock, set aside a torn last line first (so a new record is
+  never merged into it), write whole lines with O_APPEND and fsync; a failed append cuts
+  the file back to where it started, so it leaves no torn line of its own.
+- A torn last line goes to `<name>.torn-<n>` in three steps (save it as
+  `.<name>.torn-pending`, cut the log, rename the pending file); a run that finds a pending
+  file finishes the interrupted one first, so a crash at any point leaves exactly one torn
+  file and a clean log.
+- Walks (`usage`, `conversation_usage`, the sweep) never follow symlinks and skip files and
+  folders that vanish under them.
+- Reads that decide anything are strict: `read_fleet` raises UnreadableEngineFile for a
+  fleet file that exists but cannot be understood (the erasure executor must never take it
+  for an empty fleet), and `update_fleet` never overwrites one. Pages use the tolerant
+  forms (`try_read_fleet`, `inspect_jsonl`) and say what they could not read.
 """
 
 from __future__ import annotations
@@ -23,8 +41,11 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import secrets
+import stat
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +54,92 @@ from django.conf import settings
 FLEET_FILE = "state/subagents.v1.json"
 FLEET_LOCK = "state/subagents.v1.lock"
 LEGACY_FLEET_FILE = "legacy-state/subagents.v1.json"
+CONVERSATION_AREAS = ("threads", "sessions", "artifacts")
+
+STORAGE_KEY = re.compile(r"c_[0-9a-f]{20}")
+# The temporary name every writer here creates: hidden, and unmistakable for anything else.
+TEMPORARY = re.compile(r"\.(?P<target>.+)\.lethe-tmp-[0-9a-f]{16}")
+# What earlier releases created (`<name>.tmp-<8 hex>`), swept only beside the fixed-name files
+# those releases wrote (see `_legacy_temporary_target`).
+LEGACY_TEMPORARY = re.compile(r"(?P<target>.+)\.tmp-[0-9a-f]{8}")
+TORN = re.compile(r"(?P<log>.+)\.torn-[0-9]+")
+TORN_PENDING = re.compile(r"\.(?P<log>.+)\.torn-pending")
+
+
+class EnginePathError(ValueError):
+    """A path the engine folder must not hand out or write."""
+
+
+class InvalidStorageKey(EnginePathError):
+    """Not a conversation storage key (`c_` followed by 20 lowercase hex characters)."""
+
+
+class UnsafeEnginePath(EnginePathError):
+    """A path that leaves the engine folder or passes through a symlink."""
+
+
+class UnreadableEngineFile(Exception):  # noqa: N818 (a state of a file, not a programming error)
+    """An engine file that exists but cannot be understood. Never to be taken as empty.
+
+    `reason` is one of "unreadable" (cannot be opened or read, or is not a regular file),
+    "not_json", "wrong_shape", "torn_line" (ends without a newline) and "bad_lines" (holds
+    lines that are not JSON records).
+    """
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class FleetRead:
+    rows: list[dict[str, Any]]
+    problem: UnreadableEngineFile | None = None
+
+
+EMPTY_FLEET: dict[str, Any] = {"version": 1, "agents": []}
+JSONL_CHECK_BYTES = 4 << 20
+
+
+def _fleet_document(path: Path) -> dict[str, Any]:
+    """The fleet document at `path`, checked for shape; the empty fleet when absent."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return dict(EMPTY_FLEET)
+    except OSError as error:
+        raise UnreadableEngineFile(path, "unreadable") from error
+    try:
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise UnreadableEngineFile(path, "unreadable")
+            data = handle.read()
+    except OSError as error:
+        raise UnreadableEngineFile(path, "unreadable") from error
+    try:
+        document = json.loads(data)
+    except (ValueError, RecursionError) as error:
+        raise UnreadableEngineFile(path, "not_json") from error
+    if not isinstance(document, dict):
+        raise UnreadableEngineFile(path, "wrong_shape")
+    agents = document.setdefault("agents", [])
+    if not isinstance(agents, list) or not all(isinstance(row, dict) for row in agents):
+        raise UnreadableEngineFile(path, "wrong_shape")
+    return document
+
+
+def _fleet_rows(path: Path) -> list[dict[str, Any]]:
+    return _fleet_document(path)["agents"]
 
 
 def jsonl(records: list[dict[str, Any]]) -> bytes:
     """Whole lines of compact JSON, as the engine logs them."""
     return b"".join(json.dumps(r, separators=(",", ":"), sort_keys=True).encode() + b"\n" for r in records)
+
+
+def is_storage_key(key: object) -> bool:
+    return isinstance(key, str) and STORAGE_KEY.fullmatch(key) is not None
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -47,11 +149,86 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _makedirs(folder: Path) -> None:
+    """Create `folder` and its missing parents, fsyncing each new one into its parent."""
+    missing = []
+    while not folder.is_dir():
+        missing.append(folder)
+        if folder.parent == folder:
+            break
+        folder = folder.parent
+    for new in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another writer made it (and syncs it)
+            os.mkdir(new)
+            _fsync_dir(new.parent)
+
+
+def _is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _tail_offset(path: Path) -> int | None:
+    """Where an unterminated last line starts; None when the log ends cleanly or is absent."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        end = os.fstat(fd).st_size
+        if end == 0 or os.pread(fd, 1, end - 1) == b"\n":
+            return None
+        while end > 0:
+            start = max(0, end - 65536)
+            newline = os.pread(fd, end - start, start).rfind(b"\n")
+            if newline >= 0:
+                return start + newline + 1
+            end = start
+        return 0
+    finally:
+        os.close(fd)
+
+
+def _read_from(path: Path, offset: int) -> bytes:
+    with open(path, "rb") as handle:
+        handle.seek(offset)
+        return handle.read()
+
+
+def _truncate(path: Path, size: int) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, size)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _walk_files(top: Path) -> Iterator[os.stat_result]:
+    """The regular files under `top`, without following symlinks; vanished entries skipped."""
+    try:
+        if not stat.S_ISDIR(os.lstat(top).st_mode):
+            return
+    except OSError:
+        return
+    # os.walk ignores folders it can no longer list and never descends into symlinks.
+    for dirpath, _dirs, names in os.walk(top):
+        for name in names:
+            try:
+                info = os.lstat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            if stat.S_ISREG(info.st_mode):
+                yield info
 
 
 class EngineHome:
@@ -60,24 +237,41 @@ class EngineHome:
 
     # Paths -----------------------------------------------------------------
 
+    @property
+    def real_root(self) -> Path:
+        return Path(os.path.realpath(self.root))
+
+    def _conversation_dir(self, area: str, key: str) -> Path:
+        if not is_storage_key(key):
+            raise InvalidStorageKey(f"not a conversation storage key: {key!r}")
+        path = self.real_root / area / key
+        # Its own resolved form: no symlink between the engine folder and the conversation.
+        if Path(os.path.realpath(path)) != path:
+            raise UnsafeEnginePath(f"{area}/{key} passes through a symlink")
+        return path
+
     def thread_dir(self, key: str) -> Path:
-        return self.root / "threads" / key
+        return self._conversation_dir("threads", key)
 
     def events_path(self, key: str) -> Path:
         return self.thread_dir(key) / "events.jsonl"
 
     def session_dir(self, key: str) -> Path:
-        return self.root / "sessions" / key
+        return self._conversation_dir("sessions", key)
 
     def receipts_path(self, key: str) -> Path:
         return self.session_dir(key) / "approval_receipts.jsonl"
 
     def artifacts_dir(self, key: str) -> Path:
-        return self.root / "artifacts" / key
+        return self._conversation_dir("artifacts", key)
 
     def conversation_paths(self, key: str) -> list[Path]:
-        """Every folder that holds this conversation's own files."""
-        return [self.thread_dir(key), self.session_dir(key), self.artifacts_dir(key)]
+        """Every folder that holds this conversation's own files (resolved, inside the engine folder).
+
+        Raises InvalidStorageKey for anything but a public id, and UnsafeEnginePath when a
+        symlink stands anywhere on the way: whoever deletes these folders never follows one.
+        """
+        return [self._conversation_dir(area, key) for area in CONVERSATION_AREAS]
 
     @property
     def fleet_path(self) -> Path:
@@ -95,7 +289,13 @@ class EngineHome:
 
     @contextlib.contextmanager
     def locked(self, lock_path: Path) -> Iterator[None]:
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        _makedirs(lock_path.parent)
+        with self._lock(lock_path):
+            yield
+
+    @contextlib.contextmanager
+    def _lock(self, lock_path: Path) -> Iterator[None]:
+        """Hold the lock file in an existing folder (FileNotFoundError when the folder is gone)."""
         with open(lock_path, "a+b") as handle:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
             try:
@@ -104,34 +304,59 @@ class EngineHome:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
     def lock_for(self, path: Path) -> Path:
-        """The lock file that guards `path`: the fleet's own, else `<name>.lock` beside it."""
-        return self.fleet_lock if path == self.fleet_path else path.with_name(path.name + ".lock")
+        """The lock file that guards `path`.
+
+        The fleet's own lock for the fleet file; the log's lock for its torn-tail files (they
+        are written while the log's lock is held); else `<name>.lock` beside the file.
+        """
+        if path.name == self.fleet_path.name and os.path.realpath(path.parent) == str(self.real_root / "state"):
+            return self.fleet_lock
+        for pattern in (TORN, TORN_PENDING):
+            if match := pattern.fullmatch(path.name):
+                return self.lock_for(path.with_name(match["log"]))
+        return path.with_name(path.name + ".lock")
 
     def write_atomic(self, path: Path, data: bytes) -> None:
         with self.locked(self.lock_for(path)):
             self._replace(path, data)
 
     def _replace(self, path: Path, data: bytes) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.tmp-{secrets.token_hex(4)}")
+        if TEMPORARY.fullmatch(path.name):
+            raise UnsafeEnginePath(f"a temporary file's name cannot be written: {path.name}")
+        _makedirs(path.parent)
+        tmp = path.with_name(f".{path.name}.lethe-tmp-{secrets.token_hex(8)}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            _write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+            try:
+                _write_all(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         _fsync_dir(path.parent)
 
     def append_jsonl(self, path: Path, records: list[dict[str, Any]]) -> None:
         data = jsonl(records)
         with self.locked(self.lock_for(path)):
-            path.parent.mkdir(parents=True, exist_ok=True)
+            _makedirs(path.parent)
+            self._isolate_torn_tail(path)  # a new record must never be merged into a torn one
             created = not path.exists()
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             try:
-                _write_all(fd, data)
-                os.fsync(fd)
+                start = os.fstat(fd).st_size
+                try:
+                    _write_all(fd, data)
+                    os.fsync(fd)
+                except BaseException:
+                    # Cut back what was written (a full disk, a size limit): no torn line stays.
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(fd, start)
+                        os.fsync(fd)
+                    raise
             finally:
                 os.close(fd)
             if created:
@@ -147,22 +372,48 @@ class EngineHome:
         return rows
 
     def recover_torn_tail(self, path: Path) -> Path | None:
-        """Move an unterminated last line aside, as the engine does after a crash."""
+        """Move an unterminated last line aside, as the engine does after a crash.
+
+        Returns the torn file written (or finished) by this call, else None. Safe to run
+        again after being killed at any point.
+        """
         with self.locked(self.lock_for(path)):
-            if not path.exists():
-                return None
-            data = path.read_bytes()
-            if not data or data.endswith(b"\n"):
-                return None
-            cut = data.rfind(b"\n") + 1
-            n = 1
-            while (torn := path.with_name(f"{path.name}.torn-{n}")).exists():
-                n += 1
-            self._replace(torn, data[cut:])
-            self._replace(path, data[:cut])
-            return torn
+            return self._isolate_torn_tail(path)
+
+    def _isolate_torn_tail(self, path: Path) -> Path | None:
+        """The recovery itself; the caller holds the log's lock.
+
+        1. Save the torn bytes as `.<name>.torn-pending` (atomically, fsynced).
+        2. Cut the log back to its last whole line (fsynced).
+        3. Rename the pending file to the next free `<name>.torn-<n>` and fsync the folder.
+        A pending file found at the start is an earlier run that died after step 1: it is
+        finished first (step 2 only if the log still ends with exactly those bytes).
+        """
+        pending = path.with_name(f".{path.name}.torn-pending")
+        finished = None
+        if os.path.lexists(pending):
+            saved = pending.read_bytes()
+            cut = _tail_offset(path)
+            if cut is not None and _read_from(path, cut) == saved:
+                _truncate(path, cut)
+            finished = self._promote(path, pending)
+        cut = _tail_offset(path)
+        if cut is None:
+            return finished
+        self._replace(pending, _read_from(path, cut))
+        _truncate(path, cut)
+        return self._promote(path, pending)
+
+    def _promote(self, log: Path, pending: Path) -> Path:
+        n = 1
+        while os.path.lexists(torn := log.with_name(f"{log.name}.torn-{n}")):
+            n += 1
+        os.rename(pending, torn)
+        _fsync_dir(log.parent)
+        return torn
 
     def read_json(self, path: Path, default: Any) -> Any:
+        """The parsed document, or `default` when the file is absent (ValueError when not JSON)."""
         try:
             return json.loads(path.read_bytes())
         except FileNotFoundError:
@@ -179,49 +430,140 @@ class EngineHome:
     # Fleet ------------------------------------------------------------------
 
     def read_fleet(self) -> list[dict[str, Any]]:
-        return self.read_json(self.fleet_path, {"version": 1, "agents": []}).get("agents", [])
+        """The fleet rows; [] when there is no fleet file.
+
+        Strict: a file that exists but cannot be read, is not JSON or is not shaped like a
+        fleet raises UnreadableEngineFile, so no caller mistakes it for a file without rows.
+        """
+        return _fleet_rows(self.fleet_path)
+
+    def read_legacy_fleet(self) -> list[dict[str, Any]]:
+        """The legacy copy's rows, as strictly as `read_fleet`."""
+        return _fleet_rows(self.legacy_fleet_path)
+
+    def try_read_fleet(self, legacy: bool = False) -> FleetRead:
+        """The tolerant form for pages: the rows, or none and the reason the file is unreadable."""
+        try:
+            return FleetRead(_fleet_rows(self.legacy_fleet_path if legacy else self.fleet_path))
+        except UnreadableEngineFile as problem:
+            return FleetRead([], problem)
 
     def update_fleet(self, change: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]) -> list[dict[str, Any]]:
-        def apply(document: dict[str, Any]) -> dict[str, Any]:
-            return {**document, "version": 1, "agents": change(list(document.get("agents", [])))}
+        """Read-modify-write of the fleet under its lock; an unreadable fleet file is never overwritten."""
+        with self.locked(self.fleet_lock):
+            document = _fleet_document(self.fleet_path)
+            rows = change(list(document["agents"]))
+            self._replace(self.fleet_path, json.dumps({**document, "version": 1, "agents": rows},
+                                                      indent=1, sort_keys=True).encode())
+            return rows
 
-        return self.update_json(self.fleet_path, apply, {"version": 1, "agents": []})["agents"]
+    def inspect_jsonl(self, path: Path) -> UnreadableEngineFile | None:
+        """Why a JSONL log cannot be fully trusted (None when it reads cleanly or is absent).
+
+        Logs over JSONL_CHECK_BYTES are checked in their last JSONL_CHECK_BYTES only.
+        """
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return UnreadableEngineFile(path, "unreadable")
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                return UnreadableEngineFile(path, "unreadable")
+            start = max(0, info.st_size - JSONL_CHECK_BYTES)
+            data = os.pread(fd, info.st_size - start, start)
+        except OSError:
+            return UnreadableEngineFile(path, "unreadable")
+        finally:
+            os.close(fd)
+        if data and not data.endswith(b"\n"):
+            return UnreadableEngineFile(path, "torn_line")
+        lines = data.splitlines()
+        if start:
+            lines = lines[1:]  # the window starts mid-line
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except (ValueError, RecursionError):
+                record = None
+            if not isinstance(record, dict):
+                return UnreadableEngineFile(path, "bad_lines")
+        return None
 
     # Housekeeping -----------------------------------------------------------
 
-    def sweep_temporaries(self) -> int:
-        """Remove `*.tmp-*` files a killed writer left behind; they were never renamed in.
+    def _temporary_target(self, folder: Path, name: str) -> Path | None:
+        """The file a leftover temporary was meant to become, if this module's writers made it."""
+        if match := TEMPORARY.fullmatch(name):
+            return folder / match["target"]
+        if (match := LEGACY_TEMPORARY.fullmatch(name)) and self._legacy_temporary_target(folder, match["target"]):
+            return folder / match["target"]
+        return None
 
-        Each one is removed under its target's lock, so a writer that is alive and
-        mid-write (it holds that lock) is never robbed of its temporary file.
+    def _legacy_temporary_target(self, folder: Path, target: str) -> bool:
+        """Earlier releases wrote `<name>.tmp-<8 hex>` beside these fixed-name files only."""
+        try:
+            area, *rest = folder.relative_to(self.real_root).parts
+        except ValueError:
+            return False
+        if (area, *rest) in (("state",), ("legacy-state",)):
+            return target == "subagents.v1.json"
+        if len(rest) != 1 or not is_storage_key(rest[0]):
+            return False
+        if area == "threads":
+            return target == "events.jsonl"
+        if area == "sessions":
+            return target == "approval_receipts.jsonl" or bool(
+                (torn := TORN.fullmatch(target)) and torn["log"] == "approval_receipts.jsonl")
+        return False
+
+    def sweep_temporaries(self) -> int:
+        """Remove the temporaries that killed writers left behind; they were never renamed in.
+
+        Only names this module's writers create are touched, only regular files (never a
+        folder, a symlink or a lock file), and each one under the lock its writer holds, so
+        a writer that is alive and mid-write is never robbed of its temporary file. Several
+        sweeps may run at once: each file is removed by exactly one of them.
         """
         removed = 0
-        if self.root.exists():
-            for tmp in list(self.root.rglob("*.tmp-*")):
-                target = tmp.with_name(tmp.name.split(".tmp-")[0])
-                with self.locked(self.lock_for(target)):
-                    if tmp.exists():
-                        tmp.unlink()
-                        removed += 1
+        root = self.real_root
+        if not root.is_dir():
+            return 0
+        found = []
+        for dirpath, _dirs, names in os.walk(root):
+            for name in names:
+                target = self._temporary_target(Path(dirpath), name)
+                if target is not None:
+                    found.append((Path(dirpath) / name, target))
+        for tmp, target in found:
+            if not _is_regular(tmp):
+                continue
+            # Never recreate a folder that was deleted meanwhile (an erased conversation's).
+            with contextlib.suppress(FileNotFoundError), self._lock(self.lock_for(target)):
+                if _is_regular(tmp):
+                    os.unlink(tmp)
+                    removed += 1
         return removed
 
     def usage(self) -> tuple[int, int]:
         """(files, bytes) under the engine home."""
         count = size = 0
-        if self.root.exists():
-            for dirpath, _dirs, names in os.walk(self.root):
-                for name in names:
-                    with contextlib.suppress(FileNotFoundError):
-                        size += os.stat(os.path.join(dirpath, name)).st_size
-                        count += 1
+        for info in _walk_files(self.real_root):
+            count += 1
+            size += info.st_size
         return count, size
 
     def conversation_usage(self, key: str) -> tuple[int, int]:
+        """(files, bytes) in this conversation's folders; a folder behind a symlink counts nothing."""
         count = size = 0
-        for folder in self.conversation_paths(key):
-            if folder.exists():
-                for p in folder.rglob("*"):
-                    if p.is_file():
-                        count += 1
-                        size += p.stat().st_size
+        for area in CONVERSATION_AREAS:
+            try:
+                folder = self._conversation_dir(area, key)
+            except UnsafeEnginePath:
+                continue
+            for info in _walk_files(folder):
+                count += 1
+                size += info.st_size
         return count, size

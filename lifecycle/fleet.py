@@ -30,7 +30,7 @@ from typing import Any
 
 from django.utils.dateparse import parse_datetime
 
-from lifecycle.enginefs import EngineHome
+from lifecycle.enginefs import EngineHome, UnreadableEngineFile, _fleet_document, _fleet_rows
 from lifecycle.fence import refusal
 from lifecycle.models import Conversation, ConversationState
 
@@ -38,35 +38,13 @@ Row = dict[str, Any]
 UNSETTLED_STATUSES = ("running", "queued")
 
 
-class FleetUnreadable(Exception):
-    """A fleet file exists but cannot be read as a fleet."""
-
-    def __init__(self, path: Path, why: str) -> None:
-        super().__init__(f"{path.name}: {why}")
-        self.path = path
-        self.why = why
-
-
-def _agents(document: Any, path: Path) -> list[Row]:
-    if not isinstance(document, dict) or not isinstance(document.get("agents", []), list):
-        raise FleetUnreadable(path, "not a fleet document")
-    agents = document.get("agents", [])
-    if not all(isinstance(row, dict) for row in agents):
-        raise FleetUnreadable(path, "a row is not an object")
-    return agents
+# The engine folder's own strict reading: a file that exists but is not a fleet raises it.
+FleetUnreadable = UnreadableEngineFile
 
 
 def read_rows(path: Path) -> list[Row]:
     """The rows of a fleet file; [] when it does not exist, FleetUnreadable when it is not one."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return []
-    try:
-        document = json.loads(raw)
-    except ValueError:
-        raise FleetUnreadable(path, "not valid JSON") from None
-    return _agents(document, path)
+    return _fleet_rows(path)
 
 
 def fleet_files(home: EngineHome) -> list[Path]:
@@ -132,16 +110,12 @@ def _without_fenced(rows: list[Row]) -> list[Row]:
 def update_file(home: EngineHome, path: Path, change: Callable[[list[Row]], list[Row]]) -> list[Row]:
     """Read-modify-write of one fleet file under its lock, strictly, with the fence applied."""
 
-    def apply(document: Any) -> Any:
-        rows = _without_fenced(change(list(_agents(document, path))))
-        return {**document, "version": document.get("version", 1), "agents": rows}
-
-    try:
-        return home.update_json(path, apply, {"version": 1, "agents": []})["agents"]
-    except ValueError as exc:
-        if isinstance(exc, FleetUnreadable):
-            raise
-        raise FleetUnreadable(path, "not valid JSON") from None
+    with home.locked(home.lock_for(path)):
+        document = _fleet_document(path)  # strict: an unreadable file is never overwritten
+        rows = _without_fenced(change(list(document["agents"])))
+        updated = {**document, "version": document.get("version", 1), "agents": rows}
+        home._replace(path, json.dumps(updated, indent=1, sort_keys=True).encode())  # lock held above
+        return rows
 
 
 def update_fleet(change: Callable[[list[Row]], list[Row]], *, home: EngineHome | None = None) -> list[Row]:

@@ -1,14 +1,44 @@
-"""JSON shapes of the read API. One function per resource."""
+"""JSON shapes of the engine API: one function per resource, and the schema it answers with.
+
+The `*Out` models are the published schema (OpenAPI); tests check every answer against them.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import JsonValue
+
+from console.api import Schema
 from lifecycle.models import Conversation, DeleteOperation, DeleteState, Item
 
 
 def iso(value) -> str | None:
     return value.isoformat().replace("+00:00", "Z") if value else None
+
+
+class OwnerOut(Schema):
+    kind: Literal["account", "computer"]
+    id: int
+
+
+class ThreadOut(Schema):
+    id: str
+    thread_id: str
+    owner: OwnerOut
+    scope: Literal["bound", "local"]
+    title: str
+    archived: bool
+    closed: bool
+    active: bool
+    last_activity_at: str
+    created_at: str
+    state: Literal["live", "pending_delete", "deleted"]
+
+
+class ThreadPageOut(Schema):
+    results: list[ThreadOut]
+    next: str | None
 
 
 def thread_json(c: Conversation) -> dict[str, Any]:
@@ -25,6 +55,30 @@ def thread_json(c: Conversation) -> dict[str, Any]:
         "created_at": iso(c.created_at),
         "state": c.state,
     }
+
+
+Payload = dict[str, JsonValue] | list[JsonValue] | str | int | float | None
+
+
+class ItemOut(Schema):
+    id: int
+    seq: int
+    role: Literal["user", "assistant", "tool"]
+    tool_kind: str | None
+    tool_call_id: str | None
+    status: str | None
+    title: str
+    content: str
+    payload: Payload
+    payload_bytes: int
+    revision: int
+    created_at: str
+    updated_at: str
+
+
+class ItemPageOut(Schema):
+    results: list[ItemOut]
+    next: str | None
 
 
 def item_json(i: Item) -> dict[str, Any]:

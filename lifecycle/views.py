@@ -12,6 +12,7 @@ from django.views.decorators.http import require_GET
 
 from console.api import is_number
 from lifecycle import enginefs
+from lifecycle.engine_health import REASONS, EngineProblem, describe
 from lifecycle.models import ACTIVE_TURN_STATES, Account, Computer, Conversation, Item
 from lifecycle.transcript import item_rows
 
@@ -69,6 +70,30 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
     return render(request, template, context)
 
 
+def _engine_files(home: enginefs.EngineHome, conversation: Conversation) -> tuple[list[dict], list[EngineProblem]]:
+    """This conversation's subagents, and the engine files that could not be read.
+
+    An unreadable file is reported, never taken as empty, and never fails the page.
+    """
+    fleet = home.try_read_fleet()
+    problems = [describe(home, fleet.problem)] if fleet.problem else []
+    children = []
+    for row in fleet.rows:
+        origin = row.get("origin")
+        if isinstance(origin, dict) and origin.get("conversation") == conversation.public_id:
+            status = row.get("status")
+            label = CHILD_STATUS.get(status, _("Unknown")) if isinstance(status, str) else _("Unknown")
+            children.append({"agent_id": str(row.get("agent_id", "")), "status": label})
+    key = conversation.storage_key
+    try:
+        logs = [home.events_path(key), home.receipts_path(key)]
+    except enginefs.UnsafeEnginePath:
+        problems.append(EngineProblem(f"threads/{key}, sessions/{key}", str(REASONS["unsafe"])))
+        logs = []
+    problems += [describe(home, problem) for problem in map(home.inspect_jsonl, logs) if problem]
+    return children, problems
+
+
 @login_required
 @require_GET
 def conversation_detail(request: HttpRequest, public_id: str) -> HttpResponse:
@@ -83,11 +108,7 @@ def conversation_detail(request: HttpRequest, public_id: str) -> HttpResponse:
     more = len(items) > TRANSCRIPT_PAGE
     items = items[:TRANSCRIPT_PAGE]
     home = enginefs.EngineHome()
-    children = [
-        {"agent_id": row.get("agent_id", ""), "status": CHILD_STATUS.get(row.get("status"), _("Unknown"))}
-        for row in home.read_fleet()
-        if (row.get("origin") or {}).get("conversation") == conversation.public_id
-    ]
+    children, engine_problems = _engine_files(home, conversation)
     files, size = home.conversation_usage(conversation.storage_key)
     context = {
         "conversation": conversation,
@@ -97,6 +118,8 @@ def conversation_detail(request: HttpRequest, public_id: str) -> HttpResponse:
         "turns": conversation.turns.filter(state__in=ACTIVE_TURN_STATES).count(),
         "claims": conversation.runtime_claims.open().order_by("opened_at"),
         "children": children,
+        "engine_problems": engine_problems,
+        "fleet_unreadable": any(p.path == enginefs.FLEET_FILE for p in engine_problems),
         "engine_files": files,
         "engine_bytes": size,
     }

@@ -164,7 +164,7 @@ def test_it_refuses_writes_to_a_conversation_being_deleted(runtime, conversation
 def test_it_refuses_a_non_positive_revision(runtime, conversation):
     item = factories.add_tool(conversation)
     response = patch(runtime, conversation, item, {"title": "x", "revision": 0})
-    assert (response.status_code, response.json()["code"]) == (400, "invalid_type")
+    assert (response.status_code, response.json()["code"]) == (400, "invalid_value")
 
 
 def test_it_refuses_a_bad_item_cursor(member_client, conversation):

@@ -1,13 +1,23 @@
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import multiprocessing
 import os
+import resource
 import signal
+import threading
 import time
 from pathlib import Path
 
-from lifecycle.enginefs import EngineHome
+import pytest
+
+from lifecycle.enginefs import EngineHome, InvalidStorageKey, UnsafeEnginePath
+
+A = "c_" + "a" * 20
+B = "c_" + "b" * 20
+FORK = multiprocessing.get_context("fork")
 
 
 def _bump(root: str, times: int) -> None:
@@ -32,18 +42,92 @@ def _write_forever(root: str, path: str) -> None:
         home.write_atomic(Path(path), json.dumps({"n": n, "fill": "x" * 400_000}).encode())
 
 
+def _run(target, *args, timeout: float = 60) -> int:
+    child = FORK.Process(target=target, args=args)
+    child.start()
+    child.join(timeout)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        raise AssertionError("child did not finish")
+    return child.exitcode
+
+
+def names(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+# Paths ------------------------------------------------------------------------------------
+
+BAD_KEYS = ["/etc", "../etc", "..", "", "c_1", "c_" + "A" * 20, "c_" + "a" * 19, "c_" + "a" * 21,
+            "c_" + "a" * 20 + "\n", "c_" + "g" * 20, "c_" + "a" * 18 + "/.", "x_" + "a" * 20, None, 7]
+
+
+@pytest.mark.parametrize("key", BAD_KEYS)
+def test_it_refuses_anything_but_a_public_id_as_a_storage_key(tmp_path, key):
+    home = EngineHome(tmp_path / "refusing")
+    helpers = [home.thread_dir, home.events_path, home.session_dir, home.receipts_path,
+               home.artifacts_dir, home.conversation_paths, home.conversation_usage]
+    for helper in helpers:
+        with pytest.raises(InvalidStorageKey) as refused:
+            helper(key)
+        assert isinstance(refused.value, ValueError)
+    assert not (tmp_path / "refusing").exists()
+
+
+def test_it_returns_resolved_folders_inside_the_engine_folder(tmp_path):
+    real = tmp_path / "real-engine"
+    real.mkdir()
+    (tmp_path / "eng").symlink_to(real)  # the engine folder itself may be reached by a link
+    home = EngineHome(tmp_path / "eng")
+    paths = home.conversation_paths(A)
+    assert paths == [real / "threads" / A, real / "sessions" / A, real / "artifacts" / A]
+    assert all(p.resolve() == p and p.is_relative_to(real) for p in paths)
+
+
+def test_it_never_hands_out_a_conversation_folder_behind_a_symlink(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious.txt").write_bytes(b"keep me")
+    home = EngineHome(tmp_path / "eng")
+    home.write_atomic(home.events_path(B), b"bbb\n")
+    (tmp_path / "eng" / "threads" / A).symlink_to(outside)
+    (tmp_path / "eng" / "sessions").mkdir()
+    (tmp_path / "eng" / "sessions" / A).symlink_to(home.thread_dir(B))  # another conversation's
+    for helper in (home.conversation_paths, home.thread_dir, home.events_path, home.session_dir):
+        with pytest.raises(UnsafeEnginePath):
+            helper(A)
+    with pytest.raises(UnsafeEnginePath):
+        home.write_atomic(home.events_path(A), b"x")
+    assert home.conversation_usage(A) == (0, 0)  # links are not followed, not counted
+    assert (outside / "precious.txt").read_bytes() == b"keep me"
+    assert names(outside) == ["precious.txt"]
+
+
+def test_it_refuses_an_area_folder_that_is_a_symlink(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / A).mkdir(parents=True)
+    (tmp_path / "eng").mkdir()
+    (tmp_path / "eng" / "artifacts").symlink_to(elsewhere)
+    home = EngineHome(tmp_path / "eng")
+    with pytest.raises(UnsafeEnginePath):
+        home.conversation_paths(A)
+    assert home.thread_dir(A) == tmp_path / "eng" / "threads" / A
+
+
+# Whole-file writes --------------------------------------------------------------------------
+
 def test_it_writes_atomically_and_leaves_no_temporary_file(tmp_path):
     home = EngineHome(tmp_path)
-    target = home.events_path("c_1")
+    target = home.events_path(A)
     home.write_atomic(target, b"first\n")
     home.write_atomic(target, b"second\n")
     assert target.read_bytes() == b"second\n"
-    assert sorted(p.name for p in target.parent.iterdir()) == ["events.jsonl", "events.jsonl.lock"]
+    assert names(target.parent) == ["events.jsonl", "events.jsonl.lock"]
 
 
 def test_it_serializes_concurrent_fleet_updates_across_processes(tmp_path):
-    ctx = multiprocessing.get_context("fork")
-    workers = [ctx.Process(target=_bump, args=(str(tmp_path), 40)) for _ in range(4)]
+    workers = [FORK.Process(target=_bump, args=(str(tmp_path), 40)) for _ in range(4)]
     for w in workers:
         w.start()
     for w in workers:
@@ -56,10 +140,9 @@ def test_it_serializes_concurrent_fleet_updates_across_processes(tmp_path):
 def test_it_keeps_a_whole_file_when_the_writer_is_killed_mid_write(tmp_path):
     target = tmp_path / "state" / "doc.json"
     EngineHome(tmp_path).write_atomic(target, json.dumps({"n": 0, "fill": ""}).encode())
-    ctx = multiprocessing.get_context("fork")
     seen = set()
     for delay in (0.05, 0.11, 0.17, 0.23, 0.31):
-        writer = ctx.Process(target=_write_forever, args=(str(tmp_path), str(target)))
+        writer = FORK.Process(target=_write_forever, args=(str(tmp_path), str(target)))
         writer.start()
         time.sleep(delay)
         os.kill(writer.pid, signal.SIGKILL)
@@ -68,14 +151,62 @@ def test_it_keeps_a_whole_file_when_the_writer_is_killed_mid_write(tmp_path):
         seen.add(document["n"])
         # A killed writer may leave a temporary file; the sweep removes it and nothing else.
         EngineHome(tmp_path).sweep_temporaries()
-        assert [p.name for p in target.parent.iterdir() if ".tmp-" in p.name] == []
-        assert target.exists()
+        assert names(target.parent) == ["doc.json", "doc.json.lock"]
     assert max(seen) > 0
 
 
+def _limited(limit: int, die: bool) -> None:
+    """A real size limit: writes past `limit` bytes fail (EFBIG), or kill the process (SIGXFSZ)."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    signal.signal(signal.SIGXFSZ, signal.SIG_DFL if die else signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+def _write_limited(root: str, path: str, limit: int) -> None:
+    _limited(limit, die=False)
+    try:
+        EngineHome(root).write_atomic(Path(path), b"n" * 50_000)
+    except OSError as error:
+        os._exit(10 if error.errno == errno.EFBIG else 11)
+    os._exit(0)
+
+
+def test_a_failed_write_removes_its_temporary_and_keeps_the_old_file(tmp_path):
+    home = EngineHome(tmp_path)
+    target = home.artifacts_dir(A) / "out.txt"
+    home.write_atomic(target, b"old contents")
+    assert _run(_write_limited, str(tmp_path), str(target), 20_000) == 10
+    assert target.read_bytes() == b"old contents"
+    assert names(target.parent) == ["out.txt", "out.txt.lock"]
+
+
+def test_it_refuses_to_write_a_file_named_like_its_own_temporaries(tmp_path):
+    home = EngineHome(tmp_path)
+    with pytest.raises(UnsafeEnginePath):
+        home.write_atomic(home.artifacts_dir(A) / ".x.lethe-tmp-0123456789abcdef", b"x")
+
+
+def test_it_fsyncs_each_new_folder_into_its_parent(tmp_path, monkeypatch):
+    home = EngineHome(tmp_path / "eng")
+    synced = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    home.write_atomic(home.artifacts_dir(A) / "deep" / "out.txt", b"x")
+    root = tmp_path / "eng"
+    for folder in (tmp_path, root, root / "artifacts", root / "artifacts" / A, root / "artifacts" / A / "deep"):
+        assert str(folder) in synced  # each parent synced after a child folder appeared in it
+
+
+# JSONL logs and torn tails ----------------------------------------------------------------------
+
 def test_it_appends_whole_lines_and_sets_a_torn_tail_aside(tmp_path):
     home = EngineHome(tmp_path)
-    log = home.receipts_path("c_2")
+    log = home.receipts_path(B)
     home.append_jsonl(log, [{"a": 1}, {"a": 2}])
     with open(log, "ab") as handle:
         handle.write(b'{"a": 3, "trunc')  # a crash in the middle of a line
@@ -84,26 +215,169 @@ def test_it_appends_whole_lines_and_sets_a_torn_tail_aside(tmp_path):
     assert torn.read_bytes() == b'{"a": 3, "trunc'
     assert home.read_jsonl(log) == [{"a": 1}, {"a": 2}]
     assert home.recover_torn_tail(log) is None
+    assert names(log.parent) == ["approval_receipts.jsonl", "approval_receipts.jsonl.lock",
+                                 "approval_receipts.jsonl.torn-1"]
 
 
-def test_it_reports_usage_per_conversation(tmp_path):
+def test_an_append_after_a_torn_line_keeps_the_new_record(tmp_path):
     home = EngineHome(tmp_path)
-    home.write_atomic(home.events_path("c_a"), b"12345")
-    home.write_atomic(home.artifacts_dir("c_a") / "out.txt", b"123")
-    home.write_atomic(home.events_path("c_b"), b"1")
-    files, size = home.conversation_usage("c_a")
-    # Lock files are zero bytes and count as files the conversation owns.
-    assert size == 8
-    assert files == 4
+    log = home.receipts_path(B)
+    home.append_jsonl(log, [{"a": 1}])
+    with open(log, "ab") as handle:
+        handle.write(b'{"a": 2, "tr')
+    home.append_jsonl(log, [{"a": 3}])
+    assert home.read_jsonl(log) == [{"a": 1}, {"a": 3}]
+    assert log.read_bytes().endswith(b'{"a":3}\n')
+    assert (log.parent / "approval_receipts.jsonl.torn-1").read_bytes() == b'{"a": 2, "tr'
 
 
-def test_it_never_sweeps_the_temporary_file_of_a_writer_that_holds_the_lock(tmp_path):
-    import threading
+def _append_limited(root: str, path: str, limit: int, die: bool) -> None:
+    _limited(limit, die)
+    try:
+        EngineHome(root).append_jsonl(Path(path), [{"record": "big", "fill": "y" * 20_000}])
+    except OSError as error:
+        os._exit(10 if error.errno == errno.EFBIG else 11)
+    os._exit(0)
 
+
+def test_a_failed_append_leaves_no_torn_line(tmp_path):
+    home = EngineHome(tmp_path)
+    log = home.events_path(A)
+    home.append_jsonl(log, [{"n": 1}, {"n": 2}])
+    before = log.read_bytes()
+    # Room for part of the record: the kernel writes that much, then refuses the rest.
+    assert _run(_append_limited, str(tmp_path), str(log), len(before) + 7000, False) == 10
+    assert log.read_bytes() == before
+    home.append_jsonl(log, [{"n": 3}])
+    assert home.read_jsonl(log) == [{"n": 1}, {"n": 2}, {"n": 3}]
+    assert names(log.parent) == ["events.jsonl", "events.jsonl.lock"]
+
+
+def test_an_append_killed_mid_write_does_not_swallow_the_next_record(tmp_path):
+    home = EngineHome(tmp_path)
+    log = home.events_path(A)
+    home.append_jsonl(log, [{"n": 1}])
+    before = log.read_bytes()
+    exit_code = _run(_append_limited, str(tmp_path), str(log), len(before) + 7000, True)
+    assert exit_code == -signal.SIGXFSZ  # killed by the kernel in the middle of the record
+    torn = log.read_bytes()[len(before):]
+    assert len(torn) == 7000 and not torn.endswith(b"\n")
+    home.append_jsonl(log, [{"n": 2}])
+    assert home.read_jsonl(log) == [{"n": 1}, {"n": 2}]
+    assert (log.parent / "events.jsonl.torn-1").read_bytes() == torn
+
+
+def _recover_dying_at(root: str, path: str, call: int) -> None:
+    """Run the recovery, killing this process just before its `call`-th file-system change."""
+    count = [0]
+
+    def dying(real):
+        def step(*args, **kwargs):
+            count[0] += 1
+            if count[0] == call:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real(*args, **kwargs)
+        return step
+
+    for name in ("open", "write", "fsync", "ftruncate", "replace", "rename", "mkdir", "unlink"):
+        setattr(os, name, dying(getattr(os, name)))
+    EngineHome(root).recover_torn_tail(Path(path))
+    os._exit(0)
+
+
+def test_torn_tail_recovery_leaves_one_torn_file_after_a_crash_at_any_point(tmp_path):
+    whole = b'{"a":1}\n{"a":2}\n'
+    torn = b'{"a":3,"tr'
+    call = 0
+    while True:
+        call += 1
+        root = tmp_path / f"run-{call}"
+        home = EngineHome(root)
+        log = home.receipts_path(A)
+        home.append_jsonl(log, [{"a": 1}, {"a": 2}])
+        with open(log, "ab") as handle:
+            handle.write(torn)
+        exit_code = _run(_recover_dying_at, str(root), str(log), call)
+        # Restart: the recovery runs again (as the next append would), then the sweep.
+        home.recover_torn_tail(log)
+        home.sweep_temporaries()
+        assert log.read_bytes() == whole, call
+        assert names(log.parent) == ["approval_receipts.jsonl", "approval_receipts.jsonl.lock",
+                                     "approval_receipts.jsonl.torn-1"], call
+        assert (log.parent / "approval_receipts.jsonl.torn-1").read_bytes() == torn
+        assert home.recover_torn_tail(log) is None
+        if exit_code == 0:  # the run got past its last step: every crash point was tried
+            break
+        assert exit_code == -signal.SIGKILL
+    assert call > 6
+
+
+# The temporary-file sweep -------------------------------------------------------------------
+
+def test_the_sweep_removes_only_temporaries_its_writers_create(tmp_path):
+    home = EngineHome(tmp_path)
+    ours = [
+        home.thread_dir(A) / ".events.jsonl.lethe-tmp-0123456789abcdef",
+        home.artifacts_dir(A) / "reports" / ".out.txt.lethe-tmp-fedcba9876543210",
+        tmp_path / "state" / ".subagents.v1.json.lethe-tmp-00000000000000ff",
+        # What earlier releases wrote beside their fixed-name files.
+        home.thread_dir(B) / "events.jsonl.tmp-deadbeef",
+        tmp_path / "state" / "subagents.v1.json.tmp-0badf00d",
+        home.session_dir(B) / "approval_receipts.jsonl.tmp-12345678",
+    ]
+    for path in ours:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"leftover")
+    home.write_atomic(home.artifacts_dir(A) / "pytest.tmp-report.xml", b"<committed/>")
+    home.write_atomic(home.artifacts_dir(A) / "notes.tmp-deadbeef", b"an artifact, not provably ours")
+    (home.artifacts_dir(B) / "build.tmp-cache").mkdir(parents=True)
+    (home.artifacts_dir(B) / "build.tmp-cache" / "keep").write_bytes(b"k")
+    (home.artifacts_dir(B) / ".dir.lethe-tmp-0123456789abcdef").mkdir()
+    (home.artifacts_dir(B) / ".link.lethe-tmp-0123456789abcdef").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "other" / "x.tmp-deadbeef").parent.mkdir()
+    (tmp_path / "other" / "x.tmp-deadbeef").write_bytes(b"not in a known place")
+
+    assert home.sweep_temporaries() == len(ours)
+    assert not any(p.exists() for p in ours)
+    survivors = [
+        home.artifacts_dir(A) / "pytest.tmp-report.xml", home.artifacts_dir(A) / "pytest.tmp-report.xml.lock",
+        home.artifacts_dir(A) / "notes.tmp-deadbeef", home.artifacts_dir(B) / "build.tmp-cache" / "keep",
+        home.artifacts_dir(B) / ".dir.lethe-tmp-0123456789abcdef", tmp_path / "other" / "x.tmp-deadbeef",
+    ]
+    assert all(p.exists() for p in survivors)
+    assert (home.artifacts_dir(B) / ".link.lethe-tmp-0123456789abcdef").is_symlink()
+    assert home.sweep_temporaries() == 0
+
+
+def _hold_lock(lock: str, ready, release) -> None:
+    with open(lock, "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        ready.set()
+        release.wait(30)
+
+
+def test_the_sweep_never_deletes_a_lock_another_writer_holds(tmp_path):
+    home = EngineHome(tmp_path)
+    target = home.artifacts_dir(A) / "pytest.tmp-report.xml"
+    home.write_atomic(target, b"<committed/>")
+    lock = home.lock_for(target)
+    ready, release = FORK.Event(), FORK.Event()
+    holder = FORK.Process(target=_hold_lock, args=(str(lock), ready, release))
+    holder.start()
+    try:
+        assert ready.wait(10)
+        assert home.sweep_temporaries() == 0
+        assert lock.exists() and target.read_bytes() == b"<committed/>"
+    finally:
+        release.set()
+        holder.join(10)
+
+
+def test_the_sweep_waits_for_the_lock_the_writer_holds(tmp_path):
     home = EngineHome(tmp_path)
     target = home.fleet_path
     target.parent.mkdir(parents=True)
-    tmp = target.with_name(target.name + ".tmp-live")
+    tmp = target.with_name(".subagents.v1.json.lethe-tmp-0000000000000001")
     tmp.write_bytes(b"{}")
     swept = []
     with home.locked(home.fleet_lock):  # a live writer, mid-write
@@ -113,3 +387,101 @@ def test_it_never_sweeps_the_temporary_file_of_a_writer_that_holds_the_lock(tmp_
         assert sweeper.is_alive() and tmp.exists()
     sweeper.join(5)
     assert swept == [1] and not tmp.exists()
+
+
+def test_the_sweep_waits_for_a_torn_tail_recovery_in_progress(tmp_path):
+    home = EngineHome(tmp_path)
+    log = home.receipts_path(A)
+    home.append_jsonl(log, [{"a": 1}])
+    # The recovery's own temporary (for the pending torn file), while it holds the log's lock.
+    tmp = log.with_name("..approval_receipts.jsonl.torn-pending.lethe-tmp-0123456789abcdef")
+    tmp.write_bytes(b'{"a":2')
+    swept = []
+    with home.locked(home.lock_for(log)):
+        sweeper = threading.Thread(target=lambda: swept.append(home.sweep_temporaries()))
+        sweeper.start()
+        sweeper.join(0.5)
+        assert sweeper.is_alive() and tmp.exists()
+    sweeper.join(5)
+    assert swept == [1] and not tmp.exists()
+
+
+def _sweep_into(root: str, results) -> None:
+    results.put(EngineHome(root).sweep_temporaries())
+
+
+def _keep_writing(root: str, rounds: int) -> None:
+    home = EngineHome(root)
+    for n in range(rounds):
+        home.write_atomic(home.events_path(A), b"%d\n" % n)
+        home.append_jsonl(home.receipts_path(A), [{"n": n}])
+        home.update_fleet(lambda rows, n=n: [{"agent_id": "w", "n": n}])
+
+
+def test_concurrent_sweeps_remove_each_leftover_once_beside_a_live_writer(tmp_path):
+    home = EngineHome(tmp_path)
+    leftovers = []
+    for i in range(60):
+        folder = home.artifacts_dir(f"c_{i:020x}")
+        folder.mkdir(parents=True)
+        leftovers.append(folder / f".out.txt.lethe-tmp-{i:016x}")
+        leftovers[-1].write_bytes(b"x")
+    results = FORK.Queue()
+    writer = FORK.Process(target=_keep_writing, args=(str(tmp_path), 60))
+    sweepers = [FORK.Process(target=_sweep_into, args=(str(tmp_path), results)) for _ in range(4)]
+    writer.start()
+    for s in sweepers:
+        s.start()
+    for p in [*sweepers, writer]:
+        p.join(60)
+        assert p.exitcode == 0
+    assert sum(results.get(timeout=5) for _ in sweepers) == len(leftovers)
+    assert not any(p.exists() for p in leftovers)
+    assert home.events_path(A).read_bytes() == b"59\n"
+    assert home.read_jsonl(home.receipts_path(A)) == [{"n": n} for n in range(60)]
+    assert home.read_fleet() == [{"agent_id": "w", "n": 59}]
+
+
+# Usage ----------------------------------------------------------------------------------------
+
+def test_it_reports_usage_per_conversation(tmp_path):
+    home = EngineHome(tmp_path)
+    home.write_atomic(home.events_path(A), b"12345")
+    home.write_atomic(home.artifacts_dir(A) / "out.txt", b"123")
+    home.write_atomic(home.events_path(B), b"1")
+    files, size = home.conversation_usage(A)
+    # Lock files are zero bytes and count as files the conversation owns.
+    assert size == 8
+    assert files == 4
+    assert home.usage() == (6, 9)
+
+
+def _churn(root: str, stop) -> None:
+    home = EngineHome(root)
+    n = 0
+    while not stop.is_set():
+        n += 1
+        folder = home.artifacts_dir(A) / f"d{n % 7}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"f{n}").write_bytes(b"z" * 10)
+        if n % 3 == 0:
+            for p in folder.iterdir():
+                p.unlink()
+            folder.rmdir()
+
+
+def test_usage_tolerates_files_and_folders_vanishing_during_the_walk(tmp_path):
+    home = EngineHome(tmp_path)
+    home.write_atomic(home.events_path(A), b"12345")
+    stop = FORK.Event()
+    churner = FORK.Process(target=_churn, args=(str(tmp_path), stop))
+    churner.start()
+    try:
+        for _ in range(300):
+            files, size = home.conversation_usage(A)
+            assert files >= 2 and size >= 5
+            assert home.usage()[0] >= 2
+    finally:
+        stop.set()
+        churner.join(10)
+    assert churner.exitcode == 0

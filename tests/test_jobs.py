@@ -30,8 +30,8 @@ def database_url() -> str:
 @pytest.mark.django_db
 def test_it_measures_the_engine_folder_and_is_safe_to_run_twice(engine_home):
     home = EngineHome()
-    home.write_atomic(home.events_path("c_1"), b"x" * 100)
-    home.write_atomic(home.artifacts_dir("c_1") / "big.txt", b"y" * 900)
+    home.write_atomic(home.events_path("c_" + "1" * 20), b"x" * 100)
+    home.write_atomic(home.artifacts_dir("c_" + "1" * 20) / "big.txt", b"y" * 900)
     assert measure_engine_folder() == {"files": 4, "bytes": 1000}  # two files and their two lock files
     first = StorageSnapshot.load()
     assert (first.engine_files, first.engine_bytes) == (4, 1000) and first.measured_at is not None
@@ -53,7 +53,7 @@ def test_it_creates_each_schedule_once_by_name():
 def test_it_shows_the_last_measurement_on_the_page(admin_client, engine_home):
     page = admin_client.get("/settings/system/data-storage/", HTTP_HOST="127.0.0.1").content.decode()
     assert "Not measured yet" in page
-    EngineHome().write_atomic(EngineHome().events_path("c_9"), b"z" * 2048)
+    EngineHome().write_atomic(EngineHome().events_path("c_" + "9" * 20), b"z" * 2048)
     measure_engine_folder()
     page = admin_client.get("/settings/system/data-storage/", HTTP_HOST="127.0.0.1").content.decode()
     assert "2 files, 2.0\xa0KB" in page and "measured" in page
@@ -61,7 +61,7 @@ def test_it_shows_the_last_measurement_on_the_page(admin_client, engine_home):
 
 @pytest.mark.django_db(transaction=True)
 def test_it_runs_a_queued_job_on_a_real_cluster(engine_home):
-    EngineHome().write_atomic(EngineHome().events_path("c_2"), b"q" * 321)
+    EngineHome().write_atomic(EngineHome().events_path("c_" + "2" * 20), b"q" * 321)
     async_task("retention.tasks.measure_engine_folder")
     env = {**os.environ, "DATABASE_URL": database_url(), "ENGINE_HOME": str(engine_home),
            "DJANGO_SETTINGS_MODULE": "console.settings_test", "Q_WORKERS": "1"}

@@ -196,7 +196,7 @@ def test_it_has_a_spanish_translation_for_every_string(tmp_path):
     env["ENGINE_HOME"] = str(tmp_path / "engine")
 
     result = subprocess.run(
-        [sys.executable, "manage.py", "makemessages", "-l", "es", "--no-obsolete"],
+        [sys.executable, "manage.py", "makemessages", "-l", "es", "--no-obsolete", "--add-location", "file"],
         cwd=copy,
         env=env,
         capture_output=True,

@@ -9,7 +9,7 @@ from django.utils.translation import gettext as _
 from lifecycle.errors import ActionRefused
 from lifecycle.fence import lock_writable
 from lifecycle.models import Conversation, Item, Role
-from retention.reducer import MARKER_KEY, measure
+from retention.reducer import MARKER_KEY, encode, measure
 
 _UNSET: Any = object()
 
@@ -43,7 +43,8 @@ def update_item(
         if title is not _UNSET and title != current.title:
             current.title = title
             changed.append("title")
-        if payload is not _UNSET and payload != current.payload:
+        # Compared as canonical JSON: 1, 1.0 and true are equal in Python but not in JSON.
+        if payload is not _UNSET and encode(payload) != encode(current.payload):
             if current.role != Role.TOOL:
                 raise ActionRefused("invalid_item", _("Only tool items have a payload."), status=400)
             if isinstance(current.payload, dict) and MARKER_KEY in current.payload:

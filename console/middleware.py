@@ -1,0 +1,33 @@
+"""Requests that no view should ever see."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.utils.translation import gettext as _
+
+from console.api import error, is_api_path
+
+
+def _has_nul(request: HttpRequest) -> bool:
+    if "\x00" in request.path:
+        return True
+    return any("\x00" in key or any("\x00" in v for v in values) for key, values in request.GET.lists())
+
+
+class RejectNulMiddleware:
+    """A NUL character anywhere in the path or the query string is refused with 400.
+
+    PostgreSQL cannot hold NUL in text, so such a value would otherwise fail deep inside a
+    query; no legitimate address or search contains one.
+    """
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if _has_nul(request):
+            if is_api_path(request.path):
+                return error(400, "invalid_text", _("The address has a NUL character."))
+            return render(request, "400.html", status=400)
+        return self.get_response(request)

@@ -1,0 +1,39 @@
+"""What pages say about engine files they could not read (the files are never guessed at)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.utils.translation import gettext_lazy as _
+
+from lifecycle.enginefs import EngineHome, UnreadableEngineFile
+
+REASONS = {
+    "unreadable": _("cannot be read"),
+    "not_json": _("is not valid JSON"),
+    "wrong_shape": _("is not in the expected format"),
+    "torn_line": _("ends with an incomplete record"),
+    "bad_lines": _("has lines that are not records"),
+    "unsafe": _("is reached through a symbolic link, so it was not read"),
+}
+
+
+@dataclass(frozen=True)
+class EngineProblem:
+    path: str  # relative to the engine folder
+    reason: str
+
+
+def describe(home: EngineHome, problem: UnreadableEngineFile) -> EngineProblem:
+    path = problem.path
+    for root in (home.root, home.real_root):
+        if path.is_relative_to(root):
+            path = path.relative_to(root)
+            break
+    return EngineProblem(str(path), str(REASONS.get(problem.reason, REASONS["unreadable"])))
+
+
+def fleet_health(home: EngineHome) -> list[EngineProblem]:
+    """Problems with the two workspace-wide fleet files (cheap enough for every page view)."""
+    reads = (home.try_read_fleet(), home.try_read_fleet(legacy=True))
+    return [describe(home, read.problem) for read in reads if read.problem is not None]

@@ -1,0 +1,106 @@
+"""The published OpenAPI document: generated from the endpoint declarations, complete, and
+honoured by the server (fuzzed with schemathesis against a live server)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver
+
+from console.api import ENDPOINTS
+from console.models import ApiToken
+from tests import factories
+
+HOST = {"HTTP_HOST": "127.0.0.1"}
+
+
+def api_routes() -> set[str]:
+    """Every URL pattern under the API prefixes, as an OpenAPI path template."""
+    found = set()
+
+    def walk(patterns, prefix=""):
+        for p in patterns:
+            route = prefix + str(p.pattern)
+            if isinstance(p, URLResolver):
+                walk(p.url_patterns, route)
+            elif isinstance(p, URLPattern) and route.startswith(("v1/", "api/v1/")) and "unmatched" not in route:
+                found.add("/" + route.replace("<str:", "{").replace("<int:", "{").replace(">", "}"))
+
+    walk(get_resolver().url_patterns)
+    return found
+
+
+@pytest.mark.django_db
+def test_it_publishes_every_endpoint_and_nothing_else(client):
+    response = client.get("/v1/openapi.json", **HOST)  # no sign-in needed
+    assert response.status_code == 200
+    doc = response.json()
+    assert doc["openapi"] == "3.1.0"
+    declared = {(ep.path, ep.method.lower()) for ep in ENDPOINTS}
+    published = {(path, method) for path, ops in doc["paths"].items() for method in ops}
+    assert published == declared
+    # No API route bypasses the declarations (the catch-all 404 route is the one exception).
+    leftover = api_routes() - {ep.path for ep in ENDPOINTS}
+    assert leftover == set()
+
+
+@pytest.mark.django_db
+def test_it_derives_request_schemas_from_the_models_that_validate_them(client):
+    doc = client.get("/v1/openapi.json", **HOST).json()
+    body = doc["paths"]["/v1/threads/{public_id}/items"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    item_in = doc["components"]["schemas"][body["$ref"].rsplit("/", 1)[1]]
+    assert item_in["additionalProperties"] is False
+    assert item_in["required"] == ["role"]
+    assert item_in["properties"]["title"]["maxLength"] == 300
+    params = {p["name"]: p for p in doc["paths"]["/v1/threads"]["get"]["parameters"]}
+    assert set(params) == {"view", "owner_kind", "owner_id", "q", "archived", "closed", "active", "limit", "cursor"}
+    for operation in (op for ops in doc["paths"].values() for op in ops.values()):
+        for status, answer in operation["responses"].items():
+            if int(status) >= 400:
+                assert answer["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorOut")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_schemathesis_finds_no_server_error_and_no_answer_outside_the_schema(live_server, tmp_path, settings):
+    """Bounded property-based fuzzing of every operation, signed in as an admin token."""
+    settings.API_VALIDATE_RESPONSES = False  # the live server answers; schemathesis judges
+    admin = factories.make_user("fuzz-admin", admin=True)
+    conversation = factories.make_conversation(title="Fuzz target")
+    item = factories.add_tool(conversation)
+    factories.add_message(conversation)
+    _token, raw = ApiToken.issue(admin)
+    config = tmp_path / "schemathesis.toml"
+    config.write_text(
+        "[parameters]\n"
+        f'"path.public_id" = "{conversation.public_id}"\n'
+        f'"path.item_id" = {item.pk}\n'
+    )
+    report = tmp_path / "report"
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("schemathesis")), "--config-file", str(config), "run",
+         f"{live_server.url}/v1/openapi.json",
+         "--header", f"Authorization: Bearer {raw}",
+         "--checks", "not_a_server_error,status_code_conformance,content_type_conformance,"
+                     "response_schema_conformance,negative_data_rejection",
+         "--max-examples", "25", "--seed", "7", "--no-shrink", "--workers", "1",
+         "--generation-database", "none", "--phases", "examples,coverage,fuzzing",
+         "--request-timeout", "20", "--report", "ndjson", "--report-dir", str(report)],
+        capture_output=True, text=True, timeout=900, cwd=tmp_path,
+    )
+    tail = (result.stdout + result.stderr)[-6000:]
+    assert result.returncode == 0, tail
+    assert "No issues found" in result.stdout or " passed" in result.stdout, tail
+
+
+@pytest.mark.django_db
+def test_every_error_answer_is_the_documented_error_shape(member_client):
+    for path in ("/v1/threads?limit=0", "/v1/threads/c_none", "/v1/nothing"):
+        body = member_client.get(path, **HOST).json()
+        assert set(body) >= {"code", "message"} and isinstance(body["message"], str)
+    anonymous = Client(**HOST).get("/v1/threads")
+    assert json.loads(anonymous.content)["code"] == "not_authenticated"

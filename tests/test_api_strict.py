@@ -1,0 +1,177 @@
+"""Hostile input to the API: every refusal is a 4xx with a stable code and changes nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.test import Client
+
+from console.models import ApiToken
+from lifecycle import api as lifecycle_api
+from lifecycle.models import Item
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+HOST = {"HTTP_HOST": "127.0.0.1"}
+
+
+@pytest.fixture
+def runtime(admin_user) -> Client:
+    _token, raw = ApiToken.issue(admin_user)
+    return Client(HTTP_AUTHORIZATION=f"Bearer {raw}", **HOST)
+
+
+def post_raw(client: Client, conversation, raw: bytes):
+    return client.post(f"/v1/threads/{conversation.public_id}/items", data=raw, content_type="application/json")
+
+
+@pytest.mark.parametrize(
+    ("raw", "code"),
+    [
+        (b'{"role":"user","content":' + b"[" * 10_000 + b"]" * 10_000 + b"}", "too_deep"),
+        (b'{"role":"tool","tool_kind":"generic","payload":' + b'{"a":' * 100 + b"1" + b"}" * 100 + b"}", "too_deep"),
+        (b'{"role":"tool","tool_kind":"generic","payload":{"x":NaN}}', "invalid_number"),
+        (b'{"role":"tool","tool_kind":"generic","payload":{"x":Infinity}}', "invalid_number"),
+        (b'{"role":"tool","tool_kind":"generic","payload":{"x":-Infinity}}', "invalid_number"),
+        (b'{"role":"tool","tool_kind":"generic","payload":{"x":1e400}}', "invalid_number"),
+        (b'{"role":"tool","tool_kind":"generic","payload":{"x":' + b"9" * 5000 + b"}}", "invalid_number"),
+        (b'{"role":"user","content":"\\ud800"}', "invalid_text"),
+        (b'{"role":"user","content":"a\\udfffb"}', "invalid_text"),
+        (b'{"role":"user","content":"a\\u0000b"}', "invalid_text"),
+        (b'{"role":"user","title":"\\u0000"}', "invalid_text"),
+        (b'{"role":"tool","tool_kind":"generic","payload":{"out":"x\\u0000"}}', "invalid_text"),
+        (b'{"role":"tool","tool_kind":"generic","payload":{"k\\u0000":1}}', "invalid_text"),
+        (b'{"role":"user","role":"tool"}', "duplicate_key"),
+        (b'{"role":"tool","tool_kind":"generic","payload":{"a":1,"a":2}}', "duplicate_key"),
+        (b'{"role":"user","content":"\xff\xfe"}', "malformed_json"),
+        (b'{"role":"user"} {"role":"user"}', "malformed_json"),
+        (b"  ", "malformed_json"),
+        (b"null", "invalid_body"),
+        (b'"text"', "invalid_body"),
+    ],
+)
+def test_it_refuses_hostile_bodies_with_a_stable_code_and_stores_nothing(runtime, conversation, raw, code):
+    response = post_raw(runtime, conversation, raw)
+    assert (response.status_code, response.json()["code"]) == (400, code), response.content[:300]
+    assert response["Content-Type"] == "application/json"
+    assert Item.objects.count() == 0
+
+
+def test_it_refuses_hostile_patches_and_changes_nothing(runtime, conversation):
+    item = factories.add_tool(conversation)
+    before = Item.objects.get(pk=item.pk)
+    for raw in (b'{"title":"a","title":"b"}', b'{"payload":{"x":NaN}}', b'{"title":"\\ud800"}'):
+        response = runtime.patch(f"/v1/threads/{conversation.public_id}/items/{item.pk}", data=raw,
+                                 content_type="application/json")
+        assert response.status_code == 400
+    after = Item.objects.get(pk=item.pk)
+    assert (after.title, after.payload, after.revision) == (before.title, before.payload, before.revision)
+
+
+def test_it_accepts_what_is_strict_json_and_stores_it_exactly(runtime, conversation):
+    payload = {"tool_name": "calc", "output": "ünïcødé ✓ 日本語", "n": 12345678901234567890, "f": 1.5, "deep": [[[1]]]}
+    response = post_raw(runtime, conversation, json.dumps({"role": "tool", "tool_kind": "generic", "payload": payload}).encode())
+    assert response.status_code == 201, response.content
+    assert Item.objects.get(pk=response.json()["id"]).payload == payload
+
+
+@pytest.mark.parametrize("old, new", [({"n": 1}, {"n": 1.0}), ({"n": 1}, {"n": True}), ({"n": 0}, {"n": False})])
+def test_it_treats_a_change_of_type_as_a_change(runtime, conversation, old, new):
+    item = factories.add_tool(conversation, kind="generic", payload={"tool_name": "t", **old})
+    response = runtime.patch(f"/v1/threads/{conversation.public_id}/items/{item.pk}",
+                             data=json.dumps({"payload": {"tool_name": "t", **new}}), content_type="application/json")
+    assert response.status_code == 200, response.content
+    stored = Item.objects.get(pk=item.pk)
+    assert stored.revision == 2
+    assert type(stored.payload["n"]) is type(new["n"])
+
+
+def test_it_answers_json_for_unknown_api_paths_and_methods(runtime, member_client):
+    for path in ("/v1/nothing", "/v1/threads/c_x/items/1/more", "/api/v1/nope", "/v1/"):
+        response = runtime.get(path)
+        assert (response.status_code, response.json()["code"]) == (404, "not_found"), path
+    response = runtime.delete("/v1/threads")
+    assert (response.status_code, response.json()["code"]) == (405, "method_not_allowed")
+    assert "GET" in response["Allow"]
+
+
+def test_it_answers_json_500_and_logs_when_a_view_fails(runtime, conversation, monkeypatch, caplog):
+    def broken(_c):
+        raise RuntimeError("boom with secret detail")
+
+    monkeypatch.setattr(lifecycle_api, "thread_json", broken)
+    response = runtime.get(f"/v1/threads/{conversation.public_id}")
+    assert response.status_code == 500
+    assert response.json()["code"] == "internal_error"
+    assert "secret" not in response.content.decode()
+    assert "boom with secret detail" in caplog.text
+
+
+def test_the_500_handler_answers_json_under_the_api_and_html_elsewhere(rf):
+    from console.views import server_error
+
+    assert server_error(rf.get("/v1/threads"))["Content-Type"] == "application/json"
+    assert server_error(rf.get("/api/v1/system/x"))["Content-Type"] == "application/json"
+    page = server_error(rf.get("/conversations/"))
+    assert page["Content-Type"].startswith("text/html") and page.status_code == 500
+
+
+def test_it_sends_www_authenticate_on_401_and_takes_the_scheme_in_any_case(admin_user, client, conversation):
+    response = client.get("/v1/threads", **HOST)
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"].startswith("Bearer")
+    _token, raw = ApiToken.issue(admin_user)
+    for scheme in ("Bearer", "bearer", "BEARER", "bEaReR"):
+        assert Client(HTTP_AUTHORIZATION=f"{scheme} {raw}", **HOST).get("/v1/threads").status_code == 200
+    assert Client(HTTP_AUTHORIZATION=f"Token {raw}", **HOST).get("/v1/threads").status_code == 401
+    assert Client(HTTP_AUTHORIZATION="Bearer nope", **HOST).get("/v1/threads").status_code == 401
+
+
+def test_head_works_wherever_get_does(runtime, conversation):
+    item = factories.add_message(conversation)
+    for path in ("/v1/threads", f"/v1/threads/{conversation.public_id}", f"/v1/threads/{conversation.public_id}/items",
+                 f"/v1/threads/{conversation.public_id}/items/{item.pk}", "/v1/openapi.json"):
+        get, head = runtime.get(path), runtime.head(path)
+        assert (get.status_code, head.status_code) == (200, 200), path
+        assert head.content == b"" and head["Content-Type"] == get["Content-Type"]
+    assert runtime.head("/v1/threads/c_unknown").status_code == 404
+
+
+@pytest.mark.parametrize("query", ["owner_id=1", "owner_kind=account", "view=recent&view=closed"])
+def test_it_refuses_incomplete_or_repeated_filters(member_client, query):
+    response = member_client.get(f"/v1/threads?{query}", **HOST)
+    assert (response.status_code, response.json()["code"]) == (400, "invalid_filter")
+
+
+def test_it_bounds_an_item_page_in_bytes_and_pages_through_everything(runtime, conversation, settings):
+    settings.API_MAX_PAGE_BYTES = 10_000
+    items = [factories.add_tool(conversation, kind="generic",
+                                payload={"tool_name": "t", "output": f"{n:02d}" + "x" * 4000}) for n in range(7)]
+    huge = factories.add_tool(conversation, kind="generic", payload={"tool_name": "t", "output": "y" * 30_000})
+    seen, after, pages = [], "0", 0
+    while after is not None:
+        body = runtime.get(f"/v1/threads/{conversation.public_id}/items?limit=200&after={after}").json()
+        assert body["results"], "a page always carries at least one item"
+        size = sum(len(json.dumps(i["payload"])) for i in body["results"])
+        assert len(body["results"]) == 1 or size <= 10_000 + 200
+        seen += [i["id"] for i in body["results"]]
+        after, pages = body["next"], pages + 1
+    assert seen == [i.pk for i in items] + [huge.pk]
+    assert pages >= 4
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/conversations/?q=a%00b", "/conversations/c_x%00y/", "/settings/system/data-storage/?x=%00"],
+)
+def test_it_refuses_nul_in_page_addresses(member_client, path):
+    response = member_client.get(path, **HOST)
+    assert response.status_code == 400
+    assert response["Content-Type"].startswith("text/html")
+
+
+@pytest.mark.parametrize("path", ["/v1/threads?q=a%00b", "/v1/threads/c_x%00y", "/v1/threads?%00=1"])
+def test_it_refuses_nul_in_api_addresses(member_client, path):
+    response = member_client.get(path, **HOST)
+    assert (response.status_code, response.json()["code"]) == (400, "invalid_text")
