@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import JsonValue
+from pydantic import Field, JsonValue
 
 from console.api import Schema
 from lifecycle.models import Conversation, DeleteOperation, DeleteState, Item
@@ -97,6 +97,125 @@ def item_json(i: Item) -> dict[str, Any]:
         "created_at": iso(i.created_at),
         "updated_at": iso(i.updated_at),
     }
+
+
+StoreClass = Literal["erase", "compact", "retain_detach", "shared", "retain", "retain_facts", "out_of_scope"]
+OperationState = Literal["pending", "completed", "refused", "unavailable"]
+
+
+class StepOut(Schema):
+    store: str
+    state: Literal["pending", "measured", "done"]
+    records: int
+    bytes: int
+
+
+class ReceiptStoreOut(Schema):
+    store: str
+    klass: StoreClass = Field(alias="class")
+    action: Literal["erased", "compacted", "detached", "revoked", "kept", "out_of_scope"]
+    records: int | None = None
+    bytes: int | None = None
+    remaining: int | None = Field(default=None, description="Shared copies whose publisher cannot revoke them.")
+
+
+class HolderOut(Schema):
+    """Something that still holds the erased bytes, and what ends that."""
+
+    kind: Literal["backup", "database_files", "wal", "wal_archive"]
+    name: str | None = None
+    made_at: str | None = None
+
+
+class PhysicalOut(Schema):
+    state: Literal["pending", "erased"] | None
+    erased_at: str | None
+
+
+class VerificationOut(Schema):
+    at: str
+    logical: Literal["clean", "found"]
+    physical: Literal["clean", "found", "pending", "not_checked", "no_fingerprints"]
+    findings: int
+
+
+class ReceiptOut(Schema):
+    engine: Literal["sqlite", "postgresql"]
+    stores: list[ReceiptStoreOut]
+    kept: list[ReceiptStoreOut]
+    holders: list[HolderOut]
+    physical: PhysicalOut
+    verified_at: str | None
+    verified_physical_at: str | None
+    verification: VerificationOut | None = None
+
+
+class AmbiguousRowOut(Schema):
+    agent_id: JsonValue
+    status: JsonValue
+    started_at: JsonValue
+    finished_at: JsonValue
+
+
+class WayOutOut(Schema):
+    ambiguous: list[AmbiguousRowOut] = Field(
+        description="Subagent rows of unknown origin overlapping the conversation: attribute or clear each "
+                    "(POST /v1/subagents/{agent_id}/resolve), then ask again with a new key.")
+
+
+class OperationOut(Schema):
+    id: str
+    kind: Literal["delete"]
+    target: str
+    state: OperationState
+    outcome: OperationState
+    code: str | None = Field(description="Why it was refused or is unavailable.")
+    message: str | None
+    reasons: list[str] = Field(description="Every cause found, one code each; `code` is the first.")
+    step: str | None = Field(description="The store being erased while pending.")
+    steps: list[StepOut]
+    attempts: int
+    error: str | None = Field(description="What stopped the last run, while pending.")
+    error_message: str | None
+    requested_at: str
+    completed_at: str | None
+    receipt: ReceiptOut | None
+    way_out: WayOutOut | None
+
+
+class OperationPageOut(Schema):
+    results: list[OperationOut]
+    next: int | None = Field(description="The offset of the next page.")
+
+
+class PreviewStoreOut(Schema):
+    store: str
+    kind: Literal["table", "file", "external"]
+    klass: StoreClass = Field(alias="class")
+    records: int | None = None
+    bytes: int | None = None
+    remaining: int | None = None
+
+
+class ReasonOut(Schema):
+    code: str
+    outcome: Literal["refused", "unavailable"]
+    message: str
+
+
+class AdmissionOut(Schema):
+    outcome: Literal["admitted", "refused", "unavailable"]
+    code: str | None
+    reasons: list[ReasonOut]
+    ambiguous: list[AmbiguousRowOut]
+
+
+class PreviewOut(Schema):
+    target: str
+    state: Literal["live", "pending_delete", "deleted"]
+    admission: AdmissionOut | None = Field(description="None once a delete is under way.")
+    stores: list[PreviewStoreOut]
+    shared_copy_remains: int
 
 
 def operation_json(op: DeleteOperation) -> dict[str, Any]:
