@@ -12,7 +12,7 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, OuterRef, Q, Subquery
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
@@ -117,6 +117,11 @@ class ConversationQuerySet(models.QuerySet):
     def with_activity(self) -> ConversationQuerySet:
         running = Turn.objects.filter(conversation=OuterRef("pk"), state__in=ACTIVE_TURN_STATES)
         return self.annotate(is_active=Exists(running))
+
+    def with_delete_operation(self) -> ConversationQuerySet:
+        """`delete_op`: the public id of the conversation's delete intent, if it has one."""
+        intent = DeleteOperation.objects.filter(conversation=OuterRef("pk"), state__in=INTENT_STATES)
+        return self.annotate(delete_op=Subquery(intent.values("public_id")[:1]))
 
 
 class Conversation(models.Model):
