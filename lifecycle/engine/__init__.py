@@ -9,6 +9,7 @@ engine folder or the fleet file itself; it asks an `EngineClient`:
     engine.preview_delete("c_...")                          # what a delete would do
     op = engine.request_delete("c_...", key="...", actor=user)   # -> OperationView
     engine.operation(op.id)                                 # state, step, receipt
+    engine.wait(op.id, progress=show)                       # until it is no longer pending
     engine.resolve_subagent("sa_...", action="clear", conversation_id=None, actor=user)
 
 Every answer is plain data shaped like the engine API's JSON (`GET /v1/operations/{id}`
@@ -85,6 +86,10 @@ class EngineClient(Protocol):
     def retry_operation(self, operation_id: str, *, actor) -> OperationView: ...
 
     def resolve_subagent(self, agent_id: str, *, action: str, conversation_id: str | None, actor) -> None: ...
+
+    def wait(self, operation_id: str, *, progress=None, timeout: float | None = None) -> OperationView:
+        """Until the operation is no longer pending (or `timeout`); `progress(done, total, step)`."""
+        ...
 
 
 def get_engine() -> EngineClient:

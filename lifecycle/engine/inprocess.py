@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from django.utils.translation import gettext as _
@@ -77,3 +78,21 @@ class InProcessEngine:
     def resolve_subagent(self, agent_id: str, *, action: str, conversation_id: str | None, actor) -> None:
         conversation = self._conversation(conversation_id, actor) if conversation_id else None
         resolve_subagent(agent_id, action=action, conversation=conversation, acting_user=actor)
+
+    def wait(self, operation_id: str, *, progress=None, timeout: float | None = None) -> OperationView:
+        """The embedded engine drives the erasure itself (under the operation's lease, so a
+        worker of the cluster doing the same meanwhile is harmless) and reports each step."""
+        op = self._operation(operation_id)
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def report(_op, step, done, total) -> None:
+            if progress:
+                progress(done, total, step.key)
+
+        while op.state == "pending" and (deadline is None or time.monotonic() < deadline):
+            if executor.run_erasure(op.pk, progress=report) in ("busy", "pending"):
+                time.sleep(0.5)
+            op = self._operation(operation_id)
+            if op.last_error == "stalled":
+                break
+        return self.operation(operation_id)
