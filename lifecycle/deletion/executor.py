@@ -122,12 +122,24 @@ def take_lease(operation_id: int, *, force: bool = False) -> DeleteOperation | N
     return op
 
 
-def renew(op: DeleteOperation) -> None:
+_renewed: dict[int, float] = {}
+
+
+def renew(op: DeleteOperation, *, every: float | None = None, step: str | None = None) -> None:
+    """Extend the lease (and record the current step); with `every`, only when that many seconds
+    have passed since the last renewal."""
+    now = time.monotonic()
+    if every is not None and now - _renewed.get(op.pk, 0.0) < every:
+        return
+    fields: dict = {"lease_expires_at": timezone.now() + timedelta(seconds=lease_seconds())}
+    if step is not None:
+        fields["step"] = step
     moved = DeleteOperation.objects.filter(pk=op.pk, lease_holder=op.lease_holder, state=DeleteState.PENDING).update(
-        lease_expires_at=timezone.now() + timedelta(seconds=lease_seconds())
+        **fields
     )
     if not moved:
         raise LeaseLost(op.public_id)
+    _renewed[op.pk] = now
 
 
 def release(op: DeleteOperation) -> None:
@@ -175,8 +187,7 @@ def run_erasure(operation_id: int, *, force: bool = False, progress: Progress | 
 
                 async_task("lifecycle.tasks.erase", op.pk, q_options={"ack_failure": True})
                 return DeleteState.PENDING
-            DeleteOperation.objects.filter(pk=op.pk).update(step=step.key)
-            renew(op)
+            renew(op, step=step.key)
             if progress:
                 progress(op, step, n, len(steps))
             _run_step(op, step, by_key.get(step.key), conversation, home)
@@ -199,9 +210,10 @@ def run_erasure(operation_id: int, *, force: bool = False, progress: Progress | 
         release(op)
 
 
-def _step_done(op: DeleteOperation, step: DeleteStep) -> None:
+def _step_done(op: DeleteOperation, step: DeleteStep, figures: stores.Measure | None = None) -> None:
     with transaction.atomic():
-        DeleteStep.objects.filter(pk=step.pk).update(state=StepState.DONE, finished_at=timezone.now())
+        extra = {"records": figures.records, "bytes": figures.bytes, "detail": figures.detail} if figures else {}
+        DeleteStep.objects.filter(pk=step.pk).update(state=StepState.DONE, finished_at=timezone.now(), **extra)
         # Progress: a later crash starts the stall count (and its back-off) afresh.
         DeleteOperation.objects.filter(pk=op.pk).update(stalled_attempts=0, next_attempt_at=timezone.now(),
                                                         last_error="")
@@ -215,10 +227,13 @@ def _run_step(op: DeleteOperation, step: DeleteStep, store, conversation: Conver
         return
     if step.state == StepState.PENDING:
         figures = stores.measure(store, conversation, home)
+        if not figures.records and not figures.detail.get("remaining"):
+            _step_done(op, step, figures)  # nothing there: measured and done at once
+            return
         DeleteStep.objects.filter(pk=step.pk).update(
             state=StepState.MEASURED, records=figures.records, bytes=figures.bytes, detail=figures.detail
         )
-    stores.erase(store, conversation, home, renew=lambda: renew(op),
+    stores.erase(store, conversation, home, renew=lambda: renew(op, every=lease_seconds() / 8),
                  checkpoint=lambda: faults.kill_point(step.key))
     _step_done(op, step)
 

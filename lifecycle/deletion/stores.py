@@ -21,10 +21,13 @@ from lifecycle.enginefs import EngineHome
 from lifecycle.models import Conversation
 from lifecycle.registry import RetentionClass, Store
 
-BATCH_ROWS = 2000
-# SQLite has one writer at a time: pause between batches so a foreground append gets the
-# lock (IMPLEMENTATION-NOTES section 6), for a fraction of the time a batch held it.
-SQLITE_YIELD = 0.25
+BATCH_ROWS = 2000  # the first batch; later ones are sized to take about BATCH_SECONDS
+MAX_BATCH_ROWS = 20000
+BATCH_SECONDS = 0.1
+# SQLite has one writer at a time: between batches the erasure steps aside so a foreground
+# append gets the lock (IMPLEMENTATION-NOTES section 6). A batch holds the lock for about
+# BATCH_SECONDS, so a waiting writer waits about that long, not for the whole erasure.
+SQLITE_PAUSE = 0.01
 
 
 @dataclass
@@ -63,19 +66,22 @@ def _table_measure(store: Store, conversation_id: int, *, only_content: bool) ->
 
 
 def _batches(sql: str, params: list, renew: Callable[[], None]) -> int:
-    """Run a statement that changes at most BATCH_ROWS rows until it changes none."""
-    changed = 0
+    """Run a statement that changes at most `limit` rows (its LIMIT placeholder) until it changes
+    none, each run its own transaction, sizing runs to about BATCH_SECONDS each."""
+    changed, limit = 0, BATCH_ROWS
     while True:
         started = time.monotonic()
         with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(sql, params)
+            cursor.execute(sql, [*params, limit])
             n = cursor.rowcount
         changed += n
-        if n < BATCH_ROWS:
+        if n < limit:
             return changed
         renew()
+        took = time.monotonic() - started
+        limit = max(500, min(MAX_BATCH_ROWS, int(limit * BATCH_SECONDS / max(took, 1e-3))))
         if connection.vendor == "sqlite":
-            time.sleep(min(0.2, (time.monotonic() - started) * SQLITE_YIELD))
+            time.sleep(SQLITE_PAUSE)
 
 
 def _pk(store: Store) -> str:
@@ -124,7 +130,7 @@ def erase(store: Store, conversation: Conversation, home: EngineHome, renew: Cal
     elif store.retention == RetentionClass.ERASE:
         _batches_with_checkpoint(
             f"DELETE FROM {table} WHERE {_pk(store)} IN (SELECT {_pk(store)} FROM {table} "
-            f"WHERE {_q(store.lookup)} = %s LIMIT {BATCH_ROWS})",
+            f"WHERE {_q(store.lookup)} = %s LIMIT %s)",
             [conversation.pk], renew, checkpoint,
         )
         return
@@ -132,7 +138,7 @@ def erase(store: Store, conversation: Conversation, home: EngineHome, renew: Cal
         cleared = ", ".join(f"{_q(c)} = NULL" for c in store.content_columns())
         _batches_with_checkpoint(
             f"UPDATE {table} SET {cleared} WHERE {_pk(store)} IN (SELECT {_pk(store)} FROM {table} "
-            f"WHERE {_q(store.lookup)} = %s AND {_holding_content(store)} LIMIT {BATCH_ROWS})",
+            f"WHERE {_q(store.lookup)} = %s AND {_holding_content(store)} LIMIT %s)",
             [conversation.pk], renew, checkpoint,
         )
         return
