@@ -50,6 +50,7 @@ class Store:
     pattern: str = ""  # path under ENGINE_HOME for files; <thread> is the storage key
     lookup: str = "conversation_id"  # tables: the column that holds the conversation's id
     content: tuple[str, ...] = ()  # tables: columns holding content (default: text and JSON columns)
+    sized_by: tuple[tuple[str, str], ...] = ()  # tables: (content column, column already holding its size)
     tombstone: bool = False  # tables: the row stays, its content columns are blanked
     period: str = ""  # retain_facts: the RetainedFactsPolicy field counting days after the delete
     locator: str = ""  # files: the EngineHome method (folder per conversation) or property (shared file)
@@ -119,7 +120,7 @@ STORES: tuple[Store, ...] = (
           _("Title erased; the identity row stays as a content-free tombstone."),
           lookup="id", content=("title",), tombstone=True),
     table("lifecycle.Turn", _("Turns"), E, _("Gone.")),
-    table("lifecycle.Item", _("Messages and tool calls"), E, _("Gone.")),
+    table("lifecycle.Item", _("Messages and tool calls"), E, _("Gone."), sized_by=(("payload", "payload_bytes"),)),
     files("events", "threads/<thread>/", _("Event log"), E, _("Gone."), locator="thread_dir"),
     table("lifecycle.Goal", _("Goals"), E, _("Gone.")),
     table("lifecycle.MailEnvelope", _("Mail envelopes"), E, _("Gone.")),

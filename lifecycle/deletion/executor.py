@@ -134,9 +134,10 @@ def renew(op: DeleteOperation, *, every: float | None = None, step: str | None =
     fields: dict = {"lease_expires_at": timezone.now() + timedelta(seconds=lease_seconds())}
     if step is not None:
         fields["step"] = step
-    moved = DeleteOperation.objects.filter(pk=op.pk, lease_holder=op.lease_holder, state=DeleteState.PENDING).update(
-        **fields
-    )
+    with stores.erasure_transaction():
+        moved = DeleteOperation.objects.filter(
+            pk=op.pk, lease_holder=op.lease_holder, state=DeleteState.PENDING
+        ).update(**fields)
     if not moved:
         raise LeaseLost(op.public_id)
     _renewed[op.pk] = now
@@ -187,7 +188,6 @@ def run_erasure(operation_id: int, *, force: bool = False, progress: Progress | 
 
                 async_task("lifecycle.tasks.erase", op.pk, q_options={"ack_failure": True})
                 return DeleteState.PENDING
-            renew(op, step=step.key)
             if progress:
                 progress(op, step, n, len(steps))
             _run_step(op, step, by_key.get(step.key), conversation, home)
@@ -211,7 +211,7 @@ def run_erasure(operation_id: int, *, force: bool = False, progress: Progress | 
 
 
 def _step_done(op: DeleteOperation, step: DeleteStep, figures: stores.Measure | None = None) -> None:
-    with transaction.atomic():
+    with stores.erasure_transaction():
         extra = {"records": figures.records, "bytes": figures.bytes, "detail": figures.detail} if figures else {}
         DeleteStep.objects.filter(pk=step.pk).update(state=StepState.DONE, finished_at=timezone.now(), **extra)
         # Progress: a later crash starts the stall count (and its back-off) afresh.
@@ -220,21 +220,37 @@ def _step_done(op: DeleteOperation, step: DeleteStep, figures: stores.Measure | 
 
 
 def _run_step(op: DeleteOperation, step: DeleteStep, store, conversation: Conversation, home: EngineHome) -> None:
+    """One step: measure (committed before erasing), erase what is still there, mark done.
+
+    A table step small enough for one statement does all three in one transaction. A larger
+    one commits its figures first, then erases in batches. A file step cannot share the
+    database's transaction: its figures are committed, then the files changed, then it is
+    marked done; a crash in between redoes the (idempotent) file change.
+    """
+    kill = lambda: faults.kill_point(step.key)  # noqa: E731
     if step.key == plan.FINGERPRINTS:
+        renew(op, step=step.key)
         fingerprints.record(op, fingerprints.sample(conversation, home))
-        faults.kill_point(step.key)
+        kill()
         _step_done(op, step)
         return
     if step.state == StepState.PENDING:
-        figures = stores.measure(store, conversation, home)
-        if not figures.records and not figures.detail.get("remaining"):
-            _step_done(op, step, figures)  # nothing there: measured and done at once
-            return
-        DeleteStep.objects.filter(pk=step.pk).update(
-            state=StepState.MEASURED, records=figures.records, bytes=figures.bytes, detail=figures.detail
-        )
-    stores.erase(store, conversation, home, renew=lambda: renew(op, every=lease_seconds() / 8),
-                 checkpoint=lambda: faults.kill_point(step.key))
+        with stores.erasure_transaction():
+            renew(op, step=step.key)
+            figures = stores.measure(store, conversation, home)
+            if not figures.records and not figures.detail.get("remaining"):
+                _step_done(op, step, figures)  # nothing there: measured and done at once
+                return
+            if store.kind == "table" and figures.records <= stores.BATCH_ROWS:
+                stores.erase(store, conversation, home, renew=lambda: None, checkpoint=kill)
+                _step_done(op, step, figures)
+                return
+            DeleteStep.objects.filter(pk=step.pk).update(
+                state=StepState.MEASURED, records=figures.records, bytes=figures.bytes, detail=figures.detail
+            )
+    else:
+        renew(op, step=step.key)
+    stores.erase(store, conversation, home, renew=lambda: renew(op, every=lease_seconds() / 8), checkpoint=kill)
     _step_done(op, step)
 
 
