@@ -15,6 +15,7 @@ from django.db import models
 from django.db.models import Exists, OuterRef, Q, Subquery
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import pgettext_lazy
 
 
 def new_public_id() -> str:
@@ -534,10 +535,10 @@ def new_operation_id() -> str:
 
 
 class DeleteState(models.TextChoices):
-    PENDING = "pending", _("Pending")
-    COMPLETED = "completed", _("Completed")
-    REFUSED = "refused", _("Refused")
-    UNAVAILABLE = "unavailable", _("Unavailable")
+    PENDING = "pending", pgettext_lazy("operation state", "Pending")
+    COMPLETED = "completed", pgettext_lazy("operation state", "Completed")
+    REFUSED = "refused", pgettext_lazy("operation state", "Refused")
+    UNAVAILABLE = "unavailable", pgettext_lazy("operation state", "Unavailable")
 
 
 # The only moves a delete operation makes; refusals and completions are final.
