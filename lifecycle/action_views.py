@@ -16,6 +16,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils.dateparse import parse_datetime
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -113,6 +114,8 @@ def _render_preview(request: HttpRequest, conversation: Conversation, *, status:
                     error: str = "") -> HttpResponse:
     preview = get_engine().preview_delete(conversation.public_id)
     admission = preview["admission"]
+    if admission:
+        admission = {**admission, "ambiguous": _rows_with_times(admission["ambiguous"])}
     context = {
         "conversation": conversation,
         "preview": preview,
@@ -145,6 +148,17 @@ def conversation_delete(request: HttpRequest, public_id: str) -> HttpResponse:
 # ---- Operations --------------------------------------------------------------------------------
 
 
+def _moment(value: str | None):
+    return parse_datetime(value) if value else None
+
+
+def _rows_with_times(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Fleet rows as written by the engine: their times parsed where they are times."""
+    return [{**row, "started": _moment(row.get("started_at") if isinstance(row.get("started_at"), str) else None),
+             "finished": _moment(row.get("finished_at") if isinstance(row.get("finished_at"), str) else None)}
+            for row in rows]
+
+
 def _store_rows(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     by_key = {s.key: s for s in STORES}
     return [{**e, "label": by_key[e["store"]].label if e["store"] in by_key else e["store"],
@@ -173,7 +187,10 @@ def _operation_context(op: OperationView) -> dict[str, Any]:
         "holders": receipt.get("holders", []),
         "erased_records": sum(e.get("records") or 0 for e in receipt.get("stores", []) if e["action"] == "erased"),
         "erased_bytes": sum(e.get("bytes") or 0 for e in receipt.get("stores", []) if e["action"] != "detached"),
-        "ambiguous": (op.way_out or {}).get("ambiguous", []),
+        "ambiguous": _rows_with_times((op.way_out or {}).get("ambiguous", [])),
+        "physical_at": _moment((receipt.get("physical") or {}).get("erased_at")),
+        "verified_at": _moment(receipt.get("verified_at")),
+        "verified_physical_at": _moment(receipt.get("verified_physical_at")),
         "poll": POLL_SECONDS if op.is_pending else None,
         "stalled": op.error == "stalled",
     }
