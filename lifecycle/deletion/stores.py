@@ -23,8 +23,11 @@ from lifecycle.models import Conversation
 from lifecycle.registry import RetentionClass, Store
 
 BATCH_ROWS = 2000  # the first batch; later ones are sized to take about BATCH_SECONDS
-MAX_BATCH_ROWS = 20000
+MAX_BATCH_ROWS = 50000
 BATCH_SECONDS = 0.1
+# PostgreSQL locks only the rows being deleted (a fenced conversation's, which nobody else
+# writes), so its batches can be longer; they only bound a transaction and mark progress.
+PG_BATCH_SECONDS = 0.5
 # SQLite has one writer at a time: between batches the erasure steps aside so a foreground
 # append gets the lock (IMPLEMENTATION-NOTES section 6). A batch holds the lock for about
 # BATCH_SECONDS, so a waiting writer waits about that long, not for the whole erasure.
@@ -94,7 +97,8 @@ def _batches(sql: str, params: list, renew: Callable[[], None]) -> int:
             return changed
         renew()
         took = time.monotonic() - started
-        limit = max(500, min(MAX_BATCH_ROWS, int(limit * BATCH_SECONDS / max(took, 1e-3))))
+        target = BATCH_SECONDS if connection.vendor == "sqlite" else PG_BATCH_SECONDS
+        limit = max(500, min(MAX_BATCH_ROWS, int(limit * target / max(took, 1e-3))))
         if connection.vendor == "sqlite":
             time.sleep(SQLITE_PAUSE)
 
@@ -143,11 +147,13 @@ def erase(store: Store, conversation: Conversation, home: EngineHome, renew: Cal
         with erasure_transaction(), connection.cursor() as cursor:
             cursor.execute(f"UPDATE {table} SET {blank} WHERE {_q(store.lookup)} = %s", [conversation.pk])
     elif store.retention == RetentionClass.ERASE:
-        _batches_with_checkpoint(
-            f"DELETE FROM {table} WHERE {_pk(store)} IN (SELECT {_pk(store)} FROM {table} "
-            f"WHERE {_q(store.lookup)} = %s LIMIT %s)",
-            [conversation.pk], renew, checkpoint,
-        )
+        # The rows of one batch by their physical address on PostgreSQL (a TID scan), by
+        # primary key on SQLite.
+        where = f"WHERE {_q(store.lookup)} = %s LIMIT %s"
+        sql = (f"DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} {where}))"
+               if connection.vendor == "postgresql"
+               else f"DELETE FROM {table} WHERE {_pk(store)} IN (SELECT {_pk(store)} FROM {table} {where})")
+        _batches_with_checkpoint(sql, [conversation.pk], renew, checkpoint)
         return
     elif store.retention == RetentionClass.COMPACT:
         cleared = ", ".join(f"{_q(c)} = NULL" for c in store.content_columns())
