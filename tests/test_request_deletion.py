@@ -297,3 +297,67 @@ def test_it_stays_pending_with_a_clear_error_when_the_fleet_file_turns_unreadabl
     assert not m.Item.objects.filter(conversation=target).exists()  # earlier steps are done
     home.fleet_path.write_bytes(json.dumps({"version": 1, "agents": []}).encode())
     assert executor.run_erasure(op.pk, force=True) == "completed"
+
+
+def test_a_symlinked_folder_is_never_followed_and_keeps_the_delete_pending(tmp_path):
+    target = factories.make_conversation()
+    factories.fill_every_store(target)
+    home = EngineHome()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious.txt").write_bytes(b"not the conversation's")
+    folder = home.artifacts_dir(target.storage_key)
+    for child in folder.iterdir():
+        child.unlink()
+    folder.rmdir()
+    folder.symlink_to(outside, target_is_directory=True)
+    op = delete(target)
+    assert executor.run_erasure(op.pk) == "pending"
+    op.refresh_from_db()
+    assert (op.state, op.step, op.last_error) == ("pending", "artifacts", "unsafe_path")
+    assert (outside / "precious.txt").read_bytes() == b"not the conversation's"
+    folder.unlink()  # an operator removes the link
+    assert executor.run_erasure(op.pk, force=True) == "completed"
+    assert (outside / "precious.txt").exists()
+
+
+def test_the_receipt_names_the_backups_made_before_the_delete(settings, tmp_path):
+    import os
+    import time
+
+    settings.BACKUP_DIR = tmp_path / "backups"
+    settings.BACKUP_DIR.mkdir()
+    old = settings.BACKUP_DIR / "lethe-2026-01-01.sqlite3"
+    old.write_bytes(b"backup")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    target = factories.make_conversation()
+    op = delete(target)
+    executor.run_erasure(op.pk)
+    (settings.BACKUP_DIR / "lethe-later.sqlite3").write_bytes(b"made after")
+    op.refresh_from_db()
+    backups = [h for h in op.receipt["holders"] if h["kind"] == "backup"]
+    assert [h["name"] for h in backups] == ["lethe-2026-01-01.sqlite3"]
+    # Until a checkpoint (SQLite) or a compaction (PostgreSQL) the database itself is named too.
+    kinds = {h["kind"] for h in op.receipt["holders"]}
+    assert kinds & {"wal", "database_files"}
+
+
+def test_unrelated_conversations_jobs_and_drafts_survive():
+    from django_q.tasks import async_task
+
+    target = factories.make_conversation()
+    factories.fill_every_store(target)
+    other = factories.make_conversation(title="Someone else's")
+    job = m.RuntimeClaim.objects.create(conversation=other, kind=m.ClaimKind.SHELL_JOB, label="npm test")
+    draft = m.SessionDocument.objects.create(conversation=other, name="draft", document={"text": "half-written"})
+    message = factories.add_message(other, content="still here")
+    async_task("retention.tasks.measure_engine_folder")  # a job of the queue, not of the delete
+    queued = OrmQ.objects.count()
+    op = delete(target)
+    executor.run_erasure(op.pk)
+    assert m.RuntimeClaim.objects.open().filter(pk=job.pk).exists()
+    assert m.SessionDocument.objects.get(pk=draft.pk).document == {"text": "half-written"}
+    assert m.Item.objects.get(pk=message.pk).content == "still here"
+    assert OrmQ.objects.count() == queued + 1  # the delete's own job was queued beside it
+    other.refresh_from_db()
+    assert (other.state, other.title) == ("live", "Someone else's")

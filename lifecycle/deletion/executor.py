@@ -201,7 +201,8 @@ def run_erasure(operation_id: int, *, force: bool = False, progress: Progress | 
         return "busy"
     except Exception as exc:
         code = _error_code(exc)
-        log.error("erasure of %s stopped at step %s: %s", op.public_id, op.step, type(exc).__name__)
+        step_now = DeleteOperation.objects.filter(pk=op.pk).values_list("step", flat=True).first()
+        log.error("erasure of %s stopped at step %s: %s", op.public_id, step_now, type(exc).__name__)
         DeleteOperation.objects.filter(pk=op.pk, state=DeleteState.PENDING).update(last_error=code)
         if code == "internal_error" and settings.DEBUG:
             raise
@@ -234,9 +235,9 @@ def _run_step(op: DeleteOperation, step: DeleteStep, store, conversation: Conver
         kill()
         _step_done(op, step)
         return
+    renew(op, step=step.key)  # committed on its own: a step that fails still shows where it stopped
     if step.state == StepState.PENDING:
         with stores.erasure_transaction():
-            renew(op, step=step.key)
             figures = stores.measure(store, conversation, home)
             if not figures.records and not figures.detail.get("remaining"):
                 _step_done(op, step, figures)  # nothing there: measured and done at once
@@ -248,8 +249,6 @@ def _run_step(op: DeleteOperation, step: DeleteStep, store, conversation: Conver
             DeleteStep.objects.filter(pk=step.pk).update(
                 state=StepState.MEASURED, records=figures.records, bytes=figures.bytes, detail=figures.detail
             )
-    else:
-        renew(op, step=step.key)
     stores.erase(store, conversation, home, renew=lambda: renew(op, every=lease_seconds() / 8), checkpoint=kill)
     _step_done(op, step)
 

@@ -124,7 +124,10 @@ def sample(conversation: Conversation, home: EngineHome) -> list[bytes]:
                 continue  # its own step stops on it; the other stores are erased meanwhile
             add(v for row in fleet.children(rows, conversation) for v in fleet.row_values(row))
         elif store.kind == "file":
-            folder = files.checked(home, store.paths(home, conversation)[0])
+            try:
+                folder = files.checked(home, store.paths(home, conversation)[0])
+            except (files.UnsafeFolder, ValueError):
+                continue  # never followed; its own step stops on it
             if folder is not None:
                 add(_file_values(folder))
     return out
