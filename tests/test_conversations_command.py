@@ -72,3 +72,20 @@ def test_it_records_without_waiting_and_refuses_with_exit_code_2():
         run("status", "c_00000000000000000000")
     with pytest.raises(CommandError, match="No active admin"):
         run("archive", idle.public_id, "--as", "nobody")
+
+
+def test_a_delete_that_stops_on_an_error_says_why_and_exits_3(engine_home):
+    conversation = factories.make_conversation()
+    factories.fill_every_store(conversation)
+    fleet_path = engine_home / "state" / "subagents.v1.json"
+    out = io.StringIO()
+    from lifecycle.actions.request_deletion import request_deletion
+
+    op = request_deletion(conversation, key="cli-error", acting_user=None)  # admitted while the file is fine
+    fleet_path.write_bytes(b"{broken")
+    with pytest.raises(SystemExit) as caught:
+        call_command("conversations", "delete", conversation.public_id, "--key", "cli-error", stdout=out)
+    assert caught.value.code == 3
+    text = out.getvalue()
+    assert f"{op.public_id}  pending" in text and "fleet_unreadable" in text
+    assert "subagent state file cannot be read" in text

@@ -90,9 +90,12 @@ class InProcessEngine:
                 progress(done, total, step.key)
 
         while op.state == "pending" and (deadline is None or time.monotonic() < deadline):
-            if executor.run_erasure(op.pk, progress=report) in ("busy", "pending"):
-                time.sleep(0.5)
+            outcome = executor.run_erasure(op.pk, progress=report)
             op = self._operation(operation_id)
-            if op.last_error == "stalled":
-                break
+            if outcome == "pending" and op.last_error:
+                break  # stopped on an error: report it; the recovery job retries
+            if outcome == "busy":
+                if op.last_error == "stalled":
+                    break
+                time.sleep(0.5)  # another worker holds it: wait for it to finish
         return self.operation(operation_id)

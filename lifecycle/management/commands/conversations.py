@@ -18,7 +18,8 @@ LABELS = {s.key: s.label for s in STORES}
 
 
 class Command(BaseCommand):
-    help = "Archive, close, delete or show a conversation (the same actions as the screens and the API)."
+    help = ("Archive, close, delete or show a conversation (the same actions as the screens and the API). "
+            "delete exits 2 when refused or unavailable, 3 when it stopped on an error and stays pending.")
 
     def add_arguments(self, parser):
         verbs = parser.add_subparsers(dest="verb", required=True)
@@ -80,6 +81,8 @@ class Command(BaseCommand):
             if sys.stderr.isatty() and not self.as_json:
                 sys.stderr.write("\n")
         self.report(op)
+        if wait and op.is_pending and op.error:
+            raise SystemExit(3)  # stopped on an error; it stays pending and the recovery job retries
 
     def progress(self, done: int, total: int, step: str) -> None:
         if not sys.stderr.isatty() or self.as_json:
@@ -113,6 +116,8 @@ class Command(BaseCommand):
         elif op.is_pending:
             done = sum(1 for s in op.steps if s["state"] == "done")
             lines.append(f"  step {done}/{len(op.steps)}: {op.step}" + (f"  ({op.error})" if op.error else ""))
+            if op.error_message:
+                lines.append(f"  {op.error_message}")
         else:
             for entry in op.receipt["stores"]:
                 lines.append(f"  {entry['action']:<10} {entry['records']:>8} records {entry['bytes'] or 0:>12} bytes  "
