@@ -192,6 +192,7 @@ def _operation_context(op: OperationView) -> dict[str, Any]:
         "verified_at": _moment(receipt.get("verified_at")),
         "verified_physical_at": _moment(receipt.get("verified_physical_at")),
         "poll": POLL_SECONDS if op.is_pending else None,
+        "version": f"{op.state}:{done}:{op.step or ''}:{op.error or ''}",
         "stalled": op.error == "stalled",
     }
 
@@ -203,10 +204,13 @@ def operation_detail(request: HttpRequest, operation_id: str) -> HttpResponse:
         op = get_engine().operation(operation_id)
     except ActionRefused:
         raise Http404 from None
+    context = _operation_context(op)
     template = "lifecycle/operation_detail.html"
     if request.htmx:
+        if request.GET.get("v") == context["version"]:
+            return HttpResponse(status=204)  # nothing changed: no swap, nothing re-announced
         template += "#status"
-    return render(request, template, _operation_context(op))
+    return render(request, template, context)
 
 
 @login_required

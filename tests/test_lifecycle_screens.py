@@ -101,8 +101,11 @@ def test_cancel_leaves_everything_and_confirm_starts_the_delete(admin_client):
     assert "Preparing: taking keyed fingerprints" in status
     fragment = page(admin_client, f"/operations/{op.public_id}/", HTTP_HX_REQUEST="true")
     assert fragment.lstrip().startswith('<section class="card op-status op-pending"')
+    version = re.search(r"\?v=([^\"]+)\"", fragment).group(1)
+    unchanged = admin_client.get(f"/operations/{op.public_id}/?v={version}", HTTP_HX_REQUEST="true", **HOST)
+    assert unchanged.status_code == 204  # polled without a change: nothing swapped or re-announced
     executor.run_erasure(op.pk)
-    done = page(admin_client, f"/operations/{op.public_id}/", HTTP_HX_REQUEST="true")
+    done = page(admin_client, f"/operations/{op.public_id}/?v={version}", HTTP_HX_REQUEST="true")
     assert 'data-state="completed"' in done and "hx-trigger" not in done  # polling stops
     assert "Erasure receipt" in done and "Messages and tool calls" in done
     assert "Physical erasure" in done
