@@ -36,14 +36,18 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--sizes", default="1000,10000,100000", help="Items per conversation, comma-separated.")
         parser.add_argument("--appends", type=int, default=400, help="Timed appends per fence setting.")
+        parser.add_argument("--repeat", type=int, default=3,
+                            help="Erase and raw-delete this many copies per size; the minimum is the figure "
+                                 "(least disturbed by other work on the machine), the median is shown too.")
         parser.add_argument("--seed", type=int, default=7)
 
-    def handle(self, *args, sizes: str, appends: int, seed: int, **options):
+    def handle(self, *args, sizes: str, appends: int, repeat: int, seed: int, **options):
         try:
             counts = [int(s) for s in sizes.split(",") if s.strip()]
         except ValueError:
             raise CommandError("--sizes takes whole numbers, e.g. 1000,10000") from None
-        if not counts or min(counts) < 1 or appends < 10:
+        self.repeat = repeat
+        if not counts or min(counts) < 1 or appends < 10 or not 1 <= repeat <= 20:
             raise CommandError("Give at least one size of 1 or more items and 10 or more appends.")
         if m.DeleteOperation.objects.outstanding().exists():
             # The append figures need the fence triggers off for a moment: never beside a real delete.
@@ -134,17 +138,22 @@ class Command(BaseCommand):
         return time.perf_counter() - started
 
     def size(self, items: int) -> dict:
-        erased, copy, probe = (self.conversation(items) for _ in range(3))
-        files, size = self.home.conversation_usage(erased.storage_key)
-        raw_seconds = self.raw_delete(copy)
-        erase_seconds = self.erase(erased)
+        erase, raw = [], []
+        for _ in range(self.repeat):
+            erased, copy = self.conversation(items), self.conversation(items)
+            files, size = self.home.conversation_usage(erased.storage_key)
+            raw.append(self.raw_delete(copy))
+            erase.append(self.erase(erased))
+        probe = self.conversation(items)
         tracemalloc.start()
         self.erase(probe)
         _current, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-        return {"items": items, "engine_files": files, "engine_bytes": size,
-                "erase_seconds": round(erase_seconds, 3), "raw_seconds": round(raw_seconds, 3),
-                "ratio": round(erase_seconds / raw_seconds, 2) if raw_seconds else None,
+        return {"items": items, "engine_files": files, "engine_bytes": size, "runs": self.repeat,
+                "erase_seconds": round(min(erase), 3), "raw_seconds": round(min(raw), 3),
+                "ratio": round(min(erase) / min(raw), 2) if min(raw) else None,
+                "erase_median_seconds": round(statistics.median(erase), 3),
+                "raw_median_seconds": round(statistics.median(raw), 3),
                 "erase_peak_python_kib": round(peak / 1024)}
 
     def appends(self, count: int) -> dict:
