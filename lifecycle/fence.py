@@ -120,7 +120,8 @@ def trigger_names(connection) -> set[tuple[str, str]]:
         if tomb:
             names.add((f"lethe_fence_{tomb[0]}_update", tomb[0]))
     else:
-        names |= {(f"lethe_fence_{t}", t) for t in tables}
+        for t in tables:
+            names |= {(f"lethe_fence_{t}_insert", t), (f"lethe_fence_{t}_update", t)}
         if tomb:
             names.add((f"lethe_fence_{tomb[0]}", tomb[0]))
     return names
@@ -169,8 +170,8 @@ def _sqlite_statements(connection) -> list[str]:
         restored = " OR ".join(f"(COALESCE(NEW.{_q(c)}, '') <> '' AND NEW.{_q(c)} IS NOT OLD.{_q(c)})" for c in content)
         out += [
             f"DROP TRIGGER IF EXISTS lethe_fence_{table}_update",
-            f"CREATE TRIGGER lethe_fence_{table}_update BEFORE UPDATE ON {_q(table)} "
-            f"WHEN EXISTS (SELECT 1 FROM {FENCE_TABLE} WHERE conversation_id = OLD.id) "
+            f"CREATE TRIGGER lethe_fence_{table}_update BEFORE UPDATE OF {', '.join(_q(c) for c in ('state', 'id', *content))} "
+            f"ON {_q(table)} WHEN EXISTS (SELECT 1 FROM {FENCE_TABLE} WHERE conversation_id = OLD.id) "
             f"AND (NEW.state = 'live' OR NEW.id IS NOT OLD.id OR {restored}) {raise_it}",
         ]
     return out
@@ -181,16 +182,24 @@ _PG_RAISE = f"RAISE EXCEPTION USING ERRCODE = '{SQLSTATE}', MESSAGE = '{CODE}';"
 
 def _postgresql_statements(connection) -> list[str]:
     out = [
-        # One function for every fenced table; the trigger's arguments name the columns a
-        # compaction may clear (none on erase tables).
-        f"""CREATE OR REPLACE FUNCTION lethe_fence_rows() RETURNS trigger LANGUAGE plpgsql AS $$
+        # INSERT: one index probe of the fence table (PERFORM/FOUND is plpgsql's cheapest test).
+        f"""CREATE OR REPLACE FUNCTION lethe_fence_insert() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-  IF NOT EXISTS (SELECT 1 FROM {FENCE_TABLE} f WHERE f.conversation_id = NEW.conversation_id)
-     AND (TG_OP = 'INSERT'
-          OR NOT EXISTS (SELECT 1 FROM {FENCE_TABLE} f WHERE f.conversation_id = OLD.conversation_id)) THEN
+  PERFORM 1 FROM {FENCE_TABLE} f WHERE f.conversation_id = NEW.conversation_id;
+  IF FOUND THEN
+    {_PG_RAISE}
+  END IF;
+  RETURN NEW;
+END $$""",
+        # UPDATE: the row before and after; the trigger's arguments name the columns a
+        # compaction may clear (none on erase tables).
+        f"""CREATE OR REPLACE FUNCTION lethe_fence_update() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM 1 FROM {FENCE_TABLE} f WHERE f.conversation_id IN (NEW.conversation_id, OLD.conversation_id);
+  IF NOT FOUND THEN
     RETURN NEW;
   END IF;
-  IF TG_OP = 'UPDATE' AND TG_NARGS > 0
+  IF TG_NARGS > 0
      AND (to_jsonb(NEW) - TG_ARGV) = (to_jsonb(OLD) - TG_ARGV)
      AND NOT EXISTS (SELECT 1 FROM unnest(TG_ARGV) AS c WHERE to_jsonb(NEW) -> c <> 'null'::jsonb) THEN
     RETURN NEW;
@@ -203,9 +212,12 @@ END $$""",
             raise ValueError(f"fenced table {table} must point at the conversation through conversation_id")
         args = ", ".join("'" + c.replace("'", "''") + "'" for c in cleared)
         out += [
-            f"DROP TRIGGER IF EXISTS lethe_fence_{table} ON {_q(table)}",
-            f"CREATE TRIGGER lethe_fence_{table} BEFORE INSERT OR UPDATE ON {_q(table)} "
-            f"FOR EACH ROW EXECUTE FUNCTION lethe_fence_rows({args})",
+            f"DROP TRIGGER IF EXISTS lethe_fence_{table}_insert ON {_q(table)}",
+            f"DROP TRIGGER IF EXISTS lethe_fence_{table}_update ON {_q(table)}",
+            f"CREATE TRIGGER lethe_fence_{table}_insert BEFORE INSERT ON {_q(table)} "
+            f"FOR EACH ROW EXECUTE FUNCTION lethe_fence_insert()",
+            f"CREATE TRIGGER lethe_fence_{table}_update BEFORE UPDATE ON {_q(table)} "
+            f"FOR EACH ROW EXECUTE FUNCTION lethe_fence_update({args})",
         ]
     tomb = _tombstone(connection)
     if tomb:
@@ -213,6 +225,7 @@ END $$""",
         restored = " OR ".join(
             f"(COALESCE(NEW.{_q(c)}::text, '') <> '' AND NEW.{_q(c)} IS DISTINCT FROM OLD.{_q(c)})" for c in content
         )
+        watched = " OR ".join(f"NEW.{_q(c)} IS DISTINCT FROM OLD.{_q(c)}" for c in ("state", "id", *content))
         out += [
             f"""CREATE OR REPLACE FUNCTION lethe_fence_tombstone() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -223,8 +236,10 @@ BEGIN
   RETURN NEW;
 END $$""",
             f"DROP TRIGGER IF EXISTS lethe_fence_{table} ON {_q(table)}",
+            # Only updates that touch the state, the id or the content call the function:
+            # the append path's `last_activity_at` update does not.
             f"CREATE TRIGGER lethe_fence_{table} BEFORE UPDATE ON {_q(table)} "
-            f"FOR EACH ROW EXECUTE FUNCTION lethe_fence_tombstone()",
+            f"FOR EACH ROW WHEN ({watched}) EXECUTE FUNCTION lethe_fence_tombstone()",
         ]
     return out
 
@@ -251,5 +266,5 @@ def remove_fence_triggers(connection) -> None:
             else:
                 cursor.execute(f"DROP TRIGGER IF EXISTS {_q(name)} ON {_q(table)}")
         if connection.vendor == "postgresql":
-            cursor.execute("DROP FUNCTION IF EXISTS lethe_fence_rows()")
-            cursor.execute("DROP FUNCTION IF EXISTS lethe_fence_tombstone()")
+            for function in ("lethe_fence_insert", "lethe_fence_update", "lethe_fence_tombstone"):
+                cursor.execute(f"DROP FUNCTION IF EXISTS {function}()")

@@ -21,6 +21,7 @@ def raw(sql: str, params=()) -> None:
 def fence_up(conversation: Conversation) -> None:
     """The database half of an intent, alone, so the triggers are tested without the app."""
     DeletionFence.objects.create(conversation_id=conversation.pk, operation_id=0)
+    Conversation.objects.filter(pk=conversation.pk).update(state="pending_delete")
 
 
 def test_it_lists_every_fence_trigger_after_all_migrations():
