@@ -158,32 +158,3 @@ def test_the_kill_hook_is_inert_without_its_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("LETHE_TEST_KILL_DIR", str(markers))
     faults.kill_point("lifecycle.Item")
     assert list(markers.iterdir()) == []
-
-
-@pytest.mark.django_db
-@pytest.mark.parametrize("crash", [True, False])
-def test_a_large_table_counts_its_bytes_batch_by_batch_exactly(monkeypatch, crash):
-    from lifecycle.deletion import stores as store_module
-
-    target = factories.make_conversation()
-    for n in range(30):
-        factories.add_message(target, content=f"message {n} " + "x" * (n * 7))
-    expected = expected_receipt(target)
-    monkeypatch.setattr(store_module, "BATCH_ROWS", 4)  # 30 rows: a large table, in batches of 4 or more
-    op = request_deletion(target, key=f"large-{crash}", acting_user=None)
-    if crash:
-        def crash_at(name: str) -> None:
-            if name == "lifecycle.Item":
-                raise Crash(name)
-
-        monkeypatch.setattr(faults, "kill_point", crash_at)
-        with pytest.raises(Crash):
-            executor.run_erasure(op.pk)
-        step = op.steps.get(key="lifecycle.Item")
-        assert step.state == "measured" and 0 < step.bytes < expected["lifecycle.Item"][1]
-        assert 0 < m.Item.objects.filter(conversation=target).count() < 30
-        monkeypatch.setattr(faults, "kill_point", lambda name: None)
-        m.DeleteOperation.objects.filter(pk=op.pk).update(lease_holder="", lease_expires_at=None)
-    assert executor.run_erasure(op.pk) == "completed"
-    op.refresh_from_db()
-    assert receipt_figures(op)["lifecycle.Item"] == expected["lifecycle.Item"]

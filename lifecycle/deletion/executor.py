@@ -28,7 +28,6 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
-from django.db.models import F
 from django.utils import timezone
 
 from lifecycle import audit, faults, fleet
@@ -237,19 +236,6 @@ def _run_step(op: DeleteOperation, step: DeleteStep, store, conversation: Conver
         _step_done(op, step)
         return
     renew(op, step=step.key)  # committed on its own: a step that fails still shows where it stopped
-    counted = None
-    large = (step.state == StepState.PENDING and store.kind == "table" and store.retention == RetentionClass.ERASE
-             and not store.tombstone and stores.count_rows(store, conversation.pk))
-    if large and large > stores.BATCH_ROWS:
-        # A large erase table: the rows are counted now; their bytes are added batch by batch,
-        # each in the transaction that deletes them, so the figure stays exact across crashes
-        # without a separate pass over the content.
-        DeleteStep.objects.filter(pk=step.pk).update(
-            state=StepState.MEASURED, records=large, bytes=0, detail={"bytes_while_erasing": True},
-        )
-        step.state, step.detail = StepState.MEASURED, {"bytes_while_erasing": True}
-    if step.state == StepState.MEASURED and step.detail.get("bytes_while_erasing"):
-        counted = lambda size: DeleteStep.objects.filter(pk=step.pk).update(bytes=F("bytes") + size)  # noqa: E731
     if step.state == StepState.PENDING:
         with stores.erasure_transaction():
             figures = stores.measure(store, conversation, home)
@@ -263,8 +249,7 @@ def _run_step(op: DeleteOperation, step: DeleteStep, store, conversation: Conver
             DeleteStep.objects.filter(pk=step.pk).update(
                 state=StepState.MEASURED, records=figures.records, bytes=figures.bytes, detail=figures.detail
             )
-    stores.erase(store, conversation, home, renew=lambda: renew(op, every=lease_seconds() / 8), checkpoint=kill,
-                 counted=counted)
+    stores.erase(store, conversation, home, renew=lambda: renew(op, every=lease_seconds() / 8), checkpoint=kill)
     _step_done(op, step)
 
 

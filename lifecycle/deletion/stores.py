@@ -69,21 +69,10 @@ def _holding_content(store: Store) -> str:
     return "(" + " OR ".join(f"{_q(c)} IS NOT NULL" for c in store.content_columns()) + ")"
 
 
-def _size_of_row(store: Store) -> str:
-    """SQL for the bytes of a row's content columns."""
+def _table_measure(store: Store, conversation_id: int, *, only_content: bool) -> Measure:
     columns = store.content_columns()
     known = dict(store.sized_by)  # sizes computed when the row was written: no need to read the value
-    return " + ".join(_q(known[c]) if c in known else _size(c) for c in columns) if columns else "0"
-
-
-def count_rows(store: Store, conversation_id: int) -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT COUNT(*) FROM {_q(store.db_table)} WHERE {_q(store.lookup)} = %s", [conversation_id])
-        return int(cursor.fetchone()[0])
-
-
-def _table_measure(store: Store, conversation_id: int, *, only_content: bool) -> Measure:
-    size = _size_of_row(store)
+    size = " + ".join(_q(known[c]) if c in known else _size(c) for c in columns) if columns else "0"
     where = f"{_q(store.lookup)} = %s"
     if only_content:
         where += " AND " + _holding_content(store)
@@ -94,23 +83,15 @@ def _table_measure(store: Store, conversation_id: int, *, only_content: bool) ->
     return Measure(int(count), int(total))
 
 
-def _batches(sql: str, params: list, renew: Callable[[], None],
-             counted: Callable[[int], None] | None = None) -> int:
+def _batches(sql: str, params: list, renew: Callable[[], None]) -> int:
     """Run a statement that changes at most `limit` rows (its LIMIT placeholder) until it changes
-    none, each run its own transaction, sizing runs to about BATCH_SECONDS each. With
-    `counted`, the statement RETURNs each row's size, and `counted(bytes)` records the batch's
-    total in the same transaction as the batch."""
+    none, each run its own transaction, sizing runs to about BATCH_SECONDS each."""
     changed, limit = 0, BATCH_ROWS
     while True:
         started = time.monotonic()
         with erasure_transaction(), connection.cursor() as cursor:
             cursor.execute(sql, [*params, limit])
-            if counted is not None:
-                sizes = cursor.fetchall()
-                n = len(sizes)
-                counted(sum(int(row[0] or 0) for row in sizes))
-            else:
-                n = cursor.rowcount
+            n = cursor.rowcount
         changed += n
         if n < limit:
             return changed
@@ -152,9 +133,8 @@ def measure(store: Store, conversation: Conversation, home: EngineHome) -> Measu
 
 
 def erase(store: Store, conversation: Conversation, home: EngineHome, renew: Callable[[], None],
-          checkpoint: Callable[[], None], counted: Callable[[int], None] | None = None) -> None:
-    """Change the store for this conversation; `checkpoint` runs after the first change. With
-    `counted` (erase tables), each batch reports the bytes it deleted, in its transaction."""
+          checkpoint: Callable[[], None]) -> None:
+    """Change the store for this conversation; `checkpoint` runs after the first change."""
     table = _q(store.db_table) if store.kind == "table" else ""
     if store.kind == "file":
         path = store.paths(home, conversation)[0]
@@ -173,9 +153,7 @@ def erase(store: Store, conversation: Conversation, home: EngineHome, renew: Cal
         sql = (f"DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} {where}))"
                if connection.vendor == "postgresql"
                else f"DELETE FROM {table} WHERE {_pk(store)} IN (SELECT {_pk(store)} FROM {table} {where})")
-        if counted is not None:
-            sql += f" RETURNING {_size_of_row(store)}"
-        _batches_with_checkpoint(sql, [conversation.pk], renew, checkpoint, counted)
+        _batches_with_checkpoint(sql, [conversation.pk], renew, checkpoint)
         return
     elif store.retention == RetentionClass.COMPACT:
         cleared = ", ".join(f"{_q(c)} = NULL" for c in store.content_columns())
@@ -194,7 +172,7 @@ def erase(store: Store, conversation: Conversation, home: EngineHome, renew: Cal
     checkpoint()
 
 
-def _batches_with_checkpoint(sql: str, params: list, renew, checkpoint, counted=None) -> None:
+def _batches_with_checkpoint(sql: str, params: list, renew, checkpoint) -> None:
     first = True
 
     def renew_and_checkpoint() -> None:
@@ -204,6 +182,6 @@ def _batches_with_checkpoint(sql: str, params: list, renew, checkpoint, counted=
             checkpoint()
         renew()
 
-    _batches(sql, params, renew_and_checkpoint, counted)
+    _batches(sql, params, renew_and_checkpoint)
     if first:
         checkpoint()
