@@ -15,8 +15,13 @@ PYTHON ?= $(shell for c in python3.12 python3.13 $$(ls -d $$HOME/.pyenv/versions
 
 .PHONY: setup system-packages browser run test test-sqlite test-postgres test-e2e lint bench-seed messages
 
-## setup: the shared, idempotent install step (venv, packages, gettext).
-setup: $(STAMP) system-packages
+## setup: the shared, idempotent install step (venv, packages, gettext, a secret key for local runs).
+setup: $(STAMP) system-packages var/secret-key
+
+# A random key kept for this checkout (mode 0600); settings read it when SECRET_KEY is unset.
+var/secret-key:
+	@mkdir -p var
+	@(umask 077 && $(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(50))' > $@.tmp && mv $@.tmp $@)
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.12 or newer is required (pyenv install 3.12)"; exit 1; }
@@ -42,8 +47,10 @@ run: setup
 	@echo "Lethe is at http://$(HOST):$(PORT)/  (Ctrl-C stops the web server and the job cluster)"
 	$(PY) manage.py serve $(HOST):$(PORT)
 
-## test: the whole suite on SQLite, then on PostgreSQL, then the browser tests.
-test: setup browser lint test-sqlite test-postgres test-e2e
+## test: lint, then the whole suite on SQLite, the same suite on PostgreSQL and the browser
+## tests, the three side by side (each prints its output when it ends; any failure fails).
+test: setup browser lint
+	@$(MAKE) --no-print-directory -j3 --output-sync=target test-sqlite test-postgres test-e2e
 
 lint:
 	$(VENV)/bin/ruff check .
@@ -72,8 +79,8 @@ test-e2e:
 BENCH_ITEMS ?= 100000
 bench-seed: setup
 	rm -rf var/bench && mkdir -p var/bench
-	env -u DATABASE_URL LETHE_VAR_DIR=var/bench $(PY) manage.py migrate -v0
-	env -u DATABASE_URL LETHE_VAR_DIR=var/bench $(PY) manage.py bench_seed --items $(BENCH_ITEMS)
+	env -u DATABASE_URL LETHE_VAR_DIR=var/bench SECRET_KEY_FILE=var/secret-key $(PY) manage.py migrate -v0
+	env -u DATABASE_URL LETHE_VAR_DIR=var/bench SECRET_KEY_FILE=var/secret-key $(PY) manage.py bench_seed --items $(BENCH_ITEMS)
 
 ## messages: refresh the catalogs after changing copy, then translate locale/es and run again.
 messages: setup

@@ -524,7 +524,7 @@ def openapi_document() -> dict[str, Any]:
         if ep.path_params:
             statuses.add(404)
         if not ep.public:
-            statuses.add(401)
+            statuses |= {401, 429}  # 429: too many unknown bearer tokens from one address
         if ep.admin or ep.method not in SAFE_METHODS:
             statuses.add(403)
         if ep.body is not None:
@@ -582,6 +582,7 @@ _ERROR_DESCRIPTIONS = {
     413: "The request body is too large.",
     415: "The body must be application/json.",
     422: "The request conflicts with an earlier one (e.g. an operation key reused).",
+    429: "Too many requests with an unknown API token from this address; see Retry-After.",
 }
 
 

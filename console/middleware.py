@@ -1,9 +1,10 @@
-"""Requests that no view should ever see."""
+"""Requests that no view should ever see, and response headers that depend on who asks."""
 
 from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.utils.cache import add_never_cache_headers
 from django.utils.translation import gettext as _
 
 from console.api import error, is_api_path
@@ -31,3 +32,22 @@ class RejectNulMiddleware:
                 return error(400, "invalid_text", _("The address has a NUL character."))
             return render(request, "400.html", status=400)
         return self.get_response(request)
+
+
+class NoStoreMiddleware:
+    """`Cache-Control: no-store` on every page a signed-in person sees and every API answer.
+
+    Neither a shared proxy nor the browser's history may keep a copy of conversation
+    content or of an answer meant for one user. Static files never get here (whitenoise
+    answers them first, with their own long-lived caching).
+    """
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        user = getattr(request, "user", None)
+        if is_api_path(request.path) or (user is not None and user.is_authenticated):
+            add_never_cache_headers(response)
+        return response

@@ -1,17 +1,32 @@
-"""API tokens for native apps and scripts (`Authorization: Bearer <token>`)."""
+"""API tokens for native apps and scripts (`Authorization: Bearer <token>`), and the
+database-backed counters that throttle failed sign-ins and bad tokens."""
 
 from __future__ import annotations
 
 import hashlib
 import secrets
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
+from django.utils.translation import pgettext_lazy
 
 
 def hash_token(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
+
+
+class TokenState(models.TextChoices):
+    ACTIVE = "active", pgettext_lazy("api token", "Active")
+    EXPIRED = "expired", pgettext_lazy("api token", "Expired")
+    REVOKED = "revoked", pgettext_lazy("api token", "Revoked")
+
+
+class ApiTokenQuerySet(models.QuerySet):
+    def usable(self, now=None):
+        now = now or timezone.now()
+        return self.filter(revoked_at__isnull=True, expires_at__gt=now)
 
 
 class ApiToken(models.Model):
@@ -22,9 +37,43 @@ class ApiToken(models.Model):
     prefix = models.CharField(max_length=12)
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ApiTokenQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
 
     @classmethod
-    def issue(cls, user, *, name: str = "") -> tuple[ApiToken, str]:
+    def issue(cls, user, *, name: str = "", days: int | None = None) -> tuple[ApiToken, str]:
+        """A new token for `user`, valid for `days` (API_TOKEN_DAYS by default); the raw token once."""
         raw = "lethe_" + secrets.token_urlsafe(32)
-        token = cls.objects.create(user=user, name=name, key_hash=hash_token(raw), prefix=raw[:12])
+        now = timezone.now()
+        token = cls.objects.create(
+            user=user, name=name, key_hash=hash_token(raw), prefix=raw[:12], created_at=now,
+            expires_at=now + timedelta(days=days if days is not None else settings.API_TOKEN_DAYS),
+        )
         return token, raw
+
+    def state(self, now=None) -> TokenState:
+        if self.revoked_at is not None:
+            return TokenState.REVOKED
+        if self.expires_at <= (now or timezone.now()):
+            return TokenState.EXPIRED
+        return TokenState.ACTIVE
+
+    def get_state_display(self) -> str:
+        return str(self.state().label)
+
+
+class Throttle(models.Model):
+    """Failures counted under one key: a username (keyed by HMAC, never stored as typed) or
+    a client address, for sign-ins or for bearer tokens. Shared by every web process."""
+
+    key = models.CharField(max_length=100, unique=True)
+    failures = models.PositiveIntegerField(default=0)
+    first_failure_at = models.DateTimeField(null=True, blank=True)
+    blocked_until = models.DateTimeField(null=True, blank=True)
+    locked = models.BooleanField(default=False)  # blocked_until ends a lock, not a short delay
+    updated_at = models.DateTimeField(default=timezone.now, db_index=True)

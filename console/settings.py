@@ -11,6 +11,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.csp import CSP
 from django.utils.translation import gettext_lazy as _
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -68,12 +69,35 @@ def database_from_url(url: str) -> dict:
 
 
 DEBUG = env_bool("DEBUG", False)
-SECRET_KEY = os.environ.get("SECRET_KEY", "")
-if not SECRET_KEY:
-    if not DEBUG and os.environ.get("LETHE_REQUIRE_SECRET_KEY"):
-        raise ImproperlyConfigured("SECRET_KEY must be set.")
-    # A local default so `make run` works out of the box; deployments set SECRET_KEY.
-    SECRET_KEY = "lethe-local-development-key-change-me-" + str(BASE_DIR)
+
+
+def read_secret_key() -> str:
+    """SECRET_KEY, else the file at SECRET_KEY_FILE (default var/secret-key, which `make setup`
+    creates with 0600 permissions). Without either, only DEBUG=true starts, on a development key.
+    """
+    if key := os.environ.get("SECRET_KEY", "").strip():
+        return key
+    named = os.environ.get("SECRET_KEY_FILE", "").strip()
+    path = Path(named) if named else VAR_DIR / "secret-key"
+    if path.exists():
+        if path.stat().st_mode & 0o077:
+            raise ImproperlyConfigured(
+                f"The secret key file {path} can be read by other users; run `chmod 600 {path}`.")
+        if key := path.read_text().strip():
+            return key
+        raise ImproperlyConfigured(f"The secret key file {path} is empty.")
+    if named:
+        raise ImproperlyConfigured(f"SECRET_KEY_FILE names {path}, which does not exist.")
+    if DEBUG:
+        return "lethe-development-only-key-" + str(BASE_DIR)
+    raise ImproperlyConfigured(
+        "SECRET_KEY is not set. Set SECRET_KEY, or SECRET_KEY_FILE to a file only its owner can "
+        "read, or run `make setup` once (it keeps a generated key in var/secret-key). For local "
+        "development only, DEBUG=true starts with a built-in key. See docs/operations.md."
+    )
+
+
+SECRET_KEY = read_secret_key()
 
 ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h.strip()]
 CSRF_TRUSTED_ORIGINS = [
@@ -105,7 +129,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    "console.middleware.NoStoreMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.locale.LocaleMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -116,6 +142,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "console.viewer.ViewerTimezoneMiddleware",
+    "console.viewer.HtmxSignedOutMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"
@@ -165,6 +193,56 @@ CSRF_COOKIE_HTTPONLY = False
 CSRF_FAILURE_VIEW = "console.views.csrf_failure"
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+
+# HTTPS=true: Lethe is served over HTTPS (usually behind a proxy that terminates TLS and
+# sets X-Forwarded-Proto). Secure cookies, HSTS and the redirect to https:// all follow.
+HTTPS = env_bool("HTTPS", False)
+if HTTPS:
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_SSL_REDIRECT = True
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_HSTS_SECONDS = int(os.environ.get("HSTS_SECONDS", 365 * 24 * 3600))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("HSTS_PRELOAD", False)
+    if not SECURE_HSTS_PRELOAD:
+        # Browser preload lists are a commitment for every subdomain: the operator opts in.
+        SILENCED_SYSTEM_CHECKS = ["security.W021"]
+
+# Content-Security-Policy: scripts, styles and everything else from this origin only; no
+# inline script or style and no eval (htmx is configured for that in base.html).
+SECURE_CSP = {
+    "default-src": [CSP.SELF],
+    "script-src": [CSP.SELF],
+    "style-src": [CSP.SELF],
+    "img-src": [CSP.SELF, "data:"],
+    "font-src": [CSP.SELF],
+    "connect-src": [CSP.SELF],
+    "object-src": [CSP.NONE],
+    "base-uri": [CSP.NONE],
+    "form-action": [CSP.SELF],
+    "frame-ancestors": [CSP.NONE],
+}
+
+# API tokens expire this many days after they are made (`manage.py api_tokens create --days`).
+API_TOKEN_DAYS = int(os.environ.get("API_TOKEN_DAYS", 90))
+
+# Failed sign-ins, per username and per client address (and bad API tokens, per address):
+# after LOGIN_FREE_FAILURES failures each further attempt waits LOGIN_DELAY_SECONDS, doubling
+# up to 60 s; at LOCK_AFTER failures the key is locked for LOGIN_LOCK_SECONDS. Failures older
+# than LOGIN_FAILURE_WINDOW_SECONDS are forgotten. See docs/operations.md.
+LOGIN_THROTTLE = {
+    "free_failures": int(os.environ.get("LOGIN_FREE_FAILURES", 3)),
+    "delay_seconds": int(os.environ.get("LOGIN_DELAY_SECONDS", 1)),
+    "max_delay_seconds": 60,
+    "user_lock_after": int(os.environ.get("LOGIN_USER_LOCK_AFTER", 10)),
+    "address_lock_after": int(os.environ.get("LOGIN_ADDRESS_LOCK_AFTER", 30)),
+    "lock_seconds": int(os.environ.get("LOGIN_LOCK_SECONDS", 15 * 60)),
+    "window_seconds": int(os.environ.get("LOGIN_FAILURE_WINDOW_SECONDS", 15 * 60)),
+}
+# Reverse proxies in front of Lethe that append to X-Forwarded-For; 0 uses the socket address.
+TRUSTED_PROXIES = int(os.environ.get("TRUSTED_PROXIES", 0))
 
 # JSON bodies larger than this are refused with 413 before they are parsed.
 API_MAX_BODY_BYTES = int(os.environ.get("API_MAX_BODY_BYTES", 2 * 1024 * 1024))

@@ -6,7 +6,10 @@ import os
 import tempfile
 from pathlib import Path
 
-from console.settings import *  # noqa: F403
+# Tests run without DEBUG, as production does; they need a key of their own.
+os.environ.setdefault("SECRET_KEY", "lethe-tests-only-" + "k" * 50)
+
+from console.settings import *  # noqa: E402, F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 ENGINE_HOME = Path(os.environ.get("ENGINE_HOME") or tempfile.mkdtemp(prefix="lethe-engine-"))

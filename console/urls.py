@@ -6,8 +6,9 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 
-from console import api
+from console import api, token_views
 from console import views as core_views
+from console.login import LoginView
 
 # Modules that declare JSON endpoints with `console.api.endpoint`; importing them registers
 # the endpoints, and the URL patterns and the OpenAPI document are built from the registry.
@@ -17,13 +18,15 @@ for module in API_MODULES:
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="lifecycle:conversation-list"), name="home"),
-    path(
-        "accounts/login/",
-        auth_views.LoginView.as_view(template_name="registration/login.html"),
-        name="login",
-    ),
+    path("accounts/login/", LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("i18n/setlang/", core_views.set_language, name="set-language"),
+    path("i18n/settz/", core_views.set_timezone, name="set-timezone"),
+    # The breadcrumb's levels: each holds one page today.
+    path("settings/", RedirectView.as_view(pattern_name="retention:data-storage"), name="settings"),
+    path("settings/system/", RedirectView.as_view(pattern_name="retention:data-storage"), name="settings-system"),
+    path("settings/api-tokens/", token_views.api_tokens, name="api-tokens"),
+    path("settings/api-tokens/<int:token_id>/revoke/", token_views.api_token_revoke, name="api-token-revoke"),
     path("", include((api.urlpatterns(), "api"))),
     re_path(r"^(?:v1|api/v1)/(?P<unmatched>.*)$", api.not_found),
     path("", include("lifecycle.urls")),

@@ -10,6 +10,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
 from console.api import error, internal_error, is_api_path
+from console.viewer import CHOSEN_COOKIE, valid_zone
 
 
 @require_POST
@@ -25,6 +26,22 @@ def set_language(request: HttpRequest) -> HttpResponse:
         response.set_cookie(
             settings.LANGUAGE_COOKIE_NAME, code, max_age=365 * 24 * 3600, samesite="Lax"
         )
+    return response
+
+
+@require_POST
+def set_timezone(request: HttpRequest) -> HttpResponse:
+    """Show times in a chosen zone, or (empty) in the zone the browser reports; a cookie,
+    works without JavaScript. An unknown zone changes nothing."""
+    name = request.POST.get("timezone", "")
+    target = request.POST.get("next") or "/"
+    if not url_has_allowed_host_and_scheme(target, {request.get_host()}, require_https=request.is_secure()):
+        target = "/"
+    response = HttpResponseRedirect(target)
+    if name == "":
+        response.delete_cookie(CHOSEN_COOKIE, samesite="Lax")
+    elif valid_zone(name):
+        response.set_cookie(CHOSEN_COOKIE, name, max_age=365 * 24 * 3600, samesite="Lax")
     return response
 
 

@@ -10,8 +10,9 @@ from django.utils import timezone
 from playwright.sync_api import Page, expect
 
 from e2e.conftest import ADMIN, ALL_VIEWPORTS, MEMBER
-from e2e.helpers import log_in
+from e2e.helpers import check_layout, log_in
 from lifecycle.models import Account, Computer, Conversation, Scope
+from tests.factories import add_message
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -135,10 +136,45 @@ def test_it_pages_through_a_long_list(seeded, live_server, open_page, viewport):
     page.locator(".pager").get_by_role("link", name="Next").click()
 
     expect(page.locator(".pager")).to_contain_text("Page 2 of 2")
-    expect(page).to_have_url(re.compile(r"page=2"))
+    expect(page).to_have_url(re.compile(r"cursor="))
     expect(page.locator("#results .conv-title")).to_have_text(everyone[25:])
     assert everyone[-1] == "Older planning note 29"  # the oldest comes last
 
     page.locator(".pager").get_by_role("link", name="Previous").click()
     expect(page.locator(".pager")).to_contain_text("Page 1 of 2")
     expect(page.locator("#results .conv-title")).to_have_text(everyone[:25])
+
+
+@ALL_VIEWPORTS
+def test_paging_keeps_its_order_and_names_what_changed(seeded, live_server, open_page, viewport):
+    account = Account.objects.get(name="Northwind Labs")
+    now = timezone.now()
+    Conversation.objects.bulk_create(
+        Conversation(scope=Scope.BOUND, account=account, thread_id=f"thr_snap_{n:03d}",
+                     title=f"Snapshot note {n:02d}", created_at=now - timedelta(days=900),
+                     last_activity_at=now - timedelta(days=700 + n))
+        for n in range(30)
+    )
+    everyone = in_list_order(Conversation.objects.recent())
+    page = open_page(viewport)
+    log_in(page, live_server.url, *ADMIN)
+    expect(page.locator("#results .conv-title")).to_have_text(everyone[:25])
+
+    # While the first page is read, a conversation the second page would list gets a message.
+    mover = Conversation.objects.get(title=everyone[30])
+    add_message(mover, content="a late reply")
+    page.locator(".pager").get_by_role("link", name="Next").click()
+
+    expect(page.locator(".pager")).to_contain_text("Page 2 of 2")
+    expect(page.locator("#results .conv-title")).to_have_text([t for t in everyone[25:] if t != mover.title])
+    note = page.get_by_test_id("changed-note")
+    expect(note).to_contain_text("1 conversation changed or was added after you opened this list")
+    expect(note.get_by_role("link", name=mover.title)).to_have_attribute(
+        "href", f"/conversations/{mover.public_id}/"
+    )
+    check_layout(page, "list with the changed notice")
+
+    note.get_by_role("link", name="Refresh the list").click()
+    expect(page.locator("#results .conv-title").first).to_have_text(mover.title)
+    expect(page.get_by_test_id("changed-note")).to_have_count(0)
+    expect(page.locator("#results-count")).to_be_focused()

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import re
-from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from django.conf import settings
-from django.db.models import Func, IntegerField, Q
+from django.db.models import Func, IntegerField
 from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
-from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext as _
 from pydantic import BeforeValidator, Field, model_validator
 
@@ -21,6 +17,7 @@ from lifecycle.actions.append_item import append_item
 from lifecycle.actions.update_item import update_item
 from lifecycle.engine import get_engine
 from lifecycle.models import Conversation, Item, ItemStatus, Role, ToolKind
+from lifecycle.paging import Cursor, InvalidCursor, changed_since, snapshot_page
 from lifecycle.serializers import (
     ItemOut,
     ItemPageOut,
@@ -30,6 +27,7 @@ from lifecycle.serializers import (
     PreviewOut,
     ThreadOut,
     ThreadPageOut,
+    iso,
     item_json,
     thread_json,
 )
@@ -72,21 +70,6 @@ class ThreadsQuery(QuerySchema):
         return self
 
 
-def _encode_cursor(c: Conversation) -> str:
-    return base64.urlsafe_b64encode(f"{c.last_activity_at.isoformat()}|{c.pk}".encode()).decode()
-
-
-def _decode_cursor(raw: str) -> tuple[datetime, int]:
-    try:
-        moment, pk = base64.urlsafe_b64decode(raw.encode()).decode().split("|")
-        parsed = parse_datetime(moment)
-        if parsed is None or not is_number(pk):
-            raise ValueError
-        return parsed, int(pk)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise ApiError(400, "invalid_cursor", _("The cursor is not valid.")) from None
-
-
 def filtered_threads(query: ThreadsQuery):
     qs = Conversation.objects.with_activity()
     if query.view is not None:
@@ -105,16 +88,33 @@ def filtered_threads(query: ThreadsQuery):
 
 
 @endpoint("GET", "/v1/threads", query=ThreadsQuery, response=ThreadPageOut, name="api-thread-list",
-          summary="List conversations, newest activity first")
+          summary="List conversations, newest activity first, paged against a snapshot",
+          description=(
+              "The first page fixes `as_of`, the moment the listing started, and every `next` cursor "
+              "carries it. Later pages list, in activity order, the conversations whose latest activity "
+              "is at or before `as_of`, after the previous page's last row: each exactly once, however "
+              "the conversations change meanwhile. A conversation whose activity is after `as_of` (it "
+              "changed, or is new, since the first page) is left out of later pages and counted in "
+              "`changed_since_start`; ask for the first page again, without a cursor, to see it in its "
+              "new place."
+          ))
 def thread_list(request: HttpRequest, query: ThreadsQuery) -> dict:
     qs = filtered_threads(query).select_related("account", "computer")
+    cursor = None
     if query.cursor:
-        moment, pk = _decode_cursor(query.cursor)
-        qs = qs.filter(Q(last_activity_at__lt=moment) | Q(last_activity_at=moment, pk__lt=pk))
-    rows = list(qs.order_by("-last_activity_at", "-pk")[: query.limit + 1])
-    more = len(rows) > query.limit
-    rows = rows[: query.limit]
-    return {"results": [thread_json(c) for c in rows], "next": _encode_cursor(rows[-1]) if more else None}
+        try:
+            cursor = Cursor.decode(query.cursor)
+        except InvalidCursor:
+            raise ApiError(400, "invalid_cursor", _("The cursor is not valid.")) from None
+        if cursor.backward:
+            raise ApiError(400, "invalid_cursor", _("The cursor is not valid."))
+    page = snapshot_page(qs, cursor, query.limit, count=False)
+    return {
+        "results": [thread_json(c) for c in page.rows],
+        "next": page.next.encode() if page.next else None,
+        "as_of": iso(page.as_of),
+        "changed_since_start": changed_since(qs, page.as_of) if cursor else 0,
+    }
 
 
 def _thread(public_id: str) -> Conversation:

@@ -11,11 +11,13 @@ import secrets
 from datetime import datetime
 
 from django.conf import settings
-from django.db import models
+from django.db import models, transaction
 from django.db.models import Exists, OuterRef, Q, Subquery
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import pgettext_lazy
+
+from lifecycle.search import fold
 
 
 def new_public_id() -> str:
@@ -79,6 +81,10 @@ class TurnState(models.TextChoices):
 ACTIVE_TURN_STATES = (TurnState.QUEUED, TurnState.RUNNING)
 
 
+# The folded search columns, by the column each is folded from.
+FOLDED = {"title": "search_title", "thread_id": "search_thread"}
+
+
 class ConversationQuerySet(models.QuerySet):
     def live(self) -> ConversationQuerySet:
         return self.filter(state=ConversationState.LIVE)
@@ -110,10 +116,42 @@ class ConversationQuerySet(models.QuerySet):
         return self.none()
 
     def search(self, text: str) -> ConversationQuerySet:
-        text = text.strip()
-        if not text:
+        """Title or thread id contains the text, ignoring case and accents (`lifecycle.search`)."""
+        folded = fold(text)
+        if not folded:
             return self
-        return self.filter(Q(title__icontains=text) | Q(thread_id__icontains=text))
+        return self.filter(Q(search_title__contains=folded) | Q(search_thread__contains=folded))
+
+    # Every write path that can set a title or thread id keeps the folded columns in step:
+    # save() on the model, and these three on the queryset (bulk writes skip save()).
+    def bulk_create(self, objs, *args, **kwargs):
+        objs = list(objs)
+        for obj in objs:
+            obj.fold_for_search()
+        return super().bulk_create(objs, *args, **kwargs)
+
+    def bulk_update(self, objs, fields, *args, **kwargs):
+        objs, fields = list(objs), list(fields)
+        for obj in objs:
+            obj.fold_for_search()
+        fields += [FOLDED[f] for f in FOLDED if f in fields and FOLDED[f] not in fields]
+        return super().bulk_update(objs, fields, *args, **kwargs)
+
+    def update(self, **kwargs):
+        computed = []
+        for source, folded in FOLDED.items():
+            if source in kwargs and folded not in kwargs:
+                if isinstance(kwargs[source], str):
+                    kwargs[folded] = fold(kwargs[source])  # one statement: title and its fold together
+                else:
+                    computed.append(source)  # an expression: fold what it stored
+        if not computed:
+            return super().update(**kwargs)
+        with transaction.atomic(using=self.db):
+            pks = list(self.values_list("pk", flat=True))
+            count = super().update(**kwargs)
+            Conversation.refresh_search_columns(pks, using=self.db)
+        return count
 
     def with_activity(self) -> ConversationQuerySet:
         running = Turn.objects.filter(conversation=OuterRef("pk"), state__in=ACTIVE_TURN_STATES)
@@ -142,6 +180,10 @@ class Conversation(models.Model):
     scope = models.CharField(max_length=8, choices=Scope.choices)
     thread_id = models.CharField(_("thread id"), max_length=128)
     title = models.CharField(_("title"), max_length=300, blank=True)
+    # Title and thread id folded for search (lifecycle.search); derived, never edited. The
+    # folded title is conversation content like the title, and is erased with it.
+    search_title = models.TextField(null=True, blank=True, editable=False)
+    search_thread = models.TextField(null=True, blank=True, editable=False)
     state = models.CharField(
         max_length=16, choices=ConversationState.choices, default=ConversationState.LIVE
     )
@@ -184,6 +226,28 @@ class Conversation(models.Model):
 
     def __str__(self) -> str:
         return self.title or self.thread_id
+
+    def save(self, *args, **kwargs) -> None:
+        self.fold_for_search()
+        update_fields = kwargs.get("update_fields")
+        if update_fields is not None:
+            kwargs["update_fields"] = {*update_fields, *(FOLDED[f] for f in FOLDED if f in update_fields)}
+        super().save(*args, **kwargs)
+
+    def fold_for_search(self) -> None:
+        self.search_title, self.search_thread = fold(self.title), fold(self.thread_id)
+
+    @classmethod
+    def refresh_search_columns(cls, pks, *, using: str = "default", batch: int = 500) -> None:
+        """Fold the stored title and thread id of these conversations again."""
+        pks = list(pks)
+        for start in range(0, len(pks), batch):
+            rows = list(
+                cls.objects.using(using).filter(pk__in=pks[start:start + batch]).only("pk", "title", "thread_id")
+            )
+            for row in rows:
+                row.fold_for_search()
+            models.QuerySet(cls, using=using).bulk_update(rows, list(FOLDED.values()))
 
     @property
     def owner(self) -> Account | Computer:

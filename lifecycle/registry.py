@@ -118,7 +118,7 @@ FACTS_KEPT = _("Content-free; kept for the declared period after the delete, the
 STORES: tuple[Store, ...] = (
     table("lifecycle.Conversation", _("Conversation record"), E,
           _("Title erased; the identity row stays as a content-free tombstone."),
-          lookup="id", content=("title",), tombstone=True),
+          lookup="id", content=("title", "search_title"), tombstone=True),  # the title and its search fold
     table("lifecycle.Turn", _("Turns"), E, _("Gone.")),
     table("lifecycle.Item", _("Messages and tool calls"), E, _("Gone."), sized_by=(("payload", "payload_bytes"),)),
     files("events", "threads/<thread>/", _("Event log"), E, _("Gone."), locator="thread_dir"),

@@ -39,6 +39,10 @@ class ThreadOut(Schema):
 class ThreadPageOut(Schema):
     results: list[ThreadOut]
     next: str | None
+    as_of: str = Field(description="The snapshot moment the pages are listed against.")
+    changed_since_start: int = Field(
+        ge=0, description="Matching conversations with activity after `as_of`, which these pages leave out."
+    )
 
 
 def thread_json(c: Conversation) -> dict[str, Any]:

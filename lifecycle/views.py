@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 from django.contrib.auth.decorators import login_required
-from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
+from django.utils.cache import patch_vary_headers
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import pgettext_lazy
 from django.views.decorators.http import require_GET
@@ -22,6 +24,7 @@ from lifecycle.models import (
     DeleteOperation,
     Item,
 )
+from lifecycle.paging import Cursor, InvalidCursor, snapshot_page
 from lifecycle.transcript import item_rows
 
 VIEWS = ("recent", "archived", "closed", "pending_delete", "deleted")
@@ -34,6 +37,7 @@ CHILD_STATUS = {
     "cancelled": _("Cancelled"),
 }
 PAGE_SIZE = 25
+CHANGED_SAMPLE = 5
 TRANSCRIPT_PAGE = 50
 
 
@@ -44,6 +48,14 @@ def _owner_filter(request: HttpRequest) -> tuple[str, str, int | None]:
     if kind in ("account", "computer") and is_number(ident):
         return raw, kind, int(ident)
     return "", "", None
+
+
+def _cursor(request: HttpRequest) -> Cursor | None:
+    """The page's cursor; a malformed or stale one just starts again from the top."""
+    try:
+        return Cursor.decode(request.GET.get("cursor", "")) if request.GET.get("cursor") else None
+    except InvalidCursor:
+        return None
 
 
 @login_required
@@ -58,7 +70,8 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
         qs = qs.owned_by(kind, owner_id)
     query = request.GET.get("q", "").strip()[:200]
     qs = qs.search(query).with_activity().with_delete_operation().select_related("account", "computer")
-    page = Paginator(qs.order_by("-last_activity_at", "-pk"), PAGE_SIZE).get_page(request.GET.get("page"))
+    page = snapshot_page(qs, _cursor(request), PAGE_SIZE, changed_sample=CHANGED_SAMPLE)
+    filters = urlencode({"view": view, "owner": owner, "q": query})
     context = {
         "view": view,
         "views": [
@@ -71,13 +84,22 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
         "owner": owner,
         "query": query,
         "page": page,
+        "refresh_url": f"?{filters}",
+        "next_url": f"?{filters}&cursor={page.next.encode()}" if page.next else "",
+        "previous_url": f"?{filters}&cursor={page.previous.encode()}" if page.previous else "",
         "accounts": Account.objects.all(),
         "computers": Computer.objects.all(),
     }
     template = "lifecycle/conversation_list.html"
-    if request.htmx and not request.htmx.boosted:
+    # htmx's back button, when its history cache misses, asks for the whole page again.
+    if request.htmx and not request.htmx.boosted and not request.htmx.history_restore_request:
         template += "#results"
-    return render(request, template, context)
+    response = render(request, template, context)
+    if request.htmx and request.htmx.current_url_abs_path == request.get_full_path():
+        # The same search again (typing, then Enter): one history entry, not two.
+        response["HX-Push-Url"] = "false"
+    patch_vary_headers(response, ["HX-Request", "HX-History-Restore-Request"])
+    return response
 
 
 def _engine_files(home: enginefs.EngineHome, conversation: Conversation) -> tuple[list[dict], list[EngineProblem]]:

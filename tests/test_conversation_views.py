@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests import factories
@@ -60,9 +62,11 @@ def test_it_paginates_the_list(member_client):
     for n in range(30):
         factories.make_conversation(account, title=f"Conv {n:02d}", days_idle=n)
     first = member_client.get("/conversations/", **HOST).content.decode()
-    second = member_client.get("/conversations/?page=2", **HOST).content.decode()
-    assert "Conv 00" in first and "Conv 29" not in first
-    assert "Conv 29" in second and "Conv 00" not in second
+    assert "Conv 00" in first and "Conv 24" in first and "Conv 25" not in first
+    assert "Page 1 of 2" in first
+    next_url = re.search(r'href="([^"]+)"[^>]*data-pager="next"', first).group(1).replace("&amp;", "&")
+    second = member_client.get("/conversations/" + next_url, **HOST).content.decode()
+    assert "Conv 25" in second and "Conv 29" in second and "Conv 24" not in second
     assert "Page 2 of 2" in second
 
 
@@ -145,3 +149,22 @@ def test_it_renders_localized_error_pages(member_client, client):
     strict = Client(enforce_csrf_checks=True)
     expired = strict.post("/accounts/login/", {"username": "x", "password": "y"}, **HOST)
     assert expired.status_code == 403 and "Form expired" in expired.content.decode()
+
+
+def test_it_answers_htmx_history_restores_with_the_whole_page(member_client, conversation):
+    restore = member_client.get(
+        "/conversations/?q=flaky", HTTP_HX_HISTORY_RESTORE_REQUEST="true", **HX
+    )
+    assert restore.status_code == 200
+    content = restore.content.decode()
+    assert "<html" in content and 'class="sidenav"' in content and "Fix flaky login test" in content
+    # Caches must keep the page and the fragment of one address apart.
+    assert {"HX-Request", "HX-History-Restore-Request"} <= {v.strip() for v in restore["Vary"].split(",")}
+
+
+def test_the_same_search_again_adds_no_history_entry(member_client, conversation):
+    url = "/conversations/?view=recent&owner=&q=flaky"
+    again = member_client.get(url, HTTP_HX_CURRENT_URL="http://127.0.0.1" + url, **HX)
+    assert again["HX-Push-Url"] == "false"
+    new = member_client.get(url, HTTP_HX_CURRENT_URL="http://127.0.0.1/conversations/", **HX)
+    assert "HX-Push-Url" not in new

@@ -17,7 +17,8 @@ from lifecycle.enginefs import EngineHome, InvalidStorageKey, UnsafeEnginePath
 
 A = "c_" + "a" * 20
 B = "c_" + "b" * 20
-FORK = multiprocessing.get_context("fork")
+# A fresh single-threaded server forks the children: other tests may leave threads running here.
+FORK = multiprocessing.get_context("forkserver")
 
 
 def _bump(root: str, times: int) -> None:
@@ -33,13 +34,14 @@ def _bump(root: str, times: int) -> None:
         home.update_fleet(change)
 
 
-def _write_forever(root: str, path: str) -> None:
+def _write_forever(root: str, path: str, wrote) -> None:
     home = EngineHome(root)
     n = 0
     while True:
         n += 1
         # Large enough that a kill often lands mid-write.
         home.write_atomic(Path(path), json.dumps({"n": n, "fill": "x" * 400_000}).encode())
+        wrote.set()
 
 
 def _run(target, *args, timeout: float = 60) -> int:
@@ -142,8 +144,10 @@ def test_it_keeps_a_whole_file_when_the_writer_is_killed_mid_write(tmp_path):
     EngineHome(tmp_path).write_atomic(target, json.dumps({"n": 0, "fill": ""}).encode())
     seen = set()
     for delay in (0.05, 0.11, 0.17, 0.23, 0.31):
-        writer = FORK.Process(target=_write_forever, args=(str(tmp_path), str(target)))
+        wrote = FORK.Event()
+        writer = FORK.Process(target=_write_forever, args=(str(tmp_path), str(target), wrote))
         writer.start()
+        assert wrote.wait(60)  # however slow the start, the kill lands among writes
         time.sleep(delay)
         os.kill(writer.pid, signal.SIGKILL)
         writer.join()
@@ -365,7 +369,7 @@ def test_the_sweep_never_deletes_a_lock_another_writer_holds(tmp_path):
     holder = FORK.Process(target=_hold_lock, args=(str(lock), ready, release))
     holder.start()
     try:
-        assert ready.wait(10)
+        assert ready.wait(60)
         assert home.sweep_temporaries() == 0
         assert lock.exists() and target.read_bytes() == b"<committed/>"
     finally:
@@ -456,10 +460,11 @@ def test_it_reports_usage_per_conversation(tmp_path):
     assert home.usage() == (6, 9)
 
 
-def _churn(root: str, stop) -> None:
+def _churn(root: str, stop, started) -> None:
     home = EngineHome(root)
     n = 0
     while not stop.is_set():
+        started.set()
         n += 1
         folder = home.artifacts_dir(A) / f"d{n % 7}"
         folder.mkdir(parents=True, exist_ok=True)
@@ -473,9 +478,10 @@ def _churn(root: str, stop) -> None:
 def test_usage_tolerates_files_and_folders_vanishing_during_the_walk(tmp_path):
     home = EngineHome(tmp_path)
     home.write_atomic(home.events_path(A), b"12345")
-    stop = FORK.Event()
-    churner = FORK.Process(target=_churn, args=(str(tmp_path), stop))
+    stop, started = FORK.Event(), FORK.Event()
+    churner = FORK.Process(target=_churn, args=(str(tmp_path), stop, started))
     churner.start()
+    assert started.wait(60)
     try:
         for _ in range(300):
             files, size = home.conversation_usage(A)

@@ -100,9 +100,12 @@ def test_it_never_lets_a_tombstone_get_its_title_back_or_go_live():
         raw("UPDATE lifecycle_conversation SET title = %s WHERE id = %s", ["Other title", target.pk])
     with pytest.raises(IntegrityError):
         raw("UPDATE lifecycle_conversation SET state = 'live' WHERE id = %s", [target.pk])
-    raw("UPDATE lifecycle_conversation SET state = 'deleted', title = '' WHERE id = %s", [target.pk])
+    raw("UPDATE lifecycle_conversation SET state = 'deleted', title = '', search_title = '' WHERE id = %s", [target.pk])
     with pytest.raises(IntegrityError):
         raw("UPDATE lifecycle_conversation SET title = %s WHERE id = %s", ["Private plans", target.pk])
+    with pytest.raises(IntegrityError):  # nor its search fold
+        raw("UPDATE lifecycle_conversation SET search_title = %s WHERE id = %s", ["private plans", target.pk])
+    raw("UPDATE lifecycle_conversation SET last_activity_at = %s WHERE id = %s", ["2026-01-01 00:00:00", target.pk])
     target.refresh_from_db()
     assert (target.state, target.title) == ("deleted", "")
 

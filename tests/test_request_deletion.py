@@ -17,6 +17,7 @@ from lifecycle.deletion.plan import step_keys
 from lifecycle.enginefs import EngineHome
 from lifecycle.errors import ActionRefused
 from lifecycle.registry import STORES, RetentionClass
+from lifecycle.search import fold
 from tests import factories
 
 pytestmark = pytest.mark.django_db
@@ -45,6 +46,9 @@ def test_it_erases_every_erase_store_and_keeps_every_retained_row(admin_user, en
 
     target.refresh_from_db()
     assert (target.state, target.title, target.thread_id) == ("deleted", "", twin.thread_id)
+    assert target.search_title in ("", None)  # the folded title is content too
+    assert not m.Conversation.objects.search("Secret launch").exists()
+    assert m.Conversation.objects.search(target.thread_id).count() == 2  # identity stays findable
     for s in ERASED_TABLES:
         assert not s.rows(target).exists(), s.key
         assert s.rows(twin).exists(), s.key
@@ -88,8 +92,10 @@ def test_it_writes_an_exact_content_free_receipt(admin_user):
     assert by_store["lifecycle.Item"]["records"] == items == 2
     assert by_store["lifecycle.Item"]["bytes"] > len(markers["lifecycle.Item"])
     assert by_store["lifecycle.Turn"]["records"] == 1
+    # The title and its search fold (lifecycle.search), both erased.
     assert by_store["lifecycle.Conversation"] == {"store": "lifecycle.Conversation", "class": "erase",
-                                                  "action": "erased", "records": 1, "bytes": len("Receipt check")}
+                                                  "action": "erased", "records": 1,
+                                                  "bytes": len("Receipt check") + len(fold("Receipt check"))}
     assert by_store["lifecycle.OperationBinding"]["action"] == "compacted"
     assert by_store["lifecycle.OperationBinding"]["records"] == 1
     assert by_store["events"]["records"] == 2  # the log and its lock file

@@ -184,3 +184,51 @@ def test_it_seeds_nothing_after_its_anchor(tmp_path):
     assert not m.Conversation.objects.filter(archived_at__gt=now).exists()
     assert not m.Conversation.objects.filter(closed_at__gt=now).exists()
     assert m.Conversation.objects.filter(last_activity_at__gt=now - timedelta(hours=3)).exists()
+
+
+def test_demo_credentials_stay_true_when_the_kept_file_is_deleted(monkeypatch, settings, tmp_path):
+    settings.VAR_DIR = tmp_path
+    monkeypatch.delenv("LETHE_DEMO_PASSWORD", raising=False)
+    kept = tmp_path / "demo-credentials.txt"
+    call_command("seed_demo", "--conversations", "2", "--messages", "2", "--if-empty", stdout=io.StringIO())
+    first = kept.read_text().split()[-1]
+    assert kept.stat().st_mode & 0o777 == 0o600
+    again = io.StringIO()
+    call_command("seed_demo", "--if-empty", stdout=again)
+    assert f"admin / {first}" in again.getvalue() and f"member / {first}" in again.getvalue()
+
+    kept.unlink()
+    out = io.StringIO()
+    call_command("seed_demo", "--if-empty", stdout=out)
+    printed = out.getvalue()
+    users = get_user_model().objects
+    assert "Demo logins:" not in printed and "not on record" in printed
+    assert not kept.exists()  # nothing stored that matches no account
+    assert users.get(username="admin").check_password(first) and users.get(username="member").check_password(first)
+
+    # An explicit password resets both, and is what gets printed.
+    monkeypatch.setenv("LETHE_DEMO_PASSWORD", "chosen-pass-456")
+    out = io.StringIO()
+    call_command("seed_demo", "--if-empty", stdout=out)
+    assert "admin / chosen-pass-456" in out.getvalue()
+    assert users.get(username="admin").check_password("chosen-pass-456")
+
+
+def test_it_never_prints_a_kept_password_an_account_no_longer_has(monkeypatch, settings, tmp_path):
+    settings.VAR_DIR = tmp_path
+    monkeypatch.delenv("LETHE_DEMO_PASSWORD", raising=False)
+    call_command("seed_demo", "--conversations", "2", "--messages", "2", "--if-empty", stdout=io.StringIO())
+    kept = (tmp_path / "demo-credentials.txt").read_text().split()[-1]
+    admin = get_user_model().objects.get(username="admin")
+    admin.set_password("changed-by-its-owner")
+    admin.save()
+    out = io.StringIO()
+    call_command("seed_demo", "--if-empty", stdout=out)
+    printed = out.getvalue()
+    assert f"member / {kept}" in printed and f"admin / {kept}" not in printed and "'admin'" in printed
+    assert get_user_model().objects.get(username="admin").check_password("changed-by-its-owner")
+    # A user made again (deleted meanwhile) gets the kept password, which is then printed for it.
+    get_user_model().objects.filter(username="member").delete()
+    out = io.StringIO()
+    call_command("seed_demo", "--if-empty", stdout=out)
+    assert f"member / {kept}" in out.getvalue()

@@ -2,10 +2,96 @@
 (function () {
   "use strict";
 
-  // Language switch: submit on change (the button is there for no-JS).
+  function cookie(name) {
+    var found = document.cookie.split("; ").filter(function (c) { return c.indexOf(name + "=") === 0; })[0];
+    return found ? found.slice(name.length + 1) : null;
+  }
+
+  // Says one short thing through a polite live region, then clears it again, so the
+  // message is heard once and does not linger for someone reading the page later.
+  var clearTimers = new WeakMap();
+  function announce(region, text) {
+    if (!region) return;
+    region.textContent = "";
+    clearTimeout(clearTimers.get(region));
+    // A fresh text node after a tick, so saying the same words twice is heard twice.
+    setTimeout(function () { region.textContent = text; }, 50);
+    clearTimers.set(region, setTimeout(function () { region.textContent = ""; }, 6000));
+  }
+
+  // Focus an element that is not a control (a heading, a card), scrolling it into view.
+  function focusQuiet(el) {
+    if (!el) return;
+    if (!el.hasAttribute("tabindex")) el.setAttribute("tabindex", "-1");
+    el.focus();
+  }
+  function focusLost() {
+    return !document.activeElement || document.activeElement === document.body;
+  }
+
+  // ---- The viewer's time zone -------------------------------------------------
+  // The server shows times in the zone the browser reports (unless the person chose one).
+  try {
+    var zone = Intl.DateTimeFormat().resolvedOptions().timeZone;
+    if (zone && /^[A-Za-z0-9_+\-/]{1,64}$/.test(zone) && cookie("lethe_browser_timezone") !== zone) {
+      document.cookie = "lethe_browser_timezone=" + zone + "; path=/; max-age=31536000; samesite=lax";
+    }
+  } catch (e) { /* no Intl: times stay in the server's zone, and say which */ }
+
+  // ---- Language and time zone selects -----------------------------------------
+  // A pointer or touch choice applies at once. Arrow keys change a closed select's value
+  // as they move, so a keyboard change waits for an explicit Enter or the Change button.
+  var keyed = null;
+  document.addEventListener("keydown", function (event) {
+    var select = event.target.closest && event.target.closest("select[data-autosubmit]");
+    if (!select) return;
+    if (event.key === "Enter" && select.dataset.pending === "true") {
+      event.preventDefault();
+      select.form.submit();
+      return;
+    }
+    keyed = select;
+  }, true);
+  document.addEventListener("pointerdown", function () { keyed = null; }, true);
   document.addEventListener("change", function (event) {
-    var select = event.target.closest("select[data-autosubmit]");
-    if (select) select.form.submit();
+    var select = event.target.closest && event.target.closest("select[data-autosubmit]");
+    if (!select) return;
+    if (keyed === select) {
+      select.dataset.pending = "true";
+      var button = select.form.querySelector("button[type=submit]");
+      if (button) button.classList.remove("js-hide");
+      return;
+    }
+    select.form.submit();
+  });
+
+  // ---- Conversation list and transcript: focus and announcements after htmx swaps ----
+  document.addEventListener("htmx:afterSettle", function (event) {
+    var fresh = event.target;
+    var config = event.detail && event.detail.requestConfig;
+    var trigger = config && config.elt;
+    if (fresh.id === "results") {
+      var status = document.getElementById("results-status");
+      var count = fresh.querySelector("#results-count");
+      if (trigger && trigger.hasAttribute && trigger.hasAttribute("data-pager")) {
+        // Paging replaced the link that had the focus: move to the top of the new page.
+        focusQuiet(count);
+        var pageOf = fresh.querySelector(".page-of");
+        announce(status, pageOf ? pageOf.textContent.trim() : count.textContent.trim());
+      } else if (count) {
+        // A search or a tab change: the focus stays in the filters; say the new count.
+        announce(status, count.textContent.trim());
+      }
+      return;
+    }
+    if (!focusLost()) return;
+    // "Show full output" and "Show later messages" replaced the link that had the focus:
+    // move to what was loaded.
+    if (fresh.classList && fresh.classList.contains("output")) {
+      focusQuiet(fresh.querySelector("pre") || fresh);
+    } else if (fresh.classList && fresh.classList.contains("msg")) {
+      focusQuiet(fresh);
+    }
   });
 
   // ---- Shared Save/Discard bar -------------------------------------------------
@@ -13,7 +99,12 @@
   // endpoint, and a failure in one leaves the others saved.
   var bar = document.getElementById("save-bar");
   if (!bar) return;
+  var live = document.getElementById("save-bar-live");
+  var signIn = bar.querySelector(".save-bar-signin");
   var saved = {};
+  var lastField = null; // the contributor field the person last used
+  var sessionEnded = false;
+  var busy = false;
 
   function forms() {
     return Array.prototype.slice.call(document.querySelectorAll("form[data-contributor]"));
@@ -29,11 +120,17 @@
   }
   function refresh(message) {
     var dirty = dirtyForms();
+    if (dirty.length === 0) sessionEnded = false;
+    var wasHidden = bar.hidden;
     bar.hidden = dirty.length === 0 && !message;
-    bar.querySelector(".save-bar-status").textContent = message || bar.getAttribute("aria-label");
+    var text = message || (sessionEnded ? bar.dataset.sessionEnded : bar.getAttribute("aria-label"));
+    bar.querySelector(".save-bar-status").textContent = text;
     bar.querySelector(".save-bar-which").textContent = dirty.map(function (f) { return f.dataset.label; }).join(" · ");
     bar.querySelectorAll("button").forEach(function (b) { b.disabled = dirty.length === 0; });
+    if (signIn) signIn.hidden = !sessionEnded;
     document.body.classList.toggle("has-save-bar", !bar.hidden);
+    placeBar();
+    if (wasHidden !== bar.hidden || !bar.hidden) keepFocusClear();
   }
   function restore(form, query) {
     var params = new URLSearchParams(query);
@@ -45,54 +142,163 @@
         el.value = params.has(el.name) ? params.get(el.name) : "";
       }
       el.removeAttribute("aria-invalid");
+      el.removeAttribute("aria-describedby");
     });
     form.querySelectorAll(".field-error, .alert-error").forEach(function (n) { n.remove(); });
+    var card = form.closest(".card");
+    if (card) card.classList.remove("has-error");
   }
   function remember(form) { saved[form.dataset.contributor] = snapshot(form); }
 
-  function saveOne(form) {
-    var card = form.closest("section") || form;
-    var key = form.dataset.contributor;
-    return fetch(form.action, {
-      method: "POST",
-      body: new FormData(form),
-      headers: { "HX-Request": "true" },
-      credentials: "same-origin",
-    }).then(function (response) {
+  // ---- Phone: the bar never covers the field being edited -------------------------
+  // With the on-screen keyboard open only the visual viewport shrinks, and a fixed bar
+  // stays at the bottom of the layout viewport, behind the keyboard. So the bar follows
+  // the visual viewport's bottom edge, and the focused field is scrolled to sit between
+  // the top bar and the save bar, focus ring included.
+  var RING = 8; // 3px outline + 2px offset + room to breathe
+  function placeBar() {
+    var vv = window.visualViewport;
+    var lift = vv ? Math.max(0, window.innerHeight - (vv.offsetTop + vv.height)) : 0;
+    bar.style.transform = lift ? "translateY(" + -lift + "px)" : "";
+    var root = document.documentElement;
+    root.style.scrollPaddingBottom = bar.hidden ? "" : (bar.offsetHeight + RING) + "px";
+    if (!bar.hidden) root.style.setProperty("--save-bar-room", bar.offsetHeight + "px");
+  }
+  function keepFocusClear() {
+    var el = document.activeElement;
+    if (bar.hidden || !el || el === document.body || bar.contains(el) || !el.closest("form[data-contributor]")) return;
+    var vv = window.visualViewport;
+    var top = (vv ? vv.offsetTop : 0);
+    var header = document.querySelector(".topbar");
+    if (header && getComputedStyle(header).position === "sticky") top += header.getBoundingClientRect().height;
+    var bottom = bar.getBoundingClientRect().top;
+    var box = el.getBoundingClientRect();
+    if (box.bottom + RING > bottom) {
+      window.scrollBy(0, box.bottom + RING - bottom);
+    } else if (box.top - RING < top) {
+      window.scrollBy(0, box.top - RING - top);
+    }
+  }
+  if (window.visualViewport) {
+    window.visualViewport.addEventListener("resize", function () { placeBar(); keepFocusClear(); });
+    window.visualViewport.addEventListener("scroll", placeBar);
+  }
+  window.addEventListener("resize", function () { placeBar(); keepFocusClear(); });
+
+  // ---- Saving ----------------------------------------------------------------
+  function isLoginPage(url) {
+    try { return new URL(url, location.href).pathname === bar.dataset.loginPath; } catch (e) { return false; }
+  }
+  // A signed-out save is answered 401 (or followed to the login page, or 403 when the
+  // form's token went with the session): nothing was saved, and the draft must stay.
+  function signedOut(response) {
+    return response.status === 401 || response.status === 403 || (response.redirected && isLoginPage(response.url));
+  }
+  // After signing in again elsewhere the page's CSRF token is stale: fetch a fresh one.
+  function renewToken() {
+    return fetch(location.href, { credentials: "same-origin" }).then(function (response) {
+      if (!response.ok || (response.redirected && isLoginPage(response.url))) return false;
       return response.text().then(function (html) {
-        var holder = document.createElement("div");
-        holder.innerHTML = html.trim();
-        var fresh = holder.firstElementChild;
-        if (fresh) {
-          card.replaceWith(fresh);
-          if (window.htmx) window.htmx.process(fresh);
-        }
-        var newForm = document.querySelector('form[data-contributor="' + key + '"]');
-        if (response.ok && newForm) remember(newForm);
-        if (!response.ok && fresh) fresh.classList.add("has-error");
-        return response.ok;
+        var doc = new DOMParser().parseFromString(html, "text/html");
+        var token = doc.querySelector("input[name=csrfmiddlewaretoken]");
+        if (!token) return false;
+        document.querySelectorAll("input[name=csrfmiddlewaretoken]").forEach(function (el) { el.value = token.value; });
+        var headers = doc.body.getAttribute("hx-headers");
+        if (headers) document.body.setAttribute("hx-headers", headers);
+        return true;
       });
     }).catch(function () { return false; });
   }
 
+  function saveOne(form) {
+    var card = form.closest("section") || form;
+    var key = form.dataset.contributor;
+    var focusedId = card.contains(document.activeElement) ? document.activeElement.id : "";
+    return fetch(form.action, {
+      method: "POST",
+      body: new FormData(form),
+      headers: { "HX-Request": "true", "HX-Current-URL": location.href },
+      credentials: "same-origin",
+    }).then(function (response) {
+      if (signedOut(response)) return "session";
+      return response.text().then(function (html) {
+        var holder = document.createElement("div");
+        holder.innerHTML = html.trim();
+        var fresh = holder.firstElementChild;
+        if (!fresh || !fresh.querySelector('form[data-contributor="' + key + '"]')) return "offline";
+        card.replaceWith(fresh);
+        if (window.htmx) window.htmx.process(fresh);
+        var newForm = fresh.querySelector('form[data-contributor="' + key + '"]');
+        if (response.ok) remember(newForm);
+        else fresh.classList.add("has-error");
+        var again = focusedId && document.getElementById(focusedId);
+        if (again && focusLost()) again.focus({ preventScroll: true });
+        return response.ok ? "saved" : "failed";
+      });
+    }).catch(function () { return "offline"; });
+  }
+
   function saveAll() {
     var dirty = dirtyForms();
+    if (!dirty.length || busy) return Promise.resolve();
+    busy = true;
     bar.classList.add("is-busy");
-    return Promise.all(dirty.map(saveOne)).then(function (results) {
+    var barHadFocus = bar.contains(document.activeElement);
+    var ready = sessionEnded ? renewToken() : Promise.resolve(true);
+    return ready.then(function (ok) {
+      return ok ? Promise.all(dirty.map(saveOne)) : ["session"];
+    }).then(function (results) {
+      busy = false;
       bar.classList.remove("is-busy");
-      var failed = results.indexOf(false) !== -1;
-      refresh(failed ? bar.dataset.failed : "");
-      if (failed) {
+      if (results.indexOf("session") !== -1) {
+        sessionEnded = true;
+        refresh();
+        announce(live, bar.dataset.sessionEnded);
+        if (barHadFocus && signIn) signIn.focus();
+        return;
+      }
+      if (results.indexOf("failed") !== -1) {
+        refresh(bar.dataset.failed);
+        announce(live, bar.dataset.failed);
         // Take the person to what needs fixing.
         var card = document.querySelector(".card.has-error");
         var field = card && (card.querySelector("[aria-invalid=true]") || card.querySelector("input, select"));
         if (card) card.scrollIntoView({ block: "center" });
         if (field) field.focus({ preventScroll: true });
+        return;
+      }
+      if (results.indexOf("offline") !== -1) {
+        refresh(bar.dataset.offline);
+        announce(live, bar.dataset.offline);
+        return;
+      }
+      refresh();
+      announce(live, bar.dataset.saved);
+      if (focusLost() || barHadFocus) {
+        // The bar hid with the focus on it: move to the result, the first confirmation.
+        focusQuiet(document.querySelector(".card [role=status]"));
       }
     });
   }
 
+  function discard() {
+    var barHadFocus = bar.contains(document.activeElement);
+    var card = lastField && lastField.closest("section");
+    dirtyForms().forEach(function (f) { restore(f, saved[f.dataset.contributor]); });
+    document.querySelectorAll(".card.has-error").forEach(function (c) { c.classList.remove("has-error"); });
+    sessionEnded = false;
+    refresh();
+    announce(live, bar.dataset.discarded);
+    if (barHadFocus || focusLost()) focusQuiet(card);
+  }
+
   forms().forEach(remember);
+  document.addEventListener("focusin", function (event) {
+    if (event.target.closest && event.target.closest("form[data-contributor]")) {
+      lastField = event.target;
+      keepFocusClear();
+    }
+  });
   document.addEventListener("input", function () { refresh(); });
   document.addEventListener("change", function () { refresh(); });
   document.addEventListener("submit", function (event) {
@@ -101,15 +307,19 @@
       saveAll();
     }
   });
+  document.addEventListener("keydown", function (event) {
+    // Escape in a card being edited, or on the bar, discards like the Discard button.
+    if (event.key !== "Escape" || bar.hidden || busy || event.defaultPrevented) return;
+    var inside = bar.contains(event.target) || (event.target.closest && event.target.closest("form[data-contributor]"));
+    if (!inside || !dirtyForms().length) return;
+    event.preventDefault();
+    discard();
+  });
   bar.addEventListener("click", function (event) {
     var action = event.target.closest("[data-save-bar]");
     if (!action) return;
-    if (action.dataset.saveBar === "save") {
-      saveAll();
-    } else {
-      dirtyForms().forEach(function (f) { restore(f, saved[f.dataset.contributor]); });
-      refresh();
-    }
+    if (action.dataset.saveBar === "save") saveAll();
+    else discard();
   });
   window.addEventListener("beforeunload", function (event) {
     if (dirtyForms().length) {

@@ -10,6 +10,8 @@ from django.db import connection
 from django.test import Client
 
 from lifecycle.models import Conversation, Item
+from lifecycle.paging import snapshot_page
+from lifecycle.views import PAGE_SIZE
 
 
 class Command(BaseCommand):
@@ -35,7 +37,7 @@ class Command(BaseCommand):
         paths = [
             "/conversations/",
             "/conversations/?view=archived&q=test",
-            "/conversations/?page=3",
+            self.third_page(),
             f"/conversations/{conversation.public_id}/",
             "/settings/system/data-storage/",
             "/v1/threads?limit=50",
@@ -54,5 +56,17 @@ class Command(BaseCommand):
                     raise CommandError(f"{path} answered {response.status_code}")
             timings.sort()
             p95 = timings[min(len(timings) - 1, int(len(timings) * 0.95))]
-            self.stdout.write(f"  {path:<60} p50 {statistics.median(timings):7.1f} ms   p95 {p95:7.1f} ms")
+            label = path if "cursor=" not in path else path.split("cursor=")[0] + "cursor=<page 3>"
+            self.stdout.write(f"  {label:<60} p50 {statistics.median(timings):7.1f} ms   p95 {p95:7.1f} ms")
         client.logout()
+
+    @staticmethod
+    def third_page() -> str:
+        """The list's third page, reached by its cursor (pages are listed against a snapshot)."""
+        qs = Conversation.objects.recent()
+        cursor = None
+        for _ in range(2):
+            cursor = snapshot_page(qs, cursor, PAGE_SIZE, count=False).next
+            if cursor is None:
+                return "/conversations/"
+        return f"/conversations/?cursor={cursor.encode()}"

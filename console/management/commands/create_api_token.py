@@ -1,21 +1,17 @@
 from __future__ import annotations
 
-from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand
 
-from console.models import ApiToken
+from console.management.commands.api_tokens import issue
 
 
 class Command(BaseCommand):
-    help = "Create an API token for a user and print it once."
+    help = "Create an API token for a user and print it once (same as `api_tokens create`)."
 
     def add_arguments(self, parser):
         parser.add_argument("username")
-        parser.add_argument("--name", default="")
+        parser.add_argument("--name", default="", help="Default: “<user> token”.")
+        parser.add_argument("--days", type=int, default=None, help="Days until it expires (default API_TOKEN_DAYS).")
 
-    def handle(self, *args, username: str, name: str, **options):
-        user = get_user_model().objects.filter(username=username).first()
-        if user is None:
-            raise CommandError(f"No user named {username!r}.")
-        _token, raw = ApiToken.issue(user, name=name)
-        self.stdout.write(raw)
+    def handle(self, *args, username: str, name: str, days: int | None, **options):
+        self.stdout.write(issue(username, name=name or f"{username} token", days=days))

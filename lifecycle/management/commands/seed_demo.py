@@ -49,24 +49,40 @@ class Command(BaseCommand):
         )
 
     def users(self) -> None:
+        """Create the demo users, and print only a password that signs them in.
+
+        The password is LETHE_DEMO_PASSWORD (set on both users every run), else the one kept
+        in var/demo-credentials.txt, else a new one, generated only while it can be set on
+        a user being created now: an existing user's password is never replaced by a guess.
+        """
         User = get_user_model()
         path = settings.VAR_DIR / CREDENTIALS_FILE
-        password = os.environ.get("LETHE_DEMO_PASSWORD", "")
-        if not password and path.exists():
-            password = path.read_text().split()[-1]
+        chosen = os.environ.get("LETHE_DEMO_PASSWORD", "")
+        password = chosen or (path.read_text().split()[-1] if path.exists() else "")
         generated = not password
         if generated:
             password = secrets.token_urlsafe(9)
+        demo = []
         for username, staff in (("admin", True), ("member", False)):
             user, created = User.objects.get_or_create(username=username, defaults={"is_staff": staff})
-            if created or os.environ.get("LETHE_DEMO_PASSWORD"):
+            if created or chosen:
                 user.set_password(password)
                 user.is_staff = staff
                 user.save()
-        if generated:
+            demo.append(user)
+        valid = [u for u in demo if u.check_password(password)]
+        if generated and valid:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(f"password {password}\n")
             path.chmod(0o600)
-        self.stdout.write(
-            f"Demo logins: admin / {password} (admin), member / {password} (read-only member)"
-        )
+        if valid:
+            logins = ", ".join(f"{u.username} / {password} ({'admin' if u.is_staff else 'read-only member'})"
+                               for u in valid)
+            self.stdout.write(f"Demo logins: {logins}")
+        for user in demo:
+            if user not in valid:
+                self.stdout.write(
+                    f"Demo login {user.username!r}: its password is not on record here "
+                    f"({path} is missing or out of date), so it is not shown and was left unchanged. "
+                    "Run with LETHE_DEMO_PASSWORD=... to set one."
+                )

@@ -10,7 +10,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('lifecycle', '0002_turn_active_index'),
+        ('lifecycle', '0003_conversation_search_columns'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

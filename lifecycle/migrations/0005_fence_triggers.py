@@ -23,7 +23,7 @@ def remove(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("lifecycle", "0003_delete_operations"),
+        ("lifecycle", "0004_delete_operations"),
     ]
 
     operations = [

@@ -1,0 +1,41 @@
+"""The sign-in form and view, throttled (see console/throttle.py)."""
+
+from __future__ import annotations
+
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.forms import AuthenticationForm
+from django.core.exceptions import ValidationError
+
+from console import throttle
+
+
+class ThrottledAuthenticationForm(AuthenticationForm):
+    throttled_for = ""  # "5 minutes" while the username or the address must wait
+
+    def clean(self):
+        username = self.cleaned_data.get("username") or ""
+        address = throttle.client_address(self.request)
+        keys = throttle.login_keys(username, address)
+        wait = throttle.wait_seconds(keys)
+        if wait:
+            self.throttled_for = throttle.describe_wait(wait)
+            raise ValidationError("throttled", code="throttled")
+        try:
+            cleaned = super().clean()
+        except ValidationError as error:
+            if error.code == "invalid_login":
+                throttle.record_failure(keys, kind="login", address=address, username=username)
+            raise
+        throttle.record_success(keys)
+        return cleaned
+
+
+class LoginView(auth_views.LoginView):
+    template_name = "registration/login.html"
+    form_class = ThrottledAuthenticationForm
+
+    def form_invalid(self, form):
+        response = super().form_invalid(form)
+        if form.throttled_for:
+            response.status_code = 429
+        return response

@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError
+from django.db.models import Q
+
+from console.models import ApiToken
+from console.tokens import create_token, revoke_token
+
+
+def _when(moment) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M UTC") if moment else "never"
+
+
+class Command(BaseCommand):
+    help = "List, create or revoke API tokens. A new token is printed once; only its hash is kept."
+
+    def add_arguments(self, parser):
+        sub = parser.add_subparsers(dest="action", required=True)
+        listing = sub.add_parser("list", help="Every token with its state and last use.")
+        listing.add_argument("--user", default="", help="Only this user's tokens.")
+        create = sub.add_parser("create", help="Make a token for a user and print it once.")
+        create.add_argument("username")
+        create.add_argument("--name", required=True)
+        create.add_argument("--days", type=int, default=None, help="Days until it expires (default API_TOKEN_DAYS).")
+        revoke = sub.add_parser("revoke", help="Revoke a token by its id or its prefix (lethe_xxxxxx).")
+        revoke.add_argument("token")
+
+    def handle(self, *args, action: str, **options):
+        getattr(self, f"do_{action}")(**options)
+
+    def do_list(self, user: str, **options):
+        tokens = ApiToken.objects.select_related("user")
+        if user:
+            tokens = tokens.filter(user__username=user)
+        self.stdout.write(f"{'ID':>5}  {'PREFIX':12}  {'STATE':7}  {'USER':16}  {'EXPIRES':20}  {'LAST USED':20}  NAME")
+        for t in tokens:
+            self.stdout.write(f"{t.pk:>5}  {t.prefix:12}  {t.state().value:7}  {t.user.get_username():16}  "
+                              f"{_when(t.expires_at):20}  {_when(t.last_used_at):20}  {t.name}")
+
+    def do_create(self, username: str, name: str, days: int | None, **options):
+        self.stdout.write(issue(username, name=name, days=days))
+
+    def do_revoke(self, token: str, **options):
+        match = Q(prefix=token) if not token.isdigit() else Q(pk=int(token))
+        found = list(ApiToken.objects.filter(match)[:2])
+        if len(found) != 1:
+            raise CommandError(f"No single token matches {token!r}." if found else f"No token matches {token!r}.")
+        if revoke_token(found[0]):
+            self.stdout.write(f"Revoked {found[0].prefix} ({found[0].name}).")
+        else:
+            self.stdout.write(f"{found[0].prefix} was already revoked.")
+
+
+def issue(username: str, *, name: str, days: int | None) -> str:
+    """Create a token for `username` and return the raw token (CommandError for bad input)."""
+    user = get_user_model().objects.filter(username=username).first()
+    if user is None:
+        raise CommandError(f"No user named {username!r}.")
+    try:
+        _token, raw = create_token(user, name=name, days=days)
+    except ValidationError as error:
+        raise CommandError(" ".join(error.messages)) from error
+    return raw

@@ -1,0 +1,135 @@
+"""Throttling of failed sign-ins (per username and per client address) and of bad API
+tokens (per client address).
+
+Counters live in the database (`console.Throttle`), so every web process sees the same
+ones. After `free_failures` failures under a key, each further attempt under it must wait
+a delay that doubles (from `delay_seconds` up to `max_delay_seconds`); at the key's lock
+threshold it is locked for `lock_seconds`. While a key waits, attempts are refused before
+any password or token is checked, so a correct guess during a wait does not get in, and
+the answer is the same whether the username exists or not. Each failure and each lock is
+an audit fact (address, attempted account when it exists; never a password or a token).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from django.utils.crypto import salted_hmac
+from django.utils.translation import ngettext
+
+from console.models import Throttle
+from lifecycle import audit
+
+
+@dataclass(frozen=True)
+class Key:
+    key: str
+    lock_after: int
+
+
+def client_address(request) -> str:
+    """The client's address: the socket's, or the one TRUSTED_PROXIES proxies saw.
+
+    IPv6 addresses are grouped by /64, since one client usually holds a whole /64.
+    """
+    raw = request.META.get("REMOTE_ADDR", "")
+    if settings.TRUSTED_PROXIES > 0:
+        hops = [h.strip() for h in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",") if h.strip()]
+        if len(hops) >= settings.TRUSTED_PROXIES:
+            raw = hops[-settings.TRUSTED_PROXIES]
+    try:
+        address = ipaddress.ip_address(raw)
+    except ValueError:
+        return "unknown"
+    if address.version == 6:
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(address)
+
+
+def _policy() -> dict:
+    return settings.LOGIN_THROTTLE
+
+
+def login_keys(username: str, address: str) -> list[Key]:
+    digest = salted_hmac("lethe.throttle.username", username.strip().casefold(), algorithm="sha256").hexdigest()
+    policy = _policy()
+    return [Key(f"login-user:{digest}", policy["user_lock_after"]),
+            Key(f"login-addr:{address}", policy["address_lock_after"])]
+
+
+def token_keys(address: str) -> list[Key]:
+    return [Key(f"token-addr:{address}", _policy()["address_lock_after"])]
+
+
+def wait_seconds(keys: list[Key]) -> int:
+    """How long these keys must still wait (0: an attempt may go ahead)."""
+    now = timezone.now()
+    until = (Throttle.objects.filter(key__in=[k.key for k in keys], blocked_until__gt=now)
+             .order_by("-blocked_until").values_list("blocked_until", flat=True).first())
+    return 0 if until is None else max(1, math.ceil((until - now).total_seconds()))
+
+
+def describe_wait(seconds: int) -> str:
+    if seconds < 60:
+        return ngettext("%(n)d second", "%(n)d seconds", seconds) % {"n": seconds}
+    minutes = math.ceil(seconds / 60)
+    return ngettext("%(n)d minute", "%(n)d minutes", minutes) % {"n": minutes}
+
+
+def _locked_row(key: str) -> Throttle:
+    row = Throttle.objects.select_for_update().filter(key=key).first()
+    if row is None:
+        try:
+            with transaction.atomic():
+                row = Throttle.objects.create(key=key)
+        except IntegrityError:  # another process made it first
+            row = Throttle.objects.select_for_update().get(key=key)
+    return row
+
+
+def record_failure(keys: list[Key], *, kind: str, address: str, username: str = "", reason: str = "") -> None:
+    """Count one failure under every key; audit it, and audit each lock it starts."""
+    policy = _policy()
+    now = timezone.now()
+    window = timedelta(seconds=policy["window_seconds"])
+    user = get_user_model().objects.filter(username=username).first() if username else None
+    detail = {"address": address, "account": user.get_username() if user else None}
+    if reason:
+        detail["reason"] = reason
+    with transaction.atomic():
+        locks = []
+        for key in keys:
+            row = _locked_row(key.key)
+            if row.first_failure_at is None or now - row.first_failure_at > window:
+                row.failures, row.first_failure_at, row.locked = 0, now, False
+            row.failures += 1
+            extra = row.failures - policy["free_failures"]
+            if row.failures >= key.lock_after:
+                if not (row.locked and row.blocked_until and row.blocked_until > now):
+                    locks.append(key.key.split(":", 1)[0])
+                row.locked = True
+                row.blocked_until = now + timedelta(seconds=policy["lock_seconds"])
+            elif extra > 0:
+                delay = min(policy["delay_seconds"] * 2 ** (extra - 1), policy["max_delay_seconds"])
+                row.blocked_until = now + timedelta(seconds=delay)
+            row.updated_at = now
+            row.save()
+        audit.record(f"{kind}_failed", actor=user, new=detail)
+        for scope in locks:
+            audit.record(f"{kind}_locked", actor=user, new={**detail, "scope": scope,
+                                                            "seconds": policy["lock_seconds"]})
+    # Forget keys whose failures and blocks are long over.
+    horizon = now - timedelta(seconds=max(policy["window_seconds"], policy["lock_seconds"]) + 60)
+    Throttle.objects.filter(updated_at__lt=horizon).delete()
+
+
+def record_success(keys: list[Key]) -> None:
+    """A correct sign-in clears the username's count (never the address's)."""
+    Throttle.objects.filter(key__in=[k.key for k in keys if k.key.startswith("login-user:")]).delete()

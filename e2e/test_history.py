@@ -1,0 +1,52 @@
+"""The back button after many searches: once htmx's history cache (10 pages) runs out, the
+page it asks the server for is the whole page, not the list fragment on its own."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from playwright.sync_api import expect
+
+from e2e.conftest import MEMBER
+from e2e.helpers import check_layout, log_in
+from lifecycle.models import Conversation
+
+pytestmark = pytest.mark.django_db(transaction=True)
+SEARCHES = ["review", "refactor", "draft", "payment", "index", "deploy", "flaky", "plan", "cache", "login",
+            "schema", "adapter"]
+
+
+@pytest.mark.parametrize("viewport", ["desktop", "small-phone"], ids=["1280", "320"])
+def test_going_back_past_the_history_cache_restores_whole_pages(seeded, live_server, open_page, viewport):
+    page = open_page(viewport)
+    log_in(page, live_server.url, *MEMBER)
+    misses = []
+    page.on("request", lambda r: misses.append(r.url) if r.headers.get("hx-history-restore-request") else None)
+    assert page.evaluate("htmx.config.historyCacheSize") == 10
+    search = page.get_by_label("Search")
+    for word in SEARCHES:  # more searches than the cache holds
+        search.fill(word)
+        search.press("Enter")
+        expect(page).to_have_url(re.compile(rf"q={word}$"))
+        expect(page.locator("#results .count")).to_have_text(re.compile(r"^\d+ conversations?$"))
+
+    for word in [*reversed(SEARCHES[:-1]), ""]:
+        page.go_back()
+        expect(page).to_have_url(re.compile(rf"/conversations/(\?.*q={word})?$" if word else r"/conversations/$"))
+        expected = Conversation.objects.recent().search(word).count()
+        noun = "conversation" if expected == 1 else "conversations"
+        # A whole page: one heading, the navigation, the filters and one list.
+        expect(page.get_by_role("heading", level=1)).to_have_text("Conversations")
+        expect(page.locator("h1")).to_have_count(1)
+        expect(page.locator("form.filters")).to_have_count(1)
+        expect(page.locator("#results")).to_have_count(1)
+        expect(page.locator("#results .count")).to_have_text(f"{expected} {noun}")
+        expect(page.locator(".topbar")).to_have_count(1)
+
+    # The oldest pages were no longer cached, so the server was asked for them.
+    assert any(url.endswith("/conversations/") for url in misses), misses
+    check_layout(page)
+    # And the restored page still works in place.
+    page.locator("label.tab", has_text="Archived").click()
+    expect(page.locator("#results .count")).to_have_text(f"{Conversation.objects.archived().count()} conversations")

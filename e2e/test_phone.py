@@ -1,0 +1,162 @@
+"""Phones: the save bar never covers the field being edited (nor its focus ring), the bottom
+bars never cover the footer's selects, the bar is slimmer at 320 px, and focus rings and
+field borders reach 3:1 contrast in light mode."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from e2e.conftest import ADMIN, VIEWPORTS
+from e2e.helpers import assert_save_bar_covers_nothing, log_in, nav_link
+
+pytestmark = pytest.mark.django_db(transaction=True)
+PHONES = pytest.mark.parametrize("viewport", ["phone", "small-phone"], ids=["390", "320"])
+RING = 5  # the focus outline (3 px) and its offset (2 px) are part of what must stay visible
+
+_CLEARANCE = """(barSelector) => {
+  const el = document.activeElement, box = el.getBoundingClientRect();
+  const bar = document.querySelector(barSelector).getBoundingClientRect();
+  const top = document.querySelector(".topbar").getBoundingClientRect();
+  const vv = window.visualViewport;
+  return {id: el.id, top: box.top, bottom: box.bottom, barTop: bar.top, barHeight: bar.height,
+          headerBottom: top.bottom, viewportBottom: vv ? vv.offsetTop + vv.height : innerHeight};
+}"""
+
+
+def clearance(page: Page, bar: str = "#save-bar") -> dict:
+    return page.evaluate(_CLEARANCE, bar)
+
+
+def assert_clear(found: dict, field: str) -> None:
+    assert found["id"] == field, found
+    assert found["bottom"] + RING <= found["barTop"] + 0.5, f"the bar covers the focused field: {found}"
+    assert found["top"] - RING >= found["headerBottom"] - 0.5, f"the top bar covers the focused field: {found}"
+    assert found["barTop"] + found["barHeight"] <= found["viewportBottom"] + 0.5, found
+
+
+def tap_near_the_bottom(page: Page, field_id: str) -> None:
+    """Scroll the field to just above the bar at the bottom (the navigation, or the save bar
+    once there are changes) and tap it there, as a thumb would; a Playwright click would
+    first scroll it somewhere comfortable."""
+    page.evaluate(
+        """(id) => {
+          const save = document.getElementById("save-bar");
+          const bottom = (save && !save.hidden ? save : document.querySelector(".phonenav")).getBoundingClientRect();
+          const box = document.getElementById(id).getBoundingClientRect();
+          // Its lower edge a little under the bar (the ring is hidden), its upper half in view.
+          window.scrollBy(0, box.bottom - bottom.top - 10);
+        }""",
+        field_id,
+    )
+    box = page.locator(f"#{field_id}").bounding_box()
+    page.mouse.click(box["x"] + 12, box["y"] + 10)
+
+
+@PHONES
+def test_the_save_bar_never_covers_the_field_being_typed_in(seeded, live_server, open_page, viewport):
+    page = open_page(viewport)
+    log_in(page, live_server.url, *ADMIN)
+    nav_link(page, "Data & storage").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("Data & storage")
+
+    for field in ("id_billing_days", "id_usage_days", "id_audit_days"):
+        tap_near_the_bottom(page, field)
+        expect(page.locator(f"#{field}")).to_be_focused()
+        page.keyboard.press("End")
+        page.keyboard.type("7")
+        expect(page.locator("#save-bar")).to_be_visible()
+        page.wait_for_timeout(100)  # let the bar settle in
+        assert_clear(clearance(page), field)
+
+    # The on-screen keyboard opens: the visible area shrinks to about half the screen.
+    size = VIEWPORTS[viewport]
+    page.set_viewport_size({"width": size["width"], "height": size["height"] // 2})
+    page.wait_for_timeout(200)
+    assert_clear(clearance(page), "id_audit_days")
+    page.keyboard.type("1")
+    assert_clear(clearance(page), "id_audit_days")
+    # Tab onwards through the card: each field in turn is kept clear.
+    page.keyboard.press("Tab")
+    assert_clear(clearance(page), "id_usage_days")
+    page.set_viewport_size(size)
+
+
+@PHONES
+def test_the_bottom_bars_never_cover_the_footer_selects(seeded, live_server, open_page, viewport):
+    page = open_page(viewport)
+    log_in(page, live_server.url, *ADMIN)
+    for select in ("language-foot", "timezone-foot"):
+        # Reached with the keyboard from the top of the page ...
+        page.evaluate("window.scrollTo(0, 0)")
+        page.locator(f"#{select}").focus()
+        assert_clear(clearance(page, ".phonenav"), select)
+        # ... and at the very bottom of the page.
+        page.evaluate("window.scrollTo(0, document.documentElement.scrollHeight)")
+        box = page.locator(f"#{select}").bounding_box()
+        nav = page.locator(".phonenav").bounding_box()
+        assert box["y"] + box["height"] + RING <= nav["y"], (box, nav)
+
+    # With unsaved changes the save bar takes the bottom edge; the footer still clears it,
+    # also when a failed save makes the bar taller.
+    nav_link(page, "Data & storage").click()
+    page.get_by_label("Audit facts, days").fill("0")
+    expect(page.locator("#save-bar")).to_be_visible()
+    page.locator("#language-foot").focus()
+    assert_clear(clearance(page), "language-foot")
+    page.locator("#save-bar").get_by_role("button", name="Save").click()
+    expect(page.locator("#save-bar .save-bar-status")).to_have_text(re.compile("not saved"))
+    assert_save_bar_covers_nothing(page)
+
+
+def test_the_save_bar_is_slimmer_on_the_smallest_phones(seeded, live_server, open_page):
+    heights = {}
+    for viewport in ("phone", "small-phone"):
+        page = open_page(viewport)
+        log_in(page, live_server.url, *ADMIN)
+        nav_link(page, "Data & storage").click()
+        page.get_by_label("Audit facts, days").fill("366")
+        expect(page.locator("#save-bar")).to_be_visible()
+        heights[viewport] = page.locator("#save-bar").bounding_box()["height"]
+        for button in ("Save", "Discard"):
+            box = page.locator("#save-bar").get_by_role("button", name=button).bounding_box()
+            assert box["height"] >= 43.5 and box["width"] >= 43.5
+    assert heights["small-phone"] <= 96 < heights["phone"], heights
+
+
+def _luminance(rgb: tuple[float, float, float]) -> float:
+    def channel(c: float) -> float:
+        c /= 255
+        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (channel(c) for c in rgb)
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def contrast(a: str, b: str) -> float:
+    def parse(css: str) -> tuple[float, float, float]:
+        parts = css[css.index("(") + 1 : css.index(")")].replace(",", " ").split()
+        return float(parts[0]), float(parts[1]), float(parts[2])
+
+    high, low = sorted((_luminance(parse(a)), _luminance(parse(b))), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+def test_focus_rings_and_field_borders_reach_three_to_one_in_light_mode(seeded, live_server, open_page):
+    page = open_page("phone", color_scheme="light")
+    log_in(page, live_server.url, *ADMIN)
+    nav_link(page, "Data & storage").click()
+    page.get_by_label("Audit facts, days").focus()
+    page.keyboard.press("Tab")  # keyboard focus, so :focus-visible applies
+    colours = page.evaluate("""() => {
+        const field = document.activeElement, card = field.closest('.card');
+        return {ring: getComputedStyle(field).outlineColor, ringWidth: getComputedStyle(field).outlineWidth,
+                border: getComputedStyle(field).borderTopColor, card: getComputedStyle(card).backgroundColor,
+                page: getComputedStyle(document.body).backgroundColor};
+    }""")
+    assert colours["ringWidth"] == "3px"
+    for background in (colours["card"], colours["page"]):
+        assert contrast(colours["ring"], background) >= 3, colours
+        assert contrast(colours["border"], background) >= 3, colours

@@ -1,0 +1,70 @@
+"""The Content-Security-Policy holds in a real browser: the main pages and their htmx
+interactions run with no violation reported, and the scripts still do their work."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from e2e.conftest import ADMIN
+from e2e.helpers import conversation_with_long_output, log_in, nav_link, open_from_list
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+RECORD_VIOLATIONS = """
+window.__csp = [];
+document.addEventListener("securitypolicyviolation", (e) => {
+  window.__csp.push(`${e.violatedDirective} ${e.blockedURI} ${e.sourceFile}:${e.lineNumber}`);
+});
+"""
+
+
+def watch(page: Page) -> list[str]:
+    """Every CSP violation the browser reports, from the console and from the DOM event."""
+    seen: list[str] = []
+    page.on("console", lambda m: seen.append(m.text) if "Content Security Policy" in m.text else None)
+    page.add_init_script(RECORD_VIOLATIONS)
+    return seen
+
+
+def violations(page: Page, seen: list[str]) -> list[str]:
+    return seen + page.evaluate("window.__csp || []")
+
+
+@pytest.mark.parametrize("viewport", ["desktop", "small-phone"])
+def test_the_main_pages_run_without_a_csp_violation(seeded, live_server, open_page, viewport):
+    page = open_page(viewport)
+    seen = watch(page)
+    base = live_server.url
+
+    page.goto(f"{base}/accounts/login/")
+    assert page.evaluate("document.documentElement.classList.contains('js')")  # boot.js ran
+    assert violations(page, seen) == []
+
+    log_in(page, base, *ADMIN)
+    assert page.evaluate("typeof window.htmx") == "object"
+    page.get_by_role("searchbox").fill("a")
+    page.get_by_role("searchbox").press("Enter")
+    expect(page.locator("#results")).to_be_visible()
+    assert violations(page, seen) == []
+
+    conversation, tool_item = conversation_with_long_output()
+    open_from_list(page, conversation)
+    row = page.locator(f"#item-{tool_item.pk}")
+    row.get_by_role("link", name="Show full output").click()  # an htmx swap
+    expect(row.get_by_role("link", name="Show full output")).to_have_count(0)
+    assert violations(page, seen) == []
+
+    nav_link(page, "Data & storage").click()
+    expect(page.get_by_role("heading", name="Retained facts")).to_be_visible()
+    page.get_by_label("Billing facts, days").fill("3000")
+    expect(page.locator("#save-bar")).to_be_visible()  # lethe.js runs under the policy
+    page.locator("#save-bar").get_by_role("button", name="Save").click()
+    expect(page.get_by_text("Retention periods saved.")).to_be_visible()
+    assert violations(page, seen) == []
+
+    nav_link(page, "API tokens").click()
+    page.get_by_label("Name").fill("CSP check")
+    page.get_by_role("button", name="Create token").click()
+    expect(page.get_by_label("New API token")).to_be_visible()
+    assert violations(page, seen) == []

@@ -1,0 +1,124 @@
+"""When the session ends mid-edit nothing is lost: the draft stays, the bar says why, and
+after signing in again in another tab Save works. The list never shows the login page
+inside itself."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.contrib.sessions.models import Session
+from playwright.sync_api import Page, expect
+
+from e2e.conftest import ADMIN, MEMBER
+from e2e.helpers import assert_save_bar_covers_nothing, check_layout, log_in, nav_link
+from lifecycle.models import RetainedFactsPolicy
+
+pytestmark = pytest.mark.django_db(transaction=True)
+ENDED = "Your session ended, so nothing was saved. Your changes are still here: sign in again in a new tab, then press Save."
+
+
+def bar(page: Page):
+    return page.locator("#save-bar")
+
+
+@pytest.mark.parametrize(
+    ("how", "viewport"), [("session row deleted", "phone"), ("signed out in another tab", "small-phone")],
+    ids=["expired-390", "signed-out-320"],
+)
+def test_a_draft_survives_the_end_of_the_session_and_saves_after_signing_in(
+    seeded, live_server, open_page, how, viewport
+):
+    page = open_page(viewport)
+    log_in(page, live_server.url, *ADMIN)
+    nav_link(page, "Data & storage").click()
+    before = RetainedFactsPolicy.load()
+    page.get_by_label("Audit facts, days").fill("500")
+    page.get_by_label("Clean up old tool payloads").check()
+
+    if how == "session row deleted":
+        Session.objects.all().delete()
+    else:
+        other = page.context.new_page()
+        other.goto(f"{live_server.url}/conversations/")
+        other.get_by_role("button", name="Sign out").click()
+        expect(other).to_have_url(re.compile(r"/accounts/login/"))
+        other.close()
+
+    bar(page).get_by_role("button", name="Save").click()
+
+    # Nothing saved, nothing lost: the draft is on screen and the bar explains.
+    expect(bar(page).locator(".save-bar-status")).to_have_text(ENDED)
+    expect(page.locator("#save-bar-live")).to_have_text(ENDED)
+    expect(page.get_by_label("Audit facts, days")).to_have_value("500")
+    expect(page.get_by_label("Clean up old tool payloads")).to_be_checked()
+    expect(page.locator("#facts-card")).to_be_visible()
+    expect(page.locator("#tool-card")).to_be_visible()
+    expect(page).to_have_url(f"{live_server.url}/settings/system/data-storage/")
+    stored = RetainedFactsPolicy.load()
+    assert (stored.audit_days, stored.revision) == (before.audit_days, before.revision)
+    sign_in = bar(page).get_by_role("link", name="Sign in again (new tab)")
+    expect(sign_in).to_be_visible()
+    expect(sign_in).to_have_attribute("target", "_blank")
+    check_layout(page)
+    assert_save_bar_covers_nothing(page)
+
+    # Sign in again in a new tab, as the link offers ...
+    with page.context.expect_page() as opened:
+        sign_in.click()
+    login = opened.value
+    login.get_by_label("Username").fill(ADMIN[0])
+    login.get_by_label("Password").fill(ADMIN[1])
+    login.get_by_role("button", name="Sign in").click()
+    expect(login.get_by_role("heading", level=1)).to_have_text("Data & storage")
+    login.close()
+
+    # ... and Save in the first tab saves the draft that was kept.
+    page.bring_to_front()
+    bar(page).get_by_role("button", name="Save").click()
+    expect(bar(page)).to_be_hidden()
+    expect(page.locator("#save-bar-live")).to_have_text("Changes saved.")
+    stored = RetainedFactsPolicy.load()
+    assert (stored.audit_days, stored.revision) == (500, before.revision + 1)
+    from retention.models import ToolPayloadPolicy
+
+    assert ToolPayloadPolicy.load().enabled is True
+
+
+def test_signing_in_as_someone_else_still_saves_nothing(seeded, live_server, open_page):
+    """The other tab signs in as a member: the admin's draft stays unsaved and explained."""
+    page = open_page("desktop")
+    log_in(page, live_server.url, *ADMIN)
+    nav_link(page, "Data & storage").click()
+    page.get_by_label("Audit facts, days").fill("501")
+    Session.objects.all().delete()
+    other = page.context.new_page()
+    log_in(other, live_server.url, *MEMBER)
+    other.close()
+
+    bar(page).get_by_role("button", name="Save").click()
+
+    expect(bar(page).locator(".save-bar-status")).to_have_text(ENDED)
+    expect(page.get_by_label("Audit facts, days")).to_have_value("501")
+    check_layout(page)
+    assert RetainedFactsPolicy.load().audit_days != 501
+
+
+def test_the_list_sends_a_signed_out_search_to_the_login_page(seeded, live_server, open_page):
+    page = open_page("desktop")
+    log_in(page, live_server.url, *MEMBER)
+    Session.objects.all().delete()
+
+    page.get_by_label("Search").fill("draft")
+    page.get_by_label("Search").press("Enter")
+
+    # The whole page goes to sign in (and comes back to the search), never the login form
+    # inside the results.
+    expect(page).to_have_url(re.compile(r"/accounts/login/\?next=/conversations/%3Fview%3Drecent.*q%3Ddraft"))
+    expect(page.get_by_role("heading", name="Sign in to Lethe")).to_be_visible()
+    expect(page.locator("#results")).to_have_count(0)
+    page.get_by_label("Username").fill(MEMBER[0])
+    page.get_by_label("Password").fill(MEMBER[1])
+    page.get_by_role("button", name="Sign in").click()
+    expect(page).to_have_url(re.compile(r"/conversations/\?view=recent.*q=draft"))
+    expect(page.get_by_label("Search")).to_have_value("draft")

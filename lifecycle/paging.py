@@ -1,0 +1,186 @@
+"""Paging the conversation list by a snapshot, so nothing vanishes while it changes.
+
+A list in activity order moves while someone pages through it: a conversation that gets a
+new item jumps to the top. Paged by offset or by a plain keyset, it then lands on a page
+the reader has already passed and is never shown to them. So the list is paged against a
+snapshot:
+
+- The first page fixes `as_of`, the moment the reading started (now, or the newest
+  activity stored if that is later). Every later page carries it in its cursor.
+- A page lists the conversations whose activity is at or before `as_of`, in activity
+  order, after (or, going back, before) the cursor's key `(last_activity_at, pk)`. Their
+  order cannot change while the reader pages, so each is listed exactly once.
+- Conversations whose activity is after `as_of` (they changed or are new since the reading
+  started) are left out of the pages and reported apart: their count and the first few,
+  with a way to start again. A conversation that gets a new item mid-way therefore shows
+  up in that notice on every later page instead of on none.
+
+The console list and `GET /v1/threads` both page with `snapshot_page`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db.models import Max, Q, QuerySet
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from lifecycle.models import Conversation
+
+MAX_CURSOR_CHARS = 200
+ORDER = ("-last_activity_at", "-pk")
+
+
+class InvalidCursor(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """Where a page starts: the snapshot moment and the key of the row next to the page.
+
+    `backward` means the page lists the rows just before the key (the Previous page)."""
+
+    as_of: datetime
+    activity: datetime
+    pk: int
+    backward: bool = False
+
+    def encode(self) -> str:
+        raw = "|".join(
+            ("v2", self.as_of.isoformat(), "b" if self.backward else "f", self.activity.isoformat(), str(self.pk))
+        )
+        return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+    @classmethod
+    def decode(cls, token: str) -> Cursor:
+        if not token or len(token) > MAX_CURSOR_CHARS or not token.isascii():
+            raise InvalidCursor(token)
+        try:
+            raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode("ascii")
+            version, as_of, direction, activity, pk = raw.split("|")
+            moments = parse_datetime(as_of), parse_datetime(activity)
+        except (ValueError, binascii.Error, UnicodeDecodeError):
+            raise InvalidCursor(token) from None
+        if (
+            version != "v2"
+            or direction not in ("f", "b")
+            or any(m is None or timezone.is_naive(m) for m in moments)
+            or not (pk.isascii() and pk.isdigit() and len(pk) <= 18)
+        ):
+            raise InvalidCursor(token)
+        return cls(as_of=moments[0], activity=moments[1], pk=int(pk), backward=direction == "b")
+
+
+@dataclass
+class SnapshotPage:
+    rows: list[Conversation]
+    as_of: datetime
+    size: int
+    before: int = 0  # snapshot rows ahead of this page
+    after: int = 0  # snapshot rows behind it
+    changed: int = 0  # matching rows whose activity is after as_of
+    changed_rows: list[Conversation] = field(default_factory=list)
+
+    @property
+    def next(self) -> Cursor | None:
+        if not self.after or not self.rows:
+            return None
+        last = self.rows[-1]
+        return Cursor(self.as_of, last.last_activity_at, last.pk)
+
+    @property
+    def previous(self) -> Cursor | None:
+        if not self.before or not self.rows:
+            return None
+        first = self.rows[0]
+        return Cursor(self.as_of, first.last_activity_at, first.pk, backward=True)
+
+    @property
+    def number(self) -> int:
+        return -(-self.before // self.size) + 1
+
+    @property
+    def pages(self) -> int:
+        return self.number + -(-self.after // self.size)
+
+    @property
+    def changed_more(self) -> int:
+        return self.changed - len(self.changed_rows)
+
+    @property
+    def total(self) -> int:
+        """Every matching conversation now: the snapshot's and the changed ones."""
+        return self.before + len(self.rows) + self.after + self.changed
+
+
+def _newer(key: tuple[datetime, int]) -> Q:
+    return Q(last_activity_at__gt=key[0]) | Q(last_activity_at=key[0], pk__gt=key[1])
+
+
+def _older(key: tuple[datetime, int]) -> Q:
+    return Q(last_activity_at__lt=key[0]) | Q(last_activity_at=key[0], pk__lt=key[1])
+
+
+def snapshot_moment() -> datetime:
+    """Now, or the newest stored activity when that is later (a clock behind the data must
+    not leave rows outside every snapshot)."""
+    newest = Conversation.objects.aggregate(m=Max("last_activity_at"))["m"]
+    now = timezone.now()
+    return max(now, newest) if newest else now
+
+
+def snapshot_page(
+    queryset: QuerySet[Conversation],
+    cursor: Cursor | None,
+    size: int,
+    *,
+    count: bool = True,
+    changed_sample: int = 0,
+) -> SnapshotPage:
+    """One page of `queryset` (already filtered) against the cursor's snapshot.
+
+    With `count=False` only what the next cursor needs is computed (the API); otherwise the
+    counts for "page N of M" and the changed-since notice as well (the console)."""
+    as_of = cursor.as_of if cursor else snapshot_moment()
+    snapshot = queryset.filter(last_activity_at__lte=as_of)
+    if cursor is None:
+        rows = list(snapshot.order_by(*ORDER)[: size + 1])
+    elif cursor.backward:
+        rows = list(snapshot.filter(_newer((cursor.activity, cursor.pk))).order_by("last_activity_at", "pk")[: size + 1])
+        rows.reverse()
+    else:
+        rows = list(snapshot.filter(_older((cursor.activity, cursor.pk))).order_by(*ORDER)[: size + 1])
+    backward = cursor is not None and cursor.backward
+    more = len(rows) > size
+    page = SnapshotPage(rows=rows[-size:] if backward else rows[:size], as_of=as_of, size=size)
+    if not count:
+        # Without counts, `before` and `after` only say whether there is anything there.
+        page.before, page.after = (int(more), 1) if backward else (int(cursor is not None), int(more))
+        return page
+    if page.rows:
+        first = (page.rows[0].last_activity_at, page.rows[0].pk)
+        last = (page.rows[-1].last_activity_at, page.rows[-1].pk)
+    elif cursor is not None:
+        first = last = (cursor.activity, cursor.pk)
+    else:
+        first = last = None
+    if first is not None:
+        # The first page has nothing ahead of it, and nothing newer than the moment it fixed.
+        page.before = snapshot.filter(_newer(first)).count() if cursor else 0
+        page.after = snapshot.filter(_older(last)).count()
+    if cursor is None:
+        return page
+    page.changed = changed_since(queryset, as_of)
+    if page.changed and changed_sample:
+        page.changed_rows = list(queryset.filter(last_activity_at__gt=as_of).order_by(*ORDER)[:changed_sample])
+    return page
+
+
+def changed_since(queryset: QuerySet[Conversation], as_of: datetime) -> int:
+    """How many of these conversations changed or were added after the snapshot moment."""
+    return queryset.filter(last_activity_at__gt=as_of).count()

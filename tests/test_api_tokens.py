@@ -1,0 +1,160 @@
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.test import Client
+from django.utils import timezone
+
+from console.models import ApiToken, hash_token
+from lifecycle.models import AuditFact
+
+pytestmark = pytest.mark.django_db
+HOST = {"HTTP_HOST": "127.0.0.1"}
+PAGE = "/settings/api-tokens/"
+
+
+def run(*args: str) -> str:
+    out = StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+def api(raw: str, path: str = "/v1/threads"):
+    return Client(HTTP_AUTHORIZATION=f"Bearer {raw}").get(path, **HOST)
+
+
+# The command ------------------------------------------------------------------------
+
+def test_the_command_creates_a_named_expiring_token_and_prints_it_once(admin_user):
+    raw = run("api_tokens", "create", "alice", "--name", "Nightly export").strip()
+    token = ApiToken.objects.get()
+    assert raw.startswith("lethe_") and token.key_hash == hash_token(raw) and raw not in str(token.__dict__)
+    assert token.name == "Nightly export" and token.prefix == raw[:12]
+    assert abs(token.expires_at - (timezone.now() + timedelta(days=90))) < timedelta(minutes=1)
+    assert api(raw).status_code == 200
+    assert AuditFact.objects.get().action == "api_token_created"
+
+
+def test_the_lifetime_comes_from_the_setting_or_the_option(settings, admin_user):
+    settings.API_TOKEN_DAYS = 7
+    run("api_tokens", "create", "alice", "--name", "a")
+    run("api_tokens", "create", "alice", "--name", "b", "--days", "30")
+    a, b = ApiToken.objects.get(name="a"), ApiToken.objects.get(name="b")
+    assert (a.expires_at - a.created_at).days == 7 and (b.expires_at - b.created_at).days == 30
+
+
+@pytest.mark.parametrize("args", [["--days", "0"], ["--days", "99999"], ["--name", ""], ["--name", "x" * 121],
+                                  ["--name", "tab\there"]])
+def test_the_command_refuses_bad_input_and_makes_nothing(admin_user, args):
+    base = {"--name": "ok", "--days": "10"}
+    base.update(dict(zip(args[::2], args[1::2], strict=True)))
+    with pytest.raises(CommandError):
+        run("api_tokens", "create", "alice", *[x for pair in base.items() for x in pair])
+    with pytest.raises(CommandError):
+        run("api_tokens", "create", "nobody", "--name", "ok")
+    assert ApiToken.objects.count() == 0 and AuditFact.objects.count() == 0
+
+
+def test_the_old_command_still_works_as_an_alias(admin_user):
+    raw = run("create_api_token", "alice").strip()
+    token = ApiToken.objects.get()
+    assert token.name == "alice token" and api(raw).status_code == 200
+
+
+def test_the_command_lists_and_revokes(admin_user, member_user):
+    raw_a = run("api_tokens", "create", "alice", "--name", "Script A").strip()
+    raw_b = run("api_tokens", "create", "bob", "--name", "Script B").strip()
+    api(raw_a)
+    listing = run("api_tokens", "list")
+    assert "Script A" in listing and "Script B" in listing and listing.count("active") == 2
+    assert "never" in listing.splitlines()[1] or "never" in listing.splitlines()[2]  # B was never used
+    assert "Script B" not in run("api_tokens", "list", "--user", "alice")
+    assert "Revoked" in run("api_tokens", "revoke", raw_a[:12])
+    token_b = ApiToken.objects.get(name="Script B")
+    assert "Revoked" in run("api_tokens", "revoke", str(token_b.pk))
+    assert "already revoked" in run("api_tokens", "revoke", str(token_b.pk))
+    with pytest.raises(CommandError):
+        run("api_tokens", "revoke", "lethe_nothing")
+    assert api(raw_a).status_code == 401 and api(raw_b).status_code == 401
+    assert "revoked" in run("api_tokens", "list")
+    assert list(AuditFact.objects.values_list("action", flat=True)) == [
+        "api_token_created", "api_token_created", "api_token_revoked", "api_token_revoked"]
+
+
+def test_expired_and_revoked_tokens_answer_401_and_use_is_recorded(admin_user):
+    _t, active = ApiToken.issue(admin_user, name="active")
+    expired_token, expired = ApiToken.issue(admin_user, name="expired")
+    ApiToken.objects.filter(pk=expired_token.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    revoked_token, revoked = ApiToken.issue(admin_user, name="revoked")
+    ApiToken.objects.filter(pk=revoked_token.pk).update(revoked_at=timezone.now())
+    assert api(active).status_code == 200
+    assert api(expired).status_code == 401 and api(revoked).status_code == 401
+    used = ApiToken.objects.get(name="active").last_used_at
+    assert used is not None and ApiToken.objects.get(name="expired").last_used_at is None
+    api(active)  # within a minute: no new write
+    assert ApiToken.objects.get(name="active").last_used_at == used
+
+
+# The page ---------------------------------------------------------------------------
+
+def test_admins_create_a_token_that_is_shown_once(admin_client):
+    response = admin_client.post(PAGE, {"name": "Phone app", "days": "30"}, **HOST)
+    page = response.content.decode()
+    assert response.status_code == 201
+    raw = re.search(r'id="new-token"[^>]*value="(lethe_[^"]+)"', page)[1]
+    token = ApiToken.objects.get()
+    assert token.key_hash == hash_token(raw) and token.name == "Phone app"
+    assert (token.expires_at - token.created_at).days == 30
+    assert api(raw).status_code == 200
+    again = admin_client.get(PAGE, **HOST).content.decode()
+    assert raw not in again and "Phone app" in again and token.prefix in again
+    assert "no-store" in response["Cache-Control"]
+
+
+@pytest.mark.parametrize("data", [{"name": "", "days": "30"}, {"name": "x" * 121, "days": "30"},
+                                  {"name": "ok", "days": "0"}, {"name": "ok", "days": "3651"},
+                                  {"name": "ok", "days": "ten"}, {"name": "bell\x07", "days": "3"}, {}])
+def test_the_page_refuses_bad_input_and_makes_nothing(admin_client, data):
+    response = admin_client.post(PAGE, data, **HOST)
+    assert response.status_code == 422 and 'class="field-error"' in response.content.decode()
+    assert ApiToken.objects.count() == 0
+
+
+def test_admins_revoke_after_a_confirmation_page(admin_client, admin_user):
+    token, raw = ApiToken.issue(admin_user, name="Old script")
+    listing = admin_client.get(PAGE, **HOST).content.decode()
+    assert f"/settings/api-tokens/{token.pk}/revoke/" in listing
+    confirm = admin_client.get(f"{PAGE}{token.pk}/revoke/", **HOST)
+    assert confirm.status_code == 200 and "Revoke “Old script”?" in confirm.content.decode()
+    assert api(raw).status_code == 200  # looking at the confirmation changes nothing
+    done = admin_client.post(f"{PAGE}{token.pk}/revoke/", **HOST)
+    assert done.status_code == 302 and done["Location"] == f"{PAGE}?revoked={token.pk}"
+    page = admin_client.get(done["Location"], **HOST).content.decode()
+    assert "is revoked" in page and "Revoked" in page
+    assert api(raw).status_code == 401
+    assert admin_client.post(f"{PAGE}{token.pk}/revoke/", **HOST).status_code == 302  # twice: no change
+    assert AuditFact.objects.filter(action="api_token_revoked").count() == 1
+    assert admin_client.post(f"{PAGE}999999/revoke/", **HOST).status_code == 404
+
+
+def test_members_see_the_tokens_read_only(member_client, admin_user):
+    token, raw = ApiToken.issue(admin_user, name="Admin script")
+    page = member_client.get(PAGE, **HOST)
+    html = page.content.decode()
+    assert page.status_code == 200 and "Admin script" in html and "Only admins can create or revoke them." in html
+    assert "<form" not in html.split("Create a token")[1].split("</section>")[0]
+    assert "/revoke/" not in html
+    assert member_client.post(PAGE, {"name": "mine", "days": "3"}, **HOST).status_code == 403
+    assert member_client.get(f"{PAGE}{token.pk}/revoke/", **HOST).status_code == 403
+    assert member_client.post(f"{PAGE}{token.pk}/revoke/", **HOST).status_code == 403
+    assert ApiToken.objects.count() == 1 and api(raw).status_code == 200
+
+
+def test_the_page_is_localized(admin_client, admin_user):
+    ApiToken.issue(admin_user, name="x")
+    html = admin_client.get(PAGE, HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode()
+    assert "Create a token" not in html and "Last used" not in html

@@ -1,0 +1,196 @@
+"""Paging the conversation list while conversations change: nothing vanishes, nothing repeats."""
+
+from __future__ import annotations
+
+import html
+import re
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from lifecycle import views
+from lifecycle.models import Conversation
+from lifecycle.paging import Cursor, InvalidCursor, snapshot_page
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+HOST = {"HTTP_HOST": "127.0.0.1"}
+HX = {"HTTP_HX_REQUEST": "true", **HOST}
+SIZE = 5
+
+
+@pytest.fixture
+def listed(monkeypatch, db) -> list[Conversation]:
+    """Seventeen idle conversations, one minute apart, newest first; pages of five."""
+    monkeypatch.setattr(views, "PAGE_SIZE", SIZE)
+    account = factories.make_account()
+    return [factories.make_conversation(account, title=f"Conv {n:02d}", days_idle=n / 1440 + 1) for n in range(17)]
+
+
+def get(client, url: str) -> str:
+    response = client.get("/conversations/" + url, **HX)
+    assert response.status_code == 200
+    return response.content.decode()
+
+
+def titles(page: str) -> list[str]:
+    return [html.unescape(t) for t in re.findall(r'<span class="conv-title">(.*?)</span>', page)]
+
+
+def link(page: str, which: str) -> str | None:
+    found = re.search(rf'href="([^"]+)"[^>]*data-pager="{which}"', page)
+    return html.unescape(found.group(1)) if found else None
+
+
+def changed_note(page: str) -> list[str]:
+    note = re.search(r'data-testid="changed-note">(.*?)</div>', page, re.S)
+    return [html.unescape(t) for t in re.findall(r'<a href="/conversations/[^"]+">(.*?)</a>', note.group(1))] if note else []
+
+
+def walk(client, first: str) -> list[list[str]]:
+    """Every page from the first by the Next links, as lists of titles."""
+    pages, page = [titles(first)], first
+    while link(page, "next"):
+        page = get(client, link(page, "next"))
+        pages.append(titles(page))
+    return pages
+
+
+def test_it_pages_every_conversation_exactly_once(member_client, listed):
+    first = get(member_client, "")
+    pages = walk(member_client, first)
+    assert [len(p) for p in pages] == [5, 5, 5, 2]
+    assert sum(pages, []) == [c.title for c in listed]
+    assert "Page 1 of 4" in first
+
+
+def test_a_conversation_that_changes_mid_way_is_shown_in_the_notice_not_lost(member_client, listed):
+    first = get(member_client, "")
+    assert titles(first) == [c.title for c in listed[:5]]
+    second = get(member_client, link(first, "next"))
+
+    # Someone writes to a conversation that page 3 would have listed, and another is added.
+    mover = listed[12]
+    factories.add_message(mover, content="new activity")
+    newcomer = factories.make_conversation(factories.make_account("Other"), title="Brand new")
+
+    third = get(member_client, link(second, "next"))
+    rest = walk(member_client, third)
+    seen = titles(first) + titles(second) + sum(rest, [])
+    # Each conversation that existed is either on a page or named in the notice; none twice.
+    assert len(seen) == len(set(seen))
+    assert set(seen) | set(changed_note(third)) == {c.title for c in listed} | {"Brand new"}
+    assert mover.title not in seen
+    assert changed_note(third) == ["Brand new", mover.title]
+    assert "2 conversations changed or were added after you opened this list" in third
+    # The pages did not shift: page three starts where page two ended.
+    assert titles(third) == [c.title for c in listed[10:16] if c != mover]
+
+    # Starting again shows the changed ones in their new place, at the top.
+    fresh = get(member_client, html.unescape(re.search(r'href="([^"]+)"[^>]*data-pager="refresh"', third).group(1)))
+    assert titles(fresh)[:2] == ["Brand new", mover.title]
+    assert changed_note(fresh) == []
+    assert newcomer.pk
+
+
+def test_a_change_on_a_page_already_read_does_not_shift_the_next_pages(member_client, listed):
+    first = get(member_client, "")
+    factories.add_message(listed[0], content="bump")  # already seen on page one
+    factories.add_message(listed[3], content="bump")
+    second = get(member_client, link(first, "next"))
+    assert titles(second) == [c.title for c in listed[5:10]]
+    assert changed_note(second) == [listed[3].title, listed[0].title]
+
+
+def test_previous_goes_back_to_the_same_rows(member_client, listed):
+    first = get(member_client, "")
+    second = get(member_client, link(first, "next"))
+    third = get(member_client, link(second, "next"))
+    back = get(member_client, link(third, "previous"))
+    assert titles(back) == titles(second) and "Page 2 of 4" in back
+    back = get(member_client, link(back, "previous"))
+    assert titles(back) == titles(first) and "Page 1 of 4" in back
+    assert link(back, "previous") is None
+
+
+def test_a_damaged_cursor_starts_again_from_the_top(member_client, listed):
+    first = titles(get(member_client, ""))
+    for cursor in ("garbage", "é", "x" * 500, Cursor(timezone.now(), timezone.now(), 1).encode()[:-3] + "!!!"):
+        assert titles(get(member_client, f"?cursor={cursor}")) == first
+
+
+def test_the_cursor_round_trips_and_refuses_anything_else():
+    now = timezone.now()
+    cursor = Cursor(as_of=now, activity=now - timedelta(hours=1), pk=42, backward=True)
+    assert Cursor.decode(cursor.encode()) == cursor
+    import base64
+
+    def forged(raw: str) -> str:
+        return base64.urlsafe_b64encode(raw.encode()).decode()
+
+    for bad in (
+        "", "not base64 at all", "x" * 300,
+        forged("v1|2026-01-01T00:00:00+00:00|f|2026-01-01T00:00:00+00:00|1"),
+        forged("v2|2026-01-01T00:00:00|f|2026-01-01T00:00:00+00:00|1"),  # naive moment
+        forged("v2|2026-01-01T00:00:00+00:00|x|2026-01-01T00:00:00+00:00|1"),
+        forged("v2|2026-01-01T00:00:00+00:00|f|2026-01-01T00:00:00+00:00|²"),
+        forged("v2|2026-01-01T00:00:00+00:00|f|2026-01-01T00:00:00+00:00|" + "9" * 30),
+        forged("v2|yesterday|f|2026-01-01T00:00:00+00:00|1"),
+        forged("v2|a|b"),
+    ):
+        with pytest.raises(InvalidCursor):
+            Cursor.decode(bad)
+
+
+def test_the_api_form_needs_no_counts(listed):
+    qs = Conversation.objects.recent()
+    first = snapshot_page(qs, None, SIZE, count=False)
+    assert [c.title for c in first.rows] == [c.title for c in listed[:5]]
+    factories.add_message(listed[7])
+    second = snapshot_page(qs, first.next, SIZE, count=False)
+    assert [c.title for c in second.rows] == [c.title for c in listed[5:11] if c != listed[7]]
+    assert second.next is not None and second.as_of == first.as_of
+
+
+def test_a_clock_behind_the_data_still_lists_every_row(member_client, listed):
+    # A conversation stamped in the future (another host's clock) is on the first page.
+    ahead = factories.make_conversation(title="From a fast clock")
+    Conversation.objects.filter(pk=ahead.pk).update(last_activity_at=timezone.now() + timedelta(minutes=10))
+    first = get(member_client, "")
+    assert titles(first)[0] == "From a fast clock"
+    assert changed_note(first) == []
+
+
+def test_the_api_pages_against_the_same_snapshot(member_client, listed):
+    def fetch(query: str) -> dict:
+        response = member_client.get("/v1/threads?" + query, **HOST)
+        assert response.status_code == 200, response.content
+        return response.json()
+
+    first = fetch("limit=5")
+    assert [r["title"] for r in first["results"]] == [c.title for c in listed[:5]]
+    assert first["changed_since_start"] == 0 and first["as_of"].endswith("Z")
+    factories.add_message(listed[7], content="moved")
+    second = fetch(f"limit=5&cursor={first['next']}")
+    assert [r["title"] for r in second["results"]] == [c.title for c in listed[5:11] if c != listed[7]]
+    assert second["changed_since_start"] == 1 and second["as_of"] == first["as_of"]
+    rest = []
+    cursor = second["next"]
+    while cursor:
+        page = fetch(f"limit=5&cursor={cursor}")
+        rest += [r["title"] for r in page["results"]]
+        cursor = page["next"]
+    seen = [r["title"] for r in first["results"] + second["results"]] + rest
+    assert sorted(seen + [listed[7].title]) == sorted(c.title for c in listed)
+    assert fetch("limit=5")["results"][0]["title"] == listed[7].title
+
+
+def test_the_api_refuses_cursors_it_did_not_give(member_client, listed):
+    import base64
+
+    old_style = base64.urlsafe_b64encode(f"{timezone.now().isoformat()}|3".encode()).decode()
+    backward = Cursor(timezone.now(), timezone.now(), 3, backward=True).encode()
+    for cursor in (old_style, backward, "%%%", "x" * 199):
+        response = member_client.get(f"/v1/threads?cursor={cursor}", **HOST)
+        assert (response.status_code, response.json()["code"]) == (400, "invalid_cursor"), cursor

@@ -1,0 +1,75 @@
+"""Times are shown in the viewer's zone: the browser's, or one they chose; never a bogus one."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from console.viewer import BROWSER_COOKIE, CHOSEN_COOKIE, zone_choices
+from lifecycle.models import Conversation
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+HOST = {"HTTP_HOST": "127.0.0.1"}
+MOMENT = datetime(2026, 1, 15, 13, 5, tzinfo=UTC)
+
+
+@pytest.fixture
+def dated(db) -> Conversation:
+    conv = factories.make_conversation(title="Dated")
+    Conversation.objects.filter(pk=conv.pk).update(last_activity_at=MOMENT)
+    return conv
+
+
+def detail(client, conv) -> str:
+    return client.get(f"/conversations/{conv.public_id}/", **HOST).content.decode()
+
+
+def test_it_shows_times_in_utc_with_the_zone_named_when_nothing_is_known(member_client, dated):
+    assert "Jan. 15, 2026, 1:05 p.m. UTC" in detail(member_client, dated)
+
+
+def test_it_shows_times_in_the_zone_the_browser_reports(member_client, dated):
+    member_client.cookies[BROWSER_COOKIE] = "Europe/Madrid"
+    page = detail(member_client, dated)
+    assert "Jan. 15, 2026, 2:05 p.m. CET" in page
+    assert '<option value="" selected>Europe/Madrid (automatic)</option>' in page
+
+
+def test_a_chosen_zone_wins_over_the_browser(member_client, dated):
+    member_client.cookies[BROWSER_COOKIE] = "Europe/Madrid"
+    response = member_client.post("/i18n/settz/", {"timezone": "Asia/Tokyo", "next": "/conversations/"}, **HOST)
+    assert response.status_code == 302 and response["Location"] == "/conversations/"
+    assert response.cookies[CHOSEN_COOKIE].value == "Asia/Tokyo"
+    page = detail(member_client, dated)
+    assert "Jan. 15, 2026, 10:05 p.m. JST" in page
+    assert "<option selected>Asia/Tokyo</option>" in page
+
+    # Back to automatic: the chosen cookie goes, the browser's zone applies again.
+    response = member_client.post("/i18n/settz/", {"timezone": "", "next": "/conversations/"}, **HOST)
+    assert response.cookies[CHOSEN_COOKIE].value == ""
+    assert "2:05 p.m. CET" in detail(member_client, dated)
+
+
+@pytest.mark.parametrize("bogus", ["Mars/Olympus", "localtime", "Factory", "../../etc/passwd", "x" * 300, "UTC\x00"])
+def test_it_ignores_zones_that_do_not_exist(member_client, dated, bogus):
+    member_client.cookies[BROWSER_COOKIE] = bogus
+    member_client.cookies[CHOSEN_COOKIE] = bogus
+    assert "1:05 p.m. UTC" in detail(member_client, dated)
+    response = member_client.post("/i18n/settz/", {"timezone": bogus, "next": "https://evil.example/"}, **HOST)
+    assert response.status_code == 302 and response["Location"] == "/"
+    assert CHOSEN_COOKIE not in response.cookies
+
+
+def test_an_alias_the_picker_leaves_out_is_still_shown_as_chosen(member_client, dated):
+    assert "US/Eastern" not in zone_choices() and "Europe/Madrid" in zone_choices()
+    member_client.cookies[CHOSEN_COOKIE] = "US/Eastern"
+    page = detail(member_client, dated)
+    assert "8:05 a.m. EST" in page and "<option selected>US/Eastern</option>" in page
+
+
+def test_the_api_keeps_answering_in_utc(member_client, dated):
+    member_client.cookies[BROWSER_COOKIE] = "Asia/Tokyo"
+    row = member_client.get(f"/v1/threads/{dated.public_id}", **HOST).json()
+    assert row["last_activity_at"] == "2026-01-15T13:05:00Z"
