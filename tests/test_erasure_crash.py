@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -35,6 +36,24 @@ def expected_receipt(conversation: m.Conversation) -> dict[str, tuple[int, int]]
 
 def receipt_figures(op: m.DeleteOperation) -> dict[str, tuple[int, int]]:
     return {e["store"]: (e["records"], e["bytes"]) for e in op.receipt["stores"]}
+
+
+def stop_group(process: subprocess.Popen, grace: float = 30) -> None:
+    """SIGINT to the whole group, then SIGKILL to whatever of it is left, so no sentinel
+    outlives the test."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGINT)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        process.poll()
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 def assert_erased(target: m.Conversation, twin: m.Conversation) -> None:
@@ -120,8 +139,9 @@ def test_a_worker_killed_with_sigkill_at_every_step_finishes_on_a_real_cluster(e
     env = {**os.environ, "DATABASE_URL": database_url(), "ENGINE_HOME": str(engine_home),
            "DJANGO_SETTINGS_MODULE": "console.settings_test", "Q_WORKERS": "1",
            "LETHE_TEST_KILL_AT": "*", "LETHE_TEST_KILL_DIR": str(kills)}
+    # Its own process group: the cluster's sentinel, pusher, monitor and workers all stop with it.
     cluster = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=ROOT, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
@@ -131,11 +151,7 @@ def test_a_worker_killed_with_sigkill_at_every_step_finishes_on_a_real_cluster(e
                 break
             time.sleep(0.5)
     finally:
-        cluster.send_signal(signal.SIGINT)
-        try:
-            cluster.wait(30)
-        except subprocess.TimeoutExpired:
-            cluster.kill()
+        stop_group(cluster)
     killed_at = sorted(p.name for p in kills.iterdir())
     assert killed_at == sorted(KILL_POINTS)  # the worker really died at every point
     op.refresh_from_db()
