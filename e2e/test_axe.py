@@ -99,6 +99,47 @@ def server_error(page: Page, base: str) -> None:
     expect(page.get_by_role("heading", level=1)).to_have_text("Something went wrong")
 
 
+def delete_preview(page: Page, base: str) -> None:
+    from e2e.test_lifecycle import deletable
+
+    log_in(page, base, *ADMIN)
+    page.goto(f"{base}/conversations/{deletable().public_id}/delete/")
+    expect(page.get_by_role("button", name="Delete for good")).to_be_visible()
+
+
+def delete_unavailable(page: Page, base: str) -> None:
+    from e2e.test_lifecycle import unavailable
+
+    log_in(page, base, *ADMIN)
+    page.goto(f"{base}/conversations/{unavailable().public_id}/delete/")
+    expect(page.get_by_role("button", name="Clear this row").first).to_be_visible()
+
+
+def operation_completed(page: Page, base: str) -> None:
+    from e2e.test_lifecycle import deletable
+    from lifecycle.actions.request_deletion import request_deletion
+    from lifecycle.deletion.executor import run_erasure
+
+    op = request_deletion(deletable(), key="axe", acting_user=None)
+    run_erasure(op.pk)
+    log_in(page, base, *ADMIN)
+    page.goto(f"{base}/operations/{op.public_id}/")
+    expect(page.get_by_test_id("receipt")).to_be_visible()
+    nav_link(page, "Operations").click()
+    expect(page.get_by_role("heading", name="Operations", level=1)).to_be_visible()
+    page.goto(f"{base}/operations/{op.public_id}/")
+
+
+def operations(page: Page, base: str) -> None:
+    from e2e.test_lifecycle import deletable
+    from lifecycle.actions.request_deletion import request_deletion
+
+    request_deletion(deletable(), key="axe-pending", acting_user=None)  # one pending, shown with its step
+    log_in(page, base, *MEMBER)
+    nav_link(page, "Operations").click()
+    expect(page.get_by_role("heading", name="Operations", level=1)).to_be_visible()
+
+
 PAGES: dict[str, Callable[[Page, str], None]] = {
     "login": login_page,
     **{f"list-{view}": list_tab(view) for view in VIEWS},
@@ -110,6 +151,10 @@ PAGES: dict[str, Callable[[Page, str], None]] = {
     "403": forbidden,
     "403-form-expired": form_expired,
     "500": server_error,
+    "delete-preview": delete_preview,
+    "delete-unavailable": delete_unavailable,
+    "operation-completed": operation_completed,
+    "operations": operations,
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from django.conf import settings
@@ -11,15 +12,19 @@ from django.shortcuts import get_object_or_404
 from django.utils.translation import gettext as _
 from pydantic import BeforeValidator, Field, model_validator
 
-from console.api import ApiError, QuerySchema, Schema, endpoint, is_number
+from console.api import ApiError, Header, QuerySchema, Schema, endpoint, is_number
 from lifecycle.actions.append_item import append_item
 from lifecycle.actions.update_item import update_item
+from lifecycle.engine import get_engine
 from lifecycle.models import Conversation, Item, ItemStatus, Role, ToolKind
 from lifecycle.paging import Cursor, InvalidCursor, changed_since, snapshot_page
 from lifecycle.serializers import (
     ItemOut,
     ItemPageOut,
+    OperationOut,
+    OperationPageOut,
     Payload,
+    PreviewOut,
     ThreadOut,
     ThreadPageOut,
     iso,
@@ -48,7 +53,7 @@ Flag = Literal["true", "false"]
 class ThreadsQuery(QuerySchema):
     error_codes = {"limit": "invalid_limit", "cursor": "invalid_cursor"}
 
-    view: Literal["recent", "archived", "closed", "all"] | None = None
+    view: Literal["recent", "archived", "closed", "pending_delete", "deleted", "all"] | None = None
     owner_kind: Literal["account", "computer"] | None = None
     owner_id: Annotated[WholeNumber, Field(ge=0)] | None = None
     q: Annotated[str, Field(max_length=200, description="Search in titles and thread ids.")] | None = None
@@ -68,7 +73,8 @@ class ThreadsQuery(QuerySchema):
 def filtered_threads(query: ThreadsQuery):
     qs = Conversation.objects.with_activity()
     if query.view is not None:
-        qs = {"recent": qs.recent, "archived": qs.archived, "closed": qs.closed, "all": qs.all}[query.view]()
+        qs = {"recent": qs.recent, "archived": qs.archived, "closed": qs.closed, "pending_delete": qs.pending_delete,
+              "deleted": qs.deleted, "all": qs.all}[query.view]()
     if query.owner_kind is not None and query.owner_id is not None:
         qs = qs.owned_by(query.owner_kind, query.owner_id)
     if query.q:
@@ -207,3 +213,121 @@ def thread_item_update(request: HttpRequest, public_id: str, item_id: int, body:
     sent = body.model_dump(include=body.model_fields_set)
     revision = sent.pop("revision", None)
     return item_json(update_item(item, revision=revision, **sent))
+
+
+# ---- Lifecycle: archive, close, delete, operations ------------------------------------------
+# Every effect goes through the engine-client seam (lifecycle.engine), like the screens'.
+
+
+class ThreadPatchIn(Schema):
+    archived: bool | None = None
+    closed: bool | None = None
+
+
+@endpoint("PATCH", "/v1/threads/{public_id}", body=ThreadPatchIn, response=ThreadOut, admin=True,
+          errors=(409,), name="api-thread-update",
+          summary="Archive or unarchive, close or resume a conversation",
+          description="Each change is recorded as an audit fact; sending the current value changes nothing. "
+                      "A conversation being deleted refuses with 409 `conversation_deletion_pending`.")
+def thread_update(request: HttpRequest, public_id: str, body: ThreadPatchIn) -> dict:
+    engine = get_engine()
+    answer = thread_json(_thread(public_id))
+    if body.archived is not None:
+        answer = engine.set_archived(public_id, body.archived, actor=request.user)
+    if body.closed is not None:
+        answer = engine.set_closed(public_id, body.closed, actor=request.user)
+    return answer
+
+
+IDEMPOTENCY_KEY = Header(
+    "Idempotency-Key", required=True, code="idempotency_key_missing",
+    description="The operation key: 1 to 200 printable ASCII characters without spaces. The same key and "
+                "conversation answer with the recorded outcome ever after; the same key for another "
+                "conversation is refused with 422.",
+)
+
+
+@endpoint("DELETE", "/v1/threads/{public_id}", response={202: OperationOut}, admin=True, errors=(409, 422),
+          headers=(IDEMPOTENCY_KEY,), name="api-thread-delete",
+          summary="Delete a conversation for good (erase its content, keep a tombstone)",
+          description="202 with the operation while it is Pending or once Completed. A delete that is not "
+                      "admitted answers 409 `{code, message, outcome: refused|unavailable, operation}` and "
+                      "records no intent. Unknown ids and ids you may not see answer the same 404.")
+def thread_delete(request: HttpRequest, public_id: str) -> tuple[int, dict]:
+    op = get_engine().request_delete(public_id, key=request.headers.get("Idempotency-Key"), actor=request.user)
+    if op.state in ("refused", "unavailable"):
+        raise ApiError(409, op.code or "refused", op.message or "", outcome=op.state, operation=op.id)
+    return 202, op.data
+
+
+@endpoint("GET", "/v1/threads/{public_id}/deletion-preview", response=PreviewOut, name="api-thread-delete-preview",
+          summary="What a delete of this conversation would erase, compact and keep, and whether it is admitted")
+def thread_delete_preview(request: HttpRequest, public_id: str) -> dict:
+    return get_engine().preview_delete(public_id)
+
+
+OPERATION_ID = r"op_[0-9a-f]{20}"
+
+
+def _operation_id(operation_id: str) -> str:
+    if not re.fullmatch(OPERATION_ID, operation_id):
+        raise ApiError(404, "not_found", _("Nothing with that id exists here."))
+    return operation_id
+
+
+@endpoint("GET", "/v1/operations/{operation_id}", response=OperationOut, name="api-operation",
+          summary="A delete operation: state, current step, attempts, and the erasure receipt once completed")
+def operation_detail(request: HttpRequest, operation_id: str) -> dict:
+    return get_engine().operation(_operation_id(operation_id)).data
+
+
+class OperationsQuery(QuerySchema):
+    error_codes = {"limit": "invalid_limit", "offset": "invalid_cursor"}
+
+    state: Literal["pending", "completed", "refused", "unavailable"] | None = None
+    limit: Limit = DEFAULT_LIMIT
+    offset: Annotated[WholeNumber, Field(ge=0, le=1_000_000)] = 0
+
+
+@endpoint("GET", "/v1/operations", query=OperationsQuery, response=OperationPageOut, name="api-operations",
+          summary="Delete operations, newest first")
+def operation_list(request: HttpRequest, query: OperationsQuery) -> dict:
+    rows = get_engine().operations(state=query.state, limit=query.limit + 1, offset=query.offset)
+    more = len(rows) > query.limit
+    return {"results": [op.data for op in rows[: query.limit]], "next": query.offset + query.limit if more else None}
+
+
+@endpoint("POST", "/v1/operations/{operation_id}/retry", response={202: OperationOut}, admin=True, errors=(409,),
+          name="api-operation-retry", summary="Retry a pending delete that stopped retrying by itself")
+def operation_retry(request: HttpRequest, operation_id: str) -> tuple[int, dict]:
+    op = get_engine().operation(_operation_id(operation_id))
+    if not op.is_pending:
+        raise ApiError(409, "operation_not_pending", _("Only a pending delete can be retried."))
+    return 202, get_engine().retry_operation(op.id, actor=request.user).data
+
+
+class SubagentResolveIn(Schema):
+    action: Literal["attribute", "clear"]
+    conversation: Annotated[str, Field(max_length=32, description="attribute: the conversation the row belongs to.")] \
+        | None = None
+
+
+class SubagentResolveOut(Schema):
+    agent_id: str
+    action: Literal["attribute", "clear"]
+    conversation: str | None
+
+
+@endpoint("POST", "/v1/subagents/{agent_id}/resolve", body=SubagentResolveIn, response=SubagentResolveOut,
+          admin=True, errors=(409,), name="api-subagent-resolve",
+          summary="Attribute a subagent row of unknown origin to a conversation, or clear it",
+          description="The way out of a delete that is Unavailable with `conversation_child_ownership_ambiguous`. "
+                      "Recorded as an audit fact (agent id and origin only).")
+def subagent_resolve(request: HttpRequest, agent_id: str, body: SubagentResolveIn) -> dict:
+    if body.action == "attribute" and not body.conversation:
+        raise ApiError(400, "missing_field", _("Missing field: %(field)s.") % {"field": "conversation"})
+    get_engine().resolve_subagent(agent_id, action=body.action,
+                                  conversation_id=body.conversation if body.action == "attribute" else None,
+                                  actor=request.user)
+    return {"agent_id": agent_id, "action": body.action,
+            "conversation": body.conversation if body.action == "attribute" else None}

@@ -12,9 +12,10 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import models, transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, OuterRef, Q, Subquery
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import pgettext_lazy
 
 from lifecycle.search import fold
 
@@ -97,6 +98,13 @@ class ConversationQuerySet(models.QuerySet):
     def closed(self) -> ConversationQuerySet:
         return self.live().filter(archived_at__isnull=True, closed_at__isnull=False)
 
+    def pending_delete(self) -> ConversationQuerySet:
+        return self.filter(state=ConversationState.PENDING_DELETE)
+
+    def deleted(self) -> ConversationQuerySet:
+        """Tombstones: the identity row of a conversation whose content is erased."""
+        return self.filter(state=ConversationState.DELETED)
+
     def inactive_since(self, moment: datetime) -> ConversationQuerySet:
         return self.filter(last_activity_at__lt=moment)
 
@@ -148,6 +156,11 @@ class ConversationQuerySet(models.QuerySet):
     def with_activity(self) -> ConversationQuerySet:
         running = Turn.objects.filter(conversation=OuterRef("pk"), state__in=ACTIVE_TURN_STATES)
         return self.annotate(is_active=Exists(running))
+
+    def with_delete_operation(self) -> ConversationQuerySet:
+        """`delete_op`: the public id of the conversation's delete intent, if it has one."""
+        intent = DeleteOperation.objects.filter(conversation=OuterRef("pk"), state__in=INTENT_STATES)
+        return self.annotate(delete_op=Subquery(intent.values("public_id")[:1]))
 
 
 class Conversation(models.Model):
@@ -574,3 +587,165 @@ class RetainedFactsPolicy(models.Model):
     def load(cls) -> RetainedFactsPolicy:
         obj, _created = cls.objects.get_or_create(id=1)
         return obj
+
+
+# ---- Delete operations -------------------------------------------------------------------
+# What a delete leaves behind is content-free: who asked, when, for which target, what
+# happened, and per store how many records and bytes went. See lifecycle/deletion/__init__.py.
+
+
+def new_operation_id() -> str:
+    return "op_" + secrets.token_hex(10)
+
+
+class DeleteState(models.TextChoices):
+    PENDING = "pending", pgettext_lazy("operation state", "Pending")
+    COMPLETED = "completed", pgettext_lazy("operation state", "Completed")
+    REFUSED = "refused", pgettext_lazy("operation state", "Refused")
+    UNAVAILABLE = "unavailable", pgettext_lazy("operation state", "Unavailable")
+
+
+# The only moves a delete operation makes; refusals and completions are final.
+DELETE_TRANSITIONS: dict[str, frozenset[str]] = {
+    DeleteState.PENDING: frozenset({DeleteState.COMPLETED}),
+    DeleteState.COMPLETED: frozenset(),
+    DeleteState.REFUSED: frozenset(),
+    DeleteState.UNAVAILABLE: frozenset(),
+}
+INTENT_STATES = (DeleteState.PENDING, DeleteState.COMPLETED)
+
+
+class PhysicalState(models.TextChoices):
+    NOT_APPLICABLE = "", _("Not applicable")
+    PENDING = "pending", _("Physically pending")
+    ERASED = "erased", _("Physically erased")
+
+
+class DeleteOperationQuerySet(models.QuerySet):
+    def intents(self) -> DeleteOperationQuerySet:
+        return self.filter(state__in=INTENT_STATES)
+
+    def outstanding(self) -> DeleteOperationQuerySet:
+        return self.filter(state=DeleteState.PENDING)
+
+
+class DeleteOperation(models.Model):
+    """One request to delete one conversation, and what came of it.
+
+    Refused and Unavailable operations are only the remembered answer to an operation key:
+    no intent, no fence, the target stays writable. Pending and Completed ones are the
+    intent: committed before any erasure, never rolled back.
+    """
+
+    public_id = models.CharField(max_length=32, unique=True, default=new_operation_id, editable=False)
+    conversation = models.ForeignKey(Conversation, on_delete=models.PROTECT, related_name="delete_operations")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    requested_at = models.DateTimeField(default=timezone.now)
+    state = models.CharField(max_length=12, choices=DeleteState.choices)
+    reason = models.CharField(max_length=64, blank=True)
+    reasons = models.JSONField(default=list, blank=True)
+    step = models.CharField(max_length=64, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    stalled_attempts = models.PositiveIntegerField(default=0)
+    lease_holder = models.CharField(max_length=200, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.CharField(max_length=500, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    receipt = models.JSONField(null=True, blank=True)
+    touched_tables = models.JSONField(default=list, blank=True)
+    physical_state = models.CharField(max_length=8, choices=PhysicalState.choices, default="", blank=True)
+    physically_erased_at = models.DateTimeField(null=True, blank=True)
+    verified_at = models.DateTimeField(null=True, blank=True)
+    verified_physical_at = models.DateTimeField(null=True, blank=True)
+
+    objects = DeleteOperationQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-requested_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                name="delete_operation_state_valid",
+                condition=Q(state__in=["pending", "completed", "refused", "unavailable"]),
+            ),
+            # One intent per conversation, whatever the races: a second request joins it.
+            models.UniqueConstraint(
+                fields=["conversation"], condition=Q(state__in=["pending", "completed"]),
+                name="delete_operation_one_intent",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["state", "next_attempt_at"], name="delete_op_outstanding_idx",
+                         condition=Q(state="pending")),
+        ]
+
+    def __str__(self) -> str:
+        return self.public_id
+
+    @property
+    def is_intent(self) -> bool:
+        return self.state in INTENT_STATES
+
+
+class OperationKey(models.Model):
+    """An `Idempotency-Key` and the operation it answers with, ever after."""
+
+    key = models.CharField(max_length=200, unique=True)
+    operation = models.ForeignKey(DeleteOperation, on_delete=models.CASCADE, related_name="keys")
+    created_at = models.DateTimeField(default=timezone.now)
+
+
+class StepState(models.TextChoices):
+    PENDING = "pending", _("Waiting")
+    MEASURED = "measured", _("In progress")
+    DONE = "done", _("Done")
+
+
+class DeleteStep(models.Model):
+    """One store's part of an erasure. `records` and `bytes` are measured (and committed)
+    before anything in the store is erased, so a resumed step keeps the exact figures."""
+
+    operation = models.ForeignKey(DeleteOperation, on_delete=models.CASCADE, related_name="steps")
+    key = models.CharField(max_length=64)
+    position = models.PositiveSmallIntegerField()
+    state = models.CharField(max_length=10, choices=StepState.choices, default=StepState.PENDING)
+    records = models.PositiveBigIntegerField(default=0)
+    bytes = models.PositiveBigIntegerField(default=0)
+    detail = models.JSONField(default=dict, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["operation", "position"]
+        constraints = [models.UniqueConstraint(fields=["operation", "key"], name="delete_step_unique")]
+
+
+class DeletionFence(models.Model):
+    """The database fence: a conversation with a row here takes no more content.
+
+    A table of its own (not the operation table, not a column of the conversation) because
+    SQLite refuses to rebuild a table that other tables' triggers read: this one never
+    changes shape, so migrations of the content tables stay possible (they only need to
+    reinstall the triggers, see lifecycle.fence.install_fence_triggers).
+    """
+
+    conversation_id = models.BigIntegerField(primary_key=True)
+    operation_id = models.BigIntegerField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+
+class ErasureFingerprint(models.Model):
+    """Keyed fingerprints of sampled content windows, for the physical residue scan.
+
+    Holds no content: a random per-operation key and keyed digests of 64-byte windows (and
+    of their 32-byte slices, for the aligned scan). Dropped once a clean physical
+    verification is recorded.
+    """
+
+    operation = models.OneToOneField(DeleteOperation, on_delete=models.CASCADE, related_name="fingerprint")
+    secret = models.BinaryField()
+    windows = models.BinaryField()
+    grams = models.BinaryField()
+    window_count = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)

@@ -15,6 +15,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
+from lifecycle import fleet as fleet_file
 from lifecycle import models as m
 from lifecycle.enginefs import EngineHome, jsonl
 from retention.reducer import encode, measure
@@ -164,7 +165,7 @@ class Seeder:
                           "finished_at": (self.anchor - timedelta(days=1)).isoformat(),
                           "prompt": self.text(200), "result": self.text(300)})
             seeded = {row["agent_id"] for row in fleet}
-            self.home.update_fleet(lambda rows: [r for r in rows if r.get("agent_id") not in seeded] + fleet)
+            fleet_file.update_fleet(home=self.home, change=lambda rows: [r for r in rows if r.get("agent_id") not in seeded] + fleet)
             self.home.write_atomic(self.home.legacy_fleet_path, json.dumps(
                 {"version": 0, "agents": [fleet[-1]]}, indent=1, sort_keys=True).encode())
         report.files, _ = self.home.usage()

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field as PydanticField
-from pydantic import JsonValue
+from pydantic import Field, JsonValue
 
 from console.api import Schema
-from lifecycle.models import Conversation, Item
+from lifecycle.models import Conversation, DeleteOperation, DeleteState, Item
 
 
 def iso(value) -> str | None:
@@ -40,8 +39,8 @@ class ThreadOut(Schema):
 class ThreadPageOut(Schema):
     results: list[ThreadOut]
     next: str | None
-    as_of: str = PydanticField(description="The snapshot moment the pages are listed against.")
-    changed_since_start: int = PydanticField(
+    as_of: str = Field(description="The snapshot moment the pages are listed against.")
+    changed_since_start: int = Field(
         ge=0, description="Matching conversations with activity after `as_of`, which these pages leave out."
     )
 
@@ -101,4 +100,177 @@ def item_json(i: Item) -> dict[str, Any]:
         "revision": i.revision,
         "created_at": iso(i.created_at),
         "updated_at": iso(i.updated_at),
+    }
+
+
+StoreClass = Literal["erase", "compact", "retain_detach", "shared", "retain", "retain_facts", "out_of_scope"]
+OperationState = Literal["pending", "completed", "refused", "unavailable"]
+
+
+class StepOut(Schema):
+    store: str
+    state: Literal["pending", "measured", "done"]
+    records: int
+    bytes: int
+
+
+class ReceiptStoreOut(Schema):
+    store: str
+    klass: StoreClass = Field(alias="class")
+    action: Literal["erased", "compacted", "detached", "revoked", "kept", "out_of_scope"]
+    records: int | None = None
+    bytes: int | None = None
+    remaining: int | None = Field(default=None, description="Shared copies whose publisher cannot revoke them.")
+
+
+class HolderOut(Schema):
+    """Something that still holds the erased bytes, and what ends that."""
+
+    kind: Literal["backup", "database_files", "wal", "wal_archive"]
+    name: str | None = None
+    made_at: str | None = None
+
+
+class PhysicalOut(Schema):
+    state: Literal["pending", "erased"] | None
+    erased_at: str | None
+
+
+class VerificationOut(Schema):
+    at: str
+    logical: Literal["clean", "found"]
+    physical: Literal["clean", "found", "pending", "not_checked", "no_fingerprints"]
+    findings: int
+
+
+class ReceiptOut(Schema):
+    engine: Literal["sqlite", "postgresql"]
+    stores: list[ReceiptStoreOut]
+    kept: list[ReceiptStoreOut]
+    holders: list[HolderOut]
+    physical: PhysicalOut
+    verified_at: str | None
+    verified_physical_at: str | None
+    verification: VerificationOut | None = None
+
+
+class AmbiguousRowOut(Schema):
+    agent_id: JsonValue
+    status: JsonValue
+    started_at: JsonValue
+    finished_at: JsonValue
+
+
+class WayOutOut(Schema):
+    ambiguous: list[AmbiguousRowOut] = Field(
+        description="Subagent rows of unknown origin overlapping the conversation: attribute or clear each "
+                    "(POST /v1/subagents/{agent_id}/resolve), then ask again with a new key.")
+
+
+class OperationOut(Schema):
+    id: str
+    kind: Literal["delete"]
+    target: str
+    state: OperationState
+    outcome: OperationState
+    code: str | None = Field(description="Why it was refused or is unavailable.")
+    message: str | None
+    reasons: list[str] = Field(description="Every cause found, one code each; `code` is the first.")
+    step: str | None = Field(description="The store being erased while pending.")
+    steps: list[StepOut]
+    attempts: int
+    error: str | None = Field(description="What stopped the last run, while pending.")
+    error_message: str | None
+    requested_at: str
+    completed_at: str | None
+    receipt: ReceiptOut | None
+    way_out: WayOutOut | None
+
+
+class OperationPageOut(Schema):
+    results: list[OperationOut]
+    next: int | None = Field(description="The offset of the next page.")
+
+
+class PreviewStoreOut(Schema):
+    store: str
+    kind: Literal["table", "file", "external"]
+    klass: StoreClass = Field(alias="class")
+    records: int | None = None
+    bytes: int | None = None
+    remaining: int | None = None
+
+
+class ReasonOut(Schema):
+    code: str
+    outcome: Literal["refused", "unavailable"]
+    message: str
+
+
+class AdmissionOut(Schema):
+    outcome: Literal["admitted", "refused", "unavailable"]
+    code: str | None
+    reasons: list[ReasonOut]
+    ambiguous: list[AmbiguousRowOut]
+
+
+class PreviewOut(Schema):
+    target: str
+    state: Literal["live", "pending_delete", "deleted"]
+    admission: AdmissionOut | None = Field(description="None once a delete is under way.")
+    stores: list[PreviewStoreOut]
+    shared_copy_remains: int
+
+
+def operation_json(op: DeleteOperation) -> dict[str, Any]:
+    """A delete operation: state, step, attempts, receipt. Content-free, like the operation."""
+    from lifecycle import fleet
+    from lifecycle.deletion import reasons
+    from lifecycle.deletion.errors import error_message
+    from lifecycle.enginefs import EngineHome
+
+    steps = [
+        {"store": s.key, "state": s.state, "records": s.records, "bytes": s.bytes}
+        for s in op.steps.order_by("position")
+    ] if op.is_intent else []
+    receipt = None
+    if op.state == DeleteState.COMPLETED:
+        receipt = {
+            **(op.receipt or {}),
+            "physical": {"state": op.physical_state or None, "erased_at": iso(op.physically_erased_at)},
+            "verified_at": iso(op.verified_at),
+            "verified_physical_at": iso(op.verified_physical_at),
+        }
+    way_out = None
+    if op.reason == reasons.CHILD_AMBIGUOUS:
+        conversation = op.conversation
+        try:
+            rows = [row for _path, row in fleet.all_rows(EngineHome())]
+            ambiguous = fleet.ambiguous(rows, conversation) if conversation.state == "live" else []
+        except fleet.FleetUnreadable:
+            ambiguous = []
+        seen: dict[str, dict[str, Any]] = {}
+        for row in ambiguous:
+            seen.setdefault(str(row.get("agent_id", "")), {
+                k: row.get(k) for k in ("agent_id", "status", "started_at", "finished_at")
+            })
+        way_out = {"ambiguous": list(seen.values())}
+    return {
+        "id": op.public_id,
+        "kind": "delete",
+        "target": op.conversation.public_id,
+        "state": op.state,
+        "outcome": op.state,
+        "code": op.reason or None,
+        "message": reasons.message(op.reason) or None,
+        "reasons": list(op.reasons or []),
+        "step": op.step or None,
+        "steps": steps,
+        "attempts": op.attempts,
+        "error": op.last_error or None,
+        "error_message": error_message(op.last_error) or None,
+        "requested_at": iso(op.requested_at),
+        "completed_at": iso(op.completed_at),
+        "receipt": receipt,
+        "way_out": way_out,
     }

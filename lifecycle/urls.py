@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from lifecycle import views
+from lifecycle import action_views, views
 
 app_name = "lifecycle"
 
@@ -14,4 +14,11 @@ urlpatterns = [
         views.item_output,
         name="item-output",
     ),
+    path("conversations/<str:public_id>/archive/", action_views.conversation_archive, name="conversation-archive"),
+    path("conversations/<str:public_id>/close/", action_views.conversation_close, name="conversation-close"),
+    path("conversations/<str:public_id>/delete/", action_views.conversation_delete, name="conversation-delete"),
+    path("operations/", action_views.operation_list, name="operation-list"),
+    path("operations/<str:operation_id>/", action_views.operation_detail, name="operation-detail"),
+    path("operations/<str:operation_id>/retry/", action_views.operation_retry, name="operation-retry"),
+    path("subagents/<str:agent_id>/resolve/", action_views.subagent_resolve, name="subagent-resolve"),
 ]

@@ -15,11 +15,19 @@ from django.views.decorators.http import require_GET
 from console.api import is_number
 from lifecycle import enginefs
 from lifecycle.engine_health import REASONS, EngineProblem, describe
-from lifecycle.models import ACTIVE_TURN_STATES, Account, Computer, Conversation, Item
+from lifecycle.models import (
+    ACTIVE_TURN_STATES,
+    Account,
+    Computer,
+    Conversation,
+    ConversationState,
+    DeleteOperation,
+    Item,
+)
 from lifecycle.paging import Cursor, InvalidCursor, snapshot_page
 from lifecycle.transcript import item_rows
 
-VIEWS = ("recent", "archived", "closed")
+VIEWS = ("recent", "archived", "closed", "pending_delete", "deleted")
 CHILD_STATUS = {
     "queued": _("Queued"),
     "running": _("Running"),
@@ -61,7 +69,7 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
     if owner_id is not None:
         qs = qs.owned_by(kind, owner_id)
     query = request.GET.get("q", "").strip()[:200]
-    qs = qs.search(query).with_activity().select_related("account", "computer")
+    qs = qs.search(query).with_activity().with_delete_operation().select_related("account", "computer")
     page = snapshot_page(qs, _cursor(request), PAGE_SIZE, changed_sample=CHANGED_SAMPLE)
     filters = urlencode({"view": view, "owner": owner, "q": query})
     context = {
@@ -70,6 +78,8 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
             ("recent", pgettext_lazy("conversation list tab", "Recent")),
             ("archived", pgettext_lazy("conversation list tab", "Archived")),
             ("closed", pgettext_lazy("conversation list tab", "Closed")),
+            ("pending_delete", pgettext_lazy("conversation list tab", "Pending delete")),
+            ("deleted", pgettext_lazy("conversation list tab", "Deleted")),
         ],
         "owner": owner,
         "query": query,
@@ -126,7 +136,7 @@ def conversation_detail(request: HttpRequest, public_id: str) -> HttpResponse:
     after_seq = int(after) if is_number(after) else 0
     items = list(
         Item.objects.filter(conversation=conversation, seq__gt=after_seq).order_by("seq")[: TRANSCRIPT_PAGE + 1]
-    )
+    ) if conversation.state == ConversationState.LIVE else []
     more = len(items) > TRANSCRIPT_PAGE
     items = items[:TRANSCRIPT_PAGE]
     home = enginefs.EngineHome()
@@ -134,6 +144,7 @@ def conversation_detail(request: HttpRequest, public_id: str) -> HttpResponse:
     files, size = home.conversation_usage(conversation.storage_key)
     context = {
         "conversation": conversation,
+        "intent": DeleteOperation.objects.intents().filter(conversation=conversation).first(),
         "rows": item_rows(items),
         "next_after": items[-1].seq if more else None,
         "item_count": Item.objects.filter(conversation=conversation).count(),

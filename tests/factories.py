@@ -68,3 +68,75 @@ def add_tool(conversation: Conversation, kind: str = "shell", payload: dict[str,
 def start_turn(conversation: Conversation, state: str = TurnState.RUNNING) -> Turn:
     seq = (conversation.turns.count() or 0) + 1
     return Turn.objects.create(conversation=conversation, seq=seq, state=state)
+
+
+def marker(label: str) -> str:
+    """Unique, unguessable text of more than one fingerprint window (64 bytes)."""
+    import secrets
+
+    return f"MARKER-{label}-" + secrets.token_hex(40)
+
+
+def fill_every_store(conversation: Conversation, *, settled_child: bool = True) -> dict[str, str]:
+    """Content in every store a delete erases, compacts or keeps, each with its own marker.
+
+    Returns the markers by store key. Writes go through the actions where there is one (items,
+    engine logs, artifacts, the fleet); the other stores have no write path of their own yet.
+    """
+    from lifecycle import fleet
+    from lifecycle import models as m
+    from lifecycle.actions.append_log import append_log
+    from lifecycle.actions.write_artifact import write_artifact
+
+    k = {key: marker(key.split(".")[-1]) for key in (
+        "lifecycle.Item", "lifecycle.Goal", "lifecycle.MailEnvelope", "lifecycle.SessionDocument",
+        "lifecycle.BranchJournalEntry", "lifecycle.Checkpoint", "lifecycle.RecoveryMaterial",
+        "lifecycle.RuntimeClaim", "lifecycle.ProcessLease", "lifecycle.OperationBinding",
+        "lifecycle.HistoryReceipt", "events", "approval_receipts", "artifacts", "subagents",
+        "legacy_subagents", "lifecycle.Export", "lifecycle.SharedLink", "lifecycle.WorkspaceFile",
+        "lifecycle.MemoryEntry", "tool")}
+    turn = m.Turn.objects.create(conversation=conversation, seq=1, state=TurnState.DONE)
+    append_item(conversation, role="user", content=k["lifecycle.Item"])
+    add_tool(conversation, payload={"command": "cat notes", "cwd": "/w", "exit_code": 0, "stdout": k["tool"], "stderr": ""})
+    m.Item.objects.filter(conversation=conversation).update(turn=turn)
+    m.Goal.objects.create(conversation=conversation, text=k["lifecycle.Goal"])
+    m.MailEnvelope.objects.create(conversation=conversation, sender="a@x.test", recipient="b@x.test",
+                                  subject="Update", body=k["lifecycle.MailEnvelope"])
+    m.SessionDocument.objects.create(conversation=conversation, name="s", document={"text": k["lifecycle.SessionDocument"]})
+    m.BranchJournalEntry.objects.create(conversation=conversation, seq=1, branch="main",
+                                        entry={"summary": k["lifecycle.BranchJournalEntry"]})
+    m.Checkpoint.objects.create(conversation=conversation, label="cp", snapshot={"note": k["lifecycle.Checkpoint"]})
+    m.RecoveryMaterial.objects.create(conversation=conversation, kind=m.RecoveryKind.PRE_IMPORT_ARCHIVE,
+                                      body=k["lifecycle.RecoveryMaterial"])
+    m.RuntimeClaim.objects.create(conversation=conversation, kind=m.ClaimKind.APPROVAL,
+                                  label=k["lifecycle.RuntimeClaim"], resolved_at=timezone.now())
+    m.ProcessLease.objects.create(conversation=conversation, holder=k["lifecycle.ProcessLease"])
+    m.OperationBinding.objects.create(conversation=conversation, operation_id="op_b1", target_id="turn_1",
+                                      outcome="applied", request={"prompt": k["lifecycle.OperationBinding"]})
+    m.HistoryReceipt.objects.create(conversation=conversation, operation_id="op_h1", target_id="item_1",
+                                    outcome="applied", detail={"note": k["lifecycle.HistoryReceipt"]})
+    append_log(conversation, log="events", records=[{"type": "turn.completed", "note": k["events"]}])
+    append_log(conversation, log="approval_receipts", records=[{"command": k["approval_receipts"]}])
+    write_artifact(conversation, name="large-output.txt", data=k["artifacts"].encode() * 3)
+    if settled_child:
+        row = {"agent_id": "sa_" + conversation.public_id[2:10], "origin": {"conversation": conversation.public_id},
+               "status": "completed", "delivery": "settled", "started_at": conversation.created_at.isoformat(),
+               "finished_at": timezone.now().isoformat(), "prompt": k["subagents"], "result": "done"}
+        fleet.put_row(row)
+        legacy = {**row, "agent_id": row["agent_id"] + "_legacy", "prompt": k["legacy_subagents"]}
+        fleet.update_file(_home(), _home().legacy_fleet_path, lambda rows: [*rows, legacy])
+    m.Export.objects.create(conversation=conversation, path=f"exports/{k['lifecycle.Export']}.md", size_bytes=10)
+    m.SharedLink.objects.create(conversation=conversation, token=k["lifecycle.SharedLink"][:64], publisher="web")
+    m.SharedLink.objects.create(conversation=conversation, token="x" + k["lifecycle.SharedLink"][:63],
+                                publisher="mirror", publisher_supports_revoke=False)
+    m.WorkspaceFile.objects.create(conversation=conversation, path=f"notes/{k['lifecycle.WorkspaceFile']}.md")
+    m.MemoryEntry.objects.create(conversation=conversation, scope="project", text=k["lifecycle.MemoryEntry"])
+    m.UsageFact.objects.create(conversation=conversation, input_tokens=10, output_tokens=20)
+    m.BillingFact.objects.create(conversation=conversation, amount_minor=42)
+    return k
+
+
+def _home():
+    from lifecycle.enginefs import EngineHome
+
+    return EngineHome()

@@ -129,5 +129,5 @@ def test_it_rejects_out_of_range_days(admin_client):
 def test_it_says_plainly_what_this_version_does_not_do_yet(member_client):
     content = member_client.get(PAGE, **HOST).content.decode()
     assert "analysis and cleanup are not available yet, so no tool details are removed" in content
-    assert "conversations cannot be deleted yet, so no facts expire" in content
+    assert "counts from the day a conversation's delete completed" in content  # facts do expire now
     assert "Last cleanup" in content and "Never" in content

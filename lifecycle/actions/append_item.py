@@ -8,16 +8,9 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from lifecycle.errors import ActionRefused
-from lifecycle.models import Conversation, ConversationState, Item, Role
+from lifecycle.fence import check_writable, lock_writable  # noqa: F401  (check_writable: older import path)
+from lifecycle.models import Conversation, Item, Role
 from retention.reducer import MARKER_KEY, measure
-
-
-def check_writable(conversation: Conversation) -> None:
-    if conversation.state != ConversationState.LIVE:
-        raise ActionRefused(
-            "conversation_deletion_pending",
-            _("This conversation is being deleted; it accepts no more writes."),
-        )
 
 
 def append_item(
@@ -41,8 +34,7 @@ def append_item(
             "invalid_item", _("A new item cannot carry a removal marker."), status=400
         )
     with transaction.atomic():
-        locked = Conversation.objects.select_for_update().get(pk=conversation.pk)
-        check_writable(locked)
+        locked = lock_writable(conversation)
         now = timezone.now()
         last = Item.objects.filter(conversation=locked).aggregate(m=Max("seq"))["m"] or 0
         size, removable = measure(tool_kind, payload) if role == Role.TOOL else (0, 0)

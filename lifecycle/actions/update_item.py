@@ -6,8 +6,8 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from lifecycle.actions.append_item import check_writable
 from lifecycle.errors import ActionRefused
+from lifecycle.fence import lock_writable
 from lifecycle.models import Conversation, Item, Role
 from retention.reducer import MARKER_KEY, encode, measure
 
@@ -28,8 +28,7 @@ def update_item(
     replayed update: such a write is refused and changes nothing.
     """
     with transaction.atomic():
-        conversation = Conversation.objects.select_for_update().get(pk=item.conversation_id)
-        check_writable(conversation)
+        conversation = lock_writable(item.conversation_id)
         current = Item.objects.select_for_update().get(pk=item.pk)
         if revision is not None and revision != current.revision:
             raise ActionRefused(

@@ -1,0 +1,116 @@
+"""Delete in the browser: preview, cancel, confirm, Pending then Completed, the tombstone;
+row actions, the way out of an unavailable delete, and the layout of every new screen."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from playwright.sync_api import expect
+
+from e2e.conftest import ADMIN, MEMBER
+from e2e.helpers import check_layout, log_in, nav_link, open_from_list, screenshot
+from lifecycle.deletion import executor
+from lifecycle.deletion.admission import admit
+from lifecycle.models import Conversation, DeleteOperation
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def deletable() -> Conversation:
+    """A Recent conversation that a delete would admit now (idle, no open work, no ambiguity)."""
+    for conversation in Conversation.objects.recent().with_activity().order_by("-last_activity_at", "-pk"):
+        if not conversation.is_active and admit(conversation).outcome == "admitted":
+            return conversation
+    raise AssertionError("the seed has no deletable conversation")
+
+
+def unavailable() -> Conversation:
+    for conversation in Conversation.objects.recent().order_by("-last_activity_at", "-pk"):
+        if admit(conversation).reasons == ["conversation_child_ownership_ambiguous"]:
+            return conversation
+    raise AssertionError("the seed has no conversation overlapping the legacy subagent row")
+
+
+@pytest.mark.parametrize("viewport", ["desktop", "phone"])
+def test_it_previews_cancels_confirms_and_shows_pending_then_completed(seeded, live_server, open_page, viewport):
+    conversation = deletable()
+    title = conversation.title
+    page = open_page(viewport)
+    log_in(page, live_server.url, *ADMIN)
+    page.goto(f"{live_server.url}/conversations/?q={title}")
+    open_from_list(page, conversation)
+
+    page.get_by_role("link", name="Delete…").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text(f"Delete “{title}”?")
+    expect(page.get_by_role("heading", name="Erased for good")).to_be_visible()
+    expect(page.locator(".preview-group").first).to_contain_text("Messages and tool calls")
+    expect(page.get_by_text("Provider-retained inputs: Provider retention follows provider terms.")).to_be_visible()
+    check_layout(page, "delete preview")
+    screenshot(page, "delete-preview")
+    page.get_by_role("link", name="Cancel").click()
+    expect(page).to_have_url(re.compile(rf"/conversations/{conversation.public_id}/$"))
+    conversation.refresh_from_db()
+    assert conversation.state == "live" and not DeleteOperation.objects.exists()
+
+    page.get_by_role("link", name="Delete…").click()
+    page.get_by_role("button", name="Delete for good").click()
+    expect(page).to_have_url(re.compile(r"/operations/op_[0-9a-f]{20}/$"))
+    status = page.locator("#op-status")
+    expect(status).to_have_attribute("data-state", "pending")
+    expect(status).to_contain_text("Pending")
+    expect(page.get_by_test_id("op-step")).to_contain_text("Step 0 of")
+    check_layout(page, "operation pending")
+    screenshot(page, "operation-pending")
+
+    # The job cluster's work, done here: the page polls and turns to Completed by itself.
+    op = DeleteOperation.objects.get()
+    assert executor.run_erasure(op.pk) == "completed"
+    expect(status).to_have_attribute("data-state", "completed", timeout=15_000)
+    expect(status).to_contain_text("Completed")
+    expect(page.get_by_test_id("receipt")).to_contain_text("Messages and tool calls")
+    expect(page.get_by_test_id("physical")).to_contain_text("Physically erased")
+    check_layout(page, "operation completed")
+    screenshot(page, "operation-completed")
+
+    assert title not in page.content()  # the operation page never showed the title it erases
+    page.get_by_role("link", name=conversation.thread_id).click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("Deleted conversation")
+    expect(page.get_by_test_id("tombstone")).to_contain_text("its content is erased")
+    expect(page.locator("section.transcript")).to_contain_text("The transcript is erased")
+    assert title not in page.content()
+    check_layout(page, "tombstone")
+
+
+def test_small_phone_row_actions_way_out_and_operations(seeded, live_server, open_page):
+    page = open_page("small-phone")
+    log_in(page, live_server.url, *ADMIN)
+    check_layout(page, "conversation list with row actions")
+    screenshot(page, "conversations-row-actions", full_page=False)
+    first = page.locator("#results .conv").first
+    expect(first.get_by_role("button", name=re.compile("^Archive"))).to_be_visible()
+
+    conversation = unavailable()
+    page.goto(f"{live_server.url}/conversations/{conversation.public_id}/delete/")
+    expect(page.get_by_test_id("delete-not-admitted")).to_contain_text("Delete is unavailable")
+    expect(page.get_by_role("button", name="Delete for good")).to_have_count(0)
+    check_layout(page, "unavailable delete with the way out")
+    screenshot(page, "delete-unavailable")
+    page.get_by_role("button", name="Clear this row").first.click()
+    expect(page.get_by_text("The subagent row was cleared.")).to_be_visible()
+    expect(page.get_by_role("button", name="Delete for good")).to_be_visible()
+
+    nav_link(page, "Operations").click()
+    expect(page.get_by_role("heading", name="Operations", level=1)).to_be_visible()
+    check_layout(page, "operations")
+
+
+def test_members_see_the_lifecycle_read_only(seeded, live_server, open_page):
+    conversation = deletable()
+    page = open_page("phone")
+    log_in(page, live_server.url, *MEMBER)
+    expect(page.locator("#results .row-actions").first).to_contain_text("admins only")
+    page.goto(f"{live_server.url}/conversations/{conversation.public_id}/delete/")
+    expect(page.get_by_text("Deleting is for admins only.")).to_be_visible()
+    expect(page.get_by_role("button", name="Delete for good")).to_have_count(0)
+    check_layout(page, "member delete preview")

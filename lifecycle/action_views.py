@@ -1,0 +1,280 @@
+"""Lifecycle screens: archive and close, the delete preview and confirmation, operations.
+
+Thin views: parse, check access, ask the engine (lifecycle.engine, the same seam the API
+uses), render or redirect. Every flow is a plain form POST that works without JavaScript;
+htmx only refreshes the operation's status while it is pending.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils.dateparse import parse_datetime
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.translation import gettext as _
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from console.api import is_number
+from console.auth import is_admin
+from lifecycle.deletion import reasons
+from lifecycle.deletion.errors import error_message
+from lifecycle.engine import OperationView, get_engine
+from lifecycle.errors import ActionRefused
+from lifecycle.models import Conversation, DeleteOperation, DeleteState, RetainedFactsPolicy
+from lifecycle.registry import STORES, RetentionClass
+
+STATES = ("pending", "completed", "refused", "unavailable")
+OPERATIONS_PAGE = 25
+POLL_SECONDS = 2
+
+
+def _admin_only(request: HttpRequest) -> None:
+    if not is_admin(request.user):
+        raise PermissionDenied
+
+
+def _back(request: HttpRequest, default: str) -> str:
+    target = request.POST.get("next", "")
+    if target and url_has_allowed_host_and_scheme(target, {request.get_host()}, require_https=request.is_secure()):
+        return target
+    return default
+
+
+def _refused(request: HttpRequest, exc: ActionRefused) -> None:
+    if exc.status == 404:
+        raise Http404
+    messages.error(request, exc.message)
+
+
+# ---- Archive and close -------------------------------------------------------------------------
+
+
+@login_required
+@require_POST
+def conversation_archive(request: HttpRequest, public_id: str) -> HttpResponse:
+    _admin_only(request)
+    archived = request.POST.get("archived") == "1"
+    try:
+        get_engine().set_archived(public_id, archived, actor=request.user)
+        messages.success(request, _("Archived: hidden from Recent.") if archived else _("Back in Recent."))
+    except ActionRefused as exc:
+        _refused(request, exc)
+    return redirect(_back(request, reverse("lifecycle:conversation-detail", args=[public_id])))
+
+
+@login_required
+@require_POST
+def conversation_close(request: HttpRequest, public_id: str) -> HttpResponse:
+    _admin_only(request)
+    closed = request.POST.get("closed") == "1"
+    try:
+        get_engine().set_closed(public_id, closed, actor=request.user)
+        messages.success(request, _("Closed: its workers were stopped and its process lease released.")
+                         if closed else _("Resumed."))
+    except ActionRefused as exc:
+        _refused(request, exc)
+    return redirect(_back(request, reverse("lifecycle:conversation-detail", args=[public_id])))
+
+
+# ---- Delete: preview, confirm ------------------------------------------------------------------
+
+
+def _preview_groups(preview: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The registry's stores with this conversation's counts, grouped as the page shows them."""
+    by_key = {s.key: s for s in STORES}
+    policy = RetainedFactsPolicy.load()
+    groups: dict[str, list[dict[str, Any]]] = {"erase": [], "compact": [], "kept": [], "outside": []}
+    for entry in preview["stores"]:
+        store = by_key[entry["store"]]
+        row = {**entry, "label": store.label, "on_delete": store.on_delete,
+               "days": getattr(policy, store.period) if store.period else None}
+        if store.retention == RetentionClass.ERASE:
+            groups["erase"].append(row)
+        elif store.retention == RetentionClass.COMPACT:
+            groups["compact"].append(row)
+        elif store.retention == RetentionClass.OUT_OF_SCOPE:
+            groups["outside"].append(row)
+        else:
+            groups["kept"].append(row)
+    return groups
+
+
+def _intent(conversation: Conversation) -> DeleteOperation | None:
+    return DeleteOperation.objects.intents().filter(conversation=conversation).first()
+
+
+def _render_preview(request: HttpRequest, conversation: Conversation, *, status: int = 200,
+                    error: str = "") -> HttpResponse:
+    preview = get_engine().preview_delete(conversation.public_id)
+    admission = preview["admission"]
+    if admission:
+        admission = {**admission, "ambiguous": _rows_with_times(admission["ambiguous"])}
+    context = {
+        "conversation": conversation,
+        "preview": preview,
+        "admission": admission,
+        "groups": _preview_groups(preview),
+        "key": secrets.token_hex(16),
+        "intent": _intent(conversation),
+        "error": error,
+        "resolve_next": request.get_full_path(),
+    }
+    return render(request, "lifecycle/conversation_delete.html", context, status=status)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def conversation_delete(request: HttpRequest, public_id: str) -> HttpResponse:
+    conversation = get_object_or_404(Conversation.objects.select_related("account", "computer"), public_id=public_id)
+    if request.method == "GET":
+        return _render_preview(request, conversation)
+    _admin_only(request)
+    try:
+        op = get_engine().request_delete(public_id, key=request.POST.get("key"), actor=request.user)
+    except ActionRefused as exc:
+        if exc.status == 404:
+            raise Http404 from None
+        return _render_preview(request, conversation, status=exc.status, error=exc.message)
+    return redirect("lifecycle:operation-detail", operation_id=op.id)
+
+
+# ---- Operations --------------------------------------------------------------------------------
+
+
+def _moment(value: str | None):
+    return parse_datetime(value) if value else None
+
+
+def _rows_with_times(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Fleet rows as written by the engine: their times parsed where they are times."""
+    return [{**row, "started": _moment(row.get("started_at") if isinstance(row.get("started_at"), str) else None),
+             "finished": _moment(row.get("finished_at") if isinstance(row.get("finished_at"), str) else None)}
+            for row in rows]
+
+
+def _store_rows(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    by_key = {s.key: s for s in STORES}
+    return [{**e, "label": by_key[e["store"]].label if e["store"] in by_key else e["store"],
+             "retention": by_key[e["store"]].retention.label if e["store"] in by_key else e.get("class")}
+            for e in entries]
+
+
+def _operation_context(op: OperationView) -> dict[str, Any]:
+    conversation = Conversation.objects.select_related("account", "computer").filter(public_id=op.target).first()
+    steps = _store_rows([{**s, "class": ""} for s in op.steps if s["store"] != "fingerprints"])
+    done = sum(1 for s in op.steps if s["state"] == "done")
+    current = next((s for s in _store_rows([{"store": op.step}]) if op.step), None) if op.step else None
+    receipt = op.receipt or {}
+    return {
+        "op": op,
+        "conversation": conversation,
+        "steps": steps,
+        "done": done,
+        "total": len(op.steps),
+        "current": current,
+        "preparing": op.step == "fingerprints",
+        "reasons": [{"code": c, "message": reasons.message(c)} for c in op.reasons],
+        "error_text": error_message(op.error),
+        "receipt_stores": _store_rows(receipt.get("stores", [])),
+        "receipt_kept": _store_rows(receipt.get("kept", [])),
+        "holders": receipt.get("holders", []),
+        "erased_records": sum(e.get("records") or 0 for e in receipt.get("stores", []) if e["action"] == "erased"),
+        "erased_bytes": sum(e.get("bytes") or 0 for e in receipt.get("stores", []) if e["action"] != "detached"),
+        "ambiguous": _rows_with_times((op.way_out or {}).get("ambiguous", [])),
+        "physical_at": _moment((receipt.get("physical") or {}).get("erased_at")),
+        "verified_at": _moment(receipt.get("verified_at")),
+        "verified_physical_at": _moment(receipt.get("verified_physical_at")),
+        "poll": POLL_SECONDS if op.is_pending else None,
+        "version": f"{op.state}:{done}:{op.step or ''}:{op.error or ''}",
+        "stalled": op.error == "stalled",
+    }
+
+
+@login_required
+@require_GET
+def operation_detail(request: HttpRequest, operation_id: str) -> HttpResponse:
+    try:
+        op = get_engine().operation(operation_id)
+    except ActionRefused:
+        raise Http404 from None
+    context = _operation_context(op)
+    template = "lifecycle/operation_detail.html"
+    if request.htmx:
+        if request.GET.get("v") == context["version"]:
+            return HttpResponse(status=204)  # nothing changed: no swap, nothing re-announced
+        template += "#status"
+    return render(request, template, context)
+
+
+@login_required
+@require_POST
+def operation_retry(request: HttpRequest, operation_id: str) -> HttpResponse:
+    _admin_only(request)
+    try:
+        op = get_engine().operation(operation_id)
+        if op.is_pending:
+            get_engine().retry_operation(operation_id, actor=request.user)
+    except ActionRefused as exc:
+        _refused(request, exc)
+    return redirect("lifecycle:operation-detail", operation_id=operation_id)
+
+
+@login_required
+@require_GET
+def operation_list(request: HttpRequest) -> HttpResponse:
+    state = request.GET.get("state", "")
+    if state not in STATES:
+        state = ""
+    raw_page = request.GET.get("page", "1")
+    number = int(raw_page) if is_number(raw_page) and 0 < int(raw_page) <= 10_000 else 1
+    rows = get_engine().operations(state=state or None, limit=OPERATIONS_PAGE + 1,
+                                   offset=(number - 1) * OPERATIONS_PAGE)
+    context = {
+        "operations": [_listed(op) for op in rows[:OPERATIONS_PAGE]],
+        "number": number,
+        "has_next": len(rows) > OPERATIONS_PAGE,
+        "state": state,
+        "states": [("", _("All"))] + [(key, DeleteState(key).label) for key in STATES],
+    }
+    return render(request, "lifecycle/operation_list.html", context)
+
+
+def _listed(op: OperationView) -> dict[str, Any]:
+    stores = (op.receipt or {}).get("stores", [])
+    return {
+        "op": op,
+        "conversation": Conversation.objects.filter(public_id=op.target).only("thread_id", "title").first(),
+        "records": sum(e.get("records") or 0 for e in stores if e["action"] == "erased"),
+        "bytes": sum(e.get("bytes") or 0 for e in stores if e["action"] in ("erased", "compacted")),
+        "done": sum(1 for s in op.steps if s["state"] == "done"),
+        "total": len(op.steps),
+        "reason": reasons.message(op.code) if op.code else "",
+    }
+
+
+# ---- The ambiguity way out ---------------------------------------------------------------------
+
+
+@login_required
+@require_POST
+def subagent_resolve(request: HttpRequest, agent_id: str) -> HttpResponse:
+    _admin_only(request)
+    action = request.POST.get("action", "")
+    conversation_id = request.POST.get("conversation") or None
+    try:
+        get_engine().resolve_subagent(agent_id, action=action, conversation_id=conversation_id, actor=request.user)
+        messages.success(request, _("The subagent row was attributed.") if action == "attribute"
+                         else _("The subagent row was cleared."))
+    except ActionRefused as exc:
+        if exc.status == 404:
+            messages.error(request, exc.message)
+        else:
+            _refused(request, exc)
+    return redirect(_back(request, reverse("lifecycle:operation-list")))

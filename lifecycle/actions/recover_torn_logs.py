@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from django.db import transaction
+
+from lifecycle.enginefs import EngineHome
+from lifecycle.errors import ActionRefused
+from lifecycle.fence import lock_writable
+from lifecycle.models import Conversation
+
+
+def _logs(home: EngineHome, conversation: Conversation) -> list[Path]:
+    key = conversation.storage_key
+    return [home.events_path(key), home.receipts_path(key)]
+
+
+def _torn(path: Path) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(-1, os.SEEK_END)
+            return handle.read(1) != b"\n"
+    except OSError:  # missing or empty
+        return False
+
+
+def recover_torn_logs(conversation: Conversation, *, home: EngineHome | None = None) -> int:
+    """The engine's crash recovery for one conversation: set torn last lines of its logs aside.
+
+    A recovery path like any other write: refused once a delete intent exists, and done
+    under the conversation's row lock so it cannot write into a folder being erased.
+    """
+    home = home or EngineHome()
+    recovered = 0
+    with transaction.atomic():
+        lock_writable(conversation)
+        for path in _logs(home, conversation):
+            if home.recover_torn_tail(path) is not None:
+                recovered += 1
+    return recovered
+
+
+def recover_all_torn_logs(*, home: EngineHome | None = None) -> int:
+    """Every live conversation whose log ends in a torn line (checked without a lock first)."""
+    home = home or EngineHome()
+    recovered = 0
+    for conversation in Conversation.objects.live().only("pk", "public_id", "state").iterator():
+        if any(_torn(p) for p in _logs(home, conversation)):
+            try:
+                recovered += recover_torn_logs(conversation, home=home)
+            except ActionRefused:
+                continue  # a delete intent arrived meanwhile; the erasure owns the folder now
+    return recovered

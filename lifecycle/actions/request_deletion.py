@@ -1,0 +1,127 @@
+from __future__ import annotations
+
+import contextlib
+import re
+
+from django.db import IntegrityError, transaction
+from django.utils.translation import gettext as _
+from django_q.tasks import async_task
+
+from lifecycle import audit, fleet
+from lifecycle.deletion.admission import admit
+from lifecycle.deletion.plan import step_keys, stores_by_key
+from lifecycle.deletion.stores import measure
+from lifecycle.enginefs import EngineHome
+from lifecycle.errors import ActionRefused
+from lifecycle.models import (
+    Conversation,
+    ConversationState,
+    DeleteOperation,
+    DeleteState,
+    DeleteStep,
+    DeletionFence,
+    OperationKey,
+    StepState,
+)
+
+KEY = re.compile(r"[\x21-\x7e]{1,200}")  # printable ASCII, no spaces
+
+
+def _step(operation: DeleteOperation, key: str, position: int, conversation: Conversation,
+          home: EngineHome) -> DeleteStep:
+    """A step row; the fleet files' steps are measured now, under their locks (see above)."""
+    step = DeleteStep(operation=operation, key=key, position=position)
+    store = stores_by_key().get(key)
+    if store is not None and store.shared_file:
+        figures = measure(store, conversation, home)
+        step.state, step.records, step.bytes, step.detail = StepState.MEASURED, figures.records, figures.bytes, figures.detail
+    return step
+
+
+def check_key(key: str | None) -> str:
+    if key is None or key == "":
+        raise ActionRefused("idempotency_key_missing", _("Send an Idempotency-Key header."), status=400)
+    if not KEY.fullmatch(key):
+        raise ActionRefused(
+            "idempotency_key_invalid",
+            _("The Idempotency-Key must be 1 to 200 printable ASCII characters without spaces."),
+            status=400,
+        )
+    return key
+
+
+def request_deletion(conversation: Conversation, *, key: str, acting_user) -> DeleteOperation:
+    """Ask to delete a conversation under an operation key; returns the operation that answers.
+
+    1. The same key answers with its recorded operation, whatever its outcome, ever after
+       (422 when it was used for another conversation).
+    2. A conversation with an intent already (Pending or Completed) answers with that
+       operation; the new key is remembered for it.
+    3. Admission: a refusal or an unavailable answer is recorded under the key, with no
+       intent, and the conversation stays writable.
+    4. Otherwise the intent: operation, steps, database fence, `pending_delete`, audit fact
+       and the erasure job, in one transaction, before anything is erased.
+    """
+    check_key(key)
+    home = EngineHome()
+    held = contextlib.ExitStack()
+    try:
+        with held, transaction.atomic():
+            return _request(conversation, key, acting_user, home, held)
+    except IntegrityError:
+        # Two requests with one key raced; the first one's answer stands.
+        recorded = OperationKey.objects.select_related("operation").filter(key=key).first()
+        if recorded is None:
+            raise
+        return _recorded(recorded, conversation)
+
+
+def _recorded(recorded: OperationKey, conversation: Conversation) -> DeleteOperation:
+    if recorded.operation.conversation_id != conversation.pk:
+        raise ActionRefused(
+            "idempotency_key_reused",
+            _("This Idempotency-Key was already used for another conversation. Use a new key."),
+            status=422,
+        )
+    return recorded.operation
+
+
+def _request(conversation: Conversation, key: str, acting_user, home: EngineHome,
+             held: contextlib.ExitStack) -> DeleteOperation:
+    locked = Conversation.objects.select_for_update().get(pk=conversation.pk)
+    recorded = OperationKey.objects.select_related("operation").filter(key=key).first()
+    if recorded is not None:
+        return _recorded(recorded, locked)
+    requester = acting_user if acting_user is not None and acting_user.is_authenticated else None
+    intent = DeleteOperation.objects.intents().filter(conversation=locked).first()
+    if intent is not None:
+        OperationKey.objects.create(key=key, operation=intent)
+        return intent
+    # The fleet files stay locked until this transaction has committed (the ExitStack closes
+    # after the atomic block): admission and the receipt's figures see exactly what the fence
+    # then guards.
+    held.enter_context(fleet.locked_files(home))
+    admission = admit(locked, home)
+    if admission.outcome != "admitted":
+        operation = DeleteOperation.objects.create(
+            conversation=locked, requested_by=requester, state=admission.outcome,
+            reason=admission.code, reasons=admission.reasons,
+        )
+        OperationKey.objects.create(key=key, operation=operation)
+        return operation
+    keys = step_keys()
+    operation = DeleteOperation.objects.create(
+        conversation=locked, requested_by=requester, state=DeleteState.PENDING, step=keys[0],
+    )
+    DeleteStep.objects.bulk_create([_step(operation, k, n, locked, home) for n, k in enumerate(keys)])
+    DeletionFence.objects.create(conversation_id=locked.pk, operation_id=operation.pk)
+    Conversation.objects.filter(pk=locked.pk).update(state=ConversationState.PENDING_DELETE)
+    OperationKey.objects.create(key=key, operation=operation)
+    audit.record(
+        "conversation.delete_requested", actor=acting_user, conversation=locked,
+        old={"state": ConversationState.LIVE}, new={"state": ConversationState.PENDING_DELETE,
+                                                    "operation": operation.public_id},
+    )
+    # The ORM broker stores the job in this same transaction: intent and job commit together.
+    async_task("lifecycle.tasks.erase", operation.pk, q_options={"ack_failure": True})
+    return operation

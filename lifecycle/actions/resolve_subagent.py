@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils.translation import gettext as _
+
+from lifecycle import audit, fleet
+from lifecycle.enginefs import EngineHome
+from lifecycle.errors import ActionRefused
+from lifecycle.fence import lock_writable
+from lifecycle.models import Conversation
+
+ACTIONS = ("attribute", "clear")
+
+
+def resolve_subagent(agent_id: str, *, action: str, conversation: Conversation | None = None,
+                     acting_user, home: EngineHome | None = None) -> None:
+    """The way out of an ambiguous delete: attribute a subagent row of unknown origin to a
+    conversation, or clear the row, in the fleet file and its legacy copy. Audited (agent
+    id and origin only). Rows that already name a conversation are not touched here."""
+    if action not in ACTIONS:
+        raise ActionRefused("invalid_action", _("Choose attribute or clear."), status=400)
+    if action == "attribute" and conversation is None:
+        raise ActionRefused("missing_conversation", _("Name the conversation to attribute the row to."), status=400)
+    home = home or EngineHome()
+    with transaction.atomic():
+        target = lock_writable(conversation) if action == "attribute" else None
+        try:
+            rows = fleet.all_rows(home)
+        except fleet.FleetUnreadable:
+            raise ActionRefused(
+                "fleet_unreadable", _("The subagent state file cannot be read. Repair or restore it first.")
+            ) from None
+        found = [row for _path, row in rows if row.get("agent_id") == agent_id]
+        if not found:
+            raise ActionRefused("not_found", _("No subagent row has that id."), status=404)
+        if any(fleet.origin_of(row) is not None for row in found):
+            raise ActionRefused(
+                "subagent_not_ambiguous", _("This subagent row already names its conversation; it is not changed here.")
+            )
+
+        def change(rows: list[dict]) -> list[dict]:
+            if action == "clear":
+                return [r for r in rows if r.get("agent_id") != agent_id]
+            return [{**r, "origin": {"conversation": target.public_id, "attributed": True}}
+                    if r.get("agent_id") == agent_id else r for r in rows]
+
+        for path in fleet.fleet_files(home):
+            if path.exists():
+                fleet.update_file(home, path, change)
+        audit.record(
+            "subagent.attributed" if action == "attribute" else "subagent.cleared",
+            actor=acting_user, conversation=target,
+            old={"agent_id": agent_id, "origin": None},
+            new={"agent_id": agent_id, "origin": target.public_id if target else None, "cleared": action == "clear"},
+        )

@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from lifecycle import audit
+from lifecycle.fence import lock_writable
+from lifecycle.models import Conversation
+
+
+def set_archived(conversation: Conversation, *, archived: bool, acting_user) -> Conversation:
+    """Archive (hide from Recent) or unarchive a conversation. Nothing is erased.
+
+    Refused for a conversation with a delete intent; a no-op records nothing.
+    """
+    with transaction.atomic():
+        locked = lock_writable(conversation)
+        if (locked.archived_at is not None) == archived:
+            return locked
+        locked.archived_at = timezone.now() if archived else None
+        locked.save(update_fields=["archived_at"])
+        audit.record(
+            "conversation.archived" if archived else "conversation.unarchived",
+            actor=acting_user, conversation=locked, old={"archived": not archived}, new={"archived": archived},
+        )
+    return locked

@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+import re
+
+from django.db import transaction
+from django.utils.translation import gettext as _
+
+from lifecycle.enginefs import EngineHome
+from lifecycle.errors import ActionRefused
+from lifecycle.fence import lock_writable
+from lifecycle.models import Conversation
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+
+
+def write_artifact(conversation: Conversation, *, name: str, data: bytes, home: EngineHome | None = None) -> None:
+    """The engine's write of a large output or tool artifact, fenced like every write."""
+    if not NAME.fullmatch(name) or ".." in name:
+        raise ActionRefused("invalid_name", _("An artifact name is a plain file name."), status=400)
+    home = home or EngineHome()
+    with transaction.atomic():
+        locked = lock_writable(conversation)
+        home.write_atomic(home.artifacts_dir(locked.storage_key) / name, data)

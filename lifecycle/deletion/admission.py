@@ -1,0 +1,75 @@
+"""Admission: may this conversation be deleted now? Read-only; the caller holds the row lock."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from lifecycle import fleet
+from lifecycle.deletion import reasons as r
+from lifecycle.enginefs import EngineHome
+from lifecycle.models import (
+    ACTIVE_TURN_STATES,
+    ClaimKind,
+    Conversation,
+    DeleteState,
+    RuntimeClaim,
+    Turn,
+)
+
+CLAIM_REASONS = (
+    ((ClaimKind.APPROVAL,), r.APPROVAL_PENDING),
+    ((ClaimKind.USER_INPUT,), r.INPUT_PENDING),
+    ((ClaimKind.DYNAMIC_TOOL,), r.DYNAMIC_TOOL_PENDING),
+    ((ClaimKind.SHELL_JOB,), r.SHELL_JOB_LIVE),
+    ((ClaimKind.TASK, ClaimKind.AUTOMATION), r.OWNERSHIP_UNRESOLVED),
+)
+
+
+@dataclass
+class Admission:
+    reasons: list[str] = field(default_factory=list)
+    ambiguous: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def outcome(self) -> str:
+        """"admitted", or the state a not-admitted request is recorded in."""
+        if not self.reasons:
+            return "admitted"
+        if any(r.outcome(code) == DeleteState.REFUSED for code in self.reasons):
+            return DeleteState.REFUSED
+        return DeleteState.UNAVAILABLE
+
+    @property
+    def code(self) -> str:
+        """The recorded code: the first refusal, else the first reason."""
+        refusals = [c for c in self.reasons if r.outcome(c) == DeleteState.REFUSED]
+        return (refusals or self.reasons or [""])[0]
+
+
+def admit(conversation: Conversation, home: EngineHome | None = None) -> Admission:
+    admission = Admission()
+    if Turn.objects.filter(conversation=conversation, state__in=ACTIVE_TURN_STATES).exists():
+        admission.reasons.append(r.TURN_ACTIVE)
+    open_kinds = set(RuntimeClaim.objects.open().filter(conversation=conversation).values_list("kind", flat=True))
+    for kinds, code in CLAIM_REASONS:
+        if open_kinds & set(kinds):
+            admission.reasons.append(code)
+    try:
+        rows = [row for _path, row in fleet.all_rows(home or EngineHome())]
+    except fleet.FleetUnreadable:
+        admission.reasons.append(r.CHILD_STATE_UNREADABLE)
+        return admission
+    if any(fleet.is_unsettled(row) for row in fleet.children(rows, conversation)):
+        admission.reasons.append(r.CHILD_CUSTODY)
+    seen: set[str] = set()
+    for row in fleet.ambiguous(rows, conversation):
+        agent = str(row.get("agent_id", ""))
+        if agent not in seen:
+            seen.add(agent)
+            admission.ambiguous.append(
+                {k: row.get(k) for k in ("agent_id", "status", "started_at", "finished_at")}
+            )
+    if admission.ambiguous:
+        admission.reasons.append(r.CHILD_AMBIGUOUS)
+    return admission

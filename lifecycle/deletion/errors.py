@@ -1,0 +1,24 @@
+"""What stopped an erasure run, in words. The operation stores only the code."""
+
+from __future__ import annotations
+
+from django.utils.translation import gettext_lazy as _
+
+ERRORS = {
+    "fleet_unreadable": _(
+        "The subagent state file cannot be read, so its rows of this conversation cannot be removed. "
+        "The delete stays pending and finishes once the file is repaired or restored."),
+    "unsafe_path": _(
+        "A folder of this conversation is a symbolic link or leads outside the engine folder, so it was "
+        "not removed. The delete stays pending until an operator fixes the folder."),
+    "io_error": _("The engine folder could not be changed. The delete stays pending and is retried."),
+    "database_error": _("The database refused a step. The delete stays pending and is retried."),
+    "internal_error": _("An unexpected error stopped the erasure. The delete stays pending and is retried."),
+    "stalled": _(
+        "The erasure stopped several times without progress, so it is no longer retried by itself. "
+        "An admin can retry it."),
+}
+
+
+def error_message(code: str | None) -> str:
+    return str(ERRORS[code]) if code in ERRORS else ""

@@ -1,0 +1,348 @@
+"""The erasure executor: runs an admitted delete's steps to completion, resumably.
+
+`run_erasure(operation_id)` is the job. It is safe to run twice, concurrently, or after a
+SIGKILL at any line:
+
+1. Take the lease (one transaction): nobody else holds it, or its holder's lease ran out,
+   or its holder is a dead process on this host. Count the attempt (`attempts`, and
+   `stalled_attempts` since the last step that finished); past MAX_STALLED the operation
+   is left Pending for an admin to retry instead of looping on a step that kills its worker.
+2. For each step not done, in order: measure and commit the figures (once), erase what is
+   still there (idempotent, batched, the lease renewed between batches), mark it done.
+3. Complete (one transaction): the conversation becomes `deleted`, the operation
+   `completed` with its receipt.
+4. Physical: checkpoint SQLite's write-ahead log (retried), else leave it pending.
+
+A run stops itself after RUN_BUDGET seconds (well under the queue's `retry`), releases the
+lease and queues the rest, so no run overlaps a redelivery of itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import DatabaseError, connection, transaction
+from django.utils import timezone
+
+from lifecycle import audit, faults, fleet
+from lifecycle.deletion import files, fingerprints, physical, plan, stores
+from lifecycle.enginefs import EngineHome
+from lifecycle.models import (
+    DELETE_TRANSITIONS,
+    Conversation,
+    ConversationState,
+    DeleteOperation,
+    DeleteState,
+    DeleteStep,
+    PhysicalState,
+    StepState,
+)
+from lifecycle.registry import STORES, RetentionClass
+
+log = logging.getLogger(__name__)
+
+MAX_STALLED = 5
+BACKOFF_SECONDS = (0, 5, 30, 120, 600)
+RUN_BUDGET = 240
+
+
+def lease_seconds() -> int:
+    return int(getattr(settings, "LIFECYCLE_LEASE_SECONDS", 120))
+
+
+class LeaseLost(Exception):
+    """Another worker took the operation over (this one was presumed dead)."""
+
+
+def check_transition(current: str, new: str) -> None:
+    if new not in DELETE_TRANSITIONS[current]:
+        raise ValueError(f"a delete operation cannot go from {current} to {new}")
+
+
+def holder_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def holder_alive(holder: str) -> bool:
+    """False only when the holder is provably gone: a process of this host that has exited."""
+    host, _sep, pid = holder.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # an exited child not yet reaped is a zombie: dead too
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _backoff(stalled: int) -> timedelta:
+    return timedelta(seconds=BACKOFF_SECONDS[min(stalled, len(BACKOFF_SECONDS)) - 1] if stalled else 0)
+
+
+def eligible(op: DeleteOperation, now=None, *, force: bool = False) -> bool:
+    now = now or timezone.now()
+    if op.state != DeleteState.PENDING:
+        return False
+    if op.lease_holder and op.lease_expires_at and op.lease_expires_at > now and holder_alive(op.lease_holder):
+        return False
+    if force:
+        return True
+    if op.stalled_attempts >= MAX_STALLED:
+        return False
+    return op.next_attempt_at is None or op.next_attempt_at <= now
+
+
+def take_lease(operation_id: int, *, force: bool = False) -> DeleteOperation | None:
+    with transaction.atomic():
+        op = DeleteOperation.objects.select_for_update().filter(pk=operation_id).first()
+        now = timezone.now()
+        if op is None or not eligible(op, now, force=force):
+            if op is not None and op.state == DeleteState.PENDING and op.stalled_attempts >= MAX_STALLED \
+                    and op.last_error != "stalled" and not force:
+                DeleteOperation.objects.filter(pk=op.pk).update(last_error="stalled")
+            return None
+        op.attempts += 1
+        op.stalled_attempts = 1 if force else op.stalled_attempts + 1
+        op.lease_holder = holder_id()
+        op.lease_expires_at = now + timedelta(seconds=lease_seconds())
+        op.next_attempt_at = now + _backoff(op.stalled_attempts)
+        op.save(update_fields=["attempts", "stalled_attempts", "lease_holder", "lease_expires_at", "next_attempt_at"])
+    return op
+
+
+_renewed: dict[int, float] = {}
+
+
+def renew(op: DeleteOperation, *, every: float | None = None, step: str | None = None) -> None:
+    """Extend the lease (and record the current step); with `every`, only when that many seconds
+    have passed since the last renewal."""
+    now = time.monotonic()
+    if every is not None and now - _renewed.get(op.pk, 0.0) < every:
+        return
+    fields: dict = {"lease_expires_at": timezone.now() + timedelta(seconds=lease_seconds())}
+    if step is not None:
+        fields["step"] = step
+    with stores.erasure_transaction():
+        moved = DeleteOperation.objects.filter(
+            pk=op.pk, lease_holder=op.lease_holder, state=DeleteState.PENDING
+        ).update(**fields)
+    if not moved:
+        raise LeaseLost(op.public_id)
+    _renewed[op.pk] = now
+
+
+def release(op: DeleteOperation) -> None:
+    DeleteOperation.objects.filter(pk=op.pk, lease_holder=op.lease_holder).update(
+        lease_holder="", lease_expires_at=None
+    )
+
+
+def _error_code(exc: BaseException) -> str:
+    """A content-free name for what stopped the run (shown in words on the operation page)."""
+    if isinstance(exc, fleet.FleetUnreadable):
+        return "fleet_unreadable"
+    if isinstance(exc, files.UnsafeFolder | ValueError):
+        return "unsafe_path"
+    if isinstance(exc, OSError):
+        return "io_error"
+    if isinstance(exc, DatabaseError):
+        return "database_error"
+    return "internal_error"
+
+
+Progress = Callable[[DeleteOperation, DeleteStep, int, int], None]
+
+
+def run_erasure(operation_id: int, *, force: bool = False, progress: Progress | None = None,
+                budget: float = RUN_BUDGET) -> str:
+    """Run the erasure as far as it goes; returns the operation's state afterwards
+    ("busy" when another worker holds it)."""
+    op = take_lease(operation_id, force=force)
+    if op is None:
+        state = DeleteOperation.objects.filter(pk=operation_id).values_list("state", flat=True).first()
+        return "busy" if state == DeleteState.PENDING else (state or "missing")
+    started = time.monotonic()
+    try:
+        conversation = Conversation.objects.get(pk=op.conversation_id)
+        home = EngineHome()
+        steps = list(op.steps.order_by("position"))
+        by_key = plan.stores_by_key()
+        for n, step in enumerate(steps):
+            if step.state == StepState.DONE:
+                continue
+            if time.monotonic() - started > budget:
+                release(op)
+                from django_q.tasks import async_task
+
+                async_task("lifecycle.tasks.erase", op.pk, q_options={"ack_failure": True})
+                return DeleteState.PENDING
+            if progress:
+                progress(op, step, n, len(steps))
+            _run_step(op, step, by_key.get(step.key), conversation, home)
+        _complete(op)
+        faults.kill_point("checkpoint")
+        finish_physical(op.pk)
+        if progress:
+            progress(op, steps[-1], len(steps), len(steps))
+        return DeleteState.COMPLETED
+    except LeaseLost:
+        return "busy"
+    except Exception as exc:
+        code = _error_code(exc)
+        step_now = DeleteOperation.objects.filter(pk=op.pk).values_list("step", flat=True).first()
+        log.error("erasure of %s stopped at step %s: %s", op.public_id, step_now, type(exc).__name__)
+        DeleteOperation.objects.filter(pk=op.pk, state=DeleteState.PENDING).update(last_error=code)
+        if code == "internal_error" and settings.DEBUG:
+            raise
+        return DeleteState.PENDING
+    finally:
+        release(op)
+
+
+def _step_done(op: DeleteOperation, step: DeleteStep, figures: stores.Measure | None = None) -> None:
+    with stores.erasure_transaction():
+        extra = {"records": figures.records, "bytes": figures.bytes, "detail": figures.detail} if figures else {}
+        DeleteStep.objects.filter(pk=step.pk).update(state=StepState.DONE, finished_at=timezone.now(), **extra)
+        # Progress: a later crash starts the stall count (and its back-off) afresh.
+        DeleteOperation.objects.filter(pk=op.pk).update(stalled_attempts=0, next_attempt_at=timezone.now(),
+                                                        last_error="")
+
+
+def _run_step(op: DeleteOperation, step: DeleteStep, store, conversation: Conversation, home: EngineHome) -> None:
+    """One step: measure (committed before erasing), erase what is still there, mark done.
+
+    A table step small enough for one statement does all three in one transaction. A larger
+    one commits its figures first, then erases in batches. A file step cannot share the
+    database's transaction: its figures are committed, then the files changed, then it is
+    marked done; a crash in between redoes the (idempotent) file change.
+    """
+    kill = lambda: faults.kill_point(step.key)  # noqa: E731
+    if step.key == plan.FINGERPRINTS:
+        renew(op, step=step.key)
+        fingerprints.record(op, fingerprints.sample(conversation, home))
+        kill()
+        _step_done(op, step)
+        return
+    renew(op, step=step.key)  # committed on its own: a step that fails still shows where it stopped
+    if step.state == StepState.PENDING:
+        with stores.erasure_transaction():
+            figures = stores.measure(store, conversation, home)
+            if not figures.records and not figures.detail.get("remaining"):
+                _step_done(op, step, figures)  # nothing there: measured and done at once
+                return
+            if store.kind == "table" and figures.records <= stores.BATCH_ROWS:
+                stores.erase(store, conversation, home, renew=lambda: None, checkpoint=kill)
+                _step_done(op, step, figures)
+                return
+            DeleteStep.objects.filter(pk=step.pk).update(
+                state=StepState.MEASURED, records=figures.records, bytes=figures.bytes, detail=figures.detail
+            )
+    stores.erase(store, conversation, home, renew=lambda: renew(op, every=lease_seconds() / 8), checkpoint=kill)
+    _step_done(op, step)
+
+
+def receipt_of(op: DeleteOperation) -> dict:
+    """Per store: class, what was done, records, bytes. Kept stores with their row counts."""
+    by_key = {s.key: s for s in STORES}
+    actions = {RetentionClass.ERASE: "erased", RetentionClass.COMPACT: "compacted",
+               RetentionClass.RETAIN_DETACH: "detached", RetentionClass.SHARED: "revoked"}
+    changed = []
+    for step in op.steps.exclude(key=plan.FINGERPRINTS).order_by("position"):
+        s = by_key[step.key]
+        entry = {"store": s.key, "class": s.retention.value, "action": actions[s.retention],
+                 "records": step.records, "bytes": step.bytes}
+        if "remaining" in step.detail:
+            entry["remaining"] = step.detail["remaining"]
+        changed.append(entry)
+    kept = []
+    for s in STORES:
+        if s.retention in (RetentionClass.RETAIN, RetentionClass.RETAIN_FACTS):
+            kept.append({"store": s.key, "class": s.retention.value, "action": "kept",
+                         "records": s.rows(op.conversation_id).count()})
+        elif s.kind == "external":
+            kept.append({"store": s.key, "class": s.retention.value, "action": "out_of_scope"})
+    return {"engine": connection.vendor, "stores": changed, "kept": kept}
+
+
+def _touched(op: DeleteOperation) -> list[str]:
+    by_key = {s.key: s for s in STORES}
+    return sorted({
+        by_key[step.key].db_table for step in op.steps.exclude(key=plan.FINGERPRINTS)
+        if by_key[step.key].kind == "table" and step.records
+        and by_key[step.key].retention in (RetentionClass.ERASE, RetentionClass.COMPACT)
+    })
+
+
+def _complete(op: DeleteOperation) -> None:
+    faults.kill_point("complete")
+    with transaction.atomic():
+        locked = DeleteOperation.objects.select_for_update().get(pk=op.pk)
+        if locked.state == DeleteState.COMPLETED:
+            return
+        check_transition(locked.state, DeleteState.COMPLETED)
+        if locked.steps.exclude(state=StepState.DONE).exists():
+            raise RuntimeError("a step is not done")
+        now = timezone.now()
+        receipt = receipt_of(locked)
+        receipt["holders"] = physical.holders(now, physically_erased=False)
+        Conversation.objects.filter(pk=locked.conversation_id).update(state=ConversationState.DELETED)
+        DeleteOperation.objects.filter(pk=locked.pk).update(
+            state=DeleteState.COMPLETED, completed_at=now, step="", receipt=receipt, last_error="",
+            touched_tables=_touched(locked), physical_state=PhysicalState.PENDING,
+        )
+        audit.record(
+            "conversation.deleted", conversation=locked.conversation,
+            old={"state": ConversationState.PENDING_DELETE},
+            new={"state": ConversationState.DELETED, "operation": locked.public_id},
+        )
+
+
+def finish_physical(operation_id: int) -> bool:
+    """SQLite: checkpoint the write-ahead log and record physical erasure. PostgreSQL: wait
+    for a compaction (record_compaction)."""
+    op = DeleteOperation.objects.filter(pk=operation_id, state=DeleteState.COMPLETED,
+                                        physical_state=PhysicalState.PENDING).first()
+    if op is None or connection.vendor != "sqlite":
+        return False
+    if not physical.checkpoint_sqlite():
+        return False
+    now = timezone.now()
+    receipt = dict(op.receipt or {})
+    receipt["holders"] = [h for h in receipt.get("holders", []) if h.get("kind") != "wal"]
+    DeleteOperation.objects.filter(pk=op.pk, physical_state=PhysicalState.PENDING).update(
+        physical_state=PhysicalState.ERASED, physically_erased_at=now, receipt=receipt
+    )
+    return True
+
+
+def outstanding(now=None) -> list[int]:
+    """Pending operations a worker may take now, oldest first."""
+    now = now or timezone.now()
+    return [op.pk for op in DeleteOperation.objects.outstanding().order_by("requested_at", "pk")
+            if eligible(op, now)]
+
+
+def unfinished_physical() -> list[int]:
+    if connection.vendor != "sqlite":
+        return []
+    return list(DeleteOperation.objects.filter(state=DeleteState.COMPLETED, physical_state=PhysicalState.PENDING)
+                .values_list("pk", flat=True))
+
+
+def retry(operation_id: int) -> None:
+    """An admin's retry of a stalled operation: the stall count starts afresh."""
+    DeleteOperation.objects.filter(pk=operation_id, state=DeleteState.PENDING).update(
+        stalled_attempts=0, next_attempt_at=timezone.now(), last_error=""
+    )

@@ -1,0 +1,86 @@
+"""Removing a conversation's engine folders, and nothing else.
+
+Before a folder is removed this module checks, itself, that the path as given is its own
+resolved form (no symlink anywhere between the engine folder and it), that it lies inside
+the resolved ENGINE_HOME, and that it is a real folder. A symlink inside the folder is
+removed as a link, never followed. The parent folder is fsynced after the removal.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from pathlib import Path
+
+from lifecycle.enginefs import EngineHome
+
+
+class UnsafeFolder(Exception):
+    """A conversation folder that is a symlink, or leads outside the engine folder."""
+
+    def __init__(self, relative: str) -> None:
+        super().__init__(relative)
+        self.relative = relative
+
+
+def _relative(home: EngineHome, path: Path) -> str:
+    for base in (home.root, Path(os.path.realpath(home.root))):
+        try:
+            return str(Path(path).relative_to(base))
+        except ValueError:
+            continue
+    return Path(path).name
+
+
+def checked(home: EngineHome, path: Path) -> Path | None:
+    """The folder if it exists and is safe to remove; None if it does not exist."""
+    real_root = Path(os.path.realpath(home.root))
+    relative = _relative(home, path)
+    expected = real_root / relative
+    if relative in ("", ".") or ".." in Path(relative).parts:
+        raise UnsafeFolder(relative)
+    try:
+        info = os.lstat(expected)
+    except FileNotFoundError:
+        # Nothing at the expected place, but a symlink on the way would hide it there.
+        if os.path.lexists(path) or os.path.realpath(expected) != str(expected):
+            raise UnsafeFolder(relative) from None
+        return None
+    if not stat.S_ISDIR(info.st_mode) or os.path.realpath(expected) != str(expected):
+        raise UnsafeFolder(relative)
+    if os.path.commonpath([real_root, expected]) != str(real_root):
+        raise UnsafeFolder(relative)
+    return expected
+
+
+def usage(home: EngineHome, path: Path) -> tuple[int, int]:
+    """(files, bytes) in a conversation folder, without following symlinks."""
+    folder = checked(home, path)
+    count = size = 0
+    if folder is None:
+        return 0, 0
+    for dirpath, _dirs, names in os.walk(folder):
+        for name in names:
+            try:
+                info = os.lstat(os.path.join(dirpath, name))
+            except FileNotFoundError:
+                continue
+            count += 1
+            if stat.S_ISREG(info.st_mode):
+                size += info.st_size
+    return count, size
+
+
+def remove_folder(home: EngineHome, path: Path) -> bool:
+    """Remove the folder and everything in it; False when it was already gone."""
+    folder = checked(home, path)
+    if folder is None:
+        return False
+    shutil.rmtree(folder)  # removes links inside as links; refuses a symlinked top
+    fd = os.open(folder.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True

@@ -1,0 +1,63 @@
+"""What a delete would do, store by store, built from the registry; read-only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lifecycle import fleet
+from lifecycle.deletion import files, reasons
+from lifecycle.deletion.admission import admit
+from lifecycle.enginefs import EngineHome
+from lifecycle.models import Conversation, ConversationState
+from lifecycle.registry import STORES, RetentionClass, Store
+
+
+def _count(store: Store, conversation: Conversation, home: EngineHome) -> dict[str, Any]:
+    if store.kind == "external":
+        return {}
+    if store.kind == "file":
+        path = store.paths(home, conversation)[0]
+        if store.shared_file:
+            try:
+                return {"records": len(fleet.children(fleet.read_rows(path), conversation))}
+            except fleet.FleetUnreadable:
+                return {"records": None}
+        try:
+            count, size = files.usage(home, path)
+        except files.UnsafeFolder:
+            return {"records": None}
+        return {"records": count, "bytes": size}
+    rows = store.rows(conversation)
+    if store.tombstone:
+        return {"records": 1}
+    if store.retention == RetentionClass.COMPACT:
+        held = rows.none()
+        for column in store.content_columns():
+            held = held | rows.filter(**{f"{column}__isnull": False})
+        return {"records": held.count()}
+    if store.retention == RetentionClass.SHARED:
+        return {"records": rows.count(), "remaining": rows.filter(publisher_supports_revoke=False).count()}
+    return {"records": rows.count()}
+
+
+def preview(conversation: Conversation, home: EngineHome | None = None) -> dict[str, Any]:
+    home = home or EngineHome()
+    live = conversation.state == ConversationState.LIVE
+    admission = admit(conversation, home) if live else None
+    stores = []
+    for s in STORES:
+        stores.append({"store": s.key, "kind": s.kind, "class": s.retention.value, **_count(s, conversation, home)})
+    shared = next((e for e in stores if e["class"] == RetentionClass.SHARED), {})
+    return {
+        "target": conversation.public_id,
+        "state": conversation.state,
+        "admission": None if admission is None else {
+            "outcome": admission.outcome,
+            "code": admission.code or None,
+            "reasons": [{"code": c, "outcome": reasons.outcome(c), "message": reasons.message(c)}
+                        for c in admission.reasons],
+            "ambiguous": admission.ambiguous,
+        },
+        "stores": stores,
+        "shared_copy_remains": shared.get("remaining", 0),
+    }

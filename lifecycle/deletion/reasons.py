@@ -1,0 +1,51 @@
+"""Why a delete was not admitted: one stable code per cause, its outcome and its words."""
+
+from __future__ import annotations
+
+from django.utils.translation import gettext_lazy as _
+
+from lifecycle.models import DeleteState
+
+TURN_ACTIVE = "conversation_turn_active"
+APPROVAL_PENDING = "conversation_approval_pending"
+INPUT_PENDING = "conversation_input_pending"
+DYNAMIC_TOOL_PENDING = "conversation_dynamic_tool_pending"
+SHELL_JOB_LIVE = "conversation_shell_job_live"
+OWNERSHIP_UNRESOLVED = "conversation_ownership_unresolved"
+CHILD_CUSTODY = "conversation_child_content_custody_unavailable"
+CHILD_AMBIGUOUS = "conversation_child_ownership_ambiguous"
+CHILD_STATE_UNREADABLE = "conversation_child_state_unreadable"
+
+# In the order admission checks them; the first that applies is the operation's code.
+REASONS = {
+    TURN_ACTIVE: (DeleteState.REFUSED, _(
+        "A turn is running or queued. Wait for it to finish, or close the conversation first.")),
+    APPROVAL_PENDING: (DeleteState.REFUSED, _(
+        "An approval is waiting for an answer. Answer it, or close the conversation first.")),
+    INPUT_PENDING: (DeleteState.REFUSED, _(
+        "The conversation is waiting for input. Answer it, or close the conversation first.")),
+    DYNAMIC_TOOL_PENDING: (DeleteState.REFUSED, _(
+        "A dynamic tool call is still open. Wait for it, or close the conversation first.")),
+    SHELL_JOB_LIVE: (DeleteState.REFUSED, _(
+        "A shell job is still running. Wait for it, or close the conversation first.")),
+    OWNERSHIP_UNRESOLVED: (DeleteState.REFUSED, _(
+        "A task or an automation still owns this conversation. Resolve that ownership first.")),
+    CHILD_CUSTODY: (DeleteState.REFUSED, _(
+        "A subagent of this conversation is running, queued or has not delivered its result. "
+        "Nothing is cancelled for you: wait until it has settled.")),
+    CHILD_AMBIGUOUS: (DeleteState.UNAVAILABLE, _(
+        "Subagent rows of unknown origin overlap this conversation's lifetime, so what they hold "
+        "cannot be attributed. An admin can attribute each row to a conversation or clear it, "
+        "then ask again.")),
+    CHILD_STATE_UNREADABLE: (DeleteState.UNAVAILABLE, _(
+        "The subagent state file cannot be read, so this conversation's subagent rows cannot be "
+        "checked. Repair or restore the file, then ask again.")),
+}
+
+
+def outcome(code: str) -> str:
+    return REASONS[code][0]
+
+
+def message(code: str) -> str:
+    return str(REASONS[code][1]) if code in REASONS else ""

@@ -1,0 +1,187 @@
+"""What an erasure does to one store, by retention class: measure, then change.
+
+`measure` is read-only and its figures are committed before `erase` runs, so a step that
+is resumed after a crash keeps the figures of what was there. `erase` is idempotent: it
+changes only what is still there to change, in batches, each batch its own transaction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from lifecycle import fleet
+from lifecycle.deletion import files
+from lifecycle.enginefs import EngineHome
+from lifecycle.models import Conversation
+from lifecycle.registry import RetentionClass, Store
+
+BATCH_ROWS = 2000  # the first batch; later ones are sized to take about BATCH_SECONDS
+MAX_BATCH_ROWS = 50000
+BATCH_SECONDS = 0.1
+# PostgreSQL locks only the rows being deleted (a fenced conversation's, which nobody else
+# writes), so its batches can be longer; they only bound a transaction and mark progress.
+PG_BATCH_SECONDS = 0.5
+# SQLite has one writer at a time: between batches the erasure steps aside so a foreground
+# append gets the lock (IMPLEMENTATION-NOTES section 6). A batch holds the lock for about
+# BATCH_SECONDS, so a waiting writer waits about that long, not for the whole erasure.
+SQLITE_PAUSE = 0.01
+
+
+@dataclass
+class Measure:
+    records: int = 0
+    bytes: int = 0
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def erasure_transaction() -> Iterator[None]:
+    """A transaction of the erasure. On PostgreSQL its commit does not wait for the WAL flush:
+    each erasure transaction changes a store and records that together, and is idempotent, so
+    one lost in a crash is simply done again. The intent and the completion commit durably."""
+    top = not connection.in_atomic_block
+    with transaction.atomic():
+        if top and connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL synchronous_commit TO OFF")
+        yield
+
+
+def _q(name: str) -> str:
+    return connection.ops.quote_name(name)
+
+
+def _size(column: str) -> str:
+    """Bytes of the column's value as text (UTF-8; JSON in its text form)."""
+    if connection.vendor == "sqlite":
+        return f"COALESCE(LENGTH(CAST({_q(column)} AS BLOB)), 0)"
+    return f"COALESCE(octet_length({_q(column)}::text), 0)"
+
+
+def _holding_content(store: Store) -> str:
+    return "(" + " OR ".join(f"{_q(c)} IS NOT NULL" for c in store.content_columns()) + ")"
+
+
+def _table_measure(store: Store, conversation_id: int, *, only_content: bool) -> Measure:
+    columns = store.content_columns()
+    known = dict(store.sized_by)  # sizes computed when the row was written: no need to read the value
+    size = " + ".join(_q(known[c]) if c in known else _size(c) for c in columns) if columns else "0"
+    where = f"{_q(store.lookup)} = %s"
+    if only_content:
+        where += " AND " + _holding_content(store)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT COUNT(*), COALESCE(SUM({size}), 0) FROM {_q(store.db_table)} WHERE {where}",
+                       [conversation_id])
+        count, total = cursor.fetchone()
+    return Measure(int(count), int(total))
+
+
+def _batches(sql: str, params: list, renew: Callable[[], None]) -> int:
+    """Run a statement that changes at most `limit` rows (its LIMIT placeholder) until it changes
+    none, each run its own transaction, sizing runs to about BATCH_SECONDS each."""
+    changed, limit = 0, BATCH_ROWS
+    while True:
+        started = time.monotonic()
+        with erasure_transaction(), connection.cursor() as cursor:
+            cursor.execute(sql, [*params, limit])
+            n = cursor.rowcount
+        changed += n
+        if n < limit:
+            return changed
+        renew()
+        took = time.monotonic() - started
+        target = BATCH_SECONDS if connection.vendor == "sqlite" else PG_BATCH_SECONDS
+        limit = max(500, min(MAX_BATCH_ROWS, int(limit * target / max(took, 1e-3))))
+        if connection.vendor == "sqlite":
+            time.sleep(SQLITE_PAUSE)
+
+
+def _pk(store: Store) -> str:
+    return _q(store.model_class._meta.pk.column)
+
+
+# ---- Per class ------------------------------------------------------------------------------
+
+
+def measure(store: Store, conversation: Conversation, home: EngineHome) -> Measure:
+    if store.kind == "file":
+        if store.shared_file:
+            rows = fleet.children(fleet.read_rows(store.paths(home, conversation)[0]), conversation)
+            return Measure(len(rows), fleet.row_bytes(rows), {"agents": sorted(str(r.get("agent_id")) for r in rows)})
+        count, size = files.usage(home, store.paths(home, conversation)[0])
+        return Measure(count, size)
+    if store.tombstone:
+        m = _table_measure(store, conversation.pk, only_content=False)
+        return Measure(1 if m.bytes else 0, m.bytes)
+    if store.retention == RetentionClass.ERASE:
+        return _table_measure(store, conversation.pk, only_content=False)
+    if store.retention == RetentionClass.COMPACT:
+        return _table_measure(store, conversation.pk, only_content=True)
+    rows = store.rows(conversation)
+    if store.retention == RetentionClass.SHARED:
+        revocable = rows.filter(publisher_supports_revoke=True, revoked_at__isnull=True).count()
+        remaining = rows.filter(publisher_supports_revoke=False).count()
+        return Measure(revocable, 0, {"remaining": remaining})
+    return Measure(rows.count(), 0)  # retain-detach: the link is cut, the file stays
+
+
+def erase(store: Store, conversation: Conversation, home: EngineHome, renew: Callable[[], None],
+          checkpoint: Callable[[], None]) -> None:
+    """Change the store for this conversation; `checkpoint` runs after the first change."""
+    table = _q(store.db_table) if store.kind == "table" else ""
+    if store.kind == "file":
+        path = store.paths(home, conversation)[0]
+        if store.shared_file:
+            fleet.compact(home, path, conversation.public_id)
+        else:
+            files.remove_folder(home, path)
+    elif store.tombstone:
+        blank = ", ".join(f"{_q(c)} = ''" for c in store.content_columns())
+        with erasure_transaction(), connection.cursor() as cursor:
+            cursor.execute(f"UPDATE {table} SET {blank} WHERE {_q(store.lookup)} = %s", [conversation.pk])
+    elif store.retention == RetentionClass.ERASE:
+        # The rows of one batch by their physical address on PostgreSQL (a TID scan), by
+        # primary key on SQLite.
+        where = f"WHERE {_q(store.lookup)} = %s LIMIT %s"
+        sql = (f"DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} {where}))"
+               if connection.vendor == "postgresql"
+               else f"DELETE FROM {table} WHERE {_pk(store)} IN (SELECT {_pk(store)} FROM {table} {where})")
+        _batches_with_checkpoint(sql, [conversation.pk], renew, checkpoint)
+        return
+    elif store.retention == RetentionClass.COMPACT:
+        cleared = ", ".join(f"{_q(c)} = NULL" for c in store.content_columns())
+        _batches_with_checkpoint(
+            f"UPDATE {table} SET {cleared} WHERE {_pk(store)} IN (SELECT {_pk(store)} FROM {table} "
+            f"WHERE {_q(store.lookup)} = %s AND {_holding_content(store)} LIMIT %s)",
+            [conversation.pk], renew, checkpoint,
+        )
+        return
+    elif store.retention == RetentionClass.SHARED:
+        store.rows(conversation).filter(publisher_supports_revoke=True, revoked_at__isnull=True).update(
+            revoked_at=timezone.now()
+        )
+    elif store.retention == RetentionClass.RETAIN_DETACH:
+        store.rows(conversation).update(**{store.lookup: None})
+    checkpoint()
+
+
+def _batches_with_checkpoint(sql: str, params: list, renew, checkpoint) -> None:
+    first = True
+
+    def renew_and_checkpoint() -> None:
+        nonlocal first
+        if first:
+            first = False
+            checkpoint()
+        renew()
+
+    _batches(sql, params, renew_and_checkpoint)
+    if first:
+        checkpoint()

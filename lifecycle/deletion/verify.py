@@ -1,0 +1,270 @@
+"""The residue verifier: is anything of a deleted conversation left?
+
+Logical: every store of the registry is re-read for the conversation (rows, content columns
+of compacted rows, links, folders, fleet rows): anything found is residue.
+
+Physical (`physical=True`): the raw bytes are scanned for the conversation's content using
+the fingerprints taken before erasure (see `fingerprints`): the SQLite database file and its
+write-ahead log, and every file under the engine folder. A window found in the raw bytes is
+residue unless live data explains it: a database hit is explained when a live row of a
+registered table holds the same bytes (two conversations may share text, such as tool
+output); an engine-folder hit when it sits in a live conversation's folder or in the fleet
+file (whose rows of this conversation the logical check has already shown gone). On
+PostgreSQL the table files cannot be read from here: physical erasure there is "pending"
+until a compaction has been recorded, and only the engine folder is scanned.
+
+A clean result is recorded on the receipt; a clean physical one also drops the fingerprints.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from lifecycle import fleet
+from lifecycle.deletion import executor, files
+from lifecycle.deletion.fingerprints import Hit, Scanner
+from lifecycle.enginefs import EngineHome
+from lifecycle.models import (
+    Conversation,
+    ConversationState,
+    DeleteOperation,
+    DeleteState,
+    ErasureFingerprint,
+    PhysicalState,
+)
+from lifecycle.registry import STORES, RetentionClass, Store
+
+
+@dataclass
+class Finding:
+    store: str
+    what: str
+    count: int = 1
+    where: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"store": self.store, "what": self.what, "count": self.count, "where": self.where}
+
+
+@dataclass
+class Report:
+    operation: str
+    target: str
+    logical: list[Finding] = field(default_factory=list)
+    physical: str = "not_checked"  # clean | found | pending | not_checked | no_fingerprints
+    physical_findings: list[Finding] = field(default_factory=list)
+    windows: int = 0
+    explained: int = 0
+
+    @property
+    def found(self) -> bool:
+        return bool(self.logical or self.physical_findings)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "operation": self.operation, "target": self.target, "found": self.found,
+            "logical": "found" if self.logical else "clean",
+            "logical_findings": [f.as_dict() for f in self.logical],
+            "physical": self.physical, "physical_findings": [f.as_dict() for f in self.physical_findings],
+            "windows": self.windows, "explained_by_live_data": self.explained,
+        }
+
+
+# ---- Logical ----------------------------------------------------------------------------------
+
+
+def _holding(store: Store, rows):
+    held = rows.none()
+    for column in store.content_columns():
+        held = held | rows.filter(**{f"{column}__isnull": False})
+    return held
+
+
+def logical_findings(conversation: Conversation, home: EngineHome) -> list[Finding]:
+    out: list[Finding] = []
+    for s in STORES:
+        if not s.acts:
+            continue
+        if s.kind == "file":
+            path = s.paths(home, conversation)[0]
+            if s.shared_file:
+                try:
+                    n = len(fleet.children(fleet.read_rows(path), conversation))
+                except fleet.FleetUnreadable:
+                    out.append(Finding(s.key, "unreadable"))
+                    continue
+                if n:
+                    out.append(Finding(s.key, "fleet_rows", n))
+                continue
+            try:
+                count, _size = files.usage(home, path)
+                present = files.checked(home, path) is not None
+            except files.UnsafeFolder:
+                out.append(Finding(s.key, "unsafe_folder"))
+                continue
+            if present:
+                out.append(Finding(s.key, "folder", count))
+            continue
+        rows = s.rows(conversation)
+        if s.tombstone:
+            row = rows.values(*s.content_columns()).first() or {}
+            if any(v not in ("", None) for v in row.values()):
+                out.append(Finding(s.key, "content"))
+            continue
+        if s.retention == RetentionClass.ERASE:
+            n = rows.count()
+        elif s.retention == RetentionClass.COMPACT:
+            n = _holding(s, rows).count()
+        elif s.retention == RetentionClass.SHARED:
+            n = rows.filter(publisher_supports_revoke=True, revoked_at__isnull=True).count()
+        else:  # retain-detach: still linked
+            n = rows.count()
+        if n:
+            out.append(Finding(s.key, "rows", n))
+    return out
+
+
+# ---- Physical ---------------------------------------------------------------------------------
+
+
+def database_files() -> list[Path]:
+    if connection.vendor != "sqlite":
+        return []
+    name = Path(str(connection.settings_dict["NAME"]))
+    return [p for p in (name, Path(f"{name}-wal")) if p.exists()]
+
+
+def engine_files(home: EngineHome) -> list[Path]:
+    out = []
+    if not home.root.exists():
+        return out
+    for dirpath, _dirs, names in os.walk(home.root):
+        for name in sorted(names):
+            path = Path(dirpath) / name
+            try:
+                if stat.S_ISREG(os.lstat(path).st_mode):
+                    out.append(path)
+            except FileNotFoundError:
+                continue
+    return out
+
+
+def _explained_in_database(window: bytes) -> bool:
+    """A live row of a registered table holds these bytes (text shared with another conversation)."""
+    with connection.cursor() as cursor:
+        for s in STORES:
+            if s.kind != "table":
+                continue
+            for column in s.content_columns():
+                q = connection.ops.quote_name
+                cursor.execute(
+                    f"SELECT 1 FROM {q(s.db_table)} WHERE instr(CAST({q(column)} AS BLOB), %s) > 0 LIMIT 1", [window]
+                )
+                if cursor.fetchone():
+                    return True
+    return False
+
+
+def _explained_in_engine(home: EngineHome, path: Path) -> bool:
+    try:
+        parts = path.relative_to(home.root).parts
+    except ValueError:
+        return False
+    if parts[:1] in (("state",), ("legacy-state",)):
+        return True
+    if len(parts) >= 3 and parts[0] in ("threads", "sessions", "artifacts"):
+        return Conversation.objects.filter(public_id=parts[1], state=ConversationState.LIVE).exists()
+    return False
+
+
+def _relative(home: EngineHome, path: Path) -> str:
+    try:
+        return str(path.relative_to(home.root))
+    except ValueError:
+        return path.name
+
+
+def physical_check(op: DeleteOperation, report: Report, home: EngineHome) -> None:
+    fingerprint = ErasureFingerprint.objects.filter(operation=op).first()
+    if fingerprint is None:
+        report.physical = "clean" if op.verified_physical_at else "no_fingerprints"
+        return
+    scanner = Scanner(fingerprint)
+    report.windows = len(scanner.windows)
+    explained: dict[int, bool] = {}
+    found: dict[str, int] = {}
+    for path in database_files():
+        for hit in scanner.scan_file(path):
+            if hit.window not in explained:
+                explained[hit.window] = _explained_in_database(scanner.window_at(hit))
+            if explained[hit.window]:
+                report.explained += 1
+            else:
+                found[f"database:{path.name}"] = found.get(f"database:{path.name}", 0) + 1
+    for path in engine_files(home):
+        hits: list[Hit] = scanner.scan_file(path)
+        for _hit in hits:
+            if _explained_in_engine(home, path):
+                report.explained += 1
+            else:
+                key = f"engine:{_relative(home, path)}"
+                found[key] = found.get(key, 0) + 1
+    report.physical_findings = [Finding("raw_bytes", "content_window", n, where) for where, n in sorted(found.items())]
+    if report.physical_findings:
+        report.physical = "found"
+    elif op.physical_state != PhysicalState.ERASED:
+        # SQLite: the checkpoint is still busy; PostgreSQL: no compaction since the delete.
+        report.physical = "pending"
+    else:
+        report.physical = "clean"
+
+
+def verify(op: DeleteOperation, *, physical: bool = False, record: bool = True,
+           home: EngineHome | None = None) -> Report:
+    home = home or EngineHome()
+    conversation = op.conversation
+    report = Report(op.public_id, conversation.public_id)
+    if op.state == DeleteState.COMPLETED and op.physical_state == PhysicalState.PENDING:
+        executor.finish_physical(op.pk)  # SQLite: one more checkpoint before looking
+        op.refresh_from_db()
+    report.logical = logical_findings(conversation, home)
+    if physical:
+        physical_check(op, report, home)
+    if record and op.state == DeleteState.COMPLETED:
+        _record(op, report)
+    return report
+
+
+def _record(op: DeleteOperation, report: Report) -> None:
+    now = timezone.now()
+    with transaction.atomic():
+        locked = DeleteOperation.objects.select_for_update().get(pk=op.pk)
+        receipt = dict(locked.receipt or {})
+        receipt["verification"] = {
+            "at": now.isoformat(), "logical": "found" if report.logical else "clean",
+            "physical": report.physical, "findings": len(report.logical) + len(report.physical_findings),
+        }
+        fields: dict[str, Any] = {"receipt": receipt}
+        if not report.logical:
+            fields["verified_at"] = now
+        if report.physical == "clean" and not report.found and locked.verified_physical_at is None:
+            fields["verified_physical_at"] = now
+            ErasureFingerprint.objects.filter(operation=locked).delete()
+        DeleteOperation.objects.filter(pk=locked.pk).update(**fields)
+
+
+def targets(ident: str | None) -> list[DeleteOperation]:
+    """Completed deletes (--all), or the one named by operation id or conversation id."""
+    qs = DeleteOperation.objects.select_related("conversation")
+    if ident is None:
+        return list(qs.filter(state=DeleteState.COMPLETED).order_by("completed_at", "pk"))
+    if ident.startswith("op_"):
+        return list(qs.filter(public_id=ident))
+    return list(qs.intents().filter(conversation__public_id=ident))

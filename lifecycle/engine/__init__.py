@@ -1,0 +1,99 @@
+"""The engine-client seam: every engine-side effect the console asks for goes through here.
+
+The console (screens, console API, operator commands) never changes conversations, the
+engine folder or the fleet file itself; it asks an `EngineClient`:
+
+    engine = get_engine()
+    engine.set_archived("c_...", True, actor=user)          # -> thread JSON
+    engine.set_closed("c_...", True, actor=user)            # stop workers, release the lease
+    engine.preview_delete("c_...")                          # what a delete would do
+    op = engine.request_delete("c_...", key="...", actor=user)   # -> OperationView
+    engine.operation(op.id)                                 # state, step, receipt
+    engine.wait(op.id, progress=show)                       # until it is no longer pending
+    engine.resolve_subagent("sa_...", action="clear", conversation_id=None, actor=user)
+
+Every answer is plain data shaped like the engine API's JSON (`GET /v1/operations/{id}`
+and friends), and every refusal is an `ActionRefused` with the API's code and status, so an
+implementation that talks HTTP to a remote engine (issue 7: `ENGINE_URL`, a second Lethe
+serving `/v1/`, with the console-side leased job that keeps the binding until the engine's
+receipt is acknowledged) is one more class here and nothing else changes.
+`InProcessEngine` is the embedded default: it calls the lifecycle's actions directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from django.utils.dateparse import parse_datetime
+
+
+def _moment(value: str | None) -> datetime | None:
+    return parse_datetime(value) if value else None
+
+
+@dataclass(frozen=True)
+class OperationView:
+    """A delete operation as the engine reports it (the JSON of GET /v1/operations/{id})."""
+
+    id: str
+    target: str
+    state: str
+    code: str | None
+    message: str | None
+    step: str | None
+    attempts: int
+    error: str | None
+    error_message: str | None
+    requested_at: datetime | None
+    completed_at: datetime | None
+    reasons: list[str] = field(default_factory=list)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    receipt: dict[str, Any] | None = None
+    way_out: dict[str, Any] | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> OperationView:
+        return cls(
+            id=data["id"], target=data["target"], state=data["state"], code=data.get("code"),
+            message=data.get("message"), step=data.get("step"), attempts=data.get("attempts", 0),
+            error=data.get("error"), error_message=data.get("error_message"),
+            requested_at=_moment(data.get("requested_at")), completed_at=_moment(data.get("completed_at")),
+            reasons=list(data.get("reasons") or []), steps=list(data.get("steps") or []),
+            receipt=data.get("receipt"), way_out=data.get("way_out"), data=data,
+        )
+
+    @property
+    def is_pending(self) -> bool:
+        return self.state == "pending"
+
+
+class EngineClient(Protocol):
+    def set_archived(self, public_id: str, archived: bool, *, actor) -> dict[str, Any]: ...
+
+    def set_closed(self, public_id: str, closed: bool, *, actor) -> dict[str, Any]: ...
+
+    def preview_delete(self, public_id: str) -> dict[str, Any]: ...
+
+    def request_delete(self, public_id: str, *, key: str | None, actor) -> OperationView: ...
+
+    def operation(self, operation_id: str) -> OperationView: ...
+
+    def operations(self, *, state: str | None = None, limit: int = 50, offset: int = 0) -> list[OperationView]: ...
+
+    def retry_operation(self, operation_id: str, *, actor) -> OperationView: ...
+
+    def resolve_subagent(self, agent_id: str, *, action: str, conversation_id: str | None, actor) -> None: ...
+
+    def wait(self, operation_id: str, *, progress=None, timeout: float | None = None) -> OperationView:
+        """Until the operation is no longer pending (or `timeout`); `progress(done, total, step)`."""
+        ...
+
+
+def get_engine() -> EngineClient:
+    """The engine this console talks to. Embedded (in-process) unless ENGINE_URL names another."""
+    from lifecycle.engine.inprocess import InProcessEngine
+
+    return InProcessEngine()

@@ -1,0 +1,101 @@
+"""The embedded engine: the lifecycle's actions, called in this process."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.utils.translation import gettext as _
+
+from lifecycle.actions.request_deletion import request_deletion
+from lifecycle.actions.resolve_subagent import resolve_subagent
+from lifecycle.actions.set_archived import set_archived
+from lifecycle.actions.set_closed import set_closed
+from lifecycle.deletion import executor
+from lifecycle.deletion.preview import preview
+from lifecycle.engine import OperationView
+from lifecycle.errors import ActionRefused
+from lifecycle.models import Conversation, DeleteOperation
+from lifecycle.serializers import operation_json, thread_json
+
+
+def visible_conversations(actor=None):
+    """The conversations a caller may see. Everyone signed in sees every owner's today; an
+    id outside this set is answered exactly like an unknown one."""
+    return Conversation.objects.all()
+
+
+def not_found() -> ActionRefused:
+    return ActionRefused("not_found", _("Nothing with that id exists here."), status=404)
+
+
+class InProcessEngine:
+    def _conversation(self, public_id: str, actor=None) -> Conversation:
+        conversation = visible_conversations(actor).with_activity().filter(public_id=public_id).first()
+        if conversation is None:
+            raise not_found()
+        return conversation
+
+    def _operation(self, operation_id: str) -> DeleteOperation:
+        op = DeleteOperation.objects.select_related("conversation").filter(public_id=operation_id).first()
+        if op is None:
+            raise not_found()
+        return op
+
+    def set_archived(self, public_id: str, archived: bool, *, actor) -> dict[str, Any]:
+        set_archived(self._conversation(public_id, actor), archived=archived, acting_user=actor)
+        return thread_json(self._conversation(public_id, actor))
+
+    def set_closed(self, public_id: str, closed: bool, *, actor) -> dict[str, Any]:
+        set_closed(self._conversation(public_id, actor), closed=closed, acting_user=actor)
+        return thread_json(self._conversation(public_id, actor))
+
+    def preview_delete(self, public_id: str) -> dict[str, Any]:
+        return preview(self._conversation(public_id))
+
+    def request_delete(self, public_id: str, *, key: str | None, actor) -> OperationView:
+        conversation = self._conversation(public_id, actor)
+        op = request_deletion(conversation, key=key, acting_user=actor)
+        return OperationView.from_json(operation_json(self._operation(op.public_id)))
+
+    def operation(self, operation_id: str) -> OperationView:
+        return OperationView.from_json(operation_json(self._operation(operation_id)))
+
+    def operations(self, *, state: str | None = None, limit: int = 50, offset: int = 0) -> list[OperationView]:
+        qs = DeleteOperation.objects.select_related("conversation").order_by("-requested_at", "-pk")
+        if state:
+            qs = qs.filter(state=state)
+        return [OperationView.from_json(operation_json(op)) for op in qs[offset:offset + limit]]
+
+    def retry_operation(self, operation_id: str, *, actor) -> OperationView:
+        op = self._operation(operation_id)
+        executor.retry(op.pk)
+        from django_q.tasks import async_task
+
+        async_task("lifecycle.tasks.erase", op.pk, q_options={"ack_failure": True})
+        return self.operation(operation_id)
+
+    def resolve_subagent(self, agent_id: str, *, action: str, conversation_id: str | None, actor) -> None:
+        conversation = self._conversation(conversation_id, actor) if conversation_id else None
+        resolve_subagent(agent_id, action=action, conversation=conversation, acting_user=actor)
+
+    def wait(self, operation_id: str, *, progress=None, timeout: float | None = None) -> OperationView:
+        """The embedded engine drives the erasure itself (under the operation's lease, so a
+        worker of the cluster doing the same meanwhile is harmless) and reports each step."""
+        op = self._operation(operation_id)
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def report(_op, step, done, total) -> None:
+            if progress:
+                progress(done, total, step.key)
+
+        while op.state == "pending" and (deadline is None or time.monotonic() < deadline):
+            outcome = executor.run_erasure(op.pk, progress=report)
+            op = self._operation(operation_id)
+            if outcome == "pending" and op.last_error:
+                break  # stopped on an error: report it; the recovery job retries
+            if outcome == "busy":
+                if op.last_error == "stalled":
+                    break
+                time.sleep(0.5)  # another worker holds it: wait for it to finish
+        return self.operation(operation_id)

@@ -1,0 +1,195 @@
+"""The subagent fleet file as the lifecycle sees it: strict reads, fenced writes, compaction.
+
+`state/subagents.v1.json` is one workspace-wide snapshot with rows for many conversations;
+`legacy-state/subagents.v1.json` is its legacy copy. A row names its conversation through
+`origin.conversation` (the public id); legacy rows may have no origin at all.
+
+- Reads are strict: a missing file is an empty fleet, but a file that does not parse (or
+  is not `{"agents": [...]}`) raises `FleetUnreadable`. It is never taken for empty, since
+  "no rows of this conversation" would then be a lie the erasure acts on.
+- Every fleet write in Lethe goes through `update_fleet` here (tests check there is no
+  other caller of `EngineHome.update_fleet`). It drops rows whose origin conversation is
+  fenced, under the fleet lock, after the caller's change: a late or stale snapshot write
+  cannot bring a deleted conversation's rows back, and other rows are written as given.
+- A delete's intent reads (admission) and measures (the receipt) the fleet files under
+  their locks and commits before releasing them (`locked_files`), so no write slips in
+  between: the receipt counts exactly the rows the fence and the erasure then remove.
+  Lock order everywhere: database first, then the fleet lock, then the legacy file's.
+- Erasure compacts a conversation's rows out of a file under that file's lock, leaving
+  every other row as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from django.utils.dateparse import parse_datetime
+
+from lifecycle.enginefs import EngineHome, UnreadableEngineFile, _fleet_document, _fleet_rows
+from lifecycle.fence import refusal
+from lifecycle.models import Conversation, ConversationState
+
+Row = dict[str, Any]
+UNSETTLED_STATUSES = ("running", "queued")
+
+
+# The engine folder's own strict reading: a file that exists but is not a fleet raises it.
+FleetUnreadable = UnreadableEngineFile
+
+
+def read_rows(path: Path) -> list[Row]:
+    """The rows of a fleet file; [] when it does not exist, FleetUnreadable when it is not one."""
+    return _fleet_rows(path)
+
+
+def fleet_files(home: EngineHome) -> list[Path]:
+    return [home.fleet_path, home.legacy_fleet_path]
+
+
+def origin_of(row: Row) -> str | None:
+    origin = row.get("origin")
+    if isinstance(origin, dict) and isinstance(origin.get("conversation"), str):
+        return origin["conversation"]
+    return None
+
+
+def is_unsettled(row: Row) -> bool:
+    """Running, queued, or finished with its completion not yet delivered."""
+    return row.get("status") in UNSETTLED_STATUSES or row.get("delivery") != "settled"
+
+
+def _moment(value: Any) -> datetime | None:
+    return parse_datetime(value) if isinstance(value, str) else None
+
+
+def overlaps(row: Row, conversation: Conversation) -> bool:
+    """Whether a row's lifetime overlaps the conversation's (its creation to its last activity:
+    a child is started while its conversation is active). An unknown start overlaps."""
+    start, end = _moment(row.get("started_at")), _moment(row.get("finished_at"))
+    if start is None:
+        return True
+    return start <= conversation.last_activity_at and (end is None or end >= conversation.created_at)
+
+
+def children(rows: Iterable[Row], conversation: Conversation) -> list[Row]:
+    return [r for r in rows if origin_of(r) == conversation.public_id]
+
+
+def ambiguous(rows: Iterable[Row], conversation: Conversation) -> list[Row]:
+    """Rows of unknown origin whose lifetime overlaps the conversation's: never guessed at."""
+    return [r for r in rows if origin_of(r) is None and overlaps(r, conversation)]
+
+
+def all_rows(home: EngineHome) -> list[tuple[Path, Row]]:
+    return [(path, row) for path in fleet_files(home) for row in read_rows(path)]
+
+
+# ---- Writes ---------------------------------------------------------------------------------
+
+
+def fenced_origins(origins: set[str]) -> set[str]:
+    if not origins:
+        return set()
+    return set(
+        Conversation.objects.filter(public_id__in=origins)
+        .exclude(state=ConversationState.LIVE)
+        .values_list("public_id", flat=True)
+    )
+
+
+def _without_fenced(rows: list[Row]) -> list[Row]:
+    fenced = fenced_origins({o for r in rows if (o := origin_of(r))})
+    return [r for r in rows if origin_of(r) not in fenced] if fenced else rows
+
+
+def update_file(home: EngineHome, path: Path, change: Callable[[list[Row]], list[Row]]) -> list[Row]:
+    """Read-modify-write of one fleet file under its lock, strictly, with the fence applied."""
+
+    with home.locked(home.lock_for(path)):
+        document = _fleet_document(path)  # strict: an unreadable file is never overwritten
+        rows = _without_fenced(change(list(document["agents"])))
+        updated = {**document, "version": document.get("version", 1), "agents": rows}
+        home._replace(path, json.dumps(updated, indent=1, sort_keys=True).encode())  # lock held above
+        return rows
+
+
+def update_fleet(change: Callable[[list[Row]], list[Row]], *, home: EngineHome | None = None) -> list[Row]:
+    """The fleet write path: the caller's change, then rows of fenced conversations dropped."""
+    home = home or EngineHome()
+    return update_file(home, home.fleet_path, change)
+
+
+def write_snapshot(rows: list[Row], *, home: EngineHome | None = None) -> list[Row]:
+    """The engine's debounced whole-fleet snapshot. A stale one is written as given, except
+    that a fenced conversation's rows never come back."""
+    return update_fleet(lambda _current: list(rows), home=home)
+
+
+def put_row(row: Row, *, home: EngineHome | None = None) -> list[Row]:
+    """Add or replace one agent's row. A row of a fenced conversation is refused.
+
+    The fence is read under the fleet lock, which a delete's intent holds until it commits.
+    """
+    agent_id = row.get("agent_id")
+    origin = origin_of(row)
+
+    def change(rows: list[Row]) -> list[Row]:
+        if origin is not None and fenced_origins({origin}):
+            raise refusal()
+        return [r for r in rows if r.get("agent_id") != agent_id] + [row]
+
+    return update_fleet(change, home=home)
+
+
+@contextlib.contextmanager
+def locked_files(home: EngineHome) -> Iterator[None]:
+    """Hold the locks of both fleet files (always in this order)."""
+    with home.locked(home.lock_for(home.fleet_path)), home.locked(home.lock_for(home.legacy_fleet_path)):
+        yield
+
+
+def compact(home: EngineHome, path: Path, public_id: str) -> list[Row]:
+    """Remove this conversation's rows from one fleet file; returns the removed rows."""
+    removed: list[Row] = []
+
+    def change(rows: list[Row]) -> list[Row]:
+        removed[:] = [r for r in rows if origin_of(r) == public_id]
+        return [r for r in rows if origin_of(r) != public_id]
+
+    # The fence keeps new rows of this conversation out, so a read that finds none is final.
+    if not children(read_rows(path), _Target(public_id)):
+        return []
+    update_file(home, path, change)
+    return removed
+
+
+class _Target:
+    def __init__(self, public_id: str) -> None:
+        self.public_id = public_id
+
+
+def row_bytes(rows: Iterable[Row]) -> int:
+    return sum(len(json.dumps(r, indent=1, sort_keys=True).encode()) for r in rows)
+
+
+def row_values(row: Any) -> list[bytes]:
+    """The row's string values as the fleet file encodes them (JSON strings), for sampling."""
+    out: list[bytes] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, str):
+            out.append(json.dumps(value).encode())
+        elif isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+
+    walk(row)
+    return out

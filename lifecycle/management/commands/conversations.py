@@ -1,0 +1,131 @@
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+
+from lifecycle.deletion import reasons
+from lifecycle.engine import OperationView, get_engine
+from lifecycle.errors import ActionRefused
+from lifecycle.models import Conversation, DeleteOperation
+from lifecycle.registry import STORES
+from lifecycle.serializers import thread_json
+
+LABELS = {s.key: s.label for s in STORES}
+
+
+class Command(BaseCommand):
+    help = ("Archive, close, delete or show a conversation (the same actions as the screens and the API). "
+            "delete exits 2 when refused or unavailable, 3 when it stopped on an error and stays pending.")
+
+    def add_arguments(self, parser):
+        verbs = parser.add_subparsers(dest="verb", required=True)
+        archive = verbs.add_parser("archive", help="Hide from Recent (--undo to bring it back).")
+        archive.add_argument("--undo", action="store_true")
+        close = verbs.add_parser("close", help="Stop its workers and release its lease (--resume to reopen).")
+        close.add_argument("--resume", action="store_true")
+        delete = verbs.add_parser("delete", help="Delete for good, then wait for the erasure (progress on a terminal).")
+        delete.add_argument("--key", help="The operation key; a retry with the same key gets the same answer.")
+        delete.add_argument("--no-wait", action="store_true", help="Record the delete and return; the job cluster erases.")
+        verbs.add_parser("status", help="A conversation's state and its delete, or an operation (op_...).")
+        for sub in (archive, close, delete, verbs.choices["status"]):
+            sub.add_argument("target", help="A conversation id (c_...), or for status also an operation id.")
+            sub.add_argument("--json", action="store_true")
+            sub.add_argument("--as", dest="username", help="Record this admin as the actor.")
+
+    def handle(self, *args, verb: str, target: str, json: bool, username: str | None, **options):
+        self.as_json = json
+        actor = self.actor(username)
+        engine = get_engine()
+        try:
+            if verb == "archive":
+                return self.thread(engine.set_archived(target, not options["undo"], actor=actor))
+            if verb == "close":
+                return self.thread(engine.set_closed(target, not options["resume"], actor=actor))
+            if verb == "delete":
+                return self.delete(engine, target, options["key"] or "cli-" + secrets.token_hex(12),
+                                   actor, wait=not options["no_wait"])
+            return self.status(engine, target)
+        except ActionRefused as exc:
+            raise CommandError(f"{exc.code}: {exc.message}") from None
+
+    def actor(self, username: str | None):
+        if not username:
+            return None
+        user = get_user_model().objects.filter(username=username, is_active=True, is_staff=True).first()
+        if user is None:
+            raise CommandError(f"No active admin named {username}.")
+        return user
+
+    def out(self, value) -> None:
+        self.stdout.write(_dumps(value) if self.as_json else str(value))
+
+    def thread(self, data: dict) -> None:
+        if self.as_json:
+            return self.out(data)
+        flags = [name for name in ("archived", "closed") if data[name]]
+        self.out(f"{data['id']}  {data['state']}  {', '.join(flags) or 'open'}  {data['title']}")
+
+    def delete(self, engine, target: str, key: str, actor, *, wait: bool) -> None:
+        op = engine.request_delete(target, key=key, actor=actor)
+        if not self.as_json:
+            self.stdout.write(f"operation {op.id} (key {key}): {op.state}")
+        if op.state in ("refused", "unavailable"):
+            self.report(op)
+            raise SystemExit(2)
+        if wait and op.is_pending:
+            op = engine.wait(op.id, progress=self.progress)
+            if sys.stderr.isatty() and not self.as_json:
+                sys.stderr.write("\n")
+        self.report(op)
+        if wait and op.is_pending and op.error:
+            raise SystemExit(3)  # stopped on an error; it stays pending and the recovery job retries
+
+    def progress(self, done: int, total: int, step: str) -> None:
+        if not sys.stderr.isatty() or self.as_json:
+            return
+        width = 24
+        filled = width * done // max(total, 1)
+        label = "preparing" if step == "fingerprints" else str(LABELS.get(step, step))
+        sys.stderr.write(f"\r[{'#' * filled}{'-' * (width - filled)}] {done}/{total} {label[:40]:<40}")
+        sys.stderr.flush()
+
+    def status(self, engine, target: str) -> None:
+        if target.startswith("op_"):
+            return self.report(engine.operation(target))
+        conversation = Conversation.objects.with_activity().filter(public_id=target).first()
+        if conversation is None:
+            raise CommandError("not_found: Nothing with that id exists here.")
+        intent = DeleteOperation.objects.intents().filter(conversation=conversation).first()
+        if self.as_json:
+            return self.out({"thread": thread_json(conversation),
+                             "operation": engine.operation(intent.public_id).data if intent else None})
+        self.thread(thread_json(conversation))
+        if intent:
+            self.report(engine.operation(intent.public_id))
+
+    def report(self, op: OperationView) -> None:
+        if self.as_json:
+            return self.out(op.data)
+        lines = [f"{op.id}  {op.state}  target {op.target}"]
+        if op.state in ("refused", "unavailable"):
+            lines += [f"  {code}: {reasons.message(code)}" for code in op.reasons]
+        elif op.is_pending:
+            done = sum(1 for s in op.steps if s["state"] == "done")
+            lines.append(f"  step {done}/{len(op.steps)}: {op.step}" + (f"  ({op.error})" if op.error else ""))
+            if op.error_message:
+                lines.append(f"  {op.error_message}")
+        else:
+            for entry in op.receipt["stores"]:
+                lines.append(f"  {entry['action']:<10} {entry['records']:>8} records {entry['bytes'] or 0:>12} bytes  "
+                             f"{LABELS.get(entry['store'], entry['store'])}")
+            physical = op.receipt["physical"]
+            lines.append(f"  physical erasure: {physical['state']}" + (f" at {physical['erased_at']}" if physical["erased_at"] else ""))
+        self.stdout.write("\n".join(lines))
+
+
+def _dumps(value) -> str:
+    return json.dumps(value, indent=1, sort_keys=True)

@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from lifecycle.deletion.verify import targets, verify
+
+PHYSICAL_WORDS = {
+    "clean": "clean",
+    "found": "CONTENT FOUND",
+    "pending": "pending (SQLite: write-ahead log not checkpointed yet; PostgreSQL: no compaction since the delete)",
+    "not_checked": "not checked (add --physical)",
+    "no_fingerprints": "no fingerprints (taken before erasure; none for this operation)",
+}
+
+
+class Command(BaseCommand):
+    help = ("Re-scan every registered store for anything of deleted conversations; with --physical also the "
+            "raw bytes of the database and the engine folder. Exits 1 when anything is found.")
+
+    def add_arguments(self, parser):
+        which = parser.add_mutually_exclusive_group(required=True)
+        which.add_argument("target", nargs="?", help="An operation id (op_...) or a conversation id (c_...).")
+        which.add_argument("--all", action="store_true", help="Every completed delete.")
+        parser.add_argument("--physical", action="store_true")
+        parser.add_argument("--json", action="store_true")
+
+    def handle(self, *args, target, all, physical, json: bool, **options):
+        ops = targets(None if all else target)
+        if not all and not ops:
+            raise CommandError(f"No delete operation for {target}.")
+        unfinished = [op for op in ops if op.state != "completed"]
+        if unfinished:
+            raise CommandError(f"{unfinished[0].public_id} is {unfinished[0].state}; nothing to verify yet.")
+        reports = [verify(op, physical=physical) for op in ops]
+        if json:
+            self.stdout.write(_dumps({"reports": [r.as_dict() for r in reports],
+                                      "found": any(r.found for r in reports)}))
+        else:
+            for r in reports:
+                logical = "clean" if not r.logical else "FOUND " + ", ".join(
+                    f"{f.store} ({f.what}: {f.count})" for f in r.logical)
+                self.stdout.write(f"{r.operation}  {r.target}  logical: {logical}")
+                if physical:
+                    detail = ", ".join(f"{f.where} ({f.count})" for f in r.physical_findings)
+                    self.stdout.write(f"    physical: {PHYSICAL_WORDS[r.physical]}"
+                                      + (f": {detail}" if detail else "")
+                                      + f"  [{r.windows} windows; {r.explained} hits explained by live data]")
+            self.stdout.write(f"{len(reports)} deleted conversation(s) checked.")
+        if any(r.found for r in reports):
+            raise SystemExit(1)
+
+
+def _dumps(value) -> str:
+    return json.dumps(value, indent=1, sort_keys=True)

@@ -1,0 +1,55 @@
+"""Background jobs of the lifecycle. Each takes ids (or nothing), re-reads state and is safe to
+run twice: django-q2 delivers at least once, and a killed worker's job comes back only after
+`retry` seconds, so recovery does not wait for it."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from lifecycle.deletion import executor
+
+log = logging.getLogger(__name__)
+RECOVERY_BUDGET = 240
+
+
+def erase(operation_id: int) -> str:
+    return executor.run_erasure(operation_id)
+
+
+def recover() -> dict[str, int]:
+    """Finish outstanding delete intents, and checkpoints still pending (every minute)."""
+    started = time.monotonic()
+    done = {"operations": 0, "physical": 0}
+    for pk in executor.outstanding():
+        if time.monotonic() - started > RECOVERY_BUDGET:
+            break
+        if executor.run_erasure(pk) != "busy":
+            done["operations"] += 1
+    for pk in executor.unfinished_physical():
+        done["physical"] += int(executor.finish_physical(pk))
+    return done
+
+
+def startup() -> dict[str, int]:
+    """At worker start: set torn log tails aside (live conversations only), then recover."""
+    from lifecycle.actions.recover_torn_logs import recover_all_torn_logs
+
+    torn = recover_all_torn_logs()
+    return {"torn": torn, **recover()}
+
+
+def expire_facts() -> dict[str, int]:
+    from lifecycle.actions.expire_facts import expire_facts as expire
+
+    return expire()
+
+
+def on_worker_spawn(sender=None, proc_name: str = "", **kwargs) -> None:
+    """django-q2's post_spawn: every (re)started worker queues the startup recovery."""
+    from django_q.tasks import async_task
+
+    try:
+        async_task("lifecycle.tasks.startup", q_options={"ack_failure": True, "task_name": "lifecycle-startup"})
+    except Exception:  # never keep a worker from starting
+        log.exception("could not queue the lifecycle startup recovery")

@@ -1,0 +1,242 @@
+"""The lifecycle API: PATCH and DELETE /v1/threads/{id}, operations, the ambiguity way out."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from urllib.parse import urlsplit
+
+import pytest
+from django.test import Client
+
+from console.models import ApiToken
+from lifecycle import fleet
+from lifecycle import models as m
+from lifecycle.deletion import executor
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+HOST = {"HTTP_HOST": "127.0.0.1"}
+
+
+@pytest.fixture
+def api(admin_user) -> Client:
+    _token, raw = ApiToken.issue(admin_user)
+    return Client(HTTP_AUTHORIZATION=f"Bearer {raw}", **HOST)
+
+
+@pytest.fixture
+def member_api(member_user) -> Client:
+    _token, raw = ApiToken.issue(member_user)
+    return Client(HTTP_AUTHORIZATION=f"Bearer {raw}", **HOST)
+
+
+def patch(client, conversation, body):
+    data = body if isinstance(body, str) else json.dumps(body)
+    return client.patch(f"/v1/threads/{conversation.public_id}", data=data, content_type="application/json")
+
+
+def delete(client, public_id, key="key-1"):
+    headers = {} if key is None else {"HTTP_IDEMPOTENCY_KEY": key}
+    return client.delete(f"/v1/threads/{public_id}", **headers)
+
+
+def test_patch_archives_closes_resumes_and_unarchives(api, admin_user):
+    conversation = factories.make_conversation()
+    response = patch(api, conversation, {"archived": True, "closed": True})
+    assert response.status_code == 200, response.content
+    assert (response.json()["archived"], response.json()["closed"]) == (True, True)
+    conversation.refresh_from_db()
+    assert conversation.archived_at and conversation.closed_at
+    assert patch(api, conversation, {"closed": False}).json()["closed"] is False
+    assert patch(api, conversation, {"archived": False}).json()["archived"] is False
+    actions = list(m.AuditFact.objects.order_by("pk").values_list("action", flat=True))
+    assert actions == ["conversation.archived", "conversation.closed", "conversation.resumed",
+                       "conversation.unarchived"]
+    assert patch(api, conversation, {}).status_code == 200  # nothing to change
+    assert m.AuditFact.objects.count() == 4
+
+
+@pytest.mark.parametrize(("body", "code"), [
+    ({"archived": "yes"}, "invalid_type"), ({"archived": 1}, "invalid_type"), ({"deleted": True}, "unknown_field"),
+    ("[true]", "invalid_body"), ('{"archived": true, "archived": false}', "duplicate_key"),
+])
+def test_patch_refuses_bad_bodies_and_changes_nothing(api, body, code):
+    conversation = factories.make_conversation()
+    response = patch(api, conversation, body)
+    assert (response.status_code, response.json()["code"]) == (400, code)
+    conversation.refresh_from_db()
+    assert conversation.archived_at is None and not m.AuditFact.objects.exists()
+
+
+def test_members_may_read_but_not_change(member_api):
+    conversation = factories.make_conversation()
+    assert patch(member_api, conversation, {"archived": True}).status_code == 403
+    assert delete(member_api, conversation.public_id).status_code == 403
+    assert member_api.get(f"/v1/threads/{conversation.public_id}/deletion-preview").status_code == 200
+    conversation.refresh_from_db()
+    assert conversation.state == "live" and conversation.archived_at is None
+    assert not m.DeleteOperation.objects.exists() and not m.OperationKey.objects.exists()
+
+
+def test_delete_answers_202_pending_then_the_same_operation_completed_ever_after(api):
+    conversation = factories.make_conversation()
+    factories.fill_every_store(conversation)
+    first = delete(api, conversation.public_id)
+    assert first.status_code == 202, first.content
+    op = first.json()
+    assert (op["state"], op["outcome"], op["target"], op["step"]) == ("pending", "pending", conversation.public_id,
+                                                                      "fingerprints")
+    assert op["receipt"] is None and len(op["steps"]) == m.DeleteStep.objects.count()
+    replay = delete(api, conversation.public_id)
+    assert (replay.status_code, replay.json()["id"]) == (202, op["id"])
+    executor.run_erasure(m.DeleteOperation.objects.get(public_id=op["id"]).pk)
+    done = delete(api, conversation.public_id)
+    assert done.status_code == 202
+    assert (done.json()["id"], done.json()["state"]) == (op["id"], "completed")
+    stores = {e["store"]: e for e in done.json()["receipt"]["stores"]}
+    assert stores["lifecycle.Item"]["records"] == 2 and stores["lifecycle.Item"]["class"] == "erase"
+    read = api.get(f"/v1/operations/{op['id']}").json()
+    assert read["state"] == "completed" and read["receipt"]["physical"]["state"] in ("pending", "erased")
+    # A new key for the deleted conversation answers with the same operation too.
+    assert delete(api, conversation.public_id, key="key-2").json()["id"] == op["id"]
+    assert m.DeleteOperation.objects.count() == 1
+
+
+def test_delete_refusals_are_409_with_code_and_outcome_and_remembered(api):
+    conversation = factories.make_conversation()
+    factories.start_turn(conversation)
+    refused = delete(api, conversation.public_id, key="r-1")
+    assert refused.status_code == 409
+    body = refused.json()
+    assert (body["code"], body["outcome"]) == ("conversation_turn_active", "refused")
+    assert body["operation"].startswith("op_") and body["message"]
+    conversation.refresh_from_db()
+    assert conversation.state == "live" and not m.DeletionFence.objects.exists()
+    # Stale replay of the old key: the recorded answer, though the turn has ended since.
+    m.Turn.objects.update(state="done")
+    assert delete(api, conversation.public_id, key="r-1").json() == body
+    assert delete(api, conversation.public_id, key="r-2").status_code == 202
+    read = api.get(f"/v1/operations/{body['operation']}").json()
+    assert (read["state"], read["code"], read["steps"]) == ("refused", "conversation_turn_active", [])
+
+
+def test_delete_unavailable_shows_the_way_out_and_the_resolve_endpoint_takes_it(api):
+    conversation = factories.make_conversation(days_idle=1)
+    legacy = {"agent_id": "sa_old", "origin": None, "status": "completed", "delivery": "settled",
+              "started_at": conversation.created_at.isoformat(), "finished_at": None, "prompt": "secret"}
+    fleet.write_snapshot([legacy])
+    answer = delete(api, conversation.public_id, key="u-1")
+    assert (answer.status_code, answer.json()["outcome"]) == (409, "unavailable")
+    assert answer.json()["code"] == "conversation_child_ownership_ambiguous"
+    op = api.get(f"/v1/operations/{answer.json()['operation']}").json()
+    assert op["way_out"] == {"ambiguous": [{"agent_id": "sa_old", "status": "completed",
+                                            "started_at": legacy["started_at"], "finished_at": None}]}
+    assert "secret" not in json.dumps(op)
+    resolve = api.post("/v1/subagents/sa_old/resolve", data=json.dumps({"action": "attribute",
+                                                                        "conversation": conversation.public_id}),
+                       content_type="application/json")
+    assert resolve.status_code == 200, resolve.content
+    assert fleet.origin_of(fleet.read_rows(fleet.EngineHome().fleet_path)[0]) == conversation.public_id
+    assert delete(api, conversation.public_id, key="u-2").status_code == 202
+
+
+@pytest.mark.parametrize(("body", "status", "code"), [
+    ({"action": "attribute"}, 400, "missing_field"),
+    ({"action": "burn"}, 400, "invalid_choice"),
+    ({"action": "clear", "extra": 1}, 400, "unknown_field"),
+])
+def test_resolve_refuses_bad_bodies(api, body, status, code):
+    fleet.write_snapshot([{"agent_id": "sa_x", "origin": None}])
+    response = api.post("/v1/subagents/sa_x/resolve", data=json.dumps(body), content_type="application/json")
+    assert (response.status_code, response.json()["code"]) == (status, code)
+    assert fleet.read_rows(fleet.EngineHome().fleet_path) == [{"agent_id": "sa_x", "origin": None}]
+
+
+def test_delete_key_rules(api):
+    first, second = factories.make_conversation(), factories.make_conversation()
+    missing = delete(api, first.public_id, key=None)
+    assert (missing.status_code, missing.json()["code"]) == (400, "idempotency_key_missing")
+    spaced = delete(api, first.public_id, key="two words")
+    assert (spaced.status_code, spaced.json()["code"]) == (400, "idempotency_key_invalid")
+    assert not m.DeleteOperation.objects.exists() and not m.OperationKey.objects.exists()
+    assert delete(api, first.public_id, key="shared").status_code == 202
+    reused = delete(api, second.public_id, key="shared")
+    assert (reused.status_code, reused.json()["code"]) == (422, "idempotency_key_reused")
+    second.refresh_from_db()
+    assert second.state == "live"
+
+
+def test_unknown_ids_are_404_and_leave_no_marker(api):
+    for public_id in ("c_0000000000000000000f", "nothing", "c_" + "a" * 200):
+        response = delete(api, public_id, key=f"k-{len(public_id)}")
+        assert (response.status_code, response.json()["code"]) == (404, "not_found")
+    assert not m.DeleteOperation.objects.exists() and not m.OperationKey.objects.exists()
+    for operation_id in ("op_00000000000000000000", "op_nothing", "op_" + "0" * 500):
+        assert api.get(f"/v1/operations/{operation_id}").status_code == 404
+
+
+def test_operation_list_pages_and_filters(api):
+    conversations = [factories.make_conversation() for _ in range(3)]
+    for n, conversation in enumerate(conversations):
+        delete(api, conversation.public_id, key=f"list-{n}")
+    factories.start_turn(busy := factories.make_conversation())
+    delete(api, busy.public_id, key="list-busy")
+    page = api.get("/v1/operations?limit=2").json()
+    assert len(page["results"]) == 2 and page["next"] == 2
+    rest = api.get("/v1/operations?limit=2&offset=2").json()
+    assert len(rest["results"]) == 2 and rest["next"] is None
+    assert [o["state"] for o in api.get("/v1/operations?state=refused").json()["results"]] == ["refused"]
+    assert api.get("/v1/operations?state=gone").status_code == 400
+    assert api.get("/v1/threads?view=pending_delete").json()["results"][0]["state"] == "pending_delete"
+
+
+def test_retry_is_for_pending_operations_only(api):
+    conversation = factories.make_conversation()
+    op = delete(api, conversation.public_id).json()
+    m.DeleteOperation.objects.filter(public_id=op["id"]).update(stalled_attempts=5, last_error="stalled")
+    retried = api.post(f"/v1/operations/{op['id']}/retry")
+    assert retried.status_code == 202 and retried.json()["error"] is None
+    executor.run_erasure(m.DeleteOperation.objects.get(public_id=op["id"]).pk)
+    assert api.post(f"/v1/operations/{op['id']}/retry").json()["code"] == "operation_not_pending"
+
+
+def test_late_item_writes_through_the_api_are_refused(api):
+    conversation = factories.make_conversation()
+    item = factories.add_message(conversation)
+    delete(api, conversation.public_id)
+    append = api.post(f"/v1/threads/{conversation.public_id}/items", data=json.dumps({"role": "user", "content": "x"}),
+                      content_type="application/json")
+    update = api.patch(f"/v1/threads/{conversation.public_id}/items/{item.pk}", data=json.dumps({"title": "x"}),
+                       content_type="application/json")
+    resume = patch(api, conversation, {"closed": False})
+    for response in (append, update, resume):
+        assert (response.status_code, response.json()["code"]) == (409, "conversation_deletion_pending")
+    assert m.Item.objects.filter(conversation=conversation).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_response_lost_on_the_way_is_answered_by_the_retry_with_the_same_key(live_server, admin_user):
+    conversation = factories.make_conversation()
+    factories.fill_every_store(conversation)
+    _token, raw = ApiToken.issue(admin_user)
+    where = urlsplit(live_server.url)
+    request = (f"DELETE /v1/threads/{conversation.public_id} HTTP/1.1\r\nHost: {where.hostname}\r\n"
+               f"Authorization: Bearer {raw}\r\nIdempotency-Key: lost-once\r\nContent-Length: 0\r\n\r\n").encode()
+    with socket.create_connection((where.hostname, where.port)) as sock:
+        sock.sendall(request)
+        sock.shutdown(socket.SHUT_RDWR)  # the client goes away before any answer arrives
+    deadline = time.monotonic() + 20
+    while not m.DeleteOperation.objects.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    op = m.DeleteOperation.objects.get()
+    executor.run_erasure(op.pk)
+    retry = Client(HTTP_AUTHORIZATION=f"Bearer {raw}", **HOST).delete(
+        f"/v1/threads/{conversation.public_id}", HTTP_IDEMPOTENCY_KEY="lost-once")
+    assert retry.status_code == 202
+    assert (retry.json()["id"], retry.json()["state"]) == (op.public_id, "completed")
+    assert m.DeleteOperation.objects.count() == 1 and m.OperationKey.objects.count() == 1
+    assert m.AuditFact.objects.filter(action="conversation.deleted").count() == 1
+    # Erased once: the receipt counts what was there, not zero from a second pass.
+    assert {e["store"]: e["records"] for e in retry.json()["receipt"]["stores"]}["lifecycle.Item"] == 2

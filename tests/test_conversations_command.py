@@ -1,0 +1,91 @@
+"""`manage.py conversations archive|close|delete|status` for operators."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from lifecycle import models as m
+from lifecycle.deletion.plan import step_keys
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def run(*args) -> str:
+    out = io.StringIO()
+    call_command("conversations", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_it_archives_closes_and_undoes_both(admin_user):
+    conversation = factories.make_conversation(title="Ops")
+    assert "archived" in run("archive", conversation.public_id, "--as", "alice")
+    assert json.loads(run("close", conversation.public_id, "--json"))["closed"] is True
+    run("close", conversation.public_id, "--resume")
+    run("archive", conversation.public_id, "--undo")
+    conversation.refresh_from_db()
+    assert conversation.archived_at is None and conversation.closed_at is None
+    actors = list(m.AuditFact.objects.order_by("pk").values_list("action", "actor"))
+    assert actors[0] == ("conversation.archived", admin_user.pk) and len(actors) == 4
+
+
+def test_it_deletes_and_waits_with_a_progress_bar_on_a_terminal(monkeypatch):
+    conversation = factories.make_conversation(title="Erase from the shell")
+    factories.fill_every_store(conversation)
+    terminal = Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    out = run("delete", conversation.public_id, "--key", "cli-1")
+    assert "completed" in out and "Messages and tool calls" in out and "physical erasure" in out
+    bar = terminal.getvalue()
+    assert "[" in bar and "#" in bar and "Messages and tool calls" in bar
+    total = len(step_keys())
+    assert f"] 0/{total} preparing" in bar and f"] {total}/{total} " in bar
+    conversation.refresh_from_db()
+    assert conversation.state == "deleted"
+    again = json.loads(run("delete", conversation.public_id, "--key", "cli-1", "--json"))
+    assert (again["state"], again["id"]) == ("completed", m.DeleteOperation.objects.get().public_id)
+    status = json.loads(run("status", conversation.public_id, "--json"))
+    assert status["thread"]["state"] == "deleted" and status["operation"]["receipt"]["stores"]
+
+
+def test_it_records_without_waiting_and_refuses_with_exit_code_2():
+    idle, busy = factories.make_conversation(), factories.make_conversation()
+    factories.start_turn(busy)
+    data = json.loads(run("delete", idle.public_id, "--no-wait", "--json"))
+    assert data["state"] == "pending"
+    assert "step 0/" in run("status", data["id"])
+    with pytest.raises(SystemExit) as caught:
+        run("delete", busy.public_id)
+    assert caught.value.code == 2
+    busy.refresh_from_db()
+    assert busy.state == "live"
+    with pytest.raises(CommandError, match="not_found"):
+        run("status", "c_00000000000000000000")
+    with pytest.raises(CommandError, match="No active admin"):
+        run("archive", idle.public_id, "--as", "nobody")
+
+
+def test_a_delete_that_stops_on_an_error_says_why_and_exits_3(engine_home):
+    conversation = factories.make_conversation()
+    factories.fill_every_store(conversation)
+    fleet_path = engine_home / "state" / "subagents.v1.json"
+    out = io.StringIO()
+    from lifecycle.actions.request_deletion import request_deletion
+
+    op = request_deletion(conversation, key="cli-error", acting_user=None)  # admitted while the file is fine
+    fleet_path.write_bytes(b"{broken")
+    with pytest.raises(SystemExit) as caught:
+        call_command("conversations", "delete", conversation.public_id, "--key", "cli-error", stdout=out)
+    assert caught.value.code == 3
+    text = out.getvalue()
+    assert f"{op.public_id}  pending" in text and "fleet_unreadable" in text
+    assert "subagent state file cannot be read" in text

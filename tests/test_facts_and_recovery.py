@@ -1,0 +1,108 @@
+"""Retained facts expire after their periods; the recovery jobs and their schedules."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from django_q.models import Schedule
+
+from lifecycle import models as m
+from lifecycle.actions.expire_facts import expire_facts
+from lifecycle.actions.request_deletion import request_deletion
+from lifecycle.deletion import executor
+from lifecycle.enginefs import EngineHome
+from lifecycle.schedules import ensure_schedules
+from lifecycle.tasks import recover, startup
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+
+
+def deleted_days_ago(days: float) -> m.Conversation:
+    conversation = factories.make_conversation()
+    m.UsageFact.objects.create(conversation=conversation, input_tokens=1, output_tokens=2)
+    m.BillingFact.objects.create(conversation=conversation, amount_minor=5)
+    op = request_deletion(conversation, key=f"facts-{conversation.pk}", acting_user=None)
+    executor.run_erasure(op.pk)
+    m.DeleteOperation.objects.filter(pk=op.pk).update(completed_at=timezone.now() - timedelta(days=days))
+    return conversation
+
+
+def test_facts_stay_content_free_and_expire_after_their_periods_from_the_delete():
+    live = factories.make_conversation(days_idle=5000)
+    m.UsageFact.objects.create(conversation=live, input_tokens=1, output_tokens=1)
+    m.AuditFact.objects.create(conversation=live, action="conversation.created")
+    young, middle, old = deleted_days_ago(10), deleted_days_ago(380), deleted_days_ago(3000)
+    for conversation in (young, middle, old):
+        for fact in m.AuditFact.objects.filter(conversation=conversation):
+            assert set(fact.new_value or {}) <= {"state", "operation", "archived", "closed"}
+    expired = expire_facts()
+    # Audit 365 days, usage 400, billing 2555 (the ratified defaults).
+    assert not m.AuditFact.objects.filter(conversation__in=[middle, old]).exists()
+    assert m.AuditFact.objects.filter(conversation=young).exists()
+    assert m.UsageFact.objects.filter(conversation=middle).exists()
+    assert not m.UsageFact.objects.filter(conversation=old).exists()
+    assert m.BillingFact.objects.filter(conversation=middle).exists()
+    assert not m.BillingFact.objects.filter(conversation=old).exists()
+    # Facts of a live conversation never expire, however old.
+    assert m.UsageFact.objects.filter(conversation=live).exists()
+    assert m.AuditFact.objects.filter(conversation=live).exists()
+    assert expired == {"lifecycle.UsageFact": 1, "lifecycle.BillingFact": 1, "lifecycle.AuditFact": 4}
+    assert m.AuditFact.objects.get(action="retained_facts.expired").new_value == expired
+    # The tombstones and the operations stay: a retry still gets its answer.
+    assert m.Conversation.objects.deleted().count() == 3
+    assert expire_facts() == {}
+
+
+def test_shorter_saved_periods_apply_on_the_next_run():
+    conversation = deleted_days_ago(20)
+    m.RetainedFactsPolicy.load()
+    m.RetainedFactsPolicy.objects.update(usage_days=10)
+    expire_facts()
+    assert not m.UsageFact.objects.filter(conversation=conversation).exists()
+    assert m.BillingFact.objects.filter(conversation=conversation).exists()
+
+
+def test_it_creates_the_lifecycle_schedules_once_by_name():
+    ensure_schedules()
+    ensure_schedules()
+    recover_job = Schedule.objects.get(name="lifecycle-recover")
+    expiry = Schedule.objects.get(name="lifecycle-expire-facts")
+    assert (recover_job.func, recover_job.minutes, recover_job.repeats) == ("lifecycle.tasks.recover", 1, -1)
+    assert (expiry.func, expiry.minutes) == ("lifecycle.tasks.expire_facts", 1440)
+    assert Schedule.objects.filter(name__startswith="lifecycle-").count() == 2
+
+
+def test_recovery_finishes_outstanding_intents_and_skips_held_ones():
+    a, b = factories.make_conversation(), factories.make_conversation()
+    op_a = request_deletion(a, key="rec-a", acting_user=None)
+    op_b = request_deletion(b, key="rec-b", acting_user=None)
+    m.DeleteOperation.objects.filter(pk=op_b.pk).update(
+        lease_holder="another-host:1", lease_expires_at=timezone.now() + timedelta(minutes=1))
+    assert recover() == {"operations": 1, "physical": 0}
+    op_a.refresh_from_db()
+    op_b.refresh_from_db()
+    assert (op_a.state, op_b.state) == ("completed", "pending")
+    # Once the other host's lease runs out, the next run takes it over.
+    m.DeleteOperation.objects.filter(pk=op_b.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    recover()
+    op_b.refresh_from_db()
+    assert op_b.state == "completed"
+
+
+def test_startup_sets_torn_log_tails_aside_for_live_conversations_only():
+    live, fenced = factories.make_conversation(), factories.make_conversation()
+    home = EngineHome()
+    for conversation in (live, fenced):
+        path = home.events_path(conversation.storage_key)
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b'{"a":1}\n{"torn')
+    request_deletion(fenced, key="torn", acting_user=None)
+    m.DeleteOperation.objects.update(lease_holder="another-host:1",
+                                     lease_expires_at=timezone.now() + timedelta(minutes=1))
+    assert startup()["torn"] == 1
+    assert home.events_path(live.storage_key).read_bytes() == b'{"a":1}\n'
+    assert home.events_path(fenced.storage_key).read_bytes() == b'{"a":1}\n{"torn'
+    assert not list(home.thread_dir(fenced.storage_key).glob("*.torn-*"))

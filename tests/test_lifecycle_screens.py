@@ -1,0 +1,200 @@
+"""Lifecycle screens as plain form posts: row actions, the delete preview, operations."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from lifecycle import fleet
+from lifecycle import models as m
+from lifecycle.actions.request_deletion import request_deletion
+from lifecycle.deletion import executor
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+HOST = {"HTTP_HOST": "127.0.0.1"}
+HX = {"HTTP_HX_REQUEST": "true", **HOST}
+
+
+def page(client, url, **extra) -> str:
+    response = client.get(url, **HOST, **extra)
+    assert response.status_code == 200, (url, response.status_code)
+    return response.content.decode()
+
+
+def test_list_rows_offer_archive_close_and_delete_to_admins(admin_client):
+    conversation = factories.make_conversation(title="Row actions")
+    content = page(admin_client, "/conversations/")
+    assert f'action="/conversations/{conversation.public_id}/archive/"' in content
+    assert f'action="/conversations/{conversation.public_id}/close/"' in content
+    assert f'href="/conversations/{conversation.public_id}/delete/"' in content
+    response = admin_client.post(f"/conversations/{conversation.public_id}/archive/",
+                                 {"archived": "1", "next": "/conversations/"}, **HOST)
+    assert (response.status_code, response["Location"]) == (302, "/conversations/")
+    conversation.refresh_from_db()
+    assert conversation.archived_at is not None
+    after = page(admin_client, "/conversations/")
+    assert "Archived: hidden from Recent." in after and "Row actions" not in after
+    assert "Row actions" in page(admin_client, "/conversations/?view=archived")
+    admin_client.post(f"/conversations/{conversation.public_id}/close/", {"closed": "1"}, **HOST)
+    conversation.refresh_from_db()
+    assert conversation.closed_at is not None
+    assert m.AuditFact.objects.filter(action__in=["conversation.archived", "conversation.closed"]).count() == 2
+
+
+def test_members_see_the_admins_only_note_and_cannot_post(member_client):
+    conversation = factories.make_conversation(title="Read only")
+    content = page(member_client, "/conversations/")
+    assert "Archive, Close and Delete: admins only." in content
+    assert "/archive/" not in content
+    for url, data in ((f"/conversations/{conversation.public_id}/archive/", {"archived": "1"}),
+                      (f"/conversations/{conversation.public_id}/close/", {"closed": "1"}),
+                      (f"/conversations/{conversation.public_id}/delete/", {"key": "member-key"})):
+        assert member_client.post(url, data, **HOST).status_code == 403
+    conversation.refresh_from_db()
+    assert (conversation.archived_at, conversation.closed_at, conversation.state) == (None, None, "live")
+    assert not m.DeleteOperation.objects.exists() and not m.AuditFact.objects.exists()
+    preview = page(member_client, f"/conversations/{conversation.public_id}/delete/")
+    assert "Erased for good" in preview and "Deleting is for admins only." in preview
+    assert 'name="key"' not in preview
+    detail = page(member_client, f"/conversations/{conversation.public_id}/")
+    assert "Lifecycle actions are for admins only." in detail
+
+
+def test_the_preview_lists_every_store_from_the_registry_with_counts(admin_client):
+    conversation = factories.make_conversation(title="Preview me")
+    factories.fill_every_store(conversation)
+    content = page(admin_client, f"/conversations/{conversation.public_id}/delete/")
+    for heading in ("Erased for good", "Compacted to a content-free record", "Kept", "Outside Lethe"):
+        assert heading in content
+    for label in ("Messages and tool calls", "Event log", "Settled subagent rows", "Exports you saved",
+                  "Workspace files the agent wrote", "Project and learned memory", "Usage and metering",
+                  "Provider-retained inputs"):
+        assert label in content, label
+    assert "Provider retention follows provider terms." in content
+    assert "kept for 400 days after the delete" in content
+    assert 'data-testid="shared-copy-remains"' in content  # one link's publisher cannot revoke
+    assert re.search(r"Messages and tool calls</span> <span class=\"store-count\">2 records", content)
+    assert "Delete for good" in content and "Cancel" in content
+    assert not m.DeleteOperation.objects.exists()  # looking changes nothing
+
+
+def test_cancel_leaves_everything_and_confirm_starts_the_delete(admin_client):
+    conversation = factories.make_conversation(title="Confirm me")
+    factories.add_message(conversation)
+    content = page(admin_client, f"/conversations/{conversation.public_id}/delete/")
+    cancel = re.search(r'<a class="btn" href="([^"]+)">Cancel</a>', content).group(1)
+    assert cancel == f"/conversations/{conversation.public_id}/"
+    assert page(admin_client, cancel)
+    conversation.refresh_from_db()
+    assert conversation.state == "live" and not m.DeleteOperation.objects.exists()
+    key = re.search(r'name="key" value="([0-9a-f]+)"', content).group(1)
+    response = admin_client.post(f"/conversations/{conversation.public_id}/delete/", {"key": key}, **HOST)
+    op = m.DeleteOperation.objects.get()
+    assert (response.status_code, response["Location"]) == (302, f"/operations/{op.public_id}/")
+    # A double submit of the same form is the same operation.
+    again = admin_client.post(f"/conversations/{conversation.public_id}/delete/", {"key": key}, **HOST)
+    assert again["Location"] == f"/operations/{op.public_id}/" and m.DeleteOperation.objects.count() == 1
+    status = page(admin_client, f"/operations/{op.public_id}/")
+    assert "Pending" in status and 'hx-trigger="every 2s"' in status
+    assert "Preparing: taking keyed fingerprints" in status
+    fragment = page(admin_client, f"/operations/{op.public_id}/", HTTP_HX_REQUEST="true")
+    assert fragment.lstrip().startswith('<section class="card op-status op-pending"')
+    version = re.search(r"\?v=([^\"]+)\"", fragment).group(1)
+    unchanged = admin_client.get(f"/operations/{op.public_id}/?v={version}", HTTP_HX_REQUEST="true", **HOST)
+    assert unchanged.status_code == 204  # polled without a change: nothing swapped or re-announced
+    executor.run_erasure(op.pk)
+    done = page(admin_client, f"/operations/{op.public_id}/?v={version}", HTTP_HX_REQUEST="true")
+    assert 'data-state="completed"' in done and "hx-trigger" not in done  # polling stops
+    assert "Erasure receipt" in done and "Messages and tool calls" in done
+    assert "Physical erasure" in done
+
+
+def test_a_refused_delete_says_why_in_words_and_keeps_archive_and_close(admin_client):
+    conversation = factories.make_conversation(title="Busy one")
+    factories.start_turn(conversation)
+    content = page(admin_client, f"/conversations/{conversation.public_id}/delete/")
+    assert "Delete is refused right now" in content
+    assert "A turn is running or queued." in content and "Delete for good" not in content
+    op = request_deletion(conversation, key="screen-refused", acting_user=None)
+    status = page(admin_client, f"/operations/{op.public_id}/")
+    assert "Refused" in status and "A turn is running or queued." in status
+    assert 'data-code="conversation_turn_active"' in status
+    assert "Ask again" in status
+    detail = page(admin_client, f"/conversations/{conversation.public_id}/")
+    assert "/archive/" in detail and "/close/" in detail
+
+
+def test_an_unavailable_delete_shows_the_way_out_and_the_forms_take_it(admin_client):
+    conversation = factories.make_conversation(days_idle=1, title="Ambiguous")
+    fleet.write_snapshot([{"agent_id": "sa_a", "origin": None, "status": "completed", "delivery": "settled",
+                           "started_at": conversation.created_at.isoformat(), "prompt": "legacy text"},
+                          {"agent_id": "sa_b", "origin": None, "status": "completed", "delivery": "settled",
+                           "started_at": conversation.created_at.isoformat()}])
+    op = request_deletion(conversation, key="screen-unavailable", acting_user=None)
+    status = page(admin_client, f"/operations/{op.public_id}/")
+    assert "Unavailable" in status and "Subagent rows of unknown origin" in status
+    assert "legacy text" not in status
+    assert status.count('action="/subagents/sa_a/resolve/"') == 3  # this conversation, clear, another
+    back = f"/operations/{op.public_id}/"
+    admin_client.post("/subagents/sa_a/resolve/", {"action": "attribute", "conversation": conversation.public_id,
+                                                   "next": back}, **HOST)
+    response = admin_client.post("/subagents/sa_b/resolve/", {"action": "clear", "next": back}, **HOST)
+    assert response["Location"] == back
+    assert [fleet.origin_of(r) for r in fleet.read_rows(fleet.EngineHome().fleet_path)] == [conversation.public_id]
+    assert "The subagent row was cleared." in page(admin_client, back)
+    assert "Delete for good" in page(admin_client, f"/conversations/{conversation.public_id}/delete/")
+
+
+def test_pending_and_deleted_tabs_and_the_tombstone(admin_client):
+    pending = factories.make_conversation(title="Going away")
+    gone = factories.make_conversation(title="Already gone")
+    factories.add_message(gone, content="old words")
+    request_deletion(pending, key="tab-1", acting_user=None)
+    op = request_deletion(gone, key="tab-2", acting_user=None)
+    executor.run_erasure(op.pk)
+    recent = page(admin_client, "/conversations/")
+    assert "Going away" not in recent and gone.thread_id not in recent
+    pending_tab = page(admin_client, "/conversations/?view=pending_delete")
+    assert "Going away" in pending_tab and "See progress" in pending_tab
+    deleted_tab = page(admin_client, "/conversations/?view=deleted")
+    assert gone.thread_id in deleted_tab and "Erasure receipt" in deleted_tab
+    assert "Already gone" not in deleted_tab
+    tombstone = page(admin_client, f"/conversations/{gone.public_id}/")
+    assert "Deleted conversation" in tombstone and 'data-testid="tombstone"' in tombstone
+    assert "old words" not in tombstone and "/archive/" not in tombstone
+    assert f"/operations/{op.public_id}/" in tombstone
+    preview = page(admin_client, f"/conversations/{gone.public_id}/delete/")
+    assert "already deleted" in preview and "Delete for good" not in preview
+
+
+def test_the_operations_page_lists_deletes_with_their_states(admin_client, member_client):
+    done = factories.make_conversation(title="Done one")
+    busy = factories.make_conversation(title="Busy")
+    factories.start_turn(busy)
+    op = request_deletion(done, key="ops-1", acting_user=None)
+    executor.run_erasure(op.pk)
+    request_deletion(busy, key="ops-2", acting_user=None)
+    content = page(member_client, "/operations/")
+    assert "Completed" in content and "Refused" in content and "A turn is running or queued." in content
+    assert "INCLUDE SLOT" not in content
+    refused_only = page(member_client, "/operations/?state=refused")
+    assert "Busy" in refused_only and "Completed</span>" not in refused_only
+    assert page(member_client, "/operations/?state=nonsense&page=%C2%B2")
+    assert member_client.get("/operations/op_00000000000000000000/", **HOST).status_code == 404
+    nav = page(admin_client, "/operations/")
+    assert 'href="/operations/" aria-current="page"' in nav
+
+
+def test_a_stalled_delete_offers_admins_a_retry(admin_client, member_client):
+    conversation = factories.make_conversation()
+    op = request_deletion(conversation, key="stall", acting_user=None)
+    m.DeleteOperation.objects.filter(pk=op.pk).update(stalled_attempts=5, last_error="stalled", attempts=5)
+    content = page(admin_client, f"/operations/{op.public_id}/")
+    assert "no longer retried by itself" in content and "Retry now" in content
+    assert "Retrying is for admins only." in page(member_client, f"/operations/{op.public_id}/")
+    assert member_client.post(f"/operations/{op.public_id}/retry/", **HOST).status_code == 403
+    admin_client.post(f"/operations/{op.public_id}/retry/", **HOST)
+    op.refresh_from_db()
+    assert (op.stalled_attempts, op.last_error) == (0, "")

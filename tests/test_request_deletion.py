@@ -1,0 +1,369 @@
+"""Delete: admission, the intent, erasure store by store, the tombstone and the receipt."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.db import connection
+from django_q.models import OrmQ
+
+from lifecycle import fleet
+from lifecycle import models as m
+from lifecycle.actions.append_item import append_item
+from lifecycle.actions.request_deletion import request_deletion
+from lifecycle.deletion import executor
+from lifecycle.deletion.plan import step_keys
+from lifecycle.enginefs import EngineHome
+from lifecycle.errors import ActionRefused
+from lifecycle.registry import STORES, RetentionClass
+from lifecycle.search import fold
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+
+ERASED_TABLES = [s for s in STORES if s.kind == "table" and s.retention == RetentionClass.ERASE and not s.tombstone]
+
+
+def delete(conversation, key="k-1", user=None) -> m.DeleteOperation:
+    return request_deletion(conversation, key=key, acting_user=user)
+
+
+def test_it_erases_every_erase_store_and_keeps_every_retained_row(admin_user, engine_home):
+    target = factories.make_conversation(title="Secret launch plans")
+    markers = factories.fill_every_store(target)
+    # The same raw thread id under another owner, with its own content: a different conversation.
+    twin = factories.make_conversation(factories.make_computer("box"), thread_id=target.thread_id, title="Twin")
+    twin_markers = factories.fill_every_store(twin)
+    home = EngineHome()
+
+    op = delete(target, user=admin_user)
+    assert op.state == m.DeleteState.PENDING
+    target.refresh_from_db()
+    assert target.state == m.ConversationState.PENDING_DELETE
+    assert m.DeletionFence.objects.filter(conversation_id=target.pk).exists()
+    assert executor.run_erasure(op.pk) == m.DeleteState.COMPLETED
+
+    target.refresh_from_db()
+    assert (target.state, target.title, target.thread_id) == ("deleted", "", twin.thread_id)
+    assert target.search_title in ("", None)  # the folded title is content too
+    assert not m.Conversation.objects.search("Secret launch").exists()
+    assert m.Conversation.objects.search(target.thread_id).count() == 2  # identity stays findable
+    for s in ERASED_TABLES:
+        assert not s.rows(target).exists(), s.key
+        assert s.rows(twin).exists(), s.key
+    for s in (m.OperationBinding, m.HistoryReceipt):
+        row = s.objects.get(conversation=target)
+        assert (row.operation_id, row.target_id, row.outcome) in {("op_b1", "turn_1", "applied"), ("op_h1", "item_1", "applied")}
+        assert getattr(row, "request" if s is m.OperationBinding else "detail") is None
+    for folder in home.conversation_paths(target.storage_key):
+        assert not folder.exists()
+    for folder in home.conversation_paths(twin.storage_key):
+        assert folder.exists()
+    # Fleet rows: the target's gone from both files, the twin's kept.
+    for path in (home.fleet_path, home.legacy_fleet_path):
+        rows = fleet.read_rows(path)
+        assert not fleet.children(rows, target)
+        assert fleet.children(rows, twin)
+    # Kept: exports (detached), workspace files, memory, facts; shared links revoked where possible.
+    export = m.Export.objects.get(path__contains=markers["lifecycle.Export"])
+    assert export.conversation_id is None
+    assert m.WorkspaceFile.objects.filter(conversation=target).count() == 1
+    assert m.MemoryEntry.objects.filter(conversation=target, text=markers["lifecycle.MemoryEntry"]).exists()
+    assert m.UsageFact.objects.filter(conversation=target).count() == 1
+    assert m.BillingFact.objects.filter(conversation=target).count() == 1
+    links = {link.publisher: link.revoked_at for link in m.SharedLink.objects.filter(conversation=target)}
+    assert links["web"] is not None and links["mirror"] is None
+    # Nothing of the twin changed.
+    assert m.Item.objects.filter(conversation=twin, content=twin_markers["lifecycle.Item"]).exists()
+    assert m.SharedLink.objects.filter(conversation=twin, revoked_at__isnull=True).count() == 2
+
+
+def test_it_writes_an_exact_content_free_receipt(admin_user):
+    target = factories.make_conversation(title="Receipt check")
+    markers = factories.fill_every_store(target)
+    items = m.Item.objects.filter(conversation=target).count()
+    op = delete(target, user=admin_user)
+    executor.run_erasure(op.pk)
+    op.refresh_from_db()
+    receipt = op.receipt
+    by_store = {e["store"]: e for e in receipt["stores"]}
+    assert [e["store"] for e in receipt["stores"]] == step_keys()[1:]
+    assert by_store["lifecycle.Item"]["records"] == items == 2
+    assert by_store["lifecycle.Item"]["bytes"] > len(markers["lifecycle.Item"])
+    assert by_store["lifecycle.Turn"]["records"] == 1
+    # The title and its search fold (lifecycle.search), both erased.
+    assert by_store["lifecycle.Conversation"] == {"store": "lifecycle.Conversation", "class": "erase",
+                                                  "action": "erased", "records": 1,
+                                                  "bytes": len("Receipt check") + len(fold("Receipt check"))}
+    assert by_store["lifecycle.OperationBinding"]["action"] == "compacted"
+    assert by_store["lifecycle.OperationBinding"]["records"] == 1
+    assert by_store["events"]["records"] == 2  # the log and its lock file
+    assert by_store["subagents"]["records"] == 1 and by_store["legacy_subagents"]["records"] == 1
+    assert by_store["lifecycle.Export"] == {"store": "lifecycle.Export", "class": "retain_detach",
+                                            "action": "detached", "records": 1, "bytes": 0}
+    assert by_store["lifecycle.SharedLink"]["records"] == 1 and by_store["lifecycle.SharedLink"]["remaining"] == 1
+    kept = {e["store"]: e for e in receipt["kept"]}
+    assert kept["lifecycle.MemoryEntry"]["records"] == 1
+    assert kept["lifecycle.UsageFact"]["records"] == 1
+    assert kept["provider"]["action"] == "out_of_scope"
+    text = json.dumps(receipt)
+    for value in markers.values():
+        assert value not in text
+    assert "Receipt check" not in text
+    assert op.completed_at is not None and op.step == ""
+
+
+def test_it_records_the_intent_and_its_job_before_erasing_anything(admin_user):
+    target = factories.make_conversation()
+    factories.fill_every_store(target)
+    before = m.Item.objects.filter(conversation=target).count()
+    op = delete(target, user=admin_user)
+    assert OrmQ.objects.count() == 1  # the erasure job, committed with the intent
+    assert [s.key for s in op.steps.order_by("position")] == step_keys()
+    assert m.Item.objects.filter(conversation=target).count() == before
+    audit = m.AuditFact.objects.get(action="conversation.delete_requested")
+    assert (audit.actor, audit.conversation) == (admin_user, target)
+    assert audit.old_value == {"state": "live"}
+    assert audit.new_value == {"state": "pending_delete", "operation": op.public_id}
+
+
+def test_it_refuses_an_active_conversation_with_one_code_per_cause_and_records_no_intent(admin_user):
+    target = factories.make_conversation()
+    factories.start_turn(target)
+    m.RuntimeClaim.objects.create(conversation=target, kind=m.ClaimKind.SHELL_JOB, label="make")
+    m.RuntimeClaim.objects.create(conversation=target, kind=m.ClaimKind.AUTOMATION, label="nightly")
+    op = delete(target, user=admin_user)
+    assert (op.state, op.reason) == ("refused", "conversation_turn_active")
+    assert op.reasons == ["conversation_turn_active", "conversation_shell_job_live", "conversation_ownership_unresolved"]
+    target.refresh_from_db()
+    assert target.state == "live"
+    assert not m.DeletionFence.objects.exists() and not op.steps.exists() and OrmQ.objects.count() == 0
+    append_item(target, role="user", content="still writable")
+    # The same key answers the same, even once the cause is gone; a new key asks again.
+    m.Turn.objects.update(state=m.TurnState.DONE)
+    m.RuntimeClaim.objects.all().delete()
+    assert delete(target, key="k-1").pk == op.pk
+    again = delete(target, key="k-2")
+    assert again.state == "pending"
+
+
+@pytest.mark.parametrize(("kind", "code"), [
+    (m.ClaimKind.APPROVAL, "conversation_approval_pending"),
+    (m.ClaimKind.USER_INPUT, "conversation_input_pending"),
+    (m.ClaimKind.DYNAMIC_TOOL, "conversation_dynamic_tool_pending"),
+    (m.ClaimKind.SHELL_JOB, "conversation_shell_job_live"),
+    (m.ClaimKind.TASK, "conversation_ownership_unresolved"),
+])
+def test_it_names_each_pending_claim(kind, code):
+    target = factories.make_conversation()
+    m.RuntimeClaim.objects.create(conversation=target, kind=kind)
+    op = delete(target)
+    assert (op.state, op.reason, op.reasons) == ("refused", code, [code])
+
+
+def test_it_refuses_while_a_child_is_running_or_undelivered():
+    target = factories.make_conversation()
+    fleet.put_row({"agent_id": "sa_run", "origin": {"conversation": target.public_id}, "status": "completed",
+                   "delivery": "pending"})
+    op = delete(target)
+    assert (op.state, op.reason) == ("refused", "conversation_child_content_custody_unavailable")
+
+
+def test_it_is_unavailable_while_a_legacy_row_of_unknown_origin_overlaps(admin_user):
+    target = factories.make_conversation(days_idle=1)
+    other = factories.make_conversation(days_idle=400)
+    legacy = {"agent_id": "sa_legacy", "origin": None, "status": "completed", "delivery": "settled",
+              "started_at": target.created_at.isoformat(), "finished_at": target.last_activity_at.isoformat(),
+              "prompt": "who knows"}
+    fleet.update_fleet(lambda rows: [*rows, legacy])
+    op = delete(target)
+    assert (op.state, op.reason) == ("unavailable", "conversation_child_ownership_ambiguous")
+    assert not m.DeletionFence.objects.exists()
+    # Its lifetime does not overlap a conversation that ended long before.
+    assert delete(other, key="k-other").state == "pending"
+
+
+def test_it_is_unavailable_when_the_fleet_file_cannot_be_read(engine_home):
+    target = factories.make_conversation()
+    home = EngineHome()
+    home.fleet_path.parent.mkdir(parents=True, exist_ok=True)
+    home.fleet_path.write_bytes(b'{"agents": [ broken')
+    op = delete(target)
+    assert (op.state, op.reason) == ("unavailable", "conversation_child_state_unreadable")
+
+
+def test_it_answers_a_second_request_with_the_operation_in_flight():
+    target = factories.make_conversation()
+    first = delete(target, key="a")
+    assert delete(target, key="b").pk == first.pk
+    assert delete(target, key="a").pk == first.pk
+    assert m.DeleteOperation.objects.count() == 1
+    assert set(m.OperationKey.objects.values_list("key", flat=True)) == {"a", "b"}
+
+
+def test_it_refuses_a_key_used_for_another_conversation():
+    first, second = factories.make_conversation(), factories.make_conversation()
+    delete(first, key="same")
+    with pytest.raises(ActionRefused) as caught:
+        delete(second, key="same")
+    assert (caught.value.code, caught.value.status) == ("idempotency_key_reused", 422)
+    second.refresh_from_db()
+    assert second.state == "live" and not m.DeleteOperation.objects.filter(conversation=second).exists()
+
+
+@pytest.mark.parametrize("key", ["", None, "has space", "x" * 201, "ñ"])
+def test_it_refuses_a_missing_or_malformed_key(key):
+    target = factories.make_conversation()
+    with pytest.raises(ActionRefused) as caught:
+        delete(target, key=key)
+    assert caught.value.status == 400
+    assert not m.DeleteOperation.objects.exists() and not m.OperationKey.objects.exists()
+
+
+def test_it_refuses_every_write_path_once_the_intent_exists(admin_user):
+    from lifecycle.actions.append_log import append_log
+    from lifecycle.actions.import_items import import_items
+    from lifecycle.actions.recover_torn_logs import recover_torn_logs
+    from lifecycle.actions.set_archived import set_archived
+    from lifecycle.actions.set_closed import set_closed
+    from lifecycle.actions.update_item import update_item
+    from lifecycle.actions.write_artifact import write_artifact
+
+    target = factories.make_conversation(closed=True)
+    item = factories.add_message(target)
+    delete(target)
+    attempts = [
+        lambda: append_item(target, role="user", content="late"),
+        lambda: update_item(item, title="late"),
+        lambda: import_items(target, [{"role": "user", "content": "imported"}]),
+        lambda: set_closed(target, closed=False, acting_user=admin_user),  # resume
+        lambda: set_archived(target, archived=True, acting_user=admin_user),
+        lambda: append_log(target, log="events", records=[{"late": True}]),
+        lambda: write_artifact(target, name="late.txt", data=b"late"),
+        lambda: recover_torn_logs(target),
+        lambda: fleet.put_row({"agent_id": "sa_late", "origin": {"conversation": target.public_id}}),
+    ]
+    for attempt in attempts:
+        with pytest.raises(ActionRefused) as caught:
+            attempt()
+        assert caught.value.code == "conversation_deletion_pending"
+    assert m.Item.objects.filter(conversation=target).count() == 1
+    assert not EngineHome().thread_dir(target.storage_key).exists()
+    assert not EngineHome().artifacts_dir(target.storage_key).exists()
+    assert not fleet.children(fleet.read_rows(EngineHome().fleet_path), target)
+
+
+def test_it_refuses_a_raw_database_write_after_the_intent(admin_user):
+    from django.db import IntegrityError, transaction
+
+    from lifecycle.fence import is_fence_error
+
+    target = factories.make_conversation()
+    item = factories.add_message(target)
+    op = delete(target)
+    with pytest.raises(IntegrityError) as caught, transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("UPDATE lifecycle_item SET content = 'late' WHERE id = %s", [item.pk])
+    assert is_fence_error(caught.value)
+    executor.run_erasure(op.pk)
+    with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO lifecycle_item (conversation_id, seq, role, tool_kind, tool_call_id, status, title, content, "
+            "payload_bytes, removable_bytes, revision, created_at, updated_at) "
+            "VALUES (%s, 9, 'user', '', '', '', '', 'resurrected', 0, 0, 1, %s, %s)",
+            [target.pk, "2026-01-01 00:00:00", "2026-01-01 00:00:00"],
+        )
+    assert not m.Item.objects.filter(conversation=target).exists()
+
+
+def test_a_second_run_changes_nothing(admin_user):
+    target = factories.make_conversation()
+    factories.fill_every_store(target)
+    op = delete(target)
+    executor.run_erasure(op.pk)
+    op.refresh_from_db()
+    receipt, completed = op.receipt, op.completed_at
+    assert executor.run_erasure(op.pk) == "completed"
+    op.refresh_from_db()
+    assert (op.receipt, op.completed_at) == (receipt, completed)
+    assert m.AuditFact.objects.filter(action="conversation.deleted").count() == 1
+
+
+def test_it_stays_pending_with_a_clear_error_when_the_fleet_file_turns_unreadable():
+    target = factories.make_conversation()
+    factories.fill_every_store(target)
+    op = delete(target)
+    home = EngineHome()
+    home.fleet_path.write_bytes(b"not json")
+    assert executor.run_erasure(op.pk) == "pending"
+    op.refresh_from_db()
+    target.refresh_from_db()
+    assert (op.state, op.step, op.last_error) == ("pending", "subagents", "fleet_unreadable")
+    assert target.state == "pending_delete"
+    assert not m.Item.objects.filter(conversation=target).exists()  # earlier steps are done
+    home.fleet_path.write_bytes(json.dumps({"version": 1, "agents": []}).encode())
+    assert executor.run_erasure(op.pk, force=True) == "completed"
+
+
+def test_a_symlinked_folder_is_never_followed_and_keeps_the_delete_pending(tmp_path):
+    target = factories.make_conversation()
+    factories.fill_every_store(target)
+    home = EngineHome()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious.txt").write_bytes(b"not the conversation's")
+    folder = home.artifacts_dir(target.storage_key)
+    for child in folder.iterdir():
+        child.unlink()
+    folder.rmdir()
+    folder.symlink_to(outside, target_is_directory=True)
+    op = delete(target)
+    assert executor.run_erasure(op.pk) == "pending"
+    op.refresh_from_db()
+    assert (op.state, op.step, op.last_error) == ("pending", "artifacts", "unsafe_path")
+    assert (outside / "precious.txt").read_bytes() == b"not the conversation's"
+    folder.unlink()  # an operator removes the link
+    assert executor.run_erasure(op.pk, force=True) == "completed"
+    assert (outside / "precious.txt").exists()
+
+
+def test_the_receipt_names_the_backups_made_before_the_delete(settings, tmp_path):
+    import os
+    import time
+
+    settings.BACKUP_DIR = tmp_path / "backups"
+    settings.BACKUP_DIR.mkdir()
+    old = settings.BACKUP_DIR / "lethe-2026-01-01.sqlite3"
+    old.write_bytes(b"backup")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    target = factories.make_conversation()
+    op = delete(target)
+    executor.run_erasure(op.pk)
+    (settings.BACKUP_DIR / "lethe-later.sqlite3").write_bytes(b"made after")
+    op.refresh_from_db()
+    backups = [h for h in op.receipt["holders"] if h["kind"] == "backup"]
+    assert [h["name"] for h in backups] == ["lethe-2026-01-01.sqlite3"]
+    # Until a checkpoint (SQLite) or a compaction (PostgreSQL) the database itself is named too.
+    kinds = {h["kind"] for h in op.receipt["holders"]}
+    assert kinds & {"wal", "database_files"}
+
+
+def test_unrelated_conversations_jobs_and_drafts_survive():
+    from django_q.tasks import async_task
+
+    target = factories.make_conversation()
+    factories.fill_every_store(target)
+    other = factories.make_conversation(title="Someone else's")
+    job = m.RuntimeClaim.objects.create(conversation=other, kind=m.ClaimKind.SHELL_JOB, label="npm test")
+    draft = m.SessionDocument.objects.create(conversation=other, name="draft", document={"text": "half-written"})
+    message = factories.add_message(other, content="still here")
+    async_task("retention.tasks.measure_engine_folder")  # a job of the queue, not of the delete
+    queued = OrmQ.objects.count()
+    op = delete(target)
+    executor.run_erasure(op.pk)
+    assert m.RuntimeClaim.objects.open().filter(pk=job.pk).exists()
+    assert m.SessionDocument.objects.get(pk=draft.pk).document == {"text": "half-written"}
+    assert m.Item.objects.get(pk=message.pk).content == "still here"
+    assert OrmQ.objects.count() == queued + 1  # the delete's own job was queued beside it
+    other.refresh_from_db()
+    assert (other.state, other.title) == ("live", "Someone else's")

@@ -1,0 +1,135 @@
+"""The residue verifier: markers in every store are found before erasure and gone after."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.utils import timezone
+
+from lifecycle import models as m
+from lifecycle.actions.record_compaction import record_compaction
+from lifecycle.actions.request_deletion import request_deletion
+from lifecycle.deletion import executor, fingerprints, verify
+from lifecycle.enginefs import EngineHome
+from tests import factories
+
+# The physical scan needs committed data and a checkpoint outside any transaction.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SAMPLED = ["lifecycle.Item", "tool", "lifecycle.Goal", "lifecycle.MailEnvelope", "lifecycle.SessionDocument",
+           "lifecycle.BranchJournalEntry", "lifecycle.Checkpoint", "lifecycle.RecoveryMaterial",
+           "lifecycle.RuntimeClaim", "lifecycle.ProcessLease", "lifecycle.OperationBinding",
+           "lifecycle.HistoryReceipt"]
+FILE_SAMPLED = ["events", "approval_receipts", "artifacts", "subagents", "legacy_subagents"]
+
+
+def found_markers(op: m.DeleteOperation, markers: dict[str, str]) -> set[str]:
+    """Which markers the raw scan finds, by the bytes of the windows it hits."""
+    scanner = fingerprints.Scanner(m.ErasureFingerprint.objects.get(operation=op))
+    windows = []
+    for path in verify.database_files() + verify.engine_files(EngineHome()):
+        windows += [scanner.window_at(hit) for hit in scanner.scan_file(path)]
+    return {key for key, value in markers.items()
+            if any(value.split("-")[-1][i:i + 24].encode() in w for w in windows for i in (0, 28, 56))}
+
+
+def test_it_finds_every_stores_markers_before_and_none_after():
+    target = factories.make_conversation(title="Marked")
+    markers = factories.fill_every_store(target)
+    other = factories.make_conversation(title="Bystander")
+    other_markers = factories.fill_every_store(other)
+    op = request_deletion(target, key="verify-1", acting_user=None)
+    fingerprints.record(op, fingerprints.sample(target, EngineHome()))
+    expected = set(FILE_SAMPLED) | (set(SAMPLED) if connection.vendor == "sqlite" else set())
+    assert found_markers(op, markers) == expected
+    before = verify.verify(op, physical=True, record=False)
+    assert before.physical == "found" and before.logical  # everything still there
+
+    assert executor.run_erasure(op.pk) == "completed"
+    op.refresh_from_db()
+    # Hits that remain are text the bystander shares (the tool payload's opening), never a marker.
+    assert found_markers(op, markers) == set()
+    report = verify.verify(op, physical=True)
+    assert report.logical == [] and report.physical_findings == []
+    op.refresh_from_db()
+    assert op.verified_at is not None
+    if connection.vendor == "sqlite":
+        # secure_delete and the checkpoint: physically erased, recorded, fingerprints dropped.
+        assert (report.physical, op.physical_state) == ("clean", "erased")
+        assert op.verified_physical_at is not None
+        assert not m.ErasureFingerprint.objects.filter(operation=op).exists()
+        raw = b"".join(p.read_bytes() for p in verify.database_files())
+        for key in SAMPLED:
+            assert markers[key].encode() not in raw, key
+        assert other_markers["lifecycle.Item"].encode() in raw
+    else:
+        assert (report.physical, op.physical_state) == ("pending", "pending")
+        assert op.verified_physical_at is None
+        assert m.ErasureFingerprint.objects.filter(operation=op).exists()
+        assert record_compaction(started_at=timezone.now(), finished_at=timezone.now(),
+                                 tables=op.touched_tables) == 1
+        assert verify.verify(op, physical=True).physical == "clean"
+        op.refresh_from_db()
+        assert op.verified_physical_at is not None
+    # Retained rows and the bystander's content are intact.
+    assert m.MemoryEntry.objects.filter(text=markers["lifecycle.MemoryEntry"]).exists()
+    assert m.Item.objects.filter(content=other_markers["lifecycle.Item"]).exists()
+
+
+def test_it_exits_non_zero_and_names_what_it_finds(capsys):
+    target = factories.make_conversation()
+    markers = factories.fill_every_store(target)
+    op = request_deletion(target, key="verify-2", acting_user=None)
+    executor.run_erasure(op.pk)
+    call_command("verify_erasure", "--all")
+    assert "logical: clean" in capsys.readouterr().out
+    # Residue planted behind the lifecycle's back: a folder reappears, and a stray copy of content.
+    home = EngineHome()
+    home.thread_dir(target.storage_key).mkdir(parents=True)
+    (home.thread_dir(target.storage_key) / "events.jsonl").write_bytes(b"{}\n")
+    (home.root / "stray-copy.txt").write_bytes(markers["events"].encode() * 2)
+    with pytest.raises(SystemExit) as caught:
+        call_command("verify_erasure", target.public_id, "--physical", "--json")
+    assert caught.value.code == 1
+    out = json.loads(capsys.readouterr().out)
+    report = out["reports"][0]
+    assert out["found"] is True
+    assert report["logical_findings"] == [{"store": "events", "what": "folder", "count": 1, "where": ""}]
+    assert [f["where"] for f in report["physical_findings"]] == ["engine:stray-copy.txt"]
+    op.refresh_from_db()
+    assert op.receipt["verification"]["logical"] == "found"
+
+
+def test_it_refuses_to_verify_an_unfinished_delete():
+    target = factories.make_conversation()
+    op = request_deletion(target, key="verify-3", acting_user=None)
+    with pytest.raises(Exception, match="pending"):
+        call_command("verify_erasure", op.public_id)
+
+
+def test_it_records_physical_erasure_only_for_receipts_a_compaction_covers():
+    early, late, wide = (factories.make_conversation() for _ in range(3))
+    for conversation in (early, late, wide):
+        factories.add_message(conversation, content="x")
+    m.Goal.objects.create(conversation=wide, text="goal")
+    ops = {}
+    for name, conversation in (("early", early), ("wide", wide)):
+        ops[name] = request_deletion(conversation, key=f"rc-{name}", acting_user=None)
+        executor.run_erasure(ops[name].pk)
+    started = timezone.now()
+    ops["late"] = request_deletion(late, key="rc-late", acting_user=None)
+    executor.run_erasure(ops["late"].pk)
+    m.DeleteOperation.objects.update(physical_state="pending", physically_erased_at=None)
+    finished = started + timedelta(seconds=5)
+    tables = ["lifecycle_item", "lifecycle_conversation"]
+    assert record_compaction(started_at=started, finished_at=finished, tables=tables) == 1
+    states = {name: m.DeleteOperation.objects.get(pk=op.pk) for name, op in ops.items()}
+    assert (states["early"].physical_state, states["early"].physically_erased_at) == ("erased", finished)
+    assert not any(h.get("kind") in ("database_files", "wal") for h in states["early"].receipt["holders"])
+    assert states["late"].physical_state == "pending"  # finished after the compaction started
+    assert states["wide"].physical_state == "pending"  # touched lifecycle_goal too
+    assert record_compaction(started_at=started, finished_at=finished, tables=tables) == 0
