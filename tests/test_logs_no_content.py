@@ -32,6 +32,8 @@ from pydantic import BaseModel
 
 from console.api import ENDPOINTS, is_api_path
 from console.models import ApiToken
+from lifecycle.actions.request_deletion import request_deletion
+from lifecycle.fleet import put_row
 from ops.logs import JsonFormatter
 from tests import factories
 from tests.test_logs import Captured
@@ -172,7 +174,15 @@ def test_it_never_logs_conversation_content(captured_all):
                                        "stdout": MARKER * 50, "stderr": ""})
     _token, raw = ApiToken.issue(admin, name="for the log test")
     spare, _raw = ApiToken.issue(admin, name="spare")
-    path_values = {"public_id": conversation.public_id, "item_id": str(tool.pk), "token_id": str(spare.pk)}
+    # A second marked conversation with a delete under way: its erasure runs with the jobs
+    # below, and its operation id and a legacy subagent row give the remaining addresses.
+    doomed = factories.make_conversation(title=f"Doomed {MARKER}")
+    factories.add_message(doomed, content=f"erase {MARKER} too")
+    operation = request_deletion(doomed, key=f"log-test-{uuid.uuid4()}", acting_user=admin)
+    put_row({"agent_id": "sa_logtest", "origin": None, "legacy": True, "status": "completed",
+             "delivery": "settled", "prompt": f"do {MARKER}", "result": MARKER})
+    path_values = {"public_id": conversation.public_id, "item_id": str(tool.pk), "token_id": str(spare.pk),
+                   "operation_id": operation.public_id, "agent_id": "sa_logtest"}
 
     def client_for(who: str) -> Client:
         client = Client(HTTP_HOST="127.0.0.1")
@@ -193,6 +203,8 @@ def test_it_never_logs_conversation_content(captured_all):
     assert "ops.tasks.heartbeat" in functions and len(functions) >= 2  # every app's schedules are found
     for func in sorted(functions):
         async_task(func, sync=True)
+    operation.refresh_from_db()
+    assert operation.state == "completed"  # the recovery job erased the marked conversation
 
     targets = addresses(path_values)  # loads the URLconf, which registers the endpoints
     # An address's URL name is that of the first endpoint declared on its path.
