@@ -103,9 +103,24 @@ def check_layout(page: Page, where: str = "") -> None:
         assert found["small"] == [], f"{where}: controls smaller than 44x44 px:\n" + "\n".join(found["small"])
 
 
+SETTINGS_PAGES = ("Data & storage", "API tokens")
+
+
 def nav_link(page: Page, name: str):
     """The main navigation link a person can see: the sidebar on desktop, the bottom bar on phones."""
-    return page.get_by_role("link", name=name, exact=True).filter(visible=True)
+    return page.get_by_role("navigation", name="Main").get_by_role("link", name=name, exact=True).filter(visible=True)
+
+
+def open_nav(page: Page, name: str) -> None:
+    """Go to a main page the way a person would. On phones the bottom bar has one Settings
+    entry (it opens Data & storage); the settings pages link to each other."""
+    if page.viewport_size["width"] < 768 and name in SETTINGS_PAGES:
+        nav_link(page, "Settings").click()
+        expect(page.get_by_role("heading", level=1)).to_have_text("Data & storage")
+        if name != "Data & storage":
+            page.get_by_role("navigation", name="Settings pages").get_by_role("link", name=name).click()
+        return
+    nav_link(page, name).click()
 
 
 _COVERED_BY_BAR = """

@@ -8,7 +8,7 @@ from playwright.sync_api import expect
 
 from console.models import ApiToken, hash_token
 from e2e.conftest import ADMIN, ALL_VIEWPORTS, MEMBER
-from e2e.helpers import check_layout, log_in, nav_link, screenshot
+from e2e.helpers import check_layout, log_in, open_nav, screenshot
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_an_admin_creates_and_revokes_a_token(seeded, live_server, open_page, viewport):
     page = open_page(viewport)
     log_in(page, live_server.url, *ADMIN)
-    nav_link(page, "API tokens").click()
+    open_nav(page, "API tokens")
     expect(page.get_by_role("heading", name="API tokens", level=1)).to_be_visible()
     expect(page.get_by_text("No API tokens yet.")).to_be_visible()
     check_layout(page, "api tokens, empty")
@@ -49,7 +49,7 @@ def test_a_member_sees_tokens_read_only(seeded, live_server, open_page, viewport
     ApiToken.issue(admin, name="Admin's script")
     page = open_page(viewport)
     log_in(page, live_server.url, *MEMBER)
-    nav_link(page, "API tokens").click()
+    open_nav(page, "API tokens")
     expect(page.get_by_text("Admin's script")).to_be_visible()
     expect(page.get_by_text("Only admins can create or revoke them.")).to_be_visible()
     expect(page.get_by_role("button", name="Create token")).to_have_count(0)

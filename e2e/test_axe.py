@@ -15,7 +15,7 @@ from django.test import RequestFactory
 from playwright.sync_api import Page, expect
 
 from e2e.conftest import ADMIN, MEMBER, VIEWPORTS
-from e2e.helpers import conversation_with_long_output, log_in, nav_link, open_from_list
+from e2e.helpers import conversation_with_long_output, log_in, open_from_list, open_nav
 from lifecycle.views import VIEWS
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -55,7 +55,7 @@ def detail(page: Page, base: str) -> None:
 def data_storage(who: tuple[str, str], edit: bool) -> Callable[[Page, str], None]:
     def go(page: Page, base: str) -> None:
         log_in(page, base, *who)
-        nav_link(page, "Data & storage").click()
+        open_nav(page, "Data & storage")
         expect(page.get_by_role("heading", level=1)).to_have_text("Data & storage")
         if edit:  # with the save bar showing a failed save, the busiest state of the page
             page.get_by_label("Audit facts, days").fill("0")
@@ -125,7 +125,7 @@ def operation_completed(page: Page, base: str) -> None:
     log_in(page, base, *ADMIN)
     page.goto(f"{base}/operations/{op.public_id}/")
     expect(page.get_by_test_id("receipt")).to_be_visible()
-    nav_link(page, "Operations").click()
+    open_nav(page, "Operations")
     expect(page.get_by_role("heading", name="Operations", level=1)).to_be_visible()
     page.goto(f"{base}/operations/{op.public_id}/")
 
@@ -136,7 +136,7 @@ def operations(page: Page, base: str) -> None:
 
     request_deletion(deletable(), key="axe-pending", acting_user=None)  # one pending, shown with its step
     log_in(page, base, *MEMBER)
-    nav_link(page, "Operations").click()
+    open_nav(page, "Operations")
     expect(page.get_by_role("heading", name="Operations", level=1)).to_be_visible()
 
 

@@ -12,7 +12,7 @@ from e2e.helpers import (
     assert_save_bar_covers_nothing,
     check_layout,
     log_in,
-    nav_link,
+    open_nav,
 )
 from lifecycle.models import RetainedFactsPolicy
 from retention.models import ToolPayloadPolicy
@@ -24,7 +24,7 @@ NOT_SAVED = "Some changes were not saved. Check the highlighted card."
 
 def open_data_storage(page: Page, base_url: str, who: tuple[str, str]) -> None:
     log_in(page, base_url, *who)
-    nav_link(page, "Data & storage").click()
+    open_nav(page, "Data & storage")
     expect(page).to_have_url(f"{base_url}/settings/system/data-storage/")
     expect(page.get_by_role("heading", level=1)).to_have_text("Data & storage")
 

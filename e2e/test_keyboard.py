@@ -12,7 +12,7 @@ from django.utils import timezone
 from playwright.sync_api import Page, expect
 
 from e2e.conftest import ADMIN, MEMBER
-from e2e.helpers import conversation_with_long_output, log_in, nav_link, open_from_list
+from e2e.helpers import conversation_with_long_output, log_in, open_from_list, open_nav
 from lifecycle.models import Account, Conversation, RetainedFactsPolicy, Scope
 from lifecycle.transcript import item_rows
 from tests.factories import add_message
@@ -36,7 +36,7 @@ def expect_focus(page: Page, selector: str) -> None:
 
 def open_data_storage(page: Page, base_url: str) -> None:
     log_in(page, base_url, *ADMIN)
-    nav_link(page, "Data & storage").click()
+    open_nav(page, "Data & storage")
     expect(page.get_by_role("heading", level=1)).to_have_text("Data & storage")
 
 

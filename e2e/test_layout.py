@@ -12,8 +12,8 @@ from e2e.helpers import (
     check_layout,
     conversation_with_long_output,
     log_in,
-    nav_link,
     open_from_list,
+    open_nav,
     screenshot,
 )
 
@@ -45,7 +45,7 @@ def test_it_fits_every_page_on_the_screen(seeded, live_server, open_page, viewpo
     expect(row.get_by_role("link", name="Show full output")).to_have_count(0)
     check_layout(page, "conversation with a full tool output")
 
-    nav_link(page, "Data & storage").click()
+    open_nav(page, "Data & storage")
     expect(page.get_by_role("heading", name="Retained facts")).to_be_visible()
     check_layout(page, "data & storage")
     screenshot(page, "data-storage")

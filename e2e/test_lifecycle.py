@@ -9,7 +9,7 @@ import pytest
 from playwright.sync_api import expect
 
 from e2e.conftest import ADMIN, MEMBER
-from e2e.helpers import check_layout, log_in, nav_link, open_from_list, screenshot
+from e2e.helpers import check_layout, log_in, open_from_list, open_nav, screenshot
 from lifecycle.deletion import executor
 from lifecycle.deletion.admission import admit
 from lifecycle.models import Conversation, DeleteOperation
@@ -100,7 +100,7 @@ def test_small_phone_row_actions_way_out_and_operations(seeded, live_server, ope
     expect(page.get_by_text("The subagent row was cleared.")).to_be_visible()
     expect(page.get_by_role("button", name="Delete for good")).to_be_visible()
 
-    nav_link(page, "Operations").click()
+    open_nav(page, "Operations")
     expect(page.get_by_role("heading", name="Operations", level=1)).to_be_visible()
     check_layout(page, "operations")
 

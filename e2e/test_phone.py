@@ -10,7 +10,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from e2e.conftest import ADMIN, VIEWPORTS
-from e2e.helpers import assert_save_bar_covers_nothing, log_in, nav_link
+from e2e.helpers import assert_save_bar_covers_nothing, log_in, open_nav
 
 pytestmark = pytest.mark.django_db(transaction=True)
 PHONES = pytest.mark.parametrize("viewport", ["phone", "small-phone"], ids=["390", "320"])
@@ -59,7 +59,7 @@ def tap_near_the_bottom(page: Page, field_id: str) -> None:
 def test_the_save_bar_never_covers_the_field_being_typed_in(seeded, live_server, open_page, viewport):
     page = open_page(viewport)
     log_in(page, live_server.url, *ADMIN)
-    nav_link(page, "Data & storage").click()
+    open_nav(page, "Data & storage")
     expect(page.get_by_role("heading", level=1)).to_have_text("Data & storage")
 
     for field in ("id_billing_days", "id_usage_days", "id_audit_days"):
@@ -101,7 +101,7 @@ def test_the_bottom_bars_never_cover_the_footer_selects(seeded, live_server, ope
 
     # With unsaved changes the save bar takes the bottom edge; the footer still clears it,
     # also when a failed save makes the bar taller.
-    nav_link(page, "Data & storage").click()
+    open_nav(page, "Data & storage")
     page.get_by_label("Audit facts, days").fill("0")
     expect(page.locator("#save-bar")).to_be_visible()
     page.locator("#language-foot").focus()
@@ -116,7 +116,7 @@ def test_the_save_bar_is_slimmer_on_the_smallest_phones(seeded, live_server, ope
     for viewport in ("phone", "small-phone"):
         page = open_page(viewport)
         log_in(page, live_server.url, *ADMIN)
-        nav_link(page, "Data & storage").click()
+        open_nav(page, "Data & storage")
         page.get_by_label("Audit facts, days").fill("366")
         expect(page.locator("#save-bar")).to_be_visible()
         heights[viewport] = page.locator("#save-bar").bounding_box()["height"]
@@ -147,7 +147,7 @@ def contrast(a: str, b: str) -> float:
 def test_focus_rings_and_field_borders_reach_three_to_one_in_light_mode(seeded, live_server, open_page):
     page = open_page("phone", color_scheme="light")
     log_in(page, live_server.url, *ADMIN)
-    nav_link(page, "Data & storage").click()
+    open_nav(page, "Data & storage")
     page.get_by_label("Audit facts, days").focus()
     page.keyboard.press("Tab")  # keyboard focus, so :focus-visible applies
     colours = page.evaluate("""() => {

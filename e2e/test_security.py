@@ -7,7 +7,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from e2e.conftest import ADMIN
-from e2e.helpers import conversation_with_long_output, log_in, nav_link, open_from_list
+from e2e.helpers import conversation_with_long_output, log_in, open_from_list, open_nav
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -55,7 +55,7 @@ def test_the_main_pages_run_without_a_csp_violation(seeded, live_server, open_pa
     expect(row.get_by_role("link", name="Show full output")).to_have_count(0)
     assert violations(page, seen) == []
 
-    nav_link(page, "Data & storage").click()
+    open_nav(page, "Data & storage")
     expect(page.get_by_role("heading", name="Retained facts")).to_be_visible()
     page.get_by_label("Billing facts, days").fill("3000")
     expect(page.locator("#save-bar")).to_be_visible()  # lethe.js runs under the policy
@@ -63,7 +63,7 @@ def test_the_main_pages_run_without_a_csp_violation(seeded, live_server, open_pa
     expect(page.get_by_text("Retention periods saved.")).to_be_visible()
     assert violations(page, seen) == []
 
-    nav_link(page, "API tokens").click()
+    open_nav(page, "API tokens")
     page.get_by_label("Name").fill("CSP check")
     page.get_by_role("button", name="Create token").click()
     expect(page.get_by_label("New API token")).to_be_visible()

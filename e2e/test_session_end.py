@@ -11,7 +11,7 @@ from django.contrib.sessions.models import Session
 from playwright.sync_api import Page, expect
 
 from e2e.conftest import ADMIN, MEMBER
-from e2e.helpers import assert_save_bar_covers_nothing, check_layout, log_in, nav_link
+from e2e.helpers import assert_save_bar_covers_nothing, check_layout, log_in, open_nav
 from lifecycle.models import RetainedFactsPolicy
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -31,7 +31,7 @@ def test_a_draft_survives_the_end_of_the_session_and_saves_after_signing_in(
 ):
     page = open_page(viewport)
     log_in(page, live_server.url, *ADMIN)
-    nav_link(page, "Data & storage").click()
+    open_nav(page, "Data & storage")
     before = RetainedFactsPolicy.load()
     page.get_by_label("Audit facts, days").fill("500")
     page.get_by_label("Clean up old tool payloads").check()
@@ -89,7 +89,7 @@ def test_signing_in_as_someone_else_still_saves_nothing(seeded, live_server, ope
     """The other tab signs in as a member: the admin's draft stays unsaved and explained."""
     page = open_page("desktop")
     log_in(page, live_server.url, *ADMIN)
-    nav_link(page, "Data & storage").click()
+    open_nav(page, "Data & storage")
     page.get_by_label("Audit facts, days").fill("501")
     Session.objects.all().delete()
     other = page.context.new_page()
