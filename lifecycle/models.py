@@ -337,6 +337,11 @@ class Item(models.Model):
     payload = models.JSONField(null=True, blank=True)
     payload_bytes = models.PositiveIntegerField(default=0)
     removable_bytes = models.PositiveIntegerField(default=0)
+    # The reducer's skip reason, stored when the item is written ("" when it is eligible
+    # or is not a tool item), so analysis counts skips by reason without reading payloads.
+    payload_skip = models.CharField(max_length=16, blank=True, default="")
+    # Set when tool payload cleanup removed this item's details; never cleared.
+    details_removed_at = models.DateTimeField(null=True, blank=True)
     revision = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
@@ -356,6 +361,12 @@ class Item(models.Model):
                 fields=["conversation", "removable_bytes"],
                 name="item_removable_idx",
                 condition=Q(removable_bytes__gt=0),
+            ),
+            # Analysis: skipped tool items per conversation and reason, without payloads.
+            models.Index(
+                fields=["conversation", "payload_skip"],
+                name="item_payload_skip_idx",
+                condition=~Q(payload_skip=""),
             ),
         ]
 
