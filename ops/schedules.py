@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.utils import timezone
+from console.schedules import ensure_named
 
 SCHEDULES = {
     # Its Task rows are not kept (one a minute would push real results out of the history).
@@ -11,15 +11,4 @@ SCHEDULES = {
 
 
 def ensure_schedules(**kwargs) -> None:
-    from django_q.models import Schedule
-
-    for name, spec in SCHEDULES.items():
-        wanted = {"func": spec["func"], "minutes": spec["minutes"], "kwargs": spec.get("kwargs"),
-                  "schedule_type": Schedule.MINUTES}
-        rows = list(Schedule.objects.filter(name=name).order_by("id"))
-        for duplicate in rows[1:]:
-            duplicate.delete()
-        if not rows:
-            Schedule.objects.create(name=name, repeats=-1, next_run=timezone.now(), **wanted)
-        elif any(getattr(rows[0], key) != value for key, value in wanted.items()):
-            Schedule.objects.filter(pk=rows[0].pk).update(**wanted)
+    ensure_named(SCHEDULES)

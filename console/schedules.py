@@ -1,0 +1,44 @@
+"""Recurring jobs created by name, safely when several processes run `migrate` at once.
+
+Every app declares its schedules as a mapping of name -> spec and calls `ensure_named` from
+its post_migrate handler. The check-then-create runs inside one transaction that holds a
+database-wide lock first (a transaction-scoped advisory lock on PostgreSQL; on SQLite the
+IMMEDIATE transaction mode takes the write lock at BEGIN), so two processes never both see
+"missing" and both insert. Duplicates left by an older release are healed: the oldest row
+of a name is kept and updated, the others are deleted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+# An arbitrary constant naming this lock among the database's advisory locks.
+_ADVISORY_KEY = 0x4C455448  # "LETH"
+
+
+def ensure_named(specs: dict[str, dict[str, Any]]) -> None:
+    """Create or update each schedule `name -> {func, minutes, kwargs?}` (schedule type
+    MINUTES, repeating forever, first run now), one row per name."""
+    from django_q.models import Schedule
+
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_ADVISORY_KEY])
+        for name, spec in specs.items():
+            wanted = {
+                "func": spec["func"],
+                "minutes": spec["minutes"],
+                "kwargs": spec.get("kwargs"),
+                "schedule_type": Schedule.MINUTES,
+            }
+            rows = list(Schedule.objects.filter(name=name).order_by("id"))
+            if len(rows) > 1:
+                Schedule.objects.filter(pk__in=[row.pk for row in rows[1:]]).delete()
+            if not rows:
+                Schedule.objects.create(name=name, repeats=-1, next_run=timezone.now(), **wanted)
+            elif any(getattr(rows[0], key) != value for key, value in wanted.items()):
+                Schedule.objects.filter(pk=rows[0].pk).update(**wanted)
