@@ -1,11 +1,20 @@
-"""Database size and reusable space, read from the engine's own statistics."""
+"""Database size and reusable space, read from the engine's own statistics.
+
+Reusable space is what the database can use again for new rows without growing its files:
+on SQLite the free-list pages (exactly what `VACUUM` returns to the file system); on
+PostgreSQL dead row versions plus free space, in every table of the installation and in
+its TOAST table (where large payloads live). With the `pgstattuple` extension installed
+(migration console 0003 installs it where the role may) the figure is measured from the
+pages themselves; without it, it is estimated from the statistics collector's dead-row
+counts, which cannot see space a VACUUM already freed, and the page says "estimated".
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from django.db import connection
+from django.db import DatabaseError, connection, transaction
 
 
 @dataclass(frozen=True)
@@ -14,6 +23,17 @@ class DatabaseSize:
     file_bytes: int
     reusable_bytes: int
     reusable_is_estimate: bool
+
+
+# The installation's tables (the connection's schema) and their TOAST tables.
+_PG_RELATIONS = """
+    SELECT c.oid FROM pg_class c
+    WHERE c.relkind IN ('r', 'm') AND c.relnamespace = to_regnamespace(current_schema())::oid
+    UNION ALL
+    SELECT c.reltoastrelid FROM pg_class c
+    WHERE c.relkind IN ('r', 'm') AND c.relnamespace = to_regnamespace(current_schema())::oid
+      AND c.reltoastrelid <> 0
+"""
 
 
 def database_size() -> DatabaseSize:
@@ -31,16 +51,43 @@ def database_size() -> DatabaseSize:
             return DatabaseSize("sqlite", pages * page_size + wal_bytes, free * page_size, False)
         cursor.execute("SELECT pg_database_size(current_database())")
         total = cursor.fetchone()[0]
-        # Dead tuples are space VACUUM makes reusable; their size is estimated from each
-        # table's average row size.
-        cursor.execute(
-            """
-            SELECT COALESCE(SUM(
-                pg_relation_size(relid)::numeric * n_dead_tup
-                / GREATEST(n_live_tup + n_dead_tup, 1)
-            ), 0)::bigint
-            FROM pg_stat_user_tables
-            """
-        )
-        dead = cursor.fetchone()[0]
-        return DatabaseSize("postgresql", total, dead, True)
+        if pgstattuple_installed(cursor):
+            try:
+                # A role without pg_stat_scan_tables may not call it: fall back, in a savepoint
+                # so the caller's transaction stays usable.
+                with transaction.atomic():
+                    return DatabaseSize("postgresql", total, measured_reusable(cursor), False)
+            except DatabaseError:
+                pass
+        return DatabaseSize("postgresql", total, estimated_reusable(cursor), True)
+
+
+def pgstattuple_installed(cursor) -> bool:
+    cursor.execute("SELECT 1 FROM pg_extension WHERE extname = 'pgstattuple'")
+    return cursor.fetchone() is not None
+
+
+def measured_reusable(cursor) -> int:
+    """Dead row versions and free space of every heap and TOAST table, from the pages
+    (`pgstattuple_approx` skips pages the visibility map marks all-visible)."""
+    cursor.execute(
+        f"""
+        SELECT COALESCE(SUM(s.dead_tuple_len + s.approx_free_space), 0)::bigint
+        FROM ({_PG_RELATIONS}) AS r(oid), LATERAL pgstattuple_approx(r.oid::regclass) AS s
+        """
+    )
+    return cursor.fetchone()[0]
+
+
+def estimated_reusable(cursor) -> int:
+    """Each heap and TOAST table's size times its share of dead rows, from the statistics
+    collector (which lags by up to its reporting interval and does not count free space)."""
+    cursor.execute(
+        f"""
+        SELECT COALESCE(SUM(
+            pg_relation_size(s.relid)::numeric * s.n_dead_tup / GREATEST(s.n_live_tup + s.n_dead_tup, 1)
+        ), 0)::bigint
+        FROM pg_stat_all_tables s WHERE s.relid IN ({_PG_RELATIONS})
+        """
+    )
+    return cursor.fetchone()[0]

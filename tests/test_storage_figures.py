@@ -1,0 +1,71 @@
+"""Reusable space counts what the database can really reuse (issue 10 part 3): large tool
+output lives in PostgreSQL's TOAST tables, and space a VACUUM freed is still reusable."""
+
+from __future__ import annotations
+
+import base64
+import os
+
+import pytest
+from django.db import connection
+
+from lifecycle.models import Item, Role
+from retention.storage import database_size, estimated_reusable, pgstattuple_installed
+from tests import factories
+
+MB = 1024 * 1024
+
+
+def _store_then_drop_output(total_mb: int = 12) -> int:
+    conversation = factories.make_conversation(title="Large outputs")
+    # Random text compresses little, so the stored size stays near the raw size.
+    outputs = [base64.b64encode(os.urandom(150 * 1024)).decode() for _ in range(total_mb * MB // (200 * 1024))]
+    Item.objects.bulk_create(
+        Item(conversation=conversation, seq=index + 1, role=Role.TOOL, tool_kind="shell",
+             payload={"command": "cat big.log", "stdout": text})
+        for index, text in enumerate(outputs)
+    )
+    # A row written after them keeps the freed pages in the middle of the files, where VACUUM
+    # cannot hand them back to the file system by truncation (the case the review measured).
+    keeper = factories.make_conversation(title="Kept")
+    Item.objects.create(conversation=keeper, seq=1, role=Role.TOOL, tool_kind="shell",
+                        payload={"stdout": base64.b64encode(os.urandom(64 * 1024)).decode()})
+    dropped = sum(len(text) for text in outputs)
+    Item.objects.filter(conversation=conversation).delete()
+    return dropped
+
+
+def _vacuum() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_dropped_tool_output_is_reported_reusable_before_and_after_vacuum():
+    dropped = _store_then_drop_output()
+    assert dropped > 11 * MB
+    before = database_size()
+    assert before.reusable_bytes >= 0.9 * dropped, (before, dropped)
+    _vacuum()
+    after = database_size()
+    if connection.vendor == "sqlite":
+        # VACUUM rebuilt the file: the free pages went back to the file system.
+        assert after.reusable_bytes < MB and after.file_bytes <= before.file_bytes - 0.9 * dropped
+        assert before.reusable_is_estimate is False
+    else:
+        # VACUUM made the space reusable inside the files; it is still there to reuse.
+        assert pgstattuple_installed(connection.cursor())
+        assert after.reusable_bytes >= 0.9 * dropped and after.reusable_is_estimate is False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_the_extension_the_estimate_still_counts_toast():
+    if connection.vendor != "postgresql":
+        pytest.skip("the statistics estimate exists on PostgreSQL only; SQLite's figure is exact")
+    dropped = _store_then_drop_output()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+    # A fresh transaction sees the flushed counters.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        assert estimated_reusable(cursor) >= 0.8 * dropped
