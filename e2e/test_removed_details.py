@@ -9,7 +9,13 @@ import pytest
 from playwright.sync_api import expect
 
 from e2e.conftest import MEMBER
-from e2e.helpers import check_layout, conversation_with_long_output, log_in, open_from_list, reduce_tool_item
+from e2e.helpers import (
+    check_layout,
+    conversation_with_long_output,
+    log_in,
+    open_from_list,
+    reduce_tool_item,
+)
 from lifecycle.models import Item
 from retention.reducer import MARKER_KEY, Skip
 
