@@ -141,3 +141,6 @@ def test_the_transcript_shows_the_removal_date_in_the_viewers_zone_and_the_kept_
     assert "Show full output" not in row and "item-output" not in row and SECRET not in html
     member_client.cookies[BROWSER_COOKIE] = "Asia/Tokyo"  # 08:30 the next day there
     assert "Tool details removed on Jan. 16, 2026" in member_client.get(url, **HOST).content.decode()
+    spanish = member_client.get(url, HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode()
+    assert "Los detalles de la herramienta se eliminaron el 16 de enero de 2026" in spanish
+    assert "Se conservó el resumen de arriba" in spanish
