@@ -234,3 +234,38 @@ def test_messages_that_are_not_tool_items_have_no_skip_reason(conversation):
     stored = Item.objects.get(pk=item.pk)
     assert (stored.payload_skip, stored.payload_bytes, stored.removable_bytes) == ("", 0, 0)
     assert reduce_item_row(stored, removed_at=NOW) is None
+
+
+@pytest.mark.django_db
+def test_seeded_items_store_exact_figures_and_skip_reasons(tmp_path):
+    from lifecycle.enginefs import EngineHome
+    from lifecycle.seeding import Seeder
+    from retention.reducer import measure_item
+
+    home = tmp_path / "seed-engine"
+    home.mkdir()
+    Seeder(seed=3, anchor=NOW, messages=30, home=EngineHome(home)).run(8)
+    tools = list(Item.objects.filter(role="tool"))
+    assert tools
+    for item in tools:
+        assert (item.payload_bytes, item.removable_bytes, item.payload_skip) == \
+            measure_item(item.tool_kind, item.payload), item.pk
+        assert item.payload_bytes == _stored_text_bytes(item.pk)
+    assert {i.payload_skip for i in tools} >= {"", Skip.PROTECTED}
+    assert set(Item.objects.exclude(role="tool").values_list("payload_skip", flat=True)) == {""}
+
+
+@pytest.mark.django_db
+def test_an_update_recomputes_the_stored_figures(conversation):
+    from lifecycle.actions.update_item import update_item
+
+    item = append_item(conversation, role="tool", tool_kind="shell", payload={"command": "x", "stdout": BIG})
+    assert Item.objects.get(pk=item.pk).payload_skip == ""
+    update_item(item, payload={"command": "x", "stdout": "1"})
+    stored = Item.objects.get(pk=item.pk)
+    assert (stored.payload_skip, stored.removable_bytes, stored.payload_bytes) == (
+        Skip.TOO_SMALL, 0, encoded_size({"command": "x", "stdout": "1"}))
+    update_item(item, payload={"command": "x", "stdout": CJK})
+    stored = Item.objects.get(pk=item.pk)
+    assert stored.payload_skip == "" and stored.payload_bytes == _stored_text_bytes(item.pk)
+    assert stored.removable_bytes == plan("shell", stored.payload).removed_bytes > 2800
