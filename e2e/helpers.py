@@ -158,3 +158,15 @@ def open_from_list(page: Page, conversation: Conversation) -> None:
     page.locator("#results .conv-title").filter(has_text=re.compile(rf"^{re.escape(conversation.title)}$")).click()
     expect(page).to_have_url(re.compile(rf"/conversations/{conversation.public_id}/$"))
     expect(page.get_by_role("heading", level=1)).to_have_text(conversation.title)
+
+
+def reduce_tool_item(item: Item, removed_at=None) -> Item:
+    """Write what tool payload cleanup writes for one item (the reducer's `reduce_item_row`)."""
+    from django.utils import timezone
+
+    from retention.reducer import reduce_item_row
+
+    row = reduce_item_row(item, removed_at=removed_at or timezone.now())
+    assert row is not None, f"item {item.pk} has nothing to remove"
+    assert Item.objects.filter(pk=item.pk, revision=item.revision).update(**row) == 1
+    return Item.objects.get(pk=item.pk)

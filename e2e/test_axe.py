@@ -52,6 +52,26 @@ def detail(page: Page, base: str) -> None:
     expect(page.locator(f"#item-{item.pk} .output pre")).to_be_focused()
 
 
+def removed_details(page: Page, base: str) -> None:
+    from e2e.helpers import reduce_tool_item
+
+    conversation, item = conversation_with_long_output()
+    reduce_tool_item(item)
+    log_in(page, base, *MEMBER)
+    open_from_list(page, conversation)
+    expect(page.locator(f"#item-{item.pk}").get_by_test_id("details-removed")).to_be_visible()
+
+
+def removed_output_page(page: Page, base: str) -> None:
+    from e2e.helpers import reduce_tool_item
+
+    conversation, item = conversation_with_long_output()
+    reduce_tool_item(item)
+    log_in(page, base, *MEMBER)
+    page.goto(f"{base}/conversations/{conversation.public_id}/items/{item.pk}/output/")
+    expect(page.get_by_test_id("details-removed")).to_be_visible()
+
+
 def data_storage(who: tuple[str, str], edit: bool) -> Callable[[Page, str], None]:
     def go(page: Page, base: str) -> None:
         log_in(page, base, *who)
@@ -144,6 +164,8 @@ PAGES: dict[str, Callable[[Page, str], None]] = {
     "login": login_page,
     **{f"list-{view}": list_tab(view) for view in VIEWS},
     "conversation": detail,
+    "conversation-removed-details": removed_details,
+    "output-removed-details": removed_output_page,
     "data-storage-admin": data_storage(ADMIN, edit=True),
     "data-storage-member": data_storage(MEMBER, edit=False),
     "400": bad_request,

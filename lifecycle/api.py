@@ -13,9 +13,11 @@ from django.utils.translation import gettext as _
 from pydantic import BeforeValidator, Field, model_validator
 
 from console.api import ApiError, Header, QuerySchema, Schema, endpoint, is_number
+from lifecycle import transcript
 from lifecycle.actions.append_item import append_item
 from lifecycle.actions.update_item import update_item
 from lifecycle.engine import get_engine
+from lifecycle.errors import ActionRefused
 from lifecycle.models import Conversation, Item, ItemStatus, Role, ToolKind
 from lifecycle.paging import Cursor, InvalidCursor, changed_since, snapshot_page
 from lifecycle.serializers import (
@@ -191,7 +193,9 @@ def thread_items(request: HttpRequest, public_id: str, query: ItemsQuery) -> dic
 
 
 @endpoint("POST", "/v1/threads/{public_id}/items", body=ItemIn, response=ItemOut, status=201, admin=True,
-          errors=(409,), name="api-thread-items-append", summary="Append an item (the runtime's write path)")
+          errors=(409,), name="api-thread-items-append", summary="Append an item (the runtime's write path)",
+          description="A tool item reusing the `tool_call_id` of an item whose details the tool payload cleanup "
+                      "removed is refused with 409 `tool_details_removed`.")
 def thread_items_append(request: HttpRequest, public_id: str, body: ItemIn) -> dict:
     conversation = _thread(public_id)
     if body.role == Role.TOOL and not body.tool_kind:
@@ -205,9 +209,38 @@ def thread_item(request: HttpRequest, public_id: str, item_id: int) -> dict:
     return item_json(get_object_or_404(Item, conversation=_thread(public_id), pk=item_id))
 
 
+class ItemOutputOut(Schema):
+    id: int
+    output: str
+
+
+def details_removed(item: Item) -> ActionRefused:
+    """410 for the full output of a tool item whose details cleanup removed."""
+    refusal = ActionRefused(
+        "tool_details_removed",
+        _("The details of this tool call were removed by the retention policy and cannot be restored."),
+        status=410,
+    )
+    refusal.extra = {"removed_at": iso(transcript.removed_at(item)), "summary": transcript.kept_summary(item)}
+    return refusal
+
+
+@endpoint("GET", "/v1/threads/{public_id}/items/{item_id}/output", response=ItemOutputOut, errors=(410,),
+          name="api-thread-item-output", summary="The full output of one tool item",
+          description="410 `tool_details_removed` with `removed_at` and the kept `summary` when the tool "
+                      "payload cleanup removed the item's details.")
+def thread_item_output(request: HttpRequest, public_id: str, item_id: int) -> dict:
+    item = get_object_or_404(Item, conversation=_thread(public_id), pk=item_id)
+    if transcript.removed_at(item) is not None:
+        raise details_removed(item)
+    return {"id": item.pk, "output": transcript.full_output(item) if item.role == Role.TOOL else item.content}
+
+
 @endpoint("PATCH", "/v1/threads/{public_id}/items/{item_id}", body=ItemPatchIn, response=ItemOut, admin=True,
           errors=(409,), name="api-thread-item-update",
-          summary="Change an item's status, title or payload (only the fields sent)")
+          summary="Change an item's status, title or payload (only the fields sent)",
+          description="On an item whose tool details cleanup removed, status and title apply and the payload "
+                      "fields cleanup removes are dropped from the update; the removal marker stays.")
 def thread_item_update(request: HttpRequest, public_id: str, item_id: int, body: ItemPatchIn) -> dict:
     item = get_object_or_404(Item, conversation=_thread(public_id), pk=item_id)
     sent = body.model_dump(include=body.model_fields_set)

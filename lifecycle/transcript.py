@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from django.utils.dateparse import parse_datetime
@@ -55,7 +56,7 @@ def _summary_and_output(kind: str, p: dict[str, Any]) -> tuple[list[tuple[str, s
             summary.append((_("Lines"), str(p["line_count"])))
         return summary, _text(p.get("content"))
     if kind == "edit_file":
-        changes = p.get("changes") or []
+        changes = p.get("changes") if isinstance(p.get("changes"), list) else []
         paths = ", ".join(sorted({_text(c.get("path")) for c in changes if isinstance(c, dict)}))
         summary = [(_("Files"), paths), (_("Changes"), str(len(changes)))]
         output = "\n".join(_text(c.get("diff")) for c in changes if isinstance(c, dict) and c.get("diff"))
@@ -76,6 +77,29 @@ def _summary_and_output(kind: str, p: dict[str, Any]) -> tuple[list[tuple[str, s
     return [], _text(p)
 
 
+def removed_at(item: Item) -> datetime | None:
+    """When cleanup removed this tool item's details, or None when they are still there."""
+    payload = item.payload if isinstance(item.payload, dict) else {}
+    marker = payload.get(MARKER_KEY)
+    if not isinstance(marker, dict) and item.details_removed_at is None:
+        return None
+    if item.details_removed_at is not None:
+        return item.details_removed_at
+    parsed = parse_datetime(str(marker.get("removed_at", ""))) if isinstance(marker, dict) else None
+    return parsed or datetime.fromtimestamp(0, tz=UTC)
+
+
+def kept_summary(item: Item) -> dict[str, Any]:
+    """The payload fields a removal kept (command, exit code, path, query, URL, tool name, ...)."""
+    payload = item.payload if isinstance(item.payload, dict) else {}
+    return {k: v for k, v in payload.items() if k != MARKER_KEY}
+
+
+def full_output(item: Item) -> str:
+    payload = item.payload if isinstance(item.payload, dict) else {}
+    return _summary_and_output(item.tool_kind, payload)[1]
+
+
 def item_rows(items: list[Item], *, full: bool = False) -> list[Row]:
     rows = []
     for item in items:
@@ -84,9 +108,8 @@ def item_rows(items: list[Item], *, full: bool = False) -> list[Row]:
             payload = item.payload if isinstance(item.payload, dict) else {}
             summary, output = _summary_and_output(item.tool_kind, payload)
             row.summary = [(k, v) for k, v in summary if v]
-            marker = payload.get(MARKER_KEY)
-            if isinstance(marker, dict):
-                row.removed_on = parse_datetime(str(marker.get("removed_at", "")))
+            row.removed_on = removed_at(item)
+            if row.removed_on is not None:
                 output = ""
             if not full and len(output) > PREVIEW_CHARS:
                 output, row.truncated = output[:PREVIEW_CHARS], True

@@ -168,8 +168,10 @@ def item_output(request: HttpRequest, public_id: str, item_id: int) -> HttpRespo
     """The full output of one tool call, loaded on demand."""
     conversation = get_object_or_404(Conversation, public_id=public_id)
     item = get_object_or_404(Item, conversation=conversation, pk=item_id)
-    context = {"conversation": conversation, "row": item_rows([item], full=True)[0]}
+    row = item_rows([item], full=True)[0]
+    context = {"conversation": conversation, "row": row}
     template = "lifecycle/item_output.html"
     if request.htmx:
         template += "#output"
-    return render(request, template, context)
+    # Gone: cleanup removed the details; the page says when and shows what was kept.
+    return render(request, template, context, status=410 if row.removed_on else 200)

@@ -1,0 +1,81 @@
+"""Migration 0007 stores existing payloads in the canonical form and recomputes their figures."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.db import IntegrityError, connection
+from django.db.migrations.executor import MigrationExecutor
+from django.utils import timezone
+
+from lifecycle.fence import is_fence_error
+from lifecycle.models import DeletionFence, Item
+from retention.reducer import Skip, encode, encoded_size, plan
+from tests import factories
+
+BEFORE = [("lifecycle", "0006_item_cleanup_fields")]
+CJK = "漢字" * 500
+
+
+def _migrate(targets) -> None:
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(targets)
+
+
+def _insert(conversation_id: int, seq: int, kind: str, text: str, *, size: int = 1, removable: int = 1) -> int:
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO lifecycle_item (conversation_id, seq, role, tool_kind, tool_call_id, status, title, "
+            "content, payload, payload_bytes, removable_bytes, payload_skip, revision, created_at, updated_at) "
+            "VALUES (%s, %s, 'tool', %s, '', 'completed', '', '', %s, %s, %s, '', 1, %s, %s)",
+            [conversation_id, seq, kind, text, size, removable, now, now],
+        )
+    return Item.objects.get(conversation_id=conversation_id, seq=seq).pk
+
+
+def _raw(item_id: int) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT payload FROM lifecycle_item WHERE id = %s", [item_id])
+        value = cursor.fetchone()[0]
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_rewrites_payloads_and_figures_in_batches():
+    live = factories.make_conversation(title="Live")
+    fenced = factories.make_conversation(title="Being deleted")
+    executor = MigrationExecutor(connection)
+    latest = executor.loader.graph.leaf_nodes()
+    _migrate(BEFORE)
+    try:
+        escaped = json.dumps({"command": "cat", "stdout": CJK, "stderr": ""})  # \uXXXX escapes, spaces
+        cjk_id = _insert(live.pk, 1, "shell", escaped)
+        numbers_id = _insert(live.pk, 2, "shell", '{"stdout": "' + "o" * 300 + '", "took": 1e16}')
+        tiny_id = _insert(live.pk, 3, "shell", '{"command": "true", "stdout": "y"}')
+        fenced_id = _insert(fenced.pk, 1, "shell", escaped)
+        DeletionFence.objects.create(conversation_id=fenced.pk, operation_id=1)
+    finally:
+        _migrate(latest)
+
+    cjk = Item.objects.get(pk=cjk_id)
+    assert cjk.payload == {"command": "cat", "stdout": CJK, "stderr": ""}
+    assert cjk.payload_bytes == encoded_size(cjk.payload) and cjk.payload_skip == ""
+    assert cjk.removable_bytes == plan("shell", cjk.payload).removed_bytes > 0
+    if connection.vendor == "sqlite":
+        assert _raw(cjk_id) == encode(cjk.payload)
+        assert len(_raw(cjk_id).encode()) == cjk.payload_bytes
+    numbers = Item.objects.get(pk=numbers_id)
+    assert numbers.payload_bytes == encoded_size(numbers.payload)
+    assert numbers.payload["took"] == (10**16 if connection.vendor == "postgresql" else 1e16)
+    tiny = Item.objects.get(pk=tiny_id)
+    assert (tiny.payload_skip, tiny.removable_bytes) == (Skip.TOO_SMALL, 0)
+    # The fence refuses writes to a conversation being deleted: its rows are left to erasure.
+    untouched = Item.objects.get(pk=fenced_id)
+    assert (untouched.payload_bytes, untouched.removable_bytes, untouched.payload_skip) == (1, 1, "")
+    # The fence triggers are back after the table rebuild.
+    with pytest.raises(IntegrityError) as refused:
+        Item.objects.filter(pk=fenced_id).update(title="late")
+    assert is_fence_error(refused.value)
