@@ -92,12 +92,20 @@ class _Cancelled(Exception):
     pass
 
 
+def _configured(name: str) -> str | Path | None:
+    """A Django setting of that name, else the environment variable (settings.py does not
+    declare these two, so operators set them in the environment)."""
+    return getattr(settings, name, None) or os.environ.get(name) or None
+
+
 # ---- The folder -------------------------------------------------------------------------
 
 
 def backup_dir() -> Path:
-    """The backup folder, created owner-only when missing."""
-    configured = getattr(settings, "LETHE_BACKUP_DIR", None)
+    """The backup folder, created owner-only when missing: the `LETHE_BACKUP_DIR` setting or
+    environment variable, else `BACKUP_DIR` (the name the deletion receipts read, in
+    lifecycle.deletion.physical), else `VAR_DIR/backups`."""
+    configured = _configured("LETHE_BACKUP_DIR") or getattr(settings, "BACKUP_DIR", None)
     directory = Path(configured) if configured else Path(settings.VAR_DIR) / "backups"
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     if directory.stat().st_mode & 0o077:
@@ -381,7 +389,7 @@ def _pg_tools() -> tuple[str, str]:
     `LETHE_PG_BIN_DIR`, when set, is the only place looked at; otherwise PATH, then
     /usr/lib/postgresql/<major>/bin, preferring the server's major version."""
     server_major = connection.pg_version // 10000
-    configured = getattr(settings, "LETHE_PG_BIN_DIR", None)
+    configured = _configured("LETHE_PG_BIN_DIR")
     if configured:
         directories = [str(configured)]
     else:
