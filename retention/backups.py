@@ -244,7 +244,8 @@ def create_backup(*, should_cancel: Callable[[], bool] = lambda: False, progress
     with _folder_lock(directory):
         _remove_leftovers(directory)
         vendor = connection.vendor
-        created_at = datetime.now(UTC).replace(microsecond=0)
+        # Microseconds kept in the receipt: two backups in one second still sort.
+        created_at = datetime.now(UTC)
         name = f"lethe-{vendor}-{created_at:%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}{EXTENSIONS[vendor]}"
         final = directory / name
         temp = directory / (TEMP_PREFIX + name)

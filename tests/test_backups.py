@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -216,6 +217,18 @@ def test_it_refuses_a_backup_of_another_database(folder):
         assert OTHER_DB in caught.value.message
 
 
+def wait_until_pg_dump_gone() -> None:
+    """pg_dump was killed: its session ends."""
+    deadline = time.monotonic() + 10
+    while True:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pg_dump'")
+            if cursor.fetchone()[0] == 0:
+                return
+        assert time.monotonic() < deadline, "pg_dump still connected"
+        time.sleep(0.1)
+
+
 def test_it_cancels_mid_way_and_keeps_nothing(folder, monkeypatch):
     fill(messages=300, size=4000)
     monkeypatch.setattr(backups, "SQLITE_STEP_PAGES", 16)
@@ -233,15 +246,7 @@ def test_it_cancels_mid_way_and_keeps_nothing(folder, monkeypatch):
     if connection.vendor == "sqlite":
         assert progress and progress[-1][0] < progress[-1][1], "cancelled before the copy finished"
     else:
-        # pg_dump was killed: its session ends.
-        deadline = time.monotonic() + 10
-        while True:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pg_dump'")
-                if cursor.fetchone()[0] == 0:
-                    break
-            assert time.monotonic() < deadline, "pg_dump still connected after cancel"
-            time.sleep(0.1)
+        wait_until_pg_dump_gone()
     assert files_in(folder) == []
     assert list_backups() == []
 
@@ -281,6 +286,9 @@ def test_it_cleans_up_after_a_killed_run_and_never_lists_it(folder):
     # The partial copy (and on SQLite its journal) under temp names only.
     assert left and all(name.startswith(backups.TEMP_PREFIX) for name in left), left
     assert list_backups() == []
+    if connection.vendor == "postgresql":
+        # The tool dies with the job process instead of writing on as an orphan.
+        wait_until_pg_dump_gone()
 
     receipt = create_backup()
     assert files_in(folder) == [receipt.name, receipt.name + ".json"]
@@ -291,7 +299,6 @@ def test_it_cleans_up_after_a_killed_run_and_never_lists_it(folder):
 def test_it_lists_only_backups_with_a_valid_receipt_newest_first(folder):
     fill(messages=3)
     first = create_backup()
-    time.sleep(1.1)
     second = create_backup()
     assert list_backups() == [second, first]
     ext = backups.EXTENSIONS[connection.vendor]
@@ -317,6 +324,24 @@ def test_it_lists_only_backups_with_a_valid_receipt_newest_first(folder):
                                       + [f"lethe-{vendor}-20260102T000000Z-abcdef{ext}",
                                          f"lethe-{vendor}-20260102T000000Z-abcdef{ext}.json", "notes.txt"])
     assert list_backups() == [third, second, first]
+
+
+def test_it_makes_one_backup_at_a_time(folder):
+    fill(messages=3)
+    directory = backups.backup_dir()
+    fd = os.open(directory / backups.LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    (directory / ".tmp-lethe-sqlite-20260103T000000Z-abcdef.sqlite3").write_bytes(b"a live run's copy")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(BackupError) as caught:
+            create_backup()
+        assert caught.value.code == "busy"
+        # The other run's temp file is left alone while it holds the lock.
+        assert files_in(folder) == [".tmp-lethe-sqlite-20260103T000000Z-abcdef.sqlite3"]
+    finally:
+        os.close(fd)
+    receipt = create_backup()
+    assert files_in(folder) == [receipt.name, receipt.name + ".json"]
 
 
 def test_it_refuses_to_start_inside_a_transaction(folder):
