@@ -276,6 +276,8 @@ def create_backup(*, should_cancel: Callable[[], bool] = lambda: False, progress
             raise
         except BaseException as exc:
             _discard(temp, final)
+            if isinstance(exc, sqlite3.Error):
+                raise BackupError("copy_failed", _("The database could not be copied: %(error)s") % {"error": exc}) from exc
             if isinstance(exc, OSError):
                 raise BackupError(
                     "io_error", _("The backup could not be written: %(error)s") % {"error": exc.strerror or exc}

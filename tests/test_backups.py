@@ -376,6 +376,25 @@ def test_it_names_the_missing_dump_tool(folder, settings, tmp_path, monkeypatch)
     assert files_in(folder) == []
 
 
+def test_it_refuses_dump_tools_older_than_the_server(folder, settings, tmp_path):
+    fill(messages=3)
+    old_tools = tmp_path / "old-tools"
+    old_tools.mkdir()
+    for tool in ("pg_dump", "pg_restore"):
+        script = old_tools / tool
+        script.write_text(f"#!/bin/sh\necho '{tool} (PostgreSQL) 9.6.24'\n")
+        script.chmod(0o755)
+    settings.LETHE_PG_BIN_DIR = old_tools
+    if connection.vendor == "sqlite":
+        assert verify_backup(create_backup().name)
+        return
+    with pytest.raises(BackupError) as caught:
+        create_backup()
+    assert caught.value.code == "tool_too_old"
+    assert f"version {connection.pg_version // 10000}" in caught.value.message and "9" in caught.value.message
+    assert files_in(folder) == []
+
+
 def test_it_explains_how_to_restore_in_both_languages():
     for vendor in ("sqlite", "postgresql"):
         english = restore_instructions(vendor)
