@@ -216,6 +216,15 @@ def test_it_refuses_a_backup_of_another_database(folder):
         assert caught.value.code == "wrong_database"
         assert OTHER_DB in caught.value.message
 
+        # An archive of our database without the data of one table is not a backup.
+        partial = folder / "partial.dump"
+        subprocess.run([dump, "--format=custom", f"--file={partial}", "--exclude-table-data=lifecycle_item",
+                        connection.settings_dict["NAME"]], check=True, env=pg_cli_env(), capture_output=True)
+        with pytest.raises(BackupError) as caught:
+            backups._check_postgresql(partial, connection.settings_dict["NAME"], lambda: False)
+        assert caught.value.code == "verify_failed"
+        assert "lifecycle_item" in caught.value.message
+
 
 def wait_until_pg_dump_gone() -> None:
     """pg_dump was killed: its session ends."""
