@@ -49,6 +49,10 @@ def database_size() -> DatabaseSize:
             wal = Path(name + "-wal")
             wal_bytes = wal.stat().st_size if wal.exists() else 0
             return DatabaseSize("sqlite", pages * page_size + wal_bytes, free * page_size, False)
+        if connection.pg_version >= 150000:
+            # This connection's row counts reach the statistics views at most once a second
+            # (and at the end of a transaction); flush them so rows it just deleted count.
+            cursor.execute("SELECT pg_stat_force_next_flush()")
         cursor.execute("SELECT pg_database_size(current_database())")
         total = cursor.fetchone()[0]
         if pgstattuple_installed(cursor):
