@@ -6,6 +6,7 @@ import fcntl
 import hashlib
 import json
 import os
+import secrets
 import signal
 import sqlite3
 import subprocess
@@ -171,17 +172,42 @@ def test_it_detects_a_truncated_backup(folder):
     assert caught.value.message
 
 
-def test_it_detects_a_corrupted_backup(folder):
-    fill(messages=300)
-    receipt = create_backup()
+def damage_where_checks_reach(receipt) -> bytes:
+    """Flip bytes where the engine's own check must notice: SQLite verifies structure, not
+    content, so the header of the item table's root page; a PostgreSQL archive starts with
+    its table of contents (plain text to pg_restore), so inside the compressed item data."""
     data = bytearray(receipt.path.read_bytes())
-    middle = len(data) // 2
-    data[middle:middle + 64] = bytes(b ^ 0xFF for b in data[middle:middle + 64])
+    if receipt.vendor == "sqlite":
+        db = sqlite3.connect(f"file:{receipt.path}?mode=ro", uri=True)
+        try:
+            page_size = db.execute("PRAGMA page_size").fetchone()[0]
+            root = db.execute("SELECT rootpage FROM sqlite_master WHERE name = 'lifecycle_item'").fetchone()[0]
+        finally:
+            db.close()
+        at = (root - 1) * page_size
+        data[at:at + 8] = bytes(b ^ 0xFF for b in data[at:at + 8])
+    else:
+        assert len(data) > 1_000_000, "item data is most of the archive"
+        at = len(data) * 3 // 4
+        data[at:at + 64] = bytes(b ^ 0xFF for b in data[at:at + 64])
     receipt.path.write_bytes(bytes(data))
+    return bytes(data)
+
+
+def test_it_detects_a_corrupted_backup(folder):
+    conversation = factories.make_conversation(title="Random")
+    Item.objects.bulk_create(
+        Item(conversation=conversation, seq=seq, role="assistant", content=secrets.token_hex(2000))
+        for seq in range(1, 601)
+    )
+    receipt = create_backup()
+    damaged = damage_where_checks_reach(receipt)
     with pytest.raises(BackupError) as caught:
         verify_backup(receipt.name)
     assert caught.value.code == "checksum_mismatch"
-    write_receipt(receipt, sha256=hashlib.sha256(bytes(data)).hexdigest())
+    # Damage before the receipt was written (what create checks): the hash matches, the
+    # content does not read back.
+    write_receipt(receipt, sha256=hashlib.sha256(damaged).hexdigest())
     with pytest.raises(BackupError) as caught:
         verify_backup(receipt.name)
     assert caught.value.code == "verify_failed"
