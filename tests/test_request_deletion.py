@@ -327,25 +327,34 @@ def test_a_symlinked_folder_is_never_followed_and_keeps_the_delete_pending(tmp_p
     assert (outside / "precious.txt").exists()
 
 
+@pytest.mark.django_db(transaction=True)
 def test_the_receipt_names_the_backups_made_before_the_delete(settings, tmp_path):
     import os
     import time
 
-    settings.BACKUP_DIR = tmp_path / "backups"
-    settings.BACKUP_DIR.mkdir()
-    old = settings.BACKUP_DIR / "lethe-2026-01-01.sqlite3"
-    old.write_bytes(b"backup")
-    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    from retention.backups import create_backup
+
+    settings.LETHE_BACKUP_DIR = tmp_path / "backups"
     target = factories.make_conversation()
+    verified = create_backup()  # a real backup, with its receipt sidecar beside it
+    copied = settings.LETHE_BACKUP_DIR / "operator-copy.sqlite3"  # a copy an operator put there
+    copied.write_bytes(b"backup")
+    os.utime(copied, (time.time() - 3600, time.time() - 3600))
+    time.sleep(0.01)
     op = delete(target)
     executor.run_erasure(op.pk)
-    (settings.BACKUP_DIR / "lethe-later.sqlite3").write_bytes(b"made after")
+    (settings.LETHE_BACKUP_DIR / "lethe-later.sqlite3").write_bytes(b"made after")
     op.refresh_from_db()
     backups = [h for h in op.receipt["holders"] if h["kind"] == "backup"]
-    assert [h["name"] for h in backups] == ["lethe-2026-01-01.sqlite3"]
-    # Until a checkpoint (SQLite) or a compaction (PostgreSQL) the database itself is named too.
+    # Both hold the content; the receipt sidecar holds none; the later file never held it.
+    assert sorted(h["name"] for h in backups) == sorted([verified.name, "operator-copy.sqlite3"])
     kinds = {h["kind"] for h in op.receipt["holders"]}
-    assert kinds & {"wal", "database_files"}
+    if connection.vendor == "sqlite":
+        # Nothing else held a snapshot, so the checkpoint ran: the log no longer holds it.
+        assert op.physical_state == m.PhysicalState.ERASED and "wal" not in kinds
+    else:
+        # Until a compaction that rewrites the tables, their files are named too.
+        assert op.physical_state == m.PhysicalState.PENDING and "database_files" in kinds
 
 
 def test_unrelated_conversations_jobs_and_drafts_survive():

@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
-from django.conf import settings
 from django.db import connection
 
 CHECKPOINT_TRIES = 8
@@ -44,22 +42,26 @@ def checkpoint_sqlite(tries: int = CHECKPOINT_TRIES) -> bool:
     return False
 
 
-def backup_dir() -> Path:
-    return Path(getattr(settings, "BACKUP_DIR", None) or Path(settings.VAR_DIR) / "backups")
-
-
 def backups_before(moment: datetime) -> list[dict[str, Any]]:
-    """Backup files made before `moment`: they hold the content until they are deleted."""
+    """Files in the backup folder made before `moment`: they hold the content until they are
+    deleted. The folder is the one backups are made in (`retention.backups.backup_dir`);
+    besides verified backups it may hold copies an operator put there, which hold content
+    as much. A backup's receipt sidecar holds no content and is not named; a verified
+    backup is dated by its receipt, any other file by its modification time."""
+    from retention.backups import backup_dir, list_backups
+
     folder = backup_dir()
-    if not folder.is_dir():
-        return []
+    verified = {receipt.name: receipt.created_at.timestamp() for receipt in list_backups()}
     out = []
     for path in sorted(folder.iterdir()):
-        if path.is_file() and not path.name.startswith("."):
-            made = path.stat().st_mtime
-            if made < moment.timestamp():
-                out.append({"kind": "backup", "name": path.name,
-                            "made_at": datetime.fromtimestamp(made, tz=moment.tzinfo).isoformat()})
+        if not path.is_file() or path.name.startswith("."):
+            continue
+        if path.suffix == ".json" and path.with_suffix("").name in verified:
+            continue
+        made = verified.get(path.name, path.stat().st_mtime)
+        if made < moment.timestamp():
+            out.append({"kind": "backup", "name": path.name,
+                        "made_at": datetime.fromtimestamp(made, tz=moment.tzinfo).isoformat()})
     return out
 
 
