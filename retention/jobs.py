@@ -408,21 +408,7 @@ def _reduce_item_row(item, *, removed_at: datetime):
 
 def _cleanup_step(op: ToolPayloadOperation, token: str, *, after_batch=None) -> str:
     """Bounded keyset batches by (conversation id, item id), each its own transaction."""
-    from lifecycle.models import Item
-
     deadline = time.monotonic() + STEP_SECONDS
-    if op.cutoff is None:
-        cutoff = cutoff_for(timezone.now(), op.age_value, op.age_unit)
-        removable = Item.objects.filter(
-            removable_bytes__gt=0, conversation__in=eligible_conversations(cutoff).values("id")
-        ).aggregate(n=Count("id"), c=Count("conversation_id", distinct=True))
-        with transaction.atomic():
-            _locked(op, token)
-            ToolPayloadOperation.objects.filter(pk=op.pk).update(
-                cutoff=cutoff, progress_total=removable["n"], eligible_messages=removable["n"],
-                eligible_conversations=removable["c"],
-            )
-        op.cutoff = cutoff
     pause = SQLITE_PAUSE if connection.vendor == "sqlite" else 0.0
     while time.monotonic() < deadline:
         result = _with_busy_retries(lambda: _cleanup_batch(op, token))
@@ -454,6 +440,16 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str) -> str:
             _close_locked(fresh, OperationState.PARTIAL if fresh.removed_messages else OperationState.CANCELLED,
                           "policy_changed", _("The policy changed during the run; later batches did not run."))
             return "policy_changed"
+        if fresh.cutoff is None:  # the run's first batch fixes its cutoff and totals
+            cutoff = cutoff_for(timezone.now(), fresh.age_value, fresh.age_unit)
+            removable = Item.objects.filter(
+                removable_bytes__gt=0, conversation__in=eligible_conversations(cutoff).values("id")
+            ).aggregate(n=Count("id"), c=Count("conversation_id", distinct=True))
+            ToolPayloadOperation.objects.filter(pk=fresh.pk).update(
+                cutoff=cutoff, progress_total=removable["n"], eligible_messages=removable["n"],
+                eligible_conversations=removable["c"],
+            )
+            fresh.cutoff = op.cutoff = cutoff
         conversation_id, after_item = fresh.cursor_conversation, fresh.cursor_item
         if after_item == NO_CURSOR:
             conversation_id = (
@@ -562,14 +558,14 @@ def _backup_run(op: ToolPayloadOperation, token: str) -> str:
     A run that finds it took over a dead run's lease does not try again on its own: the
     preparation was interrupted, so it fails and the admin chooses Retry or Cancel.
     """
-    from retention.backups import BackupError, create_backup
-
     if op.attempts:
         message = _("The backup was interrupted (the job restarted). Retry it or change the backup choice.")
         with transaction.atomic():
             if _finish(op, token, OperationState.FAILED, "interrupted", message):
                 _policy_preparation(PreparationState.FAILED, error=message)
         return "done"
+
+    from retention.backups import BackupError, create_backup
 
     def should_cancel() -> bool:
         return ToolPayloadOperation.objects.filter(pk=op.pk, cancel_requested=True).exists()
