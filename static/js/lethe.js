@@ -94,6 +94,70 @@
     }
   });
 
+  // ---- Data & storage: tool payload cleanup ------------------------------------
+  // Status reads and actions answer with out-of-band regions, also on 4xx/5xx (a refusal
+  // carries the service's own message), so those bodies are processed, never dropped.
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    var elt = event.detail.requestConfig && event.detail.requestConfig.elt;
+    if (elt && elt.closest && elt.closest("[data-cleanup-action]") && event.detail.xhr.status >= 400) {
+      event.detail.shouldSwap = true;
+      event.detail.isError = false;
+    }
+  });
+  // A status read that never reached the server: say so, keep what is shown (and keep polling).
+  function statusUnreachable(event) {
+    var elt = event.detail && event.detail.elt;
+    var note = document.getElementById("tool-status-note");
+    if (!note || !elt || !elt.closest) return;
+    if (elt.id === "tool-poll") {
+      note.innerHTML = "";
+      var p = document.createElement("p");
+      p.className = "alert alert-error";
+      p.textContent = note.dataset.unavailable || "";
+      note.appendChild(p);
+    } else if (elt.closest("[data-cleanup-action]")) {
+      var errors = document.getElementById("tool-action-error");
+      if (!errors) return;
+      errors.innerHTML = "";
+      var q = document.createElement("p");
+      q.className = "alert alert-error";
+      q.textContent = errors.dataset.offline || "";
+      errors.appendChild(q);
+    }
+  }
+  document.addEventListener("htmx:sendError", statusUnreachable);
+  document.addEventListener("htmx:timeout", statusUnreachable);
+
+  // The backup choice shows when the draft needs it: turning cleanup on (again) or
+  // shortening the period. The service decides for sure and refuses a save without it.
+  var DAYS = { weeks: 7, months: 30.44 };
+  function syncCleanupDraft() {
+    var choice = document.getElementById("backup-choice");
+    var enabled = document.getElementById("id_enabled");
+    var value = document.getElementById("id_age_value");
+    var unit = document.getElementById("id_age_unit");
+    if (choice && enabled && value && unit) {
+      var savedDays = Number(choice.dataset.savedAge) * DAYS[choice.dataset.savedUnit];
+      var draftDays = Number(value.value) * (DAYS[unit.value] || 0);
+      var needed = enabled.checked && (choice.dataset.savedEnabled !== "true" || (draftDays > 0 && draftDays < savedDays));
+      var hasError = !!choice.querySelector(".field-error");
+      choice.hidden = !(needed || hasError);
+      choice.querySelectorAll("input").forEach(function (radio) { radio.disabled = choice.hidden; });
+    }
+    // An estimate for other settings than the draft's is marked, not hidden.
+    var analysis = document.getElementById("tool-analysis");
+    var mark = document.getElementById("analysis-draft-stale");
+    if (analysis && mark && value && unit) {
+      var key = analysis.dataset.ageKey;
+      mark.hidden = !key || key === value.value + "-" + unit.value;
+    }
+  }
+  document.addEventListener("input", syncCleanupDraft);
+  document.addEventListener("change", syncCleanupDraft);
+  document.addEventListener("htmx:afterSettle", syncCleanupDraft);
+  document.addEventListener("htmx:oobAfterSwap", syncCleanupDraft);
+  syncCleanupDraft();
+
   // ---- Shared Save/Discard bar -------------------------------------------------
   // Each form[data-contributor] is an independent contributor: it saves to its own
   // endpoint, and a failure in one leaves the others saved.
@@ -228,6 +292,7 @@
         if (!fresh || !fresh.querySelector('form[data-contributor="' + key + '"]')) return "offline";
         card.replaceWith(fresh);
         if (window.htmx) window.htmx.process(fresh);
+        syncCleanupDraft();
         var newForm = fresh.querySelector('form[data-contributor="' + key + '"]');
         if (response.ok) remember(newForm);
         else fresh.classList.add("has-error");
