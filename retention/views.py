@@ -134,8 +134,6 @@ def _card(doc: dict | None, engine: str) -> dict:
         analysis_state = "running"
     elif not analysis:
         analysis_state = "none"
-    elif doc.get("analysis_state"):
-        analysis_state = {"not_analyzed": "none"}.get(doc["analysis_state"], doc["analysis_state"])
     elif analysis["state"] == "succeeded" and not analysis.get("eligible_messages"):
         analysis_state = "empty"
     else:
@@ -210,7 +208,7 @@ def _remaining(run: dict | None) -> int | None:
     if not run:
         return None
     progress = run.get("progress") or {}
-    if progress.get("total") is not None and progress.get("done") is not None:
+    if progress.get("total") and progress.get("done") is not None:
         return max(progress["total"] - progress["done"], 0)
     if run.get("eligible_messages") is not None and run.get("removed_messages") is not None:
         return max(run["eligible_messages"] - run["removed_messages"] - sum((run.get("skipped") or {}).values()), 0)
@@ -358,6 +356,24 @@ def cleanup_cancel(request: HttpRequest) -> HttpResponse:
 @require_POST
 def cleanup_retry(request: HttpRequest) -> HttpResponse:
     return _action(request, None, lambda data: service.retry_preparation(user=request.user))
+
+
+@login_required
+@require_POST
+def cleanup_cancel_preparation(request: HttpRequest) -> HttpResponse:
+    """Cancel after a failed or cancelled backup: cleanup is turned off, nothing was removed.
+
+    The service has no call of its own for this, so it is a policy save: cleanup off at the
+    saved revision, with the saved backup choice, which also resets the preparation.
+    """
+    def call(data):
+        policy = ToolPayloadPolicy.load()
+        service.save_policy(
+            user=request.user, enabled=False, age_value=policy.age_value, age_unit=policy.age_unit,
+            revision=data["revision"], backup_choice=policy.backup_choice or "create",
+        )
+
+    return _action(request, RunForm, call)
 
 
 @login_required
