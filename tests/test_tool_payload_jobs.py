@@ -443,3 +443,70 @@ def test_the_schedules_exist_once_and_the_daily_check_starts_a_cleanup(admin_use
     assert jobs.daily_check() == "busy"
     assert run(op.pk).removed_messages == 4
     assert service.status_document()["next_check_at"] is not None
+
+
+# ---- Crash safety on a real cluster ---------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cleanup_killed_with_sigkill_resumes_on_a_real_cluster_with_exact_totals(
+        admin_user, engine_home, tmp_path):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from tests.test_erasure_crash import stop_group
+    from tests.test_jobs import ROOT, database_url
+
+    conversations = [old_conversation(f"crash-{n}", tools=6) for n in range(4)]
+    analysis = run(service.start_analysis(user=admin_user, age_value=3, age_unit="months"))
+    assert analysis.eligible_messages == 4 * 7
+    stored_before = Item.objects.aggregate(s=Sum("payload_bytes"))["s"]
+    enable(admin_user)
+    op_id = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
+    kills = tmp_path / "kills"
+    kills.mkdir()
+    env = {**os.environ, "DATABASE_URL": database_url(), "ENGINE_HOME": str(engine_home),
+           "DJANGO_SETTINGS_MODULE": "console.settings_test", "Q_WORKERS": "1",
+           "LETHE_TOOL_CLEANUP_BATCH": "3", "LETHE_TOOL_CLEANUP_PAUSE": "0.4",
+           "LETHE_TOOL_JOB_LEASE_SECONDS": "2", "LETHE_TOOL_JOB_STEP_SECONDS": "600",
+           "LETHE_TEST_KILL_AT": "tool-cleanup-mid-batch,tool-cleanup-after-batch", "LETHE_TEST_KILL_DIR": str(kills)}
+
+    def start():
+        return subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=ROOT, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def op() -> ToolPayloadOperation:
+        return ToolPayloadOperation.objects.get(pk=op_id)
+
+    cluster = start()
+    try:
+        # The worker kills itself mid-batch (rolled back) and after a batch (committed);
+        # each time the cluster replaces it and the startup recovery takes the run over.
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (
+                len(list(kills.iterdir())) == 2 and op().removed_messages >= 6 and op().attempts == 2):
+            time.sleep(0.1)
+        assert op().state == "running", op().error_message
+        # Now the whole cluster dies with SIGKILL in the middle of the run, and starts again.
+        os.killpg(cluster.pid, 9)
+        cluster.wait()
+        committed = op().removed_messages
+        assert 0 < committed < 28
+        cluster = start()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and op().state == "running":
+            time.sleep(0.2)
+    finally:
+        stop_group(cluster)
+    final = op()
+    assert sorted(p.name for p in kills.iterdir()) == ["tool-cleanup-after-batch", "tool-cleanup-mid-batch"]
+    assert (final.state, final.attempts) == ("succeeded", 3), final.error_message
+    assert final.removed_messages == analysis.eligible_messages == 28  # nothing counted twice
+    assert final.payload_bytes == analysis.payload_bytes
+    assert stored_before - Item.objects.aggregate(s=Sum("payload_bytes"))["s"] == analysis.payload_bytes
+    assert json.loads(final.skipped_json) == {}
+    for conversation in conversations:
+        assert not Item.objects.filter(conversation=conversation, removable_bytes__gt=0).exists()
+        assert Item.objects.filter(conversation=conversation, details_removed_at__isnull=False).count() == 7
