@@ -38,8 +38,8 @@ def page(client) -> str:
 
 def region(html: str, element_id: str) -> str:
     """The markup of one live region (up to the next region or the end)."""
-    start = html.index(f'id="{element_id}"')
-    following = [html.find(f'id="{other}"', start + 1) for other in
+    start = html.index(f' id="{element_id}"')
+    following = [html.find(f' id="{other}"', start + 1) for other in
                  ("tool-analysis", "tool-run", "tool-poll", "db-compact", "backups", "cleanup-history")]
     ends = [i for i in following if i > start]
     return html[start:min(ends) if ends else len(html)]
@@ -236,6 +236,7 @@ def test_an_enabled_policy_shows_the_next_check(admin_client, admin_user):
     assert next_check and next_check != "Disabled"
 
 
+@pytest.mark.django_db(transaction=True)  # VACUUM runs outside any transaction
 def test_compact_database_runs_as_a_job_with_before_and_after_sizes(admin_client):
     response = admin_client.post(COMPACT, {}, **HX)
     assert response.status_code == 202
@@ -338,3 +339,18 @@ def test_members_see_the_status_read_only_with_the_admins_only_note(member_clien
     assert 'id="save-bar"' not in html
     response = member_client.get(STATUS, **HX)
     assert response.status_code == 200 and "Run cleanup now" not in response.content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_backups_are_listed_with_size_time_checksum_and_how_to_restore(admin_client, settings, tmp_path):
+    from retention.backups import create_backup, restore_instructions
+
+    settings.LETHE_BACKUP_DIR = tmp_path / "backups"
+    receipt = create_backup()
+    html = page(admin_client)
+    backups = region(html, "backups")
+    assert receipt.name in backups and receipt.sha256 in backups
+    assert filesizeformat(receipt.size) in backups
+    assert "Restoring a backup replaces the whole database" in backups
+    first_line = restore_instructions(receipt.vendor).splitlines()[0]
+    assert first_line.replace("'", "&#x27;").replace('"', "&quot;")[:40] in backups
