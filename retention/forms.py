@@ -16,7 +16,8 @@ class BackupChoice(models.TextChoices):
 class AgeForm(forms.Form):
     """The cleanup period alone: what an analysis of the draft needs."""
 
-    age_value = forms.IntegerField(label=_("Conversations inactive for"), min_value=1, max_value=520)
+    # The range depends on the unit, so clean() checks it and says it in those words.
+    age_value = forms.IntegerField(label=_("Conversations inactive for"))
     age_unit = forms.ChoiceField(label=_("Unit"), choices=AgeUnit.choices)
 
     def clean(self):
