@@ -206,3 +206,35 @@ def test_members_see_the_status_but_no_actions(data, live_server, open_page):
     expect(page.get_by_label("Automatic cleanup")).to_be_disabled()
     check_layout(page, "member view")
     page.screenshot(path=f"{SHOTS}/cleanup-member-320.png", full_page=True)
+
+
+def test_a_failed_status_read_is_said_kept_apart_from_an_action_error_and_clears_itself(data, live_server, open_page):
+    from django.contrib.auth import get_user_model
+
+    from retention import service
+
+    old, _recent = data
+    service.start_analysis(user=get_user_model().objects.get(username=ADMIN[0]), age_value=3, age_unit="months")
+    page = open_page("phone")
+    open_card(page, live_server.url)
+    analysis = page.get_by_test_id("analysis")
+    expect(analysis).to_have_attribute("data-state", "running")
+    note, errors = page.get_by_test_id("status-note"), page.get_by_test_id("action-error")
+    status_url = f"{live_server.url}/settings/system/data-storage/status/"
+    page.route(status_url, lambda route: route.fulfill(status=502, body="Bad gateway"))
+    expect(note).to_contain_text("Current status unavailable", timeout=5_000)
+    expect(analysis).to_have_attribute("data-state", "running")  # the last status read stays shown
+    # An action meanwhile: refused (one operation at a time), its error in its own region.
+    page.get_by_role("button", name="Analyze savings").click()
+    expect(errors).to_contain_text("Another cleanup operation is running")
+    page.wait_for_timeout(2_500)  # more failed reads: the action error stays
+    expect(errors).to_contain_text("Another cleanup operation is running")
+    expect(note).to_contain_text("Current status unavailable")
+    page.screenshot(path=f"{SHOTS}/cleanup-status-unavailable-390.png", full_page=False)
+    page.unroute(status_url)
+    drain()
+    expect(analysis).to_have_attribute("data-state", "completed", timeout=10_000)
+    expect(note).to_have_text("")
+    expect(errors).to_contain_text("Another cleanup operation is running")  # only an action clears it
+    expect(page.get_by_test_id("estimate-bytes")).to_have_attribute("data-bytes", str(removable(old)))
+    check_layout(page, "after the status came back")

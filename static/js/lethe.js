@@ -99,12 +99,16 @@
   // carries the service's own message), so those bodies are processed, never dropped.
   document.addEventListener("htmx:beforeSwap", function (event) {
     var elt = event.detail.requestConfig && event.detail.requestConfig.elt;
-    if (elt && elt.closest && elt.closest("[data-cleanup-action]") && event.detail.xhr.status >= 400) {
-      event.detail.shouldSwap = true;
-      event.detail.isError = false;
-    }
+    if (!elt || !elt.closest || !elt.closest("[data-cleanup-action]") || event.detail.xhr.status < 400) return;
+    event.detail.isError = false;
+    // Lethe's own answers carry their regions; anything else (a proxy's error page) is
+    // said in words instead of being swapped in.
+    var ours = (event.detail.xhr.responseText || "").indexOf("hx-swap-oob") !== -1;
+    event.detail.shouldSwap = ours;
+    if (!ours) statusUnreachable({ detail: { elt: elt } });
   });
-  // A status read that never reached the server: say so, keep what is shown (and keep polling).
+  // A status read or action that got no answer of Lethe's: say so, keep what is shown
+  // (and keep polling, so the note clears itself on the next good read).
   function statusUnreachable(event) {
     var elt = event.detail && event.detail.elt;
     var note = document.getElementById("tool-status-note");
