@@ -202,7 +202,7 @@ def test_a_run_shows_progress_with_cancel_then_completed_with_its_figures(admin_
     cleanup = ToolPayloadOperation.objects.get()
     html = response.content.decode()
     assert state_of(html, "tool-run", "data-run") == "running"
-    assert "Cleanup running:" in html and "Cancel run" in html and "Completed" not in region(html, "tool-run")
+    assert "Cleanup queued:" in html and "Cancel run" in html and "Completed" not in region(html, "tool-run")
     run(cleanup.pk)
     html = page(admin_client)
     assert state_of(html, "tool-run", "data-run") == "succeeded"
