@@ -409,6 +409,15 @@ def _reduce_item_row(item, *, removed_at: datetime):
 def _cleanup_step(op: ToolPayloadOperation, token: str, *, after_batch=None) -> str:
     """Bounded keyset batches by (conversation id, item id), each its own transaction."""
     deadline = time.monotonic() + STEP_SECONDS
+    if op.cutoff is None and op.removed_messages == 0:
+        refused = _verify_preparation()
+        if refused:
+            with transaction.atomic():
+                if _finish(op, token, OperationState.FAILED, "preparation_required", refused):
+                    ToolPayloadPolicy.objects.filter(id=1, backup_choice=BackupChoice.CREATE).update(
+                        preparation_state=PreparationState.FAILED, preparation_error=refused[:300]
+                    )
+            return "done"
     pause = SQLITE_PAUSE if connection.vendor == "sqlite" else 0.0
     while time.monotonic() < deadline:
         result = _with_busy_retries(lambda: _cleanup_batch(op, token))
@@ -419,6 +428,23 @@ def _cleanup_step(op: ToolPayloadOperation, token: str, *, after_batch=None) -> 
         if pause:
             time.sleep(pause)
     return "more"
+
+
+def _verify_preparation() -> str:
+    """Before the first mutating batch: with "create" chosen, the backup must be ready and
+    its receipt must verify again now (file present, checksum, integrity). "" when fine."""
+    policy = ToolPayloadPolicy.load()
+    if policy.backup_choice == BackupChoice.SKIP and policy.preparation_state == PreparationState.READY:
+        return ""
+    if policy.backup_choice != BackupChoice.CREATE or policy.preparation_state != PreparationState.READY:
+        return _("Cleanup waits for the backup. Retry the backup, or change the backup choice.")
+    from retention.backups import BackupError, verify_backup
+
+    try:
+        verify_backup(policy.backup_receipt_name)
+    except BackupError as exc:
+        return _("The backup made for this cleanup does not verify: %(reason)s") % {"reason": exc.message}
+    return ""
 
 
 def _cleanup_batch(op: ToolPayloadOperation, token: str) -> str:
@@ -573,14 +599,17 @@ def _backup_run(op: ToolPayloadOperation, token: str) -> str:
     try:
         with _Heartbeat(op.pk, token):
             receipt = create_backup(should_cancel=should_cancel)
-    except BackupError as exc:
-        cancelled = exc.code == "cancelled" or should_cancel()
+    except Exception as exc:
+        if isinstance(exc, BackupError):
+            code, message = exc.code, str(exc.message)
+        else:
+            log.exception("tool payload backup %s failed", op.pk)
+            code, message = "internal", _("The backup stopped on an unexpected error. Details are in the server log.")
+        cancelled = code == "cancelled"
         state = OperationState.CANCELLED if cancelled else OperationState.FAILED
         with transaction.atomic():
-            if _finish(op, token, state, exc.code, str(exc.message)):
-                _policy_preparation(
-                    PreparationState.CANCELLED if cancelled else PreparationState.FAILED, error=str(exc.message)
-                )
+            if _finish(op, token, state, code, message):
+                _policy_preparation(PreparationState.CANCELLED if cancelled else PreparationState.FAILED, error=message)
         return "done"
     with transaction.atomic():
         if not _finish(op, token, OperationState.SUCCEEDED, backup_name=receipt.name,
