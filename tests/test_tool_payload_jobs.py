@@ -603,3 +603,15 @@ def test_compact_runs_as_a_job_and_records_the_sizes(admin_user):
     assert op.before_bytes > 0 and op.after_bytes > 0 and op.after_reusable_bytes is not None
     last = service.status_document()["last_compact"]
     assert (last["id"], last["before_bytes"], last["after_bytes"]) == (op.pk, op.before_bytes, op.after_bytes)
+
+
+@pytest.mark.django_db
+def test_the_operations_page_lists_cleanup_history_with_figures_and_who(admin_user, admin_client):
+    assert "No cleanup operations yet." in admin_client.get("/operations/", HTTP_HOST="127.0.0.1").content.decode()
+    old_conversation("history", tools=2)
+    enable(admin_user)
+    run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    jobs.daily_check()
+    page = admin_client.get("/operations/", HTTP_HOST="127.0.0.1").content.decode()
+    assert "3 messages cleaned" in page and "by alice" in page
+    assert "by the daily schedule" in page and "Queued" in page
