@@ -70,7 +70,7 @@ class AgeOut(Schema):
     unit: str
 
 
-class ErrorOut(Schema):
+class OperationErrorOut(Schema):
     code: str
     message: str
 
@@ -100,7 +100,7 @@ class OperationDoc(Schema):
     created_at: str
     started_at: str | None
     finished_at: str | None
-    error: ErrorOut | None
+    error: OperationErrorOut | None
     started_by: str = Field(description='The username, or "schedule".')
     progress: ProgressOut
     stale: bool
@@ -155,7 +155,7 @@ class StatusOut(Schema):
     history: list[OperationDoc] = Field(description="The last 50 operations, newest first.")
     database: DatabaseOut
     backups: list[BackupOut]
-    error: ErrorOut | None = Field(description="Set when stored state is unreadable: nothing runs.")
+    error: OperationErrorOut | None = Field(description="Set when stored state is unreadable: nothing runs.")
 
 
 class StartedOut(Schema):

@@ -510,3 +510,108 @@ def test_a_cleanup_killed_with_sigkill_resumes_on_a_real_cluster_with_exact_tota
     for conversation in conversations:
         assert not Item.objects.filter(conversation=conversation, removable_bytes__gt=0).exists()
         assert Item.objects.filter(conversation=conversation, details_removed_at__isnull=False).count() == 7
+
+
+# ---- Preparation with a real backup ---------------------------------------------------------
+
+
+@pytest.fixture
+def backup_dir(settings, tmp_path):
+    settings.LETHE_BACKUP_DIR = str(tmp_path / "backups")
+    return tmp_path / "backups"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_verified_backup_comes_first_then_cleanup_follows(admin_user, backup_dir):
+    conversation = old_conversation("backed-up", tools=2)
+    enable(admin_user, choice="create")
+    backup = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert backup.kind == "backup" and backup.state == "succeeded", backup.error_message
+    assert (backup_dir / backup.backup_name).is_file() and len(backup.backup_sha256) == 64
+    policy = ToolPayloadPolicy.load()
+    assert (policy.preparation_state, policy.backup_receipt_name) == ("ready", backup.backup_name)
+    cleanup = ToolPayloadOperation.objects.get(kind="cleanup")
+    assert cleanup.started_by_id == admin_user.pk and cleanup.state == "queued"
+    assert run(cleanup.pk).removed_messages == 3
+    assert Item.objects.filter(conversation=conversation, details_removed_at__isnull=False).count() == 3
+    doc = service.status_document()
+    assert [b["name"] for b in doc["backups"]] == [backup.backup_name]
+    assert [op["kind"] for op in doc["history"]] == ["cleanup", "backup"]
+    assert doc["history"][1]["backup"]["sha256"] == backup.backup_sha256
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_or_cancelled_backup_blocks_cleanup_until_retried(admin_user, backup_dir):
+    import fcntl
+    import os
+
+    old_conversation("blocked", tools=2)
+    before = snapshot()
+    enable(admin_user, choice="create")
+    backup_dir.mkdir(mode=0o700)
+    holder = os.open(backup_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # another backup holds the folder: this one fails for real
+    try:
+        failed = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    finally:
+        os.close(holder)
+    assert (failed.state, failed.error_code) == ("failed", "busy")
+    policy = ToolPayloadPolicy.load()
+    assert policy.preparation_state == "failed" and policy.preparation_error
+    with pytest.raises(CleanupError) as blocked:
+        service.start_run(user=admin_user, revision=policy.revision)
+    assert blocked.value.code == "preparation_required"
+    assert not ToolPayloadOperation.objects.filter(kind="cleanup").exists() and snapshot() == before
+
+    retry = service.retry_preparation(user=admin_user)
+    service.cancel(user=admin_user, operation_id=retry)
+    cancelled = run(retry)
+    assert (cancelled.state, cancelled.error_code) == ("cancelled", "cancelled")
+    assert ToolPayloadPolicy.load().preparation_state == "cancelled"
+    assert [p.name for p in backup_dir.iterdir() if not p.name.startswith(".")] == []  # nothing kept
+    assert snapshot() == before
+
+    done = run(service.retry_preparation(user=admin_user))
+    assert done.state == "succeeded"
+    cleanup = run(ToolPayloadOperation.objects.get(kind="cleanup").pk)
+    assert cleanup.state == "succeeded" and cleanup.removed_messages == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cleanup_verifies_the_receipt_again_before_its_first_batch(admin_user, backup_dir):
+    old_conversation("tampered", tools=2)
+    enable(admin_user, choice="create")
+    ToolPayloadPolicy.objects.filter(id=1).update(enabled=False)  # prepare only: no cleanup follows
+    backup = run(service.retry_preparation(user=admin_user))
+    assert backup.state == "succeeded" and not ToolPayloadOperation.objects.filter(kind="cleanup").exists()
+    ToolPayloadPolicy.objects.filter(id=1).update(enabled=True)
+    with (backup_dir / backup.backup_name).open("r+b") as archive:
+        archive.seek(100)
+        archive.write(b"\0" * 64)  # the backup changed on disk after it was made
+    before = snapshot()
+    cleanup = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert (cleanup.kind, cleanup.state, cleanup.error_code) == ("cleanup", "failed", "preparation_required")
+    assert snapshot() == before
+    assert ToolPayloadPolicy.load().preparation_state == "failed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_compact_runs_as_a_job_and_records_the_sizes(admin_user):
+    old_conversation("compact", tools=3)
+    op = run(service.start_compact(user=admin_user))
+    assert op.state == "succeeded", op.error_message
+    assert op.before_bytes > 0 and op.after_bytes > 0 and op.after_reusable_bytes is not None
+    last = service.status_document()["last_compact"]
+    assert (last["id"], last["before_bytes"], last["after_bytes"]) == (op.pk, op.before_bytes, op.after_bytes)
+
+
+@pytest.mark.django_db
+def test_the_operations_page_lists_cleanup_history_with_figures_and_who(admin_user, admin_client):
+    assert "No cleanup operations yet." in admin_client.get("/operations/", HTTP_HOST="127.0.0.1").content.decode()
+    old_conversation("history", tools=2)
+    enable(admin_user)
+    run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    jobs.daily_check()
+    page = admin_client.get("/operations/", HTTP_HOST="127.0.0.1").content.decode()
+    assert "3 messages cleaned" in page and "by alice" in page
+    assert "by the daily schedule" in page and "Queued" in page
