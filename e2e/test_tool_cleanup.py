@@ -238,3 +238,29 @@ def test_a_failed_status_read_is_said_kept_apart_from_an_action_error_and_clears
     expect(errors).to_contain_text("Another cleanup operation is running")  # only an action clears it
     expect(page.get_by_test_id("estimate-bytes")).to_have_attribute("data-bytes", str(removable(old)))
     check_layout(page, "after the status came back")
+
+
+@pytest.mark.parametrize("viewport", ["desktop", "small-phone"], ids=["1280", "320"])
+def test_the_card_in_spanish_fits_and_says_everything_in_spanish(data, live_server, open_page, viewport):
+    from django.contrib.auth import get_user_model
+
+    from retention import service
+
+    admin = get_user_model().objects.get(username=ADMIN[0])
+    service.save_policy(user=admin, enabled=True, age_value=3, age_unit="months", revision=1, backup_choice="skip")
+    service.start_run(user=admin, revision=ToolPayloadPolicy.load().revision)
+    page = open_page(viewport)
+    open_card(page, live_server.url)
+    footer = page.locator(".page-foot select[name=language]")
+    (page.locator(".sidenav select[name=language]") if viewport == "desktop" else footer).select_option("es")
+    expect(page.locator("html")).to_have_attribute("lang", "es")
+    page.goto(f"{live_server.url}/settings/system/data-storage/")
+    card = page.locator("#tool-card")
+    expect(card.get_by_role("heading", level=2)).to_have_text("Limpieza de datos de herramientas")
+    expect(card).to_contain_text("Limpieza en cola:")
+    expect(page.get_by_role("button", name="Cancelar ejecución")).to_be_visible()
+    drain()
+    expect(page.get_by_test_id("last-run")).to_contain_text("Completada", timeout=15_000)
+    expect(page.get_by_role("button", name="Limpiar ahora")).to_be_enabled()
+    check_layout(page, "card in Spanish")
+    page.screenshot(path=f"{SHOTS}/cleanup-es-{page.viewport_size['width']}.png", full_page=True)

@@ -20,7 +20,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy
+from django.utils.translation import gettext_lazy, pgettext_lazy
 from django.views.decorators.http import require_GET, require_POST
 
 from console.auth import is_admin
@@ -43,12 +43,12 @@ POLL_IDLE = 30  # while cleanup is on and idle: the daily check may start a run
 
 
 STATE_LABELS = {
-    "queued": gettext_lazy("Queued"),
-    "running": gettext_lazy("Running"),
-    "succeeded": gettext_lazy("Completed"),
-    "partial": gettext_lazy("Partial"),
-    "failed": gettext_lazy("Failed"),
-    "cancelled": gettext_lazy("Cancelled"),
+    "queued": pgettext_lazy("operation state", "Queued"),
+    "running": pgettext_lazy("operation state", "Running"),
+    "succeeded": pgettext_lazy("operation state", "Completed"),
+    "partial": pgettext_lazy("operation state", "Partial"),
+    "failed": pgettext_lazy("operation state", "Failed"),
+    "cancelled": pgettext_lazy("operation state", "Cancelled"),
 }
 KIND_LABELS = {
     "analysis": gettext_lazy("Analysis"),
