@@ -264,3 +264,33 @@ def test_the_card_in_spanish_fits_and_says_everything_in_spanish(data, live_serv
     expect(page.get_by_role("button", name="Limpiar ahora")).to_be_enabled()
     check_layout(page, "card in Spanish")
     page.screenshot(path=f"{SHOTS}/cleanup-es-{page.viewport_size['width']}.png", full_page=True)
+
+
+def test_the_card_works_from_the_keyboard_and_keeps_the_place_across_status_reads(data, live_server, open_page):
+    old, _recent = data
+    page = open_page("desktop")
+    open_card(page, live_server.url)
+    page.get_by_label("Number").focus()
+    page.keyboard.press("Control+A")
+    page.keyboard.type("2")
+    page.keyboard.press("Tab")  # the unit
+    expect(page.get_by_label("Unit")).to_be_focused()
+    page.keyboard.press("Tab")
+    expect(page.get_by_role("button", name="Analyze savings")).to_be_focused()
+    page.keyboard.press("Enter")
+    analysis = page.get_by_test_id("analysis")
+    expect(analysis).to_have_attribute("data-state", "running")
+    expect(page.get_by_role("button", name="Analyze savings")).to_be_focused()  # the press kept its place
+    page.keyboard.press("Tab")
+    expect(page.get_by_role("button", name="Cancel analysis")).to_be_focused()
+    page.wait_for_timeout(2_500)  # status reads meanwhile change nothing: the focus stays
+    expect(page.get_by_role("button", name="Cancel analysis")).to_be_focused()
+    drain()
+    expect(analysis).to_have_attribute("data-state", "completed", timeout=10_000)
+    expect(analysis).to_be_focused()  # its Cancel button went with the run: the focus moves to the result
+    expect(page.locator("#cleanup-live")).to_contain_text("Estimated payload savings")
+    page.keyboard.press("Tab")
+    expect(page.locator("#analysis-details-summary")).to_be_focused()
+    page.keyboard.press("Enter")
+    expect(page.locator("#analysis-details")).to_have_attribute("open", "")
+    expect(page.locator("#analysis-details")).to_contain_text(str(removable(old)))

@@ -132,6 +132,40 @@
   document.addEventListener("htmx:sendError", statusUnreachable);
   document.addEventListener("htmx:timeout", statusUnreachable);
 
+  // Each status read replaces the live regions. An unchanged region is left alone; a
+  // changed one keeps its open details and the focus (by id), and a new state is said once.
+  var focusAfterSwap = null;
+  document.addEventListener("htmx:oobBeforeSwap", function (event) {
+    var target = event.detail.target;
+    var fresh = event.detail.fragment && event.detail.fragment.firstElementChild;
+    if (!target || !fresh || !target.matches || !target.matches(".cleanup-region, #backups, #cleanup-history")) return;
+    target.querySelectorAll("details[open][id]").forEach(function (d) {
+      var again = fresh.querySelector("#" + d.id);
+      if (again) again.setAttribute("open", "");
+    });
+    if (target.outerHTML === fresh.outerHTML) {
+      event.detail.shouldSwap = false;
+      return;
+    }
+    var active = document.activeElement;
+    focusAfterSwap = target.contains(active) ? { id: active.id, region: target.id } : null;
+    var before = target.dataset.state + "/" + target.dataset.run + "/" + target.dataset.prep;
+    var after = fresh.dataset.state + "/" + fresh.dataset.run + "/" + fresh.dataset.prep;
+    if (before !== after) {
+      var first = fresh.querySelector("p");
+      if (first) announce(document.getElementById("cleanup-live"), first.textContent.replace(/\s+/g, " ").trim());
+    }
+  });
+  document.addEventListener("htmx:oobAfterSwap", function () {
+    var wanted = focusAfterSwap;
+    focusAfterSwap = null;
+    if (!wanted || !focusLost()) return;
+    // The same control if it is still there (and usable), else the region it was in.
+    var el = wanted.id && document.getElementById(wanted.id);
+    if (el && !el.disabled && el.matches("button, a, input, select, summary")) el.focus({ preventScroll: true });
+    else focusQuiet(document.getElementById(wanted.region));
+  });
+
   // The backup choice shows when the draft needs it: turning cleanup on (again) or
   // shortening the period. The service decides for sure and refuses a save without it.
   var DAYS = { weeks: 7, months: 30.44 };
