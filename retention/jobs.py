@@ -60,7 +60,7 @@ def _env_number(name: str, default: float) -> float:
 
 
 # Tunables (environment, for operators and tests).
-LEASE_SECONDS = _env_number("LETHE_TOOL_JOB_LEASE_SECONDS", 120)
+LEASE_SECONDS = _env_number("LETHE_TOOL_JOB_LEASE_SECONDS", 30)
 STEP_SECONDS = _env_number("LETHE_TOOL_JOB_STEP_SECONDS", 60)
 BATCH_ITEMS = int(_env_number("LETHE_TOOL_CLEANUP_BATCH", 100))
 BATCH_BYTES = int(_env_number("LETHE_TOOL_CLEANUP_BATCH_BYTES", 1_000_000))
@@ -241,6 +241,22 @@ def _claim(operation_id: int, token: str) -> ToolPayloadOperation | None:
     return op
 
 
+def _await_lease(operation_id: int, token: str) -> ToolPayloadOperation | None:
+    """At start-up: is the lease's holder alive (its heartbeat moves) or dead (the lease
+    expires)? Exit at once in the first case, take over in the second."""
+    first = ToolPayloadOperation.objects.filter(pk=operation_id).values_list("heartbeat_at", flat=True).first()
+    deadline = time.monotonic() + LEASE_SECONDS + 2
+    while time.monotonic() < deadline:
+        time.sleep(min(0.5, LEASE_SECONDS / 4))
+        row = ToolPayloadOperation.objects.filter(pk=operation_id).values_list("slot", "heartbeat_at").first()
+        if row is None or row[0] is None or row[1] != first:
+            return None  # finished, or its holder is alive
+        op = _claim(operation_id, token)
+        if op is not None:
+            return op
+    return None
+
+
 def run_operation(operation_id: int, wait_for_lease: bool = False) -> str:
     """Run (a step of) one operation. Returns "done", "more", "busy" or "gone"."""
     from retention.service import StateUnreadable, _check_operation, _check_policy
@@ -248,8 +264,7 @@ def run_operation(operation_id: int, wait_for_lease: bool = False) -> str:
     token = uuid.uuid4().hex
     op = _claim(operation_id, token)
     if op is None and wait_for_lease:
-        time.sleep(LEASE_SECONDS + 1)
-        op = _claim(operation_id, token)
+        op = _await_lease(operation_id, token)
     if op is None:
         return "busy" if ToolPayloadOperation.objects.filter(pk=operation_id, slot__isnull=False).exists() else "gone"
     try:
