@@ -615,3 +615,27 @@ def test_the_operations_page_lists_cleanup_history_with_figures_and_who(admin_us
     page = admin_client.get("/operations/", HTTP_HOST="127.0.0.1").content.decode()
     assert "3 messages cleaned" in page and "by alice" in page
     assert "by the daily schedule" in page and "Queued" in page
+
+
+@pytest.mark.django_db(transaction=True)
+def test_removed_output_is_gone_from_the_rows_and_on_sqlite_from_the_file(admin_user):
+    secret = factories.marker("stdout")
+    conversation = factories.make_conversation(title="secret")
+    factories.add_tool(conversation, "shell", {"command": "cat key", "cwd": "/w", "exit_code": 0,
+                                               "stdout": (secret + "\n") * 40, "stderr": ""})
+    age(conversation, OLD)
+    enable(admin_user)
+    assert run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)).removed_messages == 1
+    assert not Item.objects.filter(payload__icontains=secret).exists()
+    item = Item.objects.get(conversation=conversation)
+    assert secret not in json.dumps(item.payload) and item.payload["command"] == "cat key"
+    if connection.vendor == "sqlite":  # secure_delete stays on: no copy left in free space
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA secure_delete")
+            assert cursor.fetchone()[0] == 1
+            cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            assert cursor.fetchone()[0] == 0
+        from pathlib import Path
+
+        raw = Path(connection.settings_dict["NAME"]).read_bytes()
+        assert secret.encode() not in raw
