@@ -639,3 +639,18 @@ def test_removed_output_is_gone_from_the_rows_and_on_sqlite_from_the_file(admin_
 
         raw = Path(connection.settings_dict["NAME"]).read_bytes()
         assert secret.encode() not in raw
+
+
+@pytest.mark.django_db
+def test_a_cancelled_analysis_is_partial_never_complete(admin_user, monkeypatch):
+    monkeypatch.setattr(jobs, "ANALYSIS_BATCH", 1)
+    for n in range(3):
+        old_conversation(f"partial-{n}")
+    op_id = service.start_analysis(user=admin_user, age_value=3, age_unit="months")
+    assert service.status_document()["analysis_state"] == "running"
+    service.cancel(user=admin_user, operation_id=op_id)
+    op = run(op_id)
+    assert op.state == "cancelled" and op.scanned == 0
+    doc = service.status_document()
+    assert doc["analysis_state"] == "partial" and doc["last_analysis"]["state"] == "cancelled"
+    assert doc["operation"] is None
