@@ -263,7 +263,7 @@ def run_operation(operation_id: int, wait_for_lease: bool = False) -> str:
     from retention.service import StateUnreadable, _check_operation, _check_policy
 
     token = uuid.uuid4().hex
-    op = _claim(operation_id, token)
+    op = _with_busy_retries(lambda: _claim(operation_id, token))
     if op is None and wait_for_lease:
         op = _await_lease(operation_id, token)
     if op is None:

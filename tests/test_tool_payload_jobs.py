@@ -654,3 +654,37 @@ def test_a_cancelled_analysis_is_partial_never_complete(admin_user, monkeypatch)
     doc = service.status_document()
     assert doc["analysis_state"] == "partial" and doc["last_analysis"]["state"] == "cancelled"
     assert doc["operation"] is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_busy_database_backs_off_and_the_run_goes_on(admin_user):
+    old_conversation("contended", tools=3)
+    enable(admin_user)
+    op_id = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
+    holding, release = threading.Event(), threading.Event()
+
+    def holder() -> None:  # another connection holds the lock the job needs
+        try:
+            with transaction.atomic():
+                ToolPayloadOperation.objects.select_for_update().get(pk=op_id)
+                if connection.vendor == "postgresql":
+                    ToolPayloadOperation.objects.filter(pk=op_id).update(attempts=0)
+                holding.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert holding.wait(10)
+    with connection.cursor() as cursor:  # this connection gives up waiting quickly
+        cursor.execute("PRAGMA busy_timeout = 50" if connection.vendor == "sqlite" else "SET lock_timeout = '50ms'")
+    timer = threading.Timer(0.4, release.set)
+    timer.start()
+    try:
+        op = run(op_id)
+    finally:
+        release.set()
+        thread.join()
+        timer.cancel()
+    assert (op.state, op.error_code, op.removed_messages) == ("succeeded", "", 4)
