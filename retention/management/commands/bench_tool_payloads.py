@@ -223,10 +223,10 @@ class Command(BaseCommand):
             while not sampler_stop.wait(0.1):
                 rss_peak[0] = max(rss_peak[0], _rss_bytes())
 
+        connections.close_all()  # the child must not inherit this process's connection
+        writer.start()  # before any thread of ours exists: fork copies only the calling thread
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
-        connections.close_all()  # the child must not inherit this process's connection
-        writer.start()
         started = time.perf_counter()
         while jobs.run_operation(op.pk) == "more":
             pass
