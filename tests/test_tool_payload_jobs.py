@@ -409,6 +409,10 @@ def test_run_with_backup_chosen_waits_for_preparation_and_an_interrupted_one_blo
     assert (blocked.value.code, blocked.value.status) == ("preparation_required", 409)
     assert not ToolPayloadOperation.objects.filter(kind="cleanup").exists()
     assert not Item.objects.filter(details_removed_at__isnull=False).exists()
+    service.cancel(user=admin_user, operation_id=op_id)  # Cancel on the failed preparation
+    assert ToolPayloadPolicy.load().preparation_state == "cancelled"
+    with pytest.raises(CleanupError):
+        service.start_run(user=admin_user, revision=policy.revision)
     retry = service.retry_preparation(user=admin_user)
     assert ToolPayloadOperation.objects.get(pk=retry).kind == "backup"
     assert ToolPayloadPolicy.load().preparation_state == "preparing"
