@@ -85,6 +85,71 @@ def data_storage(who: tuple[str, str], edit: bool) -> Callable[[Page, str], None
     return go
 
 
+def _admin():
+    return get_user_model().objects.get(username=ADMIN[0])
+
+
+def _drain() -> None:
+    from retention import jobs
+    from retention.models import ToolPayloadOperation
+
+    for _ in range(500):
+        op = ToolPayloadOperation.objects.filter(slot__isnull=False).order_by("id").first()
+        if op is None:
+            return
+        jobs.run_operation(op.pk)
+
+
+def cleanup(state: str) -> Callable[[Page, str], None]:
+    """The tool payload cleanup card in its busiest states: running, completed, failed."""
+
+    def go(page: Page, base: str) -> None:
+        from retention import service
+        from retention.models import ToolPayloadOperation, ToolPayloadPolicy
+
+        admin = _admin()
+        if state == "running":
+            service.start_analysis(user=admin, age_value=3, age_unit="months")
+        elif state == "completed":
+            _drain_after(service.start_analysis(user=admin, age_value=3, age_unit="months"))
+            service.save_policy(user=admin, enabled=True, age_value=3, age_unit="months", revision=1,
+                                backup_choice="skip")
+            _drain_after(service.start_run(user=admin, revision=ToolPayloadPolicy.load().revision))
+        else:
+            service.save_policy(user=admin, enabled=True, age_value=3, age_unit="months", revision=1,
+                                backup_choice="create")
+            backup = service.start_run(user=admin, revision=ToolPayloadPolicy.load().revision)
+            ToolPayloadOperation.objects.filter(pk=backup).update(state="failed", slot=None, error_code="x",
+                                                                  error_message="No space left for the backup.")
+            ToolPayloadPolicy.objects.filter(id=1).update(preparation_state="failed",
+                                                          preparation_error="No space left for the backup.")
+            failed = service.start_analysis(user=admin, age_value=3, age_unit="months")
+            ToolPayloadOperation.objects.filter(pk=failed).update(state="failed", slot=None, error_code="x",
+                                                                  error_message="The disk said no.")
+        log_in(page, base, *ADMIN)
+        open_nav(page, "Data & storage")
+        analysis = page.get_by_test_id("analysis")
+        if state == "running":
+            expect(analysis).to_have_attribute("data-state", "running")
+            page.get_by_label("Automatic cleanup").check()  # the backup choice and the save bar show
+            expect(page.locator("#backup-choice")).to_be_visible()
+        elif state == "completed":
+            expect(analysis).to_have_attribute("data-state", "completed")
+            for summary in page.locator("#tool-card details summary").all():
+                summary.click()  # the details open
+        else:
+            expect(page.get_by_role("button", name="Retry backup")).to_be_visible()
+            page.get_by_label("Number").fill("0")
+            page.get_by_role("button", name="Analyze savings").click()  # an action error, in its region
+            expect(page.get_by_test_id("action-error")).to_contain_text("Choose from")
+
+    return go
+
+
+def _drain_after(_operation_id: int) -> None:
+    _drain()
+
+
 def not_found(page: Page, base: str) -> None:
     log_in(page, base, *MEMBER)
     page.goto(f"{base}/conversations/c_00000000000000000000/")
@@ -168,6 +233,9 @@ PAGES: dict[str, Callable[[Page, str], None]] = {
     "output-removed-details": removed_output_page,
     "data-storage-admin": data_storage(ADMIN, edit=True),
     "data-storage-member": data_storage(MEMBER, edit=False),
+    "cleanup-running": cleanup("running"),
+    "cleanup-completed": cleanup("completed"),
+    "cleanup-failed": cleanup("failed"),
     "400": bad_request,
     "404": not_found,
     "403": forbidden,

@@ -89,7 +89,8 @@ def test_it_saves_both_cards_from_one_bar(policies, live_server, open_page, view
     page = open_page(viewport)
     open_data_storage(page, live_server.url, ADMIN)
 
-    page.get_by_label("Clean up old tool payloads").check()
+    page.get_by_label("Automatic cleanup").check()
+    page.get_by_label("Continue without backup").check()  # required when turning cleanup on, never preselected
     page.get_by_label("Number").fill("6")
     page.get_by_label("Unit").select_option("weeks")
     page.get_by_label("Audit facts, days").fill("500")
@@ -112,7 +113,7 @@ def test_it_saves_both_cards_from_one_bar(policies, live_server, open_page, view
 
     # What was saved is what the page shows after a reload.
     page.reload()
-    expect(page.get_by_label("Clean up old tool payloads")).to_be_checked()
+    expect(page.get_by_label("Automatic cleanup")).to_be_checked()
     expect(page.get_by_label("Number")).to_have_value("6")
     expect(page.get_by_label("Unit")).to_have_value("weeks")
     expect(page.get_by_label("Audit facts, days")).to_have_value("500")

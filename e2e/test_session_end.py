@@ -34,7 +34,8 @@ def test_a_draft_survives_the_end_of_the_session_and_saves_after_signing_in(
     open_nav(page, "Data & storage")
     before = RetainedFactsPolicy.load()
     page.get_by_label("Audit facts, days").fill("500")
-    page.get_by_label("Clean up old tool payloads").check()
+    page.get_by_label("Automatic cleanup").check()
+    page.get_by_label("Continue without backup").check()  # required when turning cleanup on, never preselected
 
     if how == "session row deleted":
         Session.objects.all().delete()
@@ -51,7 +52,7 @@ def test_a_draft_survives_the_end_of_the_session_and_saves_after_signing_in(
     expect(bar(page).locator(".save-bar-status")).to_have_text(ENDED)
     expect(page.locator("#save-bar-live")).to_have_text(ENDED)
     expect(page.get_by_label("Audit facts, days")).to_have_value("500")
-    expect(page.get_by_label("Clean up old tool payloads")).to_be_checked()
+    expect(page.get_by_label("Automatic cleanup")).to_be_checked()
     expect(page.locator("#facts-card")).to_be_visible()
     expect(page.locator("#tool-card")).to_be_visible()
     expect(page).to_have_url(f"{live_server.url}/settings/system/data-storage/")

@@ -1,17 +1,24 @@
 from __future__ import annotations
 
 from django import forms
+from django.db import models
 from django.utils.translation import gettext_lazy as _
 
 from lifecycle.models import RetainedFactsPolicy
 from retention.models import AGE_LIMITS, AgeUnit
 
 
-class ToolPayloadPolicyForm(forms.Form):
-    enabled = forms.BooleanField(label=_("Clean up old tool payloads"), required=False)
-    age_value = forms.IntegerField(label=_("Conversations inactive for"), min_value=1, max_value=520)
+class BackupChoice(models.TextChoices):
+    CREATE = "create", _("Create backup (recommended)")
+    SKIP = "skip", _("Continue without backup")
+
+
+class AgeForm(forms.Form):
+    """The cleanup period alone: what an analysis of the draft needs."""
+
+    # The range depends on the unit, so clean() checks it and says it in those words.
+    age_value = forms.IntegerField(label=_("Conversations inactive for"))
     age_unit = forms.ChoiceField(label=_("Unit"), choices=AgeUnit.choices)
-    revision = forms.IntegerField(widget=forms.HiddenInput, min_value=1)
 
     def clean(self):
         data = super().clean()
@@ -26,6 +33,27 @@ class ToolPayloadPolicyForm(forms.Form):
                 )
                 self.add_error("age_value", message % {"low": low, "high": high})
         return data
+
+
+class ToolPayloadPolicyForm(AgeForm):
+    enabled = forms.BooleanField(label=_("Automatic cleanup"), required=False)
+    # Never preselected: the service says when the choice is required (enabling, re-enabling,
+    # shortening the period) and refuses the save without it.
+    backup_choice = forms.ChoiceField(
+        label=_("Before the first cleanup"), choices=BackupChoice.choices, required=False,
+        widget=forms.RadioSelect,
+    )
+    revision = forms.IntegerField(widget=forms.HiddenInput, min_value=1)
+
+    field_order = ("age_value", "age_unit", "enabled", "backup_choice", "revision")
+
+
+class RunForm(forms.Form):
+    revision = forms.IntegerField(min_value=1)
+
+
+class CancelForm(forms.Form):
+    operation_id = forms.IntegerField(min_value=1)
 
 
 def _days_field(label):

@@ -3,37 +3,223 @@
 Each editable card is an independent contributor to the shared Save/Discard bar: it has
 its own form, its own POST endpoint and its own revision, so one card's invalid input or
 stale revision never blocks another card's save.
+
+The tool payload cleanup card reads everything it shows from `retention.service`'s status
+document and changes things only through the service. Its live parts (analysis, backup
+preparation and run, Compact database, backups, history) are page regions that one poller
+refreshes out of band: every second or two while something runs, slowly while cleanup is
+on and idle, not at all otherwise. A failed status read leaves the regions as they were and
+says so in its own status note; action errors have their own region, which polls never touch.
 """
 
 from __future__ import annotations
+
+import logging
 
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy, pgettext_lazy
 from django.views.decorators.http import require_GET, require_POST
 
 from console.auth import is_admin
 from lifecycle.actions.save_facts_policy import save_facts_policy
 from lifecycle.errors import ActionRefused
 from lifecycle.models import RetainedFactsPolicy
-from retention.actions.save_policy import save_tool_payload_policy
-from retention.forms import RetainedFactsForm, ToolPayloadPolicyForm
+from retention import service
+from retention.forms import AgeForm, CancelForm, RetainedFactsForm, RunForm, ToolPayloadPolicyForm
 from retention.models import StorageSnapshot, ToolPayloadPolicy
 from retention.storage import database_size
 
+logger = logging.getLogger("lethe.retention")
+
 PAGE = "retention/data_storage.html"
+LIVE = "retention/cleanup_live.html"
+
+RUNNING = ("queued", "running")
+POLL_BUSY = 1  # seconds between status reads while an operation runs or a backup is prepared
+POLL_IDLE = 30  # while cleanup is on and idle: the daily check may start a run
+
+
+STATE_LABELS = {
+    "queued": pgettext_lazy("operation state", "Queued"),
+    "running": pgettext_lazy("operation state", "Running"),
+    "succeeded": pgettext_lazy("operation state", "Completed"),
+    "partial": pgettext_lazy("operation state", "Partial"),
+    "failed": pgettext_lazy("operation state", "Failed"),
+    "cancelled": pgettext_lazy("operation state", "Cancelled"),
+}
+KIND_LABELS = {
+    "analysis": gettext_lazy("Analysis"),
+    "backup": gettext_lazy("Backup"),
+    "cleanup": gettext_lazy("Cleanup"),
+    "compact": gettext_lazy("Compact database"),
+}
+SKIP_LABELS = {
+    "oversize": gettext_lazy("too large to read safely"),
+    "malformed": gettext_lazy("unreadable details"),
+    "already_removed": gettext_lazy("details already removed"),
+    "unsupported": gettext_lazy("unsupported tool"),
+    "no_payload": gettext_lazy("no details"),
+    "protected": gettext_lazy("protected (plans, todos, tasks, monitors)"),
+    "too_small": gettext_lazy("too small to save space"),
+}
+UNIT_LABELS = {"weeks": gettext_lazy("weeks"), "months": gettext_lazy("months")}
+
+
+def _error_text(error) -> str:
+    """An error of the document: {code, message} or a plain message."""
+    if isinstance(error, dict):
+        return str(error.get("message") or error.get("code") or "")
+    return str(error or "")
+
+
+def _op(op: dict | None) -> dict | None:
+    """An operation of the status document with the labels the templates show."""
+    if not op:
+        return op
+    who = op.get("started_by")
+    age = op.get("age") or {}
+    return {
+        **op,
+        "error_text": _error_text(op.get("error")),
+        "state_label": STATE_LABELS.get(op.get("state"), op.get("state")),
+        "kind_label": KIND_LABELS.get(op.get("kind"), op.get("kind")),
+        "started_by_label": _("the daily schedule") if who == "schedule" else (who or _("unknown")),
+        "skipped_list": [(SKIP_LABELS.get(reason, reason), n) for reason, n in (op.get("skipped") or {}).items() if n],
+        "age_unit_label": UNIT_LABELS.get(age.get("unit"), age.get("unit", "")),
+    }
 
 
 def _saved_form(form_class, policy):
-    """An unbound form showing the saved values (every form field is a policy field)."""
-    return form_class(initial={name: getattr(policy, name) for name in form_class.base_fields})
+    """An unbound form showing the saved values (the fields the policy has)."""
+    return form_class(initial={name: getattr(policy, name) for name in form_class.base_fields if hasattr(policy, name)})
+
+
+def _read_status() -> dict | None:
+    """The service's status document, or None when it cannot be read (shown, never hidden)."""
+    try:
+        return service.status_document()
+    except Exception:
+        logger.exception("tool payload cleanup status could not be read")
+        return None
+
+
+def _restore_text(engine: str) -> str:
+    try:
+        from retention import backups
+
+        return backups.restore_instructions(engine)
+    except Exception:
+        logger.exception("backup restore instructions could not be read")
+        return ""
+
+
+def _age_key(age: dict | None) -> str:
+    return f"{age['value']}-{age['unit']}" if age else ""
+
+
+def _card(doc: dict | None, engine: str) -> dict:
+    """What the card's templates need, derived from the status document in one place."""
+    if doc is None:
+        return {"status_ok": False, "poll": 0}
+    operation = _op(doc.get("operation"))
+    running = operation if operation and operation.get("state") in RUNNING else None
+    policy = doc["policy"]
+    preparation = doc.get("preparation") or {}
+    prep_state = _preparation_state(preparation.get("state"))
+    analysis = _op(doc.get("last_analysis"))
+    if running and running["kind"] == "analysis":
+        analysis_state = "running"
+    elif not analysis:
+        analysis_state = "none"
+    elif analysis["state"] == "succeeded" and not analysis.get("eligible_messages"):
+        analysis_state = "empty"
+    else:
+        analysis_state = {"succeeded": "completed"}.get(analysis["state"], analysis["state"])
+    last_run = _op(doc.get("last_run"))
+    busy = running is not None or prep_state == "preparing"
+    state_error = _error_text(doc.get("error"))
+    blocked = None
+    if state_error:
+        blocked = state_error
+    elif not doc.get("supported", True):
+        blocked = _("Cleanup is not available on this database.")
+    elif not policy["enabled"]:
+        blocked = _("Turn on automatic cleanup and save to run it.")
+    elif running:
+        blocked = _("Another operation is running; one runs at a time.")
+    elif prep_state in ("failed", "cancelled"):
+        blocked = _("The backup is not ready: retry it or cancel it first.")
+    return {
+        "status_ok": True,
+        "state_error": state_error,
+        "prep_error": _error_text(preparation.get("error")),
+        "policy": policy,
+        "supported": doc.get("supported", True),
+        "running": running,
+        "analysis": analysis,
+        "analysis_state": analysis_state,
+        "analysis_age_key": _age_key(analysis.get("age") if analysis else None),
+        "skipped_total": sum((analysis or {}).get("skipped", {}).values()) if analysis else 0,
+        "preparation": preparation,
+        "prep_state": prep_state,
+        "prep_operation_id": _preparation_operation(doc),
+        "last_run": last_run,
+        "run_remaining": _remaining(last_run),
+        "next_check_at": doc.get("next_check_at"),
+        "can_run": blocked is None,
+        "run_blocked": blocked,
+        "database": doc.get("database") or {},
+        "last_compact": _op(doc.get("last_compact")),
+        "backups": doc.get("backups") or [],
+        "history": [_op(entry) for entry in (doc.get("history") or [])[:50]],
+        "restore_text": _restore_text(engine) if doc.get("backups") else "",
+        "poll": POLL_BUSY if busy else (POLL_IDLE if policy["enabled"] else 0),
+    }
+
+
+def _preparation_state(state: str | None) -> str:
+    """The backup preparation's state as the card shows it."""
+    if state in ("preparing", "running", "queued"):
+        return "preparing"
+    if state in ("failed", "interrupted"):
+        return "failed"
+    if state == "cancelled":
+        return "cancelled"
+    if state in ("ready", "succeeded", "verified"):
+        return "ready"
+    return "none"
+
+
+def _preparation_operation(doc: dict) -> int | None:
+    """The id of the newest backup operation: what Cancel preparation cancels."""
+    operation = doc.get("operation")
+    if operation and operation.get("kind") == "backup":
+        return operation["id"]
+    for entry in doc.get("history") or []:
+        if entry.get("kind") == "backup":
+            return entry["id"]
+    return (doc.get("preparation") or {}).get("operation_id")
+
+
+def _remaining(run: dict | None) -> int | None:
+    if not run:
+        return None
+    progress = run.get("progress") or {}
+    if progress.get("total") and progress.get("done") is not None:
+        return max(progress["total"] - progress["done"], 0)
+    if run.get("eligible_messages") is not None and run.get("removed_messages") is not None:
+        return max(run["eligible_messages"] - run["removed_messages"] - sum((run.get("skipped") or {}).values()), 0)
+    return None
 
 
 def _context(request: HttpRequest, **overrides) -> dict:
     tool_policy = ToolPayloadPolicy.load()
+    db = database_size()
     context = {
-        "db": database_size(),
+        "db": db,
         "snapshot": StorageSnapshot.load(),
         "tool_policy": tool_policy,
         "tool_form": _saved_form(ToolPayloadPolicyForm, tool_policy),
@@ -41,6 +227,8 @@ def _context(request: HttpRequest, **overrides) -> dict:
         "can_edit": is_admin(request.user),
     }
     context.update(overrides)
+    if "card" not in context:
+        context["card"] = _card(_read_status(), db.engine)
     return context
 
 
@@ -48,6 +236,20 @@ def _context(request: HttpRequest, **overrides) -> dict:
 @require_GET
 def data_storage(request: HttpRequest) -> HttpResponse:
     return render(request, PAGE, _context(request))
+
+
+@login_required
+@require_GET
+def cleanup_status(request: HttpRequest) -> HttpResponse:
+    """The poller's read: every live region out of band, or only the "unavailable" note."""
+    doc = _read_status()
+    if doc is None:
+        response = render(request, LIVE, {"status_failed": True})
+    else:
+        context = {"card": _card(doc, database_size().engine), "can_edit": is_admin(request.user)}
+        response = render(request, LIVE, context)
+    response["HX-Reswap"] = "none"
+    return response
 
 
 def _card_response(request: HttpRequest, region: str, status: int, **overrides) -> HttpResponse:
@@ -66,6 +268,9 @@ def _save_card(request: HttpRequest, region: str, form_name: str, form, save) ->
     except ActionRefused as exc:
         form.add_error(None, exc.message)
         return _card_response(request, region, 409, **{form_name: form})
+    except service.CleanupError as exc:
+        form.add_error("backup_choice" if exc.code == "backup_choice_required" else None, exc.message)
+        return _card_response(request, region, exc.status, **{form_name: form})
     if request.htmx:
         return _card_response(request, region, 200, **{f"{form_name}_saved": True})
     return redirect("retention:data-storage")
@@ -74,10 +279,13 @@ def _save_card(request: HttpRequest, region: str, form_name: str, form, save) ->
 @login_required
 @require_POST
 def tool_policy_save(request: HttpRequest) -> HttpResponse:
-    return _save_card(
-        request, "tool-card", "tool_form", ToolPayloadPolicyForm(request.POST),
-        lambda data: save_tool_payload_policy(**data, acting_user=request.user),
-    )
+    def save(data):
+        return service.save_policy(
+            user=request.user, enabled=data["enabled"], age_value=data["age_value"], age_unit=data["age_unit"],
+            revision=data["revision"], backup_choice=data["backup_choice"] or None,
+        )
+
+    return _save_card(request, "tool-card", "tool_form", ToolPayloadPolicyForm(request.POST), save)
 
 
 @login_required
@@ -87,3 +295,88 @@ def facts_policy_save(request: HttpRequest) -> HttpResponse:
         request, "facts-card", "facts_form", RetainedFactsForm(request.POST),
         lambda data: save_facts_policy(values=data, revision=data["revision"], acting_user=request.user),
     )
+
+
+# ---- Cleanup actions: each calls one service function -----------------------------
+
+
+def _action(request: HttpRequest, form_class, call) -> HttpResponse:
+    """Members 403, bad input 400, a refusal with the service's own status and message;
+    success answers htmx with the fresh live regions and plain forms with a redirect."""
+    if not is_admin(request.user):
+        return _action_error(request, _("Only admins can analyze, run or compact."), 403)
+    form = form_class(request.POST) if form_class else None
+    if form is not None and not form.is_valid():
+        messages = [str(m) for errors in form.errors.values() for m in errors]
+        return _action_error(request, " ".join(messages), 400)
+    try:
+        call(form.cleaned_data if form is not None else {})
+    except service.CleanupError as exc:
+        return _action_error(request, exc.message, exc.status)
+    if not request.htmx:
+        return redirect("retention:data-storage")
+    doc = _read_status()
+    context = {"status_failed": doc is None, "action_ok": True, "can_edit": True}
+    if doc is not None:
+        context["card"] = _card(doc, database_size().engine)
+    response = render(request, LIVE, context, status=202)
+    response["HX-Reswap"] = "none"
+    return response
+
+
+def _action_error(request: HttpRequest, message: str, status: int) -> HttpResponse:
+    if request.htmx:
+        response = render(request, LIVE, {"action_error": message, "only_error": True}, status=status)
+        response["HX-Reswap"] = "none"
+        return response
+    return render(request, PAGE, _context(request, action_error=message), status=status)
+
+
+@login_required
+@require_POST
+def cleanup_analyze(request: HttpRequest) -> HttpResponse:
+    return _action(request, AgeForm, lambda data: service.start_analysis(
+        user=request.user, age_value=data["age_value"], age_unit=data["age_unit"]))
+
+
+@login_required
+@require_POST
+def cleanup_run(request: HttpRequest) -> HttpResponse:
+    return _action(request, RunForm, lambda data: service.start_run(user=request.user, revision=data["revision"]))
+
+
+@login_required
+@require_POST
+def cleanup_cancel(request: HttpRequest) -> HttpResponse:
+    return _action(request, CancelForm, lambda data: service.cancel(
+        user=request.user, operation_id=data["operation_id"]))
+
+
+@login_required
+@require_POST
+def cleanup_retry(request: HttpRequest) -> HttpResponse:
+    return _action(request, None, lambda data: service.retry_preparation(user=request.user))
+
+
+@login_required
+@require_POST
+def cleanup_cancel_preparation(request: HttpRequest) -> HttpResponse:
+    """Cancel after a failed or cancelled backup: cleanup is turned off, nothing was removed.
+
+    The service has no call of its own for this, so it is a policy save: cleanup off at the
+    saved revision, with the saved backup choice, which also resets the preparation.
+    """
+    def call(data):
+        policy = ToolPayloadPolicy.load()
+        service.save_policy(
+            user=request.user, enabled=False, age_value=policy.age_value, age_unit=policy.age_unit,
+            revision=data["revision"], backup_choice=policy.backup_choice or "create",
+        )
+
+    return _action(request, RunForm, call)
+
+
+@login_required
+@require_POST
+def database_compact(request: HttpRequest) -> HttpResponse:
+    return _action(request, None, lambda data: service.start_compact(user=request.user))

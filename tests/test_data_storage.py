@@ -53,14 +53,17 @@ def test_it_refuses_member_saves_and_changes_nothing(member_client):
 
 
 def test_it_saves_the_tool_policy_with_an_audit_row(admin_client, admin_user):
-    response = admin_client.post(TOOL, tool_form(enabled="on", age_value="6", age_unit="weeks"), **HOST)
+    response = admin_client.post(TOOL, tool_form(enabled="on", age_value="6", age_unit="weeks", backup_choice="skip"),
+                                 **HOST)
     assert response.status_code == 302
     policy = ToolPayloadPolicy.load()
     assert (policy.enabled, policy.age_value, policy.age_unit, policy.revision) == (True, 6, "weeks", 2)
     audit = AuditFact.objects.get(action="tool_payload_policy.saved")
     assert audit.actor == admin_user
-    assert audit.old_value == {"enabled": False, "age_value": 3, "age_unit": "months"}
-    assert audit.new_value == {"enabled": True, "age_value": 6, "age_unit": "weeks"}
+    keys = ("enabled", "age_value", "age_unit")
+    assert {k: audit.old_value[k] for k in keys} == {"enabled": False, "age_value": 3, "age_unit": "months"}
+    assert {k: audit.new_value[k] for k in keys} == {"enabled": True, "age_value": 6, "age_unit": "weeks"}
+    assert (audit.new_value["backup_choice"], policy.backup_choice) == ("skip", "skip")
 
 
 def test_it_returns_the_card_fragment_to_htmx(admin_client):
@@ -126,8 +129,8 @@ def test_it_rejects_out_of_range_days(admin_client):
     assert RetainedFactsPolicy.load().audit_days == 365
 
 
-def test_it_says_plainly_what_this_version_does_not_do_yet(member_client):
+def test_it_no_longer_says_it_stores_the_policy_only(member_client):
     content = member_client.get(PAGE, **HOST).content.decode()
-    assert "analysis and cleanup are not available yet, so no tool details are removed" in content
+    assert "stores the policy only" not in content and "not available yet" not in content
     assert "counts from the day a conversation's delete completed" in content  # facts do expire now
     assert "Last cleanup" in content and "Never" in content

@@ -94,6 +94,108 @@
     }
   });
 
+  // ---- Data & storage: tool payload cleanup ------------------------------------
+  // Status reads and actions answer with out-of-band regions, also on 4xx/5xx (a refusal
+  // carries the service's own message), so those bodies are processed, never dropped.
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    var elt = event.detail.requestConfig && event.detail.requestConfig.elt;
+    if (!elt || !elt.closest || !elt.closest("[data-cleanup-action]") || event.detail.xhr.status < 400) return;
+    event.detail.isError = false;
+    // Lethe's own answers carry their regions; anything else (a proxy's error page) is
+    // said in words instead of being swapped in.
+    var ours = (event.detail.xhr.responseText || "").indexOf("hx-swap-oob") !== -1;
+    event.detail.shouldSwap = ours;
+    if (!ours) statusUnreachable({ detail: { elt: elt } });
+  });
+  // A status read or action that got no answer of Lethe's: say so, keep what is shown
+  // (and keep polling, so the note clears itself on the next good read).
+  function statusUnreachable(event) {
+    var elt = event.detail && event.detail.elt;
+    var note = document.getElementById("tool-status-note");
+    if (!note || !elt || !elt.closest) return;
+    if (elt.id === "tool-poll") {
+      note.innerHTML = "";
+      var p = document.createElement("p");
+      p.className = "alert alert-error";
+      p.textContent = note.dataset.unavailable || "";
+      note.appendChild(p);
+    } else if (elt.closest("[data-cleanup-action]")) {
+      var errors = document.getElementById("tool-action-error");
+      if (!errors) return;
+      errors.innerHTML = "";
+      var q = document.createElement("p");
+      q.className = "alert alert-error";
+      q.textContent = errors.dataset.offline || "";
+      errors.appendChild(q);
+    }
+  }
+  document.addEventListener("htmx:sendError", statusUnreachable);
+  document.addEventListener("htmx:timeout", statusUnreachable);
+
+  // Each status read replaces the live regions. An unchanged region is left alone; a
+  // changed one keeps its open details and the focus (by id), and a new state is said once.
+  var focusAfterSwap = null;
+  document.addEventListener("htmx:oobBeforeSwap", function (event) {
+    var target = event.detail.target;
+    var fresh = event.detail.fragment && event.detail.fragment.firstElementChild;
+    if (!target || !fresh || !target.matches || !target.matches(".cleanup-region, #backups, #cleanup-history")) return;
+    target.querySelectorAll("details[open][id]").forEach(function (d) {
+      var again = fresh.querySelector("#" + d.id);
+      if (again) again.setAttribute("open", "");
+    });
+    if (target.outerHTML === fresh.outerHTML) {
+      event.detail.shouldSwap = false;
+      return;
+    }
+    var active = document.activeElement;
+    focusAfterSwap = target.contains(active) ? { id: active.id, region: target.id } : null;
+    var before = target.dataset.state + "/" + target.dataset.run + "/" + target.dataset.prep;
+    var after = fresh.dataset.state + "/" + fresh.dataset.run + "/" + fresh.dataset.prep;
+    if (before !== after) {
+      var first = fresh.querySelector("p");
+      if (first) announce(document.getElementById("cleanup-live"), first.textContent.replace(/\s+/g, " ").trim());
+    }
+  });
+  document.addEventListener("htmx:oobAfterSwap", function () {
+    var wanted = focusAfterSwap;
+    focusAfterSwap = null;
+    if (!wanted || !focusLost()) return;
+    // The same control if it is still there (and usable), else the region it was in.
+    var el = wanted.id && document.getElementById(wanted.id);
+    if (el && !el.disabled && el.matches("button, a, input, select, summary")) el.focus({ preventScroll: true });
+    else focusQuiet(document.getElementById(wanted.region));
+  });
+
+  // The backup choice shows when the draft needs it: turning cleanup on (again) or
+  // shortening the period. The service decides for sure and refuses a save without it.
+  var DAYS = { weeks: 7, months: 30.44 };
+  function syncCleanupDraft() {
+    var choice = document.getElementById("backup-choice");
+    var enabled = document.getElementById("id_enabled");
+    var value = document.getElementById("id_age_value");
+    var unit = document.getElementById("id_age_unit");
+    if (choice && enabled && value && unit) {
+      var savedDays = Number(choice.dataset.savedAge) * DAYS[choice.dataset.savedUnit];
+      var draftDays = Number(value.value) * (DAYS[unit.value] || 0);
+      var needed = enabled.checked && (choice.dataset.savedEnabled !== "true" || (draftDays > 0 && draftDays < savedDays));
+      var hasError = !!choice.querySelector(".field-error");
+      choice.hidden = !(needed || hasError);
+      choice.querySelectorAll("input").forEach(function (radio) { radio.disabled = choice.hidden; });
+    }
+    // An estimate for other settings than the draft's is marked, not hidden.
+    var analysis = document.getElementById("tool-analysis");
+    var mark = document.getElementById("analysis-draft-stale");
+    if (analysis && mark && value && unit) {
+      var key = analysis.dataset.ageKey;
+      mark.hidden = !key || key === value.value + "-" + unit.value;
+    }
+  }
+  document.addEventListener("input", syncCleanupDraft);
+  document.addEventListener("change", syncCleanupDraft);
+  document.addEventListener("htmx:afterSettle", syncCleanupDraft);
+  document.addEventListener("htmx:oobAfterSwap", syncCleanupDraft);
+  syncCleanupDraft();
+
   // ---- Shared Save/Discard bar -------------------------------------------------
   // Each form[data-contributor] is an independent contributor: it saves to its own
   // endpoint, and a failure in one leaves the others saved.
@@ -228,6 +330,7 @@
         if (!fresh || !fresh.querySelector('form[data-contributor="' + key + '"]')) return "offline";
         card.replaceWith(fresh);
         if (window.htmx) window.htmx.process(fresh);
+        syncCleanupDraft();
         var newForm = fresh.querySelector('form[data-contributor="' + key + '"]');
         if (response.ok) remember(newForm);
         else fresh.classList.add("has-error");

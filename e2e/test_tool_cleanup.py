@@ -1,0 +1,296 @@
+"""Tool payload cleanup in the browser, the seed's e2e plan at 1280, 390 and 320 px: analyze
+the unsaved draft while cleanup is off, turn it on with an explicit backup choice, save with the
+shared bar, run, reload, and check the rows in the database, not only the screen.
+
+The job cluster's work is done here in the test thread by `retention.jobs.run_operation` (what
+the cluster runs for each queued operation), as the lifecycle e2e does with erasure; the page
+finds the results by its own status polling.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.db.models import Sum
+from django.utils import timezone
+from playwright.sync_api import Page, expect
+
+from e2e.conftest import ADMIN, MEMBER
+from e2e.helpers import check_layout, log_in, open_nav, screenshot
+from lifecycle.models import Conversation, Item
+from retention import jobs
+from retention.models import ToolPayloadOperation, ToolPayloadPolicy
+from retention.reducer import MARKER_KEY
+from tests import factories
+
+pytestmark = pytest.mark.django_db(transaction=True)
+SHOTS = Path(tempfile.gettempdir()) / "screens-shots"  # looked at by hand; e2e/screenshots/ has the rest
+
+
+def shell(n: int) -> dict:
+    return {"command": f"pytest -k case{n}", "cwd": "/srv/app", "exit_code": n % 2,
+            "stdout": f"collected {n} items\n" + "PASSED\n" * (150 + n), "stderr": "", "truncated": False}
+
+
+def conversation(title: str, days_idle: float) -> Conversation:
+    made = factories.make_conversation(title=title)
+    factories.add_message(made, "user", f"Please check {title}")
+    for n in range(4):
+        factories.add_tool(made, "shell", shell(n), tool_call_id=f"{title}-{n}", title=f"Run case {n}")
+    factories.add_tool(made, "read_file", {"path": "/srv/app/main.py", "content": "print('hi')\n" * 200,
+                                           "line_count": 200}, tool_call_id=f"{title}-r", title="Read main.py")
+    factories.add_tool(made, "plan", {"steps": ["look", "fix"]}, tool_call_id=f"{title}-p", title="Plan")
+    factories.add_message(made, "assistant", f"{title}: done")
+    Conversation.objects.filter(pk=made.pk).update(last_activity_at=timezone.now() - timedelta(days=days_idle))
+    return made
+
+
+@pytest.fixture
+def data(settings, tmp_path):
+    SHOTS.mkdir(exist_ok=True)
+    settings.LETHE_BACKUP_DIR = tmp_path / "backups"
+    settings.ENGINE_HOME = tmp_path / "engine"
+    settings.ENGINE_HOME.mkdir()
+    from django.contrib.auth import get_user_model
+
+    users = get_user_model()
+    users.objects.create_user(ADMIN[0], password=ADMIN[1], is_staff=True)
+    users.objects.create_user(MEMBER[0], password=MEMBER[1], is_staff=False)
+    old = [conversation("Old billing fix", 200), conversation("Old login bug", 120)]
+    recent = conversation("Recent deploy", 5)
+    return old, recent
+
+
+def drain() -> None:
+    """Run every queued operation to its end, as the cluster would (a backup queues its cleanup)."""
+    for _ in range(500):
+        op = ToolPayloadOperation.objects.filter(slot__isnull=False).order_by("id").first()
+        if op is None:
+            return
+        jobs.run_operation(op.pk)
+    raise AssertionError("operations did not finish")
+
+
+def removable(conversations) -> int:
+    return Item.objects.filter(conversation__in=conversations, payload_skip="").aggregate(
+        total=Sum("removable_bytes"))["total"] or 0
+
+
+def open_card(page: Page, base: str, who=ADMIN) -> None:
+    log_in(page, base, *who)
+    open_nav(page, "Data & storage")
+    expect(page.locator("#tool-card")).to_be_visible()
+
+
+def analyze_draft(page: Page, old) -> int:
+    """Analyze a draft period while cleanup is off; the estimate equals the bytes in the rows."""
+    expected = removable(old)
+    assert expected > 0
+    analysis = page.get_by_test_id("analysis")
+    expect(analysis).to_have_attribute("data-state", "none")
+    page.get_by_label("Number").fill("2")  # the draft: 2 months, not saved
+    page.get_by_role("button", name="Analyze savings").click()
+    expect(analysis).to_have_attribute("data-state", "running")
+    expect(page.get_by_role("button", name="Cancel analysis")).to_be_visible()
+    op = ToolPayloadOperation.objects.get(kind="analysis")
+    assert (op.age_value, op.age_unit) == (2, "months")
+    drain()
+    expect(analysis).to_have_attribute("data-state", "completed", timeout=15_000)
+    expect(page.get_by_test_id("estimate-bytes")).to_have_attribute("data-bytes", str(expected))
+    expect(analysis).to_contain_text("tool messages across 2 conversations")
+    policy = ToolPayloadPolicy.load()
+    assert (policy.enabled, policy.age_value, policy.revision) == (False, 3, 1)  # analysis saved nothing
+    assert not Item.objects.filter(details_removed_at__isnull=False).exists()  # and changed no row
+    return expected
+
+
+def turn_on_and_save(page: Page, choice: str) -> None:
+    choices = page.locator("#backup-choice")
+    expect(choices).to_be_hidden()
+    page.get_by_label("Automatic cleanup").check()
+    expect(choices).to_be_visible()
+    for label in ("Create backup (recommended)", "Continue without backup"):
+        expect(page.get_by_label(label)).not_to_be_checked()  # never preselected
+    page.get_by_label(choice).check()
+    page.locator("#save-bar").get_by_role("button", name="Save").click()
+    expect(page.get_by_role("status").filter(has_text="Cleanup policy saved.")).to_be_visible()
+
+
+def check_removed(old, recent, expected: int, payload_before: int) -> None:
+    """The rows: old tool details reduced and marked, plans and the recent conversation untouched."""
+    removed = Item.objects.filter(details_removed_at__isnull=False)
+    assert set(removed.values_list("conversation_id", flat=True)) == {c.pk for c in old}
+    assert removed.count() == 10  # 4 shell + 1 read_file in each old conversation
+    for item in removed:
+        assert "stdout" not in item.payload and "content" not in item.payload
+        assert item.payload[MARKER_KEY]["removed_fields"]
+        assert item.payload_skip == "already_removed" and item.removable_bytes == 0
+    assert not Item.objects.filter(conversation=recent, details_removed_at__isnull=False).exists()
+    assert not Item.objects.filter(tool_kind="plan", details_removed_at__isnull=False).exists()
+    after = Item.objects.aggregate(total=Sum("payload_bytes"))["total"]
+    assert payload_before - after == expected
+
+
+@pytest.mark.parametrize("viewport", ["desktop", "phone", "small-phone"], ids=["1280", "390", "320"])
+def test_analyze_choose_skip_save_run_reload_and_the_rows_are_reduced(data, live_server, open_page, viewport):
+    old, recent = data
+    page = open_page(viewport)
+    open_card(page, live_server.url)
+    check_layout(page, "card, never run")
+    page.screenshot(path=f"{SHOTS}/cleanup-never-run-{page.viewport_size['width']}.png", full_page=True)
+    # The planned period is 2 months; the draft analysis says what that would remove.
+    expected = analyze_draft(page, old)
+    check_layout(page, "analysis completed")
+    page.screenshot(path=f"{SHOTS}/cleanup-analyzed-{page.viewport_size['width']}.png", full_page=True)
+
+    turn_on_and_save(page, "Continue without backup")
+    policy = ToolPayloadPolicy.load()
+    assert (policy.enabled, policy.age_value, policy.backup_choice) == (True, 2, "skip")
+    check_layout(page, "saved")
+
+    payload_before = Item.objects.aggregate(total=Sum("payload_bytes"))["total"]
+    run = page.get_by_role("button", name="Run cleanup now")
+    expect(run).to_be_enabled()
+    run.click()
+    expect(page.get_by_test_id("run")).to_have_attribute("data-run", "running")
+    expect(page.get_by_role("button", name="Cancel run")).to_be_visible()
+    page.screenshot(path=f"{SHOTS}/cleanup-running-{page.viewport_size['width']}.png", full_page=True)
+    drain()
+    expect(page.get_by_test_id("run")).to_have_attribute("data-run", "succeeded", timeout=15_000)
+    expect(page.get_by_test_id("last-run")).to_contain_text("Completed")
+
+    page.reload()
+    expect(page.get_by_label("Automatic cleanup")).to_be_checked()
+    expect(page.get_by_label("Number")).to_have_value("2")
+    expect(page.get_by_test_id("last-run")).to_contain_text("removed from 10 messages")
+    expect(page.get_by_test_id("history").locator('[data-kind="cleanup"][data-state="succeeded"]')).to_have_count(1)
+    check_layout(page, "after the run")
+    screenshot(page, "tool-cleanup-completed")
+    page.screenshot(path=f"{SHOTS}/cleanup-completed-{page.viewport_size['width']}.png", full_page=True)
+    check_removed(old, recent, expected, payload_before)
+
+
+def test_create_backup_prepares_a_verified_backup_first_then_cleans_up(data, live_server, open_page):
+    old, recent = data
+    page = open_page("desktop")
+    open_card(page, live_server.url)
+    expected = removable(old)
+    turn_on_and_save(page, "Create backup (recommended)")
+    payload_before = Item.objects.aggregate(total=Sum("payload_bytes"))["total"]
+    page.get_by_role("button", name="Run cleanup now").click()
+    expect(page.get_by_test_id("run")).to_have_attribute("data-prep", "preparing")
+    expect(page.get_by_role("button", name="Cancel preparation")).to_be_visible()
+    page.screenshot(path=f"{SHOTS}/cleanup-preparing-1280.png", full_page=True)
+    drain()
+    expect(page.get_by_test_id("run")).to_have_attribute("data-run", "succeeded", timeout=15_000)
+    backup = ToolPayloadOperation.objects.get(kind="backup")
+    assert backup.state == "succeeded" and backup.backup_sha256
+    backups = page.get_by_test_id("backups")
+    expect(backups).to_contain_text(backup.backup_name)
+    expect(backups).to_contain_text(backup.backup_sha256)
+    expect(backups).to_contain_text("replaces the whole database")
+    page.screenshot(path=f"{SHOTS}/cleanup-backup-done-1280.png", full_page=True)
+    check_removed(old, recent, expected, payload_before)
+
+
+def test_members_see_the_status_but_no_actions(data, live_server, open_page):
+    page = open_page("small-phone")
+    open_card(page, live_server.url, MEMBER)
+    card = page.locator("#tool-card")
+    expect(card).to_contain_text("only admins can analyze, change or run cleanup")
+    for name in ("Analyze savings", "Run cleanup now", "Compact database"):
+        expect(page.get_by_role("button", name=name)).to_have_count(0)
+    expect(page.get_by_label("Automatic cleanup")).to_be_disabled()
+    check_layout(page, "member view")
+    page.screenshot(path=f"{SHOTS}/cleanup-member-320.png", full_page=True)
+
+
+def test_a_failed_status_read_is_said_kept_apart_from_an_action_error_and_clears_itself(data, live_server, open_page):
+    from django.contrib.auth import get_user_model
+
+    from retention import service
+
+    old, _recent = data
+    service.start_analysis(user=get_user_model().objects.get(username=ADMIN[0]), age_value=3, age_unit="months")
+    page = open_page("phone")
+    open_card(page, live_server.url)
+    analysis = page.get_by_test_id("analysis")
+    expect(analysis).to_have_attribute("data-state", "running")
+    note, errors = page.get_by_test_id("status-note"), page.get_by_test_id("action-error")
+    status_url = f"{live_server.url}/settings/system/data-storage/status/"
+    page.route(status_url, lambda route: route.fulfill(status=502, body="Bad gateway"))
+    expect(note).to_contain_text("Current status unavailable", timeout=5_000)
+    expect(analysis).to_have_attribute("data-state", "running")  # the last status read stays shown
+    # An action meanwhile: refused (one operation at a time), its error in its own region.
+    page.get_by_role("button", name="Analyze savings").click()
+    expect(errors).to_contain_text("Another cleanup operation is running")
+    page.wait_for_timeout(2_500)  # more failed reads: the action error stays
+    expect(errors).to_contain_text("Another cleanup operation is running")
+    expect(note).to_contain_text("Current status unavailable")
+    page.screenshot(path=f"{SHOTS}/cleanup-status-unavailable-390.png", full_page=False)
+    page.unroute(status_url)
+    drain()
+    expect(analysis).to_have_attribute("data-state", "completed", timeout=10_000)
+    expect(note).to_have_text("")
+    expect(errors).to_contain_text("Another cleanup operation is running")  # only an action clears it
+    expect(page.get_by_test_id("estimate-bytes")).to_have_attribute("data-bytes", str(removable(old)))
+    check_layout(page, "after the status came back")
+
+
+@pytest.mark.parametrize("viewport", ["desktop", "small-phone"], ids=["1280", "320"])
+def test_the_card_in_spanish_fits_and_says_everything_in_spanish(data, live_server, open_page, viewport):
+    from django.contrib.auth import get_user_model
+
+    from retention import service
+
+    admin = get_user_model().objects.get(username=ADMIN[0])
+    service.save_policy(user=admin, enabled=True, age_value=3, age_unit="months", revision=1, backup_choice="skip")
+    service.start_run(user=admin, revision=ToolPayloadPolicy.load().revision)
+    page = open_page(viewport)
+    open_card(page, live_server.url)
+    footer = page.locator(".page-foot select[name=language]")
+    (page.locator(".sidenav select[name=language]") if viewport == "desktop" else footer).select_option("es")
+    expect(page.locator("html")).to_have_attribute("lang", "es")
+    page.goto(f"{live_server.url}/settings/system/data-storage/")
+    card = page.locator("#tool-card")
+    expect(card.get_by_role("heading", level=2)).to_have_text("Limpieza de datos de herramientas")
+    expect(card).to_contain_text("Limpieza en cola:")
+    expect(page.get_by_role("button", name="Cancelar ejecución")).to_be_visible()
+    drain()
+    expect(page.get_by_test_id("last-run")).to_contain_text("Completada", timeout=15_000)
+    expect(page.get_by_role("button", name="Limpiar ahora")).to_be_enabled()
+    check_layout(page, "card in Spanish")
+    page.screenshot(path=f"{SHOTS}/cleanup-es-{page.viewport_size['width']}.png", full_page=True)
+
+
+def test_the_card_works_from_the_keyboard_and_keeps_the_place_across_status_reads(data, live_server, open_page):
+    old, _recent = data
+    page = open_page("desktop")
+    open_card(page, live_server.url)
+    page.get_by_label("Number").focus()
+    page.keyboard.press("Control+A")
+    page.keyboard.type("2")
+    page.keyboard.press("Tab")  # the unit
+    expect(page.get_by_label("Unit")).to_be_focused()
+    page.keyboard.press("Tab")
+    expect(page.get_by_role("button", name="Analyze savings")).to_be_focused()
+    page.keyboard.press("Enter")
+    analysis = page.get_by_test_id("analysis")
+    expect(analysis).to_have_attribute("data-state", "running")
+    expect(page.get_by_role("button", name="Analyze savings")).to_be_focused()  # the press kept its place
+    page.keyboard.press("Tab")
+    expect(page.get_by_role("button", name="Cancel analysis")).to_be_focused()
+    page.wait_for_timeout(2_500)  # status reads meanwhile change nothing: the focus stays
+    expect(page.get_by_role("button", name="Cancel analysis")).to_be_focused()
+    drain()
+    expect(analysis).to_have_attribute("data-state", "completed", timeout=10_000)
+    expect(analysis).to_be_focused()  # its Cancel button went with the run: the focus moves to the result
+    expect(page.locator("#cleanup-live")).to_contain_text("Estimated payload savings")
+    page.keyboard.press("Tab")
+    expect(page.locator("#analysis-details-summary")).to_be_focused()
+    page.keyboard.press("Enter")
+    expect(page.locator("#analysis-details")).to_have_attribute("open", "")
+    expect(page.locator("#analysis-details")).to_contain_text(str(removable(old)))

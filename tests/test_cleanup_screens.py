@@ -1,0 +1,356 @@
+"""The tool payload cleanup card on Data & storage: every state, the actions, members.
+
+States are built through `retention.service` and the job runner (`retention.jobs.run_operation`,
+what the cluster runs), except where a state cannot be reached on demand (a failed or partial
+operation, a failed backup): there the operation row is set as the job would leave it.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.db import DatabaseError
+from django.db.models import Sum
+from django.template.defaultfilters import filesizeformat
+
+from lifecycle.models import Item
+from retention import service
+from retention.models import ToolPayloadOperation, ToolPayloadPolicy
+from tests.test_tool_payload_jobs import enable, old_conversation, run
+
+pytestmark = pytest.mark.django_db
+HOST = {"HTTP_HOST": "127.0.0.1"}
+HX = {"HTTP_HX_REQUEST": "true", **HOST}
+PAGE = "/settings/system/data-storage/"
+STATUS = PAGE + "status/"
+TOOL = PAGE + "tool-payload-cleanup/"
+ANALYZE, RUN, CANCEL = TOOL + "analyze/", TOOL + "run/", TOOL + "cancel/"
+UNAVAILABLE = '<p class="alert alert-error">Current status unavailable.'
+RETRY, CANCEL_PREP, COMPACT = TOOL + "retry/", TOOL + "cancel-preparation/", PAGE + "compact/"
+
+
+def page(client) -> str:
+    response = client.get(PAGE, **HOST)
+    assert response.status_code == 200
+    return response.content.decode()
+
+
+def region(html: str, element_id: str) -> str:
+    """The markup of one live region (up to the next region or the end)."""
+    start = html.index(f' id="{element_id}"')
+    following = [html.find(f' id="{other}"', start + 1) for other in
+                 ("tool-analysis", "tool-run", "tool-poll", "db-compact", "backups", "cleanup-history")]
+    ends = [i for i in following if i > start]
+    return html[start:min(ends) if ends else len(html)]
+
+
+def state_of(html: str, element_id: str, attribute: str = "data-state") -> str:
+    match = re.search(rf'id="{element_id}"[^>]*?{attribute}="([^"]*)"', html)
+    assert match, (element_id, attribute)
+    return match.group(1)
+
+
+def removable_bytes() -> int:
+    return Item.objects.filter(payload_skip="").aggregate(total=Sum("removable_bytes"))["total"] or 0
+
+
+# ---- Analysis (UI-01, UI-03) ------------------------------------------------------------------
+
+
+def test_it_shows_not_analyzed_never_run_and_no_polling_when_idle(admin_client):
+    html = page(admin_client)
+    assert state_of(html, "tool-analysis") == "none"
+    assert "Estimate: not analyzed." in html
+    run_region = region(html, "tool-run")
+    assert "Never" in run_region and "Disabled" in run_region
+    assert re.search(r'<button[^>]*formaction="/settings/system/data-storage/tool-payload-cleanup/run/"[^>]*disabled',
+                     run_region)
+    assert "Turn on automatic cleanup and save to run it." in run_region
+    assert 'id="tool-poll" data-poll="0">' in html  # idle and off: no status reads at all
+    assert "stores the policy only" not in html
+    assert ToolPayloadOperation.objects.count() == 0  # opening the page starts nothing
+
+
+def test_it_analyzes_the_unsaved_draft_without_saving_it(admin_client):
+    old_conversation("draft")
+    response = admin_client.post(ANALYZE, {"age_value": "2", "age_unit": "weeks", "enabled": "on",
+                                           "revision": "1"}, **HX)
+    assert response.status_code == 202 and response["HX-Reswap"] == "none"
+    op = ToolPayloadOperation.objects.get()
+    assert (op.kind, op.state, op.age_value, op.age_unit) == ("analysis", "queued", 2, "weeks")
+    policy = ToolPayloadPolicy.load()
+    assert (policy.enabled, policy.age_value, policy.age_unit, policy.revision) == (False, 3, "months", 1)
+    html = response.content.decode()
+    assert 'id="tool-analysis"' in html and 'hx-swap-oob="true"' in html
+    assert state_of(html, "tool-analysis") == "running"
+    assert f'name="operation_id" value="{op.pk}"' in region(html, "tool-analysis")
+    assert 'hx-trigger="every 1s"' in html  # something runs: read the status every second
+
+
+def test_a_completed_analysis_shows_the_exact_estimate_counts_and_cutoff(admin_client, admin_user):
+    old_conversation("one")
+    old_conversation("two")
+    op = run(service.start_analysis(user=admin_user, age_value=3, age_unit="months"))
+    assert op.state == "succeeded" and op.payload_bytes == removable_bytes() > 0
+    html = page(admin_client)
+    assert state_of(html, "tool-analysis") == "completed"
+    analysis = region(html, "tool-analysis")
+    assert filesizeformat(op.payload_bytes) in analysis
+    assert f"{op.eligible_messages} tool messages across 2 conversations" in analysis
+    assert "Last active before" in analysis and f'data-bytes="{op.payload_bytes}"' in analysis
+    assert "Skipped: protected (plans, todos, tasks, monitors)" in analysis
+    assert 'data-age-key="3-months"' in html
+
+
+def test_an_analysis_with_nothing_old_enough_is_empty(admin_client, admin_user):
+    old_conversation("recent", days=10)
+    run(service.start_analysis(user=admin_user, age_value=3, age_unit="months"))
+    html = page(admin_client)
+    assert state_of(html, "tool-analysis") == "empty"
+    assert "No eligible payloads." in html and "Estimated payload savings" not in html
+
+
+def test_saving_other_settings_marks_the_analysis_stale(admin_client, admin_user):
+    old_conversation("stale")
+    run(service.start_analysis(user=admin_user, age_value=3, age_unit="months"))
+    service.save_policy(user=admin_user, enabled=False, age_value=5, age_unit="months", revision=1,
+                        backup_choice=None)
+    analysis = region(page(admin_client), "tool-analysis")
+    assert "Stale:" in analysis and "Analyze again" in analysis
+
+
+@pytest.mark.parametrize(("state", "shown", "absent"), [
+    ("failed", "Analysis failed:", "Estimated payload savings"),
+    ("partial", "Partial analysis: these figures cover only part of the data.", "Analysis failed"),
+    ("cancelled", "Analysis cancelled.", "Estimated payload savings"),
+])
+def test_failed_partial_and_cancelled_analyses_never_look_complete(admin_client, admin_user, state, shown, absent):
+    old_conversation("broken")
+    op_id = service.start_analysis(user=admin_user, age_value=3, age_unit="months")
+    ToolPayloadOperation.objects.filter(pk=op_id).update(
+        state=state, slot=None, error_code="internal", error_message="The disk said no.", eligible_messages=4)
+    html = page(admin_client)
+    analysis = region(html, "tool-analysis")
+    assert state_of(html, "tool-analysis") == state
+    assert shown in analysis and absent not in analysis
+    if state != "cancelled":
+        assert "The disk said no." in analysis
+    assert ("Retry analysis" in analysis) == (state == "failed")
+
+
+# ---- Backup preparation and runs (UI-02, UI-03) ------------------------------------------------
+
+
+def test_the_backup_choice_is_offered_never_preselected_and_required(admin_client):
+    html = page(admin_client)
+    choice = html[html.index('id="backup-choice"'):html.index("</fieldset>", html.index('id="backup-choice"'))]
+    assert 'value="create"' in choice and 'value="skip"' in choice and "checked" not in choice
+    response = admin_client.post(TOOL, {"enabled": "on", "age_value": "3", "age_unit": "months", "revision": "1"}, **HX)
+    assert response.status_code == 400
+    assert "Choose Create backup or Continue without backup" in response.content.decode()
+    assert ToolPayloadPolicy.load().enabled is False
+
+
+def test_run_now_with_a_backup_shows_preparing_then_a_failed_backup_with_retry_and_cancel(admin_client, admin_user):
+    old_conversation("prep")
+    enable(admin_user, choice="create")
+    html = page(admin_client)
+    assert state_of(html, "tool-poll", "data-poll") == "30"  # on and idle: slow reads for the daily check
+    response = admin_client.post(RUN, {"revision": str(ToolPayloadPolicy.load().revision)}, **HX)
+    assert response.status_code == 202
+    backup = ToolPayloadOperation.objects.get()
+    assert backup.kind == "backup"
+    html = response.content.decode()
+    assert state_of(html, "tool-run", "data-prep") == "preparing"
+    assert "Preparing backup:" in html and f'value="{backup.pk}"' in region(html, "tool-run")
+    # The worker's backup fails: the job records it on the operation and the policy.
+    ToolPayloadOperation.objects.filter(pk=backup.pk).update(state="failed", slot=None, error_code="backup_failed",
+                                                             error_message="No space left for the backup.")
+    ToolPayloadPolicy.objects.filter(id=1).update(preparation_state="failed",
+                                                  preparation_error="No space left for the backup.")
+    html = page(admin_client)
+    run_region = region(html, "tool-run")
+    assert state_of(html, "tool-run", "data-prep") == "failed"
+    assert "Backup failed:" in run_region and "No space left for the backup." in run_region
+    assert "Retry backup" in run_region and ">Cancel</button>" in run_region
+    assert "The backup is not ready" in run_region  # and Run cleanup now waits
+    response = admin_client.post(RETRY, {}, **HX)
+    assert response.status_code == 202
+    assert ToolPayloadOperation.objects.filter(kind="backup", state="queued").count() == 1
+    assert ToolPayloadPolicy.load().preparation_state == "preparing"
+
+
+def test_cancel_after_a_failed_backup_turns_cleanup_off_and_removes_nothing(admin_client, admin_user):
+    old_conversation("prep")
+    enable(admin_user, choice="create")
+    ToolPayloadPolicy.objects.filter(id=1).update(preparation_state="cancelled")
+    assert "Backup preparation cancelled." in page(admin_client)
+    response = admin_client.post(CANCEL_PREP, {"revision": str(ToolPayloadPolicy.load().revision)}, **HX)
+    assert response.status_code == 202
+    policy = ToolPayloadPolicy.load()
+    assert (policy.enabled, policy.preparation_state) == (False, "none")
+    assert not Item.objects.filter(details_removed_at__isnull=False).exists()
+
+
+def test_a_run_shows_progress_with_cancel_then_completed_with_its_figures(admin_client, admin_user):
+    old_conversation("run")
+    expected = removable_bytes()
+    enable(admin_user, choice="skip")
+    response = admin_client.post(RUN, {"revision": str(ToolPayloadPolicy.load().revision)}, **HX)
+    assert response.status_code == 202
+    cleanup = ToolPayloadOperation.objects.get()
+    html = response.content.decode()
+    assert state_of(html, "tool-run", "data-run") == "running"
+    assert "Cleanup queued:" in html and "Cancel run" in html and "Completed" not in region(html, "tool-run")
+    run(cleanup.pk)
+    html = page(admin_client)
+    assert state_of(html, "tool-run", "data-run") == "succeeded"
+    last = region(html, "tool-run")
+    assert "Completed" in last and filesizeformat(expected) in last
+    assert Item.objects.filter(details_removed_at__isnull=False).count() == cleanup.__class__.objects.get(
+        pk=cleanup.pk).removed_messages > 0
+    history = region(html, "cleanup-history")
+    assert 'data-kind="cleanup" data-state="succeeded"' in history and "started by alice" in history
+
+
+@pytest.mark.parametrize(("state", "label"), [("partial", "Partial"), ("failed", "Failed"), ("queued", "Queued")])
+def test_partial_failed_and_pending_runs_are_never_shown_as_completed(admin_client, admin_user, state, label):
+    old_conversation("odd")
+    enable(admin_user, choice="skip")
+    op_id = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
+    finished = state != "queued"
+    ToolPayloadOperation.objects.filter(pk=op_id).update(
+        state=state, slot=None if finished else "busy", error_code="internal" if finished else "",
+        error_message="Stopped after 2 batches." if finished else "", eligible_messages=9, removed_messages=4)
+    html = page(admin_client)
+    run_region = region(html, "tool-run")
+    assert label in run_region and "Completed" not in run_region
+    if finished:
+        assert "Stopped after 2 batches." in run_region and "5 remaining" in run_region
+
+
+def test_an_enabled_policy_shows_the_next_check(admin_client, admin_user):
+    enable(admin_user, choice="skip")
+    next_check = re.search(r'data-testid="next-check">([^<]*)<', page(admin_client)).group(1)
+    assert next_check and next_check != "Disabled"
+
+
+@pytest.mark.django_db(transaction=True)  # VACUUM runs outside any transaction
+def test_compact_database_runs_as_a_job_with_before_and_after_sizes(admin_client):
+    response = admin_client.post(COMPACT, {}, **HX)
+    assert response.status_code == 202
+    op = run(ToolPayloadOperation.objects.get(kind="compact").pk)
+    assert op.state == "succeeded" and op.after_bytes is not None
+    compact = region(page(admin_client), "db-compact")
+    assert "Last compacted" in compact and "the file went from" in compact
+
+
+# ---- Status reads and action errors (AC-003.7 to 003.9) ---------------------------------------
+
+
+def test_a_failed_status_read_says_so_keeps_the_regions_and_clears_on_the_next_read(admin_client, monkeypatch):
+    def unreadable():
+        raise DatabaseError("the database is locked")
+
+    real = service.status_document
+    monkeypatch.setattr(service, "status_document", unreadable)
+    response = admin_client.get(STATUS, **HX)
+    assert response.status_code == 200 and response["HX-Reswap"] == "none"
+    html = response.content.decode()
+    assert UNAVAILABLE in html
+    # Only the note is swapped: the last analysis and every other region stay as shown.
+    for other in ("tool-analysis", "tool-run", "tool-poll", "tool-action-error", "cleanup-history"):
+        assert f'id="{other}"' not in html
+    assert UNAVAILABLE in page(admin_client)
+    monkeypatch.setattr(service, "status_document", real)
+    html = admin_client.get(STATUS, **HX).content.decode()
+    assert UNAVAILABLE not in html and 'id="tool-status-note"' in html
+    assert 'id="tool-analysis"' in html
+    assert 'id="tool-action-error"' not in html  # a status read never touches an action's error
+
+
+def test_an_action_error_has_its_own_region_with_the_service_message(admin_client, admin_user):
+    enable(admin_user, choice="skip")
+    response = admin_client.post(RUN, {"revision": "1"}, **HX)  # saved revision is 2
+    assert response.status_code == 409
+    html = response.content.decode()
+    assert 'id="tool-action-error"' in html and "The settings changed meanwhile." in html
+    assert 'id="tool-status-note"' not in html and 'id="tool-analysis"' not in html
+    assert ToolPayloadOperation.objects.count() == 0
+
+
+def test_a_busy_refusal_and_bad_input_change_nothing(admin_client, admin_user):
+    service.start_analysis(user=admin_user, age_value=3, age_unit="months")
+    response = admin_client.post(ANALYZE, {"age_value": "3", "age_unit": "months"}, **HX)
+    assert response.status_code == 409 and "Another cleanup operation is running" in response.content.decode()
+    for bad in ({"age_value": "0", "age_unit": "months"}, {"age_value": "121", "age_unit": "months"},
+                {"age_value": "x", "age_unit": "weeks"}, {"age_value": "3", "age_unit": "days"}):
+        assert admin_client.post(ANALYZE, bad, **HX).status_code == 400
+    assert admin_client.post(CANCEL, {"operation_id": "abc"}, **HX).status_code == 400
+    assert admin_client.post(CANCEL, {"operation_id": "999999"}, **HX).status_code == 404
+    assert ToolPayloadOperation.objects.count() == 1
+
+
+def test_plain_form_posts_work_without_javascript(admin_client, admin_user):
+    response = admin_client.post(ANALYZE, {"age_value": "4", "age_unit": "weeks"}, **HOST)
+    assert response.status_code == 302 and response["Location"] == PAGE
+    response = admin_client.post(ANALYZE, {"age_value": "4", "age_unit": "weeks"}, **HOST)
+    assert response.status_code == 409
+    assert "Another cleanup operation is running" in region(response.content.decode(), "tool-action-error") or \
+        "Another cleanup operation is running" in response.content.decode()
+
+
+def test_cancel_asks_the_running_operation_to_stop(admin_client, admin_user):
+    op_id = service.start_analysis(user=admin_user, age_value=3, age_unit="months")
+    assert admin_client.post(CANCEL, {"operation_id": str(op_id)}, **HX).status_code == 202
+    assert ToolPayloadOperation.objects.get(pk=op_id).cancel_requested is True
+
+
+# ---- Members --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("url", [ANALYZE, RUN, CANCEL, RETRY, CANCEL_PREP, COMPACT, TOOL])
+@pytest.mark.parametrize("headers", [HX, HOST], ids=["htmx", "form"])
+def test_members_are_refused_every_mutation_and_nothing_changes(member_client, admin_user, url, headers):
+    enable(admin_user, choice="create")
+    op_id = service.start_analysis(user=admin_user, age_value=3, age_unit="months")
+    before = ToolPayloadPolicy.load()
+    body = {"age_value": "2", "age_unit": "weeks", "enabled": "", "revision": str(before.revision),
+            "operation_id": str(op_id), "backup_choice": "skip"}
+    response = member_client.post(url, body, **headers)
+    assert response.status_code == 403
+    after = ToolPayloadPolicy.load()
+    assert (after.enabled, after.age_value, after.revision, after.preparation_state) == (
+        before.enabled, before.age_value, before.revision, before.preparation_state)
+    assert list(ToolPayloadOperation.objects.values_list("id", "state", "cancel_requested")) == [
+        (op_id, "queued", False)]
+
+
+def test_members_see_the_status_read_only_with_the_admins_only_note(member_client, admin_user):
+    old_conversation("seen")
+    run(service.start_analysis(user=admin_user, age_value=3, age_unit="months"))
+    enable(admin_user, choice="skip")
+    html = page(member_client)
+    assert state_of(html, "tool-analysis") == "completed" and "Estimated payload savings" in html
+    assert "only admins can analyze, change or run cleanup" in html
+    for action in ("Analyze savings", "Run cleanup now", "Compact database</button>", "Cancel run", "Retry"):
+        assert action not in html, action
+    assert 'id="save-bar"' not in html
+    response = member_client.get(STATUS, **HX)
+    assert response.status_code == 200 and "Run cleanup now" not in response.content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_backups_are_listed_with_size_time_checksum_and_how_to_restore(admin_client, settings, tmp_path):
+    from retention.backups import create_backup, restore_instructions
+
+    settings.LETHE_BACKUP_DIR = tmp_path / "backups"
+    receipt = create_backup()
+    html = page(admin_client)
+    backups = region(html, "backups")
+    assert receipt.name in backups and receipt.sha256 in backups
+    assert filesizeformat(receipt.size) in backups
+    assert "Restoring a backup replaces the whole database" in backups
+    first_line = restore_instructions(receipt.vendor).splitlines()[0]
+    assert first_line.replace("'", "&#x27;").replace('"', "&quot;")[:40] in backups
