@@ -118,7 +118,7 @@ SOAK_SECONDS ?= 180
 SOAK_CLIENTS ?= 4
 SOAK_URL ?= $(PG_URL)_soak
 soak: setup-runtime
-	DATABASE_URL=$(SOAK_URL) ENGINE_HOME=$(CURDIR)/var/soak-engine LOG_FORMAT=json \
+	@DATABASE_URL=$(SOAK_URL) ENGINE_HOME=$(CURDIR)/var/soak-engine LOG_FORMAT=json \
 		$(PY) manage.py soak --seconds $(SOAK_SECONDS) --clients $(SOAK_CLIENTS)
 
 ## messages: refresh the catalogs after changing copy, then translate locale/es and run again.

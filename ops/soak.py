@@ -321,6 +321,7 @@ class Soak:
             throughput_rps=round(total / elapsed, 1), errors=self.recorder.error_count,
             p50_ms=round(statistics.median(every), 1) if every else None,
             p99_ms=round(percentile(every, 0.99), 1) if every else None, kinds=kinds,
+            load_average=round(os.getloadavg()[0], 1),  # the machine's, soak included
         )
         if self.recorder.errors:
             self.figures["first_errors"] = self.recorder.errors
