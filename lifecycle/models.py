@@ -316,6 +316,23 @@ class ItemStatus(models.TextChoices):
     CANCELLED = "cancelled", _("Cancelled")
 
 
+class CanonicalJSONField(models.JSONField):
+    """A JSONField that stores the canonical form (compact, sorted keys, UTF-8 without
+    escapes) on every engine, so `payload_bytes` is the stored size: Django's default
+    writes `\\uXXXX` escapes on SQLite (six bytes for a three-byte character)."""
+
+    def __init__(self, *args, **kwargs):
+        from retention.reducer import CanonicalEncoder
+
+        kwargs["encoder"] = CanonicalEncoder
+        super().__init__(*args, **kwargs)
+
+    def deconstruct(self):
+        name, path, args, kwargs = super().deconstruct()
+        kwargs.pop("encoder", None)
+        return name, path, args, kwargs
+
+
 class Item(models.Model):
     """A message in a conversation. Tool items carry a kind, a status and a JSON payload.
 
@@ -334,7 +351,7 @@ class Item(models.Model):
     status = models.CharField(max_length=12, choices=ItemStatus.choices, blank=True)
     title = models.CharField(max_length=300, blank=True)
     content = models.TextField(blank=True)
-    payload = models.JSONField(null=True, blank=True)
+    payload = CanonicalJSONField(null=True, blank=True)
     payload_bytes = models.PositiveIntegerField(default=0)
     removable_bytes = models.PositiveIntegerField(default=0)
     # The reducer's skip reason, stored when the item is written ("" when it is eligible

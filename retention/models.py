@@ -1,4 +1,5 @@
-"""The installation-wide tool payload cleanup policy (a singleton, id 1)."""
+"""The installation-wide tool payload cleanup policy (a singleton, id 1), and the operations
+that analyze, back up, clean up and compact under it (one at a time, whoever starts it)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,19 @@ class AgeUnit(models.TextChoices):
 AGE_LIMITS = {AgeUnit.WEEKS: (1, 520), AgeUnit.MONTHS: (1, 120)}
 
 
+class PreparationState(models.TextChoices):
+    NONE = "none", _("Not prepared")
+    PREPARING = "preparing", _("Preparing")
+    READY = "ready", _("Ready")
+    FAILED = "failed", _("Failed")
+    CANCELLED = "cancelled", _("Cancelled")
+
+
+class BackupChoice(models.TextChoices):
+    CREATE = "create", _("Create backup")
+    SKIP = "skip", _("Continue without backup")
+
+
 class ToolPayloadPolicy(models.Model):
     enabled = models.BooleanField(default=False)
     age_value = models.PositiveIntegerField(default=3)
@@ -26,6 +40,12 @@ class ToolPayloadPolicy(models.Model):
     updated_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # Preparation before the first cleanup under this choice (AC-TPR-002.1/002.2). The
+    # strings are checked when read: an unknown one fails closed (nothing runs).
+    backup_choice = models.CharField(max_length=8, blank=True, default="")
+    preparation_state = models.CharField(max_length=12, default=PreparationState.NONE)
+    preparation_error = models.CharField(max_length=300, blank=True, default="")
+    backup_receipt_name = models.CharField(max_length=200, blank=True, default="")
 
     class Meta:
         constraints = [
@@ -63,3 +83,90 @@ class StorageSnapshot(models.Model):
     def load(cls) -> StorageSnapshot:
         obj, _created = cls.objects.get_or_create(id=1)
         return obj
+
+
+class OperationKind(models.TextChoices):
+    ANALYSIS = "analysis", _("Analysis")
+    BACKUP = "backup", _("Backup")
+    CLEANUP = "cleanup", _("Cleanup")
+    COMPACT = "compact", _("Compact database")
+
+
+class OperationState(models.TextChoices):
+    QUEUED = "queued", _("Queued")
+    RUNNING = "running", _("Running")
+    SUCCEEDED = "succeeded", _("Completed")
+    PARTIAL = "partial", _("Partial")
+    FAILED = "failed", _("Failed")
+    CANCELLED = "cancelled", _("Cancelled")
+
+
+OPEN_STATES = (OperationState.QUEUED, OperationState.RUNNING)
+SLOT = "busy"
+
+
+class ToolPayloadOperation(models.Model):
+    """One analysis, backup, cleanup or compaction, its progress and its figures.
+
+    `slot` is "busy" while the operation is queued or running and NULL afterwards; its unique
+    constraint makes "one operation at a time, whoever starts it" a rule of the database.
+    The cursor (conversation id, item id) and the counters are committed together with each
+    cleanup batch, so a killed worker resumes where the last commit left off.
+    """
+
+    kind = models.CharField(max_length=10)
+    state = models.CharField(max_length=10, default=OperationState.QUEUED)
+    slot = models.CharField(max_length=8, null=True, blank=True, default=SLOT)
+    policy_revision = models.PositiveIntegerField(default=0)
+    age_value = models.PositiveIntegerField(null=True, blank=True)
+    age_unit = models.CharField(max_length=8, blank=True, default="")
+    cutoff = models.DateTimeField(null=True, blank=True)
+    # figures
+    scanned = models.PositiveBigIntegerField(default=0)
+    eligible_conversations = models.PositiveBigIntegerField(default=0)
+    eligible_messages = models.PositiveBigIntegerField(default=0)
+    removed_messages = models.PositiveBigIntegerField(default=0)
+    payload_bytes = models.PositiveBigIntegerField(default=0)
+    skipped_json = models.TextField(default="{}")
+    # resumable position and progress
+    cursor_conversation = models.BigIntegerField(default=0)
+    cursor_item = models.BigIntegerField(default=0)
+    progress_done = models.PositiveBigIntegerField(default=0)
+    progress_total = models.PositiveBigIntegerField(default=0)
+    # who, when, liveness
+    started_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    lease = models.CharField(max_length=32, blank=True, default="")
+    attempts = models.PositiveIntegerField(default=0)
+    cancel_requested = models.BooleanField(default=False)
+    stale = models.BooleanField(default=False)
+    then_cleanup = models.BooleanField(default=False)
+    error_code = models.CharField(max_length=40, blank=True, default="")
+    error_message = models.CharField(max_length=500, blank=True, default="")
+    # backup receipt
+    backup_name = models.CharField(max_length=200, blank=True, default="")
+    backup_sha256 = models.CharField(max_length=64, blank=True, default="")
+    backup_size = models.PositiveBigIntegerField(null=True, blank=True)
+    # compaction
+    before_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    after_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    before_reusable_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    after_reusable_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["slot"], name="tool_op_one_at_a_time", condition=Q(slot__isnull=False)
+            ),
+            models.CheckConstraint(name="tool_op_slot_value", condition=Q(slot__isnull=True) | Q(slot=SLOT)),
+        ]
+        indexes = [models.Index(fields=["kind", "-id"], name="tool_op_kind_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} #{self.pk} ({self.state})"

@@ -1,23 +1,32 @@
 """The tool payload reducer: which parts of a tool payload cleanup removes, and their size.
 
 Kept always: the item's content, title, status and tool_call_id, and every payload field
-not named below. Removed, by kind: the bulky details (output, file contents, diffs,
-responses). A reduced payload carries a marker under MARKER_KEY with the version, the
-time, the removed field names and the removed byte count; never the removed text or a
-hash of it. One function, `plan`, serves both the write path (to store `removable_bytes`
-when an item is written, so analysis is a sum) and the cleanup (to rewrite the payload).
+not named below (unknown fields too). Removed, by kind: the bulky details (output, file
+contents, diffs, responses), every one of them that is present, empty or not. A reduced
+payload carries a marker under MARKER_KEY with the version, the removal time (fixed-width
+UTC, seconds), every removed field name and the byte size of the removed values; never the
+removed text or a hash of it.
+
+Sizes are the canonical form (`encode`: compact, sorted keys, UTF-8, no escapes), which is
+also what the database stores (see `lifecycle.models.CanonicalJSONField`). A reduction is
+the canonical size before minus the canonical size after, marker included; when that is not
+positive the item is skipped as `too_small`. One function, `plan`, serves the write path (to
+store `removable_bytes` and `payload_skip` when an item is written, so analysis is a sum)
+and the cleanup (`apply`, `reduce_item_row`), so the estimate equals the removal to the byte.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 MARKER_KEY = "retention"
 MARKER_VERSION = 1
 MAX_PAYLOAD_BYTES = 16 * 1024 * 1024
+REMOVED_AT_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # fixed width: the marker's size is known at write time
 
 PROTECTED_KINDS = frozenset({"plan", "todo", "subagent_task", "background_work", "monitor"})
 
@@ -32,6 +41,8 @@ REMOVED_FIELDS: dict[str, tuple[str, ...]] = {
 }
 # edit_file: per entry of "changes"
 EDIT_CHANGE_FIELDS = ("old_content", "new_content", "diff")
+# Any time gives the marker's size: every removed_at renders to the same width.
+_SIZING_TIME = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 class Skip:
@@ -41,12 +52,13 @@ class Skip:
     UNSUPPORTED = "unsupported"
     NO_PAYLOAD = "no_payload"
     PROTECTED = "protected"
+    TOO_SMALL = "too_small"
 
-    ALL = (OVERSIZE, MALFORMED, ALREADY_REMOVED, UNSUPPORTED, NO_PAYLOAD, PROTECTED)
+    ALL = (OVERSIZE, MALFORMED, ALREADY_REMOVED, UNSUPPORTED, NO_PAYLOAD, PROTECTED, TOO_SMALL)
 
 
 def encode(value: Any) -> str:
-    """The canonical JSON form sizes are measured in."""
+    """The canonical JSON form sizes are measured in, and the form the database stores."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
 
 
@@ -54,76 +66,196 @@ def encoded_size(value: Any) -> int:
     return len(encode(value).encode())
 
 
+class CanonicalEncoder(json.JSONEncoder):
+    """A JSON encoder that always writes the canonical form, whatever json.dumps asks for."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.update(ensure_ascii=False, separators=(",", ":"), sort_keys=True, indent=None)
+        super().__init__(**kwargs)
+
+
+def _numeric_float(value: float) -> Any:
+    # PostgreSQL's jsonb keeps a number as `numeric` and prints it in fixed point with the
+    # scale of its input: 1e+16 comes back as the integer 10000000000000000, 1.5e-07 as
+    # 0.00000015 (a float again), -0.0 as 0.0. Python's repr is what json.dumps sends.
+    text = format(Decimal(repr(value)), "f")
+    if text.startswith("-") and Decimal(text) == 0:
+        text = text[1:]
+    return json.loads(text)
+
+
+def normalize(value: Any, *, vendor: str) -> Any:
+    """The value the database gives back after storing `value` (sizes are measured on it).
+
+    SQLite stores the canonical text as is. PostgreSQL's jsonb changes only numbers written
+    with a fraction or an exponent (floats); integers of any size keep every digit.
+    """
+    if vendor != "postgresql":
+        return value
+    if isinstance(value, float):
+        return _numeric_float(value)
+    if isinstance(value, dict):
+        return {k: normalize(v, vendor=vendor) for k, v in value.items()}
+    if isinstance(value, list):
+        return [normalize(v, vendor=vendor) for v in value]
+    return value
+
+
+def removed_at_text(removed_at: datetime) -> str:
+    return removed_at.astimezone(UTC).strftime(REMOVED_AT_FORMAT)
+
+
 @dataclass(frozen=True)
 class Plan:
     removed_fields: tuple[str, ...] = ()
-    removed_bytes: int = 0
+    removed_bytes: int = 0  # the reduction: canonical size before minus after, marker included
+    detail_bytes: int = 0  # the canonical size of the removed values alone (the marker's figure)
     skip: str | None = None
 
 
-def plan(kind: str, payload: Any, *, size: int | None = None) -> Plan:
-    if payload is None or payload == {}:
-        return Plan(skip=Skip.NO_PAYLOAD)
-    if not isinstance(payload, dict):
-        return Plan(skip=Skip.MALFORMED)
-    if MARKER_KEY in payload:
-        return Plan(skip=Skip.ALREADY_REMOVED)
-    if kind in PROTECTED_KINDS:
-        return Plan(skip=Skip.PROTECTED)
-    if kind not in REMOVED_FIELDS:
-        return Plan(skip=Skip.UNSUPPORTED)
-    if (size if size is not None else encoded_size(payload)) > MAX_PAYLOAD_BYTES:
-        return Plan(skip=Skip.OVERSIZE)
-    if kind == "generic" and isinstance(payload.get("output"), dict | list):
-        return Plan(skip=Skip.PROTECTED)
-
+def _strip(kind: str, payload: dict[str, Any]) -> tuple[dict[str, Any], list[str], int] | str:
+    """The payload without its details, the removed field names and their size; or a skip."""
     removed: list[str] = []
-    total = 0
-    for name in REMOVED_FIELDS[kind]:
-        if name in payload and payload[name] not in (None, ""):
+    detail = 0
+    drop = REMOVED_FIELDS[kind]
+    reduced = {}
+    for name, value in payload.items():
+        if name in drop:
             removed.append(name)
-            total += encoded_size(payload[name])
-    if kind == "edit_file":
-        changes = payload.get("changes")
-        if changes is not None and not isinstance(changes, list):
-            return Plan(skip=Skip.MALFORMED)
-        for index, change in enumerate(changes or []):
+            detail += encoded_size(value)
+        else:
+            reduced[name] = value
+    if kind == "edit_file" and "changes" in payload:
+        changes = payload["changes"]
+        if changes is None:
+            return reduced, removed, detail
+        if not isinstance(changes, list):
+            return Skip.MALFORMED
+        kept_changes = []
+        for index, change in enumerate(changes):
             if not isinstance(change, dict):
-                return Plan(skip=Skip.MALFORMED)
-            for name in EDIT_CHANGE_FIELDS:
-                if change.get(name) not in (None, ""):
+                return Skip.MALFORMED
+            kept = {}
+            for name, value in change.items():
+                if name in EDIT_CHANGE_FIELDS:
                     removed.append(f"changes[{index}].{name}")
-                    total += encoded_size(change[name])
+                    detail += encoded_size(value)
+                else:
+                    kept[name] = value
+            kept_changes.append(kept)
+        reduced["changes"] = kept_changes
+    return reduced, removed, detail
+
+
+def _marker(removed_at: datetime, removed: list[str], detail: int) -> dict[str, Any]:
+    return {
+        "version": MARKER_VERSION,
+        "removed_at": removed_at_text(removed_at),
+        "removed_fields": removed,
+        "removed_bytes": detail,
+    }
+
+
+def _reduce(kind: str, payload: Any, size: int | None, removed_at: datetime) -> tuple[Plan, dict[str, Any] | None]:
+    if payload is None or payload == {}:
+        return Plan(skip=Skip.NO_PAYLOAD), None
+    if not isinstance(payload, dict):
+        return Plan(skip=Skip.MALFORMED), None
+    if MARKER_KEY in payload:
+        return Plan(skip=Skip.ALREADY_REMOVED), None
+    if kind in PROTECTED_KINDS:
+        return Plan(skip=Skip.PROTECTED), None
+    if kind not in REMOVED_FIELDS:
+        return Plan(skip=Skip.UNSUPPORTED), None
+    if size is None:
+        size = encoded_size(payload)
+    if size > MAX_PAYLOAD_BYTES:
+        return Plan(skip=Skip.OVERSIZE), None
+    if kind == "generic" and isinstance(payload.get("output"), dict | list):
+        return Plan(skip=Skip.PROTECTED), None
+    stripped = _strip(kind, payload)
+    if isinstance(stripped, str):
+        return Plan(skip=stripped), None
+    reduced, removed, detail = stripped
     if not removed:
-        return Plan(skip=Skip.NO_PAYLOAD)
-    return Plan(removed_fields=tuple(removed), removed_bytes=total)
+        return Plan(skip=Skip.NO_PAYLOAD), None
+    reduced[MARKER_KEY] = _marker(removed_at, removed, detail)
+    reduction = size - encoded_size(reduced)
+    if reduction <= 0:
+        return Plan(skip=Skip.TOO_SMALL), None
+    return Plan(removed_fields=tuple(removed), removed_bytes=reduction, detail_bytes=detail), reduced
+
+
+def plan(kind: str, payload: Any, *, size: int | None = None) -> Plan:
+    """What cleanup would remove from this payload now, or why it would skip it.
+
+    `size` is the payload's canonical size when the caller already has it.
+    """
+    return _reduce(kind, payload, size, _SIZING_TIME)[0]
 
 
 def apply(kind: str, payload: dict[str, Any], *, removed_at: datetime) -> tuple[dict[str, Any], Plan]:
-    """The reduced payload. Raises ValueError when the plan says to skip."""
-    result = plan(kind, payload)
-    if result.skip:
+    """The reduced payload and its plan. Raises ValueError(skip reason) when it must be skipped."""
+    result, reduced = _reduce(kind, payload, None, removed_at)
+    if result.skip or reduced is None:
         raise ValueError(result.skip)
-    reduced = {k: v for k, v in payload.items() if k not in REMOVED_FIELDS[kind]}
-    if kind == "edit_file" and isinstance(payload.get("changes"), list):
-        reduced["changes"] = [
-            {k: v for k, v in change.items() if k not in EDIT_CHANGE_FIELDS} for change in payload["changes"]
-        ]
-    reduced[MARKER_KEY] = {
-        "version": MARKER_VERSION,
-        "removed_at": removed_at.isoformat(),
-        "removed_fields": list(result.removed_fields),
-        "removed_bytes": result.removed_bytes,
-    }
     return reduced, result
 
 
 def measure(kind: str, payload: Any, *, encoded: str | None = None) -> tuple[int, int]:
     """(payload_bytes, removable_bytes) for an item about to be written.
 
-    `encoded` is the payload's `encode()` form when the caller already has it.
+    `encoded` is the payload's `encode()` form when the caller already has it. The payload
+    must already be the value the database gives back (`normalize`).
     """
+    size, removable, _skip = measure_item(kind, payload, encoded=encoded)
+    return size, removable
+
+
+def measure_item(kind: str, payload: Any, *, encoded: str | None = None) -> tuple[int, int, str]:
+    """(payload_bytes, removable_bytes, payload_skip) to store with a tool item."""
     if payload is None:
-        return 0, 0
+        return 0, 0, Skip.NO_PAYLOAD
     size = len((encoded if encoded is not None else encode(payload)).encode())
-    return size, plan(kind, payload, size=size).removed_bytes
+    result = plan(kind, payload, size=size)
+    return size, result.removed_bytes, result.skip or ""
+
+
+def reduce_item_row(item: Any, *, removed_at: datetime) -> dict[str, Any] | None:
+    """The column values cleanup writes for one reduced item, or None when it is skipped.
+
+    `removed_at` is truncated to whole seconds, so the marker and `details_removed_at` agree.
+    The caller writes these with a compare-and-swap on (id, revision); `updated_at` is the
+    item's own, the conversation's last activity is not touched (cleanup is not activity).
+    """
+    if getattr(item, "role", "tool") != "tool":
+        return None
+    removed_at = removed_at.astimezone(UTC).replace(microsecond=0)
+    result, reduced = _reduce(item.tool_kind, item.payload, None, removed_at)
+    if result.skip or reduced is None:
+        return None
+    return {
+        "payload": reduced,
+        "payload_bytes": encoded_size(reduced),
+        "removable_bytes": 0,
+        "payload_skip": Skip.ALREADY_REMOVED,
+        "details_removed_at": removed_at,
+        "revision": item.revision + 1,
+        "updated_at": removed_at,
+    }
+
+
+def keep_details_removed(kind: str, payload: Any, marker: dict[str, Any]) -> dict[str, Any]:
+    """An update's payload for an item whose details were removed: the fields cleanup removes
+    are dropped, the rest applied, and the stored marker kept."""
+    if not isinstance(payload, dict):
+        payload = {}
+    payload = {k: v for k, v in payload.items() if k != MARKER_KEY}
+    if kind in REMOVED_FIELDS:
+        stripped = _strip(kind, payload)
+        if isinstance(stripped, str):  # malformed changes: drop them whole
+            stripped = _strip(kind, {k: v for k, v in payload.items() if k != "changes"})
+            assert not isinstance(stripped, str)
+        payload = stripped[0]
+    payload[MARKER_KEY] = marker
+    return payload

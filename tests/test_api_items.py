@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from console.models import ApiToken
 from lifecycle.models import Conversation, Item
-from retention.reducer import MARKER_KEY, apply, encoded_size
+from retention.reducer import MARKER_KEY, apply, encoded_size, plan
 from tests import factories
 
 pytestmark = pytest.mark.django_db
@@ -45,7 +45,9 @@ def test_it_appends_an_item_and_marks_the_conversation_active_now(runtime):
     item = Item.objects.get(pk=response.json()["id"])
     assert (item.seq, item.tool_kind, item.tool_call_id, item.payload) == (2, "shell", "call_9", payload)
     assert item.payload_bytes == encoded_size(payload)
-    assert item.removable_bytes == encoded_size(payload["stdout"])
+    reduced, _ = apply("shell", payload, removed_at=timezone.now())
+    assert item.removable_bytes == encoded_size(payload) - encoded_size(reduced) == plan("shell", payload).removed_bytes
+    assert item.payload_skip == ""
     conv.refresh_from_db()
     assert conv.last_activity_at > timezone.now() - timedelta(minutes=1)
 
@@ -121,13 +123,14 @@ def test_it_answers_404_for_unknown_threads_and_items_and_stores_nothing(runtime
 
 def test_it_updates_status_title_and_payload_and_bumps_the_revision(runtime, conversation):
     item = factories.add_tool(conversation, status="running")
-    new_payload = {"command": "ls", "cwd": "/w", "exit_code": 1, "stdout": "", "stderr": "boom"}
+    new_payload = {"command": "ls", "cwd": "/w", "exit_code": 1, "stdout": "", "stderr": "boom " * 100}
     response = patch(runtime, conversation, item, {"status": "failed", "title": "Listed", "payload": new_payload,
                                                    "revision": 1})
     assert response.status_code == 200, response.content
     item.refresh_from_db()
     assert (item.status, item.title, item.payload, item.revision) == ("failed", "Listed", new_payload, 2)
-    assert item.removable_bytes == encoded_size("boom")
+    assert item.removable_bytes == plan("shell", new_payload).removed_bytes > 0
+    assert item.payload_bytes == encoded_size(new_payload)
 
 
 def test_it_refuses_a_stale_revision_and_changes_nothing(runtime, conversation):
@@ -142,11 +145,12 @@ def test_it_refuses_a_stale_revision_and_changes_nothing(runtime, conversation):
 def test_it_never_restores_removed_tool_details(runtime, conversation):
     item = factories.add_tool(conversation)
     reduced, _ = apply("shell", item.payload, removed_at=timezone.now())
-    Item.objects.filter(pk=item.pk).update(payload=reduced)  # what cleanup will write
+    Item.objects.filter(pk=item.pk).update(payload=reduced, payload_skip="already_removed", removable_bytes=0)
     late = {"command": "ls", "cwd": "/w", "exit_code": 0, "stdout": "x" * 2000, "stderr": ""}
-    response = patch(runtime, conversation, item, {"payload": late})
-    assert (response.status_code, response.json()["code"]) == (409, "tool_details_removed")
+    response = patch(runtime, conversation, item, {"payload": late, "status": "failed"})
+    assert response.status_code == 200, response.content
     item.refresh_from_db()
+    assert item.status == "failed"
     assert item.payload == reduced and "stdout" not in item.payload
 
 

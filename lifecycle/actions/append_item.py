@@ -9,8 +9,9 @@ from django.utils.translation import gettext as _
 
 from lifecycle.errors import ActionRefused
 from lifecycle.fence import check_writable, lock_writable  # noqa: F401  (check_writable: older import path)
+from lifecycle.item_payload import payload_columns
 from lifecycle.models import Conversation, Item, Role
-from retention.reducer import MARKER_KEY, measure
+from retention.reducer import MARKER_KEY, Skip
 
 
 def append_item(
@@ -24,7 +25,11 @@ def append_item(
     title: str = "",
     payload: Any = None,
 ) -> Item:
-    """Append one message to the conversation's transcript and mark it active now."""
+    """Append one message to the conversation's transcript and mark it active now.
+
+    A tool item reusing the call id of an item whose details cleanup removed is refused
+    (`tool_details_removed`): a replayed call cannot bring the removed details back.
+    """
     if role != Role.TOOL and (tool_kind or payload is not None):
         raise ActionRefused(
             "invalid_item", _("Only tool items have a tool kind or a payload."), status=400
@@ -37,7 +42,14 @@ def append_item(
         locked = lock_writable(conversation)
         now = timezone.now()
         last = Item.objects.filter(conversation=locked).aggregate(m=Max("seq"))["m"] or 0
-        size, removable = measure(tool_kind, payload) if role == Role.TOOL else (0, 0)
+        if role == Role.TOOL and tool_call_id and Item.objects.filter(
+            conversation=locked, payload_skip=Skip.ALREADY_REMOVED, tool_call_id=tool_call_id
+        ).exists():
+            raise ActionRefused(
+                "tool_details_removed",
+                _("The details of this tool call were removed by the retention policy and cannot be restored."),
+            )
+        columns = payload_columns(role, tool_kind, payload)
         item = Item.objects.create(
             conversation=locked,
             seq=last + 1,
@@ -47,9 +59,7 @@ def append_item(
             tool_call_id=tool_call_id,
             status=status,
             title=title,
-            payload=payload,
-            payload_bytes=size,
-            removable_bytes=removable,
+            **columns,
             created_at=now,
             updated_at=now,
         )

@@ -8,8 +8,9 @@ from django.utils.translation import gettext as _
 
 from lifecycle.errors import ActionRefused
 from lifecycle.fence import lock_writable
+from lifecycle.item_payload import payload_columns
 from lifecycle.models import Conversation, Item, Role
-from retention.reducer import MARKER_KEY, encode, measure
+from retention.reducer import MARKER_KEY, Skip, encode, keep_details_removed
 
 _UNSET: Any = object()
 
@@ -25,7 +26,8 @@ def update_item(
     """The runtime's write path for an existing item (status, title, payload).
 
     A payload whose details were removed by cleanup can never be restored by a late or
-    replayed update: such a write is refused and changes nothing.
+    replayed update: status and title are applied, the payload fields cleanup removes are
+    dropped from the update, and the removal marker stays.
     """
     with transaction.atomic():
         conversation = lock_writable(item.conversation_id)
@@ -43,20 +45,25 @@ def update_item(
         if title is not _UNSET and title != current.title:
             current.title = title
             changed.append("title")
-        # Compared as canonical JSON: 1, 1.0 and true are equal in Python but not in JSON.
-        if payload is not _UNSET and encode(payload) != encode(current.payload):
+        if payload is not _UNSET:
             if current.role != Role.TOOL:
-                raise ActionRefused("invalid_item", _("Only tool items have a payload."), status=400)
-            if isinstance(current.payload, dict) and MARKER_KEY in current.payload:
-                raise ActionRefused(
-                    "tool_details_removed",
-                    _("The details of this tool call were removed by the retention policy and cannot be restored."),
-                )
-            if isinstance(payload, dict) and MARKER_KEY in payload:
+                if payload is not None:
+                    raise ActionRefused("invalid_item", _("Only tool items have a payload."), status=400)
+                payload = _UNSET
+            elif isinstance(current.payload, dict) and MARKER_KEY in current.payload:
+                # Details stay removed; an update that is not an object leaves the payload as is.
+                payload = _UNSET if not isinstance(payload, dict) else keep_details_removed(current.tool_kind, payload, current.payload[MARKER_KEY])
+            elif isinstance(payload, dict) and MARKER_KEY in payload:
                 raise ActionRefused("invalid_item", _("An update cannot carry a removal marker."), status=400)
-            current.payload = payload
-            current.payload_bytes, current.removable_bytes = measure(current.tool_kind, payload)
-            changed += ["payload", "payload_bytes", "removable_bytes"]
+        if payload is not _UNSET:
+            columns = payload_columns(Role.TOOL, current.tool_kind, payload)
+            if current.payload_skip == Skip.ALREADY_REMOVED:
+                columns.update(removable_bytes=0, payload_skip=Skip.ALREADY_REMOVED)
+            # Compared as canonical JSON: 1, 1.0 and true are equal in Python but not in JSON.
+            if encode(columns["payload"]) != encode(current.payload):
+                for name, value in columns.items():
+                    setattr(current, name, value)
+                changed += list(columns)
         if not changed:
             return current
         now = timezone.now()

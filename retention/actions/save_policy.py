@@ -1,16 +1,32 @@
 from __future__ import annotations
 
 from lifecycle.revisioned import save_revisioned
-from retention.models import ToolPayloadPolicy
+from retention.models import BackupChoice, PreparationState, ToolPayloadPolicy
 
 
 def save_tool_payload_policy(
-    *, enabled: bool, age_value: int, age_unit: str, revision: int, acting_user
+    *, enabled: bool, age_value: int, age_unit: str, revision: int, acting_user,
+    backup_choice: str | None = None,
 ) -> ToolPayloadPolicy:
-    """Save the installation-wide tool payload cleanup policy."""
+    """Save the installation-wide tool payload cleanup policy.
+
+    A `backup_choice` starts the preparation over: "skip" makes it ready at once (the admin
+    chose to continue without a backup), "create" asks for a new verified backup before the
+    next cleanup. Whether a choice is required is `retention.service.save_policy`'s rule.
+    """
+    new = {"enabled": enabled, "age_value": age_value, "age_unit": age_unit}
+    if backup_choice is not None:
+        new.update(
+            backup_choice=backup_choice,
+            preparation_state=(
+                PreparationState.READY if backup_choice == BackupChoice.SKIP else PreparationState.NONE
+            ),
+            backup_receipt_name="",
+            preparation_error="",
+        )
     return save_revisioned(
         ToolPayloadPolicy,
-        new={"enabled": enabled, "age_value": age_value, "age_unit": age_unit},
+        new=new,
         revision=revision,
         acting_user=acting_user,
         action="tool_payload_policy.saved",

@@ -20,10 +20,10 @@ from lifecycle.deletion import executor
 from lifecycle.enginefs import EngineHome, jsonl
 from lifecycle.registry import STORES, RetentionClass
 from lifecycle.seeding import _corpus
-from retention.reducer import encode, measure
+from retention.reducer import encode, measure_item
 
 ITEM_COLUMNS = ("conversation_id, turn_id, seq, role, tool_kind, tool_call_id, status, title, content, payload, "
-                "payload_bytes, removable_bytes, revision, created_at, updated_at")
+                "payload_bytes, removable_bytes, payload_skip, revision, created_at, updated_at")
 ITEMS_PER_TURN = 5
 
 
@@ -87,12 +87,12 @@ class Command(BaseCommand):
         for seq in range(1, items + 1):
             turn = turns[(seq - 1) // ITEMS_PER_TURN].pk
             if seq % 3:
-                rows.append((conversation.pk, turn, seq, "assistant", "", "", "", "", self.text(400), None, 0, 0))
+                rows.append((conversation.pk, turn, seq, "assistant", "", "", "", "", self.text(400), None, 0, 0, ""))
             else:
                 payload = {"command": "pytest -q", "cwd": "/w", "exit_code": 0, "stdout": self.text(1200), "stderr": ""}
-                size, removable = measure("shell", payload)
+                size, removable, skip = measure_item("shell", payload)
                 rows.append((conversation.pk, turn, seq, "tool", "shell", f"call_{seq}", "completed", "Run",
-                             "", encode(payload), size, removable))
+                             "", encode(payload), size, removable, skip))
         self.insert_items(rows, now)
         key = conversation.storage_key
         self.home.write_atomic(self.home.events_path(key), jsonl([{"turn": t.seq} for t in turns]))
@@ -109,7 +109,7 @@ class Command(BaseCommand):
                         copy.write_row((*row, 1, at, at))
             else:
                 stamp = connection.ops.adapt_datetimefield_value(at)
-                sql = f"INSERT INTO {table} ({ITEM_COLUMNS}) VALUES ({', '.join(['%s'] * 15)})"
+                sql = f"INSERT INTO {table} ({ITEM_COLUMNS}) VALUES ({', '.join(['%s'] * 16)})"
                 for start in range(0, len(rows), 2000):
                     cursor.executemany(sql, [(*row, 1, stamp, stamp) for row in rows[start:start + 2000]])
 

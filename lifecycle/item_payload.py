@@ -1,0 +1,24 @@
+"""The stored form of a tool item's payload and the figures written with it.
+
+Every write path (the item actions, seeding, benchmarks, the data migration) stores the
+payload as the database will give it back, and with it `payload_bytes` (its canonical size),
+`removable_bytes` (the exact reduction cleanup would make now) and `payload_skip` (the
+reducer's skip reason), so analysis is a sum over an index and equals what cleanup removes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connection
+
+from retention import reducer
+
+
+def payload_columns(role: str, kind: str, payload: Any, *, vendor: str | None = None) -> dict[str, Any]:
+    """Column values for an item's payload: payload, payload_bytes, removable_bytes, payload_skip."""
+    if role != "tool":
+        return {"payload": payload, "payload_bytes": 0, "removable_bytes": 0, "payload_skip": ""}
+    stored = reducer.normalize(payload, vendor=vendor or connection.vendor)
+    size, removable, skip = reducer.measure_item(kind, stored)
+    return {"payload": stored, "payload_bytes": size, "removable_bytes": removable, "payload_skip": skip}

@@ -1,0 +1,215 @@
+"""The console API for tool payload cleanup (DESIGN.md section 8), over `retention.service`.
+
+The same rules as the screens: members read, admins change; bodies are strict (unknown
+fields 400); refusals are `{code, message}` with the service's codes and statuses.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from django.http import HttpRequest
+from pydantic import Field
+
+from console.api import ApiError, Schema, endpoint
+from retention import service
+
+BASE = "/api/v1/system/tool-payload-retention"
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat().replace("+00:00", "Z")
+    if isinstance(value, dict):
+        return {k: _json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json(v) for v in value]
+    return value
+
+
+def _call(fn, **kwargs):
+    try:
+        return fn(**kwargs)
+    except service.CleanupError as exc:
+        raise ApiError(exc.status, exc.code, exc.message) from None
+
+
+# ---- Shapes ---------------------------------------------------------------------------------
+
+
+class AgeIn(Schema):
+    value: int = Field(description="Whole weeks (1-520) or calendar months (1-120).")
+    unit: Annotated[str, Field(max_length=16, description='"weeks" or "months".')]
+
+
+class PolicyIn(Schema):
+    enabled: bool
+    age: AgeIn
+    revision: int
+    backup_choice: Literal["create", "skip"] | None = Field(
+        default=None,
+        description="Required (never inferred) when enabling, re-enabling or shortening the period.",
+    )
+
+
+class AnalyzeIn(Schema):
+    age: AgeIn
+
+
+class RunIn(Schema):
+    revision: int
+
+
+class CancelIn(Schema):
+    operation_id: int
+
+
+class AgeOut(Schema):
+    value: int
+    unit: str
+
+
+class OperationErrorOut(Schema):
+    code: str
+    message: str
+
+
+class ProgressOut(Schema):
+    done: int
+    total: int
+
+
+class BackupReceiptOut(Schema):
+    name: str
+    sha256: str
+    size: int | None
+
+
+class OperationDoc(Schema):
+    id: int
+    kind: Literal["analysis", "backup", "cleanup", "compact"]
+    state: Literal["queued", "running", "succeeded", "partial", "failed", "cancelled"]
+    cutoff: str | None
+    scanned: int
+    eligible_conversations: int
+    eligible_messages: int
+    removed_messages: int
+    payload_bytes: int
+    skipped: dict[str, int]
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+    error: OperationErrorOut | None
+    started_by: str = Field(description='The username, or "schedule".')
+    progress: ProgressOut
+    stale: bool
+    cancel_requested: bool
+    age: AgeOut | None
+    policy_revision: int
+    before_bytes: int | None
+    after_bytes: int | None
+    before_reusable_bytes: int | None
+    after_reusable_bytes: int | None
+    backup: BackupReceiptOut | None
+
+
+class PolicyOut(Schema):
+    enabled: bool
+    age: AgeOut
+    revision: int
+    updated_at: str
+
+
+class PreparationOut(Schema):
+    state: str
+    choice: str | None
+    error: str | None
+    receipt: str | None
+
+
+class DatabaseOut(Schema):
+    engine: str
+    file_bytes: int
+    reusable_bytes: int
+    reusable_is_estimate: bool
+
+
+class BackupOut(Schema):
+    name: str
+    size: int
+    created_at: str
+    sha256: str
+
+
+class StatusOut(Schema):
+    policy: PolicyOut
+    supported: bool
+    preparation: PreparationOut
+    operation: OperationDoc | None
+    analysis_state: Literal["not_analyzed", "running", "completed", "empty", "partial", "failed", "stale"]
+    last_analysis: OperationDoc | None
+    last_run: OperationDoc | None
+    last_compact: OperationDoc | None
+    next_check_at: str | None
+    history: list[OperationDoc] = Field(description="The last 50 operations, newest first.")
+    database: DatabaseOut
+    backups: list[BackupOut]
+    error: OperationErrorOut | None = Field(description="Set when stored state is unreadable: nothing runs.")
+
+
+class StartedOut(Schema):
+    operation_id: int
+
+
+# ---- Endpoints ------------------------------------------------------------------------------
+
+
+@endpoint("GET", BASE, response=StatusOut, name="api-tool-payloads-status",
+          summary="Tool payload cleanup: policy, preparation, current and past operations")
+def status(request: HttpRequest) -> dict:
+    return _json(service.status_document())
+
+
+@endpoint("PUT", BASE, body=PolicyIn, response=StatusOut, admin=True, errors=(409,),
+          name="api-tool-payloads-save", summary="Save the cleanup policy",
+          description="400 `invalid_age` or `backup_choice_required`; 409 `stale_revision`. Every save "
+                      "that changes something bumps the revision and marks analyses of other settings stale.")
+def save(request: HttpRequest, body: PolicyIn) -> dict:
+    _call(service.save_policy, user=request.user, enabled=body.enabled, age_value=body.age.value,
+          age_unit=body.age.unit, revision=body.revision, backup_choice=body.backup_choice)
+    return _json(service.status_document())
+
+
+@endpoint("POST", BASE + "/analyze", body=AnalyzeIn, response={202: StartedOut}, admin=True, errors=(409,),
+          name="api-tool-payloads-analyze", summary="Analyze a (draft) period; changes nothing")
+def analyze(request: HttpRequest, body: AnalyzeIn) -> tuple[int, dict]:
+    op = _call(service.start_analysis, user=request.user, age_value=body.age.value, age_unit=body.age.unit)
+    return 202, {"operation_id": op}
+
+
+@endpoint("POST", BASE + "/run", body=RunIn, response={202: StartedOut}, admin=True, errors=(409,),
+          name="api-tool-payloads-run", summary="Run cleanup now under the saved, enabled policy",
+          description="When a backup was chosen and none is verified yet, the backup runs first. 409 "
+                      "`stale_revision`, `busy`, `preparation_required` or `not_enabled`.")
+def run(request: HttpRequest, body: RunIn) -> tuple[int, dict]:
+    return 202, {"operation_id": _call(service.start_run, user=request.user, revision=body.revision)}
+
+
+@endpoint("POST", BASE + "/retry-preparation", response={202: StartedOut}, admin=True, errors=(409,),
+          name="api-tool-payloads-retry", summary="Retry the backup after it failed or was cancelled")
+def retry(request: HttpRequest) -> tuple[int, dict]:
+    return 202, {"operation_id": _call(service.retry_preparation, user=request.user)}
+
+
+@endpoint("POST", BASE + "/cancel", body=CancelIn, response={202: None}, admin=True, errors=(404, 409),
+          name="api-tool-payloads-cancel", summary="Stop an operation after its current batch")
+def cancel(request: HttpRequest, body: CancelIn) -> tuple[int, None]:
+    _call(service.cancel, user=request.user, operation_id=body.operation_id)
+    return 202, None
+
+
+@endpoint("POST", BASE + "/compact", response={202: StartedOut}, admin=True, errors=(409,),
+          name="api-tool-payloads-compact", summary="Compact the database (VACUUM) as a job")
+def compact(request: HttpRequest) -> tuple[int, dict]:
+    return 202, {"operation_id": _call(service.start_compact, user=request.user)}

@@ -1,0 +1,513 @@
+"""Whole-database backups taken before a tool payload cleanup, and their verification.
+
+What a backup is: a copy of the whole database in the engine's own format (an SQLite file, or a
+`pg_dump -Fc` archive), in `LETHE_BACKUP_DIR` (default `var/backups/`, mode 0700, files 0600),
+named `lethe-<vendor>-<UTC time>-<6 hex>.<sqlite3|dump>`, with a JSON receipt beside it
+(`<name>.json`: name, size, SHA-256, time, vendor, database).
+
+What makes it trustworthy: a copy is written under a `.tmp-` name, checked (SQLite:
+`PRAGMA integrity_check`; PostgreSQL: every block read back with `pg_restore -f /dev/null` and
+the archive's database name compared with the configured one), hashed, flushed to disk and
+only then renamed; the receipt is written last, atomically. Only a backup with a receipt is
+listed, so a listed backup is always complete and verified. A run killed at any line leaves at
+most a `.tmp-` file (or an archive without a receipt); the next run removes it, under a lock
+on the folder so it never removes the file of a run that is still alive.
+
+What it is not: incremental, encrypted or copied elsewhere. It holds every conversation as it
+was, including content that a later cleanup or deletion removes; an operator who restores it
+brings that content back and loses everything written after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import glob
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import sqlite3
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from django.conf import settings
+from django.db import connection
+from django.utils.translation import gettext as _
+
+# Pages copied per step of the SQLite online backup: small enough that cancel and progress
+# answer within a fraction of a second, large enough that steps cost nothing noticeable.
+SQLITE_STEP_PAGES = 1024
+# Where Debian and Ubuntu install the PostgreSQL client tools of each major version.
+PG_BIN_GLOB = "/usr/lib/postgresql/*/bin"
+POLL_SECONDS = 0.1
+EXTENSIONS = {"sqlite": ".sqlite3", "postgresql": ".dump"}
+NAME_PATTERN = re.compile(r"^lethe-(sqlite|postgresql)-\d{8}T\d{6}Z-[0-9a-f]{6}\.(sqlite3|dump)$")
+TEMP_PREFIX = ".tmp-"
+LOCK_NAME = ".lock"
+
+Progress = Callable[[int, int | None], None]
+
+
+class BackupError(Exception):
+    """A backup could not be made or does not check out. `code` is stable, `message` localized."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class BackupReceipt:
+    name: str
+    path: Path
+    size: int
+    sha256: str
+    created_at: datetime
+    vendor: str
+    database: str
+
+    def as_json(self) -> dict:
+        return {
+            "name": self.name,
+            "size": self.size,
+            "sha256": self.sha256,
+            "created_at": self.created_at.isoformat(),
+            "vendor": self.vendor,
+            "database": self.database,
+        }
+
+
+class _Cancelled(Exception):
+    pass
+
+
+def _configured(name: str) -> str | Path | None:
+    """A Django setting of that name, else the environment variable (settings.py does not
+    declare these two, so operators set them in the environment)."""
+    return getattr(settings, name, None) or os.environ.get(name) or None
+
+
+# ---- The folder -------------------------------------------------------------------------
+
+
+def backup_dir() -> Path:
+    """The backup folder, created owner-only when missing: the `LETHE_BACKUP_DIR` setting or
+    environment variable, else `BACKUP_DIR` (the name the deletion receipts read, in
+    lifecycle.deletion.physical), else `VAR_DIR/backups`."""
+    configured = _configured("LETHE_BACKUP_DIR") or getattr(settings, "BACKUP_DIR", None)
+    directory = Path(configured) if configured else Path(settings.VAR_DIR) / "backups"
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if directory.stat().st_mode & 0o077:
+        directory.chmod(0o700)
+    return directory
+
+
+@contextlib.contextmanager
+def _folder_lock(directory: Path) -> Iterator[None]:
+    """One backup at a time per folder. The kernel drops the lock when its process dies, so a
+    killed run never blocks the next one."""
+    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BackupError("busy", _("Another backup is being made. Try again when it has finished.")) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _remove_leftovers(directory: Path) -> None:
+    """Remove what a killed run left: temp files, and archives whose receipt was never written
+    (a receipt is the last step, so such an archive was never reported as made)."""
+    for path in directory.iterdir():
+        killed_mid_copy = path.name.startswith(TEMP_PREFIX)
+        killed_before_receipt = bool(NAME_PATTERN.match(path.name)) and not _receipt_path(path).exists()
+        if killed_mid_copy or killed_before_receipt:
+            path.unlink(missing_ok=True)
+
+
+def _receipt_path(archive: Path) -> Path:
+    return archive.with_name(archive.name + ".json")
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    size = 0
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def _write_receipt(receipt: BackupReceipt) -> None:
+    final = _receipt_path(receipt.path)
+    temp = final.with_name(TEMP_PREFIX + final.name)
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(receipt.as_json(), handle, indent=2, sort_keys=True)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temp, final)
+    _fsync_dir(final.parent)
+
+
+def _read_receipt(archive: Path) -> BackupReceipt | None:
+    """The receipt beside `archive`, or None when it is missing or does not describe it."""
+    try:
+        data = json.loads(_receipt_path(archive).read_text(encoding="utf-8"))
+        created_at = datetime.fromisoformat(data["created_at"])
+        receipt = BackupReceipt(
+            name=str(data["name"]),
+            path=archive,
+            size=int(data["size"]),
+            sha256=str(data["sha256"]),
+            created_at=created_at,
+            vendor=str(data["vendor"]),
+            database=str(data["database"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if receipt.name != archive.name or created_at.tzinfo is None or not re.fullmatch(r"[0-9a-f]{64}", receipt.sha256):
+        return None
+    return receipt
+
+
+def _configured_database() -> str:
+    if connection.vendor == "sqlite":
+        return Path(str(connection.settings_dict["NAME"])).name
+    return str(connection.settings_dict["NAME"])
+
+
+# ---- Public functions ---------------------------------------------------------------------
+
+
+def list_backups() -> list[BackupReceipt]:
+    """Backups with a readable receipt, newest first. Temp files and archives without a
+    receipt are never listed."""
+    directory = backup_dir()
+    receipts = []
+    for path in directory.iterdir():
+        if NAME_PATTERN.match(path.name) and path.is_file() and (receipt := _read_receipt(path)):
+            receipts.append(receipt)
+    return sorted(receipts, key=lambda r: (r.created_at, r.name), reverse=True)
+
+
+def create_backup(*, should_cancel: Callable[[], bool] = lambda: False, progress: Progress | None = None) -> BackupReceipt:
+    """Back up the whole database and return its receipt.
+
+    1. Take the folder lock and remove what a killed run left behind.
+    2. Copy the database to a `.tmp-` file (SQLite online backup from its own connection, or
+       `pg_dump -Fc`), asking `should_cancel()` between steps; `progress(done, total)` gets
+       pages (SQLite) or archive bytes with total None (PostgreSQL).
+    3. Verify the copy, hash it, flush it to disk and rename it to its final name.
+    4. Write the receipt atomically. Until then the backup is not listed.
+
+    Any failure or cancel removes the temp file and raises BackupError (code "cancelled" for
+    a cancel); nothing is published.
+    """
+    if connection.vendor not in EXTENSIONS:
+        raise BackupError("unsupported", _("Backups are not supported for this database."))
+    if connection.in_atomic_block:
+        # SQLite: the request's own write transaction would keep the copy waiting forever.
+        raise BackupError("in_transaction", _("A backup cannot start inside a database transaction."))
+    directory = backup_dir()
+    with _folder_lock(directory):
+        _remove_leftovers(directory)
+        vendor = connection.vendor
+        created_at = datetime.now(UTC).replace(microsecond=0)
+        name = f"lethe-{vendor}-{created_at:%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}{EXTENSIONS[vendor]}"
+        final = directory / name
+        temp = directory / (TEMP_PREFIX + name)
+        try:
+            if should_cancel():
+                raise _Cancelled
+            if vendor == "sqlite":
+                _copy_sqlite(temp, should_cancel, progress)
+                _check_sqlite(temp)
+            else:
+                _dump_postgresql(temp, should_cancel, progress)
+                _check_postgresql(temp, _configured_database(), should_cancel)
+            sha256, size = _sha256(temp)
+            if should_cancel():
+                raise _Cancelled
+            temp.chmod(0o600)
+            _fsync_file(temp)
+            os.replace(temp, final)
+            _fsync_dir(directory)
+            receipt = BackupReceipt(name, final, size, sha256, created_at, vendor, _configured_database())
+            _write_receipt(receipt)
+            return receipt
+        except _Cancelled:
+            _discard(temp, final)
+            raise BackupError("cancelled", _("The backup was cancelled; nothing was kept.")) from None
+        except BackupError:
+            _discard(temp, final)
+            raise
+        except BaseException as exc:
+            _discard(temp, final)
+            if isinstance(exc, OSError):
+                raise BackupError(
+                    "io_error", _("The backup could not be written: %(error)s") % {"error": exc.strerror or exc}
+                ) from exc
+            raise
+
+
+def verify_backup(name: str) -> BackupReceipt:
+    """Check a listed backup again: its size and SHA-256 against the receipt, then the copy
+    itself (integrity check, or a full read of the archive and its database name)."""
+    directory = backup_dir()
+    if not NAME_PATTERN.match(name):
+        raise BackupError("not_found", _("There is no backup with that name."))
+    archive = directory / name
+    receipt = _read_receipt(archive) if archive.is_file() else None
+    if receipt is None:
+        raise BackupError("not_found", _("There is no backup with that name."))
+    if receipt.database != _configured_database() or receipt.vendor != connection.vendor:
+        raise BackupError("wrong_database", _("This backup was made from another database."))
+    sha256, size = _sha256(archive)
+    if (sha256, size) != (receipt.sha256, receipt.size):
+        raise BackupError("checksum_mismatch", _("The backup file changed since it was made: its checksum no longer matches."))
+    if receipt.vendor == "sqlite":
+        _check_sqlite(archive)
+    else:
+        _check_postgresql(archive, receipt.database, lambda: False)
+    return receipt
+
+
+def restore_instructions(vendor: str) -> str:
+    """How an operator restores a backup of this engine (plain text, localized)."""
+    warning = _(
+        "A restore replaces the whole database with the backup: everything written after the "
+        "backup was made is lost, and anything removed since then comes back."
+    )
+    if vendor == "sqlite":
+        steps = _(
+            "Stop the console and the job cluster. Keep the current database file aside, then "
+            "copy the backup file over it and delete the files next to it whose names end in "
+            "-wal and -shm. Start the console and the job cluster again."
+        )
+    else:
+        steps = _(
+            "Stop the console and the job cluster. Create an empty database, restore the backup "
+            "into it with `pg_restore --no-owner --dbname=<new database> <backup file>`, point "
+            "DATABASE_URL at it, then start the console and the job cluster again."
+        )
+    return steps + "\n\n" + warning
+
+
+# ---- SQLite -----------------------------------------------------------------------------
+
+
+def _copy_sqlite(temp: Path, should_cancel: Callable[[], bool], progress: Progress | None) -> None:
+    """Online backup from a connection of its own, never the caller's: a write transaction on
+    the caller's connection would make every step busy. The source holds one read transaction
+    for the whole copy, so it reads one snapshot and other connections' commits neither block
+    nor restart it (WAL lets them write meanwhile)."""
+    source_path = str(connection.settings_dict["NAME"])
+    source = sqlite3.connect(source_path, isolation_level=None, timeout=20)
+    target = sqlite3.connect(temp, isolation_level=None)
+    try:
+        os.chmod(temp, 0o600)
+        source.execute("BEGIN")
+        source.execute("SELECT count(*) FROM sqlite_master").fetchone()
+
+        def step(status: int, remaining: int, total: int) -> None:
+            if progress is not None:
+                progress(total - remaining, total)
+            if should_cancel():
+                raise _Cancelled
+
+        source.backup(target, pages=SQLITE_STEP_PAGES, progress=step)
+        source.execute("COMMIT")
+        # One self-contained file: no -wal beside the copy.
+        target.execute("PRAGMA journal_mode=DELETE").fetchone()
+    finally:
+        target.close()
+        source.close()
+    for suffix in ("-wal", "-shm", "-journal"):
+        Path(str(temp) + suffix).unlink(missing_ok=True)
+
+
+def _check_sqlite(path: Path) -> None:
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            rows = [row[0] for row in db.execute("PRAGMA integrity_check(20)")]
+        finally:
+            db.close()
+    except sqlite3.DatabaseError as exc:
+        raise BackupError("verify_failed", _("The backup copy is damaged: %(error)s") % {"error": exc}) from exc
+    if rows != ["ok"]:
+        raise BackupError("verify_failed", _("The backup copy is damaged: %(error)s") % {"error": "; ".join(rows)})
+
+
+# ---- PostgreSQL -------------------------------------------------------------------------
+
+
+def _tool_version(binary: str) -> int | None:
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10, check=False).stdout  # noqa: S603
+    except OSError:
+        return None
+    match = re.search(r"\)\s+(\d+)", out)
+    return int(match.group(1)) if match else None
+
+
+def _pg_tools() -> tuple[str, str]:
+    """pg_dump and pg_restore of one installation, at least as new as the server.
+
+    `LETHE_PG_BIN_DIR`, when set, is the only place looked at; otherwise PATH, then
+    /usr/lib/postgresql/<major>/bin, preferring the server's major version."""
+    server_major = connection.pg_version // 10000
+    configured = _configured("LETHE_PG_BIN_DIR")
+    if configured:
+        directories = [str(configured)]
+    else:
+        on_path = shutil.which("pg_dump")
+        directories = ([str(Path(on_path).parent)] if on_path else []) + sorted(glob.glob(PG_BIN_GLOB), reverse=True)
+    found = []
+    for directory in directories:
+        dump, restore = Path(directory) / "pg_dump", Path(directory) / "pg_restore"
+        if os.access(dump, os.X_OK) and os.access(restore, os.X_OK):
+            major = _tool_version(str(dump))
+            if major is not None:
+                found.append((major, str(dump), str(restore)))
+    usable = [tool for tool in found if tool[0] >= server_major]
+    if not usable:
+        if found:
+            raise BackupError(
+                "tool_too_old",
+                _("The database server is version %(server)s but the newest pg_dump found is version %(tool)s. "
+                  "Install the client tools of version %(server)s or newer.")
+                % {"server": server_major, "tool": max(tool[0] for tool in found)},
+            )
+        raise BackupError(
+            "tool_missing",
+            _("pg_dump and pg_restore were not found (looked in %(places)s). Install the database client "
+              "tools, or set LETHE_PG_BIN_DIR to the folder that holds them.")
+            % {"places": ", ".join(directories) or "PATH"},
+        )
+    exact = [tool for tool in usable if tool[0] == server_major]
+    chosen = (exact or sorted(usable))[0]
+    return chosen[1], chosen[2]
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: if the job process is SIGKILLed, the kernel kills the
+    tool too, so no orphan keeps writing."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _run(args: list[str], env: dict | None, should_cancel: Callable[[], bool], on_tick: Callable[[], None] | None = None) -> tuple[int, str]:
+    """Run a tool, polling `should_cancel`; a cancel kills it. Returns (exit code, stderr)."""
+    full_env = {**os.environ, **(env or {})}
+    with tempfile.TemporaryFile() as errors:
+        process = subprocess.Popen(  # noqa: S603
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors, env=full_env,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509
+        )
+        try:
+            while process.poll() is None:
+                if should_cancel():
+                    raise _Cancelled
+                if on_tick is not None:
+                    on_tick()
+                time.sleep(POLL_SECONDS)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        errors.seek(0)
+        return process.returncode, errors.read().decode("utf-8", "replace").strip()
+
+
+def _connection_args(tool: str, parameters: list[str]) -> tuple[list[str], dict | None]:
+    args, env = connection.client.settings_to_cmd_args_env(connection.settings_dict, parameters)
+    args[0] = tool
+    return args, env
+
+
+def _dump_postgresql(temp: Path, should_cancel: Callable[[], bool], progress: Progress | None) -> None:
+    dump, _restore = _pg_tools()
+    # Created empty and owner-only first, so the archive is never readable by others.
+    os.close(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+    args, env = _connection_args(dump, ["--format=custom", "--no-password", f"--file={temp}"])
+
+    def tick() -> None:
+        if progress is not None:
+            with contextlib.suppress(OSError):
+                progress(temp.stat().st_size, None)
+
+    code, errors = _run(args, env, should_cancel, tick)
+    if code != 0:
+        raise BackupError("dump_failed", _("pg_dump failed: %(error)s") % {"error": errors or code})
+
+
+def _check_postgresql(path: Path, database: str, should_cancel: Callable[[], bool]) -> None:
+    """The archive names `database` and holds data for every table of the project, and every
+    block of it reads back (`--list` alone reads only the table of contents)."""
+    _dump, restore = _pg_tools()
+    try:
+        listing = subprocess.run(  # noqa: S603
+            [restore, "--list", str(path)], capture_output=True, text=True, timeout=600, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise BackupError("verify_failed", _("The backup archive could not be read: %(error)s") % {"error": exc}) from exc
+    if listing.returncode != 0:
+        raise BackupError(
+            "verify_failed", _("The backup archive could not be read: %(error)s") % {"error": listing.stderr.strip()}
+        )
+    header = re.search(r"^;\s+dbname:\s*(.*)$", listing.stdout, re.MULTILINE)
+    if header is None or header.group(1).strip() != database:
+        raise BackupError(
+            "wrong_database",
+            _("The backup archive is of database %(found)s, not %(expected)s.")
+            % {"found": header.group(1).strip() if header else "?", "expected": database},
+        )
+    with_data = set(re.findall(r"^\d+;\s.*\bTABLE DATA \S+ (\S+) ", listing.stdout, re.MULTILINE))
+    missing = sorted(set(connection.introspection.django_table_names(only_existing=True)) - with_data)
+    if missing:
+        raise BackupError(
+            "verify_failed",
+            _("The backup archive lacks the data of %(tables)s.") % {"tables": ", ".join(missing[:5])},
+        )
+    code, errors = _run([restore, "--file=/dev/null", str(path)], None, should_cancel)
+    if code != 0 or "error" in errors.lower():
+        raise BackupError("verify_failed", _("The backup archive could not be read: %(error)s") % {"error": errors or code})
+
+
+def _discard(temp: Path, final: Path) -> None:
+    temp.unlink(missing_ok=True)
+    if not _receipt_path(final).exists():
+        final.unlink(missing_ok=True)

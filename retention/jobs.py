@@ -1,0 +1,648 @@
+"""The tool payload cleanup jobs: analysis, backup preparation, cleanup batches, compaction.
+
+Every operation is one `ToolPayloadOperation` row run by `run_operation(id)`, a django-q2
+task that is safe to deliver more than once:
+
+- A run first claims the row's lease (a token and a heartbeat, compare-and-swap). A second
+  delivery while the lease is fresh exits; a lease whose heartbeat is older than
+  `LEASE_SECONDS` belongs to a dead worker and is taken over.
+- A run works for at most `STEP_SECONDS`, then releases the lease and queues itself again in
+  the same transaction, so no task outlives the cluster's `retry` (a longer task would be
+  delivered again while still running).
+- Cleanup works in bounded keyset batches by (conversation id, item id). Each batch is its
+  own short transaction that re-reads the policy (enabled, revision) and locks and rechecks
+  its conversation (activity, running work, delete intent) before writing; items are written
+  with a compare-and-swap on (id, revision) so a concurrent write wins; the cursor and the
+  counters commit with the batch. A worker killed at any line resumes from the last commit
+  without double counting. On SQLite the job pauses between batches so waiting writers get in.
+- A busy database (locked, lock timeout) backs off and retries; it is not a failure.
+"""
+
+from __future__ import annotations
+
+import calendar
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections import Counter
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import OperationalError, connection, transaction
+from django.db.models import Count, Exists, F, OuterRef, Sum
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from lifecycle import faults
+from retention.models import (
+    OPEN_STATES,
+    BackupChoice,
+    OperationKind,
+    OperationState,
+    PreparationState,
+    ToolPayloadOperation,
+    ToolPayloadPolicy,
+)
+
+log = logging.getLogger(__name__)
+
+TASK = "retention.jobs.run_operation"
+
+
+def _env_number(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+# Tunables (environment, for operators and tests).
+LEASE_SECONDS = _env_number("LETHE_TOOL_JOB_LEASE_SECONDS", 120)
+STEP_SECONDS = _env_number("LETHE_TOOL_JOB_STEP_SECONDS", 60)
+BATCH_ITEMS = int(_env_number("LETHE_TOOL_CLEANUP_BATCH", 100))
+SQLITE_PAUSE = _env_number("LETHE_TOOL_CLEANUP_PAUSE", 0.02)
+ANALYSIS_BATCH = int(_env_number("LETHE_TOOL_ANALYSIS_BATCH", 2000))
+MAX_TAKEOVERS = 5
+BUSY_RETRIES = 6
+NO_CURSOR = 0
+
+
+class LeaseLost(Exception):
+    """Another run took the operation over (ours was presumed dead): stop writing."""
+
+
+# ---- Cutoff and eligibility -----------------------------------------------------------------
+
+
+def cutoff_for(now: datetime, value: int, unit: str) -> datetime:
+    """`now` minus the period, in UTC: weeks exactly, months by the calendar (day clamped to
+    the shorter month's end, so 31 May minus 3 months is 28/29 February)."""
+    now = now.astimezone(timezone.UTC) if timezone.is_aware(now) else timezone.make_aware(now, timezone.UTC)
+    if unit == "weeks":
+        return now - timedelta(weeks=value)
+    if unit != "months":
+        raise ValueError(unit)
+    months = now.year * 12 + (now.month - 1) - value
+    year, month = divmod(months, 12)
+    month += 1
+    day = min(now.day, calendar.monthrange(year, month)[1])
+    return now.replace(year=year, month=month, day=day)
+
+
+def eligible_conversations(cutoff: datetime):
+    """Live conversations last active strictly before the cutoff, with no queued or running
+    work and no delete intent (AC-TPR-001.3), in id order."""
+    from lifecycle.models import (
+        ACTIVE_TURN_STATES,
+        INTENT_STATES,
+        Conversation,
+        ConversationState,
+        DeleteOperation,
+        Turn,
+    )
+
+    active = Turn.objects.filter(conversation=OuterRef("pk"), state__in=ACTIVE_TURN_STATES)
+    intent = DeleteOperation.objects.filter(conversation=OuterRef("pk"), state__in=INTENT_STATES)
+    return (
+        Conversation.objects.filter(state=ConversationState.LIVE, last_activity_at__lt=cutoff)
+        .exclude(Exists(active))
+        .exclude(Exists(intent))
+        .order_by("id")
+    )
+
+
+# ---- Queueing -------------------------------------------------------------------------------
+
+
+def enqueue(operation_id: int, *, wait_for_lease: bool = False) -> None:
+    """Queue a run of the operation (inside the caller's transaction: both commit or neither)."""
+    from django_q.tasks import async_task
+
+    async_task(
+        TASK, operation_id, wait_for_lease,
+        q_options={"task_name": f"tool-payloads-{operation_id}-{uuid.uuid4().hex[:8]}", "ack_failure": True},
+    )
+
+
+def enqueue_soon(operation_id: int) -> None:
+    """Make sure a queued operation whose run is lost gets one (e.g. after cancel)."""
+    op = ToolPayloadOperation.objects.filter(pk=operation_id, lease="", slot__isnull=False).first()
+    if op is not None and op.state == OperationState.QUEUED and _quiet_since(op) > LEASE_SECONDS:
+        enqueue(operation_id)
+
+
+def _quiet_since(op: ToolPayloadOperation) -> float:
+    last = op.heartbeat_at or op.created_at
+    return (timezone.now() - last).total_seconds()
+
+
+# ---- Schedule -------------------------------------------------------------------------------
+
+DAILY = "tool-payloads-daily-check"
+
+
+def wake_schedule() -> None:
+    """Make sure the daily check exists and is not dormant (after save, analyze or run)."""
+    from django_q.models import Schedule
+
+    now = timezone.now()
+    schedule = Schedule.objects.filter(name=DAILY).first()
+    if schedule is None:
+        from retention.schedules import ensure_schedules
+
+        ensure_schedules()
+        return
+    if schedule.next_run is None or schedule.next_run < now - timedelta(days=1):
+        Schedule.objects.filter(pk=schedule.pk).update(next_run=now + timedelta(days=1))
+
+
+def next_check_at() -> datetime | None:
+    from django_q.models import Schedule
+
+    return Schedule.objects.filter(name=DAILY).values_list("next_run", flat=True).first()
+
+
+def daily_check() -> str:
+    """The enabled policy's daily cleanup (started by "schedule"); never a catch-up storm."""
+    from retention import service
+
+    policy = ToolPayloadPolicy.load()
+    if not policy.enabled:
+        return "disabled"
+    try:
+        service._load_checked_policy()
+        op = service._start_cleanup_or_preparation(user=None, policy=policy)
+    except service.CleanupError as exc:
+        return exc.code
+    return f"started {op.pk}"
+
+
+def recover(*, at_start: bool = False) -> int:
+    """Queue a run for every open operation whose run is lost (no live lease).
+
+    At cluster start every open operation is queued (its run waits out a fresh lease once);
+    afterwards only those quiet for longer than the lease. Never raises: start-up must go on.
+    """
+    count = 0
+    try:
+        for op in ToolPayloadOperation.objects.filter(slot__isnull=False):
+            if at_start or _quiet_since(op) > LEASE_SECONDS:
+                with transaction.atomic():
+                    enqueue(op.pk, wait_for_lease=at_start)
+                count += 1
+    except Exception:
+        log.exception("tool payload recovery could not queue its runs")
+    return count
+
+
+def startup() -> int:
+    return recover(at_start=True)
+
+
+def tick() -> int:
+    return recover()
+
+
+def on_worker_spawn(sender=None, proc_name: str = "", **kwargs) -> None:
+    """django-q2's post_spawn: queue recovery of interrupted preparations and runs."""
+    from django_q.tasks import async_task
+
+    try:
+        async_task("retention.jobs.startup", q_options={"ack_failure": True, "task_name": "tool-payloads-startup"})
+    except Exception:  # never keep a worker from starting
+        log.exception("could not queue the tool payload startup recovery")
+
+
+# ---- The run --------------------------------------------------------------------------------
+
+
+def _claim(operation_id: int, token: str) -> ToolPayloadOperation | None:
+    """Take the lease if it is free or expired; count takeovers of a dead run's lease."""
+    now = timezone.now()
+    expired = now - timedelta(seconds=LEASE_SECONDS)
+    with transaction.atomic():
+        op = ToolPayloadOperation.objects.select_for_update().filter(pk=operation_id).first()
+        if op is None or op.slot is None:
+            return None
+        if op.lease and op.heartbeat_at and op.heartbeat_at >= expired:
+            return None
+        if op.lease:
+            op.attempts += 1  # the previous run died holding the lease
+        op.lease = token
+        op.heartbeat_at = now
+        if op.state == OperationState.QUEUED:
+            op.state = OperationState.RUNNING
+            op.started_at = now
+        op.save(update_fields=["lease", "heartbeat_at", "attempts", "state", "started_at"])
+    return op
+
+
+def run_operation(operation_id: int, wait_for_lease: bool = False) -> str:
+    """Run (a step of) one operation. Returns "done", "more", "busy" or "gone"."""
+    from retention.service import StateUnreadable, _check_operation, _check_policy
+
+    token = uuid.uuid4().hex
+    op = _claim(operation_id, token)
+    if op is None and wait_for_lease:
+        time.sleep(LEASE_SECONDS + 1)
+        op = _claim(operation_id, token)
+    if op is None:
+        return "busy" if ToolPayloadOperation.objects.filter(pk=operation_id, slot__isnull=False).exists() else "gone"
+    try:
+        _check_operation(op)
+        _check_policy(ToolPayloadPolicy.load())
+    except StateUnreadable:
+        log.exception("tool payload operation %s: stored state unreadable", operation_id)
+        _finish(op, token, OperationState.FAILED, "state_unreadable",
+                _("The stored cleanup state could not be read, so nothing ran."))
+        return "done"
+    if op.attempts > MAX_TAKEOVERS:
+        _finish(op, token, OperationState.FAILED, "interrupted",
+                _("The job was interrupted too many times; it stopped. Start it again."))
+        return "done"
+    body = {
+        OperationKind.ANALYSIS: _analysis_step,
+        OperationKind.CLEANUP: _cleanup_step,
+        OperationKind.BACKUP: _backup_run,
+        OperationKind.COMPACT: _compact_run,
+    }[op.kind]
+    try:
+        outcome = body(op, token)
+    except LeaseLost:
+        return "busy"
+    except Exception as exc:
+        if _is_busy(exc):
+            outcome = "more"
+        else:
+            log.exception("tool payload operation %s failed", operation_id)
+            _finish(op, token, OperationState.FAILED, "internal",
+                    _("The job stopped on an unexpected error. Details are in the server log."))
+            return "done"
+    if outcome == "more":
+        with transaction.atomic():
+            released = ToolPayloadOperation.objects.filter(pk=op.pk, lease=token).update(
+                lease="", heartbeat_at=timezone.now()
+            )
+            if released:
+                enqueue(op.pk)
+    return outcome
+
+
+def _is_busy(exc: BaseException) -> bool:
+    if not isinstance(exc, OperationalError):
+        return False
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text or "lock timeout" in text or "could not obtain lock" in text
+
+
+def _finish(op: ToolPayloadOperation, token: str, state: str, code: str = "", message: str = "",
+            **fields: Any) -> bool:
+    """Close the operation (frees the slot) if we still hold its lease."""
+    with transaction.atomic():
+        done = ToolPayloadOperation.objects.filter(pk=op.pk, lease=token).update(
+            state=state, slot=None, lease="", finished_at=timezone.now(), heartbeat_at=timezone.now(),
+            error_code=code, error_message=message[:500], **fields,
+        )
+    return bool(done)
+
+
+def _locked(op: ToolPayloadOperation, token: str) -> ToolPayloadOperation:
+    fresh = ToolPayloadOperation.objects.select_for_update().get(pk=op.pk)
+    if fresh.lease != token:
+        raise LeaseLost
+    return fresh
+
+
+def _merge(skipped_json: str, counts: Counter) -> str:
+    current = Counter(json.loads(skipped_json or "{}"))
+    current.update({k: v for k, v in counts.items() if v})
+    return json.dumps(dict(sorted(current.items())))
+
+
+def _with_busy_retries(fn):
+    """Run one batch, backing off while the database is busy; re-raise after BUSY_RETRIES."""
+    delay = 0.05
+    for attempt in range(BUSY_RETRIES + 1):
+        try:
+            return fn()
+        except OperationalError as exc:
+            if not _is_busy(exc) or attempt == BUSY_RETRIES:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+    return None
+
+
+# ---- Analysis -------------------------------------------------------------------------------
+
+
+def _analysis_step(op: ToolPayloadOperation, token: str) -> str:
+    """Sum removable bytes and count skipped items over the indexes, by conversation batch.
+    Reads no payload and changes no row but its own operation's."""
+    from lifecycle.models import Item
+
+    deadline = time.monotonic() + STEP_SECONDS
+    if op.cutoff is None:
+        cutoff = cutoff_for(timezone.now(), op.age_value, op.age_unit)
+        total = eligible_conversations(cutoff).count()
+        with transaction.atomic():
+            _locked(op, token)
+            ToolPayloadOperation.objects.filter(pk=op.pk).update(cutoff=cutoff, progress_total=total)
+        op.cutoff, op.progress_total = cutoff, total
+    while time.monotonic() < deadline:
+        def batch() -> str:
+            fresh_cursor = ToolPayloadOperation.objects.get(pk=op.pk)
+            if fresh_cursor.cancel_requested:
+                return "cancel"
+            ids = list(
+                eligible_conversations(op.cutoff).filter(id__gt=fresh_cursor.cursor_conversation)
+                .values_list("id", flat=True)[:ANALYSIS_BATCH]
+            )
+            if not ids:
+                return "end"
+            removable = Item.objects.filter(conversation_id__in=ids, removable_bytes__gt=0)
+            per_conversation = list(
+                removable.values("conversation_id").annotate(n=Count("id"), b=Sum("removable_bytes"))
+                .order_by()
+            )
+            skipped = Counter({
+                row["payload_skip"]: row["n"]
+                for row in Item.objects.filter(conversation_id__in=ids).exclude(payload_skip="")
+                .values("payload_skip").annotate(n=Count("id")).order_by()
+            })
+            with transaction.atomic():
+                fresh = _locked(op, token)
+                ToolPayloadOperation.objects.filter(pk=op.pk).update(
+                    scanned=F("scanned") + len(ids),
+                    eligible_conversations=F("eligible_conversations") + len(per_conversation),
+                    eligible_messages=F("eligible_messages") + sum(r["n"] for r in per_conversation),
+                    payload_bytes=F("payload_bytes") + sum(r["b"] for r in per_conversation),
+                    skipped_json=_merge(fresh.skipped_json, skipped),
+                    cursor_conversation=ids[-1],
+                    progress_done=F("progress_done") + len(ids),
+                    heartbeat_at=timezone.now(),
+                )
+            return "next"
+
+        result = _with_busy_retries(batch)
+        if result == "cancel":
+            _finish(op, token, OperationState.CANCELLED)
+            return "done"
+        if result == "end":
+            _finish(op, token, OperationState.SUCCEEDED)
+            return "done"
+    return "more"
+
+
+# ---- Cleanup --------------------------------------------------------------------------------
+
+
+def _reduce_item_row(item, *, removed_at: datetime):
+    from retention.reducer import reduce_item_row
+
+    return reduce_item_row(item, removed_at=removed_at)
+
+
+def _cleanup_step(op: ToolPayloadOperation, token: str, *, after_batch=None) -> str:
+    """Bounded keyset batches by (conversation id, item id), each its own transaction."""
+    deadline = time.monotonic() + STEP_SECONDS
+    if op.cutoff is None and op.removed_messages == 0:
+        refused = _verify_preparation()
+        if refused:
+            with transaction.atomic():
+                if _finish(op, token, OperationState.FAILED, "preparation_required", refused):
+                    ToolPayloadPolicy.objects.filter(id=1, backup_choice=BackupChoice.CREATE).update(
+                        preparation_state=PreparationState.FAILED, preparation_error=refused[:300]
+                    )
+            return "done"
+    pause = SQLITE_PAUSE if connection.vendor == "sqlite" else 0.0
+    while time.monotonic() < deadline:
+        result = _with_busy_retries(lambda: _cleanup_batch(op, token))
+        if after_batch is not None:
+            after_batch(result)
+        if result in ("succeeded", "cancelled", "disabled", "policy_changed"):
+            return "done"
+        if pause:
+            time.sleep(pause)
+    return "more"
+
+
+def _verify_preparation() -> str:
+    """Before the first mutating batch: with "create" chosen, the backup must be ready and
+    its receipt must verify again now (file present, checksum, integrity). "" when fine."""
+    policy = ToolPayloadPolicy.load()
+    if policy.backup_choice == BackupChoice.SKIP and policy.preparation_state == PreparationState.READY:
+        return ""
+    if policy.backup_choice != BackupChoice.CREATE or policy.preparation_state != PreparationState.READY:
+        return _("Cleanup waits for the backup. Retry the backup, or change the backup choice.")
+    from retention.backups import BackupError, verify_backup
+
+    try:
+        verify_backup(policy.backup_receipt_name)
+    except BackupError as exc:
+        return _("The backup made for this cleanup does not verify: %(reason)s") % {"reason": exc.message}
+    return ""
+
+
+def _cleanup_batch(op: ToolPayloadOperation, token: str) -> str:
+    """One committed batch: "next" while work remains, else how the run ended."""
+    from lifecycle.models import Conversation, Item
+
+    with transaction.atomic():
+        fresh = _locked(op, token)
+        if fresh.cancel_requested:
+            _close_locked(fresh, OperationState.CANCELLED if not fresh.removed_messages else OperationState.PARTIAL,
+                          "cancelled", _("Cancelled. Removals committed before the cancel stay."))
+            return "cancelled"
+        policy = ToolPayloadPolicy.objects.get(id=1)
+        if not policy.enabled:
+            _close_locked(fresh, OperationState.PARTIAL if fresh.removed_messages else OperationState.CANCELLED,
+                          "disabled", _("Cleanup was turned off; later batches did not run."))
+            return "disabled"
+        if policy.revision != fresh.policy_revision:
+            _close_locked(fresh, OperationState.PARTIAL if fresh.removed_messages else OperationState.CANCELLED,
+                          "policy_changed", _("The policy changed during the run; later batches did not run."))
+            return "policy_changed"
+        if fresh.cutoff is None:  # the run's first batch fixes its cutoff and totals
+            cutoff = cutoff_for(timezone.now(), fresh.age_value, fresh.age_unit)
+            removable = Item.objects.filter(
+                removable_bytes__gt=0, conversation__in=eligible_conversations(cutoff).values("id")
+            ).aggregate(n=Count("id"), c=Count("conversation_id", distinct=True))
+            ToolPayloadOperation.objects.filter(pk=fresh.pk).update(
+                cutoff=cutoff, progress_total=removable["n"], eligible_messages=removable["n"],
+                eligible_conversations=removable["c"],
+            )
+            fresh.cutoff = op.cutoff = cutoff
+        conversation_id, after_item = fresh.cursor_conversation, fresh.cursor_item
+        if after_item == NO_CURSOR:
+            conversation_id = (
+                eligible_conversations(fresh.cutoff)
+                .filter(id__gt=conversation_id)
+                .filter(Exists(Item.objects.filter(conversation=OuterRef("pk"), removable_bytes__gt=0)))
+                .values_list("id", flat=True).first()
+            )
+            if conversation_id is None:
+                _close_locked(fresh, OperationState.SUCCEEDED)
+                return "succeeded"
+        # Lock the conversation (a foreground write waits for this batch, or this batch sees
+        # its activity) and recheck its eligibility inside the batch's transaction.
+        Conversation.objects.select_for_update().filter(pk=conversation_id).values_list("id").first()
+        still = eligible_conversations(fresh.cutoff).filter(pk=conversation_id).exists()
+        skipped: Counter = Counter()
+        removed = removed_bytes = 0
+        if not still:
+            left = Item.objects.filter(conversation_id=conversation_id, removable_bytes__gt=0,
+                                       id__gt=after_item).count()
+            skipped["recent_activity"] += left
+            next_cursor = (conversation_id, NO_CURSOR)
+        else:
+            items = list(
+                Item.objects.filter(conversation_id=conversation_id, removable_bytes__gt=0, id__gt=after_item)
+                .order_by("id")[:BATCH_ITEMS]
+            )
+            removed_at = timezone.now().replace(microsecond=0)
+            for item in items:
+                values = _reduce_item_row(item, removed_at=removed_at)
+                if values is None:
+                    skipped["changed"] += 1
+                    continue
+                written = Item.objects.filter(pk=item.pk, revision=item.revision).update(**values)
+                if written:
+                    removed += 1
+                    removed_bytes += item.payload_bytes - values["payload_bytes"]
+                else:
+                    skipped["changed"] += 1
+            done_with_conversation = len(items) < BATCH_ITEMS
+            next_cursor = (conversation_id, NO_CURSOR if done_with_conversation else items[-1].id)
+        faults.kill_point("tool-cleanup-mid-batch")  # crash tests: items written, cursor not yet
+        ToolPayloadOperation.objects.filter(pk=fresh.pk).update(
+            cursor_conversation=next_cursor[0],
+            cursor_item=next_cursor[1],
+            removed_messages=F("removed_messages") + removed,
+            payload_bytes=F("payload_bytes") + removed_bytes,
+            skipped_json=_merge(fresh.skipped_json, skipped),
+            progress_done=F("progress_done") + removed + sum(skipped.values()),
+            scanned=F("scanned") + (1 if next_cursor[1] == NO_CURSOR else 0),
+            heartbeat_at=timezone.now(),
+        )
+    faults.kill_point("tool-cleanup-after-batch")  # crash tests: batch committed
+    return "next"
+
+
+def _close_locked(op: ToolPayloadOperation, state: str, code: str = "", message: str = "") -> None:
+    ToolPayloadOperation.objects.filter(pk=op.pk).update(
+        state=state, slot=None, lease="", finished_at=timezone.now(), heartbeat_at=timezone.now(),
+        error_code=code if state != OperationState.SUCCEEDED else "", error_message=message[:500],
+    )
+
+
+# ---- Backup preparation ---------------------------------------------------------------------
+
+
+class _Heartbeat:
+    """Keeps the lease fresh from a thread (own connection) during one long call."""
+
+    def __init__(self, op_id: int, token: str) -> None:
+        self.op_id, self.token = op_id, token
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True)
+
+    def _beat(self) -> None:
+        try:
+            while not self.stop.wait(max(LEASE_SECONDS / 4, 0.5)):
+                try:
+                    ToolPayloadOperation.objects.filter(pk=self.op_id, lease=self.token).update(
+                        heartbeat_at=timezone.now()
+                    )
+                except OperationalError:
+                    continue
+        finally:
+            connection.close()
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+        return False
+
+
+def _policy_preparation(state: str, *, error: str = "", receipt: str = "") -> None:
+    ToolPayloadPolicy.objects.filter(
+        id=1, backup_choice=BackupChoice.CREATE, preparation_state=PreparationState.PREPARING
+    ).update(preparation_state=state, preparation_error=error[:300], backup_receipt_name=receipt)
+
+
+def _backup_run(op: ToolPayloadOperation, token: str) -> str:
+    """Create and verify the backup; on success hand over to the cleanup that waits for it.
+
+    A run that finds it took over a dead run's lease does not try again on its own: the
+    preparation was interrupted, so it fails and the admin chooses Retry or Cancel.
+    """
+    if op.attempts:
+        message = _("The backup was interrupted (the job restarted). Retry it or change the backup choice.")
+        with transaction.atomic():
+            if _finish(op, token, OperationState.FAILED, "interrupted", message):
+                _policy_preparation(PreparationState.FAILED, error=message)
+        return "done"
+
+    from retention.backups import BackupError, create_backup
+
+    def should_cancel() -> bool:
+        return ToolPayloadOperation.objects.filter(pk=op.pk, cancel_requested=True).exists()
+
+    try:
+        with _Heartbeat(op.pk, token):
+            receipt = create_backup(should_cancel=should_cancel)
+    except Exception as exc:
+        if isinstance(exc, BackupError):
+            code, message = exc.code, str(exc.message)
+        else:
+            log.exception("tool payload backup %s failed", op.pk)
+            code, message = "internal", _("The backup stopped on an unexpected error. Details are in the server log.")
+        cancelled = code == "cancelled"
+        state = OperationState.CANCELLED if cancelled else OperationState.FAILED
+        with transaction.atomic():
+            if _finish(op, token, state, code, message):
+                _policy_preparation(PreparationState.CANCELLED if cancelled else PreparationState.FAILED, error=message)
+        return "done"
+    with transaction.atomic():
+        if not _finish(op, token, OperationState.SUCCEEDED, backup_name=receipt.name,
+                       backup_sha256=receipt.sha256, backup_size=receipt.size):
+            return "done"
+        _policy_preparation(PreparationState.READY, receipt=receipt.name)
+        policy = ToolPayloadPolicy.objects.get(id=1)
+        if (op.then_cleanup and policy.enabled and policy.revision == op.policy_revision
+                and policy.preparation_state == PreparationState.READY):
+            follow = ToolPayloadOperation.objects.create(
+                kind=OperationKind.CLEANUP, started_by_id=op.started_by_id, policy_revision=policy.revision,
+                age_value=policy.age_value, age_unit=policy.age_unit,
+            )
+            enqueue(follow.pk)
+    return "done"
+
+
+# ---- Compaction -----------------------------------------------------------------------------
+
+
+def _compact_run(op: ToolPayloadOperation, token: str) -> str:
+    from retention.compact import compact_database
+
+    with _Heartbeat(op.pk, token):
+        result = compact_database()
+    _finish(
+        op, token, OperationState.SUCCEEDED,
+        before_bytes=result.before_file_bytes, after_bytes=result.after_file_bytes,
+        before_reusable_bytes=result.before_reusable_bytes, after_reusable_bytes=result.after_reusable_bytes,
+    )
+    return "done"
+
+
+def open_operation() -> ToolPayloadOperation | None:
+    return ToolPayloadOperation.objects.filter(slot__isnull=False, state__in=OPEN_STATES).first()
+

@@ -1,0 +1,134 @@
+"""`manage.py tool_payloads status|analyze|run|cancel|compact`: the operator's view of the
+tool payload cleanup, with the same rules as the screens and the API (retention.service)."""
+
+from __future__ import annotations
+
+import json as jsonlib
+import sys
+import time
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+
+from retention import jobs, service
+from retention.api import _json
+from retention.models import OPEN_STATES, ToolPayloadOperation, ToolPayloadPolicy
+
+
+class Command(BaseCommand):
+    help = ("Tool payload cleanup: show the status, analyze a period, run cleanup now, cancel an operation "
+            "or compact the database. Changes need --as ADMIN. Waits for the job (progress bar on a terminal) "
+            "unless --no-wait; --here runs it in this process instead of the job cluster.")
+
+    def add_arguments(self, parser):
+        verbs = parser.add_subparsers(dest="verb", required=True)
+        status = verbs.add_parser("status", help="Policy, preparation, current operation and history.")
+        analyze = verbs.add_parser("analyze", help="Analyze a period (changes nothing).")
+        analyze.add_argument("--age", type=int, required=True, help="Whole weeks or calendar months.")
+        analyze.add_argument("--unit", choices=["weeks", "months"], default="months")
+        run = verbs.add_parser("run", help="Run cleanup now under the saved, enabled policy.")
+        run.add_argument("--revision", type=int, help="The policy revision you read (default: the current one).")
+        cancel = verbs.add_parser("cancel", help="Stop an operation after its current batch.")
+        cancel.add_argument("operation_id", type=int)
+        compact = verbs.add_parser("compact", help="Compact the database (VACUUM).")
+        for sub in (status, analyze, run, cancel, compact):
+            sub.add_argument("--json", action="store_true", help="Print JSON.")
+        for sub in (analyze, run, cancel, compact):
+            sub.add_argument("--as", dest="username", required=True, help="The admin acting.")
+        for sub in (analyze, run, compact):
+            sub.add_argument("--no-wait", action="store_true", help="Queue the job and return.")
+            sub.add_argument("--here", action="store_true", help="Run the job in this process.")
+
+    def handle(self, *args, verb: str, json: bool, **options):
+        self.as_json = json
+        if verb == "status":
+            return self.show(service.status_document())
+        user = self.admin(options["username"])
+        try:
+            if verb == "analyze":
+                op_id = service.start_analysis(user=user, age_value=options["age"], age_unit=options["unit"])
+            elif verb == "run":
+                revision = options["revision"] or ToolPayloadPolicy.load().revision
+                op_id = service.start_run(user=user, revision=revision)
+            elif verb == "compact":
+                op_id = service.start_compact(user=user)
+            else:
+                service.cancel(user=user, operation_id=options["operation_id"])
+                op = ToolPayloadOperation.objects.get(pk=options["operation_id"])
+                return self.operation(service._operation_dict(op))
+        except service.CleanupError as exc:
+            raise CommandError(f"{exc.code}: {exc.message}") from None
+        if options["no_wait"]:
+            return self.operation(self.doc(op_id))
+        doc = self.follow(op_id, here=options["here"])
+        self.operation(doc)
+        if doc["state"] in ("failed", "cancelled"):
+            raise SystemExit(3)
+
+    def admin(self, username: str):
+        user = get_user_model().objects.filter(username=username, is_active=True, is_staff=True).first()
+        if user is None:
+            raise CommandError(f"No active admin named {username}.")
+        return user
+
+    def doc(self, op_id: int) -> dict:
+        return service._operation_dict(ToolPayloadOperation.objects.select_related("started_by").get(pk=op_id))
+
+    def follow(self, op_id: int, *, here: bool) -> dict:
+        """Wait for the operation (and a cleanup that follows its backup), drawing progress."""
+        tty = sys.stderr.isatty() and not self.as_json
+        while True:
+            if here:
+                jobs.run_operation(op_id)
+            doc = self.doc(op_id)
+            if tty:
+                done, total = doc["progress"]["done"], doc["progress"]["total"]
+                width = 30
+                filled = int(width * done / total) if total else 0
+                sys.stderr.write(f"\r{doc['kind']} #{op_id} [{'#' * filled}{'.' * (width - filled)}] "
+                                 f"{done}/{total} {doc['state']}  ")
+                sys.stderr.flush()
+            if doc["state"] not in OPEN_STATES:
+                break
+            if not here:
+                time.sleep(1)
+        if tty:
+            sys.stderr.write("\n")
+        if doc["kind"] == "backup" and doc["state"] == "succeeded":
+            follow = ToolPayloadOperation.objects.filter(kind="cleanup", pk__gt=op_id).order_by("pk").first()
+            if follow is not None:
+                self.operation(doc)
+                return self.follow(follow.pk, here=here)
+        return doc
+
+    def operation(self, doc: dict) -> None:
+        if self.as_json:
+            self.stdout.write(jsonlib.dumps(_json(doc), sort_keys=True))
+            return
+        line = (f"{doc['kind']} #{doc['id']}: {doc['state']}; conversations {doc['eligible_conversations']}, "
+                f"messages {doc['eligible_messages']}, removed {doc['removed_messages']}, "
+                f"payload bytes {doc['payload_bytes']}")
+        if doc["skipped"]:
+            line += "; skipped " + ", ".join(f"{k} {v}" for k, v in sorted(doc["skipped"].items()))
+        if doc["error"]:
+            line += f"; {doc['error']['code']}: {doc['error']['message']}"
+        self.stdout.write(line)
+
+    def show(self, doc: dict) -> None:
+        if self.as_json:
+            self.stdout.write(jsonlib.dumps(_json(doc), sort_keys=True))
+            return
+        policy = doc["policy"]
+        self.stdout.write(
+            f"cleanup {'on' if policy['enabled'] else 'off'}, {policy['age']['value']} {policy['age']['unit']}, "
+            f"revision {policy['revision']}; preparation {doc['preparation']['state']} "
+            f"({doc['preparation']['choice'] or 'no choice'}); analysis {doc['analysis_state']}"
+        )
+        if doc["error"]:
+            self.stdout.write(f"error {doc['error']['code']}: {doc['error']['message']}")
+        if doc["next_check_at"]:
+            self.stdout.write(f"next check {doc['next_check_at'].isoformat()}")
+        db = doc["database"]
+        self.stdout.write(f"database {db['file_bytes']} bytes, reusable {db['reusable_bytes']} bytes")
+        for op in doc["history"][:10]:
+            self.operation(op)

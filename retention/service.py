@@ -1,0 +1,452 @@
+"""The tool payload cleanup service: the one entry point for screens, API and command.
+
+Every mutation checks the caller is an admin, validates its input, and either changes
+nothing (raising `CleanupError` with a stable code, a localized message and an HTTP status)
+or commits its row(s) and queues the django-q2 job in the same transaction (enqueueing is
+transactional on the ORM broker, so an operation row never exists without its job).
+
+"One operation at a time, whoever starts it" is the unique constraint on
+`ToolPayloadOperation.slot`: a second start loses on the database, not in Python.
+
+The status document (`status_document`) follows DESIGN.md section 8, plus `database`,
+`backups`, `last_compact` and `analysis_state`. Timestamps are aware datetimes; the API
+serializes them as ISO 8601 and the views format them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from console.auth import is_admin
+from lifecycle.errors import ActionRefused
+from retention import jobs
+from retention.models import (
+    AGE_LIMITS,
+    OPEN_STATES,
+    AgeUnit,
+    BackupChoice,
+    OperationKind,
+    OperationState,
+    PreparationState,
+    ToolPayloadOperation,
+    ToolPayloadPolicy,
+)
+
+log = logging.getLogger(__name__)
+HISTORY_LENGTH = 50
+
+
+class CleanupError(Exception):
+    """A refused request: nothing changed. `code` is stable, `message` localized."""
+
+    STATUS = {
+        "invalid_age": 400,
+        "backup_choice_required": 400,
+        "invalid_backup_choice": 400,
+        "stale_revision": 409,
+        "busy": 409,
+        "preparation_required": 409,
+        "not_enabled": 409,
+        "not_cancellable": 409,
+        "not_found": 404,
+        "forbidden": 403,
+        "state_unreadable": 409,
+        "unsupported": 409,
+    }
+
+    def __init__(self, code: str, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = status if status is not None else self.STATUS.get(code, 409)
+
+
+class StateUnreadable(Exception):
+    """Stored state that this version cannot interpret: fail closed, never guess."""
+
+
+# ---- Reading stored state (fail closed) -----------------------------------------------------
+
+
+def _check_policy(policy: ToolPayloadPolicy) -> None:
+    if policy.preparation_state not in PreparationState.values:
+        raise StateUnreadable(f"preparation_state={policy.preparation_state!r}")
+    if policy.backup_choice not in ("", *BackupChoice.values):
+        raise StateUnreadable(f"backup_choice={policy.backup_choice!r}")
+    if policy.age_unit not in AgeUnit.values:
+        raise StateUnreadable(f"age_unit={policy.age_unit!r}")
+
+
+def _skipped(op: ToolPayloadOperation) -> dict[str, int]:
+    try:
+        value = json.loads(op.skipped_json or "{}")
+    except ValueError as exc:
+        raise StateUnreadable(f"operation {op.pk}: skipped counts") from exc
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0 for k, v in value.items()
+    ):
+        raise StateUnreadable(f"operation {op.pk}: skipped counts")
+    return value
+
+
+def _check_operation(op: ToolPayloadOperation) -> None:
+    if op.kind not in OperationKind.values or op.state not in OperationState.values:
+        raise StateUnreadable(f"operation {op.pk}: kind={op.kind!r} state={op.state!r}")
+    _skipped(op)
+
+
+def _unreadable_error() -> CleanupError:
+    return CleanupError(
+        "state_unreadable",
+        _("The stored cleanup state could not be read, so nothing will run. Check the server log."),
+    )
+
+
+def _require_admin(user) -> None:
+    if not is_admin(user):
+        raise CleanupError("forbidden", _("Only admins can change tool payload cleanup."))
+
+
+def _check_age(age_value, age_unit) -> None:
+    if (
+        not isinstance(age_value, int)
+        or isinstance(age_value, bool)
+        or age_unit not in AgeUnit.values
+        or not AGE_LIMITS[AgeUnit(age_unit)][0] <= age_value <= AGE_LIMITS[AgeUnit(age_unit)][1]
+    ):
+        raise CleanupError(
+            "invalid_age", _("Choose from 1 to 520 weeks, or from 1 to 120 months.")
+        )
+
+
+def _load_checked_policy() -> ToolPayloadPolicy:
+    policy = ToolPayloadPolicy.load()
+    try:
+        _check_policy(policy)
+        for op in ToolPayloadOperation.objects.filter(slot__isnull=False):
+            _check_operation(op)
+    except StateUnreadable:
+        log.exception("tool payload cleanup state unreadable")
+        raise _unreadable_error() from None
+    return policy
+
+
+def _busy() -> CleanupError:
+    return CleanupError("busy", _("Another cleanup operation is running. Wait for it to finish or cancel it."))
+
+
+# ---- Operation documents --------------------------------------------------------------------
+
+
+def _operation_dict(op: ToolPayloadOperation) -> dict[str, Any]:
+    started_by = op.started_by.get_username() if op.started_by_id and op.started_by else None
+    return {
+        "id": op.pk,
+        "kind": op.kind,
+        "state": op.state,
+        "cutoff": op.cutoff,
+        "scanned": op.scanned,
+        "eligible_conversations": op.eligible_conversations,
+        "eligible_messages": op.eligible_messages,
+        "removed_messages": op.removed_messages,
+        "payload_bytes": op.payload_bytes,
+        "skipped": _skipped(op),
+        "created_at": op.created_at,
+        "started_at": op.started_at,
+        "finished_at": op.finished_at,
+        "error": {"code": op.error_code, "message": op.error_message} if op.error_code else None,
+        "started_by": started_by if op.started_by_id else "schedule",
+        "progress": {"done": op.progress_done, "total": op.progress_total},
+        "stale": op.stale,
+        "cancel_requested": op.cancel_requested,
+        "age": {"value": op.age_value, "unit": op.age_unit} if op.age_value else None,
+        "policy_revision": op.policy_revision,
+        "before_bytes": op.before_bytes,
+        "after_bytes": op.after_bytes,
+        "before_reusable_bytes": op.before_reusable_bytes,
+        "after_reusable_bytes": op.after_reusable_bytes,
+        "backup": (
+            {"name": op.backup_name, "sha256": op.backup_sha256, "size": op.backup_size}
+            if op.backup_name else None
+        ),
+    }
+
+
+def analysis_view_state(op: ToolPayloadOperation | None) -> str:
+    """not_analyzed | running | completed | empty | partial | failed | stale (AC-TPR-001.5)."""
+    if op is None:
+        return "not_analyzed"
+    if op.state in OPEN_STATES:
+        return "running"
+    if op.stale:
+        return "stale"
+    if op.state == OperationState.SUCCEEDED:
+        return "completed" if op.eligible_messages else "empty"
+    if op.state in (OperationState.PARTIAL, OperationState.CANCELLED):
+        return "partial"
+    return "failed"
+
+
+def _database() -> dict[str, Any]:
+    from retention.storage import database_size
+
+    size = database_size()
+    return {
+        "engine": size.engine,
+        "file_bytes": size.file_bytes,
+        "reusable_bytes": size.reusable_bytes,
+        "reusable_is_estimate": size.reusable_is_estimate,
+    }
+
+
+def _backups() -> list[dict[str, Any]]:
+    try:
+        from retention.backups import list_backups
+    except ImportError:  # the backup primitives are not installed in this build
+        return []
+    return [
+        {"name": r.name, "size": r.size, "created_at": r.created_at, "sha256": r.sha256}
+        for r in list_backups()
+    ]
+
+
+def status_document() -> dict:
+    """The whole state of tool payload cleanup (DESIGN.md section 8 and more).
+
+    Never raises for unreadable stored state: it answers with `error` set
+    ({code: "state_unreadable", message}) and as much as it could read, and every
+    mutation refuses until the state is readable again.
+    """
+    policy = ToolPayloadPolicy.load()
+    error = None
+    try:
+        _check_policy(policy)
+    except StateUnreadable:
+        log.exception("tool payload cleanup policy unreadable")
+        error = _unreadable_error()
+    ops = list(ToolPayloadOperation.objects.select_related("started_by")[:HISTORY_LENGTH])
+    history, current, last_analysis, last_run, last_compact = [], None, None, None, None
+    analysis_op = None
+    for op in ops:
+        try:
+            _check_operation(op)
+            doc = _operation_dict(op)
+        except StateUnreadable:
+            log.exception("tool payload cleanup operation unreadable")
+            error = _unreadable_error()
+            continue
+        history.append(doc)
+        if current is None and op.slot is not None:
+            current = doc
+        if last_analysis is None and op.kind == OperationKind.ANALYSIS:
+            last_analysis, analysis_op = doc, op
+        if last_run is None and op.kind == OperationKind.CLEANUP:
+            last_run = doc
+        if last_compact is None and op.kind == OperationKind.COMPACT:
+            last_compact = doc
+    try:
+        backups = _backups()
+    except Exception:  # a broken backup folder must not hide the rest of the status
+        log.exception("could not list backups")
+        backups = []
+    return {
+        "policy": {
+            "enabled": policy.enabled,
+            "age": {"value": policy.age_value, "unit": policy.age_unit},
+            "revision": policy.revision,
+            "updated_at": policy.updated_at,
+        },
+        "supported": connection.vendor in ("sqlite", "postgresql"),
+        "preparation": {
+            "state": policy.preparation_state,
+            "choice": policy.backup_choice or None,
+            "error": policy.preparation_error or None,
+            "receipt": policy.backup_receipt_name or None,
+        },
+        "operation": current,
+        "analysis_state": analysis_view_state(analysis_op) if last_analysis else "not_analyzed",
+        "last_analysis": last_analysis,
+        "last_run": last_run,
+        "last_compact": last_compact,
+        "next_check_at": jobs.next_check_at() if policy.enabled and error is None else None,
+        "history": history,
+        "database": _database(),
+        "backups": backups,
+        "error": {"code": error.code, "message": error.message} if error else None,
+    }
+
+
+# ---- Policy ---------------------------------------------------------------------------------
+
+
+def _needs_choice(policy: ToolPayloadPolicy, *, enabled: bool, age_value: int, age_unit: str) -> bool:
+    """Enabling (first time or again) or shortening the period needs an explicit choice."""
+    if not enabled:
+        return False
+    if not policy.enabled:
+        return True
+    now = timezone.now()
+    return jobs.cutoff_for(now, age_value, age_unit) > jobs.cutoff_for(now, policy.age_value, policy.age_unit)
+
+
+def save_policy(*, user, enabled: bool, age_value: int, age_unit: str, revision: int,
+                backup_choice: str | None) -> ToolPayloadPolicy:
+    """Save the policy (AC-TPR-001.2, 002.1).
+
+    `backup_choice` ("create" | "skip") is required, never inferred, when enabling the first
+    time, re-enabling or shortening the period; it may be given on any other save too. Every
+    save that changes something bumps the revision and marks analyses of other settings stale.
+    Raises CleanupError forbidden/invalid_age/invalid_backup_choice/backup_choice_required/
+    stale_revision/state_unreadable.
+    """
+    from retention.actions.save_policy import save_tool_payload_policy
+
+    _require_admin(user)
+    _check_age(age_value, age_unit)
+    if not isinstance(enabled, bool):
+        raise CleanupError("invalid_age", _("Choose whether cleanup is on or off."), 400)
+    if backup_choice not in (None, *BackupChoice.values):
+        raise CleanupError("invalid_backup_choice", _("Choose Create backup or Continue without backup."))
+    policy = _load_checked_policy()
+    if backup_choice is None and _needs_choice(policy, enabled=enabled, age_value=age_value, age_unit=age_unit):
+        raise CleanupError(
+            "backup_choice_required",
+            _("Removal is permanent. Choose Create backup or Continue without backup before saving."),
+        )
+    try:
+        with transaction.atomic():
+            saved = save_tool_payload_policy(
+                enabled=enabled, age_value=age_value, age_unit=age_unit, revision=revision,
+                acting_user=user, backup_choice=backup_choice,
+            )
+            ToolPayloadOperation.objects.filter(kind=OperationKind.ANALYSIS, stale=False).exclude(
+                age_value=saved.age_value, age_unit=saved.age_unit
+            ).update(stale=True)
+    except ActionRefused as exc:
+        raise CleanupError(exc.code, exc.message, exc.status) from None
+    jobs.wake_schedule()
+    return saved
+
+
+# ---- Starting and stopping operations -------------------------------------------------------
+
+
+def _create_operation(**fields) -> ToolPayloadOperation:
+    """Insert an operation holding the slot, or raise busy (the database decides)."""
+    try:
+        with transaction.atomic():
+            op = ToolPayloadOperation.objects.create(**fields)
+            jobs.enqueue(op.pk)
+    except IntegrityError:
+        raise _busy() from None
+    return op
+
+
+def start_analysis(*, user, age_value: int, age_unit: str) -> int:
+    """Queue an analysis of the given (draft) period; it changes no row. Returns its id."""
+    _require_admin(user)
+    _check_age(age_value, age_unit)
+    policy = _load_checked_policy()
+    op = _create_operation(
+        kind=OperationKind.ANALYSIS, started_by=user, age_value=age_value, age_unit=age_unit,
+        policy_revision=policy.revision,
+    )
+    return op.pk
+
+
+def _start_cleanup_or_preparation(*, user, policy: ToolPayloadPolicy) -> ToolPayloadOperation:
+    """Cleanup if the preparation is ready, else the backup first (cleanup follows it)."""
+    common = {
+        "started_by": user, "policy_revision": policy.revision,
+        "age_value": policy.age_value, "age_unit": policy.age_unit,
+    }
+    if policy.preparation_state == PreparationState.READY:
+        return _create_operation(kind=OperationKind.CLEANUP, **common)
+    if policy.backup_choice == BackupChoice.SKIP:
+        return _create_operation(kind=OperationKind.CLEANUP, **common)
+    if policy.backup_choice == BackupChoice.CREATE and policy.preparation_state == PreparationState.NONE:
+        with transaction.atomic():
+            op = _create_operation(kind=OperationKind.BACKUP, then_cleanup=True, **common)
+            ToolPayloadPolicy.objects.filter(id=1).update(
+                preparation_state=PreparationState.PREPARING, preparation_error=""
+            )
+        return op
+    raise CleanupError(
+        "preparation_required",
+        _("Cleanup waits for the backup. Retry the backup, or change the backup choice."),
+    )
+
+
+def start_run(*, user, revision: int) -> int:
+    """Run cleanup now under the saved, enabled policy at `revision` (AC-TPR-002.6).
+
+    When the saved choice is "create" and no verified backup exists yet, the backup runs
+    first and cleanup follows it; the id returned is the first operation queued.
+    """
+    _require_admin(user)
+    policy = _load_checked_policy()
+    if not isinstance(revision, int) or revision != policy.revision:
+        raise CleanupError("stale_revision", _("The settings changed meanwhile. Reload to see them."))
+    if not policy.enabled:
+        raise CleanupError("not_enabled", _("Turn cleanup on and save before running it."))
+    op = _start_cleanup_or_preparation(user=user, policy=policy)
+    jobs.wake_schedule()
+    return op.pk
+
+
+def retry_preparation(*, user) -> int:
+    """Start the backup again after it failed or was cancelled; cleanup follows it."""
+    _require_admin(user)
+    policy = _load_checked_policy()
+    if policy.backup_choice != BackupChoice.CREATE or policy.preparation_state not in (
+        PreparationState.FAILED, PreparationState.CANCELLED, PreparationState.NONE,
+    ):
+        raise CleanupError("not_cancellable", _("There is no backup to retry."))
+    with transaction.atomic():
+        op = _create_operation(
+            kind=OperationKind.BACKUP, then_cleanup=policy.enabled, started_by=user,
+            policy_revision=policy.revision, age_value=policy.age_value, age_unit=policy.age_unit,
+        )
+        ToolPayloadPolicy.objects.filter(id=1).update(
+            preparation_state=PreparationState.PREPARING, preparation_error=""
+        )
+    return op.pk
+
+
+def cancel(*, user, operation_id: int) -> None:
+    """Ask a queued or running operation to stop after its current batch.
+
+    Committed batches stay; the job records the operation as cancelled (or partial) when it
+    sees the request. Raises not_found for an unknown id, not_cancellable when it finished.
+    """
+    _require_admin(user)
+    if not isinstance(operation_id, int) or isinstance(operation_id, bool):
+        raise CleanupError("not_found", _("No such operation."))
+    with transaction.atomic():
+        op = ToolPayloadOperation.objects.select_for_update().filter(pk=operation_id).first()
+        if op is None:
+            raise CleanupError("not_found", _("No such operation."))
+        if op.state not in OPEN_STATES:
+            raise CleanupError("not_cancellable", _("This operation has already finished."))
+        op.cancel_requested = True
+        op.save(update_fields=["cancel_requested"])
+    jobs.enqueue_soon(operation_id)
+
+
+def start_compact(*, user) -> int:
+    """Queue Compact database (VACUUM) with before and after sizes."""
+    _require_admin(user)
+    _load_checked_policy()
+    op = _create_operation(kind=OperationKind.COMPACT, started_by=user)
+    return op.pk
+
+
+def format_when(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None

@@ -1,0 +1,146 @@
+"""The tool payload cleanup API: status document, policy, analyze, run, cancel, compact."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.test import Client
+
+from console.models import ApiToken
+from lifecycle.models import Item
+from retention import jobs
+from retention.models import ToolPayloadOperation, ToolPayloadPolicy
+from tests.test_tool_payload_jobs import old_conversation
+
+pytestmark = pytest.mark.django_db
+HOST = {"HTTP_HOST": "127.0.0.1"}
+BASE = "/api/v1/system/tool-payload-retention"
+
+
+@pytest.fixture
+def api(admin_user) -> Client:
+    _token, raw = ApiToken.issue(admin_user)
+    return Client(HTTP_AUTHORIZATION=f"Bearer {raw}", **HOST)
+
+
+@pytest.fixture
+def member_api(member_user) -> Client:
+    _token, raw = ApiToken.issue(member_user)
+    return Client(HTTP_AUTHORIZATION=f"Bearer {raw}", **HOST)
+
+
+def send(client, method: str, path: str, body=None):
+    data = body if isinstance(body, str) else json.dumps(body) if body is not None else ""
+    return getattr(client, method)(BASE + path, data=data, content_type="application/json")
+
+
+def finish(operation_id: int) -> ToolPayloadOperation:
+    while jobs.run_operation(operation_id) == "more":
+        pass
+    return ToolPayloadOperation.objects.get(pk=operation_id)
+
+
+def test_an_admin_analyzes_saves_with_a_choice_and_runs_with_exact_figures(api, admin_user):
+    conversation = old_conversation("api", tools=3)
+    status = api.get(BASE).json()
+    assert status["policy"] == {"enabled": False, "age": {"value": 3, "unit": "months"}, "revision": 1,
+                                "updated_at": status["policy"]["updated_at"]}
+    assert status["analysis_state"] == "not_analyzed" and status["operation"] is None
+    assert status["preparation"]["state"] == "none" and status["error"] is None
+    started = send(api, "post", "/analyze", {"age": {"value": 3, "unit": "months"}})
+    assert started.status_code == 202
+    analysis = finish(started.json()["operation_id"])
+    doc = api.get(BASE).json()
+    assert doc["analysis_state"] == "completed"
+    assert doc["last_analysis"]["payload_bytes"] == analysis.payload_bytes > 0
+    assert doc["last_analysis"]["started_by"] == admin_user.username
+    assert doc["last_analysis"]["cutoff"].endswith("Z")
+
+    refused = send(api, "put", "", {"enabled": True, "age": {"value": 3, "unit": "months"}, "revision": 1})
+    assert (refused.status_code, refused.json()["code"]) == (400, "backup_choice_required")
+    saved = send(api, "put", "", {"enabled": True, "age": {"value": 3, "unit": "months"}, "revision": 1,
+                                  "backup_choice": "skip"})
+    assert saved.status_code == 200 and saved.json()["policy"]["revision"] == 2
+    stale = send(api, "post", "/run", {"revision": 1})
+    assert (stale.status_code, stale.json()["code"]) == (409, "stale_revision")
+    run = send(api, "post", "/run", {"revision": 2})
+    assert run.status_code == 202
+    busy = send(api, "post", "/compact")
+    assert (busy.status_code, busy.json()["code"]) == (409, "busy")
+    cleanup = finish(run.json()["operation_id"])
+    assert cleanup.payload_bytes == analysis.payload_bytes
+    assert Item.objects.filter(conversation=conversation, details_removed_at__isnull=False).count() == 4
+    doc = api.get(BASE).json()
+    assert doc["last_run"]["removed_messages"] == 4 and doc["last_run"]["state"] == "succeeded"
+    assert [op["kind"] for op in doc["history"]] == ["cleanup", "analysis"]
+
+
+@pytest.mark.parametrize(("body", "code"), [
+    ({"enabled": True, "age": {"value": 0, "unit": "months"}, "revision": 1, "backup_choice": "skip"}, "invalid_age"),
+    ({"enabled": True, "age": {"value": 3, "unit": "days"}, "revision": 1, "backup_choice": "skip"}, "invalid_age"),
+    ({"enabled": True, "age": {"value": 600, "unit": "weeks"}, "revision": 1, "backup_choice": "skip"},
+     "invalid_age"),
+    ({"enabled": True, "age": {"value": 3, "unit": "months"}, "revision": 1, "backup_choice": "maybe"},
+     "invalid_choice"),
+    ({"enabled": True, "age": {"value": 3, "unit": "months"}, "revision": 1, "extra": 1}, "unknown_field"),
+    ({"enabled": "yes", "age": {"value": 3, "unit": "months"}, "revision": 1}, "invalid_type"),
+    ({"enabled": True, "age": {"value": "3", "unit": "months"}, "revision": 1}, "invalid_type"),
+    ({"enabled": True, "revision": 1}, "missing_field"),
+    ("{\"enabled\": true, \"enabled\": false}", "duplicate_key"),
+    ("not json", "malformed_json"),
+])
+def test_bad_policy_bodies_are_refused_and_change_nothing(api, body, code):
+    answer = send(api, "put", "", body)
+    assert answer.status_code == 400 and answer.json()["code"] == code, answer.json()
+    policy = ToolPayloadPolicy.load()
+    assert (policy.enabled, policy.revision) == (False, 1)
+
+
+@pytest.mark.parametrize(("path", "body", "code"), [
+    ("/analyze", {"age": {"value": 121, "unit": "months"}}, "invalid_age"),
+    ("/analyze", {"age": {"value": 3, "unit": "months"}, "draft": True}, "unknown_field"),
+    ("/analyze", {}, "missing_field"),
+    ("/run", {"revision": "1"}, "invalid_type"),
+    ("/cancel", {"operation_id": 12345}, "not_found"),
+    ("/cancel", {"operation_id": 1.5}, "invalid_type"),
+])
+def test_bad_action_bodies_are_refused_and_start_nothing(api, path, body, code):
+    answer = send(api, "post", path, body)
+    assert answer.status_code in (400, 404) and answer.json()["code"] == code, answer.json()
+    assert ToolPayloadOperation.objects.count() == 0
+
+
+def test_members_read_the_status_but_every_change_is_403(member_api):
+    assert member_api.get(BASE).status_code == 200
+    for method, path, body in [
+        ("put", "", {"enabled": True, "age": {"value": 3, "unit": "months"}, "revision": 1, "backup_choice": "skip"}),
+        ("post", "/analyze", {"age": {"value": 3, "unit": "months"}}),
+        ("post", "/run", {"revision": 1}),
+        ("post", "/cancel", {"operation_id": 1}),
+        ("post", "/compact", None),
+        ("post", "/retry-preparation", None),
+    ]:
+        answer = send(member_api, method, path, body)
+        assert (answer.status_code, answer.json()["code"]) == (403, "forbidden"), path
+    assert ToolPayloadOperation.objects.count() == 0
+    assert ToolPayloadPolicy.load().revision == 1
+
+
+def test_run_waits_for_preparation_when_a_backup_was_chosen(api):
+    send(api, "put", "", {"enabled": True, "age": {"value": 3, "unit": "months"}, "revision": 1,
+                          "backup_choice": "create"})
+    answer = send(api, "post", "/run", {"revision": 2})
+    assert answer.status_code == 202
+    op = ToolPayloadOperation.objects.get(pk=answer.json()["operation_id"])
+    assert op.kind == "backup"
+    doc = api.get(BASE).json()
+    assert doc["preparation"]["state"] == "preparing" and doc["operation"]["kind"] == "backup"
+    cancel = send(api, "post", "/cancel", {"operation_id": op.pk})
+    assert cancel.status_code == 202
+    assert ToolPayloadOperation.objects.get(pk=op.pk).cancel_requested
+
+
+def test_not_enabled_run_is_refused(api):
+    answer = send(api, "post", "/run", {"revision": 1})
+    assert (answer.status_code, answer.json()["code"]) == (409, "not_enabled")

@@ -1,0 +1,605 @@
+"""Tool payload cleanup jobs: policy rules, analysis, cleanup batches, guards and crash safety.
+
+Jobs run in-process here through `retention.jobs.run_operation` (the same function the
+cluster runs); the crash test at the end runs them on a real django-q2 cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Sum
+from django.utils import timezone
+
+from lifecycle.actions.append_item import append_item
+from lifecycle.actions.request_deletion import request_deletion
+from lifecycle.models import Conversation, Item, Turn, TurnState
+from retention import jobs, service
+from retention.models import OperationState, ToolPayloadOperation, ToolPayloadPolicy
+from retention.service import CleanupError
+from tests import factories
+
+OLD = 200  # days idle: past any 3-month cutoff
+
+
+def age(conversation: Conversation, days: float) -> None:
+    Conversation.objects.filter(pk=conversation.pk).update(last_activity_at=timezone.now() - timedelta(days=days))
+
+
+def shell(n: int) -> dict:
+    return {"command": f"make test {n}", "cwd": "/w", "exit_code": n % 3, "stdout": "ok\n" * (200 + n),
+            "stderr": "warn" * n, "truncated": False}
+
+
+def old_conversation(title: str, tools: int = 3, *, days: float = OLD) -> Conversation:
+    conversation = factories.make_conversation(title=title)
+    factories.add_message(conversation, "user", f"Please look at {title}")
+    for n in range(tools):
+        factories.add_tool(conversation, "shell", shell(n), tool_call_id=f"{title}-{n}", title=f"Step {n}")
+    factories.add_tool(conversation, "read_file", {"path": "/w/a.py", "content": "print(1)\n" * 300,
+                                                   "line_count": 300}, tool_call_id=f"{title}-r")
+    factories.add_tool(conversation, "plan", {"steps": ["one", "two"]}, tool_call_id=f"{title}-p")
+    factories.add_tool(conversation, "todo", {"items": [{"text": "x", "done": False}]}, tool_call_id=f"{title}-t")
+    factories.add_message(conversation, "assistant", f"Done with {title}")
+    age(conversation, days)
+    return conversation
+
+
+def run(operation_id: int) -> ToolPayloadOperation:
+    for _ in range(1000):
+        if jobs.run_operation(operation_id) != "more":
+            break
+    return ToolPayloadOperation.objects.get(pk=operation_id)
+
+
+def snapshot() -> list[tuple]:
+    return list(Item.objects.order_by("id").values_list(
+        "id", "payload", "payload_bytes", "removable_bytes", "payload_skip", "revision", "updated_at",
+        "details_removed_at"))
+
+
+def enable(user, *, choice: str = "skip", value: int = 3, unit: str = "months") -> ToolPayloadPolicy:
+    policy = ToolPayloadPolicy.load()
+    return service.save_policy(user=user, enabled=True, age_value=value, age_unit=unit,
+                               revision=policy.revision, backup_choice=choice)
+
+
+# ---- Cutoff ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("now", "value", "unit", "expected"), [
+    ("2026-05-31T10:00:00", 3, "months", "2026-02-28T10:00:00"),
+    ("2024-03-31T23:59:59", 1, "months", "2024-02-29T23:59:59"),
+    ("2026-01-15T00:00:00", 13, "months", "2024-12-15T00:00:00"),
+    ("2026-12-31T12:00:00", 120, "months", "2016-12-31T12:00:00"),
+    ("2026-03-01T00:00:00", 2, "weeks", "2026-02-15T00:00:00"),
+])
+def test_the_cutoff_uses_calendar_months_clamped_to_the_month_end_in_utc(now, value, unit, expected):
+    moment = datetime.fromisoformat(now).replace(tzinfo=UTC)
+    assert jobs.cutoff_for(moment, value, unit) == datetime.fromisoformat(expected).replace(tzinfo=UTC)
+
+
+@pytest.mark.django_db
+def test_activity_exactly_at_the_cutoff_is_protected_and_a_microsecond_earlier_is_not():
+    cutoff = datetime(2026, 2, 28, 10, 0, tzinfo=UTC)
+    at, before = factories.make_conversation(title="at"), factories.make_conversation(title="before")
+    Conversation.objects.filter(pk=at.pk).update(last_activity_at=cutoff)
+    Conversation.objects.filter(pk=before.pk).update(last_activity_at=cutoff - timedelta(microseconds=1))
+    assert list(jobs.eligible_conversations(cutoff).values_list("id", flat=True)) == [before.pk]
+
+
+# ---- Policy ---------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_enabling_re_enabling_and_shortening_need_the_backup_choice(admin_user):
+    policy = ToolPayloadPolicy.load()
+    with pytest.raises(CleanupError) as refused:
+        service.save_policy(user=admin_user, enabled=True, age_value=3, age_unit="months",
+                            revision=policy.revision, backup_choice=None)
+    assert (refused.value.code, refused.value.status) == ("backup_choice_required", 400)
+    assert ToolPayloadPolicy.load().enabled is False and ToolPayloadPolicy.load().revision == policy.revision
+    saved = enable(admin_user, choice="create")
+    assert (saved.enabled, saved.backup_choice, saved.preparation_state) == (True, "create", "none")
+    # Lengthening needs no choice; shortening does.
+    saved = service.save_policy(user=admin_user, enabled=True, age_value=6, age_unit="months",
+                                revision=saved.revision, backup_choice=None)
+    assert saved.age_value == 6
+    with pytest.raises(CleanupError) as shorter:
+        service.save_policy(user=admin_user, enabled=True, age_value=20, age_unit="weeks",
+                            revision=saved.revision, backup_choice=None)
+    assert shorter.value.code == "backup_choice_required"
+    saved = service.save_policy(user=admin_user, enabled=False, age_value=6, age_unit="months",
+                                revision=saved.revision, backup_choice=None)
+    with pytest.raises(CleanupError) as again:
+        service.save_policy(user=admin_user, enabled=True, age_value=6, age_unit="months",
+                            revision=saved.revision, backup_choice=None)
+    assert again.value.code == "backup_choice_required"
+    saved = service.save_policy(user=admin_user, enabled=True, age_value=6, age_unit="months",
+                                revision=saved.revision, backup_choice="skip")
+    assert (saved.enabled, saved.backup_choice, saved.preparation_state) == (True, "skip", "ready")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("value", "unit"), [(0, "months"), (121, "months"), (521, "weeks"), (3, "days"),
+                                             (True, "weeks"), ("3", "months")])
+def test_an_invalid_period_saves_nothing(admin_user, value, unit):
+    before = ToolPayloadPolicy.load()
+    with pytest.raises(CleanupError) as refused:
+        service.save_policy(user=admin_user, enabled=False, age_value=value, age_unit=unit,
+                            revision=before.revision, backup_choice=None)
+    assert (refused.value.code, refused.value.status) == ("invalid_age", 400)
+    after = ToolPayloadPolicy.load()
+    assert (after.revision, after.age_value, after.age_unit) == (before.revision, before.age_value, before.age_unit)
+
+
+@pytest.mark.django_db
+def test_a_stale_revision_and_a_member_change_nothing(admin_user, member_user):
+    policy = ToolPayloadPolicy.load()
+    with pytest.raises(CleanupError) as stale:
+        service.save_policy(user=admin_user, enabled=False, age_value=5, age_unit="months",
+                            revision=policy.revision + 1, backup_choice=None)
+    assert (stale.value.code, stale.value.status) == ("stale_revision", 409)
+    for call in (
+        lambda: service.save_policy(user=member_user, enabled=False, age_value=5, age_unit="months",
+                                    revision=policy.revision, backup_choice=None),
+        lambda: service.start_analysis(user=member_user, age_value=3, age_unit="months"),
+        lambda: service.start_run(user=member_user, revision=policy.revision),
+        lambda: service.retry_preparation(user=member_user),
+        lambda: service.cancel(user=member_user, operation_id=1),
+        lambda: service.start_compact(user=member_user),
+    ):
+        with pytest.raises(CleanupError) as forbidden:
+            call()
+        assert (forbidden.value.code, forbidden.value.status) == ("forbidden", 403)
+    assert ToolPayloadPolicy.load().revision == policy.revision
+    assert ToolPayloadOperation.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_a_save_marks_analyses_of_other_settings_stale(admin_user):
+    old_conversation("stale")
+    six = run(service.start_analysis(user=admin_user, age_value=6, age_unit="months"))
+    three = run(service.start_analysis(user=admin_user, age_value=3, age_unit="months"))
+    enable(admin_user, value=3, unit="months")
+    six.refresh_from_db()
+    three.refresh_from_db()
+    assert (six.stale, three.stale) == (True, False)
+    doc = service.status_document()
+    assert doc["analysis_state"] == "completed" and doc["last_analysis"]["id"] == three.pk
+
+
+# ---- One operation at a time ----------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_one_operation_at_a_time_is_a_rule_of_the_database(admin_user):
+    first = service.start_analysis(user=admin_user, age_value=3, age_unit="months")
+    with pytest.raises(CleanupError) as busy:
+        service.start_compact(user=admin_user)
+    assert (busy.value.code, busy.value.status) == ("busy", 409)
+    with pytest.raises(IntegrityError), transaction.atomic():  # the constraint, not Python, refuses
+        ToolPayloadOperation.objects.create(kind="cleanup")
+    assert ToolPayloadOperation.objects.count() == 1
+    run(first)
+    assert ToolPayloadOperation.objects.get(pk=first).slot is None
+    assert service.start_compact(user=admin_user) > first
+
+
+# ---- Analysis -------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_analysis_counts_exactly_what_cleanup_removes_and_changes_nothing(admin_user):
+    eligible = [old_conversation(f"old-{n}", tools=n + 1) for n in range(3)]
+    recent = old_conversation("recent", days=10)
+    working = old_conversation("working")
+    Turn.objects.create(conversation=working, seq=1, state=TurnState.QUEUED)
+    doomed = old_conversation("doomed")
+    request_deletion(doomed, key="doomed-key", acting_user=admin_user)
+    before = snapshot()
+
+    op = run(service.start_analysis(user=admin_user, age_value=3, age_unit="months"))
+    assert snapshot() == before  # not one item row changed
+    expected = Item.objects.filter(conversation__in=eligible, removable_bytes__gt=0)
+    assert op.state == OperationState.SUCCEEDED
+    assert op.scanned == 3 and op.eligible_conversations == 3
+    assert op.eligible_messages == expected.count() == 3 * 1 + (1 + 2 + 3)
+    assert op.payload_bytes == expected.aggregate(s=Sum("removable_bytes"))["s"] > 0
+    assert json.loads(op.skipped_json) == {"protected": 6}
+    assert op.cutoff is not None and op.progress_done == op.progress_total == 3
+    assert service.status_document()["analysis_state"] == "completed"
+
+    enable(admin_user)
+    stored_before = Item.objects.aggregate(s=Sum("payload_bytes"))["s"]
+    cleanup = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert cleanup.state == OperationState.SUCCEEDED, cleanup.error_message
+    assert cleanup.removed_messages == op.eligible_messages
+    assert cleanup.payload_bytes == op.payload_bytes
+    assert stored_before - Item.objects.aggregate(s=Sum("payload_bytes"))["s"] == op.payload_bytes
+    # recent, working and doomed conversations are untouched
+    for conversation in (recent, working):
+        assert not Item.objects.filter(conversation=conversation, details_removed_at__isnull=False).exists()
+    # what the database now holds equals the payloads' canonical size, to the byte
+    from retention.reducer import encoded_size
+
+    for item in Item.objects.filter(conversation__in=eligible, role="tool"):
+        assert item.payload_bytes == encoded_size(item.payload)
+    again = run(service.start_analysis(user=admin_user, age_value=3, age_unit="months"))
+    assert (again.eligible_messages, again.payload_bytes) == (0, 0)
+    assert service.status_document()["analysis_state"] == "empty"
+
+
+@pytest.mark.django_db
+def test_cleanup_keeps_titles_order_statuses_summaries_prose_plans_and_todos(admin_user):
+    conversation = old_conversation("keep", tools=4)
+    archived_at = timezone.now() - timedelta(days=OLD)
+    Conversation.objects.filter(pk=conversation.pk).update(archived_at=archived_at)
+    keep = ["id", "seq", "role", "title", "status", "tool_call_id", "tool_kind", "content", "created_at", "turn_id"]
+    before = list(Item.objects.filter(conversation=conversation).order_by("seq").values(*keep))
+    protected = list(Item.objects.filter(conversation=conversation, tool_kind__in=["plan", "todo"])
+                     .order_by("id").values_list("payload", "revision"))
+    conversation.refresh_from_db()
+    enable(admin_user)
+    op = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert op.state == OperationState.SUCCEEDED and op.removed_messages == 5
+    assert list(Item.objects.filter(conversation=conversation).order_by("seq").values(*keep)) == before
+    assert list(Item.objects.filter(conversation=conversation, tool_kind__in=["plan", "todo"])
+                .order_by("id").values_list("payload", "revision")) == protected
+    after = Conversation.objects.get(pk=conversation.pk)
+    assert (after.title, after.last_activity_at, after.archived_at, after.state) == (
+        conversation.title, conversation.last_activity_at, conversation.archived_at, conversation.state)
+    for item in Item.objects.filter(conversation=conversation, tool_kind="shell"):
+        assert "stdout" not in item.payload and "stderr" not in item.payload
+        assert item.payload["command"].startswith("make test") and "exit_code" in item.payload
+        assert item.details_removed_at is not None and item.payload_skip == "already_removed"
+    reduced = Item.objects.get(conversation=conversation, tool_kind="read_file")
+    assert reduced.payload["path"] == "/w/a.py" and "content" not in reduced.payload
+
+
+# ---- Guards between batches -----------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_disabling_mid_run_stops_later_batches_and_keeps_committed_removals(admin_user, monkeypatch):
+    monkeypatch.setattr(jobs, "BATCH_ITEMS", 2)
+    conversation = old_conversation("long", tools=8)
+    enable(admin_user)
+    op_id = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
+    op = jobs._claim(op_id, "t")
+    assert jobs._cleanup_batch(op, "t") == "next"
+    policy = ToolPayloadPolicy.load()
+    service.save_policy(user=admin_user, enabled=False, age_value=3, age_unit="months",
+                        revision=policy.revision, backup_choice=None)
+    assert jobs._cleanup_batch(op, "t") == "disabled"
+    op.refresh_from_db()
+    assert (op.state, op.error_code, op.removed_messages, op.slot) == ("partial", "disabled", 2, None)
+    removed = Item.objects.filter(conversation=conversation, details_removed_at__isnull=False)
+    assert removed.count() == 2
+    assert Item.objects.filter(conversation=conversation, removable_bytes__gt=0).count() == 7
+
+
+@pytest.mark.django_db
+def test_cancel_stops_after_the_current_batch(admin_user, monkeypatch):
+    monkeypatch.setattr(jobs, "BATCH_ITEMS", 1)
+    old_conversation("cancel", tools=4)
+    enable(admin_user)
+    op_id = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
+    op = jobs._claim(op_id, "t")
+    assert jobs._cleanup_batch(op, "t") == "next"
+    service.cancel(user=admin_user, operation_id=op_id)
+    assert jobs._cleanup_batch(op, "t") == "cancelled"
+    op.refresh_from_db()
+    assert (op.state, op.removed_messages) == ("partial", 1)
+    with pytest.raises(CleanupError) as finished:
+        service.cancel(user=admin_user, operation_id=op_id)
+    assert finished.value.code == "not_cancellable"
+    with pytest.raises(CleanupError) as unknown:
+        service.cancel(user=admin_user, operation_id=op_id + 99)
+    assert (unknown.value.code, unknown.value.status) == ("not_found", 404)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_foreground_write_between_batches_protects_its_conversation(admin_user, monkeypatch):
+    monkeypatch.setattr(jobs, "BATCH_ITEMS", 2)
+    busy = old_conversation("busy", tools=6)
+    quiet = old_conversation("quiet", tools=2)
+    enable(admin_user)
+    op_id = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
+    op = jobs._claim(op_id, "t")
+    assert jobs._cleanup_batch(op, "t") == "next"  # the first two items of `busy`
+
+    def foreground() -> None:  # a runtime appending on its own connection
+        try:
+            append_item(Conversation.objects.get(pk=busy.pk), role="assistant", content="still working")
+        finally:
+            connection.close()
+
+    writer = threading.Thread(target=foreground)
+    writer.start()
+    writer.join()
+    while jobs._cleanup_batch(op, "t") == "next":
+        pass
+    op.refresh_from_db()
+    assert op.state == "succeeded"
+    removed = Item.objects.filter(details_removed_at__isnull=False)
+    assert removed.filter(conversation=busy).count() == 2  # only the batch before the write
+    assert removed.filter(conversation=quiet).count() == 3
+    assert Item.objects.filter(conversation=busy, removable_bytes__gt=0).count() == 5
+    assert json.loads(op.skipped_json) == {"recent_activity": 5}
+    assert op.removed_messages == 5
+
+
+@pytest.mark.django_db
+def test_a_concurrent_item_write_wins_over_the_batch(admin_user, monkeypatch):
+    conversation = old_conversation("cas", tools=2)
+    enable(admin_user)
+    op_id = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
+    op = jobs._claim(op_id, "t")
+    target = Item.objects.filter(conversation=conversation, tool_kind="shell").order_by("id").first()
+    real = jobs._reduce_item_row
+
+    def racing(item, *, removed_at):
+        values = real(item, removed_at=removed_at)
+        if item.pk == target.pk:  # the runtime updates this item between read and write
+            Item.objects.filter(pk=item.pk).update(revision=item.revision + 1, status="failed")
+        return values
+
+    monkeypatch.setattr(jobs, "_reduce_item_row", racing)
+    while jobs._cleanup_batch(op, "t") == "next":
+        pass
+    op.refresh_from_db()
+    target.refresh_from_db()
+    assert target.status == "failed" and "stdout" in target.payload and target.details_removed_at is None
+    assert json.loads(op.skipped_json) == {"changed": 1} and op.removed_messages == 2
+
+
+# ---- Fail closed ----------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_unreadable_state_is_shown_as_an_error_and_nothing_runs(admin_user):
+    old_conversation("closed")
+    enable(admin_user)
+    ToolPayloadPolicy.objects.filter(id=1).update(preparation_state="sideways")
+    doc = service.status_document()
+    assert doc["error"]["code"] == "state_unreadable"
+    for call in (
+        lambda: service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision),
+        lambda: service.start_analysis(user=admin_user, age_value=3, age_unit="months"),
+        lambda: service.start_compact(user=admin_user),
+    ):
+        with pytest.raises(CleanupError) as refused:
+            call()
+        assert refused.value.code == "state_unreadable"
+    assert jobs.daily_check() == "state_unreadable"
+    assert ToolPayloadOperation.objects.count() == 0
+    ToolPayloadPolicy.objects.filter(id=1).update(preparation_state="ready")
+    op_id = service.start_analysis(user=admin_user, age_value=3, age_unit="months")
+    ToolPayloadOperation.objects.filter(pk=op_id).update(skipped_json="{not json")
+    assert service.status_document()["error"]["code"] == "state_unreadable"
+    assert run(op_id).state == "failed"
+    assert ToolPayloadOperation.objects.get(pk=op_id).error_code == "state_unreadable"
+
+
+# ---- Preparation ----------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_run_with_backup_chosen_waits_for_preparation_and_an_interrupted_one_blocks(admin_user):
+    old_conversation("prep")
+    enable(admin_user, choice="create")
+    op_id = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
+    op = ToolPayloadOperation.objects.get(pk=op_id)
+    assert op.kind == "backup" and op.then_cleanup
+    assert ToolPayloadPolicy.load().preparation_state == "preparing"
+    # The worker running the backup dies: its lease expires, and the next run finds it.
+    ToolPayloadOperation.objects.filter(pk=op_id).update(
+        state="running", lease="dead", heartbeat_at=timezone.now() - timedelta(seconds=jobs.LEASE_SECONDS + 5))
+    op = run(op_id)
+    assert (op.state, op.error_code) == ("failed", "interrupted")
+    policy = ToolPayloadPolicy.load()
+    assert policy.preparation_state == "failed" and policy.preparation_error
+    with pytest.raises(CleanupError) as blocked:
+        service.start_run(user=admin_user, revision=policy.revision)
+    assert (blocked.value.code, blocked.value.status) == ("preparation_required", 409)
+    assert not ToolPayloadOperation.objects.filter(kind="cleanup").exists()
+    assert not Item.objects.filter(details_removed_at__isnull=False).exists()
+    retry = service.retry_preparation(user=admin_user)
+    assert ToolPayloadOperation.objects.get(pk=retry).kind == "backup"
+    assert ToolPayloadPolicy.load().preparation_state == "preparing"
+    doc = service.status_document()
+    assert doc["operation"]["id"] == retry and doc["preparation"]["state"] == "preparing"
+
+
+@pytest.mark.django_db
+def test_a_fresh_lease_keeps_a_second_delivery_out(admin_user):
+    op_id = service.start_analysis(user=admin_user, age_value=3, age_unit="months")
+    assert jobs._claim(op_id, "first") is not None
+    assert jobs.run_operation(op_id) == "busy"
+    assert ToolPayloadOperation.objects.get(pk=op_id).lease == "first"
+
+
+@pytest.mark.django_db
+def test_the_schedules_exist_once_and_the_daily_check_starts_a_cleanup(admin_user):
+    from django_q.models import Schedule
+
+    from retention.schedules import ensure_schedules
+
+    ensure_schedules()
+    ensure_schedules()
+    assert Schedule.objects.filter(name=jobs.DAILY).count() == 1
+    assert jobs.daily_check() == "disabled"
+    old_conversation("daily")
+    enable(admin_user)
+    assert jobs.daily_check().startswith("started")
+    op = ToolPayloadOperation.objects.get()
+    assert (op.kind, op.started_by) == ("cleanup", None)
+    assert service.status_document()["operation"]["started_by"] == "schedule"
+    assert jobs.daily_check() == "busy"
+    assert run(op.pk).removed_messages == 4
+    assert service.status_document()["next_check_at"] is not None
+
+
+# ---- Crash safety on a real cluster ---------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cleanup_killed_with_sigkill_resumes_on_a_real_cluster_with_exact_totals(
+        admin_user, engine_home, tmp_path):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from tests.test_erasure_crash import stop_group
+    from tests.test_jobs import ROOT, database_url
+
+    conversations = [old_conversation(f"crash-{n}", tools=6) for n in range(4)]
+    analysis = run(service.start_analysis(user=admin_user, age_value=3, age_unit="months"))
+    assert analysis.eligible_messages == 4 * 7
+    stored_before = Item.objects.aggregate(s=Sum("payload_bytes"))["s"]
+    enable(admin_user)
+    op_id = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
+    kills = tmp_path / "kills"
+    kills.mkdir()
+    env = {**os.environ, "DATABASE_URL": database_url(), "ENGINE_HOME": str(engine_home),
+           "DJANGO_SETTINGS_MODULE": "console.settings_test", "Q_WORKERS": "1",
+           "LETHE_TOOL_CLEANUP_BATCH": "3", "LETHE_TOOL_CLEANUP_PAUSE": "0.4",
+           "LETHE_TOOL_JOB_LEASE_SECONDS": "2", "LETHE_TOOL_JOB_STEP_SECONDS": "600",
+           "LETHE_TEST_KILL_AT": "tool-cleanup-mid-batch,tool-cleanup-after-batch", "LETHE_TEST_KILL_DIR": str(kills)}
+
+    def start():
+        return subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=ROOT, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def op() -> ToolPayloadOperation:
+        return ToolPayloadOperation.objects.get(pk=op_id)
+
+    cluster = start()
+    try:
+        # The worker kills itself mid-batch (rolled back) and after a batch (committed);
+        # each time the cluster replaces it and the startup recovery takes the run over.
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (
+                len(list(kills.iterdir())) == 2 and op().removed_messages >= 6 and op().attempts == 2):
+            time.sleep(0.1)
+        assert op().state == "running", op().error_message
+        # Now the whole cluster dies with SIGKILL in the middle of the run, and starts again.
+        os.killpg(cluster.pid, 9)
+        cluster.wait()
+        committed = op().removed_messages
+        assert 0 < committed < 28
+        cluster = start()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and op().state == "running":
+            time.sleep(0.2)
+    finally:
+        stop_group(cluster)
+    final = op()
+    assert sorted(p.name for p in kills.iterdir()) == ["tool-cleanup-after-batch", "tool-cleanup-mid-batch"]
+    assert (final.state, final.attempts) == ("succeeded", 3), final.error_message
+    assert final.removed_messages == analysis.eligible_messages == 28  # nothing counted twice
+    assert final.payload_bytes == analysis.payload_bytes
+    assert stored_before - Item.objects.aggregate(s=Sum("payload_bytes"))["s"] == analysis.payload_bytes
+    assert json.loads(final.skipped_json) == {}
+    for conversation in conversations:
+        assert not Item.objects.filter(conversation=conversation, removable_bytes__gt=0).exists()
+        assert Item.objects.filter(conversation=conversation, details_removed_at__isnull=False).count() == 7
+
+
+# ---- Preparation with a real backup ---------------------------------------------------------
+
+
+@pytest.fixture
+def backup_dir(settings, tmp_path):
+    settings.LETHE_BACKUP_DIR = str(tmp_path / "backups")
+    return tmp_path / "backups"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_verified_backup_comes_first_then_cleanup_follows(admin_user, backup_dir):
+    conversation = old_conversation("backed-up", tools=2)
+    enable(admin_user, choice="create")
+    backup = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert backup.kind == "backup" and backup.state == "succeeded", backup.error_message
+    assert (backup_dir / backup.backup_name).is_file() and len(backup.backup_sha256) == 64
+    policy = ToolPayloadPolicy.load()
+    assert (policy.preparation_state, policy.backup_receipt_name) == ("ready", backup.backup_name)
+    cleanup = ToolPayloadOperation.objects.get(kind="cleanup")
+    assert cleanup.started_by_id == admin_user.pk and cleanup.state == "queued"
+    assert run(cleanup.pk).removed_messages == 3
+    assert Item.objects.filter(conversation=conversation, details_removed_at__isnull=False).count() == 3
+    doc = service.status_document()
+    assert [b["name"] for b in doc["backups"]] == [backup.backup_name]
+    assert [op["kind"] for op in doc["history"]] == ["cleanup", "backup"]
+    assert doc["history"][1]["backup"]["sha256"] == backup.backup_sha256
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_or_cancelled_backup_blocks_cleanup_until_retried(admin_user, backup_dir):
+    import fcntl
+    import os
+
+    old_conversation("blocked", tools=2)
+    before = snapshot()
+    enable(admin_user, choice="create")
+    backup_dir.mkdir(mode=0o700)
+    holder = os.open(backup_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # another backup holds the folder: this one fails for real
+    try:
+        failed = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    finally:
+        os.close(holder)
+    assert (failed.state, failed.error_code) == ("failed", "busy")
+    policy = ToolPayloadPolicy.load()
+    assert policy.preparation_state == "failed" and policy.preparation_error
+    with pytest.raises(CleanupError) as blocked:
+        service.start_run(user=admin_user, revision=policy.revision)
+    assert blocked.value.code == "preparation_required"
+    assert not ToolPayloadOperation.objects.filter(kind="cleanup").exists() and snapshot() == before
+
+    retry = service.retry_preparation(user=admin_user)
+    service.cancel(user=admin_user, operation_id=retry)
+    cancelled = run(retry)
+    assert (cancelled.state, cancelled.error_code) == ("cancelled", "cancelled")
+    assert ToolPayloadPolicy.load().preparation_state == "cancelled"
+    assert [p.name for p in backup_dir.iterdir() if not p.name.startswith(".")] == []  # nothing kept
+    assert snapshot() == before
+
+    done = run(service.retry_preparation(user=admin_user))
+    assert done.state == "succeeded"
+    cleanup = run(ToolPayloadOperation.objects.get(kind="cleanup").pk)
+    assert cleanup.state == "succeeded" and cleanup.removed_messages == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cleanup_verifies_the_receipt_again_before_its_first_batch(admin_user, backup_dir):
+    old_conversation("tampered", tools=2)
+    enable(admin_user, choice="create")
+    ToolPayloadPolicy.objects.filter(id=1).update(enabled=False)  # prepare only: no cleanup follows
+    backup = run(service.retry_preparation(user=admin_user))
+    assert backup.state == "succeeded" and not ToolPayloadOperation.objects.filter(kind="cleanup").exists()
+    ToolPayloadPolicy.objects.filter(id=1).update(enabled=True)
+    with (backup_dir / backup.backup_name).open("r+b") as archive:
+        archive.seek(100)
+        archive.write(b"\0" * 64)  # the backup changed on disk after it was made
+    before = snapshot()
+    cleanup = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert (cleanup.kind, cleanup.state, cleanup.error_code) == ("cleanup", "failed", "preparation_required")
+    assert snapshot() == before
+    assert ToolPayloadPolicy.load().preparation_state == "failed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_compact_runs_as_a_job_and_records_the_sizes(admin_user):
+    old_conversation("compact", tools=3)
+    op = run(service.start_compact(user=admin_user))
+    assert op.state == "succeeded", op.error_message
+    assert op.before_bytes > 0 and op.after_bytes > 0 and op.after_reusable_bytes is not None
+    last = service.status_document()["last_compact"]
+    assert (last["id"], last["before_bytes"], last["after_bytes"]) == (op.pk, op.before_bytes, op.after_bytes)

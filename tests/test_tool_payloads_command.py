@@ -1,0 +1,52 @@
+"""`manage.py tool_payloads`: the operator's commands, same rules as the API."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from lifecycle.models import Item
+from retention import service
+from retention.models import ToolPayloadOperation, ToolPayloadPolicy
+from tests.test_tool_payload_jobs import old_conversation
+
+pytestmark = pytest.mark.django_db
+
+
+def command(*args) -> str:
+    out = StringIO()
+    call_command("tool_payloads", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_status_analyze_run_and_compact_from_the_command_line(admin_user):
+    conversation = old_conversation("cli", tools=2)
+    status = json.loads(command("status", "--json"))
+    assert status["policy"]["enabled"] is False and status["analysis_state"] == "not_analyzed"
+    analysis = json.loads(command("analyze", "--age", "3", "--unit", "months", "--as", "alice", "--here", "--json"))
+    assert analysis["state"] == "succeeded" and analysis["eligible_messages"] == 3
+    assert not Item.objects.filter(details_removed_at__isnull=False).exists()
+    with pytest.raises(CommandError, match="not_enabled"):
+        command("run", "--as", "alice", "--here")
+    service.save_policy(user=admin_user, enabled=True, age_value=3, age_unit="months",
+                        revision=ToolPayloadPolicy.load().revision, backup_choice="skip")
+    text = command("run", "--as", "alice", "--here")
+    assert "cleanup #" in text and "succeeded" in text and "removed 3" in text
+    assert Item.objects.filter(conversation=conversation, details_removed_at__isnull=False).count() == 3
+    assert "cleanup on, 3 months" in command("status")
+    queued = json.loads(command("analyze", "--age", "2", "--as", "alice", "--no-wait", "--json"))
+    assert queued["state"] == "queued"
+    cancelled = json.loads(command("cancel", str(queued["id"]), "--as", "alice", "--json"))
+    assert cancelled["cancel_requested"] is True
+
+
+def test_changes_need_an_admin(member_user):
+    with pytest.raises(CommandError, match="No active admin"):
+        command("compact", "--as", "bob")
+    with pytest.raises(CommandError, match="No active admin"):
+        command("analyze", "--age", "3", "--as", "nobody")
+    assert ToolPayloadOperation.objects.count() == 0
