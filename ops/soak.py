@@ -1,6 +1,7 @@
 """The many-host soak (`manage.py soak`, `make soak`): two web servers and two job clusters on
 one PostgreSQL database and one engine folder, a bounded mixed API load over both web servers,
-one cluster killed outright and restarted mid-run, then the books are checked.
+one cluster killed outright and restarted mid-run, a tool payload cleanup run started twice at
+the same moment (once on each web server), then the books are checked.
 
 The run is a list of steps (`Soak.steps()`), each one method; a failed step stops the run and
 every process it started is stopped. What is checked at the end:
@@ -11,6 +12,8 @@ every process it started is stopped. What is checked at the end:
 - every delete has exactly one operation, the same one for the repeated request (same
   Idempotency-Key, other web server), Completed, its conversation Deleted, and its receipt
   counts each item once (a rerun after the kill must not count twice);
+- of the two cleanup starts exactly one is admitted and the other refused as busy; the run
+  succeeds, removes every eligible payload once, and it is the only cleanup operation;
 - no job failed, and `verify_erasure --all` finds nothing;
 - no request failed (errors must be 0).
 
@@ -108,6 +111,9 @@ class Soak:
         self.deletes: dict[str, str] = {}  # conversation -> operation id (first answer)
         self.repeats: dict[str, str] = {}  # conversation -> operation id (same key, other server)
         self.seeded_items: dict[str, int] = {}
+        self.idle: list[str] = []  # conversations the cleanup run works on
+        self.cleanup_items = 0
+        self.cleanup_failure: str | None = None
         self.started = 0.0
 
     # ---- The run ---------------------------------------------------------------------------
@@ -118,7 +124,8 @@ class Soak:
             ("migrate and collect static files", self.migrate),
             ("seed conversations and an admin token", self.seed),
             ("start two web servers and two job clusters", self.start_all),
-            ("mixed load, one cluster killed and restarted", self.load),
+            ("mixed load, one cluster killed and restarted, a cleanup run", self.load),
+            ("one cleanup operation at a time, and it completed", self.cleanup_checked),
             ("every delete Completed", self.settle),
             ("no lost or duplicated work", self.check_books),
             ("verify_erasure --all", self.verify_erasure),
@@ -221,6 +228,25 @@ class Soak:
                 doomed.append((c.public_id, 3))
                 self.seeded_items[c.public_id] = 3
             self.doomed.append(doomed)
+        # Idle conversations (last active 60 days ago) with tool payloads for the cleanup run.
+        from datetime import timedelta
+
+        from django.utils import timezone
+
+        from lifecycle.models import Item
+
+        long_ago = timezone.now() - timedelta(days=60)
+        for i in range(max(2, self.clients)):
+            c = conversation(f"Soak idle {i}")
+            append_item(c, role="user", content="run the tests")
+            for k in range(5):
+                append_item(c, role="tool", tool_kind="shell", tool_call_id=f"call_{k}", status="completed",
+                            title="Run", payload={"command": "pytest", "cwd": "/w", "exit_code": 0,
+                                                  "stdout": uuid.uuid4().hex * 100, "stderr": ""})
+            Item.objects.filter(conversation=c).update(created_at=long_ago, updated_at=long_ago)
+            Conversation.objects.filter(pk=c.pk).update(last_activity_at=long_ago, created_at=long_ago)
+            self.idle.append(c.public_id)
+        self.cleanup_items = Item.objects.filter(conversation__public_id__in=self.idle, removable_bytes__gt=0).count()
         self.figures["conversations_seeded"] = n
 
     def start_all(self) -> None:
@@ -303,19 +329,25 @@ class Soak:
         kill = self.kill_cluster(window=self.seconds * 0.25)
         self.figures["cluster_kill"] = {**kill, "at_s": round(time.monotonic() - began, 1)}
         time.sleep(self.seconds * 0.05)
+        cleanup = threading.Thread(target=self.guarded_cleanup, daemon=True)
+        cleanup.start()
         restarted = Process(kill["name"], ["serve", "--only", "jobs"], self.var / "logs" / f"{kill['name']}.log")
         self.start(restarted)
         self.figures["cluster_kill"]["restarted_at_s"] = round(time.monotonic() - began, 1)
         for t in threads:
             t.join(self.seconds + 120)
         elapsed = time.monotonic() - began
+        cleanup.join(self.settle_seconds + 180)
+        if cleanup.is_alive():
+            self.cleanup_failure = "the cleanup run did not finish in time"
         if restarted.popen.poll() is not None:
             raise SoakFailed(f"The restarted job cluster exited (see {restarted.log}).")
         kinds = {kind: {"count": len(ms), "p50_ms": round(statistics.median(ms), 1),
                         "p99_ms": round(percentile(ms, 0.99), 1)}
                  for kind, ms in sorted(self.recorder.timings.items())}
-        every = [ms for values in self.recorder.timings.values() for ms in values]
-        total = len(every) + self.recorder.error_count
+        every = [ms for kind, values in self.recorder.timings.items() if not kind.startswith("cleanup")
+                 for ms in values]
+        total = len(every) + sum(1 for e in self.recorder.errors if not e.startswith("cleanup"))
         self.figures.update(
             clients=self.clients, web_servers=2, job_clusters=2, load_seconds=round(elapsed, 1), requests=total,
             throughput_rps=round(total / elapsed, 1), errors=self.recorder.error_count,
@@ -415,6 +447,101 @@ class Soak:
             return None
         self.recorder.ok(kind, ms)
         return json.loads(raw)
+
+    # ---- The cleanup run: two starts at once, one admitted --------------------------------
+
+    def guarded_cleanup(self) -> None:
+        try:
+            self.cleanup()
+        except Exception as exc:  # checked by its own step
+            self.cleanup_failure = f"{type(exc).__name__}: {exc}"
+
+    def cleanup(self) -> None:
+        """Enable tool payload cleanup through the API, start two runs at the same moment, one
+        on each web server: exactly one is admitted and the other refused as busy; the admitted
+        run removes every eligible payload once."""
+        from django_q.models import Schedule
+
+        from retention.jobs import DAILY
+
+        # The daily check the clusters run first thing would start a run of its own once cleanup
+        # is on: wait until it has had its first pass (a day away afterwards).
+        deadline = time.monotonic() + 180
+        while not Schedule.objects.filter(name=DAILY, next_run__gt=_in_hours(1)).exists():
+            if time.monotonic() > deadline:
+                raise SoakFailed("the clusters' scheduler never ran the daily cleanup check")
+            time.sleep(1)
+        base = "/api/v1/system/tool-payload-retention"
+        ports = [p.port for p in self.processes.values() if p.port]
+        connections = [http.client.HTTPConnection("127.0.0.1", port, timeout=60) for port in ports]
+        status = self.call(connections, 0, "cleanup_status", "GET", base)
+        saved = self.call(connections, 1, "cleanup_policy", "PUT", base, {
+            "enabled": True, "age": {"value": 4, "unit": "weeks"}, "revision": status["policy"]["revision"],
+            "backup_choice": "skip"})
+        if saved is None:
+            raise SoakFailed("saving the cleanup policy failed")
+        revision = saved["policy"]["revision"]
+        answers: list[tuple[int, dict]] = []
+        ready = threading.Barrier(len(ports))
+
+        def start(port: int) -> None:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            body = json.dumps({"revision": revision}).encode()
+            head = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
+            ready.wait()
+            began = time.perf_counter()
+            c.request("POST", base + "/run", body=body, headers=head)
+            response = c.getresponse()
+            answer = json.loads(response.read())
+            self.recorder.ok("cleanup_run", (time.perf_counter() - began) * 1000)
+            with self.recorder.lock:
+                answers.append((response.status, answer))
+            c.close()
+
+        starters = [threading.Thread(target=start, args=(port,)) for port in ports]
+        for t in starters:
+            t.start()
+        for t in starters:
+            t.join(120)
+        statuses = sorted(status for status, _answer in answers)
+        refused = [a for status, a in answers if status == 409]
+        admitted = [a["operation_id"] for status, a in answers if status == 202]
+        self.figures["cleanup"] = {"starts": len(answers), "admitted": len(admitted), "refused_busy": len(refused)}
+        if statuses != [202, 409] or refused[0].get("code") != "busy":
+            raise SoakFailed(f"two cleanup starts at once answered {answers}")
+        began = time.monotonic()
+        finished = None
+        n = 0
+        while finished is None and time.monotonic() < began + self.settle_seconds:
+            n += 1
+            doc = self.call(connections, n % len(connections), "cleanup_status", "GET", base)
+            for op in (doc or {}).get("history", []):
+                if op["id"] == admitted[0] and op["state"] not in ("queued", "running"):
+                    finished = op
+            time.sleep(0.5)
+        for c in connections:
+            c.close()
+        if finished is None:
+            raise SoakFailed(f"cleanup run {admitted[0]} did not finish within {self.settle_seconds:g} s")
+        self.figures["cleanup"].update(
+            state=finished["state"], removed_messages=finished["removed_messages"],
+            payload_bytes=finished["payload_bytes"], seconds=round(time.monotonic() - began, 1))
+
+    def cleanup_checked(self) -> None:
+        from lifecycle.models import Item
+        from retention.models import ToolPayloadOperation
+
+        if self.cleanup_failure:
+            raise SoakFailed(f"cleanup run: {self.cleanup_failure}")
+        figures = self.figures["cleanup"]
+        runs = ToolPayloadOperation.objects.filter(kind="cleanup").count()
+        left = Item.objects.filter(conversation__public_id__in=self.idle, removable_bytes__gt=0).count()
+        removed = Item.objects.filter(conversation__public_id__in=self.idle, details_removed_at__isnull=False).count()
+        figures.update(eligible=self.cleanup_items, cleanup_operations=runs)
+        if (figures["state"], figures["removed_messages"], removed, left, runs) != (
+                "succeeded", self.cleanup_items, self.cleanup_items, 0, 1):
+            raise SoakFailed(f"cleanup run: {figures['state']}, removed {figures['removed_messages']} "
+                             f"(stored {removed}, left {left}) of {self.cleanup_items}; {runs} cleanup operation(s)")
 
     def settle(self) -> None:
         from lifecycle.models import DeleteOperation
@@ -543,6 +670,14 @@ class Soak:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.popen.wait(5)
         self.processes.clear()
+
+
+def _in_hours(hours: float):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    return timezone.now() + timedelta(hours=hours)
 
 
 def _port_free(port: int) -> bool:

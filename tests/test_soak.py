@@ -51,6 +51,9 @@ def test_two_web_servers_and_two_clusters_lose_and_double_nothing_under_load(tmp
     assert kill["name"] in ("jobs-1", "jobs-2") and kill["restarted_at_s"] > kill["at_s"]
     assert figures["jobs_failed"] == 0 and figures["web_servers"] == figures["job_clusters"] == 2
     assert all(8200 <= port < 8220 for port in figures["web_ports"])
+    cleanup = figures["cleanup"]
+    assert (cleanup["starts"], cleanup["admitted"], cleanup["refused_busy"], cleanup["cleanup_operations"]) == (2, 1, 1, 1)
+    assert cleanup["state"] == "succeeded" and cleanup["removed_messages"] == cleanup["eligible"] > 0
 
 
 def test_it_refuses_a_database_that_is_not_a_postgresql_soak_database(tmp_path):
@@ -128,3 +131,19 @@ def test_the_books_catch_each_kind_of_lost_or_doubled_work(books, tampering):
     with pytest.raises(SoakFailed, match=re.escape(EXPECTED[tampering])):
         books.check_books()
     assert EXPECTED[tampering] in " ".join(books.figures["violations"])
+
+
+def test_the_cleanup_books_catch_a_second_cleanup_operation(db):
+    from ops.soak import Soak, SoakFailed
+    from retention.models import ToolPayloadOperation
+
+    s = Soak(seconds=10, clients=1, settle_seconds=1, out=lambda line: None)
+    s.figures["cleanup"] = {"state": "succeeded", "removed_messages": 0}
+    ToolPayloadOperation.objects.create(kind="cleanup", state="succeeded", slot=None)
+    s.cleanup_checked()
+    ToolPayloadOperation.objects.create(kind="cleanup", state="succeeded", slot=None)
+    with pytest.raises(SoakFailed, match="2 cleanup operation"):
+        s.cleanup_checked()
+    s.cleanup_failure = "two cleanup starts at once answered [(202, ...), (202, ...)]"
+    with pytest.raises(SoakFailed, match="two cleanup starts"):
+        s.cleanup_checked()
