@@ -114,7 +114,7 @@ class Soak:
         self.idle: list[str] = []  # conversations the cleanup run works on
         self.cleanup_items = 0
         self.cleanup_failure: str | None = None
-        self.started = 0.0
+        self.started = self.load_began = 0.0
 
     # ---- The run ---------------------------------------------------------------------------
 
@@ -322,7 +322,7 @@ class Soak:
 
     def load(self) -> None:
         threads = [threading.Thread(target=self.guarded_client, args=(i,), daemon=True) for i in range(self.clients)]
-        began = time.monotonic()
+        began = self.load_began = time.monotonic()
         for t in threads:
             t.start()
         time.sleep(self.seconds * 0.3)
@@ -483,6 +483,7 @@ class Soak:
         revision = saved["policy"]["revision"]
         answers: list[tuple[int, dict]] = []
         ready = threading.Barrier(len(ports))
+        at_s = round(time.monotonic() - self.load_began, 1)
 
         def start(port: int) -> None:
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
@@ -506,7 +507,8 @@ class Soak:
         statuses = sorted(status for status, _answer in answers)
         refused = [a for status, a in answers if status == 409]
         admitted = [a["operation_id"] for status, a in answers if status == 202]
-        self.figures["cleanup"] = {"starts": len(answers), "admitted": len(admitted), "refused_busy": len(refused)}
+        self.figures["cleanup"] = {"at_s": at_s, "starts": len(answers), "admitted": len(admitted),
+                                   "refused_busy": len(refused)}
         if statuses != [202, 409] or refused[0].get("code") != "busy":
             raise SoakFailed(f"two cleanup starts at once answered {answers}")
         began = time.monotonic()
