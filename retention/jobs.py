@@ -60,9 +60,10 @@ def _env_number(name: str, default: float) -> float:
 
 
 # Tunables (environment, for operators and tests).
-LEASE_SECONDS = _env_number("LETHE_TOOL_JOB_LEASE_SECONDS", 120)
+LEASE_SECONDS = _env_number("LETHE_TOOL_JOB_LEASE_SECONDS", 30)
 STEP_SECONDS = _env_number("LETHE_TOOL_JOB_STEP_SECONDS", 60)
 BATCH_ITEMS = int(_env_number("LETHE_TOOL_CLEANUP_BATCH", 100))
+BATCH_BYTES = int(_env_number("LETHE_TOOL_CLEANUP_BATCH_BYTES", 1_000_000))
 SQLITE_PAUSE = _env_number("LETHE_TOOL_CLEANUP_PAUSE", 0.02)
 ANALYSIS_BATCH = int(_env_number("LETHE_TOOL_ANALYSIS_BATCH", 2000))
 MAX_TAKEOVERS = 5
@@ -240,6 +241,22 @@ def _claim(operation_id: int, token: str) -> ToolPayloadOperation | None:
     return op
 
 
+def _await_lease(operation_id: int, token: str) -> ToolPayloadOperation | None:
+    """At start-up: is the lease's holder alive (its heartbeat moves) or dead (the lease
+    expires)? Exit at once in the first case, take over in the second."""
+    first = ToolPayloadOperation.objects.filter(pk=operation_id).values_list("heartbeat_at", flat=True).first()
+    deadline = time.monotonic() + LEASE_SECONDS + 2
+    while time.monotonic() < deadline:
+        time.sleep(min(0.5, LEASE_SECONDS / 4))
+        row = ToolPayloadOperation.objects.filter(pk=operation_id).values_list("slot", "heartbeat_at").first()
+        if row is None or row[0] is None or row[1] != first:
+            return None  # finished, or its holder is alive
+        op = _claim(operation_id, token)
+        if op is not None:
+            return op
+    return None
+
+
 def run_operation(operation_id: int, wait_for_lease: bool = False) -> str:
     """Run (a step of) one operation. Returns "done", "more", "busy" or "gone"."""
     from retention.service import StateUnreadable, _check_operation, _check_policy
@@ -247,8 +264,7 @@ def run_operation(operation_id: int, wait_for_lease: bool = False) -> str:
     token = uuid.uuid4().hex
     op = _claim(operation_id, token)
     if op is None and wait_for_lease:
-        time.sleep(LEASE_SECONDS + 1)
-        op = _claim(operation_id, token)
+        op = _await_lease(operation_id, token)
     if op is None:
         return "busy" if ToolPayloadOperation.objects.filter(pk=operation_id, slot__isnull=False).exists() else "gone"
     try:
@@ -448,75 +464,78 @@ def _verify_preparation() -> str:
 
 
 def _cleanup_batch(op: ToolPayloadOperation, token: str) -> str:
-    """One committed batch: "next" while work remains, else how the run ended."""
-    from lifecycle.models import Conversation, Item
+    """One committed batch: "next" while work remains, else how the run ended.
 
+    Reading and reducing happen before the write transaction (no write lock held while
+    Python works); the transaction then rechecks everything and writes with compare-and-swap,
+    so the lock is held only for the checks and the UPDATEs.
+    """
+    from lifecycle.models import Item
+
+    # 1. Read: where the cursor is, the next items, their reduced rows.
+    seen = ToolPayloadOperation.objects.get(pk=op.pk)
+    if seen.lease != token:
+        raise LeaseLost
+    if seen.cutoff is None:
+        _fix_cutoff(seen, token)
+    conversation_id, after_item = seen.cursor_conversation, seen.cursor_item
+    if after_item == NO_CURSOR:
+        conversation_id = (
+            eligible_conversations(seen.cutoff)
+            .filter(id__gt=conversation_id)
+            .filter(Exists(Item.objects.filter(conversation=OuterRef("pk"), removable_bytes__gt=0)))
+            .values_list("id", flat=True).first()
+        )
+    planned: list[tuple[Any, dict | None]] = []
+    more_in_conversation = False
+    if conversation_id is not None:
+        items = list(
+            Item.objects.filter(conversation_id=conversation_id, removable_bytes__gt=0, id__gt=after_item)
+            .only("id", "role", "tool_kind", "payload", "payload_bytes", "revision").order_by("id")[:BATCH_ITEMS]
+        )
+        more_in_conversation = len(items) == BATCH_ITEMS
+        budget = BATCH_BYTES
+        removed_at = timezone.now().replace(microsecond=0)
+        for item in items:
+            if planned and budget - item.payload_bytes < 0:
+                more_in_conversation = True
+                break
+            budget -= item.payload_bytes
+            planned.append((item, _reduce_item_row(item, removed_at=removed_at)))
+
+    # 2. Write: one short transaction that rechecks before it writes.
     with transaction.atomic():
         fresh = _locked(op, token)
-        if fresh.cancel_requested:
-            _close_locked(fresh, OperationState.CANCELLED if not fresh.removed_messages else OperationState.PARTIAL,
-                          "cancelled", _("Cancelled. Removals committed before the cancel stay."))
-            return "cancelled"
-        policy = ToolPayloadPolicy.objects.get(id=1)
-        if not policy.enabled:
-            _close_locked(fresh, OperationState.PARTIAL if fresh.removed_messages else OperationState.CANCELLED,
-                          "disabled", _("Cleanup was turned off; later batches did not run."))
-            return "disabled"
-        if policy.revision != fresh.policy_revision:
-            _close_locked(fresh, OperationState.PARTIAL if fresh.removed_messages else OperationState.CANCELLED,
-                          "policy_changed", _("The policy changed during the run; later batches did not run."))
-            return "policy_changed"
-        if fresh.cutoff is None:  # the run's first batch fixes its cutoff and totals
-            cutoff = cutoff_for(timezone.now(), fresh.age_value, fresh.age_unit)
-            removable = Item.objects.filter(
-                removable_bytes__gt=0, conversation__in=eligible_conversations(cutoff).values("id")
-            ).aggregate(n=Count("id"), c=Count("conversation_id", distinct=True))
-            ToolPayloadOperation.objects.filter(pk=fresh.pk).update(
-                cutoff=cutoff, progress_total=removable["n"], eligible_messages=removable["n"],
-                eligible_conversations=removable["c"],
-            )
-            fresh.cutoff = op.cutoff = cutoff
-        conversation_id, after_item = fresh.cursor_conversation, fresh.cursor_item
-        if after_item == NO_CURSOR:
-            conversation_id = (
-                eligible_conversations(fresh.cutoff)
-                .filter(id__gt=conversation_id)
-                .filter(Exists(Item.objects.filter(conversation=OuterRef("pk"), removable_bytes__gt=0)))
-                .values_list("id", flat=True).first()
-            )
-            if conversation_id is None:
-                _close_locked(fresh, OperationState.SUCCEEDED)
-                return "succeeded"
-        # Lock the conversation (a foreground write waits for this batch, or this batch sees
-        # its activity) and recheck its eligibility inside the batch's transaction.
-        Conversation.objects.select_for_update().filter(pk=conversation_id).values_list("id").first()
-        still = eligible_conversations(fresh.cutoff).filter(pk=conversation_id).exists()
+        ended = _run_ended(fresh)
+        if ended:
+            return ended
+        if (fresh.cursor_conversation, fresh.cursor_item) != (seen.cursor_conversation, seen.cursor_item):
+            return "next"  # moved on meanwhile: read again
+        if conversation_id is None:
+            _close_locked(fresh, OperationState.SUCCEEDED)
+            return "succeeded"
         skipped: Counter = Counter()
         removed = removed_bytes = 0
-        if not still:
+        # Lock the conversation (a foreground write waits for this batch, or this batch sees
+        # its activity) and recheck its eligibility inside the batch's transaction.
+        _lock_conversation(conversation_id)
+        if not eligible_conversations(fresh.cutoff).filter(pk=conversation_id).exists():
             left = Item.objects.filter(conversation_id=conversation_id, removable_bytes__gt=0,
                                        id__gt=after_item).count()
             skipped["recent_activity"] += left
             next_cursor = (conversation_id, NO_CURSOR)
         else:
-            items = list(
-                Item.objects.filter(conversation_id=conversation_id, removable_bytes__gt=0, id__gt=after_item)
-                .order_by("id")[:BATCH_ITEMS]
-            )
-            removed_at = timezone.now().replace(microsecond=0)
-            for item in items:
-                values = _reduce_item_row(item, removed_at=removed_at)
-                if values is None:
-                    skipped["changed"] += 1
-                    continue
-                written = Item.objects.filter(pk=item.pk, revision=item.revision).update(**values)
-                if written:
-                    removed += 1
-                    removed_bytes += item.payload_bytes - values["payload_bytes"]
-                else:
-                    skipped["changed"] += 1
-            done_with_conversation = len(items) < BATCH_ITEMS
-            next_cursor = (conversation_id, NO_CURSOR if done_with_conversation else items[-1].id)
+            with connection.cursor() as cursor:
+                for item, values in planned:
+                    if values is None:
+                        skipped["changed"] += 1
+                        continue
+                    if _write_item(cursor, item, values):
+                        removed += 1
+                        removed_bytes += item.payload_bytes - values["payload_bytes"]
+                    else:
+                        skipped["changed"] += 1
+            next_cursor = (conversation_id, planned[-1][0].id if more_in_conversation else NO_CURSOR)
         faults.kill_point("tool-cleanup-mid-batch")  # crash tests: items written, cursor not yet
         ToolPayloadOperation.objects.filter(pk=fresh.pk).update(
             cursor_conversation=next_cursor[0],
@@ -530,6 +549,66 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str) -> str:
         )
     faults.kill_point("tool-cleanup-after-batch")  # crash tests: batch committed
     return "next"
+
+
+def _fix_cutoff(op: ToolPayloadOperation, token: str) -> None:
+    """The run's first batch fixes its cutoff and totals."""
+    from lifecycle.models import Item
+
+    cutoff = cutoff_for(timezone.now(), op.age_value, op.age_unit)
+    removable = Item.objects.filter(
+        removable_bytes__gt=0, conversation__in=eligible_conversations(cutoff).values("id")
+    ).aggregate(n=Count("id"), c=Count("conversation_id", distinct=True))
+    with transaction.atomic():
+        _locked(op, token)
+        ToolPayloadOperation.objects.filter(pk=op.pk, cutoff__isnull=True).update(
+            cutoff=cutoff, progress_total=removable["n"], eligible_messages=removable["n"],
+            eligible_conversations=removable["c"],
+        )
+    op.refresh_from_db()
+
+
+def _run_ended(fresh: ToolPayloadOperation) -> str:
+    """Cancel, disable and policy change end the run before the next batch writes."""
+    if fresh.cancel_requested:
+        _close_locked(fresh, OperationState.PARTIAL if fresh.removed_messages else OperationState.CANCELLED,
+                      "cancelled", _("Cancelled. Removals committed before the cancel stay."))
+        return "cancelled"
+    policy = ToolPayloadPolicy.objects.get(id=1)
+    if not policy.enabled:
+        _close_locked(fresh, OperationState.PARTIAL if fresh.removed_messages else OperationState.CANCELLED,
+                      "disabled", _("Cleanup was turned off; later batches did not run."))
+        return "disabled"
+    if policy.revision != fresh.policy_revision:
+        _close_locked(fresh, OperationState.PARTIAL if fresh.removed_messages else OperationState.CANCELLED,
+                      "policy_changed", _("The policy changed during the run; later batches did not run."))
+        return "policy_changed"
+    return ""
+
+
+def _lock_conversation(conversation_id: int) -> None:
+    from lifecycle.models import Conversation
+
+    Conversation.objects.select_for_update().filter(pk=conversation_id).values_list("id").first()
+
+
+_UPDATE_SQL: dict[tuple[str, ...], str] = {}
+
+
+def _write_item(cursor, item, values: dict[str, Any]) -> bool:
+    """UPDATE one item with compare-and-swap on (id, revision); True when it was written."""
+    from lifecycle.models import Item
+
+    names = tuple(sorted(values))
+    sql = _UPDATE_SQL.get(names)
+    if sql is None:
+        columns = ", ".join(f"{connection.ops.quote_name(Item._meta.get_field(n).column)} = %s" for n in names)
+        sql = _UPDATE_SQL[names] = (
+            f"UPDATE {connection.ops.quote_name(Item._meta.db_table)} SET {columns} WHERE id = %s AND revision = %s"
+        )
+    params = [Item._meta.get_field(n).get_db_prep_save(values[n], connection) for n in names]
+    cursor.execute(sql, [*params, item.pk, item.revision])
+    return cursor.rowcount == 1
 
 
 def _close_locked(op: ToolPayloadOperation, state: str, code: str = "", message: str = "") -> None:

@@ -358,6 +358,7 @@ def start_analysis(*, user, age_value: int, age_unit: str) -> int:
         kind=OperationKind.ANALYSIS, started_by=user, age_value=age_value, age_unit=age_unit,
         policy_revision=policy.revision,
     )
+    jobs.wake_schedule()
     return op.pk
 
 

@@ -603,3 +603,39 @@ def test_compact_runs_as_a_job_and_records_the_sizes(admin_user):
     assert op.before_bytes > 0 and op.after_bytes > 0 and op.after_reusable_bytes is not None
     last = service.status_document()["last_compact"]
     assert (last["id"], last["before_bytes"], last["after_bytes"]) == (op.pk, op.before_bytes, op.after_bytes)
+
+
+@pytest.mark.django_db
+def test_the_operations_page_lists_cleanup_history_with_figures_and_who(admin_user, admin_client):
+    assert "No cleanup operations yet." in admin_client.get("/operations/", HTTP_HOST="127.0.0.1").content.decode()
+    old_conversation("history", tools=2)
+    enable(admin_user)
+    run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    jobs.daily_check()
+    page = admin_client.get("/operations/", HTTP_HOST="127.0.0.1").content.decode()
+    assert "3 messages cleaned" in page and "by alice" in page
+    assert "by the daily schedule" in page and "Queued" in page
+
+
+@pytest.mark.django_db(transaction=True)
+def test_removed_output_is_gone_from_the_rows_and_on_sqlite_from_the_file(admin_user):
+    secret = factories.marker("stdout")
+    conversation = factories.make_conversation(title="secret")
+    factories.add_tool(conversation, "shell", {"command": "cat key", "cwd": "/w", "exit_code": 0,
+                                               "stdout": (secret + "\n") * 40, "stderr": ""})
+    age(conversation, OLD)
+    enable(admin_user)
+    assert run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)).removed_messages == 1
+    assert not Item.objects.filter(payload__icontains=secret).exists()
+    item = Item.objects.get(conversation=conversation)
+    assert secret not in json.dumps(item.payload) and item.payload["command"] == "cat key"
+    if connection.vendor == "sqlite":  # secure_delete stays on: no copy left in free space
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA secure_delete")
+            assert cursor.fetchone()[0] == 1
+            cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            assert cursor.fetchone()[0] == 0
+        from pathlib import Path
+
+        raw = Path(connection.settings_dict["NAME"]).read_bytes()
+        assert secret.encode() not in raw

@@ -1,0 +1,28 @@
+"""Template access to the tool payload cleanup history (the Operations page's cleanup section)."""
+
+from __future__ import annotations
+
+from django import template
+
+from retention.models import ToolPayloadOperation
+
+register = template.Library()
+
+# The Operations page's badge styles, by operation state.
+BADGE = {"queued": "pending", "running": "pending", "succeeded": "completed", "failed": "refused",
+         "partial": "unavailable", "cancelled": "unavailable"}
+
+
+@register.simple_tag
+def cleanup_history(limit: int = 50) -> list[dict]:
+    """The last operations (analysis, backup, cleanup, compaction), newest first, with who
+    started each ("schedule" when nobody did) and its badge style."""
+    rows = []
+    for op in ToolPayloadOperation.objects.select_related("started_by")[:limit]:
+        rows.append({
+            "op": op,
+            "badge": BADGE.get(op.state, "unavailable"),
+            "by": op.started_by.get_username() if op.started_by_id else None,
+            "when": op.started_at or op.created_at,
+        })
+    return rows
