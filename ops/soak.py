@@ -274,10 +274,14 @@ class Soak:
         extra = {}
         if proc.port:  # each web server adds up its own workers' request figures
             extra["PROMETHEUS_MULTIPROC_DIR"] = str(self.var / f"prometheus-{proc.name}")
+        from console.management.commands.serve import _child_setup
+
         with open(proc.log, "ab") as log:
+            # Its own session (so a kill reaches its whole tree), and told to stop (SIGTERM) if
+            # this driver dies without stopping it.
             proc.popen = subprocess.Popen([sys.executable, str(settings.BASE_DIR / "manage.py"), *proc.argv],
                                           env=self.env(**extra), cwd=settings.BASE_DIR, stdout=log, stderr=log,
-                                          start_new_session=True)
+                                          start_new_session=True, preexec_fn=_child_setup(os.getpid()))
         self.processes[proc.name] = proc
 
     def cluster_holding_a_lease(self) -> str | None:

@@ -12,6 +12,7 @@ and the engine folder emptied (its path must contain "soak").
 from __future__ import annotations
 
 import json
+import signal
 import sys
 
 from django.core.management.base import BaseCommand, CommandError
@@ -37,6 +38,12 @@ class Command(BaseCommand):
             raise CommandError("--seconds must be between 5 and 3600 and --clients between 1 and 64.")
         soak = Soak(seconds=seconds, clients=clients, settle_seconds=settle_seconds,
                     out=lambda line: self.stderr.write(line))
+
+        def stopped(signum, frame):
+            raise SoakFailed(f"stopped by signal {signum}")
+
+        # Told to stop: the run ends as a failure, and every process it started is stopped.
+        signal.signal(signal.SIGTERM, stopped)
         try:
             figures = soak.run()
         except SoakFailed as exc:
