@@ -32,7 +32,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import OperationalError, connection, transaction
-from django.db.models import Count, Exists, F, OuterRef, Sum
+from django.db.models import Count, Exists, F, OuterRef, Q, Sum
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -64,6 +64,7 @@ LEASE_SECONDS = _env_number("LETHE_TOOL_JOB_LEASE_SECONDS", 30)
 STEP_SECONDS = _env_number("LETHE_TOOL_JOB_STEP_SECONDS", 60)
 BATCH_ITEMS = int(_env_number("LETHE_TOOL_CLEANUP_BATCH", 100))
 BATCH_BYTES = int(_env_number("LETHE_TOOL_CLEANUP_BATCH_BYTES", 1_000_000))
+CONVERSATIONS_PER_BATCH = int(_env_number("LETHE_TOOL_CLEANUP_CONVERSATIONS", 50))
 SQLITE_PAUSE = _env_number("LETHE_TOOL_CLEANUP_PAUSE", 0.02)
 ANALYSIS_BATCH = int(_env_number("LETHE_TOOL_ANALYSIS_BATCH", 2000))
 MAX_TAKEOVERS = 5
@@ -262,7 +263,7 @@ def run_operation(operation_id: int, wait_for_lease: bool = False) -> str:
     from retention.service import StateUnreadable, _check_operation, _check_policy
 
     token = uuid.uuid4().hex
-    op = _claim(operation_id, token)
+    op = _with_busy_retries(lambda: _claim(operation_id, token))
     if op is None and wait_for_lease:
         op = _await_lease(operation_id, token)
     if op is None:
@@ -466,42 +467,49 @@ def _verify_preparation() -> str:
 def _cleanup_batch(op: ToolPayloadOperation, token: str) -> str:
     """One committed batch: "next" while work remains, else how the run ended.
 
-    Reading and reducing happen before the write transaction (no write lock held while
-    Python works); the transaction then rechecks everything and writes with compare-and-swap,
-    so the lock is held only for the checks and the UPDATEs.
+    A batch takes the next items in (conversation id, item id) order after the cursor, up to
+    BATCH_ITEMS items and BATCH_BYTES of payload, from up to CONVERSATIONS_PER_BATCH
+    eligible conversations. Reading and reducing happen before the write transaction (no
+    write lock held while Python works); the transaction then locks those conversations,
+    rechecks them and writes with compare-and-swap, so the lock covers only the checks and
+    the UPDATEs. Items of a conversation that is no longer eligible are counted as skipped
+    (`recent_activity`) and left alone.
     """
     from lifecycle.models import Item
 
-    # 1. Read: where the cursor is, the next items, their reduced rows.
+    # 1. Read: the cursor, the next conversations and items, their reduced rows.
     seen = ToolPayloadOperation.objects.get(pk=op.pk)
     if seen.lease != token:
         raise LeaseLost
     if seen.cutoff is None:
         _fix_cutoff(seen, token)
-    conversation_id, after_item = seen.cursor_conversation, seen.cursor_item
-    if after_item == NO_CURSOR:
-        conversation_id = (
-            eligible_conversations(seen.cutoff)
-            .filter(id__gt=conversation_id)
-            .filter(Exists(Item.objects.filter(conversation=OuterRef("pk"), removable_bytes__gt=0)))
-            .values_list("id", flat=True).first()
-        )
+    cursor_conversation, cursor_item = seen.cursor_conversation, seen.cursor_item
+    candidates = list(
+        eligible_conversations(seen.cutoff)
+        .filter(id__gte=cursor_conversation if cursor_item != NO_CURSOR else cursor_conversation + 1)
+        .filter(Exists(Item.objects.filter(conversation=OuterRef("pk"), removable_bytes__gt=0)))
+        .values_list("id", flat=True)[:CONVERSATIONS_PER_BATCH]
+    )
     planned: list[tuple[Any, dict | None]] = []
-    more_in_conversation = False
-    if conversation_id is not None:
+    if candidates:
+        after = Q(conversation_id__gt=cursor_conversation) | Q(conversation_id=cursor_conversation, id__gt=cursor_item)
         items = list(
-            Item.objects.filter(conversation_id=conversation_id, removable_bytes__gt=0, id__gt=after_item)
-            .only("id", "role", "tool_kind", "payload", "payload_bytes", "revision").order_by("id")[:BATCH_ITEMS]
+            Item.objects.filter(after, conversation_id__in=candidates, removable_bytes__gt=0)
+            .only("id", "conversation_id", "role", "tool_kind", "payload", "payload_bytes", "revision")
+            .order_by("conversation_id", "id")[:BATCH_ITEMS]
         )
-        more_in_conversation = len(items) == BATCH_ITEMS
         budget = BATCH_BYTES
         removed_at = timezone.now().replace(microsecond=0)
         for item in items:
             if planned and budget - item.payload_bytes < 0:
-                more_in_conversation = True
                 break
             budget -= item.payload_bytes
             planned.append((item, _reduce_item_row(item, removed_at=removed_at)))
+        full = len(planned) < len(items) or len(items) == BATCH_ITEMS
+        if full:
+            next_cursor = (planned[-1][0].conversation_id, planned[-1][0].id)
+        else:  # every candidate conversation is done
+            next_cursor = (candidates[-1], NO_CURSOR)
 
     # 2. Write: one short transaction that rechecks before it writes.
     with transaction.atomic():
@@ -509,33 +517,42 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str) -> str:
         ended = _run_ended(fresh)
         if ended:
             return ended
-        if (fresh.cursor_conversation, fresh.cursor_item) != (seen.cursor_conversation, seen.cursor_item):
+        if (fresh.cursor_conversation, fresh.cursor_item) != (cursor_conversation, cursor_item):
             return "next"  # moved on meanwhile: read again
-        if conversation_id is None:
+        if not candidates:
+            if cursor_item != NO_CURSOR:  # the last conversation became active mid-way
+                left = Item.objects.filter(conversation_id=cursor_conversation, removable_bytes__gt=0,
+                                           id__gt=cursor_item).count()
+                ToolPayloadOperation.objects.filter(pk=fresh.pk).update(
+                    skipped_json=_merge(fresh.skipped_json, Counter(recent_activity=left)),
+                    progress_done=F("progress_done") + left,
+                )
             _close_locked(fresh, OperationState.SUCCEEDED)
             return "succeeded"
+        touched = sorted({item.conversation_id for item, _values in planned})
+        # Lock the conversations (a foreground write waits for this batch, or this batch
+        # sees its activity) and recheck their eligibility inside the batch's transaction.
+        _lock_conversations(touched)
+        still = set(eligible_conversations(fresh.cutoff).filter(pk__in=touched).values_list("id", flat=True))
         skipped: Counter = Counter()
-        removed = removed_bytes = 0
-        # Lock the conversation (a foreground write waits for this batch, or this batch sees
-        # its activity) and recheck its eligibility inside the batch's transaction.
-        _lock_conversation(conversation_id)
-        if not eligible_conversations(fresh.cutoff).filter(pk=conversation_id).exists():
-            left = Item.objects.filter(conversation_id=conversation_id, removable_bytes__gt=0,
-                                       id__gt=after_item).count()
-            skipped["recent_activity"] += left
-            next_cursor = (conversation_id, NO_CURSOR)
-        else:
-            with connection.cursor() as cursor:
-                for item, values in planned:
-                    if values is None:
-                        skipped["changed"] += 1
-                        continue
-                    if _write_item(cursor, item, values):
-                        removed += 1
-                        removed_bytes += item.payload_bytes - values["payload_bytes"]
-                    else:
-                        skipped["changed"] += 1
-            next_cursor = (conversation_id, planned[-1][0].id if more_in_conversation else NO_CURSOR)
+        if cursor_item != NO_CURSOR and cursor_conversation not in candidates:
+            # the conversation this run was in the middle of became active: the rest of it stays
+            skipped["recent_activity"] += Item.objects.filter(
+                conversation_id=cursor_conversation, removable_bytes__gt=0, id__gt=cursor_item
+            ).count()
+        writes = []
+        for item, values in planned:
+            if item.conversation_id not in still:
+                skipped["recent_activity"] += 1
+            elif values is None:
+                skipped["changed"] += 1
+            else:
+                writes.append((item, values))
+        written = _write_items(writes)
+        skipped["changed"] += len(writes) - len(written)
+        removed = len(written)
+        removed_bytes = sum(item.payload_bytes - values["payload_bytes"] for item, values in written)
+        finished = sum(1 for c in candidates if c < next_cursor[0] or next_cursor[1] == NO_CURSOR)
         faults.kill_point("tool-cleanup-mid-batch")  # crash tests: items written, cursor not yet
         ToolPayloadOperation.objects.filter(pk=fresh.pk).update(
             cursor_conversation=next_cursor[0],
@@ -544,7 +561,7 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str) -> str:
             payload_bytes=F("payload_bytes") + removed_bytes,
             skipped_json=_merge(fresh.skipped_json, skipped),
             progress_done=F("progress_done") + removed + sum(skipped.values()),
-            scanned=F("scanned") + (1 if next_cursor[1] == NO_CURSOR else 0),
+            scanned=F("scanned") + finished,
             heartbeat_at=timezone.now(),
         )
     faults.kill_point("tool-cleanup-after-batch")  # crash tests: batch committed
@@ -586,29 +603,46 @@ def _run_ended(fresh: ToolPayloadOperation) -> str:
     return ""
 
 
-def _lock_conversation(conversation_id: int) -> None:
+def _lock_conversations(ids: list[int]) -> None:
     from lifecycle.models import Conversation
 
-    Conversation.objects.select_for_update().filter(pk=conversation_id).values_list("id").first()
+    list(Conversation.objects.select_for_update().filter(pk__in=ids).order_by("id").values_list("id"))
 
 
 _UPDATE_SQL: dict[tuple[str, ...], str] = {}
 
 
-def _write_item(cursor, item, values: dict[str, Any]) -> bool:
-    """UPDATE one item with compare-and-swap on (id, revision); True when it was written."""
+def _write_items(writes: list[tuple[Any, dict[str, Any]]]) -> list[tuple[Any, dict[str, Any]]]:
+    """UPDATE each item with compare-and-swap on (id, revision); the ones written.
+
+    One executemany per batch. When fewer rows changed than were sent (a concurrent write
+    won somewhere), the rows that carry this batch's removal are the ones written.
+    """
     from lifecycle.models import Item
 
-    names = tuple(sorted(values))
-    sql = _UPDATE_SQL.get(names)
+    if not writes:
+        return []
+    names = tuple(sorted(writes[0][1]))
+    sql = _UPDATE_SQL.get((connection.vendor, *names))
     if sql is None:
         columns = ", ".join(f"{connection.ops.quote_name(Item._meta.get_field(n).column)} = %s" for n in names)
-        sql = _UPDATE_SQL[names] = (
+        sql = _UPDATE_SQL[(connection.vendor, *names)] = (
             f"UPDATE {connection.ops.quote_name(Item._meta.db_table)} SET {columns} WHERE id = %s AND revision = %s"
         )
-    params = [Item._meta.get_field(n).get_db_prep_save(values[n], connection) for n in names]
-    cursor.execute(sql, [*params, item.pk, item.revision])
-    return cursor.rowcount == 1
+    fields = [Item._meta.get_field(n) for n in names]
+    rows = [[*(f.get_db_prep_save(values[f.name], connection) for f in fields), item.pk, item.revision]
+            for item, values in writes]
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, rows)
+        changed = cursor.rowcount
+    if changed == len(writes):
+        return writes
+    ours = set(
+        Item.objects.filter(pk__in=[item.pk for item, _v in writes], payload_skip="already_removed")
+        .values_list("id", "revision", "details_removed_at")
+    )
+    return [(item, values) for item, values in writes
+            if (item.pk, values["revision"], values["details_removed_at"]) in ours]
 
 
 def _close_locked(op: ToolPayloadOperation, state: str, code: str = "", message: str = "") -> None:

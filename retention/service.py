@@ -435,6 +435,12 @@ def cancel(*, user, operation_id: int) -> None:
         if op is None:
             raise CleanupError("not_found", _("No such operation."))
         if op.state not in OPEN_STATES:
+            # Cancel on a failed preparation: stop offering Retry; cleanup stays blocked
+            # until the admin saves a new backup choice.
+            if op.kind == OperationKind.BACKUP and ToolPayloadPolicy.objects.filter(
+                id=1, preparation_state=PreparationState.FAILED
+            ).update(preparation_state=PreparationState.CANCELLED):
+                return
             raise CleanupError("not_cancellable", _("This operation has already finished."))
         op.cancel_requested = True
         op.save(update_fields=["cancel_requested"])

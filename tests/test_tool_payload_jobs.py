@@ -409,6 +409,10 @@ def test_run_with_backup_chosen_waits_for_preparation_and_an_interrupted_one_blo
     assert (blocked.value.code, blocked.value.status) == ("preparation_required", 409)
     assert not ToolPayloadOperation.objects.filter(kind="cleanup").exists()
     assert not Item.objects.filter(details_removed_at__isnull=False).exists()
+    service.cancel(user=admin_user, operation_id=op_id)  # Cancel on the failed preparation
+    assert ToolPayloadPolicy.load().preparation_state == "cancelled"
+    with pytest.raises(CleanupError):
+        service.start_run(user=admin_user, revision=policy.revision)
     retry = service.retry_preparation(user=admin_user)
     assert ToolPayloadOperation.objects.get(pk=retry).kind == "backup"
     assert ToolPayloadPolicy.load().preparation_state == "preparing"
@@ -639,3 +643,52 @@ def test_removed_output_is_gone_from_the_rows_and_on_sqlite_from_the_file(admin_
 
         raw = Path(connection.settings_dict["NAME"]).read_bytes()
         assert secret.encode() not in raw
+
+
+@pytest.mark.django_db
+def test_a_cancelled_analysis_is_partial_never_complete(admin_user, monkeypatch):
+    monkeypatch.setattr(jobs, "ANALYSIS_BATCH", 1)
+    for n in range(3):
+        old_conversation(f"partial-{n}")
+    op_id = service.start_analysis(user=admin_user, age_value=3, age_unit="months")
+    assert service.status_document()["analysis_state"] == "running"
+    service.cancel(user=admin_user, operation_id=op_id)
+    op = run(op_id)
+    assert op.state == "cancelled" and op.scanned == 0
+    doc = service.status_document()
+    assert doc["analysis_state"] == "partial" and doc["last_analysis"]["state"] == "cancelled"
+    assert doc["operation"] is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_busy_database_backs_off_and_the_run_goes_on(admin_user):
+    old_conversation("contended", tools=3)
+    enable(admin_user)
+    op_id = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
+    holding, release = threading.Event(), threading.Event()
+
+    def holder() -> None:  # another connection holds the lock the job needs
+        try:
+            with transaction.atomic():
+                ToolPayloadOperation.objects.select_for_update().get(pk=op_id)
+                if connection.vendor == "postgresql":
+                    ToolPayloadOperation.objects.filter(pk=op_id).update(attempts=0)
+                holding.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert holding.wait(10)
+    with connection.cursor() as cursor:  # this connection gives up waiting quickly
+        cursor.execute("PRAGMA busy_timeout = 50" if connection.vendor == "sqlite" else "SET lock_timeout = '50ms'")
+    timer = threading.Timer(0.4, release.set)
+    timer.start()
+    try:
+        op = run(op_id)
+    finally:
+        release.set()
+        thread.join()
+        timer.cancel()
+    assert (op.state, op.error_code, op.removed_messages) == ("succeeded", "", 4)
