@@ -73,6 +73,7 @@ class Recorder:
     timings: dict[str, list[float]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     error_count: int = 0
+    error_kinds: dict[str, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def ok(self, kind: str, ms: float) -> None:
@@ -82,6 +83,7 @@ class Recorder:
     def error(self, kind: str, why: str) -> None:
         with self.lock:
             self.error_count += 1
+            self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
             if len(self.errors) < 20:
                 self.errors.append(f"{kind}: {why}")
 
@@ -351,7 +353,7 @@ class Soak:
                  for kind, ms in sorted(self.recorder.timings.items())}
         every = [ms for kind, values in self.recorder.timings.items() if not kind.startswith("cleanup")
                  for ms in values]
-        total = len(every) + sum(1 for e in self.recorder.errors if not e.startswith("cleanup"))
+        total = len(every) + sum(n for kind, n in self.recorder.error_kinds.items() if not kind.startswith("cleanup"))
         self.figures.update(
             clients=self.clients, web_servers=2, job_clusters=2, load_seconds=round(elapsed, 1), requests=total,
             throughput_rps=round(total / elapsed, 1), errors=self.recorder.error_count,
