@@ -19,7 +19,7 @@ LOG_FORMAT ?= text
 PYTHON ?= $(shell for c in python3.12 python3.13 $$(ls -d $$HOME/.pyenv/versions/3.1[2-9]*/bin/python3 2>/dev/null) python3; do \
 	if command -v $$c >/dev/null 2>&1 && $$c -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then command -v $$c; break; fi; done)
 
-.PHONY: setup setup-runtime lock system-packages browser run test test-sqlite test-postgres test-e2e lint bench-seed messages
+.PHONY: setup setup-runtime lock system-packages browser run test test-sqlite test-postgres test-e2e lint bench-seed soak messages
 
 ## setup: the shared, idempotent install step (venv from the locks, runtime and test tools;
 ## gettext; a secret key for local runs).
@@ -110,6 +110,16 @@ bench-seed: setup
 	rm -rf var/bench && mkdir -p var/bench
 	env -u DATABASE_URL LETHE_VAR_DIR=var/bench SECRET_KEY_FILE=var/secret-key $(PY) manage.py migrate -v0
 	env -u DATABASE_URL LETHE_VAR_DIR=var/bench SECRET_KEY_FILE=var/secret-key $(PY) manage.py bench_seed --items $(BENCH_ITEMS)
+
+## soak: two web servers and two job clusters on one PostgreSQL database (SOAK_URL, dropped and
+## recreated) and one engine folder, SOAK_CLIENTS API clients for SOAK_SECONDS, one cluster
+## killed and restarted; prints JSON figures, exits 1 on lost or duplicated work (docs/deploy.md).
+SOAK_SECONDS ?= 180
+SOAK_CLIENTS ?= 4
+SOAK_URL ?= $(PG_URL)_soak
+soak: setup-runtime
+	@DATABASE_URL=$(SOAK_URL) ENGINE_HOME=$(CURDIR)/var/soak-engine LOG_FORMAT=json \
+		$(PY) manage.py soak --seconds $(SOAK_SECONDS) --clients $(SOAK_CLIENTS)
 
 ## messages: refresh the catalogs after changing copy, then translate locale/es and run again.
 messages: setup
