@@ -182,20 +182,20 @@ class Seeder:
         if not self.rows:
             return
         columns = ("conversation_id, turn_id, seq, role, tool_kind, tool_call_id, status, title, content, "
-                   "payload, payload_bytes, removable_bytes, revision, created_at, updated_at")
+                   "payload, payload_bytes, removable_bytes, revision, created_at, updated_at, payload_skip")
         table = m.Item._meta.db_table
         if connection.vendor == "postgresql":
             # COPY streams rows without per-row statements; the server parses the JSON.
             with connection.cursor() as cursor, cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
                 for row in self.rows:
-                    copy.write_row((*row[:12], 1, row[12], row[12]))
+                    copy.write_row((*row[:12], 1, row[12], row[12], ""))
         else:
             ops = connection.ops
-            sql = f"INSERT INTO {table} ({columns}) VALUES ({', '.join(['%s'] * 15)})"
+            sql = f"INSERT INTO {table} ({columns}) VALUES ({', '.join(['%s'] * 16)})"
             with connection.cursor() as cursor:
                 for start in range(0, len(self.rows), 2000):
                     cursor.executemany(sql, [
-                        (*row[:12], 1, ops.adapt_datetimefield_value(row[12]), ops.adapt_datetimefield_value(row[12]))
+                        (*row[:12], 1, ops.adapt_datetimefield_value(row[12]), ops.adapt_datetimefield_value(row[12]), "")
                         for row in self.rows[start:start + 2000]
                     ])
         self.rows.clear()
