@@ -220,6 +220,7 @@ def test_figures_follow_the_viewers_locale_and_coordinates_stay_numbers(admin_cl
     DailySize.objects.create(day=today - timedelta(days=1), measured_at=timezone.now(), database_bytes=3)
     measure_storage()
     page = admin_client.get(PAGE, HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode()
+    assert "Almacenamiento" in page and "Medir ahora" in page and "Revisar eliminación" in page
     totals = page[page.index('data-testid="insight-totals"'):]
     totals = totals[:totals.index("</dl>")]
     assert re.search(r"\d,\d\xa0KB", totals), totals  # a decimal comma
