@@ -4,6 +4,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from datetime import timedelta
 
 import pytest
@@ -261,6 +262,31 @@ def test_an_admin_queues_one_measurement_and_sees_it_pending(admin_client, engin
 def test_the_measure_endpoint_only_takes_posts(admin_client):
     assert admin_client.get(MEASURE, **HOST).status_code == 405
     assert OrmQ.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_measurements_at_once_leave_one_complete_snapshot(engine_home):
+    fleet = build_fleet()
+    expected = expected_sizes(fleet)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            measure_storage()
+        except BaseException as error:  # reported below: a thread's exception would be lost
+            errors.append(error)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == []
+    assert {r.conversation_id: (r.db_bytes, r.engine_bytes) for r in ConversationSize.objects.all()} == expected
+    assert OwnerSize.objects.count() == 3 and DailySize.objects.count() == 1 and Measurement.objects.count() == 1
+    assert ToolKindSize.objects.count() == 3
 
 
 KILL_POINTS = ["insight.read_database", "insight.read_engine", "insight.write", "insight.committed"]
