@@ -321,3 +321,17 @@ def test_a_measurement_killed_with_sigkill_leaves_the_last_snapshot_and_reruns_e
     assert DailySize.objects.count() == 1
     assert DailySize.objects.get().payload_bytes == sum(i.payload_bytes for i in Item.objects.all())
     assert database_size().file_bytes > 0
+
+
+@pytest.mark.parametrize("language", ["en", "es"])
+def test_the_fast_size_format_matches_filesizeformat(language):
+    from django.template.defaultfilters import filesizeformat
+    from django.utils import translation
+
+    from insight.chart import SizeFormat
+
+    values = [0, 1, 1023, 1024, 1075, 1126, 10**6, 2**20 - 1, 2**20, 2**30 - 1, 2**30, 5 * 2**40 + 12345, 3 * 2**50]
+    values += [int(1.37**n) for n in range(150)]
+    with translation.override(language):
+        size = SizeFormat()
+        assert [size(v) for v in values] == [filesizeformat(v) for v in values]

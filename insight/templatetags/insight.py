@@ -7,6 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from django import template
+from django.core.cache import cache
+from django.template.loader import render_to_string
+from django.utils.safestring import SafeString, mark_safe
+from django.utils.translation import get_language
 
 from console.auth import is_admin
 from insight import chart
@@ -45,6 +49,18 @@ def _conversations() -> list[Row]:
     return [Row(found[s.conversation_id], s) for s in sizes if s.conversation_id in found]
 
 
+def _chart_html(measurement: Measurement) -> SafeString:
+    """The chart and its table, rendered once per measurement and language: 400 days of
+    markers and table rows cost tens of milliseconds, and they change only when a
+    measurement writes new days."""
+    key = f"insight-chart:{measurement.measured_at.isoformat()}:{get_language()}"
+    html = cache.get(key)
+    if html is None:
+        html = render_to_string("insight/_size_chart.html", {"c": chart.build(list(DailySize.objects.order_by("day")))})
+        cache.set(key, html, 24 * 3600)
+    return mark_safe(html)  # noqa: S308 (our own template's output)
+
+
 @register.simple_tag(takes_context=True)
 def storage_insight(context) -> dict[str, Any]:
     request = context.get("request")
@@ -56,14 +72,12 @@ def storage_insight(context) -> dict[str, Any]:
     }
     if measurement.measured_at is None:
         return insight
-    days = list(DailySize.objects.order_by("day"))
     insight.update(
         conversations=_conversations(),
         accounts=_owners(OwnerKind.ACCOUNT, Account),
         computers=_owners(OwnerKind.COMPUTER, Computer),
         tool_kinds=[Row(labels.get(k.tool_kind, k.tool_kind), k)
                     for k in ToolKindSize.objects.order_by("-payload_bytes", "tool_kind")],
-        days=days,
-        chart=chart.build(days),
+        chart_html=_chart_html(measurement),
     )
     return insight
