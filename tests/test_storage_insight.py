@@ -156,12 +156,40 @@ def test_a_deleted_conversation_drops_out_of_the_next_measurement(engine_home):
 
 
 @pytest.mark.django_db
-def test_it_creates_the_daily_schedule_once_by_name():
+def test_it_creates_the_daily_schedule_once_by_name_and_heals_duplicates():
     ensure_schedules()
+    ensure_schedules()
+    assert Schedule.objects.filter(name="measure-storage").count() == 1
+    Schedule.objects.create(name="measure-storage", func="old.func", schedule_type=Schedule.HOURLY)
+    Schedule.objects.filter(name="measure-storage").update(func="old.func")
     ensure_schedules()
     schedule = Schedule.objects.get(name="measure-storage")
     assert (schedule.func, schedule.schedule_type, schedule.repeats) == ("insight.tasks.measure_storage",
                                                                          Schedule.DAILY, -1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_migrations_leave_one_schedule():
+    barrier = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def create() -> None:
+        try:
+            barrier.wait(timeout=10)
+            ensure_schedules()
+        except BaseException as error:  # reported below: a thread's exception would be lost
+            errors.append(error)
+        finally:
+            connection.close()
+
+    Schedule.objects.filter(name="measure-storage").delete()
+    threads = [threading.Thread(target=create) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert Schedule.objects.filter(name="measure-storage").count() == 1
 
 
 @pytest.mark.django_db
