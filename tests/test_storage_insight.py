@@ -363,3 +363,49 @@ def test_the_fast_size_format_matches_filesizeformat(language):
     with translation.override(language):
         size = SizeFormat()
         assert [size(v) for v in values] == [filesizeformat(v) for v in values]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_killed_mid_measurement_on_a_real_cluster_leaves_it_pending_and_the_redelivery_finishes(
+        engine_home, tmp_path):
+    import time
+
+    from insight.actions import request_measurement
+    from tests.test_erasure_crash import stop_group
+
+    fleet = build_fleet()
+    measure_storage()
+    first = Measurement.load().measured_at
+    before = sorted(ConversationSize.objects.values_list("conversation_id", "total_bytes"))
+    factories.add_tool(fleet["local"], kind="search", payload={"query": "q", "results": ["r" * 900]})
+    assert request_measurement() is True
+    kills = tmp_path / "kills"
+    kills.mkdir()
+    env = {**os.environ, "DATABASE_URL": database_url(), "ENGINE_HOME": str(engine_home),
+           "DJANGO_SETTINGS_MODULE": "console.settings_test", "Q_WORKERS": "1",
+           "LETHE_TEST_KILL_AT": "insight.write", "LETHE_TEST_KILL_DIR": str(kills)}
+    connection.close()
+    cluster = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=ROOT, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not (kills / "insight.write").exists():
+            time.sleep(0.3)
+        assert (kills / "insight.write").exists(), "the worker never reached the kill point"
+        time.sleep(2)  # the killed worker's transaction is rolled back; nothing new commits
+        measurement = Measurement.load()
+        assert measurement.pending and measurement.measured_at == first  # still pending, never shown done
+        assert sorted(ConversationSize.objects.values_list("conversation_id", "total_bytes")) == before
+        assert OrmQ.objects.count() == 1  # the task waits for redelivery
+        # The broker redelivers once the task's lock expires (`retry`, 660 s): expire it now.
+        OrmQ.objects.update(lock=timezone.now() - timedelta(seconds=1))
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and Measurement.load().pending:
+            time.sleep(0.3)
+    finally:
+        stop_group(cluster)
+    assert not Measurement.load().pending
+    stored = {r.conversation_id: (r.db_bytes, r.engine_bytes) for r in ConversationSize.objects.all()}
+    assert stored == expected_sizes(fleet)
+    assert DailySize.objects.count() == 1
+    assert DailySize.objects.get().payload_bytes == sum(i.payload_bytes for i in Item.objects.all())
