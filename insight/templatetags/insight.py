@@ -32,7 +32,6 @@ TOP = 20
 class Row:
     name: Any
     size: Any
-    target: Any = None
 
 
 def _owners(kind: str, model) -> list[Row]:
