@@ -23,7 +23,7 @@ from lifecycle.seeding import _corpus
 from retention.reducer import encode, measure
 
 ITEM_COLUMNS = ("conversation_id, turn_id, seq, role, tool_kind, tool_call_id, status, title, content, payload, "
-                "payload_bytes, removable_bytes, revision, created_at, updated_at")
+                "payload_bytes, removable_bytes, revision, created_at, updated_at, payload_skip")
 ITEMS_PER_TURN = 5
 
 
@@ -106,12 +106,12 @@ class Command(BaseCommand):
             if connection.vendor == "postgresql":
                 with cursor.cursor.copy(f"COPY {table} ({ITEM_COLUMNS}) FROM STDIN") as copy:
                     for row in rows:
-                        copy.write_row((*row, 1, at, at))
+                        copy.write_row((*row, 1, at, at, ""))
             else:
                 stamp = connection.ops.adapt_datetimefield_value(at)
-                sql = f"INSERT INTO {table} ({ITEM_COLUMNS}) VALUES ({', '.join(['%s'] * 15)})"
+                sql = f"INSERT INTO {table} ({ITEM_COLUMNS}) VALUES ({', '.join(['%s'] * 16)})"
                 for start in range(0, len(rows), 2000):
-                    cursor.executemany(sql, [(*row, 1, stamp, stamp) for row in rows[start:start + 2000]])
+                    cursor.executemany(sql, [(*row, 1, stamp, stamp, "") for row in rows[start:start + 2000]])
 
     # Measurements ----------------------------------------------------------------------------------
 
