@@ -128,6 +128,7 @@ INSTALLED_APPS = [
     "lifecycle",
     "retention",
     "ops",
+    "insight",
 ]
 
 MIDDLEWARE = [

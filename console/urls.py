@@ -32,6 +32,7 @@ urlpatterns = [
     path("", include("lifecycle.urls")),
     path("", include("retention.urls")),
     path("", include("ops.urls")),
+    path("", include("insight.urls")),
 ]
 
 handler400 = "console.views.bad_request"

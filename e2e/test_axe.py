@@ -146,6 +146,23 @@ def cleanup(state: str) -> Callable[[Page, str], None]:
     return go
 
 
+def storage_insight(who: tuple[str, str]) -> Callable[[Page, str], None]:
+    def go(page: Page, base: str) -> None:
+        from e2e.test_storage_insight import measured_history
+
+        measured_history()
+        log_in(page, base, *who)
+        open_nav(page, "Data & storage")
+        section = page.locator("#storage-insight")
+        if who == ADMIN:  # with a measurement waiting, the busiest state of the section
+            section.get_by_role("button", name="Measure now").click()
+            expect(page.locator("#storage-insight").get_by_test_id("insight-pending")).to_be_visible()
+        else:
+            expect(section.get_by_role("img", name="Storage size per day")).to_be_visible()
+
+    return go
+
+
 def _drain_after(_operation_id: int) -> None:
     _drain()
 
@@ -236,6 +253,8 @@ PAGES: dict[str, Callable[[Page, str], None]] = {
     "cleanup-running": cleanup("running"),
     "cleanup-completed": cleanup("completed"),
     "cleanup-failed": cleanup("failed"),
+    "storage-insight-admin": storage_insight(ADMIN),
+    "storage-insight-member": storage_insight(MEMBER),
     "400": bad_request,
     "404": not_found,
     "403": forbidden,

@@ -17,7 +17,8 @@ from django.conf import settings
 from django.utils import translation
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ("console", "lifecycle", "retention", "ops", "templates", "static", "locale")
+# The project's own apps, derived from INSTALLED_APPS so a new app's strings are checked too.
+SOURCES = (*(app for app in settings.INSTALLED_APPS if (ROOT / app).is_dir()), "templates", "static", "locale")
 SOURCE_FILES = ("manage.py", "pyproject.toml")
 ES_PO = ROOT / "locale" / "es" / "LC_MESSAGES" / "django.po"
 ES_MO = ROOT / "locale" / "es" / "LC_MESSAGES" / "django.mo"

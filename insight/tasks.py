@@ -1,0 +1,140 @@
+"""The storage measurement job: sizes per conversation, account, computer and tool kind,
+and one row of totals per UTC day.
+
+What is counted, per conversation:
+- database bytes: the stored bytes of its items' text (content and title, as encoded bytes)
+  plus their tool payloads (`payload_bytes`, measured when each item was written). Other
+  tables, indexes and the database's own row overhead are not split by conversation; the
+  database file size is recorded as a whole.
+- engine bytes: the files in its engine folders (threads, sessions, artifacts).
+
+Crash safety: everything is read first, then the snapshot tables are replaced in one
+transaction that starts by locking the measurement row. A worker killed at any line leaves
+the previous snapshot whole; the rerun measures again from scratch, so nothing is lost or
+counted twice. Two runs at once (two job clusters) take turns on the lock and each writes a
+complete snapshot; a second run on the same day replaces that day's totals.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from datetime import timedelta
+
+from django.db import transaction
+from django.db.models import BigIntegerField, Count, Func, Sum
+from django.utils import timezone
+
+from insight.models import (
+    HISTORY_DAYS,
+    ConversationSize,
+    DailySize,
+    Measurement,
+    OwnerKind,
+    OwnerSize,
+    ToolKindSize,
+)
+from lifecycle import faults
+from lifecycle.enginefs import CONVERSATION_AREAS, EngineHome, is_storage_key
+from lifecycle.models import Conversation, ConversationState, Item, Role, Scope
+from retention.storage import database_size
+
+BATCH = 1000
+
+
+class OctetLength(Func):
+    """Bytes of a text column as stored (UTF-8), not characters."""
+
+    function = "OCTET_LENGTH"
+    output_field = BigIntegerField()
+
+    def as_sqlite(self, compiler, connection, **extra):
+        return self.as_sql(compiler, connection, template="LENGTH(CAST(%(expressions)s AS BLOB))", **extra)
+
+
+def item_bytes_by_conversation() -> dict[int, tuple[int, int]]:
+    """conversation id -> (text bytes, payload bytes) of its items."""
+    rows = (Item.objects.order_by().values("conversation_id")
+            .annotate(text=Sum(OctetLength("content") + OctetLength("title")), payload=Sum("payload_bytes")))
+    return {r["conversation_id"]: (r["text"] or 0, r["payload"] or 0) for r in rows.iterator()}
+
+
+def tool_kind_sizes() -> list[dict[str, int | str]]:
+    rows = (Item.objects.filter(role=Role.TOOL).order_by().values("tool_kind")
+            .annotate(items=Count("id"), payload=Sum("payload_bytes"), removable=Sum("removable_bytes")))
+    return [{"tool_kind": r["tool_kind"], "items": r["items"], "payload_bytes": r["payload"] or 0,
+             "removable_bytes": r["removable"] or 0} for r in rows]
+
+
+def engine_bytes_by_key(home: EngineHome) -> dict[str, int]:
+    """storage key -> bytes in that conversation's engine folders, for every key found on disk."""
+    keys: set[str] = set()
+    for area in CONVERSATION_AREAS:
+        try:
+            entries = list(os.scandir(home.real_root / area))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        keys.update(e.name for e in entries if is_storage_key(e.name) and e.is_dir(follow_symlinks=False))
+    return {key: home.conversation_usage(key)[1] for key in sorted(keys)}
+
+
+def measure_storage() -> dict[str, int]:
+    started = timezone.now()
+    owners = {
+        pk: (public_id, OwnerKind.ACCOUNT if scope == Scope.BOUND else OwnerKind.COMPUTER,
+             account_id if scope == Scope.BOUND else computer_id)
+        for pk, public_id, scope, account_id, computer_id in Conversation.objects.exclude(
+            state=ConversationState.DELETED).order_by().values_list("pk", "public_id", "scope", "account_id",
+                                                                    "computer_id").iterator()
+    }
+    items = item_bytes_by_conversation()
+    kinds = tool_kind_sizes()
+    faults.kill_point("insight.read_database")
+    home = EngineHome()
+    engine_files, engine_total = home.usage()
+    by_key = engine_bytes_by_key(home)
+    faults.kill_point("insight.read_engine")
+    file_bytes = database_size().file_bytes
+
+    conversation_rows = []
+    per_owner: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0, 0])
+    attributed = 0
+    for pk, (public_id, kind, owner_id) in owners.items():
+        text, payload = items.get(pk, (0, 0))
+        engine = by_key.get(public_id, 0)
+        attributed += engine
+        owner = per_owner[(kind, owner_id)]
+        owner[0] += 1
+        owner[1] += text + payload
+        owner[2] += engine
+        if text + payload + engine:
+            conversation_rows.append(ConversationSize(conversation_id=pk, db_bytes=text + payload,
+                                                      engine_bytes=engine, total_bytes=text + payload + engine))
+    owner_rows = [OwnerSize(kind=kind, owner_id=owner_id, conversations=n, db_bytes=db, engine_bytes=engine,
+                            total_bytes=db + engine)
+                  for (kind, owner_id), (n, db, engine) in per_owner.items()]
+    text_total = sum(text for text, _payload in items.values())
+    payload_total = sum(int(k["payload_bytes"]) for k in kinds)
+    removable_total = sum(int(k["removable_bytes"]) for k in kinds)
+
+    with transaction.atomic():
+        measurement, _created = Measurement.objects.select_for_update().get_or_create(id=1)
+        ConversationSize.objects.all().delete()
+        faults.kill_point("insight.write")
+        ConversationSize.objects.bulk_create(conversation_rows, batch_size=BATCH)
+        OwnerSize.objects.all().delete()
+        OwnerSize.objects.bulk_create(owner_rows, batch_size=BATCH)
+        ToolKindSize.objects.all().delete()
+        ToolKindSize.objects.bulk_create([ToolKindSize(**k) for k in kinds])
+        day = started.date()  # started is in UTC: one row per UTC day
+        DailySize.objects.update_or_create(day=day, defaults={
+            "measured_at": started, "database_bytes": file_bytes, "engine_bytes": engine_total,
+            "payload_bytes": payload_total, "removable_bytes": removable_total})
+        DailySize.objects.filter(day__lte=day - timedelta(days=HISTORY_DAYS)).delete()
+        Measurement.objects.filter(pk=measurement.pk).update(
+            measured_at=started, database_bytes=file_bytes, engine_bytes=engine_total, engine_files=engine_files,
+            unattributed_engine_bytes=max(engine_total - attributed, 0), text_bytes=text_total,
+            payload_bytes=payload_total, removable_bytes=removable_total)
+    faults.kill_point("insight.committed")
+    return {"conversations": len(conversation_rows), "owners": len(owner_rows), "database_bytes": file_bytes,
+            "engine_bytes": engine_total, "payload_bytes": payload_total, "removable_bytes": removable_total}

@@ -1,0 +1,411 @@
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+from django_q.models import OrmQ, Schedule
+
+from insight.models import (
+    HISTORY_DAYS,
+    ConversationSize,
+    DailySize,
+    Measurement,
+    OwnerSize,
+    ToolKindSize,
+)
+from insight.schedules import ensure_schedules
+from insight.tasks import measure_storage
+from lifecycle.enginefs import EngineHome
+from lifecycle.models import Conversation, Item
+from retention.storage import database_size
+from tests import factories
+from tests.test_jobs import ROOT, database_url
+
+HOST = {"HTTP_HOST": "127.0.0.1"}
+PAGE = "/settings/system/data-storage/"
+MEASURE = PAGE + "storage-insight/measure/"
+
+
+def stored_db_bytes(conversation: Conversation) -> int:
+    """Computed here from the stored rows, independently of the job's SQL."""
+    return sum(len(i.content.encode()) + len(i.title.encode()) + i.payload_bytes
+               for i in Item.objects.filter(conversation=conversation))
+
+
+def chart_svg(page: str) -> str:
+    start = page.rindex("<svg", 0, page.index('data-testid="size-chart"'))
+    return page[start:page.index("</svg>", start)]
+
+
+def build_fleet():
+    """Two accounts' conversations and one computer's, with items and real engine files."""
+    home = EngineHome()
+    north, south = factories.make_account("Northwind"), factories.make_account("Southwind")
+    laptop = factories.make_computer("laptop")
+    big = factories.make_conversation(north, title="Big one")
+    factories.add_message(big, content="héllo wörld")  # non-ASCII: bytes, not characters
+    factories.add_tool(big)
+    factories.add_tool(big, kind="read_file", payload={"path": "/a", "content": "y" * 5000})
+    home.write_atomic(home.events_path(big.storage_key), b"e" * 1000)
+    home.write_atomic(home.artifacts_dir(big.storage_key) / "out.txt", b"a" * 4000)
+    small = factories.make_conversation(north, title="Small one")
+    factories.add_message(small, content="hi")
+    local = factories.make_conversation(laptop, title="Local one")
+    factories.add_tool(local, kind="http", payload={"url": "https://x", "status": 200, "body": "z" * 3000})
+    home.write_atomic(home.events_path(local.storage_key), b"l" * 700)
+    empty = factories.make_conversation(south, title="Nothing stored")
+    # Engine files of no known conversation, and shared state: counted only in the total.
+    home.write_atomic(home.events_path("c_" + "f" * 20), b"o" * 300)
+    home.write_atomic(home.fleet_path, b'{"version":1,"agents":[]}')
+    return {"north": north, "south": south, "laptop": laptop, "big": big, "small": small, "local": local,
+            "empty": empty}
+
+
+def expected_sizes(fleet) -> dict[int, tuple[int, int]]:
+    home = EngineHome()
+    return {c.pk: (stored_db_bytes(c), home.conversation_usage(c.storage_key)[1])
+            for c in (fleet["big"], fleet["small"], fleet["local"])}
+
+
+@pytest.mark.django_db
+def test_it_measures_exact_sums_per_conversation_owner_and_tool_kind(engine_home):
+    fleet = build_fleet()
+    expected = expected_sizes(fleet)
+    assert expected[fleet["big"].pk][1] == 5000 and expected[fleet["local"].pk][1] == 700
+    assert expected[fleet["big"].pk][0] > 13 + 5000  # "héllo wörld" is 13 bytes, 11 characters
+    result = measure_storage()
+
+    stored = {r.conversation_id: (r.db_bytes, r.engine_bytes, r.total_bytes) for r in ConversationSize.objects.all()}
+    assert stored == {pk: (db, engine, db + engine) for pk, (db, engine) in expected.items()}
+    assert fleet["empty"].pk not in stored  # nothing stored, no row
+    big, small, local = (expected[fleet[k].pk] for k in ("big", "small", "local"))
+    owners = {(o.kind, o.owner_id): (o.conversations, o.db_bytes, o.engine_bytes, o.total_bytes)
+              for o in OwnerSize.objects.all()}
+    assert owners == {
+        ("account", fleet["north"].pk): (2, big[0] + small[0], big[1], sum(big) + sum(small)),
+        ("account", fleet["south"].pk): (1, 0, 0, 0),
+        ("computer", fleet["laptop"].pk): (1, local[0], local[1], sum(local)),
+    }
+    tools = Item.objects.filter(role="tool")
+    kinds = {k.tool_kind: (k.items, k.payload_bytes, k.removable_bytes) for k in ToolKindSize.objects.all()}
+    assert kinds == {kind: (tools.filter(tool_kind=kind).count(),
+                            sum(i.payload_bytes for i in tools.filter(tool_kind=kind)),
+                            sum(i.removable_bytes for i in tools.filter(tool_kind=kind)))
+                     for kind in ("shell", "read_file", "http")}
+    assert sum(k.removable_bytes for k in ToolKindSize.objects.all()) > 0  # the column is not all zeros
+
+    m = Measurement.load()
+    engine_files, engine_total = EngineHome().usage()
+    assert (m.engine_files, m.engine_bytes) == (engine_files, engine_total)
+    assert m.unattributed_engine_bytes == engine_total - big[1] - local[1] > 300
+    assert m.payload_bytes == sum(i.payload_bytes for i in Item.objects.all())
+    assert m.removable_bytes == sum(i.removable_bytes for i in Item.objects.all())
+    assert m.text_bytes == sum(len(i.content.encode()) + len(i.title.encode()) for i in Item.objects.all())
+    day = DailySize.objects.get()
+    assert day.day == m.measured_at.date() == timezone.now().date()
+    assert (day.engine_bytes, day.payload_bytes, day.removable_bytes) == (engine_total, m.payload_bytes,
+                                                                          m.removable_bytes)
+    assert day.database_bytes == m.database_bytes > 0
+    assert result["conversations"] == 3 and result["engine_bytes"] == engine_total
+
+
+@pytest.mark.django_db
+def test_a_rerun_the_same_day_replaces_that_day_and_counts_nothing_twice(engine_home):
+    fleet = build_fleet()
+    measure_storage()
+    first = DailySize.objects.get()
+    factories.add_tool(fleet["small"], kind="search", payload={"query": "q", "results": ["r" * 900]})
+    measure_storage()
+    measure_storage()
+    assert DailySize.objects.count() == 1
+    day = DailySize.objects.get()
+    assert day.pk == first.pk and day.payload_bytes == sum(i.payload_bytes for i in Item.objects.all())
+    assert day.payload_bytes > first.payload_bytes
+    assert ConversationSize.objects.count() == 3 and OwnerSize.objects.count() == 3
+    assert ConversationSize.objects.get(conversation_id=fleet["small"].pk).db_bytes == stored_db_bytes(fleet["small"])
+    assert Measurement.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_it_keeps_a_bounded_history(engine_home):
+    today = timezone.now().date()
+    DailySize.objects.bulk_create([DailySize(day=today - timedelta(days=n), measured_at=timezone.now(),
+                                             database_bytes=n) for n in range(1, HISTORY_DAYS + 6)])
+    measure_storage()
+    days = list(DailySize.objects.values_list("day", flat=True))
+    assert len(days) == HISTORY_DAYS
+    assert days[0] == today - timedelta(days=HISTORY_DAYS - 1) and days[-1] == today
+
+
+@pytest.mark.django_db
+def test_a_deleted_conversation_drops_out_of_the_next_measurement(engine_home):
+    fleet = build_fleet()
+    measure_storage()
+    Item.objects.filter(conversation=fleet["small"]).delete()
+    Conversation.objects.filter(pk=fleet["small"].pk).update(state="deleted", title="")
+    measure_storage()
+    assert not ConversationSize.objects.filter(conversation_id=fleet["small"].pk).exists()
+    assert OwnerSize.objects.get(kind="account", owner_id=fleet["north"].pk).conversations == 1
+
+
+@pytest.mark.django_db
+def test_it_creates_the_daily_schedule_once_by_name_and_heals_duplicates():
+    ensure_schedules()
+    ensure_schedules()
+    assert Schedule.objects.filter(name="measure-storage").count() == 1
+    Schedule.objects.create(name="measure-storage", func="old.func", schedule_type=Schedule.HOURLY)
+    Schedule.objects.filter(name="measure-storage").update(func="old.func")
+    ensure_schedules()
+    schedule = Schedule.objects.get(name="measure-storage")
+    assert (schedule.func, schedule.schedule_type, schedule.repeats) == ("insight.tasks.measure_storage",
+                                                                         Schedule.DAILY, -1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_migrations_leave_one_schedule():
+    barrier = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def create() -> None:
+        try:
+            barrier.wait(timeout=10)
+            ensure_schedules()
+        except BaseException as error:  # reported below: a thread's exception would be lost
+            errors.append(error)
+        finally:
+            connection.close()
+
+    Schedule.objects.filter(name="measure-storage").delete()
+    threads = [threading.Thread(target=create) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert Schedule.objects.filter(name="measure-storage").count() == 1
+
+
+@pytest.mark.django_db
+def test_the_page_says_not_measured_yet_and_measures_nothing(admin_client, engine_home):
+    build_fleet()
+    page = admin_client.get(PAGE, **HOST).content.decode()
+    assert "Not measured yet." in page and 'id="storage-insight"' in page
+    assert 'action="/settings/system/data-storage/storage-insight/measure/"' in page
+    assert not DailySize.objects.exists() and not ConversationSize.objects.exists()
+    assert OrmQ.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_the_section_lists_the_largest_with_delete_and_cleanup_links(admin_client, engine_home):
+    fleet = build_fleet()
+    more = [factories.make_conversation(fleet["south"], title=f"Filler {n}") for n in range(21)]
+    for n, c in enumerate(more):
+        factories.add_message(c, content="m" * (10 + n))
+    measure_storage()
+    Conversation.objects.filter(pk=more[-1].pk).update(state="deleted")  # measured, then deleted
+    page = admin_client.get(PAGE, **HOST).content.decode()
+    section = page[page.index('data-testid="largest-conversations"'):page.index('data-testid="tool-kinds"')]
+    links = re.findall(r'href="/conversations/(c_[0-9a-f]{20})/delete/"', section)
+    assert len(links) == 20
+    assert links[:3] == [fleet["big"].public_id, fleet["local"].public_id, more[-2].public_id]
+    assert more[-1].public_id not in links
+    kinds = page[page.index('data-testid="tool-kinds"'):page.index('data-testid="account-sizes"')]
+    assert kinds.count('href="/settings/system/data-storage/#tool-payload-cleanup"') == 3
+    assert kinds.index("Read file") < kinds.index("Web request") < kinds.index("Shell")
+    assert "Northwind" in page and "laptop" in page
+    assert "Measure now" in page
+
+
+@pytest.mark.django_db
+def test_the_chart_has_a_point_for_each_day_in_each_series(admin_client, engine_home):
+    today = timezone.now().date()
+    DailySize.objects.bulk_create([DailySize(day=today - timedelta(days=n), measured_at=timezone.now(),
+                                             database_bytes=1000 * n, engine_bytes=10 * n) for n in (1, 2, 5)])
+    measure_storage()
+    page = admin_client.get(PAGE, **HOST).content.decode()
+    svg = chart_svg(page)
+    assert "<title" in svg and "<desc" in svg and 'role="img"' in svg
+    days = [(today - timedelta(days=n)).isoformat() for n in (5, 2, 1, 0)]
+    for series in ("database_bytes", "engine_bytes", "payload_bytes"):
+        group = svg[svg.index(f'data-series="{series}"'):]
+        group = group[:group.index("</g>")]
+        assert re.findall(r'data-day="([0-9-]+)"', group) == days
+        assert len(re.findall(r"<polyline points=\"([0-9., ]+)\"", group)[0].split()) == 4
+    table = page[page.index('data-testid="size-table"'):]
+    assert table[:table.index("</table>")].count('<th scope="row">') == 4
+
+
+@pytest.mark.django_db
+def test_figures_follow_the_viewers_locale_and_coordinates_stay_numbers(admin_client, engine_home):
+    build_fleet()
+    today = timezone.now().date()
+    DailySize.objects.create(day=today - timedelta(days=1), measured_at=timezone.now(), database_bytes=3)
+    measure_storage()
+    page = admin_client.get(PAGE, HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode()
+    assert "Almacenamiento" in page and "Medir ahora" in page and "Revisar eliminación" in page
+    totals = page[page.index('data-testid="insight-totals"'):]
+    totals = totals[:totals.index("</dl>")]
+    assert re.search(r"\d,\d\xa0KB", totals), totals  # a decimal comma
+    assert not re.search(r"\d\.\d\xa0KB", totals)
+    svg = chart_svg(page)
+    for value in re.findall(r'(?:cx|cy|y1|y2)="([^"]*)"', svg):
+        assert re.fullmatch(r"[0-9]+(\.[0-9])?", value), value
+    for value in re.findall(r'points="([^"]*)"', svg):
+        assert re.fullmatch(r"[0-9.]+,[0-9.]+( [0-9.]+,[0-9.]+)*", value), value
+
+
+@pytest.mark.django_db
+def test_a_member_sees_it_read_only_and_cannot_measure(member_client, engine_home):
+    build_fleet()
+    measure_storage()
+    page = member_client.get(PAGE, **HOST).content.decode()
+    assert 'data-testid="largest-conversations"' in page and "Measure now" not in page
+    response = member_client.post(MEASURE, **HOST)
+    assert response.status_code == 403
+    assert OrmQ.objects.count() == 0 and Measurement.load().requested_at is None
+
+
+@pytest.mark.django_db
+def test_an_admin_queues_one_measurement_and_sees_it_pending(admin_client, engine_home):
+    response = admin_client.post(MEASURE, **HOST)
+    assert response.status_code == 302 and response["Location"].endswith("/data-storage/#storage-insight")
+    assert OrmQ.objects.count() == 1 and Measurement.load().pending
+    admin_client.post(MEASURE, **HOST)  # a second press while one waits queues nothing more
+    assert OrmQ.objects.count() == 1
+    page = admin_client.get(PAGE, **HOST).content.decode()
+    assert 'data-testid="insight-pending"' in page and "Not measured yet." in page
+    measure_storage()
+    assert not Measurement.load().pending
+    assert 'data-testid="insight-pending"' not in admin_client.get(PAGE, **HOST).content.decode()
+
+
+@pytest.mark.django_db
+def test_the_measure_endpoint_only_takes_posts(admin_client):
+    assert admin_client.get(MEASURE, **HOST).status_code == 405
+    assert OrmQ.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_measurements_at_once_leave_one_complete_snapshot(engine_home):
+    fleet = build_fleet()
+    expected = expected_sizes(fleet)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            measure_storage()
+        except BaseException as error:  # reported below: a thread's exception would be lost
+            errors.append(error)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == []
+    assert {r.conversation_id: (r.db_bytes, r.engine_bytes) for r in ConversationSize.objects.all()} == expected
+    assert OwnerSize.objects.count() == 3 and DailySize.objects.count() == 1 and Measurement.objects.count() == 1
+    assert ToolKindSize.objects.count() == 3
+
+
+KILL_POINTS = ["insight.read_database", "insight.read_engine", "insight.write", "insight.committed"]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_a_measurement_killed_with_sigkill_leaves_the_last_snapshot_and_reruns_exactly(point, engine_home, tmp_path):
+    fleet = build_fleet()
+    measure_storage()
+    before = sorted(ConversationSize.objects.values_list("conversation_id", "total_bytes"))
+    factories.add_tool(fleet["small"], kind="search", payload={"query": "q", "results": ["r" * 900]})
+    kills = tmp_path / "kills"
+    kills.mkdir()
+    env = {**os.environ, "DATABASE_URL": database_url(), "ENGINE_HOME": str(engine_home),
+           "DJANGO_SETTINGS_MODULE": "console.settings_test", "LETHE_TEST_KILL_AT": point,
+           "LETHE_TEST_KILL_DIR": str(kills)}
+    connection.close()  # SQLite: let the other process write
+    command = [sys.executable, "manage.py", "measure_storage"]
+    killed = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, timeout=120)
+    assert killed.returncode == -9, killed.stderr.decode()[-2000:]
+    after_kill = sorted(ConversationSize.objects.values_list("conversation_id", "total_bytes"))
+    if point == "insight.committed":
+        assert after_kill != before  # it had committed the new snapshot before it died
+    else:
+        assert after_kill == before  # nothing half-written
+    rerun = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, timeout=120)
+    assert rerun.returncode == 0, rerun.stderr.decode()[-2000:]
+    expected = expected_sizes(fleet)
+    stored = {r.conversation_id: (r.db_bytes, r.engine_bytes) for r in ConversationSize.objects.all()}
+    assert stored == expected
+    assert DailySize.objects.count() == 1
+    assert DailySize.objects.get().payload_bytes == sum(i.payload_bytes for i in Item.objects.all())
+    assert database_size().file_bytes > 0
+
+
+@pytest.mark.parametrize("language", ["en", "es"])
+def test_the_fast_size_format_matches_filesizeformat(language):
+    from django.template.defaultfilters import filesizeformat
+    from django.utils import translation
+
+    from insight.chart import SizeFormat
+
+    values = [0, 1, 1023, 1024, 1075, 1126, 10**6, 2**20 - 1, 2**20, 2**30 - 1, 2**30, 5 * 2**40 + 12345, 3 * 2**50]
+    values += [int(1.37**n) for n in range(150)]
+    with translation.override(language):
+        size = SizeFormat()
+        assert [size(v) for v in values] == [filesizeformat(v) for v in values]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_killed_mid_measurement_on_a_real_cluster_leaves_it_pending_and_the_redelivery_finishes(
+        engine_home, tmp_path):
+    import time
+
+    from insight.actions import request_measurement
+    from tests.test_erasure_crash import stop_group
+
+    fleet = build_fleet()
+    measure_storage()
+    first = Measurement.load().measured_at
+    before = sorted(ConversationSize.objects.values_list("conversation_id", "total_bytes"))
+    factories.add_tool(fleet["local"], kind="search", payload={"query": "q", "results": ["r" * 900]})
+    assert request_measurement() is True
+    kills = tmp_path / "kills"
+    kills.mkdir()
+    env = {**os.environ, "DATABASE_URL": database_url(), "ENGINE_HOME": str(engine_home),
+           "DJANGO_SETTINGS_MODULE": "console.settings_test", "Q_WORKERS": "1",
+           "LETHE_TEST_KILL_AT": "insight.write", "LETHE_TEST_KILL_DIR": str(kills)}
+    connection.close()
+    cluster = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=ROOT, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not (kills / "insight.write").exists():
+            time.sleep(0.3)
+        assert (kills / "insight.write").exists(), "the worker never reached the kill point"
+        time.sleep(2)  # the killed worker's transaction is rolled back; nothing new commits
+        measurement = Measurement.load()
+        assert measurement.pending and measurement.measured_at == first  # still pending, never shown done
+        assert sorted(ConversationSize.objects.values_list("conversation_id", "total_bytes")) == before
+        assert OrmQ.objects.count() == 1  # the task waits for redelivery
+        # The broker redelivers once the task's lock expires (`retry`, 660 s): expire it now.
+        OrmQ.objects.update(lock=timezone.now() - timedelta(seconds=1))
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and Measurement.load().pending:
+            time.sleep(0.3)
+    finally:
+        stop_group(cluster)
+    assert not Measurement.load().pending
+    stored = {r.conversation_id: (r.db_bytes, r.engine_bytes) for r in ConversationSize.objects.all()}
+    assert stored == expected_sizes(fleet)
+    assert DailySize.objects.count() == 1
+    assert DailySize.objects.get().payload_bytes == sum(i.payload_bytes for i in Item.objects.all())
