@@ -20,8 +20,8 @@ _ADVISORY_KEY = 0x4C455448  # "LETH"
 
 
 def ensure_named(specs: dict[str, dict[str, Any]]) -> None:
-    """Create or update each schedule `name -> {func, minutes, kwargs?}` (schedule type
-    MINUTES, repeating forever, first run now), one row per name."""
+    """Create or update each schedule `name -> {func, minutes?, kwargs?, schedule_type?}`
+    (schedule type MINUTES unless given, repeating forever, first run now), one row per name."""
     from django_q.models import Schedule
 
     with transaction.atomic():
@@ -31,9 +31,9 @@ def ensure_named(specs: dict[str, dict[str, Any]]) -> None:
         for name, spec in specs.items():
             wanted = {
                 "func": spec["func"],
-                "minutes": spec["minutes"],
+                "minutes": spec.get("minutes"),
                 "kwargs": spec.get("kwargs"),
-                "schedule_type": Schedule.MINUTES,
+                "schedule_type": spec.get("schedule_type", Schedule.MINUTES),
             }
             rows = list(Schedule.objects.filter(name=name).order_by("id"))
             if len(rows) > 1:
