@@ -26,6 +26,8 @@ class Row:
     summary: list[tuple[str, str]] = field(default_factory=list)
     output: str = ""
     truncated: bool = False
+    # The whole output's own size in UTF-8 bytes (not the payload's, which counts the input too).
+    output_bytes: int = 0
     removed_on: Any = None
 
     @property
@@ -111,6 +113,7 @@ def item_rows(items: list[Item], *, full: bool = False) -> list[Row]:
             row.removed_on = removed_at(item)
             if row.removed_on is not None:
                 output = ""
+            row.output_bytes = len(output.encode("utf-8", "surrogatepass"))
             if not full and len(output) > PREVIEW_CHARS:
                 output, row.truncated = output[:PREVIEW_CHARS], True
             row.output = output

@@ -93,6 +93,13 @@ def test_it_shows_a_transcript_with_a_row_per_tool_kind(member_client, conversat
     assert "Lifecycle actions are for admins only." in content
 
 
+def test_show_full_output_names_the_outputs_own_size(member_client, conversation):
+    # A 700-character output beside a 98 KB input: the button tells the output's size.
+    factories.add_tool(conversation, "generic", {"tool_name": "lint", "input": "x" * 98_000, "output": "é" * 700})
+    page = member_client.get(f"/conversations/{conversation.public_id}/", **HOST).content.decode()
+    assert "Show full output (1.4\xa0KB)" in page
+
+
 def test_it_loads_large_outputs_on_demand(member_client, conversation):
     big = "line of output\n" * 400
     item = factories.add_tool(conversation, payload={"command": "cat big", "cwd": "/", "exit_code": 0, "stdout": big})
