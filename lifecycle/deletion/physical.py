@@ -23,6 +23,7 @@ from typing import Any
 from django.db import connection
 
 CHECKPOINT_TRIES = 8
+CHECKPOINT_WAIT_MS = 200
 
 
 def checkpoint_sqlite(tries: int = CHECKPOINT_TRIES) -> bool:
@@ -30,15 +31,24 @@ def checkpoint_sqlite(tries: int = CHECKPOINT_TRIES) -> bool:
     if connection.vendor != "sqlite" or connection.in_atomic_block:
         return False
     delay = 0.05
-    for attempt in range(tries):
-        with connection.cursor() as cursor:
-            cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            busy, _log, _done = cursor.fetchone()
-        if busy == 0:
-            return True
-        if attempt < tries - 1:
-            time.sleep(delay)
-            delay = min(delay * 2, 2.0)
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA busy_timeout")
+        saved = cursor.fetchone()[0]
+        # A TRUNCATE checkpoint calls the busy handler while a reader holds a snapshot: with
+        # the connection's 20 s timeout each try would wait that long. Try briefly and back
+        # off here instead.
+        cursor.execute(f"PRAGMA busy_timeout = {CHECKPOINT_WAIT_MS}")
+        try:
+            for attempt in range(tries):
+                cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                busy, _log, _done = cursor.fetchone()
+                if busy == 0:
+                    return True
+                if attempt < tries - 1:
+                    time.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+        finally:
+            cursor.execute(f"PRAGMA busy_timeout = {int(saved)}")
     return False
 
 

@@ -1,0 +1,77 @@
+"""`manage.py finish_erasure`: completed deletes still waiting for physical erasure get it."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+
+from lifecycle import models as m
+from lifecycle.actions.request_deletion import request_deletion
+from lifecycle.deletion import executor
+from tests import factories
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _table_files(table: str) -> list[Path]:
+    """The PostgreSQL files of a table and its TOAST table (the tests run beside the server)."""
+    with connection.cursor() as cursor:
+        cursor.execute("CHECKPOINT")
+        cursor.execute("SHOW data_directory")
+        root = Path(cursor.fetchone()[0])
+        cursor.execute(
+            "SELECT pg_relation_filepath(c.oid), pg_relation_filepath(NULLIF(c.reltoastrelid, 0)) "
+            "FROM pg_class c WHERE c.oid = %s::regclass", [table])
+        paths = [p for p in cursor.fetchone() if p]
+    base = [root / p for p in paths]
+    return [f for p in base for f in [p, *sorted(p.parent.glob(p.name + ".[0-9]*"))] if f.exists()]
+
+
+def test_it_rewrites_the_touched_tables_and_marks_the_receipt_physically_erased(capsys):
+    target = factories.make_conversation(title="Erase me")
+    secret = factories.marker("finish-erasure-secret")
+    factories.add_message(target, content=secret)
+    bystander = factories.make_conversation(title="Stays")
+    kept = factories.marker("finish-erasure-kept")
+    factories.add_message(bystander, content=kept)
+    op = request_deletion(target, key="finish-1", acting_user=None)
+
+    reader = None
+    if connection.vendor == "sqlite":
+        # A reader's open snapshot keeps the checkpoint busy, so the delete waits for it.
+        reader = sqlite3.connect(str(connection.settings_dict["NAME"]))
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM lifecycle_item").fetchone()
+    try:
+        assert executor.run_erasure(op.pk) == "completed"
+    finally:
+        if reader is not None:
+            reader.rollback()
+            reader.close()
+    op.refresh_from_db()
+    assert op.physical_state == m.PhysicalState.PENDING
+    assert {h["kind"] for h in op.receipt["holders"]} & {"wal", "database_files"}
+
+    call_command("finish_erasure", "--json")
+    report = json.loads(capsys.readouterr().out)
+    op.refresh_from_db()
+    assert (report["waiting"], report["erased"], report["still_pending"]) == (1, 1, 0)
+    assert op.physical_state == m.PhysicalState.ERASED and op.physically_erased_at is not None
+    assert not {h["kind"] for h in op.receipt["holders"]} & {"wal", "database_files"}
+    if connection.vendor == "postgresql":
+        assert "lifecycle_item" in report["tables"]
+        raw = b"".join(path.read_bytes() for path in _table_files("lifecycle_item"))
+        assert kept.encode() in raw  # the scan reads the live table
+        assert secret.encode() not in raw
+    else:
+        name = str(connection.settings_dict["NAME"])
+        raw = Path(name).read_bytes() + (Path(name + "-wal").read_bytes() if Path(name + "-wal").exists() else b"")
+        assert secret.encode() not in raw and kept.encode() in raw
+
+    call_command("finish_erasure")
+    assert "No delete is waiting" in capsys.readouterr().out
