@@ -32,7 +32,12 @@ from lifecycle import faults
 from lifecycle.actions.request_deletion import check_key
 from lifecycle.deletion.executor import holder_alive, holder_id, lease_seconds
 from lifecycle.deletion.reasons import message as reason_message
-from lifecycle.engine.http import EngineCredentialsRefused, EngineUnreachable, EngineUnsupported, HttpEngine
+from lifecycle.engine.http import (
+    EngineCredentialsRefused,
+    EngineUnreachable,
+    EngineUnsupported,
+    HttpEngine,
+)
 from lifecycle.errors import ActionRefused
 from remote.models import BoundDelete, BoundDeleteKey, BoundDeleteState, EngineBinding, WaitingOn
 
@@ -119,11 +124,11 @@ def request_bound_delete(binding: EngineBinding, *, key: str | None, actor) -> B
     probe = _probe(binding)
     if probe == "unreachable" and settings.LIFECYCLE_OFFLINE_DELETE == "refuse":
         exc = ActionRefused("engine_offline", error_text("engine_offline"), status=409)
-        exc.outcome = BoundDeleteState.UNAVAILABLE
+        exc.extra = {"outcome": BoundDeleteState.UNAVAILABLE}
         raise exc
     now = timezone.now()
     fields = {
-        "key": key, "engine_url": binding.engine_url, "engine_id": binding.engine_id,
+        "key": key, "binding_ref": binding.public_id, "engine_url": binding.engine_url, "engine_id": binding.engine_id,
         "owner_kind": binding.owner_kind, "owner_id": binding.owner_id, "scope": binding.scope,
         "thread_id": binding.thread_id, "requested_by": actor if getattr(actor, "is_authenticated", False) else None,
         "requested_at": now,
@@ -169,9 +174,7 @@ def request_bound_delete(binding: EngineBinding, *, key: str | None, actor) -> B
 def _eligible(op: BoundDelete, now) -> bool:
     if op.state != BoundDeleteState.PENDING:
         return False
-    if op.lease_holder and op.lease_expires_at and op.lease_expires_at > now and holder_alive(op.lease_holder):
-        return False
-    return True
+    return not (op.lease_holder and op.lease_expires_at and op.lease_expires_at > now and holder_alive(op.lease_holder))
 
 
 def take_lease(pk: int) -> BoundDelete | None:

@@ -85,6 +85,7 @@ class BoundDelete(models.Model):
     binding = models.ForeignKey(EngineBinding, null=True, blank=True, on_delete=models.PROTECT,
                                 related_name="deletes")
     # The binding's identity, kept after the binding is released (content-free).
+    binding_ref = models.CharField(max_length=32)
     engine_url = models.CharField(max_length=300, blank=True)
     engine_id = models.CharField(max_length=32)
     owner_kind = models.CharField(max_length=8, choices=OwnerKind.choices)

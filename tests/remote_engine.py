@@ -102,10 +102,11 @@ class EngineProcess:
         self.token = self.seeded["token"]
         return self.seeded
 
-    def start(self, timeout: float = 60) -> None:
+    def start(self, timeout: float = 60, env: dict[str, str] | None = None) -> None:
         log = open(self.folder / "serve.log", "ab")  # noqa: SIM115  (the child keeps it)
         self.process = subprocess.Popen(
-            [sys.executable, "manage.py", "serve", "--dev", f"127.0.0.1:{self.port}"], cwd=ROOT, env=self.env(),
+            [sys.executable, "manage.py", "serve", "--dev", f"127.0.0.1:{self.port}"], cwd=ROOT,
+            env={**self.env(), **(env or {})},
             stdout=log, stderr=log, start_new_session=True,
         )
         deadline = time.monotonic() + timeout
@@ -120,15 +121,17 @@ class EngineProcess:
             time.sleep(0.3)
         raise RuntimeError("the engine did not start in time")
 
-    def stop(self) -> None:
+    def kill(self) -> None:
+        """SIGKILL to the engine's whole process group: web server, cluster, workers, at once."""
+        self.stop(graceful=False)
+
+    def stop(self, *, graceful: bool = True) -> None:
         if self.process is None:
             return
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGTERM)
-        try:
+            os.killpg(self.process.pid, signal.SIGTERM if graceful else signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            pass
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
