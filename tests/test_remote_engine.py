@@ -288,15 +288,15 @@ def test_engine_stopped_during_the_delete_finishes_after_restart(remote, own_dir
     kills.mkdir()
     # The engine's own worker dies in the middle of the erasure; the whole engine is stopped then.
     remote.stop()
-    remote.start(env={"LETHE_TEST_KILL_AT": "lifecycle.Turn", "LETHE_TEST_KILL_DIR": str(kills)})
+    remote.start(env={"LETHE_TEST_KILL_AT": "complete", "LETHE_TEST_KILL_DIR": str(kills)})
     assert delivery.deliver(op.pk, budget=0) == "pending"  # the engine took it and is erasing
     deadline = time.monotonic() + 60
-    while not (kills / "lifecycle.Turn").exists() and time.monotonic() < deadline:
+    while not (kills / "complete").exists() and time.monotonic() < deadline:
         time.sleep(0.02)
     remote.kill()
     on_engine = remote.conversation(thread(remote, "during"))
     assert on_engine["state"] == "pending_delete" and on_engine["operations"][0][1] == "pending"
-    assert on_engine["items"] == 0  # it stopped after the items went, before the end
+    assert on_engine["items"] == 0  # it stopped after every store was erased, before Completed
     assert delivery.deliver(op.pk, budget=0) == "pending"
     op.refresh_from_db()
     assert (op.state, op.last_error, op.waiting_on) == ("pending", "engine_unreachable", "engine")
