@@ -467,6 +467,7 @@ def test_a_stale_replay_gets_the_recorded_outcome_and_changes_nothing(remote):
     assert api_delete(api, b.public_id, "replay-2").status_code == 404
     # Replayed straight at the engine with the old key: its recorded operation, not a second erasure.
     replayed = HttpEngine(remote.url, remote.token).request_delete(thread(remote, "replay"), key="replay-1", actor=None)
+    op.refresh_from_db()
     assert replayed.id == op.engine_operation and replayed.receipt["stores"] == op.receipt["stores"]
     assert remote.conversation(thread(remote, "replay"))["operations"] == engine_ops
     deleted_once(remote, "replay")
