@@ -162,7 +162,7 @@ class SyncOut(Schema):
     updated: int
 
 
-@endpoint("POST", "/api/v1/bindings/sync", response=SyncOut, admin=True, errors=(409,), name="api-bindings-sync",
+@endpoint("POST", "/api/v1/bindings-sync", response=SyncOut, admin=True, errors=(409,), name="api-bindings-sync",
           summary="Read the engine's conversations and keep their bindings in step")
 def bindings_sync(request: HttpRequest) -> dict:
     from django.conf import settings
