@@ -183,6 +183,7 @@ TEMPLATES = [
                 "django.contrib.messages.context_processors.messages",
                 "django.template.context_processors.i18n",
                 "console.context.console",
+                "remote.context.remote_engine",
             ],
         },
     },
