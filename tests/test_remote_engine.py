@@ -55,6 +55,7 @@ THREADS = {
     "iface": {"thread_id": "t-iface"},
     "iface-other": {"thread_id": "t-iface-other"},
     "status": {"thread_id": "t-status"},
+    "member": {"thread_id": "t-member"},
 }
 
 
@@ -491,3 +492,24 @@ def test_the_status_page_says_whose_step_it_is(remote, client, admin_user, setti
     assert 'data-state="completed"' in page and "lifecycle.Item" in page and op.engine_operation in page
     body = json.loads(client.get(f"/api/v1/bound-deletes/{op.public_id}").content)
     assert body["attempts"] == 2 and body["waiting_on"] is None and body["receipt"] is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sync_bindings_reads_the_engine_as_a_command_and_members_cannot_delete(remote):
+    env = {**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "console.settings_test",
+           "ENGINE_URL": remote.url, "ENGINE_TOKEN": remote.token}
+    done = subprocess.run([sys.executable, "manage.py", "sync_bindings"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    live = remote.query("SELECT count(*) FROM lifecycle_conversation WHERE state = 'live'")[0][0]
+    assert done.stdout.strip() == f"{live} created, 0 updated"
+    assert EngineBinding.objects.count() == live
+    assert refresh("") == {"created": 0, "updated": live}  # again: nothing new, nothing doubled
+    member = factories.make_user(admin=False)
+    _token, raw = ApiToken.issue(member)
+    answer = Client(HTTP_AUTHORIZATION=f"Bearer {raw}", **HOST).delete(
+        f"/api/v1/bindings/{binding(remote, 'member').public_id}", HTTP_IDEMPOTENCY_KEY="member-1")
+    assert answer.status_code == 403 and BoundDelete.objects.count() == 0
+    bad = api_delete(admin_api(), binding(remote, "member").public_id, "has spaces")
+    assert bad.status_code == 400 and bad.json()["code"] == "idempotency_key_invalid"
+    assert BoundDelete.objects.count() == 0
