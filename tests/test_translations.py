@@ -17,7 +17,7 @@ from django.conf import settings
 from django.utils import translation
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ("console", "lifecycle", "retention", "ops", "templates", "static", "locale")
+SOURCES = ("console", "lifecycle", "retention", "ops", "remote", "templates", "static", "locale")
 SOURCE_FILES = ("manage.py", "pyproject.toml")
 ES_PO = ROOT / "locale" / "es" / "LC_MESSAGES" / "django.po"
 ES_MO = ROOT / "locale" / "es" / "LC_MESSAGES" / "django.mo"
