@@ -223,6 +223,8 @@ def acknowledge(op: BoundDelete) -> None:
             completed_at=now, next_attempt_at=None, lease_holder="", lease_expires_at=None, last_error="",
         )
         if binding_id is not None:
+            # Earlier answers for it (refused, unavailable) keep its identity, not the link.
+            BoundDelete.objects.filter(binding_id=binding_id).update(binding=None)
             EngineBinding.objects.filter(pk=binding_id).delete()
 
 

@@ -409,6 +409,15 @@ def test_an_engine_refusal_is_refused_here_and_keeps_everything(remote):
     assert (op.state, op.code, op.binding_id) == ("refused", "conversation_turn_active", b.pk)
     assert EngineBinding.objects.filter(pk=b.pk).exists()
     assert remote.conversation(thread(remote, "running"))["state"] == "live"
+    # Closed on the engine (its turn interrupted), a new request is admitted and completes;
+    # the earlier refusal keeps the binding's identity but lets the binding itself go.
+    assert get_engine().set_closed(b.engine_id, True, actor=None)["closed"] is True
+    again = delivery.request_bound_delete(b, key="running-2", actor=None)
+    assert again.pk != op.pk and delivery.deliver(again.pk, budget=60) == "completed"
+    op.refresh_from_db()
+    assert (op.state, op.binding_id, op.binding_ref) == ("refused", None, b.public_id)
+    assert not EngineBinding.objects.filter(pk=b.pk).exists()
+    deleted_once(remote, "running")
 
 
 @pytest.mark.django_db(transaction=True)
