@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from django.http import HttpRequest
 from django.utils.translation import gettext as _
-from pydantic import Field, JsonValue
+from pydantic import Field, JsonValue, model_validator
 
 from console.api import ApiError, QuerySchema, Schema, endpoint
 from lifecycle.api import IDEMPOTENCY_KEY, WholeNumber
@@ -34,6 +34,7 @@ class BindingOut(Schema):
 
 
 class BindingPageOut(Schema):
+    owner: OwnerOut | None = Field(description="Whose conversations these are (one owner at a time).")
     results: list[BindingOut]
 
 
@@ -105,8 +106,14 @@ def current_deletes(bindings) -> dict[int, BoundDelete]:
 class BindingsQuery(QuerySchema):
     error_codes = {"owner_id": "invalid_filter"}
 
-    owner_kind: Literal["account", "computer"]
-    owner_id: Annotated[WholeNumber, Field(ge=0)]
+    owner_kind: Literal["account", "computer"] | None = None
+    owner_id: Annotated[WholeNumber, Field(ge=0)] | None = None
+
+    @model_validator(mode="after")
+    def _owner_pair(self) -> BindingsQuery:
+        if (self.owner_kind is None) != (self.owner_id is None):
+            raise ValueError("owner_kind and owner_id go together")
+        return self
 
 
 BINDING_ID = r"b_[0-9a-f]{20}"
@@ -114,11 +121,18 @@ DELETE_ID = r"bd_[0-9a-f]{20}"
 
 
 @endpoint("GET", "/api/v1/bindings", query=BindingsQuery, response=BindingPageOut, name="api-bindings",
-          summary="One owner's conversations on the remote engine (an account or a computer, never both)")
+          summary="One owner's conversations on the remote engine (an account or a computer, never both)",
+          description="Without `owner_kind` and `owner_id`, the first owner's (accounts first, by id).")
 def binding_list(request: HttpRequest, query: BindingsQuery) -> dict:
-    rows = list(EngineBinding.objects.filter(owner_kind=query.owner_kind, owner_id=query.owner_id)[:500])
+    kind, owner_id = query.owner_kind, query.owner_id
+    if kind is None:
+        first = EngineBinding.objects.order_by("owner_kind", "owner_id").values_list("owner_kind", "owner_id").first()
+        if first is None:
+            return {"owner": None, "results": []}
+        kind, owner_id = first
+    rows = list(EngineBinding.objects.filter(owner_kind=kind, owner_id=owner_id)[:500])
     current = current_deletes(rows)
-    return {"results": [binding_json(b, current.get(b.pk)) for b in rows]}
+    return {"owner": {"kind": kind, "id": owner_id}, "results": [binding_json(b, current.get(b.pk)) for b in rows]}
 
 
 @endpoint("DELETE", "/api/v1/bindings/{binding_id}", response={202: BoundDeleteOut}, admin=True,

@@ -12,7 +12,8 @@ class RemoteConfig(AppConfig):
         from django.db.models.signals import post_migrate
         from django_q.signals import post_spawn
 
-        from remote.tasks import ensure_schedules, on_worker_spawn
+        from remote.schedules import ensure_schedules
+        from remote.tasks import on_worker_spawn
 
         post_migrate.connect(ensure_schedules, sender=self, dispatch_uid="remote-schedules")
         post_spawn.connect(on_worker_spawn, dispatch_uid="remote-startup-delivery")

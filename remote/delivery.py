@@ -57,6 +57,9 @@ ERRORS = {
     "engine_offline": gettext_lazy("The engine cannot be reached, and this console is set to refuse deletes "
                                    "while it is offline. Nothing was recorded; try again when the engine is back."),
     "engine_error": gettext_lazy("The engine answered with an error."),
+    "engine_not_configured": gettext_lazy("This console has no address for this conversation's engine "
+                                          "(ENGINE_URL, or ENGINE_TOKENS for another engine), so nothing can "
+                                          "be deleted there."),
 }
 
 
@@ -68,11 +71,20 @@ def error_text(code: str) -> str:
     return reason_message(code) or str(ERRORS["engine_error"])
 
 
+class EngineNotConfigured(ActionRefused):
+    def __init__(self) -> None:
+        super().__init__("engine_not_configured", error_text("engine_not_configured"), status=409)
+
+
 def engine_for(url: str) -> HttpEngine:
     """The engine a binding lives on: ENGINE_URL (blank), or another listed in ENGINE_TOKENS."""
     if not url or url.rstrip("/") == settings.ENGINE_URL.rstrip("/"):
+        if not settings.ENGINE_URL:
+            raise EngineNotConfigured()
         return HttpEngine()
-    return HttpEngine(url, settings.ENGINE_TOKENS.get(url.rstrip("/"), ""))
+    if url.rstrip("/") not in settings.ENGINE_TOKENS:
+        raise EngineNotConfigured()
+    return HttpEngine(url, settings.ENGINE_TOKENS[url.rstrip("/")])
 
 
 def retry_delay(failures: int) -> timedelta:
@@ -100,8 +112,11 @@ def recorded_for_key(key: str) -> BoundDelete | None:
 
 
 def _probe(binding: EngineBinding) -> str:
-    """"ok", "unsupported" or "unreachable": does the engine offer delete right now?"""
-    engine = engine_for(binding.engine_url)
+    """"ok", "unsupported", "unconfigured" or "unreachable": does the engine offer delete now?"""
+    try:
+        engine = engine_for(binding.engine_url)
+    except EngineNotConfigured:
+        return "unconfigured"
     engine.retries = 0
     try:
         return "ok" if engine.supports_delete() else "unsupported"
@@ -138,8 +153,9 @@ def request_bound_delete(binding: EngineBinding, *, key: str | None, actor) -> B
             held = EngineBinding.objects.select_for_update().filter(pk=binding.pk).first()
             if held is None:
                 raise ActionRefused("not_found", _("Nothing with that id exists here."), status=404)
-            if probe == "unsupported":
-                op = BoundDelete.objects.create(**fields, state=BoundDeleteState.UNAVAILABLE, code="engine_unsupported",
+            if probe in ("unsupported", "unconfigured"):
+                code = "engine_unsupported" if probe == "unsupported" else "engine_not_configured"
+                op = BoundDelete.objects.create(**fields, state=BoundDeleteState.UNAVAILABLE, code=code,
                                                 completed_at=now)
             else:
                 op = BoundDelete.objects.create(
@@ -274,9 +290,13 @@ def deliver(pk: int, *, budget: float = RUN_BUDGET) -> str:
         current = BoundDelete.objects.filter(pk=pk).values_list("state", flat=True).first()
         return "busy" if current == BoundDeleteState.PENDING else (current or "missing")
     started = time.monotonic()
-    engine = engine_for(op.engine_url)
     outcome = "pending"
     try:
+        try:
+            engine = engine_for(op.engine_url)
+        except EngineNotConfigured:
+            _finish(op, BoundDeleteState.UNAVAILABLE, "engine_not_configured")
+            return BoundDeleteState.UNAVAILABLE
         while True:
             outcome = _attempt(op, engine)
             if outcome not in ("retry", "engine"):

@@ -5,15 +5,10 @@ from __future__ import annotations
 import logging
 import time
 
-from django.utils import timezone
-
 from remote import delivery
 
 log = logging.getLogger(__name__)
 SWEEP_BUDGET = 240
-
-SCHEDULES = {"remote-deliver": {"func": "remote.tasks.sweep", "minutes": 1}}
-
 
 def deliver(pk: int) -> str:
     return delivery.deliver(pk)
@@ -40,15 +35,3 @@ def on_worker_spawn(sender=None, proc_name: str = "", **kwargs) -> None:
     except Exception:  # never keep a worker from starting
         log.exception("could not queue the bound delete sweep")
 
-
-def ensure_schedules(**kwargs) -> None:
-    from django_q.models import Schedule
-
-    for name, spec in SCHEDULES.items():
-        Schedule.objects.update_or_create(
-            name=name,
-            defaults={"func": spec["func"], "schedule_type": Schedule.MINUTES, "minutes": spec["minutes"],
-                      "repeats": -1},
-            create_defaults={"func": spec["func"], "schedule_type": Schedule.MINUTES, "minutes": spec["minutes"],
-                             "repeats": -1, "next_run": timezone.now()},
-        )

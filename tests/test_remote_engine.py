@@ -522,3 +522,22 @@ def test_sync_bindings_reads_the_engine_as_a_command_and_members_cannot_delete(r
     bad = api_delete(admin_api(), binding(remote, "member").public_id, "has spaces")
     assert bad.status_code == 400 and bad.json()["code"] == "idempotency_key_invalid"
     assert BoundDelete.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_without_an_engine_address_a_bound_delete_is_unavailable(settings):
+    settings.ENGINE_URL = ""
+    b = EngineBinding.objects.create(engine_id="c_" + "e" * 20, owner_kind="account", owner_id=7, scope="bound",
+                                     thread_id="t-nowhere", title="Nowhere")
+    EngineBinding.objects.create(engine_id="c_" + "f" * 20, owner_kind="computer", owner_id=7, scope="local",
+                                 thread_id="t-nowhere", title="Same id, computer")
+    api = admin_api()
+    answer = api_delete(api, b.public_id, "nowhere-1")
+    assert answer.status_code == 409
+    assert (answer.json()["code"], answer.json()["outcome"]) == ("engine_not_configured", "unavailable")
+    assert BoundDelete.objects.get(key="nowhere-1").state == "unavailable"
+    assert EngineBinding.objects.filter(pk=b.pk).exists()
+    listing = api.get("/api/v1/bindings").json()  # no owner named: the first owner, accounts first
+    assert listing["owner"] == {"kind": "account", "id": 7}
+    assert [r["id"] for r in listing["results"]] == [b.public_id]
+    assert api.get("/api/v1/bindings", {"owner_kind": "account"}).status_code == 400  # a pair or nothing
