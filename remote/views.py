@@ -19,7 +19,6 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from console.auth import is_admin
 from lifecycle.errors import ActionRefused
-from lifecycle.models import Account, Computer
 from remote.api import bound_delete_json
 from remote.delivery import error_text, request_bound_delete
 from remote.models import BoundDelete, EngineBinding
@@ -32,12 +31,10 @@ def _owners() -> list[dict]:
     """Every owner with conversations on an engine: accounts first, then computers."""
     pairs = EngineBinding.objects.values_list("owner_kind", "owner_id").distinct()
     pairs = sorted(set(pairs) | set(BoundDelete.objects.values_list("owner_kind", "owner_id").distinct()))
-    names = {("account", a.pk): a.name for a in Account.objects.all()}
-    names |= {("computer", c.pk): c.name for c in Computer.objects.all()}
     owners = []
     for kind, pk in pairs:
-        label = names.get((kind, pk)) or (_("Account %(id)s") if kind == "account" else _("Computer %(id)s")) % {
-            "id": pk}
+        # The engine's owner ids: this console's own accounts and computers are other records.
+        label = (_("Account %(id)s") if kind == "account" else _("Computer %(id)s")) % {"id": pk}
         owners.append({"key": f"{kind}:{pk}", "kind": kind, "id": pk, "label": label})
     return owners
 
