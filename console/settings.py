@@ -6,6 +6,7 @@ environment variable; nothing else here should need editing.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -113,7 +114,22 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # The engine's data directory: event logs, receipts, artifacts and the subagent fleet file.
 ENGINE_HOME = Path(os.environ.get("ENGINE_HOME", VAR_DIR / "engine"))
 # Empty: the engine is embedded in this process. A URL: another Lethe serving the engine API.
-ENGINE_URL = os.environ.get("ENGINE_URL", "")
+ENGINE_URL = os.environ.get("ENGINE_URL", "").strip()
+# A token made by the engine's `manage.py create_api_token` (an admin of the engine).
+ENGINE_TOKEN = os.environ.get("ENGINE_TOKEN", "").strip()
+# Other engines (a computer's own, for its local-only conversations): {"<url>": "<token>"} as JSON.
+ENGINE_TOKENS = {url.rstrip("/"): token for url, token in json.loads(os.environ.get("ENGINE_TOKENS") or "{}").items()}
+ENGINE_CONNECT_TIMEOUT = float(os.environ.get("ENGINE_CONNECT_TIMEOUT", 3))
+ENGINE_READ_TIMEOUT = float(os.environ.get("ENGINE_READ_TIMEOUT", 15))
+ENGINE_RETRIES = int(os.environ.get("ENGINE_RETRIES", 2))
+# A bound delete while the engine is offline: "pending" (record it, finish when the engine is
+# back) or "refuse" (answer Unavailable up front and record nothing).
+LIFECYCLE_OFFLINE_DELETE = os.environ.get("LIFECYCLE_OFFLINE_DELETE", "pending").strip().lower()
+if LIFECYCLE_OFFLINE_DELETE not in ("pending", "refuse"):
+    raise ImproperlyConfigured("LIFECYCLE_OFFLINE_DELETE must be pending or refuse.")
+# Retries of a bound delete while the engine is unreachable: first wait, doubling, capped.
+REMOTE_RETRY_SECONDS = float(os.environ.get("REMOTE_RETRY_SECONDS", 5))
+REMOTE_RETRY_MAX_SECONDS = float(os.environ.get("REMOTE_RETRY_MAX_SECONDS", 300))
 
 INSTALLED_APPS = [
     "django.contrib.auth",
@@ -129,6 +145,7 @@ INSTALLED_APPS = [
     "retention",
     "ops",
     "insight",
+    "remote",
 ]
 
 MIDDLEWARE = [
@@ -167,6 +184,7 @@ TEMPLATES = [
                 "django.contrib.messages.context_processors.messages",
                 "django.template.context_processors.i18n",
                 "console.context.console",
+                "remote.context.remote_engine",
             ],
         },
     },

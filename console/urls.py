@@ -12,7 +12,7 @@ from console.login import LoginView
 
 # Modules that declare JSON endpoints with `console.api.endpoint`; importing them registers
 # the endpoints, and the URL patterns and the OpenAPI document are built from the registry.
-API_MODULES = ("console.endpoints", "lifecycle.api", "retention.api")
+API_MODULES = ("console.endpoints", "lifecycle.api", "retention.api", "remote.api")
 for module in API_MODULES:
     import_module(module)
 
@@ -31,6 +31,7 @@ urlpatterns = [
     re_path(r"^(?:v1|api/v1)/(?P<unmatched>.*)$", api.not_found),
     path("", include("lifecycle.urls")),
     path("", include("retention.urls")),
+    path("", include("remote.urls")),
     path("", include("ops.urls")),
     path("", include("insight.urls")),
 ]

@@ -242,6 +242,59 @@ def operations(page: Page, base: str) -> None:
     expect(page.get_by_role("heading", name="Operations", level=1)).to_be_visible()
 
 
+def _bound(state: str):
+    """A binding and a bound delete in `state`, written as the delivery job would leave them
+    (the remote engine itself is exercised in tests/test_remote_engine.py and the phone e2e)."""
+    from django.utils import timezone
+
+    from remote.models import BoundDelete, BoundDeleteKey, EngineBinding
+
+    binding = EngineBinding.objects.create(engine_id="c_" + "a" * 20, owner_kind="account", owner_id=1,
+                                           scope="bound", thread_id="t-axe", title="Axe check")
+    EngineBinding.objects.create(engine_id="c_" + "b" * 20, owner_kind="computer", owner_id=1, scope="local",
+                                 thread_id="t-axe", title="Same id, other owner")
+    if state == "none":
+        return binding, None
+    now = timezone.now()
+    fields = {"key": f"axe-{state}", "binding_ref": binding.public_id, "engine_id": binding.engine_id,
+              "owner_kind": "account", "owner_id": 1, "scope": "bound", "thread_id": "t-axe", "state": state,
+              "attempts": 3, "engine_operation": "op_" + "c" * 20}
+    if state == "pending":
+        op = BoundDelete.objects.create(**fields, binding=binding, waiting_on="engine", last_error="engine_unreachable",
+                                        last_error_at=now, next_attempt_at=now + timezone.timedelta(seconds=30))
+    else:
+        receipt = {"engine": "sqlite", "stores": [{"store": "lifecycle.Item", "class": "erase", "action": "erased",
+                                                   "records": 2, "bytes": 2081}]}
+        op = BoundDelete.objects.create(**fields, receipt=receipt, receipt_at=now, acknowledged_at=now,
+                                        completed_at=now)
+        binding.delete()
+    BoundDeleteKey.objects.create(key=op.key, delete=op)
+    return binding, op
+
+
+def engine_conversations(page: Page, base: str) -> None:
+    _bound("pending")
+    log_in(page, base, *ADMIN)
+    page.goto(f"{base}/engine/conversations/?owner=account:1")
+    expect(page.get_by_role("heading", name="Engine conversations", level=1)).to_be_visible()
+
+
+def engine_delete(page: Page, base: str) -> None:
+    binding, _op = _bound("none")
+    log_in(page, base, *ADMIN)
+    page.goto(f"{base}/engine/conversations/{binding.public_id}/delete/")
+    expect(page.get_by_role("button", name="Delete for good")).to_be_visible()
+
+
+def engine_delete_status(state: str) -> Callable[[Page, str], None]:
+    def go(page: Page, base: str) -> None:
+        _binding, op = _bound(state)
+        log_in(page, base, *MEMBER)
+        page.goto(f"{base}/engine/deletes/{op.public_id}/")
+        expect(page.locator("#op-status")).to_have_attribute("data-state", state)
+    return go
+
+
 PAGES: dict[str, Callable[[Page, str], None]] = {
     "login": login_page,
     **{f"list-{view}": list_tab(view) for view in VIEWS},
@@ -264,6 +317,10 @@ PAGES: dict[str, Callable[[Page, str], None]] = {
     "delete-unavailable": delete_unavailable,
     "operation-completed": operation_completed,
     "operations": operations,
+    "engine-conversations": engine_conversations,
+    "engine-delete": engine_delete,
+    "engine-delete-pending": engine_delete_status("pending"),
+    "engine-delete-completed": engine_delete_status("completed"),
 }
 
 

@@ -181,8 +181,17 @@ def test_it_never_logs_conversation_content(captured_all):
     operation = request_deletion(doomed, key=f"log-test-{uuid.uuid4()}", acting_user=admin)
     put_row({"agent_id": "sa_logtest", "origin": None, "legacy": True, "status": "completed",
              "delivery": "settled", "prompt": f"do {MARKER}", "result": MARKER})
+    # A conversation bound on a remote engine (none is configured here), and a delete of it.
+    from remote.models import BoundDelete, EngineBinding
+
+    binding = EngineBinding.objects.create(engine_id="c_" + "d" * 20, owner_kind="account", owner_id=1,
+                                           scope="bound", thread_id="t-log", title=f"Bound {MARKER}")
+    bound = BoundDelete.objects.create(key=f"log-bound-{uuid.uuid4()}", binding_ref=binding.public_id,
+                                       engine_id=binding.engine_id, owner_kind="account", owner_id=1, scope="bound",
+                                       thread_id="t-log", state="unavailable", code="engine_not_configured")
     path_values = {"public_id": conversation.public_id, "item_id": str(tool.pk), "token_id": str(spare.pk),
-                   "operation_id": operation.public_id, "agent_id": "sa_logtest"}
+                   "operation_id": operation.public_id, "agent_id": "sa_logtest",
+                   "binding_id": binding.public_id, "delete_id": bound.public_id}
 
     def client_for(who: str) -> Client:
         client = Client(HTTP_HOST="127.0.0.1")

@@ -93,7 +93,14 @@ class EngineClient(Protocol):
 
 
 def get_engine() -> EngineClient:
-    """The engine this console talks to. Embedded (in-process) unless ENGINE_URL names another."""
+    """The engine this console talks to. Embedded (in-process) unless ENGINE_URL names another
+    Lethe serving the engine API (`lifecycle.engine.http.HttpEngine`)."""
+    from django.conf import settings
+
+    if settings.ENGINE_URL:
+        from lifecycle.engine.http import HttpEngine
+
+        return HttpEngine()
     from lifecycle.engine.inprocess import InProcessEngine
 
     return InProcessEngine()

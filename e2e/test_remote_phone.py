@@ -1,0 +1,91 @@
+"""A bound delete on a phone: the engine is down, the delete shows Pending and waits for the
+engine; the engine starts, and the same page turns Completed by itself, with the receipt.
+
+Real parts: a second Lethe process as the engine (tests.remote_engine), this console's
+live server, its own django-q2 cluster as a subprocess, and Chromium at a phone viewport.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from django.contrib.auth import get_user_model
+from playwright.sync_api import expect
+
+from e2e.conftest import ADMIN
+from e2e.helpers import check_layout, log_in
+from remote.models import BoundDelete, EngineBinding
+from remote.sync import refresh
+from tests.remote_engine import ROOT, EngineProcess
+from tests.test_erasure_crash import stop_group
+from tests.test_jobs import database_url
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def engine():
+    folder = Path(tempfile.mkdtemp(prefix="lethe-remote-e2e-"))
+    process = EngineProcess(folder)
+    try:
+        process.prepare({"phone": {"thread_id": "t-phone", "title": "Phone delete"},
+                         "twin": {"thread_id": "t-phone", "owner": "computer", "title": "Same id, other owner"}})
+        process.start()
+        yield process
+    finally:
+        process.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_bound_delete_on_a_phone_is_pending_while_the_engine_is_down_then_completed(
+        engine, live_server, open_page, settings, tmp_path):
+    settings.ENGINE_URL, settings.ENGINE_TOKEN = engine.url, engine.token
+    get_user_model().objects.create_user(ADMIN[0], password=ADMIN[1], is_staff=True)
+    refresh("")
+    account = f"account:{engine.seeded['account']}"
+    engine.stop()
+    (tmp_path / "console-engine").mkdir()
+    env = {**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "console.settings_test",
+           "Q_WORKERS": "1", "ENGINE_URL": engine.url, "ENGINE_TOKEN": engine.token, "REMOTE_RETRY_SECONDS": "1",
+           "REMOTE_RETRY_MAX_SECONDS": "2", "ENGINE_HOME": str(tmp_path / "console-engine")}
+    cluster = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=ROOT, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        page = open_page("phone")
+        log_in(page, live_server.url, *ADMIN)
+        page.get_by_role("link", name="Engine conversations").click()
+        page.get_by_label("Owner").select_option(account)
+        page.get_by_role("button", name="Show").click()
+        row = page.locator("[data-thread='t-phone']")
+        expect(row).to_have_count(1)  # one owner at a time: the computer's t-phone is not listed here
+        check_layout(page, "engine conversations")
+        row.get_by_role("link", name="Delete").click()
+        check_layout(page, "bound delete confirmation")
+        page.get_by_role("button", name="Delete for good").click()
+        status = page.locator("#op-status")
+        expect(status).to_have_attribute("data-state", "pending")
+        expect(page.get_by_test_id("op-waiting")).to_contain_text("Waiting on: the engine")
+        expect(page.get_by_test_id("op-waiting")).to_contain_text("Next retry", timeout=20_000)
+        expect(page.get_by_text("Completed")).to_have_count(0)
+        check_layout(page, "bound delete pending")
+        op = BoundDelete.objects.get()
+        assert op.state == "pending" and EngineBinding.objects.filter(pk=op.binding_id).exists()
+        assert engine.conversation(engine.seeded["threads"]["phone"])["state"] == "live"
+
+        engine.start()
+        expect(status).to_have_attribute("data-state", "completed", timeout=60_000)
+        expect(page.get_by_test_id("op-state")).to_have_text("Completed")
+        expect(page.get_by_test_id("receipt")).to_contain_text("lifecycle.Item")
+        check_layout(page, "bound delete completed")
+    finally:
+        stop_group(cluster)
+    op.refresh_from_db()
+    assert op.state == "completed" and op.binding_id is None and op.receipt is not None
+    assert engine.conversation(engine.seeded["threads"]["phone"])["state"] == "deleted"
+    assert engine.conversation(engine.seeded["threads"]["twin"])["state"] == "live"

@@ -1,0 +1,195 @@
+"""The remote engine: the same `EngineClient` interface, over HTTP to another Lethe serving `/v1/`.
+
+`ENGINE_URL` names the engine and `ENGINE_TOKEN` is a token made by the engine's
+`manage.py create_api_token` (sent as `Authorization: Bearer`). Every call has a connect and
+a read timeout (`ENGINE_CONNECT_TIMEOUT`, `ENGINE_READ_TIMEOUT`). Calls that are safe to
+repeat (reads, archive/close with an absolute value, a delete with its operation key) are
+retried a few times with backoff (`ENGINE_RETRIES`) when the engine cannot be reached;
+others are tried once.
+
+What can go wrong is one of three outcomes, as exceptions the callers already handle:
+
+- `EngineUnreachable` (503 `engine_unreachable`): no connection, a timeout, a dropped
+  answer, or a 5xx. The request may or may not have been applied; repeat it with the same
+  operation key.
+- `ActionRefused` with the engine's own code and status: the engine answered and declined
+  (unknown id, a delete not admitted, a key reused for another conversation).
+- `EngineUnsupported` (409 `engine_unsupported`): the engine answered, but it does not offer
+  the call (no such route, method not allowed, not implemented).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from typing import Any
+from urllib.parse import quote, urlencode, urlsplit
+
+from django.conf import settings
+from django.utils.translation import gettext as _
+
+from lifecycle.engine import OperationView
+from lifecycle.errors import ActionRefused
+
+TRANSIENT_STATUSES = (500, 502, 503, 504)
+UNSUPPORTED_STATUSES = (405, 501)
+MAX_ANSWER_BYTES = 4 * 1024 * 1024
+
+
+class EngineUnreachable(ActionRefused):
+    """The engine did not answer (or its answer was lost): try again later, same key."""
+
+    def __init__(self, detail: str = "") -> None:
+        super().__init__("engine_unreachable", _("The engine cannot be reached right now."), status=503)
+        self.detail = detail
+
+
+class EngineUnsupported(ActionRefused):
+    def __init__(self, detail: str = "") -> None:
+        super().__init__("engine_unsupported", _("The engine does not support this action."), status=409)
+        self.detail = detail
+
+
+class EngineCredentialsRefused(ActionRefused):
+    def __init__(self) -> None:
+        super().__init__("engine_credentials_refused",
+                         _("The engine refused this console's token. Check ENGINE_TOKEN."), status=502)
+
+
+class HttpEngine:
+    def __init__(self, url: str | None = None, token: str | None = None, *, connect_timeout: float | None = None,
+                 read_timeout: float | None = None, retries: int | None = None) -> None:
+        self.url = (url if url is not None else settings.ENGINE_URL).rstrip("/")
+        self.token = token if token is not None else settings.ENGINE_TOKEN
+        self.connect_timeout = connect_timeout if connect_timeout is not None else settings.ENGINE_CONNECT_TIMEOUT
+        self.read_timeout = read_timeout if read_timeout is not None else settings.ENGINE_READ_TIMEOUT
+        self.retries = retries if retries is not None else settings.ENGINE_RETRIES
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"ENGINE_URL must be an http(s) URL, not {self.url!r}")
+        self._parts = parts
+
+    # ---- transport ------------------------------------------------------------------------
+
+    def _connection(self) -> http.client.HTTPConnection:
+        kind = http.client.HTTPSConnection if self._parts.scheme == "https" else http.client.HTTPConnection
+        return kind(self._parts.hostname, self._parts.port, timeout=self.connect_timeout)
+
+    def _once(self, method: str, path: str, body: dict | None, headers: dict[str, str]) -> tuple[int, Any]:
+        connection = self._connection()
+        try:
+            connection.connect()  # under the connect timeout
+            connection.sock.settimeout(self.read_timeout)
+            data = json.dumps(body).encode() if body is not None else None
+            all_headers = {"Accept": "application/json", "Authorization": f"Bearer {self.token}", **headers}
+            if data is not None:
+                all_headers["Content-Type"] = "application/json"
+            connection.request(method, self._parts.path.rstrip("/") + path, body=data, headers=all_headers)
+            response = connection.getresponse()
+            raw = response.read(MAX_ANSWER_BYTES + 1)
+            status = response.status
+        except (OSError, http.client.HTTPException) as exc:  # refused, reset, timeout, torn answer
+            raise EngineUnreachable(type(exc).__name__) from None
+        finally:
+            connection.close()
+        try:
+            answer = json.loads(raw) if raw else None
+        except ValueError:
+            answer = None
+        return status, answer
+
+    def call(self, method: str, path: str, *, body: dict | None = None, headers: dict[str, str] | None = None,
+             idempotent: bool = True) -> tuple[int, Any]:
+        """(status, JSON) of a 2xx answer; otherwise one of the three outcomes, raised."""
+        attempts = 1 + (self.retries if idempotent else 0)
+        for attempt in range(attempts):
+            try:
+                status, answer = self._once(method, path, body, headers or {})
+                if status in TRANSIENT_STATUSES:
+                    raise EngineUnreachable(f"HTTP {status}")
+                break
+            except EngineUnreachable:
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(min(0.25 * 2 ** attempt, 2.0))
+        if 200 <= status < 300:
+            return status, answer
+        code = answer.get("code") if isinstance(answer, dict) else None
+        if status in (401, 403) and code in (None, "unauthorized", "not_authenticated", "forbidden"):
+            raise EngineCredentialsRefused()
+        if status in UNSUPPORTED_STATUSES or (status == 404 and not code):
+            raise EngineUnsupported(f"HTTP {status}")
+        exc = ActionRefused(code or "engine_refused", str(answer.get("message", "")) if isinstance(answer, dict)
+                            else "", status=status)
+        exc.answer = answer if isinstance(answer, dict) else {}
+        raise exc
+
+    # ---- the interface --------------------------------------------------------------------
+
+    @staticmethod
+    def _thread_path(public_id: str) -> str:
+        return "/v1/threads/" + quote(public_id, safe="")
+
+    def supports_delete(self) -> bool:
+        """Whether the engine's API document declares `DELETE /v1/threads/{id}`."""
+        _status, document = self.call("GET", "/v1/openapi.json")
+        paths = (document or {}).get("paths", {}) if isinstance(document, dict) else {}
+        return any(path.startswith("/v1/threads/{") and path.count("/") == 3 and "delete" in ops
+                   for path, ops in paths.items() if isinstance(ops, dict))
+
+    def thread(self, public_id: str) -> dict[str, Any]:
+        return self.call("GET", self._thread_path(public_id))[1]
+
+    def threads(self, **query: Any) -> dict[str, Any]:
+        return self.call("GET", "/v1/threads?" + urlencode({k: v for k, v in query.items() if v is not None}))[1]
+
+    def set_archived(self, public_id: str, archived: bool, *, actor) -> dict[str, Any]:
+        return self.call("PATCH", self._thread_path(public_id), body={"archived": archived})[1]
+
+    def set_closed(self, public_id: str, closed: bool, *, actor) -> dict[str, Any]:
+        return self.call("PATCH", self._thread_path(public_id), body={"closed": closed})[1]
+
+    def preview_delete(self, public_id: str) -> dict[str, Any]:
+        return self.call("GET", self._thread_path(public_id) + "/deletion-preview")[1]
+
+    def request_delete(self, public_id: str, *, key: str | None, actor) -> OperationView:
+        headers = {"Idempotency-Key": key} if key else {}
+        try:
+            _status, answer = self.call("DELETE", self._thread_path(public_id), headers=headers, idempotent=bool(key))
+        except ActionRefused as exc:
+            answer = getattr(exc, "answer", {})
+            if exc.status == 409 and answer.get("outcome") in ("refused", "unavailable") and answer.get("operation"):
+                return self.operation(answer["operation"])  # not admitted: the recorded answer
+            raise
+        return OperationView.from_json(answer)
+
+    def operation(self, operation_id: str) -> OperationView:
+        return OperationView.from_json(self.call("GET", "/v1/operations/" + quote(operation_id, safe=""))[1])
+
+    def operations(self, *, state: str | None = None, limit: int = 50, offset: int = 0) -> list[OperationView]:
+        query = urlencode({k: v for k, v in (("state", state), ("limit", limit), ("offset", offset)) if v is not None})
+        return [OperationView.from_json(row) for row in self.call("GET", "/v1/operations?" + query)[1]["results"]]
+
+    def retry_operation(self, operation_id: str, *, actor) -> OperationView:
+        answer = self.call("POST", "/v1/operations/" + quote(operation_id, safe="") + "/retry", body={})[1]
+        return OperationView.from_json(answer)
+
+    def resolve_subagent(self, agent_id: str, *, action: str, conversation_id: str | None, actor) -> None:
+        body: dict[str, Any] = {"action": action}
+        if conversation_id:
+            body["conversation"] = conversation_id
+        self.call("POST", "/v1/subagents/" + quote(agent_id, safe="") + "/resolve", body=body, idempotent=False)
+
+    def wait(self, operation_id: str, *, progress=None, timeout: float | None = None) -> OperationView:
+        """Polls the engine until the operation is no longer pending (the engine's own job
+        cluster does the erasure), reporting its steps."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            op = self.operation(operation_id)
+            if progress and op.steps:
+                done = sum(1 for s in op.steps if s.get("state") == "done")
+                progress(done, len(op.steps), op.step or "")
+            if not op.is_pending or (deadline is not None and time.monotonic() >= deadline):
+                return op
+            time.sleep(0.5)

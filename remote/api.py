@@ -1,0 +1,188 @@
+"""The console API for conversations on a remote engine: bindings and bound deletes."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from django.http import HttpRequest
+from django.utils.translation import gettext as _
+from pydantic import Field, JsonValue, model_validator
+
+from console.api import ApiError, QuerySchema, Schema, endpoint
+from lifecycle.api import IDEMPOTENCY_KEY, WholeNumber
+from lifecycle.serializers import OwnerOut, iso
+from remote.delivery import error_text, request_bound_delete
+from remote.models import BoundDelete, EngineBinding
+from remote.status import waiting_text
+
+State = Literal["pending", "completed", "refused", "unavailable"]
+
+
+class BindingOut(Schema):
+    id: str
+    engine_id: str = Field(description="The conversation's id on its engine.")
+    engine: str = Field(description="The engine it lives on; empty for the one at ENGINE_URL.")
+    owner: OwnerOut
+    scope: Literal["bound", "local"]
+    thread_id: str
+    title: str
+    engine_state: str
+    last_activity_at: str | None
+    delete: str | None = Field(description="The bound delete under way or done, if any.")
+    delete_state: State | None
+
+
+class BindingPageOut(Schema):
+    owner: OwnerOut | None = Field(description="Whose conversations these are (one owner at a time).")
+    results: list[BindingOut]
+
+
+class BoundDeleteOut(Schema):
+    id: str
+    kind: Literal["bound_delete"]
+    binding: str | None = Field(description="The binding, kept until the engine's receipt is acknowledged.")
+    engine_id: str
+    engine: str
+    owner: OwnerOut
+    scope: Literal["bound", "local"]
+    thread_id: str
+    state: State
+    outcome: State
+    code: str | None = Field(description="Why it was refused or is unavailable.")
+    message: str | None
+    waiting_on: Literal["engine", "console"] | None = Field(
+        description="While pending: whose next step it is (the engine erasing or unreachable, or this "
+                    "console acknowledging).")
+    waiting_message: str | None
+    attempts: int = Field(description="Calls made to the engine's delete.")
+    next_attempt_at: str | None = Field(description="When the engine is tried again, while it is unreachable.")
+    last_error: str | None
+    last_error_message: str | None
+    last_error_at: str | None
+    engine_operation: str | None = Field(description="The engine's operation id.")
+    engine_state: str | None
+    engine_step: str | None
+    receipt: dict[str, JsonValue] | None = Field(description="The engine's erasure receipt, as the engine gave it.")
+    receipt_at: str | None
+    acknowledged_at: str | None
+    requested_at: str
+    completed_at: str | None
+
+
+def binding_json(b: EngineBinding, current: BoundDelete | None = None) -> dict[str, Any]:
+    return {
+        "id": b.public_id, "engine_id": b.engine_id, "engine": b.engine_url,
+        "owner": {"kind": b.owner_kind, "id": b.owner_id}, "scope": b.scope, "thread_id": b.thread_id,
+        "title": b.title, "engine_state": b.engine_state, "last_activity_at": iso(b.last_activity_at),
+        "delete": current.public_id if current else None, "delete_state": current.state if current else None,
+    }
+
+
+def bound_delete_json(op: BoundDelete) -> dict[str, Any]:
+    pending = op.state == "pending"
+    return {
+        "id": op.public_id, "kind": "bound_delete", "binding": op.binding.public_id if op.binding_id else None,
+        "engine_id": op.engine_id, "engine": op.engine_url, "owner": {"kind": op.owner_kind, "id": op.owner_id},
+        "scope": op.scope, "thread_id": op.thread_id, "state": op.state, "outcome": op.state,
+        "code": op.code or None, "message": error_text(op.code) or None,
+        "waiting_on": (op.waiting_on or None) if pending else None,
+        "waiting_message": waiting_text(op) or None,
+        "attempts": op.attempts, "next_attempt_at": iso(op.next_attempt_at) if pending else None,
+        "last_error": op.last_error or None, "last_error_message": error_text(op.last_error) or None,
+        "last_error_at": iso(op.last_error_at), "engine_operation": op.engine_operation or None,
+        "engine_state": op.engine_state or None, "engine_step": op.engine_step or None,
+        "receipt": op.receipt if op.state == "completed" else None, "receipt_at": iso(op.receipt_at),
+        "acknowledged_at": iso(op.acknowledged_at), "requested_at": iso(op.requested_at),
+        "completed_at": iso(op.completed_at),
+    }
+
+
+def current_deletes(bindings) -> dict[int, BoundDelete]:
+    rows = BoundDelete.objects.filter(binding__in=bindings, state="pending")
+    return {op.binding_id: op for op in rows}
+
+
+class BindingsQuery(QuerySchema):
+    error_codes = {"owner_id": "invalid_filter"}
+
+    owner_kind: Literal["account", "computer"] | None = None
+    owner_id: Annotated[WholeNumber, Field(ge=0)] | None = None
+
+    @model_validator(mode="after")
+    def _owner_pair(self) -> BindingsQuery:
+        if (self.owner_kind is None) != (self.owner_id is None):
+            raise ValueError("owner_kind and owner_id go together")
+        return self
+
+
+BINDING_ID = r"b_[0-9a-f]{20}"
+DELETE_ID = r"bd_[0-9a-f]{20}"
+
+
+@endpoint("GET", "/api/v1/bindings", query=BindingsQuery, response=BindingPageOut, name="api-bindings",
+          summary="One owner's conversations on the remote engine (an account or a computer, never both)",
+          description="Without `owner_kind` and `owner_id`, the first owner's (accounts first, by id).")
+def binding_list(request: HttpRequest, query: BindingsQuery) -> dict:
+    kind, owner_id = query.owner_kind, query.owner_id
+    if kind is None:
+        first = EngineBinding.objects.order_by("owner_kind", "owner_id").values_list("owner_kind", "owner_id").first()
+        if first is None:
+            return {"owner": None, "results": []}
+        kind, owner_id = first
+    rows = list(EngineBinding.objects.filter(owner_kind=kind, owner_id=owner_id)[:500])
+    current = current_deletes(rows)
+    return {"owner": {"kind": kind, "id": owner_id}, "results": [binding_json(b, current.get(b.pk)) for b in rows]}
+
+
+@endpoint("DELETE", "/api/v1/bindings/{binding_id}", response={202: BoundDeleteOut}, admin=True,
+          errors=(409, 422), headers=(IDEMPOTENCY_KEY,), name="api-binding-delete",
+          summary="Delete a conversation on its engine, keeping its binding until the engine's receipt",
+          description="202 with the bound delete: Pending while the engine erases it or cannot be reached "
+                      "(retried by itself, with the same key), Completed once the engine's receipt is "
+                      "acknowledged. An engine that does not offer delete answers 409 with outcome "
+                      "unavailable; with LIFECYCLE_OFFLINE_DELETE=refuse an unreachable engine answers 409 "
+                      "`engine_offline` and nothing is recorded.")
+def binding_delete(request: HttpRequest, binding_id: str) -> tuple[int, dict]:
+    key = request.headers.get("Idempotency-Key")
+    binding = EngineBinding.objects.filter(public_id=binding_id).first() if re.fullmatch(BINDING_ID, binding_id) \
+        else None
+    if binding is None:
+        # A completed delete let its binding go: the same key still answers with its outcome.
+        from remote.delivery import recorded_for_key
+
+        recorded = recorded_for_key(key) if key else None
+        if recorded is None or recorded.binding_ref != binding_id:
+            raise ApiError(404, "not_found", _("Nothing with that id exists here."))
+        return 202, bound_delete_json(recorded)
+    op = request_bound_delete(binding, key=key, actor=request.user)
+    if op.state in ("refused", "unavailable"):
+        raise ApiError(409, op.code or "refused", error_text(op.code), outcome=op.state, operation=op.public_id)
+    return 202, bound_delete_json(op)
+
+
+@endpoint("GET", "/api/v1/bound-deletes/{delete_id}", response=BoundDeleteOut, name="api-bound-delete",
+          summary="A bound delete: whose step it is, attempts, next retry, last error, the engine's receipt")
+def bound_delete_detail(request: HttpRequest, delete_id: str) -> dict:
+    op = BoundDelete.objects.select_related("binding").filter(public_id=delete_id).first() \
+        if re.fullmatch(DELETE_ID, delete_id) else None
+    if op is None:
+        raise ApiError(404, "not_found", _("Nothing with that id exists here."))
+    return bound_delete_json(op)
+
+
+class SyncOut(Schema):
+    created: int
+    updated: int
+
+
+@endpoint("POST", "/api/v1/bindings-sync", response=SyncOut, admin=True, errors=(409,), name="api-bindings-sync",
+          summary="Read the engine's conversations and keep their bindings in step")
+def bindings_sync(request: HttpRequest) -> dict:
+    from django.conf import settings
+
+    from remote.sync import refresh
+
+    if not settings.ENGINE_URL:
+        raise ApiError(409, "engine_embedded", _("This console uses its embedded engine; there is nothing to read."))
+    return refresh("")

@@ -1,0 +1,321 @@
+"""Bound delete: record here, erase on the engine, let the binding go only on the engine's receipt.
+
+1. `request_bound_delete` (screen, API): the key answers with its recorded outcome ever
+   after (422 for another conversation); a conversation with an intent answers with it.
+   The engine is asked whether it offers delete at all: not offered is Unavailable
+   (recorded under the key); not reachable is Pending (recorded, retried), or with
+   `LIFECYCLE_OFFLINE_DELETE=refuse` an Unavailable answer that records nothing. The
+   record, the cleared title copy and the job commit in one transaction; the binding stays.
+2. `deliver` (the job, under a lease on the record): calls the engine's
+   `DELETE /v1/threads/{id}` with the record's key, then follows the engine's operation
+   until it is no longer pending. While the engine cannot be reached it waits (next retry
+   stored, doubling up to REMOTE_RETRY_MAX_SECONDS) and tries again with the same key,
+   so a lost answer costs nothing: the engine answers a repeated key with its recorded
+   operation and erases nothing twice.
+3. The engine's receipt is stored first (waiting on this console), then acknowledged: in
+   one transaction the record turns Completed and the binding is deleted. A worker killed
+   between the two asks the engine again with the same key and acknowledges then.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
+
+from lifecycle import faults
+from lifecycle.actions.request_deletion import check_key
+from lifecycle.deletion.executor import holder_alive, holder_id, lease_seconds
+from lifecycle.deletion.reasons import message as reason_message
+from lifecycle.engine.http import (
+    EngineCredentialsRefused,
+    EngineUnreachable,
+    EngineUnsupported,
+    HttpEngine,
+)
+from lifecycle.errors import ActionRefused
+from remote.models import BoundDelete, BoundDeleteKey, BoundDeleteState, EngineBinding, WaitingOn
+
+RUN_BUDGET = 240  # seconds per job run, well under the queue's retry
+SLEEP_WITHIN_RUN = 30  # a retry due sooner than this waits inside the run
+
+ERRORS = {
+    "engine_unreachable": gettext_lazy("The engine cannot be reached (no connection, a timeout, or its answer "
+                                       "was lost). Waiting for the engine; it is retried by itself."),
+    "engine_unsupported": gettext_lazy("The engine does not offer delete, so this conversation cannot be "
+                                       "deleted there."),
+    "engine_credentials_refused": gettext_lazy("The engine refused this console's token. An operator must "
+                                               "set a valid ENGINE_TOKEN; it is retried by itself."),
+    "engine_thread_unknown": gettext_lazy("The engine does not know this conversation."),
+    "engine_key_conflict": gettext_lazy("The engine already used this operation key for another "
+                                        "conversation."),
+    "engine_offline": gettext_lazy("The engine cannot be reached, and this console is set to refuse deletes "
+                                   "while it is offline. Nothing was recorded; try again when the engine is back."),
+    "engine_error": gettext_lazy("The engine answered with an error."),
+    "engine_not_configured": gettext_lazy("This console has no address for this conversation's engine "
+                                          "(ENGINE_URL, or ENGINE_TOKENS for another engine), so nothing can "
+                                          "be deleted there."),
+}
+
+
+def error_text(code: str) -> str:
+    if not code:
+        return ""
+    if code in ERRORS:
+        return str(ERRORS[code])
+    return reason_message(code) or str(ERRORS["engine_error"])
+
+
+class EngineNotConfigured(ActionRefused):
+    def __init__(self) -> None:
+        super().__init__("engine_not_configured", error_text("engine_not_configured"), status=409)
+
+
+def engine_for(url: str) -> HttpEngine:
+    """The engine a binding lives on: ENGINE_URL (blank), or another listed in ENGINE_TOKENS."""
+    if not url or url.rstrip("/") == settings.ENGINE_URL.rstrip("/"):
+        if not settings.ENGINE_URL:
+            raise EngineNotConfigured()
+        return HttpEngine()
+    if url.rstrip("/") not in settings.ENGINE_TOKENS:
+        raise EngineNotConfigured()
+    return HttpEngine(url, settings.ENGINE_TOKENS[url.rstrip("/")])
+
+
+def retry_delay(failures: int) -> timedelta:
+    seconds = settings.REMOTE_RETRY_SECONDS * 2 ** max(failures - 1, 0)
+    return timedelta(seconds=min(seconds, settings.REMOTE_RETRY_MAX_SECONDS))
+
+
+# ---- the request ----------------------------------------------------------------------------
+
+
+def _recorded(key: str, binding: EngineBinding) -> BoundDelete | None:
+    known = BoundDeleteKey.objects.select_related("delete").filter(key=key).first()
+    if known is None:
+        return None
+    op = known.delete
+    if (op.engine_url, op.engine_id) != (binding.engine_url, binding.engine_id):
+        raise ActionRefused("idempotency_key_reused",
+                            _("This Idempotency-Key was already used for another conversation."), status=422)
+    return op
+
+
+def recorded_for_key(key: str) -> BoundDelete | None:
+    known = BoundDeleteKey.objects.select_related("delete").filter(key=key).first()
+    return known.delete if known else None
+
+
+def _probe(binding: EngineBinding) -> str:
+    """"ok", "unsupported", "unconfigured" or "unreachable": does the engine offer delete now?"""
+    try:
+        engine = engine_for(binding.engine_url)
+    except EngineNotConfigured:
+        return "unconfigured"
+    engine.retries = 0
+    try:
+        return "ok" if engine.supports_delete() else "unsupported"
+    except EngineUnsupported:
+        return "unsupported"
+    except (EngineUnreachable, EngineCredentialsRefused):
+        return "unreachable"
+
+
+def request_bound_delete(binding: EngineBinding, *, key: str | None, actor) -> BoundDelete:
+    key = check_key(key)
+    recorded = _recorded(key, binding)
+    if recorded is not None:
+        return recorded
+    intent = BoundDelete.objects.filter(engine_url=binding.engine_url, engine_id=binding.engine_id,
+                                        state__in=(BoundDeleteState.PENDING, BoundDeleteState.COMPLETED)).first()
+    if intent is not None:
+        BoundDeleteKey.objects.get_or_create(key=key, defaults={"delete": intent})
+        return intent
+    probe = _probe(binding)
+    if probe == "unreachable" and settings.LIFECYCLE_OFFLINE_DELETE == "refuse":
+        exc = ActionRefused("engine_offline", error_text("engine_offline"), status=409)
+        exc.extra = {"outcome": BoundDeleteState.UNAVAILABLE}
+        raise exc
+    now = timezone.now()
+    fields = {
+        "key": key, "binding_ref": binding.public_id, "engine_url": binding.engine_url, "engine_id": binding.engine_id,
+        "owner_kind": binding.owner_kind, "owner_id": binding.owner_id, "scope": binding.scope,
+        "thread_id": binding.thread_id, "requested_by": actor if getattr(actor, "is_authenticated", False) else None,
+        "requested_at": now,
+    }
+    try:
+        with transaction.atomic():
+            held = EngineBinding.objects.select_for_update().filter(pk=binding.pk).first()
+            if held is None:
+                raise ActionRefused("not_found", _("Nothing with that id exists here."), status=404)
+            if probe in ("unsupported", "unconfigured"):
+                code = "engine_unsupported" if probe == "unsupported" else "engine_not_configured"
+                op = BoundDelete.objects.create(**fields, state=BoundDeleteState.UNAVAILABLE, code=code,
+                                                completed_at=now)
+            else:
+                op = BoundDelete.objects.create(
+                    **fields, binding=held, state=BoundDeleteState.PENDING, waiting_on=WaitingOn.ENGINE,
+                    last_error="engine_unreachable" if probe == "unreachable" else "",
+                    last_error_at=now if probe == "unreachable" else None,
+                    next_attempt_at=now,
+                )
+                # The request is content-free; the list's copy of the title goes now.
+                EngineBinding.objects.filter(pk=held.pk).update(title="")
+                from django_q.tasks import async_task
+
+                async_task("remote.tasks.deliver", op.pk, q_options={"ack_failure": True})
+            BoundDeleteKey.objects.create(key=key, delete=op)
+    except IntegrityError:
+        # A request with the same key or for the same conversation raced this one: it stands.
+        recorded = _recorded(key, binding)
+        if recorded is not None:
+            return recorded
+        intent = BoundDelete.objects.filter(engine_url=binding.engine_url, engine_id=binding.engine_id,
+                                            state__in=(BoundDeleteState.PENDING, BoundDeleteState.COMPLETED)).first()
+        if intent is None:
+            raise
+        BoundDeleteKey.objects.get_or_create(key=key, defaults={"delete": intent})
+        return intent
+    return op
+
+
+# ---- the job ----------------------------------------------------------------------------------
+
+
+def _eligible(op: BoundDelete, now) -> bool:
+    if op.state != BoundDeleteState.PENDING:
+        return False
+    return not (op.lease_holder and op.lease_expires_at and op.lease_expires_at > now and holder_alive(op.lease_holder))
+
+
+def take_lease(pk: int) -> BoundDelete | None:
+    with transaction.atomic():
+        op = BoundDelete.objects.select_for_update().filter(pk=pk).first()
+        now = timezone.now()
+        if op is None or not _eligible(op, now):
+            return None
+        op.lease_holder = holder_id()
+        op.lease_expires_at = now + timedelta(seconds=lease_seconds())
+        op.save(update_fields=["lease_holder", "lease_expires_at"])
+    return op
+
+
+def _update(op: BoundDelete, **fields) -> None:
+    """Write fields while this run still holds the lease; a run that lost it stops."""
+    fields.setdefault("lease_expires_at", timezone.now() + timedelta(seconds=lease_seconds()))
+    changed = BoundDelete.objects.filter(pk=op.pk, lease_holder=op.lease_holder,
+                                         state=BoundDeleteState.PENDING).update(**fields)
+    if not changed:
+        raise LeaseLost(op.public_id)
+    for name, value in fields.items():
+        setattr(op, name, value)
+
+
+class LeaseLost(Exception):
+    pass
+
+
+def _finish(op: BoundDelete, state: str, code: str) -> None:
+    """Refused or Unavailable on the engine's word: the binding stays, the conversation too."""
+    _update(op, state=state, code=code, waiting_on=WaitingOn.NONE, completed_at=timezone.now(),
+            next_attempt_at=None, lease_holder="", lease_expires_at=None)
+
+
+def acknowledge(op: BoundDelete) -> None:
+    """The receipt is stored: Completed, and the binding is let go, in one transaction."""
+    with transaction.atomic():
+        held = BoundDelete.objects.select_for_update().get(pk=op.pk)
+        if held.state != BoundDeleteState.PENDING or held.receipt is None:
+            return
+        binding_id = held.binding_id
+        now = timezone.now()
+        BoundDelete.objects.filter(pk=op.pk).update(
+            state=BoundDeleteState.COMPLETED, waiting_on=WaitingOn.NONE, binding=None, acknowledged_at=now,
+            completed_at=now, next_attempt_at=None, lease_holder="", lease_expires_at=None, last_error="",
+        )
+        if binding_id is not None:
+            # Earlier answers for it (refused, unavailable) keep its identity, not the link.
+            BoundDelete.objects.filter(binding_id=binding_id).update(binding=None)
+            EngineBinding.objects.filter(pk=binding_id).delete()
+
+
+def _attempt(op: BoundDelete, engine: HttpEngine) -> str:
+    """One step: "completed", "refused", "unavailable", "engine" (still erasing) or "retry"."""
+    now = timezone.now()
+    try:
+        if op.engine_operation and op.engine_state == "pending":
+            view = engine.operation(op.engine_operation)  # following an erasure the engine runs
+        else:
+            _update(op, attempts=op.attempts + 1)  # counted before the call: a killed run counts too
+            view = engine.request_delete(op.engine_id, key=op.key, actor=None)
+    except (EngineUnreachable, EngineCredentialsRefused) as exc:
+        waiting = WaitingOn.CONSOLE if isinstance(exc, EngineCredentialsRefused) else WaitingOn.ENGINE
+        _update(op, last_error=exc.code, last_error_at=now, waiting_on=waiting,
+                next_attempt_at=now + retry_delay(max(op.attempts, 1)))
+        return "retry"
+    except EngineUnsupported:
+        _finish(op, BoundDeleteState.UNAVAILABLE, "engine_unsupported")
+        return "unavailable"
+    except ActionRefused as exc:
+        if exc.status >= 500:
+            _update(op, last_error="engine_error", last_error_at=now, waiting_on=WaitingOn.ENGINE,
+                    next_attempt_at=now + retry_delay(max(op.attempts, 1)))
+            return "retry"
+        code = {404: "engine_thread_unknown", 422: "engine_key_conflict"}.get(exc.status, exc.code)
+        _finish(op, BoundDeleteState.UNAVAILABLE, code)
+        return "unavailable"
+    _update(op, engine_operation=view.id, engine_state=view.state, engine_step=view.step or "", last_error="",
+            waiting_on=WaitingOn.ENGINE, next_attempt_at=None)
+    if view.state in (BoundDeleteState.REFUSED, BoundDeleteState.UNAVAILABLE):
+        _finish(op, view.state, view.code or "engine_error")
+        return view.state
+    if view.state != BoundDeleteState.COMPLETED:
+        return "engine"
+    # The engine's receipt, as it gave it; then this console acknowledges it.
+    _update(op, receipt=view.data.get("receipt"), receipt_at=view.completed_at, waiting_on=WaitingOn.CONSOLE)
+    faults.kill_point("remote.acknowledge")
+    acknowledge(op)
+    return "completed"
+
+
+def deliver(pk: int, *, budget: float = RUN_BUDGET) -> str:
+    """Run a bound delete as far as it goes in `budget` seconds; "busy" when another run holds it."""
+    op = take_lease(pk)
+    if op is None:
+        current = BoundDelete.objects.filter(pk=pk).values_list("state", flat=True).first()
+        return "busy" if current == BoundDeleteState.PENDING else (current or "missing")
+    started = time.monotonic()
+    outcome = "pending"
+    try:
+        try:
+            engine = engine_for(op.engine_url)
+        except EngineNotConfigured:
+            _finish(op, BoundDeleteState.UNAVAILABLE, "engine_not_configured")
+            return BoundDeleteState.UNAVAILABLE
+        while True:
+            outcome = _attempt(op, engine)
+            if outcome not in ("retry", "engine"):
+                return outcome
+            wait = 1.0 if outcome == "engine" else (op.next_attempt_at - timezone.now()).total_seconds()
+            if wait > SLEEP_WITHIN_RUN or time.monotonic() - started + max(wait, 0) > budget:
+                return "pending"
+            time.sleep(max(wait, 0))
+    except LeaseLost:
+        return "busy"
+    finally:
+        BoundDelete.objects.filter(pk=op.pk, lease_holder=op.lease_holder).update(lease_holder="",
+                                                                                  lease_expires_at=None)
+
+
+def due(now=None) -> list[int]:
+    now = now or timezone.now()
+    from django.db.models import Q
+
+    return list(BoundDelete.objects.filter(state=BoundDeleteState.PENDING)
+                .filter(Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now))
+                .order_by("requested_at").values_list("pk", flat=True))

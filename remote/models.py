@@ -1,0 +1,141 @@
+"""The console's side of conversations that live on a remote engine.
+
+`EngineBinding` is the runtime binding: the owner-scoped cleanup identity of one conversation
+on one engine (engine, owner, scope, raw thread id, the engine's conversation id). It is
+what lets this console ask that engine to erase that conversation, so it is kept until the
+engine's receipt is acknowledged: a `BoundDelete` holds it with PROTECT, and only the
+acknowledgement (one transaction with Completed) lets it go.
+
+`BoundDelete` is the console's record of one request to delete a bound conversation: the
+operation key the engine is called with, which side it waits on, attempts, the next retry,
+the last error, and in the end the engine's receipt, as the engine gave it.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import pgettext_lazy
+
+
+def new_binding_id() -> str:
+    return "b_" + secrets.token_hex(10)
+
+
+def new_bound_delete_id() -> str:
+    return "bd_" + secrets.token_hex(10)
+
+
+class OwnerKind(models.TextChoices):
+    ACCOUNT = "account", _("Account")
+    COMPUTER = "computer", _("Computer")
+
+
+class EngineBinding(models.Model):
+    public_id = models.CharField(max_length=32, unique=True, default=new_binding_id, editable=False)
+    # Blank: the engine at ENGINE_URL. Otherwise the URL of the engine the conversation lives on
+    # (a computer's own engine, for its local-only conversations).
+    engine_url = models.CharField(max_length=300, blank=True)
+    engine_id = models.CharField(max_length=32)
+    owner_kind = models.CharField(max_length=8, choices=OwnerKind.choices)
+    owner_id = models.PositiveBigIntegerField()
+    scope = models.CharField(max_length=8)
+    thread_id = models.CharField(max_length=128)
+    # A copy of the engine's title for the list; cleared as soon as a delete is requested.
+    title = models.CharField(max_length=300, blank=True)
+    engine_state = models.CharField(max_length=16, blank=True)
+    last_activity_at = models.DateTimeField(null=True, blank=True)
+    synced_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-last_activity_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["engine_url", "engine_id"], name="binding_one_per_engine_thread"),
+            # Equal raw thread ids under different owners are different conversations.
+            models.UniqueConstraint(fields=["engine_url", "owner_kind", "owner_id", "thread_id"],
+                                    name="binding_one_per_owner_thread"),
+        ]
+        indexes = [models.Index(fields=["owner_kind", "owner_id"], name="binding_owner_idx")]
+
+    def __str__(self) -> str:
+        return self.public_id
+
+
+class BoundDeleteState(models.TextChoices):
+    PENDING = "pending", pgettext_lazy("operation state", "Pending")
+    COMPLETED = "completed", pgettext_lazy("operation state", "Completed")
+    REFUSED = "refused", pgettext_lazy("operation state", "Refused")
+    UNAVAILABLE = "unavailable", pgettext_lazy("operation state", "Unavailable")
+
+
+class WaitingOn(models.TextChoices):
+    NONE = "", _("Nothing")
+    ENGINE = "engine", _("The engine")
+    CONSOLE = "console", _("This console")
+
+
+class BoundDelete(models.Model):
+    public_id = models.CharField(max_length=32, unique=True, default=new_bound_delete_id, editable=False)
+    key = models.CharField(max_length=200, unique=True)
+    binding = models.ForeignKey(EngineBinding, null=True, blank=True, on_delete=models.PROTECT,
+                                related_name="deletes")
+    # The binding's identity, kept after the binding is released (content-free).
+    binding_ref = models.CharField(max_length=32)
+    engine_url = models.CharField(max_length=300, blank=True)
+    engine_id = models.CharField(max_length=32)
+    owner_kind = models.CharField(max_length=8, choices=OwnerKind.choices)
+    owner_id = models.PositiveBigIntegerField()
+    scope = models.CharField(max_length=8)
+    thread_id = models.CharField(max_length=128)
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                     related_name="+")
+    requested_at = models.DateTimeField(default=timezone.now)
+    state = models.CharField(max_length=12, choices=BoundDeleteState.choices)
+    code = models.CharField(max_length=64, blank=True)
+    waiting_on = models.CharField(max_length=8, choices=WaitingOn.choices, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.CharField(max_length=64, blank=True)
+    last_error_at = models.DateTimeField(null=True, blank=True)
+    lease_holder = models.CharField(max_length=200, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    engine_operation = models.CharField(max_length=32, blank=True)
+    engine_state = models.CharField(max_length=12, blank=True)
+    engine_step = models.CharField(max_length=64, blank=True)
+    receipt = models.JSONField(null=True, blank=True)
+    receipt_at = models.DateTimeField(null=True, blank=True)
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-requested_at", "-id"]
+        constraints = [
+            models.CheckConstraint(name="bound_delete_state_valid",
+                                   condition=Q(state__in=["pending", "completed", "refused", "unavailable"])),
+            # Completed only with the engine's receipt, acknowledged, and the binding let go.
+            models.CheckConstraint(
+                name="bound_delete_completed_has_receipt",
+                condition=~Q(state="completed") | Q(receipt__isnull=False, acknowledged_at__isnull=False,
+                                                    binding__isnull=True),
+            ),
+            models.UniqueConstraint(fields=["engine_url", "engine_id"], condition=Q(state__in=["pending", "completed"]),
+                                    name="bound_delete_one_intent"),
+        ]
+        indexes = [models.Index(fields=["state", "next_attempt_at"], name="bound_delete_due_idx")]
+
+    def __str__(self) -> str:
+        return self.public_id
+
+
+class BoundDeleteKey(models.Model):
+    """Every operation key a bound delete answers to: the first one (also the key the engine is
+    called with) and any later request's key for the same conversation."""
+
+    key = models.CharField(max_length=200, unique=True)
+    delete = models.ForeignKey(BoundDelete, on_delete=models.CASCADE, related_name="keys")
+    created_at = models.DateTimeField(default=timezone.now)

@@ -1,0 +1,12 @@
+"""The remote app's recurring job, created by name after every migrate under the database-wide
+lock every schedule creator of Lethe takes (console.schedules.ensure_named), duplicates healed."""
+
+from __future__ import annotations
+
+from console.schedules import ensure_named
+
+SCHEDULES = {"remote-deliver": {"func": "remote.tasks.sweep", "minutes": 1}}
+
+
+def ensure_schedules(**kwargs) -> None:
+    ensure_named(SCHEDULES)

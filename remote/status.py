@@ -1,0 +1,23 @@
+"""What a bound delete is waiting for, in words."""
+
+from __future__ import annotations
+
+from django.utils import formats, timezone
+from django.utils.translation import gettext as _
+
+from remote.models import BoundDelete
+
+
+def waiting_text(op: BoundDelete) -> str:
+    if op.state != "pending":
+        return ""
+    if op.waiting_on == "console":
+        if op.last_error == "engine_credentials_refused":
+            return _("Waiting for this console: the engine refused its token.")
+        return _("Waiting for this console: the engine's receipt is in and is being acknowledged.")
+    if op.last_error and op.next_attempt_at:
+        when = formats.date_format(timezone.localtime(op.next_attempt_at), "DATETIME_FORMAT")
+        return _("Waiting for the engine: it cannot be reached. Next retry: %(when)s.") % {"when": when}
+    if op.engine_operation:
+        return _("Waiting for the engine: it is erasing the conversation.")
+    return _("Waiting for the engine: the request is being sent.")

@@ -1,0 +1,37 @@
+"""Jobs of bound deletes. Each takes ids (or nothing), re-reads state and is safe to run twice."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from remote import delivery
+
+log = logging.getLogger(__name__)
+SWEEP_BUDGET = 240
+
+def deliver(pk: int) -> str:
+    return delivery.deliver(pk)
+
+
+def sweep() -> int:
+    """Every minute and at worker start: run the bound deletes that are due."""
+    started = time.monotonic()
+    ran = 0
+    for pk in delivery.due():
+        remaining = SWEEP_BUDGET - (time.monotonic() - started)
+        if remaining <= 0:
+            break
+        if delivery.deliver(pk, budget=remaining) != "busy":
+            ran += 1
+    return ran
+
+
+def on_worker_spawn(sender=None, proc_name: str = "", **kwargs) -> None:
+    from django_q.tasks import async_task
+
+    try:
+        async_task("remote.tasks.sweep", q_options={"ack_failure": True, "task_name": "remote-startup"})
+    except Exception:  # never keep a worker from starting
+        log.exception("could not queue the bound delete sweep")
+

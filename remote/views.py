@@ -1,0 +1,123 @@
+"""Screens for conversations on a remote engine: one owner's list, delete, the delete's status.
+
+Plain forms that work without JavaScript; htmx only refreshes a pending delete's status.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils.translation import gettext as _
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from console.auth import is_admin
+from lifecycle.errors import ActionRefused
+from remote.api import bound_delete_json
+from remote.delivery import error_text, request_bound_delete
+from remote.models import BoundDelete, EngineBinding
+from remote.status import waiting_text
+
+POLL_SECONDS = 2
+
+
+def _owners() -> list[dict]:
+    """Every owner with conversations on an engine: accounts first, then computers."""
+    pairs = EngineBinding.objects.values_list("owner_kind", "owner_id").distinct()
+    pairs = sorted(set(pairs) | set(BoundDelete.objects.values_list("owner_kind", "owner_id").distinct()))
+    owners = []
+    for kind, pk in pairs:
+        # The engine's owner ids: this console's own accounts and computers are other records.
+        label = (_("Account %(id)s") if kind == "account" else _("Computer %(id)s")) % {"id": pk}
+        owners.append({"key": f"{kind}:{pk}", "kind": kind, "id": pk, "label": label})
+    return owners
+
+
+@login_required
+@require_GET
+def binding_list(request: HttpRequest) -> HttpResponse:
+    owners = _owners()
+    chosen = request.GET.get("owner") or (owners[0]["key"] if owners else "")
+    owner = next((o for o in owners if o["key"] == chosen), None)
+    bindings, deletes = [], []
+    if owner is not None:
+        bindings = list(EngineBinding.objects.filter(owner_kind=owner["kind"], owner_id=owner["id"])[:500])
+        pending = {op.binding_id: op for op in BoundDelete.objects.filter(binding__in=bindings, state="pending")}
+        for b in bindings:
+            b.pending_delete = pending.get(b.pk)
+        deletes = list(BoundDelete.objects.filter(owner_kind=owner["kind"], owner_id=owner["id"])[:50])
+    return render(request, "remote/binding_list.html", {
+        "owners": owners, "owner": owner, "bindings": bindings, "deletes": deletes,
+        "engine_url": settings.ENGINE_URL, "is_admin": is_admin(request.user),
+    })
+
+
+@login_required
+@require_POST
+def bindings_sync(request: HttpRequest) -> HttpResponse:
+    if not is_admin(request.user):
+        raise PermissionDenied
+    from remote.sync import refresh
+
+    if not settings.ENGINE_URL:
+        messages.error(request, _("This console uses its embedded engine; there is nothing to read."))
+    else:
+        try:
+            counts = refresh("")
+        except ActionRefused as exc:
+            messages.error(request, error_text(exc.code) if exc.code.startswith("engine_") else exc.message)
+        else:
+            messages.success(request, _("Read the engine's conversations: %(created)s new, %(updated)s updated.")
+                             % counts)
+    return redirect(request.POST.get("next") if request.POST.get("next", "").startswith("/engine/")
+                    else reverse("remote:binding-list"))
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def binding_delete(request: HttpRequest, binding_id: str) -> HttpResponse:
+    binding = get_object_or_404(EngineBinding, public_id=binding_id)
+    pending = BoundDelete.objects.filter(binding=binding, state="pending").first()
+    context = {"binding": binding, "pending": pending, "key": "ui-" + secrets.token_hex(12),
+               "is_admin": is_admin(request.user), "offline_refuses": settings.LIFECYCLE_OFFLINE_DELETE == "refuse"}
+    if request.method == "GET":
+        return render(request, "remote/binding_delete.html", context)
+    if not is_admin(request.user):
+        raise PermissionDenied
+    try:
+        op = request_bound_delete(binding, key=request.POST.get("key"), actor=request.user)
+    except ActionRefused as exc:
+        if exc.status == 404:
+            raise Http404 from None
+        context["error"] = error_text(exc.code) if exc.code.startswith("engine_") else exc.message
+        return render(request, "remote/binding_delete.html", context, status=exc.status)
+    return redirect("remote:bound-delete", delete_id=op.public_id)
+
+
+@login_required
+@require_GET
+def bound_delete_detail(request: HttpRequest, delete_id: str) -> HttpResponse:
+    op = get_object_or_404(BoundDelete.objects.select_related("binding"), public_id=delete_id)
+    data = bound_delete_json(op)
+    version = "|".join(str(data[k]) for k in ("state", "waiting_on", "attempts", "next_attempt_at", "last_error",
+                                              "engine_state", "engine_step", "acknowledged_at"))
+    stores = [s for s in (op.receipt or {}).get("stores", []) if isinstance(s, dict)]
+    context = {
+        "op": op, "data": data, "waiting": waiting_text(op), "error_text": error_text(op.last_error),
+        "code_text": error_text(op.code), "version": version, "poll": POLL_SECONDS if op.state == "pending" else 0,
+        "receipt_stores": stores,
+        "erased_records": sum(int(s.get("records") or 0) for s in stores),
+        "erased_bytes": sum(int(s.get("bytes") or 0) for s in stores),
+    }
+    template = "remote/bound_delete.html"
+    if request.htmx:
+        if request.GET.get("v") == version:
+            return HttpResponse(status=204)
+        template += "#status"
+    return render(request, template, context)

@@ -1,0 +1,543 @@
+"""The console against a real second Lethe process serving the engine API (issue 7).
+
+One engine process per module (its own SQLite file and engine folder, `serve --dev` on a
+loopback port in 8150-8169: web server and job cluster). The console is this test process,
+on SQLite or PostgreSQL as the suite runs, talking HTTP to it through `HttpEngine`; where a
+test is about jobs, the console's own django-q2 cluster runs as a subprocess.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from django.db.models import ProtectedError
+from django.test import Client
+
+from console.models import ApiToken
+from lifecycle.engine import get_engine
+from lifecycle.engine.http import EngineUnreachable, EngineUnsupported, HttpEngine
+from lifecycle.engine.inprocess import InProcessEngine
+from lifecycle.errors import ActionRefused
+from remote import delivery
+from remote.models import BoundDelete, BoundDeleteKey, EngineBinding
+from remote.sync import refresh
+from tests import factories
+from tests.remote_engine import ROOT, EngineProcess, ResponseDropper, free_port
+from tests.test_erasure_crash import stop_group
+from tests.test_jobs import database_url
+
+HOST = {"HTTP_HOST": "127.0.0.1"}
+THREADS = {
+    "complete": {"thread_id": "t-complete"},
+    "before": {"thread_id": "t-before"},
+    "during": {"thread_id": "t-during"},
+    "lost": {"thread_id": "t-lost"},
+    "killed": {"thread_id": "t-killed"},
+    "refuse": {"thread_id": "t-refuse"},
+    "unsupported": {"thread_id": "t-unsupported"},
+    "running": {"thread_id": "t-running", "running": True},
+    "shared-account": {"thread_id": "t-shared"},
+    "shared-computer": {"thread_id": "t-shared", "owner": "computer"},
+    "replay": {"thread_id": "t-replay"},
+    "replay-other": {"thread_id": "t-replay-other"},
+    "iface": {"thread_id": "t-iface"},
+    "iface-other": {"thread_id": "t-iface-other"},
+    "status": {"thread_id": "t-status"},
+    "member": {"thread_id": "t-member"},
+}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    # A folder of its own, not pytest's: parallel suites prune pytest's old temporary folders.
+    folder = Path(tempfile.mkdtemp(prefix="lethe-remote-engine-"))
+    process = EngineProcess(folder)
+    try:
+        process.prepare(THREADS)
+        process.start()
+        yield process
+    finally:
+        process.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def own_dir():
+    folder = Path(tempfile.mkdtemp(prefix="lethe-remote-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def remote(settings, engine):
+    """This console, configured for the engine process; the engine running."""
+    if engine.process is None:
+        engine.start()
+    settings.ENGINE_URL = engine.url
+    settings.ENGINE_TOKEN = engine.token
+    settings.ENGINE_READ_TIMEOUT = 15
+    settings.REMOTE_RETRY_SECONDS = 0.5
+    settings.REMOTE_RETRY_MAX_SECONDS = 2
+    settings.LIFECYCLE_OFFLINE_DELETE = "pending"
+    return engine
+
+
+def thread(engine: EngineProcess, name: str) -> str:
+    return engine.seeded["threads"][name]
+
+
+def binding(engine: EngineProcess, name: str) -> EngineBinding:
+    return EngineBinding.objects.get(engine_url="", engine_id=thread(engine, name))
+
+
+def engine_receipt(engine: EngineProcess, name: str) -> dict:
+    """The receipt as the engine itself reports it, asked directly."""
+    ops = engine.conversation(thread(engine, name))["operations"]
+    assert len(ops) == 1
+    return HttpEngine(engine.url, engine.token).operation(ops[0][0]).receipt
+
+
+def figures(receipt: dict) -> dict:
+    return {s["store"]: (s["records"], s["bytes"]) for s in receipt["stores"]}
+
+
+def deleted_once(engine: EngineProcess, name: str) -> None:
+    """Erased on the engine, by exactly one operation, recorded as deleted exactly once."""
+    row = engine.conversation(thread(engine, name))
+    assert (row["state"], row["title"], row["items"]) == ("deleted", "", 0)
+    assert [op[1] for op in row["operations"]] == ["completed"]
+    conversation_id = engine.query("SELECT id FROM lifecycle_conversation WHERE public_id = ?",
+                                   (thread(engine, name),))[0][0]
+    facts = engine.query("SELECT count(*) FROM lifecycle_auditfact WHERE action = 'conversation.deleted'"
+                         " AND conversation_id = ?", (conversation_id,))[0][0]
+    assert facts == 1
+
+
+def admin_api(_db=None) -> Client:
+    user = factories.make_user(admin=True)
+    _token, raw = ApiToken.issue(user)
+    return Client(HTTP_AUTHORIZATION=f"Bearer {raw}", **HOST)
+
+
+def api_delete(client: Client, binding_id: str, key: str):
+    return client.delete(f"/api/v1/bindings/{binding_id}", HTTP_IDEMPOTENCY_KEY=key)
+
+
+# ---- one interface, two implementations ------------------------------------------------------
+
+
+@pytest.fixture(params=["embedded", "http"])
+def any_engine(request, settings, db):
+    """(engine client, a conversation id it holds, another one) for either implementation."""
+    if request.param == "embedded":
+        settings.ENGINE_URL = ""
+        account = factories.make_account()
+        first = factories.make_conversation(account, thread_id="t-iface")
+        factories.add_message(first)
+        factories.add_tool(first)
+        other = factories.make_conversation(account, thread_id="t-iface-other")
+        return InProcessEngine, get_engine(), first.public_id, other.public_id
+    engine = request.getfixturevalue("remote")
+    return HttpEngine, get_engine(), thread(engine, "iface"), thread(engine, "iface-other")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_both_engines_answer_the_same_way(any_engine):
+    kind, client, target, other = any_engine
+    assert type(client) is kind  # get_engine() picks by ENGINE_URL
+    with pytest.raises(ActionRefused) as unknown:
+        client.request_delete("c_" + "0" * 20, key="iface-unknown", actor=None)
+    assert (unknown.value.code, unknown.value.status) == ("not_found", 404)
+    assert client.set_archived(other, True, actor=None)["archived"] is True
+    preview = client.preview_delete(target)
+    assert preview["admission"]["outcome"] == "admitted"
+    op = client.request_delete(target, key="iface-key", actor=None)
+    assert op.state in ("pending", "completed") and op.target == target
+    assert client.request_delete(target, key="iface-key", actor=None).id == op.id  # same key: same operation
+    with pytest.raises(ActionRefused) as reused:
+        client.request_delete(other, key="iface-key", actor=None)
+    assert (reused.value.code, reused.value.status) == ("idempotency_key_reused", 422)
+    done = client.wait(op.id, timeout=60)
+    assert done.state == "completed"
+    assert figures(done.receipt)["lifecycle.Item"][0] == 2
+    assert client.operation(op.id).receipt["stores"] == done.receipt["stores"]
+
+
+# ---- the HTTP client's own outcomes -----------------------------------------------------------
+
+
+def test_a_silent_engine_is_unreachable_after_the_read_timeout():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", free_port()))
+        server.listen()
+        port = server.getsockname()[1]
+        engine = HttpEngine(f"http://127.0.0.1:{port}", "t", connect_timeout=1, read_timeout=0.5, retries=1)
+        started = time.monotonic()
+        with pytest.raises(EngineUnreachable) as caught:
+            engine.operation("op_" + "1" * 20)
+        assert caught.value.code == "engine_unreachable" and caught.value.status == 503
+        assert time.monotonic() - started < 5  # two tries of 0.5 s and a short backoff, not forever
+
+
+def test_nothing_listening_is_unreachable_and_a_plain_web_server_is_unsupported(tmp_path):
+    closed = free_port()
+    with pytest.raises(EngineUnreachable):
+        HttpEngine(f"http://127.0.0.1:{closed}", "t", retries=0).operation("op_" + "1" * 20)
+    with plain_server(tmp_path) as url:
+        engine = HttpEngine(url, "t", retries=0)
+        with pytest.raises(EngineUnsupported):
+            engine.request_delete("c_" + "1" * 20, key="k", actor=None)
+        with pytest.raises(EngineUnsupported):
+            engine.supports_delete()
+
+
+@contextlib.contextmanager
+def plain_server(folder):
+    """A real web server that is not an engine: GET serves files, DELETE is not implemented."""
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(folder), **kwargs)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), Quiet)
+    worker = threading.Thread(target=server.serve_forever, daemon=True)
+    worker.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# ---- bound delete ---------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_bound_delete_keeps_the_binding_until_the_engines_receipt_is_acknowledged(remote):
+    refresh("")
+    b = binding(remote, "complete")
+    assert (b.owner_kind, b.scope, b.thread_id, b.title) == ("account", "bound", "t-complete", "complete")
+    op = delivery.request_bound_delete(b, key="bound-1", actor=None)
+    assert (op.state, op.waiting_on, op.binding_id) == ("pending", "engine", b.pk)
+    b.refresh_from_db()
+    assert b.title == ""  # the request is content-free; the binding itself stays
+    with pytest.raises(ProtectedError):  # nothing can cascade the binding away first
+        b.delete()
+    assert remote.conversation(thread(remote, "complete"))["state"] == "live"  # nothing sent yet
+    assert delivery.deliver(op.pk, budget=60) == "completed"
+    op.refresh_from_db()
+    assert (op.state, op.waiting_on, op.binding_id, op.attempts) == ("completed", "", None, 1)
+    assert op.acknowledged_at is not None and op.acknowledged_at >= op.receipt_at
+    assert not EngineBinding.objects.filter(pk=b.pk).exists()
+    assert op.receipt["stores"] == engine_receipt(remote, "complete")["stores"]
+    assert figures(op.receipt)["lifecycle.Item"] == (2, figures(op.receipt)["lifecycle.Item"][1])
+    deleted_once(remote, "complete")
+    # Everything else on the engine is untouched, and still bound here.
+    assert remote.conversation(thread(remote, "before"))["items"] == 2
+    assert EngineBinding.objects.filter(engine_id=thread(remote, "before")).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_engine_stopped_before_the_delete_pending_then_completed_after_restart(remote):
+    refresh("")
+    b = binding(remote, "before")
+    client = admin_api()
+    remote.stop()
+    answer = api_delete(client, b.public_id, "before-1")
+    assert answer.status_code == 202, answer.content
+    body = answer.json()
+    assert (body["state"], body["waiting_on"], body["last_error"]) == ("pending", "engine", "engine_unreachable")
+    op = BoundDelete.objects.get(public_id=body["id"])
+    assert delivery.deliver(op.pk, budget=0) == "pending"
+    status = client.get(f"/api/v1/bound-deletes/{op.public_id}").json()
+    assert (status["state"], status["waiting_on"], status["attempts"]) == ("pending", "engine", 1)
+    assert status["next_attempt_at"] and status["last_error_message"] and status["receipt"] is None
+    assert "engine" in status["waiting_message"].lower()
+    assert EngineBinding.objects.filter(pk=b.pk).exists()
+    assert remote.conversation(thread(remote, "before"))["state"] == "live"  # nothing erased, nothing claimed
+    remote.start()
+    assert delivery.deliver(op.pk, budget=60) == "completed"
+    op.refresh_from_db()
+    assert op.state == "completed" and op.attempts == 2 and op.last_error == ""
+    assert op.receipt["stores"] == engine_receipt(remote, "before")["stores"]
+    assert not EngineBinding.objects.filter(pk=b.pk).exists()
+    deleted_once(remote, "before")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_engine_stopped_during_the_delete_finishes_after_restart(remote, own_dir):
+    tmp_path = own_dir
+    refresh("")
+    b = binding(remote, "during")
+    op = delivery.request_bound_delete(b, key="during-1", actor=None)
+    kills = tmp_path / "kills"
+    kills.mkdir()
+    # The engine's own worker dies in the middle of the erasure; the whole engine is stopped then.
+    remote.stop()
+    remote.start(env={"LETHE_TEST_KILL_AT": "complete", "LETHE_TEST_KILL_DIR": str(kills)})
+    assert delivery.deliver(op.pk, budget=0) == "pending"  # the engine took it and is erasing
+    deadline = time.monotonic() + 60
+    while not (kills / "complete").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    remote.kill()
+    on_engine = remote.conversation(thread(remote, "during"))
+    assert on_engine["state"] == "pending_delete" and on_engine["operations"][0][1] == "pending"
+    assert on_engine["items"] == 0  # it stopped after every store was erased, before Completed
+    assert delivery.deliver(op.pk, budget=0) == "pending"
+    op.refresh_from_db()
+    assert (op.state, op.last_error, op.waiting_on) == ("pending", "engine_unreachable", "engine")
+    assert op.receipt is None and EngineBinding.objects.filter(pk=b.pk).exists()
+    remote.start()  # its recovery finishes the erasure; this console follows it to the receipt
+    assert delivery.deliver(op.pk, budget=90) == "completed"
+    op.refresh_from_db()
+    assert op.receipt["stores"] == engine_receipt(remote, "during")["stores"]
+    assert figures(op.receipt)["lifecycle.Item"][0] == 2  # exact: measured before the crash
+    deleted_once(remote, "during")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lost_answer_is_retried_with_the_same_key_and_nothing_is_erased_twice(remote, settings):
+    refresh("")
+    b = binding(remote, "lost")
+    relay = ResponseDropper(remote.port, free_port({remote.port}))
+    try:
+        settings.ENGINE_URL = relay.url
+        settings.ENGINE_RETRIES = 0  # the job's own retry, not the client's, recovers here
+        op = delivery.request_bound_delete(b, key="lost-1", actor=None)
+        relay.drop_next("DELETE")
+        assert delivery.deliver(op.pk, budget=60) == "completed"
+    finally:
+        relay.close()
+    assert len(relay.dropped) == 1 and relay.dropped[0].startswith("DELETE") and relay.dropped[0].endswith("202")
+    op.refresh_from_db()
+    assert op.attempts == 2 and op.state == "completed"
+    assert op.receipt["stores"] == engine_receipt(remote, "lost")["stores"]
+    deleted_once(remote, "lost")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_console_worker_killed_between_receipt_and_acknowledgement_finishes_on_a_real_cluster(remote, own_dir):
+    tmp_path = own_dir
+    refresh("")
+    b = binding(remote, "killed")
+    kills = tmp_path / "kills"
+    kills.mkdir()
+    env = {**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "console.settings_test",
+           "Q_WORKERS": "1", "ENGINE_URL": remote.url, "ENGINE_TOKEN": remote.token, "REMOTE_RETRY_SECONDS": "1",
+           "LETHE_TEST_KILL_AT": "remote.acknowledge", "LETHE_TEST_KILL_DIR": str(kills),
+           "ENGINE_HOME": str(tmp_path / "console-engine")}
+    (tmp_path / "console-engine").mkdir()
+    op = delivery.request_bound_delete(b, key="killed-1", actor=None)
+    cluster = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=ROOT, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            op.refresh_from_db()
+            if op.state != "pending":
+                break
+            time.sleep(0.3)
+    finally:
+        stop_group(cluster)
+    assert (kills / "remote.acknowledge").exists()  # the worker really died there, receipt in hand
+    op.refresh_from_db()
+    assert op.state == "completed" and op.attempts == 2  # asked again with the same key, then acknowledged
+    assert op.receipt["stores"] == engine_receipt(remote, "killed")["stores"]
+    assert not EngineBinding.objects.filter(pk=b.pk).exists()
+    deleted_once(remote, "killed")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_refuse_mode_answers_unavailable_and_records_nothing(remote, settings):
+    refresh("")
+    b = binding(remote, "refuse")
+    settings.LIFECYCLE_OFFLINE_DELETE = "refuse"
+    settings.ENGINE_URL = f"http://127.0.0.1:{free_port({remote.port})}"  # nothing listens there: offline
+    with pytest.raises(ActionRefused) as refused:
+        delivery.request_bound_delete(b, key="refuse-1", actor=None)
+    assert refused.value.code == "engine_offline" and refused.value.extra == {"outcome": "unavailable"}
+    answer = api_delete(admin_api(), b.public_id, "refuse-2")
+    assert answer.status_code == 409
+    assert (answer.json()["code"], answer.json()["outcome"]) == ("engine_offline", "unavailable")
+    assert BoundDelete.objects.count() == 0 and BoundDeleteKey.objects.count() == 0
+    b.refresh_from_db()
+    assert b.title == "refuse"  # not even the title copy was touched
+    assert remote.conversation(thread(remote, "refuse"))["state"] == "live"
+    # The default records it as Pending instead.
+    settings.LIFECYCLE_OFFLINE_DELETE = "pending"
+    op = delivery.request_bound_delete(b, key="refuse-3", actor=None)
+    assert (op.state, op.last_error) == ("pending", "engine_unreachable")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_engine_without_delete_is_unavailable_and_the_binding_stays(remote, settings, tmp_path):
+    refresh("")
+    b = binding(remote, "unsupported")
+    with plain_server(tmp_path) as url:
+        settings.ENGINE_URL = url
+        answer = api_delete(admin_api(), b.public_id, "unsupported-1")
+    assert answer.status_code == 409
+    assert (answer.json()["code"], answer.json()["outcome"]) == ("engine_unsupported", "unavailable")
+    op = BoundDelete.objects.get(key="unsupported-1")
+    assert (op.state, op.binding_id) == ("unavailable", None)
+    assert EngineBinding.objects.filter(pk=b.pk).exists()
+    assert remote.conversation(thread(remote, "unsupported"))["state"] == "live"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_engine_refusal_is_refused_here_and_keeps_everything(remote):
+    refresh("")
+    b = binding(remote, "running")
+    op = delivery.request_bound_delete(b, key="running-1", actor=None)
+    assert delivery.deliver(op.pk, budget=30) == "refused"
+    op.refresh_from_db()
+    assert (op.state, op.code, op.binding_id) == ("refused", "conversation_turn_active", b.pk)
+    assert EngineBinding.objects.filter(pk=b.pk).exists()
+    assert remote.conversation(thread(remote, "running"))["state"] == "live"
+    # Closed on the engine (its turn interrupted), a new request is admitted and completes;
+    # the earlier refusal keeps the binding's identity but lets the binding itself go.
+    assert get_engine().set_closed(b.engine_id, True, actor=None)["closed"] is True
+    again = delivery.request_bound_delete(b, key="running-2", actor=None)
+    assert again.pk != op.pk and delivery.deliver(again.pk, budget=60) == "completed"
+    op.refresh_from_db()
+    assert (op.state, op.binding_id, op.binding_ref) == ("refused", None, b.public_id)
+    assert not EngineBinding.objects.filter(pk=b.pk).exists()
+    deleted_once(remote, "running")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_account_and_computer_with_equal_raw_ids_are_never_confused(remote, client, admin_user):
+    refresh("")
+    account_b, computer_b = binding(remote, "shared-account"), binding(remote, "shared-computer")
+    assert account_b.thread_id == computer_b.thread_id == "t-shared"
+    assert (account_b.owner_kind, computer_b.owner_kind) == ("account", "computer")
+    assert (account_b.scope, computer_b.scope) == ("bound", "local")
+    assert account_b.engine_id != computer_b.engine_id and account_b.public_id != computer_b.public_id
+    api = admin_api()
+    body = api_delete(api, account_b.public_id, "shared-1").json()
+    assert body["state"] == "pending" and body["owner"] == {"kind": "account", "id": remote.seeded["account"]}
+    # One owner's conversations at a time: the computer's list shows its own, with no delete.
+    computer_list = api.get("/api/v1/bindings", {"owner_kind": "computer", "owner_id": remote.seeded["computer"]})
+    rows = {r["thread_id"]: r for r in computer_list.json()["results"]}
+    assert rows["t-shared"]["id"] == computer_b.public_id and rows["t-shared"]["delete"] is None
+    account_rows = api.get("/api/v1/bindings", {"owner_kind": "account", "owner_id": remote.seeded["account"]})
+    assert {r["id"]: r["delete"] for r in account_rows.json()["results"]}[account_b.public_id] == body["id"]
+    client.force_login(admin_user)
+    page = client.get("/engine/conversations/", {"owner": f"computer:{remote.seeded['computer']}"}).content.decode()
+    assert computer_b.public_id in page and account_b.public_id not in page and body["id"] not in page
+    page = client.get("/engine/conversations/", {"owner": f"account:{remote.seeded['account']}"}).content.decode()
+    assert body["id"] in page and computer_b.public_id not in page
+    op = BoundDelete.objects.get(public_id=body["id"])
+    assert delivery.deliver(op.pk, budget=60) == "completed"
+    deleted_once(remote, "shared-account")
+    twin = remote.conversation(thread(remote, "shared-computer"))
+    assert (twin["state"], twin["items"], twin["operations"]) == ("live", 2, [])
+    computer_b.refresh_from_db()  # still bound, untouched
+    assert computer_b.title == "shared-computer"
+    # Its own delete goes to its own conversation on the engine.
+    other = delivery.request_bound_delete(computer_b, key="shared-2", actor=None)
+    assert other.engine_id == thread(remote, "shared-computer") and other.owner_kind == "computer"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stale_replay_gets_the_recorded_outcome_and_changes_nothing(remote):
+    refresh("")
+    b, other = binding(remote, "replay"), binding(remote, "replay-other")
+    api = admin_api()
+    first = api_delete(api, b.public_id, "replay-1").json()
+    op = BoundDelete.objects.get(public_id=first["id"])
+    assert delivery.deliver(op.pk, budget=60) == "completed"
+    done = api.get(f"/api/v1/bound-deletes/{op.public_id}").json()
+    assert done["state"] == "completed" and done["receipt"]["stores"] == engine_receipt(remote, "replay")["stores"]
+    engine_ops = remote.conversation(thread(remote, "replay"))["operations"]
+    # The same request again, long after: the recorded outcome, the same receipt, no new call.
+    again = api_delete(api, b.public_id, "replay-1")
+    assert again.status_code == 202 and again.json() == done
+    assert BoundDelete.objects.get(pk=op.pk).attempts == 1
+    # The same key for another conversation: 422, nothing recorded for it.
+    reused = api_delete(api, other.public_id, "replay-1")
+    assert reused.status_code == 422 and reused.json()["code"] == "idempotency_key_reused"
+    assert not BoundDelete.objects.filter(binding=other).exists()
+    # A new key for the released binding: it is gone here.
+    assert api_delete(api, b.public_id, "replay-2").status_code == 404
+    # Replayed straight at the engine with the old key: its recorded operation, not a second erasure.
+    replayed = HttpEngine(remote.url, remote.token).request_delete(thread(remote, "replay"), key="replay-1", actor=None)
+    op.refresh_from_db()
+    assert replayed.id == op.engine_operation and replayed.receipt["stores"] == op.receipt["stores"]
+    assert remote.conversation(thread(remote, "replay"))["operations"] == engine_ops
+    deleted_once(remote, "replay")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_status_page_says_whose_step_it_is(remote, client, admin_user, settings):
+    refresh("")
+    b = binding(remote, "status")
+    settings.ENGINE_URL = f"http://127.0.0.1:{free_port({remote.port})}"
+    op = delivery.request_bound_delete(b, key="status-1", actor=None)
+    delivery.deliver(op.pk, budget=0)
+    client.force_login(admin_user)
+    page = client.get(f"/engine/deletes/{op.public_id}/").content.decode()
+    assert 'data-state="pending"' in page and 'data-waiting="engine"' in page
+    assert "Waiting on: the engine" in page and "Next retry" in page and "cannot be reached" in page
+    assert "Completed" not in page
+    settings.ENGINE_URL = remote.url
+    assert delivery.deliver(op.pk, budget=60) == "completed"
+    page = client.get(f"/engine/deletes/{op.public_id}/").content.decode()
+    assert 'data-state="completed"' in page and "lifecycle.Item" in page and op.engine_operation in page
+    body = json.loads(client.get(f"/api/v1/bound-deletes/{op.public_id}").content)
+    assert body["attempts"] == 2 and body["waiting_on"] is None and body["receipt"] is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sync_bindings_reads_the_engine_as_a_command_and_members_cannot_delete(remote):
+    env = {**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "console.settings_test",
+           "ENGINE_URL": remote.url, "ENGINE_TOKEN": remote.token}
+    done = subprocess.run([sys.executable, "manage.py", "sync_bindings"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    live = remote.query("SELECT count(*) FROM lifecycle_conversation WHERE state = 'live'")[0][0]
+    assert done.stdout.strip() == f"{live} created, 0 updated"
+    assert EngineBinding.objects.count() == live
+    assert refresh("") == {"created": 0, "updated": live}  # again: nothing new, nothing doubled
+    member = factories.make_user(admin=False)
+    _token, raw = ApiToken.issue(member)
+    answer = Client(HTTP_AUTHORIZATION=f"Bearer {raw}", **HOST).delete(
+        f"/api/v1/bindings/{binding(remote, 'member').public_id}", HTTP_IDEMPOTENCY_KEY="member-1")
+    assert answer.status_code == 403 and BoundDelete.objects.count() == 0
+    bad = api_delete(admin_api(), binding(remote, "member").public_id, "has spaces")
+    assert bad.status_code == 400 and bad.json()["code"] == "idempotency_key_invalid"
+    assert BoundDelete.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_without_an_engine_address_a_bound_delete_is_unavailable(settings):
+    settings.ENGINE_URL = ""
+    b = EngineBinding.objects.create(engine_id="c_" + "e" * 20, owner_kind="account", owner_id=7, scope="bound",
+                                     thread_id="t-nowhere", title="Nowhere")
+    EngineBinding.objects.create(engine_id="c_" + "f" * 20, owner_kind="computer", owner_id=7, scope="local",
+                                 thread_id="t-nowhere", title="Same id, computer")
+    api = admin_api()
+    answer = api_delete(api, b.public_id, "nowhere-1")
+    assert answer.status_code == 409
+    assert (answer.json()["code"], answer.json()["outcome"]) == ("engine_not_configured", "unavailable")
+    assert BoundDelete.objects.get(key="nowhere-1").state == "unavailable"
+    assert EngineBinding.objects.filter(pk=b.pk).exists()
+    listing = api.get("/api/v1/bindings").json()  # no owner named: the first owner, accounts first
+    assert listing["owner"] == {"kind": "account", "id": 7}
+    assert [r["id"] for r in listing["results"]] == [b.public_id]
+    assert api.get("/api/v1/bindings", {"owner_kind": "account"}).status_code == 400  # a pair or nothing
