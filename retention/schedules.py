@@ -3,7 +3,7 @@ cluster is configured: after downtime a missed slot runs once, not once per miss
 
 from __future__ import annotations
 
-from django.utils import timezone
+from console.schedules import ensure_named
 
 SCHEDULES = {
     "measure-engine-folder": {"func": "retention.tasks.measure_engine_folder", "minutes": 15},
@@ -15,21 +15,4 @@ SCHEDULES = {
 
 
 def ensure_schedules(**kwargs) -> None:
-    from django_q.models import Schedule
-
-    for name, spec in SCHEDULES.items():
-        schedule, created = Schedule.objects.get_or_create(
-            name=name,
-            defaults={
-                "func": spec["func"],
-                "schedule_type": Schedule.MINUTES,
-                "minutes": spec["minutes"],
-                "repeats": -1,
-                "next_run": timezone.now(),
-            },
-        )
-        if not created and (schedule.func, schedule.minutes, schedule.schedule_type) != (
-            spec["func"], spec["minutes"], Schedule.MINUTES
-        ):
-            schedule.func, schedule.minutes, schedule.schedule_type = spec["func"], spec["minutes"], Schedule.MINUTES
-            schedule.save(update_fields=["func", "minutes", "schedule_type"])
+    ensure_named(SCHEDULES)
