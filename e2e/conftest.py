@@ -21,6 +21,8 @@ from lifecycle.seeding import Seeder
 # Playwright's sync API runs an event loop in this thread; the ORM calls the tests
 # make between browser steps are still plain synchronous calls.
 os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+# Engine processes of the browser tests take their own ports (tests/remote_engine.py).
+os.environ["LETHE_TEST_PORT_LANE"] = "e2e"
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

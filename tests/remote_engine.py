@@ -24,7 +24,20 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PORTS = range(8150, 8170)
+
+def _lane() -> range:
+    """`make test` runs the SQLite, PostgreSQL and browser suites side by side, each starting
+    and restarting engines: a stopped engine's port must never be taken by another suite's
+    engine (its console would then talk to a stranger with the wrong token), so each suite
+    has its own ports."""
+    if os.environ.get("LETHE_TEST_PORT_LANE") == "e2e":
+        return range(8164, 8170)
+    if os.environ.get("DATABASE_URL", "").startswith("postgres"):
+        return range(8157, 8164)
+    return range(8150, 8157)
+
+
+PORTS = _lane()
 
 SEED = """
 import json
@@ -59,7 +72,7 @@ def free_port(exclude: set[int] | tuple = ()) -> int:
             except OSError:
                 continue
             return port
-    raise RuntimeError("no free port in 8150-8169")
+    raise RuntimeError(f"no free port in {PORTS.start}-{PORTS.stop - 1}")
 
 
 class EngineProcess:

@@ -32,7 +32,8 @@ from django.utils.translation import gettext as _
 from lifecycle.engine import OperationView
 from lifecycle.errors import ActionRefused
 
-TRANSIENT_STATUSES = (500, 502, 503, 504)
+# 429: the engine is throttling this address; like an outage, it passes: retry with back-off.
+TRANSIENT_STATUSES = (429, 500, 502, 503, 504)
 UNSUPPORTED_STATUSES = (405, 501)
 MAX_ANSWER_BYTES = 4 * 1024 * 1024
 
