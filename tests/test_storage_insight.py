@@ -217,7 +217,7 @@ def test_the_section_lists_the_largest_with_delete_and_cleanup_links(admin_clien
     assert links[:3] == [fleet["big"].public_id, fleet["local"].public_id, more[-2].public_id]
     assert more[-1].public_id not in links
     kinds = page[page.index('data-testid="tool-kinds"'):page.index('data-testid="account-sizes"')]
-    assert kinds.count('href="/settings/system/data-storage/#tool-payload-cleanup"') == 3
+    assert kinds.count('href="/settings/system/data-storage/#tool-card"') == 3
     assert kinds.index("Read file") < kinds.index("Web request") < kinds.index("Shell")
     assert "Northwind" in page and "laptop" in page
     assert "Measure now" in page
