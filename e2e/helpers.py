@@ -93,6 +93,7 @@ def check_layout(page: Page, where: str = "") -> None:
     """No sideways scrolling and the document as the one scroller; on phones also
     touch-sized controls (at desktop width a mouse is assumed)."""
     where = where or page.url
+    page.wait_for_load_state("load")  # a navigation in flight has no body to measure yet
     found = page.evaluate(_LAYOUT_PROBE, INTERACTIVE)
     overflow = found["overflow"]
     assert overflow["scrollWidth"] <= overflow["innerWidth"], f"{where}: page scrolls sideways: {overflow}"

@@ -41,6 +41,8 @@ def tap_near_the_bottom(page: Page, field_id: str) -> None:
     """Scroll the field to just above the bar at the bottom (the navigation, or the save bar
     once there are changes) and tap it there, as a thumb would; a Playwright click would
     first scroll it somewhere comfortable."""
+    page.wait_for_load_state("load")
+    expect(page.locator(f"#{field_id}")).to_be_attached()
     page.evaluate(
         """(id) => {
           const save = document.getElementById("save-bar");

@@ -66,6 +66,7 @@ def test_a_bound_delete_on_a_phone_is_pending_while_the_engine_is_down_then_comp
         expect(row).to_have_count(1)  # one owner at a time: the computer's t-phone is not listed here
         check_layout(page, "engine conversations")
         row.get_by_role("link", name="Delete").click()
+        expect(page.get_by_role("button", name="Delete for good")).to_be_visible()
         check_layout(page, "bound delete confirmation")
         page.get_by_role("button", name="Delete for good").click()
         status = page.locator("#op-status")
