@@ -65,6 +65,9 @@ STEP_SECONDS = _env_number("LETHE_TOOL_JOB_STEP_SECONDS", 60)
 BATCH_ITEMS = int(_env_number("LETHE_TOOL_CLEANUP_BATCH", 100))
 BATCH_BYTES = int(_env_number("LETHE_TOOL_CLEANUP_BATCH_BYTES", 1_000_000))
 CONVERSATIONS_PER_BATCH = int(_env_number("LETHE_TOOL_CLEANUP_CONVERSATIONS", 50))
+# Seconds between cleanup batches: 0.02 on SQLite (waiting writers get the lock), none on
+# PostgreSQL (row locks do not starve writers), unless set, then on both.
+PAUSE_SET = "LETHE_TOOL_CLEANUP_PAUSE" in os.environ
 SQLITE_PAUSE = _env_number("LETHE_TOOL_CLEANUP_PAUSE", 0.02)
 ANALYSIS_BATCH = int(_env_number("LETHE_TOOL_ANALYSIS_BATCH", 2000))
 MAX_TAKEOVERS = 5
@@ -435,7 +438,7 @@ def _cleanup_step(op: ToolPayloadOperation, token: str, *, after_batch=None) -> 
                         preparation_state=PreparationState.FAILED, preparation_error=refused[:300]
                     )
             return "done"
-    pause = SQLITE_PAUSE if connection.vendor == "sqlite" else 0.0
+    pause = SQLITE_PAUSE if connection.vendor == "sqlite" or PAUSE_SET else 0.0
     while time.monotonic() < deadline:
         result = _with_busy_retries(lambda: _cleanup_batch(op, token))
         if after_batch is not None:

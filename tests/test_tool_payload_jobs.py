@@ -473,7 +473,9 @@ def test_a_cleanup_killed_with_sigkill_resumes_on_a_real_cluster_with_exact_tota
     kills.mkdir()
     env = {**os.environ, "DATABASE_URL": database_url(), "ENGINE_HOME": str(engine_home),
            "DJANGO_SETTINGS_MODULE": "console.settings_test", "Q_WORKERS": "1",
-           "LETHE_TOOL_CLEANUP_BATCH": "3", "LETHE_TOOL_CLEANUP_PAUSE": "0.4",
+           # Small batches and long pauses: the run lasts long enough to be killed mid-way
+           # even when a loaded machine slows this test's polling.
+           "LETHE_TOOL_CLEANUP_BATCH": "2", "LETHE_TOOL_CLEANUP_PAUSE": "1.0",
            "LETHE_TOOL_JOB_LEASE_SECONDS": "2", "LETHE_TOOL_JOB_STEP_SECONDS": "600",
            "LETHE_TEST_KILL_AT": "tool-cleanup-mid-batch,tool-cleanup-after-batch", "LETHE_TEST_KILL_DIR": str(kills)}
 
