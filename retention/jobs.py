@@ -556,6 +556,10 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str) -> str:
         removed = len(written)
         removed_bytes = sum(item.payload_bytes - values["payload_bytes"] for item, values in written)
         finished = sum(1 for c in candidates if c < next_cursor[0] or next_cursor[1] == NO_CURSOR)
+        if removed:
+            # The figures of earlier analyses no longer describe the data.
+            ToolPayloadOperation.objects.filter(kind=OperationKind.ANALYSIS, stale=False).exclude(
+                state__in=OPEN_STATES).update(stale=True)
         faults.kill_point("tool-cleanup-mid-batch")  # crash tests: items written, cursor not yet
         ToolPayloadOperation.objects.filter(pk=fresh.pk).update(
             cursor_conversation=next_cursor[0],

@@ -694,3 +694,17 @@ def test_a_busy_database_backs_off_and_the_run_goes_on(admin_user):
         thread.join()
         timer.cancel()
     assert (op.state, op.error_code, op.removed_messages) == ("succeeded", "", 4)
+
+
+@pytest.mark.django_db
+def test_an_analysis_is_stale_once_a_cleanup_removed_what_it_counted(admin_user):
+    old_conversation("counted", tools=3)
+    analysis = run(service.start_analysis(user=admin_user, age_value=3, age_unit="months"))
+    assert analysis.eligible_messages > 0
+    enable(admin_user)  # same period: the analysis still describes the data
+    assert service.status_document()["analysis_state"] == "completed"
+    cleanup = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert cleanup.removed_messages == analysis.eligible_messages
+    # Its figures are gone from the data: the screen must not show them as current.
+    assert ToolPayloadOperation.objects.get(pk=analysis.pk).stale is True
+    assert service.status_document()["analysis_state"] == "stale"
