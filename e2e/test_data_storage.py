@@ -221,3 +221,33 @@ def test_it_shows_members_the_settings_read_only(policies, live_server, open_pag
     expect(page.get_by_role("button", name=re.compile("Save"))).to_have_count(0)
     check_layout(page)
     assert tool_policy().revision == tool.revision and facts_policy().revision == facts.revision
+
+
+def test_a_change_typed_before_the_script_ran_still_gets_the_save_bar(seeded, live_server, open_page):
+    """On a slow phone a person can type before the page's script has run; the bar must still
+    offer to save (and warn before leaving), not take the typed value as the saved one."""
+    import time as _time
+
+    page = open_page("phone")
+    log_in(page, live_server.url, *ADMIN)
+    held = []
+
+    def hold_script(route):
+        held.append(route)
+
+    page.route("**/js/lethe*.js", hold_script)
+    page.goto(f"{live_server.url}/settings/system/data-storage/", wait_until="commit")
+    field = page.get_by_label("Audit facts, days")
+    field.wait_for()
+    deadline = _time.monotonic() + 10
+    while not held and _time.monotonic() < deadline:
+        page.wait_for_timeout(50)
+    assert held, "the script request was not seen"
+    field.fill("366")  # typed while the script is held back
+    held[0].continue_()
+    page.wait_for_load_state("load")
+    expect(page.locator("#save-bar")).to_be_visible()
+    expect(page.locator("#save-bar .save-bar-which")).to_contain_text("Retained facts")
+    page.locator("#save-bar").get_by_role("button", name="Discard").click()
+    expect(field).to_have_value("365")
+    expect(page.locator("#save-bar")).to_be_hidden()

@@ -251,6 +251,30 @@
     if (card) card.classList.remove("has-error");
   }
   function remember(form) { saved[form.dataset.contributor] = snapshot(form); }
+  // What the server rendered, from the fields' default state: a person who typed before
+  // this script ran (a slow phone) still gets the bar for that change.
+  function served(form) {
+    var params = new URLSearchParams();
+    Array.prototype.forEach.call(form.elements, function (el) {
+      if (!el.name || el.disabled || el.name === "csrfmiddlewaretoken" || el.name === "revision") return;
+      var tag = el.tagName;
+      if (tag === "BUTTON" || tag === "FIELDSET" || tag === "OBJECT" || tag === "OUTPUT") return;
+      if (tag === "SELECT") {
+        var picked = Array.prototype.filter.call(el.options, function (o) { return o.defaultSelected; });
+        if (!picked.length && !el.multiple && el.options.length) picked = [el.options[0]];
+        picked.forEach(function (o) { params.append(el.name, o.value); });
+        return;
+      }
+      var type = (el.type || "").toLowerCase();
+      if (type === "submit" || type === "button" || type === "reset" || type === "image" || type === "file") return;
+      if (type === "checkbox" || type === "radio") {
+        if (el.defaultChecked) params.append(el.name, el.value || "on");
+        return;
+      }
+      params.append(el.name, el.defaultValue);
+    });
+    return params.toString();
+  }
 
   // ---- Phone: the bar never covers the field being edited -------------------------
   // With the on-screen keyboard open only the visual viewport shrinks, and a fixed bar
@@ -395,7 +419,7 @@
     if (barHadFocus || focusLost()) focusQuiet(card);
   }
 
-  forms().forEach(remember);
+  forms().forEach(function (form) { saved[form.dataset.contributor] = served(form); });
   document.addEventListener("focusin", function (event) {
     if (event.target.closest && event.target.closest("form[data-contributor]")) {
       lastField = event.target;
