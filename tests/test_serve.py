@@ -175,8 +175,10 @@ def test_a_killed_serve_leaves_no_child_behind(env, tree):
     kids = tree.watch(proc.pid, port)
     proc.kill()
     proc.wait(10)
-    assert wait_until(lambda: not any(alive(k) for k in kids), 30)
-    assert wait_until(tree.everything_stopped, 15)
+    # The children get SIGTERM from the kernel and stop gracefully; on a machine busy with
+    # two other test suites that took longer than 30 s once. Left behind is the failure.
+    assert wait_until(lambda: not any(alive(k) for k in kids), 90)
+    assert wait_until(tree.everything_stopped, 30)
 
 
 def test_it_stops_the_other_child_when_one_exits(env, tree):
