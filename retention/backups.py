@@ -44,6 +44,8 @@ from django.conf import settings
 from django.db import connection
 from django.utils.translation import gettext as _
 
+from retention.errors import CodedError
+
 # Pages copied per step of the SQLite online backup: small enough that cancel and progress
 # answer within a fraction of a second, large enough that steps cost nothing noticeable.
 SQLITE_STEP_PAGES = 1024
@@ -58,13 +60,8 @@ LOCK_NAME = ".lock"
 Progress = Callable[[int, int | None], None]
 
 
-class BackupError(Exception):
+class BackupError(CodedError):
     """A backup could not be made or does not check out. `code` is stable, `message` localized."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 @dataclass(frozen=True)

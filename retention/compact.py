@@ -22,19 +22,15 @@ from dataclasses import dataclass
 from django.db import connection
 from django.utils.translation import gettext as _
 
+from retention.errors import CodedError
 from retention.storage import database_size
 
 CHECKPOINT_ATTEMPTS = 50
 CHECKPOINT_PAUSE_SECONDS = 0.1
 
 
-class CompactError(Exception):
+class CompactError(CodedError):
     """Compaction could not run. `code` is stable, `message` localized."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 @dataclass(frozen=True)

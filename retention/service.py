@@ -217,8 +217,12 @@ def _backups() -> list[dict[str, Any]]:
     ]
 
 
-def status_document() -> dict:
+def status_document(*, with_database: bool = True) -> dict:
     """The whole state of tool payload cleanup (DESIGN.md section 8 and more).
+
+    `with_database=False` leaves out the database figures (`None`): measuring reusable space
+    reads pages, and the card's status reads (every second while something runs) do not
+    show them (the page measures once when it renders).
 
     Never raises for unreadable stored state: it answers with `error` set
     ({code: "state_unreadable", message}) and as much as it could read, and every
@@ -277,7 +281,7 @@ def status_document() -> dict:
         "last_compact": last_compact,
         "next_check_at": jobs.next_check_at() if policy.enabled and error is None else None,
         "history": history,
-        "database": _database(),
+        "database": _database() if with_database else None,
         "backups": backups,
         "error": {"code": error.code, "message": error.message} if error else None,
     }

@@ -100,7 +100,7 @@ def _saved_form(form_class, policy):
 def _read_status() -> dict | None:
     """The service's status document, or None when it cannot be read (shown, never hidden)."""
     try:
-        return service.status_document()
+        return service.status_document(with_database=False)
     except Exception:
         logger.exception("tool payload cleanup status could not be read")
         return None
@@ -171,7 +171,6 @@ def _card(doc: dict | None, engine: str) -> dict:
         "next_check_at": doc.get("next_check_at"),
         "can_run": blocked is None,
         "run_blocked": blocked,
-        "database": doc.get("database") or {},
         "last_compact": _op(doc.get("last_compact")),
         "backups": doc.get("backups") or [],
         "history": [_op(entry) for entry in (doc.get("history") or [])[:50]],
