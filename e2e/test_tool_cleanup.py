@@ -83,6 +83,9 @@ def open_card(page: Page, base: str, who=ADMIN) -> None:
     log_in(page, base, *who)
     open_nav(page, "Data & storage")
     expect(page.locator("#tool-card")).to_be_visible()
+    # The card is visible while the page still parses; its script (the language switch, the
+    # save bar) runs at the end of parsing.
+    page.wait_for_load_state("load")
 
 
 def analyze_draft(page: Page, old) -> int:
