@@ -2,8 +2,10 @@
 
 Every write path (the item actions, seeding, benchmarks, the data migration) stores the
 payload as the database will give it back, and with it `payload_bytes` (its canonical size),
-`removable_bytes` (the exact reduction cleanup would make now) and `payload_skip` (the
-reducer's skip reason), so analysis is a sum over an index and equals what cleanup removes.
+`removable_bytes` (the exact reduction cleanup would make now), `payload_skip` (the
+reducer's skip reason) and `removal_plan` (the marker's figure and field names), so analysis
+is a sum over an index and equals what cleanup removes, and cleanup rewrites most rows in SQL
+without reading their payloads.
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ from retention import reducer
 
 
 def payload_columns(role: str, kind: str, payload: Any, *, vendor: str | None = None) -> dict[str, Any]:
-    """Column values for an item's payload: payload, payload_bytes, removable_bytes, payload_skip."""
+    """Column values for an item's payload: payload, payload_bytes, removable_bytes,
+    payload_skip, removal_plan."""
     if role != "tool":
-        return {"payload": payload, "payload_bytes": 0, "removable_bytes": 0, "payload_skip": ""}
+        return {"payload": payload, "payload_bytes": 0, "removable_bytes": 0, "payload_skip": "",
+                "removal_plan": None}
     stored = reducer.normalize(payload, vendor=vendor or connection.vendor)
-    size, removable, skip = reducer.measure_item(kind, stored)
-    return {"payload": stored, "payload_bytes": size, "removable_bytes": removable, "payload_skip": skip}
+    size, removable, skip, removal_plan = reducer.item_figures(kind, stored)
+    return {"payload": stored, "payload_bytes": size, "removable_bytes": removable, "payload_skip": skip,
+            "removal_plan": removal_plan}

@@ -359,6 +359,11 @@ class Item(models.Model):
     payload_skip = models.CharField(max_length=16, blank=True, default="")
     # Set when tool payload cleanup removed this item's details; never cleared.
     details_removed_at = models.DateTimeField(null=True, blank=True)
+    # What cleanup would write into the marker besides its time (the removed fields and the
+    # size of their values, canonical JSON), stored with the payload it describes and the
+    # same revision; NULL when nothing would be removed, or for kinds reduced in Python.
+    # With it cleanup rewrites the row in SQL without reading the payload.
+    removal_plan = models.TextField(null=True, blank=True)
     revision = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)

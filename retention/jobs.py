@@ -62,13 +62,23 @@ def _env_number(name: str, default: float) -> float:
 # Tunables (environment, for operators and tests).
 LEASE_SECONDS = _env_number("LETHE_TOOL_JOB_LEASE_SECONDS", 30)
 STEP_SECONDS = _env_number("LETHE_TOOL_JOB_STEP_SECONDS", 60)
-BATCH_ITEMS = int(_env_number("LETHE_TOOL_CLEANUP_BATCH", 100))
-BATCH_BYTES = int(_env_number("LETHE_TOOL_CLEANUP_BATCH_BYTES", 1_000_000))
-CONVERSATIONS_PER_BATCH = int(_env_number("LETHE_TOOL_CLEANUP_CONVERSATIONS", 50))
-# Seconds between cleanup batches: 0.02 on SQLite (waiting writers get the lock), none on
-# PostgreSQL (row locks do not starve writers), unless set, then on both.
+BATCH_ITEMS = int(_env_number("LETHE_TOOL_CLEANUP_BATCH", 1000))
+# Payload bytes per cleanup batch: a hard cap; within it each batch's size follows the rate
+# measured on the batches before, so a batch's write transaction takes about BATCH_SECONDS.
+BATCH_BYTES = int(_env_number("LETHE_TOOL_CLEANUP_BATCH_BYTES", 64_000_000))
+FIRST_BATCH_BYTES = 1_000_000
+MIN_BATCH_BYTES = 64_000
+CONVERSATIONS_PER_BATCH = int(_env_number("LETHE_TOOL_CLEANUP_CONVERSATIONS", 200))
+# SQLite has one write lock: a batch holds it for about 15 ms, then the job pauses 10 ms. A
+# writer that finds the lock taken retries after 1, 3, 8, 18 ms (SQLite's busy handler), so
+# one of its retries falls into the pause and it waits at most about 18 ms. PostgreSQL's row
+# locks do not stop writers of other conversations: longer batches, no pause.
+BATCH_SECONDS_SET = "LETHE_TOOL_CLEANUP_BATCH_SECONDS" in os.environ
+BATCH_SECONDS = _env_number("LETHE_TOOL_CLEANUP_BATCH_SECONDS", 0.015)
+POSTGRES_BATCH_SECONDS = 0.25
+# Seconds between cleanup batches: 0.01 on SQLite, none on PostgreSQL, unless set, then on both.
 PAUSE_SET = "LETHE_TOOL_CLEANUP_PAUSE" in os.environ
-SQLITE_PAUSE = _env_number("LETHE_TOOL_CLEANUP_PAUSE", 0.02)
+SQLITE_PAUSE = _env_number("LETHE_TOOL_CLEANUP_PAUSE", 0.01)
 ANALYSIS_BATCH = int(_env_number("LETHE_TOOL_ANALYSIS_BATCH", 2000))
 MAX_TAKEOVERS = 5
 BUSY_RETRIES = 6
@@ -426,6 +436,71 @@ def _reduce_item_row(item, *, removed_at: datetime):
     return reduce_item_row(item, removed_at=removed_at)
 
 
+class _Row:
+    """The columns a batch reads of an item (no payload unless it is reduced in Python)."""
+
+    __slots__ = ("id", "conversation_id", "role", "tool_kind", "payload_bytes", "removable_bytes",
+                 "removal_plan", "revision", "payload")
+
+    def __init__(self, *values) -> None:
+        for name, value in zip(self.__slots__, values, strict=False):
+            setattr(self, name, value)
+        self.payload = None
+
+    @property
+    def pk(self) -> int:
+        return self.id
+
+
+class _Pace:
+    """How many payload bytes the next batch takes: the bytes per second measured on the
+    batches before, times the engine's batch time, within [MIN_BATCH_BYTES, BATCH_BYTES];
+    and how many rows to read for it (a little more than the bytes need, at most BATCH_ITEMS)."""
+
+    def __init__(self, pause: float = 0.0) -> None:
+        if BATCH_SECONDS_SET or connection.vendor != "postgresql":
+            self.seconds = BATCH_SECONDS
+        else:
+            self.seconds = POSTGRES_BATCH_SECONDS
+        self.budget = min(FIRST_BATCH_BYTES, BATCH_BYTES)
+        self.item_bytes = 0.0  # mean payload bytes of the items taken so far
+        self.pause = pause
+        self.committed_at = 0.0  # monotonic time of the last batch's commit
+        self.candidates: list[int] = []  # eligible conversations read ahead, in id order
+        self.marked_stale = False
+
+    def wait_for_gap(self) -> None:
+        """Between two write transactions at least `pause` passes (SQLite: waiting writers
+        take the lock then); the next batch's reading and planning count toward it."""
+        if self.pause and self.committed_at:
+            left = self.committed_at + self.pause - time.monotonic()
+            if left > 0:
+                time.sleep(left)
+
+    def candidates_from(self, first: int) -> list[int] | None:
+        """The conversations read ahead from `first` on, or None when a new read is due. Each
+        is rechecked inside its batch's transaction, so a read-ahead list is never trusted."""
+        ahead = [c for c in self.candidates if c >= first]
+        return ahead or None
+
+    def item_limit(self) -> int:
+        if not self.item_bytes:
+            return BATCH_ITEMS
+        return max(1, min(BATCH_ITEMS, int(self.budget / self.item_bytes * 1.5) + 16))
+
+    def taken(self, items: int, payload_bytes: int) -> None:
+        if items:
+            self.item_bytes = payload_bytes / items
+
+    def record(self, payload_bytes: int, seconds: float) -> None:
+        if payload_bytes <= 0 or seconds <= 0:
+            return
+        aimed = payload_bytes / seconds * self.seconds
+        # halfway there each batch (one slow commit does not halve the next batch), at most doubling
+        budget = min(self.budget * 2, (self.budget + aimed) / 2)
+        self.budget = int(min(BATCH_BYTES, max(min(MIN_BATCH_BYTES, BATCH_BYTES), budget)))
+
+
 def _cleanup_step(op: ToolPayloadOperation, token: str, *, after_batch=None) -> str:
     """Bounded keyset batches by (conversation id, item id), each its own transaction."""
     deadline = time.monotonic() + STEP_SECONDS
@@ -438,15 +513,13 @@ def _cleanup_step(op: ToolPayloadOperation, token: str, *, after_batch=None) -> 
                         preparation_state=PreparationState.FAILED, preparation_error=refused[:300]
                     )
             return "done"
-    pause = SQLITE_PAUSE if connection.vendor == "sqlite" or PAUSE_SET else 0.0
+    pace = _Pace(pause=SQLITE_PAUSE if connection.vendor == "sqlite" or PAUSE_SET else 0.0)
     while time.monotonic() < deadline:
-        result = _with_busy_retries(lambda: _cleanup_batch(op, token))
+        result = _with_busy_retries(lambda: _cleanup_batch(op, token, pace=pace))
         if after_batch is not None:
             after_batch(result)
         if result in ("succeeded", "cancelled", "disabled", "policy_changed"):
             return "done"
-        if pause:
-            time.sleep(pause)
     return "more"
 
 
@@ -467,12 +540,63 @@ def _verify_preparation() -> str:
     return ""
 
 
-def _cleanup_batch(op: ToolPayloadOperation, token: str) -> str:
+class _Planned:
+    """One item of a batch: rewritten in SQL from its stored plan (`marker` set), or in
+    Python from its payload (`values` set; None when the reducer now skips it)."""
+
+    __slots__ = ("item", "marker", "fields", "removed_at", "values")
+
+    def __init__(self, item, marker: str | None = None, fields: list[str] | None = None,
+                 removed_at: datetime | None = None, values: dict[str, Any] | None = None) -> None:
+        self.item, self.marker, self.fields, self.values = item, marker, fields, values
+        self.removed_at = removed_at
+
+    @property
+    def skipped(self) -> bool:
+        return self.marker is None and self.values is None
+
+    @property
+    def removed_bytes(self) -> int:
+        if self.marker is not None:
+            return self.item.removable_bytes  # stored with this revision: exact
+        return self.item.payload_bytes - self.values["payload_bytes"]
+
+
+def _plan_items(items: list, removed_at: datetime) -> list[_Planned]:
+    """Each item's rewrite. Items with a stored plan need no payload; the others (edit_file,
+    rows written before plans were stored) are read and reduced in Python."""
+    from lifecycle.models import Item
+    from retention.reducer import REMOVED_FIELDS, marker_from_plan
+
+    planned: list[_Planned] = []
+    in_python = []
+    for item in items:
+        if item.removal_plan and item.role == "tool":
+            try:
+                marker, fields = marker_from_plan(item.removal_plan, removed_at)
+            except (ValueError, KeyError, TypeError):
+                marker, fields = None, []
+            if (marker is not None and 0 < len(fields) <= 2
+                    and set(fields) <= set(REMOVED_FIELDS.get(item.tool_kind, ()))):
+                planned.append(_Planned(item, marker=marker, fields=fields, removed_at=removed_at))
+                continue
+        in_python.append(item)
+        planned.append(_Planned(item))
+    if in_python:
+        payloads = dict(Item.objects.filter(pk__in=[i.pk for i in in_python]).values_list("id", "payload"))
+        for entry in planned:
+            if entry.marker is None:
+                entry.item.payload = payloads.get(entry.item.pk)
+                entry.values = _reduce_item_row(entry.item, removed_at=removed_at)
+    return planned
+
+
+def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None = None) -> str:
     """One committed batch: "next" while work remains, else how the run ended.
 
     A batch takes the next items in (conversation id, item id) order after the cursor, up to
-    BATCH_ITEMS items and BATCH_BYTES of payload, from up to CONVERSATIONS_PER_BATCH
-    eligible conversations. Reading and reducing happen before the write transaction (no
+    BATCH_ITEMS items and the pace's payload bytes, from up to CONVERSATIONS_PER_BATCH
+    eligible conversations. Reading and planning happen before the write transaction (no
     write lock held while Python works); the transaction then locks those conversations,
     rechecks them and writes with compare-and-swap, so the lock covers only the checks and
     the UPDATEs. Items of a conversation that is no longer eligible are counted as skipped
@@ -480,41 +604,52 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str) -> str:
     """
     from lifecycle.models import Item
 
-    # 1. Read: the cursor, the next conversations and items, their reduced rows.
+    budget = pace.budget if pace is not None else min(FIRST_BATCH_BYTES, BATCH_BYTES)
+    # 1. Read: the cursor, the next conversations and items, their plans.
     seen = ToolPayloadOperation.objects.get(pk=op.pk)
     if seen.lease != token:
         raise LeaseLost
     if seen.cutoff is None:
         _fix_cutoff(seen, token)
     cursor_conversation, cursor_item = seen.cursor_conversation, seen.cursor_item
-    candidates = list(
-        eligible_conversations(seen.cutoff)
-        .filter(id__gte=cursor_conversation if cursor_item != NO_CURSOR else cursor_conversation + 1)
-        .filter(Exists(Item.objects.filter(conversation=OuterRef("pk"), removable_bytes__gt=0)))
-        .values_list("id", flat=True)[:CONVERSATIONS_PER_BATCH]
-    )
-    planned: list[tuple[Any, dict | None]] = []
+    first = cursor_conversation if cursor_item != NO_CURSOR else cursor_conversation + 1
+    candidates = pace.candidates_from(first) if pace is not None else None
+    if candidates is None:
+        candidates = list(
+            eligible_conversations(seen.cutoff)
+            .filter(id__gte=first)
+            .filter(Exists(Item.objects.filter(conversation=OuterRef("pk"), removable_bytes__gt=0)))
+            .values_list("id", flat=True)[:CONVERSATIONS_PER_BATCH]
+        )
+        if pace is not None:
+            pace.candidates = candidates
+    planned: list[_Planned] = []
+    batch_bytes = 0
     if candidates:
         after = Q(conversation_id__gt=cursor_conversation) | Q(conversation_id=cursor_conversation, id__gt=cursor_item)
-        items = list(
-            Item.objects.filter(after, conversation_id__in=candidates, removable_bytes__gt=0)
-            .only("id", "conversation_id", "role", "tool_kind", "payload", "payload_bytes", "revision")
-            .order_by("conversation_id", "id")[:BATCH_ITEMS]
-        )
-        budget = BATCH_BYTES
-        removed_at = timezone.now().replace(microsecond=0)
+        limit = pace.item_limit() if pace is not None else BATCH_ITEMS
+        items = [_Row(*values) for values in
+                 Item.objects.filter(after, conversation_id__in=candidates, removable_bytes__gt=0)
+                 .order_by("conversation_id", "id").values_list(*_Row.__slots__[:-1])[:limit]]
+        taken = []
         for item in items:
-            if planned and budget - item.payload_bytes < 0:
+            if taken and batch_bytes + item.payload_bytes > budget:
                 break
-            budget -= item.payload_bytes
-            planned.append((item, _reduce_item_row(item, removed_at=removed_at)))
-        full = len(planned) < len(items) or len(items) == BATCH_ITEMS
+            batch_bytes += item.payload_bytes
+            taken.append(item)
+        if pace is not None:
+            pace.taken(len(taken), batch_bytes)
+        full = len(taken) < len(items) or len(items) == limit
         if full:
-            next_cursor = (planned[-1][0].conversation_id, planned[-1][0].id)
+            next_cursor = (taken[-1].conversation_id, taken[-1].id)
         else:  # every candidate conversation is done
             next_cursor = (candidates[-1], NO_CURSOR)
+        planned = _plan_items(taken, timezone.now().replace(microsecond=0))  # the marker's whole seconds
 
     # 2. Write: one short transaction that rechecks before it writes.
+    if pace is not None:
+        pace.wait_for_gap()
+    started = time.perf_counter()
     with transaction.atomic():
         fresh = _locked(op, token)
         ended = _run_ended(fresh)
@@ -532,7 +667,7 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str) -> str:
                 )
             _close_locked(fresh, OperationState.SUCCEEDED)
             return "succeeded"
-        touched = sorted({item.conversation_id for item, _values in planned})
+        touched = sorted({entry.item.conversation_id for entry in planned})
         # Lock the conversations (a foreground write waits for this batch, or this batch
         # sees its activity) and recheck their eligibility inside the batch's transaction.
         _lock_conversations(touched)
@@ -544,22 +679,25 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str) -> str:
                 conversation_id=cursor_conversation, removable_bytes__gt=0, id__gt=cursor_item
             ).count()
         writes = []
-        for item, values in planned:
-            if item.conversation_id not in still:
+        for entry in planned:
+            if entry.item.conversation_id not in still:
                 skipped["recent_activity"] += 1
-            elif values is None:
+            elif entry.skipped:
                 skipped["changed"] += 1
             else:
-                writes.append((item, values))
-        written = _write_items(writes)
+                writes.append(entry)
+        written = _write_planned(writes)
         skipped["changed"] += len(writes) - len(written)
         removed = len(written)
-        removed_bytes = sum(item.payload_bytes - values["payload_bytes"] for item, values in written)
+        removed_bytes = sum(entry.removed_bytes for entry in written)
         finished = sum(1 for c in candidates if c < next_cursor[0] or next_cursor[1] == NO_CURSOR)
-        if removed:
+        if removed and not (pace is not None and pace.marked_stale):
             # The figures of earlier analyses no longer describe the data.
             ToolPayloadOperation.objects.filter(kind=OperationKind.ANALYSIS, stale=False).exclude(
                 state__in=OPEN_STATES).update(stale=True)
+            stale_marked = True
+        else:
+            stale_marked = False
         faults.kill_point("tool-cleanup-mid-batch")  # crash tests: items written, cursor not yet
         ToolPayloadOperation.objects.filter(pk=fresh.pk).update(
             cursor_conversation=next_cursor[0],
@@ -571,6 +709,10 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str) -> str:
             scanned=F("scanned") + finished,
             heartbeat_at=timezone.now(),
         )
+    if pace is not None:
+        pace.committed_at = time.monotonic()
+        pace.marked_stale = pace.marked_stale or stale_marked
+        pace.record(batch_bytes, time.perf_counter() - started)
     faults.kill_point("tool-cleanup-after-batch")  # crash tests: batch committed
     return "next"
 
@@ -617,6 +759,86 @@ def _lock_conversations(ids: list[int]) -> None:
 
 
 _UPDATE_SQL: dict[tuple[str, ...], str] = {}
+
+
+def _write_planned(entries: list[_Planned]) -> list[_Planned]:
+    """Write a batch's rewrites with compare-and-swap on (id, revision); the ones written."""
+    in_sql = [entry for entry in entries if entry.marker is not None]
+    in_python = [entry for entry in entries if entry.marker is None]
+    written = []
+    if in_sql:
+        written += _write_from_plans(in_sql)
+    if in_python:
+        done = {item.pk for item, _values in _write_items([(e.item, e.values) for e in in_python])}
+        written += [entry for entry in in_python if entry.item.pk in done]
+    return written
+
+
+def _plan_update_sql() -> str:
+    """The UPDATE that reduces items from their stored plans: the plan's fields removed from
+    the payload in the database, the marker added, the sizes taken from the stored figures.
+
+    PostgreSQL: one statement for the whole batch (arrays of ids, revisions and markers),
+    which returns the ids it wrote. SQLite: one row per execution (executemany)."""
+    from lifecycle.models import Item
+    from retention.reducer import MARKER_KEY
+
+    key = (connection.vendor, "plan")
+    sql = _UPDATE_SQL.get(key)
+    if sql is None:
+        table = connection.ops.quote_name(Item._meta.db_table)
+        if connection.vendor == "postgresql":
+            sql = (
+                f"UPDATE {table} AS i SET payload = (i.payload - ARRAY(SELECT jsonb_array_elements_text("
+                f"v.marker -> 'removed_fields'))) || jsonb_build_object('{MARKER_KEY}', v.marker), "
+                "payload_bytes = i.payload_bytes - i.removable_bytes, removable_bytes = 0, removal_plan = NULL, "
+                "payload_skip = %s, details_removed_at = %s, revision = i.revision + 1, updated_at = %s "
+                "FROM unnest(%s::bigint[], %s::bigint[], %s::jsonb[]) AS v(id, revision, marker) "
+                "WHERE i.id = v.id AND i.revision = v.revision AND i.removal_plan IS NOT NULL RETURNING i.id"
+            )
+        else:
+            sql = (
+                f"UPDATE {table} SET payload = json_set(json_remove(payload, %s, %s), "
+                f"""'$."{MARKER_KEY}"', json(%s)), """
+                "payload_bytes = payload_bytes - removable_bytes, removable_bytes = 0, removal_plan = NULL, "
+                "payload_skip = %s, details_removed_at = %s, revision = revision + 1, updated_at = %s "
+                "WHERE id = %s AND revision = %s AND removal_plan IS NOT NULL"
+            )
+        _UPDATE_SQL[key] = sql
+    return sql
+
+
+def _write_from_plans(entries: list[_Planned]) -> list[_Planned]:
+    """Reduce items from their stored plans, compare-and-swap on (id, revision); the ones written."""
+    from lifecycle.models import Item
+    from retention.reducer import Skip
+
+    at_field = Item._meta.get_field("details_removed_at")
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            at_db = at_field.get_db_prep_save(entries[0].removed_at, connection)  # one time per batch
+            cursor.execute(_plan_update_sql(), [
+                Skip.ALREADY_REMOVED, at_db, at_db, [e.item.pk for e in entries],
+                [e.item.revision for e in entries], [e.marker for e in entries],
+            ])
+            done = {row[0] for row in cursor.fetchall()}
+            return [entry for entry in entries if entry.item.pk in done]
+        rows = []
+        for entry in entries:
+            at_db = at_field.get_db_prep_save(entry.removed_at, connection)
+            paths = [f'$."{name}"' for name in entry.fields]
+            rows.append([paths[0], paths[-1], entry.marker,  # a repeated path is removed once
+                         Skip.ALREADY_REMOVED, at_db, at_db, entry.item.pk, entry.item.revision])
+        cursor.executemany(_plan_update_sql(), rows)
+        changed = cursor.rowcount
+    if changed == len(entries):
+        return entries
+    ours = set(
+        Item.objects.filter(pk__in=[entry.item.pk for entry in entries], payload_skip=Skip.ALREADY_REMOVED)
+        .values_list("id", "revision", "details_removed_at")
+    )
+    return [entry for entry in entries
+            if (entry.item.pk, entry.item.revision + 1, entry.removed_at) in ours]
 
 
 def _write_items(writes: list[tuple[Any, dict[str, Any]]]) -> list[tuple[Any, dict[str, Any]]]:

@@ -4,7 +4,7 @@ Kept always: the item's content, title, status and tool_call_id, and every paylo
 not named below (unknown fields too). Removed, by kind: the bulky details (output, file
 contents, diffs, responses), every one of them that is present, empty or not. A reduced
 payload carries a marker under MARKER_KEY with the version, the removal time (fixed-width
-UTC, seconds), every removed field name and the byte size of the removed values; never the
+UTC, seconds), every removed field name (in key order) and the byte size of the removed values; never the
 removed text or a hash of it.
 
 Sizes are the canonical form (`encode`: compact, sorted keys, UTF-8, no escapes), which is
@@ -119,7 +119,8 @@ def _strip(kind: str, payload: dict[str, Any]) -> tuple[dict[str, Any], list[str
     detail = 0
     drop = REMOVED_FIELDS[kind]
     reduced = {}
-    for name, value in payload.items():
+    # In key order, as stored: the marker lists the same names whatever order a writer sent.
+    for name, value in sorted(payload.items()):
         if name in drop:
             removed.append(name)
             detail += encoded_size(value)
@@ -136,7 +137,7 @@ def _strip(kind: str, payload: dict[str, Any]) -> tuple[dict[str, Any], list[str
             if not isinstance(change, dict):
                 return Skip.MALFORMED
             kept = {}
-            for name, value in change.items():
+            for name, value in sorted(change.items()):
                 if name in EDIT_CHANGE_FIELDS:
                     removed.append(f"changes[{index}].{name}")
                     detail += encoded_size(value)
@@ -214,11 +215,50 @@ def measure(kind: str, payload: Any, *, encoded: str | None = None) -> tuple[int
 
 def measure_item(kind: str, payload: Any, *, encoded: str | None = None) -> tuple[int, int, str]:
     """(payload_bytes, removable_bytes, payload_skip) to store with a tool item."""
+    size, removable, skip, _plan = item_figures(kind, payload, encoded=encoded)
+    return size, removable, skip
+
+
+def item_figures(kind: str, payload: Any, *, encoded: str | None = None) -> tuple[int, int, str, str | None]:
+    """(payload_bytes, removable_bytes, payload_skip, removal_plan) to store with a tool item.
+
+    `removal_plan` is the marker without its time (`plan_text`), or None when nothing would
+    be removed: with it, cleanup rewrites the row in SQL without reading the payload.
+    """
     if payload is None:
-        return 0, 0, Skip.NO_PAYLOAD
+        return 0, 0, Skip.NO_PAYLOAD, None
     size = len((encoded if encoded is not None else encode(payload)).encode())
     result = plan(kind, payload, size=size)
-    return size, result.removed_bytes, result.skip or ""
+    return size, result.removed_bytes, result.skip or "", plan_text(kind, result)
+
+
+# Kinds whose removal is top-level fields only: cleanup rewrites them in SQL from the stored
+# plan. edit_file also removes fields inside each entry of "changes", so it is reduced in Python.
+SQL_KINDS = frozenset(REMOVED_FIELDS) - {"edit_file"}
+
+
+def plan_text(kind: str, result: Plan) -> str | None:
+    """The stored removal plan: the marker's figure and field names (canonical JSON), for a
+    kind cleanup rewrites in SQL; None otherwise. Same revision, same payload: the plan is
+    written with the payload it describes and cleared when the details are removed."""
+    if result.skip or result.removed_bytes <= 0 or kind not in SQL_KINDS:
+        return None
+    return encode({"removed_bytes": result.detail_bytes, "removed_fields": list(result.removed_fields)})
+
+
+def marker_from_plan(stored_plan: str, removed_at: datetime) -> tuple[str, list[str]]:
+    """The marker cleanup writes for a stored plan (canonical JSON) and the fields it removes.
+
+    Equal, byte for byte, to the marker `apply` would build for the same payload and time.
+    """
+    figures = json.loads(stored_plan)
+    fields = figures["removed_fields"]
+    if (set(figures) != {"removed_bytes", "removed_fields"} or type(figures["removed_bytes"]) is not int
+            or not isinstance(fields, list) or not all(isinstance(f, str) for f in fields)):
+        raise ValueError("not a removal plan")
+    # The canonical form, keys in order: removed_at < removed_bytes < removed_fields < version.
+    text = removed_at_text(removed_at.replace(microsecond=0))
+    return f'{{"removed_at":"{text}",{encode(figures)[1:-1]},"version":{MARKER_VERSION}}}', fields
 
 
 def reduce_item_row(item: Any, *, removed_at: datetime) -> dict[str, Any] | None:
@@ -239,6 +279,7 @@ def reduce_item_row(item: Any, *, removed_at: datetime) -> dict[str, Any] | None
         "payload_bytes": encoded_size(reduced),
         "removable_bytes": 0,
         "payload_skip": Skip.ALREADY_REMOVED,
+        "removal_plan": None,
         "details_removed_at": removed_at,
         "revision": item.revision + 1,
         "updated_at": removed_at,

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from lifecycle.fence import is_fence_error
 from lifecycle.models import DeletionFence, Item
-from retention.reducer import Skip, encode, encoded_size, plan
+from retention.reducer import Skip, encode, encoded_size, plan, plan_text
 from tests import factories
 
 BEFORE = [("lifecycle", "0006_item_cleanup_fields")]
@@ -33,7 +33,9 @@ def _insert(conversation_id: int, seq: int, kind: str, text: str, *, size: int =
             "VALUES (%s, %s, 'tool', %s, '', 'completed', '', '', %s, %s, %s, '', 1, %s, %s)",
             [conversation_id, seq, kind, text, size, removable, now, now],
         )
-    return Item.objects.get(conversation_id=conversation_id, seq=seq).pk
+        # raw: the model has columns later migrations add
+        cursor.execute("SELECT id FROM lifecycle_item WHERE conversation_id = %s AND seq = %s", [conversation_id, seq])
+        return cursor.fetchone()[0]
 
 
 def _raw(item_id: int) -> str:
@@ -64,6 +66,9 @@ def test_the_migration_rewrites_payloads_and_figures_in_batches():
     assert cjk.payload == {"command": "cat", "stdout": CJK, "stderr": ""}
     assert cjk.payload_bytes == encoded_size(cjk.payload) and cjk.payload_skip == ""
     assert cjk.removable_bytes == plan("shell", cjk.payload).removed_bytes > 0
+    # 0008 stores the removal plan cleanup rewrites from in SQL
+    assert cjk.removal_plan == plan_text("shell", plan("shell", cjk.payload))
+    assert json.loads(cjk.removal_plan) == {"removed_bytes": encoded_size(CJK) + 2, "removed_fields": ["stderr", "stdout"]}
     if connection.vendor == "sqlite":
         assert _raw(cjk_id) == encode(cjk.payload)
         assert len(_raw(cjk_id).encode()) == cjk.payload_bytes
@@ -71,10 +76,11 @@ def test_the_migration_rewrites_payloads_and_figures_in_batches():
     assert numbers.payload_bytes == encoded_size(numbers.payload)
     assert numbers.payload["took"] == (10**16 if connection.vendor == "postgresql" else 1e16)
     tiny = Item.objects.get(pk=tiny_id)
-    assert (tiny.payload_skip, tiny.removable_bytes) == (Skip.TOO_SMALL, 0)
+    assert (tiny.payload_skip, tiny.removable_bytes, tiny.removal_plan) == (Skip.TOO_SMALL, 0, None)
     # The fence refuses writes to a conversation being deleted: its rows are left to erasure.
     untouched = Item.objects.get(pk=fenced_id)
     assert (untouched.payload_bytes, untouched.removable_bytes, untouched.payload_skip) == (1, 1, "")
+    assert untouched.removal_plan is None
     # The fence triggers are back after the table rebuild.
     with pytest.raises(IntegrityError) as refused:
         Item.objects.filter(pk=fenced_id).update(title="late")

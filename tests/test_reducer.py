@@ -31,12 +31,12 @@ CJK = "漢字かな交じり文" * 125  # 1,000 characters, 3 bytes each in UTF-
 # kind -> (payload, fields kept, fields removed)
 CASES = {
     "shell": ({"command": "make", "cwd": "/w", "exit_code": 2, "truncated": False, "stdout": BIG, "stderr": ""},
-              {"command", "cwd", "exit_code", "truncated"}, ["stdout", "stderr"]),
+              {"command", "cwd", "exit_code", "truncated"}, ["stderr", "stdout"]),  # in key order
     "read_file": ({"path": "p", "range": [1, 2], "line_count": 2, "content": BIG},
                   {"path", "range", "line_count"}, ["content"]),
     "edit_file": ({"changes": [{"path": "a.py", "change_type": "modify", "start_line": 3, "end_line": 9,
                                 "old_content": BIG, "new_content": "", "diff": "-old\n+new"}]},
-                  {"changes"}, ["changes[0].old_content", "changes[0].new_content", "changes[0].diff"]),
+                  {"changes"}, ["changes[0].diff", "changes[0].new_content", "changes[0].old_content"]),
     "search": ({"query": "q", "scope": "s", "file_count": 1, "matches": [BIG]},
                {"query", "scope", "file_count"}, ["matches"]),
     "http": ({"url": "https://x.test/a", "method": "GET", "status": 200, "response": BIG},

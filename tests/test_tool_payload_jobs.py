@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Sum
+from django.db.models import F, Sum
 from django.utils import timezone
 
 from lifecycle.actions.append_item import append_item
@@ -335,27 +335,37 @@ def test_a_foreground_write_between_batches_protects_its_conversation(admin_user
 
 
 @pytest.mark.django_db
-def test_a_concurrent_item_write_wins_over_the_batch(admin_user, monkeypatch):
+@pytest.mark.parametrize("kind", ["shell", "edit_file"])  # rewritten in SQL from its plan / in Python
+def test_a_concurrent_item_write_wins_over_the_batch(admin_user, monkeypatch, kind):
     conversation = old_conversation("cas", tools=2)
+    factories.add_tool(conversation, "edit_file", {"path": "/w/b.py", "changes": [
+        {"old_content": "a" * 900, "new_content": "b" * 900, "line": 3}]}, tool_call_id="cas-e")
+    age(conversation, OLD)
     enable(admin_user)
     op_id = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
     op = jobs._claim(op_id, "t")
-    target = Item.objects.filter(conversation=conversation, tool_kind="shell").order_by("id").first()
-    real = jobs._reduce_item_row
+    target = Item.objects.filter(conversation=conversation, tool_kind=kind).order_by("id").first()
+    assert (target.removal_plan is not None) == (kind == "shell")
+    real = jobs._plan_items
+    raced = []
 
-    def racing(item, *, removed_at):
-        values = real(item, removed_at=removed_at)
-        if item.pk == target.pk:  # the runtime updates this item between read and write
-            Item.objects.filter(pk=item.pk).update(revision=item.revision + 1, status="failed")
-        return values
+    def racing(items, removed_at):
+        planned = real(items, removed_at)
+        if not raced:  # the runtime updates this item between the batch's read and its write
+            raced.append(Item.objects.filter(pk=target.pk).update(revision=F("revision") + 1, status="failed"))
+        return planned
 
-    monkeypatch.setattr(jobs, "_reduce_item_row", racing)
+    monkeypatch.setattr(jobs, "_plan_items", racing)
     while jobs._cleanup_batch(op, "t") == "next":
         pass
     op.refresh_from_db()
     target.refresh_from_db()
-    assert target.status == "failed" and "stdout" in target.payload and target.details_removed_at is None
-    assert json.loads(op.skipped_json) == {"changed": 1} and op.removed_messages == 2
+    assert raced == [1]
+    assert target.status == "failed" and target.details_removed_at is None and target.removable_bytes > 0
+    assert "retention" not in target.payload
+    assert json.loads(op.skipped_json) == {"changed": 1} and op.removed_messages == 3
+    others = Item.objects.filter(conversation=conversation, details_removed_at__isnull=False)
+    assert others.count() == 3 and target.pk not in set(others.values_list("id", flat=True))
 
 
 # ---- Fail closed ----------------------------------------------------------------------------
@@ -621,6 +631,51 @@ def test_the_operations_page_lists_cleanup_history_with_figures_and_who(admin_us
     page = admin_client.get("/operations/", HTTP_HOST="127.0.0.1").content.decode()
     assert "3 messages cleaned" in page and "by alice" in page
     assert "by the daily schedule" in page and "Queued" in page
+
+
+TRICKY = [
+    ("shell", {"command": "cat", "stdout": "漢字 ✓ 🚀 \u2028 \x7f é" * 40, "stderr": "\x01\x1f\n\t\"\\/" * 30,
+               "exit_code": 2**70, "took": 1e16, "ratio": 1.5e-07, "neg": -0.0, "truncated": True}),
+    ("shell", {"command": "true", "stdout": "y" * 400, "stderr": "", "zz_after": {"b": [1, {"a": None}]}}),
+    ("shell", {"stdout": "o" * 300}),  # only one of the kind's fields
+    ("generic", {"tool": "x", "input": {"q": "漢" * 90, "n": [1, 2.5, {"k": "v"}]}, "output": "done " * 50}),
+    ("generic", {"tool": "y", "input": ["a" * 200, 3, None, True]}),
+    ("http", {"url": "https://example.test/a?b=c", "status": 200, "response": "<p>" + "é" * 500 + "</p>"}),
+    ("search", {"query": "needle", "matches": [{"path": "/w/x", "line": n, "text": "t" * 40} for n in range(20)]}),
+    ("read_file", {"path": "/w/a.py", "content": "print('\\u00e9')\n" * 60, "line_count": 60}),
+    ("edit_file", {"path": "/w/b.py", "changes": [{"old_content": "a" * 300, "new_content": "b" * 300,
+                                                    "line": 1}, {"diff": "-x\n+y\n" * 40}]}),
+]
+
+
+@pytest.mark.django_db
+def test_the_rewrite_in_the_database_equals_the_reducer_byte_for_byte(admin_user):
+    """Items with a stored plan are rewritten in SQL, edit_file in Python: either way the
+    stored payload is what the reducer makes, its size is the canonical size, and the bytes
+    removed are the analysis figure."""
+    from retention.reducer import apply, encoded_size, normalize
+
+    conversation = factories.make_conversation(title="tricky")
+    for n, (kind, payload) in enumerate(TRICKY):
+        factories.add_tool(conversation, kind, payload, tool_call_id=f"tricky-{n}")
+    age(conversation, OLD)
+    items = list(Item.objects.filter(conversation=conversation).order_by("id"))
+    assert [item.removal_plan is not None for item in items] == [kind != "edit_file" for kind, _p in TRICKY]
+    before = {item.pk: (item.payload, item.payload_bytes, item.removable_bytes) for item in items}
+    analysis = run(service.start_analysis(user=admin_user, age_value=3, age_unit="months"))
+    assert analysis.eligible_messages == len(TRICKY)
+    enable(admin_user)
+    cleanup = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert cleanup.state == OperationState.SUCCEEDED and cleanup.removed_messages == len(TRICKY)
+    assert cleanup.payload_bytes == analysis.payload_bytes == sum(r for _p, _s, r in before.values())
+    for item in Item.objects.filter(conversation=conversation).order_by("id"):
+        payload, size, removable = before[item.pk]
+        expected, _plan = apply(item.tool_kind, normalize(payload, vendor=connection.vendor),
+                                removed_at=item.details_removed_at)
+        assert item.payload == expected
+        assert item.payload_bytes == encoded_size(item.payload) == size - removable
+        assert (item.removable_bytes, item.payload_skip, item.removal_plan) == (0, "already_removed", None)
+        assert item.revision == 2 and item.updated_at == item.details_removed_at
 
 
 @pytest.mark.django_db(transaction=True)

@@ -58,7 +58,7 @@ def update_item(
         if payload is not _UNSET:
             columns = payload_columns(Role.TOOL, current.tool_kind, payload)
             if current.payload_skip == Skip.ALREADY_REMOVED:
-                columns.update(removable_bytes=0, payload_skip=Skip.ALREADY_REMOVED)
+                columns.update(removable_bytes=0, payload_skip=Skip.ALREADY_REMOVED, removal_plan=None)
             # Compared as canonical JSON: 1, 1.0 and true are equal in Python but not in JSON.
             if encode(columns["payload"]) != encode(current.payload):
                 for name, value in columns.items():

@@ -31,7 +31,7 @@ from django.db import connection, connections, transaction
 from django.utils import timezone
 
 ITEM_COLUMNS = ("conversation_id, seq, role, tool_kind, tool_call_id, status, title, content, payload, "
-                "payload_bytes, removable_bytes, payload_skip, revision, created_at, updated_at")
+                "payload_bytes, removable_bytes, payload_skip, removal_plan, revision, created_at, updated_at")
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
          "upsilon phi chi psi omega build test lint deploy error warning passed failed retry").split()
 
@@ -88,7 +88,8 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--messages", type=int, default=200_000, help="Messages to build (default 200000).")
         parser.add_argument("--per-conversation", type=int, default=100, help="Messages per conversation.")
-        parser.add_argument("--output-bytes", type=int, default=3000, help="Size of each shell output.")
+        # DESIGN.md section 9's shape: 60,000 eligible payloads of 200,000 messages, 696 MB removable
+        parser.add_argument("--output-bytes", type=int, default=11600, help="Size of each shell output.")
         parser.add_argument("--seed", type=int, default=7)
 
     def handle(self, *args, messages: int, per_conversation: int, output_bytes: int, seed: int, **options):
@@ -120,8 +121,8 @@ class Command(BaseCommand):
         conversations = (messages + per_conversation - 1) // per_conversation
         rows_conversations = []
         for n in range(conversations):
-            # nine in ten are old enough for a 3-month policy; the rest are recent
-            idle = timedelta(days=200 if n % 10 else 5)
+            # nine in ten are old enough for a 3-month policy (one conversation alone is old); the rest are recent
+            idle = timedelta(days=5 if n % 10 == 9 else 200)
             rows_conversations.append(Conversation(
                 scope=Scope.BOUND, account=account, thread_id=f"bench_{n:07d}", title=f"Bench {n}",
                 created_at=now - idle - timedelta(days=1), last_activity_at=now - idle,
@@ -144,9 +145,9 @@ class Command(BaseCommand):
                             copy.write_row(row)
                 else:
                     cursor.executemany(
-                        f"INSERT INTO {table} ({ITEM_COLUMNS}) VALUES ({', '.join(['%s'] * 15)})",
-                        [(*row[:13], connection.ops.adapt_datetimefield_value(row[13]),
-                          connection.ops.adapt_datetimefield_value(row[14])) for row in batch],
+                        f"INSERT INTO {table} ({ITEM_COLUMNS}) VALUES ({', '.join(['%s'] * 16)})",
+                        [(*row[:14], connection.ops.adapt_datetimefield_value(row[14]),
+                          connection.ops.adapt_datetimefield_value(row[15])) for row in batch],
                     )
                 batch.clear()
 
@@ -157,7 +158,7 @@ class Command(BaseCommand):
                     made += 1
                     if seq % 3:
                         batch.append((conversation_id, seq, "assistant", "", "", "", "", self.text(200), None,
-                                      0, 0, "", 1, stamp, stamp))
+                                      0, 0, "", None, 1, stamp, stamp))
                     else:
                         payload = {"command": f"make test {seq}", "cwd": "/w", "exit_code": seq % 2,
                                    "stdout": outputs[seq % 16], "stderr": outputs[(seq + 1) % 16][:200],
@@ -165,7 +166,7 @@ class Command(BaseCommand):
                         cols = payload_columns("tool", "shell", payload)
                         batch.append((conversation_id, seq, "tool", "shell", f"call_{seq}", "completed", "Run",
                                       "", encode(cols["payload"]), cols["payload_bytes"], cols["removable_bytes"],
-                                      cols["payload_skip"], 1, stamp, stamp))
+                                      cols["payload_skip"], cols["removal_plan"], 1, stamp, stamp))
                     if len(batch) >= 2000:
                         flush()
             flush()
