@@ -566,14 +566,15 @@ def _plan_items(items: list, removed_at: datetime) -> list[_Planned]:
     """Each item's rewrite. Items with a stored plan need no payload; the others (edit_file,
     rows written before plans were stored) are read and reduced in Python."""
     from lifecycle.models import Item
-    from retention.reducer import REMOVED_FIELDS, marker_from_plan
+    from retention.reducer import REMOVED_FIELDS, marker_from_plan, removed_at_text
 
     planned: list[_Planned] = []
     in_python = []
+    at_text = removed_at_text(removed_at)
     for item in items:
         if item.removal_plan and item.role == "tool":
             try:
-                marker, fields = marker_from_plan(item.removal_plan, removed_at)
+                marker, fields = marker_from_plan(item.removal_plan, at_text)
             except (ValueError, KeyError, TypeError):
                 marker, fields = None, []
             if (marker is not None and 0 < len(fields) <= 2
@@ -651,6 +652,11 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
         pace.wait_for_gap()
     started = time.perf_counter()
     with transaction.atomic():
+        if connection.vendor == "postgresql":
+            # The commit does not wait for the WAL flush: a batch lost in a crash loses its
+            # removals and its cursor together (one transaction), so the run does it again.
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL synchronous_commit TO OFF")
         fresh = _locked(op, token)
         ended = _run_ended(fresh)
         if ended:
@@ -781,16 +787,22 @@ def _plan_update_sql() -> str:
     PostgreSQL: one statement for the whole batch (arrays of ids, revisions and markers),
     which returns the ids it wrote. SQLite: one row per execution (executemany)."""
     from lifecycle.models import Item
-    from retention.reducer import MARKER_KEY
+    from retention.reducer import MARKER_KEY, REMOVED_FIELDS, SQL_KINDS
 
     key = (connection.vendor, "plan")
     sql = _UPDATE_SQL.get(key)
     if sql is None:
         table = connection.ops.quote_name(Item._meta.db_table)
         if connection.vendor == "postgresql":
+            # The plan lists every field of the kind that the payload has (same revision), so
+            # removing the kind's fields removes exactly the plan's.
+            removal = " ".join(
+                f"WHEN '{kind}' THEN i.payload - '{{{','.join(REMOVED_FIELDS[kind])}}}'::text[]"
+                for kind in sorted(SQL_KINDS)
+            )
             sql = (
-                f"UPDATE {table} AS i SET payload = (i.payload - ARRAY(SELECT jsonb_array_elements_text("
-                f"v.marker -> 'removed_fields'))) || jsonb_build_object('{MARKER_KEY}', v.marker), "
+                f"UPDATE {table} AS i SET payload = (CASE i.tool_kind {removal} END) "
+                f"|| jsonb_build_object('{MARKER_KEY}', v.marker), "
                 "payload_bytes = i.payload_bytes - i.removable_bytes, removable_bytes = 0, removal_plan = NULL, "
                 "payload_skip = %s, details_removed_at = %s, revision = i.revision + 1, updated_at = %s "
                 "FROM unnest(%s::bigint[], %s::bigint[], %s::jsonb[]) AS v(id, revision, marker) "

@@ -246,19 +246,18 @@ def plan_text(kind: str, result: Plan) -> str | None:
     return encode({"removed_bytes": result.detail_bytes, "removed_fields": list(result.removed_fields)})
 
 
-def marker_from_plan(stored_plan: str, removed_at: datetime) -> tuple[str, list[str]]:
-    """The marker cleanup writes for a stored plan (canonical JSON) and the fields it removes.
-
-    Equal, byte for byte, to the marker `apply` would build for the same payload and time.
-    """
+def marker_from_plan(stored_plan: str, removed_at: str) -> tuple[str, list[str]]:
+    """The marker cleanup writes for a stored plan and the fields it removes; `removed_at` is
+    `removed_at_text(...)`. Equal, byte for byte, to the marker `apply` builds for the same
+    payload and time. Raises ValueError when the stored text is not a plan in canonical form."""
     figures = json.loads(stored_plan)
-    fields = figures["removed_fields"]
-    if (set(figures) != {"removed_bytes", "removed_fields"} or type(figures["removed_bytes"]) is not int
-            or not isinstance(fields, list) or not all(isinstance(f, str) for f in fields)):
+    fields = figures.get("removed_fields") if isinstance(figures, dict) else None
+    if (not isinstance(fields, list) or not all(isinstance(f, str) and f.isidentifier() for f in fields)
+            or set(figures) != {"removed_bytes", "removed_fields"} or type(figures["removed_bytes"]) is not int
+            or not stored_plan.startswith('{"removed_bytes":') or " " in stored_plan):
         raise ValueError("not a removal plan")
-    # The canonical form, keys in order: removed_at < removed_bytes < removed_fields < version.
-    text = removed_at_text(removed_at.replace(microsecond=0))
-    return f'{{"removed_at":"{text}",{encode(figures)[1:-1]},"version":{MARKER_VERSION}}}', fields
+    # Canonical keys in order: removed_at < removed_bytes < removed_fields < version.
+    return f'{{"removed_at":"{removed_at}",{stored_plan[1:-1]},"version":{MARKER_VERSION}}}', fields
 
 
 def reduce_item_row(item: Any, *, removed_at: datetime) -> dict[str, Any] | None:

@@ -13,14 +13,18 @@ from lifecycle.models import Item
 from retention.reducer import (
     MARKER_KEY,
     MAX_PAYLOAD_BYTES,
+    SQL_KINDS,
     Skip,
     apply,
     encode,
     encoded_size,
+    marker_from_plan,
     measure,
     normalize,
     plan,
+    plan_text,
     reduce_item_row,
+    removed_at_text,
 )
 from tests import factories
 
@@ -269,3 +273,29 @@ def test_an_update_recomputes_the_stored_figures(conversation):
     stored = Item.objects.get(pk=item.pk)
     assert stored.payload_skip == "" and stored.payload_bytes == _stored_text_bytes(item.pk)
     assert stored.removable_bytes == plan("shell", stored.payload).removed_bytes > 2800
+
+
+@pytest.mark.parametrize("kind", sorted(SQL_KINDS))
+def test_the_marker_built_from_a_stored_plan_is_the_reducers_byte_for_byte(kind):
+    payload = CASES[kind][0]
+    reduced, result = apply(kind, payload, removed_at=NOW)
+    stored = plan_text(kind, result)
+    marker, fields = marker_from_plan(stored, removed_at_text(NOW))
+    assert marker == encode(reduced[MARKER_KEY])
+    assert fields == list(result.removed_fields)
+
+
+def test_edit_file_stores_no_plan_it_is_reduced_in_python():
+    payload = CASES["edit_file"][0]
+    assert plan_text("edit_file", plan("edit_file", payload)) is None
+
+
+@pytest.mark.parametrize("stored", [
+    "", "null", "[]", '{"removed_bytes": 5, "removed_fields": ["stdout"]}',  # not canonical
+    '{"removed_bytes":"5","removed_fields":["stdout"]}', '{"removed_bytes":5,"removed_fields":"stdout"}',
+    '{"removed_bytes":5,"removed_fields":["a.b"]}', '{"removed_bytes":5,"removed_fields":["x"],"more":1}',
+    '{"removed_fields":["stdout"],"removed_bytes":5}', '{"removed_bytes":true,"removed_fields":["stdout"]}',
+])
+def test_a_stored_plan_that_is_not_one_is_refused(stored):
+    with pytest.raises(ValueError):
+        marker_from_plan(stored, removed_at_text(NOW))

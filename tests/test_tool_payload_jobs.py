@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F, Sum
+from django.db.models import Count, F, Sum
 from django.utils import timezone
 
 from lifecycle.actions.append_item import append_item
@@ -20,6 +20,7 @@ from lifecycle.actions.request_deletion import request_deletion
 from lifecycle.models import Conversation, Item, Turn, TurnState
 from retention import jobs, service
 from retention.models import OperationState, ToolPayloadOperation, ToolPayloadPolicy
+from retention.reducer import encoded_size
 from retention.service import CleanupError
 from tests import factories
 
@@ -676,6 +677,21 @@ def test_the_rewrite_in_the_database_equals_the_reducer_byte_for_byte(admin_user
         assert item.payload_bytes == encoded_size(item.payload) == size - removable
         assert (item.removable_bytes, item.payload_skip, item.removal_plan) == (0, "already_removed", None)
         assert item.revision == 2 and item.updated_at == item.details_removed_at
+
+
+@pytest.mark.django_db
+def test_an_item_whose_stored_plan_is_unreadable_is_reduced_in_python(admin_user):
+    conversation = old_conversation("odd-plan", tools=2)
+    odd = Item.objects.filter(conversation=conversation, tool_kind="shell").order_by("id").first()
+    Item.objects.filter(pk=odd.pk).update(removal_plan='{"removed_bytes": 1, "removed_fields": ["stdout"]}')
+    expected = Item.objects.filter(conversation=conversation, removable_bytes__gt=0).aggregate(
+        n=Count("id"), b=Sum("removable_bytes"))
+    enable(admin_user)
+    cleanup = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert (cleanup.removed_messages, cleanup.payload_bytes) == (expected["n"], expected["b"])
+    odd.refresh_from_db()
+    assert odd.payload["retention"]["removed_fields"] == ["stderr", "stdout"]
+    assert odd.payload_bytes == encoded_size(odd.payload) and odd.removal_plan is None
 
 
 @pytest.mark.django_db(transaction=True)
