@@ -378,10 +378,12 @@ class Item(models.Model):
             ),
         ]
         indexes = [
-            # Analysis: SUM(removable_bytes) per conversation without touching payloads.
+            # Analysis: SUM(removable_bytes) per conversation without touching payloads; cleanup:
+            # the next removable items after its (conversation, item) cursor, a range of this
+            # index however large the conversation.
             models.Index(
-                fields=["conversation", "removable_bytes"],
-                name="item_removable_idx",
+                fields=["conversation", "id", "removable_bytes"],
+                name="item_removable_keyset_idx",
                 condition=Q(removable_bytes__gt=0),
             ),
             # Analysis: skipped tool items per conversation and reason, without payloads.

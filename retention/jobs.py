@@ -32,7 +32,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import OperationalError, connection, transaction
-from django.db.models import Count, Exists, F, OuterRef, Q, Sum
+from django.db.models import Count, Exists, F, OuterRef, Sum
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -562,6 +562,31 @@ class _Planned:
         return self.item.payload_bytes - self.values["payload_bytes"]
 
 
+def _next_items(cursor_conversation: int, cursor_item: int, candidates: list[int], limit: int) -> list[_Row]:
+    """The next removable items of the candidate conversations after the cursor, in
+    (conversation, item) order, each part a range of item_removable_keyset_idx: the rest of
+    the conversation the cursor is in (from the cursor on, however large it is), then the
+    following conversations from their first item."""
+    from lifecycle.models import Item
+
+    select = (f"SELECT {', '.join(_Row.__slots__[:-1])} FROM {connection.ops.quote_name(Item._meta.db_table)} "
+              "WHERE removable_bytes > 0 AND ")
+    rows: list = []
+    following = candidates
+    with connection.cursor() as cursor:
+        if cursor_item != NO_CURSOR and candidates[0] == cursor_conversation:
+            cursor.execute(select + "conversation_id = %s AND id > %s ORDER BY id LIMIT %s",
+                           [cursor_conversation, cursor_item, limit])
+            rows = cursor.fetchall()
+            following = candidates[1:]
+        if following and len(rows) < limit:
+            marks = ", ".join(["%s"] * len(following))
+            cursor.execute(select + f"conversation_id IN ({marks}) ORDER BY conversation_id, id LIMIT %s",
+                           [*following, limit - len(rows)])
+            rows += cursor.fetchall()
+    return [_Row(*row) for row in rows]
+
+
 def _plan_items(items: list, removed_at: datetime) -> list[_Planned]:
     """Each item's rewrite. Items with a stored plan need no payload; the others (edit_file,
     rows written before plans were stored) are read and reduced in Python."""
@@ -627,11 +652,8 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
     planned: list[_Planned] = []
     batch_bytes = 0
     if candidates:
-        after = Q(conversation_id__gt=cursor_conversation) | Q(conversation_id=cursor_conversation, id__gt=cursor_item)
         limit = pace.item_limit() if pace is not None else BATCH_ITEMS
-        items = [_Row(*values) for values in
-                 Item.objects.filter(after, conversation_id__in=candidates, removable_bytes__gt=0)
-                 .order_by("conversation_id", "id").values_list(*_Row.__slots__[:-1])[:limit]]
+        items = _next_items(cursor_conversation, cursor_item, candidates, limit)
         taken = []
         for item in items:
             if taken and batch_bytes + item.payload_bytes > budget:
