@@ -591,13 +591,13 @@ def _plan_items(items: list, removed_at: datetime) -> list[_Planned]:
     """Each item's rewrite. Items with a stored plan need no payload; the others (edit_file,
     rows written before plans were stored) are read and reduced in Python."""
     from lifecycle.models import Item
-    from retention.reducer import REMOVED_FIELDS, marker_from_plan, removed_at_text
+    from retention.reducer import REMOVED_FIELDS, SQL_KINDS, marker_from_plan, removed_at_text
 
     planned: list[_Planned] = []
     in_python = []
     at_text = removed_at_text(removed_at)
     for item in items:
-        if item.removal_plan and item.role == "tool":
+        if item.removal_plan and item.role == "tool" and item.tool_kind in SQL_KINDS:
             try:
                 marker, fields = marker_from_plan(item.removal_plan, at_text)
             except (ValueError, KeyError, TypeError):
@@ -828,7 +828,8 @@ def _plan_update_sql() -> str:
                 "payload_bytes = i.payload_bytes - i.removable_bytes, removable_bytes = 0, removal_plan = NULL, "
                 "payload_skip = %s, details_removed_at = %s, revision = i.revision + 1, updated_at = %s "
                 "FROM unnest(%s::bigint[], %s::bigint[], %s::jsonb[]) AS v(id, revision, marker) "
-                "WHERE i.id = v.id AND i.revision = v.revision AND i.removal_plan IS NOT NULL RETURNING i.id"
+                "WHERE i.id = v.id AND i.revision = v.revision AND i.removal_plan IS NOT NULL "
+                f"AND i.tool_kind IN ({', '.join(repr(kind) for kind in sorted(SQL_KINDS))}) RETURNING i.id"
             )
         else:
             sql = (

@@ -684,6 +684,11 @@ def test_an_item_whose_stored_plan_is_unreadable_is_reduced_in_python(admin_user
     conversation = old_conversation("odd-plan", tools=2)
     odd = Item.objects.filter(conversation=conversation, tool_kind="shell").order_by("id").first()
     Item.objects.filter(pk=odd.pk).update(removal_plan='{"removed_bytes": 1, "removed_fields": ["stdout"]}')
+    # a plan on a kind that is reduced in Python is not followed either
+    edit = factories.add_tool(conversation, "edit_file", {"path": "/w/c.py", "content": "z" * 500, "changes": [
+        {"old_content": "a" * 300, "new_content": "b", "line": 1}]}, tool_call_id="odd-e")
+    Item.objects.filter(pk=edit.pk).update(removal_plan='{"removed_bytes":502,"removed_fields":["content"]}')
+    age(conversation, OLD)
     expected = Item.objects.filter(conversation=conversation, removable_bytes__gt=0).aggregate(
         n=Count("id"), b=Sum("removable_bytes"))
     enable(admin_user)
@@ -692,6 +697,10 @@ def test_an_item_whose_stored_plan_is_unreadable_is_reduced_in_python(admin_user
     odd.refresh_from_db()
     assert odd.payload["retention"]["removed_fields"] == ["stderr", "stdout"]
     assert odd.payload_bytes == encoded_size(odd.payload) and odd.removal_plan is None
+    edit.refresh_from_db()
+    assert edit.payload["retention"]["removed_fields"] == ["content", "changes[0].new_content",
+                                                         "changes[0].old_content"]
+    assert edit.payload["changes"] == [{"line": 1}] and edit.payload_bytes == encoded_size(edit.payload)
 
 
 @pytest.mark.django_db(transaction=True)
