@@ -18,7 +18,7 @@ from django.db import connection, transaction
 from lifecycle import fleet as fleet_file
 from lifecycle import models as m
 from lifecycle.enginefs import EngineHome, jsonl
-from retention.reducer import encode, measure_item, normalize
+from retention.reducer import encode, item_figures, normalize
 
 TOPICS = [
     "Fix flaky login test", "Migrate billing job to queue", "Investigate slow search", "Draft release notes",
@@ -182,20 +182,21 @@ class Seeder:
         if not self.rows:
             return
         columns = ("conversation_id, turn_id, seq, role, tool_kind, tool_call_id, status, title, content, "
-                   "payload, payload_bytes, removable_bytes, payload_skip, revision, created_at, updated_at")
+                   "payload, payload_bytes, removable_bytes, payload_skip, removal_plan, revision, created_at, "
+                   "updated_at")
         table = m.Item._meta.db_table
         if connection.vendor == "postgresql":
             # COPY streams rows without per-row statements; the server parses the JSON.
             with connection.cursor() as cursor, cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
                 for row in self.rows:
-                    copy.write_row((*row[:13], 1, row[13], row[13]))
+                    copy.write_row((*row[:14], 1, row[14], row[14]))
         else:
             ops = connection.ops
-            sql = f"INSERT INTO {table} ({columns}) VALUES ({', '.join(['%s'] * 16)})"
+            sql = f"INSERT INTO {table} ({columns}) VALUES ({', '.join(['%s'] * 17)})"
             with connection.cursor() as cursor:
                 for start in range(0, len(self.rows), 2000):
                     cursor.executemany(sql, [
-                        (*row[:13], 1, ops.adapt_datetimefield_value(row[13]), ops.adapt_datetimefield_value(row[13]))
+                        (*row[:14], 1, ops.adapt_datetimefield_value(row[14]), ops.adapt_datetimefield_value(row[14]))
                         for row in self.rows[start:start + 2000]
                     ])
         self.rows.clear()
@@ -263,6 +264,7 @@ class Seeder:
                 payload_json = None
                 size = removable = 0
                 skip = ""
+                removal_plan = None
                 if role == "user":
                     content = f"Please {rng.choice(WORDS)} the {rng.choice(WORDS)} {rng.choice(WORDS)}; " + self.text(rng.randint(40, 300))
                 elif role == "assistant":
@@ -278,11 +280,11 @@ class Seeder:
                     # Stored, and measured, as the database gives it back.
                     payload = normalize(payload, vendor=connection.vendor)
                     payload_json = encode(payload)
-                    size, removable, skip = measure_item(kind, payload, encoded=payload_json)
+                    size, removable, skip, removal_plan = item_figures(kind, payload, encoded=payload_json)
                     if kind == "shell":
                         shell_items.append((seq, payload))
                 self.rows.append((conv.pk, turn.pk, seq, role, kind, tool_call, status, title, content,
-                                  payload_json, size, removable, skip, at))
+                                  payload_json, size, removable, skip, removal_plan, at))
             events.append({"type": "turn.completed", "turn": turn.seq, "at": at.isoformat()})
         self.extras(conv, index, category, fleet)
         self.files(conv, events, shell_items, index)

@@ -80,6 +80,14 @@ def test_it_seeds_every_kind_of_conversation_and_store(tmp_path):
     sizes = [i.payload_bytes for i in m.Item.objects.filter(tool_kind__in=["shell", "read_file", "http"])]
     assert min(sizes) >= 1000 and max(sizes) <= 60_000
     assert m.Item.objects.filter(removable_bytes__gt=0).exists()
+    # seeded items carry what every write path stores: the figures and, where cleanup rewrites
+    # in SQL, the removal plan
+    from retention.reducer import item_figures
+
+    for item in m.Item.objects.filter(role="tool"):
+        expected = item_figures(item.tool_kind, item.payload)
+        assert (item.payload_bytes, item.removable_bytes, item.payload_skip, item.removal_plan) == expected
+    assert m.Item.objects.filter(removal_plan__isnull=False).exists()
     for model in (m.Goal, m.MailEnvelope, m.SessionDocument, m.BranchJournalEntry, m.Checkpoint, m.RecoveryMaterial,
                   m.OperationBinding, m.HistoryReceipt, m.SharedLink, m.Export, m.WorkspaceFile, m.MemoryEntry,
                   m.UsageFact, m.BillingFact, m.AuditFact, m.RuntimeClaim, m.ProcessLease):
