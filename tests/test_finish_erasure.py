@@ -75,3 +75,38 @@ def test_it_rewrites_the_touched_tables_and_marks_the_receipt_physically_erased(
 
     call_command("finish_erasure")
     assert "No delete is waiting" in capsys.readouterr().out
+
+
+
+def test_an_old_transaction_anywhere_on_the_server_keeps_the_rewrite_from_claiming_erasure(monkeypatch):
+    """VACUUM FULL copies deleted rows another transaction could still see; transaction ids are
+    shared by every database of the server. The rewrite waits for them, else claims nothing."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL only: SQLite's physical erasure is the WAL checkpoint")
+    import psycopg
+
+    from lifecycle.deletion import rewrite
+
+    monkeypatch.setattr(rewrite, "HORIZON_WAIT_SECONDS", 0.5)
+    settings_dict = connection.settings_dict
+    holder = psycopg.connect(host=settings_dict["HOST"] or "127.0.0.1", port=settings_dict["PORT"] or 5432,
+                             user=settings_dict["USER"], dbname="postgres")
+    holder.execute("SELECT pg_current_xact_id()")  # a write transaction in another database, left open
+    try:
+        target = factories.make_conversation(title="Erase me")
+        secret = factories.marker("held-erasure-secret")
+        factories.add_message(target, content=secret)
+        op = request_deletion(target, key="held-1", acting_user=None)
+        assert executor.run_erasure(op.pk) == "completed"
+        held = rewrite.finish_waiting_erasures()
+        op.refresh_from_db()
+        assert held.held_by >= 1 and (held.erased, held.tables) == (0, [])
+        assert op.physical_state == m.PhysicalState.PENDING and op.physically_erased_at is None
+    finally:
+        holder.rollback()
+        holder.close()
+    done = rewrite.finish_waiting_erasures()
+    op.refresh_from_db()
+    assert (done.held_by, done.erased) == (0, 1) and op.physical_state == m.PhysicalState.ERASED
+    raw = b"".join(path.read_bytes() for path in _table_files("lifecycle_item"))
+    assert secret.encode() not in raw

@@ -7,10 +7,19 @@ table, its TOAST table and its indexes; the old files are removed), then
 `record_compaction` marks every receipt whose tables were all rewritten. `VACUUM FULL`
 holds an exclusive lock on one table at a time while it copies it: readers and writers of
 that table wait, so run it when the console is quiet.
+
+`VACUUM FULL` copies a deleted row into the new file while any transaction of the whole
+server (any database: transaction ids are shared) could still see it. So before rewriting,
+the job takes a fresh transaction id and waits (up to `HORIZON_WAIT_SECONDS`) until no other
+session, prepared transaction or replication slot holds a snapshot or an id that old; if one
+still does, nothing is rewritten or recorded, the deletes stay "physically pending" and the
+result names how many sessions held it (the next run tries again).
 """
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass, field
 
 from django.db import connection
@@ -27,10 +36,38 @@ class RewriteResult:
     tables: list[str] = field(default_factory=list)
     erased: int = 0
     still_pending: int = 0
+    held_by: int = 0  # PostgreSQL: sessions whose old snapshots kept the rewrite from running
 
     def as_dict(self) -> dict:
         return {"engine": connection.vendor, "waiting": self.waiting, "tables": self.tables,
-                "erased": self.erased, "still_pending": self.still_pending}
+                "erased": self.erased, "still_pending": self.still_pending, "held_by": self.held_by}
+
+
+HORIZON_WAIT_SECONDS = float(os.environ.get("LETHE_ERASURE_HORIZON_WAIT", "10"))
+
+# Sessions, prepared transactions and replication slots holding a transaction id or a snapshot
+# at least as old as %(xid)s: while one exists, VACUUM FULL keeps the rows it could see.
+_HOLDERS_SQL = """
+SELECT (SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND (
+            (backend_xid IS NOT NULL AND age(backend_xid) >= age(%(xid)s::text::xid))
+            OR (backend_xmin IS NOT NULL AND age(backend_xmin) >= age(%(xid)s::text::xid))))
+     + (SELECT count(*) FROM pg_prepared_xacts WHERE age(transaction) >= age(%(xid)s::text::xid))
+     + (SELECT count(*) FROM pg_replication_slots WHERE xmin IS NOT NULL AND age(xmin) >= age(%(xid)s::text::xid))
+"""
+
+
+def _old_snapshot_holders(cursor, *, wait: float) -> int:
+    """PostgreSQL: 0 once nothing can still see rows deleted before now, else how many
+    holders remained after `wait` seconds."""
+    cursor.execute("SELECT pg_current_xact_id()::text")  # its own transaction, committed at once
+    xid = cursor.fetchone()[0]
+    deadline = time.monotonic() + wait
+    while True:
+        cursor.execute(_HOLDERS_SQL, {"xid": xid})
+        held = cursor.fetchone()[0]
+        if not held or time.monotonic() >= deadline:
+            return held
+        time.sleep(0.2)
 
 
 def _waiting():
@@ -49,9 +86,12 @@ def finish_waiting_erasures() -> RewriteResult:
         started = timezone.now()
         quote = connection.ops.quote_name
         with connection.cursor() as cursor:
-            for table in tables:
-                cursor.execute(f"VACUUM FULL {quote(table)}")
-        result.tables = tables
-        result.erased = record_compaction(started_at=started, finished_at=timezone.now(), tables=tables)
+            result.held_by = _old_snapshot_holders(cursor, wait=HORIZON_WAIT_SECONDS)
+            if not result.held_by:
+                for table in tables:
+                    cursor.execute(f"VACUUM FULL {quote(table)}")
+        if not result.held_by:
+            result.tables = tables
+            result.erased = record_compaction(started_at=started, finished_at=timezone.now(), tables=tables)
     result.still_pending = _waiting().count()
     return result

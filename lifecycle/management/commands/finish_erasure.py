@@ -23,6 +23,10 @@ class Command(BaseCommand):
         if not result.waiting:
             self.stdout.write("No delete is waiting for its physical erasure.")
             return
+        if result.held_by:
+            self.stdout.write(f"{result.held_by} sessions still hold snapshots older than the deletes, so a "
+                              "rewrite would keep the erased rows: nothing was rewritten. Run it again when "
+                              "they have ended.")
         if result.tables:
             self.stdout.write(f"Rewrote {len(result.tables)} tables: {', '.join(result.tables)}")
         self.stdout.write(f"Physically erased: {result.erased} of {result.waiting}; still pending: "
