@@ -48,7 +48,8 @@ HORIZON_WAIT_SECONDS = float(os.environ.get("LETHE_ERASURE_HORIZON_WAIT", "10"))
 # Sessions, prepared transactions and replication slots holding a transaction id or a snapshot
 # at least as old as %(xid)s: while one exists, VACUUM FULL keeps the rows it could see.
 _HOLDERS_SQL = """
-SELECT (SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND (
+SELECT (SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid()
+            AND backend_type <> 'autovacuum worker' AND (  -- a lazy vacuum holds back no horizon
             (backend_xid IS NOT NULL AND age(backend_xid) >= age(%(xid)s::text::xid))
             OR (backend_xmin IS NOT NULL AND age(backend_xmin) >= age(%(xid)s::text::xid))))
      + (SELECT count(*) FROM pg_prepared_xacts WHERE age(transaction) >= age(%(xid)s::text::xid))
