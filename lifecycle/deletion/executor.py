@@ -179,9 +179,15 @@ def run_erasure(operation_id: int, *, force: bool = False, progress: Progress | 
         home = EngineHome()
         steps = list(op.steps.order_by("position"))
         by_key = plan.stores_by_key()
+        settled = False
         for n, step in enumerate(steps):
             if step.state == StepState.DONE:
                 continue
+            if not settled and step.key != plan.FINGERPRINTS:
+                settled = True
+                _settle_empty(op, steps, by_key, conversation)
+                if step.state == StepState.DONE:
+                    continue
             if time.monotonic() - started > budget:
                 release(op)
                 from django_q.tasks import async_task
@@ -218,6 +224,41 @@ def _step_done(op: DeleteOperation, step: DeleteStep, figures: stores.Measure | 
         # Progress: a later crash starts the stall count (and its back-off) afresh.
         DeleteOperation.objects.filter(pk=op.pk).update(stalled_attempts=0, next_attempt_at=timezone.now(),
                                                         last_error="")
+
+
+def _settle_empty(op: DeleteOperation, steps: list[DeleteStep], by_key: dict, conversation: Conversation) -> None:
+    """Measure every pending table step at once and mark those with nothing to change done,
+    in one transaction (as `_run_step` does for one step: measured and done at once), so a
+    conversation that never used most stores does not pay a lease renewal, a measurement
+    and a completion, each its own transaction, for each of them. The tombstone stays last;
+    a step with anything to change is left to `_run_step`."""
+    empty: list[tuple[DeleteStep, stores.Measure]] = []
+    with stores.erasure_transaction():
+        now = timezone.now()
+        held = DeleteOperation.objects.filter(pk=op.pk, lease_holder=op.lease_holder, state=DeleteState.PENDING)
+        if not held.update(lease_expires_at=now + timedelta(seconds=lease_seconds())):
+            raise LeaseLost(op.public_id)
+        _renewed[op.pk] = time.monotonic()
+        for step in steps:
+            store = by_key.get(step.key)
+            if step.state != StepState.PENDING or store is None or store.kind != "table" or store.tombstone:
+                continue
+            if store.rows(conversation).exists():
+                continue  # measured by its own step (a measure may read every row)
+            figures = stores.measure(store, conversation, EngineHome())
+            if not figures.records and not figures.detail.get("remaining"):
+                empty.append((step, figures))
+        if not empty:
+            return
+        groups: dict[tuple, list[int]] = {}
+        for step, figures in empty:
+            groups.setdefault((figures.bytes, tuple(sorted(figures.detail.items()))), []).append(step.pk)
+        for (size, detail), ids in groups.items():
+            DeleteStep.objects.filter(pk__in=ids).update(state=StepState.DONE, finished_at=now, records=0,
+                                                         bytes=size, detail=dict(detail))
+        held.update(stalled_attempts=0, next_attempt_at=now, last_error="")
+    for step, _figures in empty:
+        step.state = StepState.DONE
 
 
 def _run_step(op: DeleteOperation, step: DeleteStep, store, conversation: Conversation, home: EngineHome) -> None:

@@ -24,6 +24,9 @@ from lifecycle.registry import RetentionClass, Store
 
 BATCH_ROWS = 2000  # the first batch; later ones are sized to take about BATCH_SECONDS
 MAX_BATCH_ROWS = 50000
+# PostgreSQL: a later batch finds its rows through an index that still lists every row the
+# earlier batches deleted, each a visit to a dead tuple; fewer, larger batches visit fewer.
+PG_MAX_BATCH_ROWS = 200000
 BATCH_SECONDS = 0.1
 # PostgreSQL locks only the rows being deleted (a fenced conversation's, which nobody else
 # writes), so its batches can be longer; they only bound a transaction and mark progress.
@@ -98,7 +101,8 @@ def _batches(sql: str, params: list, renew: Callable[[], None]) -> int:
         renew()
         took = time.monotonic() - started
         target = BATCH_SECONDS if connection.vendor == "sqlite" else PG_BATCH_SECONDS
-        limit = max(500, min(MAX_BATCH_ROWS, int(limit * target / max(took, 1e-3))))
+        most = MAX_BATCH_ROWS if connection.vendor == "sqlite" else PG_MAX_BATCH_ROWS
+        limit = max(500, min(most, int(limit * target / max(took, 1e-3))))
         if connection.vendor == "sqlite":
             time.sleep(SQLITE_PAUSE)
 
