@@ -174,6 +174,11 @@ def run_erasure(operation_id: int, *, force: bool = False, progress: Progress | 
         state = DeleteOperation.objects.filter(pk=operation_id).values_list("state", flat=True).first()
         return "busy" if state == DeleteState.PENDING else (state or "missing")
     started = time.monotonic()
+    with stores.relaxed_commits():
+        return _run(op, started, progress, budget)
+
+
+def _run(op: DeleteOperation, started: float, progress: Progress | None, budget: float) -> str:
     try:
         conversation = Conversation.objects.get(pk=op.conversation_id)
         home = EngineHome()
@@ -192,7 +197,8 @@ def run_erasure(operation_id: int, *, force: bool = False, progress: Progress | 
                 release(op)
                 from django_q.tasks import async_task
 
-                async_task("lifecycle.tasks.erase", op.pk, q_options={"ack_failure": True})
+                with stores.durable_transaction():
+                    async_task("lifecycle.tasks.erase", op.pk, q_options={"ack_failure": True})
                 return DeleteState.PENDING
             if progress:
                 progress(op, step, n, len(steps))
@@ -283,8 +289,8 @@ def _run_step(op: DeleteOperation, step: DeleteStep, store, conversation: Conver
             if not figures.records and not figures.detail.get("remaining"):
                 _step_done(op, step, figures)  # nothing there: measured and done at once
                 return
-            if store.kind == "table" and figures.records <= stores.BATCH_ROWS:
-                stores.erase(store, conversation, home, renew=lambda: None, checkpoint=kill)
+            if store.kind == "table" and figures.records <= stores.one_transaction_rows():
+                stores.erase(store, conversation, home, renew=lambda: None, checkpoint=kill, whole=True)
                 _step_done(op, step, figures)
                 return
             DeleteStep.objects.filter(pk=step.pk).update(
@@ -328,7 +334,7 @@ def _touched(op: DeleteOperation) -> list[str]:
 
 def _complete(op: DeleteOperation) -> None:
     faults.kill_point("complete")
-    with transaction.atomic():
+    with stores.durable_transaction():
         locked = DeleteOperation.objects.select_for_update().get(pk=op.pk)
         if locked.state == DeleteState.COMPLETED:
             return
