@@ -41,6 +41,18 @@ def test_stores_without_anything_of_the_conversation_are_settled_together_with_a
 
 
 @pytest.mark.django_db
+def test_an_empty_stores_figures_are_what_its_measure_gives():
+    nobody = factories.make_conversation(title="")
+    home = EngineHome()
+    tables = [s for s in stores_by_key().values() if s.kind == "table" and not s.tombstone]
+    assert stores.tables_holding(tables, nobody) == set()
+    for store in tables:
+        assert stores.empty_measure(store) == stores.measure(store, nobody, home), store.key
+    factories.add_message(nobody)
+    assert stores.tables_holding(tables, nobody) == {"lifecycle.Item"}
+
+
+@pytest.mark.django_db
 def test_a_table_within_one_transactions_rows_is_erased_in_one_statement(monkeypatch):
     target = factories.make_conversation()
     for n in range(7):

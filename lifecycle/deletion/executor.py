@@ -227,9 +227,17 @@ def _step_done(op: DeleteOperation, step: DeleteStep, figures: stores.Measure | 
     with stores.erasure_transaction():
         extra = {"records": figures.records, "bytes": figures.bytes, "detail": figures.detail} if figures else {}
         DeleteStep.objects.filter(pk=step.pk).update(state=StepState.DONE, finished_at=timezone.now(), **extra)
-        # Progress: a later crash starts the stall count (and its back-off) afresh.
-        DeleteOperation.objects.filter(pk=op.pk).update(stalled_attempts=0, next_attempt_at=timezone.now(),
-                                                        last_error="")
+        _progressed(op)
+
+
+def _progressed(op: DeleteOperation) -> None:
+    """Progress: a later crash starts the stall count (and its back-off) afresh. Once per run
+    is enough (later steps would write the same), so only the run's first finished step does."""
+    if getattr(op, "progress_noted", False):
+        return
+    DeleteOperation.objects.filter(pk=op.pk).update(stalled_attempts=0, next_attempt_at=timezone.now(),
+                                                    last_error="")
+    op.progress_noted = True
 
 
 def _settle_empty(op: DeleteOperation, steps: list[DeleteStep], by_key: dict, conversation: Conversation) -> None:
@@ -245,15 +253,12 @@ def _settle_empty(op: DeleteOperation, steps: list[DeleteStep], by_key: dict, co
         if not held.update(lease_expires_at=now + timedelta(seconds=lease_seconds())):
             raise LeaseLost(op.public_id)
         _renewed[op.pk] = time.monotonic()
-        for step in steps:
-            store = by_key.get(step.key)
-            if step.state != StepState.PENDING or store is None or store.kind != "table" or store.tombstone:
-                continue
-            if store.rows(conversation).exists():
-                continue  # measured by its own step (a measure may read every row)
-            figures = stores.measure(store, conversation, EngineHome())
-            if not figures.records and not figures.detail.get("remaining"):
-                empty.append((step, figures))
+        candidates = [(step, by_key[step.key]) for step in steps
+                      if step.state == StepState.PENDING and step.key in by_key
+                      and by_key[step.key].kind == "table" and not by_key[step.key].tombstone]
+        # A store holding rows is measured by its own step (a measure may read every row).
+        holding = stores.tables_holding([store for _step, store in candidates], conversation)
+        empty = [(step, stores.empty_measure(store)) for step, store in candidates if store.key not in holding]
         if not empty:
             return
         groups: dict[tuple, list[int]] = {}
@@ -262,7 +267,7 @@ def _settle_empty(op: DeleteOperation, steps: list[DeleteStep], by_key: dict, co
         for (size, detail), ids in groups.items():
             DeleteStep.objects.filter(pk__in=ids).update(state=StepState.DONE, finished_at=now, records=0,
                                                          bytes=size, detail=dict(detail))
-        held.update(stalled_attempts=0, next_attempt_at=now, last_error="")
+        _progressed(op)
     for step, _figures in empty:
         step.state = StepState.DONE
 

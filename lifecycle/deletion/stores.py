@@ -189,6 +189,22 @@ def measure(store: Store, conversation: Conversation, home: EngineHome) -> Measu
     return Measure(rows.count(), 0)  # retain-detach: the link is cut, the file stays
 
 
+def empty_measure(store: Store) -> Measure:
+    """What `measure` gives for a table store holding no row of the conversation."""
+    return Measure(0, 0, {"remaining": 0}) if store.retention == RetentionClass.SHARED else Measure()
+
+
+def tables_holding(tables: list[Store], conversation: Conversation) -> set[str]:
+    """Which of these table stores hold any row of the conversation: one query for all."""
+    if not tables:
+        return set()
+    parts = [f"SELECT {n} FROM (SELECT 1 FROM {_q(s.db_table)} WHERE {_q(s.lookup)} = %s LIMIT 1) AS t{n}"
+             for n, s in enumerate(tables)]
+    with connection.cursor() as cursor:
+        cursor.execute(" UNION ALL ".join(parts), [conversation.pk] * len(tables))
+        return {tables[row[0]].key for row in cursor.fetchall()}
+
+
 def erase(store: Store, conversation: Conversation, home: EngineHome, renew: Callable[[], None],
           checkpoint: Callable[[], None], *, whole: bool = False) -> None:
     """Change the store for this conversation; `checkpoint` runs after the first change.
