@@ -50,6 +50,8 @@ def test_an_empty_stores_figures_are_what_its_measure_gives():
         assert stores.empty_measure(store) == stores.measure(store, nobody, home), store.key
     factories.add_message(nobody)
     assert stores.tables_holding(tables, nobody) == {"lifecycle.Item"}
+    counted = stores.row_counts(tables, nobody.pk)
+    assert counted == {s.key: s.rows(nobody).count() for s in tables} and counted["lifecycle.Item"] == 1
 
 
 @pytest.mark.django_db

@@ -305,13 +305,15 @@ def _run_step(op: DeleteOperation, step: DeleteStep, store, conversation: Conver
     _step_done(op, step)
 
 
-def receipt_of(op: DeleteOperation) -> dict:
+def receipt_of(op: DeleteOperation, steps: list[DeleteStep] | None = None) -> dict:
     """Per store: class, what was done, records, bytes. Kept stores with their row counts."""
     by_key = {s.key: s for s in STORES}
     actions = {RetentionClass.ERASE: "erased", RetentionClass.COMPACT: "compacted",
                RetentionClass.RETAIN_DETACH: "detached", RetentionClass.SHARED: "revoked"}
     changed = []
-    for step in op.steps.exclude(key=plan.FINGERPRINTS).order_by("position"):
+    if steps is None:
+        steps = list(op.steps.exclude(key=plan.FINGERPRINTS).order_by("position"))
+    for step in steps:
         s = by_key[step.key]
         entry = {"store": s.key, "class": s.retention.value, "action": actions[s.retention],
                  "records": step.records, "bytes": step.bytes}
@@ -319,19 +321,21 @@ def receipt_of(op: DeleteOperation) -> dict:
             entry["remaining"] = step.detail["remaining"]
         changed.append(entry)
     kept = []
+    counts = stores.row_counts([s for s in STORES if s.retention in (RetentionClass.RETAIN,
+                                                                     RetentionClass.RETAIN_FACTS)],
+                               op.conversation_id)
     for s in STORES:
         if s.retention in (RetentionClass.RETAIN, RetentionClass.RETAIN_FACTS):
-            kept.append({"store": s.key, "class": s.retention.value, "action": "kept",
-                         "records": s.rows(op.conversation_id).count()})
+            kept.append({"store": s.key, "class": s.retention.value, "action": "kept", "records": counts[s.key]})
         elif s.kind == "external":
             kept.append({"store": s.key, "class": s.retention.value, "action": "out_of_scope"})
     return {"engine": connection.vendor, "stores": changed, "kept": kept}
 
 
-def _touched(op: DeleteOperation) -> list[str]:
+def _touched(steps: list[DeleteStep]) -> list[str]:
     by_key = {s.key: s for s in STORES}
     return sorted({
-        by_key[step.key].db_table for step in op.steps.exclude(key=plan.FINGERPRINTS)
+        by_key[step.key].db_table for step in steps
         if by_key[step.key].kind == "table" and step.records
         and by_key[step.key].retention in (RetentionClass.ERASE, RetentionClass.COMPACT)
     })
@@ -344,15 +348,17 @@ def _complete(op: DeleteOperation) -> None:
         if locked.state == DeleteState.COMPLETED:
             return
         check_transition(locked.state, DeleteState.COMPLETED)
-        if locked.steps.exclude(state=StepState.DONE).exists():
+        steps = list(locked.steps.order_by("position"))
+        if any(step.state != StepState.DONE for step in steps):
             raise RuntimeError("a step is not done")
+        steps = [step for step in steps if step.key != plan.FINGERPRINTS]
         now = timezone.now()
-        receipt = receipt_of(locked)
+        receipt = receipt_of(locked, steps)
         receipt["holders"] = physical.holders(now, physically_erased=False)
         Conversation.objects.filter(pk=locked.conversation_id).update(state=ConversationState.DELETED)
         DeleteOperation.objects.filter(pk=locked.pk).update(
             state=DeleteState.COMPLETED, completed_at=now, step="", receipt=receipt, last_error="",
-            touched_tables=_touched(locked), physical_state=PhysicalState.PENDING,
+            touched_tables=_touched(steps), physical_state=PhysicalState.PENDING,
         )
         audit.record(
             "conversation.deleted", conversation=locked.conversation,
