@@ -19,6 +19,7 @@ lease and queues the rest, so no run overlaps a redelivery of itself.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -134,7 +135,8 @@ def renew(op: DeleteOperation, *, every: float | None = None, step: str | None =
     fields: dict = {"lease_expires_at": timezone.now() + timedelta(seconds=lease_seconds())}
     if step is not None:
         fields["step"] = step
-    with stores.erasure_transaction():
+    # Inside a transaction of the step, it commits with it (no savepoint of its own).
+    with contextlib.nullcontext() if connection.in_atomic_block else stores.erasure_transaction():
         moved = DeleteOperation.objects.filter(
             pk=op.pk, lease_holder=op.lease_holder, state=DeleteState.PENDING
         ).update(**fields)
@@ -179,6 +181,7 @@ def run_erasure(operation_id: int, *, force: bool = False, progress: Progress | 
 
 
 def _run(op: DeleteOperation, started: float, progress: Progress | None, budget: float) -> str:
+    current = ""
     try:
         conversation = Conversation.objects.get(pk=op.conversation_id)
         home = EngineHome()
@@ -202,7 +205,9 @@ def _run(op: DeleteOperation, started: float, progress: Progress | None, budget:
                 return DeleteState.PENDING
             if progress:
                 progress(op, step, n, len(steps))
+            current = step.key
             _run_step(op, step, by_key.get(step.key), conversation, home)
+        current = ""
         _complete(op)
         faults.kill_point("checkpoint")
         finish_physical(op.pk)
@@ -213,9 +218,10 @@ def _run(op: DeleteOperation, started: float, progress: Progress | None, budget:
         return "busy"
     except Exception as exc:
         code = _error_code(exc)
-        step_now = DeleteOperation.objects.filter(pk=op.pk).values_list("step", flat=True).first()
+        step_now = current or DeleteOperation.objects.filter(pk=op.pk).values_list("step", flat=True).first()
         log.error("erasure of %s stopped at step %s: %s", op.public_id, step_now, type(exc).__name__)
-        DeleteOperation.objects.filter(pk=op.pk, state=DeleteState.PENDING).update(last_error=code)
+        DeleteOperation.objects.filter(pk=op.pk, state=DeleteState.PENDING).update(
+            last_error=code, **({"step": current} if current else {}))
         if code == "internal_error" and settings.DEBUG:
             raise
         return DeleteState.PENDING
@@ -287,9 +293,13 @@ def _run_step(op: DeleteOperation, step: DeleteStep, store, conversation: Conver
         kill()
         _step_done(op, step)
         return
-    renew(op, step=step.key)  # committed on its own: a step that fails still shows where it stopped
-    if step.state == StepState.PENDING:
+    if step.state != StepState.PENDING:
+        renew(op, step=step.key)
+    else:
         with stores.erasure_transaction():
+            # The lease and the current step commit with the figures (a step that fails before
+            # that is recorded by `_run`'s failure handler).
+            renew(op, step=step.key)
             figures = stores.measure(store, conversation, home)
             if not figures.records and not figures.detail.get("remaining"):
                 _step_done(op, step, figures)  # nothing there: measured and done at once
