@@ -7,8 +7,11 @@ SIGKILL at any line:
    or its holder is a dead process on this host. Count the attempt (`attempts`, and
    `stalled_attempts` since the last step that finished); past MAX_STALLED the operation
    is left Pending for an admin to retry instead of looping on a step that kills its worker.
-2. For each step not done, in order: measure and commit the figures (once), erase what is
-   still there (idempotent, batched, the lease renewed between batches), mark it done.
+2. After the fingerprints, the table stores holding nothing of the conversation are marked
+   done together (one query finds them, one transaction marks them). For each other step
+   not done, in order: measure and commit the figures (once), erase what is still there
+   (idempotent, batched, the lease renewed between batches), mark it done; a table of at
+   most `stores.one_transaction_rows()` rows does all three in one transaction.
 3. Complete (one transaction): the conversation becomes `deleted`, the operation
    `completed` with its receipt.
 4. Physical: checkpoint SQLite's write-ahead log (retried), else leave it pending.
@@ -247,11 +250,12 @@ def _progressed(op: DeleteOperation) -> None:
 
 
 def _settle_empty(op: DeleteOperation, steps: list[DeleteStep], by_key: dict, conversation: Conversation) -> None:
-    """Measure every pending table step at once and mark those with nothing to change done,
-    in one transaction (as `_run_step` does for one step: measured and done at once), so a
-    conversation that never used most stores does not pay a lease renewal, a measurement
-    and a completion, each its own transaction, for each of them. The tombstone stays last;
-    a step with anything to change is left to `_run_step`."""
+    """Find, in one query, the pending table steps whose store holds no row of the
+    conversation, and mark them done with zero figures in one transaction (as `_run_step`
+    does for one step: measured and done at once), so a conversation that never used most
+    stores does not pay a lease renewal, a measurement and a completion, each its own
+    transaction, for each of them. The tombstone stays last; a store holding rows is left to
+    its own step."""
     empty: list[tuple[DeleteStep, stores.Measure]] = []
     with stores.erasure_transaction():
         now = timezone.now()
