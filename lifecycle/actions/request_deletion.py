@@ -28,10 +28,10 @@ KEY = re.compile(r"[\x21-\x7e]{1,200}")  # printable ASCII, no spaces
 
 
 def _step(operation: DeleteOperation, key: str, position: int, conversation: Conversation,
-          home: EngineHome) -> DeleteStep:
+          home: EngineHome, by_key: dict) -> DeleteStep:
     """A step row; the fleet files' steps are measured now, under their locks (see above)."""
     step = DeleteStep(operation=operation, key=key, position=position)
-    store = stores_by_key().get(key)
+    store = by_key.get(key)
     if store is not None and store.shared_file:
         figures = measure(store, conversation, home)
         step.state, step.records, step.bytes, step.detail = StepState.MEASURED, figures.records, figures.bytes, figures.detail
@@ -113,7 +113,8 @@ def _request(conversation: Conversation, key: str, acting_user, home: EngineHome
     operation = DeleteOperation.objects.create(
         conversation=locked, requested_by=requester, state=DeleteState.PENDING, step=keys[0],
     )
-    DeleteStep.objects.bulk_create([_step(operation, k, n, locked, home) for n, k in enumerate(keys)])
+    by_key = stores_by_key()
+    DeleteStep.objects.bulk_create([_step(operation, k, n, locked, home, by_key) for n, k in enumerate(keys)])
     DeletionFence.objects.create(conversation_id=locked.pk, operation_id=operation.pk)
     Conversation.objects.filter(pk=locked.pk).update(state=ConversationState.PENDING_DELETE)
     OperationKey.objects.create(key=key, operation=operation)

@@ -7,8 +7,11 @@ SIGKILL at any line:
    or its holder is a dead process on this host. Count the attempt (`attempts`, and
    `stalled_attempts` since the last step that finished); past MAX_STALLED the operation
    is left Pending for an admin to retry instead of looping on a step that kills its worker.
-2. For each step not done, in order: measure and commit the figures (once), erase what is
-   still there (idempotent, batched, the lease renewed between batches), mark it done.
+2. After the fingerprints, the table stores holding nothing of the conversation are marked
+   done together (one query finds them, one transaction marks them). For each other step
+   not done, in order: measure and commit the figures (once), erase what is still there
+   (idempotent, batched, the lease renewed between batches), mark it done; a table of at
+   most `stores.one_transaction_rows()` rows does all three in one transaction.
 3. Complete (one transaction): the conversation becomes `deleted`, the operation
    `completed` with its receipt.
 4. Physical: checkpoint SQLite's write-ahead log (retried), else leave it pending.
@@ -19,6 +22,7 @@ lease and queues the rest, so no run overlaps a redelivery of itself.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -134,7 +138,8 @@ def renew(op: DeleteOperation, *, every: float | None = None, step: str | None =
     fields: dict = {"lease_expires_at": timezone.now() + timedelta(seconds=lease_seconds())}
     if step is not None:
         fields["step"] = step
-    with stores.erasure_transaction():
+    # Inside a transaction of the step, it commits with it (no savepoint of its own).
+    with contextlib.nullcontext() if connection.in_atomic_block else stores.erasure_transaction():
         moved = DeleteOperation.objects.filter(
             pk=op.pk, lease_holder=op.lease_holder, state=DeleteState.PENDING
         ).update(**fields)
@@ -174,23 +179,38 @@ def run_erasure(operation_id: int, *, force: bool = False, progress: Progress | 
         state = DeleteOperation.objects.filter(pk=operation_id).values_list("state", flat=True).first()
         return "busy" if state == DeleteState.PENDING else (state or "missing")
     started = time.monotonic()
+    with stores.relaxed_commits():
+        return _run(op, started, progress, budget)
+
+
+def _run(op: DeleteOperation, started: float, progress: Progress | None, budget: float) -> str:
+    current = ""
     try:
         conversation = Conversation.objects.get(pk=op.conversation_id)
         home = EngineHome()
         steps = list(op.steps.order_by("position"))
         by_key = plan.stores_by_key()
+        settled = False
         for n, step in enumerate(steps):
             if step.state == StepState.DONE:
                 continue
+            if not settled and step.key != plan.FINGERPRINTS:
+                settled = True
+                _settle_empty(op, steps, by_key, conversation)
+                if step.state == StepState.DONE:
+                    continue
             if time.monotonic() - started > budget:
                 release(op)
                 from django_q.tasks import async_task
 
-                async_task("lifecycle.tasks.erase", op.pk, q_options={"ack_failure": True})
+                with stores.durable_transaction():
+                    async_task("lifecycle.tasks.erase", op.pk, q_options={"ack_failure": True})
                 return DeleteState.PENDING
             if progress:
                 progress(op, step, n, len(steps))
+            current = step.key
             _run_step(op, step, by_key.get(step.key), conversation, home)
+        current = ""
         _complete(op)
         faults.kill_point("checkpoint")
         finish_physical(op.pk)
@@ -201,9 +221,10 @@ def run_erasure(operation_id: int, *, force: bool = False, progress: Progress | 
         return "busy"
     except Exception as exc:
         code = _error_code(exc)
-        step_now = DeleteOperation.objects.filter(pk=op.pk).values_list("step", flat=True).first()
+        step_now = current or DeleteOperation.objects.filter(pk=op.pk).values_list("step", flat=True).first()
         log.error("erasure of %s stopped at step %s: %s", op.public_id, step_now, type(exc).__name__)
-        DeleteOperation.objects.filter(pk=op.pk, state=DeleteState.PENDING).update(last_error=code)
+        DeleteOperation.objects.filter(pk=op.pk, state=DeleteState.PENDING).update(
+            last_error=code, **({"step": current} if current else {}))
         if code == "internal_error" and settings.DEBUG:
             raise
         return DeleteState.PENDING
@@ -215,9 +236,50 @@ def _step_done(op: DeleteOperation, step: DeleteStep, figures: stores.Measure | 
     with stores.erasure_transaction():
         extra = {"records": figures.records, "bytes": figures.bytes, "detail": figures.detail} if figures else {}
         DeleteStep.objects.filter(pk=step.pk).update(state=StepState.DONE, finished_at=timezone.now(), **extra)
-        # Progress: a later crash starts the stall count (and its back-off) afresh.
-        DeleteOperation.objects.filter(pk=op.pk).update(stalled_attempts=0, next_attempt_at=timezone.now(),
-                                                        last_error="")
+        _progressed(op)
+
+
+def _progressed(op: DeleteOperation) -> None:
+    """Progress: a later crash starts the stall count (and its back-off) afresh. Once per run
+    is enough (later steps would write the same), so only the run's first finished step does."""
+    if getattr(op, "progress_noted", False):
+        return
+    DeleteOperation.objects.filter(pk=op.pk).update(stalled_attempts=0, next_attempt_at=timezone.now(),
+                                                    last_error="")
+    op.progress_noted = True
+
+
+def _settle_empty(op: DeleteOperation, steps: list[DeleteStep], by_key: dict, conversation: Conversation) -> None:
+    """Find, in one query, the pending table steps whose store holds no row of the
+    conversation, and mark them done with zero figures in one transaction (as `_run_step`
+    does for one step: measured and done at once), so a conversation that never used most
+    stores does not pay a lease renewal, a measurement and a completion, each its own
+    transaction, for each of them. The tombstone stays last; a store holding rows is left to
+    its own step."""
+    empty: list[tuple[DeleteStep, stores.Measure]] = []
+    with stores.erasure_transaction():
+        now = timezone.now()
+        held = DeleteOperation.objects.filter(pk=op.pk, lease_holder=op.lease_holder, state=DeleteState.PENDING)
+        if not held.update(lease_expires_at=now + timedelta(seconds=lease_seconds())):
+            raise LeaseLost(op.public_id)
+        _renewed[op.pk] = time.monotonic()
+        candidates = [(step, by_key[step.key]) for step in steps
+                      if step.state == StepState.PENDING and step.key in by_key
+                      and by_key[step.key].kind == "table" and not by_key[step.key].tombstone]
+        # A store holding rows is measured by its own step (a measure may read every row).
+        holding = stores.tables_holding([store for _step, store in candidates], conversation)
+        empty = [(step, stores.empty_measure(store)) for step, store in candidates if store.key not in holding]
+        if not empty:
+            return
+        groups: dict[tuple, list[int]] = {}
+        for step, figures in empty:
+            groups.setdefault((figures.bytes, tuple(sorted(figures.detail.items()))), []).append(step.pk)
+        for (size, detail), ids in groups.items():
+            DeleteStep.objects.filter(pk__in=ids).update(state=StepState.DONE, finished_at=now, records=0,
+                                                         bytes=size, detail=dict(detail))
+        _progressed(op)
+    for step, _figures in empty:
+        step.state = StepState.DONE
 
 
 def _run_step(op: DeleteOperation, step: DeleteStep, store, conversation: Conversation, home: EngineHome) -> None:
@@ -235,15 +297,19 @@ def _run_step(op: DeleteOperation, step: DeleteStep, store, conversation: Conver
         kill()
         _step_done(op, step)
         return
-    renew(op, step=step.key)  # committed on its own: a step that fails still shows where it stopped
-    if step.state == StepState.PENDING:
+    if step.state != StepState.PENDING:
+        renew(op, step=step.key)
+    else:
         with stores.erasure_transaction():
+            # The lease and the current step commit with the figures (a step that fails before
+            # that is recorded by `_run`'s failure handler).
+            renew(op, step=step.key)
             figures = stores.measure(store, conversation, home)
             if not figures.records and not figures.detail.get("remaining"):
                 _step_done(op, step, figures)  # nothing there: measured and done at once
                 return
-            if store.kind == "table" and figures.records <= stores.BATCH_ROWS:
-                stores.erase(store, conversation, home, renew=lambda: None, checkpoint=kill)
+            if store.kind == "table" and figures.records <= stores.one_transaction_rows():
+                stores.erase(store, conversation, home, renew=lambda: None, checkpoint=kill, whole=True)
                 _step_done(op, step, figures)
                 return
             DeleteStep.objects.filter(pk=step.pk).update(
@@ -253,13 +319,15 @@ def _run_step(op: DeleteOperation, step: DeleteStep, store, conversation: Conver
     _step_done(op, step)
 
 
-def receipt_of(op: DeleteOperation) -> dict:
+def receipt_of(op: DeleteOperation, steps: list[DeleteStep] | None = None) -> dict:
     """Per store: class, what was done, records, bytes. Kept stores with their row counts."""
     by_key = {s.key: s for s in STORES}
     actions = {RetentionClass.ERASE: "erased", RetentionClass.COMPACT: "compacted",
                RetentionClass.RETAIN_DETACH: "detached", RetentionClass.SHARED: "revoked"}
     changed = []
-    for step in op.steps.exclude(key=plan.FINGERPRINTS).order_by("position"):
+    if steps is None:
+        steps = list(op.steps.exclude(key=plan.FINGERPRINTS).order_by("position"))
+    for step in steps:
         s = by_key[step.key]
         entry = {"store": s.key, "class": s.retention.value, "action": actions[s.retention],
                  "records": step.records, "bytes": step.bytes}
@@ -267,19 +335,21 @@ def receipt_of(op: DeleteOperation) -> dict:
             entry["remaining"] = step.detail["remaining"]
         changed.append(entry)
     kept = []
+    counts = stores.row_counts([s for s in STORES if s.retention in (RetentionClass.RETAIN,
+                                                                     RetentionClass.RETAIN_FACTS)],
+                               op.conversation_id)
     for s in STORES:
         if s.retention in (RetentionClass.RETAIN, RetentionClass.RETAIN_FACTS):
-            kept.append({"store": s.key, "class": s.retention.value, "action": "kept",
-                         "records": s.rows(op.conversation_id).count()})
+            kept.append({"store": s.key, "class": s.retention.value, "action": "kept", "records": counts[s.key]})
         elif s.kind == "external":
             kept.append({"store": s.key, "class": s.retention.value, "action": "out_of_scope"})
     return {"engine": connection.vendor, "stores": changed, "kept": kept}
 
 
-def _touched(op: DeleteOperation) -> list[str]:
+def _touched(steps: list[DeleteStep]) -> list[str]:
     by_key = {s.key: s for s in STORES}
     return sorted({
-        by_key[step.key].db_table for step in op.steps.exclude(key=plan.FINGERPRINTS)
+        by_key[step.key].db_table for step in steps
         if by_key[step.key].kind == "table" and step.records
         and by_key[step.key].retention in (RetentionClass.ERASE, RetentionClass.COMPACT)
     })
@@ -287,20 +357,22 @@ def _touched(op: DeleteOperation) -> list[str]:
 
 def _complete(op: DeleteOperation) -> None:
     faults.kill_point("complete")
-    with transaction.atomic():
+    with stores.durable_transaction():
         locked = DeleteOperation.objects.select_for_update().get(pk=op.pk)
         if locked.state == DeleteState.COMPLETED:
             return
         check_transition(locked.state, DeleteState.COMPLETED)
-        if locked.steps.exclude(state=StepState.DONE).exists():
+        steps = list(locked.steps.order_by("position"))
+        if any(step.state != StepState.DONE for step in steps):
             raise RuntimeError("a step is not done")
+        steps = [step for step in steps if step.key != plan.FINGERPRINTS]
         now = timezone.now()
-        receipt = receipt_of(locked)
+        receipt = receipt_of(locked, steps)
         receipt["holders"] = physical.holders(now, physically_erased=False)
         Conversation.objects.filter(pk=locked.conversation_id).update(state=ConversationState.DELETED)
         DeleteOperation.objects.filter(pk=locked.pk).update(
             state=DeleteState.COMPLETED, completed_at=now, step="", receipt=receipt, last_error="",
-            touched_tables=_touched(locked), physical_state=PhysicalState.PENDING,
+            touched_tables=_touched(steps), physical_state=PhysicalState.PENDING,
         )
         audit.record(
             "conversation.deleted", conversation=locked.conversation,

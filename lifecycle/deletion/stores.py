@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from lifecycle import fleet
@@ -24,14 +24,27 @@ from lifecycle.registry import RetentionClass, Store
 
 BATCH_ROWS = 2000  # the first batch; later ones are sized to take about BATCH_SECONDS
 MAX_BATCH_ROWS = 50000
+# PostgreSQL: a later batch finds its rows through an index that still lists every row the
+# earlier batches deleted, each a visit to a dead tuple; fewer, larger batches visit fewer.
+PG_MAX_BATCH_ROWS = 200000
 BATCH_SECONDS = 0.1
 # PostgreSQL locks only the rows being deleted (a fenced conversation's, which nobody else
 # writes), so its batches can be longer; they only bound a transaction and mark progress.
 PG_BATCH_SECONDS = 0.5
 # SQLite has one writer at a time: between batches the erasure steps aside so a foreground
 # append gets the lock (IMPLEMENTATION-NOTES section 6). A batch holds the lock for about
-# BATCH_SECONDS, so a waiting writer waits about that long, not for the whole erasure.
+# BATCH_SECONDS, so a waiting writer waits about that long, not for the whole erasure. A
+# batch far shorter than that (the first, small one) is not followed by a pause: the pause
+# comes once the lock was held for SQLITE_PAUSE_AFTER since the last one.
 SQLITE_PAUSE = 0.01
+SQLITE_PAUSE_AFTER = BATCH_SECONDS / 2
+
+
+def one_transaction_rows() -> int:
+    """Up to this many rows a table step measures, changes and is marked done in one
+    transaction: one batch's worth (on PostgreSQL its largest batch, which only bounds a
+    transaction; on SQLite the first batch, which keeps the lock short)."""
+    return BATCH_ROWS if connection.vendor == "sqlite" else PG_MAX_BATCH_ROWS
 
 
 @dataclass
@@ -41,6 +54,15 @@ class Measure:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+# Inside `relaxed_commits`, the connection (one per thread) keeps the session's own
+# synchronous_commit under this attribute, to restore it for a durable transaction.
+RELAXED = "lethe_synchronous_commit"
+
+
+def _relaxed() -> str | None:
+    return getattr(connection, RELAXED, None)
+
+
 @contextlib.contextmanager
 def erasure_transaction() -> Iterator[None]:
     """A transaction of the erasure. On PostgreSQL its commit does not wait for the WAL flush:
@@ -48,9 +70,41 @@ def erasure_transaction() -> Iterator[None]:
     one lost in a crash is simply done again. The intent and the completion commit durably."""
     top = not connection.in_atomic_block
     with transaction.atomic():
-        if top and connection.vendor == "postgresql":
+        if top and connection.vendor == "postgresql" and _relaxed() is None:
             with connection.cursor() as cursor:
                 cursor.execute("SET LOCAL synchronous_commit TO OFF")
+        yield
+
+
+@contextlib.contextmanager
+def relaxed_commits() -> Iterator[None]:
+    """For a run of the erasure on PostgreSQL: the session's commits do not wait for the WAL
+    flush (one setting, instead of one per erasure transaction); back to the session's own setting
+    afterwards. What must commit durably inside (the completion) uses `durable_transaction`."""
+    if connection.vendor != "postgresql" or connection.in_atomic_block or _relaxed() is not None:
+        yield
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        own = cursor.fetchone()[0]
+        cursor.execute("SET synchronous_commit TO OFF")
+    setattr(connection, RELAXED, own)
+    try:
+        yield
+    finally:
+        setattr(connection, RELAXED, None)
+        # A connection that broke takes its session setting with it.
+        with contextlib.suppress(DatabaseError), connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('synchronous_commit', %s, false)", [own])
+
+
+@contextlib.contextmanager
+def durable_transaction() -> Iterator[None]:
+    """A transaction whose commit waits for the WAL flush, even inside `relaxed_commits`."""
+    with transaction.atomic():
+        if (own := _relaxed()) is not None:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT set_config('synchronous_commit', %s, true)", [own])
         yield
 
 
@@ -86,7 +140,7 @@ def _table_measure(store: Store, conversation_id: int, *, only_content: bool) ->
 def _batches(sql: str, params: list, renew: Callable[[], None]) -> int:
     """Run a statement that changes at most `limit` rows (its LIMIT placeholder) until it changes
     none, each run its own transaction, sizing runs to about BATCH_SECONDS each."""
-    changed, limit = 0, BATCH_ROWS
+    changed, limit, held = 0, BATCH_ROWS, 0.0
     while True:
         started = time.monotonic()
         with erasure_transaction(), connection.cursor() as cursor:
@@ -95,12 +149,15 @@ def _batches(sql: str, params: list, renew: Callable[[], None]) -> int:
         changed += n
         if n < limit:
             return changed
-        renew()
         took = time.monotonic() - started
+        renew()
         target = BATCH_SECONDS if connection.vendor == "sqlite" else PG_BATCH_SECONDS
-        limit = max(500, min(MAX_BATCH_ROWS, int(limit * target / max(took, 1e-3))))
-        if connection.vendor == "sqlite":
+        most = MAX_BATCH_ROWS if connection.vendor == "sqlite" else PG_MAX_BATCH_ROWS
+        limit = max(500, min(most, int(limit * target / max(took, 1e-3))))
+        held += took
+        if connection.vendor == "sqlite" and held >= SQLITE_PAUSE_AFTER:
             time.sleep(SQLITE_PAUSE)
+            held = 0.0
 
 
 def _pk(store: Store) -> str:
@@ -132,9 +189,37 @@ def measure(store: Store, conversation: Conversation, home: EngineHome) -> Measu
     return Measure(rows.count(), 0)  # retain-detach: the link is cut, the file stays
 
 
+def empty_measure(store: Store) -> Measure:
+    """What `measure` gives for a table store holding no row of the conversation."""
+    return Measure(0, 0, {"remaining": 0}) if store.retention == RetentionClass.SHARED else Measure()
+
+
+def tables_holding(tables: list[Store], conversation: Conversation) -> set[str]:
+    """Which of these table stores hold any row of the conversation: one query for all."""
+    if not tables:
+        return set()
+    parts = [f"SELECT {n} FROM (SELECT 1 FROM {_q(s.db_table)} WHERE {_q(s.lookup)} = %s LIMIT 1) AS t{n}"
+             for n, s in enumerate(tables)]
+    with connection.cursor() as cursor:
+        cursor.execute(" UNION ALL ".join(parts), [conversation.pk] * len(tables))
+        return {tables[row[0]].key for row in cursor.fetchall()}
+
+
+def row_counts(tables: list[Store], conversation_id: int) -> dict[str, int]:
+    """Each table store's number of rows of the conversation: one query for all."""
+    if not tables:
+        return {}
+    parts = [f"SELECT {n}, COUNT(*) FROM {_q(s.db_table)} WHERE {_q(s.lookup)} = %s" for n, s in enumerate(tables)]
+    with connection.cursor() as cursor:
+        cursor.execute(" UNION ALL ".join(parts), [conversation_id] * len(tables))
+        return {tables[n].key: int(count) for n, count in cursor.fetchall()}
+
+
 def erase(store: Store, conversation: Conversation, home: EngineHome, renew: Callable[[], None],
-          checkpoint: Callable[[], None]) -> None:
-    """Change the store for this conversation; `checkpoint` runs after the first change."""
+          checkpoint: Callable[[], None], *, whole: bool = False) -> None:
+    """Change the store for this conversation; `checkpoint` runs after the first change.
+    `whole`: the caller's transaction takes all of it (at most `one_transaction_rows()`), so
+    an erased table's rows go in one plain statement, not in batches."""
     table = _q(store.db_table) if store.kind == "table" else ""
     if store.kind == "file":
         path = store.paths(home, conversation)[0]
@@ -146,6 +231,9 @@ def erase(store: Store, conversation: Conversation, home: EngineHome, renew: Cal
         blank = ", ".join(f"{_q(c)} = ''" for c in store.content_columns())
         with erasure_transaction(), connection.cursor() as cursor:
             cursor.execute(f"UPDATE {table} SET {blank} WHERE {_q(store.lookup)} = %s", [conversation.pk])
+    elif store.retention == RetentionClass.ERASE and whole:
+        with erasure_transaction(), connection.cursor() as cursor:
+            cursor.execute(f"DELETE FROM {table} WHERE {_q(store.lookup)} = %s", [conversation.pk])
     elif store.retention == RetentionClass.ERASE:
         # The rows of one batch by their physical address on PostgreSQL (a TID scan), by
         # primary key on SQLite.

@@ -1,0 +1,125 @@
+"""How an erasure spends its transactions: empty stores settled together, a table small enough
+erased in one transaction, PostgreSQL's relaxed commits restored, SQLite's pauses."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+from lifecycle import models as m
+from lifecycle.actions.request_deletion import request_deletion
+from lifecycle.deletion import executor, stores
+from lifecycle.deletion.plan import FINGERPRINTS, stores_by_key
+from lifecycle.enginefs import EngineHome
+from tests import factories
+
+
+def expected_figures(conversation: m.Conversation) -> dict[str, tuple[int, int]]:
+    home = EngineHome()
+    return {key: (f.records, f.bytes) for key, s in stores_by_key().items()
+            for f in [stores.measure(s, conversation, home)]}
+
+
+@pytest.mark.django_db
+def test_stores_without_anything_of_the_conversation_are_settled_together_with_an_exact_receipt():
+    target = factories.make_conversation(title="Sparse")
+    for n in range(3):
+        factories.add_message(target, content=f"message {n} é")
+    factories.add_tool(target)
+    expected = expected_figures(target)
+    op = request_deletion(target, key="sparse", acting_user=None)
+    assert executor.run_erasure(op.pk) == "completed"
+    op.refresh_from_db()
+    assert {e["store"]: (e["records"], e["bytes"]) for e in op.receipt["stores"]} == expected
+    by_key = stores_by_key()
+    empty = [s for s in op.steps.exclude(key=FINGERPRINTS)
+             if by_key[s.key].kind == "table" and not by_key[s.key].tombstone and expected[s.key] == (0, 0)]
+    assert len(empty) >= 8
+    # Measured and marked done in one transaction: one moment for all of them.
+    assert len({s.finished_at for s in empty}) == 1
+    assert m.Item.objects.filter(conversation=target).count() == 0
+
+
+@pytest.mark.django_db
+def test_an_empty_stores_figures_are_what_its_measure_gives():
+    nobody = factories.make_conversation(title="")
+    home = EngineHome()
+    tables = [s for s in stores_by_key().values() if s.kind == "table" and not s.tombstone]
+    assert stores.tables_holding(tables, nobody) == set()
+    for store in tables:
+        assert stores.empty_measure(store) == stores.measure(store, nobody, home), store.key
+    factories.add_message(nobody)
+    assert stores.tables_holding(tables, nobody) == {"lifecycle.Item"}
+    counted = stores.row_counts(tables, nobody.pk)
+    assert counted == {s.key: s.rows(nobody).count() for s in tables} and counted["lifecycle.Item"] == 1
+
+
+@pytest.mark.django_db
+def test_a_table_within_one_transactions_rows_is_erased_in_one_statement(monkeypatch):
+    target = factories.make_conversation()
+    for n in range(7):
+        factories.add_message(target, content=f"row {n}")
+    monkeypatch.setattr(stores, "BATCH_ROWS", 3)
+    monkeypatch.setattr(stores, "PG_MAX_BATCH_ROWS", 10)
+    statements: list[str] = []
+
+    def log(execute, sql, params, many, context):
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    op = request_deletion(target, key="one", acting_user=None)
+    with connection.execute_wrapper(log):
+        assert executor.run_erasure(op.pk) == "completed"
+    item_deletes = [s for s in statements if s.startswith('DELETE FROM "lifecycle_item"')]
+    if connection.vendor == "postgresql":
+        assert item_deletes == ['DELETE FROM "lifecycle_item" WHERE "conversation_id" = %s']
+    else:
+        # SQLite keeps its lock short: a first batch of 3, then the rest (at least 500 a batch).
+        assert len(item_deletes) == 2 and all("LIMIT" in s for s in item_deletes)
+    assert m.Item.objects.filter(conversation=target).count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_relaxed_commits_end_with_the_run_and_the_completion_commits_durably():
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL only")
+    target = factories.make_conversation()
+    factories.add_message(target)
+    op = request_deletion(target, key="relaxed", acting_user=None)
+    seen: list[str] = []
+
+    def log(execute, sql, params, many, context):
+        if "set_config" in sql:
+            seen.append(f"{sql} {params}")
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(log):
+        assert executor.run_erasure(op.pk) == "completed"
+    assert any(", true)" in s and "'on'" in s for s in seen)  # the completion's own transaction
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        assert cursor.fetchone()[0] == "on"
+    assert getattr(connection, stores.RELAXED, None) is None
+
+
+@pytest.mark.django_db
+def test_sqlite_pauses_only_after_holding_the_lock_for_a_while(monkeypatch):
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite only")
+    target = factories.make_conversation()
+    m.Item.objects.bulk_create([m.Item(conversation=target, seq=n, role="user", content=f"row {n}")
+                                for n in range(1, 1101)])
+    monkeypatch.setattr(stores, "BATCH_ROWS", 2)
+    pauses: list[float] = []
+    monkeypatch.setattr(stores.time, "sleep", pauses.append)
+    clock = iter(range(10**6))
+    # Every batch "takes" 30 ms. Batches of 2, 500, 500 (full) and 98: a pause only once 50 ms
+    # of holding the lock has added up (after the second), none after the first, short one.
+    monkeypatch.setattr(stores.time, "monotonic", lambda: next(clock) * 0.03)
+    table = stores._q(m.Item._meta.db_table)
+    changed = stores._batches(
+        f"DELETE FROM {table} WHERE id IN (SELECT id FROM {table} WHERE conversation_id = %s LIMIT %s)",
+        [target.pk], renew=lambda: None,
+    )
+    assert changed == 1100
+    assert pauses == [stores.SQLITE_PAUSE]
