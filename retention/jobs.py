@@ -21,6 +21,7 @@ task that is safe to deliver more than once:
 from __future__ import annotations
 
 import calendar
+import contextlib
 import json
 import logging
 import os
@@ -69,12 +70,13 @@ BATCH_BYTES = int(_env_number("LETHE_TOOL_CLEANUP_BATCH_BYTES", 64_000_000))
 FIRST_BATCH_BYTES = 1_000_000
 MIN_BATCH_BYTES = 64_000
 CONVERSATIONS_PER_BATCH = int(_env_number("LETHE_TOOL_CLEANUP_CONVERSATIONS", 200))
-# SQLite has one write lock: a batch holds it for about 15 ms, then the job pauses 10 ms. A
-# writer that finds the lock taken retries after 1, 3, 8, 18 ms (SQLite's busy handler), so
-# one of its retries falls into the pause and it waits at most about 18 ms. PostgreSQL's row
-# locks do not stop writers of other conversations: longer batches, no pause.
+# SQLite has one write lock: a batch holds it for about 10 ms, then the job leaves it free for
+# 10 ms. A writer that finds the lock taken retries after 1, 3, 8, 18 ms (SQLite's busy
+# handler), so one of its retries falls into the gap and it waits at most about 18 ms (longer
+# batches were measured to push the writers' p99 to the 33 ms retry). PostgreSQL's row locks
+# do not stop writers of other conversations: longer batches, no pause.
 BATCH_SECONDS_SET = "LETHE_TOOL_CLEANUP_BATCH_SECONDS" in os.environ
-BATCH_SECONDS = _env_number("LETHE_TOOL_CLEANUP_BATCH_SECONDS", 0.015)
+BATCH_SECONDS = _env_number("LETHE_TOOL_CLEANUP_BATCH_SECONDS", 0.010)
 POSTGRES_BATCH_SECONDS = 0.25
 # Seconds between cleanup batches: 0.01 on SQLite, none on PostgreSQL, unless set, then on both.
 PAUSE_SET = "LETHE_TOOL_CLEANUP_PAUSE" in os.environ
@@ -468,11 +470,16 @@ class _Pace:
         self.committed_at = 0.0  # monotonic time of the last batch's commit
         self.candidates: list[int] = []  # eligible conversations read ahead, in id order
         self.marked_stale = False
+        self.checkpoint = False  # SQLite: fold the WAL back in during the gap
 
     def wait_for_gap(self) -> None:
         """Between two write transactions at least `pause` passes (SQLite: waiting writers
-        take the lock then); the next batch's reading and planning count toward it."""
+        take the lock then); the next batch's reading and planning, and (SQLite) the WAL
+        checkpoint, count toward it."""
         if self.pause and self.committed_at:
+            if self.checkpoint:
+                with contextlib.suppress(OperationalError), connection.cursor() as cursor:
+                    cursor.execute("PRAGMA wal_checkpoint(PASSIVE)")
             left = self.committed_at + self.pause - time.monotonic()
             if left > 0:
                 time.sleep(left)
@@ -514,13 +521,38 @@ def _cleanup_step(op: ToolPayloadOperation, token: str, *, after_batch=None) -> 
                     )
             return "done"
     pace = _Pace(pause=SQLITE_PAUSE if connection.vendor == "sqlite" or PAUSE_SET else 0.0)
-    while time.monotonic() < deadline:
-        result = _with_busy_retries(lambda: _cleanup_batch(op, token, pace=pace))
-        if after_batch is not None:
-            after_batch(result)
-        if result in ("succeeded", "cancelled", "disabled", "policy_changed"):
-            return "done"
+    with _checkpoints_in_the_gap(pace):
+        while time.monotonic() < deadline:
+            result = _with_busy_retries(lambda: _cleanup_batch(op, token, pace=pace))
+            if after_batch is not None:
+                after_batch(result)
+            if result in ("succeeded", "cancelled", "disabled", "policy_changed"):
+                return "done"
     return "more"
+
+
+@contextlib.contextmanager
+def _checkpoints_in_the_gap(pace: _Pace):
+    """SQLite: this connection does not fold the WAL back into the file at each commit (the
+    automatic checkpoint runs inside commit, after the lock is released, and so delayed the
+    gap that follows); it does so during the gap between batches instead, which writers share
+    (a PASSIVE checkpoint takes no write lock). The connection's setting is restored after."""
+    if connection.vendor != "sqlite" or not pace.pause:
+        yield
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA wal_autocheckpoint")
+        own = cursor.fetchone()[0]
+        cursor.execute("PRAGMA wal_autocheckpoint = 0")
+    pace.checkpoint = True
+    try:
+        yield
+    finally:
+        pace.checkpoint = False
+        with connection.cursor() as cursor:
+            cursor.execute(f"PRAGMA wal_autocheckpoint = {int(own)}")
+        with contextlib.suppress(OperationalError), connection.cursor() as cursor:
+            cursor.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
 
 def _verify_preparation() -> str:

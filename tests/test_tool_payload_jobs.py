@@ -703,6 +703,29 @@ def test_an_item_whose_stored_plan_is_unreadable_is_reduced_in_python(admin_user
     assert edit.payload["changes"] == [{"line": 1}] and edit.payload_bytes == encoded_size(edit.payload)
 
 
+@pytest.mark.django_db
+def test_on_sqlite_the_wal_is_folded_back_between_batches_and_the_setting_restored(admin_user, monkeypatch):
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite only: the WAL checkpoint of the gap between batches")
+    monkeypatch.setattr(jobs, "BATCH_ITEMS", 2)
+    old_conversation("gap", tools=4)
+    enable(admin_user)
+    op = jobs._claim(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision), "t")
+
+    def pragma(name: str) -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(f"PRAGMA {name}")
+            return cursor.fetchone()[0]
+
+    before = pragma("wal_autocheckpoint")
+    during = []
+    assert jobs._cleanup_step(op, "t", after_batch=lambda _result: during.append(pragma("wal_autocheckpoint"))) \
+        == "done"
+    assert during and set(during) == {0}  # commits leave the WAL to the gap's checkpoint
+    assert pragma("wal_autocheckpoint") == before > 0
+    assert ToolPayloadOperation.objects.get(pk=op.pk).removed_messages == 5
+
+
 @pytest.mark.django_db(transaction=True)
 def test_removed_output_is_gone_from_the_rows_and_on_sqlite_from_the_file(admin_user):
     secret = factories.marker("stdout")
