@@ -839,7 +839,9 @@ def _plan_update_sql() -> str:
     the payload in the database, the marker added, the sizes taken from the stored figures.
 
     PostgreSQL: one statement for the whole batch (arrays of ids, revisions and markers),
-    which returns the ids it wrote. SQLite: one row per execution (executemany)."""
+    which returns the ids it wrote. SQLite: one prepared statement run per row (executemany,
+    a loop in the driver); one UPDATE ... FROM json_each(batch) ... RETURNING was measured
+    slower (7.2-7.6 s against 5.9 s for 200,000 messages)."""
     from lifecycle.models import Item
     from retention.reducer import MARKER_KEY, REMOVED_FIELDS, SQL_KINDS
 
