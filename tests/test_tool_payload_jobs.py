@@ -703,27 +703,45 @@ def test_an_item_whose_stored_plan_is_unreadable_is_reduced_in_python(admin_user
     assert edit.payload["changes"] == [{"line": 1}] and edit.payload_bytes == encoded_size(edit.payload)
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_on_sqlite_the_wal_is_folded_back_between_batches_and_the_setting_restored(admin_user, monkeypatch):
+    """Commits leave the WAL alone; the gap before the next batch folds it back into the file,
+    so a removed output is gone from the database file while the run goes on."""
     if connection.vendor != "sqlite":
         pytest.skip("SQLite only: the WAL checkpoint of the gap between batches")
-    monkeypatch.setattr(jobs, "BATCH_ITEMS", 2)
-    old_conversation("gap", tools=4)
+    from pathlib import Path
+
+    monkeypatch.setattr(jobs, "BATCH_ITEMS", 1)
+    conversation = factories.make_conversation(title="gap")
+    secrets = [factories.marker(f"gap-{n}") for n in range(3)]
+    for n, secret in enumerate(secrets):
+        factories.add_tool(conversation, "shell", {"command": "cat", "stdout": (secret + "\n") * 20, "stderr": ""},
+                           tool_call_id=f"gap-{n}")
+    age(conversation, OLD)
     enable(admin_user)
     op = jobs._claim(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision), "t")
 
-    def pragma(name: str) -> int:
+    def pragma(name: str):
         with connection.cursor() as cursor:
             cursor.execute(f"PRAGMA {name}")
             return cursor.fetchone()[0]
 
+    assert pragma("wal_checkpoint(TRUNCATE)") == 0  # the outputs are in the database file now
+    database = Path(connection.settings_dict["NAME"])
     before = pragma("wal_autocheckpoint")
-    during = []
-    assert jobs._cleanup_step(op, "t", after_batch=lambda _result: during.append(pragma("wal_autocheckpoint"))) \
-        == "done"
-    assert during and set(during) == {0}  # commits leave the WAL to the gap's checkpoint
+    seen = []
+
+    def after_batch(_result):
+        seen.append((pragma("wal_autocheckpoint"), [s.encode() in database.read_bytes() for s in secrets]))
+
+    assert jobs._cleanup_step(op, "t", after_batch=after_batch) == "done"
+    assert {setting for setting, _in_file in seen} == {0}  # commits leave the WAL to the gap
+    # after the third batch's commit, the first two items' rewrites were folded back in the
+    # gaps before the second and third batches; the third's waits for the next gap
+    assert seen[2][1] == [False, False, True]
     assert pragma("wal_autocheckpoint") == before > 0
-    assert ToolPayloadOperation.objects.get(pk=op.pk).removed_messages == 5
+    assert not any(s.encode() in database.read_bytes() for s in secrets)  # the step's last checkpoint
+    assert ToolPayloadOperation.objects.get(pk=op.pk).removed_messages == 3
 
 
 @pytest.mark.django_db(transaction=True)
