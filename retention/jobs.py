@@ -439,10 +439,13 @@ def _reduce_item_row(item, *, removed_at: datetime):
 
 
 class _Row:
-    """The columns a batch reads of an item (no payload unless it is reduced in Python)."""
+    """The columns a batch reads of an item: those stored before the payload (on SQLite a column
+    after a payload that overflows its page is reached only through the payload's overflow
+    pages, so the removal plan is read with the payload, in the database); no payload unless
+    the item is reduced in Python."""
 
     __slots__ = ("id", "conversation_id", "role", "tool_kind", "payload_bytes", "removable_bytes",
-                 "removal_plan", "revision", "payload")
+                 "revision", "payload")
 
     def __init__(self, *values) -> None:
         for name, value in zip(self.__slots__, values, strict=False):
@@ -470,16 +473,12 @@ class _Pace:
         self.committed_at = 0.0  # monotonic time of the last batch's commit
         self.candidates: list[int] = []  # eligible conversations read ahead, in id order
         self.marked_stale = False
-        self.checkpoint = False  # SQLite: fold the WAL back in during the gap
+        self.checkpointer: _Checkpointer | None = None  # SQLite: folds the WAL back in beside the batches
 
     def wait_for_gap(self) -> None:
         """Between two write transactions at least `pause` passes (SQLite: waiting writers
-        take the lock then); the next batch's reading and planning, and (SQLite) the WAL
-        checkpoint, count toward it."""
+        take the lock then); the next batch's reading and planning count toward it."""
         if self.pause and self.committed_at:
-            if self.checkpoint:
-                with contextlib.suppress(OperationalError), connection.cursor() as cursor:
-                    cursor.execute("PRAGMA wal_checkpoint(PASSIVE)")
             left = self.committed_at + self.pause - time.monotonic()
             if left > 0:
                 time.sleep(left)
@@ -521,7 +520,7 @@ def _cleanup_step(op: ToolPayloadOperation, token: str, *, after_batch=None) -> 
                     )
             return "done"
     pace = _Pace(pause=SQLITE_PAUSE if connection.vendor == "sqlite" or PAUSE_SET else 0.0)
-    with _checkpoints_in_the_gap(pace):
+    with _checkpoints_beside(pace):
         while time.monotonic() < deadline:
             result = _with_busy_retries(lambda: _cleanup_batch(op, token, pace=pace))
             if after_batch is not None:
@@ -531,12 +530,46 @@ def _cleanup_step(op: ToolPayloadOperation, token: str, *, after_batch=None) -> 
     return "more"
 
 
+class _Checkpointer:
+    """SQLite: folds the WAL back into the database file while the batches go on, on its own
+    connection in a thread, woken by each batch's commit. The cleanup connection runs with
+    `wal_autocheckpoint = 0` meanwhile: the automatic checkpoint runs inside commit, after the
+    lock is released, and so delayed the gap that follows (the time writers get the lock);
+    run beside the batches, a PASSIVE checkpoint takes no write lock and the copying (with
+    `secure_delete` the zeroed overflow pages of every removed output) uses the other core.
+    The connection's setting is restored after, and a last checkpoint runs then."""
+
+    def __init__(self) -> None:
+        self.wake = threading.Event()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="lethe-wal-checkpoint", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                if not self.wake.wait(0.25):
+                    continue
+                self.wake.clear()
+                with contextlib.suppress(OperationalError), connection.cursor() as cursor:
+                    cursor.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except Exception:  # the batches go on without it; the step's last checkpoint still runs
+            log.exception("The WAL checkpoint beside the cleanup stopped")
+        finally:
+            connection.close()  # this thread's own connection
+
+    def __enter__(self) -> _Checkpointer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.wake.set()
+        self.thread.join()
+
+
 @contextlib.contextmanager
-def _checkpoints_in_the_gap(pace: _Pace):
-    """SQLite: this connection does not fold the WAL back into the file at each commit (the
-    automatic checkpoint runs inside commit, after the lock is released, and so delayed the
-    gap that follows); it does so during the gap between batches instead, which writers share
-    (a PASSIVE checkpoint takes no write lock). The connection's setting is restored after."""
+def _checkpoints_beside(pace: _Pace):
+    """SQLite with a pause between batches: a `_Checkpointer` for the step (see there)."""
     if connection.vendor != "sqlite" or not pace.pause:
         yield
         return
@@ -544,11 +577,12 @@ def _checkpoints_in_the_gap(pace: _Pace):
         cursor.execute("PRAGMA wal_autocheckpoint")
         own = cursor.fetchone()[0]
         cursor.execute("PRAGMA wal_autocheckpoint = 0")
-    pace.checkpoint = True
     try:
-        yield
+        with _Checkpointer() as checkpointer:
+            pace.checkpointer = checkpointer
+            yield
     finally:
-        pace.checkpoint = False
+        pace.checkpointer = None
         with connection.cursor() as cursor:
             cursor.execute(f"PRAGMA wal_autocheckpoint = {int(own)}")
         with contextlib.suppress(OperationalError), connection.cursor() as cursor:
@@ -573,15 +607,17 @@ def _verify_preparation() -> str:
 
 
 class _Planned:
-    """One item of a batch: rewritten in SQL from its stored plan (`marker` set), or in
-    Python from its payload (`values` set; None when the reducer now skips it)."""
+    """One item of a batch: reduced in the database from its stored plan (`marker` set;
+    `text` is the reduced payload, None when the row changed since it was read), or in Python
+    from its payload (`values` set; None when the reducer now skips it)."""
 
-    __slots__ = ("item", "marker", "fields", "removed_at", "values")
+    __slots__ = ("item", "marker", "fields", "removed_at", "values", "text")
 
     def __init__(self, item, marker: str | None = None, fields: list[str] | None = None,
                  removed_at: datetime | None = None, values: dict[str, Any] | None = None) -> None:
         self.item, self.marker, self.fields, self.values = item, marker, fields, values
         self.removed_at = removed_at
+        self.text: str | None = None
 
     @property
     def skipped(self) -> bool:
@@ -620,32 +656,40 @@ def _next_items(cursor_conversation: int, cursor_item: int, candidates: list[int
 
 
 def _plan_items(items: list, removed_at: datetime) -> list[_Planned]:
-    """Each item's rewrite. Items with a stored plan need no payload; the others (edit_file,
-    rows written before plans were stored) are read and reduced in Python."""
+    """Each item's rewrite, computed before the write transaction. Items of a kind whose
+    details are top-level fields are reduced in the database with their stored plan (their
+    payloads never reach Python); the others (edit_file, rows without a readable plan) are
+    read and reduced in Python. An item whose row changed since the batch read it gets
+    neither and is counted as changed (its compare-and-swap would fail anyway)."""
     from lifecycle.models import Item
     from retention.reducer import REMOVED_FIELDS, SQL_KINDS, marker_from_plan, removed_at_text
 
-    planned: list[_Planned] = []
-    in_python = []
+    planned = [_Planned(item, removed_at=removed_at) for item in items]
+    in_sql = [entry for entry in planned if entry.item.role == "tool" and entry.item.tool_kind in SQL_KINDS]
+    reduced = _reduce_in_database(in_sql) if in_sql else {}
+    sql_ids = {entry.item.pk for entry in in_sql}
     at_text = removed_at_text(removed_at)
-    for item in items:
-        if item.removal_plan and item.role == "tool" and item.tool_kind in SQL_KINDS:
-            try:
-                marker, fields = marker_from_plan(item.removal_plan, at_text)
-            except (ValueError, KeyError, TypeError):
-                marker, fields = None, []
-            if (marker is not None and 0 < len(fields) <= 2
-                    and set(fields) <= set(REMOVED_FIELDS.get(item.tool_kind, ()))):
-                planned.append(_Planned(item, marker=marker, fields=fields, removed_at=removed_at))
-                continue
-        in_python.append(item)
-        planned.append(_Planned(item))
+    in_python = []
+    for entry in planned:
+        item = entry.item
+        if item.pk in sql_ids:
+            if item.pk not in reduced:
+                continue  # changed since the batch read it
+            stored_plan, text = reduced[item.pk]
+            if stored_plan and text is not None:
+                try:
+                    marker, fields = marker_from_plan(stored_plan, at_text)
+                except (ValueError, KeyError, TypeError):
+                    marker, fields = None, []
+                if marker is not None and fields and set(fields) <= set(REMOVED_FIELDS[item.tool_kind]):
+                    entry.marker, entry.fields, entry.text = marker, fields, text
+                    continue
+        in_python.append(entry)
     if in_python:
-        payloads = dict(Item.objects.filter(pk__in=[i.pk for i in in_python]).values_list("id", "payload"))
-        for entry in planned:
-            if entry.marker is None:
-                entry.item.payload = payloads.get(entry.item.pk)
-                entry.values = _reduce_item_row(entry.item, removed_at=removed_at)
+        payloads = dict(Item.objects.filter(pk__in=[e.item.pk for e in in_python]).values_list("id", "payload"))
+        for entry in in_python:
+            entry.item.payload = payloads.get(entry.item.pk)
+            entry.values = _reduce_item_row(entry.item, removed_at=removed_at)
     return planned
 
 
@@ -771,6 +815,8 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
         )
     if pace is not None:
         pace.committed_at = time.monotonic()
+        if pace.checkpointer is not None:
+            pace.checkpointer.wake.set()
         pace.marked_stale = pace.marked_stale or stale_marked
         pace.record(batch_bytes, time.perf_counter() - started)
     faults.kill_point("tool-cleanup-after-batch")  # crash tests: batch committed
@@ -813,8 +859,12 @@ def _run_ended(fresh: ToolPayloadOperation) -> str:
 
 
 def _lock_conversations(ids: list[int]) -> None:
+    """PostgreSQL: row locks on the batch's conversations. SQLite: nothing to do, the batch's
+    IMMEDIATE transaction already holds the database's one write lock."""
     from lifecycle.models import Conversation
 
+    if connection.vendor == "sqlite":
+        return
     list(Conversation.objects.select_for_update().filter(pk__in=ids).order_by("id").values_list("id"))
 
 
@@ -834,71 +884,100 @@ def _write_planned(entries: list[_Planned]) -> list[_Planned]:
     return written
 
 
-def _plan_update_sql() -> str:
-    """The UPDATE that reduces items from their stored plans: the plan's fields removed from
-    the payload in the database, the marker added, the sizes taken from the stored figures.
-
-    PostgreSQL: one statement for the whole batch (arrays of ids, revisions and markers),
-    which returns the ids it wrote. SQLite: one prepared statement run per row (executemany,
-    a loop in the driver); one UPDATE ... FROM json_each(batch) ... RETURNING was measured
-    slower (7.2-7.6 s against 5.9 s for 200,000 messages)."""
+def _reduce_sql() -> str:
+    """The SELECT that reads a batch's stored plans and computes its reduced payloads without
+    their marker, in the database and before the write transaction, so the transaction only
+    stores values and takes no payload apart under its lock. Rows are matched on (id,
+    revision): a row changed since the batch read it is not returned. The kind's fields are
+    removed: the plan lists every field of the kind that the payload has (same revision), so
+    that is exactly the plan's. Arrays of ids and revisions on PostgreSQL, one JSON array of
+    [id, revision] pairs on SQLite."""
     from lifecycle.models import Item
-    from retention.reducer import MARKER_KEY, REMOVED_FIELDS, SQL_KINDS
+    from retention.reducer import REMOVED_FIELDS, SQL_KINDS
 
-    key = (connection.vendor, "plan")
+    key = (connection.vendor, "reduce")
     sql = _UPDATE_SQL.get(key)
     if sql is None:
         table = connection.ops.quote_name(Item._meta.db_table)
         if connection.vendor == "postgresql":
-            # The plan lists every field of the kind that the payload has (same revision), so
-            # removing the kind's fields removes exactly the plan's.
             removal = " ".join(
-                f"WHEN '{kind}' THEN i.payload - '{{{','.join(REMOVED_FIELDS[kind])}}}'::text[]"
+                f"WHEN '{kind}' THEN (i.payload - '{{{','.join(REMOVED_FIELDS[kind])}}}'::text[])::text"
                 for kind in sorted(SQL_KINDS)
             )
+            source = (f"unnest(%s::bigint[], %s::bigint[]) AS v(id, revision) JOIN {table} AS i "
+                      "ON i.id = v.id AND i.revision = v.revision")
+        else:
+            paths = {kind: ", ".join(f"""'$."{name}"'""" for name in REMOVED_FIELDS[kind]) for kind in SQL_KINDS}
+            removal = " ".join(f"WHEN '{kind}' THEN json_remove(i.payload, {paths[kind]})" for kind in sorted(SQL_KINDS))
+            source = (f"json_each(%s) AS v JOIN {table} AS i ON i.id = json_extract(v.value, '$[0]') "
+                      "AND i.revision = json_extract(v.value, '$[1]')")
+        sql = (f"SELECT i.id, i.removal_plan, CASE WHEN i.removal_plan IS NOT NULL "
+               f"THEN CASE i.tool_kind {removal} END END FROM {source}")
+        _UPDATE_SQL[key] = sql
+    return sql
+
+
+def _reduce_in_database(entries: list[_Planned]) -> dict[int, tuple[str | None, str | None]]:
+    """{id: (stored plan, reduced payload without its marker)} of the entries' rows still at
+    the revision the batch read."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(_reduce_sql(), [[e.item.pk for e in entries], [e.item.revision for e in entries]])
+        else:
+            cursor.execute(_reduce_sql(), [json.dumps([[e.item.pk, e.item.revision] for e in entries])])
+        return {pk: (stored_plan, text) for pk, stored_plan, text in cursor.fetchall()}
+
+
+def _write_sql() -> str:
+    """The UPDATE that stores a batch's reduced payloads with their markers, compare-and-swap
+    on (id, revision), sizes from the stored figures. PostgreSQL: one statement over arrays,
+    returning the ids written; SQLite: one prepared statement per row (executemany, a loop in
+    the driver), which adds the marker to the small reduced payload with `json_set`."""
+    from lifecycle.models import Item
+    from retention.reducer import MARKER_KEY
+
+    key = (connection.vendor, "write")
+    sql = _UPDATE_SQL.get(key)
+    if sql is None:
+        table = connection.ops.quote_name(Item._meta.db_table)
+        sets = ("payload_bytes = {p}payload_bytes - {p}removable_bytes, removable_bytes = 0, removal_plan = NULL, "
+                "payload_skip = %s, details_removed_at = %s, revision = {p}revision + 1, updated_at = %s")
+        if connection.vendor == "postgresql":
             sql = (
-                f"UPDATE {table} AS i SET payload = (CASE i.tool_kind {removal} END) "
-                f"|| jsonb_build_object('{MARKER_KEY}', v.marker), "
-                "payload_bytes = i.payload_bytes - i.removable_bytes, removable_bytes = 0, removal_plan = NULL, "
-                "payload_skip = %s, details_removed_at = %s, revision = i.revision + 1, updated_at = %s "
-                "FROM unnest(%s::bigint[], %s::bigint[], %s::jsonb[]) AS v(id, revision, marker) "
-                "WHERE i.id = v.id AND i.revision = v.revision AND i.removal_plan IS NOT NULL "
-                f"AND i.tool_kind IN ({', '.join(repr(kind) for kind in sorted(SQL_KINDS))}) RETURNING i.id"
+                f"UPDATE {table} AS i SET payload = v.reduced || jsonb_build_object('{MARKER_KEY}', v.marker), "
+                f"{sets.format(p='i.')} "
+                "FROM unnest(%s::bigint[], %s::bigint[], %s::jsonb[], %s::jsonb[]) AS v(id, revision, reduced, marker) "
+                "WHERE i.id = v.id AND i.revision = v.revision AND i.removal_plan IS NOT NULL RETURNING i.id"
             )
         else:
-            sql = (
-                f"UPDATE {table} SET payload = json_set(json_remove(payload, %s, %s), "
-                f"""'$."{MARKER_KEY}"', json(%s)), """
-                "payload_bytes = payload_bytes - removable_bytes, removable_bytes = 0, removal_plan = NULL, "
-                "payload_skip = %s, details_removed_at = %s, revision = revision + 1, updated_at = %s "
-                "WHERE id = %s AND revision = %s AND removal_plan IS NOT NULL"
-            )
+            sql = (f"""UPDATE {table} SET payload = json_set(%s, '$."{MARKER_KEY}"', json(%s)), """
+                   f"{sets.format(p='')} WHERE id = %s AND revision = %s AND removal_plan IS NOT NULL")
         _UPDATE_SQL[key] = sql
     return sql
 
 
 def _write_from_plans(entries: list[_Planned]) -> list[_Planned]:
-    """Reduce items from their stored plans, compare-and-swap on (id, revision); the ones written."""
+    """Store the reduced payloads computed before the transaction with their markers,
+    compare-and-swap on (id, revision); the ones written."""
     from lifecycle.models import Item
     from retention.reducer import Skip
 
     at_field = Item._meta.get_field("details_removed_at")
+    entries = [entry for entry in entries if entry.text is not None]
+    if not entries:
+        return []
+    at_db = at_field.get_db_prep_save(entries[0].removed_at, connection)  # one time per batch
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            at_db = at_field.get_db_prep_save(entries[0].removed_at, connection)  # one time per batch
-            cursor.execute(_plan_update_sql(), [
+            cursor.execute(_write_sql(), [
                 Skip.ALREADY_REMOVED, at_db, at_db, [e.item.pk for e in entries],
-                [e.item.revision for e in entries], [e.marker for e in entries],
+                [e.item.revision for e in entries], [e.text for e in entries], [e.marker for e in entries],
             ])
             done = {row[0] for row in cursor.fetchall()}
             return [entry for entry in entries if entry.item.pk in done]
-        rows = []
-        for entry in entries:
-            at_db = at_field.get_db_prep_save(entry.removed_at, connection)
-            paths = [f'$."{name}"' for name in entry.fields]
-            rows.append([paths[0], paths[-1], entry.marker,  # a repeated path is removed once
-                         Skip.ALREADY_REMOVED, at_db, at_db, entry.item.pk, entry.item.revision])
-        cursor.executemany(_plan_update_sql(), rows)
+        cursor.executemany(_write_sql(), [
+            [e.text, e.marker, Skip.ALREADY_REMOVED, at_db, at_db, e.item.pk, e.item.revision] for e in entries
+        ])
         changed = cursor.rowcount
     if changed == len(entries):
         return entries

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -704,11 +705,12 @@ def test_an_item_whose_stored_plan_is_unreadable_is_reduced_in_python(admin_user
 
 
 @pytest.mark.django_db(transaction=True)
-def test_on_sqlite_the_wal_is_folded_back_between_batches_and_the_setting_restored(admin_user, monkeypatch):
-    """Commits leave the WAL alone; the gap before the next batch folds it back into the file,
-    so a removed output is gone from the database file while the run goes on."""
+def test_on_sqlite_the_wal_is_folded_back_while_the_batches_go_on_and_the_setting_restored(admin_user, monkeypatch):
+    """Commits leave the WAL alone; a checkpoint beside the batches (its own connection, woken
+    by each commit) folds it back into the file, so a removed output is gone from the database
+    file while the run goes on, before the run ends."""
     if connection.vendor != "sqlite":
-        pytest.skip("SQLite only: the WAL checkpoint of the gap between batches")
+        pytest.skip("SQLite only: the WAL checkpoint beside the batches")
     from pathlib import Path
 
     monkeypatch.setattr(jobs, "BATCH_ITEMS", 1)
@@ -732,15 +734,25 @@ def test_on_sqlite_the_wal_is_folded_back_between_batches_and_the_setting_restor
     seen = []
 
     def after_batch(_result):
-        seen.append((pragma("wal_autocheckpoint"), [s.encode() in database.read_bytes() for s in secrets]))
+        """After each commit: the setting, and whether the output just removed left the file
+        (waiting up to 10 s for the checkpoint beside the batches; the next batch waits too)."""
+        setting = pragma("wal_autocheckpoint")
+        index = len(seen)
+        gone = False
+        if index < len(secrets):
+            deadline = time.monotonic() + 10
+            while not gone and time.monotonic() < deadline:
+                gone = secrets[index].encode() not in database.read_bytes()
+                if not gone:
+                    time.sleep(0.02)
+        seen.append((setting, gone))
 
     assert jobs._cleanup_step(op, "t", after_batch=after_batch) == "done"
-    assert {setting for setting, _in_file in seen} == {0}  # commits leave the WAL to the gap
-    # after the third batch's commit, the first two items' rewrites were folded back in the
-    # gaps before the second and third batches; the third's waits for the next gap
-    assert seen[2][1] == [False, False, True]
+    assert {setting for setting, _gone in seen} == {0}  # commits leave the WAL to the checkpointer
+    assert [gone for _setting, gone in seen[:3]] == [True, True, True]  # each gone before the next batch
     assert pragma("wal_autocheckpoint") == before > 0
-    assert not any(s.encode() in database.read_bytes() for s in secrets)  # the step's last checkpoint
+    assert not any(s.encode() in database.read_bytes() for s in secrets)
+    assert not [t for t in threading.enumerate() if t.name == "lethe-wal-checkpoint"]  # the thread ended
     assert ToolPayloadOperation.objects.get(pk=op.pk).removed_messages == 3
 
 
