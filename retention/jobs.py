@@ -520,9 +520,9 @@ def _cleanup_step(op: ToolPayloadOperation, token: str, *, after_batch=None) -> 
                     )
             return "done"
     pace = _Pace(pause=SQLITE_PAUSE if connection.vendor == "sqlite" or PAUSE_SET else 0.0)
-    with _checkpoints_beside(pace):
+    with _checkpoints_beside(pace), _ReadAhead.for_step() as ahead:
         while time.monotonic() < deadline:
-            result = _with_busy_retries(lambda: _cleanup_batch(op, token, pace=pace))
+            result = _with_busy_retries(lambda: _cleanup_batch(op, token, pace=pace, ahead=ahead))
             if after_batch is not None:
                 after_batch(result)
             if result in ("succeeded", "cancelled", "disabled", "policy_changed"):
@@ -693,32 +693,40 @@ def _plan_items(items: list, removed_at: datetime) -> list[_Planned]:
     return planned
 
 
-def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None = None) -> str:
-    """One committed batch: "next" while work remains, else how the run ended.
+class _Read:
+    """What a batch read before its write transaction: the cursor it read from, the run's
+    cutoff, the candidate conversations, the planned rewrites, their payload bytes, and the
+    cursor the batch commits."""
 
-    A batch takes the next items in (conversation id, item id) order after the cursor, up to
-    BATCH_ITEMS items and the pace's payload bytes, from up to CONVERSATIONS_PER_BATCH
-    eligible conversations. Reading and planning happen before the write transaction (no
-    write lock held while Python works); the transaction then locks those conversations,
-    rechecks them and writes with compare-and-swap, so the lock covers only the checks and
-    the UPDATEs. Items of a conversation that is no longer eligible are counted as skipped
-    (`recent_activity`) and left alone.
-    """
+    __slots__ = ("cursor", "cutoff", "candidates", "planned", "batch_bytes", "next_cursor")
+
+    def __init__(self, cursor, cutoff, candidates, planned, batch_bytes, next_cursor) -> None:
+        self.cursor, self.cutoff, self.candidates = cursor, cutoff, candidates
+        self.planned, self.batch_bytes, self.next_cursor = planned, batch_bytes, next_cursor
+
+
+def _read_batch(op: ToolPayloadOperation, token: str, pace: _Pace | None,
+                after: tuple[tuple[int, int], datetime] | None = None) -> _Read:
+    """Read and plan a batch: from the committed cursor, or (read-ahead) from `after`, the
+    cursor and cutoff the batch being written will commit. Reads only; every read is
+    rechecked by the write transaction (the cursor, the conversations, each row's revision)."""
     from lifecycle.models import Item
 
     budget = pace.budget if pace is not None else min(FIRST_BATCH_BYTES, BATCH_BYTES)
-    # 1. Read: the cursor, the next conversations and items, their plans.
-    seen = ToolPayloadOperation.objects.get(pk=op.pk)
-    if seen.lease != token:
-        raise LeaseLost
-    if seen.cutoff is None:
-        _fix_cutoff(seen, token)
-    cursor_conversation, cursor_item = seen.cursor_conversation, seen.cursor_item
+    if after is None:
+        seen = ToolPayloadOperation.objects.get(pk=op.pk)
+        if seen.lease != token:
+            raise LeaseLost
+        if seen.cutoff is None:
+            _fix_cutoff(seen, token)
+        (cursor_conversation, cursor_item), cutoff = (seen.cursor_conversation, seen.cursor_item), seen.cutoff
+    else:
+        (cursor_conversation, cursor_item), cutoff = after
     first = cursor_conversation if cursor_item != NO_CURSOR else cursor_conversation + 1
     candidates = pace.candidates_from(first) if pace is not None else None
     if candidates is None:
         candidates = list(
-            eligible_conversations(seen.cutoff)
+            eligible_conversations(cutoff)
             .filter(id__gte=first)
             .filter(Exists(Item.objects.filter(conversation=OuterRef("pk"), removable_bytes__gt=0)))
             .values_list("id", flat=True)[:CONVERSATIONS_PER_BATCH]
@@ -727,6 +735,7 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
             pace.candidates = candidates
     planned: list[_Planned] = []
     batch_bytes = 0
+    next_cursor = None
     if candidates:
         limit = pace.item_limit() if pace is not None else BATCH_ITEMS
         items = _next_items(cursor_conversation, cursor_item, candidates, limit)
@@ -744,6 +753,84 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
         else:  # every candidate conversation is done
             next_cursor = (candidates[-1], NO_CURSOR)
         planned = _plan_items(taken, timezone.now().replace(microsecond=0))  # the marker's whole seconds
+    return _Read((cursor_conversation, cursor_item), cutoff, candidates, planned, batch_bytes, next_cursor)
+
+
+class _ReadAhead:
+    """PostgreSQL: the next batch is read and planned on a second connection (a thread of its
+    own) while the current batch's UPDATE runs, so the reading, the reducing of the next
+    payloads in the database and the writing use both cores. Only when this connection is in
+    autocommit: inside an outer transaction another connection would not see what it sees.
+    SQLite reads the next batch in the gap writers need anyway (one writer at a time)."""
+
+    def __init__(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lethe-cleanup-read")
+        self.pending = None  # (the cursor it reads from, its future)
+
+    @classmethod
+    @contextlib.contextmanager
+    def for_step(cls):
+        if connection.vendor != "postgresql" or connection.in_atomic_block:
+            yield None
+            return
+        ahead = cls()
+        try:
+            yield ahead
+        finally:
+            ahead.close()
+
+    def start(self, op: ToolPayloadOperation, token: str, pace: _Pace | None, read: _Read) -> None:
+        if read.next_cursor is None or not read.candidates:
+            return
+        after = (read.next_cursor, read.cutoff)
+        self.pending = (read.next_cursor, self.pool.submit(_read_batch, op, token, pace, after))
+
+    def take(self) -> _Read | None:
+        """The read started for the batch after the last one (it may have read from a cursor
+        the last batch did not commit; the write transaction then reads again)."""
+        if self.pending is None:
+            return None
+        _cursor, future = self.pending
+        self.pending = None
+        return future.result()
+
+    def close(self) -> None:
+        if self.pending is not None:
+            with contextlib.suppress(Exception):
+                self.pending[1].result()
+            self.pending = None
+        self.pool.submit(_close_own_connection).result()
+        self.pool.shutdown()
+
+
+def _close_own_connection() -> None:
+    """Close the calling thread's connection (`connection` is per thread)."""
+    connection.close()
+
+
+def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None = None,
+                   ahead: _ReadAhead | None = None) -> str:
+    """One committed batch: "next" while work remains, else how the run ended.
+
+    A batch takes the next items in (conversation id, item id) order after the cursor, up to
+    BATCH_ITEMS items and the pace's payload bytes, from up to CONVERSATIONS_PER_BATCH
+    eligible conversations. Reading and planning happen before the write transaction (no
+    write lock held while Python works; on PostgreSQL the next batch is read while this one
+    writes, see _ReadAhead); the transaction then locks those conversations, rechecks them
+    and writes with compare-and-swap, so the lock covers only the checks and the UPDATEs.
+    Items of a conversation that is no longer eligible are counted as skipped
+    (`recent_activity`) and left alone.
+    """
+    from lifecycle.models import Item
+
+    # 1. Read: the cursor, the next conversations and items, their plans.
+    read = ahead.take() if ahead is not None else None
+    if read is None:
+        read = _read_batch(op, token, pace)
+    (cursor_conversation, cursor_item), candidates = read.cursor, read.candidates
+    planned, batch_bytes, next_cursor = read.planned, read.batch_bytes, read.next_cursor
 
     # 2. Write: one short transaction that rechecks before it writes.
     if pace is not None:
@@ -771,6 +858,8 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
                 )
             _close_locked(fresh, OperationState.SUCCEEDED)
             return "succeeded"
+        if ahead is not None:  # this batch will commit next_cursor: read from there meanwhile
+            ahead.start(op, token, pace, read)
         touched = sorted({entry.item.conversation_id for entry in planned})
         # Lock the conversations (a foreground write waits for this batch, or this batch
         # sees its activity) and recheck their eligibility inside the batch's transaction.

@@ -370,6 +370,52 @@ def test_a_concurrent_item_write_wins_over_the_batch(admin_user, monkeypatch, ki
     assert others.count() == 3 and target.pk not in set(others.values_list("id", flat=True))
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_write_between_the_read_ahead_and_its_batch_wins_and_the_reading_connection_is_closed(
+        admin_user, monkeypatch):
+    """On PostgreSQL the next batch is read on a second connection while the current one
+    writes (outside a transaction, as the job runs); on SQLite in the gap, on the job's own.
+    Either way a runtime's write after that read wins, and the totals stay exact."""
+    monkeypatch.setattr(jobs, "BATCH_ITEMS", 2)
+    conversations = [old_conversation(f"ahead-{n}", tools=3) for n in range(3)]
+    eligible = Item.objects.filter(conversation__in=conversations, removable_bytes__gt=0)
+    expected = eligible.aggregate(n=Count("id"), b=Sum("removable_bytes"))
+    enable(admin_user)
+    real = jobs._read_batch
+    reads: list[tuple[str, bool]] = []
+    raced: list[int] = []
+
+    def reading(*args, **kwargs):
+        read = real(*args, **kwargs)
+        ahead = len(args) > 3 and args[3] is not None
+        reads.append((threading.current_thread().name, ahead))
+        if len(reads) == 3 and read.planned:  # the runtime updates an item of this read before its write
+            target = read.planned[0].item.pk
+            raced.append(target)
+            Item.objects.filter(pk=target).update(revision=F("revision") + 1, status="failed")
+        return read
+
+    monkeypatch.setattr(jobs, "_read_batch", reading)
+    op = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert op.state == "succeeded" and len(raced) == 1
+    target = Item.objects.get(pk=raced[0])
+    assert target.status == "failed" and target.details_removed_at is None and "retention" not in target.payload
+    assert json.loads(op.skipped_json) == {"changed": 1}
+    assert op.removed_messages == expected["n"] - 1
+    assert op.payload_bytes == expected["b"] - target.removable_bytes
+    assert not eligible.exclude(pk=target.pk).exists()  # every other item reduced, once
+    if connection.vendor == "postgresql":
+        assert reads[2][0].startswith("lethe-cleanup-read") and reads[2][1]
+        assert all(name.startswith("lethe-cleanup-read") for name, ahead in reads if ahead)
+        with connection.cursor() as cursor:  # the reading thread's connection is closed
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND pid <> pg_backend_pid()")
+            assert cursor.fetchone()[0] == 0
+    else:
+        assert {name for name, _ahead in reads} == {"MainThread"} and not any(ahead for _name, ahead in reads)
+    assert not [t for t in threading.enumerate() if t.name.startswith("lethe-cleanup-read")]
+
+
 # ---- Fail closed ----------------------------------------------------------------------------
 
 
