@@ -607,9 +607,9 @@ def _verify_preparation() -> str:
 
 
 class _Planned:
-    """One item of a batch: reduced in the database from its stored plan (`marker` set;
-    `text` is the reduced payload, None when the row changed since it was read), or in Python
-    from its payload (`values` set; None when the reducer now skips it)."""
+    """One item of a batch: reduced in the database from its stored plan (`marker` set; on
+    SQLite `text` is the payload reduced before the write transaction, on PostgreSQL ''), or
+    in Python from its payload (`values` set; None when the reducer now skips it)."""
 
     __slots__ = ("item", "marker", "fields", "removed_at", "values", "text")
 
@@ -974,13 +974,16 @@ def _write_planned(entries: list[_Planned]) -> list[_Planned]:
 
 
 def _reduce_sql() -> str:
-    """The SELECT that reads a batch's stored plans and computes its reduced payloads without
-    their marker, in the database and before the write transaction, so the transaction only
-    stores values and takes no payload apart under its lock. Rows are matched on (id,
-    revision): a row changed since the batch read it is not returned. The kind's fields are
-    removed: the plan lists every field of the kind that the payload has (same revision), so
-    that is exactly the plan's. Arrays of ids and revisions on PostgreSQL, one JSON array of
-    [id, revision] pairs on SQLite."""
+    """The SELECT that reads a batch's stored plans before the write transaction, matched on
+    (id, revision): a row changed since the batch read it is not returned.
+
+    SQLite: it also computes each reduced payload without its marker (the kind's fields
+    removed: the plan lists every field of the kind that the payload has, same revision, so
+    that is exactly the plan's), so the write transaction, which holds the database's one
+    write lock, only stores values. PostgreSQL: plans only (a third column of ''); the
+    batch's UPDATE reduces the payloads itself, while the next batch is read on another
+    connection (see _ReadAhead): measured, reducing here too made the two connections
+    compete for the two cores and the whole slower."""
     from lifecycle.models import Item
     from retention.reducer import REMOVED_FIELDS, SQL_KINDS
 
@@ -989,26 +992,22 @@ def _reduce_sql() -> str:
     if sql is None:
         table = connection.ops.quote_name(Item._meta.db_table)
         if connection.vendor == "postgresql":
-            removal = " ".join(
-                f"WHEN '{kind}' THEN (i.payload - '{{{','.join(REMOVED_FIELDS[kind])}}}'::text[])::text"
-                for kind in sorted(SQL_KINDS)
-            )
-            source = (f"unnest(%s::bigint[], %s::bigint[]) AS v(id, revision) JOIN {table} AS i "
-                      "ON i.id = v.id AND i.revision = v.revision")
+            sql = (f"SELECT i.id, i.removal_plan, '' FROM unnest(%s::bigint[], %s::bigint[]) AS v(id, revision) "
+                   f"JOIN {table} AS i ON i.id = v.id AND i.revision = v.revision")
         else:
             paths = {kind: ", ".join(f"""'$."{name}"'""" for name in REMOVED_FIELDS[kind]) for kind in SQL_KINDS}
             removal = " ".join(f"WHEN '{kind}' THEN json_remove(i.payload, {paths[kind]})" for kind in sorted(SQL_KINDS))
-            source = (f"json_each(%s) AS v JOIN {table} AS i ON i.id = json_extract(v.value, '$[0]') "
-                      "AND i.revision = json_extract(v.value, '$[1]')")
-        sql = (f"SELECT i.id, i.removal_plan, CASE WHEN i.removal_plan IS NOT NULL "
-               f"THEN CASE i.tool_kind {removal} END END FROM {source}")
+            sql = (f"SELECT i.id, i.removal_plan, CASE WHEN i.removal_plan IS NOT NULL "
+                   f"THEN CASE i.tool_kind {removal} END END "
+                   f"FROM json_each(%s) AS v JOIN {table} AS i ON i.id = json_extract(v.value, '$[0]') "
+                   "AND i.revision = json_extract(v.value, '$[1]')")
         _UPDATE_SQL[key] = sql
     return sql
 
 
 def _reduce_in_database(entries: list[_Planned]) -> dict[int, tuple[str | None, str | None]]:
-    """{id: (stored plan, reduced payload without its marker)} of the entries' rows still at
-    the revision the batch read."""
+    """{id: (stored plan, reduced payload without its marker; '' on PostgreSQL)} of the
+    entries' rows still at the revision the batch read (see _reduce_sql)."""
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(_reduce_sql(), [[e.item.pk for e in entries], [e.item.revision for e in entries]])
@@ -1018,12 +1017,13 @@ def _reduce_in_database(entries: list[_Planned]) -> dict[int, tuple[str | None, 
 
 
 def _write_sql() -> str:
-    """The UPDATE that stores a batch's reduced payloads with their markers, compare-and-swap
-    on (id, revision), sizes from the stored figures. PostgreSQL: one statement over arrays,
-    returning the ids written; SQLite: one prepared statement per row (executemany, a loop in
-    the driver), which adds the marker to the small reduced payload with `json_set`."""
+    """The UPDATE that writes a batch's reductions with their markers, compare-and-swap on
+    (id, revision), sizes from the stored figures. PostgreSQL: one statement over arrays of
+    ids, revisions and markers that removes the kind's fields itself (see _reduce_sql) and
+    returns the ids written; SQLite: one prepared statement per row (executemany, a loop in
+    the driver) that adds the marker to the small reduced payload read before."""
     from lifecycle.models import Item
-    from retention.reducer import MARKER_KEY
+    from retention.reducer import MARKER_KEY, REMOVED_FIELDS, SQL_KINDS
 
     key = (connection.vendor, "write")
     sql = _UPDATE_SQL.get(key)
@@ -1032,11 +1032,16 @@ def _write_sql() -> str:
         sets = ("payload_bytes = {p}payload_bytes - {p}removable_bytes, removable_bytes = 0, removal_plan = NULL, "
                 "payload_skip = %s, details_removed_at = %s, revision = {p}revision + 1, updated_at = %s")
         if connection.vendor == "postgresql":
+            removal = " ".join(
+                f"WHEN '{kind}' THEN i.payload - '{{{','.join(REMOVED_FIELDS[kind])}}}'::text[]"
+                for kind in sorted(SQL_KINDS)
+            )
             sql = (
-                f"UPDATE {table} AS i SET payload = v.reduced || jsonb_build_object('{MARKER_KEY}', v.marker), "
-                f"{sets.format(p='i.')} "
-                "FROM unnest(%s::bigint[], %s::bigint[], %s::jsonb[], %s::jsonb[]) AS v(id, revision, reduced, marker) "
-                "WHERE i.id = v.id AND i.revision = v.revision AND i.removal_plan IS NOT NULL RETURNING i.id"
+                f"UPDATE {table} AS i SET payload = (CASE i.tool_kind {removal} END) "
+                f"|| jsonb_build_object('{MARKER_KEY}', v.marker), {sets.format(p='i.')} "
+                "FROM unnest(%s::bigint[], %s::bigint[], %s::jsonb[]) AS v(id, revision, marker) "
+                "WHERE i.id = v.id AND i.revision = v.revision AND i.removal_plan IS NOT NULL "
+                f"AND i.tool_kind IN ({', '.join(repr(kind) for kind in sorted(SQL_KINDS))}) RETURNING i.id"
             )
         else:
             sql = (f"""UPDATE {table} SET payload = json_set(%s, '$."{MARKER_KEY}"', json(%s)), """
@@ -1046,8 +1051,8 @@ def _write_sql() -> str:
 
 
 def _write_from_plans(entries: list[_Planned]) -> list[_Planned]:
-    """Store the reduced payloads computed before the transaction with their markers,
-    compare-and-swap on (id, revision); the ones written."""
+    """Write the reductions planned before the transaction with their markers, compare-and-swap
+    on (id, revision); the ones written."""
     from lifecycle.models import Item
     from retention.reducer import Skip
 
@@ -1060,7 +1065,7 @@ def _write_from_plans(entries: list[_Planned]) -> list[_Planned]:
         if connection.vendor == "postgresql":
             cursor.execute(_write_sql(), [
                 Skip.ALREADY_REMOVED, at_db, at_db, [e.item.pk for e in entries],
-                [e.item.revision for e in entries], [e.text for e in entries], [e.marker for e in entries],
+                [e.item.revision for e in entries], [e.marker for e in entries],
             ])
             done = {row[0] for row in cursor.fetchall()}
             return [entry for entry in entries if entry.item.pk in done]
