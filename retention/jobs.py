@@ -758,16 +758,16 @@ def _read_batch(op: ToolPayloadOperation, token: str, pace: _Pace | None,
 
 class _ReadAhead:
     """PostgreSQL: the next batch is read and planned on a second connection (a thread of its
-    own) while the current batch's UPDATE runs, so the reading, the reducing of the next
-    payloads in the database and the writing use both cores. Only when this connection is in
-    autocommit: inside an outer transaction another connection would not see what it sees.
-    SQLite reads the next batch in the gap writers need anyway (one writer at a time)."""
+    own) while the current batch's UPDATE runs, so reading and writing overlap on the two
+    cores. Only when this connection is in autocommit: inside an outer transaction another
+    connection would not see what it sees. SQLite reads the next batch in the gap writers
+    need anyway (one writer at a time)."""
 
     def __init__(self) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lethe-cleanup-read")
-        self.pending = None  # (the cursor it reads from, its future)
+        self.pending = None  # the future of the read started for the next batch
 
     @classmethod
     @contextlib.contextmanager
@@ -784,22 +784,18 @@ class _ReadAhead:
     def start(self, op: ToolPayloadOperation, token: str, pace: _Pace | None, read: _Read) -> None:
         if read.next_cursor is None or not read.candidates:
             return
-        after = (read.next_cursor, read.cutoff)
-        self.pending = (read.next_cursor, self.pool.submit(_read_batch, op, token, pace, after))
+        self.pending = self.pool.submit(_read_batch, op, token, pace, (read.next_cursor, read.cutoff))
 
     def take(self) -> _Read | None:
         """The read started for the batch after the last one (it may have read from a cursor
         the last batch did not commit; the write transaction then reads again)."""
-        if self.pending is None:
-            return None
-        _cursor, future = self.pending
-        self.pending = None
-        return future.result()
+        future, self.pending = self.pending, None
+        return future.result() if future is not None else None
 
     def close(self) -> None:
         if self.pending is not None:
-            with contextlib.suppress(Exception):
-                self.pending[1].result()
+            with contextlib.suppress(Exception):  # a read no batch will use
+                self.pending.result()
             self.pending = None
         self.pool.submit(_close_own_connection).result()
         self.pool.shutdown()
