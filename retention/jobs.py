@@ -82,6 +82,8 @@ POSTGRES_BATCH_SECONDS = 0.25
 PAUSE_SET = "LETHE_TOOL_CLEANUP_PAUSE" in os.environ
 SQLITE_PAUSE = _env_number("LETHE_TOOL_CLEANUP_PAUSE", 0.01)
 ANALYSIS_BATCH = int(_env_number("LETHE_TOOL_ANALYSIS_BATCH", 2000))
+# SQLite: a batch checks its time after every WRITE_CHUNK items it writes.
+WRITE_CHUNK = 16
 MAX_TAKEOVERS = 5
 BUSY_RETRIES = 6
 NO_CURSOR = 0
@@ -474,6 +476,7 @@ class _Pace:
         self.candidates: list[int] = []  # eligible conversations read ahead, in id order
         self.marked_stale = False
         self.checkpointer: _Checkpointer | None = None  # SQLite: folds the WAL back in beside the batches
+        self.write_share = 0.6  # of a batch's time, the part before its commit (measured)
 
     def wait_for_gap(self) -> None:
         """Between two write transactions at least `pause` passes (SQLite: waiting writers
@@ -498,7 +501,10 @@ class _Pace:
         if items:
             self.item_bytes = payload_bytes / items
 
-    def record(self, payload_bytes: int, seconds: float) -> None:
+    def record(self, payload_bytes: int, seconds: float, before_commit: float | None = None) -> None:
+        if before_commit is not None and 0 < before_commit <= seconds:
+            # the part of a batch's time spent before its commit, averaged over the batches
+            self.write_share = min(1.0, max(0.3, (self.write_share * 3 + before_commit / seconds) / 4))
         if payload_bytes <= 0 or seconds <= 0:
             return
         aimed = payload_bytes / seconds * self.seconds
@@ -867,16 +873,32 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
             skipped["recent_activity"] += Item.objects.filter(
                 conversation_id=cursor_conversation, removable_bytes__gt=0, id__gt=cursor_item
             ).count()
-        writes = []
-        for entry in planned:
-            if entry.item.conversation_id not in still:
-                skipped["recent_activity"] += 1
-            elif entry.skipped:
-                skipped["changed"] += 1
-            else:
-                writes.append(entry)
-        written = _write_planned(writes)
-        skipped["changed"] += len(writes) - len(written)
+        # SQLite: the writing stops once the lock has been held for the pace's share of the
+        # batch time (checked every WRITE_CHUNK items, the commit's share left for the
+        # commit), so a slower moment never holds writers out longer; the cursor moves only
+        # over the items handled, and the rest of the plan is read again by the next batch.
+        stop_at = started + pace.seconds * pace.write_share if pace is not None and pace.pause else None
+        chunk = WRITE_CHUNK if stop_at is not None else max(1, len(planned))
+        written: list[_Planned] = []
+        sent = 0
+        for start in range(0, len(planned), chunk):
+            part = planned[start:start + chunk]
+            writes = []
+            for entry in part:
+                if entry.item.conversation_id not in still:
+                    skipped["recent_activity"] += 1
+                elif entry.skipped:
+                    skipped["changed"] += 1
+                else:
+                    writes.append(entry)
+            written += _write_planned(writes) if writes else []
+            sent += len(writes)
+            if stop_at is not None and start + chunk < len(planned) and time.perf_counter() >= stop_at:
+                last = part[-1].item
+                next_cursor = (last.conversation_id, last.id)
+                batch_bytes = sum(entry.item.payload_bytes for entry in planned[:start + chunk])
+                break
+        skipped["changed"] += sent - len(written)
         removed = len(written)
         removed_bytes = sum(entry.removed_bytes for entry in written)
         finished = sum(1 for c in candidates if c < next_cursor[0] or next_cursor[1] == NO_CURSOR)
@@ -898,12 +920,13 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
             scanned=F("scanned") + finished,
             heartbeat_at=timezone.now(),
         )
+        written_at = time.perf_counter()
     if pace is not None:
         pace.committed_at = time.monotonic()
         if pace.checkpointer is not None:
             pace.checkpointer.wake.set()
         pace.marked_stale = pace.marked_stale or stale_marked
-        pace.record(batch_bytes, time.perf_counter() - started)
+        pace.record(batch_bytes, time.perf_counter() - started, written_at - started)
     faults.kill_point("tool-cleanup-after-batch")  # crash tests: batch committed
     return "next"
 

@@ -416,6 +416,42 @@ def test_a_write_between_the_read_ahead_and_its_batch_wins_and_the_reading_conne
     assert not [t for t in threading.enumerate() if t.name.startswith("lethe-cleanup-read")]
 
 
+@pytest.mark.django_db
+def test_a_batch_that_runs_out_of_time_commits_what_it_handled_and_the_next_goes_on_from_there(
+        admin_user, monkeypatch):
+    """With a pause between batches (SQLite's default) a batch stops writing once it has held
+    the lock for its time: the cursor moves only over the items it handled, the rest are read
+    again, and the totals end exact, nothing counted twice."""
+    monkeypatch.setattr(jobs, "PAUSE_SET", True)  # a pause on PostgreSQL too, so both stop early
+    monkeypatch.setattr(jobs, "SQLITE_PAUSE", 0.001)
+    monkeypatch.setattr(jobs, "BATCH_SECONDS_SET", True)
+    monkeypatch.setattr(jobs, "BATCH_SECONDS", 1e-9)  # every batch is out of time after one chunk
+    monkeypatch.setattr(jobs, "WRITE_CHUNK", 2)
+    conversations = [old_conversation(f"slow-{n}", tools=3) for n in range(2)]
+    eligible = Item.objects.filter(conversation__in=conversations, removable_bytes__gt=0)
+    expected = eligible.aggregate(n=Count("id"), b=Sum("removable_bytes"))
+    assert expected["n"] == 8
+    enable(admin_user)
+    op = jobs._claim(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision), "t")
+    cursors = []
+
+    def after_batch(_result):
+        fresh = ToolPayloadOperation.objects.get(pk=op.pk)
+        cursors.append((fresh.cursor_conversation, fresh.cursor_item, fresh.removed_messages))
+
+    assert jobs._cleanup_step(op, "t", after_batch=after_batch) == "done"
+    done = ToolPayloadOperation.objects.get(pk=op.pk)
+    assert done.state == "succeeded"
+    assert (done.removed_messages, done.payload_bytes) == (expected["n"], expected["b"])
+    assert done.progress_done == expected["n"] and json.loads(done.skipped_json) == {}
+    assert not eligible.exists()
+    # two items a batch, each batch's cursor on the last item it handled
+    assert [removed for _c, _i, removed in cursors[:4]] == [2, 4, 6, 8]
+    ids = list(Item.objects.filter(conversation__in=conversations, details_removed_at__isnull=False)
+               .order_by("conversation_id", "id").values_list("conversation_id", "id"))
+    assert [(c, i) for c, i, _removed in cursors[:3]] == [ids[1], ids[3], ids[5]]
+
+
 # ---- Fail closed ----------------------------------------------------------------------------
 
 
