@@ -83,7 +83,7 @@ PAUSE_SET = "LETHE_TOOL_CLEANUP_PAUSE" in os.environ
 SQLITE_PAUSE = _env_number("LETHE_TOOL_CLEANUP_PAUSE", 0.01)
 ANALYSIS_BATCH = int(_env_number("LETHE_TOOL_ANALYSIS_BATCH", 2000))
 # SQLite: a batch checks its time after every WRITE_CHUNK items it writes.
-WRITE_CHUNK = 16
+WRITE_CHUNK = 64
 MAX_TAKEOVERS = 5
 BUSY_RETRIES = 6
 NO_CURSOR = 0
@@ -476,7 +476,6 @@ class _Pace:
         self.candidates: list[int] = []  # eligible conversations read ahead, in id order
         self.marked_stale = False
         self.checkpointer: _Checkpointer | None = None  # SQLite: folds the WAL back in beside the batches
-        self.write_share = 0.6  # of a batch's time, the part before its commit (measured)
 
     def wait_for_gap(self) -> None:
         """Between two write transactions at least `pause` passes (SQLite: waiting writers
@@ -501,10 +500,7 @@ class _Pace:
         if items:
             self.item_bytes = payload_bytes / items
 
-    def record(self, payload_bytes: int, seconds: float, before_commit: float | None = None) -> None:
-        if before_commit is not None and 0 < before_commit <= seconds:
-            # the part of a batch's time spent before its commit, averaged over the batches
-            self.write_share = min(1.0, max(0.3, (self.write_share * 3 + before_commit / seconds) / 4))
+    def record(self, payload_bytes: int, seconds: float) -> None:
         if payload_bytes <= 0 or seconds <= 0:
             return
         aimed = payload_bytes / seconds * self.seconds
@@ -873,11 +869,11 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
             skipped["recent_activity"] += Item.objects.filter(
                 conversation_id=cursor_conversation, removable_bytes__gt=0, id__gt=cursor_item
             ).count()
-        # SQLite: the writing stops once the lock has been held for the pace's share of the
-        # batch time (checked every WRITE_CHUNK items, the commit's share left for the
-        # commit), so a slower moment never holds writers out longer; the cursor moves only
-        # over the items handled, and the rest of the plan is read again by the next batch.
-        stop_at = started + pace.seconds * pace.write_share if pace is not None and pace.pause else None
+        # SQLite: a batch sized for the pace's time stops writing if a slower moment has it
+        # hold the lock that long already (checked every WRITE_CHUNK items), so waiting writers
+        # are not held out much longer than planned; the cursor moves only over the items
+        # handled, and the rest of the plan is read again by the next batch.
+        stop_at = started + pace.seconds if pace is not None and pace.pause else None
         chunk = WRITE_CHUNK if stop_at is not None else max(1, len(planned))
         written: list[_Planned] = []
         sent = 0
@@ -920,13 +916,12 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
             scanned=F("scanned") + finished,
             heartbeat_at=timezone.now(),
         )
-        written_at = time.perf_counter()
     if pace is not None:
         pace.committed_at = time.monotonic()
         if pace.checkpointer is not None:
             pace.checkpointer.wake.set()
         pace.marked_stale = pace.marked_stale or stale_marked
-        pace.record(batch_bytes, time.perf_counter() - started, written_at - started)
+        pace.record(batch_bytes, time.perf_counter() - started)
     faults.kill_point("tool-cleanup-after-batch")  # crash tests: batch committed
     return "next"
 
