@@ -75,6 +75,19 @@ def free_port(exclude: set[int] | tuple = ()) -> int:
     raise RuntimeError(f"no free port in {PORTS.start}-{PORTS.stop - 1}")
 
 
+
+def _session_members(sid: int) -> list[int]:
+    """The processes of session `sid` (Linux /proc), this one excepted."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) == sid:  # after the name: state, ppid, pgrp, session
+                members.append(int(entry.name))
+    return members
+
 class EngineProcess:
     def __init__(self, folder: Path, port: int | None = None) -> None:
         self.folder = folder
@@ -148,6 +161,12 @@ class EngineProcess:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
+        # serve starts its job cluster in a process group of its own; killed with SIGKILL it
+        # cannot stop it, and a cluster whose worker a kill point took may hang in its own
+        # shutdown: whatever is left of the engine's session goes too.
+        for pid in _session_members(self.process.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
         self.process = None
         # Its port is free again once nothing listens there.
         deadline = time.monotonic() + 10
