@@ -179,11 +179,12 @@ def run_erasure(operation_id: int, *, force: bool = False, progress: Progress | 
         state = DeleteOperation.objects.filter(pk=operation_id).values_list("state", flat=True).first()
         return "busy" if state == DeleteState.PENDING else (state or "missing")
     started = time.monotonic()
-    with stores.relaxed_commits():
-        return _run(op, started, progress, budget)
+    with stores.relaxed_commits(), stores.Beside() as beside:
+        return _run(op, started, progress, budget, beside)
 
 
-def _run(op: DeleteOperation, started: float, progress: Progress | None, budget: float) -> str:
+def _run(op: DeleteOperation, started: float, progress: Progress | None, budget: float,
+         beside: stores.Beside) -> str:
     current = ""
     try:
         conversation = Conversation.objects.get(pk=op.conversation_id)
@@ -209,7 +210,7 @@ def _run(op: DeleteOperation, started: float, progress: Progress | None, budget:
             if progress:
                 progress(op, step, n, len(steps))
             current = step.key
-            _run_step(op, step, by_key.get(step.key), conversation, home)
+            _run_step(op, step, by_key.get(step.key), conversation, home, beside)
         current = ""
         _complete(op)
         faults.kill_point("checkpoint")
@@ -282,13 +283,16 @@ def _settle_empty(op: DeleteOperation, steps: list[DeleteStep], by_key: dict, co
         step.state = StepState.DONE
 
 
-def _run_step(op: DeleteOperation, step: DeleteStep, store, conversation: Conversation, home: EngineHome) -> None:
+def _run_step(op: DeleteOperation, step: DeleteStep, store, conversation: Conversation, home: EngineHome,
+              beside: stores.Beside) -> None:
     """One step: measure (committed before erasing), erase what is still there, mark done.
 
-    A table step small enough for one statement does all three in one transaction. A larger
-    one commits its figures first, then erases in batches. A file step cannot share the
-    database's transaction: its figures are committed, then the files changed, then it is
-    marked done; a crash in between redoes the (idempotent) file change.
+    A table step small enough for one statement does all three in one transaction; on
+    PostgreSQL an erased table's measurement runs beside its delete, on a second connection
+    (`stores.erase_measured_beside`). A larger one commits its figures first, then erases in
+    batches. A file step cannot share the database's transaction: its figures are committed,
+    then the files changed, then it is marked done; a crash in between redoes the
+    (idempotent) file change.
     """
     kill = lambda: faults.kill_point(step.key)  # noqa: E731
     if step.key == plan.FINGERPRINTS:
@@ -304,7 +308,13 @@ def _run_step(op: DeleteOperation, step: DeleteStep, store, conversation: Conver
             # The lease and the current step commit with the figures (a step that fails before
             # that is recorded by `_run`'s failure handler).
             renew(op, step=step.key)
-            figures = stores.measure(store, conversation, home)
+            if beside.serves(store):
+                figures, erased = stores.erase_measured_beside(beside, store, conversation, home, checkpoint=kill)
+                if erased:
+                    _step_done(op, step, figures)
+                    return
+            else:
+                figures = stores.measure(store, conversation, home)
             if not figures.records and not figures.detail.get("remaining"):
                 _step_done(op, step, figures)  # nothing there: measured and done at once
                 return

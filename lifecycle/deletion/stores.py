@@ -1,8 +1,13 @@
 """What an erasure does to one store, by retention class: measure, then change.
 
-`measure` is read-only and its figures are committed before `erase` runs, so a step that
-is resumed after a crash keeps the figures of what was there. `erase` is idempotent: it
-changes only what is still there to change, in batches, each batch its own transaction.
+`measure` is read-only and its figures are committed before `erase` runs (or with it, in the
+same transaction), so a step that is resumed after a crash keeps the figures of what was
+there. `erase` is idempotent: it changes only what is still there to change, in batches,
+each batch its own transaction.
+
+On PostgreSQL a table's measurement can run on a second connection (`Beside`) while the
+step's own transaction deletes the rows, so the two overlap; see `erase_measured_beside`
+for why its figures are still exactly what the delete removed.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -258,6 +264,92 @@ def erase(store: Store, conversation: Conversation, home: EngineHome, renew: Cal
     elif store.retention == RetentionClass.RETAIN_DETACH:
         store.rows(conversation).update(**{store.lookup: None})
     checkpoint()
+
+
+class Beside:
+    """A second database connection, in a thread of its own (Django's connections are per
+    thread), that measures a table while the run's connection deletes its rows.
+
+    Only on PostgreSQL, and only for a run that is not inside a transaction of its caller:
+    another connection cannot see rows an enclosing, uncommitted transaction wrote (a test's,
+    for one), so such a run measures on its own connection as before. The connection is
+    opened when the run starts, beside its first steps, so a step does not wait for it, and
+    it is closed when the run ends, however it ends.
+    """
+
+    def __init__(self) -> None:
+        self.active = connection.vendor == "postgresql" and not connection.in_atomic_block
+        self._pool: ThreadPoolExecutor | None = None
+
+    def __enter__(self) -> Beside:
+        if self.active:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lethe-measure")
+            # A failure to connect here shows again, and fails the step, when it measures.
+            self._pool.submit(_connect)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._pool is not None:
+            with contextlib.suppress(DatabaseError):
+                self._pool.submit(_disconnect).result()
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def serves(self, store: Store) -> bool:
+        """Whether this store's step erases with the measurement beside it: an erased table
+        (a compacted one keeps its rows; the tombstone is one row)."""
+        return (self.active and store.kind == "table" and store.retention == RetentionClass.ERASE
+                and not store.tombstone)
+
+    def measure(self, store: Store, conversation: Conversation, home: EngineHome) -> Future[Measure]:
+        if self._pool is None:
+            raise RuntimeError("the measuring connection is not open")
+        return self._pool.submit(measure, store, conversation, home)
+
+
+def _connect() -> None:
+    connection.ensure_connection()
+
+
+def _disconnect() -> None:
+    connection.close()
+
+
+class _TooMany(Exception):
+    def __init__(self, figures: Measure) -> None:
+        super().__init__()
+        self.figures = figures
+
+
+def erase_measured_beside(beside: Beside, store: Store, conversation: Conversation, home: EngineHome,
+                          checkpoint: Callable[[], None]) -> tuple[Measure, bool]:
+    """Delete the table's rows of the conversation in one plain statement while `beside`
+    measures them; must run inside the step's transaction, which records the figures and
+    commits. Returns the figures and whether the rows are gone: a table holding more rows
+    than one transaction takes (`one_transaction_rows`) has its statement undone, and the
+    caller commits the figures and erases in batches.
+
+    The figures are exactly what the delete removes. The measurement is one statement, so it
+    reads one snapshot. That snapshot is taken after the intent was committed (the fence
+    refuses any new or changed row of the conversation from then on) and before the step's
+    transaction commits (the figures are awaited first), and the step's own delete, not yet
+    committed, is invisible to it: it sees every row the delete removes, and only those. A
+    crash anywhere loses the delete and the figures together (one transaction); an error in
+    the measurement fails the step the same way, with the rows still there.
+    """
+    pending = beside.measure(store, conversation, home)
+    try:
+        with transaction.atomic():
+            erase(store, conversation, home, renew=lambda: None, checkpoint=checkpoint, whole=True)
+            figures = pending.result()
+            if figures.records > one_transaction_rows():
+                raise _TooMany(figures)
+    except _TooMany as too_many:
+        return too_many.figures, False
+    finally:
+        # Even when the delete failed: no statement of the measuring connection outlives the step.
+        wait([pending])
+    return figures, True
 
 
 def _batches_with_checkpoint(sql: str, params: list, renew, checkpoint) -> None:
