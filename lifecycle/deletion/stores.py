@@ -5,9 +5,10 @@ same transaction), so a step that is resumed after a crash keeps the figures of 
 there. `erase` is idempotent: it changes only what is still there to change, in batches,
 each batch its own transaction.
 
-On PostgreSQL a table's measurement can run on a second connection (`Beside`) while the
-step's own transaction deletes the rows, so the two overlap; see `erase_measured_beside`
-for why its figures are still exactly what the delete removed.
+A table without content columns is measured by its own delete (the rows it removed). On
+PostgreSQL a larger table's measurement runs on a second connection (`Beside`) while the
+step's own transaction deletes the rows, so the two overlap; see `erase_counted` for why
+the figures are still exactly what the delete removed.
 """
 
 from __future__ import annotations
@@ -202,13 +203,19 @@ def empty_measure(store: Store) -> Measure:
 
 def tables_holding(tables: list[Store], conversation: Conversation) -> set[str]:
     """Which of these table stores hold any row of the conversation: one query for all."""
+    return {key for key, count in rows_up_to(tables, conversation, {}).items() if count}
+
+
+def rows_up_to(tables: list[Store], conversation: Conversation, caps: dict[str, int]) -> dict[str, int]:
+    """Each table store's number of rows of the conversation, counted up to its cap in
+    `caps` (1 when not given: whether it holds any), in one query for all."""
     if not tables:
-        return set()
-    parts = [f"SELECT {n} FROM (SELECT 1 FROM {_q(s.db_table)} WHERE {_q(s.lookup)} = %s LIMIT 1) AS t{n}"
-             for n, s in enumerate(tables)]
+        return {}
+    parts = [f"SELECT {n}, COUNT(*) FROM (SELECT 1 FROM {_q(s.db_table)} WHERE {_q(s.lookup)} = %s "
+             f"LIMIT {int(caps.get(s.key, 1))}) AS t{n}" for n, s in enumerate(tables)]
     with connection.cursor() as cursor:
         cursor.execute(" UNION ALL ".join(parts), [conversation.pk] * len(tables))
-        return {tables[row[0]].key for row in cursor.fetchall()}
+        return {tables[n].key: int(count) for n, count in cursor.fetchall()}
 
 
 def row_counts(tables: list[Store], conversation_id: int) -> dict[str, int]:
@@ -222,10 +229,10 @@ def row_counts(tables: list[Store], conversation_id: int) -> dict[str, int]:
 
 
 def erase(store: Store, conversation: Conversation, home: EngineHome, renew: Callable[[], None],
-          checkpoint: Callable[[], None], *, whole: bool = False) -> None:
+          checkpoint: Callable[[], None], *, whole: bool = False) -> int | None:
     """Change the store for this conversation; `checkpoint` runs after the first change.
     `whole`: the caller's transaction takes all of it (at most `one_transaction_rows()`), so
-    an erased table's rows go in one plain statement, not in batches."""
+    an erased table's rows go in one plain statement, not in batches; returns how many."""
     table = _q(store.db_table) if store.kind == "table" else ""
     if store.kind == "file":
         path = store.paths(home, conversation)[0]
@@ -240,6 +247,9 @@ def erase(store: Store, conversation: Conversation, home: EngineHome, renew: Cal
     elif store.retention == RetentionClass.ERASE and whole:
         with erasure_transaction(), connection.cursor() as cursor:
             cursor.execute(f"DELETE FROM {table} WHERE {_q(store.lookup)} = %s", [conversation.pk])
+            deleted = cursor.rowcount
+        checkpoint()
+        return deleted
     elif store.retention == RetentionClass.ERASE:
         # The rows of one batch by their physical address on PostgreSQL (a TID scan), by
         # primary key on SQLite.
@@ -248,7 +258,7 @@ def erase(store: Store, conversation: Conversation, home: EngineHome, renew: Cal
                if connection.vendor == "postgresql"
                else f"DELETE FROM {table} WHERE {_pk(store)} IN (SELECT {_pk(store)} FROM {table} {where})")
         _batches_with_checkpoint(sql, [conversation.pk], renew, checkpoint)
-        return
+        return None
     elif store.retention == RetentionClass.COMPACT:
         cleared = ", ".join(f"{_q(c)} = NULL" for c in store.content_columns())
         _batches_with_checkpoint(
@@ -256,7 +266,7 @@ def erase(store: Store, conversation: Conversation, home: EngineHome, renew: Cal
             f"WHERE {_q(store.lookup)} = %s AND {_holding_content(store)} LIMIT %s)",
             [conversation.pk], renew, checkpoint,
         )
-        return
+        return None
     elif store.retention == RetentionClass.SHARED:
         store.rows(conversation).filter(publisher_supports_revoke=True, revoked_at__isnull=True).update(
             revoked_at=timezone.now()
@@ -264,6 +274,7 @@ def erase(store: Store, conversation: Conversation, home: EngineHome, renew: Cal
     elif store.retention == RetentionClass.RETAIN_DETACH:
         store.rows(conversation).update(**{store.lookup: None})
     checkpoint()
+    return None
 
 
 class Beside:
@@ -272,20 +283,19 @@ class Beside:
 
     Only on PostgreSQL, and only for a run that is not inside a transaction of its caller:
     another connection cannot see rows an enclosing, uncommitted transaction wrote (a test's,
-    for one), so such a run measures on its own connection as before. The connection is
-    opened when the run starts, beside its first steps, so a step does not wait for it, and
-    it is closed when the run ends, however it ends.
+    for one), so such a run measures on its own connection as before. Only for a table of
+    more than BESIDE_ROWS rows (`hint` tells it how many): opening a connection costs a few
+    milliseconds of a core, more than measuring a small table. The connection is opened by
+    the first measurement, beside that step's delete, and closed when the run ends, however
+    it ends.
     """
 
     def __init__(self) -> None:
         self.active = connection.vendor == "postgresql" and not connection.in_atomic_block
         self._pool: ThreadPoolExecutor | None = None
+        self._rows: dict[str, int] = {}
 
     def __enter__(self) -> Beside:
-        if self.active:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lethe-measure")
-            # A failure to connect here shows again, and fails the step, when it measures.
-            self._pool.submit(_connect)
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -295,24 +305,45 @@ class Beside:
             self._pool.shutdown(wait=True)
             self._pool = None
 
+    def candidates(self, tables: list[Store]) -> dict[str, int]:
+        """The caps for `rows_up_to` that tell which of these tables are worth measuring beside."""
+        return {s.key: BESIDE_ROWS + 1 for s in tables if self._erased_with_content(s)} if self.active else {}
+
+    def hint(self, rows: dict[str, int]) -> None:
+        self._rows.update(rows)
+
     def serves(self, store: Store) -> bool:
-        """Whether this store's step erases with the measurement beside it: an erased table
-        (a compacted one keeps its rows; the tombstone is one row)."""
-        return (self.active and store.kind == "table" and store.retention == RetentionClass.ERASE
-                and not store.tombstone)
+        """Whether this store's step erases with a measurement beside its delete."""
+        return self.active and self._erased_with_content(store) and self._rows.get(store.key, 0) > BESIDE_ROWS
+
+    def counts(self, store: Store) -> bool:
+        """Whether this store's step takes its figures without a read before its delete
+        (`erase_counted`). Not on SQLite: a table there goes in one statement only when it is
+        known beforehand to be small, so it is counted first anyway."""
+        return self.active and (countable(store) or self.serves(store))
+
+    @staticmethod
+    def _erased_with_content(store: Store) -> bool:
+        # A compacted table keeps its rows, the tombstone is one row; a table without content
+        # columns needs no measurement at all (its delete counts its rows: `erase_counted`).
+        return (store.kind == "table" and store.retention == RetentionClass.ERASE and not store.tombstone
+                and bool(store.content_columns()))
 
     def measure(self, store: Store, conversation: Conversation, home: EngineHome) -> Future[Measure]:
         if self._pool is None:
-            raise RuntimeError("the measuring connection is not open")
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lethe-measure")
         return self._pool.submit(measure, store, conversation, home)
 
 
-def _connect() -> None:
-    connection.ensure_connection()
+BESIDE_ROWS = 10000
 
 
 def _disconnect() -> None:
     connection.close()
+
+
+class MeasureMismatch(Exception):
+    """The measurement beside a delete counted other rows than the delete removed."""
 
 
 class _TooMany(Exception):
@@ -321,34 +352,46 @@ class _TooMany(Exception):
         self.figures = figures
 
 
-def erase_measured_beside(beside: Beside, store: Store, conversation: Conversation, home: EngineHome,
-                          checkpoint: Callable[[], None]) -> tuple[Measure, bool]:
-    """Delete the table's rows of the conversation in one plain statement while `beside`
-    measures them; must run inside the step's transaction, which records the figures and
+def countable(store: Store) -> bool:
+    """A table whose figures its own delete gives: its rows count, it has no content bytes."""
+    return (store.kind == "table" and store.retention == RetentionClass.ERASE and not store.tombstone
+            and not store.content_columns())
+
+
+def erase_counted(store: Store, conversation: Conversation, home: EngineHome, beside: Beside,
+                  checkpoint: Callable[[], None]) -> tuple[Measure, bool]:
+    """Delete the table's rows of the conversation in one plain statement and take its figures
+    without a read of their own: a table without content columns is measured by the number of
+    rows its delete removed; a larger one with content, on PostgreSQL, by `beside` while the
+    delete runs. Must run inside the step's transaction, which records the figures and
     commits. Returns the figures and whether the rows are gone: a table holding more rows
     than one transaction takes (`one_transaction_rows`) has its statement undone, and the
     caller commits the figures and erases in batches.
 
-    The figures are exactly what the delete removes. The measurement is one statement, so it
-    reads one snapshot. That snapshot is taken after the intent was committed (the fence
-    refuses any new or changed row of the conversation from then on) and before the step's
-    transaction commits (the figures are awaited first), and the step's own delete, not yet
-    committed, is invisible to it: it sees every row the delete removes, and only those. A
-    crash anywhere loses the delete and the figures together (one transaction); an error in
-    the measurement fails the step the same way, with the rows still there.
+    The figures are exactly what the delete removes. The measurement beside it is one
+    statement, so it reads one snapshot. That snapshot is taken after the intent was
+    committed (the fence refuses any new or changed row of the conversation from then on)
+    and before the step's transaction commits (the figures are awaited first), and the
+    step's own delete, not yet committed, is invisible to it: it sees every row the delete
+    removes, and only those; its count must equal the delete's, or the step fails. A crash
+    anywhere loses the delete and the figures together (one transaction); an error in the
+    measurement fails the step the same way, with the rows still there.
     """
-    pending = beside.measure(store, conversation, home)
+    pending = beside.measure(store, conversation, home) if beside.serves(store) else None
     try:
         with transaction.atomic():
-            erase(store, conversation, home, renew=lambda: None, checkpoint=checkpoint, whole=True)
-            figures = pending.result()
+            deleted = erase(store, conversation, home, renew=lambda: None, checkpoint=checkpoint, whole=True)
+            figures = pending.result() if pending is not None else Measure(deleted)
+            if figures.records != deleted:
+                raise MeasureMismatch(f"{store.key}: measured {figures.records} rows, deleted {deleted}")
             if figures.records > one_transaction_rows():
                 raise _TooMany(figures)
     except _TooMany as too_many:
         return too_many.figures, False
     finally:
         # Even when the delete failed: no statement of the measuring connection outlives the step.
-        wait([pending])
+        if pending is not None:
+            wait([pending])
     return figures, True
 
 
