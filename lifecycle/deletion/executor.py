@@ -294,9 +294,9 @@ def _run_step(op: DeleteOperation, step: DeleteStep, store, conversation: Conver
     A table step small enough for one statement does all three in one transaction; on
     PostgreSQL an erased table's figures come from its delete or from a measurement beside
     it, on a second connection (`stores.erase_counted`). A larger one commits its figures
-    first, then erases in batches. A file step cannot share the database's transaction: its figures are committed,
-    then the files changed, then it is marked done; a crash in between redoes the
-    (idempotent) file change.
+    first, then erases in batches. A file step cannot share the database's transaction: its
+    figures are committed, then the files changed, then it is marked done; a crash in
+    between redoes the (idempotent) file change.
     """
     kill = lambda: faults.kill_point(step.key)  # noqa: E731
     if step.key == plan.FINGERPRINTS:
