@@ -3,9 +3,6 @@ erased in one transaction, PostgreSQL's relaxed commits restored, SQLite's pause
 
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
 from django.db import connection
 
@@ -14,7 +11,6 @@ from lifecycle.actions.request_deletion import request_deletion
 from lifecycle.deletion import executor, stores
 from lifecycle.deletion.plan import FINGERPRINTS, stores_by_key
 from lifecycle.enginefs import EngineHome
-from lifecycle.registry import RetentionClass
 from tests import factories
 
 
@@ -129,136 +125,45 @@ def test_sqlite_pauses_only_after_holding_the_lock_for_a_while(monkeypatch):
     assert pauses == [stores.SQLITE_PAUSE]
 
 
-def _other_connections() -> int:
-    """Connections to this database other than this thread's own."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() "
-                       "AND pid <> pg_backend_pid()")
-        return cursor.fetchone()[0]
 
-
-def _settled_connections() -> int:
-    deadline = time.monotonic() + 5
-    while (n := _other_connections()) and time.monotonic() < deadline:
-        time.sleep(0.05)  # a closed connection's server process takes a moment to leave
-    return n
-
-
-def _measuring_thread() -> bool:
-    return threading.current_thread().name.startswith("lethe-measure")
-
-
-@pytest.mark.django_db(transaction=True)
-def test_postgresql_measures_beside_the_delete_and_the_receipt_stays_exact(monkeypatch):
+@pytest.mark.django_db
+def test_postgresql_counts_a_table_without_content_by_its_delete_and_the_receipt_stays_exact():
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL only")
-    target = factories.make_conversation(title="Beside")
+    target = factories.make_conversation(title="Counted")
     factories.fill_every_store(target)
-    for n in range(40):
-        factories.add_message(target, content=f"message {n} é ü " * (n % 7 + 1))
+    for n in range(2, 9):
+        m.Turn.objects.create(conversation=target, seq=n)
     twin = factories.make_conversation(factories.make_computer(), thread_id=target.thread_id)
     factories.fill_every_store(twin)
     expected = expected_figures(target)
-    items = m.Item.objects.filter(conversation=target)
-    assert expected["lifecycle.Item"][0] == items.count() == 42
-    assert _settled_connections() == 0
-    # The measurement of each erased table starts only once the step's DELETE has run (not yet
-    # committed): the worst order. It must still see every row the delete removes.
-    monkeypatch.setattr(stores, "BESIDE_ROWS", 0)  # every table with content, however small
-    deleted = threading.Event()
-    measured_beside: list[tuple[str, int]] = []
+    assert expected["lifecycle.Turn"] == (8, 0) and not stores_by_key()["lifecycle.Turn"].content_columns()
     statements: list[str] = []
-    measure = stores.measure
 
-    def late_measure(store, conversation, home):
-        if not _measuring_thread():
-            return measure(store, conversation, home)
-        assert deleted.wait(10)
-        deleted.clear()
-        figures = measure(store, conversation, home)
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_backend_pid()")
-            measured_beside.append((store.key, cursor.fetchone()[0]))
-        return figures
-
-    def note_delete(execute, sql, params, many, context):
+    def log(execute, sql, params, many, context):
         statements.append(sql)
-        result = execute(sql, params, many, context)
-        if sql.startswith("DELETE FROM"):
-            deleted.set()
-        return result
+        return execute(sql, params, many, context)
 
-    monkeypatch.setattr(stores, "measure", late_measure)
-    op = request_deletion(target, key="beside", acting_user=None)
-    with connection.execute_wrapper(note_delete):
+    op = request_deletion(target, key="counted", acting_user=None)
+    with connection.execute_wrapper(log):
         assert executor.run_erasure(op.pk) == "completed"
     op.refresh_from_db()
     assert {e["store"]: (e["records"], e["bytes"]) for e in op.receipt["stores"]} == expected
-    assert items.count() == 0 and m.Item.objects.filter(conversation=twin).count() == 2
-    by_key = stores_by_key()
-    erased_tables = {key for key, (records, _bytes) in expected.items() if records and by_key[key].kind == "table"
-                     and by_key[key].retention == RetentionClass.ERASE and not by_key[key].tombstone}
-    assert {key for key, _pid in measured_beside} == {key for key in erased_tables if by_key[key].content_columns()}
-    assert "lifecycle.Item" in {key for key, _pid in measured_beside}
-    # Turns have no content: the rows their delete removed are their figures, with no read first.
-    assert "lifecycle.Turn" in erased_tables and not by_key["lifecycle.Turn"].content_columns()
-    assert not [s for s in statements if s.startswith("SELECT COUNT(*), COALESCE(SUM") and '"lifecycle_turn"' in s]
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        own = cursor.fetchone()[0]
-    assert len({pid for _key, pid in measured_beside}) == 1 and own not in {pid for _key, pid in measured_beside}
-    # The measuring connection was closed with the run.
-    assert _settled_connections() == 0
+    # The turns' figures are the rows their delete removed: no read of the turns before it.
+    assert not [s for s in statements if s.startswith("SELECT COUNT(*)") and '"lifecycle_turn"' in s]
+    assert 'DELETE FROM "lifecycle_turn" WHERE "conversation_id" = %s' in statements
+    assert not m.Turn.objects.filter(conversation=target).exists()
+    assert m.Turn.objects.filter(conversation=twin).count() == 1
 
 
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("failure", ["database_error", "wrong_count"])
-def test_postgresql_an_error_in_the_measuring_thread_fails_the_step_and_keeps_the_rows(failure, monkeypatch, settings):
-    if connection.vendor != "postgresql":
-        pytest.skip("PostgreSQL only")
-    settings.DEBUG = False
-    monkeypatch.setattr(stores, "BESIDE_ROWS", 0)
-    target = factories.make_conversation(title="Measure fails")
-    factories.fill_every_store(target)
-    expected = expected_figures(target)
-    measure = stores.measure
-
-    def failing_measure(store, conversation, home):
-        figures = measure(store, conversation, home)
-        if store.key == "lifecycle.Item" and _measuring_thread():
-            if failure == "database_error":
-                with connection.cursor() as cursor:
-                    cursor.execute("SELECT 1 / 0")  # a real database error, on the measuring connection
-            figures.records += 1  # figures that are not what the delete removed
-        return figures
-
-    monkeypatch.setattr(stores, "measure", failing_measure)
-    op = request_deletion(target, key="fails", acting_user=None)
-    assert executor.run_erasure(op.pk) == "pending"
-    op.refresh_from_db()
-    item_step = op.steps.get(key="lifecycle.Item")
-    code = "database_error" if failure == "database_error" else "internal_error"
-    assert (op.state, op.last_error, op.step) == ("pending", code, "lifecycle.Item")
-    assert (item_step.state, item_step.records, item_step.bytes) == ("pending", 0, 0)
-    # The delete went back with the step: every row is still there.
-    assert m.Item.objects.filter(conversation=target).count() == 2
-    assert _settled_connections() == 0
-    monkeypatch.setattr(stores, "measure", measure)
-    assert executor.run_erasure(op.pk, force=True) == "completed"
-    op.refresh_from_db()
-    assert {e["store"]: (e["records"], e["bytes"]) for e in op.receipt["stores"]} == expected
-    assert m.Item.objects.filter(conversation=target).count() == 0
-
-
-@pytest.mark.django_db(transaction=True)
-def test_postgresql_a_table_larger_than_one_transaction_is_undone_and_erased_in_batches(monkeypatch):
+@pytest.mark.django_db
+def test_postgresql_a_counted_table_larger_than_one_transaction_is_undone_and_erased_in_batches(monkeypatch):
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL only")
     target = factories.make_conversation()
-    for n in range(7):
-        factories.add_message(target, content=f"row {n}")
+    m.Turn.objects.bulk_create([m.Turn(conversation=target, seq=n) for n in range(1, 8)])
+    factories.add_message(target)
     expected = expected_figures(target)
-    monkeypatch.setattr(stores, "BESIDE_ROWS", 0)
     monkeypatch.setattr(stores, "BATCH_ROWS", 3)
     monkeypatch.setattr(stores, "PG_MAX_BATCH_ROWS", 5)
     statements: list[str] = []
@@ -272,25 +177,10 @@ def test_postgresql_a_table_larger_than_one_transaction_is_undone_and_erased_in_
         assert executor.run_erasure(op.pk) == "completed"
     op.refresh_from_db()
     assert {e["store"]: (e["records"], e["bytes"]) for e in op.receipt["stores"]} == expected
-    item_deletes = [s for s in statements if s.startswith('DELETE FROM "lifecycle_item"')]
-    # The plain statement (undone: 7 rows are more than 5), then batches of 3 and at least 500.
-    assert item_deletes[0] == 'DELETE FROM "lifecycle_item" WHERE "conversation_id" = %s'
-    assert len(item_deletes) == 3 and all("ctid" in s for s in item_deletes[1:])
-    assert m.Item.objects.filter(conversation=target).count() == 0
-
-
-@pytest.mark.django_db(transaction=True)
-def test_postgresql_a_small_table_is_measured_on_the_runs_own_connection(monkeypatch):
-    if connection.vendor != "postgresql":
-        pytest.skip("PostgreSQL only")
-    target = factories.make_conversation()
-    for n in range(3):
-        factories.add_message(target, content=f"small {n}")
-    expected = expected_figures(target)
-    opened: list[str] = []
-    monkeypatch.setattr(stores.Beside, "measure", lambda self, store, *args: opened.append(store.key))
-    op = request_deletion(target, key="small", acting_user=None)
-    assert executor.run_erasure(op.pk) == "completed"
-    op.refresh_from_db()
-    assert {e["store"]: (e["records"], e["bytes"]) for e in op.receipt["stores"]} == expected
-    assert opened == [] and _settled_connections() == 0
+    assert expected["lifecycle.Turn"] == (7, 0)
+    turn_deletes = [s for s in statements if s.startswith('DELETE FROM "lifecycle_turn"')]
+    # The plain statement (undone: 7 rows are more than 5), then batches of 3 and of the rest.
+    assert turn_deletes[0] == 'DELETE FROM "lifecycle_turn" WHERE "conversation_id" = %s'
+    assert len(turn_deletes) == 3 and all("ctid" in s for s in turn_deletes[1:])
+    assert op.steps.get(key="lifecycle.Turn").records == 7
+    assert not m.Turn.objects.filter(conversation=target).exists()

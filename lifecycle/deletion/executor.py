@@ -179,12 +179,11 @@ def run_erasure(operation_id: int, *, force: bool = False, progress: Progress | 
         state = DeleteOperation.objects.filter(pk=operation_id).values_list("state", flat=True).first()
         return "busy" if state == DeleteState.PENDING else (state or "missing")
     started = time.monotonic()
-    with stores.relaxed_commits(), stores.Beside() as beside:
-        return _run(op, started, progress, budget, beside)
+    with stores.relaxed_commits():
+        return _run(op, started, progress, budget)
 
 
-def _run(op: DeleteOperation, started: float, progress: Progress | None, budget: float,
-         beside: stores.Beside) -> str:
+def _run(op: DeleteOperation, started: float, progress: Progress | None, budget: float) -> str:
     current = ""
     try:
         conversation = Conversation.objects.get(pk=op.conversation_id)
@@ -197,7 +196,7 @@ def _run(op: DeleteOperation, started: float, progress: Progress | None, budget:
                 continue
             if not settled and step.key != plan.FINGERPRINTS:
                 settled = True
-                _settle_empty(op, steps, by_key, conversation, beside)
+                _settle_empty(op, steps, by_key, conversation)
                 if step.state == StepState.DONE:
                     continue
             if time.monotonic() - started > budget:
@@ -210,7 +209,7 @@ def _run(op: DeleteOperation, started: float, progress: Progress | None, budget:
             if progress:
                 progress(op, step, n, len(steps))
             current = step.key
-            _run_step(op, step, by_key.get(step.key), conversation, home, beside)
+            _run_step(op, step, by_key.get(step.key), conversation, home)
         current = ""
         _complete(op)
         faults.kill_point("checkpoint")
@@ -250,8 +249,7 @@ def _progressed(op: DeleteOperation) -> None:
     op.progress_noted = True
 
 
-def _settle_empty(op: DeleteOperation, steps: list[DeleteStep], by_key: dict, conversation: Conversation,
-                  beside: stores.Beside) -> None:
+def _settle_empty(op: DeleteOperation, steps: list[DeleteStep], by_key: dict, conversation: Conversation) -> None:
     """Find, in one query, the pending table steps whose store holds no row of the
     conversation, and mark them done with zero figures in one transaction (as `_run_step`
     does for one step: measured and done at once), so a conversation that never used most
@@ -268,12 +266,9 @@ def _settle_empty(op: DeleteOperation, steps: list[DeleteStep], by_key: dict, co
         candidates = [(step, by_key[step.key]) for step in steps
                       if step.state == StepState.PENDING and step.key in by_key
                       and by_key[step.key].kind == "table" and not by_key[step.key].tombstone]
-        # A store holding rows is measured by its own step (a measure may read every row). The
-        # rows are counted up to where a measurement beside the delete pays off.
-        tables = [store for _step, store in candidates]
-        rows = stores.rows_up_to(tables, conversation, beside.candidates(tables))
-        beside.hint(rows)
-        empty = [(step, stores.empty_measure(store)) for step, store in candidates if not rows[store.key]]
+        # A store holding rows is measured by its own step (a measure may read every row).
+        holding = stores.tables_holding([store for _step, store in candidates], conversation)
+        empty = [(step, stores.empty_measure(store)) for step, store in candidates if store.key not in holding]
         if not empty:
             return
         groups: dict[tuple, list[int]] = {}
@@ -287,16 +282,14 @@ def _settle_empty(op: DeleteOperation, steps: list[DeleteStep], by_key: dict, co
         step.state = StepState.DONE
 
 
-def _run_step(op: DeleteOperation, step: DeleteStep, store, conversation: Conversation, home: EngineHome,
-              beside: stores.Beside) -> None:
+def _run_step(op: DeleteOperation, step: DeleteStep, store, conversation: Conversation, home: EngineHome) -> None:
     """One step: measure (committed before erasing), erase what is still there, mark done.
 
-    A table step small enough for one statement does all three in one transaction; on
-    PostgreSQL an erased table's figures come from its delete or from a measurement beside
-    it, on a second connection (`stores.erase_counted`). A larger one commits its figures
-    first, then erases in batches. A file step cannot share the database's transaction: its
-    figures are committed, then the files changed, then it is marked done; a crash in
-    between redoes the (idempotent) file change.
+    A table step small enough for one statement does all three in one transaction (on
+    PostgreSQL a table without content is measured by that statement: `stores.erase_counted`).
+    A larger one commits its figures first, then erases in batches. A file step cannot share
+    the database's transaction: its figures are committed, then the files changed, then it
+    is marked done; a crash in between redoes the (idempotent) file change.
     """
     kill = lambda: faults.kill_point(step.key)  # noqa: E731
     if step.key == plan.FINGERPRINTS:
@@ -312,8 +305,8 @@ def _run_step(op: DeleteOperation, step: DeleteStep, store, conversation: Conver
             # The lease and the current step commit with the figures (a step that fails before
             # that is recorded by `_run`'s failure handler).
             renew(op, step=step.key)
-            if beside.counts(store):
-                figures, erased = stores.erase_counted(store, conversation, home, beside, checkpoint=kill)
+            if stores.counted_by_delete(store):
+                figures, erased = stores.erase_counted(store, conversation, home, checkpoint=kill)
                 if erased:
                     _step_done(op, step, figures)
                     return

@@ -5,10 +5,8 @@ same transaction), so a step that is resumed after a crash keeps the figures of 
 there. `erase` is idempotent: it changes only what is still there to change, in batches,
 each batch its own transaction.
 
-A table without content columns is measured by its own delete (the rows it removed). On
-PostgreSQL a larger table's measurement runs on a second connection (`Beside`) while the
-step's own transaction deletes the rows, so the two overlap; see `erase_counted` for why
-the figures are still exactly what the delete removed.
+On PostgreSQL a table without content columns is measured by its own delete (the rows it
+removed, in the same transaction): `erase_counted`.
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -203,19 +200,13 @@ def empty_measure(store: Store) -> Measure:
 
 def tables_holding(tables: list[Store], conversation: Conversation) -> set[str]:
     """Which of these table stores hold any row of the conversation: one query for all."""
-    return {key for key, count in rows_up_to(tables, conversation, {}).items() if count}
-
-
-def rows_up_to(tables: list[Store], conversation: Conversation, caps: dict[str, int]) -> dict[str, int]:
-    """Each table store's number of rows of the conversation, counted up to its cap in
-    `caps` (1 when not given: whether it holds any), in one query for all."""
     if not tables:
-        return {}
-    parts = [f"SELECT {n}, COUNT(*) FROM (SELECT 1 FROM {_q(s.db_table)} WHERE {_q(s.lookup)} = %s "
-             f"LIMIT {int(caps.get(s.key, 1))}) AS t{n}" for n, s in enumerate(tables)]
+        return set()
+    parts = [f"SELECT {n} FROM (SELECT 1 FROM {_q(s.db_table)} WHERE {_q(s.lookup)} = %s LIMIT 1) AS t{n}"
+             for n, s in enumerate(tables)]
     with connection.cursor() as cursor:
         cursor.execute(" UNION ALL ".join(parts), [conversation.pk] * len(tables))
-        return {tables[n].key: int(count) for n, count in cursor.fetchall()}
+        return {tables[row[0]].key for row in cursor.fetchall()}
 
 
 def row_counts(tables: list[Store], conversation_id: int) -> dict[str, int]:
@@ -277,121 +268,37 @@ def erase(store: Store, conversation: Conversation, home: EngineHome, renew: Cal
     return None
 
 
-class Beside:
-    """A second database connection, in a thread of its own (Django's connections are per
-    thread), that measures a table while the run's connection deletes its rows.
-
-    Only on PostgreSQL, and only for a run that is not inside a transaction of its caller:
-    another connection cannot see rows an enclosing, uncommitted transaction wrote (a test's,
-    for one), so such a run measures on its own connection as before. Only for a table of
-    more than BESIDE_ROWS rows (`hint` tells it how many): opening a connection costs a few
-    milliseconds of a core, more than measuring a small table. The connection is opened by
-    the first measurement, beside that step's delete, and closed when the run ends, however
-    it ends.
-    """
-
-    def __init__(self) -> None:
-        self.active = connection.vendor == "postgresql" and not connection.in_atomic_block
-        self._pool: ThreadPoolExecutor | None = None
-        self._rows: dict[str, int] = {}
-
-    def __enter__(self) -> Beside:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        if self._pool is not None:
-            with contextlib.suppress(DatabaseError):
-                self._pool.submit(_disconnect).result()
-            self._pool.shutdown(wait=True)
-            self._pool = None
-
-    def candidates(self, tables: list[Store]) -> dict[str, int]:
-        """The caps for `rows_up_to` that tell which of these tables are worth measuring beside."""
-        return {s.key: BESIDE_ROWS + 1 for s in tables if self._erased_with_content(s)} if self.active else {}
-
-    def hint(self, rows: dict[str, int]) -> None:
-        self._rows.update(rows)
-
-    def serves(self, store: Store) -> bool:
-        """Whether this store's step erases with a measurement beside its delete."""
-        return self.active and self._erased_with_content(store) and self._rows.get(store.key, 0) > BESIDE_ROWS
-
-    def counts(self, store: Store) -> bool:
-        """Whether this store's step takes its figures without a read before its delete
-        (`erase_counted`). Not on SQLite: a table there goes in one statement only when it is
-        known beforehand to be small, so it is counted first anyway."""
-        return self.active and (countable(store) or self.serves(store))
-
-    @staticmethod
-    def _erased_with_content(store: Store) -> bool:
-        # A compacted table keeps its rows, the tombstone is one row; a table without content
-        # columns needs no measurement at all (its delete counts its rows: `erase_counted`).
-        return (store.kind == "table" and store.retention == RetentionClass.ERASE and not store.tombstone
-                and bool(store.content_columns()))
-
-    def measure(self, store: Store, conversation: Conversation, home: EngineHome) -> Future[Measure]:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lethe-measure")
-        return self._pool.submit(measure, store, conversation, home)
-
-
-BESIDE_ROWS = 10000
-
-
-def _disconnect() -> None:
-    connection.close()
-
-
-class MeasureMismatch(Exception):
-    """The measurement beside a delete counted other rows than the delete removed."""
-
-
 class _TooMany(Exception):
     def __init__(self, figures: Measure) -> None:
         super().__init__()
         self.figures = figures
 
 
-def countable(store: Store) -> bool:
-    """A table whose figures its own delete gives: its rows count, it has no content bytes."""
-    return (store.kind == "table" and store.retention == RetentionClass.ERASE and not store.tombstone
-            and not store.content_columns())
+def counted_by_delete(store: Store) -> bool:
+    """A table whose figures its own delete gives, on PostgreSQL: it has no content columns
+    (no bytes to sum), so its records are the rows the delete removed, with no read before
+    it. Not on SQLite: a table there goes in one statement only when it is known beforehand
+    to be small (the write lock is held meanwhile), so it is counted first anyway."""
+    return (connection.vendor == "postgresql" and store.kind == "table" and store.retention == RetentionClass.ERASE
+            and not store.tombstone and not store.content_columns())
 
 
-def erase_counted(store: Store, conversation: Conversation, home: EngineHome, beside: Beside,
+def erase_counted(store: Store, conversation: Conversation, home: EngineHome,
                   checkpoint: Callable[[], None]) -> tuple[Measure, bool]:
     """Delete the table's rows of the conversation in one plain statement and take its figures
-    without a read of their own: a table without content columns is measured by the number of
-    rows its delete removed; a larger one with content, on PostgreSQL, by `beside` while the
-    delete runs. Must run inside the step's transaction, which records the figures and
-    commits. Returns the figures and whether the rows are gone: a table holding more rows
-    than one transaction takes (`one_transaction_rows`) has its statement undone, and the
-    caller commits the figures and erases in batches.
-
-    The figures are exactly what the delete removes. The measurement beside it is one
-    statement, so it reads one snapshot. That snapshot is taken after the intent was
-    committed (the fence refuses any new or changed row of the conversation from then on)
-    and before the step's transaction commits (the figures are awaited first), and the
-    step's own delete, not yet committed, is invisible to it: it sees every row the delete
-    removes, and only those; its count must equal the delete's, or the step fails. A crash
-    anywhere loses the delete and the figures together (one transaction); an error in the
-    measurement fails the step the same way, with the rows still there.
-    """
-    pending = beside.measure(store, conversation, home) if beside.serves(store) else None
+    from it (`counted_by_delete`). Must run inside the step's transaction, which records the
+    figures and commits: the count is exactly what the delete removed, and a crash loses
+    both together. Returns the figures and whether the rows are gone: a table holding more
+    rows than one transaction takes (`one_transaction_rows`) has its statement undone, and
+    the caller commits the figures and erases in batches."""
     try:
         with transaction.atomic():
             deleted = erase(store, conversation, home, renew=lambda: None, checkpoint=checkpoint, whole=True)
-            figures = pending.result() if pending is not None else Measure(deleted)
-            if figures.records != deleted:
-                raise MeasureMismatch(f"{store.key}: measured {figures.records} rows, deleted {deleted}")
+            figures = Measure(deleted or 0)
             if figures.records > one_transaction_rows():
                 raise _TooMany(figures)
     except _TooMany as too_many:
         return too_many.figures, False
-    finally:
-        # Even when the delete failed: no statement of the measuring connection outlives the step.
-        if pending is not None:
-            wait([pending])
     return figures, True
 
 
