@@ -125,7 +125,6 @@ def test_sqlite_pauses_only_after_holding_the_lock_for_a_while(monkeypatch):
     assert pauses == [stores.SQLITE_PAUSE]
 
 
-
 @pytest.mark.django_db
 def test_postgresql_counts_a_table_without_content_by_its_delete_and_the_receipt_stays_exact():
     if connection.vendor != "postgresql":
