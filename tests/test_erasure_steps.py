@@ -123,3 +123,63 @@ def test_sqlite_pauses_only_after_holding_the_lock_for_a_while(monkeypatch):
     )
     assert changed == 1100
     assert pauses == [stores.SQLITE_PAUSE]
+
+
+@pytest.mark.django_db
+def test_postgresql_counts_a_table_without_content_by_its_delete_and_the_receipt_stays_exact():
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL only")
+    target = factories.make_conversation(title="Counted")
+    factories.fill_every_store(target)
+    for n in range(2, 9):
+        m.Turn.objects.create(conversation=target, seq=n)
+    twin = factories.make_conversation(factories.make_computer(), thread_id=target.thread_id)
+    factories.fill_every_store(twin)
+    expected = expected_figures(target)
+    assert expected["lifecycle.Turn"] == (8, 0) and not stores_by_key()["lifecycle.Turn"].content_columns()
+    statements: list[str] = []
+
+    def log(execute, sql, params, many, context):
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    op = request_deletion(target, key="counted", acting_user=None)
+    with connection.execute_wrapper(log):
+        assert executor.run_erasure(op.pk) == "completed"
+    op.refresh_from_db()
+    assert {e["store"]: (e["records"], e["bytes"]) for e in op.receipt["stores"]} == expected
+    # The turns' figures are the rows their delete removed: no read of the turns before it.
+    assert not [s for s in statements if s.startswith("SELECT COUNT(*)") and '"lifecycle_turn"' in s]
+    assert 'DELETE FROM "lifecycle_turn" WHERE "conversation_id" = %s' in statements
+    assert not m.Turn.objects.filter(conversation=target).exists()
+    assert m.Turn.objects.filter(conversation=twin).count() == 1
+
+
+@pytest.mark.django_db
+def test_postgresql_a_counted_table_larger_than_one_transaction_is_undone_and_erased_in_batches(monkeypatch):
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL only")
+    target = factories.make_conversation()
+    m.Turn.objects.bulk_create([m.Turn(conversation=target, seq=n) for n in range(1, 8)])
+    factories.add_message(target)
+    expected = expected_figures(target)
+    monkeypatch.setattr(stores, "BATCH_ROWS", 3)
+    monkeypatch.setattr(stores, "PG_MAX_BATCH_ROWS", 5)
+    statements: list[str] = []
+
+    def log(execute, sql, params, many, context):
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    op = request_deletion(target, key="large", acting_user=None)
+    with connection.execute_wrapper(log):
+        assert executor.run_erasure(op.pk) == "completed"
+    op.refresh_from_db()
+    assert {e["store"]: (e["records"], e["bytes"]) for e in op.receipt["stores"]} == expected
+    assert expected["lifecycle.Turn"] == (7, 0)
+    turn_deletes = [s for s in statements if s.startswith('DELETE FROM "lifecycle_turn"')]
+    # The plain statement (undone: 7 rows are more than 5), then batches of 3 and of the rest.
+    assert turn_deletes[0] == 'DELETE FROM "lifecycle_turn" WHERE "conversation_id" = %s'
+    assert len(turn_deletes) == 3 and all("ctid" in s for s in turn_deletes[1:])
+    assert op.steps.get(key="lifecycle.Turn").records == 7
+    assert not m.Turn.objects.filter(conversation=target).exists()

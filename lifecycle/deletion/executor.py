@@ -285,10 +285,11 @@ def _settle_empty(op: DeleteOperation, steps: list[DeleteStep], by_key: dict, co
 def _run_step(op: DeleteOperation, step: DeleteStep, store, conversation: Conversation, home: EngineHome) -> None:
     """One step: measure (committed before erasing), erase what is still there, mark done.
 
-    A table step small enough for one statement does all three in one transaction. A larger
-    one commits its figures first, then erases in batches. A file step cannot share the
-    database's transaction: its figures are committed, then the files changed, then it is
-    marked done; a crash in between redoes the (idempotent) file change.
+    A table step small enough for one statement does all three in one transaction (on
+    PostgreSQL a table without content is measured by that statement: `stores.erase_counted`).
+    A larger one commits its figures first, then erases in batches. A file step cannot share
+    the database's transaction: its figures are committed, then the files changed, then it
+    is marked done; a crash in between redoes the (idempotent) file change.
     """
     kill = lambda: faults.kill_point(step.key)  # noqa: E731
     if step.key == plan.FINGERPRINTS:
@@ -304,7 +305,13 @@ def _run_step(op: DeleteOperation, step: DeleteStep, store, conversation: Conver
             # The lease and the current step commit with the figures (a step that fails before
             # that is recorded by `_run`'s failure handler).
             renew(op, step=step.key)
-            figures = stores.measure(store, conversation, home)
+            if stores.counted_by_delete(store):
+                figures, erased = stores.erase_counted(store, conversation, home, checkpoint=kill)
+                if erased:
+                    _step_done(op, step, figures)
+                    return
+            else:
+                figures = stores.measure(store, conversation, home)
             if not figures.records and not figures.detail.get("remaining"):
                 _step_done(op, step, figures)  # nothing there: measured and done at once
                 return

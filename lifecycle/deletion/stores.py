@@ -1,8 +1,12 @@
 """What an erasure does to one store, by retention class: measure, then change.
 
-`measure` is read-only and its figures are committed before `erase` runs, so a step that
-is resumed after a crash keeps the figures of what was there. `erase` is idempotent: it
-changes only what is still there to change, in batches, each batch its own transaction.
+`measure` is read-only and its figures are committed before `erase` runs (or with it, in the
+same transaction), so a step that is resumed after a crash keeps the figures of what was
+there. `erase` is idempotent: it changes only what is still there to change, in batches,
+each batch its own transaction.
+
+On PostgreSQL a table without content columns is measured by its own delete (the rows it
+removed, in the same transaction): `erase_counted`.
 """
 
 from __future__ import annotations
@@ -216,10 +220,10 @@ def row_counts(tables: list[Store], conversation_id: int) -> dict[str, int]:
 
 
 def erase(store: Store, conversation: Conversation, home: EngineHome, renew: Callable[[], None],
-          checkpoint: Callable[[], None], *, whole: bool = False) -> None:
+          checkpoint: Callable[[], None], *, whole: bool = False) -> int | None:
     """Change the store for this conversation; `checkpoint` runs after the first change.
     `whole`: the caller's transaction takes all of it (at most `one_transaction_rows()`), so
-    an erased table's rows go in one plain statement, not in batches."""
+    an erased table's rows go in one plain statement, not in batches; returns how many."""
     table = _q(store.db_table) if store.kind == "table" else ""
     if store.kind == "file":
         path = store.paths(home, conversation)[0]
@@ -234,6 +238,9 @@ def erase(store: Store, conversation: Conversation, home: EngineHome, renew: Cal
     elif store.retention == RetentionClass.ERASE and whole:
         with erasure_transaction(), connection.cursor() as cursor:
             cursor.execute(f"DELETE FROM {table} WHERE {_q(store.lookup)} = %s", [conversation.pk])
+            deleted = cursor.rowcount
+        checkpoint()
+        return deleted
     elif store.retention == RetentionClass.ERASE:
         # The rows of one batch by their physical address on PostgreSQL (a TID scan), by
         # primary key on SQLite.
@@ -242,7 +249,7 @@ def erase(store: Store, conversation: Conversation, home: EngineHome, renew: Cal
                if connection.vendor == "postgresql"
                else f"DELETE FROM {table} WHERE {_pk(store)} IN (SELECT {_pk(store)} FROM {table} {where})")
         _batches_with_checkpoint(sql, [conversation.pk], renew, checkpoint)
-        return
+        return None
     elif store.retention == RetentionClass.COMPACT:
         cleared = ", ".join(f"{_q(c)} = NULL" for c in store.content_columns())
         _batches_with_checkpoint(
@@ -250,7 +257,7 @@ def erase(store: Store, conversation: Conversation, home: EngineHome, renew: Cal
             f"WHERE {_q(store.lookup)} = %s AND {_holding_content(store)} LIMIT %s)",
             [conversation.pk], renew, checkpoint,
         )
-        return
+        return None
     elif store.retention == RetentionClass.SHARED:
         store.rows(conversation).filter(publisher_supports_revoke=True, revoked_at__isnull=True).update(
             revoked_at=timezone.now()
@@ -258,6 +265,41 @@ def erase(store: Store, conversation: Conversation, home: EngineHome, renew: Cal
     elif store.retention == RetentionClass.RETAIN_DETACH:
         store.rows(conversation).update(**{store.lookup: None})
     checkpoint()
+    return None
+
+
+class _TooMany(Exception):
+    def __init__(self, figures: Measure) -> None:
+        super().__init__()
+        self.figures = figures
+
+
+def counted_by_delete(store: Store) -> bool:
+    """A table whose figures its own delete gives, on PostgreSQL: it has no content columns
+    (no bytes to sum), so its records are the rows the delete removed, with no read before
+    it. Not on SQLite: a table there goes in one statement only when it is known beforehand
+    to be small (the write lock is held meanwhile), so it is counted first anyway."""
+    return (connection.vendor == "postgresql" and store.kind == "table" and store.retention == RetentionClass.ERASE
+            and not store.tombstone and not store.content_columns())
+
+
+def erase_counted(store: Store, conversation: Conversation, home: EngineHome,
+                  checkpoint: Callable[[], None]) -> tuple[Measure, bool]:
+    """Delete the table's rows of the conversation in one plain statement and take its figures
+    from it (`counted_by_delete`). Must run inside the step's transaction, which records the
+    figures and commits: the count is exactly what the delete removed, and a crash loses
+    both together. Returns the figures and whether the rows are gone: a table holding more
+    rows than one transaction takes (`one_transaction_rows`) has its statement undone, and
+    the caller commits the figures and erases in batches."""
+    try:
+        with transaction.atomic():
+            deleted = erase(store, conversation, home, renew=lambda: None, checkpoint=checkpoint, whole=True)
+            figures = Measure(deleted or 0)
+            if figures.records > one_transaction_rows():
+                raise _TooMany(figures)
+    except _TooMany as too_many:
+        return too_many.figures, False
+    return figures, True
 
 
 def _batches_with_checkpoint(sql: str, params: list, renew, checkpoint) -> None:
