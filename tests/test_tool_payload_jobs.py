@@ -373,9 +373,11 @@ def test_a_concurrent_item_write_wins_over_the_batch(admin_user, monkeypatch, ki
 @pytest.mark.django_db(transaction=True)
 def test_a_write_between_the_read_ahead_and_its_batch_wins_and_the_reading_connection_is_closed(
         admin_user, monkeypatch):
-    """On PostgreSQL the next batch is read on a second connection while the current one
-    writes (outside a transaction, as the job runs); on SQLite in the gap, on the job's own.
+    """On PostgreSQL with the read-ahead on, the next batch is read on a second connection while
+    the current one writes (outside a transaction, as the job runs); on SQLite in the gap, on
+    the job's own connection.
     Either way a runtime's write after that read wins, and the totals stay exact."""
+    monkeypatch.setattr(jobs, "READ_AHEAD", True)
     monkeypatch.setattr(jobs, "BATCH_ITEMS", 2)
     conversations = [old_conversation(f"ahead-{n}", tools=3) for n in range(3)]
     eligible = Item.objects.filter(conversation__in=conversations, removable_bytes__gt=0)
@@ -414,6 +416,25 @@ def test_a_write_between_the_read_ahead_and_its_batch_wins_and_the_reading_conne
     else:
         assert {name for name, _ahead in reads} == {"MainThread"} and not any(ahead for _name, ahead in reads)
     assert not [t for t in threading.enumerate() if t.name.startswith("lethe-cleanup-read")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_by_default_every_batch_is_read_on_the_jobs_own_connection(admin_user, monkeypatch):
+    monkeypatch.setattr(jobs, "READ_AHEAD", False)
+    monkeypatch.setattr(jobs, "BATCH_ITEMS", 2)
+    old_conversation("own", tools=3)
+    enable(admin_user)
+    real = jobs._read_batch
+    threads = []
+
+    def reading(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(jobs, "_read_batch", reading)
+    op = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert op.state == "succeeded" and op.removed_messages == 4
+    assert len(threads) >= 3 and set(threads) == {"MainThread"}
 
 
 @pytest.mark.django_db
