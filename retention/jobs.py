@@ -446,18 +446,19 @@ def _reduce_item_row(item, *, removed_at: datetime):
 
 
 class _Row:
-    """The columns a batch reads of an item: those stored before the payload (on SQLite a column
-    after a payload that overflows its page is reached only through the payload's overflow
-    pages, so the removal plan is read with the payload, in the database); no payload unless
-    the item is reduced in Python."""
+    """The columns a batch reads of an item; no payload unless the item is reduced in Python.
+    On SQLite only those stored before the payload: a column after a payload that overflows
+    its page is reached only through the payload's overflow pages, so the removal plan is
+    read there with the payload (_reduce_in_database)."""
 
     __slots__ = ("id", "conversation_id", "role", "tool_kind", "payload_bytes", "removable_bytes",
-                 "revision", "payload")
+                 "revision", "removal_plan", "payload")
 
     def __init__(self, *values) -> None:
+        self.removal_plan = None  # SQLite reads it with the payload (_reduce_in_database)
+        self.payload = None
         for name, value in zip(self.__slots__, values, strict=False):
             setattr(self, name, value)
-        self.payload = None
 
     @property
     def pk(self) -> int:
@@ -644,7 +645,8 @@ def _next_items(cursor_conversation: int, cursor_item: int, candidates: list[int
     following conversations from their first item."""
     from lifecycle.models import Item
 
-    select = (f"SELECT {', '.join(_Row.__slots__[:-1])} FROM {connection.ops.quote_name(Item._meta.db_table)} "
+    columns = _Row.__slots__[:-1] if connection.vendor == "postgresql" else _Row.__slots__[:-2]
+    select = (f"SELECT {', '.join(columns)} FROM {connection.ops.quote_name(Item._meta.db_table)} "
               "WHERE removable_bytes > 0 AND ")
     rows: list = []
     following = candidates
@@ -673,7 +675,10 @@ def _plan_items(items: list, removed_at: datetime) -> list[_Planned]:
 
     planned = [_Planned(item, removed_at=removed_at) for item in items]
     in_sql = [entry for entry in planned if entry.item.role == "tool" and entry.item.tool_kind in SQL_KINDS]
-    reduced = _reduce_in_database(in_sql) if in_sql else {}
+    if connection.vendor == "postgresql":  # the batch's UPDATE reduces them (see _write_sql)
+        reduced = {entry.item.pk: (entry.item.removal_plan, "") for entry in in_sql}
+    else:
+        reduced = _reduce_in_database(in_sql) if in_sql else {}
     sql_ids = {entry.item.pk for entry in in_sql}
     at_text = removed_at_text(removed_at)
     in_python = []
@@ -993,15 +998,13 @@ def _write_planned(entries: list[_Planned]) -> list[_Planned]:
 
 
 def _reduce_sql() -> str:
-    """The SELECT that reads a batch's stored plans before the write transaction, matched on
-    (id, revision): a row changed since the batch read it is not returned.
-
-    SQLite: it also computes each reduced payload without its marker (the kind's fields
-    removed: the plan lists every field of the kind that the payload has, same revision, so
-    that is exactly the plan's), so the write transaction, which holds the database's one
-    write lock, only stores values. PostgreSQL: plans only (a third column of ''); the
-    batch's UPDATE reduces the payloads itself (measured with the read-ahead on, reducing
-    here too made the two connections compete for the two cores and the whole slower)."""
+    """SQLite: the SELECT that reads a batch's stored plans and its payloads reduced without
+    their marker (the kind's fields removed: the plan lists every field of the kind that the
+    payload has, same revision, so that is exactly the plan's), before the write transaction,
+    so the transaction, which holds the database's one write lock, only stores values. Rows
+    are matched on (id, revision): a row changed since the batch read it is not returned.
+    (PostgreSQL reads the plans with the batch's rows, and its UPDATE reduces the payloads:
+    reducing them in a read before was measured slower there.)"""
     from lifecycle.models import Item
     from retention.reducer import REMOVED_FIELDS, SQL_KINDS
 
@@ -1009,28 +1012,21 @@ def _reduce_sql() -> str:
     sql = _UPDATE_SQL.get(key)
     if sql is None:
         table = connection.ops.quote_name(Item._meta.db_table)
-        if connection.vendor == "postgresql":
-            sql = (f"SELECT i.id, i.removal_plan, '' FROM unnest(%s::bigint[], %s::bigint[]) AS v(id, revision) "
-                   f"JOIN {table} AS i ON i.id = v.id AND i.revision = v.revision")
-        else:
-            paths = {kind: ", ".join(f"""'$."{name}"'""" for name in REMOVED_FIELDS[kind]) for kind in SQL_KINDS}
-            removal = " ".join(f"WHEN '{kind}' THEN json_remove(i.payload, {paths[kind]})" for kind in sorted(SQL_KINDS))
-            sql = (f"SELECT i.id, i.removal_plan, CASE WHEN i.removal_plan IS NOT NULL "
-                   f"THEN CASE i.tool_kind {removal} END END "
-                   f"FROM json_each(%s) AS v JOIN {table} AS i ON i.id = json_extract(v.value, '$[0]') "
-                   "AND i.revision = json_extract(v.value, '$[1]')")
+        paths = {kind: ", ".join(f"""'$."{name}"'""" for name in REMOVED_FIELDS[kind]) for kind in SQL_KINDS}
+        removal = " ".join(f"WHEN '{kind}' THEN json_remove(i.payload, {paths[kind]})" for kind in sorted(SQL_KINDS))
+        sql = (f"SELECT i.id, i.removal_plan, CASE WHEN i.removal_plan IS NOT NULL "
+               f"THEN CASE i.tool_kind {removal} END END "
+               f"FROM json_each(%s) AS v JOIN {table} AS i ON i.id = json_extract(v.value, '$[0]') "
+               "AND i.revision = json_extract(v.value, '$[1]')")
         _UPDATE_SQL[key] = sql
     return sql
 
 
 def _reduce_in_database(entries: list[_Planned]) -> dict[int, tuple[str | None, str | None]]:
-    """{id: (stored plan, reduced payload without its marker; '' on PostgreSQL)} of the
-    entries' rows still at the revision the batch read (see _reduce_sql)."""
+    """SQLite: {id: (stored plan, payload reduced without its marker)} of the entries' rows
+    still at the revision the batch read (see _reduce_sql)."""
     with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(_reduce_sql(), [[e.item.pk for e in entries], [e.item.revision for e in entries]])
-        else:
-            cursor.execute(_reduce_sql(), [json.dumps([[e.item.pk, e.item.revision] for e in entries])])
+        cursor.execute(_reduce_sql(), [json.dumps([[e.item.pk, e.item.revision] for e in entries])])
         return {pk: (stored_plan, text) for pk, stored_plan, text in cursor.fetchall()}
 
 
