@@ -14,6 +14,19 @@ from lifecycle.enginefs import EngineHome
 from tests import factories
 
 
+def erase_recording(op: m.DeleteOperation) -> list[tuple[str, object]]:
+    """Run the erasure to completion; the (sql, params) of every statement it ran."""
+    statements: list[tuple[str, object]] = []
+
+    def log(execute, sql, params, many, context):
+        statements.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(log):
+        assert executor.run_erasure(op.pk) == "completed"
+    return statements
+
+
 def expected_figures(conversation: m.Conversation) -> dict[str, tuple[int, int]]:
     home = EngineHome()
     return {key: (f.records, f.bytes) for key, s in stores_by_key().items()
@@ -61,15 +74,8 @@ def test_a_table_within_one_transactions_rows_is_erased_in_one_statement(monkeyp
         factories.add_message(target, content=f"row {n}")
     monkeypatch.setattr(stores, "BATCH_ROWS", 3)
     monkeypatch.setattr(stores, "PG_MAX_BATCH_ROWS", 10)
-    statements: list[str] = []
-
-    def log(execute, sql, params, many, context):
-        statements.append(sql)
-        return execute(sql, params, many, context)
-
     op = request_deletion(target, key="one", acting_user=None)
-    with connection.execute_wrapper(log):
-        assert executor.run_erasure(op.pk) == "completed"
+    statements = [sql for sql, _params in erase_recording(op)]
     item_deletes = [s for s in statements if s.startswith('DELETE FROM "lifecycle_item"')]
     if connection.vendor == "postgresql":
         assert item_deletes == ['DELETE FROM "lifecycle_item" WHERE "conversation_id" = %s']
@@ -86,15 +92,7 @@ def test_relaxed_commits_end_with_the_run_and_the_completion_commits_durably():
     target = factories.make_conversation()
     factories.add_message(target)
     op = request_deletion(target, key="relaxed", acting_user=None)
-    seen: list[str] = []
-
-    def log(execute, sql, params, many, context):
-        if "set_config" in sql:
-            seen.append(f"{sql} {params}")
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(log):
-        assert executor.run_erasure(op.pk) == "completed"
+    seen = [f"{sql} {params}" for sql, params in erase_recording(op) if "set_config" in sql]
     assert any(", true)" in s and "'on'" in s for s in seen)  # the completion's own transaction
     with connection.cursor() as cursor:
         cursor.execute("SHOW synchronous_commit")
@@ -137,15 +135,8 @@ def test_postgresql_counts_a_table_without_content_by_its_delete_and_the_receipt
     factories.fill_every_store(twin)
     expected = expected_figures(target)
     assert expected["lifecycle.Turn"] == (8, 0) and not stores_by_key()["lifecycle.Turn"].content_columns()
-    statements: list[str] = []
-
-    def log(execute, sql, params, many, context):
-        statements.append(sql)
-        return execute(sql, params, many, context)
-
     op = request_deletion(target, key="counted", acting_user=None)
-    with connection.execute_wrapper(log):
-        assert executor.run_erasure(op.pk) == "completed"
+    statements = [sql for sql, _params in erase_recording(op)]
     op.refresh_from_db()
     assert {e["store"]: (e["records"], e["bytes"]) for e in op.receipt["stores"]} == expected
     # The turns' figures are the rows their delete removed: no read of the turns before it.
@@ -165,15 +156,8 @@ def test_postgresql_a_counted_table_larger_than_one_transaction_is_undone_and_er
     expected = expected_figures(target)
     monkeypatch.setattr(stores, "BATCH_ROWS", 3)
     monkeypatch.setattr(stores, "PG_MAX_BATCH_ROWS", 5)
-    statements: list[str] = []
-
-    def log(execute, sql, params, many, context):
-        statements.append(sql)
-        return execute(sql, params, many, context)
-
     op = request_deletion(target, key="large", acting_user=None)
-    with connection.execute_wrapper(log):
-        assert executor.run_erasure(op.pk) == "completed"
+    statements = [sql for sql, _params in erase_recording(op)]
     op.refresh_from_db()
     assert {e["store"]: (e["records"], e["bytes"]) for e in op.receipt["stores"]} == expected
     assert expected["lifecycle.Turn"] == (7, 0)
