@@ -619,13 +619,13 @@ class _Planned:
     SQLite `text` is the payload reduced before the write transaction, on PostgreSQL ''), or
     in Python from its payload (`values` set; None when the reducer now skips it)."""
 
-    __slots__ = ("item", "marker", "fields", "removed_at", "values", "text")
+    __slots__ = ("item", "removed_at", "marker", "text", "values")
 
-    def __init__(self, item, marker: str | None = None, fields: list[str] | None = None,
-                 removed_at: datetime | None = None, values: dict[str, Any] | None = None) -> None:
-        self.item, self.marker, self.fields, self.values = item, marker, fields, values
-        self.removed_at = removed_at
+    def __init__(self, item, removed_at: datetime) -> None:
+        self.item, self.removed_at = item, removed_at
+        self.marker: str | None = None
         self.text: str | None = None
+        self.values: dict[str, Any] | None = None
 
     @property
     def skipped(self) -> bool:
@@ -694,7 +694,7 @@ def _plan_items(items: list, removed_at: datetime) -> list[_Planned]:
                 except (ValueError, KeyError, TypeError):
                     marker, fields = None, []
                 if marker is not None and fields and set(fields) <= set(REMOVED_FIELDS[item.tool_kind]):
-                    entry.marker, entry.fields, entry.text = marker, fields, text
+                    entry.marker, entry.text = marker, text
                     continue
         in_python.append(entry)
     if in_python:
@@ -794,8 +794,7 @@ class _ReadAhead:
             ahead.close()
 
     def start(self, op: ToolPayloadOperation, token: str, pace: _Pace | None, read: _Read) -> None:
-        if read.next_cursor is None or not read.candidates:
-            return
+        """Read from the cursor `read`'s batch commits (it has candidates, so a next cursor)."""
         self.pending = self.pool.submit(_read_batch, op, token, pace, (read.next_cursor, read.cutoff))
 
     def take(self) -> _Read | None:
@@ -1071,9 +1070,6 @@ def _write_from_plans(entries: list[_Planned]) -> list[_Planned]:
     from retention.reducer import Skip
 
     at_field = Item._meta.get_field("details_removed_at")
-    entries = [entry for entry in entries if entry.text is not None]
-    if not entries:
-        return []
     at_db = at_field.get_db_prep_save(entries[0].removed_at, connection)  # one time per batch
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":

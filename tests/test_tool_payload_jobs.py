@@ -568,8 +568,11 @@ def test_the_schedules_exist_once_and_the_daily_check_starts_a_cleanup(admin_use
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("read_ahead", [False, True])  # PostgreSQL's read on a second connection
 def test_a_cleanup_killed_with_sigkill_resumes_on_a_real_cluster_with_exact_totals(
-        admin_user, engine_home, tmp_path):
+        admin_user, engine_home, tmp_path, read_ahead):
+    if read_ahead and connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL only: SQLite has no read-ahead")
     import os
     import subprocess
     import sys
@@ -592,7 +595,8 @@ def test_a_cleanup_killed_with_sigkill_resumes_on_a_real_cluster_with_exact_tota
            # even when a loaded machine slows this test's polling.
            "LETHE_TOOL_CLEANUP_BATCH": "2", "LETHE_TOOL_CLEANUP_PAUSE": "1.0",
            "LETHE_TOOL_JOB_LEASE_SECONDS": "2", "LETHE_TOOL_JOB_STEP_SECONDS": "600",
-           "LETHE_TEST_KILL_AT": "tool-cleanup-mid-batch,tool-cleanup-after-batch", "LETHE_TEST_KILL_DIR": str(kills)}
+           "LETHE_TEST_KILL_AT": "tool-cleanup-mid-batch,tool-cleanup-after-batch", "LETHE_TEST_KILL_DIR": str(kills),
+           "LETHE_TOOL_CLEANUP_READ_AHEAD": "1" if read_ahead else ""}
 
     def start():
         return subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=ROOT, env=env,
