@@ -60,7 +60,9 @@ SELECT (SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid()
 def _old_snapshot_holders(cursor, *, wait: float) -> int:
     """PostgreSQL: 0 once nothing can still see rows deleted before now, else how many
     holders remained after `wait` seconds."""
-    cursor.execute("SELECT pg_current_xact_id()::text")  # its own transaction, committed at once
+    # Its own transaction, committed at once; the 64-bit id's low 32 bits are the `xid` that
+    # pg_stat_activity shows (the text of a 64-bit id past the first epoch is no valid xid).
+    cursor.execute("SELECT (pg_current_xact_id()::text::numeric % 4294967296)::text")
     xid = cursor.fetchone()[0]
     deadline = time.monotonic() + wait
     while True:
