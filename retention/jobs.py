@@ -466,9 +466,14 @@ class _Row:
 
 
 class _Pace:
-    """How many payload bytes the next batch takes: the bytes per second measured on the
-    batches before, times the engine's batch time, within [MIN_BATCH_BYTES, BATCH_BYTES];
-    and how many rows to read for it (a little more than the bytes need, at most BATCH_ITEMS)."""
+    """How many payload bytes the next batch takes, and how many rows to read for it (a little
+    more than the bytes need, at most BATCH_ITEMS).
+
+    A batch's write transaction is a fixed part (its checks, the cursor's update, the commit)
+    plus its items' writes. The pace measures both on the batches before and sizes the items
+    so that the whole takes about the engine's batch time, within [MIN_BATCH_BYTES,
+    BATCH_BYTES]; but the items always get at least half of that time, so where the fixed part
+    is slow (a slow core) batches grow instead of shrinking until the fixed part is all they do."""
 
     def __init__(self, pause: float = 0.0) -> None:
         if BATCH_SECONDS_SET or connection.vendor != "postgresql":
@@ -477,9 +482,15 @@ class _Pace:
             self.seconds = POSTGRES_BATCH_SECONDS
         self.budget = min(FIRST_BATCH_BYTES, BATCH_BYTES)
         self.item_bytes = 0.0  # mean payload bytes of the items taken so far
+        self.fixed = 0.0  # seconds of a write transaction that are not item writes (smoothed)
+        self.commit_share = 0.0  # a commit's time over its batch's item writes' time (smoothed)
         self.pause = pause
         self.committed_at = 0.0  # monotonic time of the last batch's commit
+        # the cursor and cutoff the last batch committed: the next batch reads from there without
+        # reading the operation row first (its write transaction checks the cursor again)
+        self.next_read: tuple[tuple[int, int], datetime] | None = None
         self.candidates: list[int] = []  # eligible conversations read ahead, in id order
+        self.eligible: _EligibleAmong | None = None
         self.marked_stale = False
         self.checkpointer: _Checkpointer | None = None  # SQLite: folds the WAL back in beside the batches
 
@@ -497,6 +508,11 @@ class _Pace:
         ahead = [c for c in self.candidates if c >= first]
         return ahead or None
 
+    def eligible_among(self, cutoff: datetime) -> _EligibleAmong:
+        if self.eligible is None or self.eligible.cutoff != cutoff:
+            self.eligible = _EligibleAmong(cutoff)
+        return self.eligible
+
     def item_limit(self) -> int:
         if not self.item_bytes:
             return BATCH_ITEMS
@@ -506,10 +522,21 @@ class _Pace:
         if items:
             self.item_bytes = payload_bytes / items
 
-    def record(self, payload_bytes: int, seconds: float) -> None:
+    def write_limit(self) -> float:
+        """SQLite: the seconds a batch's write transaction may last, its commit included."""
+        return max(self.seconds, self.fixed + self.seconds / 2)
+
+    def record(self, payload_bytes: int, seconds: float, item_seconds: float, share: float = 0.0) -> None:
+        """A batch wrote `payload_bytes` in a transaction of `seconds`, `item_seconds` of it
+        writing and committing items (the rest is its fixed part); its commit took `share` of
+        the time its item writes took."""
         if payload_bytes <= 0 or seconds <= 0:
             return
-        aimed = payload_bytes / seconds * self.seconds
+        self.commit_share = share if not self.commit_share else (self.commit_share + share) / 2
+        fixed = max(0.0, seconds - item_seconds)
+        self.fixed = fixed if not self.fixed else (self.fixed + fixed) / 2
+        for_items = max(self.seconds - self.fixed, self.seconds / 2)
+        aimed = payload_bytes / max(item_seconds, 1e-4) * for_items
         # halfway there each batch (one slow commit does not halve the next batch), at most doubling
         budget = min(self.budget * 2, (self.budget + aimed) / 2)
         self.budget = int(min(BATCH_BYTES, max(min(MIN_BATCH_BYTES, BATCH_BYTES), budget)))
@@ -828,42 +855,47 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
     while this one writes, see _ReadAhead); the transaction then locks those conversations, rechecks them
     and writes with compare-and-swap, so the lock covers only the checks and the UPDATEs.
     Items of a conversation that is no longer eligible are counted as skipped
-    (`recent_activity`) and left alone.
+    (`recent_activity`) and left alone. The statements under the lock that run once a batch
+    are plain SQL (see _RunState, _EligibleAmong, _commit_cursor): compiling them through the
+    ORM took most of a small SQLite batch's time on a slow core.
     """
     from lifecycle.models import Item
 
     # 1. Read: the cursor, the next conversations and items, their plans.
     read = ahead.take() if ahead is not None else None
     if read is None:
-        read = _read_batch(op, token, pace)
+        read = _read_batch(op, token, pace, pace.next_read if pace is not None else None)
     (cursor_conversation, cursor_item), candidates = read.cursor, read.candidates
     planned, batch_bytes, next_cursor = read.planned, read.batch_bytes, read.next_cursor
 
     # 2. Write: one short transaction that rechecks before it writes.
     if pace is not None:
         pace.wait_for_gap()
-    started = time.perf_counter()
+    fixed_seconds = 0.0  # the checks and the cursor's update; the rest (item writes, commit) grows with the items
     with transaction.atomic():
+        started = time.perf_counter()  # the write lock is held from here (SQLite: BEGIN IMMEDIATE)
         if connection.vendor == "postgresql":
             # The commit does not wait for the WAL flush: a batch lost in a crash loses its
             # removals and its cursor together (one transaction), so the run does it again.
             with connection.cursor() as cursor:
                 cursor.execute("SET LOCAL synchronous_commit TO OFF")
-        fresh = _locked(op, token)
-        ended = _run_ended(fresh)
+        fresh = _RunState.lock(op.pk, token)
+        ended = _run_ended(op, fresh)
         if ended:
             return ended
-        if (fresh.cursor_conversation, fresh.cursor_item) != (cursor_conversation, cursor_item):
+        if fresh.cursor != (cursor_conversation, cursor_item):
+            if pace is not None:
+                pace.next_read = None
             return "next"  # moved on meanwhile: read again
         if not candidates:
             if cursor_item != NO_CURSOR:  # the last conversation became active mid-way
                 left = Item.objects.filter(conversation_id=cursor_conversation, removable_bytes__gt=0,
                                            id__gt=cursor_item).count()
-                ToolPayloadOperation.objects.filter(pk=fresh.pk).update(
+                ToolPayloadOperation.objects.filter(pk=op.pk).update(
                     skipped_json=_merge(fresh.skipped_json, Counter(recent_activity=left)),
                     progress_done=F("progress_done") + left,
                 )
-            _close_locked(fresh, OperationState.SUCCEEDED)
+            _close_locked(op, OperationState.SUCCEEDED)
             return "succeeded"
         if ahead is not None:  # this batch will commit next_cursor: read from there meanwhile
             ahead.start(op, token, pace, read)
@@ -871,7 +903,8 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
         # Lock the conversations (a foreground write waits for this batch, or this batch
         # sees its activity) and recheck their eligibility inside the batch's transaction.
         _lock_conversations(touched)
-        still = set(eligible_conversations(fresh.cutoff).filter(pk__in=touched).values_list("id", flat=True))
+        eligible = pace.eligible_among(read.cutoff) if pace is not None else _EligibleAmong(read.cutoff)
+        still = eligible.between(touched[0], touched[-1]) if touched else set()
         skipped: Counter = Counter()
         if cursor_item != NO_CURSOR and cursor_conversation not in candidates:
             # the conversation this run was in the middle of became active: the rest of it stays
@@ -882,10 +915,14 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
         # hold the lock that long already (checked every WRITE_CHUNK items), so waiting writers
         # are not held out much longer than planned; the cursor moves only over the items
         # handled, and the rest of the plan is read again by the next batch.
-        stop_at = started + pace.seconds if pace is not None and pace.pause else None
-        chunk = WRITE_CHUNK if stop_at is not None else max(1, len(planned))
+        # Its commit is part of that time: the stop counts the commit the items written so far
+        # will need (the commit's share of the write time, measured on the batches before).
+        limit = pace.write_limit() if pace is not None and pace.pause else None
+        chunk = WRITE_CHUNK if limit is not None else max(1, len(planned))
         written: list[_Planned] = []
         sent = 0
+        loop_start = time.perf_counter()
+        fixed_seconds = loop_start - started
         for start in range(0, len(planned), chunk):
             part = planned[start:start + chunk]
             writes = []
@@ -898,12 +935,16 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
                     writes.append(entry)
             written += _write_planned(writes) if writes else []
             sent += len(writes)
-            if stop_at is not None and start + chunk < len(planned) and time.perf_counter() >= stop_at:
-                last = part[-1].item
-                next_cursor = (last.conversation_id, last.id)
-                batch_bytes = sum(entry.item.payload_bytes for entry in planned[:start + chunk])
-                break
+            if limit is not None and start + chunk < len(planned):
+                now = time.perf_counter()
+                if now - started + (now - loop_start) * pace.commit_share >= limit:
+                    last = part[-1].item
+                    next_cursor = (last.conversation_id, last.id)
+                    batch_bytes = sum(entry.item.payload_bytes for entry in planned[:start + chunk])
+                    break
+        writes_end = time.perf_counter()
         skipped["changed"] += sent - len(written)
+        counting = time.perf_counter()
         removed = len(written)
         removed_bytes = sum(entry.removed_bytes for entry in written)
         finished = sum(1 for c in candidates if c < next_cursor[0] or next_cursor[1] == NO_CURSOR)
@@ -915,24 +956,97 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
         else:
             stale_marked = False
         faults.kill_point("tool-cleanup-mid-batch")  # crash tests: items written, cursor not yet
-        ToolPayloadOperation.objects.filter(pk=fresh.pk).update(
-            cursor_conversation=next_cursor[0],
-            cursor_item=next_cursor[1],
-            removed_messages=F("removed_messages") + removed,
-            payload_bytes=F("payload_bytes") + removed_bytes,
-            skipped_json=_merge(fresh.skipped_json, skipped),
-            progress_done=F("progress_done") + removed + sum(skipped.values()),
-            scanned=F("scanned") + finished,
-            heartbeat_at=timezone.now(),
-        )
+        _commit_cursor(op.pk, next_cursor, removed=removed, removed_bytes=removed_bytes,
+                       skipped_json=_merge(fresh.skipped_json, skipped),
+                       done=removed + sum(skipped.values()), scanned=finished)
+        fixed_seconds += time.perf_counter() - counting
+        committing = time.perf_counter()
     if pace is not None:
         pace.committed_at = time.monotonic()
+        pace.next_read = (next_cursor, read.cutoff)
         if pace.checkpointer is not None:
             pace.checkpointer.wake.set()
         pace.marked_stale = pace.marked_stale or stale_marked
-        pace.record(batch_bytes, time.perf_counter() - started)
+        now = time.perf_counter()
+        pace.record(batch_bytes, now - started, now - started - fixed_seconds,
+                    share=(now - committing) / max(writes_end - loop_start, 1e-4))
     faults.kill_point("tool-cleanup-after-batch")  # crash tests: batch committed
     return "next"
+
+
+class _RunState:
+    """What a batch's write transaction rechecks, read in one statement: the operation's
+    lease, cancel flag, cursor, counters, and the policy's switch and revision. PostgreSQL
+    locks the operation's row (FOR UPDATE) until the batch commits."""
+
+    __slots__ = ("cancel_requested", "cursor", "policy_revision", "removed_messages", "skipped_json",
+                 "enabled", "revision")
+
+    @classmethod
+    def lock(cls, op_id: int, token: str) -> _RunState:
+        key = (connection.vendor, "run-state")
+        sql = _UPDATE_SQL.get(key)
+        if sql is None:
+            operations = connection.ops.quote_name(ToolPayloadOperation._meta.db_table)
+            policies = connection.ops.quote_name(ToolPayloadPolicy._meta.db_table)
+            sql = _UPDATE_SQL[key] = (
+                "SELECT o.lease, o.cancel_requested, o.cursor_conversation, o.cursor_item, o.policy_revision, "
+                f"o.removed_messages, o.skipped_json, p.enabled, p.revision FROM {operations} o "
+                f"LEFT JOIN {policies} p ON p.id = 1 WHERE o.id = %s"
+                + (" FOR UPDATE OF o" if connection.vendor == "postgresql" else "")
+            )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [op_id])
+            row = cursor.fetchone()
+        if row is None or row[0] != token:
+            raise LeaseLost
+        state = cls()
+        state.cancel_requested = bool(row[1])
+        state.cursor = (row[2], row[3])
+        state.policy_revision, state.removed_messages, state.skipped_json = row[4], row[5], row[6]
+        state.enabled, state.revision = bool(row[7]), row[8]
+        return state
+
+
+class _EligibleAmong:
+    """The recheck of a batch's conversations inside its transaction: the ids between two ids
+    that `eligible_conversations(cutoff)` selects now. The ORM compiles that query once per
+    run step (the same definition as everywhere else); each batch only runs it."""
+
+    LOW, HIGH = -7_340_001, -7_340_002  # stand-ins for the bounds while compiling
+
+    def __init__(self, cutoff: datetime) -> None:
+        self.cutoff = cutoff
+        query = eligible_conversations(cutoff).filter(id__gte=self.LOW, id__lte=self.HIGH).values_list("id")
+        self.sql, params = query.query.sql_with_params()
+        self.params = list(params)
+        if self.params.count(self.LOW) != 1 or self.params.count(self.HIGH) != 1:
+            raise RuntimeError("eligible_conversations: the id bounds are not plain parameters")
+        self.low, self.high = self.params.index(self.LOW), self.params.index(self.HIGH)
+
+    def between(self, low: int, high: int) -> set[int]:
+        params = list(self.params)
+        params[self.low], params[self.high] = low, high
+        with connection.cursor() as cursor:
+            cursor.execute(self.sql, params)
+            return {row[0] for row in cursor.fetchall()}
+
+
+def _commit_cursor(op_id: int, cursor: tuple[int, int], *, removed: int, removed_bytes: int,
+                   skipped_json: str, done: int, scanned: int) -> None:
+    """The batch's cursor and counters, added in the batch's transaction (plain SQL)."""
+    key = (connection.vendor, "commit-cursor")
+    sql = _UPDATE_SQL.get(key)
+    if sql is None:
+        sql = _UPDATE_SQL[key] = (
+            f"UPDATE {connection.ops.quote_name(ToolPayloadOperation._meta.db_table)} SET "
+            "cursor_conversation = %s, cursor_item = %s, removed_messages = removed_messages + %s, "
+            "payload_bytes = payload_bytes + %s, skipped_json = %s, progress_done = progress_done + %s, "
+            "scanned = scanned + %s, heartbeat_at = %s WHERE id = %s"
+        )
+    at = ToolPayloadOperation._meta.get_field("heartbeat_at").get_db_prep_save(timezone.now(), connection)
+    with connection.cursor() as db:
+        db.execute(sql, [cursor[0], cursor[1], removed, removed_bytes, skipped_json, done, scanned, at, op_id])
 
 
 def _fix_cutoff(op: ToolPayloadOperation, token: str) -> None:
@@ -952,20 +1066,17 @@ def _fix_cutoff(op: ToolPayloadOperation, token: str) -> None:
     op.refresh_from_db()
 
 
-def _run_ended(fresh: ToolPayloadOperation) -> str:
+def _run_ended(op: ToolPayloadOperation, fresh: _RunState) -> str:
     """Cancel, disable and policy change end the run before the next batch writes."""
+    ended = OperationState.PARTIAL if fresh.removed_messages else OperationState.CANCELLED
     if fresh.cancel_requested:
-        _close_locked(fresh, OperationState.PARTIAL if fresh.removed_messages else OperationState.CANCELLED,
-                      "cancelled", _("Cancelled. Removals committed before the cancel stay."))
+        _close_locked(op, ended, "cancelled", _("Cancelled. Removals committed before the cancel stay."))
         return "cancelled"
-    policy = ToolPayloadPolicy.objects.get(id=1)
-    if not policy.enabled:
-        _close_locked(fresh, OperationState.PARTIAL if fresh.removed_messages else OperationState.CANCELLED,
-                      "disabled", _("Cleanup was turned off; later batches did not run."))
+    if not fresh.enabled:
+        _close_locked(op, ended, "disabled", _("Cleanup was turned off; later batches did not run."))
         return "disabled"
-    if policy.revision != fresh.policy_revision:
-        _close_locked(fresh, OperationState.PARTIAL if fresh.removed_messages else OperationState.CANCELLED,
-                      "policy_changed", _("The policy changed during the run; later batches did not run."))
+    if fresh.revision != fresh.policy_revision:
+        _close_locked(op, ended, "policy_changed", _("The policy changed during the run; later batches did not run."))
         return "policy_changed"
     return ""
 
