@@ -598,7 +598,7 @@ def test_a_cleanup_killed_with_sigkill_resumes_on_a_real_cluster_with_exact_tota
            "LETHE_TOOL_CLEANUP_BATCH": "2", "LETHE_TOOL_CLEANUP_PAUSE": "1.0",
            "LETHE_TOOL_JOB_LEASE_SECONDS": "2", "LETHE_TOOL_JOB_STEP_SECONDS": "600",
            "LETHE_TEST_KILL_AT": "tool-cleanup-mid-batch,tool-cleanup-after-batch", "LETHE_TEST_KILL_DIR": str(kills),
-           "LETHE_TOOL_CLEANUP_READ_AHEAD": "1" if read_ahead else ""}
+           "LETHE_TOOL_CLEANUP_READ_AHEAD": "1" if read_ahead else "0"}
 
     def start():
         return subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=ROOT, env=env,
@@ -970,3 +970,12 @@ def test_the_pace_sizes_batches_by_the_time_their_items_take(monkeypatch, fixed,
     assert pace.budget > jobs.MIN_BATCH_BYTES
     assert pace.fixed == pytest.approx(fixed) and pace.commit_share == pytest.approx(0.25)
     assert pace.write_limit() == pytest.approx(max(0.010, fixed + 0.005))
+
+
+@pytest.mark.parametrize("setting, cores, expected", [
+    ("1", 2, True), ("0", 8, False), ("", 2, False), ("", 4, True), ("off", 16, False), ("yes", 1, True),
+])
+def test_the_read_ahead_is_on_where_there_are_cores_to_spare_unless_set(monkeypatch, setting, cores, expected):
+    monkeypatch.setenv("LETHE_TOOL_CLEANUP_READ_AHEAD", setting)
+    monkeypatch.setattr(jobs.os, "cpu_count", lambda: cores)
+    assert jobs._read_ahead() is expected
