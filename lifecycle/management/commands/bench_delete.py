@@ -20,6 +20,7 @@ from lifecycle.deletion import executor
 from lifecycle.enginefs import EngineHome, jsonl
 from lifecycle.registry import STORES, RetentionClass
 from lifecycle.seeding import _corpus
+from ops.bench import settle
 from retention.reducer import encode, measure_item
 
 ITEM_COLUMNS = ("conversation_id, turn_id, seq, role, tool_kind, tool_call_id, status, title, content, payload, "
@@ -98,6 +99,7 @@ class Command(BaseCommand):
         self.home.write_atomic(self.home.events_path(key), jsonl([{"turn": t.seq} for t in turns]))
         self.home.write_atomic(self.home.receipts_path(key), jsonl([{"seq": r[2]} for r in rows if r[3] == "tool"]))
         self.home.write_atomic(self.home.artifacts_dir(key) / "output.txt", self.text(200).encode() * (items // 10 + 1))
+        settle()  # as a conversation written some time ago is
         return conversation
 
     def insert_items(self, rows: list[tuple], at) -> None:

@@ -30,6 +30,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
+from ops.bench import settle
+
 ITEM_COLUMNS = ("conversation_id, seq, role, tool_kind, tool_call_id, status, title, content, payload, "
                 "payload_bytes, removable_bytes, payload_skip, removal_plan, revision, created_at, updated_at")
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
@@ -217,6 +219,7 @@ class Command(BaseCommand):
         writer = context.Process(target=_foreground, args=(live.pk, stop, results), daemon=True)
         op = ToolPayloadOperation.objects.create(kind="cleanup", age_value=3, age_unit="months",
                                                  policy_revision=policy.revision)
+        settle()  # as the single statement found its copy
         stored_before = Item.objects.aggregate(s=Sum("payload_bytes"))["s"]
         rss_before = _rss_bytes()
         rss_peak = [rss_before]
@@ -315,6 +318,8 @@ class Command(BaseCommand):
             else:
                 cursor.execute("CREATE TABLE bench_item_copy AS SELECT * FROM lifecycle_item")
                 cursor.execute("CREATE INDEX bench_copy_conv ON bench_item_copy (conversation_id)")
+        settle()  # the copy as old as the table the cleanup rewrites (see ops.bench.settle)
+        with connection.cursor() as cursor:
             removed_at = timezone.now().strftime("%Y-%m-%dT%H:%M:%SZ")
             eligible = "SELECT id FROM lifecycle_conversation WHERE last_activity_at < %s"
             if connection.vendor == "sqlite":

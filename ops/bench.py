@@ -1,0 +1,20 @@
+"""What the benchmarks share."""
+
+from __future__ import annotations
+
+from django.db import connection
+
+
+def settle() -> None:
+    """Leave what was just written as data written some time ago is: in the table files, with
+    a checkpoint since. A change then logs each page it touches in full the first time
+    (PostgreSQL's full-page writes), as every real change to older rows does. Without this,
+    whether a checkpoint happened to start between writing the data and timing a change to it
+    decided the figure (a 100,000-item delete's commit took 0.5 or 0.9 s, by chance, on either
+    side of a comparison). Needs the superuser or `pg_checkpoint` on PostgreSQL, as a scratch
+    database allows."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("CHECKPOINT")
+        else:
+            cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
