@@ -979,3 +979,28 @@ def test_the_read_ahead_is_on_where_there_are_cores_to_spare_unless_set(monkeypa
     monkeypatch.setenv("LETHE_TOOL_CLEANUP_READ_AHEAD", setting)
     monkeypatch.setattr(jobs.os, "cpu_count", lambda: cores)
     assert jobs._read_ahead() is expected
+
+
+@pytest.mark.django_db
+def test_a_run_whose_lease_was_taken_over_writes_no_further_batch(admin_user, monkeypatch):
+    """After the first batch the next ones read from the cursor they committed, without reading
+    the operation row; the write transaction still finds the lease gone and writes nothing."""
+    monkeypatch.setattr(jobs, "BATCH_ITEMS", 2)
+    conversation = old_conversation("taken", tools=4)
+    removable = Item.objects.filter(conversation=conversation, removable_bytes__gt=0).count()
+    assert removable > 3
+    enable(admin_user)
+    op = jobs._claim(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision), "t")
+    batches = []
+
+    def after_batch(result):
+        batches.append(result)
+        ToolPayloadOperation.objects.filter(pk=op.pk).update(lease="another-worker")
+
+    with pytest.raises(jobs.LeaseLost):
+        jobs._cleanup_step(op, "t", after_batch=after_batch)
+    assert batches == ["next"]
+    fresh = ToolPayloadOperation.objects.get(pk=op.pk)
+    assert (fresh.removed_messages, fresh.lease) == (2, "another-worker")
+    assert Item.objects.filter(conversation=conversation, details_removed_at__isnull=False).count() == 2
+    assert Item.objects.filter(conversation=conversation, removable_bytes__gt=0).count() == removable - 2
