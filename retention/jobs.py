@@ -997,11 +997,11 @@ class _RunState:
     @classmethod
     def lock(cls, op_id: int, token: str) -> _RunState:
         key = (connection.vendor, "run-state")
-        sql = _UPDATE_SQL.get(key)
+        sql = _STATEMENTS.get(key)
         if sql is None:
             operations = connection.ops.quote_name(ToolPayloadOperation._meta.db_table)
             policies = connection.ops.quote_name(ToolPayloadPolicy._meta.db_table)
-            sql = _UPDATE_SQL[key] = (
+            sql = _STATEMENTS[key] = (
                 "SELECT o.lease, o.cancel_requested, o.cursor_conversation, o.cursor_item, o.policy_revision, "
                 f"o.removed_messages, o.skipped_json, p.enabled, p.revision FROM {operations} o "
                 f"LEFT JOIN {policies} p ON p.id = 1 WHERE o.id = %s"
@@ -1048,9 +1048,9 @@ def _commit_cursor(op_id: int, cursor: tuple[int, int], *, removed: int, removed
                    skipped_json: str, done: int, scanned: int) -> None:
     """The batch's cursor and counters, added in the batch's transaction (plain SQL)."""
     key = (connection.vendor, "commit-cursor")
-    sql = _UPDATE_SQL.get(key)
+    sql = _STATEMENTS.get(key)
     if sql is None:
-        sql = _UPDATE_SQL[key] = (
+        sql = _STATEMENTS[key] = (
             f"UPDATE {connection.ops.quote_name(ToolPayloadOperation._meta.db_table)} SET "
             "cursor_conversation = %s, cursor_item = %s, removed_messages = removed_messages + %s, "
             "payload_bytes = payload_bytes + %s, skipped_json = %s, progress_done = progress_done + %s, "
@@ -1103,7 +1103,7 @@ def _lock_conversations(ids: list[int]) -> None:
     list(Conversation.objects.select_for_update().filter(pk__in=ids).order_by("id").values_list("id"))
 
 
-_UPDATE_SQL: dict[tuple[str, ...], str] = {}
+_STATEMENTS: dict[tuple[str, ...], str] = {}  # SQL built once per engine and shape
 
 
 def _write_planned(entries: list[_Planned]) -> list[_Planned]:
@@ -1131,7 +1131,7 @@ def _reduce_sql() -> str:
     from retention.reducer import REMOVED_FIELDS, SQL_KINDS
 
     key = (connection.vendor, "reduce")
-    sql = _UPDATE_SQL.get(key)
+    sql = _STATEMENTS.get(key)
     if sql is None:
         table = connection.ops.quote_name(Item._meta.db_table)
         paths = {kind: ", ".join(f"""'$."{name}"'""" for name in REMOVED_FIELDS[kind]) for kind in SQL_KINDS}
@@ -1140,7 +1140,7 @@ def _reduce_sql() -> str:
                f"THEN CASE i.tool_kind {removal} END END "
                f"FROM json_each(%s) AS v JOIN {table} AS i ON i.id = json_extract(v.value, '$[0]') "
                "AND i.revision = json_extract(v.value, '$[1]')")
-        _UPDATE_SQL[key] = sql
+        _STATEMENTS[key] = sql
     return sql
 
 
@@ -1162,7 +1162,7 @@ def _write_sql() -> str:
     from retention.reducer import MARKER_KEY, REMOVED_FIELDS, SQL_KINDS
 
     key = (connection.vendor, "write")
-    sql = _UPDATE_SQL.get(key)
+    sql = _STATEMENTS.get(key)
     if sql is None:
         table = connection.ops.quote_name(Item._meta.db_table)
         sets = ("payload_bytes = {p}payload_bytes - {p}removable_bytes, removable_bytes = 0, removal_plan = NULL, "
@@ -1182,7 +1182,7 @@ def _write_sql() -> str:
         else:
             sql = (f"""UPDATE {table} SET payload = json_set(%s, '$."{MARKER_KEY}"', json(%s)), """
                    f"{sets.format(p='')} WHERE id = %s AND revision = %s AND removal_plan IS NOT NULL")
-        _UPDATE_SQL[key] = sql
+        _STATEMENTS[key] = sql
     return sql
 
 
@@ -1227,10 +1227,10 @@ def _write_items(writes: list[tuple[Any, dict[str, Any]]]) -> list[tuple[Any, di
     if not writes:
         return []
     names = tuple(sorted(writes[0][1]))
-    sql = _UPDATE_SQL.get((connection.vendor, *names))
+    sql = _STATEMENTS.get((connection.vendor, *names))
     if sql is None:
         columns = ", ".join(f"{connection.ops.quote_name(Item._meta.get_field(n).column)} = %s" for n in names)
-        sql = _UPDATE_SQL[(connection.vendor, *names)] = (
+        sql = _STATEMENTS[(connection.vendor, *names)] = (
             f"UPDATE {connection.ops.quote_name(Item._meta.db_table)} SET {columns} WHERE id = %s AND revision = %s"
         )
     fields = [Item._meta.get_field(n) for n in names]

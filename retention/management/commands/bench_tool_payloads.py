@@ -212,11 +212,14 @@ class Command(BaseCommand):
 
         # Cleanup with a foreground writer
         live = self.live_conversation()
-        # The foreground writer is another process (as the web server is), with its own connection.
-        context = multiprocessing.get_context("fork")
-        stop = context.Event()
+        # The foreground writer is another process (as the web server is), with its own connection:
+        # a new interpreter (forking a process that has threads, a test server's say, can leave a
+        # lock held in the child), told which database to use, started before the timing.
+        context = multiprocessing.get_context("spawn")
+        stop, ready = context.Event(), context.Event()
         results = context.Queue()
-        writer = context.Process(target=_foreground, args=(live.pk, stop, results), daemon=True)
+        writer = context.Process(target=_foreground, daemon=True,
+                                 args=(str(connection.settings_dict["NAME"]), live.pk, stop, ready, results))
         op = ToolPayloadOperation.objects.create(kind="cleanup", age_value=3, age_unit="months",
                                                  policy_revision=policy.revision)
         settle()  # as the single statement found its copy
@@ -229,8 +232,10 @@ class Command(BaseCommand):
             while not sampler_stop.wait(0.1):
                 rss_peak[0] = max(rss_peak[0], _rss_bytes())
 
-        connections.close_all()  # the child must not inherit this process's connection
-        writer.start()  # before any thread of ours exists: fork copies only the calling thread
+        writer.start()
+        if not ready.wait(300):
+            writer.kill()
+            raise CommandError("The appending process did not start.")
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         started = time.perf_counter()
@@ -348,14 +353,20 @@ class Command(BaseCommand):
         return seconds
 
 
-def _foreground(conversation_id: int, stop, results) -> None:
+def _foreground(database: str, conversation_id: int, stop, ready, results) -> None:
     """A runtime appending an item every 20 ms, in its own process and connection."""
+    import django
+
+    django.setup()  # a new interpreter: the settings module comes from the environment
+    connections["default"].settings_dict["NAME"] = database
+
     from lifecycle.actions.append_item import append_item
     from lifecycle.models import Conversation
 
     latencies: list[float] = []
     try:
         conversation = Conversation.objects.get(pk=conversation_id)
+        ready.set()
         while not stop.is_set():
             started = time.perf_counter()
             append_item(conversation, role="assistant", content="still working")
