@@ -88,7 +88,7 @@ def _read_ahead() -> bool:
     """PostgreSQL: read the next batch on a second connection while the current one writes.
     `1`/`0` in the environment decide; by default on where the machine has 4 cores or more.
     On the 2-core development machine it made cleanup 10 to 25% faster but took the second
-    core from the console's own writes (their p99 during a cleanup about 28 ms against 23 to
+    core from the console's own writes (their p99 during a cleanup 26 to 29 ms against 23 to
     28 ms without it, and 18 ms with no cleanup), so it stays off there unless asked for."""
     raw = os.environ.get("LETHE_TOOL_CLEANUP_READ_AHEAD", "").strip().lower()
     if raw in ("1", "true", "yes", "on"):
@@ -481,8 +481,8 @@ class _Pace:
     """How many payload bytes the next batch takes, and how many rows to read for it (a little
     more than the bytes need, at most BATCH_ITEMS).
 
-    A batch's write transaction is a fixed part (its checks, the cursor's update, the commit)
-    plus its items' writes. The pace measures both on the batches before and sizes the items
+    A batch's write transaction is a fixed part (its checks and the cursor's update) plus its
+    items' writes and its commit, which grow with the items. The pace measures both on the batches before and sizes the items
     so that the whole takes about the engine's batch time, within [MIN_BATCH_BYTES,
     BATCH_BYTES]; but the items always get at least half of that time, so where the fixed part
     is slow (a slow core) batches grow instead of shrinking until the fixed part is all they do."""
