@@ -883,7 +883,6 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
     # 2. Write: one short transaction that rechecks before it writes.
     if pace is not None:
         pace.wait_for_gap()
-    fixed_seconds = 0.0  # the checks and the cursor's update; the rest (item writes, commit) grows with the items
     with transaction.atomic():
         started = time.perf_counter()  # the write lock is held from here (SQLite: BEGIN IMMEDIATE)
         if connection.vendor == "postgresql":
@@ -934,7 +933,7 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
         written: list[_Planned] = []
         sent = 0
         loop_start = time.perf_counter()
-        fixed_seconds = loop_start - started
+        fixed_seconds = loop_start - started  # the checks; the item writes and the commit grow with the items
         for start in range(0, len(planned), chunk):
             part = planned[start:start + chunk]
             writes = []
@@ -956,7 +955,6 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
                     break
         writes_end = time.perf_counter()
         skipped["changed"] += sent - len(written)
-        counting = time.perf_counter()
         removed = len(written)
         removed_bytes = sum(entry.removed_bytes for entry in written)
         finished = sum(1 for c in candidates if c < next_cursor[0] or next_cursor[1] == NO_CURSOR)
@@ -971,7 +969,7 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
         _commit_cursor(op.pk, next_cursor, removed=removed, removed_bytes=removed_bytes,
                        skipped_json=_merge(fresh.skipped_json, skipped),
                        done=removed + sum(skipped.values()), scanned=finished)
-        fixed_seconds += time.perf_counter() - counting
+        fixed_seconds += time.perf_counter() - writes_end  # the counting and the cursor's update
         committing = time.perf_counter()
     if pace is not None:
         pace.committed_at = time.monotonic()
