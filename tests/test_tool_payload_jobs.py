@@ -1004,3 +1004,37 @@ def test_a_run_whose_lease_was_taken_over_writes_no_further_batch(admin_user, mo
     assert (fresh.removed_messages, fresh.lease) == (2, "another-worker")
     assert Item.objects.filter(conversation=conversation, details_removed_at__isnull=False).count() == 2
     assert Item.objects.filter(conversation=conversation, removable_bytes__gt=0).count() == removable - 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_conversation_that_turns_active_between_a_batchs_read_and_its_write_is_left_alone(admin_user, monkeypatch):
+    """The batch's transaction rechecks its conversations over their id range: the one that a
+    runtime wrote to after the batch was read keeps every detail and is counted as recent
+    activity; the ones before and after it in the same batch are reduced."""
+    first, middle, last = (old_conversation(name, tools=2) for name in ("first", "middle", "last"))
+    per = Item.objects.filter(conversation=middle, removable_bytes__gt=0).count()
+    enable(admin_user)
+    real = jobs._read_batch
+    woken = []
+
+    def reading(*args, **kwargs):
+        read = real(*args, **kwargs)
+        touched = {entry.item.conversation_id for entry in read.planned}
+        if not woken and {first.pk, middle.pk, last.pk} <= touched:
+            woken.append(middle.pk)
+            writer = threading.Thread(target=lambda: (append_item(Conversation.objects.get(pk=middle.pk),
+                                                                  role="assistant", content="back"),
+                                                      connection.close()))
+            writer.start()
+            writer.join()
+        return read
+
+    monkeypatch.setattr(jobs, "_read_batch", reading)
+    op = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert woken == [middle.pk] and op.state == "succeeded"
+    removed = Item.objects.filter(details_removed_at__isnull=False)
+    assert not removed.filter(conversation=middle).exists()
+    assert Item.objects.filter(conversation=middle, removable_bytes__gt=0).count() == per
+    assert removed.filter(conversation=first).count() == per and removed.filter(conversation=last).count() == per
+    assert json.loads(op.skipped_json) == {"recent_activity": per}
+    assert op.removed_messages == 2 * per
