@@ -3,8 +3,10 @@
 Builds N messages in a scratch database of the configured engine (a temporary SQLite file, or
 a temporary PostgreSQL database next to the configured one), then measures:
 - analysis seconds (the real job, exact bytes checked against the rows);
-- cleanup seconds, messages/s and MB/s (the real job, batches and pauses included), while a
-  foreground thread on its own connection appends items: append p50/p99;
+- cleanup seconds, messages/s and MB/s (the real job, batches and pauses included), while
+  another process (as the web server is) appends an item to a live conversation every 20 ms:
+  append p50/p99 during the cleanup, and for `--alone-seconds` before it with nothing else
+  running (what this machine's appends cost by themselves);
 - the same rewrite as one SQL statement on a copy of the same rows (the engine's limit), and
   the ratio cleanup/statement;
 - the resident memory growth during cleanup (flat in N: batches are bounded).
@@ -93,11 +95,17 @@ class Command(BaseCommand):
         # DESIGN.md section 9's shape: 60,000 eligible payloads of 200,000 messages, 696 MB removable
         parser.add_argument("--output-bytes", type=int, default=11600, help="Size of each shell output.")
         parser.add_argument("--seed", type=int, default=7)
+        parser.add_argument("--alone-seconds", type=float, default=5.0,
+                            help="Seconds of appends with no cleanup running, before it (default 5).")
 
-    def handle(self, *args, messages: int, per_conversation: int, output_bytes: int, seed: int, **options):
+    def handle(self, *args, messages: int, per_conversation: int, output_bytes: int, seed: int,
+               alone_seconds: float, **options):
         if messages < 10 or per_conversation < 3 or not 10 <= output_bytes <= 1_000_000:
             raise CommandError("Give at least 10 messages, 3 per conversation, and 10 to 1000000 output bytes.")
+        if not 0 < alone_seconds <= 600:
+            raise CommandError("Give more than 0 and at most 600 seconds of appends alone.")
         self.rng = random.Random(seed)
+        self.alone_seconds = alone_seconds
         with scratch_database():
             result = self.measure(messages, per_conversation, output_bytes)
         self.stdout.write(json.dumps(result, indent=1))
@@ -236,14 +244,19 @@ class Command(BaseCommand):
         if not ready.wait(300):
             writer.kill()
             raise CommandError("The appending process did not start.")
+        time.sleep(self.alone_seconds)  # the appends with nothing else running: what the ones beside it compare to
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
+        begun = time.monotonic()
         started = time.perf_counter()
         while jobs.run_operation(op.pk) == "more":
             pass
         cleanup_seconds = time.perf_counter() - started
+        ended = time.monotonic()
         stop.set()
-        latencies = results.get(timeout=60)
+        appends = results.get(timeout=60)
+        alone = [seconds for at, seconds in appends if at + seconds <= begun]
+        latencies = [seconds for at, seconds in appends if at < ended and at + seconds > begun]
         writer.join(30)
         sampler_stop.set()
         sampler.join()
@@ -276,12 +289,8 @@ class Command(BaseCommand):
                                  "on": "a replica of the item table: its indexes and fence triggers",
                                  "bare_copy_seconds": round(bare_seconds, 3),
                                  "ratio_cleanup_to_bare_copy": round(cleanup_seconds / bare_seconds, 2)},
-            "foreground_append": {
-                "samples": len(latencies),
-                "p50_ms": round(statistics.median(latencies) * 1000, 2) if latencies else None,
-                "p99_ms": round(_percentile(latencies, 99) * 1000, 2) if latencies else None,
-                "max_ms": round(max(latencies) * 1000, 2) if latencies else None,
-            },
+            "foreground_append": _figures(latencies),
+            "foreground_append_alone": {**_figures(alone), "seconds": self.alone_seconds},
             "memory": {"rss_before_mb": round(rss_before / 1e6, 1),
                        "cleanup_rss_growth_mb": round((rss_peak[0] - rss_before) / 1e6, 1)},
             "targets": {"ratio_max": 0.6 if connection.vendor == "sqlite" else 1.1,
@@ -363,18 +372,28 @@ def _foreground(database: str, conversation_id: int, stop, ready, results) -> No
     from lifecycle.actions.append_item import append_item
     from lifecycle.models import Conversation
 
-    latencies: list[float] = []
+    appends: list[tuple[float, float]] = []  # (when it started, seconds): the clock is the machine's
     try:
         conversation = Conversation.objects.get(pk=conversation_id)
         ready.set()
         while not stop.is_set():
+            at = time.monotonic()
             started = time.perf_counter()
             append_item(conversation, role="assistant", content="still working")
-            latencies.append(time.perf_counter() - started)
+            appends.append((at, time.perf_counter() - started))
             stop.wait(0.02)
     finally:
-        results.put(latencies)
+        results.put(appends)
         connections.close_all()
+
+
+def _figures(latencies: list[float]) -> dict:
+    return {
+        "samples": len(latencies),
+        "p50_ms": round(statistics.median(latencies) * 1000, 2) if latencies else None,
+        "p99_ms": round(_percentile(latencies, 99) * 1000, 2) if latencies else None,
+        "max_ms": round(max(latencies) * 1000, 2) if latencies else None,
+    }
 
 
 def _percentile(values: list[float], pct: float) -> float:
