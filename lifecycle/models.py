@@ -342,7 +342,9 @@ class Item(models.Model):
     """
 
     id = models.BigAutoField(primary_key=True)
-    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="items")
+    # No index of its own: item_unique_seq (conversation, seq) serves every lookup by
+    # conversation, and the next seq is read backwards on it (see append_item).
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="items", db_index=False)
     turn = models.ForeignKey(Turn, null=True, blank=True, on_delete=models.SET_NULL, related_name="items")
     seq = models.PositiveBigIntegerField()
     role = models.CharField(max_length=12, choices=Role.choices)

@@ -3,7 +3,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Max
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -12,6 +11,12 @@ from lifecycle.fence import check_writable, lock_writable  # noqa: F401  (check_
 from lifecycle.item_payload import payload_columns
 from lifecycle.models import Conversation, Item, Role
 from retention.reducer import MARKER_KEY, Skip
+
+
+def last_seq(conversation_id: int):
+    """The conversation's highest seq: the (conversation, seq) key read backwards, one index
+    entry however long the conversation (see migration lifecycle 0010)."""
+    return Item.objects.filter(conversation_id=conversation_id).order_by("-seq").values_list("seq", flat=True)[:1]
 
 
 def append_item(
@@ -41,7 +46,7 @@ def append_item(
     with transaction.atomic():
         locked = lock_writable(conversation)
         now = timezone.now()
-        last = Item.objects.filter(conversation=locked).aggregate(m=Max("seq"))["m"] or 0
+        last = last_seq(locked.pk).first() or 0
         if role == Role.TOOL and tool_call_id and Item.objects.filter(
             conversation=locked, payload_skip=Skip.ALREADY_REMOVED, tool_call_id=tool_call_id
         ).exists():
