@@ -295,6 +295,11 @@ def test_edit_file_stores_no_plan_it_is_reduced_in_python():
     '{"removed_bytes":"5","removed_fields":["stdout"]}', '{"removed_bytes":5,"removed_fields":"stdout"}',
     '{"removed_bytes":5,"removed_fields":["a.b"]}', '{"removed_bytes":5,"removed_fields":["x"],"more":1}',
     '{"removed_fields":["stdout"],"removed_bytes":5}', '{"removed_bytes":true,"removed_fields":["stdout"]}',
+    '{"removed_bytes":-5,"removed_fields":["stdout"]}', '{"removed_bytes":05,"removed_fields":["stdout"]}',
+    '{"removed_bytes":5.0,"removed_fields":["stdout"]}', '{"removed_bytes":5,"removed_fields":["\\u0073tdout"]}',
+    '{"removed_bytes":5,"removed_fields":["stdout"]}\n', '{"removed_bytes":5,"removed_fields":[""]}',
+    '{"removed_bytes":5,"removed_fields":["stdöut"]}', '{"removed_bytes":5,"removed_fields":["stdout",]}',
+    '{"removed_bytes":5,"removed_bytes":6,"removed_fields":["stdout"]}', None,
 ])
 def test_a_stored_plan_that_is_not_one_is_refused(stored):
     with pytest.raises(ValueError):
