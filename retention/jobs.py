@@ -1157,8 +1157,9 @@ def _write_sql() -> str:
     ids and revisions that removes the kind's fields itself (see _reduce_sql), builds each
     marker from the row's stored plan (checked in Python when the batch was planned; the
     revision guarantees it is the same plan) and the batch's time, and returns the ids
-    written; sending the markers as a jsonb[] parameter instead cost 15% more than the whole
-    single statement (2.9-3.1 s against 2.5-2.6 s for the benchmark's 59,400 items). SQLite:
+    written. Sent as a jsonb[] parameter instead, the markers made the UPDATEs 15-20% slower
+    (2.9-3.1 s against 2.5-2.6 s for the benchmark's 59,400 items in batches of 1,000; the
+    single statement 2.2-2.4 s on the same copies). SQLite:
     one prepared statement per row (executemany, a loop in the driver) that adds the marker
     to the small reduced payload read before."""
     from lifecycle.models import Item
