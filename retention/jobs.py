@@ -482,10 +482,11 @@ class _Pace:
     more than the bytes need, at most BATCH_ITEMS).
 
     A batch's write transaction is a fixed part (its checks and the cursor's update) plus its
-    items' writes and its commit, which grow with the items. The pace measures both on the batches before and sizes the items
-    so that the whole takes about the engine's batch time, within [MIN_BATCH_BYTES,
-    BATCH_BYTES]; but the items always get at least half of that time, so where the fixed part
-    is slow (a slow core) batches grow instead of shrinking until the fixed part is all they do."""
+    items' writes and its commit, which grow with the items. The pace measures both on the
+    batches before and sizes the items so that the whole takes about the engine's batch time,
+    within [MIN_BATCH_BYTES, BATCH_BYTES]; but the items always get at least half of that time,
+    so where the fixed part is slow (a slow core) batches grow instead of shrinking until the
+    fixed part is all they do."""
 
     def __init__(self, pause: float = 0.0) -> None:
         if BATCH_SECONDS_SET or connection.vendor != "postgresql":
@@ -1159,9 +1160,9 @@ def _write_sql() -> str:
     revision guarantees it is the same plan) and the batch's time, and returns the ids
     written. Sent as a jsonb[] parameter instead, the markers made the UPDATEs 15-20% slower
     (2.9-3.1 s against 2.5-2.6 s for the benchmark's 59,400 items in batches of 1,000; the
-    single statement 2.2-2.4 s on the same copies). SQLite:
-    one prepared statement per row (executemany, a loop in the driver) that adds the marker
-    to the small reduced payload read before."""
+    single statement 2.2-2.4 s on the same copies). SQLite: one prepared statement per row
+    (executemany, a loop in the driver) that adds the marker to the small reduced payload
+    read before."""
     from lifecycle.models import Item
     from retention.reducer import MARKER_KEY, MARKER_VERSION, REMOVED_FIELDS, SQL_KINDS
 
@@ -1177,7 +1178,8 @@ def _write_sql() -> str:
                 for kind in sorted(SQL_KINDS)
             )
             # the marker: its time and version, and the plan's removed_bytes and removed_fields
-            marker = f"jsonb_build_object('removed_at', %s::text, 'version', {int(MARKER_VERSION)}) || i.removal_plan::jsonb"
+            marker = (f"jsonb_build_object('removed_at', %s::text, 'version', {int(MARKER_VERSION)}) "
+                      "|| i.removal_plan::jsonb")
             sql = (
                 f"UPDATE {table} AS i SET payload = (CASE i.tool_kind {removal} END) "
                 f"|| jsonb_build_object('{MARKER_KEY}', {marker}), {sets.format(p='i.')} "

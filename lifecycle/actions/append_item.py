@@ -14,8 +14,9 @@ from retention.reducer import MARKER_KEY, Skip
 
 
 def last_seq(conversation_id: int):
-    """The conversation's highest seq: the (conversation, seq) key read backwards, one index
-    entry however long the conversation (see migration lifecycle 0010)."""
+    """The query for the conversation's highest seq (a list of at most one): the (conversation,
+    seq) key read backwards, one index entry however long the conversation (see migration
+    lifecycle 0010)."""
     return Item.objects.filter(conversation_id=conversation_id).order_by("-seq").values_list("seq", flat=True)[:1]
 
 
