@@ -21,7 +21,7 @@ from lifecycle.actions.request_deletion import request_deletion
 from lifecycle.models import Conversation, Item, Turn, TurnState
 from retention import jobs, service
 from retention.models import OperationState, ToolPayloadOperation, ToolPayloadPolicy
-from retention.reducer import encoded_size
+from retention.reducer import apply, encoded_size
 from retention.service import CleanupError
 from tests import factories
 
@@ -796,6 +796,14 @@ def test_an_item_whose_stored_plan_is_unreadable_is_reduced_in_python(admin_user
     conversation = old_conversation("odd-plan", tools=2)
     odd = Item.objects.filter(conversation=conversation, tool_kind="shell").order_by("id").first()
     Item.objects.filter(pk=odd.pk).update(removal_plan='{"removed_bytes": 1, "removed_fields": ["stdout"]}')
+    # valid JSON, but not the canonical text: an escaped name (json.loads reads "stdout")
+    escaped = Item.objects.filter(conversation=conversation, tool_kind="shell").order_by("id").last()
+    Item.objects.filter(pk=escaped.pk).update(
+        removal_plan='{"removed_bytes":1,"removed_fields":["stderr","\\u0073tdout"]}')
+    assert escaped.pk != odd.pk
+    # what the reducer removes from this payload (the figure the stored plan would have had)
+    reduced_payload, _result = apply("shell", escaped.payload, removed_at=datetime(2026, 1, 1, tzinfo=UTC))
+    marker_bytes = reduced_payload["retention"]["removed_bytes"]
     # a plan on a kind that is reduced in Python is not followed either
     edit = factories.add_tool(conversation, "edit_file", {"path": "/w/c.py", "content": "z" * 500, "changes": [
         {"old_content": "a" * 300, "new_content": "b", "line": 1}]}, tool_call_id="odd-e")
@@ -809,6 +817,10 @@ def test_an_item_whose_stored_plan_is_unreadable_is_reduced_in_python(admin_user
     odd.refresh_from_db()
     assert odd.payload["retention"]["removed_fields"] == ["stderr", "stdout"]
     assert odd.payload_bytes == encoded_size(odd.payload) and odd.removal_plan is None
+    escaped.refresh_from_db()  # reduced from its payload, not from the escaped plan's text or figure
+    assert escaped.payload["retention"]["removed_fields"] == ["stderr", "stdout"]
+    assert escaped.payload["retention"]["removed_bytes"] == marker_bytes != 1
+    assert escaped.payload_bytes == encoded_size(escaped.payload) and escaped.removal_plan is None
     edit.refresh_from_db()
     assert edit.payload["retention"]["removed_fields"] == ["content", "changes[0].new_content",
                                                          "changes[0].old_content"]
