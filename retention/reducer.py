@@ -248,9 +248,10 @@ def plan_text(kind: str, result: Plan) -> str | None:
 
 
 # A stored plan in canonical form, exactly as plan_text writes it: compact, keys in order, a
-# whole number of bytes, ASCII field names. Anything else (escapes, spaces, signs, other keys)
-# does not match, and cleanup reduces that item from its payload in Python instead.
-_PLAN = re.compile(r'\{"removed_bytes":(?:0|[1-9][0-9]*),"removed_fields":\[((?:"[A-Za-z_][A-Za-z0-9_]*"'
+# whole number of bytes (at most ten digits: a payload is at most MAX_PAYLOAD_BYTES), ASCII
+# field names. Anything else (escapes, spaces, signs, other keys) does not match, and cleanup
+# reduces that item from its payload in Python instead.
+_PLAN = re.compile(r'\{"removed_bytes":(?:0|[1-9][0-9]{0,9}),"removed_fields":\[((?:"[A-Za-z_][A-Za-z0-9_]*"'
                    r'(?:,"[A-Za-z_][A-Za-z0-9_]*")*)?)\]\}')
 
 
