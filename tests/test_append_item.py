@@ -55,3 +55,38 @@ def test_the_next_seq_of_a_conversation_grown_since_its_statistics_reads_one_ind
     item = append_item(conversation, role="assistant", content="next")
     assert item.seq == LONG + 1
     assert Item.objects.filter(conversation=conversation).count() == LONG + 1
+
+
+def test_an_append_marks_its_conversation_active_at_the_items_time():
+    conversation = factories.make_conversation(days_idle=30)
+    first = append_item(conversation, role="user", content="hello")
+    second = append_item(conversation, role="assistant", content="hi")
+    conversation.refresh_from_db()
+    assert (first.seq, second.seq) == (1, 2)
+    assert Item.objects.get(pk=second.pk).seq == 2  # the seq the INSERT returned is the stored one
+    assert conversation.last_activity_at == second.created_at
+
+
+@pytest.mark.parametrize("state", ["pending_delete", "deleted"])
+def test_an_append_to_a_conversation_that_is_not_live_writes_nothing(state):
+    from lifecycle.errors import ActionRefused
+    from lifecycle.models import Conversation
+
+    conversation = factories.make_conversation(days_idle=30)
+    Conversation.objects.filter(pk=conversation.pk).update(state=state)
+    before = Conversation.objects.get(pk=conversation.pk).last_activity_at
+    with pytest.raises(ActionRefused) as refused:
+        append_item(conversation, role="user", content="late")  # the caller's copy still says live
+    assert refused.value.code == "conversation_deletion_pending"
+    assert not Item.objects.filter(conversation=conversation).exists()
+    assert Conversation.objects.get(pk=conversation.pk).last_activity_at == before
+
+
+def test_an_append_to_a_conversation_that_is_gone_writes_nothing():
+    from lifecycle.models import Conversation
+
+    conversation = factories.make_conversation()
+    Conversation.objects.filter(pk=conversation.pk).delete()
+    with pytest.raises(Conversation.DoesNotExist):
+        append_item(conversation, role="user", content="late")
+    assert not Item.objects.filter(conversation_id=conversation.pk).exists()

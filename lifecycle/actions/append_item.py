@@ -3,13 +3,15 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Subquery
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from lifecycle.errors import ActionRefused
-from lifecycle.fence import check_writable, lock_writable  # noqa: F401  (check_writable: older import path)
+from lifecycle.fence import check_writable, lock_writable, refusal  # noqa: F401  (check_writable: older import path)
 from lifecycle.item_payload import payload_columns
-from lifecycle.models import Conversation, Item, Role
+from lifecycle.models import Conversation, ConversationState, Item, Role
 from retention.reducer import MARKER_KEY, Skip
 
 
@@ -44,21 +46,29 @@ def append_item(
         raise ActionRefused(
             "invalid_item", _("A new item cannot carry a removal marker."), status=400
         )
+    pk = conversation.pk
     with transaction.atomic():
-        locked = lock_writable(conversation)
         now = timezone.now()
-        last = last_seq(locked.pk).first() or 0
+        # One statement locks the conversation row, checks it is live and marks it active: the
+        # row lock is what a delete intent takes too, so the append finishes before the intent
+        # commits or sees it (see lifecycle.fence). On PostgreSQL a wait for the lock re-reads
+        # the row's newest version, so a conversation that stopped being live updates nothing.
+        if not Conversation.objects.filter(pk=pk, state=ConversationState.LIVE).update(last_activity_at=now):
+            lock_writable(pk)  # gone (DoesNotExist) or not live (the fence's refusal)
+            raise refusal()  # a conversation never goes back to live
         if role == Role.TOOL and tool_call_id and Item.objects.filter(
-            conversation=locked, payload_skip=Skip.ALREADY_REMOVED, tool_call_id=tool_call_id
+            conversation_id=pk, payload_skip=Skip.ALREADY_REMOVED, tool_call_id=tool_call_id
         ).exists():
             raise ActionRefused(
                 "tool_details_removed",
                 _("The details of this tool call were removed by the retention policy and cannot be restored."),
             )
         columns = payload_columns(role, tool_kind, payload)
+        # The next seq is read inside the INSERT, a statement after the lock (so its snapshot
+        # sees every append committed before the lock was granted), and returned by it.
         item = Item.objects.create(
-            conversation=locked,
-            seq=last + 1,
+            conversation_id=pk,
+            seq=Coalesce(Subquery(last_seq(pk)), 0) + 1,
             role=role,
             content=content,
             tool_kind=tool_kind if role == Role.TOOL else "",
@@ -69,5 +79,4 @@ def append_item(
             created_at=now,
             updated_at=now,
         )
-        Conversation.objects.filter(pk=locked.pk).update(last_activity_at=now)
     return item
