@@ -116,6 +116,35 @@ def test_it_narrows_the_list_by_searching(seeded, live_server, open_page, viewpo
 
 
 @pytest.mark.parametrize("viewport", ["desktop", "small-phone"], ids=["1280", "320"])
+def test_one_query_asks_the_server_once(seeded, live_server, open_page, viewport):
+    """Typing then Enter at once, typing and waiting, a cleared box, a tab: one list request
+    each, and none repeated after it (a late repeat of the Enter's request replaced the list
+    under a click)."""
+    page, everyone = signed_in_list(open_page, viewport, live_server.url)
+    asked: list[str] = []
+    page.on("request", lambda r: asked.append(r.url) if r.headers.get("hx-request") else None)
+    search = page.get_by_label("Search")
+
+    search.press_sequentially("draft")
+    search.press("Enter")  # within the 300 ms the typing waits for
+    expect_listed(page, Conversation.objects.recent().search("draft"))
+    page.wait_for_timeout(800)  # past any delayed trigger
+    assert [re.sub(r"^.*\?", "", url) for url in asked] == ["view=recent&owner=&q=draft"]
+
+    search.press_sequentially("s")  # typing alone: one request once the typing settles
+    expect_listed(page, Conversation.objects.recent().search("drafts"))
+    page.wait_for_timeout(800)
+    assert [re.sub(r"^.*\?", "", url) for url in asked] == ["view=recent&owner=&q=draft", "view=recent&owner=&q=drafts"]
+
+    search.clear()
+    expect_listed(page, everyone)
+    page.locator("label.tab", has_text="Archived").click()
+    expect_listed(page, Conversation.objects.archived())
+    page.wait_for_timeout(800)
+    assert [re.sub(r"^.*\?", "", url) for url in asked][2:] == ["view=recent&owner=&q=", "view=archived&owner=&q="]
+
+
+@pytest.mark.parametrize("viewport", ["desktop", "small-phone"], ids=["1280", "320"])
 def test_it_pages_through_a_long_list(seeded, live_server, open_page, viewport):
     account = Account.objects.get(name="Northwind Labs")
     now = timezone.now()

@@ -94,6 +94,34 @@
     }
   });
 
+  // ---- Conversation list: search as you type -----------------------------------
+  // One list request per query: typing asks 300 ms after the last change (the form's
+  // "querysettled" trigger), Enter asks at once (its submit), and a query already asked for
+  // is not asked again, so the list is not replaced a second time under a click. Clearing
+  // with the box's own clear button is an input like any other.
+  var searchTimer = null;
+  var searched = null;
+  function searchBox(el) {
+    return el && el.id === "q" && el.form && el.form.hasAttribute("hx-get") ? el : null;
+  }
+  document.addEventListener("input", function (event) {
+    var box = searchBox(event.target);
+    if (!box) return;
+    if (searched === null) searched = box.defaultValue;
+    clearTimeout(searchTimer);
+    searchTimer = setTimeout(function () {
+      if (box.value === searched) return;
+      searched = box.value;
+      box.form.dispatchEvent(new CustomEvent("querysettled"));
+    }, 300);
+  });
+  document.addEventListener("submit", function (event) {
+    var box = searchBox(event.target.elements && event.target.elements.namedItem("q"));
+    if (!box) return;
+    clearTimeout(searchTimer);
+    searched = box.value;
+  }, true);
+
   // ---- Data & storage: tool payload cleanup ------------------------------------
   // Status reads and actions answer with out-of-band regions, also on 4xx/5xx (a refusal
   // carries the service's own message), so those bodies are processed, never dropped.
