@@ -119,7 +119,8 @@ def test_it_narrows_the_list_by_searching(seeded, live_server, open_page, viewpo
 def test_one_query_asks_the_server_once(seeded, live_server, open_page, viewport):
     """Typing then Enter at once, typing and waiting, a cleared box, a tab: one list request
     each, and none repeated after it (a late repeat of the Enter's request replaced the list
-    under a click)."""
+    under a click); after going back, the filters match the restored list and a query is asked even if it
+    was the last one asked."""
     page, everyone = signed_in_list(open_page, viewport, live_server.url)
     asked: list[str] = []
     page.on("request", lambda r: asked.append(r.url) if r.headers.get("hx-request") else None)
@@ -142,6 +143,18 @@ def test_one_query_asks_the_server_once(seeded, live_server, open_page, viewport
     expect_listed(page, Conversation.objects.archived())
     page.wait_for_timeout(800)
     assert [re.sub(r"^.*\?", "", url) for url in asked][2:] == ["view=recent&owner=&q=", "view=archived&owner=&q="]
+
+    # Back to the list of another query, then the query asked last typed again: asked again.
+    search.fill("draft")
+    search.press("Enter")
+    expect_listed(page, Conversation.objects.archived().search("draft"))
+    page.go_back()
+    expect_listed(page, Conversation.objects.archived())
+    # The filters say what the restored list is (the cached markup had Recent and no query)
+    expect(page.locator("label.tab", has_text="Archived").locator("input")).to_be_checked()
+    expect(search).to_have_value("")
+    search.press_sequentially("draft")
+    expect_listed(page, Conversation.objects.archived().search("draft"))
 
 
 @pytest.mark.parametrize("viewport", ["desktop", "small-phone"], ids=["1280", "320"])

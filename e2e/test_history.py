@@ -42,6 +42,7 @@ def test_going_back_past_the_history_cache_restores_whole_pages(seeded, live_ser
         expect(page.locator("form.filters")).to_have_count(1)
         expect(page.locator("#results")).to_have_count(1)
         expect(page.locator("#results .count")).to_have_text(f"{expected} {noun}")
+        expect(page.get_by_label("Search")).to_have_value(word)  # the box says which list this is
         expect(page.locator(".topbar")).to_have_count(1)
 
     # The oldest pages were no longer cached, so the server was asked for them.

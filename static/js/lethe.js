@@ -100,17 +100,17 @@
   // is not asked again, so the list is not replaced a second time under a click. Clearing
   // with the box's own clear button is an input like any other.
   var searchTimer = null;
-  var searched = null;
+  var searched; // the query the list shows: the page's own until a search; null when unknown
   function searchBox(el) {
     return el && el.id === "q" && el.form && el.form.hasAttribute("hx-get") ? el : null;
   }
   document.addEventListener("input", function (event) {
     var box = searchBox(event.target);
     if (!box) return;
-    if (searched === null) searched = box.defaultValue;
+    if (searched === undefined) searched = box.defaultValue;
     clearTimeout(searchTimer);
     searchTimer = setTimeout(function () {
-      if (box.value === searched) return;
+      if (searched !== null && box.value === searched) return;
       searched = box.value;
       box.form.dispatchEvent(new CustomEvent("querysettled"));
     }, 300);
@@ -121,6 +121,25 @@
     clearTimeout(searchTimer);
     searched = box.value;
   }, true);
+  // Back and forward restore a list from htmx's history cache, and with it the filters as
+  // they were first rendered (the cache keeps markup, not what was typed or picked since), so
+  // they are set again from the address, which names the list shown: the tab (the first, the
+  // server's default, when none is named), the owner, the query.
+  document.addEventListener("htmx:historyRestore", function () {
+    clearTimeout(searchTimer);
+    searched = undefined;
+    var form = document.querySelector("form.filters[hx-push-url]");
+    if (!form) return;
+    var params = new URLSearchParams(window.location.search);
+    var tabs = Array.prototype.slice.call(form.querySelectorAll("input[type=radio][name=view]"));
+    var tab = tabs.filter(function (radio) { return radio.value === params.get("view"); })[0] || tabs[0];
+    if (tab) tab.checked = true;
+    var owner = form.elements.namedItem("owner");
+    if (owner) owner.value = params.get("owner") || "";
+    if (owner && owner.selectedIndex < 0) owner.value = "";
+    var box = form.elements.namedItem("q");
+    if (box) box.value = box.defaultValue = params.get("q") || "";
+  });
 
   // ---- Data & storage: tool payload cleanup ------------------------------------
   // Status reads and actions answer with out-of-band regions, also on 4xx/5xx (a refusal
