@@ -23,6 +23,7 @@ import logging
 import math
 import re
 import typing
+import unicodedata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -262,6 +263,10 @@ def read_json_body(request: HttpRequest) -> Any:
         raise ApiError(415, "unsupported_media_type", _("Send the body as application/json."))
     limit = settings.API_MAX_BODY_BYTES
     length = request.headers.get("Content-Length")
+    if "Transfer-Encoding" in request.headers:
+        # The server reads a body by its Content-Length: a chunked one would arrive empty (and
+        # a request with both headers is one to refuse, not to guess about).
+        raise ApiError(411, "length_required", _("Send the request body with a Content-Length header."))
     if length is not None:
         if not is_number(length.strip()):
             raise ApiError(400, "invalid_body", _("The request body length is not valid."))
@@ -276,9 +281,32 @@ def read_json_body(request: HttpRequest) -> Any:
 # ---- Validation ---------------------------------------------------------------------------
 
 
-def _field_name(loc: tuple) -> str:
-    names = [str(part) for part in loc if not isinstance(part, int)]
-    return ".".join(names)[:80] or "body"
+# The names pydantic gives the members of a union in an error's location ("str", "int",
+# "dict[str,json-or-python[...]]"): types, not fields, so the name stops before them.
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "bytes", "none", "list", "dict", "tuple", "set"})
+
+
+def shown_name(text: str, limit: int = 80) -> str:
+    """A name from the request as an error message can show it: control, format (bidi) and
+    separator characters written as escapes, at most `limit` characters."""
+    out = []
+    for char in text[:limit]:
+        category = unicodedata.category(char)
+        out.append(f"\\u{ord(char):04x}" if category[0] == "C" or category in ("Zl", "Zp") else char)
+    return "".join(out)
+
+
+def _field_name(loc: tuple, *, client_key: bool = False) -> str:
+    """The dotted name of the field an error is about; `client_key`: the last part is a key the
+    client wrote (an unknown field), shown whatever it looks like."""
+    parts = [str(part) for part in loc if not isinstance(part, int)]
+    last = [parts.pop()] if client_key and parts else []
+    names = []
+    for part in parts:
+        if "[" in part or part in _TYPE_TAGS:
+            break
+        names.append(part)
+    return shown_name(".".join(names + last)) or "body"
 
 
 _OUT_OF_RANGE = {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "string_too_short",
@@ -287,7 +315,8 @@ _OUT_OF_RANGE = {"greater_than", "greater_than_equal", "less_than", "less_than_e
 
 def _body_error(exc: ValidationError) -> ApiError:
     first = exc.errors(include_url=False, include_input=False)[0]
-    kind, name = first["type"], _field_name(first["loc"])
+    kind = first["type"]
+    name = _field_name(first["loc"], client_key=kind == "extra_forbidden")
     if kind == "extra_forbidden":
         return ApiError(400, "unknown_field", _("Unknown field: %(field)s.") % {"field": name})
     if kind == "missing":
@@ -326,7 +355,8 @@ def _expected(model: type[QuerySchema], name: str) -> str:
     if "enum" in option or "const" in option:
         return ", ".join(str(v) for v in option.get("enum", [option.get("const")]))
     if option.get("type") == "integer":
-        low, high = option.get("minimum"), option.get("maximum")
+        # `minimum`/`maximum`, or `ge`/`le` where a validator wraps the number (lifecycle.api.Limit)
+        low, high = option.get("minimum", option.get("ge")), option.get("maximum", option.get("le"))
         if low is not None and high is not None:
             return _("a whole number from %(low)s to %(high)s") % {"low": low, "high": high}
         return _("a whole number")
@@ -349,7 +379,7 @@ def parse_query(request: HttpRequest, model: type[QuerySchema]) -> QuerySchema:
         raw = request.GET.getlist(key)
         if len(raw) > 1:
             raise ApiError(400, model.error_codes.get(key, model.default_error_code),
-                           _("%(name)s is given more than once.") % {"name": key[:60]})
+                           _("%(name)s is given more than once.") % {"name": shown_name(key, 60)})
         values[key] = raw[0]
     try:
         return model.model_validate(values)
@@ -389,7 +419,9 @@ def _answer(ep: Endpoint, result: Any) -> HttpResponse:
     if isinstance(payload, BaseModel):
         payload = payload.model_dump(mode="json")
     if payload is None:
-        return HttpResponse(status=status)
+        response = HttpResponse(status=status)
+        del response["Content-Type"]  # no body, so no type (never text/html under the API)
+        return response
     return JsonResponse(payload, status=status, safe=False)
 
 
@@ -409,10 +441,22 @@ def _run(ep: Endpoint, request: HttpRequest, kwargs: dict[str, Any]) -> HttpResp
     if ep.query is not None:
         kwargs["query"] = parse_query(request, ep.query)
     elif request.GET:
-        raise ApiError(400, "unknown_filter", _("Unknown filter: %(name)s.") % {"name": next(iter(request.GET))[:60]})
+        name = shown_name(next(iter(request.GET)), 60)
+        raise ApiError(400, "unknown_filter", _("Unknown filter: %(name)s.") % {"name": name})
     if ep.body is not None:
         kwargs["body"] = parse_body(request, ep.body)
+    elif _has_body(request):
+        parse_body(request, NoBody)  # strict like any body: `{}` passes, anything else is refused
     return _answer(ep, ep.view(request, **kwargs))
+
+
+class NoBody(Schema):
+    """The body of an endpoint that takes none, when a client sends one anyway."""
+
+
+def _has_body(request: HttpRequest) -> bool:
+    length = request.headers.get("Content-Length", "").strip()
+    return "Transfer-Encoding" in request.headers or (length not in ("", "0"))
 
 
 def _dispatcher(by_method: dict[str, Endpoint]) -> Callable:
@@ -519,16 +563,16 @@ def openapi_document() -> dict[str, Any]:
                 entry["content"] = {"application/json": {"schema": _schema_of(model, refs)}}
             responses[str(status)] = entry
         statuses = set(ep.errors)
-        if ep.path_params or ep.query or ep.body or ep.headers:
-            statuses.add(400)
+        if ep.path_params or ep.query or ep.body or ep.headers or ep.method not in SAFE_METHODS:
+            statuses.add(400)  # a write that takes no body still refuses one it cannot accept
         if ep.path_params:
             statuses.add(404)
         if not ep.public:
             statuses |= {401, 429}  # 429: too many unknown bearer tokens from one address
         if ep.admin or ep.method not in SAFE_METHODS:
             statuses.add(403)
-        if ep.body is not None:
-            statuses |= {413, 415}
+        if ep.method not in SAFE_METHODS:
+            statuses |= {411, 413, 415}
         for status in sorted(statuses):
             responses[str(status)] = {
                 "description": _ERROR_DESCRIPTIONS.get(status, "Refused"),
@@ -579,6 +623,7 @@ _ERROR_DESCRIPTIONS = {
     404: "Nothing with that id exists here.",
     409: "Refused in the current state (stale revision, busy, being deleted...).",
     410: "Gone: removed for good.",
+    411: "A body was sent without a Content-Length (chunked); send its length.",
     413: "The request body is too large.",
     415: "The body must be application/json.",
     422: "The request conflicts with an earlier one (e.g. an operation key reused).",

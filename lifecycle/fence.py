@@ -39,13 +39,17 @@ SQLSTATE = "23L01"
 FENCE_TABLE = "lifecycle_deletionfence"
 
 
-def refusal() -> ActionRefused:
+def refusal(state: str = ConversationState.PENDING_DELETE) -> ActionRefused:
+    """The fence's refusal; one code whether the delete is under way or done, and words that
+    say which."""
+    if state == ConversationState.DELETED:
+        return ActionRefused(CODE, _("This conversation was deleted; it accepts no more writes."))
     return ActionRefused(CODE, _("This conversation is being deleted; it accepts no more writes."))
 
 
 def check_writable(conversation: Conversation) -> None:
     if conversation.state != ConversationState.LIVE:
-        raise refusal()
+        raise refusal(conversation.state)
 
 
 def lock_writable(conversation: Conversation | int) -> Conversation:

@@ -204,11 +204,13 @@ def retry(request: HttpRequest) -> tuple[int, dict]:
     return 202, {"operation_id": _call(service.retry_preparation, user=request.user)}
 
 
-@endpoint("POST", BASE + "/cancel", body=CancelIn, response={202: None}, admin=True, errors=(404, 409),
-          name="api-tool-payloads-cancel", summary="Stop an operation after its current batch")
-def cancel(request: HttpRequest, body: CancelIn) -> tuple[int, None]:
+@endpoint("POST", BASE + "/cancel", body=CancelIn, response={202: StartedOut}, admin=True, errors=(404, 409),
+          name="api-tool-payloads-cancel", summary="Stop an operation after its current batch",
+          description="Answers the operation's id; the operation ends after its current batch "
+                      "(follow it in the status document).")
+def cancel(request: HttpRequest, body: CancelIn) -> tuple[int, dict]:
     _call(service.cancel, user=request.user, operation_id=body.operation_id)
-    return 202, None
+    return 202, {"operation_id": body.operation_id}
 
 
 @endpoint("POST", BASE + "/compact", response={202: StartedOut}, admin=True, errors=(409,),

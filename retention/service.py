@@ -22,6 +22,7 @@ from typing import Any
 
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
+from django.utils.translation import gettext
 from django.utils.translation import gettext as _
 
 from console.auth import is_admin
@@ -66,6 +67,14 @@ class CleanupError(Exception):
         self.code = code
         self.message = message
         self.status = status if status is not None else self.STATUS.get(code, 409)
+
+
+def in_reader_language(stored: str) -> str:
+    """A message a job stored, in the language of whoever reads it now. Jobs write their
+    outcomes in the source language (the workers run in English), so a stored message that
+    is exactly one of the catalog's messages is said again in the active language; one with
+    details filled in (an error from the operating system or pg_dump) is shown as stored."""
+    return gettext(stored) if stored else stored
 
 
 class StateUnreadable(Exception):
@@ -161,7 +170,7 @@ def _operation_dict(op: ToolPayloadOperation) -> dict[str, Any]:
         "created_at": op.created_at,
         "started_at": op.started_at,
         "finished_at": op.finished_at,
-        "error": {"code": op.error_code, "message": op.error_message} if op.error_code else None,
+        "error": {"code": op.error_code, "message": in_reader_language(op.error_message)} if op.error_code else None,
         "started_by": started_by if op.started_by_id else "schedule",
         "progress": {"done": op.progress_done, "total": op.progress_total},
         "stale": op.stale,
@@ -271,7 +280,7 @@ def status_document(*, with_database: bool = True) -> dict:
         "preparation": {
             "state": policy.preparation_state,
             "choice": policy.backup_choice or None,
-            "error": policy.preparation_error or None,
+            "error": in_reader_language(policy.preparation_error) or None,
             "receipt": policy.backup_receipt_name or None,
         },
         "operation": current,
@@ -319,6 +328,10 @@ def save_policy(*, user, enabled: bool, age_value: int, age_unit: str, revision:
     if backup_choice not in (None, *BackupChoice.values):
         raise CleanupError("invalid_backup_choice", _("Choose Create backup or Continue without backup."))
     policy = _load_checked_policy()
+    if revision != policy.revision:
+        # First: whether a choice is needed depends on settings this client has not seen.
+        # (The save checks the revision again under its row lock.)
+        raise CleanupError("stale_revision", _("Someone else saved these settings meanwhile. Reload to see them."))
     if backup_choice is None and _needs_choice(policy, enabled=enabled, age_value=age_value, age_unit=age_unit):
         raise CleanupError(
             "backup_choice_required",

@@ -196,10 +196,13 @@ def test_retry_is_for_pending_operations_only(api):
     conversation = factories.make_conversation()
     op = delete(api, conversation.public_id).json()
     m.DeleteOperation.objects.filter(public_id=op["id"]).update(stalled_attempts=5, last_error="stalled")
-    retried = api.post(f"/v1/operations/{op['id']}/retry")
+    retried = api.generic("POST", f"/v1/operations/{op['id']}/retry")  # no body, as this endpoint takes
     assert retried.status_code == 202 and retried.json()["error"] is None
     executor.run_erasure(m.DeleteOperation.objects.get(public_id=op["id"]).pk)
-    assert api.post(f"/v1/operations/{op['id']}/retry").json()["code"] == "operation_not_pending"
+    again = api.post(f"/v1/operations/{op['id']}/retry", data={}, content_type="application/json")  # or {}
+    assert again.json()["code"] == "operation_not_pending"
+    # A form's body is not this endpoint's (415), as on any endpoint that reads JSON
+    assert api.post(f"/v1/operations/{op['id']}/retry", {"x": "1"}).json()["code"] == "unsupported_media_type"
 
 
 def test_late_item_writes_through_the_api_are_refused(api):

@@ -175,3 +175,34 @@ def test_it_refuses_nul_in_page_addresses(member_client, path):
 def test_it_refuses_nul_in_api_addresses(member_client, path):
     response = member_client.get(path, **HOST)
     assert (response.status_code, response.json()["code"]) == (400, "invalid_text")
+
+
+@pytest.mark.parametrize(
+    ("raw", "code", "message"),
+    [
+        # A wrong type where a union is declared names the field, not the union's member types
+        (b'{"role":"tool","tool_kind":"shell","payload":true}', "invalid_type", "Field payload has the wrong type."),
+        (b'{"role":"tool","tool_kind":"shell","payload":false}', "invalid_type", "Field payload has the wrong type."),
+        # A name from the request is shown with its control and bidi characters escaped
+        (b'{"role":"user","\\u202egnp.exe\\u001b[2J<b>":1}', "unknown_field",
+         "Unknown field: \\u202egnp.exe\\u001b[2J<b>."),
+    ],
+)
+def test_its_messages_name_fields_as_the_client_wrote_them_and_safely(runtime, conversation, raw, code, message):
+    response = post_raw(runtime, conversation, raw)
+    assert (response.status_code, response.json()["code"], response.json()["message"]) == (400, code, message)
+    assert Item.objects.count() == 0
+
+
+def test_a_chunked_body_is_refused_with_411_not_read_as_empty(runtime, conversation):
+    response = runtime.post(f"/v1/threads/{conversation.public_id}/items", data=b'{"role":"user","content":"x"}',
+                            content_type="application/json", HTTP_TRANSFER_ENCODING="chunked")
+    assert (response.status_code, response.json()["code"]) == (411, "length_required")
+    assert Item.objects.count() == 0
+
+
+def test_an_unknown_filter_is_named_safely_and_a_bad_limit_says_its_range(member_client, conversation):
+    response = member_client.get("/v1/threads?%E2%80%AEx=1", **HOST)
+    assert response.json()["message"] == "Unknown filter: \\u202ex."
+    response = member_client.get("/v1/threads?limit=0", **HOST)
+    assert response.json()["message"] == "The value of limit is not valid; expected a whole number from 1 to 200."

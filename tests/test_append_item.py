@@ -78,6 +78,8 @@ def test_an_append_to_a_conversation_that_is_not_live_writes_nothing(state):
     with pytest.raises(ActionRefused) as refused:
         append_item(conversation, role="user", content="late")  # the caller's copy still says live
     assert refused.value.code == "conversation_deletion_pending"
+    assert refused.value.message == {"pending_delete": "This conversation is being deleted; it accepts no more writes.",
+                                     "deleted": "This conversation was deleted; it accepts no more writes."}[state]
     assert not Item.objects.filter(conversation=conversation).exists()
     assert Conversation.objects.get(pk=conversation.pk).last_activity_at == before
 

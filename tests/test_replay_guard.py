@@ -95,6 +95,15 @@ def test_a_new_item_reusing_a_removed_call_id_is_refused_everywhere(runtime, con
         append_item(conversation, **body)
     assert (refused.value.code, refused.value.status) == ("tool_details_removed", 409)
     assert Item.objects.count() == count
+    # Nor can the call come back as a message carrying its output, and the refusal leaves
+    # the conversation's activity as it was (it would protect the conversation from cleanup).
+    active = Conversation.objects.get(pk=conversation.pk).last_activity_at
+    as_message = {"role": "assistant", "tool_call_id": "call_77", "content": f"the output was {SECRET}"}
+    response = runtime.post(f"/v1/threads/{conversation.public_id}/items", data=json.dumps(as_message),
+                            content_type="application/json")
+    assert (response.status_code, response.json()["code"]) == (409, "tool_details_removed")
+    assert Item.objects.count() == count
+    assert Conversation.objects.get(pk=conversation.pk).last_activity_at == active
     assert_still_removed(item, item)
     # Another call id, or the same one in another conversation, is a new call.
     assert append_item(conversation, **{**body, "tool_call_id": "call_78"}).payload["stdout"] == SECRET

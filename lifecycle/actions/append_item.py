@@ -35,8 +35,9 @@ def append_item(
 ) -> Item:
     """Append one message to the conversation's transcript and mark it active now.
 
-    A tool item reusing the call id of an item whose details cleanup removed is refused
-    (`tool_details_removed`): a replayed call cannot bring the removed details back.
+    An item of any role reusing the call id of an item whose details cleanup removed is
+    refused (`tool_details_removed`): a replayed call cannot bring the removed details back,
+    as a tool item or as a message.
     """
     if role != Role.TOOL and (tool_kind or payload is not None):
         raise ActionRefused(
@@ -56,7 +57,7 @@ def append_item(
         if not Conversation.objects.filter(pk=pk, state=ConversationState.LIVE).update(last_activity_at=now):
             lock_writable(pk)  # gone (DoesNotExist) or not live (the fence's refusal)
             raise refusal()  # a conversation never goes back to live
-        if role == Role.TOOL and tool_call_id and Item.objects.filter(
+        if tool_call_id and Item.objects.filter(
             conversation_id=pk, payload_skip=Skip.ALREADY_REMOVED, tool_call_id=tool_call_id
         ).exists():
             raise ActionRefused(
