@@ -117,8 +117,8 @@ def test_it_narrows_the_list_by_searching(seeded, live_server, open_page, viewpo
 
 @pytest.mark.parametrize("viewport", ["desktop", "small-phone"], ids=["1280", "320"])
 def test_one_query_asks_the_server_once(seeded, live_server, open_page, viewport):
-    """Typing then Enter at once, typing and waiting, a cleared box, a tab: one list request
-    each, and none repeated after it (a late repeat of the Enter's request replaced the list
+    """Typing then Enter at once, typing and waiting, a cleared box, a tab, a tab picked while
+    typing: one list request each, none for Enter on the query shown, and none repeated after it (a late repeat of the Enter's request replaced the list
     under a click); after going back, the filters match the restored list and a query is asked even if it
     was the last one asked."""
     page, everyone = signed_in_list(open_page, viewport, live_server.url)
@@ -134,6 +134,7 @@ def test_one_query_asks_the_server_once(seeded, live_server, open_page, viewport
 
     search.press_sequentially("s")  # typing alone: one request once the typing settles
     expect_listed(page, Conversation.objects.recent().search("drafts"))
+    search.press("Enter")  # the query the list shows: not asked again
     page.wait_for_timeout(800)
     assert [re.sub(r"^.*\?", "", url) for url in asked] == ["view=recent&owner=&q=draft", "view=recent&owner=&q=drafts"]
 
@@ -155,6 +156,15 @@ def test_one_query_asks_the_server_once(seeded, live_server, open_page, viewport
     expect(search).to_have_value("")
     search.press_sequentially("draft")
     expect_listed(page, Conversation.objects.archived().search("draft"))
+
+    # A tab picked before the typing settles: one request, with the query typed so far.
+    page.wait_for_timeout(800)
+    asked.clear()
+    search.press_sequentially("s")
+    page.locator("label.tab", has_text="Recent").click()
+    expect_listed(page, Conversation.objects.recent().search("drafts"))
+    page.wait_for_timeout(800)
+    assert [re.sub(r"^.*\?", "", url) for url in asked] == ["view=recent&owner=&q=drafts"]
 
 
 @pytest.mark.parametrize("viewport", ["desktop", "small-phone"], ids=["1280", "320"])

@@ -297,3 +297,44 @@ def test_the_card_works_from_the_keyboard_and_keeps_the_place_across_status_read
     page.keyboard.press("Enter")
     expect(page.locator("#analysis-details")).to_have_attribute("open", "")
     expect(page.locator("#analysis-details")).to_contain_text(str(removable(old)))
+
+
+def test_the_backup_choice_is_asked_afresh_and_the_form_follows_a_cancelled_preparation(data, live_server, open_page):
+    page = open_page("desktop")
+    open_card(page, live_server.url)
+    choices = page.locator("#backup-choice")
+    turn_on_and_save(page, "Create backup (recommended)")
+    page.reload()
+    page.wait_for_load_state("load")
+    # Shortening the period asks again, with nothing chosen: the last save's choice is not a decision
+    page.get_by_label("Number").fill("2")
+    expect(choices).to_be_visible()
+    for label in ("Create backup (recommended)", "Continue without backup"):
+        expect(page.get_by_label(label)).not_to_be_checked()
+    page.locator("#save-bar").get_by_role("button", name="Save").click()
+    expect(page.locator("#backup-choice-error")).to_be_visible()
+    expect(page.get_by_label("Create backup (recommended)")).to_be_focused()  # taken to what needs fixing
+    assert ToolPayloadPolicy.load().age_value == 3
+    # Discard puts the period back, and with it hides the choice again
+    page.locator("#save-bar").get_by_role("button", name="Discard").click()
+    expect(page.get_by_label("Number")).to_have_value("3")
+    expect(choices).to_be_hidden()
+
+    # A preparation cancelled, then Cancel: cleanup is off, and the form says so at once
+    page.get_by_role("button", name="Run cleanup now").click()
+    expect(page.get_by_role("button", name="Cancel preparation")).to_be_visible()
+    page.get_by_role("button", name="Cancel preparation").click()
+    drain()
+    expect(page.get_by_test_id("preparation")).to_contain_text("Backup preparation cancelled.", timeout=15_000)
+    page.locator("#cancel-backup").click()
+    expect(page.get_by_test_id("next-check")).to_have_text("Disabled")
+    expect(page.get_by_label("Automatic cleanup")).not_to_be_checked()
+    expect(page.locator("#save-bar")).to_be_hidden()
+    policy = ToolPayloadPolicy.load()
+    assert not policy.enabled
+    # and its next save goes with the new revision
+    page.get_by_label("Number").fill("5")
+    page.locator("#save-bar").get_by_role("button", name="Save").click()
+    expect(page.get_by_role("status").filter(has_text="Cleanup policy saved.")).to_be_visible()
+    saved = ToolPayloadPolicy.load()
+    assert (saved.enabled, saved.age_value, saved.revision) == (False, 5, policy.revision + 1)

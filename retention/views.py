@@ -20,7 +20,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy, pgettext_lazy
+from django.utils.translation import gettext_lazy, ngettext, pgettext_lazy
 from django.views.decorators.http import require_GET, require_POST
 
 from console.auth import is_admin
@@ -65,7 +65,14 @@ SKIP_LABELS = {
     "protected": gettext_lazy("protected (plans, todos, tasks, monitors)"),
     "too_small": gettext_lazy("too small to save space"),
 }
-UNIT_LABELS = {"weeks": gettext_lazy("weeks"), "months": gettext_lazy("months")}
+def _unit_label(unit: str | None, value: int | None) -> str:
+    """The period's unit in words, singular or plural as its value needs."""
+    count = value if isinstance(value, int) else 2
+    if unit == "weeks":
+        return ngettext("week", "weeks", count)
+    if unit == "months":
+        return ngettext("month", "months", count)
+    return unit or ""
 
 
 def _error_text(error) -> str:
@@ -88,13 +95,15 @@ def _op(op: dict | None) -> dict | None:
         "kind_label": KIND_LABELS.get(op.get("kind"), op.get("kind")),
         "started_by_label": _("the daily schedule") if who == "schedule" else (who or _("unknown")),
         "skipped_list": [(SKIP_LABELS.get(reason, reason), n) for reason, n in (op.get("skipped") or {}).items() if n],
-        "age_unit_label": UNIT_LABELS.get(age.get("unit"), age.get("unit", "")),
+        "age_unit_label": _unit_label(age.get("unit"), age.get("value")),
     }
 
 
 def _saved_form(form_class, policy):
-    """An unbound form showing the saved values (the fields the policy has)."""
-    return form_class(initial={name: getattr(policy, name) for name in form_class.base_fields if hasattr(policy, name)})
+    """An unbound form showing the saved values (the fields the policy has), but never a
+    backup choice: the admin makes it each time it is asked for (AC-TPR-002.1)."""
+    return form_class(initial={name: getattr(policy, name) for name in form_class.base_fields
+                               if hasattr(policy, name) and name != "backup_choice"})
 
 
 def _read_status() -> dict | None:
@@ -245,7 +254,8 @@ def cleanup_status(request: HttpRequest) -> HttpResponse:
     if doc is None:
         response = render(request, LIVE, {"status_failed": True})
     else:
-        context = {"card": _card(doc, database_size().engine), "can_edit": is_admin(request.user)}
+        db = database_size()
+        context = {"card": _card(doc, db.engine), "db": db, "can_edit": is_admin(request.user)}
         response = render(request, LIVE, context)
     response["HX-Reswap"] = "none"
     return response
@@ -299,7 +309,7 @@ def facts_policy_save(request: HttpRequest) -> HttpResponse:
 # ---- Cleanup actions: each calls one service function -----------------------------
 
 
-def _action(request: HttpRequest, form_class, call) -> HttpResponse:
+def _action(request: HttpRequest, form_class, call, *, refresh_form: bool = False) -> HttpResponse:
     """Members 403, bad input 400, a refusal with the service's own status and message;
     success answers htmx with the fresh live regions and plain forms with a redirect."""
     if not is_admin(request.user):
@@ -317,8 +327,12 @@ def _action(request: HttpRequest, form_class, call) -> HttpResponse:
     doc = _read_status()
     context = {"status_failed": doc is None, "action_ok": True, "can_edit": True}
     if doc is not None:
-        context["card"] = _card(doc, database_size().engine)
+        context["db"] = database_size()
+        context["card"] = _card(doc, context["db"].engine)
     response = render(request, LIVE, context, status=202)
+    if refresh_form:  # the action saved the policy: the card's form shows it (and its revision)
+        card = render(request, f"{PAGE}#tool-card", _context(request, oob=True))
+        response.content += card.content
     response["HX-Reswap"] = "none"
     return response
 
@@ -372,7 +386,7 @@ def cleanup_cancel_preparation(request: HttpRequest) -> HttpResponse:
             revision=data["revision"], backup_choice=policy.backup_choice or "create",
         )
 
-    return _action(request, RunForm, call)
+    return _action(request, RunForm, call, refresh_form=True)
 
 
 @login_required

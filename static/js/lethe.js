@@ -119,6 +119,23 @@
     var box = searchBox(event.target.elements && event.target.elements.namedItem("q"));
     if (!box) return;
     clearTimeout(searchTimer);
+    if (searched === undefined) searched = box.defaultValue;
+    if (box.value === searched) {
+      // Enter on the query the list already shows: nothing to ask (this listener runs
+      // before the form's own, so htmx never sees the submit).
+      event.preventDefault();
+      event.stopPropagation();
+      return;
+    }
+    searched = box.value;
+  }, true);
+  // A tab or an owner picked while the typing has not settled asks once, with the query
+  // as typed so far: the typing's own request would only repeat it.
+  document.addEventListener("change", function (event) {
+    var form = event.target.form;
+    var box = form && event.target.id !== "q" && searchBox(form.elements.namedItem("q"));
+    if (!box) return;
+    clearTimeout(searchTimer);
     searched = box.value;
   }, true);
   // Back and forward restore a list from htmx's history cache, and with it the filters as
@@ -251,6 +268,7 @@
   var live = document.getElementById("save-bar-live");
   var signIn = bar.querySelector(".save-bar-signin");
   var saved = {};
+  var known = new WeakSet(); // the contributor forms whose saved state is recorded
   var lastField = null; // the contributor field the person last used
   var sessionEnded = false;
   var busy = false;
@@ -403,6 +421,7 @@
         if (window.htmx) window.htmx.process(fresh);
         syncCleanupDraft();
         var newForm = fresh.querySelector('form[data-contributor="' + key + '"]');
+        known.add(newForm); // saved: its state; refused: still the earlier saved state
         if (response.ok) remember(newForm);
         else fresh.classList.add("has-error");
         var again = focusedId && document.getElementById(focusedId);
@@ -436,7 +455,8 @@
         announce(live, bar.dataset.failed);
         // Take the person to what needs fixing.
         var card = document.querySelector(".card.has-error");
-        var field = card && (card.querySelector("[aria-invalid=true]") || card.querySelector("input, select"));
+        var field = card && (card.querySelector("[aria-invalid=true]:not([disabled])") ||
+          card.querySelector("input:not([type=hidden]):not([disabled]), select:not([disabled])"));
         if (card) card.scrollIntoView({ block: "center" });
         if (field) field.focus({ preventScroll: true });
         return;
@@ -460,13 +480,22 @@
     var card = lastField && lastField.closest("section");
     dirtyForms().forEach(function (f) { restore(f, saved[f.dataset.contributor]); });
     document.querySelectorAll(".card.has-error").forEach(function (c) { c.classList.remove("has-error"); });
+    syncCleanupDraft(); // what depends on the fields (the backup choice, the estimate's mark)
     sessionEnded = false;
     refresh();
     announce(live, bar.dataset.discarded);
     if (barHadFocus || focusLost()) focusQuiet(card);
   }
 
-  forms().forEach(function (form) { saved[form.dataset.contributor] = served(form); });
+  forms().forEach(function (form) { saved[form.dataset.contributor] = served(form); known.add(form); });
+  // A card swapped in by an action (cancelling a preparation turns cleanup off) shows what
+  // is saved now, so its form, one this script has not seen, is that card's saved state.
+  document.addEventListener("htmx:oobAfterSwap", function () {
+    var fresh = forms().filter(function (form) { return !known.has(form); });
+    if (!fresh.length) return;
+    fresh.forEach(function (form) { known.add(form); remember(form); });
+    refresh();
+  });
   document.addEventListener("focusin", function (event) {
     if (event.target.closest && event.target.closest("form[data-contributor]")) {
       lastField = event.target;
