@@ -244,6 +244,14 @@ def test_compact_database_runs_as_a_job_with_before_and_after_sizes(admin_client
     assert op.state == "succeeded" and op.after_bytes is not None
     compact = region(page(admin_client), "db-compact")
     assert "Last compacted" in compact and "the file went from" in compact
+    # The status read that shows the result carries the database's figures read again, so
+    # they do not stay at their size before the compaction beside it.
+    from retention.storage import database_size
+
+    status = admin_client.get(STATUS, **HX).content.decode()
+    figures = region(status, "db-figures")
+    assert 'id="db-figures" hx-swap-oob="true"' in status
+    assert str(filesizeformat(database_size().file_bytes)) in figures
 
 
 # ---- Status reads and action errors (AC-003.7 to 003.9) ---------------------------------------
