@@ -261,6 +261,9 @@ def loads_strict(raw: bytes, *, max_depth: int) -> Any:
 def read_json_body(request: HttpRequest) -> Any:
     if request.content_type != "application/json":
         raise ApiError(415, "unsupported_media_type", _("Send the body as application/json."))
+    if request.content_params.get("charset", "utf-8").strip().lower() not in ("utf-8", "utf8"):
+        # JSON is UTF-8 (RFC 8259); a body said to be in another encoding is not read as JSON
+        raise ApiError(415, "unsupported_media_type", _("Send the body as application/json in UTF-8."))
     limit = settings.API_MAX_BODY_BYTES
     length = request.headers.get("Content-Length")
     if "Transfer-Encoding" in request.headers:

@@ -76,7 +76,7 @@ def conversation_close(request: HttpRequest, public_id: str) -> HttpResponse:
     closed = request.POST.get("closed") == "1"
     try:
         get_engine().set_closed(public_id, closed, actor=request.user)
-        messages.success(request, _("Closed: its workers were stopped and its process lease released.")
+        messages.success(request, _("Closed: its running turns were stopped and its process lease released.")
                          if closed else _("Resumed."))
     except ActionRefused as exc:
         _refused(request, exc)

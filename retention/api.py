@@ -199,7 +199,9 @@ def run(request: HttpRequest, body: RunIn) -> tuple[int, dict]:
 
 
 @endpoint("POST", BASE + "/retry-preparation", response={202: StartedOut}, admin=True, errors=(409,),
-          name="api-tool-payloads-retry", summary="Retry the backup after it failed or was cancelled")
+          name="api-tool-payloads-retry", summary="Retry the backup after it failed or was cancelled",
+          description="409 `busy` while the backup is being made, `nothing_to_retry` when no backup "
+                      "was chosen or it is ready.")
 def retry(request: HttpRequest) -> tuple[int, dict]:
     return 202, {"operation_id": _call(service.retry_preparation, user=request.user)}
 

@@ -56,6 +56,7 @@ class CleanupError(Exception):
         "preparation_required": 409,
         "not_enabled": 409,
         "not_cancellable": 409,
+        "nothing_to_retry": 409,
         "not_found": 404,
         "forbidden": 403,
         "state_unreadable": 409,
@@ -423,10 +424,12 @@ def retry_preparation(*, user) -> int:
     """Start the backup again after it failed or was cancelled; cleanup follows it."""
     _require_admin(user)
     policy = _load_checked_policy()
+    if policy.backup_choice == BackupChoice.CREATE and policy.preparation_state == PreparationState.PREPARING:
+        raise CleanupError("busy", _("The backup is being made already."))
     if policy.backup_choice != BackupChoice.CREATE or policy.preparation_state not in (
         PreparationState.FAILED, PreparationState.CANCELLED, PreparationState.NONE,
     ):
-        raise CleanupError("not_cancellable", _("There is no backup to retry."))
+        raise CleanupError("nothing_to_retry", _("There is no backup to retry."))
     with transaction.atomic():
         op = _create_operation(
             kind=OperationKind.BACKUP, then_cleanup=policy.enabled, started_by=user,

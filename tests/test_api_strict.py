@@ -206,3 +206,13 @@ def test_an_unknown_filter_is_named_safely_and_a_bad_limit_says_its_range(member
     assert response.json()["message"] == "Unknown filter: \\u202ex."
     response = member_client.get("/v1/threads?limit=0", **HOST)
     assert response.json()["message"] == "The value of limit is not valid; expected a whole number from 1 to 200."
+
+
+def test_a_body_in_another_encoding_than_utf8_is_refused_with_415(runtime, conversation):
+    response = runtime.post(f"/v1/threads/{conversation.public_id}/items", data='{"role":"user","content":"caf\xe9"}',
+                            content_type="application/json; charset=latin-1")  # the client sends it in Latin-1
+    assert (response.status_code, response.json()["code"]) == (415, "unsupported_media_type")
+    assert Item.objects.count() == 0
+    accepted = runtime.post(f"/v1/threads/{conversation.public_id}/items", data='{"role":"user","content":"caf\xe9"}'
+                            .encode(), content_type="application/json; charset=UTF-8")
+    assert accepted.status_code == 201 and Item.objects.get().content == "caf\xe9"

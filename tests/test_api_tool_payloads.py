@@ -140,6 +140,8 @@ def test_run_waits_for_preparation_when_a_backup_was_chosen(api):
     assert op.kind == "backup"
     doc = api.get(BASE).json()
     assert doc["preparation"]["state"] == "preparing" and doc["operation"]["kind"] == "backup"
+    again = send(api, "post", "/retry-preparation")  # the backup is being made: busy, not "nothing to retry"
+    assert (again.status_code, again.json()["code"]) == (409, "busy")
     cancel = send(api, "post", "/cancel", {"operation_id": op.pk})
     assert (cancel.status_code, cancel["Content-Type"], cancel.json()) == (202, "application/json",
                                                                            {"operation_id": op.pk})
@@ -149,6 +151,8 @@ def test_run_waits_for_preparation_when_a_backup_was_chosen(api):
 def test_not_enabled_run_is_refused(api):
     answer = send(api, "post", "/run", {"revision": 1})
     assert (answer.status_code, answer.json()["code"]) == (409, "not_enabled")
+    retry = send(api, "post", "/retry-preparation")  # no backup was chosen
+    assert (retry.status_code, retry.json()["code"]) == (409, "nothing_to_retry")
 
 
 def test_an_empty_object_is_the_body_of_an_action_that_takes_none(api):
