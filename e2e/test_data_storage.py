@@ -251,3 +251,20 @@ def test_a_change_typed_before_the_script_ran_still_gets_the_save_bar(seeded, li
     page.locator("#save-bar").get_by_role("button", name="Discard").click()
     expect(field).to_have_value("365")
     expect(page.locator("#save-bar")).to_be_hidden()
+
+
+def test_enter_on_a_checkbox_or_a_radio_saves_like_in_a_text_field(policies, live_server, open_page):
+    tool, _facts = policies
+    page = open_page("desktop")
+    open_data_storage(page, live_server.url, ADMIN)
+    page.get_by_label("Automatic cleanup").focus()
+    page.keyboard.press("Space")
+    page.keyboard.press("Enter")  # the choice is missing: refused, and the focus goes to it
+    expect(bar(page).locator(".save-bar-status")).to_have_text(NOT_SAVED)
+    choice = page.get_by_label("Create backup (recommended)")
+    expect(choice).to_be_focused()
+    page.keyboard.press("Space")
+    page.keyboard.press("Enter")
+    expect(page.get_by_role("status").filter(has_text="Cleanup policy saved.")).to_be_visible()
+    stored = tool_policy()
+    assert (stored.enabled, stored.backup_choice, stored.revision) == (True, "create", tool.revision + 1)

@@ -511,6 +511,16 @@
     }
   });
   document.addEventListener("keydown", function (event) {
+    // Enter on a checkbox or a radio of a card being edited saves, as it does in a text field
+    // (browsers submit only from those), so the keyboard need not go round to the bar.
+    var el = event.target;
+    if (event.key !== "Enter" || busy || event.defaultPrevented || !el.matches ||
+        !el.matches("form[data-contributor] input[type=checkbox], form[data-contributor] input[type=radio]")) return;
+    if (!dirtyForms().length) return;
+    event.preventDefault();
+    saveAll();
+  });
+  document.addEventListener("keydown", function (event) {
     // Escape in a card being edited, or on the bar, discards like the Discard button.
     if (event.key !== "Escape" || bar.hidden || busy || event.defaultPrevented) return;
     var inside = bar.contains(event.target) || (event.target.closest && event.target.closest("form[data-contributor]"));
