@@ -65,6 +65,8 @@ SKIP_LABELS = {
     "protected": gettext_lazy("protected (plans, todos, tasks, monitors)"),
     "too_small": gettext_lazy("too small to save space"),
 }
+
+
 def _unit_label(unit: str | None, value: int | None) -> str:
     """The period's unit in words, singular or plural as its value needs."""
     count = value if isinstance(value, int) else 2
