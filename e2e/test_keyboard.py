@@ -267,3 +267,17 @@ def test_show_later_messages_moves_the_focus_to_the_first_new_message(seeded, li
     first_new = conversation.items.order_by("seq")[50]
     expect(page.locator(f"#item-{first_new.pk}")).to_be_focused()
     expect(page.get_by_role("link", name="Show later messages")).to_have_count(0)
+
+
+def test_after_a_row_action_the_focus_starts_at_its_outcome(seeded, live_server, open_page):
+    page = open_page("desktop")
+    log_in(page, live_server.url, *ADMIN)
+    first = page.locator("#results .conv").first
+    title = first.locator(".conv-title").inner_text()
+    archive = first.get_by_role("button", name=re.compile("^Archive"))
+    archive.focus()
+    page.keyboard.press("Enter")
+    flash = page.locator(".flash")
+    expect(flash).to_contain_text("Archived: hidden from Recent.")
+    expect(flash).to_be_focused()  # not the top of the page: the next Tab goes on into the content
+    assert Conversation.objects.get(title=title).archived_at is not None

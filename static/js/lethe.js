@@ -29,6 +29,13 @@
     return !document.activeElement || document.activeElement === document.body;
   }
 
+  // ---- After an action: its outcome --------------------------------------------
+  // A form posted from a list row or a page (Archive, Close...) comes back with a message:
+  // the focus starts at it (and it is read out), just before the page's content, rather
+  // than at the top of the page.
+  var flash = document.querySelector(".flash");
+  if (flash && focusLost()) focusQuiet(flash);
+
   // ---- The viewer's time zone -------------------------------------------------
   // The server shows times in the zone the browser reports (unless the person chose one).
   try {
