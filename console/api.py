@@ -317,9 +317,11 @@ _OUT_OF_RANGE = {"greater_than", "greater_than_equal", "less_than", "less_than_e
 
 
 def _body_error(exc: ValidationError) -> ApiError:
-    first = exc.errors(include_url=False, include_input=False)[0]
+    first = exc.errors(include_url=False)[0]  # the input is looked at, never shown
     kind = first["type"]
     name = _field_name(first["loc"], client_key=kind == "extra_forbidden")
+    if kind in ("literal_error", "enum") and not isinstance(first.get("input"), str):
+        kind = "wrong_type"  # a number where a word is expected: a type, not an unknown word
     if kind == "extra_forbidden":
         return ApiError(400, "unknown_field", _("Unknown field: %(field)s.") % {"field": name})
     if kind == "missing":

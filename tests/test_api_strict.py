@@ -183,6 +183,9 @@ def test_it_refuses_nul_in_api_addresses(member_client, path):
         # A wrong type where a union is declared names the field, not the union's member types
         (b'{"role":"tool","tool_kind":"shell","payload":true}', "invalid_type", "Field payload has the wrong type."),
         (b'{"role":"tool","tool_kind":"shell","payload":false}', "invalid_type", "Field payload has the wrong type."),
+        # A number where one of some words is expected is a wrong type; an unknown word is not a choice
+        (b'{"role":5}', "invalid_type", "Field role has the wrong type."),
+        (b'{"role":"robot"}', "invalid_choice", "Field role has an unknown value."),
         # A name from the request is shown with its control and bidi characters escaped
         (b'{"role":"user","\\u202egnp.exe\\u001b[2J<b>":1}', "unknown_field",
          "Unknown field: \\u202egnp.exe\\u001b[2J<b>."),
