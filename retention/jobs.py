@@ -502,7 +502,9 @@ class _Pace:
         # the cursor and cutoff the last batch committed: the next batch reads from there without
         # reading the operation row first (its write transaction checks the cursor again)
         self.next_read: tuple[tuple[int, int], datetime] | None = None
-        self.candidates: list[int] = []  # eligible conversations read ahead, in id order
+        # the eligible conversations read last, in id order, and the id they were read from: all
+        # the eligible ones in [from, last] (one tuple, so the read-ahead thread replaces both at once)
+        self.window: tuple[int, list[int]] = (0, [])
         self.eligible: _EligibleAmong | None = None
         self.marked_stale = False
         self.checkpointer: _Checkpointer | None = None  # SQLite: folds the WAL back in beside the batches
@@ -516,9 +518,15 @@ class _Pace:
                 time.sleep(left)
 
     def candidates_from(self, first: int) -> list[int] | None:
-        """The conversations read ahead from `first` on, or None when a new read is due. Each
-        is rechecked inside its batch's transaction, so a read-ahead list is never trusted."""
-        ahead = [c for c in self.candidates if c >= first]
+        """The conversations read before from `first` on, or None when a new read is due: past
+        the list, or before where it was read from (a batch that committed another cursor than
+        the read-ahead expected, or stopped early: the list would skip the conversations in
+        between). Each is rechecked inside its batch's transaction, so a list read before is
+        never trusted for eligibility."""
+        start, candidates = self.window
+        if first < start:
+            return None
+        ahead = [c for c in candidates if c >= first]
         return ahead or None
 
     def eligible_among(self, cutoff: datetime) -> _EligibleAmong:
@@ -785,7 +793,7 @@ def _read_batch(op: ToolPayloadOperation, token: str, pace: _Pace | None,
             .values_list("id", flat=True)[:CONVERSATIONS_PER_BATCH]
         )
         if pace is not None:
-            pace.candidates = candidates
+            pace.window = (first, candidates)
     planned: list[_Planned] = []
     batch_bytes = 0
     next_cursor = None

@@ -317,8 +317,14 @@ def test_a_symlinked_folder_is_never_followed_and_keeps_the_delete_pending(tmp_p
         child.unlink()
     folder.rmdir()
     folder.symlink_to(outside, target_is_directory=True)
+    # The preview says that folder could not be counted, and does not fail (it answered 500)
+    from lifecycle.deletion.preview import preview
+
+    artifacts = next(s for s in preview(target)["stores"] if s["store"] == "artifacts")
+    assert artifacts["records"] is None
     op = delete(target)
     assert executor.run_erasure(op.pk) == "pending"
+    assert next(s for s in preview(target)["stores"] if s["store"] == "artifacts")["records"] is None
     op.refresh_from_db()
     assert (op.state, op.step, op.last_error) == ("pending", "artifacts", "unsafe_path")
     assert (outside / "precious.txt").read_bytes() == b"not the conversation's"

@@ -477,6 +477,44 @@ def test_a_batch_that_runs_out_of_time_commits_what_it_handled_and_the_next_goes
     assert [(c, i) for c, i, _removed in cursors[:3]] == [ids[1], ids[3], ids[5]]
 
 
+def test_a_list_of_conversations_read_from_further_on_is_not_used_for_an_earlier_cursor():
+    """The pace keeps the eligible conversations it last read and where it read them from; a
+    cursor before that (a batch committed another cursor than the read-ahead expected) reads
+    again instead of taking the list, which would skip the conversations in between."""
+    pace = jobs._Pace.__new__(jobs._Pace)
+    pace.window = (5, [5, 6, 9])
+    assert pace.candidates_from(6) == [6, 9]
+    assert pace.candidates_from(5) == [5, 6, 9]
+    assert pace.candidates_from(3) is None  # 3 and 4 may be eligible: not in this list
+    assert pace.candidates_from(10) is None  # past it
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_the_read_ahead_a_batch_that_stops_early_skips_no_conversation(admin_user, monkeypatch):
+    """PostgreSQL, read-ahead on, batches that run out of time (a pause set): the read-ahead
+    reads from the cursor a batch was expected to commit, the batch commits an earlier one,
+    and the next batch must start from the committed cursor, not from the read-ahead's
+    conversations (that skipped the rest of a conversation as recent activity, and the
+    conversations in between silently). On SQLite (no read-ahead) the same run is checked."""
+    monkeypatch.setattr(jobs, "READ_AHEAD", True)
+    monkeypatch.setattr(jobs, "CONVERSATIONS_PER_BATCH", 3)
+    monkeypatch.setattr(jobs, "PAUSE_SET", True)
+    monkeypatch.setattr(jobs, "SQLITE_PAUSE", 0.001)
+    monkeypatch.setattr(jobs, "BATCH_SECONDS_SET", True)
+    monkeypatch.setattr(jobs, "BATCH_SECONDS", 1e-9)
+    monkeypatch.setattr(jobs._Pace, "write_limit", lambda self: 0.0)  # every batch stops after a chunk
+    monkeypatch.setattr(jobs, "WRITE_CHUNK", 3)
+    conversations = [old_conversation(f"early-{n}", tools=tools) for n, tools in enumerate([4, 12, 2, 2, 2])]
+    eligible = Item.objects.filter(conversation__in=conversations, removable_bytes__gt=0)
+    expected = eligible.aggregate(n=Count("id"), b=Sum("removable_bytes"))
+    enable(admin_user)
+    done = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert done.state == "succeeded"
+    assert json.loads(done.skipped_json) == {}  # every conversation stayed idle
+    assert (done.removed_messages, done.payload_bytes) == (expected["n"], expected["b"])
+    assert not eligible.exists()
+
+
 # ---- Fail closed ----------------------------------------------------------------------------
 
 

@@ -7,7 +7,7 @@ from typing import Any
 from lifecycle import fleet
 from lifecycle.deletion import files, reasons
 from lifecycle.deletion.admission import admit
-from lifecycle.enginefs import EngineHome
+from lifecycle.enginefs import EngineHome, UnsafeEnginePath
 from lifecycle.models import Conversation, ConversationState
 from lifecycle.registry import STORES, RetentionClass, Store
 
@@ -16,7 +16,10 @@ def _count(store: Store, conversation: Conversation, home: EngineHome) -> dict[s
     if store.kind == "external":
         return {}
     if store.kind == "file":
-        path = store.paths(home, conversation)[0]
+        try:
+            path = store.paths(home, conversation)[0]
+        except UnsafeEnginePath:  # a symlink on the way: not counted (the delete reports it)
+            return {"records": None}
         if store.shared_file:
             try:
                 return {"records": len(fleet.children(fleet.read_rows(path), conversation))}
