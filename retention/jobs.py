@@ -909,12 +909,20 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
                 pace.next_read = None
             return "next"  # moved on meanwhile: read again
         if not candidates:
+            left = 0
             if cursor_item != NO_CURSOR:  # the last conversation became active mid-way
                 left = Item.objects.filter(conversation_id=cursor_conversation, removable_bytes__gt=0,
                                            id__gt=cursor_item).count()
+            # The items counted at the start in conversations that were no longer eligible when
+            # the run came to them (active again) are skipped for that reason too, so a finished
+            # run has nothing left over and every item counted at the start is accounted for.
+            done, total = ToolPayloadOperation.objects.filter(pk=op.pk).values_list(
+                "progress_done", "progress_total").get()
+            unreached = max(0, total - done - left)
+            if left or unreached:
                 ToolPayloadOperation.objects.filter(pk=op.pk).update(
-                    skipped_json=_merge(fresh.skipped_json, Counter(recent_activity=left)),
-                    progress_done=F("progress_done") + left,
+                    skipped_json=_merge(fresh.skipped_json, Counter(recent_activity=left + unreached)),
+                    progress_done=F("progress_done") + left + unreached,
                 )
             _close_locked(op, OperationState.SUCCEEDED)
             return "succeeded"

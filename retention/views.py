@@ -57,6 +57,8 @@ KIND_LABELS = {
     "compact": gettext_lazy("Compact database"),
 }
 SKIP_LABELS = {
+    "recent_activity": gettext_lazy("active again during the run"),
+    "changed": gettext_lazy("changed during the run"),
     "oversize": gettext_lazy("too large to read safely"),
     "malformed": gettext_lazy("unreadable details"),
     "already_removed": gettext_lazy("details already removed"),

@@ -477,6 +477,32 @@ def test_a_batch_that_runs_out_of_time_commits_what_it_handled_and_the_next_goes
     assert [(c, i) for c, i, _removed in cursors[:3]] == [ids[1], ids[3], ids[5]]
 
 
+@pytest.mark.django_db
+def test_a_conversation_active_again_before_the_run_reaches_it_is_counted_as_skipped(admin_user, monkeypatch):
+    """Its items were counted at the start; the run never reaches it as eligible. They are
+    skipped as recent activity, so the finished run has nothing left over (it showed them as
+    remaining work of a succeeded run)."""
+    monkeypatch.setattr(jobs, "CONVERSATIONS_PER_BATCH", 1)
+    first, second = old_conversation("first", tools=2), old_conversation("second", tools=2)
+    theirs = Item.objects.filter(conversation=second, removable_bytes__gt=0).count()
+    enable(admin_user)
+    op = jobs._claim(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision), "t")
+    woken = []
+
+    def after_batch(_result):
+        if not woken:
+            woken.append(factories.add_message(second, "user", "back again"))  # the runtime writes
+            Conversation.objects.filter(pk=second.pk).update(last_activity_at=timezone.now())
+
+    assert jobs._cleanup_step(op, "t", after_batch=after_batch) == "done"
+    done = ToolPayloadOperation.objects.get(pk=op.pk)
+    assert done.state == "succeeded"
+    assert json.loads(done.skipped_json) == {"recent_activity": theirs}
+    assert done.progress_done == done.progress_total == done.removed_messages + theirs
+    assert not Item.objects.filter(conversation=second, details_removed_at__isnull=False).exists()
+    assert not Item.objects.filter(conversation=first, removable_bytes__gt=0).exists()
+
+
 def test_a_list_of_conversations_read_from_further_on_is_not_used_for_an_earlier_cursor():
     """The pace keeps the eligible conversations it last read and where it read them from; a
     cursor before that (a batch committed another cursor than the read-ahead expected) reads
