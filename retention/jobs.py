@@ -1080,16 +1080,23 @@ def _commit_cursor(op_id: int, cursor: tuple[int, int], *, removed: int, removed
 def _fix_cutoff(op: ToolPayloadOperation, token: str) -> None:
     """The run's first batch fixes its cutoff and totals."""
     from lifecycle.models import Item
+    from retention.reducer import Skip
 
     cutoff = cutoff_for(timezone.now(), op.age_value, op.age_unit)
-    removable = Item.objects.filter(
-        removable_bytes__gt=0, conversation__in=eligible_conversations(cutoff).values("id")
-    ).aggregate(n=Count("id"), c=Count("conversation_id", distinct=True))
+    in_scope = Item.objects.filter(conversation__in=eligible_conversations(cutoff).values("id"))
+    removable = in_scope.filter(removable_bytes__gt=0).aggregate(
+        n=Count("id"), c=Count("conversation_id", distinct=True))
+    # What the run leaves alone for its kind or its data (protected, unsupported, unreadable,
+    # too small...), as the analysis counts it; details removed before are done, not skipped.
+    left_alone = Counter(dict(
+        in_scope.exclude(payload_skip__in=("", Skip.ALREADY_REMOVED))
+        .values_list("payload_skip").annotate(n=Count("id")).order_by()
+    ))
     with transaction.atomic():
         _locked(op, token)
         ToolPayloadOperation.objects.filter(pk=op.pk, cutoff__isnull=True).update(
             cutoff=cutoff, progress_total=removable["n"], eligible_messages=removable["n"],
-            eligible_conversations=removable["c"],
+            eligible_conversations=removable["c"], skipped_json=_merge("{}", left_alone),
         )
     op.refresh_from_db()
 

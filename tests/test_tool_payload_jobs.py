@@ -51,6 +51,15 @@ def old_conversation(title: str, tools: int = 3, *, days: float = OLD) -> Conver
     return conversation
 
 
+def skipped_for_activity(op: ToolPayloadOperation) -> dict:
+    """A run's skips as its batches counted them (recent activity, changed), without what it
+    leaves alone for the item's kind or data from the start (the conversations' plans and
+    todos, "protected"; test_a_run_counts_what_it_leaves_alone_as_the_analysis_does)."""
+    found = json.loads(op.skipped_json)
+    found.pop("protected", None)
+    return found
+
+
 def run(operation_id: int) -> ToolPayloadOperation:
     for _ in range(1000):
         if jobs.run_operation(operation_id) != "more":
@@ -332,7 +341,7 @@ def test_a_foreground_write_between_batches_protects_its_conversation(admin_user
     assert removed.filter(conversation=busy).count() == 2  # only the batch before the write
     assert removed.filter(conversation=quiet).count() == 3
     assert Item.objects.filter(conversation=busy, removable_bytes__gt=0).count() == 5
-    assert json.loads(op.skipped_json) == {"recent_activity": 5}
+    assert skipped_for_activity(op) == {"recent_activity": 5}
     assert op.removed_messages == 5
 
 
@@ -365,7 +374,7 @@ def test_a_concurrent_item_write_wins_over_the_batch(admin_user, monkeypatch, ki
     assert raced == [1]
     assert target.status == "failed" and target.details_removed_at is None and target.removable_bytes > 0
     assert "retention" not in target.payload
-    assert json.loads(op.skipped_json) == {"changed": 1} and op.removed_messages == 3
+    assert skipped_for_activity(op) == {"changed": 1} and op.removed_messages == 3
     others = Item.objects.filter(conversation=conversation, details_removed_at__isnull=False)
     assert others.count() == 3 and target.pk not in set(others.values_list("id", flat=True))
 
@@ -402,7 +411,7 @@ def test_a_write_between_the_read_ahead_and_its_batch_wins_and_the_reading_conne
     assert op.state == "succeeded" and len(raced) == 1
     target = Item.objects.get(pk=raced[0])
     assert target.status == "failed" and target.details_removed_at is None and "retention" not in target.payload
-    assert json.loads(op.skipped_json) == {"changed": 1}
+    assert skipped_for_activity(op) == {"changed": 1}
     assert op.removed_messages == expected["n"] - 1
     assert op.payload_bytes == expected["b"] - target.removable_bytes
     assert not eligible.exclude(pk=target.pk).exists()  # every other item reduced, once
@@ -468,7 +477,7 @@ def test_a_batch_that_runs_out_of_time_commits_what_it_handled_and_the_next_goes
     done = ToolPayloadOperation.objects.get(pk=op.pk)
     assert done.state == "succeeded"
     assert (done.removed_messages, done.payload_bytes) == (expected["n"], expected["b"])
-    assert done.progress_done == expected["n"] and json.loads(done.skipped_json) == {}
+    assert done.progress_done == expected["n"] and skipped_for_activity(done) == {}
     assert not eligible.exists()
     # two items a batch, each batch's cursor on the last item it handled
     assert [removed for _c, _i, removed in cursors[:4]] == [2, 4, 6, 8]
@@ -497,10 +506,30 @@ def test_a_conversation_active_again_before_the_run_reaches_it_is_counted_as_ski
     assert jobs._cleanup_step(op, "t", after_batch=after_batch) == "done"
     done = ToolPayloadOperation.objects.get(pk=op.pk)
     assert done.state == "succeeded"
-    assert json.loads(done.skipped_json) == {"recent_activity": theirs}
+    assert skipped_for_activity(done) == {"recent_activity": theirs}
     assert done.progress_done == done.progress_total == done.removed_messages + theirs
     assert not Item.objects.filter(conversation=second, details_removed_at__isnull=False).exists()
     assert not Item.objects.filter(conversation=first, removable_bytes__gt=0).exists()
+
+
+@pytest.mark.django_db
+def test_a_run_counts_what_it_leaves_alone_as_the_analysis_does(admin_user):
+    """Unknown or unsupported data stays intact and is counted as skipped (AC-TPR-002.5), in the
+    run's own results too (002.6), as the analysis counted it; details removed by an earlier
+    run are done, not skipped."""
+    conversation = old_conversation("mixed", tools=2)  # its plan and todo are protected
+    factories.add_tool(conversation, "generic", {"output": "not a known shape", "x": [1, 2]}, tool_call_id="g-1")
+    factories.add_tool(conversation, "shell", ["not", "an", "object"], tool_call_id="s-bad")
+    age(conversation, OLD)
+    analysis = run(service.start_analysis(user=admin_user, age_value=3, age_unit="months"))
+    expected = json.loads(analysis.skipped_json)
+    assert expected.get("protected") == 2 and sum(expected.values()) >= 3, expected
+    enable(admin_user)
+    first = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert first.state == "succeeded" and json.loads(first.skipped_json) == expected
+    # A second run: the same left alone, the items reduced by the first are not "skipped"
+    second = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert second.removed_messages == 0 and json.loads(second.skipped_json) == expected
 
 
 def test_a_list_of_conversations_read_from_further_on_is_not_used_for_an_earlier_cursor():
@@ -536,7 +565,7 @@ def test_with_the_read_ahead_a_batch_that_stops_early_skips_no_conversation(admi
     enable(admin_user)
     done = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
     assert done.state == "succeeded"
-    assert json.loads(done.skipped_json) == {}  # every conversation stayed idle
+    assert skipped_for_activity(done) == {}  # every conversation stayed idle
     assert (done.removed_messages, done.payload_bytes) == (expected["n"], expected["b"])
     assert not eligible.exists()
 
@@ -699,7 +728,7 @@ def test_a_cleanup_killed_with_sigkill_resumes_on_a_real_cluster_with_exact_tota
     assert final.removed_messages == analysis.eligible_messages == 28  # nothing counted twice
     assert final.payload_bytes == analysis.payload_bytes
     assert stored_before - Item.objects.aggregate(s=Sum("payload_bytes"))["s"] == analysis.payload_bytes
-    assert json.loads(final.skipped_json) == {}
+    assert skipped_for_activity(final) == {}
     for conversation in conversations:
         assert not Item.objects.filter(conversation=conversation, removable_bytes__gt=0).exists()
         assert Item.objects.filter(conversation=conversation, details_removed_at__isnull=False).count() == 7
@@ -1114,5 +1143,5 @@ def test_a_conversation_that_turns_active_between_a_batchs_read_and_its_write_is
     assert not removed.filter(conversation=middle).exists()
     assert Item.objects.filter(conversation=middle, removable_bytes__gt=0).count() == per
     assert removed.filter(conversation=first).count() == per and removed.filter(conversation=last).count() == per
-    assert json.loads(op.skipped_json) == {"recent_activity": per}
+    assert skipped_for_activity(op) == {"recent_activity": per}
     assert op.removed_messages == 2 * per
