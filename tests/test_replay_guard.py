@@ -77,6 +77,23 @@ def test_a_late_update_through_the_orm_action_lands_but_the_details_stay_removed
     assert_still_removed(item, item)
 
 
+def test_a_late_update_with_the_revision_before_the_removal_lands_but_not_after_another_write(conversation):
+    item = reduced_item(conversation)  # the runtime knew revision 1; cleanup made it 2
+    known = item.revision - 1
+    updated = update_item(item, status="completed", revision=known, payload=late_payload())
+    assert (updated.status, updated.revision) == ("completed", item.revision + 1)
+    assert_still_removed(item, item)
+    # Now a real write happened since revision 1: that revision is stale as usual
+    with pytest.raises(ActionRefused) as stale:
+        update_item(item, title="late again", revision=known)
+    assert stale.value.code == "stale_revision"
+    assert Item.objects.get(pk=item.pk).title != "late again"
+    # and a revision older than the one before the removal is stale too
+    other = reduced_item(conversation, tool_call_id="call_other")
+    with pytest.raises(ActionRefused):
+        update_item(other, status="failed", revision=other.revision - 2)
+
+
 def test_an_update_cannot_smuggle_a_marker_or_restore_by_status_only(conversation):
     item = reduced_item(conversation)
     update_item(item, payload={**late_payload(), MARKER_KEY: {"version": 1, "removed_fields": []}})

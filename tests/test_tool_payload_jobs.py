@@ -527,6 +527,9 @@ def test_a_run_counts_what_it_leaves_alone_as_the_analysis_does(admin_user):
     enable(admin_user)
     first = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
     assert first.state == "succeeded" and json.loads(first.skipped_json) == expected
+    # Each reduced row's updated_at is the removal's time (a late update relies on it)
+    reduced = Item.objects.filter(conversation=conversation, details_removed_at__isnull=False)
+    assert reduced.count() == 3 and not reduced.exclude(updated_at=F("details_removed_at")).exists()
     # A second run: the same left alone, the items reduced by the first are not "skipped"
     second = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
     assert second.removed_messages == 0 and json.loads(second.skipped_json) == expected

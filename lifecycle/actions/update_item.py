@@ -15,6 +15,19 @@ from retention.reducer import MARKER_KEY, Skip, encode, keep_details_removed
 _UNSET: Any = object()
 
 
+def _only_reduced_since(item: Item, revision: int) -> bool:
+    """Whether the one change since `revision` is cleanup's removal of the item's details: it
+    bumps the revision by one and stamps `updated_at` with its own time, `details_removed_at`,
+    which any later write replaces. A late update sent with the revision its runtime knew then
+    still lands its status and title (AC-TPR-002.4): cleanup is not a conflicting write."""
+    return (
+        item.payload_skip == Skip.ALREADY_REMOVED
+        and item.details_removed_at is not None
+        and revision == item.revision - 1
+        and item.updated_at == item.details_removed_at
+    )
+
+
 def update_item(
     item: Item,
     *,
@@ -27,12 +40,13 @@ def update_item(
 
     A payload whose details were removed by cleanup can never be restored by a late or
     replayed update: status and title are applied, the payload fields cleanup removes are
-    dropped from the update, and the removal marker stays.
+    dropped from the update, and the removal marker stays. The revision cleanup's removal
+    took does not make such an update stale (see _only_reduced_since).
     """
     with transaction.atomic():
         conversation = lock_writable(item.conversation_id)
         current = Item.objects.select_for_update().get(pk=item.pk)
-        if revision is not None and revision != current.revision:
+        if revision is not None and revision != current.revision and not _only_reduced_since(current, revision):
             raise ActionRefused(
                 "stale_revision",
                 _("The item changed since revision %(revision)s; reload it and try again.")
