@@ -25,6 +25,7 @@ from console.api import is_number
 from console.auth import is_admin
 from lifecycle.deletion import reasons
 from lifecycle.deletion.errors import error_message
+from lifecycle.deletion.executor import changed_totals
 from lifecycle.engine import OperationView, get_engine
 from lifecycle.errors import ActionRefused
 from lifecycle.models import Conversation, DeleteOperation, DeleteState, RetainedFactsPolicy
@@ -185,8 +186,8 @@ def _operation_context(op: OperationView) -> dict[str, Any]:
         "receipt_stores": _store_rows(receipt.get("stores", [])),
         "receipt_kept": _store_rows(receipt.get("kept", [])),
         "holders": receipt.get("holders", []),
-        "erased_records": sum(e.get("records") or 0 for e in receipt.get("stores", []) if e["action"] == "erased"),
-        "erased_bytes": sum(e.get("bytes") or 0 for e in receipt.get("stores", []) if e["action"] != "detached"),
+        "erased_records": changed_totals(receipt.get("stores", []))[0],
+        "erased_bytes": changed_totals(receipt.get("stores", []))[1],
         "ambiguous": _rows_with_times((op.way_out or {}).get("ambiguous", [])),
         "physical_at": _moment((receipt.get("physical") or {}).get("erased_at")),
         "verified_at": _moment(receipt.get("verified_at")),
@@ -251,8 +252,8 @@ def _listed(op: OperationView) -> dict[str, Any]:
     return {
         "op": op,
         "conversation": Conversation.objects.filter(public_id=op.target).only("thread_id", "title").first(),
-        "records": sum(e.get("records") or 0 for e in stores if e["action"] == "erased"),
-        "bytes": sum(e.get("bytes") or 0 for e in stores if e["action"] in ("erased", "compacted")),
+        "records": changed_totals(stores)[0],
+        "bytes": changed_totals(stores)[1],
         "done": sum(1 for s in op.steps if s["state"] == "done"),
         "total": len(op.steps),
         "reason": reasons.message(op.code) if op.code else "",

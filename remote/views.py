@@ -18,6 +18,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from console.auth import is_admin
+from lifecycle.deletion.executor import changed_totals
 from lifecycle.errors import ActionRefused
 from remote.api import bound_delete_json
 from remote.delivery import error_text, request_bound_delete
@@ -112,8 +113,8 @@ def bound_delete_detail(request: HttpRequest, delete_id: str) -> HttpResponse:
         "op": op, "data": data, "waiting": waiting_text(op), "error_text": error_text(op.last_error),
         "code_text": error_text(op.code), "version": version, "poll": POLL_SECONDS if op.state == "pending" else 0,
         "receipt_stores": stores,
-        "erased_records": sum(int(s.get("records") or 0) for s in stores),
-        "erased_bytes": sum(int(s.get("bytes") or 0) for s in stores),
+        "erased_records": changed_totals(stores)[0],
+        "erased_bytes": changed_totals(stores)[1],
     }
     template = "remote/bound_delete.html"
     if request.htmx:

@@ -106,6 +106,14 @@ def test_it_writes_an_exact_content_free_receipt(admin_user):
     kept = {e["store"]: e for e in receipt["kept"]}
     assert kept["lifecycle.MemoryEntry"]["records"] == 1
     assert kept["lifecycle.UsageFact"]["records"] == 1
+    # The kept counts are the rows as they stand after the delete, its own audit fact included
+    assert kept["lifecycle.AuditFact"]["records"] == m.AuditFact.objects.filter(conversation=target).count()
+    assert m.AuditFact.objects.filter(conversation=target, action="conversation.deleted").exists()
+    # "records erased or compacted" counts the same stores its bytes do
+    changed = [e for e in receipt["stores"] if e["action"] in ("erased", "compacted")]
+    assert executor.changed_totals(receipt["stores"]) == (
+        sum(e["records"] or 0 for e in changed), sum(e["bytes"] or 0 for e in changed))
+    assert any(e["action"] == "compacted" and e["records"] for e in changed)
     assert kept["provider"]["action"] == "out_of_scope"
     text = json.dumps(receipt)
     for value in markers.values():

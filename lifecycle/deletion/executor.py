@@ -353,6 +353,15 @@ def receipt_of(op: DeleteOperation, steps: list[DeleteStep] | None = None) -> di
     return {"engine": connection.vendor, "stores": changed, "kept": kept}
 
 
+CHANGED_ACTIONS = ("erased", "compacted")  # what "records erased or compacted" counts
+
+
+def changed_totals(entries: list[dict]) -> tuple[int, int]:
+    """Records and bytes a receipt's stores erased or compacted (the same entries for both)."""
+    changed = [e for e in entries if isinstance(e, dict) and e.get("action") in CHANGED_ACTIONS]
+    return (sum(int(e.get("records") or 0) for e in changed), sum(int(e.get("bytes") or 0) for e in changed))
+
+
 def _touched(steps: list[DeleteStep]) -> list[str]:
     by_key = {s.key: s for s in STORES}
     return sorted({
@@ -374,17 +383,18 @@ def _complete(op: DeleteOperation) -> None:
             raise RuntimeError("a step is not done")
         steps = [step for step in steps if step.key != plan.FINGERPRINTS]
         now = timezone.now()
+        # The fact of this deletion first, so the receipt's kept counts include it
+        audit.record(
+            "conversation.deleted", conversation=locked.conversation,
+            old={"state": ConversationState.PENDING_DELETE},
+            new={"state": ConversationState.DELETED, "operation": locked.public_id},
+        )
         receipt = receipt_of(locked, steps)
         receipt["holders"] = physical.holders(now, physically_erased=False)
         Conversation.objects.filter(pk=locked.conversation_id).update(state=ConversationState.DELETED)
         DeleteOperation.objects.filter(pk=locked.pk).update(
             state=DeleteState.COMPLETED, completed_at=now, step="", receipt=receipt, last_error="",
             touched_tables=_touched(steps), physical_state=PhysicalState.PENDING,
-        )
-        audit.record(
-            "conversation.deleted", conversation=locked.conversation,
-            old={"state": ConversationState.PENDING_DELETE},
-            new={"state": ConversationState.DELETED, "operation": locked.public_id},
         )
 
 
