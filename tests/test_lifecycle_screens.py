@@ -167,6 +167,10 @@ def test_pending_and_deleted_tabs_and_the_tombstone(admin_client):
     assert f"/operations/{op.public_id}/" in tombstone
     preview = page(admin_client, f"/conversations/{gone.public_id}/delete/")
     assert "already deleted" in preview and "Delete for good" not in preview
+    # Not a fresh preview: no "Delete ...?" heading and no counts of what a delete would do
+    assert "<h1>Deleted conversation</h1>" in preview and "Erased for good" not in preview
+    under_way = page(admin_client, f"/conversations/{pending.public_id}/delete/")
+    assert "<h1>Delete under way</h1>" in under_way and "Erased for good" not in under_way
 
 
 def test_the_operations_page_lists_deletes_with_their_states(admin_client, member_client):
@@ -178,6 +182,9 @@ def test_the_operations_page_lists_deletes_with_their_states(admin_client, membe
     request_deletion(busy, key="ops-2", acting_user=None)
     content = page(member_client, "/operations/")
     assert "Completed" in content and "Refused" in content and "A turn is running or queued." in content
+    refused = m.DeleteOperation.objects.get(conversation=busy)
+    assert "Ask again" in page(admin_client, f"/operations/{refused.public_id}/")
+    assert "Ask again" not in page(member_client, f"/operations/{refused.public_id}/")  # admins only
     assert "INCLUDE SLOT" not in content
     refused_only = page(member_client, "/operations/?state=refused")
     assert "Busy" in refused_only and "Completed</span>" not in refused_only
