@@ -51,6 +51,9 @@ def test_it_finds_every_stores_markers_before_and_none_after():
 
     assert executor.run_erasure(op.pk) == "completed"
     op.refresh_from_db()
+    # The delete ran the residue check of every store itself: a clean report in its receipt
+    assert op.verified_at is not None and op.receipt["verification"]["logical"] == "clean"
+    assert op.verified_physical_at is None  # reading the files stays the operator's command
     # Hits that remain are text the bystander shares (the tool payload's opening), never a marker.
     assert found_markers(op, markers) == set()
     report = verify.verify(op, physical=True)
