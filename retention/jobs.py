@@ -1005,7 +1005,8 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
 class _RunState:
     """What a batch's write transaction rechecks, read in one statement: the operation's
     lease, cancel flag, cursor, counters, and the policy's switch and revision. PostgreSQL
-    locks the operation's row (FOR UPDATE) until the batch commits."""
+    locks the operation's row (FOR UPDATE) and the policy's (FOR SHARE) until the batch
+    commits."""
 
     __slots__ = ("cancel_requested", "cursor", "policy_revision", "removed_messages", "skipped_json",
                  "enabled", "revision")
@@ -1017,11 +1018,17 @@ class _RunState:
         if sql is None:
             operations = connection.ops.quote_name(ToolPayloadOperation._meta.db_table)
             policies = connection.ops.quote_name(ToolPayloadPolicy._meta.db_table)
+            # PostgreSQL also holds the policy row (FOR SHARE) until the batch commits: a save
+            # (which locks it FOR UPDATE) waits for the batch, so a disable or a new revision
+            # returns only once no batch checked against the old policy can still commit.
+            # (The policy row always exists once a run was started; SQLite's one writer at a
+            # time gives the same order.)
+            postgres = connection.vendor == "postgresql"
             sql = _STATEMENTS[key] = (
                 "SELECT o.lease, o.cancel_requested, o.cursor_conversation, o.cursor_item, o.policy_revision, "
                 f"o.removed_messages, o.skipped_json, p.enabled, p.revision FROM {operations} o "
-                f"LEFT JOIN {policies} p ON p.id = 1 WHERE o.id = %s"
-                + (" FOR UPDATE OF o" if connection.vendor == "postgresql" else "")
+                f"{'JOIN' if postgres else 'LEFT JOIN'} {policies} p ON p.id = 1 WHERE o.id = %s"
+                + (" FOR UPDATE OF o FOR SHARE OF p" if postgres else "")
             )
         with connection.cursor() as cursor:
             cursor.execute(sql, [op_id])

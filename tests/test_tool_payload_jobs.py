@@ -1148,3 +1148,65 @@ def test_a_conversation_that_turns_active_between_a_batchs_read_and_its_write_is
     assert removed.filter(conversation=first).count() == per and removed.filter(conversation=last).count() == per
     assert skipped_for_activity(op) == {"recent_activity": per}
     assert op.removed_messages == 2 * per
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_disable_saved_while_a_batch_waits_returns_only_after_that_batch(admin_user, monkeypatch):
+    """PostgreSQL: a batch holds the policy row (shared) from its recheck to its commit, so a
+    save that turns cleanup off waits for it: once the save has returned, no batch checked
+    against the enabled policy can still commit removals. (SQLite: one writer at a time.)"""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite's batch holds the database's one write lock: a save cannot overlap it")
+    import psycopg
+    from django.db import connections
+
+    monkeypatch.setattr(jobs, "CONVERSATIONS_PER_BATCH", 1)  # a batch for each conversation
+    first, second = old_conversation("held", tools=2), old_conversation("after", tools=2)
+    enable(admin_user)
+    op = jobs._claim(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision), "t")
+    jobs._fix_cutoff(op, "t")
+    dsn = connection.get_connection_params()
+    holder = psycopg.connect(**{k: v for k, v in dsn.items() if k != "cursor_factory"})
+    holder.execute("SELECT id FROM lifecycle_conversation WHERE id = %s FOR UPDATE", [first.pk])  # a runtime's write
+    events: list[str] = []
+
+    def batch():
+        try:
+            events.append(f"batch {jobs._cleanup_batch(op, 't')}")
+        finally:
+            connections.close_all()
+
+    def disable():
+        try:
+            policy = ToolPayloadPolicy.load()
+            service.save_policy(user=admin_user, enabled=False, age_value=policy.age_value, age_unit=policy.age_unit,
+                                revision=policy.revision, backup_choice=None)
+            events.append("saved")
+        finally:
+            connections.close_all()
+
+    batch_thread = threading.Thread(target=batch)
+    save_thread = threading.Thread(target=disable)
+    batch_thread.start()
+    try:
+        waiting = "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype IN ('transactionid', 'tuple')"
+        for _ in range(200):  # the batch is waiting for the conversation's row lock
+            if holder.execute(waiting).fetchone()[0]:
+                break
+            time.sleep(0.02)
+        else:
+            raise AssertionError("the batch never waited for the conversation")
+        save_thread.start()
+        time.sleep(0.5)
+        seen = list(events)
+    finally:
+        holder.rollback()  # the runtime's transaction ends (also when an assertion failed)
+        batch_thread.join(30)
+        if save_thread.ident:  # started
+            save_thread.join(30)
+        holder.close()
+    assert seen == []  # the save waited for the batch
+    assert events == ["batch next", "saved"]
+    assert Item.objects.filter(conversation=first, details_removed_at__isnull=False).exists()  # the batch committed
+    assert jobs._cleanup_batch(ToolPayloadOperation.objects.get(pk=op.pk), "t") == "disabled"  # and no later one
+    assert not Item.objects.filter(conversation=second, details_removed_at__isnull=False).exists()
