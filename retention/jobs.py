@@ -390,6 +390,11 @@ def _with_busy_retries(fn):
 # ---- Analysis -------------------------------------------------------------------------------
 
 
+def _skip_counts(items) -> Counter:
+    """How many of these items the reducer skips, by the reason stored at write time."""
+    return Counter(dict(items.exclude(payload_skip="").values_list("payload_skip").annotate(n=Count("id")).order_by()))
+
+
 def _analysis_step(op: ToolPayloadOperation, token: str) -> str:
     """Sum removable bytes and count skipped items over the indexes, by conversation batch.
     Reads no payload and changes no row but its own operation's."""
@@ -419,11 +424,7 @@ def _analysis_step(op: ToolPayloadOperation, token: str) -> str:
                 removable.values("conversation_id").annotate(n=Count("id"), b=Sum("removable_bytes"))
                 .order_by()
             )
-            skipped = Counter({
-                row["payload_skip"]: row["n"]
-                for row in Item.objects.filter(conversation_id__in=ids).exclude(payload_skip="")
-                .values("payload_skip").annotate(n=Count("id")).order_by()
-            })
+            skipped = _skip_counts(Item.objects.filter(conversation_id__in=ids))
             with transaction.atomic():
                 fresh = _locked(op, token)
                 ToolPayloadOperation.objects.filter(pk=op.pk).update(
@@ -1095,10 +1096,7 @@ def _fix_cutoff(op: ToolPayloadOperation, token: str) -> None:
         n=Count("id"), c=Count("conversation_id", distinct=True))
     # What the run leaves alone for its kind or its data (protected, unsupported, unreadable,
     # too small...), as the analysis counts it; details removed before are done, not skipped.
-    left_alone = Counter(dict(
-        in_scope.exclude(payload_skip__in=("", Skip.ALREADY_REMOVED))
-        .values_list("payload_skip").annotate(n=Count("id")).order_by()
-    ))
+    left_alone = _skip_counts(in_scope.exclude(payload_skip=Skip.ALREADY_REMOVED))
     with transaction.atomic():
         _locked(op, token)
         ToolPayloadOperation.objects.filter(pk=op.pk, cutoff__isnull=True).update(

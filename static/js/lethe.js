@@ -107,7 +107,7 @@
   // is not asked again, so the list is not replaced a second time under a click. Clearing
   // with the box's own clear button is an input like any other.
   var searchTimer = null;
-  var searched; // the query the list shows: the page's own until a search; null when unknown
+  var searched; // the query the list shows; undefined: the page's own (the box's default value)
   function searchBox(el) {
     return el && el.id === "q" && el.form && el.form.hasAttribute("hx-get") ? el : null;
   }
@@ -117,7 +117,7 @@
     if (searched === undefined) searched = box.defaultValue;
     clearTimeout(searchTimer);
     searchTimer = setTimeout(function () {
-      if (searched !== null && box.value === searched) return;
+      if (box.value === searched) return;
       searched = box.value;
       box.form.dispatchEvent(new CustomEvent("querysettled"));
     }, 300);
