@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.json_schema import models_json_schema
 
 from console.auth import is_admin
+from lifecycle.item_payload import BAD_TEXT
 
 logger = logging.getLogger("lethe.api")
 
@@ -211,7 +212,6 @@ def _int(text: str) -> int:
         raise _Refused("invalid_number") from None
 
 
-_BAD_TEXT = re.compile("[\x00\ud800-\udfff]")
 
 
 def check_tree(value: Any, *, max_depth: int) -> None:
@@ -220,14 +220,14 @@ def check_tree(value: Any, *, max_depth: int) -> None:
     while stack:
         node, depth = stack.pop()
         if isinstance(node, str):
-            if _BAD_TEXT.search(node):
+            if BAD_TEXT.search(node):
                 raise _Refused("invalid_text")
         elif isinstance(node, dict | list):
             if depth > max_depth:
                 raise _Refused("too_deep")
             if isinstance(node, dict):
                 for key, child in node.items():
-                    if _BAD_TEXT.search(key):
+                    if BAD_TEXT.search(key):
                         raise _Refused("invalid_text")
                     stack.append((child, depth + 1))
             else:

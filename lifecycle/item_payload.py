@@ -10,11 +10,33 @@ without reading their payloads.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.db import connection
 
 from retention import reducer
+
+# A NUL character or a lone surrogate: PostgreSQL cannot store either in text or jsonb, and
+# neither encodes as UTF-8, so every write path refuses them on both engines alike.
+BAD_TEXT = re.compile("[\x00\ud800-\udfff]")
+
+
+def has_bad_text(*values: Any) -> bool:
+    """Whether any string in the values (nested lists and dicts, keys included) holds a NUL
+    character or a lone surrogate."""
+    stack = list(values)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            if BAD_TEXT.search(node):
+                return True
+        elif isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list | tuple):
+            stack.extend(node)
+    return False
 
 
 def payload_columns(role: str, kind: str, payload: Any, *, vendor: str | None = None) -> dict[str, Any]:

@@ -92,3 +92,50 @@ def test_an_append_to_a_conversation_that_is_gone_writes_nothing():
     with pytest.raises(Conversation.DoesNotExist):
         append_item(conversation, role="user", content="late")
     assert not Item.objects.filter(conversation_id=conversation.pk).exists()
+
+
+BAD_TEXTS = ["a\x00b", "lone \ud800 surrogate"]
+
+
+@pytest.mark.parametrize("bad", BAD_TEXTS)
+@pytest.mark.parametrize("where", ["content", "title", "tool_call_id", "payload value", "payload key", "nested"])
+def test_an_append_with_a_nul_or_a_lone_surrogate_is_refused_alike_on_both_engines(where, bad):
+    """PostgreSQL cannot store either (a DataError deep in the INSERT); SQLite would store them.
+    The action refuses them first, the same on both, and writes nothing."""
+    from lifecycle.errors import ActionRefused
+    from lifecycle.models import Conversation
+
+    conversation = factories.make_conversation(days_idle=30)
+    before = Conversation.objects.get(pk=conversation.pk).last_activity_at
+    fields = {"role": "tool", "tool_kind": "shell", "payload": {"command": "ls", "stdout": "ok"}}
+    if where == "payload value":
+        fields["payload"] = {"command": "ls", "stdout": bad}
+    elif where == "payload key":
+        fields["payload"] = {"command": "ls", bad: "x"}
+    elif where == "nested":
+        fields["payload"] = {"command": "ls", "stdout": "ok", "extra": [{"deep": [bad]}]}
+    else:
+        fields[where] = bad
+    with pytest.raises(ActionRefused) as refused:
+        append_item(conversation, **fields)
+    assert (refused.value.code, refused.value.status) == ("invalid_text", 400)
+    assert not Item.objects.filter(conversation=conversation).exists()
+    assert Conversation.objects.get(pk=conversation.pk).last_activity_at == before
+
+
+@pytest.mark.parametrize("bad", BAD_TEXTS)
+@pytest.mark.parametrize("where", ["status", "title", "payload"])
+def test_an_update_with_a_nul_or_a_lone_surrogate_is_refused_and_changes_nothing(where, bad):
+    from lifecycle.actions.update_item import update_item
+    from lifecycle.errors import ActionRefused
+
+    conversation = factories.make_conversation()
+    item = append_item(conversation, role="tool", tool_kind="shell", status="running", title="ls",
+                       payload={"command": "ls", "stdout": "ok"})
+    change = {"payload": {"command": "ls", "stdout": bad}} if where == "payload" else {where: bad}
+    with pytest.raises(ActionRefused) as refused:
+        update_item(item, **change)
+    assert (refused.value.code, refused.value.status) == ("invalid_text", 400)
+    stored = Item.objects.get(pk=item.pk)
+    assert (stored.status, stored.title, stored.payload, stored.revision) == (
+        "running", "ls", {"command": "ls", "stdout": "ok"}, item.revision)

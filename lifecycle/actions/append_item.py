@@ -10,7 +10,7 @@ from django.utils.translation import gettext as _
 
 from lifecycle.errors import ActionRefused
 from lifecycle.fence import check_writable, lock_writable, refusal  # noqa: F401  (check_writable: older import path)
-from lifecycle.item_payload import payload_columns
+from lifecycle.item_payload import has_bad_text, payload_columns
 from lifecycle.models import Conversation, ConversationState, Item, Role
 from retention.reducer import MARKER_KEY, Skip
 
@@ -20,6 +20,12 @@ def last_seq(conversation_id: int):
     seq) key read backwards, one index entry however long the conversation (see migration
     lifecycle 0010)."""
     return Item.objects.filter(conversation_id=conversation_id).order_by("-seq").values_list("seq", flat=True)[:1]
+
+
+def invalid_text() -> ActionRefused:
+    return ActionRefused(
+        "invalid_text", _("The item has text with a NUL character or an invalid character."), status=400
+    )
 
 
 def append_item(
@@ -47,6 +53,8 @@ def append_item(
         raise ActionRefused(
             "invalid_item", _("A new item cannot carry a removal marker."), status=400
         )
+    if has_bad_text(content, tool_kind, tool_call_id, status, title, payload):
+        raise invalid_text()
     pk = conversation.pk
     with transaction.atomic():
         now = timezone.now()

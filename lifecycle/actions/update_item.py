@@ -8,7 +8,8 @@ from django.utils.translation import gettext as _
 
 from lifecycle.errors import ActionRefused
 from lifecycle.fence import lock_writable
-from lifecycle.item_payload import payload_columns
+from lifecycle.actions.append_item import invalid_text
+from lifecycle.item_payload import has_bad_text, payload_columns
 from lifecycle.models import Conversation, Item, Role
 from retention.reducer import MARKER_KEY, Skip, encode, keep_details_removed
 
@@ -43,6 +44,8 @@ def update_item(
     dropped from the update, and the removal marker stays. The revision cleanup's removal
     took does not make such an update stale (see _only_reduced_since).
     """
+    if has_bad_text(*(value for value in (status, title, payload) if value is not _UNSET)):
+        raise invalid_text()
     with transaction.atomic():
         conversation = lock_writable(item.conversation_id)
         current = Item.objects.select_for_update().get(pk=item.pk)
