@@ -163,6 +163,7 @@ def _rows_with_times(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _store_rows(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     by_key = {s.key: s for s in STORES}
     return [{**e, "label": by_key[e["store"]].label if e["store"] in by_key else e["store"],
+             "kind": by_key[e["store"]].kind if e["store"] in by_key else "",
              "retention": by_key[e["store"]].retention.label if e["store"] in by_key else e.get("class")}
             for e in entries]
 

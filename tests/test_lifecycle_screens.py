@@ -111,6 +111,20 @@ def test_cancel_leaves_everything_and_confirm_starts_the_delete(admin_client):
     assert "Physical erasure" in done
 
 
+def test_the_receipt_counts_file_stores_in_files_as_the_preview_does(admin_client):
+    conversation = factories.make_conversation(title="Files and rows")
+    factories.fill_every_store(conversation)
+    preview = page(admin_client, f"/conversations/{conversation.public_id}/delete/")
+    counted = re.search(r"Large outputs and tool artifacts</span> <span class=\"store-count\">(\d+) files?, ", preview)
+    assert counted, "the preview counts the artifacts folder in files"
+    op = request_deletion(conversation, key="files-and-rows", acting_user=None)
+    executor.run_erasure(op.pk)
+    receipt = page(admin_client, f"/operations/{op.public_id}/")
+    assert re.search(r"Large outputs and tool artifacts</span>\s*<span class=\"store-count\">erased ·\s*"
+                     rf"{counted.group(1)} files? · ", receipt), "the same figure, in files"
+    assert re.search(r"Messages and tool calls</span>\s*<span class=\"store-count\">erased ·\s*\d+ records? ", receipt)
+
+
 def test_a_refused_delete_says_why_in_words_and_keeps_archive_and_close(admin_client):
     conversation = factories.make_conversation(title="Busy one")
     factories.start_turn(conversation)
