@@ -195,6 +195,9 @@ def _operation_context(op: OperationView) -> dict[str, Any]:
         "poll": POLL_SECONDS if op.is_pending else None,
         "version": f"{op.state}:{done}:{op.step or ''}:{op.error or ''}",
         "stalled": op.error == "stalled",
+        # A request that was not admitted: the delete asked for since, if any (its own page)
+        "later_intent": (_intent(conversation) if conversation and op.state in ("refused", "unavailable")
+                         and conversation.state != "live" else None),
     }
 
 

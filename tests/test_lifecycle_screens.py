@@ -135,9 +135,21 @@ def test_a_refused_delete_says_why_in_words_and_keeps_archive_and_close(admin_cl
     status = page(admin_client, f"/operations/{op.public_id}/")
     assert "Refused" in status and "A turn is running or queued." in status
     assert 'data-code="conversation_turn_active"' in status
-    assert "Ask again" in status
+    assert "Ask again" in status and 'data-testid="later-delete"' not in status
     detail = page(admin_client, f"/conversations/{conversation.public_id}/")
     assert "/archive/" in detail and "/close/" in detail
+    # Asked again once the turn ended: the refused request's page leads to that delete
+    m.Turn.objects.filter(conversation=conversation).update(state="completed")
+    later = request_deletion(conversation, key="screen-later", acting_user=None)
+    assert later.state == "pending" and later.pk != op.pk
+    status = page(admin_client, f"/operations/{op.public_id}/")
+    assert "A later request is deleting this conversation." in status and "Ask again" not in status
+    assert f'href="/operations/{later.public_id}/">See the delete\'s progress</a>' in status
+    executor.run_erasure(later.pk)
+    status = page(admin_client, f"/operations/{op.public_id}/")
+    assert "This conversation was deleted later, by another request." in status
+    assert f'href="/operations/{later.public_id}/">Erasure receipt</a>' in status
+    assert "Refused" in status and "A turn is running or queued." in status  # its own answer stays
 
 
 def test_an_unavailable_delete_shows_the_way_out_and_the_forms_take_it(admin_client):
