@@ -199,6 +199,8 @@ LOGOUT_REDIRECT_URL = "login"
 
 LANGUAGE_CODE = "en"
 LANGUAGES = [("en", _("English")), ("es", _("Spanish"))]
+# English short dates name the month (see console/formats/en/formats.py).
+FORMAT_MODULE_PATH = ["console.formats"]
 LOCALE_PATHS = [BASE_DIR / "locale"]
 USE_I18N = True
 USE_TZ = True
