@@ -342,6 +342,49 @@ def test_a_symlinked_folder_is_never_followed_and_keeps_the_delete_pending(tmp_p
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("special", ["fifo", "socket", "unreadable"])
+def test_a_fifo_a_socket_or_an_unreadable_file_in_a_folder_does_not_stop_the_delete(special, monkeypatch):
+    """The fingerprints read samples of the folder's regular files only: opening a FIFO waited
+    for a writer for ever and a socket failed the delete at its first step on every retry."""
+    import os
+    import socket
+    import threading
+
+    target = factories.make_conversation()
+    factories.fill_every_store(target)
+    home = EngineHome()
+    folder = home.artifacts_dir(target.storage_key)
+    path = folder / f"special-{special}"
+    listener = None
+    if special == "fifo":
+        os.mkfifo(path)
+    elif special == "socket":
+        listener = socket.socket(socket.AF_UNIX)
+        with monkeypatch.context() as here:
+            here.chdir(folder)  # a socket's address is at most 107 bytes: bound by its relative name
+            listener.bind(path.name)
+    else:
+        path.write_bytes(b"secret")
+        path.chmod(0)
+    op = delete(target)
+    done = []
+    runner = threading.Thread(target=lambda: done.append(executor.run_erasure(op.pk)), daemon=True)
+    runner.start()
+    runner.join(60)
+    try:
+        assert done == ["completed"], "the delete finished"
+        assert not folder.exists() and not os.path.lexists(path)
+        op.refresh_from_db()
+        assert op.state == "completed" and op.receipt["verification"]["logical"] == "clean"
+    finally:
+        if runner.is_alive() and special == "fifo":  # let a blocked open() go
+            with open(path, "wb"):
+                pass
+        if listener is not None:
+            listener.close()
+
+
+@pytest.mark.django_db(transaction=True)
 def test_the_receipt_names_the_backups_made_before_the_delete(settings, tmp_path):
     import os
     import time

@@ -25,6 +25,7 @@ from __future__ import annotations
 import mmap
 import os
 import secrets
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from hashlib import blake2b
@@ -82,13 +83,24 @@ def _table_values(store: Store, conversation_id: int) -> Iterator[bytes]:
 
 
 def _file_values(folder: Path) -> Iterator[bytes]:
+    """The head, middle and tail of every regular file under the folder. Links, FIFOs, sockets
+    and devices are not read (opening a FIFO would wait for a writer for ever), nor are files
+    this process may not read or that vanish meanwhile: the sample only serves the physical
+    check, and the folder's own step removes them all the same."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     for dirpath, _dirs, names in os.walk(folder):
         for name in sorted(names):
             path = os.path.join(dirpath, name)
-            if os.path.islink(path):
+            try:
+                if not stat.S_ISREG(os.lstat(path).st_mode):
+                    continue
+                fd = os.open(path, flags)  # replaced by a FIFO or a link since: no wait, no follow
+            except OSError:
                 continue
-            size = os.path.getsize(path)
-            with open(path, "rb") as handle:
+            with open(fd, "rb") as handle:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    continue
+                size = os.fstat(fd).st_size
                 if size <= FILE_HEAD * 3:
                     yield handle.read()
                     continue
