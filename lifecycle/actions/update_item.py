@@ -6,9 +6,9 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from lifecycle.actions.append_item import invalid_text
 from lifecycle.errors import ActionRefused
 from lifecycle.fence import lock_writable
-from lifecycle.actions.append_item import invalid_text
 from lifecycle.item_payload import has_bad_text, payload_columns
 from lifecycle.models import Conversation, Item, Role
 from retention.reducer import MARKER_KEY, Skip, encode, keep_details_removed
