@@ -519,6 +519,18 @@ class EngineHome:
                 (torn := TORN.fullmatch(target)) and torn["log"] == "approval_receipts.jsonl")
         return False
 
+    def stale_temporaries(self, target: Path) -> list[Path]:
+        """The temporaries beside `target` that this module's writers made for it (regular
+        files only). Called with the target's lock held, when no writer of it is mid-write:
+        every one found was left by a writer that died before its rename."""
+        folder = target.parent
+        try:
+            names = sorted(os.listdir(folder))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return [folder / name for name in names
+                if self._temporary_target(folder, name) == target and _is_regular(folder / name)]
+
     def sweep_temporaries(self) -> int:
         """Remove the temporaries that killed writers left behind; they were never renamed in.
 

@@ -161,6 +161,12 @@ def compact(home: EngineHome, path: Path, public_id: str) -> list[Row]:
         removed[:] = [r for r in rows if origin_of(r) == public_id]
         return [r for r in rows if origin_of(r) != public_id]
 
+    # A temporary a killed writer left beside the file may hold this conversation's rows (it was
+    # never renamed in, so nothing reads it, but its bytes are there): removed under the lock.
+    with home.locked(home.lock_for(path)):
+        for stale in home.stale_temporaries(path):
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
     # The fence keeps new rows of this conversation out, so a read that finds none is final.
     if not children(read_rows(path), _Target(public_id)):
         return []

@@ -136,3 +136,29 @@ def test_it_records_physical_erasure_only_for_receipts_a_compaction_covers():
     assert states["late"].physical_state == "pending"  # finished after the compaction started
     assert states["wide"].physical_state == "pending"  # touched lifecycle_goal too
     assert record_compaction(started_at=started, finished_at=finished, tables=tables) == 0
+
+
+def test_a_fleet_temporary_a_killed_writer_left_is_erased_and_never_explained_as_live_data():
+    """A fleet writer killed before its rename leaves `.subagents.v1.json.lethe-tmp-<hex>`
+    beside the fleet file, holding the rows it was writing. The delete removes it with the
+    conversation's rows; one that shows up afterwards is residue to both checks (the raw scan
+    had explained any hit under state/ as the live fleet file)."""
+    target = factories.make_conversation(title="Fleet rows")
+    markers = factories.fill_every_store(target)
+    home = EngineHome()
+    stale = home.fleet_path.with_name(f".{home.fleet_path.name}.lethe-tmp-0123456789abcdef")
+    held = home.fleet_path.read_bytes()
+    assert markers["subagents"].encode() in held
+    stale.write_bytes(held)
+    op = request_deletion(target, key="verify-fleet-tmp", acting_user=None)
+    assert executor.run_erasure(op.pk) == "completed"
+    assert not stale.exists()
+    op.refresh_from_db()
+    assert op.receipt["verification"]["logical"] == "clean"
+    report = verify.verify(op, physical=True, record=False)
+    assert report.logical == [] and not [f for f in report.physical_findings if "state/" in f.where]
+
+    stale.write_bytes(held)  # the same leftover, found later
+    report = verify.verify(op, physical=True, record=False)
+    assert [(f.store, f.what) for f in report.logical] == [("subagents", "fleet_temporary")]
+    assert [f.where for f in report.physical_findings if "state/" in f.where] == [f"engine:state/{stale.name}"]

@@ -8,8 +8,9 @@ the fingerprints taken before erasure (see `fingerprints`): the SQLite database 
 write-ahead log, and every file under the engine folder. A window found in the raw bytes is
 residue unless live data explains it: a database hit is explained when a live row of a
 registered table holds the same bytes (two conversations may share text, such as tool
-output); an engine-folder hit when it sits in a live conversation's folder or in the fleet
-file (whose rows of this conversation the logical check has already shown gone). On
+output); an engine-folder hit when it sits in a live conversation's folder or in a fleet
+file itself (whose rows of this conversation the logical check has already shown gone; a
+temporary beside it is not explained). On
 PostgreSQL the table files cannot be read from here: physical erasure there is "pending"
 until a compaction has been recorded, and only the engine folder is scanned.
 
@@ -87,6 +88,14 @@ def _holding(store: Store, rows):
     return held
 
 
+def _mentions(path: Path, public_id: str) -> bool:
+    """Whether the file holds the conversation's public id (fleet rows name their origin by it)."""
+    try:
+        return public_id.encode() in path.read_bytes()
+    except OSError:
+        return False
+
+
 def logical_findings(conversation: Conversation, home: EngineHome) -> list[Finding]:
     out: list[Finding] = []
     for s in STORES:
@@ -102,6 +111,10 @@ def logical_findings(conversation: Conversation, home: EngineHome) -> list[Findi
                     continue
                 if n:
                     out.append(Finding(s.key, "fleet_rows", n))
+                # a temporary a killed writer left beside the fleet file, holding its rows
+                left = [t for t in home.stale_temporaries(path) if _mentions(t, conversation.public_id)]
+                if left:
+                    out.append(Finding(s.key, "fleet_temporary", len(left)))
                 continue
             try:
                 count, _size = files.usage(home, path)
@@ -177,8 +190,8 @@ def _explained_in_engine(home: EngineHome, path: Path) -> bool:
         parts = path.relative_to(home.root).parts
     except ValueError:
         return False
-    if parts[:1] in (("state",), ("legacy-state",)):
-        return True
+    if path in (home.fleet_path, home.legacy_fleet_path):
+        return True  # the fleet files themselves: the logical check showed this conversation's rows gone
     if len(parts) >= 3 and parts[0] in ("threads", "sessions", "artifacts"):
         return Conversation.objects.filter(public_id=parts[1], state=ConversationState.LIVE).exists()
     return False
