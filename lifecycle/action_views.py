@@ -168,6 +168,13 @@ def _store_rows(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for e in entries]
 
 
+def _residue(verification: dict[str, Any]) -> dict[str, Any] | None:
+    """The last verification's findings, when it found anything (else None)."""
+    if "found" not in (verification.get("logical"), verification.get("physical")):
+        return None
+    return {"at": _moment(verification.get("at")), "findings": verification.get("findings") or 0}
+
+
 def _operation_context(op: OperationView) -> dict[str, Any]:
     conversation = Conversation.objects.select_related("account", "computer").filter(public_id=op.target).first()
     steps = _store_rows([{**s, "class": ""} for s in op.steps if s["store"] != "fingerprints"])
@@ -191,6 +198,7 @@ def _operation_context(op: OperationView) -> dict[str, Any]:
         "ambiguous": _rows_with_times((op.way_out or {}).get("ambiguous", [])),
         "physical_at": _moment((receipt.get("physical") or {}).get("erased_at")),
         "verified_at": _moment(receipt.get("verified_at")),
+        "residue": _residue((receipt.get("verification") or {})),
         "verified_physical_at": _moment(receipt.get("verified_physical_at")),
         "poll": POLL_SECONDS if op.is_pending else None,
         "version": f"{op.state}:{done}:{op.step or ''}:{op.error or ''}",

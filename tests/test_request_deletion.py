@@ -433,3 +433,55 @@ def test_unrelated_conversations_jobs_and_drafts_survive():
     assert OrmQ.objects.count() == queued + 1  # the delete's own job was queued beside it
     other.refresh_from_db()
     assert (other.state, other.title) == ("live", "Someone else's")
+
+
+def _rewrites_events_after(monkeypatch, target, *, times: int):
+    """An engine writer outside Lethe's fence writes the conversation's event log again, just
+    after the erasure removed a folder (at most `times` times)."""
+    from lifecycle.deletion import files
+
+    original = files.remove_folder
+    home = EngineHome()
+    written = []
+
+    def remove_then_write(home_, path):
+        result = original(home_, path)
+        if len(written) < times:
+            home.thread_dir(target.storage_key).mkdir(parents=True, exist_ok=True)
+            (home.thread_dir(target.storage_key) / "events.jsonl").write_bytes(b'{"text": "written again"}\n')
+            written.append(path)
+        return result
+
+    monkeypatch.setattr(files, "remove_folder", remove_then_write)
+    return written
+
+
+def test_content_written_again_after_its_step_is_erased_again_before_the_delete_completes(monkeypatch):
+    target = factories.make_conversation()
+    factories.fill_every_store(target)
+    written = _rewrites_events_after(monkeypatch, target, times=1)
+    op = delete(target)
+    assert executor.run_erasure(op.pk) == "completed"
+    assert written, "the late writer wrote"
+    assert not EngineHome().thread_dir(target.storage_key).exists()
+    op.refresh_from_db()
+    events = next(e for e in op.receipt["stores"] if e["store"] == "events")
+    assert events["erased_again"] is True and events["records"] >= 2  # its own file and the one written again
+    assert op.receipt["verification"]["logical"] == "clean" and op.verified_at is not None
+
+
+def test_content_written_again_and_again_keeps_the_delete_pending_never_completed(monkeypatch, admin_client):
+    target = factories.make_conversation()
+    factories.fill_every_store(target)
+    written = _rewrites_events_after(monkeypatch, target, times=100)
+    op = delete(target)
+    assert executor.run_erasure(op.pk) == "pending"
+    op.refresh_from_db()
+    target.refresh_from_db()
+    assert (op.state, op.last_error, target.state) == ("pending", "residue_found", "pending_delete")
+    assert op.completed_at is None and op.receipt is None
+    page = admin_client.get(f"/operations/{op.public_id}/", HTTP_HOST="127.0.0.1").content.decode()
+    assert "was still there after a second erasure" in page and "Deleted on" not in page
+    written.extend([None] * 100)  # the writer stops: the next run completes
+    assert executor.run_erasure(op.pk, force=True) == "completed"
+    assert not EngineHome().thread_dir(target.storage_key).exists()

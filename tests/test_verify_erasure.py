@@ -83,7 +83,8 @@ def test_it_finds_every_stores_markers_before_and_none_after():
     assert m.Item.objects.filter(content=other_markers["lifecycle.Item"]).exists()
 
 
-def test_it_exits_non_zero_and_names_what_it_finds(capsys):
+def test_it_exits_non_zero_and_names_what_it_finds(capsys, admin_client):
+    client = admin_client
     target = factories.make_conversation()
     markers = factories.fill_every_store(target)
     op = request_deletion(target, key="verify-2", acting_user=None)
@@ -105,6 +106,29 @@ def test_it_exits_non_zero_and_names_what_it_finds(capsys):
     assert [f["where"] for f in report["physical_findings"]] == ["engine:stray-copy.txt"]
     op.refresh_from_db()
     assert op.receipt["verification"]["logical"] == "found"
+    # The receipt's page says so, instead of "not verified yet" under "the content is erased"
+    page = client.get(f"/operations/{op.public_id}/", HTTP_HOST="127.0.0.1").content.decode()
+    assert 'data-testid="residue-found"' in page and "verify_erasure --erase-residue" in page
+    assert "Not verified yet" not in page
+
+    # The operator erases what came back; the stray copy outside any store stays the operator's to remove
+    (home.root / "stray-copy.txt").unlink()
+    call_command("verify_erasure", target.public_id, "--erase-residue", "--json")
+    out = json.loads(capsys.readouterr().out)
+    assert out["found"] is False and out["reports"][0]["erased_again"] == ["events"]
+    assert not home.thread_dir(target.storage_key).exists()
+    op.refresh_from_db()
+    assert op.receipt["verification"]["logical"] == "clean"
+    page = client.get(f"/operations/{op.public_id}/", HTTP_HOST="127.0.0.1").content.decode()
+    assert 'data-testid="residue-found"' not in page and "clean" in page
+
+
+def test_an_unknown_or_unfinished_target_exits_2_not_1_which_means_residue():
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError) as caught:
+        call_command("verify_erasure", "c_nope")
+    assert caught.value.returncode == 2
 
 
 def test_it_refuses_to_verify_an_unfinished_delete():

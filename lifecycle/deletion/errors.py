@@ -14,6 +14,10 @@ ERRORS = {
     "io_error": _("The engine folder could not be changed. The delete stays pending and is retried."),
     "database_error": _("The database refused a step. The delete stays pending and is retried."),
     "internal_error": _("An unexpected error stopped the erasure. The delete stays pending and is retried."),
+    "residue_found": _(
+        "Something of this conversation was written again after its store was erased (by a process outside "
+        "Lethe), and it was still there after a second erasure. The delete stays pending and is retried; "
+        "manage.py verify_erasure names the store."),
     "stalled": _(
         "The erasure stopped several times without progress, so it is no longer retried by itself. "
         "An admin can retry it."),

@@ -28,7 +28,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
@@ -154,8 +154,14 @@ def release(op: DeleteOperation) -> None:
     )
 
 
+class ResidueFound(Exception):
+    """A store still held something of the conversation after its erasure, twice."""
+
+
 def _error_code(exc: BaseException) -> str:
     """A content-free name for what stopped the run (shown in words on the operation page)."""
+    if isinstance(exc, ResidueFound):
+        return "residue_found"
     if isinstance(exc, fleet.FleetUnreadable):
         return "fleet_unreadable"
     if isinstance(exc, files.UnsafeFolder | ValueError):
@@ -211,10 +217,10 @@ def _run(op: DeleteOperation, started: float, progress: Progress | None, budget:
             current = step.key
             _run_step(op, step, by_key.get(step.key), conversation, home)
         current = ""
-        _complete(op)
+        checked_at = _clear_residue(op, conversation, home, by_key)
+        _complete(op, checked_at)
         faults.kill_point("checkpoint")
         finish_physical(op.pk)
-        _verify_logically(op.pk)
         if progress:
             progress(op, steps[-1], len(steps), len(steps))
         return DeleteState.COMPLETED
@@ -233,18 +239,52 @@ def _run(op: DeleteOperation, started: float, progress: Progress | None, budget:
         release(op)
 
 
-def _verify_logically(operation_id: int) -> None:
-    """The residue check of every registered store for the conversation (DESIGN 4.9: a clean
-    report is part of the receipt), run as the delete completes. The physical check (reading
-    the database and engine files for the erased bytes) stays an operator's command,
-    `manage.py verify_erasure --physical`: it reads whole files. A failure here leaves the
-    delete completed and says it is not verified yet; it never undoes anything."""
-    from lifecycle.deletion.verify import verify
+def _clear_residue(op: DeleteOperation, conversation: Conversation, home: EngineHome, by_key: dict) -> datetime:
+    """The residue check of every registered store (DESIGN 4.9: a clean report is part of the
+    receipt), before the delete may complete. The database's stores are fenced, but a process
+    outside Lethe can write a file again after its step removed the folder: a store found
+    holding anything is erased once more (its figures added to its step's in the receipt) and
+    checked again.
+    Found again, the delete stays Pending (`residue_found`) and the recovery job retries;
+    never Completed with residue known. The physical check (reading the database and engine
+    files for the erased bytes) stays an operator's command, `verify_erasure --physical`."""
+    from lifecycle.deletion.verify import logical_findings
 
-    try:
-        verify(DeleteOperation.objects.get(pk=operation_id))
-    except Exception:
-        log.exception("the residue check of %s failed", operation_id)
+    for attempt in range(2):
+        findings = logical_findings(conversation, home)
+        if not findings:
+            return timezone.now()
+        if attempt:
+            break
+        for key in dict.fromkeys(f.store for f in findings):
+            store = by_key.get(key)
+            if store is None:
+                break
+            with stores.erasure_transaction():
+                # The figures of what is erased again, set (not added) with the lease: a crash
+                # before the erasure measures the same again, so nothing is counted twice.
+                renew(op, step=key)
+                figures = stores.measure(store, conversation, home)
+                step = DeleteStep.objects.select_for_update().get(operation=op, key=key)
+                step.detail = {**step.detail, "again": {"records": figures.records, "bytes": figures.bytes}}
+                step.save(update_fields=["detail"])
+            stores.erase(store, conversation, home, renew=lambda: renew(op, every=lease_seconds() / 8),
+                         checkpoint=lambda: None)
+    log.error("erasure of %s found residue in %s", op.public_id, ", ".join(sorted({f.store for f in findings})))
+    raise ResidueFound(op.public_id)
+
+
+def erase_residue(op: DeleteOperation) -> list[str]:
+    """A completed delete whose stores hold something of the conversation again (written by a
+    process outside Lethe after the delete, or brought back by a restore): erase those stores
+    once more (`verify_erasure --erase-residue`). Returns their keys; the caller verifies."""
+    from lifecycle.deletion.verify import logical_findings
+
+    conversation, home, by_key = op.conversation, EngineHome(), plan.stores_by_key()
+    keys = [key for key in dict.fromkeys(f.store for f in logical_findings(conversation, home)) if key in by_key]
+    for key in keys:
+        stores.erase(by_key[key], conversation, home, renew=lambda: None, checkpoint=lambda: None)
+    return keys
 
 
 def _step_done(op: DeleteOperation, step: DeleteStep, figures: stores.Measure | None = None) -> None:
@@ -351,8 +391,11 @@ def receipt_of(op: DeleteOperation, steps: list[DeleteStep] | None = None) -> di
         steps = list(op.steps.exclude(key=plan.FINGERPRINTS).order_by("position"))
     for step in steps:
         s = by_key[step.key]
+        again = step.detail.get("again") or {}  # erased once more before completing (see _clear_residue)
         entry = {"store": s.key, "class": s.retention.value, "action": actions[s.retention],
-                 "records": step.records, "bytes": step.bytes}
+                 "records": step.records + again.get("records", 0), "bytes": step.bytes + again.get("bytes", 0)}
+        if again:
+            entry["erased_again"] = True
         if "remaining" in step.detail:
             entry["remaining"] = step.detail["remaining"]
         changed.append(entry)
@@ -386,7 +429,7 @@ def _touched(steps: list[DeleteStep]) -> list[str]:
     })
 
 
-def _complete(op: DeleteOperation) -> None:
+def _complete(op: DeleteOperation, checked_at: datetime) -> None:
     faults.kill_point("complete")
     with stores.durable_transaction():
         locked = DeleteOperation.objects.select_for_update().get(pk=op.pk)
@@ -406,10 +449,12 @@ def _complete(op: DeleteOperation) -> None:
         )
         receipt = receipt_of(locked, steps)
         receipt["holders"] = physical.holders(now, physically_erased=False)
+        receipt["verification"] = {"at": checked_at.isoformat(), "logical": "clean", "physical": "not_checked",
+                                   "findings": 0}
         Conversation.objects.filter(pk=locked.conversation_id).update(state=ConversationState.DELETED)
         DeleteOperation.objects.filter(pk=locked.pk).update(
             state=DeleteState.COMPLETED, completed_at=now, step="", receipt=receipt, last_error="",
-            touched_tables=_touched(steps), physical_state=PhysicalState.PENDING,
+            touched_tables=_touched(steps), physical_state=PhysicalState.PENDING, verified_at=checked_at,
         )
 
 

@@ -4,6 +4,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
+from lifecycle.deletion.executor import erase_residue as erase_residue_of
 from lifecycle.deletion.verify import targets, verify
 
 PHYSICAL_WORDS = {
@@ -17,7 +18,8 @@ PHYSICAL_WORDS = {
 
 class Command(BaseCommand):
     help = ("Re-scan every registered store for anything of deleted conversations; with --physical also the "
-            "raw bytes of the database and the engine folder. Exits 1 when anything is found.")
+            "raw bytes of the database and the engine folder; with --erase-residue first erase again what the "
+            "stores hold. Exits 1 when anything is found, 2 when the target is unknown or not deleted yet.")
 
     def add_arguments(self, parser):
         which = parser.add_mutually_exclusive_group(required=True)
@@ -25,22 +27,30 @@ class Command(BaseCommand):
         which.add_argument("--all", action="store_true", help="Every completed delete.")
         parser.add_argument("--physical", action="store_true")
         parser.add_argument("--json", action="store_true")
+        parser.add_argument("--erase-residue", action="store_true",
+                            help="Erase again the stores that hold something of a deleted conversation "
+                                 "(written after the delete by a process outside Lethe, or restored), then check.")
 
-    def handle(self, *args, target, all, physical, json: bool, **options):
+    def handle(self, *args, target, all, physical, json: bool, erase_residue: bool, **options):
         ops = targets(None if all else target)
         if not all and not ops:
-            raise CommandError(f"No delete operation for {target}.")
+            raise CommandError(f"No delete operation for {target}.", returncode=2)
         unfinished = [op for op in ops if op.state != "completed"]
         if unfinished:
-            raise CommandError(f"{unfinished[0].public_id} is {unfinished[0].state}; nothing to verify yet.")
+            raise CommandError(f"{unfinished[0].public_id} is {unfinished[0].state}; nothing to verify yet.",
+                               returncode=2)
+        erased = {op.public_id: erase_residue_of(op) for op in ops} if erase_residue else {}
         reports = [verify(op, physical=physical) for op in ops]
         if json:
-            self.stdout.write(_dumps({"reports": [r.as_dict() for r in reports],
+            self.stdout.write(_dumps({"reports": [{**r.as_dict(), "erased_again": erased.get(r.operation, [])}
+                                                  for r in reports],
                                       "found": any(r.found for r in reports)}))
         else:
             for r in reports:
                 logical = "clean" if not r.logical else "FOUND " + ", ".join(
                     f"{f.store} ({f.what}: {f.count})" for f in r.logical)
+                if erased.get(r.operation):
+                    self.stdout.write(f"{r.operation}  {r.target}  erased again: {', '.join(erased[r.operation])}")
                 self.stdout.write(f"{r.operation}  {r.target}  logical: {logical}")
                 if physical:
                     detail = ", ".join(f"{f.where} ({f.count})" for f in r.physical_findings)
