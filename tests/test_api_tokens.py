@@ -101,8 +101,14 @@ def test_expired_and_revoked_tokens_answer_401_and_use_is_recorded(admin_user):
 
 # The page ---------------------------------------------------------------------------
 
+def form_number(client) -> str:
+    """The one-time number of a freshly read create form."""
+    return re.search(r'name="form_number" value="([^"]+)"', client.get(PAGE, **HOST).content.decode())[1]
+
+
 def test_admins_create_a_token_that_is_shown_once(admin_client):
-    response = admin_client.post(PAGE, {"name": "Phone app", "days": "30"}, **HOST)
+    response = admin_client.post(PAGE, {"name": "Phone app", "days": "30", "form_number": form_number(admin_client)},
+                                 **HOST)
     page = response.content.decode()
     assert response.status_code == 201
     raw = re.search(r'id="new-token"[^>]*value="(lethe_[^"]+)"', page)[1]
@@ -113,6 +119,33 @@ def test_admins_create_a_token_that_is_shown_once(admin_client):
     again = admin_client.get(PAGE, **HOST).content.decode()
     assert raw not in again and "Phone app" in again and token.prefix in again
     assert "no-store" in response["Cache-Control"]
+
+
+def test_the_same_form_sent_again_creates_nothing_and_says_so(admin_client):
+    """A reload of the answer (or Back, Forward and resend) sends the same form again: it must
+    not mint a second credential the admin never sees."""
+    data = {"name": "Phone app", "days": "30", "form_number": form_number(admin_client)}
+    assert admin_client.post(PAGE, data, **HOST).status_code == 201
+    again = admin_client.post(PAGE, data, **HOST)
+    assert again.status_code == 409 and ApiToken.objects.count() == 1
+    page = again.content.decode()
+    assert "This form was already sent: its token was created then and shown once." in page
+    assert 'id="new-token"' not in page and 'role="alert"' in page
+    # A form without a number, or with one this session never handed out, creates nothing either
+    for number in ("", "made-up"):
+        refused = admin_client.post(PAGE, {**data, "form_number": number}, **HOST)
+        assert refused.status_code == 409 and "This form has expired." in refused.content.decode()
+    assert ApiToken.objects.count() == 1
+    # A fresh form creates the next one
+    fresh = {"name": "Second", "days": "30", "form_number": form_number(admin_client)}
+    assert admin_client.post(PAGE, fresh, **HOST).status_code == 201 and ApiToken.objects.count() == 2
+
+
+def test_a_refused_form_focuses_and_announces_its_first_error(admin_client):
+    page = admin_client.post(PAGE, {"name": "", "days": "30", "form_number": form_number(admin_client)},
+                             **HOST).content.decode()
+    assert re.search(r'<input id="id_name"[^>]*aria-invalid="true" autofocus>', page)
+    assert '<p class="field-error" id="name-error" role="alert">' in page
 
 
 @pytest.mark.parametrize("data", [{"name": "", "days": "30"}, {"name": "x" * 121, "days": "30"},
