@@ -198,7 +198,7 @@ def _operation_context(op: OperationView) -> dict[str, Any]:
         "ambiguous": _rows_with_times((op.way_out or {}).get("ambiguous", [])),
         "physical_at": _moment((receipt.get("physical") or {}).get("erased_at")),
         "verified_at": _moment(receipt.get("verified_at")),
-        "residue": _residue((receipt.get("verification") or {})),
+        "residue": _residue(receipt.get("verification") or {}),
         "verified_physical_at": _moment(receipt.get("verified_physical_at")),
         "poll": POLL_SECONDS if op.is_pending else None,
         "version": f"{op.state}:{done}:{op.step or ''}:{op.error or ''}",

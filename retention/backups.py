@@ -100,8 +100,8 @@ def _configured(name: str) -> str | Path | None:
 
 def backup_dir() -> Path:
     """The backup folder, created owner-only when missing: the `LETHE_BACKUP_DIR` setting or
-    environment variable, else `BACKUP_DIR` (the name the deletion receipts read, in
-    lifecycle.deletion.physical), else `VAR_DIR/backups`."""
+    environment variable, else a `BACKUP_DIR` setting (an older name), else
+    `VAR_DIR/backups`. Deletion receipts read this same folder (lifecycle.deletion.physical)."""
     configured = _configured("LETHE_BACKUP_DIR") or getattr(settings, "BACKUP_DIR", None)
     directory = Path(configured) if configured else Path(settings.VAR_DIR) / "backups"
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -510,6 +510,10 @@ def _check_postgresql(path: Path, database: str, should_cancel: Callable[[], boo
 
 
 def _discard(temp: Path, final: Path) -> None:
+    from lifecycle.deletion.physical import forget_backup
+
     temp.unlink(missing_ok=True)
     if not _receipt_path(final).exists():
         final.unlink(missing_ok=True)
+        # Deletes that completed while it was being made named it as holding their content
+        forget_backup(final.name)

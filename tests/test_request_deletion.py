@@ -414,6 +414,42 @@ def test_the_receipt_names_the_backups_made_before_the_delete(settings, tmp_path
         assert op.physical_state == m.PhysicalState.PENDING and "database_files" in kinds
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("outcome", ["published", "cancelled"])
+def test_a_backup_being_made_while_a_delete_completes_is_named_on_its_receipt(settings, tmp_path, outcome):
+    """The backup's copy started while the content was there: once published it holds that
+    content, so the receipt names it, though it had no receipt (nor final name) when the delete
+    completed. One that is then cancelled was never published: the receipt stops naming it."""
+    from retention.backups import BackupError, create_backup
+
+    settings.LETHE_BACKUP_DIR = tmp_path / "backups"
+    target = factories.make_conversation(title="Held by a backup ZQXBKP")
+    factories.add_message(target)
+    deleted = []
+
+    def delete_meanwhile(*_figures):
+        if not deleted:
+            op = delete(target)
+            assert executor.run_erasure(op.pk) == "completed"
+            deleted.append(op)
+
+    cancel = outcome == "cancelled"
+    try:
+        made = create_backup(progress=delete_meanwhile, should_cancel=lambda: cancel and bool(deleted))
+    except BackupError as exc:
+        assert cancel and exc.code == "cancelled"
+        made = None
+    assert deleted, "the delete completed while the backup was being made"
+    op = m.DeleteOperation.objects.get(pk=deleted[0].pk)
+    named = [h["name"] for h in op.receipt["holders"] if h["kind"] == "backup"]
+    if cancel:
+        assert made is None and named == [] and not list(settings.LETHE_BACKUP_DIR.glob("lethe-*"))
+    else:
+        assert named == [made.name]
+        if connection.vendor == "sqlite":  # the copy really holds it (pg_dump's snapshot time is its own)
+            assert b"ZQXBKP" in made.path.read_bytes()
+
+
 def test_unrelated_conversations_jobs_and_drafts_survive():
     from django_q.tasks import async_task
 

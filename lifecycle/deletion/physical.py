@@ -6,9 +6,10 @@ truncates it. `wal_checkpoint(TRUNCATE)` reports busy while a reader holds a sna
 it is retried with back-off; until it succeeds the receipt says "physically pending" and
 the recovery job tries again every minute.
 
-PostgreSQL: a plain VACUUM leaves deleted bytes in the table files; only a compaction that
-rewrites the tables removes them. The receipt says "logically erased, physically pending
-until the next compaction" until `record_compaction` marks it.
+PostgreSQL: a plain VACUUM (what Compact database runs) leaves deleted bytes in the table
+files; only a rewrite of the tables removes them: `manage.py finish_erasure` (VACUUM FULL of
+the touched tables), which calls `record_compaction`. Until then the receipt says "logically
+erased, physically pending" and names that command.
 
 Backups made before the delete still hold the content, whatever the database does; so does
 a WAL archive when `archive_mode` is on. The receipt names them and until when.
@@ -17,10 +18,10 @@ a WAL archive when `archive_mode` is on. The receipt names them and until when.
 from __future__ import annotations
 
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 
 CHECKPOINT_TRIES = 8
 CHECKPOINT_WAIT_MS = 200
@@ -57,22 +58,56 @@ def backups_before(moment: datetime) -> list[dict[str, Any]]:
     deleted. The folder is the one backups are made in (`retention.backups.backup_dir`);
     besides verified backups it may hold copies an operator put there, which hold content
     as much. A backup's receipt sidecar holds no content and is not named; a verified
-    backup is dated by its receipt, any other file by its modification time."""
-    from retention.backups import backup_dir, list_backups
+    backup is dated by its receipt, any other file by its modification time.
+
+    A backup still being made counts too, under the name it will have: its copy was started
+    (its file exists before the copy reads the database) while the content was still there.
+    Lethe's backups are dated by the time in their name until their receipt is written; one
+    that then fails or is cancelled is taken off the receipts again (`forget_backup`)."""
+    from retention.backups import NAME_PATTERN, TEMP_PREFIX, backup_dir, list_backups
 
     folder = backup_dir()
     verified = {receipt.name: receipt.created_at.timestamp() for receipt in list_backups()}
     out = []
     for path in sorted(folder.iterdir()):
-        if not path.is_file() or path.name.startswith("."):
+        name = path.name.removeprefix(TEMP_PREFIX)
+        ours = bool(NAME_PATTERN.match(name))
+        if not path.is_file() or (path.name.startswith(".") and not (ours and path.name != name)):
             continue
         if path.suffix == ".json" and path.with_suffix("").name in verified:
             continue
-        made = verified.get(path.name, path.stat().st_mtime)
+        made = verified.get(name) or (_named_time(name) if ours else None) or path.stat().st_mtime
         if made < moment.timestamp():
-            out.append({"kind": "backup", "name": path.name,
+            out.append({"kind": "backup", "name": name,
                         "made_at": datetime.fromtimestamp(made, tz=moment.tzinfo).isoformat()})
     return out
+
+
+def _named_time(name: str) -> float | None:
+    """The time in a backup's name (lethe-<engine>-YYYYmmddTHHMMSSZ-...), rounded down."""
+    try:
+        return datetime.strptime(name.split("-")[2], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC).timestamp()
+    except (IndexError, ValueError):
+        return None
+
+
+def forget_backup(name: str) -> int:
+    """A backup that was being made when deletes completed, then failed or was cancelled: it
+    was never published, so their receipts stop naming it. Returns how many changed."""
+    from lifecycle.models import DeleteOperation, DeleteState
+
+    changed = 0
+    for pk in DeleteOperation.objects.filter(state=DeleteState.COMPLETED, receipt__isnull=False).values_list(
+            "pk", flat=True):
+        with transaction.atomic():
+            op = DeleteOperation.objects.select_for_update().get(pk=pk)
+            receipt = dict(op.receipt or {})
+            kept = [h for h in receipt.get("holders", []) if not (h.get("kind") == "backup" and h.get("name") == name)]
+            if len(kept) != len(receipt.get("holders", [])):
+                receipt["holders"] = kept
+                DeleteOperation.objects.filter(pk=pk).update(receipt=receipt)
+                changed += 1
+    return changed
 
 
 def wal_archive_on() -> bool:
