@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import timedelta
 
@@ -31,6 +32,7 @@ from django.utils.translation import gettext_lazy
 from lifecycle import faults
 from lifecycle.actions.request_deletion import check_key
 from lifecycle.deletion.executor import holder_alive, holder_id, lease_seconds
+from lifecycle.deletion.physical import checkpoint_sqlite
 from lifecycle.deletion.reasons import message as reason_message
 from lifecycle.engine.http import (
     EngineCredentialsRefused,
@@ -61,6 +63,8 @@ ERRORS = {
                                           "(ENGINE_URL, or ENGINE_TOKENS for another engine), so nothing can "
                                           "be deleted there."),
 }
+
+log = logging.getLogger(__name__)
 
 
 def error_text(code: str) -> str:
@@ -226,6 +230,20 @@ def _finish(op: BoundDelete, state: str, code: str) -> None:
             next_attempt_at=None, lease_holder="", lease_expires_at=None)
 
 
+def _title_back(op: BoundDelete, engine: HttpEngine) -> None:
+    """The engine said no: its conversation stays, and so does the binding, which gets back the
+    title its request cleared (read from the engine now; failing that, the next sync brings
+    it back, as it does for any binding without a delete under way)."""
+    try:
+        row = engine.thread(op.engine_id)
+    except Exception as exc:  # best effort: the list shows the thread id until the next sync
+        log.info("title of %s not read back after its refused delete: %s", op.public_id, type(exc).__name__)
+        return
+    if row.get("state") == "live" and isinstance(row.get("title"), str):
+        EngineBinding.objects.filter(pk=op.binding_id, title="").exclude(
+            deletes__state=BoundDeleteState.PENDING).update(title=row["title"])
+
+
 def acknowledge(op: BoundDelete) -> None:
     """The receipt is stored: Completed, and the binding is let go, in one transaction."""
     with transaction.atomic():
@@ -242,6 +260,9 @@ def acknowledge(op: BoundDelete) -> None:
             # Earlier answers for it (refused, unavailable) keep its identity, not the link.
             BoundDelete.objects.filter(binding_id=binding_id).update(binding=None)
             EngineBinding.objects.filter(pk=binding_id).delete()
+    # SQLite: the pages that held the binding's title (cleared at the request) stay in the
+    # write-ahead log until a checkpoint copies the later pages over them and truncates it.
+    checkpoint_sqlite()
 
 
 def _attempt(op: BoundDelete, engine: HttpEngine) -> str:
@@ -273,6 +294,7 @@ def _attempt(op: BoundDelete, engine: HttpEngine) -> str:
             waiting_on=WaitingOn.ENGINE, next_attempt_at=None)
     if view.state in (BoundDeleteState.REFUSED, BoundDeleteState.UNAVAILABLE):
         _finish(op, view.state, view.code or "engine_error")
+        _title_back(op, engine)
         return view.state
     if view.state != BoundDeleteState.COMPLETED:
         return "engine"

@@ -17,7 +17,8 @@ def waiting_text(op: BoundDelete) -> str:
         return _("Waiting for this console: the engine's receipt is in and is being acknowledged.")
     if op.last_error and op.next_attempt_at:
         when = formats.date_format(timezone.localtime(op.next_attempt_at), "DATETIME_FORMAT")
-        return _("Waiting for the engine: it cannot be reached. Next retry: %(when)s.") % {"when": when}
+        # The time in brackets: an English time ends with "a.m." or "p.m.", so no period follows it
+        return _("Waiting for the engine: it cannot be reached (next retry: %(when)s).") % {"when": when}
     if op.engine_operation:
         return _("Waiting for the engine: it is erasing the conversation.")
     return _("Waiting for the engine: the request is being sent.")

@@ -22,6 +22,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from django.db import connection
 from django.db.models import ProtectedError
 from django.test import Client
 
@@ -41,7 +42,7 @@ from tests.test_jobs import database_url
 HOST = {"HTTP_HOST": "127.0.0.1"}
 THREADS = {
     "complete": {"thread_id": "t-complete"},
-    "before": {"thread_id": "t-before"},
+    "before": {"thread_id": "t-before", "title": "Title ZQXW4L before"},
     "during": {"thread_id": "t-during"},
     "lost": {"thread_id": "t-lost"},
     "killed": {"thread_id": "t-killed"},
@@ -277,6 +278,13 @@ def test_engine_stopped_before_the_delete_pending_then_completed_after_restart(r
     assert op.receipt["stores"] == engine_receipt(remote, "before")["stores"]
     assert not EngineBinding.objects.filter(pk=b.pk).exists()
     deleted_once(remote, "before")
+    if connection.vendor == "sqlite":
+        # The console's own copy of the title is gone from its database files too, log included
+        from pathlib import Path
+
+        name = Path(str(connection.settings_dict["NAME"]))
+        files = [p for p in (name, Path(f"{name}-wal")) if p.exists()]
+        assert b.title and not [p for p in files if b.title.encode() in p.read_bytes()]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -409,6 +417,8 @@ def test_an_engine_refusal_is_refused_here_and_keeps_everything(remote):
     assert (op.state, op.code, op.binding_id) == ("refused", "conversation_turn_active", b.pk)
     assert EngineBinding.objects.filter(pk=b.pk).exists()
     assert remote.conversation(thread(remote, "running"))["state"] == "live"
+    # The request had cleared the list's copy of the title; the engine said no, so it is back
+    assert b.title and EngineBinding.objects.get(pk=b.pk).title == b.title
     # Closed on the engine (its turn interrupted), a new request is admitted and completes;
     # the earlier refusal keeps the binding's identity but lets the binding itself go.
     assert get_engine().set_closed(b.engine_id, True, actor=None)["closed"] is True
@@ -493,7 +503,8 @@ def test_the_status_page_says_whose_step_it_is(remote, client, admin_user, setti
     client.force_login(admin_user)
     page = client.get(f"/engine/deletes/{op.public_id}/").content.decode()
     assert 'data-state="pending"' in page and 'data-waiting="engine"' in page
-    assert "Waiting on: the engine" in page and "Next retry" in page and "cannot be reached" in page
+    assert "Waiting on: the engine" in page and "(next retry: " in page and "cannot be reached" in page
+    assert "m..<" not in page  # no period after "a.m." or "p.m."
     assert "Completed" not in page
     settings.ENGINE_URL = remote.url
     assert delivery.deliver(op.pk, budget=60) == "completed"
@@ -519,6 +530,13 @@ def test_sync_bindings_reads_the_engine_as_a_command_and_members_cannot_delete(r
     answer = Client(HTTP_AUTHORIZATION=f"Bearer {raw}", **HOST).delete(
         f"/api/v1/bindings/{binding(remote, 'member').public_id}", HTTP_IDEMPOTENCY_KEY="member-1")
     assert answer.status_code == 403 and BoundDelete.objects.count() == 0
+    # On the screen a member sees the list read-only: no Delete, and the note says why
+    viewer = Client(**HOST)
+    viewer.force_login(member)
+    b = binding(remote, "member")
+    page = viewer.get(f"/engine/conversations/?owner={b.owner_kind}:{b.owner_id}").content.decode()
+    assert f'data-binding="{b.public_id}"' in page and f"/engine/conversations/{b.public_id}/delete/" not in page
+    assert 'data-testid="admins-only"' in page
     bad = api_delete(admin_api(), binding(remote, "member").public_id, "has spaces")
     assert bad.status_code == 400 and bad.json()["code"] == "idempotency_key_invalid"
     assert BoundDelete.objects.count() == 0
