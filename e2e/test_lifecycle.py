@@ -68,6 +68,9 @@ def test_it_previews_cancels_confirms_and_shows_pending_then_completed(seeded, l
     assert executor.run_erasure(op.pk) == "completed"
     expect(status).to_have_attribute("data-state", "completed", timeout=15_000)
     expect(status).to_contain_text("Completed")
+    # Said in a few words: the live region beside the card, not the card with its whole receipt
+    expect(page.locator("#op-announce")).to_have_text("Completed")
+    assert page.locator("[aria-live] [data-testid=receipt]").count() == 0
     expect(page.get_by_test_id("receipt")).to_contain_text("Messages and tool calls")
     expect(page.get_by_test_id("physical")).to_contain_text("Physically erased")
     check_layout(page, "operation completed")

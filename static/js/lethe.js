@@ -36,6 +36,22 @@
   var flash = document.querySelector(".flash");
   if (flash && focusLost()) focusQuiet(flash);
 
+  // ---- A delete's status page: a new state in a few words ---------------------
+  // The status card is replaced when it changes (its receipt can run to many lines); the
+  // live region beside it says only the state and the step, e.g. "Completed" or
+  // "Pending. Erasing: Event log. Step 3 of 21 done."
+  document.addEventListener("htmx:afterSwap", function (event) {
+    if (!event.detail.target || event.detail.target.id !== "op-live") return;
+    var card = document.getElementById("op-status");
+    if (!card) return;
+    var parts = [];
+    var badge = card.querySelector("h2");
+    if (badge) parts.push(badge.textContent.trim());
+    var step = card.querySelector("[data-testid=op-step], [data-testid=op-waiting]");
+    if (step) parts.push(step.textContent.replace(/\s+/g, " ").trim());
+    announce(document.getElementById("op-announce"), parts.join(". "));
+  });
+
   // ---- The viewer's time zone -------------------------------------------------
   // The server shows times in the zone the browser reports (unless the person chose one).
   try {
