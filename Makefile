@@ -27,7 +27,7 @@ setup: $(RUNTIME_STAMP) $(TEST_STAMP) system-packages var/secret-key
 
 # A random key kept for this checkout (mode 0600); settings read it when SECRET_KEY is unset.
 var/secret-key:
-	@mkdir -p var
+	@mkdir -p -m 700 var
 	@(umask 077 && $(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(50))' > $@.tmp && mv $@.tmp $@)
 
 ## setup-runtime: the runtime lock only (what `make run` needs; no test tools).
@@ -67,7 +67,7 @@ browser:
 
 ## run: migrate, compile translations, collect static files, seed demo data once, serve with the job cluster.
 run: setup-runtime
-	@mkdir -p var
+	@mkdir -p -m 700 var
 	$(PY) manage.py migrate --noinput -v0
 	$(PY) manage.py compilemessages -v0 --ignore=.venv
 	$(PY) manage.py collectstatic --noinput -v0

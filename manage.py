@@ -7,9 +7,22 @@ import sys
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+    from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
     from django.core.management import execute_from_command_line
 
-    execute_from_command_line(sys.argv)
+    try:
+        # Read the settings first: a bad environment value stops here, with its own message
+        # (Django would otherwise hold it back, or show another error in its place).
+        settings.INSTALLED_APPS  # noqa: B018
+        execute_from_command_line(sys.argv)
+    except ImproperlyConfigured as error:
+        if "--traceback" in sys.argv:
+            raise
+        # One line, no traceback: the message names the variable, the value and what is accepted.
+        message = " ".join(str(error).split())
+        print(f"Lethe configuration error: {message}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -7,34 +7,192 @@ environment variable; nothing else here should need editing.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
+import stat
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
+from django.db.backends.signals import connection_created
 from django.utils.csp import CSP
 from django.utils.translation import gettext_lazy as _
 
 from ops.logs import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(os.environ.get("LETHE_VAR_DIR", BASE_DIR / "var"))
-VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+
+# Reading the environment ------------------------------------------------------------------
+# Every number, flag, choice and JSON value below goes through `from_env`: a value it does not
+# accept stops Lethe with one line naming the variable, the value and what is accepted
+# (manage.py prints it as "Lethe configuration error: ..." and exits 2).
+
+def _shown(raw: str, limit: int = 60) -> str:
+    """A value as a message quotes it: escaped, cut after `limit` characters."""
+    return repr(raw if len(raw) <= limit else raw[:limit] + "…")
+
+
+def from_env[T](name: str, default: T, accepted: str, parse: Callable[[str], T], *, secret: bool = False) -> T:
+    """`parse` of the variable `name` (stripped), or `default` when it is unset or blank.
+
+    `parse` raises ValueError for a value it does not accept; the message is then
+    "<name> must be <accepted>, not '<value>'.", the value escaped and cut. With `secret` it
+    says what was wrong (the ValueError's text) instead of quoting the value.
+    """
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        return parse(raw.strip())
+    except (ValueError, TypeError) as error:
+        got = f"{error} (the value is not shown: it holds secrets)" if secret else _shown(raw)
+        raise ImproperlyConfigured(f"{name} must be {accepted}, not {got}.") from None
+
+
+def env_int(name: str, default: int, low: int, high: int, what: str = "a whole number") -> int:
+    def parse(raw: str) -> int:
+        value = int(raw)
+        if not low <= value <= high:
+            raise ValueError(raw)
+        return value
+    return from_env(name, default, f"{what} from {low} to {high}", parse)
+
+
+def env_float(name: str, default: float, low: float, high: float, what: str = "a number of seconds") -> float:
+    def parse(raw: str) -> float:
+        value = float(raw)
+        if not low <= value <= high:  # NaN is refused here too
+            raise ValueError(raw)
+        return value
+
+    def shown(x: float) -> str:
+        return str(int(x)) if float(x).is_integer() else str(x)
+    return from_env(name, default, f"{what} from {shown(low)} to {shown(high)}", parse)
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...], also: tuple[str, ...] = ()) -> str:
+    """One of `choices` (or of `also`: accepted, not advertised) in any case, returned as the
+    tuple spells it."""
+    known = {choice.lower(): choice for choice in (*choices, *also)}
+
+    def parse(raw: str) -> str:
+        if raw.lower() not in known:
+            raise ValueError(raw)
+        return known[raw.lower()]
+    listed = " or ".join(choices) if len(choices) == 2 else f"one of {', '.join(choices[:-1])} or {choices[-1]}"
+    return from_env(name, default, listed, parse)
 
 
 def env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    return raw.strip().lower() in {"1", "true", "yes", "on"}
+    def parse(raw: str) -> bool:
+        if raw.lower() in ("1", "true", "yes", "on"):
+            return True
+        if raw.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(raw)
+    return from_env(name, default, "true or false (or 1/0, yes/no, on/off)", parse)
+
+
+def http_url(raw: str) -> str:
+    """An http(s) URL with a host (and a valid port when it names one); ValueError otherwise."""
+    parts = urlsplit(raw)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(raw)
+    if parts.port == 0:  # .port raises ValueError for a port that is not a number or out of range
+        raise ValueError(raw)
+    return raw
+
+
+def engine_tokens(raw: str) -> dict[str, str]:
+    """ENGINE_TOKENS: {"<engine url>": "<token>"}. The ValueError says what is wrong without
+    quoting a token."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise ValueError("malformed JSON") from None
+    if not isinstance(value, dict):
+        kinds = {list: "a JSON list", str: "a JSON string", bool: "a JSON true or false", type(None): "JSON null"}
+        raise ValueError(kinds.get(type(value), "a JSON number"))
+    tokens = {}
+    for url, token in value.items():
+        try:
+            http_url(url)
+        except ValueError:
+            raise ValueError(f"an object with the key {_shown(url)} (not an http(s) URL)") from None
+        if not isinstance(token, str) or not token.strip():
+            raise ValueError(f"an object with an empty or non-text token for {_shown(url)}")
+        tokens[url.rstrip("/")] = token.strip()
+    return tokens
+
+
+# Files -----------------------------------------------------------------------------------
+
+def private_var_dir(path: Path) -> Path:
+    """The folder for Lethe's data; made owner-only (0700) when Lethe makes it. A folder that
+    already exists keeps the mode its operator gave it."""
+    if path.is_dir():
+        return path
+    try:
+        path.mkdir(parents=True, mode=0o700)
+    except FileExistsError:
+        if not path.is_dir():
+            raise ImproperlyConfigured(f"LETHE_VAR_DIR names {path}, which is not a folder.") from None
+        return path  # made by another process meanwhile
+    except OSError as error:
+        raise ImproperlyConfigured(f"LETHE_VAR_DIR names {path}, which cannot be created: {error.strerror}.") from None
+    path.chmod(0o700)  # whatever the umask
+    return path
+
+
+VAR_DIR = private_var_dir(Path(os.environ.get("LETHE_VAR_DIR") or BASE_DIR / "var"))
+
+_PRIVATE_SQLITE: set[str] = set()
+
+
+def private_sqlite_files(sender, connection, **kwargs) -> None:
+    """Conversation content is for the owner only: the first time a process opens a SQLite
+    database file, the file and its -wal and -shm are made 0600 (SQLite creates the -wal and
+    -shm later with the database file's mode). Nothing has been written to a new file yet
+    when this runs: its connection was just opened."""
+    if connection.vendor != "sqlite" or connection.is_in_memory_db():
+        return
+    name = str(connection.settings_dict["NAME"])
+    if name in _PRIVATE_SQLITE:
+        return
+    for path in (name, f"{name}-wal", f"{name}-shm"):
+        try:
+            if os.stat(path).st_mode & 0o077:
+                os.chmod(path, 0o600)
+        except FileNotFoundError:
+            pass
+        except OSError as error:  # another user's file: say so, and let the database work
+            logging.getLogger("console.settings").warning(
+                "Could not make the database file %s private (chmod 600): %s", path, error.strerror)
+    _PRIVATE_SQLITE.add(name)
+
+
+connection_created.connect(private_sqlite_files, dispatch_uid="lethe.private_sqlite_files")
+
+
+def _without_password(url: str) -> str:
+    return re.sub(r"^([^:/]+://[^/@:]*:)[^/@]*@", r"\1***@", url)
+
+
+_DATABASE_URL_FORMS = "sqlite:///path or postgres://user:password@host:port/name (a port from 1 to 65535)"
 
 
 def database_from_url(url: str) -> dict:
     """Turn `sqlite:///path` or `postgres://user:pass@host:port/name` into a Django dict."""
     parts = urlsplit(url)
+    refused = ImproperlyConfigured(f"DATABASE_URL must be {_DATABASE_URL_FORMS}, not {_shown(_without_password(url))}.")
     if parts.scheme == "sqlite":
         # sqlite:///relative/path and sqlite:////absolute/path, like the common convention.
         raw = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
+        if not raw.strip("/"):
+            raise refused
         name = Path(raw) if raw.startswith("/") else BASE_DIR / raw
         return {
             "ENGINE": "django.db.backends.sqlite3",
@@ -58,17 +216,23 @@ def database_from_url(url: str) -> dict:
             "TEST": {"NAME": str(VAR_DIR / f"test-db-{os.getpid()}.sqlite3")},
         }
     if parts.scheme in {"postgres", "postgresql", "pgsql"}:
+        try:
+            port = parts.port  # ValueError: not a number, or out of 0-65535
+        except ValueError:
+            raise refused from None
+        if port == 0:
+            raise refused
         return {
             "ENGINE": "django.db.backends.postgresql",
             "NAME": unquote(parts.path.lstrip("/")) or "lethe",
             "USER": unquote(parts.username or ""),
             "PASSWORD": unquote(parts.password or ""),
             "HOST": parts.hostname or "",
-            "PORT": str(parts.port or ""),
+            "PORT": str(port or ""),
             "CONN_MAX_AGE": 60,
             "CONN_HEALTH_CHECKS": True,
         }
-    raise ImproperlyConfigured(f"Unsupported DATABASE_URL scheme: {parts.scheme!r}")
+    raise refused
 
 
 DEBUG = env_bool("DEBUG", False)
@@ -82,13 +246,26 @@ def read_secret_key() -> str:
         return key
     named = os.environ.get("SECRET_KEY_FILE", "").strip()
     path = Path(named) if named else VAR_DIR / "secret-key"
-    if path.exists():
-        if path.stat().st_mode & 0o077:
-            raise ImproperlyConfigured(
-                f"The secret key file {path} can be read by other users; run `chmod 600 {path}`.")
-        if key := path.read_text().strip():
+    label = f"SECRET_KEY_FILE names {path}, which" if named else f"The secret key file {path}"
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        info = None
+    except OSError as error:
+        raise ImproperlyConfigured(f"{label} cannot be read: {error.strerror}.") from None
+    if info is not None:
+        if not stat.S_ISREG(info.st_mode):
+            raise ImproperlyConfigured(f"{label} is not a file (the key must be in a file only its owner can read).")
+        if info.st_mode & 0o077:
+            raise ImproperlyConfigured(f"{label} can be read by other users; run `chmod 600 {path}`.")
+        try:
+            key = path.read_text().strip()
+        except (OSError, UnicodeDecodeError) as error:
+            reason = error.strerror if isinstance(error, OSError) else "it is not text"
+            raise ImproperlyConfigured(f"{label} cannot be read: {reason}.") from None
+        if key:
             return key
-        raise ImproperlyConfigured(f"The secret key file {path} is empty.")
+        raise ImproperlyConfigured(f"{label} is empty.")
     if named:
         raise ImproperlyConfigured(f"SECRET_KEY_FILE names {path}, which does not exist.")
     if DEBUG:
@@ -112,24 +289,25 @@ DATABASES = {"default": database_from_url(DATABASE_URL)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # The engine's data directory: event logs, receipts, artifacts and the subagent fleet file.
-ENGINE_HOME = Path(os.environ.get("ENGINE_HOME", VAR_DIR / "engine"))
+ENGINE_HOME = Path(os.environ.get("ENGINE_HOME") or VAR_DIR / "engine")
 # Empty: the engine is embedded in this process. A URL: another Lethe serving the engine API.
-ENGINE_URL = os.environ.get("ENGINE_URL", "").strip()
+ENGINE_URL = from_env("ENGINE_URL", "", "empty (the embedded engine) or an http:// or https:// URL with a host, "
+                      "such as https://engine.example:8150", http_url)
 # A token made by the engine's `manage.py create_api_token` (an admin of the engine).
 ENGINE_TOKEN = os.environ.get("ENGINE_TOKEN", "").strip()
 # Other engines (a computer's own, for its local-only conversations): {"<url>": "<token>"} as JSON.
-ENGINE_TOKENS = {url.rstrip("/"): token for url, token in json.loads(os.environ.get("ENGINE_TOKENS") or "{}").items()}
-ENGINE_CONNECT_TIMEOUT = float(os.environ.get("ENGINE_CONNECT_TIMEOUT", 3))
-ENGINE_READ_TIMEOUT = float(os.environ.get("ENGINE_READ_TIMEOUT", 15))
-ENGINE_RETRIES = int(os.environ.get("ENGINE_RETRIES", 2))
+ENGINE_TOKENS = from_env("ENGINE_TOKENS", {}, 'a JSON object of engine URLs and their tokens, {"https://…": "lethe_…"}',
+                         engine_tokens, secret=True)
+ENGINE_CONNECT_TIMEOUT = env_float("ENGINE_CONNECT_TIMEOUT", 3, 0.1, 600)
+ENGINE_READ_TIMEOUT = env_float("ENGINE_READ_TIMEOUT", 15, 0.1, 3600)
+ENGINE_RETRIES = env_int("ENGINE_RETRIES", 2, 0, 10)
 # A bound delete while the engine is offline: "pending" (record it, finish when the engine is
 # back) or "refuse" (answer Unavailable up front and record nothing).
-LIFECYCLE_OFFLINE_DELETE = os.environ.get("LIFECYCLE_OFFLINE_DELETE", "pending").strip().lower()
-if LIFECYCLE_OFFLINE_DELETE not in ("pending", "refuse"):
-    raise ImproperlyConfigured("LIFECYCLE_OFFLINE_DELETE must be pending or refuse.")
+LIFECYCLE_OFFLINE_DELETE = env_choice("LIFECYCLE_OFFLINE_DELETE", "pending", ("pending", "refuse"))
 # Retries of a bound delete while the engine is unreachable: first wait, doubling, capped.
-REMOTE_RETRY_SECONDS = float(os.environ.get("REMOTE_RETRY_SECONDS", 5))
-REMOTE_RETRY_MAX_SECONDS = float(os.environ.get("REMOTE_RETRY_MAX_SECONDS", 300))
+REMOTE_RETRY_SECONDS = env_float("REMOTE_RETRY_SECONDS", 5, 0.1, 86400)
+REMOTE_RETRY_MAX_SECONDS = env_float("REMOTE_RETRY_MAX_SECONDS", max(300, REMOTE_RETRY_SECONDS), REMOTE_RETRY_SECONDS,
+                                     7 * 86400, what="a number of seconds (not below REMOTE_RETRY_SECONDS)")
 
 INSTALLED_APPS = [
     "django.contrib.auth",
@@ -229,7 +407,8 @@ if HTTPS:
     CSRF_COOKIE_SECURE = True
     SECURE_SSL_REDIRECT = True
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-    SECURE_HSTS_SECONDS = int(os.environ.get("HSTS_SECONDS", 365 * 24 * 3600))
+    # 0 turns HSTS off; two years is the longest anyone recommends.
+    SECURE_HSTS_SECONDS = env_int("HSTS_SECONDS", 365 * 24 * 3600, 0, 2 * 365 * 24 * 3600, "a whole number of seconds")
     SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("HSTS_INCLUDE_SUBDOMAINS", True)
     SECURE_HSTS_PRELOAD = env_bool("HSTS_PRELOAD", False)
     if not SECURE_HSTS_PRELOAD:
@@ -252,34 +431,35 @@ SECURE_CSP = {
 }
 
 # API tokens expire this many days after they are made (`manage.py api_tokens create --days`).
-API_TOKEN_DAYS = int(os.environ.get("API_TOKEN_DAYS", 90))
+# At most console.tokens.MAX_DAYS, as for a lifetime chosen on the tokens screen.
+API_TOKEN_DAYS = env_int("API_TOKEN_DAYS", 90, 1, 3650, "a whole number of days")
 
 # Failed sign-ins, per username and per client address (and bad API tokens, per address):
 # after LOGIN_FREE_FAILURES failures each further attempt waits LOGIN_DELAY_SECONDS, doubling
 # up to 60 s; at LOCK_AFTER failures the key is locked for LOGIN_LOCK_SECONDS. Failures older
 # than LOGIN_FAILURE_WINDOW_SECONDS are forgotten. See docs/operations.md.
 LOGIN_THROTTLE = {
-    "free_failures": int(os.environ.get("LOGIN_FREE_FAILURES", 3)),
-    "delay_seconds": int(os.environ.get("LOGIN_DELAY_SECONDS", 1)),
+    "free_failures": env_int("LOGIN_FREE_FAILURES", 3, 0, 1000),
+    "delay_seconds": env_int("LOGIN_DELAY_SECONDS", 1, 0, 60, "a whole number of seconds"),
     "max_delay_seconds": 60,
-    "user_lock_after": int(os.environ.get("LOGIN_USER_LOCK_AFTER", 10)),
-    "address_lock_after": int(os.environ.get("LOGIN_ADDRESS_LOCK_AFTER", 30)),
-    "lock_seconds": int(os.environ.get("LOGIN_LOCK_SECONDS", 15 * 60)),
-    "window_seconds": int(os.environ.get("LOGIN_FAILURE_WINDOW_SECONDS", 15 * 60)),
+    "user_lock_after": env_int("LOGIN_USER_LOCK_AFTER", 10, 1, 10_000),
+    "address_lock_after": env_int("LOGIN_ADDRESS_LOCK_AFTER", 30, 1, 100_000),
+    "lock_seconds": env_int("LOGIN_LOCK_SECONDS", 15 * 60, 1, 7 * 86400, "a whole number of seconds"),
+    "window_seconds": env_int("LOGIN_FAILURE_WINDOW_SECONDS", 15 * 60, 1, 7 * 86400, "a whole number of seconds"),
 }
 # Reverse proxies in front of Lethe that append to X-Forwarded-For; 0 uses the socket address.
-TRUSTED_PROXIES = int(os.environ.get("TRUSTED_PROXIES", 0))
+TRUSTED_PROXIES = env_int("TRUSTED_PROXIES", 0, 0, 10)
 
 # JSON bodies larger than this are refused with 413 before they are parsed.
-API_MAX_BODY_BYTES = int(os.environ.get("API_MAX_BODY_BYTES", 2 * 1024 * 1024))
+API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 2 * 1024 * 1024, 1024, 1024**3, "a whole number of bytes")
 # Deeper JSON is refused with 400 `too_deep` (tool payloads nest a few levels, never hundreds).
-API_MAX_JSON_DEPTH = int(os.environ.get("API_MAX_JSON_DEPTH", 64))
+API_MAX_JSON_DEPTH = env_int("API_MAX_JSON_DEPTH", 64, 1, 500)
 # An item page stops early once its messages reach this many bytes (at least one item is sent).
-API_MAX_PAGE_BYTES = int(os.environ.get("API_MAX_PAGE_BYTES", 4 * 1024 * 1024))
+API_MAX_PAGE_BYTES = env_int("API_MAX_PAGE_BYTES", 4 * 1024 * 1024, 1024, 1024**3, "a whole number of bytes")
 
 Q_CLUSTER = {
     "name": "lethe",
-    "workers": int(os.environ.get("Q_WORKERS", 2)),
+    "workers": env_int("Q_WORKERS", 2, 0, 64),  # 0: one per CPU (django-q's default)
     "timeout": 600,
     "retry": 660,
     "max_attempts": 3,
@@ -291,13 +471,14 @@ Q_CLUSTER = {
 
 # Logs: JSON lines on stderr (LOG_FORMAT=json, the default) or text (LOG_FORMAT=text); never
 # content (see ops/logs.py). ACCESS_LOG=false drops the one line per request.
-LOG_FORMAT = os.environ.get("LOG_FORMAT", "json").strip().lower()
-if LOG_FORMAT not in ("json", "text"):
-    raise ImproperlyConfigured(f"LOG_FORMAT must be json or text, not {LOG_FORMAT!r}.")
-LOGGING = logging_config(LOG_FORMAT, os.environ.get("LOG_LEVEL", "INFO").upper())
+LOG_FORMAT = env_choice("LOG_FORMAT", "json", ("json", "text"))
+LOG_LEVEL = env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+                       also=("NOTSET", "WARN", "FATAL"))
+LOGGING = logging_config(LOG_FORMAT, LOG_LEVEL)
 ACCESS_LOG = env_bool("ACCESS_LOG", True)
 
 # /metrics is readable by admins, and by `Authorization: Bearer <METRICS_TOKEN>` when set.
 METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "").strip()
 # /readyz fails when no job has finished on any job cluster for this long.
-READYZ_HEARTBEAT_SECONDS = int(os.environ.get("READYZ_HEARTBEAT_SECONDS", 300))
+# Every cluster runs the heartbeat job each minute, so less than a minute would fail at random.
+READYZ_HEARTBEAT_SECONDS = env_int("READYZ_HEARTBEAT_SECONDS", 300, 60, 7 * 86400, "a whole number of seconds")

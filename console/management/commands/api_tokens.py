@@ -3,7 +3,6 @@ from __future__ import annotations
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
-from django.db.models import Q
 
 from console.models import ApiToken
 from console.tokens import create_token, revoke_token
@@ -24,7 +23,7 @@ class Command(BaseCommand):
         create.add_argument("username")
         create.add_argument("--name", required=True)
         create.add_argument("--days", type=int, default=None, help="Days until it expires (default API_TOKEN_DAYS).")
-        revoke = sub.add_parser("revoke", help="Revoke a token by its id or its prefix (lethe_xxxxxx).")
+        revoke = sub.add_parser("revoke", help="Revoke a token by its id or its whole prefix (lethe_xxxxxx).")
         revoke.add_argument("token")
 
     def handle(self, *args, action: str, **options):
@@ -33,6 +32,8 @@ class Command(BaseCommand):
     def do_list(self, user: str, **options):
         tokens = ApiToken.objects.select_related("user")
         if user:
+            if not get_user_model().objects.filter(username=user).exists():
+                raise CommandError(f"No user named {user!r}.")
             tokens = tokens.filter(user__username=user)
         self.stdout.write(f"{'ID':>5}  {'PREFIX':12}  {'STATE':7}  {'USER':16}  {'EXPIRES':20}  {'LAST USED':20}  NAME")
         for t in tokens:
@@ -43,10 +44,25 @@ class Command(BaseCommand):
         self.stdout.write(issue(username, name=name, days=days))
 
     def do_revoke(self, token: str, **options):
-        match = Q(prefix=token) if not token.isdigit() else Q(pk=int(token))
-        found = list(ApiToken.objects.filter(match)[:2])
-        if len(found) != 1:
-            raise CommandError(f"No single token matches {token!r}." if found else f"No token matches {token!r}.")
+        # An id, or a token's whole prefix (`list` shows both). Revoking cannot be undone, so the
+        # start of a prefix is never enough: it only helps to name the tokens meant.
+        if not token.strip():
+            raise CommandError("Give a token's id or its prefix (api_tokens list shows both).")
+        if token.isdigit():
+            found = list(ApiToken.objects.filter(pk=int(token)))
+        else:
+            found = list(ApiToken.objects.filter(prefix=token).order_by("pk"))
+        if not found:
+            # Prefixes are case-sensitive and SQLite's LIKE is not: the match is finished here.
+            starting = [t for t in ApiToken.objects.filter(prefix__istartswith=token).order_by("pk")
+                        if t.prefix.startswith(token)] if not token.isdigit() else []
+            if starting:
+                raise CommandError(f"No token has the prefix {token!r}; {_listed(starting)} start with it. Give a "
+                                   f"whole prefix or an id; nothing was revoked.")
+            raise CommandError(f"No token matches {token!r}.")
+        if len(found) > 1:
+            raise CommandError(f"{len(found)} tokens have the prefix {token!r}: {_listed(found)}. Give the id; "
+                               f"nothing was revoked.")
         if revoke_token(found[0]):
             self.stdout.write(f"Revoked {found[0].prefix} ({found[0].name}).")
         else:
@@ -63,3 +79,7 @@ def issue(username: str, *, name: str, days: int | None) -> str:
     except ValidationError as error:
         raise CommandError(" ".join(error.messages)) from error
     return raw
+
+
+def _listed(tokens) -> str:
+    return ", ".join(f"{t.prefix} (id {t.pk})" for t in tokens[:5]) + (", …" if len(tokens) > 5 else "")

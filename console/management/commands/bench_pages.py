@@ -19,9 +19,11 @@ class Command(BaseCommand):
     help = "Benchmark: render the main pages and API reads N times each and print p50/p95 in ms."
 
     def add_arguments(self, parser):
-        parser.add_argument("--requests", type=int, default=40)
+        parser.add_argument("--requests", type=int, default=40, help="Requests per page, from 1 to 100000.")
 
     def handle(self, *args, requests: int, **options):
+        if not 1 <= requests <= 100_000:
+            raise CommandError(f"--requests must be from 1 to 100000 (requests per page); got {requests}.")
         if ensure_static_files():
             self.stdout.write("Collected the static files first (pages need their manifest).")
         conversation = Conversation.objects.order_by("-last_activity_at").first()

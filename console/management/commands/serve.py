@@ -15,6 +15,11 @@ Both children stop together, however serve ends:
   when their master does.
 - one child exits: the console is not whole, so serve stops the other and exits non-zero.
 
+The web server's request figures live in PROMETHEUS_MULTIPROC_DIR, which serve empties at
+start. Before that it takes an exclusive lock beside the folder (`<folder>.lock`) and keeps it
+for its whole life, so a second serve given the same folder exits 2 and empties nothing
+instead of wiping the running server's figures.
+
 The children are listed in `commands()`; swapping the application server is a change to
 that one function.
 """
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import os
 import signal
 import subprocess
@@ -32,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from lifecycle.enginefs import EngineHome
 from ops.static import ensure_static_files
@@ -54,8 +60,11 @@ def commands(address: str, *, dev: bool = False) -> dict[str, Child]:
         web = Child([sys.executable, manage, "runserver", address, "--noreload"], signal.SIGINT)
     else:
         config = str(settings.BASE_DIR / "ops" / "gunicorn_config.py")
+        # gunicorn's configuration reads LOG_FORMAT and LOG_LEVEL before Django: it gets them as
+        # the settings accepted them (a blank value is the default there, for one).
         web = Child([sys.executable, "-m", "gunicorn", "-c", config, "--bind", address], signal.SIGTERM,
-                    env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir())})
+                    env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir()),
+                         "LOG_FORMAT": settings.LOG_FORMAT, "LOG_LEVEL": getattr(settings, "LOG_LEVEL", "INFO")})
     return {
         "job cluster": Child([sys.executable, manage, "qcluster"], signal.SIGINT),
         "web server": web,
@@ -67,9 +76,37 @@ def metrics_dir() -> Path:
     return Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or settings.VAR_DIR / "prometheus")
 
 
-def empty_metrics_dir() -> None:
-    """Before gunicorn starts: the folder exists and holds no figures of an earlier run."""
+# The open lock file of the metrics folder this process claimed; held until it exits. Open
+# files are not inherited by the children (close-on-exec), so the lock ends with this process.
+_metrics_lock = None
+
+
+def claim_metrics_dir() -> Path:
+    """Take the metrics folder for this process: an exclusive lock on `<folder>.lock`, beside
+    the folder (which is emptied), held for the life of the process. CommandError (exit 2)
+    when another process holds it."""
+    global _metrics_lock
     folder = metrics_dir()
+    lock_path = folder.with_name(folder.name + ".lock")
+    if _metrics_lock is not None and _metrics_lock.name == str(lock_path):
+        return folder
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    lock = open(lock_path, "a")  # noqa: SIM115 -- kept open for the life of the process
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise CommandError(
+            f"Another serve is using the metrics folder {folder} (it holds {lock_path}); give each serve its "
+            f"own PROMETHEUS_MULTIPROC_DIR.", returncode=2) from None
+    _metrics_lock = lock
+    return folder
+
+
+def empty_metrics_dir() -> None:
+    """Before gunicorn starts: the folder is this process's (claim_metrics_dir), exists and
+    holds no figures of an earlier run."""
+    folder = claim_metrics_dir()
     folder.mkdir(parents=True, exist_ok=True)
     for stale in folder.glob("*.db"):
         stale.unlink()
@@ -105,16 +142,17 @@ class Command(BaseCommand):
                             help="Run only the web server or only the job cluster (hosts of a larger install).")
 
     def handle(self, *args, address: str, dev: bool, only: str | None, **options):
-        # Clear what a killed writer left behind (lock-safe, so a live writer is untouched).
-        EngineHome().sweep_temporaries()
-        if ensure_static_files():
-            self.stdout.write("Collected the static files.")
         children_to_start = commands(address, dev=dev)
         if only is not None:
             keep = "web server" if only == "web" else "job cluster"
             children_to_start = {keep: children_to_start[keep]}
         if "web server" in children_to_start and not dev:
+            # First of all: a second serve on the same folder stops here, having changed nothing.
             empty_metrics_dir()
+        # Clear what a killed writer left behind (lock-safe, so a live writer is untouched).
+        EngineHome().sweep_temporaries()
+        if ensure_static_files():
+            self.stdout.write("Collected the static files.")
 
         def stop(signum, frame):
             raise Stop

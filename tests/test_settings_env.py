@@ -1,0 +1,242 @@
+"""Settings from the environment: a value Lethe cannot use stops it with one line naming the
+variable, the value and what is accepted (manage.py: `Lethe configuration error: ...`, exit 2,
+no traceback); the accepted values and the defaults are unchanged. And the SQLite database
+holding the conversations is readable by its owner only."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import secrets
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+ROOT = Path(__file__).resolve().parent.parent
+# Every variable console/settings.py reads, so the outer environment (a DATABASE_URL, say)
+# does not leak into these checks.
+READ = ("LETHE_VAR_DIR", "SECRET_KEY", "SECRET_KEY_FILE", "DEBUG", "ALLOWED_HOSTS", "CSRF_TRUSTED_ORIGINS",
+        "DATABASE_URL", "ENGINE_HOME", "ENGINE_URL", "ENGINE_TOKEN", "ENGINE_TOKENS", "ENGINE_CONNECT_TIMEOUT",
+        "ENGINE_READ_TIMEOUT", "ENGINE_RETRIES", "LIFECYCLE_OFFLINE_DELETE", "REMOTE_RETRY_SECONDS",
+        "REMOTE_RETRY_MAX_SECONDS", "STATIC_ROOT", "HTTPS", "HSTS_SECONDS", "HSTS_INCLUDE_SUBDOMAINS", "HSTS_PRELOAD",
+        "API_TOKEN_DAYS", "LOGIN_FREE_FAILURES", "LOGIN_DELAY_SECONDS", "LOGIN_USER_LOCK_AFTER",
+        "LOGIN_ADDRESS_LOCK_AFTER", "LOGIN_LOCK_SECONDS", "LOGIN_FAILURE_WINDOW_SECONDS", "TRUSTED_PROXIES",
+        "API_MAX_BODY_BYTES", "API_MAX_JSON_DEPTH", "API_MAX_PAGE_BYTES", "Q_WORKERS", "LOG_FORMAT", "LOG_LEVEL",
+        "ACCESS_LOG", "METRICS_TOKEN", "READYZ_HEARTBEAT_SECONDS")
+KEY = "lethe-settings-env-tests-" + "k" * 40
+
+
+def load(monkeypatch, tmp_path, **env: str):
+    """console/settings.py run afresh (as its own module) with exactly this environment."""
+    for name in READ:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LETHE_VAR_DIR", str(tmp_path / "var"))
+    monkeypatch.setenv("SECRET_KEY", KEY)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    spec = importlib.util.spec_from_file_location("lethe_settings_probe", ROOT / "console" / "settings.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def refused(monkeypatch, tmp_path, **env: str) -> str:
+    with pytest.raises(ImproperlyConfigured) as caught:
+        load(monkeypatch, tmp_path, **env)
+    return str(caught.value)
+
+
+def manage(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k not in READ}
+    base.update(DJANGO_SETTINGS_MODULE="console.settings", LETHE_VAR_DIR=str(tmp_path / "var"), SECRET_KEY=KEY)
+    base.update(env)
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=base, capture_output=True, text=True,
+                          timeout=120, preexec_fn=lambda: os.umask(0o022))
+
+
+# Refused values -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({"Q_WORKERS": "abc"}, "Q_WORKERS must be a whole number from 0 to 64, not 'abc'."),
+    ({"Q_WORKERS": "65"}, "Q_WORKERS must be a whole number from 0 to 64, not '65'."),
+    ({"API_TOKEN_DAYS": "abc"}, "API_TOKEN_DAYS must be a whole number of days from 1 to 3650, not 'abc'."),
+    ({"API_TOKEN_DAYS": "-1"}, "API_TOKEN_DAYS must be a whole number of days from 1 to 3650, not '-1'."),
+    ({"API_TOKEN_DAYS": "0"}, "API_TOKEN_DAYS must be a whole number of days from 1 to 3650, not '0'."),
+    ({"READYZ_HEARTBEAT_SECONDS": "5m"}, "READYZ_HEARTBEAT_SECONDS must be a whole number of seconds from 60 to "
+                                         "604800, not '5m'."),
+    ({"ENGINE_RETRIES": "x"}, "ENGINE_RETRIES must be a whole number from 0 to 10, not 'x'."),
+    ({"HTTPS": "true", "HSTS_SECONDS": "x"}, "HSTS_SECONDS must be a whole number of seconds from 0 to 63072000, "
+                                             "not 'x'."),
+    ({"LOGIN_LOCK_SECONDS": "-5"}, "LOGIN_LOCK_SECONDS must be a whole number of seconds from 1 to 604800, "
+                                   "not '-5'."),
+    ({"LOGIN_USER_LOCK_AFTER": "0"}, "LOGIN_USER_LOCK_AFTER must be a whole number from 1 to 10000, not '0'."),
+    ({"TRUSTED_PROXIES": "-1"}, "TRUSTED_PROXIES must be a whole number from 0 to 10, not '-1'."),
+    ({"API_MAX_BODY_BYTES": "2MB"}, "API_MAX_BODY_BYTES must be a whole number of bytes from 1024 to 1073741824, "
+                                    "not '2MB'."),
+    ({"ENGINE_CONNECT_TIMEOUT": "0"}, "ENGINE_CONNECT_TIMEOUT must be a number of seconds from 0.1 to 600, not '0'."),
+    ({"ENGINE_READ_TIMEOUT": "nan"}, "ENGINE_READ_TIMEOUT must be a number of seconds from 0.1 to 3600, not 'nan'."),
+    ({"REMOTE_RETRY_SECONDS": "10", "REMOTE_RETRY_MAX_SECONDS": "5"},
+     "REMOTE_RETRY_MAX_SECONDS must be a number of seconds (not below REMOTE_RETRY_SECONDS) from 10 to 604800, "
+     "not '5'."),
+    ({"LOG_LEVEL": "LOUD"}, "LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR or CRITICAL, not 'LOUD'."),
+    ({"LOG_FORMAT": "xml"}, "LOG_FORMAT must be json or text, not 'xml'."),
+    ({"LIFECYCLE_OFFLINE_DELETE": "later"}, "LIFECYCLE_OFFLINE_DELETE must be pending or refuse, not 'later'."),
+    ({"HTTPS": "ture"}, "HTTPS must be true or false (or 1/0, yes/no, on/off), not 'ture'."),
+    ({"ENGINE_URL": "notaurl"}, "ENGINE_URL must be empty (the embedded engine) or an http:// or https:// URL with "
+                                "a host, such as https://engine.example:8150, not 'notaurl'."),
+    ({"ENGINE_URL": "http://engine:99999"}, "not 'http://engine:99999'."),
+    ({"DATABASE_URL": "postgres://lethe@db:99999/lethe"},
+     "DATABASE_URL must be sqlite:///path or postgres://user:password@host:port/name (a port from 1 to 65535), "
+     "not 'postgres://lethe@db:99999/lethe'."),
+    ({"DATABASE_URL": "mysql://db/lethe"}, "DATABASE_URL must be sqlite:///path or postgres://"),
+])
+def test_a_value_it_cannot_use_is_refused_naming_the_variable_the_value_and_what_is_accepted(
+        monkeypatch, tmp_path, env, expected):
+    message = refused(monkeypatch, tmp_path, **env)
+    assert expected in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("value", ["notjson", "[1]", '"lethe_secret"', '{"notaurl": "lethe_secret"}',
+                                   '{"https://engine.example": 5}', '{"https://engine.example": ""}'])
+def test_bad_engine_tokens_are_refused_without_showing_a_token(monkeypatch, tmp_path, value):
+    message = refused(monkeypatch, tmp_path, ENGINE_TOKENS=value)
+    assert message.startswith('ENGINE_TOKENS must be a JSON object of engine URLs and their tokens')
+    assert "lethe_secret" not in message and "not shown" in message
+
+
+def test_a_bad_database_url_is_quoted_without_its_password(monkeypatch, tmp_path):
+    message = refused(monkeypatch, tmp_path, DATABASE_URL="postgres://lethe:hunter2@db:99999/lethe")
+    assert "not 'postgres://lethe:***@db:99999/lethe'." in message and "hunter2" not in message
+
+
+def test_a_long_or_odd_value_is_quoted_escaped_and_cut(monkeypatch, tmp_path):
+    message = refused(monkeypatch, tmp_path, Q_WORKERS="1\n2\x1b[31m" + "9" * 500)
+    assert message.startswith("Q_WORKERS must be a whole number from 0 to 64, not '1\\n2\\x1b[31m999")
+    assert "\n" not in message and "\x1b" not in message and "…'." in message and len(message) < 200
+
+
+def test_a_secret_key_file_that_is_a_folder_or_not_text_is_refused_by_name(monkeypatch, tmp_path):
+    folder = tmp_path / "key-folder"
+    folder.mkdir(mode=0o700)
+    message = refused(monkeypatch, tmp_path, SECRET_KEY="", SECRET_KEY_FILE=str(folder))
+    assert message.startswith(f"SECRET_KEY_FILE names {folder}, which is not a file")
+    binary = tmp_path / "key.bin"
+    binary.write_bytes(b"\xff\xfe\x00key")
+    binary.chmod(0o600)
+    message = refused(monkeypatch, tmp_path, SECRET_KEY="", SECRET_KEY_FILE=str(binary))
+    assert message == f"SECRET_KEY_FILE names {binary}, which cannot be read: it is not text."
+
+
+# Accepted values and defaults, unchanged ----------------------------------------------------
+
+def test_the_defaults_are_unchanged(monkeypatch, tmp_path):
+    s = load(monkeypatch, tmp_path)
+    assert s.Q_CLUSTER["workers"] == 2 and s.API_TOKEN_DAYS == 90 and s.READYZ_HEARTBEAT_SECONDS == 300
+    assert (s.ENGINE_CONNECT_TIMEOUT, s.ENGINE_READ_TIMEOUT, s.ENGINE_RETRIES) == (3, 15, 2)
+    assert (s.REMOTE_RETRY_SECONDS, s.REMOTE_RETRY_MAX_SECONDS) == (5, 300)
+    assert s.LOGIN_THROTTLE == {"free_failures": 3, "delay_seconds": 1, "max_delay_seconds": 60,
+                                "user_lock_after": 10, "address_lock_after": 30, "lock_seconds": 900,
+                                "window_seconds": 900}
+    assert (s.TRUSTED_PROXIES, s.API_MAX_BODY_BYTES, s.API_MAX_JSON_DEPTH, s.API_MAX_PAGE_BYTES) == (
+        0, 2 * 1024 * 1024, 64, 4 * 1024 * 1024)
+    assert (s.LOG_FORMAT, s.LOGGING["root"]["level"], s.ACCESS_LOG) == ("json", "INFO", True)
+    assert (s.ENGINE_URL, s.ENGINE_TOKENS, s.LIFECYCLE_OFFLINE_DELETE, s.DEBUG, s.HTTPS) == (
+        "", {}, "pending", False, False)
+    assert s.DATABASES["default"]["NAME"] == tmp_path / "var" / "lethe.sqlite3"
+    https = load(monkeypatch, tmp_path, HTTPS="true")
+    assert https.SECURE_HSTS_SECONDS == 365 * 24 * 3600 and https.SECURE_HSTS_INCLUDE_SUBDOMAINS is True
+
+
+def test_the_accepted_spellings_work_and_a_blank_value_means_the_default(monkeypatch, tmp_path):
+    s = load(monkeypatch, tmp_path, Q_WORKERS=" 0 ", HTTPS="TRUE", HSTS_SECONDS="0", HSTS_PRELOAD="yes",
+             ACCESS_LOG="off", DEBUG="0", LOG_LEVEL="warning", LOG_FORMAT=" Text ", LIFECYCLE_OFFLINE_DELETE="REFUSE",
+             ENGINE_TOKENS='{"https://engine.example/": " lethe_abc "}', ENGINE_URL=" http://127.0.0.1:8150/ ",
+             ENGINE_CONNECT_TIMEOUT="0.5", REMOTE_RETRY_SECONDS="1", REMOTE_RETRY_MAX_SECONDS="2", API_TOKEN_DAYS="",
+             DATABASE_URL="postgres://lethe:s%40cret@db.internal:5433/console")
+    assert s.Q_CLUSTER["workers"] == 0 and s.HTTPS is True and s.SECURE_HSTS_SECONDS == 0
+    assert s.SECURE_HSTS_PRELOAD is True and s.ACCESS_LOG is False and s.DEBUG is False
+    assert s.LOGGING["root"]["level"] == "WARNING" and s.LOG_FORMAT == "text"
+    assert s.LIFECYCLE_OFFLINE_DELETE == "refuse" and s.ENGINE_TOKENS == {"https://engine.example": "lethe_abc"}
+    assert s.ENGINE_URL == "http://127.0.0.1:8150/" and s.ENGINE_CONNECT_TIMEOUT == 0.5
+    assert (s.REMOTE_RETRY_SECONDS, s.REMOTE_RETRY_MAX_SECONDS) == (1, 2) and s.API_TOKEN_DAYS == 90
+    assert s.DATABASES["default"]["PORT"] == "5433" and s.DATABASES["default"]["PASSWORD"] == "s@cret"
+
+
+# manage.py: one line, exit 2 ----------------------------------------------------------------
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({"Q_WORKERS": "abc"}, "Q_WORKERS must be a whole number from 0 to 64, not 'abc'."),
+    ({"LOG_FORMAT": "xml"}, "LOG_FORMAT must be json or text, not 'xml'."),
+    ({"LOG_LEVEL": "LOUD"}, "LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR or CRITICAL, not 'LOUD'."),
+    ({"ENGINE_TOKENS": "[1]"}, "ENGINE_TOKENS must be a JSON object"),
+    ({"DATABASE_URL": "postgres://postgres@127.0.0.1:99999/lethe"}, "not 'postgres://postgres@127.0.0.1:99999/lethe'."),
+    ({"SECRET_KEY": "", "SECRET_KEY_FILE": "/"}, "SECRET_KEY_FILE names /, which is not a file"),
+])
+def test_manage_py_prints_one_line_and_exits_2(tmp_path, env, expected):
+    result = manage(tmp_path, "check", **env)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.startswith("Lethe configuration error: ") and result.stderr.count("\n") == 1
+    assert expected in result.stderr and "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+def test_migrate_refuses_a_bad_value_before_touching_the_database(tmp_path):
+    result = manage(tmp_path, "migrate", "-v0", API_TOKEN_DAYS="-1")
+    assert result.returncode == 2
+    assert result.stderr == ("Lethe configuration error: API_TOKEN_DAYS must be a whole number of days from 1 to "
+                             "3650, not '-1'.\n")
+    assert not (tmp_path / "var" / "lethe.sqlite3").exists()
+
+
+# The SQLite database: the owner's only --------------------------------------------------------
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+SHOW_OPEN_MODES = """
+import os
+from django.db import connection
+connection.ensure_connection()
+name = str(connection.settings_dict["NAME"])
+for path in (name, name + "-wal", name + "-shm"):
+    print(oct(os.stat(path).st_mode & 0o777))
+"""
+
+
+def test_the_database_lethe_creates_and_its_folder_are_private(tmp_path):
+    var = tmp_path / "made" / "var"
+    result = manage(tmp_path, "migrate", "-v0", LETHE_VAR_DIR=str(var))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert mode(var) == 0o700
+    assert mode(var / "lethe.sqlite3") == 0o600
+    # While a connection is open SQLite keeps the -wal and -shm beside it: private too.
+    shown = manage(tmp_path, "shell", "-v0", "-c", SHOW_OPEN_MODES, LETHE_VAR_DIR=str(var))
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert shown.stdout.split() == ["0o600", "0o600", "0o600"]
+
+
+def test_a_folder_the_operator_made_keeps_its_mode_but_the_database_in_it_is_made_private(tmp_path):
+    made = tmp_path / "made"
+    assert manage(made, "migrate", "-v0").returncode == 0
+    srv = tmp_path / "srv"
+    srv.mkdir()
+    srv.chmod(0o755)
+    database = srv / "lethe.sqlite3"
+    shutil.copyfile(made / "var" / "lethe.sqlite3", database)
+    database.chmod(0o644)
+    var = tmp_path / "operator-var"
+    var.mkdir()
+    var.chmod(0o755)
+    shown = manage(tmp_path, "shell", "-v0", "-c", SHOW_OPEN_MODES, LETHE_VAR_DIR=str(var),
+                   DATABASE_URL=f"sqlite:///{database}", SECRET_KEY=secrets.token_urlsafe(50))
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert shown.stdout.split() == ["0o600", "0o600", "0o600"]
+    assert mode(database) == 0o600
+    assert mode(srv) == 0o755 and mode(var) == 0o755
