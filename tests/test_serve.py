@@ -177,7 +177,7 @@ def test_a_killed_serve_leaves_no_child_behind(env, tree):
     proc.wait(10)
     # The children get SIGTERM from the kernel and stop gracefully; on a machine busy with
     # two other test suites that took longer than 30 s once. Left behind is the failure.
-    assert wait_until(lambda: not any(alive(k) for k in kids), 90)
+    assert wait_until(lambda: not any(alive(k) for k in kids), 90), [cmdline(k) for k in kids if alive(k)]
     assert wait_until(tree.everything_stopped, 30)
 
 

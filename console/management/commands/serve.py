@@ -41,6 +41,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from lifecycle.enginefs import EngineHome
+from ops.orphans import ENV as ORPHAN_ENV
 from ops.static import ensure_static_files
 
 PR_SET_PDEATHSIG = 1
@@ -167,7 +168,10 @@ class Command(BaseCommand):
                 # Each child leads its own process group, so stopping it reaches its workers.
                 # From the project folder: gunicorn finds its configuration's and the app's modules
                 # there, whatever folder serve was started from.
-                children[name] = subprocess.Popen(spec.argv, env=spec.env, cwd=settings.BASE_DIR, process_group=0,
+                # LETHE_STOP_WITH_PARENT: once serve is gone the child stops within a deadline
+                # even if its graceful stop hangs (ops/orphans.py).
+                env = {**(spec.env or os.environ), ORPHAN_ENV: str(os.getpid())}
+                children[name] = subprocess.Popen(spec.argv, env=env, cwd=settings.BASE_DIR, process_group=0,
                                                   preexec_fn=_child_setup(os.getpid()))
             while failed is None:
                 failed = next((name for name, child in children.items() if child.poll() is not None), None)
