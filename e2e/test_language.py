@@ -50,3 +50,17 @@ def test_it_switches_the_language_to_spanish_and_back(seeded, live_server, open_
     expect(page.get_by_role("heading", level=2, name="Transcript")).to_be_visible()
     page.goto(f"{live_server.url}/conversations/")
     expect(page.get_by_role("heading", level=1)).to_have_text("Conversations")
+
+
+def test_a_keyboard_user_keeps_the_focus_on_the_switch_after_the_page_reloads(seeded, live_server, open_page):
+    page = open_page("desktop")
+    log_in(page, live_server.url, *ADMIN)
+    select = language_select(page, "desktop")
+    select.focus()
+    page.keyboard.press("ArrowDown")  # by keyboard the choice waits for Enter
+    expect(page.locator("html")).to_have_attribute("lang", "en")
+    page.keyboard.press("Enter")
+    expect(page.locator("html")).to_have_attribute("lang", "es")
+    expect(language_select(page, "desktop")).to_be_focused()
+    page.reload()  # only once: a later load starts at the top as usual
+    expect(language_select(page, "desktop")).not_to_be_focused()

@@ -70,12 +70,30 @@
     if (!select) return;
     if (event.key === "Enter" && select.dataset.pending === "true") {
       event.preventDefault();
+      refocusAfterReload(select);
       select.form.submit();
       return;
     }
     keyed = select;
   }, true);
   document.addEventListener("pointerdown", function () { keyed = null; }, true);
+  // A keyboard user who changed the language gets the focus back on the same control after
+  // the page reloads in the new language (it would start at the top of the page).
+  function refocusAfterReload(control) {
+    try { sessionStorage.setItem("lethe-refocus", control.id); } catch (e) { /* storage off */ }
+  }
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    if (form.matches && form.matches(".language-switch") && form.contains(document.activeElement)) {
+      refocusAfterReload(form.querySelector("select") || document.activeElement);
+    }
+  });
+  (function () {
+    var id = null;
+    try { id = sessionStorage.getItem("lethe-refocus"); sessionStorage.removeItem("lethe-refocus"); } catch (e) { /* storage off */ }
+    var again = id && document.getElementById(id);
+    if (again && focusLost()) again.focus();
+  })();
   document.addEventListener("change", function (event) {
     var select = event.target.closest && event.target.closest("select[data-autosubmit]");
     if (!select) return;
