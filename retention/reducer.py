@@ -85,20 +85,21 @@ def _numeric_float(value: float) -> Any:
     return json.loads(text)
 
 
-def normalize(value: Any, *, vendor: str) -> Any:
-    """The value the database gives back after storing `value` (sizes are measured on it).
+def normalize(value: Any, *, vendor: str = "") -> Any:
+    """The value stored for `value`, and given back (sizes are measured on it): the same on
+    every engine, so the same payload is stored alike on SQLite and PostgreSQL.
 
-    SQLite stores the canonical text as is. PostgreSQL's jsonb changes only numbers written
-    with a fraction or an exponent (floats); integers of any size keep every digit.
+    PostgreSQL's jsonb changes only numbers written with a fraction or an exponent (floats);
+    integers of any size keep every digit. SQLite would keep the text as sent (-0.0, 1e16),
+    so it gets the form PostgreSQL gives back. (`vendor` is kept for callers; it changes
+    nothing.)
     """
-    if vendor != "postgresql":
-        return value
     if isinstance(value, float):
         return _numeric_float(value)
     if isinstance(value, dict):
-        return {k: normalize(v, vendor=vendor) for k, v in value.items()}
+        return {k: normalize(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [normalize(v, vendor=vendor) for v in value]
+        return [normalize(v) for v in value]
     return value
 
 
