@@ -178,7 +178,16 @@ connection_created.connect(private_sqlite_files, dispatch_uid="lethe.private_sql
 
 
 def _without_password(url: str) -> str:
-    return re.sub(r"^([^:/]+://[^/@:]*:)[^/@]*@", r"\1***@", url)
+    """The URL as an error message may quote it: everything between the user name and the
+    last "@" of the address part (a password may hold "/", "@" or ":") becomes ***."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    at = rest.rfind("@")
+    if at < 0:
+        return url
+    user = rest[:at].split(":", 1)[0]
+    return f"{scheme}://{user}:***@{rest[at + 1:]}"
 
 
 _DATABASE_URL_FORMS = "sqlite:///path or postgres://user:password@host:port/name (a port from 1 to 65535)"
@@ -186,8 +195,11 @@ _DATABASE_URL_FORMS = "sqlite:///path or postgres://user:password@host:port/name
 
 def database_from_url(url: str) -> dict:
     """Turn `sqlite:///path` or `postgres://user:pass@host:port/name` into a Django dict."""
-    parts = urlsplit(url)
     refused = ImproperlyConfigured(f"DATABASE_URL must be {_DATABASE_URL_FORMS}, not {_shown(_without_password(url))}.")
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # e.g. an unclosed [IPv6 address
+        raise refused from None
     if parts.scheme == "sqlite":
         # sqlite:///relative/path and sqlite:////absolute/path, like the common convention.
         raw = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)

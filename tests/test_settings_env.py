@@ -110,9 +110,15 @@ def test_bad_engine_tokens_are_refused_without_showing_a_token(monkeypatch, tmp_
     assert "lethe_secret" not in message and "not shown" in message
 
 
-def test_a_bad_database_url_is_quoted_without_its_password(monkeypatch, tmp_path):
-    message = refused(monkeypatch, tmp_path, DATABASE_URL="postgres://lethe:hunter2@db:99999/lethe")
-    assert "not 'postgres://lethe:***@db:99999/lethe'." in message and "hunter2" not in message
+@pytest.mark.parametrize(("url", "shown"), [
+    ("postgres://lethe:hunter2@db:99999/lethe", "postgres://lethe:***@db:99999/lethe"),
+    ("postgres://lethe:hun/ter2@db:99999/lethe", "postgres://lethe:***@db:99999/lethe"),  # "/" in it
+    ("postgres://lethe:hun@ter:2@db:99999/lethe", "postgres://lethe:***@db:99999/lethe"),  # "@" and ":"
+    ("postgres://lethe:hunter2@[::1/lethe", "postgres://lethe:***@[::1/lethe"),  # unparseable: no traceback
+])
+def test_a_bad_database_url_is_quoted_without_its_password(monkeypatch, tmp_path, url, shown):
+    message = refused(monkeypatch, tmp_path, DATABASE_URL=url)
+    assert f"not '{shown}'." in message and "hunter2" not in message and "ter2" not in message
 
 
 def test_a_long_or_odd_value_is_quoted_escaped_and_cut(monkeypatch, tmp_path):
