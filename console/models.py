@@ -39,6 +39,9 @@ class ApiToken(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField()
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # The one-time number of the Settings form that created it (none for other ways): the
+    # same form sent twice, even at the same instant, creates one token (console.token_views).
+    form_number = models.CharField(max_length=32, null=True, blank=True, unique=True)
 
     objects = ApiTokenQuerySet.as_manager()
 
@@ -46,13 +49,16 @@ class ApiToken(models.Model):
         ordering = ["-created_at", "-id"]
 
     @classmethod
-    def issue(cls, user, *, name: str = "", days: int | None = None) -> tuple[ApiToken, str]:
-        """A new token for `user`, valid for `days` (API_TOKEN_DAYS by default); the raw token once."""
+    def issue(cls, user, *, name: str = "", days: int | None = None,
+              form_number: str | None = None) -> tuple[ApiToken, str]:
+        """A new token for `user`, valid for `days` (API_TOKEN_DAYS by default); the raw token once.
+        IntegrityError when a token was already made by the form with `form_number`."""
         raw = "lethe_" + secrets.token_urlsafe(32)
         now = timezone.now()
         token = cls.objects.create(
             user=user, name=name, key_hash=hash_token(raw), prefix=raw[:12], created_at=now,
             expires_at=now + timedelta(days=days if days is not None else settings.API_TOKEN_DAYS),
+            form_number=form_number,
         )
         return token, raw
 

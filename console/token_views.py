@@ -1,17 +1,20 @@
 """Settings > API tokens: list (everyone), create and revoke (admins). A new token is
 shown once, in the answer to the POST that made it, and never again.
 
-Each create form carries a one-time number kept in the session: sending the same form again
-(a reload of the answer, Back and Forward) creates nothing and says so, and the token itself
-is never stored anywhere to be shown again."""
+Each create form carries a one-time number, stored with the token it creates under a unique
+constraint: sending the same form again (a reload of the answer, Back and Forward, a double
+click whose two requests race) creates nothing and says so, and the token itself is never
+stored anywhere to be shown again."""
 
 from __future__ import annotations
 
+import re
 import secrets
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
+from django.db import IntegrityError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -25,34 +28,19 @@ from console.tokens import TokenForm, create_token, revoke_token
 PAGE = "console/api_tokens.html"
 
 
-FORMS_KEPT = 20  # one-time numbers kept per session: open forms, and the forms already sent
+FORM_NUMBER = re.compile(r"[A-Za-z0-9_-]{16,32}")
 
 
-def _form_number(request: HttpRequest) -> str:
-    """A new one-time number for a create form, kept in the session until the form is sent."""
-    number = secrets.token_urlsafe(16)
-    if is_admin(request.user):
-        request.session["token_forms"] = [*request.session.get("token_forms", []), number][-FORMS_KEPT:]
-    return number
-
-
-def _take_form_number(request: HttpRequest) -> str:
-    """"open" when the number is one of this session's unsent forms (it is now spent), "sent"
-    when that form was sent before, "unknown" otherwise (expired, or another session's)."""
-    number = request.POST.get("form_number", "")
-    open_forms = request.session.get("token_forms", [])
-    if number and number in open_forms:
-        request.session["token_forms"] = [n for n in open_forms if n != number]
-        request.session["token_forms_sent"] = [*request.session.get("token_forms_sent", []), number][-FORMS_KEPT:]
-        return "open"
-    return "sent" if number and number in request.session.get("token_forms_sent", []) else "unknown"
+def _form_number() -> str:
+    """A new one-time number for a create form."""
+    return secrets.token_urlsafe(16)
 
 
 def _page(request: HttpRequest, form: TokenForm, *, status: int = 200, **extra) -> HttpResponse:
     context = {
         "tokens": ApiToken.objects.select_related("user"),
         "form": form,
-        "form_number": _form_number(request),
+        "form_number": _form_number(),
         "can_edit": is_admin(request.user),
         **extra,
     }
@@ -71,14 +59,15 @@ def api_tokens(request: HttpRequest) -> HttpResponse:
     form = TokenForm(request.POST)
     if not form.is_valid():  # nothing spent; the page answering carries a new number
         return _page(request, form, status=422)
-    taken = _take_form_number(request)
-    if taken != "open":
-        fresh = TokenForm(initial={"days": settings.API_TOKEN_DAYS})
-        message = (_("This form was already sent: its token was created then and shown once. Nothing was created now.")
-                   if taken == "sent" else _("This form has expired. Nothing was created; send it again."))
-        return _page(request, fresh, status=409, resent=message)
-    token, raw = create_token(request.user, name=form.cleaned_data["name"], days=form.cleaned_data["days"],
-                              acting_user=request.user)
+    number = request.POST.get("form_number", "")
+    if not FORM_NUMBER.fullmatch(number):  # a page from before numbers, or a made-up request: asked again
+        return _page(request, form, status=409, resent=_("This form has expired. Nothing was created; send it again."))
+    try:
+        token, raw = create_token(request.user, name=form.cleaned_data["name"], days=form.cleaned_data["days"],
+                                  acting_user=request.user, form_number=number)
+    except IntegrityError:  # this form made a token already
+        return _page(request, TokenForm(initial={"days": settings.API_TOKEN_DAYS}), status=409, resent=_(
+            "This form was already sent: its token was created then and shown once. Nothing was created now."))
     return _page(request, TokenForm(initial={"days": settings.API_TOKEN_DAYS}), status=201,
                  created=token, raw_token=raw)
 

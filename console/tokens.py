@@ -26,13 +26,15 @@ class TokenForm(forms.Form):
         return name
 
 
-def create_token(user, *, name: str, days: int | None = None, acting_user=None) -> tuple[ApiToken, str]:
+def create_token(user, *, name: str, days: int | None = None, acting_user=None,
+                 form_number: str | None = None) -> tuple[ApiToken, str]:
     """A new token for `user`; the raw token is returned once and never stored."""
     form = TokenForm({"name": name, "days": days if days is not None else settings.API_TOKEN_DAYS})
     if not form.is_valid():
         raise forms.ValidationError([e for errors in form.errors.values() for e in errors])
     with transaction.atomic():
-        token, raw = ApiToken.issue(user, name=form.cleaned_data["name"], days=form.cleaned_data["days"])
+        token, raw = ApiToken.issue(user, name=form.cleaned_data["name"], days=form.cleaned_data["days"],
+                                    form_number=form_number)
         audit.record("api_token_created", actor=acting_user, new={
             "token": token.prefix, "name": token.name, "user": user.get_username(),
             "expires_at": token.expires_at.isoformat(),

@@ -141,6 +141,41 @@ def test_the_same_form_sent_again_creates_nothing_and_says_so(admin_client):
     assert admin_client.post(PAGE, fresh, **HOST).status_code == 201 and ApiToken.objects.count() == 2
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_form_sent_twice_at_the_same_instant_creates_one_token(admin_user):
+    """A double click: two requests with the same form number race. The number is claimed by
+    the database (a unique column), so one creates the token and the other says it was sent."""
+    import threading
+
+    from django.test import Client
+
+    client = Client()
+    client.force_login(admin_user)
+    data = {"name": "Raced", "days": "30", "form_number": form_number(client)}
+    start = threading.Barrier(2)
+    codes = []
+
+    def send():
+        own = Client()
+        own.cookies = client.cookies  # the same session, as two requests of one browser tab
+        start.wait()
+        codes.append(own.post(PAGE, data, **HOST).status_code)
+
+    threads = [threading.Thread(target=send) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(codes) == [201, 409] and ApiToken.objects.filter(name="Raced").count() == 1
+
+
+def test_an_expired_form_keeps_what_was_typed(admin_client):
+    page = admin_client.post(PAGE, {"name": "Typed name", "days": "45", "form_number": ""}, **HOST)
+    assert page.status_code == 409 and ApiToken.objects.count() == 0
+    text = page.content.decode()
+    assert 'value="Typed name"' in text and 'value="45"' in text and "This form has expired." in text
+
+
 def test_a_refused_form_focuses_and_announces_its_first_error(admin_client):
     page = admin_client.post(PAGE, {"name": "", "days": "30", "form_number": form_number(admin_client)},
                              **HOST).content.decode()
