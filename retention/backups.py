@@ -133,6 +133,11 @@ def _remove_leftovers(directory: Path) -> None:
         killed_before_receipt = bool(NAME_PATTERN.match(path.name)) and not _receipt_path(path).exists()
         if killed_mid_copy or killed_before_receipt:
             path.unlink(missing_ok=True)
+            named = path.name.removeprefix(TEMP_PREFIX)
+            if NAME_PATTERN.match(named):  # never published: receipts that named it stop naming it
+                from lifecycle.deletion.physical import forget_backup
+
+                forget_backup(named)
 
 
 def _receipt_path(archive: Path) -> Path:

@@ -450,6 +450,52 @@ def test_a_backup_being_made_while_a_delete_completes_is_named_on_its_receipt(se
             assert b"ZQXBKP" in made.path.read_bytes()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_backup_a_killed_run_left_is_taken_off_the_receipts_once_it_is_cleared_away(settings, tmp_path):
+    from retention.backups import create_backup
+
+    settings.LETHE_BACKUP_DIR = tmp_path / "backups"
+    settings.LETHE_BACKUP_DIR.mkdir(mode=0o700)
+    left = "lethe-sqlite-20200101T000000Z-abcdef.sqlite3"
+    (settings.LETHE_BACKUP_DIR / f".tmp-{left}").write_bytes(b"half a copy")  # a run killed mid-copy
+    target = factories.make_conversation()
+    op = delete(target)
+    assert executor.run_erasure(op.pk) == "completed"
+    op.refresh_from_db()
+    assert left in [h["name"] for h in op.receipt["holders"] if h["kind"] == "backup"]  # it may hold it
+    made = create_backup()  # the next backup clears what the killed run left
+    op.refresh_from_db()
+    assert [h["name"] for h in op.receipt["holders"] if h["kind"] == "backup"] == []
+    assert made.path.exists() and not (settings.LETHE_BACKUP_DIR / f".tmp-{left}").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_backup_discarded_while_the_delete_was_completing_is_not_left_on_its_receipt(settings, tmp_path,
+                                                                                      monkeypatch):
+    """The discard's forget ran before the delete's receipt was committed (it saw no completed
+    delete); the delete looks again once its receipt is in."""
+    from lifecycle.deletion import physical
+
+    settings.LETHE_BACKUP_DIR = tmp_path / "backups"
+    settings.LETHE_BACKUP_DIR.mkdir(mode=0o700)
+    name = "lethe-sqlite-20200101T000000Z-abcdef.sqlite3"
+    temp = settings.LETHE_BACKUP_DIR / f".tmp-{name}"
+    temp.write_bytes(b"being made")
+    holders = physical.holders
+
+    def then_discarded(*args, **kwargs):  # listed while being made, then discarded before the commit
+        found = holders(*args, **kwargs)
+        temp.unlink()
+        assert physical.forget_backup(name) == 0  # no completed delete names it yet
+        return found
+
+    monkeypatch.setattr(physical, "holders", then_discarded)
+    op = delete(factories.make_conversation())
+    assert executor.run_erasure(op.pk) == "completed"
+    op.refresh_from_db()
+    assert [h["name"] for h in op.receipt["holders"] if h["kind"] == "backup"] == []
+
+
 def test_unrelated_conversations_jobs_and_drafts_survive():
     from django_q.tasks import async_task
 

@@ -219,6 +219,7 @@ def _run(op: DeleteOperation, started: float, progress: Progress | None, budget:
         current = ""
         checked_at = _clear_residue(op, conversation, home, by_key)
         _complete(op, checked_at)
+        physical.forget_vanished_backups(op.pk)
         faults.kill_point("checkpoint")
         finish_physical(op.pk)
         if progress:

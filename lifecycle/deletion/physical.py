@@ -92,13 +92,17 @@ def _named_time(name: str) -> float | None:
 
 
 def forget_backup(name: str) -> int:
-    """A backup that was being made when deletes completed, then failed or was cancelled: it
-    was never published, so their receipts stop naming it. Returns how many changed."""
+    """A backup that was being made when deletes completed, then failed, was cancelled or was
+    left behind by a killed run: it was never published, so their receipts stop naming it.
+    Only deletes that completed after it was started can name it. Returns how many changed."""
     from lifecycle.models import DeleteOperation, DeleteState
 
+    started = _named_time(name)
+    ops = DeleteOperation.objects.filter(state=DeleteState.COMPLETED, receipt__isnull=False)
+    if started is not None:
+        ops = ops.filter(completed_at__gte=datetime.fromtimestamp(started - 1, tz=UTC))
     changed = 0
-    for pk in DeleteOperation.objects.filter(state=DeleteState.COMPLETED, receipt__isnull=False).values_list(
-            "pk", flat=True):
+    for pk in ops.values_list("pk", flat=True):
         with transaction.atomic():
             op = DeleteOperation.objects.select_for_update().get(pk=pk)
             receipt = dict(op.receipt or {})
@@ -108,6 +112,22 @@ def forget_backup(name: str) -> int:
                 DeleteOperation.objects.filter(pk=pk).update(receipt=receipt)
                 changed += 1
     return changed
+
+
+def forget_vanished_backups(operation_id: int) -> None:
+    """After a delete's receipt is committed: a backup it named while it was being made that
+    is gone now (discarded meanwhile, its `forget_backup` having run before this receipt was
+    committed) is taken off again."""
+    from lifecycle.models import DeleteOperation
+    from retention.backups import NAME_PATTERN, TEMP_PREFIX, backup_dir
+
+    receipt = DeleteOperation.objects.filter(pk=operation_id).values_list("receipt", flat=True).first() or {}
+    folder = backup_dir()
+    for holder in receipt.get("holders", []):
+        name = holder.get("name") or ""
+        if holder.get("kind") == "backup" and NAME_PATTERN.match(name) and not (folder / name).exists() \
+                and not (folder / (TEMP_PREFIX + name)).exists():
+            forget_backup(name)
 
 
 def wal_archive_on() -> bool:
