@@ -567,3 +567,11 @@ def test_content_written_again_and_again_keeps_the_delete_pending_never_complete
     written.extend([None] * 100)  # the writer stops: the next run completes
     assert executor.run_erasure(op.pk, force=True) == "completed"
     assert not EngineHome().thread_dir(target.storage_key).exists()
+    # Each round's figures are kept: the file erased again in the first run, and the one the
+    # writer left while it was erased, erased by the second
+    size = len(b'{"text": "written again"}\n')
+    step = m.DeleteStep.objects.get(operation=op, key="events")
+    assert step.detail["again"] == {"records": 2, "bytes": 2 * size}
+    op.refresh_from_db()
+    events = next(e for e in op.receipt["stores"] if e["store"] == "events")
+    assert (events["records"], events["bytes"]) == (step.records + 2, step.bytes + 2 * size)

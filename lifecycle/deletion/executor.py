@@ -244,8 +244,8 @@ def _clear_residue(op: DeleteOperation, conversation: Conversation, home: Engine
     """The residue check of every registered store (DESIGN 4.9: a clean report is part of the
     receipt), before the delete may complete. The database's stores are fenced, but a process
     outside Lethe can write a file again after its step removed the folder: a store found
-    holding anything is erased once more (its figures added to its step's in the receipt) and
-    checked again.
+    holding anything is erased once more (its figures added to its step's in the receipt, over
+    every round) and checked again.
     Found again, the delete stays Pending (`residue_found`) and the recovery job retries;
     never Completed with residue known. The physical check (reading the database and engine
     files for the erased bytes) stays an operator's command, `verify_erasure --physical`."""
@@ -261,18 +261,33 @@ def _clear_residue(op: DeleteOperation, conversation: Conversation, home: Engine
             store = by_key.get(key)
             if store is None:
                 break
-            with stores.erasure_transaction():
-                # The figures of what is erased again, set (not added) with the lease: a crash
-                # before the erasure measures the same again, so nothing is counted twice.
-                renew(op, step=key)
-                figures = stores.measure(store, conversation, home)
-                step = DeleteStep.objects.select_for_update().get(operation=op, key=key)
-                step.detail = {**step.detail, "again": {"records": figures.records, "bytes": figures.bytes}}
-                step.save(update_fields=["detail"])
+            renew(op, step=key)
+            figures = _residue_figures(store, conversation, home, [f for f in findings if f.store == key])
             stores.erase(store, conversation, home, renew=lambda: renew(op, every=lease_seconds() / 8),
                          checkpoint=lambda: None)
+            # Added once erased, to what earlier rounds erased again: a crash between the two
+            # loses this round's figures, never counts anything twice.
+            with stores.erasure_transaction():
+                step = DeleteStep.objects.select_for_update().get(operation=op, key=key)
+                again = step.detail.get("again") or {"records": 0, "bytes": 0}
+                step.detail = {**step.detail, "again": {"records": again["records"] + figures.records,
+                                                        "bytes": again["bytes"] + figures.bytes}}
+                step.save(update_fields=["detail"])
     log.error("erasure of %s found residue in %s", op.public_id, ", ".join(sorted({f.store for f in findings})))
     raise ResidueFound(op.public_id)
+
+
+def _residue_figures(store, conversation: Conversation, home: EngineHome, findings) -> stores.Measure:
+    """What a store's residue holds: its measure, and a fleet file's leftover temporaries
+    (which the fleet file's own measure does not read)."""
+    from lifecycle.deletion.verify import leftover_temporaries
+
+    figures = stores.measure(store, conversation, home)
+    if store.kind == "file" and store.shared_file and any(f.what == "fleet_temporary" for f in findings):
+        left = leftover_temporaries(home, store.paths(home, conversation)[0], conversation)
+        sizes = [path.stat().st_size for path in left if path.exists()]
+        figures = stores.Measure(figures.records + len(sizes), figures.bytes + sum(sizes), figures.detail)
+    return figures
 
 
 def erase_residue(op: DeleteOperation) -> list[str]:

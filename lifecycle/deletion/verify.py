@@ -88,6 +88,11 @@ def _holding(store: Store, rows):
     return held
 
 
+def leftover_temporaries(home: EngineHome, path: Path, conversation: Conversation) -> list[Path]:
+    """Temporaries a killed writer left beside a fleet file that hold this conversation's rows."""
+    return [t for t in home.stale_temporaries(path) if _mentions(t, conversation.public_id)]
+
+
 def _mentions(path: Path, public_id: str) -> bool:
     """Whether the file holds the conversation's public id (fleet rows name their origin by it)."""
     try:
@@ -112,7 +117,7 @@ def logical_findings(conversation: Conversation, home: EngineHome) -> list[Findi
                 if n:
                     out.append(Finding(s.key, "fleet_rows", n))
                 # a temporary a killed writer left beside the fleet file, holding its rows
-                left = [t for t in home.stale_temporaries(path) if _mentions(t, conversation.public_id)]
+                left = leftover_temporaries(home, path, conversation)
                 if left:
                     out.append(Finding(s.key, "fleet_temporary", len(left)))
                 continue
