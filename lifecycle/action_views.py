@@ -25,7 +25,7 @@ from console.api import is_number
 from console.auth import is_admin
 from lifecycle.deletion import reasons
 from lifecycle.deletion.errors import error_message
-from lifecycle.deletion.executor import changed_totals
+from lifecycle.deletion.executor import changed_totals, counts_files
 from lifecycle.engine import OperationView, get_engine
 from lifecycle.errors import ActionRefused
 from lifecycle.models import Conversation, DeleteOperation, DeleteState, RetainedFactsPolicy
@@ -163,7 +163,7 @@ def _rows_with_times(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _store_rows(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     by_key = {s.key: s for s in STORES}
     return [{**e, "label": by_key[e["store"]].label if e["store"] in by_key else e["store"],
-             "kind": by_key[e["store"]].kind if e["store"] in by_key else "",
+             "files": counts_files(e["store"]),
              "retention": by_key[e["store"]].retention.label if e["store"] in by_key else e.get("class")}
             for e in entries]
 
@@ -192,7 +192,7 @@ def _operation_context(op: OperationView) -> dict[str, Any]:
         "reasons": [{"code": c, "message": reasons.message(c)} for c in op.reasons],
         "error_text": error_message(op.error),
         "receipt_stores": _store_rows(receipt.get("stores", [])),
-        **dict(zip(("erased_records", "erased_bytes"), changed_totals(receipt.get("stores", [])), strict=True)),
+        "totals": changed_totals(receipt.get("stores", [])),
         "receipt_kept": _store_rows(receipt.get("kept", [])),
         "holders": receipt.get("holders", []),
         "ambiguous": _rows_with_times((op.way_out or {}).get("ambiguous", [])),
@@ -263,7 +263,7 @@ def _listed(op: OperationView) -> dict[str, Any]:
     return {
         "op": op,
         "conversation": Conversation.objects.filter(public_id=op.target).only("thread_id", "title").first(),
-        **dict(zip(("records", "bytes"), changed_totals(stores), strict=True)),
+        "totals": changed_totals(stores),
         "done": sum(1 for s in op.steps if s["state"] == "done"),
         "total": len(op.steps),
         "reason": reasons.message(op.code) if op.code else "",

@@ -113,7 +113,7 @@ def bound_delete_detail(request: HttpRequest, delete_id: str) -> HttpResponse:
         "op": op, "data": data, "waiting": waiting_text(op), "error_text": error_text(op.last_error),
         "code_text": error_text(op.code), "version": version, "poll": POLL_SECONDS if op.state == "pending" else 0,
         "receipt_stores": stores,
-        **dict(zip(("erased_records", "erased_bytes"), changed_totals(stores), strict=True)),
+        "totals": changed_totals(stores),
     }
     template = "remote/bound_delete.html"
     if request.htmx:

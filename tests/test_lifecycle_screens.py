@@ -123,6 +123,14 @@ def test_the_receipt_counts_file_stores_in_files_as_the_preview_does(admin_clien
     assert re.search(r"Large outputs and tool artifacts</span>\s*<span class=\"store-count\">erased ·\s*"
                      rf"{counted.group(1)} files? · ", receipt), "the same figure, in files"
     assert re.search(r"Messages and tool calls</span>\s*<span class=\"store-count\">erased ·\s*\d+ records? ", receipt)
+    # Settled subagent rows are rows of the fleet file: records, as the preview says
+    assert re.search(r"Settled subagent rows</span>\s*<span class=\"store-count\">compacted ·\s*1 record ", receipt)
+    assert re.search(r"Settled subagent rows</span> <span class=\"store-count\">1 record\s*<", preview)
+    # The total says records and files apart, from the same store lines
+    totals = executor.changed_totals(op.__class__.objects.get(pk=op.pk).receipt["stores"])
+    assert totals["files"] >= int(counted.group(1)) and totals["records"] > 0
+    assert re.search(rf'data-testid="changed-totals">Erased or compacted: {totals["records"]} records, '
+                     rf'{totals["files"]} files, ', receipt)
 
 
 def test_a_refused_delete_says_why_in_words_and_keeps_archive_and_close(admin_client):

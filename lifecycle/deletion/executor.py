@@ -430,10 +430,23 @@ def receipt_of(op: DeleteOperation, steps: list[DeleteStep] | None = None) -> di
 CHANGED_ACTIONS = ("erased", "compacted")  # what "records erased or compacted" counts
 
 
-def changed_totals(entries: list[dict]) -> tuple[int, int]:
-    """Records and bytes a receipt's stores erased or compacted (the same entries for both)."""
+def counts_files(store_key: str) -> bool:
+    """Whether a store's records are files (a conversation's folders); a shared file's records
+    are rows in it (the fleet files), as tables' are."""
+    store = next((s for s in STORES if s.key == store_key), None)
+    return store is not None and store.kind == "file" and not store.shared_file
+
+
+def changed_totals(entries: list[dict]) -> dict[str, int]:
+    """What a receipt's stores erased or compacted, from the same entries: records (rows),
+    files (of the conversation's folders) and bytes."""
     changed = [e for e in entries if isinstance(e, dict) and e.get("action") in CHANGED_ACTIONS]
-    return (sum(int(e.get("records") or 0) for e in changed), sum(int(e.get("bytes") or 0) for e in changed))
+    files = [e for e in changed if counts_files(str(e.get("store")))]
+    return {
+        "records": sum(int(e.get("records") or 0) for e in changed if e not in files),
+        "files": sum(int(e.get("records") or 0) for e in files),
+        "bytes": sum(int(e.get("bytes") or 0) for e in changed),
+    }
 
 
 def _touched(steps: list[DeleteStep]) -> list[str]:
