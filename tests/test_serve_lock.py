@@ -30,11 +30,15 @@ def test_a_second_serve_on_the_same_metrics_folder_refuses_and_empties_nothing(t
     port = free_port()
     tree = Tree()
     try:
-        first = subprocess.Popen([sys.executable, "manage.py", "serve", f"127.0.0.1:{port}", "--only", "web"],
-                                 cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                 start_new_session=True)
-        tree.pids.add(first.pid)
-        tree.groups.add(first.pid)
+        def start_web() -> subprocess.Popen:
+            proc = subprocess.Popen([sys.executable, "manage.py", "serve", f"127.0.0.1:{port}", "--only", "web"],
+                                    cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    start_new_session=True)
+            tree.pids.add(proc.pid)
+            tree.groups.add(proc.pid)
+            return proc
+
+        first = start_web()
         assert wait_until(lambda: answers(port), 60), "the first serve did not answer /healthz"
         for kid in children_of(first.pid):
             tree.pids.add(kid)
@@ -68,11 +72,7 @@ def test_a_second_serve_on_the_same_metrics_folder_refuses_and_empties_nothing(t
 
         # Once the first has stopped, the folder is free again: a new serve takes it and, as
         # at every start, empties it.
-        third = subprocess.Popen([sys.executable, "manage.py", "serve", f"127.0.0.1:{port}", "--only", "web"],
-                                 cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                 start_new_session=True)
-        tree.pids.add(third.pid)
-        tree.groups.add(third.pid)
+        third = start_web()
         assert wait_until(lambda: answers(port), 60), "a serve after the first stopped did not start"
         assert not marker.exists()
         third.send_signal(signal.SIGTERM)
