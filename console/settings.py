@@ -185,8 +185,8 @@ def _without_password(url: str) -> str:
     at = rest.rfind("@")
     if at < 0:
         return url
-    user = rest[:at].split(":", 1)[0]
-    return f"{scheme}://{user}:***@{rest[at + 1:]}"
+    user, colon, _password = rest[:at].partition(":")
+    return f"{scheme}://{user}{':***' if colon else ''}@{rest[at + 1:]}"
 
 
 _DATABASE_URL_FORMS = "sqlite:///path or postgres://user:password@host:port/name (a port from 1 to 65535)"
@@ -493,3 +493,13 @@ METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "").strip()
 # /readyz fails when no job has finished on any job cluster for this long.
 # Every cluster runs the heartbeat job each minute, so less than a minute would fail at random.
 READYZ_HEARTBEAT_SECONDS = env_int("READYZ_HEARTBEAT_SECONDS", 300, 60, 7 * 86400, "a whole number of seconds")
+
+# The web server's (gunicorn's) figures: checked here, so a bad value stops `serve` with the
+# one-line error before gunicorn starts; serve hands gunicorn these values (ops/gunicorn_config.py).
+WEB_SERVER = {
+    "WEB_CONCURRENCY": env_int("WEB_CONCURRENCY", 2, 1, 64),
+    "WEB_THREADS": env_int("WEB_THREADS", 4, 1, 256),
+    "WEB_TIMEOUT": env_int("WEB_TIMEOUT", 60, 1, 3600, "a whole number of seconds"),
+    "WEB_GRACEFUL_TIMEOUT": env_int("WEB_GRACEFUL_TIMEOUT", 10, 1, 600, "a whole number of seconds"),
+    "WEB_MAX_REQUESTS": env_int("WEB_MAX_REQUESTS", 5000, 1, 10_000_000),
+}

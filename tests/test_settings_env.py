@@ -27,7 +27,8 @@ READ = ("LETHE_VAR_DIR", "SECRET_KEY", "SECRET_KEY_FILE", "DEBUG", "ALLOWED_HOST
         "API_TOKEN_DAYS", "LOGIN_FREE_FAILURES", "LOGIN_DELAY_SECONDS", "LOGIN_USER_LOCK_AFTER",
         "LOGIN_ADDRESS_LOCK_AFTER", "LOGIN_LOCK_SECONDS", "LOGIN_FAILURE_WINDOW_SECONDS", "TRUSTED_PROXIES",
         "API_MAX_BODY_BYTES", "API_MAX_JSON_DEPTH", "API_MAX_PAGE_BYTES", "Q_WORKERS", "LOG_FORMAT", "LOG_LEVEL",
-        "ACCESS_LOG", "METRICS_TOKEN", "READYZ_HEARTBEAT_SECONDS")
+        "ACCESS_LOG", "METRICS_TOKEN", "READYZ_HEARTBEAT_SECONDS", "WEB_CONCURRENCY", "WEB_THREADS", "WEB_TIMEOUT",
+        "WEB_GRACEFUL_TIMEOUT", "WEB_MAX_REQUESTS")
 KEY = "lethe-settings-env-tests-" + "k" * 40
 
 
@@ -63,6 +64,8 @@ def manage(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize(("env", "expected"), [
     ({"Q_WORKERS": "abc"}, "Q_WORKERS must be a whole number from 0 to 64, not 'abc'."),
+    ({"WEB_CONCURRENCY": "abc"}, "WEB_CONCURRENCY must be a whole number from 1 to 64, not 'abc'."),
+    ({"WEB_TIMEOUT": "0"}, "WEB_TIMEOUT must be a whole number of seconds from 1 to 3600, not '0'."),
     ({"Q_WORKERS": "65"}, "Q_WORKERS must be a whole number from 0 to 64, not '65'."),
     ({"API_TOKEN_DAYS": "abc"}, "API_TOKEN_DAYS must be a whole number of days from 1 to 3650, not 'abc'."),
     ({"API_TOKEN_DAYS": "-1"}, "API_TOKEN_DAYS must be a whole number of days from 1 to 3650, not '-1'."),
@@ -178,6 +181,8 @@ def test_the_accepted_spellings_work_and_a_blank_value_means_the_default(monkeyp
 
 @pytest.mark.parametrize(("env", "expected"), [
     ({"Q_WORKERS": "abc"}, "Q_WORKERS must be a whole number from 0 to 64, not 'abc'."),
+    ({"WEB_CONCURRENCY": "abc"}, "WEB_CONCURRENCY must be a whole number from 1 to 64, not 'abc'."),
+    ({"WEB_TIMEOUT": "0"}, "WEB_TIMEOUT must be a whole number of seconds from 1 to 3600, not '0'."),
     ({"LOG_FORMAT": "xml"}, "LOG_FORMAT must be json or text, not 'xml'."),
     ({"LOG_LEVEL": "LOUD"}, "LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR or CRITICAL, not 'LOUD'."),
     ({"ENGINE_TOKENS": "[1]"}, "ENGINE_TOKENS must be a JSON object"),

@@ -61,11 +61,12 @@ def commands(address: str, *, dev: bool = False) -> dict[str, Child]:
         web = Child([sys.executable, manage, "runserver", address, "--noreload"], signal.SIGINT)
     else:
         config = str(settings.BASE_DIR / "ops" / "gunicorn_config.py")
-        # gunicorn's configuration reads LOG_FORMAT and LOG_LEVEL before Django: it gets them as
-        # the settings accepted them (a blank value is the default there, for one).
+        # gunicorn's configuration reads LOG_FORMAT, LOG_LEVEL and WEB_* before Django: it gets
+        # them as the settings accepted them (a blank value is the default there, for one).
         web = Child([sys.executable, "-m", "gunicorn", "-c", config, "--bind", address], signal.SIGTERM,
                     env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir()),
-                         "LOG_FORMAT": settings.LOG_FORMAT, "LOG_LEVEL": getattr(settings, "LOG_LEVEL", "INFO")})
+                         "LOG_FORMAT": settings.LOG_FORMAT, "LOG_LEVEL": getattr(settings, "LOG_LEVEL", "INFO"),
+                         **{name: str(value) for name, value in settings.WEB_SERVER.items()}})
     return {
         "job cluster": Child([sys.executable, manage, "qcluster"], signal.SIGINT),
         "web server": web,
