@@ -122,7 +122,10 @@ def forget_vanished_backups(operation_id: int) -> None:
     from retention.backups import NAME_PATTERN, TEMP_PREFIX, backup_dir
 
     receipt = DeleteOperation.objects.filter(pk=operation_id).values_list("receipt", flat=True).first() or {}
-    folder = backup_dir()
+    try:
+        folder = backup_dir()
+    except OSError:  # the folder cannot be read now: the receipt keeps naming what it named
+        return
     for holder in receipt.get("holders", []):
         name = holder.get("name") or ""
         if holder.get("kind") == "backup" and NAME_PATTERN.match(name) and not (folder / name).exists() \
