@@ -242,6 +242,9 @@ def database_from_url(url: str) -> dict:
             "PORT": str(port or ""),
             "CONN_MAX_AGE": 60,
             "CONN_HEALTH_CHECKS": True,
+            # One test database per test process, as on SQLite: two runs on one server (or a run
+            # started while a killed one is still going away) never meet in "test_lethe".
+            "TEST": {"NAME": f"test_{unquote(parts.path.lstrip('/')) or 'lethe'}_{os.getpid()}"[:63]},
         }
     raise refused
 

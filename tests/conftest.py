@@ -1,9 +1,32 @@
 from __future__ import annotations
 
+import os
+import re
+
 import pytest
 from django.test import Client
 
 from tests import factories
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix, django_db_blocker) -> None:
+    """Before the test database is made (pytest-django's hook, kept as it was): on PostgreSQL,
+    drop the test databases of earlier runs on this machine whose process is gone (a killed
+    run leaves its `test_<name>_<pid>` behind); a running one's is kept."""
+    from django.conf import settings
+    from django.db import connections
+
+    db = settings.DATABASES["default"]
+    if db["ENGINE"] != "django.db.backends.postgresql":
+        return
+    ours = re.compile(rf"test_{re.escape(db['NAME'])}_(\d+)")
+    with django_db_blocker.unblock(), connections["default"]._nodb_cursor() as cursor:
+        cursor.execute("SELECT datname FROM pg_database WHERE datname LIKE 'test\\_%%'")
+        for (name,) in cursor.fetchall():
+            match = ours.fullmatch(name)
+            if match and int(match[1]) != os.getpid() and not os.path.exists(f"/proc/{match[1]}"):
+                cursor.execute(f'DROP DATABASE IF EXISTS "{name}"')
 
 
 @pytest.fixture(autouse=True)
