@@ -181,8 +181,6 @@ def test_the_accepted_spellings_work_and_a_blank_value_means_the_default(monkeyp
 
 @pytest.mark.parametrize(("env", "expected"), [
     ({"Q_WORKERS": "abc"}, "Q_WORKERS must be a whole number from 0 to 64, not 'abc'."),
-    ({"WEB_CONCURRENCY": "abc"}, "WEB_CONCURRENCY must be a whole number from 1 to 64, not 'abc'."),
-    ({"WEB_TIMEOUT": "0"}, "WEB_TIMEOUT must be a whole number of seconds from 1 to 3600, not '0'."),
     ({"LOG_FORMAT": "xml"}, "LOG_FORMAT must be json or text, not 'xml'."),
     ({"LOG_LEVEL": "LOUD"}, "LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR or CRITICAL, not 'LOUD'."),
     ({"ENGINE_TOKENS": "[1]"}, "ENGINE_TOKENS must be a JSON object"),

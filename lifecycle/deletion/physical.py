@@ -72,7 +72,8 @@ def backups_before(moment: datetime) -> list[dict[str, Any]]:
     for path in sorted(folder.iterdir()):
         name = path.name.removeprefix(TEMP_PREFIX)
         ours = bool(NAME_PATTERN.match(name))
-        if not path.is_file() or (path.name.startswith(".") and not (ours and path.name != name)):
+        being_made = ours and path.name.startswith(TEMP_PREFIX)
+        if not path.is_file() or (path.name.startswith(".") and not being_made):
             continue
         if path.suffix == ".json" and path.with_suffix("").name in verified:
             continue
