@@ -60,7 +60,7 @@ def env_int(name: str, default: int, low: int, high: int, what: str = "a whole n
     return from_env(name, default, f"{what} from {low} to {high}", parse)
 
 
-def env_float(name: str, default: float, low: float, high: float, what: str = "a number of seconds") -> float:
+def env_float[D](name: str, default: float | D, low: float, high: float, what: str = "a number of seconds") -> float | D:
     def parse(raw: str) -> float:
         value = float(raw)
         if not low <= value <= high:  # NaN is refused here too
@@ -85,7 +85,7 @@ def env_choice(name: str, default: str, choices: tuple[str, ...], also: tuple[st
     return from_env(name, default, listed, parse)
 
 
-def env_bool(name: str, default: bool) -> bool:
+def env_bool[D](name: str, default: bool | D) -> bool | D:
     def parse(raw: str) -> bool:
         if raw.lower() in ("1", "true", "yes", "on"):
             return True
@@ -206,7 +206,9 @@ def database_from_url(url: str) -> dict:
             raise refused
         name = Path(raw) if raw.startswith("/") else BASE_DIR / raw
         return {
-            "ENGINE": "django.db.backends.sqlite3",
+            # Django's SQLite backend; a writer waiting for the write lock tries again every
+            # half millisecond instead of on the busy handler's schedule (see console/sqlite).
+            "ENGINE": "console.sqlite",
             "NAME": name,
             "OPTIONS": {
                 # The web server and the job cluster write at once: WAL lets readers run
@@ -218,6 +220,11 @@ def database_from_url(url: str) -> dict:
                     "PRAGMA journal_mode=WAL;"
                     "PRAGMA synchronous=NORMAL;"
                     "PRAGMA busy_timeout=20000;"
+                    # A commit that finds the WAL this many pages long (40 MB) copies it back into
+                    # the database file itself (SQLite's default is 1000). Long jobs checkpoint their
+                    # own WAL beside their batches and keep it shorter than this, so a request that
+                    # commits meanwhile does not do that copying for them (retention/jobs.py).
+                    "PRAGMA wal_autocheckpoint=16000;"
                     "PRAGMA foreign_keys=ON;"
                     # Removed text must not linger in free pages.
                     "PRAGMA secure_delete=ON;"
@@ -322,6 +329,20 @@ LIFECYCLE_OFFLINE_DELETE = env_choice("LIFECYCLE_OFFLINE_DELETE", "pending", ("p
 REMOTE_RETRY_SECONDS = env_float("REMOTE_RETRY_SECONDS", 5, 0.1, 86400)
 REMOTE_RETRY_MAX_SECONDS = env_float("REMOTE_RETRY_MAX_SECONDS", max(300, REMOTE_RETRY_SECONDS), REMOTE_RETRY_SECONDS,
                                      7 * 86400, what="a number of seconds (not below REMOTE_RETRY_SECONDS)")
+
+# Tunables of the long jobs, for operators and tests; the defaults suit most machines (see
+# docs/operations.md). None: the job's own default for the engine in use.
+TOOL_JOB_LEASE_SECONDS = env_float("LETHE_TOOL_JOB_LEASE_SECONDS", 30, 1, 86400)
+TOOL_JOB_STEP_SECONDS = env_float("LETHE_TOOL_JOB_STEP_SECONDS", 60, 1, 86400)
+TOOL_CLEANUP_BATCH = env_int("LETHE_TOOL_CLEANUP_BATCH", 1000, 1, 100_000, "a whole number of items")
+TOOL_CLEANUP_BATCH_BYTES = env_int("LETHE_TOOL_CLEANUP_BATCH_BYTES", 64_000_000, 1, 1024**3, "a whole number of bytes")
+TOOL_CLEANUP_CONVERSATIONS = env_int("LETHE_TOOL_CLEANUP_CONVERSATIONS", 200, 1, 10_000,
+                                     "a whole number of conversations")
+TOOL_CLEANUP_BATCH_SECONDS = env_float("LETHE_TOOL_CLEANUP_BATCH_SECONDS", None, 0.001, 60)
+TOOL_CLEANUP_PAUSE = env_float("LETHE_TOOL_CLEANUP_PAUSE", None, 0, 60)
+TOOL_CLEANUP_READ_AHEAD = env_bool("LETHE_TOOL_CLEANUP_READ_AHEAD", None)
+TOOL_ANALYSIS_BATCH = env_int("LETHE_TOOL_ANALYSIS_BATCH", 2000, 1, 1_000_000, "a whole number of conversations")
+ERASURE_HORIZON_WAIT = env_float("LETHE_ERASURE_HORIZON_WAIT", 10, 0, 3600)
 
 INSTALLED_APPS = [
     "django.contrib.auth",

@@ -116,7 +116,7 @@ def _render_preview(request: HttpRequest, conversation: Conversation, *, status:
     preview = get_engine().preview_delete(conversation.public_id)
     admission = preview["admission"]
     if admission:
-        admission = {**admission, "ambiguous": _rows_with_times(admission["ambiguous"])}
+        admission = {**admission, "ambiguous": _rows_with_times(admission["ambiguous"], request)}
     context = {
         "conversation": conversation,
         "preview": preview,
@@ -153,19 +153,42 @@ def _moment(value: str | None):
     return parse_datetime(value) if value else None
 
 
-def _rows_with_times(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Fleet rows as written by the engine: their times parsed where they are times."""
+# Session key: what was typed in a row's "another conversation" field when the attribution was
+# refused, shown again in that field with the reason under it on the page it came from.
+_TYPED_KEY = "lethe_resolve_typed"
+
+
+def _rows_with_times(rows: list[dict[str, Any]], request: HttpRequest | None = None) -> list[dict[str, Any]]:
+    """Fleet rows as written by the engine: their times parsed where they are times. With the
+    request, the row whose "another conversation" form was just refused gets back what was
+    typed there and why it was refused (see subagent_resolve)."""
+    typed = request.session.pop(_TYPED_KEY, None) if request is not None and rows else None
+    if not isinstance(typed, dict):
+        typed = {}
     return [{**row, "started": _moment(row.get("started_at") if isinstance(row.get("started_at"), str) else None),
-             "finished": _moment(row.get("finished_at") if isinstance(row.get("finished_at"), str) else None)}
+             "finished": _moment(row.get("finished_at") if isinstance(row.get("finished_at"), str) else None),
+             **({"typed": typed.get("value", ""), "typed_error": typed.get("error", "")}
+                if typed.get("agent") == row.get("agent_id") else {})}
             for row in rows]
 
 
+_GROUP_RANK = {RetentionClass.ERASE: 0, RetentionClass.COMPACT: 1}
+
+
 def _store_rows(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Receipt lines in the preview's order (erased stores, then compacted, then the rest; each
+    group in the registry's order), whatever order the erasure wrote them in."""
     by_key = {s.key: s for s in STORES}
+    place = {s.key: n for n, s in enumerate(STORES)}
+
+    def order(entry: dict[str, Any]) -> tuple[int, int]:
+        store = by_key.get(entry["store"])
+        return (_GROUP_RANK.get(store.retention, 2) if store else 3, place.get(entry["store"], len(place)))
+
     return [{**e, "label": by_key[e["store"]].label if e["store"] in by_key else e["store"],
              "files": counts_files(e["store"]),
              "retention": by_key[e["store"]].retention.label if e["store"] in by_key else e.get("class")}
-            for e in entries]
+            for e in sorted(entries, key=order)]
 
 
 def _residue(verification: dict[str, Any]) -> dict[str, Any] | None:
@@ -175,7 +198,7 @@ def _residue(verification: dict[str, Any]) -> dict[str, Any] | None:
     return {"at": _moment(verification.get("at")), "findings": verification.get("findings") or 0}
 
 
-def _operation_context(op: OperationView) -> dict[str, Any]:
+def _operation_context(op: OperationView, request: HttpRequest | None = None) -> dict[str, Any]:
     conversation = Conversation.objects.select_related("account", "computer").filter(public_id=op.target).first()
     steps = _store_rows([{**s, "class": ""} for s in op.steps if s["store"] != "fingerprints"])
     done = sum(1 for s in op.steps if s["state"] == "done")
@@ -195,7 +218,7 @@ def _operation_context(op: OperationView) -> dict[str, Any]:
         "totals": changed_totals(receipt.get("stores", [])),
         "receipt_kept": _store_rows(receipt.get("kept", [])),
         "holders": receipt.get("holders", []),
-        "ambiguous": _rows_with_times((op.way_out or {}).get("ambiguous", [])),
+        "ambiguous": _rows_with_times((op.way_out or {}).get("ambiguous", []), request),
         "physical_at": _moment((receipt.get("physical") or {}).get("erased_at")),
         "verified_at": _moment(receipt.get("verified_at")),
         "residue": _residue(receipt.get("verification") or {}),
@@ -216,7 +239,7 @@ def operation_detail(request: HttpRequest, operation_id: str) -> HttpResponse:
         op = get_engine().operation(operation_id)
     except ActionRefused:
         raise Http404 from None
-    context = _operation_context(op)
+    context = _operation_context(op, None if request.htmx else request)  # a poll leaves what was typed
     template = "lifecycle/operation_detail.html"
     if request.htmx:
         if request.GET.get("v") == context["version"]:
@@ -273,6 +296,7 @@ def _listed(op: OperationView) -> dict[str, Any]:
 # ---- The ambiguity way out ---------------------------------------------------------------------
 
 
+
 @login_required
 @require_POST
 def subagent_resolve(request: HttpRequest, agent_id: str) -> HttpResponse:
@@ -284,7 +308,10 @@ def subagent_resolve(request: HttpRequest, agent_id: str) -> HttpResponse:
         messages.success(request, _("The subagent row was attributed.") if action == "attribute"
                          else _("The subagent row was cleared."))
     except ActionRefused as exc:
-        if exc.status == 404:
+        if request.POST.get("typed") == "1" and action == "attribute":
+            request.session[_TYPED_KEY] = {"agent": agent_id[:80], "value": (conversation_id or "")[:32],
+                                           "error": str(exc.message)}
+        elif exc.status == 404:
             messages.error(request, exc.message)
         else:
             _refused(request, exc)

@@ -382,9 +382,9 @@ class Item(models.Model):
         indexes = [
             # Analysis: SUM(removable_bytes) per conversation without touching payloads; cleanup:
             # the next removable items after its (conversation, item) cursor, a range of this
-            # index however large the conversation.
+            # index however large the conversation, and their sizes for its byte budget.
             models.Index(
-                fields=["conversation", "id", "removable_bytes"],
+                fields=["conversation", "id", "removable_bytes", "payload_bytes"],
                 name="item_removable_keyset_idx",
                 condition=Q(removable_bytes__gt=0),
             ),

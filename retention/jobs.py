@@ -32,6 +32,7 @@ from collections import Counter
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import OperationalError, connection, transaction
 from django.db.models import Count, Exists, F, OuterRef, Sum
 from django.utils import timezone
@@ -47,58 +48,50 @@ from retention.models import (
     ToolPayloadOperation,
     ToolPayloadPolicy,
 )
+from retention.reducer import MARKER_KEY
 
 log = logging.getLogger(__name__)
 
 TASK = "retention.jobs.run_operation"
 
 
-def _env_number(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
-# Tunables (environment, for operators and tests).
-LEASE_SECONDS = _env_number("LETHE_TOOL_JOB_LEASE_SECONDS", 30)
-STEP_SECONDS = _env_number("LETHE_TOOL_JOB_STEP_SECONDS", 60)
-BATCH_ITEMS = int(_env_number("LETHE_TOOL_CLEANUP_BATCH", 1000))
+# Tunables (environment, read and checked with the other settings: console/settings.py).
+LEASE_SECONDS = settings.TOOL_JOB_LEASE_SECONDS
+STEP_SECONDS = settings.TOOL_JOB_STEP_SECONDS
+BATCH_ITEMS = settings.TOOL_CLEANUP_BATCH
 # Payload bytes per cleanup batch: a hard cap; within it each batch's size follows the rate
 # measured on the batches before, so a batch's write transaction takes about BATCH_SECONDS.
-BATCH_BYTES = int(_env_number("LETHE_TOOL_CLEANUP_BATCH_BYTES", 64_000_000))
+BATCH_BYTES = settings.TOOL_CLEANUP_BATCH_BYTES
 FIRST_BATCH_BYTES = 1_000_000
 MIN_BATCH_BYTES = 64_000
-CONVERSATIONS_PER_BATCH = int(_env_number("LETHE_TOOL_CLEANUP_CONVERSATIONS", 200))
+CONVERSATIONS_PER_BATCH = settings.TOOL_CLEANUP_CONVERSATIONS
 # SQLite has one write lock: a batch holds it for about 10 ms, then the job leaves it free for
-# 10 ms. A writer that finds the lock taken retries after 1, 3, 8, 18 ms (SQLite's busy
-# handler), so one of its retries falls into the gap and it waits at most about 18 ms (longer
-# batches were measured to push the writers' p99 to the 33 ms retry). PostgreSQL's row locks
-# do not stop writers of other conversations: longer batches, no pause.
-BATCH_SECONDS_SET = "LETHE_TOOL_CLEANUP_BATCH_SECONDS" in os.environ
-BATCH_SECONDS = _env_number("LETHE_TOOL_CLEANUP_BATCH_SECONDS", 0.010)
+# a short while. A writer that finds the lock taken tries again every half millisecond
+# (console/sqlite), so it takes the lock early in the gap and waits at most about one batch.
+# PostgreSQL's row locks do not stop writers of other conversations: longer batches, no pause.
+BATCH_SECONDS_SET = settings.TOOL_CLEANUP_BATCH_SECONDS is not None
+BATCH_SECONDS = settings.TOOL_CLEANUP_BATCH_SECONDS if BATCH_SECONDS_SET else 0.010
 POSTGRES_BATCH_SECONDS = 0.25
-# Seconds between cleanup batches: 0.01 on SQLite, none on PostgreSQL, unless set, then on both.
-PAUSE_SET = "LETHE_TOOL_CLEANUP_PAUSE" in os.environ
-SQLITE_PAUSE = _env_number("LETHE_TOOL_CLEANUP_PAUSE", 0.01)
-ANALYSIS_BATCH = int(_env_number("LETHE_TOOL_ANALYSIS_BATCH", 2000))
+# Seconds between cleanup batches: SQLITE_DEFAULT_PAUSE on SQLite, none on PostgreSQL, unless
+# set, then on both. The next batch's reading counts toward it.
+SQLITE_DEFAULT_PAUSE = 0.003
+PAUSE_SET = settings.TOOL_CLEANUP_PAUSE is not None
+SQLITE_PAUSE = settings.TOOL_CLEANUP_PAUSE if PAUSE_SET else SQLITE_DEFAULT_PAUSE
+ANALYSIS_BATCH = settings.TOOL_ANALYSIS_BATCH
 
 
-def _read_ahead() -> bool:
+def _read_ahead(chosen: bool | None) -> bool:
     """PostgreSQL: read the next batch on a second connection while the current one writes.
-    `1`/`0` in the environment decide; by default on where the machine has 4 cores or more.
+    LETHE_TOOL_CLEANUP_READ_AHEAD decides; unset, on where the machine has 4 cores or more.
     On the 2-core development machine it made cleanup 10 to 25% faster but took the second
     core from the console's own writes (their p99 during a cleanup 26 to 29 ms against 23 to
     28 ms without it, and 18 ms with no cleanup), so it stays off there unless asked for."""
-    raw = os.environ.get("LETHE_TOOL_CLEANUP_READ_AHEAD", "").strip().lower()
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    if raw in ("0", "false", "no", "off"):
-        return False
+    if chosen is not None:
+        return chosen
     return (os.cpu_count() or 1) >= 4
 
 
-READ_AHEAD = _read_ahead()
+READ_AHEAD = _read_ahead(settings.TOOL_CLEANUP_READ_AHEAD)
 # SQLite: a batch checks its time after every WRITE_CHUNK items it writes.
 WRITE_CHUNK = 64
 MAX_TAKEOVERS = 5
@@ -460,18 +453,22 @@ def _reduce_item_row(item, *, removed_at: datetime):
 
 class _Row:
     """The columns a batch reads of an item; no payload unless the item is reduced in Python.
-    On SQLite only those stored before the payload: a column after a payload that overflows
-    its page is reached only through the payload's overflow pages, so the removal plan is
-    read there with the payload (_reduce_in_database)."""
+    On SQLite the batch first reads only (id, conversation_id, payload_bytes) from the
+    removable-items index, and the rest of the row once it took the item (see _complete_rows):
+    a column after a payload that overflows its page is reached only through the payload's
+    overflow pages, so the removal plan is read there with the payload reduced."""
 
     __slots__ = ("id", "conversation_id", "role", "tool_kind", "payload_bytes", "removable_bytes",
                  "revision", "removal_plan", "payload")
 
-    def __init__(self, *values) -> None:
-        self.removal_plan = None  # SQLite reads it with the payload (_reduce_in_database)
+    def __init__(self, id: int, conversation_id: int, role: str | None = None,  # noqa: A002 (the column)
+                 tool_kind: str | None = None, payload_bytes: int = 0, removable_bytes: int | None = None,
+                 revision: int | None = None, removal_plan: str | None = None) -> None:
+        # plain assignments: a batch makes several hundred of these, in the gap writers use
+        self.id, self.conversation_id, self.role, self.tool_kind = id, conversation_id, role, tool_kind
+        self.payload_bytes, self.removable_bytes, self.revision = payload_bytes, removable_bytes, revision
+        self.removal_plan = removal_plan
         self.payload = None
-        for name, value in zip(self.__slots__, values, strict=False):
-            setattr(self, name, value)
 
     @property
     def pk(self) -> int:
@@ -594,21 +591,70 @@ class _Checkpointer:
     lock is released, and so delayed the gap that follows (the time writers get the lock);
     run beside the batches, a PASSIVE checkpoint takes no write lock and the copying (with
     `secure_delete` the zeroed overflow pages of every removed output) uses the other core.
-    The connection's setting is restored after, and a last checkpoint runs then."""
+    The connection's setting is restored after, and a last checkpoint runs then.
+
+    The WAL file starts again from its beginning only when a write transaction begins with
+    every frame copied back, and this checkpoint always runs just behind the next batch: so
+    once the WAL holds RESTART_FRAMES, the next batch waits for the checkpoint to finish (the
+    wait is what it takes beyond the batch's reading, a few milliseconds). That keeps the WAL
+    a few batches long: its size on disk bounded (it grew to 160 MB in a 200,000-message
+    benchmark without this), and below the console's own connections' automatic checkpoint
+    (settings: `wal_autocheckpoint`), so a request that commits meanwhile does not copy the
+    cleanup's pages itself (that took its appends from 2 to 8 ms at the median)."""
+
+    RESTART_FRAMES = 8000
 
     def __init__(self) -> None:
-        self.wake = threading.Event()
         self.stop = threading.Event()
+        self.changed = threading.Condition()
+        self.commits = 0  # batches committed (the cleanup's thread)
+        self.covered = 0  # of those, how many a finished checkpoint started after
+        self.frames = 0  # the WAL's length the last checkpoint found
         self.thread = threading.Thread(target=self._run, name="lethe-wal-checkpoint", daemon=True)
+
+    def committed(self) -> None:
+        with self.changed:
+            self.commits += 1
+            self.changed.notify_all()
+
+    def before_batch(self) -> None:
+        """Once the WAL is RESTART_FRAMES long: wait (at most 0.25 s) for the checkpoint of
+        everything committed so far, so this batch's write transaction starts the WAL again."""
+        if self.frames < self.RESTART_FRAMES:
+            return
+        with self.changed:
+            self.changed.wait_for(lambda: self.covered >= self.commits or not self.thread.is_alive(), timeout=0.25)
+            self.frames = 0  # started again now, as a rule; the next checkpoint says how long it is
+
+    def _checkpoint(self, frames: int) -> int:
+        """A PASSIVE checkpoint; the WAL's length in frames (`frames` if it could not run)."""
+        with contextlib.suppress(OperationalError), connection.cursor() as cursor:
+            cursor.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            busy, frames, _copied = cursor.fetchone()
+        return frames
 
     def _run(self) -> None:
         try:
             while not self.stop.is_set():
-                if not self.wake.wait(0.25):
-                    continue
-                self.wake.clear()
-                with contextlib.suppress(OperationalError), connection.cursor() as cursor:
-                    cursor.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                with self.changed:
+                    if not self.changed.wait_for(lambda: self.commits > self.covered or self.stop.is_set(),
+                                                 timeout=0.25):
+                        continue
+                    asked = self.commits
+                frames = self._checkpoint(self.frames)
+                with self.changed:
+                    self.frames = frames  # from here the next batch waits, if it is that long
+                if frames >= self.RESTART_FRAMES:
+                    # Also copy back what others committed while it ran (the console's own
+                    # writes come in the gap after each batch), so that batch finds every
+                    # frame copied and starts the WAL again.
+                    for _ in range(3):
+                        again, frames = frames, self._checkpoint(frames)
+                        if frames == again:
+                            break
+                with self.changed:
+                    self.covered = asked
+                    self.changed.notify_all()
         except Exception:  # the batches go on without it; the step's last checkpoint still runs
             log.exception("The WAL checkpoint beside the cleanup stopped")
         finally:
@@ -620,7 +666,8 @@ class _Checkpointer:
 
     def __exit__(self, *exc) -> None:
         self.stop.set()
-        self.wake.set()
+        with self.changed:
+            self.changed.notify_all()
         self.thread.join()
 
 
@@ -695,8 +742,9 @@ def _next_items(cursor_conversation: int, cursor_item: int, candidates: list[int
     following conversations from their first item."""
     from lifecycle.models import Item
 
-    columns = _Row.__slots__[:-1] if connection.vendor == "postgresql" else _Row.__slots__[:-2]
-    select = (f"SELECT {', '.join(columns)} FROM {connection.ops.quote_name(Item._meta.db_table)} "
+    # SQLite: the index's columns only (the rest is read for the items taken, _complete_rows)
+    columns = _Row.__slots__[:-1] if connection.vendor == "postgresql" else ("id", "conversation_id")
+    select = (f"SELECT {', '.join(columns)}, payload_bytes FROM {connection.ops.quote_name(Item._meta.db_table)} "
               "WHERE removable_bytes > 0 AND ")
     rows: list = []
     following = candidates
@@ -711,7 +759,12 @@ def _next_items(cursor_conversation: int, cursor_item: int, candidates: list[int
             cursor.execute(select + f"conversation_id IN ({marks}) ORDER BY conversation_id, id LIMIT %s",
                            [*following, limit - len(rows)])
             rows += cursor.fetchall()
-    return [_Row(*row) for row in rows]
+    if connection.vendor == "postgresql":
+        return [_Row(*row[:-1]) for row in rows]
+    return [_Row(pk, conversation_id, None, None, size) for pk, conversation_id, size in rows]
+
+
+_ALLOWED_FIELDS: dict[str, frozenset[str]] = {}  # per kind: the fields a stored plan may name
 
 
 def _plan_items(items: list, removed_at: datetime) -> list[_Planned]:
@@ -724,11 +777,11 @@ def _plan_items(items: list, removed_at: datetime) -> list[_Planned]:
     from retention.reducer import REMOVED_FIELDS, SQL_KINDS, marker_from_plan, removed_at_text
 
     planned = [_Planned(item, removed_at=removed_at) for item in items]
+    # SQLite: the rows are read in full only now (an item no longer removable keeps no revision)
+    reduced = _complete_rows(items) if connection.vendor != "postgresql" else {}
     in_sql = [entry for entry in planned if entry.item.role == "tool" and entry.item.tool_kind in SQL_KINDS]
     if connection.vendor == "postgresql":  # the batch's UPDATE reduces them (see _write_sql)
         reduced = {entry.item.pk: (entry.item.removal_plan, "") for entry in in_sql}
-    else:
-        reduced = _reduce_in_database(in_sql) if in_sql else {}
     sql_ids = {entry.item.pk for entry in in_sql}
     at_text = removed_at_text(removed_at)
     in_python = []
@@ -743,9 +796,14 @@ def _plan_items(items: list, removed_at: datetime) -> list[_Planned]:
                     marker, fields = marker_from_plan(stored_plan, at_text)
                 except (ValueError, KeyError, TypeError):
                     marker, fields = None, []
-                if marker is not None and fields and set(fields) <= set(REMOVED_FIELDS[item.tool_kind]):
-                    entry.marker, entry.text = marker, text
+                allowed = _ALLOWED_FIELDS.get(item.tool_kind)
+                if allowed is None:
+                    allowed = _ALLOWED_FIELDS[item.tool_kind] = frozenset(REMOVED_FIELDS[item.tool_kind])
+                if marker is not None and fields and allowed.issuperset(fields):
+                    entry.marker, entry.text = marker, _with_marker(text, marker) if text else text
                     continue
+        if item.revision is None:
+            continue  # SQLite: no longer removable since the batch read the index (changed)
         in_python.append(entry)
     if in_python:
         payloads = dict(Item.objects.filter(pk__in=[e.item.pk for e in in_python]).values_list("id", "payload"))
@@ -753,6 +811,14 @@ def _plan_items(items: list, removed_at: datetime) -> list[_Planned]:
             entry.item.payload = payloads.get(entry.item.pk)
             entry.values = _reduce_item_row(entry.item, removed_at=removed_at)
     return planned
+
+
+def _with_marker(reduced: str, marker: str) -> str:
+    """SQLite: the stored payload text, the reduced object (minified, as SQLite's json_remove
+    writes it) with the marker added as its last key, as json_set would add it, without the
+    write transaction parsing either. The reduced object has no marker key: a payload that has
+    one has no plan (the reducer skips it as already_removed)."""
+    return f'{reduced[:-1]}{"," if reduced != "{}" else ""}"{MARKER_KEY}":{marker}}}'
 
 
 class _Read:
@@ -894,6 +960,8 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
     # 2. Write: one short transaction that rechecks before it writes.
     if pace is not None:
         pace.wait_for_gap()
+        if pace.checkpointer is not None:
+            pace.checkpointer.before_batch()
     with transaction.atomic():
         started = time.perf_counter()  # the write lock is held from here (SQLite: BEGIN IMMEDIATE)
         if connection.vendor == "postgresql":
@@ -994,7 +1062,7 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
         pace.committed_at = time.monotonic()
         pace.next_read = (next_cursor, read.cutoff)
         if pace.checkpointer is not None:
-            pace.checkpointer.wake.set()
+            pace.checkpointer.committed()
         pace.marked_stale = pace.marked_stale or stale_marked
         now = time.perf_counter()
         pace.record(batch_bytes, now - started, now - started - fixed_seconds,
@@ -1148,13 +1216,13 @@ def _write_planned(entries: list[_Planned]) -> list[_Planned]:
 
 
 def _reduce_sql() -> str:
-    """SQLite: the SELECT that reads a batch's stored plans and its payloads reduced without
-    their marker (the kind's fields removed: the plan lists every field of the kind that the
-    payload has, same revision, so that is exactly the plan's), before the write transaction,
-    so the transaction, which holds the database's one write lock, only stores values. Rows
-    are matched on (id, revision): a row changed since the batch read it is not returned.
-    (PostgreSQL reads the plans with the batch's rows, and its UPDATE reduces the payloads:
-    reducing them in a read before was measured slower there.)"""
+    """SQLite: the SELECT that reads the rest of a batch's rows (their kind, sizes and revision),
+    their stored plans and their payloads reduced without their marker (the kind's fields
+    removed: the plan lists every field of the kind that the payload has, same revision, so
+    that is exactly the plan's), in one statement, before the write transaction, so the
+    transaction, which holds the database's one write lock, only stores values. A row that is
+    no longer removable is not returned. (PostgreSQL reads the plans with the batch's rows, and
+    its UPDATE reduces the payloads: reducing them in a read before was measured slower there.)"""
     from lifecycle.models import Item
     from retention.reducer import REMOVED_FIELDS, SQL_KINDS
 
@@ -1164,20 +1232,30 @@ def _reduce_sql() -> str:
         table = connection.ops.quote_name(Item._meta.db_table)
         paths = {kind: ", ".join(f"""'$."{name}"'""" for name in REMOVED_FIELDS[kind]) for kind in SQL_KINDS}
         removal = " ".join(f"WHEN '{kind}' THEN json_remove(i.payload, {paths[kind]})" for kind in sorted(SQL_KINDS))
-        sql = (f"SELECT i.id, i.removal_plan, CASE WHEN i.removal_plan IS NOT NULL "
+        sql = (f"SELECT i.id, i.role, i.tool_kind, i.payload_bytes, i.removable_bytes, i.revision, "
+               f"i.removal_plan, CASE WHEN i.role = 'tool' AND i.removal_plan IS NOT NULL "
                f"THEN CASE i.tool_kind {removal} END END "
-               f"FROM json_each(%s) AS v JOIN {table} AS i ON i.id = json_extract(v.value, '$[0]') "
-               "AND i.revision = json_extract(v.value, '$[1]')")
+               f"FROM json_each(%s) AS v JOIN {table} AS i ON i.id = v.value WHERE i.removable_bytes > 0")
         _STATEMENTS[key] = sql
     return sql
 
 
-def _reduce_in_database(entries: list[_Planned]) -> dict[int, tuple[str | None, str | None]]:
-    """SQLite: {id: (stored plan, payload reduced without its marker)} of the entries' rows
-    still at the revision the batch read (see _reduce_sql)."""
+def _complete_rows(items: list[_Row]) -> dict[int, tuple[str | None, str | None]]:
+    """SQLite: fill in the rest of the batch's rows as they are now (see _reduce_sql), and
+    return {id: (stored plan, payload reduced without its marker)}. A row no longer removable
+    keeps revision None. Its payload bytes are read again with its revision: what the
+    compare-and-swap writes and counts is the row as this statement read it, whatever the
+    index said a moment before."""
+    by_id = {item.id: item for item in items}
+    reduced = {}
     with connection.cursor() as cursor:
-        cursor.execute(_reduce_sql(), [json.dumps([[e.item.pk, e.item.revision] for e in entries])])
-        return {pk: (stored_plan, text) for pk, stored_plan, text in cursor.fetchall()}
+        cursor.execute(_reduce_sql(), [json.dumps(list(by_id))])
+        for pk, role, kind, size, removable, revision, stored_plan, text in cursor.fetchall():
+            item = by_id[pk]
+            item.role, item.tool_kind, item.payload_bytes = role, kind, size
+            item.removable_bytes, item.revision = removable, revision
+            reduced[pk] = (stored_plan, text)
+    return reduced
 
 
 def _write_sql() -> str:
@@ -1216,8 +1294,8 @@ def _write_sql() -> str:
                 f"AND i.tool_kind IN ({', '.join(repr(kind) for kind in sorted(SQL_KINDS))}) RETURNING i.id"
             )
         else:
-            sql = (f"""UPDATE {table} SET payload = json_set(%s, '$."{MARKER_KEY}"', json(%s)), """
-                   f"{sets.format(p='')} WHERE id = %s AND revision = %s AND removal_plan IS NOT NULL")
+            sql = (f"UPDATE {table} SET payload = %s, {sets.format(p='')} "
+                   "WHERE id = %s AND revision = %s AND removal_plan IS NOT NULL")
         _STATEMENTS[key] = sql
     return sql
 
@@ -1239,7 +1317,7 @@ def _write_from_plans(entries: list[_Planned]) -> list[_Planned]:
             done = {row[0] for row in cursor.fetchall()}
             return [entry for entry in entries if entry.item.pk in done]
         cursor.executemany(_write_sql(), [
-            [e.text, e.marker, Skip.ALREADY_REMOVED, at_db, at_db, e.item.pk, e.item.revision] for e in entries
+            [e.text, Skip.ALREADY_REMOVED, at_db, at_db, e.item.pk, e.item.revision] for e in entries
         ])
         changed = cursor.rowcount
     if changed == len(entries):

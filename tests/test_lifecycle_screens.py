@@ -131,6 +131,13 @@ def test_the_receipt_counts_file_stores_in_files_as_the_preview_does(admin_clien
     assert totals["files"] >= int(counted.group(1)) and totals["records"] > 0
     assert re.search(rf'data-testid="changed-totals">Erased or compacted: {totals["records"]} records, '
                      rf'{totals["files"]} files, ', receipt)
+    # The receipt lists its stores in the preview's order (erased, then compacted), not the
+    # order the erasure happened to write them in
+    receipt_list = receipt[receipt.index('data-testid="receipt"'):]
+    receipt_list = receipt_list[:receipt_list.index("</ul>")]
+    shown = re.findall(r'<span class="store-name">([^<]+)</span>', receipt_list)
+    listed = re.findall(r'<span class="store-name">([^<]+)</span>', preview)
+    assert len(shown) >= 5 and shown == [label for label in listed if label in shown]
 
 
 def test_a_refused_delete_says_why_in_words_and_keeps_archive_and_close(admin_client):
@@ -179,6 +186,26 @@ def test_an_unavailable_delete_shows_the_way_out_and_the_forms_take_it(admin_cli
     assert [fleet.origin_of(r) for r in fleet.read_rows(fleet.EngineHome().fleet_path)] == [conversation.public_id]
     assert "The subagent row was cleared." in page(admin_client, back)
     assert "Delete for good" in page(admin_client, f"/conversations/{conversation.public_id}/delete/")
+
+
+def test_a_refused_attribution_to_another_conversation_keeps_what_was_typed(admin_client):
+    conversation = factories.make_conversation(days_idle=1, title="Ambiguous")
+    fleet.write_snapshot([{"agent_id": "sa_a", "origin": None, "status": "completed", "delivery": "settled",
+                           "started_at": conversation.created_at.isoformat()}])
+    op = request_deletion(conversation, key="screen-typed", acting_user=None)
+    back = f"/operations/{op.public_id}/"
+    response = admin_client.post("/subagents/sa_a/resolve/", {"action": "attribute", "conversation": "c_nosuchthing",
+                                                              "typed": "1", "next": back}, **HOST)
+    assert response["Location"] == back
+    assert [fleet.origin_of(r) for r in fleet.read_rows(fleet.EngineHome().fleet_path)] == [None]  # nothing changed
+    status = page(admin_client, back)
+    field = re.search(r'<input id="other-1"[^>]*>', status).group(0)
+    assert 'value="c_nosuchthing"' in field and 'aria-invalid="true"' in field and "autofocus" in field
+    error = re.search(r'<p class="field-error" id="other-1-error" role="alert">([^<]+)</p>', status)
+    assert error and error.group(1).strip()
+    # shown once: a reload has an empty field again
+    again = page(admin_client, back)
+    assert 'value="c_nosuchthing"' not in again and "other-1-error" not in again
 
 
 def test_pending_and_deleted_tabs_and_the_tombstone(admin_client):

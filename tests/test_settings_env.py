@@ -28,7 +28,10 @@ READ = ("LETHE_VAR_DIR", "SECRET_KEY", "SECRET_KEY_FILE", "DEBUG", "ALLOWED_HOST
         "LOGIN_ADDRESS_LOCK_AFTER", "LOGIN_LOCK_SECONDS", "LOGIN_FAILURE_WINDOW_SECONDS", "TRUSTED_PROXIES",
         "API_MAX_BODY_BYTES", "API_MAX_JSON_DEPTH", "API_MAX_PAGE_BYTES", "Q_WORKERS", "LOG_FORMAT", "LOG_LEVEL",
         "ACCESS_LOG", "METRICS_TOKEN", "READYZ_HEARTBEAT_SECONDS", "WEB_CONCURRENCY", "WEB_THREADS", "WEB_TIMEOUT",
-        "WEB_GRACEFUL_TIMEOUT", "WEB_MAX_REQUESTS")
+        "WEB_GRACEFUL_TIMEOUT", "WEB_MAX_REQUESTS", "LETHE_TOOL_JOB_LEASE_SECONDS", "LETHE_TOOL_JOB_STEP_SECONDS",
+        "LETHE_TOOL_CLEANUP_BATCH", "LETHE_TOOL_CLEANUP_BATCH_BYTES", "LETHE_TOOL_CLEANUP_CONVERSATIONS",
+        "LETHE_TOOL_CLEANUP_BATCH_SECONDS", "LETHE_TOOL_CLEANUP_PAUSE", "LETHE_TOOL_CLEANUP_READ_AHEAD",
+        "LETHE_TOOL_ANALYSIS_BATCH", "LETHE_ERASURE_HORIZON_WAIT")
 KEY = "lethe-settings-env-tests-" + "k" * 40
 
 
@@ -97,6 +100,15 @@ def manage(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
      "DATABASE_URL must be sqlite:///path or postgres://user:password@host:port/name (a port from 1 to 65535), "
      "not 'postgres://lethe@db:99999/lethe'."),
     ({"DATABASE_URL": "mysql://db/lethe"}, "DATABASE_URL must be sqlite:///path or postgres://"),
+    # the long jobs' tunables: a typo used to fall back to the default, or stop at import with a traceback
+    ({"LETHE_TOOL_CLEANUP_BATCH": "1k"}, "LETHE_TOOL_CLEANUP_BATCH must be a whole number of items from 1 to 100000, "
+                                         "not '1k'."),
+    ({"LETHE_TOOL_CLEANUP_PAUSE": "-1"}, "LETHE_TOOL_CLEANUP_PAUSE must be a number of seconds from 0 to 60, not '-1'."),
+    ({"LETHE_TOOL_CLEANUP_READ_AHEAD": "maybe"}, "LETHE_TOOL_CLEANUP_READ_AHEAD must be true or false"),
+    ({"LETHE_TOOL_JOB_LEASE_SECONDS": "0"}, "LETHE_TOOL_JOB_LEASE_SECONDS must be a number of seconds from 1 to 86400, "
+                                            "not '0'."),
+    ({"LETHE_ERASURE_HORIZON_WAIT": "10s"}, "LETHE_ERASURE_HORIZON_WAIT must be a number of seconds from 0 to 3600, "
+                                            "not '10s'."),
 ])
 def test_a_value_it_cannot_use_is_refused_naming_the_variable_the_value_and_what_is_accepted(
         monkeypatch, tmp_path, env, expected):
@@ -158,6 +170,12 @@ def test_the_defaults_are_unchanged(monkeypatch, tmp_path):
     assert (s.ENGINE_URL, s.ENGINE_TOKENS, s.LIFECYCLE_OFFLINE_DELETE, s.DEBUG, s.HTTPS) == (
         "", {}, "pending", False, False)
     assert s.DATABASES["default"]["NAME"] == tmp_path / "var" / "lethe.sqlite3"
+    assert s.DATABASES["default"]["ENGINE"] == "console.sqlite"  # Django's, with quicker lock retries
+    assert (s.TOOL_JOB_LEASE_SECONDS, s.TOOL_JOB_STEP_SECONDS, s.TOOL_CLEANUP_BATCH, s.TOOL_CLEANUP_BATCH_BYTES,
+            s.TOOL_CLEANUP_CONVERSATIONS, s.TOOL_ANALYSIS_BATCH, s.ERASURE_HORIZON_WAIT) == (
+        30, 60, 1000, 64_000_000, 200, 2000, 10)
+    # unset: the job picks its default for the engine (and the machine, for the read-ahead)
+    assert (s.TOOL_CLEANUP_BATCH_SECONDS, s.TOOL_CLEANUP_PAUSE, s.TOOL_CLEANUP_READ_AHEAD) == (None, None, None)
     https = load(monkeypatch, tmp_path, HTTPS="true")
     assert https.SECURE_HSTS_SECONDS == 365 * 24 * 3600 and https.SECURE_HSTS_INCLUDE_SUBDOMAINS is True
 
@@ -167,7 +185,8 @@ def test_the_accepted_spellings_work_and_a_blank_value_means_the_default(monkeyp
              ACCESS_LOG="off", DEBUG="0", LOG_LEVEL="warning", LOG_FORMAT=" Text ", LIFECYCLE_OFFLINE_DELETE="REFUSE",
              ENGINE_TOKENS='{"https://engine.example/": " lethe_abc "}', ENGINE_URL=" http://127.0.0.1:8150/ ",
              ENGINE_CONNECT_TIMEOUT="0.5", REMOTE_RETRY_SECONDS="1", REMOTE_RETRY_MAX_SECONDS="2", API_TOKEN_DAYS="",
-             DATABASE_URL="postgres://lethe:s%40cret@db.internal:5433/console")
+             DATABASE_URL="postgres://lethe:s%40cret@db.internal:5433/console", LETHE_TOOL_CLEANUP_PAUSE="0",
+             LETHE_TOOL_CLEANUP_READ_AHEAD="off", LETHE_TOOL_CLEANUP_BATCH=" 2 ")
     assert s.Q_CLUSTER["workers"] == 0 and s.HTTPS is True and s.SECURE_HSTS_SECONDS == 0
     assert s.SECURE_HSTS_PRELOAD is True and s.ACCESS_LOG is False and s.DEBUG is False
     assert s.LOGGING["root"]["level"] == "WARNING" and s.LOG_FORMAT == "text"
@@ -175,6 +194,7 @@ def test_the_accepted_spellings_work_and_a_blank_value_means_the_default(monkeyp
     assert s.ENGINE_URL == "http://127.0.0.1:8150/" and s.ENGINE_CONNECT_TIMEOUT == 0.5
     assert (s.REMOTE_RETRY_SECONDS, s.REMOTE_RETRY_MAX_SECONDS) == (1, 2) and s.API_TOKEN_DAYS == 90
     assert s.DATABASES["default"]["PORT"] == "5433" and s.DATABASES["default"]["PASSWORD"] == "s@cret"
+    assert (s.TOOL_CLEANUP_PAUSE, s.TOOL_CLEANUP_READ_AHEAD, s.TOOL_CLEANUP_BATCH) == (0, False, 2)
 
 
 # manage.py: one line, exit 2 ----------------------------------------------------------------

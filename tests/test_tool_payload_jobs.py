@@ -978,6 +978,65 @@ def test_on_sqlite_the_wal_is_folded_back_while_the_batches_go_on_and_the_settin
 
 
 @pytest.mark.django_db(transaction=True)
+def test_on_sqlite_a_long_run_keeps_its_wal_a_few_batches_long(admin_user, monkeypatch):
+    """The checkpoint beside the batches always runs just behind the next batch, so the WAL
+    would never start again from its beginning and its file would grow by every page the run
+    writes. Once it is RESTART_FRAMES long, the next batch waits for the checkpoint and starts
+    it again: the file stays about that long. Two runs of the same size: one that keeps every
+    frame (a reader holds the WAL), and one with a small RESTART_FRAMES."""
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite only: the WAL file")
+    from pathlib import Path
+
+    monkeypatch.setattr(jobs, "BATCH_ITEMS", 1)
+    wal = Path(f"{connection.settings_dict['NAME']}-wal")
+    # As on a large run: the checkpoint (copying a batch's pages, two fsyncs) takes longer
+    # than the next batch's reading, so it is still running when that batch begins.
+    checkpoint = jobs._Checkpointer._checkpoint
+
+    def slow_checkpoint(self, frames):
+        time.sleep(0.03)
+        return checkpoint(self, frames)
+
+    monkeypatch.setattr(jobs._Checkpointer, "_checkpoint", slow_checkpoint)
+
+    def run_over(title: str, restart_frames: int, *, pinned: bool = False) -> int:
+        conversation = factories.make_conversation(title=title)
+        for n in range(60):  # each output spans several overflow pages
+            factories.add_tool(conversation, "shell", {"command": "cat", "stdout": f"{title} {n} " * 2000,
+                                                       "stderr": ""}, tool_call_id=f"{title}-{n}")
+        age(conversation, OLD)
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            assert cursor.fetchone()[0] == 0
+        assert wal.stat().st_size == 0
+        monkeypatch.setattr(jobs._Checkpointer, "RESTART_FRAMES", restart_frames)
+        reader = None
+        if pinned:  # a read transaction from before the run: nothing is copied back, every frame stays
+            import sqlite3
+
+            reader = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+            reader.execute("BEGIN")
+            reader.execute("SELECT count(*) FROM lifecycle_item").fetchone()
+        try:
+            op = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+        finally:
+            if reader is not None:
+                reader.execute("COMMIT")
+                reader.close()
+        assert op.state == OperationState.SUCCEEDED and op.removed_messages == 60
+        return wal.stat().st_size
+
+    enable(admin_user)
+    every_frame = run_over("grows", 10**9, pinned=True)  # what the run writes, all of it
+    bounded = run_over("restarts", 40)
+    page = 4096 + 24  # a frame: its page and header
+    assert every_frame > 60 * 2 * page  # every batch's pages (a few each), one after the other
+    assert bounded < every_frame / 2, (bounded, every_frame)
+    assert not Item.objects.filter(removable_bytes__gt=0).exists()
+
+
+@pytest.mark.django_db(transaction=True)
 def test_removed_output_is_gone_from_the_rows_and_on_sqlite_from_the_file(admin_user):
     secret = factories.marker("stdout")
     conversation = factories.make_conversation(title="secret")
@@ -1085,12 +1144,11 @@ def test_the_pace_sizes_batches_by_the_time_their_items_take(monkeypatch, fixed,
 
 
 @pytest.mark.parametrize("setting, cores, expected", [
-    ("1", 2, True), ("0", 8, False), ("", 2, False), ("", 4, True), ("off", 16, False), ("yes", 1, True),
+    (True, 2, True), (False, 8, False), (None, 2, False), (None, 4, True), (False, 16, False), (True, 1, True),
 ])
 def test_the_read_ahead_is_on_where_there_are_cores_to_spare_unless_set(monkeypatch, setting, cores, expected):
-    monkeypatch.setenv("LETHE_TOOL_CLEANUP_READ_AHEAD", setting)
     monkeypatch.setattr(jobs.os, "cpu_count", lambda: cores)
-    assert jobs._read_ahead() is expected
+    assert jobs._read_ahead(setting) is expected
 
 
 @pytest.mark.django_db

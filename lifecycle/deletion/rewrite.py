@@ -18,10 +18,10 @@ result names how many sessions held it (the next run tries again).
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 
+from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
@@ -43,7 +43,7 @@ class RewriteResult:
                 "erased": self.erased, "still_pending": self.still_pending, "held_by": self.held_by}
 
 
-HORIZON_WAIT_SECONDS = float(os.environ.get("LETHE_ERASURE_HORIZON_WAIT", "10"))
+HORIZON_WAIT_SECONDS = settings.ERASURE_HORIZON_WAIT  # LETHE_ERASURE_HORIZON_WAIT
 
 # Sessions, prepared transactions and replication slots holding a transaction id or a snapshot
 # at least as old as %(xid)s: while one exists, VACUUM FULL keeps the rows it could see.
