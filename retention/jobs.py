@@ -630,7 +630,7 @@ class _Checkpointer:
         """A PASSIVE checkpoint; the WAL's length in frames (`frames` if it could not run)."""
         with contextlib.suppress(OperationalError), connection.cursor() as cursor:
             cursor.execute("PRAGMA wal_checkpoint(PASSIVE)")
-            busy, frames, _copied = cursor.fetchone()
+            _busy, frames, _copied = cursor.fetchone()
         return frames
 
     def _run(self) -> None:
