@@ -220,7 +220,7 @@ def database_from_url(url: str) -> dict:
                     "PRAGMA journal_mode=WAL;"
                     "PRAGMA synchronous=NORMAL;"
                     "PRAGMA busy_timeout=20000;"
-                    # A commit that finds the WAL this many pages long (40 MB) copies it back into
+                    # A commit that finds the WAL this many pages long (64 MB) copies it back into
                     # the database file itself (SQLite's default is 1000). Long jobs checkpoint their
                     # own WAL beside their batches and keep it shorter than this, so a request that
                     # commits meanwhile does not do that copying for them (retention/jobs.py).
