@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import secrets
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -115,8 +116,9 @@ def _render_preview(request: HttpRequest, conversation: Conversation, *, status:
                     error: str = "") -> HttpResponse:
     preview = get_engine().preview_delete(conversation.public_id)
     admission = preview["admission"]
+    typed = _typed_back(request, admission["ambiguous"] if admission else [])
     if admission:
-        admission = {**admission, "ambiguous": _rows_with_times(admission["ambiguous"], request)}
+        admission = {**admission, "ambiguous": _rows_with_times(admission["ambiguous"], typed)}
     context = {
         "conversation": conversation,
         "preview": preview,
@@ -154,21 +156,32 @@ def _moment(value: str | None):
 
 
 # Session key: what was typed in a row's "another conversation" field when the attribution was
-# refused, shown again in that field with the reason under it on the page it came from.
+# refused, and the page it was typed on: shown again there in that field, the reason under it.
 _TYPED_KEY = "lethe_resolve_typed"
 
 
-def _rows_with_times(rows: list[dict[str, Any]], request: HttpRequest | None = None) -> list[dict[str, Any]]:
-    """Fleet rows as written by the engine: their times parsed where they are times. With the
-    request, the row whose "another conversation" form was just refused gets back what was
-    typed there and why it was refused (see subagent_resolve)."""
-    typed = request.session.pop(_TYPED_KEY, None) if request is not None and rows else None
-    if not isinstance(typed, dict):
-        typed = {}
+def _typed_back(request: HttpRequest | None, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What was typed on this page and refused (once), for the row it was typed in; {} when
+    nothing was. When that row is no longer on the page, the reason becomes a page message."""
+    typed = request.session.get(_TYPED_KEY) if request is not None else None
+    if not isinstance(typed, dict) or typed.get("path") != request.path:
+        return {}
+    request.session.pop(_TYPED_KEY, None)
+    if not any(row.get("agent_id") == typed.get("agent") for row in rows):
+        messages.error(request, str(typed.get("error", "")))
+        return {}
+    return typed
+
+
+def _rows_with_times(rows: list[dict[str, Any]], typed: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Fleet rows as written by the engine: their times parsed where they are times; the row
+    whose "another conversation" form was just refused gets back what was typed there and why
+    (see _typed_back and subagent_resolve)."""
+    typed = typed or {}
     return [{**row, "started": _moment(row.get("started_at") if isinstance(row.get("started_at"), str) else None),
              "finished": _moment(row.get("finished_at") if isinstance(row.get("finished_at"), str) else None),
              **({"typed": typed.get("value", ""), "typed_error": typed.get("error", "")}
-                if typed.get("agent") == row.get("agent_id") else {})}
+                if typed and typed.get("agent") == row.get("agent_id") else {})}
             for row in rows]
 
 
@@ -199,6 +212,7 @@ def _residue(verification: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _operation_context(op: OperationView, request: HttpRequest | None = None) -> dict[str, Any]:
+    ambiguous = (op.way_out or {}).get("ambiguous", [])
     conversation = Conversation.objects.select_related("account", "computer").filter(public_id=op.target).first()
     steps = _store_rows([{**s, "class": ""} for s in op.steps if s["store"] != "fingerprints"])
     done = sum(1 for s in op.steps if s["state"] == "done")
@@ -218,7 +232,7 @@ def _operation_context(op: OperationView, request: HttpRequest | None = None) ->
         "totals": changed_totals(receipt.get("stores", [])),
         "receipt_kept": _store_rows(receipt.get("kept", [])),
         "holders": receipt.get("holders", []),
-        "ambiguous": _rows_with_times((op.way_out or {}).get("ambiguous", []), request),
+        "ambiguous": _rows_with_times(ambiguous, _typed_back(request, ambiguous)),
         "physical_at": _moment((receipt.get("physical") or {}).get("erased_at")),
         "verified_at": _moment(receipt.get("verified_at")),
         "residue": _residue(receipt.get("verification") or {}),
@@ -308,9 +322,11 @@ def subagent_resolve(request: HttpRequest, agent_id: str) -> HttpResponse:
         messages.success(request, _("The subagent row was attributed.") if action == "attribute"
                          else _("The subagent row was cleared."))
     except ActionRefused as exc:
-        if request.POST.get("typed") == "1" and action == "attribute":
-            request.session[_TYPED_KEY] = {"agent": agent_id[:80], "value": (conversation_id or "")[:32],
-                                           "error": str(exc.message)}
+        back = _back(request, "")
+        if request.POST.get("typed") == "1" and action == "attribute" and back:
+            # shown under the field it was typed in, on the page it came from (_typed_back)
+            request.session[_TYPED_KEY] = {"agent": agent_id, "value": (conversation_id or "")[:32],
+                                           "error": str(exc.message), "path": urlsplit(back).path}
         elif exc.status == 404:
             messages.error(request, exc.message)
         else:

@@ -627,7 +627,9 @@ class _Checkpointer:
             self.frames = 0  # started again now, as a rule; the next checkpoint says how long it is
 
     def _checkpoint(self, frames: int) -> int:
-        """A PASSIVE checkpoint; the WAL's length in frames (`frames` if it could not run)."""
+        """A PASSIVE checkpoint; the WAL's length in frames: -1 when another connection was
+        checkpointing (then this round does not make the next batch wait), `frames` when the
+        statement failed."""
         with contextlib.suppress(OperationalError), connection.cursor() as cursor:
             cursor.execute("PRAGMA wal_checkpoint(PASSIVE)")
             _busy, frames, _copied = cursor.fetchone()

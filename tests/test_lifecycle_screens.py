@@ -208,6 +208,32 @@ def test_a_refused_attribution_to_another_conversation_keeps_what_was_typed(admi
     assert 'value="c_nosuchthing"' not in again and "other-1-error" not in again
 
 
+@pytest.mark.parametrize("agent_id", ["sa_b", "sa_" + "long" * 25])
+def test_a_refusal_about_the_row_itself_is_said_on_the_page_it_came_from(admin_client, agent_id):
+    """The row was attributed by someone else meanwhile: the reason is not about what was typed,
+    and that row no longer waits on the page; the reason is a page message, said once."""
+    conversation = factories.make_conversation(days_idle=1, title="Ambiguous")
+    row = {"agent_id": agent_id, "origin": None, "status": "completed", "delivery": "settled",
+           "started_at": conversation.created_at.isoformat()}
+    fleet.write_snapshot([row])
+    op = request_deletion(conversation, key="screen-typed-row", acting_user=None)
+    back = f"/operations/{op.public_id}/"
+    elsewhere = factories.make_conversation(title="Elsewhere")
+    fleet.write_snapshot([{**row, "origin": {"conversation": elsewhere.public_id}}])  # attributed meanwhile
+    admin_client.post(f"/subagents/{agent_id}/resolve/", {"action": "attribute", "typed": "1", "next": back,
+                                                          "conversation": conversation.public_id}, **HOST)
+    status = page(admin_client, back)
+    assert "This subagent row already names its conversation" in status
+    assert [fleet.origin_of(r) for r in fleet.read_rows(fleet.EngineHome().fleet_path)] == [elsewhere.public_id]
+    assert "This subagent row already names its conversation" not in page(admin_client, back)
+    # typed in that row while it still waited: the reason under its field, however long its id
+    fleet.write_snapshot([row])
+    admin_client.post(f"/subagents/{agent_id}/resolve/", {"action": "attribute", "typed": "1", "next": back,
+                                                          "conversation": "c_nosuchthing"}, **HOST)
+    status = page(admin_client, back)
+    assert 'id="other-1-error" role="alert"' in status and 'value="c_nosuchthing"' in status
+
+
 def test_pending_and_deleted_tabs_and_the_tombstone(admin_client):
     pending = factories.make_conversation(title="Going away")
     gone = factories.make_conversation(title="Already gone")
