@@ -15,12 +15,14 @@ from retention.models import ToolPayloadOperation
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_it_prints_analysis_cleanup_statement_append_and_memory_figures(engine_home):
+@pytest.mark.parametrize("writer", ["append", "update"])
+def test_it_prints_analysis_cleanup_statement_append_and_memory_figures(engine_home, writer):
     name = connection.settings_dict["NAME"]
     out = io.StringIO()
     call_command("bench_tool_payloads", "--messages", "600", "--per-conversation", "30", "--output-bytes", "500",
-                 "--alone-seconds", "0.5", stdout=out)
+                 "--alone-seconds", "0.5", "--writer", writer, stdout=out)
     result = json.loads(out.getvalue())
+    assert result["foreground_writer"] == writer
     assert result["engine"] == connection.vendor and result["messages"] == 600 and result["conversations"] == 20
     assert result["eligible_messages"] == 18 * 10  # nine in ten conversations are old; every third message a tool
     assert result["analysis"]["exact"] is True and result["analysis"]["eligible_messages"] == 180

@@ -1,7 +1,8 @@
 """console/sqlite: a transaction waiting for SQLite's write lock tries again every half
 millisecond instead of on the busy handler's schedule, gives up after the connection's timeout
 with SQLite's own error, and leaves the busy handler as it was for statements outside a
-transaction. Real files, a second real connection holding the lock."""
+transaction; a write outside any transaction takes the lock the same way, in a
+transaction of its own. Real files, a second real connection holding the lock."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import threading
 import time
 
 import pytest
-from django.db import OperationalError, connection, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 
 from console.sqlite import base
 from lifecycle.models import Account
@@ -104,3 +105,38 @@ def test_an_error_other_than_a_busy_lock_is_not_retried(monkeypatch):
           transaction.atomic()):
         pass
     assert calls == ["BEGIN IMMEDIATE"]
+
+
+def test_a_write_outside_a_transaction_polls_for_the_lock_too_and_commits():
+    connection.ensure_connection()
+    account = Account.objects.create(name="before")  # INSERT ... RETURNING: the busy handler's way
+    raw = connection.connection
+    begins = []
+    raw.set_trace_callback(lambda sql: begins.append(sql) if sql == "BEGIN IMMEDIATE" else None)
+    taken = threading.Event()
+    holder = hold_write_lock(0.2, taken)
+    assert taken.wait(10)
+    try:
+        assert Account.objects.filter(pk=account.pk).update(name="after") == 1  # autocommit UPDATE
+    finally:
+        raw.set_trace_callback(None)
+        holder.join()
+    assert len(begins) > 20  # tried often while the other connection held the lock
+    assert not raw.in_transaction  # committed, nothing left open
+    other = sqlite3.connect(connection.settings_dict["NAME"])
+    try:
+        assert other.execute("SELECT name FROM lifecycle_account WHERE id = ?", (account.pk,)).fetchone() == ("after",)
+    finally:
+        other.close()
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA busy_timeout")
+        assert cursor.fetchone()[0] == 20000
+
+
+def test_a_write_outside_a_transaction_that_fails_changes_nothing_and_leaves_no_transaction():
+    first = Account.objects.create(name="one")
+    second = Account.objects.create(name="two")
+    with pytest.raises(IntegrityError):
+        Account.objects.filter(pk=second.pk).update(id=first.pk)  # the key is taken
+    assert not connection.connection.in_transaction
+    assert sorted(Account.objects.values_list("name", flat=True)) == ["one", "two"]

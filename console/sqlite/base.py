@@ -11,14 +11,20 @@ Here BEGIN IMMEDIATE is tried with no busy handler and, while the lock is taken,
 POLL_SECONDS: a waiting writer takes the lock within about half a millisecond of its release.
 After FAST_SECONDS of waiting (something holds the lock long: a backup, a VACUUM) the tries
 slow to SLOW_POLL_SECONDS. It gives up after the connection's `timeout` (settings: 20 s), as
-the busy handler did, with the same "database is locked" error. Statements outside an
-explicit transaction keep the busy handler (`PRAGMA busy_timeout`), as before.
+the busy handler did, with the same "database is locked" error.
+
+A write statement outside any transaction (Django's `.update()`, a save outside `atomic()`,
+django-q2 taking a task) gets the same: it runs in a BEGIN IMMEDIATE ... COMMIT of its own,
+which is what SQLite does for it anyway, with the lock taken the same way. Not a statement
+that returns rows (INSERT ... RETURNING: its rows are read after it), which keeps the busy
+handler (`PRAGMA busy_timeout`), as every other statement outside a transaction does.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Callable
 
 from django.db import OperationalError
 from django.db.backends.sqlite3 import base
@@ -27,6 +33,7 @@ POLL_SECONDS = 0.0005
 FAST_SECONDS = 0.25
 SLOW_POLL_SECONDS = 0.005
 SQLITE_BUSY = 5
+WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE")
 
 
 def _busy(exc: BaseException) -> bool:
@@ -34,24 +41,68 @@ def _busy(exc: BaseException) -> bool:
     return isinstance(cause, sqlite3.OperationalError) and (getattr(cause, "sqlite_errorcode", 0) & 0xFF) == SQLITE_BUSY
 
 
+def take_write_lock(raw: sqlite3.Connection, begin: Callable[[], object], limit: float) -> None:
+    """Run `begin` (a BEGIN IMMEDIATE) until it is not refused for the lock, polling; SQLite's
+    error once `limit` seconds have passed. The busy handler is off meanwhile, then restored."""
+    handler_ms = raw.execute("PRAGMA busy_timeout").fetchone()[0]
+    raw.execute("PRAGMA busy_timeout = 0")
+    try:
+        started = time.monotonic()
+        while True:
+            try:
+                begin()
+                return
+            except (OperationalError, sqlite3.OperationalError) as exc:
+                waited = time.monotonic() - started
+                if not _busy(exc) or waited >= limit:
+                    raise
+                time.sleep(POLL_SECONDS if waited < FAST_SECONDS else SLOW_POLL_SECONDS)
+    finally:
+        raw.execute(f"PRAGMA busy_timeout = {int(handler_ms)}")
+
+
+def _takes_own_lock(raw: sqlite3.Connection, query: str) -> bool:
+    """A write outside any transaction that returns no rows."""
+    if raw.in_transaction:
+        return False
+    head = query.lstrip()[:8].upper()
+    return head.startswith(WRITES) and "RETURNING" not in query.upper()
+
+
+class CursorWrapper(base.SQLiteCursorWrapper):
+    lock_timeout = 5.0
+
+    def execute(self, query, params=None):
+        if not _takes_own_lock(self.connection, query):
+            return super().execute(query, params)
+        return self._own_transaction(lambda: super(CursorWrapper, self).execute(query, params))
+
+    def executemany(self, query, param_list):
+        if not _takes_own_lock(self.connection, query):
+            return super().executemany(query, param_list)
+        return self._own_transaction(lambda: super(CursorWrapper, self).executemany(query, param_list))
+
+    def _own_transaction(self, run):
+        raw = self.connection
+        take_write_lock(raw, lambda: raw.execute("BEGIN IMMEDIATE"), self.lock_timeout)
+        try:
+            result = run()
+        except BaseException:
+            if raw.in_transaction:  # some errors end the transaction themselves
+                raw.execute("ROLLBACK")
+            raise
+        raw.execute("COMMIT")
+        return result
+
+
 class DatabaseWrapper(base.DatabaseWrapper):
+    def create_cursor(self, name=None):
+        cursor = self.connection.cursor(factory=CursorWrapper)
+        cursor.lock_timeout = float(self.settings_dict["OPTIONS"].get("timeout", 5))
+        return cursor
+
     def _start_transaction_under_autocommit(self):
         if self.transaction_mode != "IMMEDIATE":
             return super()._start_transaction_under_autocommit()
-        raw = self.connection
-        handler_ms = raw.execute("PRAGMA busy_timeout").fetchone()[0]
-        raw.execute("PRAGMA busy_timeout = 0")
-        try:
-            started = time.monotonic()
-            limit = float(self.settings_dict["OPTIONS"].get("timeout", 5))
-            while True:
-                try:
-                    self.cursor().execute("BEGIN IMMEDIATE")
-                    return
-                except OperationalError as exc:
-                    waited = time.monotonic() - started
-                    if not _busy(exc) or waited >= limit:
-                        raise
-                    time.sleep(POLL_SECONDS if waited < FAST_SECONDS else SLOW_POLL_SECONDS)
-        finally:
-            raw.execute(f"PRAGMA busy_timeout = {int(handler_ms)}")
+        take_write_lock(self.connection, lambda: self.cursor().execute("BEGIN IMMEDIATE"),
+                        float(self.settings_dict["OPTIONS"].get("timeout", 5)))

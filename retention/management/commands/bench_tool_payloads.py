@@ -6,7 +6,9 @@ a temporary PostgreSQL database next to the configured one), then measures:
 - cleanup seconds, messages/s and MB/s (the real job, batches and pauses included), while
   another process (as the web server is) appends an item to a live conversation every 20 ms:
   append p50/p99 during the cleanup, and for `--alone-seconds` before it with nothing else
-  running (what this machine's appends cost by themselves);
+  running (what this machine's appends cost by themselves); with `--writer update` the
+  foreground process instead updates the live conversation's title outside a transaction
+  (SQLite: a write that waits on the busy handler, not on console/sqlite's polling BEGIN);
 - the same rewrite as one SQL statement on a copy of the same rows (the engine's limit), and
   the ratio cleanup/statement;
 - the resident memory growth during cleanup (flat in N: batches are bounded).
@@ -97,15 +99,20 @@ class Command(BaseCommand):
         parser.add_argument("--seed", type=int, default=7)
         parser.add_argument("--alone-seconds", type=float, default=5.0,
                             help="Seconds of appends with no cleanup running, before it (default 5).")
+        parser.add_argument("--writer", choices=("append", "update"), default="append",
+                            help="What the foreground process writes every 20 ms: an item appended in a "
+                                 "transaction (default, as the API does), or the live conversation's title "
+                                 "updated outside any transaction (as Django saves a row outside atomic()).")
 
     def handle(self, *args, messages: int, per_conversation: int, output_bytes: int, seed: int,
-               alone_seconds: float, **options):
+               alone_seconds: float, writer: str = "append", **options):
         if messages < 10 or per_conversation < 3 or not 10 <= output_bytes <= 1_000_000:
             raise CommandError("Give at least 10 messages, 3 per conversation, and 10 to 1000000 output bytes.")
         if not 0 < alone_seconds <= 600:
             raise CommandError("Give more than 0 and at most 600 seconds of appends alone.")
         self.rng = random.Random(seed)
         self.alone_seconds = alone_seconds
+        self.writer = writer
         with scratch_database():
             result = self.measure(messages, per_conversation, output_bytes)
         self.stdout.write(json.dumps(result, indent=1))
@@ -227,7 +234,8 @@ class Command(BaseCommand):
         stop, ready = context.Event(), context.Event()
         results = context.Queue()
         writer = context.Process(target=_foreground, daemon=True,
-                                 args=(str(connection.settings_dict["NAME"]), live.pk, stop, ready, results))
+                                 args=(str(connection.settings_dict["NAME"]), live.pk, stop, ready, results,
+                                       self.writer))
         op = ToolPayloadOperation.objects.create(kind="cleanup", age_value=3, age_unit="months",
                                                  policy_revision=policy.revision)
         settle()  # as the single statement found its copy
@@ -289,6 +297,7 @@ class Command(BaseCommand):
                                  "on": "a replica of the item table: its indexes and fence triggers",
                                  "bare_copy_seconds": round(bare_seconds, 3),
                                  "ratio_cleanup_to_bare_copy": round(cleanup_seconds / bare_seconds, 2)},
+            "foreground_writer": self.writer,
             "foreground_append": _figures(latencies),
             "foreground_append_alone": {**_figures(alone), "seconds": self.alone_seconds},
             "memory": {"rss_before_mb": round(rss_before / 1e6, 1),
@@ -362,8 +371,9 @@ class Command(BaseCommand):
         return seconds
 
 
-def _foreground(database: str, conversation_id: int, stop, ready, results) -> None:
-    """A runtime appending an item every 20 ms, in its own process and connection."""
+def _foreground(database: str, conversation_id: int, stop, ready, results, writer: str = "append") -> None:
+    """A runtime appending an item every 20 ms, in its own process and connection (or, with
+    writer "update", the conversation's title updated every 20 ms outside a transaction)."""
     import django
 
     django.setup()  # a new interpreter: the settings module comes from the environment
@@ -376,10 +386,15 @@ def _foreground(database: str, conversation_id: int, stop, ready, results) -> No
     try:
         conversation = Conversation.objects.get(pk=conversation_id)
         ready.set()
+        n = 0
         while not stop.is_set():
             at = time.monotonic()
             started = time.perf_counter()
-            append_item(conversation, role="assistant", content="still working")
+            if writer == "update":
+                n += 1
+                Conversation.objects.filter(pk=conversation_id).update(title=f"Live {n}")  # autocommit
+            else:
+                append_item(conversation, role="assistant", content="still working")
             appends.append((at, time.perf_counter() - started))
             stop.wait(0.02)
     finally:
