@@ -341,7 +341,8 @@ TOOL_CLEANUP_CONVERSATIONS = env_int("LETHE_TOOL_CLEANUP_CONVERSATIONS", 200, 1,
 TOOL_CLEANUP_BATCH_SECONDS = env_float("LETHE_TOOL_CLEANUP_BATCH_SECONDS", None, 0.001, 60)
 TOOL_CLEANUP_PAUSE = env_float("LETHE_TOOL_CLEANUP_PAUSE", None, 0, 60)
 TOOL_CLEANUP_READ_AHEAD = env_bool("LETHE_TOOL_CLEANUP_READ_AHEAD", None)
-TOOL_ANALYSIS_BATCH = env_int("LETHE_TOOL_ANALYSIS_BATCH", 2000, 1, 1_000_000, "a whole number of conversations")
+# at most 30,000: a batch names its conversations in one statement (SQLite allows 32,766 parameters)
+TOOL_ANALYSIS_BATCH = env_int("LETHE_TOOL_ANALYSIS_BATCH", 2000, 1, 30_000, "a whole number of conversations")
 ERASURE_HORIZON_WAIT = env_float("LETHE_ERASURE_HORIZON_WAIT", 10, 0, 3600)
 
 INSTALLED_APPS = [
