@@ -48,7 +48,7 @@ from retention.models import (
     ToolPayloadOperation,
     ToolPayloadPolicy,
 )
-from retention.reducer import MARKER_KEY
+from retention.reducer import MARKER_KEY, REMOVED_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -766,7 +766,7 @@ def _next_items(cursor_conversation: int, cursor_item: int, candidates: list[int
     return [_Row(pk, conversation_id, None, None, size) for pk, conversation_id, size in rows]
 
 
-_ALLOWED_FIELDS: dict[str, frozenset[str]] = {}  # per kind: the fields a stored plan may name
+_ALLOWED_FIELDS = {kind: frozenset(fields) for kind, fields in REMOVED_FIELDS.items()}  # what a plan may name
 
 
 def _plan_items(items: list, removed_at: datetime) -> list[_Planned]:
@@ -776,7 +776,7 @@ def _plan_items(items: list, removed_at: datetime) -> list[_Planned]:
     read and reduced in Python. An item whose row changed since the batch read it gets
     neither and is counted as changed (its compare-and-swap would fail anyway)."""
     from lifecycle.models import Item
-    from retention.reducer import REMOVED_FIELDS, SQL_KINDS, marker_from_plan, removed_at_text
+    from retention.reducer import SQL_KINDS, marker_from_plan, removed_at_text
 
     planned = [_Planned(item, removed_at=removed_at) for item in items]
     # SQLite: the rows are read in full only now (an item no longer removable keeps no revision)
@@ -798,10 +798,7 @@ def _plan_items(items: list, removed_at: datetime) -> list[_Planned]:
                     marker, fields = marker_from_plan(stored_plan, at_text)
                 except (ValueError, KeyError, TypeError):
                     marker, fields = None, []
-                allowed = _ALLOWED_FIELDS.get(item.tool_kind)
-                if allowed is None:
-                    allowed = _ALLOWED_FIELDS[item.tool_kind] = frozenset(REMOVED_FIELDS[item.tool_kind])
-                if marker is not None and fields and allowed.issuperset(fields):
+                if marker is not None and fields and _ALLOWED_FIELDS[item.tool_kind].issuperset(fields):
                     entry.marker, entry.text = marker, _with_marker(text, marker) if text else text
                     continue
         if item.revision is None:

@@ -208,6 +208,22 @@ def test_a_refused_attribution_to_another_conversation_keeps_what_was_typed(admi
     assert 'value="c_nosuchthing"' not in again and "other-1-error" not in again
 
 
+@pytest.mark.parametrize("typed", ["c_\x00x", "c_" + "x" * 5000])  # a form cannot carry a lone surrogate
+def test_a_hostile_id_typed_for_another_conversation_is_refused_as_unknown(admin_client, typed):
+    """A NUL (which PostgreSQL cannot compare) and an oversized id: the
+    same refusal as any unknown id, under the field, and the row is left as it was."""
+    conversation = factories.make_conversation(days_idle=1, title="Ambiguous")
+    fleet.write_snapshot([{"agent_id": "sa_a", "origin": None, "status": "completed", "delivery": "settled",
+                           "started_at": conversation.created_at.isoformat()}])
+    op = request_deletion(conversation, key="screen-typed-hostile", acting_user=None)
+    back = f"/operations/{op.public_id}/"
+    response = admin_client.post("/subagents/sa_a/resolve/", {"action": "attribute", "conversation": typed,
+                                                              "typed": "1", "next": back}, **HOST)
+    assert (response.status_code, response["Location"]) == (302, back)
+    assert [fleet.origin_of(r) for r in fleet.read_rows(fleet.EngineHome().fleet_path)] == [None]
+    assert "Nothing with that id exists here." in page(admin_client, back)
+
+
 @pytest.mark.parametrize("agent_id", ["sa_b", "sa_" + "long" * 25])
 def test_a_refusal_about_the_row_itself_is_said_on_the_page_it_came_from(admin_client, agent_id):
     """The row was attributed by someone else meanwhile: the reason is not about what was typed,

@@ -96,13 +96,17 @@ class CursorWrapper(base.SQLiteCursorWrapper):
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
+    @property
+    def lock_timeout(self) -> float:
+        """The connection's `timeout` (settings: 20 s): how long a writer waits for the lock."""
+        return float(self.settings_dict["OPTIONS"].get("timeout", 5))
+
     def create_cursor(self, name=None):
         cursor = self.connection.cursor(factory=CursorWrapper)
-        cursor.lock_timeout = float(self.settings_dict["OPTIONS"].get("timeout", 5))
+        cursor.lock_timeout = self.lock_timeout
         return cursor
 
     def _start_transaction_under_autocommit(self):
         if self.transaction_mode != "IMMEDIATE":
             return super()._start_transaction_under_autocommit()
-        take_write_lock(self.connection, lambda: self.cursor().execute("BEGIN IMMEDIATE"),
-                        float(self.settings_dict["OPTIONS"].get("timeout", 5)))
+        take_write_lock(self.connection, lambda: self.cursor().execute("BEGIN IMMEDIATE"), self.lock_timeout)

@@ -15,6 +15,7 @@ from lifecycle.deletion import executor
 from lifecycle.deletion.preview import preview
 from lifecycle.engine import OperationView
 from lifecycle.errors import ActionRefused
+from lifecycle.item_payload import has_bad_text
 from lifecycle.models import Conversation, DeleteOperation
 from lifecycle.serializers import operation_json, thread_json
 
@@ -31,12 +32,16 @@ def not_found() -> ActionRefused:
 
 class InProcessEngine:
     def _conversation(self, public_id: str, actor=None) -> Conversation:
+        if has_bad_text(public_id):  # no id holds a NUL or a lone surrogate (PostgreSQL cannot compare one)
+            raise not_found()
         conversation = visible_conversations(actor).with_activity().filter(public_id=public_id).first()
         if conversation is None:
             raise not_found()
         return conversation
 
     def _operation(self, operation_id: str) -> DeleteOperation:
+        if has_bad_text(operation_id):
+            raise not_found()
         op = DeleteOperation.objects.select_related("conversation").filter(public_id=operation_id).first()
         if op is None:
             raise not_found()
