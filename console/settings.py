@@ -51,7 +51,7 @@ def from_env[T](name: str, default: T, accepted: str, parse: Callable[[str], T],
         raise ImproperlyConfigured(f"{name} must be {accepted}, not {got}.") from None
 
 
-def env_int(name: str, default: int, low: int, high: int, what: str = "a whole number") -> int:
+def env_int[D](name: str, default: int | D, low: int, high: int, what: str = "a whole number") -> int | D:
     def parse(raw: str) -> int:
         value = int(raw)
         if not low <= value <= high:
@@ -334,13 +334,12 @@ REMOTE_RETRY_MAX_SECONDS = env_float("REMOTE_RETRY_MAX_SECONDS", max(300, REMOTE
 # docs/operations.md). None: the job's own default for the engine in use.
 TOOL_JOB_LEASE_SECONDS = env_float("LETHE_TOOL_JOB_LEASE_SECONDS", 30, 1, 86400)
 TOOL_JOB_STEP_SECONDS = env_float("LETHE_TOOL_JOB_STEP_SECONDS", 60, 1, 86400)
-TOOL_CLEANUP_BATCH = env_int("LETHE_TOOL_CLEANUP_BATCH", 1000, 1, 100_000, "a whole number of items")
+TOOL_CLEANUP_BATCH = env_int("LETHE_TOOL_CLEANUP_BATCH", None, 1, 100_000, "a whole number of items")
 TOOL_CLEANUP_BATCH_BYTES = env_int("LETHE_TOOL_CLEANUP_BATCH_BYTES", 64_000_000, 1, 1024**3, "a whole number of bytes")
 TOOL_CLEANUP_CONVERSATIONS = env_int("LETHE_TOOL_CLEANUP_CONVERSATIONS", 200, 1, 10_000,
                                      "a whole number of conversations")
 TOOL_CLEANUP_BATCH_SECONDS = env_float("LETHE_TOOL_CLEANUP_BATCH_SECONDS", None, 0.001, 60)
 TOOL_CLEANUP_PAUSE = env_float("LETHE_TOOL_CLEANUP_PAUSE", None, 0, 60)
-TOOL_CLEANUP_READ_AHEAD = env_bool("LETHE_TOOL_CLEANUP_READ_AHEAD", None)
 # at most 30,000: a batch names its conversations in one statement (SQLite allows 32,766 parameters)
 TOOL_ANALYSIS_BATCH = env_int("LETHE_TOOL_ANALYSIS_BATCH", 2000, 1, 30_000, "a whole number of conversations")
 ERASURE_HORIZON_WAIT = env_float("LETHE_ERASURE_HORIZON_WAIT", 10, 0, 3600)

@@ -30,7 +30,7 @@ READ = ("LETHE_VAR_DIR", "SECRET_KEY", "SECRET_KEY_FILE", "DEBUG", "ALLOWED_HOST
         "ACCESS_LOG", "METRICS_TOKEN", "READYZ_HEARTBEAT_SECONDS", "WEB_CONCURRENCY", "WEB_THREADS", "WEB_TIMEOUT",
         "WEB_GRACEFUL_TIMEOUT", "WEB_MAX_REQUESTS", "LETHE_TOOL_JOB_LEASE_SECONDS", "LETHE_TOOL_JOB_STEP_SECONDS",
         "LETHE_TOOL_CLEANUP_BATCH", "LETHE_TOOL_CLEANUP_BATCH_BYTES", "LETHE_TOOL_CLEANUP_CONVERSATIONS",
-        "LETHE_TOOL_CLEANUP_BATCH_SECONDS", "LETHE_TOOL_CLEANUP_PAUSE", "LETHE_TOOL_CLEANUP_READ_AHEAD",
+        "LETHE_TOOL_CLEANUP_BATCH_SECONDS", "LETHE_TOOL_CLEANUP_PAUSE",
         "LETHE_TOOL_ANALYSIS_BATCH", "LETHE_ERASURE_HORIZON_WAIT")
 KEY = "lethe-settings-env-tests-" + "k" * 40
 
@@ -104,7 +104,6 @@ def manage(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
     ({"LETHE_TOOL_CLEANUP_BATCH": "1k"}, "LETHE_TOOL_CLEANUP_BATCH must be a whole number of items from 1 to 100000, "
                                          "not '1k'."),
     ({"LETHE_TOOL_CLEANUP_PAUSE": "-1"}, "LETHE_TOOL_CLEANUP_PAUSE must be a number of seconds from 0 to 60, not '-1'."),
-    ({"LETHE_TOOL_CLEANUP_READ_AHEAD": "maybe"}, "LETHE_TOOL_CLEANUP_READ_AHEAD must be true or false"),
     ({"LETHE_TOOL_JOB_LEASE_SECONDS": "0"}, "LETHE_TOOL_JOB_LEASE_SECONDS must be a number of seconds from 1 to 86400, "
                                             "not '0'."),
     ({"LETHE_ERASURE_HORIZON_WAIT": "10s"}, "LETHE_ERASURE_HORIZON_WAIT must be a number of seconds from 0 to 3600, "
@@ -171,11 +170,11 @@ def test_the_defaults_are_unchanged(monkeypatch, tmp_path):
         "", {}, "pending", False, False)
     assert s.DATABASES["default"]["NAME"] == tmp_path / "var" / "lethe.sqlite3"
     assert s.DATABASES["default"]["ENGINE"] == "console.sqlite"  # Django's, with quicker lock retries
-    assert (s.TOOL_JOB_LEASE_SECONDS, s.TOOL_JOB_STEP_SECONDS, s.TOOL_CLEANUP_BATCH, s.TOOL_CLEANUP_BATCH_BYTES,
+    assert (s.TOOL_JOB_LEASE_SECONDS, s.TOOL_JOB_STEP_SECONDS, s.TOOL_CLEANUP_BATCH_BYTES,
             s.TOOL_CLEANUP_CONVERSATIONS, s.TOOL_ANALYSIS_BATCH, s.ERASURE_HORIZON_WAIT) == (
-        30, 60, 1000, 64_000_000, 200, 2000, 10)
-    # unset: the job picks its default for the engine (and the machine, for the read-ahead)
-    assert (s.TOOL_CLEANUP_BATCH_SECONDS, s.TOOL_CLEANUP_PAUSE, s.TOOL_CLEANUP_READ_AHEAD) == (None, None, None)
+        30, 60, 64_000_000, 200, 2000, 10)
+    # unset: the job picks its default for the engine
+    assert (s.TOOL_CLEANUP_BATCH, s.TOOL_CLEANUP_BATCH_SECONDS, s.TOOL_CLEANUP_PAUSE) == (None, None, None)
     https = load(monkeypatch, tmp_path, HTTPS="true")
     assert https.SECURE_HSTS_SECONDS == 365 * 24 * 3600 and https.SECURE_HSTS_INCLUDE_SUBDOMAINS is True
 
@@ -186,7 +185,7 @@ def test_the_accepted_spellings_work_and_a_blank_value_means_the_default(monkeyp
              ENGINE_TOKENS='{"https://engine.example/": " lethe_abc "}', ENGINE_URL=" http://127.0.0.1:8150/ ",
              ENGINE_CONNECT_TIMEOUT="0.5", REMOTE_RETRY_SECONDS="1", REMOTE_RETRY_MAX_SECONDS="2", API_TOKEN_DAYS="",
              DATABASE_URL="postgres://lethe:s%40cret@db.internal:5433/console", LETHE_TOOL_CLEANUP_PAUSE="0",
-             LETHE_TOOL_CLEANUP_READ_AHEAD="off", LETHE_TOOL_CLEANUP_BATCH=" 2 ")
+             LETHE_TOOL_CLEANUP_BATCH=" 2 ")
     assert s.Q_CLUSTER["workers"] == 0 and s.HTTPS is True and s.SECURE_HSTS_SECONDS == 0
     assert s.SECURE_HSTS_PRELOAD is True and s.ACCESS_LOG is False and s.DEBUG is False
     assert s.LOGGING["root"]["level"] == "WARNING" and s.LOG_FORMAT == "text"
@@ -194,7 +193,7 @@ def test_the_accepted_spellings_work_and_a_blank_value_means_the_default(monkeyp
     assert s.ENGINE_URL == "http://127.0.0.1:8150/" and s.ENGINE_CONNECT_TIMEOUT == 0.5
     assert (s.REMOTE_RETRY_SECONDS, s.REMOTE_RETRY_MAX_SECONDS) == (1, 2) and s.API_TOKEN_DAYS == 90
     assert s.DATABASES["default"]["PORT"] == "5433" and s.DATABASES["default"]["PASSWORD"] == "s@cret"
-    assert (s.TOOL_CLEANUP_PAUSE, s.TOOL_CLEANUP_READ_AHEAD, s.TOOL_CLEANUP_BATCH) == (0, False, 2)
+    assert (s.TOOL_CLEANUP_PAUSE, s.TOOL_CLEANUP_BATCH) == (0, 2)
 
 
 # manage.py: one line, exit 2 ----------------------------------------------------------------

@@ -348,6 +348,9 @@ def test_a_foreground_write_between_batches_protects_its_conversation(admin_user
 @pytest.mark.django_db
 @pytest.mark.parametrize("kind", ["shell", "edit_file"])  # rewritten in SQL from its plan / in Python
 def test_a_concurrent_item_write_wins_over_the_batch(admin_user, monkeypatch, kind):
+    """SQLite: the runtime's write lands between the batch's read and its write transaction."""
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite plans before its write transaction; PostgreSQL: the test after this one")
     conversation = old_conversation("cas", tools=2)
     factories.add_tool(conversation, "edit_file", {"path": "/w/b.py", "changes": [
         {"old_content": "a" * 900, "new_content": "b" * 900, "line": 3}]}, tool_call_id="cas-e")
@@ -380,28 +383,88 @@ def test_a_concurrent_item_write_wins_over_the_batch(admin_user, monkeypatch, ki
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_write_between_the_read_ahead_and_its_batch_wins_and_the_reading_connection_is_closed(
-        admin_user, monkeypatch):
-    """On PostgreSQL with the read-ahead on, the next batch is read on a second connection while
-    the current one writes (outside a transaction, as the job runs); on SQLite in the gap, on
-    the job's own connection.
-    Either way a runtime's write after that read wins, and the totals stay exact."""
-    monkeypatch.setattr(jobs, "READ_AHEAD", True)
+@pytest.mark.parametrize("kind", ["shell", "edit_file"])  # rewritten in SQL from its plan / in Python
+def test_on_postgresql_a_write_that_holds_an_item_while_the_batch_writes_wins(admin_user, kind):
+    """PostgreSQL reads a batch's items in the statement that writes them, its conversations
+    locked. A writer that holds an item's row without that lock (a raw UPDATE, not the
+    console's write path) makes the batch's UPDATE wait; once it commits, the batch's
+    compare-and-swap finds the new revision and leaves the row as the writer left it,
+    counted as changed, and the totals stay exact."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's row locks; SQLite: the test before this one")
+    from django.db import connections
+
+    conversation = old_conversation("cas", tools=2)
+    factories.add_tool(conversation, "edit_file", {"path": "/w/b.py", "changes": [
+        {"old_content": "a" * 900, "new_content": "b" * 900, "line": 3}]}, tool_call_id="cas-e")
+    age(conversation, OLD)
+    enable(admin_user)
+    op_id = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
+    op = jobs._claim(op_id, "t")
+    target = Item.objects.filter(conversation=conversation, tool_kind=kind).order_by("id").first()
+    assert (target.removal_plan is not None) == (kind == "shell")
+    holding, outcome = threading.Event(), []
+
+    def writer():
+        other = connections.create_connection("default")
+        try:
+            with other.cursor() as cursor:
+                cursor.execute("BEGIN")
+                cursor.execute("UPDATE lifecycle_item SET revision = revision + 1, status = 'failed' WHERE id = %s",
+                               [target.pk])
+                cursor.execute("SELECT pg_backend_pid()")
+                pid = cursor.fetchone()[0]
+                holding.set()
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:  # until the batch waits for this row
+                    cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted AND %s = ANY(pg_blocking_pids(pid))",
+                                   [pid])
+                    if cursor.fetchone()[0]:
+                        outcome.append("waited")
+                        break
+                    time.sleep(0.02)
+                cursor.execute("COMMIT")
+        finally:
+            other.close()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    assert holding.wait(30)
+    while jobs._cleanup_batch(op, "t") == "next":
+        pass
+    thread.join()
+    op.refresh_from_db()
+    target.refresh_from_db()
+    assert outcome == ["waited"]
+    assert target.status == "failed" and target.details_removed_at is None and target.removable_bytes > 0
+    assert "retention" not in target.payload
+    assert skipped_for_activity(op) == {"changed": 1} and op.removed_messages == 3
+    others = Item.objects.filter(conversation=conversation, details_removed_at__isnull=False)
+    assert others.count() == 3 and target.pk not in set(others.values_list("id", flat=True))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_write_between_a_batchs_read_and_its_write_is_kept_and_the_totals_stay_exact(admin_user, monkeypatch):
+    """A runtime's write to an item after the batch read it (here without touching the
+    conversation, so the conversation stays eligible). SQLite planned the item before the
+    write transaction: the compare-and-swap leaves it as the runtime wrote it, counted as
+    changed. PostgreSQL reads the item in the statement that writes it: the item is reduced
+    as the runtime left it (its new status kept). Either way the write is not lost and every
+    item counted at the start is accounted for once."""
     monkeypatch.setattr(jobs, "BATCH_ITEMS", 2)
     conversations = [old_conversation(f"ahead-{n}", tools=3) for n in range(3)]
     eligible = Item.objects.filter(conversation__in=conversations, removable_bytes__gt=0)
     expected = eligible.aggregate(n=Count("id"), b=Sum("removable_bytes"))
     enable(admin_user)
     real = jobs._read_batch
-    reads: list[tuple[str, bool]] = []
     raced: list[int] = []
 
     def reading(*args, **kwargs):
         read = real(*args, **kwargs)
-        ahead = len(args) > 3 and args[3] is not None
-        reads.append((threading.current_thread().name, ahead))
-        if len(reads) == 3 and read.planned:  # the runtime updates an item of this read before its write
-            target = read.planned[0].item.pk
+        if not raced and len(read.conversations) and read.batch_bytes:
+            ids = Item.objects.filter(conversation_id=read.conversations[0], removable_bytes__gt=0)
+            after = read.cursor[1] if read.cursor[0] == read.conversations[0] else 0
+            target = ids.filter(id__gt=after).order_by("id").values_list("id", flat=True).first()
             raced.append(target)
             Item.objects.filter(pk=target).update(revision=F("revision") + 1, status="failed")
         return read
@@ -410,43 +473,18 @@ def test_a_write_between_the_read_ahead_and_its_batch_wins_and_the_reading_conne
     op = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
     assert op.state == "succeeded" and len(raced) == 1
     target = Item.objects.get(pk=raced[0])
-    assert target.status == "failed" and target.details_removed_at is None and "retention" not in target.payload
-    assert skipped_for_activity(op) == {"changed": 1}
-    assert op.removed_messages == expected["n"] - 1
-    assert op.payload_bytes == expected["b"] - target.removable_bytes
-    assert not eligible.exclude(pk=target.pk).exists()  # every other item reduced, once
-    if connection.vendor == "postgresql":
-        assert reads[2][0].startswith("lethe-cleanup-read") and reads[2][1]
-        assert all(name.startswith("lethe-cleanup-read") for name, ahead in reads if ahead)
-        # the reading thread's connection is closed (client connections only: an autovacuum
-        # worker may be visiting this database after an earlier test's rows)
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                           "AND backend_type = 'client backend' AND pid <> pg_backend_pid()")
-            assert cursor.fetchone()[0] == 0
+    assert target.status == "failed"
+    if connection.vendor == "sqlite":
+        assert target.details_removed_at is None and "retention" not in target.payload
+        assert skipped_for_activity(op) == {"changed": 1}
+        assert op.removed_messages == expected["n"] - 1
+        assert op.payload_bytes == expected["b"] - target.removable_bytes
+        assert not eligible.exclude(pk=target.pk).exists()  # every other item reduced, once
     else:
-        # (each after the first from the cursor the batch before committed, known without reading it)
-        assert {name for name, _ahead in reads} == {"MainThread"} and all(ahead for _name, ahead in reads[1:])
-    assert not [t for t in threading.enumerate() if t.name.startswith("lethe-cleanup-read")]
-
-
-@pytest.mark.django_db(transaction=True)
-def test_by_default_every_batch_is_read_on_the_jobs_own_connection(admin_user, monkeypatch):
-    monkeypatch.setattr(jobs, "READ_AHEAD", False)
-    monkeypatch.setattr(jobs, "BATCH_ITEMS", 2)
-    old_conversation("own", tools=3)
-    enable(admin_user)
-    real = jobs._read_batch
-    threads = []
-
-    def reading(*args, **kwargs):
-        threads.append(threading.current_thread().name)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(jobs, "_read_batch", reading)
-    op = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
-    assert op.state == "succeeded" and op.removed_messages == 4
-    assert len(threads) >= 3 and set(threads) == {"MainThread"}
+        assert target.details_removed_at is not None and "stdout" not in target.payload
+        assert skipped_for_activity(op) == {}
+        assert (op.removed_messages, op.payload_bytes) == (expected["n"], expected["b"])
+        assert not eligible.exists()
 
 
 @pytest.mark.django_db
@@ -454,8 +492,12 @@ def test_a_batch_that_runs_out_of_time_commits_what_it_handled_and_the_next_goes
         admin_user, monkeypatch):
     """With a pause between batches (SQLite's default) a batch stops writing once it has held
     the lock for its time: the cursor moves only over the items it handled, the rest are read
-    again, and the totals end exact, nothing counted twice."""
-    monkeypatch.setattr(jobs, "PAUSE_SET", True)  # a pause on PostgreSQL too, so both stop early
+    again, and the totals end exact, nothing counted twice. (PostgreSQL's writers wait only
+    for the batch's own conversations, and it writes a batch in one statement: it never
+    stops early.)"""
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's one write lock; PostgreSQL writes a batch in one statement")
+    monkeypatch.setattr(jobs, "PAUSE_SET", True)
     monkeypatch.setattr(jobs, "SQLITE_PAUSE", 0.001)
     monkeypatch.setattr(jobs, "BATCH_SECONDS_SET", True)
     monkeypatch.setattr(jobs, "BATCH_SECONDS", 1e-9)
@@ -484,6 +526,35 @@ def test_a_batch_that_runs_out_of_time_commits_what_it_handled_and_the_next_goes
     ids = list(Item.objects.filter(conversation__in=conversations, details_removed_at__isnull=False)
                .order_by("conversation_id", "id").values_list("conversation_id", "id"))
     assert [(c, i) for c, i, _removed in cursors[:3]] == [ids[1], ids[3], ids[5]]
+
+
+@pytest.mark.django_db
+def test_a_byte_budget_smaller_than_one_item_still_takes_one_item_a_batch(admin_user, monkeypatch):
+    """The byte budget never stops a batch before its first item (no item is skipped for its
+    size): with a budget of one byte every batch takes exactly one item, its cursor on it,
+    and the totals end exact."""
+    monkeypatch.setattr(jobs, "FIRST_BATCH_BYTES", 1)
+    monkeypatch.setattr(jobs, "BATCH_BYTES", 1)
+    conversations = [old_conversation(f"budget-{n}", tools=2) for n in range(2)]
+    eligible = Item.objects.filter(conversation__in=conversations, removable_bytes__gt=0)
+    expected = eligible.aggregate(n=Count("id"), b=Sum("removable_bytes"))
+    ids = list(eligible.order_by("conversation_id", "id").values_list("conversation_id", "id"))
+    assert expected["n"] == len(ids) > 4
+    enable(admin_user)
+    op = jobs._claim(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision), "t")
+    cursors = []
+
+    def after_batch(_result):
+        fresh = ToolPayloadOperation.objects.get(pk=op.pk)
+        cursors.append(((fresh.cursor_conversation, fresh.cursor_item), fresh.removed_messages))
+
+    assert jobs._cleanup_step(op, "t", after_batch=after_batch) == "done"
+    done = ToolPayloadOperation.objects.get(pk=op.pk)
+    assert done.state == "succeeded" and skipped_for_activity(done) == {}
+    assert (done.removed_messages, done.payload_bytes) == (expected["n"], expected["b"])
+    assert [cursor for cursor, _removed in cursors[:len(ids) - 1]] == ids[:-1]  # one item a batch
+    assert [removed for _cursor, removed in cursors[:len(ids)]] == list(range(1, len(ids) + 1))
+    assert not eligible.exists()
 
 
 @pytest.mark.django_db
@@ -548,13 +619,12 @@ def test_a_list_of_conversations_read_from_further_on_is_not_used_for_an_earlier
 
 
 @pytest.mark.django_db(transaction=True)
-def test_with_the_read_ahead_a_batch_that_stops_early_skips_no_conversation(admin_user, monkeypatch):
-    """PostgreSQL, read-ahead on, batches that run out of time (a pause set): the read-ahead
-    reads from the cursor a batch was expected to commit, the batch commits an earlier one,
-    and the next batch must start from the committed cursor, not from the read-ahead's
-    conversations (that skipped the rest of a conversation as recent activity, and the
-    conversations in between silently). On SQLite (no read-ahead) the same run is checked."""
-    monkeypatch.setattr(jobs, "READ_AHEAD", True)
+def test_batches_that_stop_early_skip_no_conversation(admin_user, monkeypatch):
+    """Batches that run out of time (a pause set; on SQLite they stop after a chunk) commit an
+    earlier cursor than their read expected: the next batch starts from the committed cursor,
+    not from the conversations read before (that once skipped the rest of a conversation as
+    recent activity, and the conversations in between silently). On PostgreSQL no batch stops
+    early (one statement each); there the same settings run the same data to the same end."""
     monkeypatch.setattr(jobs, "CONVERSATIONS_PER_BATCH", 3)
     monkeypatch.setattr(jobs, "PAUSE_SET", True)
     monkeypatch.setattr(jobs, "SQLITE_PAUSE", 0.001)
@@ -668,11 +738,8 @@ def test_the_schedules_exist_once_and_the_daily_check_starts_a_cleanup(admin_use
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("read_ahead", [False, True])  # PostgreSQL's read on a second connection
 def test_a_cleanup_killed_with_sigkill_resumes_on_a_real_cluster_with_exact_totals(
-        admin_user, engine_home, tmp_path, read_ahead):
-    if read_ahead and connection.vendor != "postgresql":
-        pytest.skip("PostgreSQL only: SQLite has no read-ahead")
+        admin_user, engine_home, tmp_path):
     import os
     import subprocess
     import sys
@@ -695,8 +762,7 @@ def test_a_cleanup_killed_with_sigkill_resumes_on_a_real_cluster_with_exact_tota
            # even when a loaded machine slows this test's polling.
            "LETHE_TOOL_CLEANUP_BATCH": "2", "LETHE_TOOL_CLEANUP_PAUSE": "1.0",
            "LETHE_TOOL_JOB_LEASE_SECONDS": "2", "LETHE_TOOL_JOB_STEP_SECONDS": "600",
-           "LETHE_TEST_KILL_AT": "tool-cleanup-mid-batch,tool-cleanup-after-batch", "LETHE_TEST_KILL_DIR": str(kills),
-           "LETHE_TOOL_CLEANUP_READ_AHEAD": "1" if read_ahead else "0"}
+           "LETHE_TEST_KILL_AT": "tool-cleanup-mid-batch,tool-cleanup-after-batch", "LETHE_TEST_KILL_DIR": str(kills)}
 
     def start():
         return subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=ROOT, env=env,
@@ -925,6 +991,81 @@ def test_an_item_whose_stored_plan_is_unreadable_is_reduced_in_python(admin_user
     assert edit.payload["changes"] == [{"line": 1}] and edit.payload_bytes == encoded_size(edit.payload)
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("tamper", [
+    lambda plan: "not json at all",
+    lambda plan: plan.replace('"removed_bytes":', '"removed_bytes":0'),  # a leading zero: not JSON
+    lambda plan: plan.replace('"removed_bytes":', '"removed_bytes":-'),
+    lambda plan: '{"removed_bytes":12345678901,"removed_fields":["stderr","stdout"]}',  # eleven digits
+    lambda plan: plan.replace('"removed_bytes":', '"removed_bytes":"') .replace(',"removed_fields"', '","removed_fields"'),
+    lambda plan: plan.replace('"stderr","stdout"', '"cwd","stdout"'),  # a field the kind keeps
+    lambda plan: plan.replace('"stderr","stdout"', ''),  # no field
+    lambda plan: plan + " ",
+    lambda plan: plan.replace('"stderr","stdout"', '"stdout","stderr"'),  # the kind's fields, not sorted
+])
+def test_a_stored_plan_not_in_the_reducers_form_never_stops_the_run(admin_user, tamper):
+    """Whatever text a stored plan holds, the run finishes and the item's details go; a plan
+    that is not in the form the reducer writes for the kind is not followed: the item is
+    reduced from its payload (PostgreSQL checks the text in the statement that writes the
+    batch: an unchecked cast of it to JSON would fail the whole batch). A plan in that form is
+    trusted as the item's removable bytes are: both are written with the payload they
+    describe, at the same revision."""
+    conversation = old_conversation("tampered", tools=2)
+    target = Item.objects.filter(conversation=conversation, tool_kind="shell").order_by("id").first()
+    plan = target.removal_plan
+    assert plan.startswith('{"removed_bytes":') and plan.endswith(',"removed_fields":["stderr","stdout"]}')
+    Item.objects.filter(pk=target.pk).update(removal_plan=tamper(plan))
+    reduced_payload, _result = apply("shell", target.payload, removed_at=datetime(2026, 1, 1, tzinfo=UTC))
+    age(conversation, OLD)
+    expected = Item.objects.filter(conversation=conversation, removable_bytes__gt=0).aggregate(
+        n=Count("id"), b=Sum("removable_bytes"))
+    enable(admin_user)
+    cleanup = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert cleanup.state == "succeeded"
+    assert (cleanup.removed_messages, cleanup.payload_bytes) == (expected["n"], expected["b"])
+    target.refresh_from_db()
+    marker = target.payload["retention"]
+    assert sorted(marker["removed_fields"]) == ["stderr", "stdout"] and "stdout" not in target.payload
+    assert marker["removed_bytes"] == reduced_payload["retention"]["removed_bytes"]
+    assert target.payload_bytes == encoded_size(target.payload) and target.removal_plan is None
+    assert not Item.objects.filter(conversation=conversation, removable_bytes__gt=0).exists()
+
+
+@pytest.mark.django_db
+def test_on_postgresql_the_plan_check_accepts_exactly_the_plans_the_reducer_writes():
+    """The span's statement reduces an item in SQL only when its stored plan is the text
+    `plan_text` writes for its kind (every field subset, any figure up to ten digits)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's check in SQL; SQLite checks plans in Python (marker_from_plan)")
+    from itertools import combinations
+
+    from retention.reducer import REMOVED_FIELDS, SQL_KINDS, Plan, plan_text
+
+    cases = []
+    for kind in sorted(SQL_KINDS):
+        names = sorted(REMOVED_FIELDS[kind])
+        for size in range(1, len(names) + 1):
+            for chosen in combinations(names, size):
+                for figure in (0, 7, 9_999_999_999):
+                    plan = plan_text(kind, Plan(removed_fields=chosen, removed_bytes=figure + 1, detail_bytes=figure))
+                    cases.append((kind, plan, True))
+                    cases.append(("shell" if kind != "shell" else "http", plan, False))  # another kind's fields
+                    cases.append((kind, plan.replace(":", ": ", 1), False))
+                    cases.append((kind, plan.replace(f":{figure},", f":{figure}.0,"), False))
+                    cases.append((kind, plan.replace(f":{figure},", f":0{figure},"), False))
+    cases += [("shell", None, False), ("shell", "", False), ("shell", '{"removed_bytes":', False),
+              ("shell", '{"removed_bytes":,"removed_fields":["stdout"]}', False),
+              ("shell", '{"removed_bytes":5,"removed_fields":["stdout"]}{"removed_bytes":5,"removed_fields":["stdout"]}',
+               False)]
+    with connection.cursor() as cursor:
+        for kind, plan, accepted in cases:
+            cursor.execute(
+                "SELECT coalesce(" + jobs._plan_check_sql() + ", false) FROM (SELECT %s::text AS tool_kind, "
+                "%s::text AS removal_plan) AS i CROSS JOIN LATERAL (SELECT strpos(i.removal_plan, "
+                "',\"removed_fields\":') AS at) AS plan", [kind, plan])
+            assert cursor.fetchone()[0] is accepted, (kind, plan)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_on_sqlite_the_wal_is_folded_back_while_the_batches_go_on_and_the_setting_restored(admin_user, monkeypatch):
     """Commits leave the WAL alone; a checkpoint beside the batches (its own connection, woken
@@ -1143,14 +1284,6 @@ def test_the_pace_sizes_batches_by_the_time_their_items_take(monkeypatch, fixed,
     assert pace.write_limit() == pytest.approx(max(0.010, fixed + 0.005))
 
 
-@pytest.mark.parametrize("setting, cores, expected", [
-    (True, 2, True), (False, 8, False), (None, 2, False), (None, 4, True), (False, 16, False), (True, 1, True),
-])
-def test_the_read_ahead_is_on_where_there_are_cores_to_spare_unless_set(monkeypatch, setting, cores, expected):
-    monkeypatch.setattr(jobs.os, "cpu_count", lambda: cores)
-    assert jobs._read_ahead(setting) is expected
-
-
 @pytest.mark.django_db
 def test_a_run_whose_lease_was_taken_over_writes_no_further_batch(admin_user, monkeypatch):
     """After the first batch the next ones read from the cursor they committed, without reading
@@ -1189,7 +1322,7 @@ def test_a_conversation_that_turns_active_between_a_batchs_read_and_its_write_is
 
     def reading(*args, **kwargs):
         read = real(*args, **kwargs)
-        touched = {entry.item.conversation_id for entry in read.planned}
+        touched = set(read.conversations)
         if not woken and {first.pk, middle.pk, last.pk} <= touched:
             woken.append(middle.pk)
             writer = threading.Thread(target=lambda: (append_item(Conversation.objects.get(pk=middle.pk),
