@@ -345,21 +345,38 @@ def test_a_foreground_write_between_batches_protects_its_conversation(admin_user
     assert op.removed_messages == 5
 
 
+def raced_item_run(admin_user, kind: str):
+    """An idle conversation of shell items and one edit_file item, cleanup enabled and a run
+    claimed; the item of `kind` a runtime's write will race (its plan stored or not)."""
+    conversation = old_conversation("cas", tools=2)
+    factories.add_tool(conversation, "edit_file", {"path": "/w/b.py", "changes": [
+        {"old_content": "a" * 900, "new_content": "b" * 900, "line": 3}]}, tool_call_id="cas-e")
+    age(conversation, OLD)
+    enable(admin_user)
+    op = jobs._claim(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision), "t")
+    target = Item.objects.filter(conversation=conversation, tool_kind=kind).order_by("id").first()
+    assert (target.removal_plan is not None) == (kind == "shell")
+    return conversation, op, target
+
+
+def assert_the_write_won(conversation, op, target) -> None:
+    """The raced item is as the runtime left it, counted as changed; the others reduced once."""
+    op.refresh_from_db()
+    target.refresh_from_db()
+    assert target.status == "failed" and target.details_removed_at is None and target.removable_bytes > 0
+    assert "retention" not in target.payload
+    assert skipped_for_activity(op) == {"changed": 1} and op.removed_messages == 3
+    others = Item.objects.filter(conversation=conversation, details_removed_at__isnull=False)
+    assert others.count() == 3 and target.pk not in set(others.values_list("id", flat=True))
+
+
 @pytest.mark.django_db
 @pytest.mark.parametrize("kind", ["shell", "edit_file"])  # rewritten in SQL from its plan / in Python
 def test_a_concurrent_item_write_wins_over_the_batch(admin_user, monkeypatch, kind):
     """SQLite: the runtime's write lands between the batch's read and its write transaction."""
     if connection.vendor != "sqlite":
         pytest.skip("SQLite plans before its write transaction; PostgreSQL: the test after this one")
-    conversation = old_conversation("cas", tools=2)
-    factories.add_tool(conversation, "edit_file", {"path": "/w/b.py", "changes": [
-        {"old_content": "a" * 900, "new_content": "b" * 900, "line": 3}]}, tool_call_id="cas-e")
-    age(conversation, OLD)
-    enable(admin_user)
-    op_id = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
-    op = jobs._claim(op_id, "t")
-    target = Item.objects.filter(conversation=conversation, tool_kind=kind).order_by("id").first()
-    assert (target.removal_plan is not None) == (kind == "shell")
+    conversation, op, target = raced_item_run(admin_user, kind)
     real = jobs._plan_items
     raced = []
 
@@ -372,14 +389,8 @@ def test_a_concurrent_item_write_wins_over_the_batch(admin_user, monkeypatch, ki
     monkeypatch.setattr(jobs, "_plan_items", racing)
     while jobs._cleanup_batch(op, "t") == "next":
         pass
-    op.refresh_from_db()
-    target.refresh_from_db()
     assert raced == [1]
-    assert target.status == "failed" and target.details_removed_at is None and target.removable_bytes > 0
-    assert "retention" not in target.payload
-    assert skipped_for_activity(op) == {"changed": 1} and op.removed_messages == 3
-    others = Item.objects.filter(conversation=conversation, details_removed_at__isnull=False)
-    assert others.count() == 3 and target.pk not in set(others.values_list("id", flat=True))
+    assert_the_write_won(conversation, op, target)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -394,15 +405,7 @@ def test_on_postgresql_a_write_that_holds_an_item_while_the_batch_writes_wins(ad
         pytest.skip("PostgreSQL's row locks; SQLite: the test before this one")
     from django.db import connections
 
-    conversation = old_conversation("cas", tools=2)
-    factories.add_tool(conversation, "edit_file", {"path": "/w/b.py", "changes": [
-        {"old_content": "a" * 900, "new_content": "b" * 900, "line": 3}]}, tool_call_id="cas-e")
-    age(conversation, OLD)
-    enable(admin_user)
-    op_id = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
-    op = jobs._claim(op_id, "t")
-    target = Item.objects.filter(conversation=conversation, tool_kind=kind).order_by("id").first()
-    assert (target.removal_plan is not None) == (kind == "shell")
+    conversation, op, target = raced_item_run(admin_user, kind)
     holding, outcome = threading.Event(), []
 
     def writer():
@@ -433,14 +436,8 @@ def test_on_postgresql_a_write_that_holds_an_item_while_the_batch_writes_wins(ad
     while jobs._cleanup_batch(op, "t") == "next":
         pass
     thread.join()
-    op.refresh_from_db()
-    target.refresh_from_db()
     assert outcome == ["waited"]
-    assert target.status == "failed" and target.details_removed_at is None and target.removable_bytes > 0
-    assert "retention" not in target.payload
-    assert skipped_for_activity(op) == {"changed": 1} and op.removed_messages == 3
-    others = Item.objects.filter(conversation=conversation, details_removed_at__isnull=False)
-    assert others.count() == 3 and target.pk not in set(others.values_list("id", flat=True))
+    assert_the_write_won(conversation, op, target)
 
 
 @pytest.mark.django_db(transaction=True)
