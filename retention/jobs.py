@@ -452,15 +452,14 @@ class _Row:
     overflow pages, so the removal plan is read there with the payload reduced."""
 
     __slots__ = ("id", "conversation_id", "role", "tool_kind", "payload_bytes", "removable_bytes",
-                 "revision", "removal_plan", "payload")
+                 "revision", "payload")
 
     def __init__(self, id: int, conversation_id: int, role: str | None = None,  # noqa: A002 (the column)
                  tool_kind: str | None = None, payload_bytes: int = 0, removable_bytes: int | None = None,
-                 revision: int | None = None, removal_plan: str | None = None) -> None:
+                 revision: int | None = None) -> None:
         # plain assignments: a batch makes several hundred of these, in the gap writers use
         self.id, self.conversation_id, self.role, self.tool_kind = id, conversation_id, role, tool_kind
         self.payload_bytes, self.removable_bytes, self.revision = payload_bytes, removable_bytes, revision
-        self.removal_plan = removal_plan
         self.payload = None
 
     @property
@@ -878,8 +877,8 @@ def _read_batch(op: ToolPayloadOperation, token: str, pace: _Pace | None,
     planned: list[_Planned] = []
     batch_bytes = 0
     next_cursor = None
+    limit = pace.item_limit() if pace is not None else BATCH_ITEMS
     if candidates and connection.vendor == "postgresql":
-        limit = pace.item_limit() if pace is not None else BATCH_ITEMS
         span = _read_span((cursor_conversation, cursor_item), candidates, limit, budget)
         if pace is not None:
             pace.taken(span.items, span.payload_bytes)
@@ -888,7 +887,6 @@ def _read_batch(op: ToolPayloadOperation, token: str, pace: _Pace | None,
         return _Read((cursor_conversation, cursor_item), cutoff, candidates, [], span.payload_bytes, next_cursor,
                      span)
     if candidates:
-        limit = pace.item_limit() if pace is not None else BATCH_ITEMS
         items = _next_items(cursor_conversation, cursor_item, candidates, limit)
         taken = []
         for item in items:
@@ -983,43 +981,17 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
             skipped["recent_activity"] += Item.objects.filter(
                 conversation_id=cursor_conversation, removable_bytes__gt=0, id__gt=cursor_item
             ).count()
-        # SQLite: a batch sized for the pace's time stops writing if a slower moment has it
-        # hold the lock that long already (checked every WRITE_CHUNK items), so waiting writers
-        # are not held out much longer than planned; the cursor moves only over the items
-        # handled, and the rest of the plan is read again by the next batch.
-        # Its commit is part of that time: the stop counts the commit the items written so far
-        # will need (the commit's share of the write time, measured on the batches before).
-        limit = pace.write_limit() if pace is not None and pace.pause else None
-        chunk = WRITE_CHUNK if limit is not None else max(1, len(planned))
-        written: list[_Planned] = []
-        sent = 0
         loop_start = time.perf_counter()
         fixed_seconds = loop_start - started  # the checks; the item writes and the commit grow with the items
-        for start in range(0, len(planned), chunk):
-            part = planned[start:start + chunk]
-            writes = []
-            for entry in part:
-                if entry.item.conversation_id not in still:
-                    skipped["recent_activity"] += 1
-                elif entry.skipped:
-                    skipped["changed"] += 1
-                else:
-                    writes.append(entry)
-            written += _write_planned(writes) if writes else []
-            sent += len(writes)
-            if limit is not None and start + chunk < len(planned):
-                now = time.perf_counter()
-                if now - started + (now - loop_start) * pace.commit_share >= limit:
-                    last = part[-1].item
-                    next_cursor = (last.conversation_id, last.id)
-                    batch_bytes = sum(entry.item.payload_bytes for entry in planned[:start + chunk])
-                    break
-        skipped["changed"] += sent - len(written)
-        removed = len(written)
-        removed_bytes = sum(entry.removed_bytes for entry in written)
-        if read.span is not None and touched:  # PostgreSQL (planned is empty)
-            removed, removed_bytes, span_skipped = _write_span(read, eligible)
+        if read.span is not None:  # PostgreSQL
+            removed, removed_bytes, span_skipped = _write_span(read, eligible) if touched else (0, 0, Counter())
             skipped.update(span_skipped)
+        else:
+            written, stopped_at = _write_in_time(planned, still, skipped, pace, started, loop_start)
+            if stopped_at is not None:
+                next_cursor, batch_bytes = stopped_at
+            removed = len(written)
+            removed_bytes = sum(entry.removed_bytes for entry in written)
         writes_end = time.perf_counter()
         finished = sum(1 for c in candidates if c < next_cursor[0] or next_cursor[1] == NO_CURSOR)
         if removed and not (pace is not None and pace.marked_stale):
@@ -1046,6 +1018,45 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
                     share=(now - committing) / max(writes_end - loop_start, 1e-4))
     faults.kill_point("tool-cleanup-after-batch")  # crash tests: batch committed
     return "next"
+
+
+def _write_in_time(planned: list[_Planned], still: set[int], skipped: Counter, pace: _Pace | None,
+                   started: float, loop_start: float) -> tuple[list[_Planned], tuple[tuple[int, int], int] | None]:
+    """SQLite: write a batch's planned items (those of conversations still eligible; the rest
+    counted in `skipped`); the ones written, and where the batch stopped early, if it did.
+
+    A batch sized for the pace's time stops writing if a slower moment has it hold the lock
+    that long already (checked every WRITE_CHUNK items), so waiting writers are not held out
+    much longer than planned; the cursor then moves only over the items handled (the
+    (cursor, payload bytes) returned), and the rest of the plan is read again by the next
+    batch. Its commit is part of that time: the stop counts the commit the items written so
+    far will need (the commit's share of the write time, measured on the batches before)."""
+    limit = pace.write_limit() if pace is not None and pace.pause else None
+    chunk = WRITE_CHUNK if limit is not None else max(1, len(planned))
+    written: list[_Planned] = []
+    sent = 0
+    stopped_at = None
+    for start in range(0, len(planned), chunk):
+        part = planned[start:start + chunk]
+        writes = []
+        for entry in part:
+            if entry.item.conversation_id not in still:
+                skipped["recent_activity"] += 1
+            elif entry.skipped:
+                skipped["changed"] += 1
+            else:
+                writes.append(entry)
+        written += _write_planned(writes) if writes else []
+        sent += len(writes)
+        if limit is not None and start + chunk < len(planned):
+            now = time.perf_counter()
+            if now - started + (now - loop_start) * pace.commit_share >= limit:
+                last = part[-1].item
+                stopped_at = ((last.conversation_id, last.id),
+                              sum(entry.item.payload_bytes for entry in planned[:start + chunk]))
+                break
+    skipped["changed"] += sent - len(written)
+    return written, stopped_at
 
 
 class _RunState:
@@ -1186,6 +1197,10 @@ def _lock_conversations(ids: list[int]) -> None:
 
 
 _STATEMENTS: dict[tuple[str, ...], str] = {}  # SQL built once per engine and shape
+# What every cleanup UPDATE sets besides the payload ({p}: the table's alias and a dot, or
+# nothing); its parameters: the skip reason, details_removed_at, updated_at.
+_REDUCED_SETS = ("payload_bytes = {p}payload_bytes - {p}removable_bytes, removable_bytes = 0, removal_plan = NULL, "
+                 "payload_skip = %s, details_removed_at = %s, revision = {p}revision + 1, updated_at = %s")
 
 
 # ---- PostgreSQL: a batch's span, read and written by SQL ------------------------------------
@@ -1289,9 +1304,7 @@ def _span_sql(eligible_sql: str) -> str:
             "AND (i.conversation_id, i.id) <= (%s, %s) AND i.removable_bytes > 0 "
             "AND i.conversation_id IN (SELECT id FROM live)), "
             f"u AS (UPDATE {table} AS i SET payload = (CASE i.tool_kind {removal} END) "
-            f"|| jsonb_build_object('{MARKER_KEY}', {marker}), "
-            "payload_bytes = i.payload_bytes - i.removable_bytes, removable_bytes = 0, removal_plan = NULL, "
-            "payload_skip = %s, details_removed_at = %s, revision = i.revision + 1, updated_at = %s "
+            f"|| jsonb_build_object('{MARKER_KEY}', {marker}), {_REDUCED_SETS.format(p='i.')} "
             "FROM pre WHERE pre.in_sql AND i.id = pre.id AND i.revision = pre.revision "
             "AND i.removable_bytes = pre.removable_bytes AND i.removal_plan = pre.checked_plan "
             "RETURNING pre.conversation_id, pre.removable_bytes), "
@@ -1422,9 +1435,7 @@ def _write_sql() -> str:
     if sql is None:
         sql = _STATEMENTS[key] = (
             f"UPDATE {connection.ops.quote_name(Item._meta.db_table)} SET payload = %s, "
-            "payload_bytes = payload_bytes - removable_bytes, removable_bytes = 0, removal_plan = NULL, "
-            "payload_skip = %s, details_removed_at = %s, revision = revision + 1, updated_at = %s "
-            "WHERE id = %s AND revision = %s AND removal_plan IS NOT NULL"
+            f"{_REDUCED_SETS.format(p='')} WHERE id = %s AND revision = %s AND removal_plan IS NOT NULL"
         )
     return sql
 
