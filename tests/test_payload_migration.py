@@ -85,3 +85,28 @@ def test_the_migration_rewrites_payloads_and_figures_in_batches():
     with pytest.raises(IntegrityError) as refused:
         Item.objects.filter(pk=fenced_id).update(title="late")
     assert is_fence_error(refused.value)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_passes_over_items_whose_figures_are_already_right():
+    """An item 0007 has nothing to change for (a tool item without a payload, its figures
+    already stored) is compared on the columns 0007's model has: the write path's columns
+    include ones later migrations add."""
+    conversation = factories.make_conversation(title="Settled")
+    executor = MigrationExecutor(connection)
+    latest = executor.loader.graph.leaf_nodes()
+    _migrate(BEFORE)
+    try:
+        now = timezone.now()
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO lifecycle_item (conversation_id, seq, role, tool_kind, tool_call_id, status, title, "
+                "content, payload, payload_bytes, removable_bytes, payload_skip, revision, created_at, updated_at) "
+                "VALUES (%s, 1, 'tool', 'shell', '', 'completed', '', '', NULL, 0, 0, %s, 1, %s, %s)",
+                [conversation.pk, Skip.NO_PAYLOAD, now, now],
+            )
+    finally:
+        _migrate(latest)
+    item = Item.objects.get(conversation=conversation)
+    assert (item.payload, item.payload_bytes, item.removable_bytes, item.payload_skip, item.removal_plan) == (
+        None, 0, 0, Skip.NO_PAYLOAD, None)

@@ -42,11 +42,12 @@ def recompute(apps, schema_editor):
         for item in batch:
             columns = payload_columns("tool", item.tool_kind, item.payload, vendor=vendor)
             # SQLite: rewrite every payload, so the stored text is the canonical form.
+            # Only the columns this model has: payload_columns also gives later migrations' ones.
             if vendor == "sqlite" and item.payload is not None or any(
-                getattr(item, name) != value for name, value in columns.items()
+                getattr(item, name) != columns[name] for name in fields
             ):
-                for name, value in columns.items():
-                    setattr(item, name, value)
+                for name in fields:
+                    setattr(item, name, columns[name])
                 changed.append(item)
         if changed:
             Item.objects.bulk_update(changed, fields)
