@@ -4,7 +4,11 @@ What it does per engine:
 - SQLite: `VACUUM` rewrites the file without its free pages, so the file shrinks by about the
   reusable space. It holds the write lock while it runs (writers wait), and writes the whole
   database through the WAL; a `wal_checkpoint(TRUNCATE)` afterwards folds it back and empties
-  the WAL before the size is measured.
+  the WAL before the size is measured. It needs free disk space for two copies of what the
+  database holds while it runs: the temporary database VACUUM builds (in SQLite's temporary
+  folder) and the WAL beside the database. It does not start unless both fit with
+  `LETHE_COMPACT_RESERVE_BYTES` to spare (a full disk would stop the console's own writes
+  too); a disk that fills up anyway ends it with the same refusal, the database unchanged.
 - PostgreSQL: plain `VACUUM` of the whole database marks dead rows' space reusable for new rows
   and trims empty pages at the end of tables; it takes no lock that blocks reads or writes, so
   the files seldom shrink much. `VACUUM FULL` (which would) is never run here: it locks every
@@ -16,15 +20,22 @@ command with the connection in autocommit.
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
-from django.db import connection
+from django.conf import settings
+from django.db import OperationalError, connection
+from django.template.defaultfilters import filesizeformat
 from django.utils.translation import gettext as _
 
 from retention.errors import CodedError
 from retention.storage import database_size
 
+# SQLite's own search order on Unix after its two environment variables (only measured here)
+_SQLITE_TEMP_FOLDERS = ("/var/tmp", "/usr/tmp", "/tmp")  # noqa: S108
 CHECKPOINT_ATTEMPTS = 50
 CHECKPOINT_PAUSE_SECONDS = 0.1
 
@@ -53,9 +64,18 @@ def compact_database() -> CompactResult:
     before = database_size()
     started = time.monotonic()
     with connection.cursor() as cursor:
-        cursor.execute("VACUUM")
         if connection.vendor == "sqlite":
+            _check_free_space(cursor)
+            try:
+                cursor.execute("VACUUM")
+            except OperationalError as exc:
+                if "full" not in str(exc).lower():  # SQLITE_FULL: "database or disk is full"
+                    raise
+                raise CompactError("no_space", _("The disk filled up while the database was being compacted; "
+                                                 "it was left as it was. Free some space and try again.")) from exc
             _checkpoint(cursor)
+        else:
+            cursor.execute("VACUUM")
     seconds = time.monotonic() - started
     after = database_size()
     return CompactResult(
@@ -77,3 +97,43 @@ def _checkpoint(cursor) -> None:
             return
         time.sleep(CHECKPOINT_PAUSE_SECONDS)
 
+
+
+def sqlite_temp_dir() -> Path | None:
+    """The folder SQLite puts a temporary database in (VACUUM's copy): on Unix the first of
+    SQLITE_TMPDIR, TMPDIR, /var/tmp, /usr/tmp, /tmp and the working folder that is a folder
+    this process can write to; None when the connection keeps temporary databases in memory."""
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA temp_store")
+        if cursor.fetchone()[0] == 2:  # MEMORY
+            return None
+    for candidate in (os.environ.get("SQLITE_TMPDIR"), os.environ.get("TMPDIR"), *_SQLITE_TEMP_FOLDERS, "."):
+        if candidate and os.path.isdir(candidate) and os.access(candidate, os.W_OK | os.X_OK):
+            return Path(candidate)
+    return None
+
+
+def _check_free_space(cursor) -> None:
+    """SQLite: refuse (code `no_space`) unless the disks hold VACUUM's two copies of the
+    database's pages in use, with COMPACT_RESERVE_BYTES left on each: one in the temporary
+    folder, one in the WAL beside the database (both on the same disk when they share it)."""
+    cursor.execute("PRAGMA page_size")
+    page_size = cursor.fetchone()[0]
+    cursor.execute("PRAGMA page_count")
+    pages = cursor.fetchone()[0]
+    cursor.execute("PRAGMA freelist_count")
+    in_use = (pages - cursor.fetchone()[0]) * page_size
+    reserve = settings.COMPACT_RESERVE_BYTES
+    home = Path(str(connection.settings_dict["NAME"])).resolve().parent
+    needs = {home.stat().st_dev: [home, in_use]}
+    temp = sqlite_temp_dir()
+    if temp is not None:
+        needs.setdefault(temp.stat().st_dev, [temp, 0])[1] += in_use
+    for folder, needed in needs.values():
+        free = shutil.disk_usage(folder).free
+        if free < needed + reserve:
+            raise CompactError("no_space", _(
+                "Compacting needs about %(needed)s of free space in %(folder)s and %(reserve)s to spare; "
+                "%(free)s is free. Nothing was changed."
+            ) % {"needed": filesizeformat(needed), "folder": folder, "reserve": filesizeformat(reserve),
+                 "free": filesizeformat(free)})

@@ -1595,10 +1595,14 @@ def _backup_run(op: ToolPayloadOperation, token: str) -> str:
 
 
 def _compact_run(op: ToolPayloadOperation, token: str) -> str:
-    from retention.compact import compact_database
+    from retention.compact import CompactError, compact_database
 
-    with _Heartbeat(op.pk, token):
-        result = compact_database()
+    try:
+        with _Heartbeat(op.pk, token):
+            result = compact_database()
+    except CompactError as exc:
+        _finish(op, token, OperationState.FAILED, exc.code, exc.message)
+        return "done"
     _finish(
         op, token, OperationState.SUCCEEDED,
         before_bytes=result.before_file_bytes, after_bytes=result.after_file_bytes,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from django.db import DatabaseError
+from django.db import DatabaseError, connection
 from django.db.models import Sum
 from django.template.defaultfilters import filesizeformat
 
@@ -252,6 +252,19 @@ def test_compact_database_runs_as_a_job_with_before_and_after_sizes(admin_client
     figures = region(status, "db-figures")
     assert 'id="db-figures" hx-swap-oob="true"' in status
     assert str(filesizeformat(database_size().file_bytes)) in figures
+
+
+@pytest.mark.django_db(transaction=True)
+def test_compact_database_without_room_on_the_disk_fails_and_says_why(admin_client, settings):
+    if connection.vendor != "sqlite":
+        pytest.skip("the free-space check is SQLite's (PostgreSQL's VACUUM writes no copy)")
+    settings.COMPACT_RESERVE_BYTES = 2**62
+    assert admin_client.post(COMPACT, {}, **HX).status_code == 202
+    op = run(ToolPayloadOperation.objects.get(kind="compact").pk)
+    assert (op.state, op.error_code, op.after_bytes) == ("failed", "no_space", None)
+    assert op.error_message.startswith("Compacting needs about")
+    compact = region(page(admin_client), "db-compact")
+    assert "Failed" in compact and "Compacting needs about" in compact and "Last compacted" not in compact
 
 
 # ---- Status reads and action errors (AC-003.7 to 003.9) ---------------------------------------

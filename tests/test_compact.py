@@ -87,3 +87,46 @@ def test_it_refuses_inside_a_transaction_and_changes_nothing():
     after = database_size()
     assert after.reusable_bytes == before.reusable_bytes > 0
     assert Item.objects.count() == 10
+
+
+def test_it_does_not_start_without_room_for_its_copies_and_changes_nothing(settings):
+    """SQLite's VACUUM writes two copies of the pages in use (its temporary database and the
+    WAL); without room for both and the reserve on the disk, it does not start. PostgreSQL's
+    plain VACUUM writes no copy: the reserve is SQLite's."""
+    fill(messages=300, size=2000)
+    Item.objects.filter(seq__gt=10).delete()
+    before = database_size()
+    settings.COMPACT_RESERVE_BYTES = 2**62  # more than any disk here holds
+    if connection.vendor != "sqlite":
+        assert compact_database().after_reusable_bytes < before.reusable_bytes
+        return
+    with pytest.raises(CompactError) as caught:
+        compact_database()
+    assert caught.value.code == "no_space"
+    assert "Compacting needs about" in caught.value.message and "Nothing was changed." in caught.value.message
+    after = database_size()
+    assert (after.file_bytes, after.reusable_bytes) == (before.file_bytes, before.reusable_bytes)
+    assert after.reusable_bytes > 0 and Item.objects.count() == 10
+    settings.COMPACT_RESERVE_BYTES = 0
+    assert compact_database().after_reusable_bytes == 0
+
+
+def test_sqlite_puts_its_temporary_copy_where_the_check_looks(tmp_path, monkeypatch):
+    """The folder the check measures is the one SQLite writes VACUUM's temporary database to:
+    SQLITE_TMPDIR first (read by SQLite once per process, so only the rule is checked here),
+    and no folder when the connection keeps temporary databases in memory."""
+    from retention.compact import sqlite_temp_dir
+
+    if connection.vendor != "sqlite":
+        pytest.skip("PostgreSQL's VACUUM writes no temporary copy")
+    monkeypatch.setenv("SQLITE_TMPDIR", str(tmp_path))
+    assert sqlite_temp_dir() == tmp_path
+    monkeypatch.setenv("SQLITE_TMPDIR", str(tmp_path / "missing"))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    assert sqlite_temp_dir() == tmp_path
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA temp_store = MEMORY")
+        try:
+            assert sqlite_temp_dir() is None
+        finally:
+            cursor.execute("PRAGMA temp_store = DEFAULT")
