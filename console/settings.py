@@ -343,8 +343,9 @@ TOOL_CLEANUP_PAUSE = env_float("LETHE_TOOL_CLEANUP_PAUSE", None, 0, 60)
 # at most 30,000: a batch names its conversations in one statement (SQLite allows 32,766 parameters)
 TOOL_ANALYSIS_BATCH = env_int("LETHE_TOOL_ANALYSIS_BATCH", 2000, 1, 30_000, "a whole number of conversations")
 ERASURE_HORIZON_WAIT = env_float("LETHE_ERASURE_HORIZON_WAIT", 10, 0, 3600)
-# SQLite: free disk space Compact database leaves beyond what its copies need, or it does not start
-COMPACT_RESERVE_BYTES = env_int("LETHE_COMPACT_RESERVE_BYTES", 256 * 1024**2, 0, 2**62, "a whole number of bytes")
+# Free disk space the jobs that write copies (a backup, SQLite's Compact database) leave on the
+# disk they write to: they do not start, or stop, rather than go below it
+DISK_RESERVE_BYTES = env_int("LETHE_DISK_RESERVE_BYTES", 256 * 1024**2, 0, 2**62, "a whole number of bytes")
 
 INSTALLED_APPS = [
     "django.contrib.auth",

@@ -13,6 +13,12 @@ listed, so a listed backup is always complete and verified. A run killed at any 
 most a `.tmp-` file (or an archive without a receipt); the next run removes it, under a lock
 on the folder so it never removes the file of a run that is still alive.
 
+What it does not do: fill the disk. A backup keeps `LETHE_DISK_RESERVE_BYTES` (256 MiB) free
+on the backup folder's disk (where the database often lives too, and a database that cannot
+write its log stops): SQLite checks that what is left to copy fits before it starts and at
+every step, PostgreSQL checks the free space while pg_dump writes; either stops with
+`no_space` and keeps nothing.
+
 What it is not: incremental, encrypted or copied elsewhere. It holds every conversation as it
 was, including content that a later cleanup or deletion removes; an operator who restores it
 brings that content back and loses everything written after it.
@@ -42,6 +48,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import connection
+from django.template.defaultfilters import filesizeformat
 from django.utils.translation import gettext as _
 
 from retention.errors import CodedError
@@ -123,6 +130,20 @@ def _folder_lock(directory: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def _ensure_room(directory: Path, still_to_write: int = 0) -> None:
+    """Raise `no_space` unless the folder's disk holds `still_to_write` more bytes with
+    DISK_RESERVE_BYTES left free."""
+    reserve = settings.DISK_RESERVE_BYTES
+    free = shutil.disk_usage(directory).free
+    if free < still_to_write + reserve:
+        raise BackupError("no_space", _(
+            "There is not enough free disk space for the backup in %(folder)s: %(free)s free, %(needed)s more "
+            "needed and %(reserve)s kept free for the database. Nothing was kept. Free some space, or set "
+            "LETHE_BACKUP_DIR to a folder on another disk."
+        ) % {"folder": directory, "free": filesizeformat(free), "needed": filesizeformat(still_to_write),
+             "reserve": filesizeformat(reserve)})
 
 
 def _remove_leftovers(directory: Path) -> None:
@@ -345,12 +366,15 @@ def _copy_sqlite(temp: Path, should_cancel: Callable[[], bool], progress: Progre
         os.chmod(temp, 0o600)
         source.execute("BEGIN")
         source.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        page_size = source.execute("PRAGMA page_size").fetchone()[0]
+        _ensure_room(temp.parent, source.execute("PRAGMA page_count").fetchone()[0] * page_size)
 
         def step(status: int, remaining: int, total: int) -> None:
             if progress is not None:
                 progress(total - remaining, total)
             if should_cancel():
                 raise _Cancelled
+            _ensure_room(temp.parent, remaining * page_size)
 
         source.backup(target, pages=SQLITE_STEP_PAGES, progress=step)
         source.execute("COMMIT")
@@ -465,11 +489,13 @@ def _connection_args(tool: str, parameters: list[str]) -> tuple[list[str], dict 
 
 def _dump_postgresql(temp: Path, should_cancel: Callable[[], bool], progress: Progress | None) -> None:
     dump, _restore = _pg_tools()
+    _ensure_room(temp.parent)
     # Created empty and owner-only first, so the archive is never readable by others.
     os.close(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
     args, env = _connection_args(dump, ["--format=custom", "--no-password", f"--file={temp}"])
 
     def tick() -> None:
+        _ensure_room(temp.parent)  # the archive's size is not known before it is written
         if progress is not None:
             with contextlib.suppress(OSError):
                 progress(temp.stat().st_size, None)

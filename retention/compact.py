@@ -7,7 +7,7 @@ What it does per engine:
   the WAL before the size is measured. It needs free disk space for two copies of what the
   database holds while it runs: the temporary database VACUUM builds (in SQLite's temporary
   folder) and the WAL beside the database. It does not start unless both fit with
-  `LETHE_COMPACT_RESERVE_BYTES` to spare (a full disk would stop the console's own writes
+  `LETHE_DISK_RESERVE_BYTES` to spare (a full disk would stop the console's own writes
   too); a disk that fills up anyway ends it with the same refusal, the database unchanged.
 - PostgreSQL: plain `VACUUM` of the whole database marks dead rows' space reusable for new rows
   and trims empty pages at the end of tables; it takes no lock that blocks reads or writes, so
@@ -115,7 +115,7 @@ def sqlite_temp_dir() -> Path | None:
 
 def _check_free_space(cursor) -> None:
     """SQLite: refuse (code `no_space`) unless the disks hold VACUUM's two copies of the
-    database's pages in use, with COMPACT_RESERVE_BYTES left on each: one in the temporary
+    database's pages in use, with DISK_RESERVE_BYTES left on each: one in the temporary
     folder, one in the WAL beside the database (both on the same disk when they share it)."""
     cursor.execute("PRAGMA page_size")
     page_size = cursor.fetchone()[0]
@@ -123,7 +123,7 @@ def _check_free_space(cursor) -> None:
     pages = cursor.fetchone()[0]
     cursor.execute("PRAGMA freelist_count")
     in_use = (pages - cursor.fetchone()[0]) * page_size
-    reserve = settings.COMPACT_RESERVE_BYTES
+    reserve = settings.DISK_RESERVE_BYTES
     home = Path(str(connection.settings_dict["NAME"])).resolve().parent
     needs = {home.stat().st_dev: [home, in_use]}
     temp = sqlite_temp_dir()

@@ -286,6 +286,43 @@ def test_it_cancels_mid_way_and_keeps_nothing(folder, monkeypatch):
     assert list_backups() == []
 
 
+def test_it_does_not_start_without_room_for_the_copy_and_keeps_nothing(folder, settings):
+    """The backup folder's disk often holds the database too: a backup never takes it below
+    DISK_RESERVE_BYTES free (a database that cannot write its log stops)."""
+    fill(messages=50)
+    settings.DISK_RESERVE_BYTES = 2**62  # more than any disk here holds
+    with pytest.raises(BackupError) as caught:
+        create_backup()
+    assert caught.value.code == "no_space"
+    assert "not enough free disk space for the backup" in caught.value.message
+    assert "Nothing was kept." in caught.value.message and str(folder) in caught.value.message
+    assert files_in(folder) == [] and list_backups() == []
+    settings.DISK_RESERVE_BYTES = 0
+    assert create_backup().size > 0
+
+
+def test_it_stops_when_the_disk_fills_up_mid_way_and_keeps_nothing(folder, settings, monkeypatch):
+    fill(messages=300, size=4000)
+    monkeypatch.setattr(backups, "SQLITE_STEP_PAGES", 16)
+    progress = []
+    checks = []
+
+    def should_cancel():
+        checks.append(1)
+        if len(checks) == 2:  # the copy or dump under way: the disk fills up (something else wrote)
+            settings.DISK_RESERVE_BYTES = 2**62
+        return False
+
+    with pytest.raises(BackupError) as caught:
+        create_backup(should_cancel=should_cancel, progress=lambda done, total: progress.append((done, total)))
+    assert caught.value.code == "no_space" and len(checks) >= 2
+    if connection.vendor == "sqlite":
+        assert progress and progress[-1][0] < progress[-1][1], "stopped before the copy finished"
+    else:
+        wait_until_pg_dump_gone()
+    assert files_in(folder) == [] and list_backups() == []
+
+
 KILLED_RUN = """
 import os, signal, sys
 import django

@@ -258,7 +258,7 @@ def test_compact_database_runs_as_a_job_with_before_and_after_sizes(admin_client
 def test_compact_database_without_room_on_the_disk_fails_and_says_why(admin_client, settings):
     if connection.vendor != "sqlite":
         pytest.skip("the free-space check is SQLite's (PostgreSQL's VACUUM writes no copy)")
-    settings.COMPACT_RESERVE_BYTES = 2**62
+    settings.DISK_RESERVE_BYTES = 2**62
     assert admin_client.post(COMPACT, {}, **HX).status_code == 202
     op = run(ToolPayloadOperation.objects.get(kind="compact").pk)
     assert (op.state, op.error_code, op.after_bytes) == ("failed", "no_space", None)

@@ -96,7 +96,7 @@ def test_it_does_not_start_without_room_for_its_copies_and_changes_nothing(setti
     fill(messages=300, size=2000)
     Item.objects.filter(seq__gt=10).delete()
     before = database_size()
-    settings.COMPACT_RESERVE_BYTES = 2**62  # more than any disk here holds
+    settings.DISK_RESERVE_BYTES = 2**62  # more than any disk here holds
     if connection.vendor != "sqlite":
         assert compact_database().after_reusable_bytes < before.reusable_bytes
         return
@@ -107,7 +107,7 @@ def test_it_does_not_start_without_room_for_its_copies_and_changes_nothing(setti
     after = database_size()
     assert (after.file_bytes, after.reusable_bytes) == (before.file_bytes, before.reusable_bytes)
     assert after.reusable_bytes > 0 and Item.objects.count() == 10
-    settings.COMPACT_RESERVE_BYTES = 0
+    settings.DISK_RESERVE_BYTES = 0
     assert compact_database().after_reusable_bytes == 0
 
 
