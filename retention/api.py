@@ -40,8 +40,9 @@ def _call(fn, **kwargs):
 
 class AgeIn(Schema):
     value: int = Field(description="Whole weeks (1-520) or calendar months (1-120).")
-    # Declared as an enum, checked by the service so that any other unit is `invalid_age`.
-    unit: Annotated[str, Field(max_length=16, description='"weeks" or "months"; anything else is 400 invalid_age.',
+    # Declared as an enum, checked by the service so that any other unit, of any length (the
+    # body's size limit bounds it), is `invalid_age`.
+    unit: Annotated[str, Field(description='"weeks" or "months"; anything else is 400 invalid_age.',
                                json_schema_extra={"enum": ["weeks", "months"]})]
 
 

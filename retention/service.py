@@ -344,9 +344,10 @@ def save_policy(*, user, enabled: bool, age_value: int, age_unit: str, revision:
                 enabled=enabled, age_value=age_value, age_unit=age_unit, revision=revision,
                 acting_user=user, backup_choice=backup_choice,
             )
-            ToolPayloadOperation.objects.filter(kind=OperationKind.ANALYSIS, stale=False).exclude(
-                age_value=saved.age_value, age_unit=saved.age_unit
-            ).update(stale=True)
+            if saved.revision != revision:  # a save that changed nothing is no save
+                ToolPayloadOperation.objects.filter(kind=OperationKind.ANALYSIS, stale=False).exclude(
+                    age_value=saved.age_value, age_unit=saved.age_unit
+                ).update(stale=True)
     except ActionRefused as exc:
         raise CleanupError(exc.code, exc.message, exc.status) from None
     jobs.wake_schedule()
@@ -393,14 +394,24 @@ def _start_cleanup_or_preparation(*, user, policy: ToolPayloadPolicy) -> ToolPay
     if policy.backup_choice == BackupChoice.CREATE and policy.preparation_state == PreparationState.NONE:
         with transaction.atomic():
             op = _create_operation(kind=OperationKind.BACKUP, then_cleanup=True, **common)
-            ToolPayloadPolicy.objects.filter(id=1).update(
-                preparation_state=PreparationState.PREPARING, preparation_error=""
-            )
+            _mark_preparing(policy, PreparationState.NONE)
         return op
     raise CleanupError(
         "preparation_required",
         _("Cleanup waits for the backup. Retry the backup, or change the backup choice."),
     )
+
+
+def _mark_preparing(policy: ToolPayloadPolicy, *states: str) -> None:
+    """Mark the backup as being made, only if the policy is still the one read (its revision,
+    the choice to create one, a preparation state of `states`): a save that committed since
+    (Continue without backup, say) would otherwise be left showing a backup that no job
+    finishes. Raised inside the caller's transaction, stale_revision undoes the operation
+    queued with it."""
+    if not ToolPayloadPolicy.objects.filter(
+        id=1, revision=policy.revision, backup_choice=BackupChoice.CREATE, preparation_state__in=states
+    ).update(preparation_state=PreparationState.PREPARING, preparation_error=""):
+        raise CleanupError("stale_revision", _("The settings changed meanwhile. Reload to see them."))
 
 
 def start_run(*, user, revision: int) -> int:
@@ -426,18 +437,15 @@ def retry_preparation(*, user) -> int:
     policy = _load_checked_policy()
     if policy.backup_choice == BackupChoice.CREATE and policy.preparation_state == PreparationState.PREPARING:
         raise CleanupError("busy", _("The backup is being made already."))
-    if policy.backup_choice != BackupChoice.CREATE or policy.preparation_state not in (
-        PreparationState.FAILED, PreparationState.CANCELLED, PreparationState.NONE,
-    ):
+    retryable = (PreparationState.FAILED, PreparationState.CANCELLED, PreparationState.NONE)
+    if policy.backup_choice != BackupChoice.CREATE or policy.preparation_state not in retryable:
         raise CleanupError("nothing_to_retry", _("There is no backup to retry."))
     with transaction.atomic():
         op = _create_operation(
             kind=OperationKind.BACKUP, then_cleanup=policy.enabled, started_by=user,
             policy_revision=policy.revision, age_value=policy.age_value, age_unit=policy.age_unit,
         )
-        ToolPayloadPolicy.objects.filter(id=1).update(
-            preparation_state=PreparationState.PREPARING, preparation_error=""
-        )
+        _mark_preparing(policy, *retryable)
     return op.pk
 
 
@@ -455,11 +463,13 @@ def cancel(*, user, operation_id: int) -> None:
         if op is None:
             raise CleanupError("not_found", _("No such operation."))
         if op.state not in OPEN_STATES:
-            # Cancel on a failed preparation: stop offering Retry; cleanup stays blocked
-            # until the admin saves a new backup choice.
-            if op.kind == OperationKind.BACKUP and ToolPayloadPolicy.objects.filter(
-                id=1, preparation_state=PreparationState.FAILED
-            ).update(preparation_state=PreparationState.CANCELLED):
+            # Cancel on the failed backup the preparation waits on (the newest backup, failed):
+            # stop offering Retry; cleanup stays blocked until the admin saves a new backup
+            # choice. Any other finished operation, an older backup's included, changes nothing.
+            newest_backup = ToolPayloadOperation.objects.filter(kind=OperationKind.BACKUP).order_by("-pk").first()
+            if (op.kind == OperationKind.BACKUP and op.state == OperationState.FAILED and newest_backup == op
+                    and ToolPayloadPolicy.objects.filter(id=1, preparation_state=PreparationState.FAILED).update(
+                        preparation_state=PreparationState.CANCELLED)):
                 return
             raise CleanupError("not_cancellable", _("This operation has already finished."))
         op.cancel_requested = True

@@ -79,6 +79,9 @@ def test_an_admin_analyzes_saves_with_a_choice_and_runs_with_exact_figures(api, 
 @pytest.mark.parametrize(("body", "code"), [
     ({"enabled": True, "age": {"value": 0, "unit": "months"}, "revision": 1, "backup_choice": "skip"}, "invalid_age"),
     ({"enabled": True, "age": {"value": 3, "unit": "days"}, "revision": 1, "backup_choice": "skip"}, "invalid_age"),
+    # any other unit is invalid_age, however long (not a length error of its own)
+    ({"enabled": True, "age": {"value": 3, "unit": "fortnights_or_more"}, "revision": 1, "backup_choice": "skip"},
+     "invalid_age"),
     ({"enabled": True, "age": {"value": 600, "unit": "weeks"}, "revision": 1, "backup_choice": "skip"},
      "invalid_age"),
     ({"enabled": True, "age": {"value": 3, "unit": "months"}, "revision": 1, "backup_choice": "maybe"},
@@ -99,6 +102,7 @@ def test_bad_policy_bodies_are_refused_and_change_nothing(api, body, code):
 
 @pytest.mark.parametrize(("path", "body", "code"), [
     ("/analyze", {"age": {"value": 121, "unit": "months"}}, "invalid_age"),
+    ("/analyze", {"age": {"value": 2, "unit": "m" * 5000}}, "invalid_age"),
     ("/analyze", {"age": {"value": 3, "unit": "months"}, "draft": True}, "unknown_field"),
     ("/analyze", {}, "missing_field"),
     ("/run", {"revision": "1"}, "invalid_type"),
@@ -185,3 +189,32 @@ def test_a_jobs_stored_outcome_is_read_in_the_readers_language(api):
     spanish = api.get(BASE, HTTP_ACCEPT_LANGUAGE="es").json()["history"][0]["error"]
     assert english == {"code": "cancelled", "message": op.error_message}
     assert spanish["code"] == "cancelled" and spanish["message"].startswith("Cancelada"), spanish
+
+
+def test_a_save_that_changes_nothing_leaves_analyses_as_they_were(api):
+    """Only a save that changes something bumps the revision and marks analyses of other
+    settings stale (AC-TPR-001.5); sending the saved policy back is no save."""
+    finish(send(api, "post", "/analyze", {"age": {"value": 2, "unit": "weeks"}}).json()["operation_id"])
+    before = api.get(BASE).json()["analysis_state"]
+    assert before in ("empty", "completed")
+    answer = send(api, "put", "", {"enabled": False, "age": {"value": 3, "unit": "months"}, "revision": 1})
+    assert answer.status_code == 200 and answer.json()["policy"]["revision"] == 1
+    assert answer.json()["analysis_state"] == before
+    assert not ToolPayloadOperation.objects.filter(kind="analysis", stale=True).exists()
+    changed = send(api, "put", "", {"enabled": False, "age": {"value": 4, "unit": "months"}, "revision": 1})
+    assert changed.json()["policy"]["revision"] == 2 and changed.json()["analysis_state"] == "stale"
+
+
+def test_cancel_names_the_failed_backup_not_any_finished_one(api, admin_user):
+    """Cancel on a finished operation changes nothing, unless it is the failed backup the
+    preparation waits on: an older backup's id does not cancel a later one's failure."""
+    older = ToolPayloadOperation.objects.create(kind="backup", state="succeeded", slot=None, started_by=admin_user)
+    failed = ToolPayloadOperation.objects.create(kind="backup", state="failed", slot=None, started_by=admin_user,
+                                                 error_code="io_error")
+    ToolPayloadPolicy.load()
+    ToolPayloadPolicy.objects.filter(id=1).update(backup_choice="create", preparation_state="failed", enabled=True)
+    answer = send(api, "post", "/cancel", {"operation_id": older.pk})
+    assert (answer.status_code, answer.json()["code"]) == (409, "not_cancellable")
+    assert ToolPayloadPolicy.load().preparation_state == "failed"
+    answer = send(api, "post", "/cancel", {"operation_id": failed.pk})
+    assert answer.status_code == 202 and ToolPayloadPolicy.load().preparation_state == "cancelled"

@@ -1400,3 +1400,30 @@ def test_a_disable_saved_while_a_batch_waits_returns_only_after_that_batch(admin
     assert Item.objects.filter(conversation=first, details_removed_at__isnull=False).exists()  # the batch committed
     assert jobs._cleanup_batch(ToolPayloadOperation.objects.get(pk=op.pk), "t") == "disabled"  # and no later one
     assert not Item.objects.filter(conversation=second, details_removed_at__isnull=False).exists()
+
+
+@pytest.mark.django_db
+def test_run_that_loses_a_race_with_a_save_leaves_no_preparation_behind(admin_user, monkeypatch):
+    """Run reads the policy (a backup to make first), then another admin's save (Continue
+    without backup) commits before Run marks the preparation: Run is stale and queues
+    nothing, instead of leaving a backup shown as being made that no job finishes."""
+    service.save_policy(user=admin_user, enabled=True, age_value=3, age_unit="months", revision=1,
+                        backup_choice="create")
+    read = service._load_checked_policy
+
+    def then_a_save_commits():
+        seen = read()
+        monkeypatch.setattr(service, "_load_checked_policy", read)
+        service.save_policy(user=admin_user, enabled=True, age_value=3, age_unit="months", revision=2,
+                            backup_choice="skip")
+        return seen
+
+    monkeypatch.setattr(service, "_load_checked_policy", then_a_save_commits)
+    with pytest.raises(service.CleanupError) as refused:
+        service.start_run(user=admin_user, revision=2)
+    assert refused.value.code == "stale_revision"
+    policy = ToolPayloadPolicy.load()
+    assert (policy.revision, policy.backup_choice, policy.preparation_state) == (3, "skip", "ready")
+    assert not ToolPayloadOperation.objects.exists()
+    assert service.start_run(user=admin_user, revision=3)  # the run the new settings allow
+    assert ToolPayloadOperation.objects.get().kind == "cleanup"

@@ -50,3 +50,28 @@ def test_changes_need_an_admin(member_user):
     with pytest.raises(CommandError, match="No active admin"):
         command("analyze", "--age", "3", "--as", "nobody")
     assert ToolPayloadOperation.objects.count() == 0
+
+
+def test_run_with_revision_zero_is_stale_not_the_current_one(admin_user):
+    service.save_policy(user=admin_user, enabled=True, age_value=3, age_unit="months", revision=1,
+                        backup_choice="skip")
+    assert ToolPayloadPolicy.load().revision == 2
+    for read in ("0", "1"):
+        with pytest.raises(CommandError, match="stale_revision"):
+            command("run", "--revision", read, "--as", "alice", "--no-wait")
+    assert ToolPayloadOperation.objects.count() == 0
+    queued = json.loads(command("run", "--revision", "2", "--as", "alice", "--no-wait", "--json"))
+    assert queued["kind"] == "cleanup" and queued["state"] == "queued"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_json_is_one_document_when_the_backup_runs_before_the_cleanup(admin_user, settings, tmp_path):
+    settings.LETHE_BACKUP_DIR = str(tmp_path / "backups")
+    old_conversation("cli", tools=2)
+    service.save_policy(user=admin_user, enabled=True, age_value=3, age_unit="months", revision=1,
+                        backup_choice="create")
+    doc = json.loads(command("run", "--as", "alice", "--here", "--json"))
+    assert (doc["kind"], doc["state"], doc["removed_messages"]) == ("cleanup", "succeeded", 3)
+    assert (doc["preceded_by"]["kind"], doc["preceded_by"]["state"]) == ("backup", "succeeded")
+    assert [(op.kind, op.state) for op in ToolPayloadOperation.objects.order_by("pk")] == [
+        ("backup", "succeeded"), ("cleanup", "succeeded")]

@@ -48,7 +48,9 @@ class Command(BaseCommand):
             if verb == "analyze":
                 op_id = service.start_analysis(user=user, age_value=options["age"], age_unit=options["unit"])
             elif verb == "run":
-                revision = options["revision"] or ToolPayloadPolicy.load().revision
+                revision = options["revision"]
+                if revision is None:  # not given: the current one (0 is a revision nobody read)
+                    revision = ToolPayloadPolicy.load().revision
                 op_id = service.start_run(user=user, revision=revision)
             elif verb == "compact":
                 op_id = service.start_compact(user=user)
@@ -97,8 +99,10 @@ class Command(BaseCommand):
         if doc["kind"] == "backup" and doc["state"] == "succeeded":
             follow = ToolPayloadOperation.objects.filter(kind="cleanup", pk__gt=op_id).order_by("pk").first()
             if follow is not None:
-                self.operation(doc)
-                return self.follow(follow.pk, here=here)
+                if not self.as_json:
+                    self.operation(doc)
+                # --json prints one document: the cleanup's, with the backup it waited for
+                return {**self.follow(follow.pk, here=here), "preceded_by": doc}
         return doc
 
     def operation(self, doc: dict) -> None:
