@@ -110,3 +110,78 @@ def test_the_migration_passes_over_items_whose_figures_are_already_right():
     item = Item.objects.get(conversation=conversation)
     assert (item.payload, item.payload_bytes, item.removable_bytes, item.payload_skip, item.removal_plan) == (
         None, 0, 0, Skip.NO_PAYLOAD, None)
+
+
+def _upgrade_one(text: str) -> int:
+    conversation = factories.make_conversation(title="Old data")
+    latest = MigrationExecutor(connection).loader.graph.leaf_nodes()
+    _migrate(BEFORE)
+    try:
+        item_id = _insert(conversation.pk, 1, "shell", text)
+    finally:
+        _migrate(latest)
+    return item_id
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_payload_the_write_path_cannot_measure_is_kept_as_stored_and_skipped():
+    """Rows written before writes refused them: a lone surrogate (SQLite's old JSONField wrote
+    it escaped; PostgreSQL's jsonb never held one) or nesting deeper than the write path
+    measures. The upgrade finishes; the payload stays as stored, cleanup skips it."""
+    deep = '{"command": "x", "stdout": "' + "o" * 300 + '", "meta": ' + '{"a": ' * 990 + "1" + "}" * 990 + "}"
+    texts = [deep]
+    if connection.vendor == "sqlite":
+        texts.append('{"command": "cat", "stdout": "\\ud800' + "x" * 200 + '"}')
+    for text in texts:
+        item_id = _upgrade_one(text)
+        item = Item.objects.only("payload_bytes", "removable_bytes", "payload_skip", "removal_plan").get(pk=item_id)
+        assert (item.removable_bytes, item.payload_skip, item.removal_plan) == (0, Skip.MALFORMED, None)
+        stored = _raw(item_id)
+        assert item.payload_bytes == len(stored.encode("utf-8", "surrogatepass")) > 0
+        if connection.vendor == "sqlite":
+            assert stored == text  # not rewritten
+        Item.objects.filter(pk=item_id).delete()
+
+
+@pytest.mark.django_db
+def test_data_migrations_read_payloads_in_batches_bounded_by_bytes():
+    from lifecycle.item_payload import payload_batch
+
+    conversation = factories.make_conversation(title="Big outputs")
+    ids = [factories.add_tool(conversation, "shell", {"stdout": "o" * size}, tool_call_id=f"b{n}").pk
+           for n, size in enumerate([10, 5000, 5000, 5000, 10, 10])]
+    rows = Item.objects.filter(conversation=conversation)
+    # stored sizes: about 23, 5,013, 5,013, 5,013, 23, 23 bytes
+    assert payload_batch(rows, 0, max_items=100, max_bytes=11_000) == ids[:3]  # the fourth would pass 11,000
+    assert payload_batch(rows, ids[2], max_items=100, max_bytes=11_000) == ids[3:]
+    assert payload_batch(rows, 0, max_items=100, max_bytes=1) == ids[:1]  # always at least one
+    assert payload_batch(rows, 0, max_items=3, max_bytes=10**9) == ids[:3]
+    assert payload_batch(rows, ids[-1], max_items=100, max_bytes=10**9) == []
+
+
+@pytest.mark.parametrize("target", ["0005_fence_triggers", "0006_item_cleanup_fields", "0007_canonical_payloads"])
+@pytest.mark.django_db(transaction=True)
+def test_migrating_back_keeps_the_delete_fence_on_items(target):
+    """Reversing 0006 or 0007 rebuilds the item table on SQLite, which drops its triggers:
+    the fence goes back on after the rebuild, so a release rolled back to still refuses writes
+    to a conversation being deleted."""
+    from lifecycle.fence import installed_triggers
+
+    conversation = factories.make_conversation(title="Being deleted")
+    DeletionFence.objects.create(conversation_id=conversation.pk, operation_id=1)
+    latest = MigrationExecutor(connection).loader.graph.leaf_nodes()
+    _migrate([("lifecycle", target)])
+    try:
+        on_items = {name for name, table in installed_triggers(connection) if table == "lifecycle_item"}
+        now = timezone.now()
+        with pytest.raises(IntegrityError) as refused, connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO lifecycle_item (conversation_id, seq, role, tool_kind, tool_call_id, status, title, "
+                "content, payload, payload_bytes, removable_bytes, revision, created_at, updated_at) "
+                "VALUES (%s, 1, 'user', '', '', '', '', 'late write', NULL, 0, 0, 1, %s, %s)",
+                [conversation.pk, now, now],
+            )
+    finally:
+        _migrate(latest)
+    assert on_items and is_fence_error(refused.value)
+    assert not Item.objects.filter(conversation=conversation).exists()

@@ -20,6 +20,9 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        # Backwards, last: removing payload_skip rebuilds the table on SQLite, dropping the
+        # fence triggers; they go back on after it.
+        migrations.RunPython(migrations.RunPython.noop, install_fence),
         migrations.AddField(
             model_name="item",
             name="details_removed_at",

@@ -17,30 +17,36 @@ from django.db import migrations
 import lifecycle.models
 
 BATCH = 1000
+BATCH_BYTES = 32 * 1024 * 1024  # of stored payload text per batch: each is held several times over
 
 
 def recompute(apps, schema_editor):
-    from lifecycle.item_payload import payload_columns
+    from lifecycle.item_payload import payload_batch, payload_columns, stored_payload_bytes
+    from retention.reducer import Skip
 
     Item = apps.get_model("lifecycle", "Item")
     DeletionFence = apps.get_model("lifecycle", "DeletionFence")
     vendor = schema_editor.connection.vendor
     fenced = DeletionFence.objects.values("conversation_id")
     fields = ["payload", "payload_bytes", "removable_bytes", "payload_skip"]
+    rows = Item.objects.filter(role="tool").exclude(conversation_id__in=fenced)
     last = 0
     while True:
-        batch = list(
-            Item.objects.filter(pk__gt=last, role="tool")
-            .exclude(conversation_id__in=fenced)
-            .order_by("pk")
-            .only("pk", "tool_kind", *fields)[:BATCH]
-        )
-        if not batch:
+        ids = payload_batch(rows, last, max_items=BATCH, max_bytes=BATCH_BYTES)
+        if not ids:
             return
-        last = batch[-1].pk
-        changed = []
-        for item in batch:
-            columns = payload_columns("tool", item.tool_kind, item.payload, vendor=vendor)
+        last = ids[-1]
+        changed, unusable = [], []
+        for item in Item.objects.filter(pk__in=ids).order_by("pk").only("pk", "tool_kind", *fields):
+            try:
+                columns = payload_columns("tool", item.tool_kind, item.payload, vendor=vendor)
+            except (UnicodeEncodeError, RecursionError):
+                # Stored before writes refused them: a lone surrogate (SQLite), or nesting
+                # deeper than the write path measures. Kept as stored, skipped by cleanup.
+                item.payload_bytes = stored_payload_bytes(item.pk)
+                item.removable_bytes, item.payload_skip = 0, Skip.MALFORMED
+                unusable.append(item)
+                continue
             # SQLite: rewrite every payload, so the stored text is the canonical form.
             # Only the columns this model has: payload_columns also gives later migrations' ones.
             if vendor == "sqlite" and item.payload is not None or any(
@@ -51,6 +57,8 @@ def recompute(apps, schema_editor):
                 changed.append(item)
         if changed:
             Item.objects.bulk_update(changed, fields)
+        if unusable:
+            Item.objects.bulk_update(unusable, fields[1:])
 
 
 def install_fence(apps, schema_editor):
@@ -66,6 +74,9 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        # Backwards, last: the AlterField's reverse rebuilds the table on SQLite, dropping
+        # the fence triggers; they go back on after it.
+        migrations.RunPython(migrations.RunPython.noop, install_fence),
         migrations.AlterField(
             model_name="item",
             name="payload",

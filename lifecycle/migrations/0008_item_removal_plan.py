@@ -10,28 +10,27 @@ fence are left to their erasure. An item without a plan is still reduced, in Pyt
 from django.db import migrations, models
 
 BATCH = 1000
+BATCH_BYTES = 32 * 1024 * 1024  # of stored payload text per batch (see 0007)
 
 
 def fill_plans(apps, schema_editor):
+    from lifecycle.item_payload import payload_batch
     from retention.reducer import SQL_KINDS, item_figures
 
     Item = apps.get_model("lifecycle", "Item")
     DeletionFence = apps.get_model("lifecycle", "DeletionFence")
     fenced = DeletionFence.objects.values("conversation_id")
+    rows = Item.objects.filter(role="tool", removable_bytes__gt=0, tool_kind__in=SQL_KINDS,
+                               removal_plan__isnull=True).exclude(conversation_id__in=fenced)
     last = 0
     while True:
-        batch = list(
-            Item.objects.filter(pk__gt=last, role="tool", removable_bytes__gt=0, tool_kind__in=SQL_KINDS,
-                                removal_plan__isnull=True)
-            .exclude(conversation_id__in=fenced)
-            .order_by("pk")
-            .only("pk", "tool_kind", "payload", "removable_bytes")[:BATCH]
-        )
-        if not batch:
+        ids = payload_batch(rows, last, max_items=BATCH, max_bytes=BATCH_BYTES)
+        if not ids:
             return
-        last = batch[-1].pk
+        last = ids[-1]
         changed = []
-        for item in batch:
+        for item in Item.objects.filter(pk__in=ids).order_by("pk").only("pk", "tool_kind", "payload",
+                                                                          "removable_bytes"):
             _size, removable, _skip, plan = item_figures(item.tool_kind, item.payload)
             if plan is not None and removable == item.removable_bytes:
                 item.removal_plan = plan
