@@ -280,7 +280,7 @@ def _await_lease(operation_id: int, token: str) -> ToolPayloadOperation | None:
 
 def run_operation(operation_id: int, wait_for_lease: bool = False) -> str:
     """Run (a step of) one operation. Returns "done", "more", "busy" or "gone"."""
-    from retention.service import StateUnreadable, _check_operation, _check_policy
+    from retention.service import StateUnreadable, _check_operation, _check_policy, _skipped
 
     token = uuid.uuid4().hex
     op = _with_busy_retries(lambda: _claim(operation_id, token))
@@ -293,12 +293,14 @@ def run_operation(operation_id: int, wait_for_lease: bool = False) -> str:
         _check_policy(ToolPayloadPolicy.load())
     except StateUnreadable:
         log.exception("tool payload operation %s: stored state unreadable", operation_id)
-        _finish(op, token, OperationState.FAILED, "state_unreadable",
-                _("The stored cleanup state could not be read, so nothing ran."))
+        _fail(op, token, "state_unreadable", _("The stored cleanup state could not be read, so nothing ran."))
+        try:
+            _skipped(op)
+        except StateUnreadable:  # the counts it could not read: none, so the failed row reads
+            ToolPayloadOperation.objects.filter(pk=op.pk).update(skipped_json="{}")
         return "done"
     if op.attempts > MAX_TAKEOVERS:
-        _finish(op, token, OperationState.FAILED, "interrupted",
-                _("The job was interrupted too many times; it stopped. Start it again."))
+        _fail(op, token, "interrupted", _("The job was interrupted too many times; it stopped. Start it again."))
         return "done"
     body = {
         OperationKind.ANALYSIS: _analysis_step,
@@ -315,8 +317,7 @@ def run_operation(operation_id: int, wait_for_lease: bool = False) -> str:
             outcome = "more"
         else:
             log.exception("tool payload operation %s failed", operation_id)
-            _finish(op, token, OperationState.FAILED, "internal",
-                    _("The job stopped on an unexpected error. Details are in the server log."))
+            _fail(op, token, "internal", _("The job stopped on an unexpected error. Details are in the server log."))
             return "done"
     if outcome == "more":
         with transaction.atomic():
@@ -326,6 +327,14 @@ def run_operation(operation_id: int, wait_for_lease: bool = False) -> str:
             if released:
                 enqueue(op.pk)
     return outcome
+
+
+def _fail(op: ToolPayloadOperation, token: str, code: str, message: str) -> None:
+    """Fail the operation; a backup's failure also fails the preparation waiting on it (else
+    it would show a backup being made that no job makes, with no Retry or Cancel offered)."""
+    with transaction.atomic():
+        if _finish(op, token, OperationState.FAILED, code, message) and op.kind == OperationKind.BACKUP:
+            _policy_preparation(PreparationState.FAILED, error=message)
 
 
 def _is_busy(exc: BaseException) -> bool:
@@ -557,7 +566,15 @@ def _cleanup_step(op: ToolPayloadOperation, token: str, *, after_batch=None) -> 
     """Bounded keyset batches by (conversation id, item id), each its own transaction."""
     deadline = time.monotonic() + STEP_SECONDS
     if op.cutoff is None and op.removed_messages == 0:
-        refused = _verify_preparation()
+        # Cancel, disable and a policy change end a run that has not started as they end one
+        # between batches, before the backup is checked (a check that fails would mark a
+        # preparation failed that this run no longer needs).
+        with transaction.atomic():
+            ended = _run_ended(op, _RunState.lock(op.pk, token))
+        if ended:
+            return "done"
+        with _Heartbeat(op.pk, token):  # reading the whole backup can outlast the lease
+            refused = _verify_preparation()
         if refused:
             with transaction.atomic():
                 if _finish(op, token, OperationState.FAILED, "preparation_required", refused):
@@ -859,7 +876,8 @@ def _read_batch(op: ToolPayloadOperation, token: str, pace: _Pace | None,
         if seen.lease != token:
             raise LeaseLost
         if seen.cutoff is None:
-            _fix_cutoff(seen, token)
+            with _Heartbeat(op.pk, token):  # counts over the whole database
+                _fix_cutoff(seen, token)
         (cursor_conversation, cursor_item), cutoff = (seen.cursor_conversation, seen.cursor_item), seen.cutoff
     else:
         (cursor_conversation, cursor_item), cutoff = after
@@ -1597,6 +1615,10 @@ def _backup_run(op: ToolPayloadOperation, token: str) -> str:
 def _compact_run(op: ToolPayloadOperation, token: str) -> str:
     from retention.compact import CompactError, compact_database
 
+    if ToolPayloadOperation.objects.filter(pk=op.pk, cancel_requested=True).exists():
+        # VACUUM cannot stop half-way; a cancel asked before it starts is honoured
+        _finish(op, token, OperationState.CANCELLED, "cancelled", _("Cancelled before the database was compacted."))
+        return "done"
     try:
         with _Heartbeat(op.pk, token):
             result = compact_database()

@@ -234,9 +234,11 @@ def status_document(*, with_database: bool = True) -> dict:
     reads pages, and the card's status reads (every second while something runs) do not
     show them (the page measures once when it renders).
 
-    Never raises for unreadable stored state: it answers with `error` set
-    ({code: "state_unreadable", message}) and as much as it could read, and every
-    mutation refuses until the state is readable again.
+    Never raises for unreadable stored state: with an unreadable policy or open operation
+    it answers with `error` set ({code: "state_unreadable", message}) and as much as it could
+    read, and every mutation refuses until the state is readable again. A finished operation
+    that cannot be read is left out of the history and sets no error (the job that failed it
+    for that reason also reset what it could not read).
     """
     policy = ToolPayloadPolicy.load()
     error = None
@@ -254,8 +256,9 @@ def status_document(*, with_database: bool = True) -> dict:
             doc = _operation_dict(op)
         except StateUnreadable:
             log.exception("tool payload cleanup operation unreadable")
-            error = _unreadable_error()
-            continue
+            if op.slot is not None:  # an open one: nothing runs until it reads again
+                error = _unreadable_error()
+            continue  # a finished one is left out of the history (the log names it)
         history.append(doc)
         if current is None and op.slot is not None:
             current = doc

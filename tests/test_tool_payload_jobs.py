@@ -1427,3 +1427,90 @@ def test_run_that_loses_a_race_with_a_save_leaves_no_preparation_behind(admin_us
     assert not ToolPayloadOperation.objects.exists()
     assert service.start_run(user=admin_user, revision=3)  # the run the new settings allow
     assert ToolPayloadOperation.objects.get().kind == "cleanup"
+
+
+# ---- From an outside review of the jobs: long checks, order of checks, failures ----------------
+
+
+@pytest.mark.django_db(transaction=True)  # the heartbeat beats on its own connection
+def test_a_backup_check_longer_than_the_lease_keeps_the_lease(admin_user, monkeypatch, settings, tmp_path):
+    """Before the first batch the cleanup reads the whole backup again (SHA-256, integrity):
+    on a large database that outlasts the lease, and a worker that stayed quiet that long
+    was taken over again and again until the run failed as interrupted."""
+    import retention.backups as backups
+
+    settings.LETHE_BACKUP_DIR = str(tmp_path / "backups")
+    monkeypatch.setattr(jobs, "LEASE_SECONDS", 1)
+    old_conversation("big", tools=3)
+    enable(admin_user, choice="create")
+    ToolPayloadPolicy.objects.filter(id=1).update(preparation_state="ready", backup_receipt_name="x.sqlite3")
+    op_id = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
+    taken_over = []
+
+    def slow_verify(name):
+        time.sleep(2.5)  # longer than the lease
+        taken_over.append(jobs.tick())  # the minute's recovery finds the operation quiet, or not
+
+    monkeypatch.setattr(backups, "verify_backup", slow_verify)
+    op = run(op_id)
+    assert taken_over == [0]
+    assert (op.state, op.attempts, op.removed_messages) == ("succeeded", 0, 4)
+
+
+@pytest.mark.django_db
+def test_a_queued_cleanup_that_ends_before_it_starts_leaves_the_preparation_alone(admin_user):
+    """Cancel, disable and a policy change end a queued run before it checks the backup: the
+    check (failing here: the receipt is not on disk) would mark failed a preparation this run
+    no longer needs."""
+    old_conversation("q", tools=2)
+    enable(admin_user, choice="create")
+    ToolPayloadPolicy.objects.filter(id=1).update(preparation_state="ready", backup_receipt_name="gone.sqlite3")
+    op_id = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
+    enable(admin_user, choice="create", value=1)  # a shorter period: a new backup is due
+    assert ToolPayloadPolicy.load().preparation_state == "none"
+    op = run(op_id)
+    assert (op.state, op.error_code) == ("cancelled", "policy_changed")
+    assert ToolPayloadPolicy.load().preparation_state == "none"
+    ToolPayloadPolicy.objects.filter(id=1).update(preparation_state="ready", backup_receipt_name="gone.sqlite3")
+    op_id = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
+    service.cancel(user=admin_user, operation_id=op_id)
+    op = run(op_id)
+    assert (op.state, op.error_code) == ("cancelled", "cancelled")
+    assert ToolPayloadPolicy.load().preparation_state == "ready"
+    assert not Item.objects.filter(details_removed_at__isnull=False).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_compaction_cancelled_before_it_starts_does_not_run(admin_user):
+    from retention.storage import database_size
+
+    conversation = old_conversation("x", tools=3)
+    Item.objects.filter(conversation=conversation).delete()
+    before = database_size().reusable_bytes
+    op_id = service.start_compact(user=admin_user)
+    service.cancel(user=admin_user, operation_id=op_id)
+    op = run(op_id)
+    assert (op.state, op.error_code, op.after_bytes) == ("cancelled", "cancelled", None)
+    if connection.vendor == "sqlite":
+        assert database_size().reusable_bytes == before > 0  # no VACUUM ran
+
+
+@pytest.mark.django_db
+def test_a_backup_that_fails_on_unreadable_state_fails_its_preparation_and_the_status_reads_again(admin_user):
+    """The preparation waiting on a backup that failed for any reason is failed too (Retry and
+    Cancel offered), and once the unreadable operation is failed the status reads cleanly."""
+    old_conversation("u", tools=2)
+    enable(admin_user, choice="create")
+    op_id = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
+    ToolPayloadOperation.objects.filter(pk=op_id).update(skipped_json="{not json")
+    assert service.status_document()["error"]["code"] == "state_unreadable"
+    op = run(op_id)
+    assert (op.kind, op.state, op.error_code, op.slot, op.skipped_json) == (
+        "backup", "failed", "state_unreadable", None, "{}")
+    policy = ToolPayloadPolicy.load()
+    assert policy.preparation_state == "failed" and policy.preparation_error
+    doc = service.status_document()
+    assert doc["error"] is None and doc["history"][0]["state"] == "failed"
+    retried = service.retry_preparation(user=admin_user)
+    assert ToolPayloadOperation.objects.get(pk=retried).kind == "backup"
+    assert ToolPayloadPolicy.load().preparation_state == "preparing"
