@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from django.db import transaction
 from django.utils import timezone
 from django_q.tasks import async_task
 
-from insight.models import Measurement
+from insight.models import REQUEST_STALE, Measurement
 from insight.schedules import FUNC
-
-# A request still waiting this long is taken as lost (say, the queue was cleared) and queued again.
-REQUEST_STALE = timedelta(minutes=15)
 
 
 def request_measurement() -> bool:

@@ -7,10 +7,15 @@ here (its size row is simply no longer shown, and the next measurement drops it)
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 HISTORY_DAYS = 400
+# A request still waiting this long is taken as lost (the job failed, or the queue was cleared).
+REQUEST_STALE = timedelta(minutes=15)
 
 
 class Measurement(models.Model):
@@ -24,6 +29,10 @@ class Measurement(models.Model):
     # Engine bytes outside any conversation's folders (the fleet file, locks of shared state,
     # folders of conversations this database does not know).
     unattributed_engine_bytes = models.PositiveBigIntegerField(default=0)
+    # The engine folder was missing (or not a folder) when measured: its figures are not a size.
+    engine_missing = models.BooleanField(default=False)
+    # Folders and files in it that could not be read: the engine figures count only the rest.
+    engine_unreadable = models.PositiveIntegerField(default=0)
     text_bytes = models.PositiveBigIntegerField(default=0)
     payload_bytes = models.PositiveBigIntegerField(default=0)
     removable_bytes = models.PositiveBigIntegerField(default=0)
@@ -40,6 +49,11 @@ class Measurement(models.Model):
     def pending(self) -> bool:
         """A requested measurement has not finished yet."""
         return self.requested_at is not None and (self.measured_at is None or self.requested_at > self.measured_at)
+
+    @property
+    def request_lost(self) -> bool:
+        """The requested measurement has not finished after REQUEST_STALE: it failed or was lost."""
+        return self.pending and timezone.now() - self.requested_at >= REQUEST_STALE
 
 
 class ConversationSize(models.Model):

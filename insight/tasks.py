@@ -17,6 +17,7 @@ complete snapshot; a second run on the same day replaces that day's totals.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import defaultdict
 from datetime import timedelta
@@ -40,6 +41,7 @@ from lifecycle.models import Conversation, ConversationState, Item, Role, Scope
 from retention.storage import database_size
 
 BATCH = 1000
+log = logging.getLogger(__name__)
 
 
 class OctetLength(Func):
@@ -66,16 +68,21 @@ def tool_kind_sizes() -> list[dict[str, int | str]]:
              "removable_bytes": r["removable"] or 0} for r in rows]
 
 
-def engine_bytes_by_key(home: EngineHome) -> dict[str, int]:
-    """storage key -> bytes in that conversation's engine folders, for every key found on disk."""
+def engine_bytes_by_key(home: EngineHome, problems: list[OSError] | None = None) -> dict[str, int]:
+    """storage key -> bytes in that conversation's engine folders, for every key found on disk;
+    what could not be read goes to `problems`."""
     keys: set[str] = set()
     for area in CONVERSATION_AREAS:
         try:
             entries = list(os.scandir(home.real_root / area))
         except (FileNotFoundError, NotADirectoryError):
             continue
+        except OSError as exc:  # a folder that cannot be listed: counted as unreadable, not empty
+            if problems is not None:
+                problems.append(exc)
+            continue
         keys.update(e.name for e in entries if is_storage_key(e.name) and e.is_dir(follow_symlinks=False))
-    return {key: home.conversation_usage(key)[1] for key in sorted(keys)}
+    return {key: home.conversation_usage(key, problems)[1] for key in sorted(keys)}
 
 
 def measure_storage() -> dict[str, int]:
@@ -91,8 +98,13 @@ def measure_storage() -> dict[str, int]:
     kinds = tool_kind_sizes()
     faults.kill_point("insight.read_database")
     home = EngineHome()
-    engine_files, engine_total = home.usage()
-    by_key = engine_bytes_by_key(home)
+    engine_missing = not home.real_root.is_dir()
+    problems: list[OSError] = []
+    engine_files, engine_total = home.usage(problems)
+    by_key = engine_bytes_by_key(home, problems)
+    if problems:
+        log.warning("storage measurement: %s engine folders or files could not be read (first: %s)",
+                    len(problems), problems[0])
     faults.kill_point("insight.read_engine")
     file_bytes = database_size().file_bytes
 
@@ -119,6 +131,9 @@ def measure_storage() -> dict[str, int]:
 
     with transaction.atomic():
         measurement, _created = Measurement.objects.select_for_update().get_or_create(id=1)
+        if measurement.measured_at is not None and measurement.measured_at > started:
+            # A run that started later committed first: its figures are newer than these.
+            return {"superseded": 1}
         ConversationSize.objects.all().delete()
         faults.kill_point("insight.write")
         ConversationSize.objects.bulk_create(conversation_rows, batch_size=BATCH)
@@ -133,8 +148,10 @@ def measure_storage() -> dict[str, int]:
         DailySize.objects.filter(day__lte=day - timedelta(days=HISTORY_DAYS)).delete()
         Measurement.objects.filter(pk=measurement.pk).update(
             measured_at=started, database_bytes=file_bytes, engine_bytes=engine_total, engine_files=engine_files,
+            engine_missing=engine_missing, engine_unreadable=len(problems),
             unattributed_engine_bytes=max(engine_total - attributed, 0), text_bytes=text_total,
             payload_bytes=payload_total, removable_bytes=removable_total)
     faults.kill_point("insight.committed")
     return {"conversations": len(conversation_rows), "owners": len(owner_rows), "database_bytes": file_bytes,
-            "engine_bytes": engine_total, "payload_bytes": payload_total, "removable_bytes": removable_total}
+            "engine_bytes": engine_total, "payload_bytes": payload_total, "removable_bytes": removable_total,
+            "engine_missing": int(engine_missing), "engine_unreadable": len(problems)}

@@ -213,19 +213,28 @@ def _truncate(path: Path, size: int) -> None:
         os.close(fd)
 
 
-def _walk_files(top: Path) -> Iterator[os.stat_result]:
-    """The regular files under `top`, without following symlinks; vanished entries skipped."""
+def _walk_files(top: Path, problems: list[OSError] | None = None) -> Iterator[os.stat_result]:
+    """The regular files under `top`, without following symlinks; vanished entries skipped.
+    A folder or file that exists but cannot be read is skipped too, and added to `problems`
+    when given (a measurement then says it is incomplete, never that it found nothing)."""
+
+    def unreadable(exc: OSError) -> None:
+        if problems is not None and not isinstance(exc, FileNotFoundError):
+            problems.append(exc)
+
     try:
         if not stat.S_ISDIR(os.lstat(top).st_mode):
             return
-    except OSError:
+    except OSError as exc:
+        unreadable(exc)
         return
-    # os.walk ignores folders it can no longer list and never descends into symlinks.
-    for dirpath, _dirs, names in os.walk(top):
+    # os.walk never descends into symlinks; folders it cannot list go to `unreadable`.
+    for dirpath, _dirs, names in os.walk(top, onerror=unreadable):
         for name in names:
             try:
                 info = os.lstat(os.path.join(dirpath, name))
-            except OSError:
+            except OSError as exc:
+                unreadable(exc)
                 continue
             if stat.S_ISREG(info.st_mode):
                 yield info
@@ -559,23 +568,24 @@ class EngineHome:
                     removed += 1
         return removed
 
-    def usage(self) -> tuple[int, int]:
-        """(files, bytes) under the engine home."""
+    def usage(self, problems: list[OSError] | None = None) -> tuple[int, int]:
+        """(files, bytes) under the engine home; what could not be read goes to `problems`."""
         count = size = 0
-        for info in _walk_files(self.real_root):
+        for info in _walk_files(self.real_root, problems):
             count += 1
             size += info.st_size
         return count, size
 
-    def conversation_usage(self, key: str) -> tuple[int, int]:
-        """(files, bytes) in this conversation's folders; a folder behind a symlink counts nothing."""
+    def conversation_usage(self, key: str, problems: list[OSError] | None = None) -> tuple[int, int]:
+        """(files, bytes) in this conversation's folders; a folder behind a symlink counts nothing;
+        what could not be read goes to `problems`."""
         count = size = 0
         for area in CONVERSATION_AREAS:
             try:
                 folder = self._conversation_dir(area, key)
             except UnsafeEnginePath:
                 continue
-            for info in _walk_files(folder):
+            for info in _walk_files(folder, problems):
                 count += 1
                 size += info.st_size
         return count, size

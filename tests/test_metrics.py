@@ -185,3 +185,15 @@ def test_it_warns_about_a_short_metrics_token(settings):
     assert [w.id for w in check_metrics_token()] == ["ops.W001"]
     settings.METRICS_TOKEN = TOKEN
     assert check_metrics_token() == []
+
+
+@pytest.mark.django_db
+def test_a_made_up_method_is_counted_as_other_and_adds_no_series(admin_client):
+    """A server accepts any method name; counted by name, each would add series for good."""
+    for n in range(5):
+        assert admin_client.generic(f"X{n:04d}Q", "/healthz").status_code in (400, 405)
+    text = admin_client.get("/metrics").content.decode()
+    assert "X0000Q" not in text and "X0004Q" not in text
+    found = samples(text)
+    assert sum(v for (name, labels), v in found.items()
+               if name == "lethe_http_requests_total" and ("method", "other") in labels) >= 5

@@ -409,3 +409,91 @@ def test_a_worker_killed_mid_measurement_on_a_real_cluster_leaves_it_pending_and
     assert stored == expected_sizes(fleet)
     assert DailySize.objects.count() == 1
     assert DailySize.objects.get().payload_bytes == sum(i.payload_bytes for i in Item.objects.all())
+
+
+# ---- From an outside review: figures that were not what the page said ------------------------
+
+
+def _totals(page: str) -> str:
+    start = page.index('data-testid="insight-totals"')
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", page[start:page.index("</dl>", start)]))
+
+
+@pytest.mark.django_db
+def test_a_missing_engine_folder_is_said_not_measured_not_empty(admin_client, engine_home, settings):
+    home = EngineHome()
+    conversation = factories.make_conversation(title="c")
+    home.write_atomic(home.events_path(conversation.storage_key), b"e" * 10_000)
+    measure_storage()
+    assert Measurement.load().engine_bytes >= 10_000 and not Measurement.load().engine_missing
+    settings.ENGINE_HOME = engine_home.parent / "unmounted"  # a disk not mounted, a wrong path
+    measure_storage()
+    assert Measurement.load().engine_missing
+    totals = _totals(admin_client.get(PAGE, **HOST).content.decode())
+    assert "Not found when measured" in totals and "0 bytes in 0 files" not in totals
+
+
+def _beyond_path_max(folder) -> None:
+    """A folder nested deeper than the system's path length limit, with a file at the bottom:
+    it exists but cannot be listed by its path (ENAMETOOLONG), even by root."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        for _level in range(20):
+            os.mkdir("d" * 250, dir_fd=fd)
+            inner = os.open("d" * 250, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        leaf = os.open("hidden.bin", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd)
+        os.write(leaf, b"h" * 7000)
+        os.close(leaf)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.django_db
+def test_what_cannot_be_read_makes_the_measurement_incomplete_not_smaller(admin_client, engine_home):
+    home = EngineHome()
+    conversation = factories.make_conversation(title="Deep")
+    home.write_atomic(home.artifacts_dir(conversation.storage_key) / "seen.bin", b"s" * 5000)
+    _beyond_path_max(home.artifacts_dir(conversation.storage_key) / "deep")
+    result = measure_storage()
+    measurement = Measurement.load()
+    assert result["engine_unreadable"] >= 1 and measurement.engine_unreadable == result["engine_unreadable"]
+    assert ConversationSize.objects.get(conversation_id=conversation.pk).engine_bytes == 5000  # what could be read
+    totals = _totals(admin_client.get(PAGE, **HOST).content.decode())
+    assert "Incomplete:" in totals and "could not be read" in totals
+    # The engine folder size Data & storage and /metrics show is not replaced by a smaller one.
+    from retention.models import StorageSnapshot
+    from retention.tasks import measure_engine_folder
+
+    assert measure_engine_folder()["unreadable"] >= 1
+    assert not StorageSnapshot.objects.filter(engine_bytes__gt=0).exists()
+
+
+@pytest.mark.django_db
+def test_a_request_that_did_not_finish_is_not_shown_as_waiting_for_ever(admin_client, engine_home):
+    measure_storage()
+    admin_client.post(MEASURE, **HOST)
+    page = admin_client.get(PAGE, **HOST).content.decode()
+    assert "is waiting for the background job" in page
+    now = timezone.now()
+    Measurement.objects.filter(pk=1).update(requested_at=now - timedelta(hours=6),
+                                            measured_at=now - timedelta(hours=7))
+    page = admin_client.get(PAGE, **HOST).content.decode()
+    assert "did not finish" in page and "is waiting for the background job" not in page
+    assert admin_client.post(MEASURE, **HOST).status_code == 302  # queued again
+    assert "is waiting for the background job" in admin_client.get(PAGE, **HOST).content.decode()
+
+
+@pytest.mark.django_db
+def test_an_older_run_never_overwrites_a_newer_measurement(engine_home):
+    """Two runs read at different times; the one that started later may commit first. The
+    earlier one then writes nothing: its figures are older."""
+    factories.make_conversation(title="x")
+    later = timezone.now() + timedelta(minutes=5)  # a run that started after this one committed
+    Measurement.objects.update_or_create(id=1, defaults={"measured_at": later, "engine_bytes": 12345})
+    assert measure_storage() == {"superseded": 1}
+    measurement = Measurement.load()
+    assert (measurement.measured_at, measurement.engine_bytes) == (later, 12345)
+    assert not DailySize.objects.exists()
