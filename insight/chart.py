@@ -115,14 +115,16 @@ class Chart:
 
 
 def build(days: list[DailySize]) -> Chart:
-    """One point per day and series; x spreads the days evenly, y runs from 0 to the peak."""
+    """One point per measured day and series; x is the date (a gap of days without a
+    measurement is as wide as those days), y runs from 0 to the peak."""
     top = max((getattr(d, key) for d in days for key, _label, _css in SERIES), default=0) or 1
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    span = (days[-1].day - days[0].day).days if days else 0
     series = []
     for key, label, css in SERIES:
         s = Series(key, str(label), css)
-        for i, d in enumerate(days):
-            x = LEFT + (plot_w / 2 if len(days) == 1 else plot_w * i / (len(days) - 1))
+        for d in days:
+            x = LEFT + (plot_w / 2 if not span else plot_w * (d.day - days[0].day).days / span)
             value = getattr(d, key)
             s.points.append(Point(x, TOP + plot_h * (1 - value / top), d.day, value))
         series.append(s)

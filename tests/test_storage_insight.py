@@ -237,7 +237,11 @@ def test_the_chart_has_a_point_for_each_day_in_each_series(admin_client, engine_
         group = svg[svg.index(f'data-series="{series}"'):]
         group = group[:group.index("</g>")]
         assert re.findall(r'data-day="([0-9-]+)"', group) == days
-        assert len(re.findall(r"<polyline points=\"([0-9., ]+)\"", group)[0].split()) == 4
+        points = re.findall(r"<polyline points=\"([0-9., ]+)\"", group)[0].split()
+        assert len(points) == 4
+        # x follows the date: days 5, 2, 1 and 0 ago sit at 0, 3/5, 4/5 and all of the width
+        xs = [float(point.split(",")[0]) for point in points]
+        assert [round((x - xs[0]) / (xs[-1] - xs[0]), 3) for x in xs] == [0, 0.6, 0.8, 1]
     table = page[page.index('data-testid="size-table"'):]
     assert table[:table.index("</table>")].count('<th scope="row">') == 4
 
