@@ -114,9 +114,13 @@ def cutoff_for(now: datetime, value: int, unit: str) -> datetime:
     return now.replace(year=year, month=month, day=day)
 
 
-def eligible_conversations(cutoff: datetime):
+def eligible_conversations(cutoff: datetime, *, as_of: datetime | None = None):
     """Live conversations last active strictly before the cutoff, with no queued or running
-    work and no delete intent (AC-TPR-001.3), in id order."""
+    work and no delete intent (AC-TPR-001.3), in id order.
+
+    `as_of`: also none that had queued or running work at that time (a run's count): a
+    cleanup run takes only conversations it counted when it started, so its figures add up
+    (one whose work was interrupted since waits for the next run)."""
     from lifecycle.models import (
         ACTIVE_TURN_STATES,
         INTENT_STATES,
@@ -128,12 +132,15 @@ def eligible_conversations(cutoff: datetime):
 
     active = Turn.objects.filter(conversation=OuterRef("pk"), state__in=ACTIVE_TURN_STATES)
     intent = DeleteOperation.objects.filter(conversation=OuterRef("pk"), state__in=INTENT_STATES)
-    return (
+    eligible = (
         Conversation.objects.filter(state=ConversationState.LIVE, last_activity_at__lt=cutoff)
         .exclude(Exists(active))
         .exclude(Exists(intent))
-        .order_by("id")
     )
+    if as_of is not None:  # work ends only by being marked finished (set_closed), with its time
+        was_active = Turn.objects.filter(conversation=OuterRef("pk"), started_at__lte=as_of, finished_at__gt=as_of)
+        eligible = eligible.exclude(Exists(was_active))
+    return eligible.order_by("id")
 
 
 # ---- Queueing -------------------------------------------------------------------------------
@@ -500,7 +507,7 @@ class _Pace:
         self.committed_at = 0.0  # monotonic time of the last batch's commit
         # the cursor and cutoff the last batch committed: the next batch reads from there without
         # reading the operation row first (its write transaction checks the cursor again)
-        self.next_read: tuple[tuple[int, int], datetime] | None = None
+        self.next_read: tuple[tuple[int, int], datetime, datetime | None] | None = None
         # the eligible conversations read last, in id order, and the id they were read from: all
         # the eligible ones in [from, last] (one tuple: both are replaced at once)
         self.window: tuple[int, list[int]] = (0, [])
@@ -528,9 +535,9 @@ class _Pace:
         ahead = [c for c in candidates if c >= first]
         return ahead or None
 
-    def eligible_among(self, cutoff: datetime) -> _EligibleAmong:
-        if self.eligible is None or self.eligible.cutoff != cutoff:
-            self.eligible = _EligibleAmong(cutoff)
+    def eligible_among(self, cutoff: datetime, as_of: datetime | None) -> _EligibleAmong:
+        if self.eligible is None or (self.eligible.cutoff, self.eligible.as_of) != (cutoff, as_of):
+            self.eligible = _EligibleAmong(cutoff, as_of)
         return self.eligible
 
     def item_limit(self) -> int:
@@ -828,10 +835,10 @@ class _Read:
     cutoff, the candidate conversations, the planned rewrites (SQLite) or the span of items
     (PostgreSQL), their payload bytes, and the cursor the batch commits."""
 
-    __slots__ = ("cursor", "cutoff", "candidates", "planned", "batch_bytes", "next_cursor", "span")
+    __slots__ = ("cursor", "cutoff", "as_of", "candidates", "planned", "batch_bytes", "next_cursor", "span")
 
-    def __init__(self, cursor, cutoff, candidates, planned, batch_bytes, next_cursor, span=None) -> None:
-        self.cursor, self.cutoff, self.candidates = cursor, cutoff, candidates
+    def __init__(self, cursor, cutoff, as_of, candidates, planned, batch_bytes, next_cursor, span=None) -> None:
+        self.cursor, self.cutoff, self.as_of, self.candidates = cursor, cutoff, as_of, candidates
         self.planned, self.batch_bytes, self.next_cursor = planned, batch_bytes, next_cursor
         self.span: _Span | None = span
 
@@ -879,13 +886,14 @@ def _read_batch(op: ToolPayloadOperation, token: str, pace: _Pace | None,
             with _Heartbeat(op.pk, token):  # counts over the whole database
                 _fix_cutoff(seen, token)
         (cursor_conversation, cursor_item), cutoff = (seen.cursor_conversation, seen.cursor_item), seen.cutoff
+        as_of = seen.counted_at
     else:
-        (cursor_conversation, cursor_item), cutoff = after
+        (cursor_conversation, cursor_item), cutoff, as_of = after
     first = cursor_conversation if cursor_item != NO_CURSOR else cursor_conversation + 1
     candidates = pace.candidates_from(first) if pace is not None else None
     if candidates is None:
         candidates = list(
-            eligible_conversations(cutoff)
+            eligible_conversations(cutoff, as_of=as_of)
             .filter(id__gte=first)
             .filter(Exists(Item.objects.filter(conversation=OuterRef("pk"), removable_bytes__gt=0)))
             .values_list("id", flat=True)[:CONVERSATIONS_PER_BATCH]
@@ -902,7 +910,7 @@ def _read_batch(op: ToolPayloadOperation, token: str, pace: _Pace | None,
             pace.taken(span.items, span.payload_bytes)
         full = span.items < span.read or span.read == limit
         next_cursor = span.end if full and span.items else (candidates[-1], NO_CURSOR)
-        return _Read((cursor_conversation, cursor_item), cutoff, candidates, [], span.payload_bytes, next_cursor,
+        return _Read((cursor_conversation, cursor_item), cutoff, as_of, candidates, [], span.payload_bytes, next_cursor,
                      span)
     if candidates:
         items = _next_items(cursor_conversation, cursor_item, candidates, limit)
@@ -920,7 +928,7 @@ def _read_batch(op: ToolPayloadOperation, token: str, pace: _Pace | None,
         else:  # every candidate conversation is done
             next_cursor = (candidates[-1], NO_CURSOR)
         planned = _plan_items(taken, timezone.now().replace(microsecond=0))  # the marker's whole seconds
-    return _Read((cursor_conversation, cursor_item), cutoff, candidates, planned, batch_bytes, next_cursor)
+    return _Read((cursor_conversation, cursor_item), cutoff, as_of, candidates, planned, batch_bytes, next_cursor)
 
 
 def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None = None) -> str:
@@ -991,7 +999,8 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
         # sees its activity) and recheck their eligibility inside the batch's transaction
         # (PostgreSQL: in the statement that writes the span, which starts once they are locked).
         _lock_conversations(touched)
-        eligible = pace.eligible_among(read.cutoff) if pace is not None else _EligibleAmong(read.cutoff)
+        eligible = (pace.eligible_among(read.cutoff, read.as_of) if pace is not None
+                    else _EligibleAmong(read.cutoff, read.as_of))
         still = eligible.between(touched[0], touched[-1]) if touched and read.span is None else set()
         skipped: Counter = Counter()
         if cursor_item != NO_CURSOR and cursor_conversation not in candidates:
@@ -1027,7 +1036,7 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
         committing = time.perf_counter()
     if pace is not None:
         pace.committed_at = time.monotonic()
-        pace.next_read = (next_cursor, read.cutoff)
+        pace.next_read = (next_cursor, read.cutoff, read.as_of)
         if pace.checkpointer is not None:
             pace.checkpointer.committed()
         pace.marked_stale = pace.marked_stale or stale_marked
@@ -1125,9 +1134,9 @@ class _EligibleAmong:
 
     LOW, HIGH = -7_340_001, -7_340_002  # stand-ins for the bounds while compiling
 
-    def __init__(self, cutoff: datetime) -> None:
-        self.cutoff = cutoff
-        query = eligible_conversations(cutoff).filter(id__gte=self.LOW, id__lte=self.HIGH).values_list("id")
+    def __init__(self, cutoff: datetime, as_of: datetime | None = None) -> None:
+        self.cutoff, self.as_of = cutoff, as_of
+        query = eligible_conversations(cutoff, as_of=as_of).filter(id__gte=self.LOW, id__lte=self.HIGH).values_list("id")
         self.sql, params = query.query.sql_with_params()
         self.params = list(params)
         if self.params.count(self.LOW) != 1 or self.params.count(self.HIGH) != 1:
@@ -1167,7 +1176,8 @@ def _fix_cutoff(op: ToolPayloadOperation, token: str) -> None:
     from lifecycle.models import Item
     from retention.reducer import Skip
 
-    cutoff = cutoff_for(timezone.now(), op.age_value, op.age_unit)
+    now = timezone.now()  # the run takes the conversations eligible now (see eligible_conversations)
+    cutoff = cutoff_for(now, op.age_value, op.age_unit)
     in_scope = Item.objects.filter(conversation__in=eligible_conversations(cutoff).values("id"))
     removable = in_scope.filter(removable_bytes__gt=0).aggregate(
         n=Count("id"), c=Count("conversation_id", distinct=True))
@@ -1177,7 +1187,7 @@ def _fix_cutoff(op: ToolPayloadOperation, token: str) -> None:
     with transaction.atomic():
         _locked(op, token)
         ToolPayloadOperation.objects.filter(pk=op.pk, cutoff__isnull=True).update(
-            cutoff=cutoff, progress_total=removable["n"], eligible_messages=removable["n"],
+            cutoff=cutoff, counted_at=now, progress_total=removable["n"], eligible_messages=removable["n"],
             eligible_conversations=removable["c"], skipped_json=_merge("{}", left_alone),
         )
     op.refresh_from_db()

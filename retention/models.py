@@ -121,6 +121,8 @@ class ToolPayloadOperation(models.Model):
     age_value = models.PositiveIntegerField(null=True, blank=True)
     age_unit = models.CharField(max_length=8, blank=True, default="")
     cutoff = models.DateTimeField(null=True, blank=True)
+    # Cleanup: when its totals were counted; it takes only conversations eligible then
+    counted_at = models.DateTimeField(null=True, blank=True)
     # figures
     scanned = models.PositiveBigIntegerField(default=0)
     eligible_conversations = models.PositiveBigIntegerField(default=0)

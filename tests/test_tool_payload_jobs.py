@@ -1514,3 +1514,42 @@ def test_a_backup_that_fails_on_unreadable_state_fails_its_preparation_and_the_s
     retried = service.retry_preparation(user=admin_user)
     assert ToolPayloadOperation.objects.get(pk=retried).kind == "backup"
     assert ToolPayloadPolicy.load().preparation_state == "preparing"
+
+
+@pytest.mark.django_db
+def test_a_run_takes_only_what_it_counted_so_its_figures_add_up(admin_user, monkeypatch):
+    """One conversation becomes active before the run reaches it (its items are skipped for
+    recent activity); another becomes eligible mid-run (Close interrupted its stale queued
+    work, leaving its activity time alone). The run does not take the second (the next run
+    will): taking it made its removals cancel out the first one's skips in the run's figures."""
+    from lifecycle.actions.set_closed import set_closed
+    from lifecycle.models import Turn, TurnState
+
+    monkeypatch.setattr(jobs, "CONVERSATIONS_PER_BATCH", 1)
+    old_conversation("first", tools=2)
+    woken = old_conversation("woken", tools=2)
+    stuck = old_conversation("stuck", tools=2)
+    Turn.objects.create(conversation=stuck, seq=1, state=TurnState.QUEUED)
+    theirs = Item.objects.filter(conversation=woken, removable_bytes__gt=0).count()
+    stuck_items = Item.objects.filter(conversation=stuck, removable_bytes__gt=0).count()
+    enable(admin_user)
+    op = jobs._claim(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision), "t")
+    woke = []
+
+    def after_batch(_result):
+        if not woke:
+            woke.append(1)
+            factories.add_message(woken, "user", "back again")
+            set_closed(Conversation.objects.get(pk=stuck.pk), closed=True, acting_user=admin_user)
+
+    assert jobs._cleanup_step(op, "t", after_batch=after_batch) == "done"
+    done = ToolPayloadOperation.objects.get(pk=op.pk)
+    assert Item.objects.filter(conversation=woken, removable_bytes__gt=0).count() == theirs
+    assert Item.objects.filter(conversation=stuck, removable_bytes__gt=0).count() == stuck_items  # next run's
+    skipped = json.loads(done.skipped_json)
+    assert skipped.get("recent_activity") == theirs
+    assert done.removed_messages == done.eligible_messages - theirs
+    assert done.progress_done == done.progress_total == done.eligible_messages
+    # The next run counts it and takes it.
+    again = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert again.removed_messages == stuck_items and again.eligible_messages == stuck_items
