@@ -88,3 +88,27 @@ def test_before_the_first_measurement_it_says_so(seeded, live_server, open_page,
         "Not measured yet. A background job measures storage once a day.")
     expect(section.get_by_role("img")).to_have_count(0)
     check_layout(page, f"storage insight unmeasured {viewport}")
+
+
+@WIDTHS
+def test_an_incomplete_measurement_and_a_lost_request_are_said_so(seeded, live_server, open_page, viewport):
+    """What the page says when the engine folder could not all be read and a requested
+    measurement did not finish: never a current figure it does not have."""
+    from e2e.helpers import screenshot
+
+    measured_history()
+    now = timezone.now()
+    Measurement.objects.filter(pk=1).update(engine_unreadable=2, requested_at=now - timedelta(hours=2),
+                                            measured_at=now - timedelta(hours=3))
+    page = open_page(viewport)
+    section = open_storage(page, live_server.url, ADMIN)
+    expect(section.get_by_test_id("insight-engine")).to_contain_text(
+        "Incomplete: 2 folders or files could not be read")
+    expect(section.get_by_test_id("insight-pending")).to_contain_text("did not finish")
+    check_layout(page, f"storage insight incomplete {viewport}")
+    section.get_by_test_id("insight-totals").scroll_into_view_if_needed()
+    screenshot(page, "storage-insight-incomplete", full_page=False)
+    Measurement.objects.filter(pk=1).update(engine_missing=True, engine_unreadable=0)
+    page.reload()
+    expect(page.locator("#storage-insight").get_by_test_id("insight-engine")).to_contain_text(
+        "Not found when measured")
