@@ -7,6 +7,7 @@ htmx only refreshes the operation's status while it is pending.
 
 from __future__ import annotations
 
+import functools
 import secrets
 from typing import Any
 from urllib.parse import urlsplit
@@ -28,6 +29,7 @@ from lifecycle.deletion import reasons
 from lifecycle.deletion.errors import error_message
 from lifecycle.deletion.executor import changed_totals, counts_files
 from lifecycle.engine import OperationView, get_engine
+from lifecycle.engine.http import EngineCredentialsRefused, EngineUnreachable
 from lifecycle.errors import ActionRefused
 from lifecycle.models import Conversation, DeleteOperation, DeleteState, RetainedFactsPolicy
 from lifecycle.registry import STORES, RetentionClass
@@ -108,6 +110,20 @@ def _preview_groups(preview: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     return groups
 
 
+def engine_answers(view):
+    """The page of a view that asks the engine (ENGINE_URL) says the engine cannot be reached
+    (503) when it cannot, or its answer could not be used, instead of a server error."""
+
+    @functools.wraps(view)
+    def wrapped(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        try:
+            return view(request, *args, **kwargs)
+        except (EngineUnreachable, EngineCredentialsRefused) as exc:
+            return render(request, "lifecycle/engine_unavailable.html", {"reason": exc.message}, status=503)
+
+    return wrapped
+
+
 def _intent(conversation: Conversation) -> DeleteOperation | None:
     return DeleteOperation.objects.intents().filter(conversation=conversation).first()
 
@@ -134,6 +150,7 @@ def _render_preview(request: HttpRequest, conversation: Conversation, *, status:
 
 @login_required
 @require_http_methods(["GET", "POST"])
+@engine_answers
 def conversation_delete(request: HttpRequest, public_id: str) -> HttpResponse:
     conversation = get_object_or_404(Conversation.objects.select_related("account", "computer"), public_id=public_id)
     if request.method == "GET":
@@ -152,7 +169,12 @@ def conversation_delete(request: HttpRequest, public_id: str) -> HttpResponse:
 
 
 def _moment(value: str | None):
-    return parse_datetime(value) if value else None
+    """The time a row gives, or None when it gives none it can (an engine file row with a day
+    that does not exist, say: shown without a time)."""
+    try:
+        return parse_datetime(value) if isinstance(value, str) and value else None
+    except ValueError:
+        return None
 
 
 # Session key: what was typed in a row's "another conversation" field when the attribution was
@@ -248,9 +270,12 @@ def _operation_context(op: OperationView, request: HttpRequest | None = None) ->
 
 @login_required
 @require_GET
+@engine_answers
 def operation_detail(request: HttpRequest, operation_id: str) -> HttpResponse:
     try:
         op = get_engine().operation(operation_id)
+    except (EngineUnreachable, EngineCredentialsRefused):
+        raise
     except ActionRefused:
         raise Http404 from None
     context = _operation_context(op, None if request.htmx else request)  # a poll leaves what was typed
@@ -277,6 +302,7 @@ def operation_retry(request: HttpRequest, operation_id: str) -> HttpResponse:
 
 @login_required
 @require_GET
+@engine_answers
 def operation_list(request: HttpRequest) -> HttpResponse:
     state = request.GET.get("state", "")
     if state not in STATES:

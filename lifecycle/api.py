@@ -150,7 +150,11 @@ class ItemPatchIn(Schema):
     status: Literal[("", *ItemStatus.values)] = ""  # type: ignore[valid-type]
     title: Annotated[str, Field(max_length=300)] = ""
     payload: Payload = None
-    revision: Annotated[int, Field(ge=1, description="Refuse the change unless the item is at this revision.")] = 1
+    # Optional: without it the change is not checked against a revision (the schema says so: a
+    # default of 1 made generated clients believe every change was checked).
+    revision: Annotated[int, Field(ge=1, description=(
+        "Refuse the change unless the item is at this revision. Leave it out to change the item "
+        "whatever its revision."))] = None  # type: ignore[assignment]
 
 
 class OctetLength(Func):

@@ -64,7 +64,13 @@ def is_unsettled(row: Row) -> bool:
 
 
 def _moment(value: Any) -> datetime | None:
-    return parse_datetime(value) if isinstance(value, str) else None
+    """An aware time, or None (no time, a time without an offset, or not a real date: a row
+    with such a start counts as one whose start is unknown)."""
+    try:
+        moment = parse_datetime(value) if isinstance(value, str) else None
+    except ValueError:  # "2020-02-30T10:00:00Z": the right shape, not a date
+        return None
+    return moment if moment is not None and moment.tzinfo is not None else None
 
 
 def overlaps(row: Row, conversation: Conversation) -> bool:

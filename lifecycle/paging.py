@@ -23,7 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.db.models import Max, Q, QuerySet
 from django.utils import timezone
@@ -73,6 +73,10 @@ class Cursor:
             or not (pk.isascii() and pk.isdigit() and len(pk) <= 18)
         ):
             raise InvalidCursor(token)
+        try:  # a time whose offset puts it outside the years a database holds (0001-01-01-23:59)
+            moments = tuple(m.astimezone(UTC) for m in moments)
+        except (OverflowError, ValueError):
+            raise InvalidCursor(token) from None
         return cls(as_of=moments[0], activity=moments[1], pk=int(pk), backward=direction == "b")
 
 

@@ -59,6 +59,9 @@ ERRORS = {
     "engine_offline": gettext_lazy("The engine cannot be reached, and this console is set to refuse deletes "
                                    "while it is offline. Nothing was recorded; try again when the engine is back."),
     "engine_error": gettext_lazy("The engine answered with an error."),
+    "engine_bad_answer": gettext_lazy("The engine's answer could not be used (not about this conversation, or "
+                                      "not in the form expected). Nothing was taken from it; it is retried by "
+                                      "itself."),
     "engine_not_configured": gettext_lazy("This console has no address for this conversation's engine "
                                           "(ENGINE_URL, or ENGINE_TOKENS for another engine), so nothing can "
                                           "be deleted there."),
@@ -92,7 +95,8 @@ def engine_for(url: str) -> HttpEngine:
 
 
 def retry_delay(failures: int) -> timedelta:
-    seconds = settings.REMOTE_RETRY_SECONDS * 2 ** max(failures - 1, 0)
+    # (the exponent is bounded: 2**1024 is past what a float holds, and the cap is reached long before)
+    seconds = settings.REMOTE_RETRY_SECONDS * 2 ** min(max(failures - 1, 0), 60)
     return timedelta(seconds=min(seconds, settings.REMOTE_RETRY_MAX_SECONDS))
 
 
@@ -290,6 +294,12 @@ def _attempt(op: BoundDelete, engine: HttpEngine) -> str:
         code = {404: "engine_thread_unknown", 422: "engine_key_conflict"}.get(exc.status, exc.code)
         _finish(op, BoundDeleteState.UNAVAILABLE, code)
         return "unavailable"
+    problem = _answer_problem(op, view)
+    if problem:  # about another conversation or operation, or a receipt that cannot be kept
+        log.warning("bound delete %s: the engine's answer was not used (%s)", op.public_id, problem)
+        _update(op, last_error="engine_bad_answer", last_error_at=now, waiting_on=WaitingOn.ENGINE,
+                next_attempt_at=now + retry_delay(max(op.attempts, 1)))
+        return "retry"
     _update(op, engine_operation=view.id, engine_state=view.state, engine_step=view.step or "", last_error="",
             waiting_on=WaitingOn.ENGINE, next_attempt_at=None)
     if view.state in (BoundDeleteState.REFUSED, BoundDeleteState.UNAVAILABLE):
@@ -303,6 +313,39 @@ def _attempt(op: BoundDelete, engine: HttpEngine) -> str:
     faults.kill_point("remote.acknowledge")
     acknowledge(op)
     return "completed"
+
+
+def _answer_problem(op: BoundDelete, view) -> str:
+    """Why the engine's operation answer cannot be taken for this delete, or "": it must be
+    about this conversation (and the operation it follows, once known), and a completed one
+    must carry a receipt of the shape the console stores and shows."""
+    if view.target != op.engine_id:
+        return f"target {view.target!r}"
+    if op.engine_operation and view.id != op.engine_operation:
+        return f"operation {view.id!r}"
+    if view.state == BoundDeleteState.COMPLETED and not receipt_is_usable(view.data.get("receipt")):
+        return "receipt"
+    return ""
+
+
+def receipt_is_usable(receipt) -> bool:
+    """A receipt the console can store and show: an object whose `stores` (when present) are
+    objects with text names and actions and whole, non-negative record and byte counts."""
+    if not isinstance(receipt, dict) or not receipt:
+        return False
+    stores = receipt.get("stores", [])
+    if not isinstance(stores, list):
+        return False
+    for entry in stores:
+        if not isinstance(entry, dict):
+            return False
+        for key in ("records", "bytes"):
+            value = entry.get(key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                return False
+        if any(key in entry and not isinstance(entry[key], str) for key in ("store", "action")):
+            return False
+    return True
 
 
 def deliver(pk: int, *, budget: float = RUN_BUDGET) -> str:
@@ -341,3 +384,15 @@ def due(now=None) -> list[int]:
     return list(BoundDelete.objects.filter(state=BoundDeleteState.PENDING)
                 .filter(Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now))
                 .order_by("requested_at").values_list("pk", flat=True))
+
+
+def postpone(pk: int) -> None:
+    """A run of this delete stopped on an unexpected error: record it and try again after the
+    back-off, leaving the lease (and the later deletes' turn) free."""
+    now = timezone.now()
+    op = BoundDelete.objects.filter(pk=pk, state=BoundDeleteState.PENDING).first()
+    if op is None:
+        return
+    BoundDelete.objects.filter(pk=pk, state=BoundDeleteState.PENDING).update(
+        last_error="engine_bad_answer", last_error_at=now, lease_holder="", lease_expires_at=None,
+        next_attempt_at=now + retry_delay(max(op.attempts, 1)))

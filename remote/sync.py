@@ -3,46 +3,86 @@
 from __future__ import annotations
 
 from django.db import transaction
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from lifecycle.engine.http import EngineBadAnswer
 from remote.delivery import engine_for
 from remote.models import BoundDelete, BoundDeleteState, EngineBinding
 
 PAGE = 200
 
 
+MAX_PAGES = 100_000  # 20 million conversations: past that, an engine that never ends its list
+OWNER_KINDS = ("account", "computer")
+
+
+def _row(row) -> dict:
+    """The fields a binding takes from one of the engine's rows, checked; EngineBadAnswer when
+    the row is not one (nothing of the page is written then)."""
+    try:
+        owner = row["owner"]
+        fields = {
+            "engine_id": row["id"], "owner_kind": owner["kind"], "owner_id": owner["id"], "scope": row["scope"],
+            "thread_id": row["thread_id"], "engine_state": row["state"], "title": row.get("title") or "",
+        }
+        activity = row.get("last_activity_at")
+        fields["last_activity_at"] = parse_datetime(activity) if activity else None
+    except (KeyError, TypeError, ValueError):
+        raise EngineBadAnswer("not a conversation") from None
+    texts = ("engine_id", "scope", "thread_id", "engine_state", "title")
+    if (not all(isinstance(fields[name], str) for name in texts) or not fields["engine_id"]
+            or fields["owner_kind"] not in OWNER_KINDS or isinstance(fields["owner_id"], bool)
+            or not isinstance(fields["owner_id"], int) or not 0 <= fields["owner_id"] < 2**63
+            or len(fields["scope"]) > 8 or len(fields["engine_state"]) > 16 or len(fields["title"]) > 300
+            or len(fields["thread_id"]) > 128 or len(fields["engine_id"]) > 32
+            or (activity and (fields["last_activity_at"] is None or fields["last_activity_at"].tzinfo is None))):
+        raise EngineBadAnswer("not a conversation")
+    return fields
+
+
 def refresh(engine_url: str = "") -> dict[str, int]:
     """Read every conversation the engine holds and keep the bindings in step.
 
     New live conversations get a binding; known ones get the engine's title, state and
-    activity (a binding with a delete under way keeps its title cleared). Nothing is
-    removed here: only an acknowledged receipt lets a binding go.
+    activity (a binding with a delete under way keeps its title cleared, checked in the very
+    statement that writes the title, so a delete requested while the sync runs keeps it
+    cleared too). Nothing is removed here: only an acknowledged receipt lets a binding go.
+    Each page is checked whole before any of it is written (a page with a row that is not a
+    conversation stops the sync, EngineBadAnswer, with the pages before it kept), and a list
+    that repeats a cursor, or never ends, stops it the same way.
     """
     engine = engine_for(engine_url)
     counts = {"created": 0, "updated": 0}
     cursor = None
+    seen: set[str] = set()
     now = timezone.now()
-    busy = set(BoundDelete.objects.filter(engine_url=engine_url, state=BoundDeleteState.PENDING)
-               .values_list("engine_id", flat=True))
-    while True:
+    for _page in range(MAX_PAGES):
         page = engine.threads(view="all", limit=PAGE, cursor=cursor)
+        results = page.get("results") if isinstance(page, dict) else None
+        if not isinstance(results, list):
+            raise EngineBadAnswer("not a page of conversations")
+        rows = [_row(row) for row in results]
         with transaction.atomic():
-            for row in page["results"]:
-                known = EngineBinding.objects.filter(engine_url=engine_url, engine_id=row["id"]).first()
-                fields = {
-                    "owner_kind": row["owner"]["kind"], "owner_id": row["owner"]["id"], "scope": row["scope"],
-                    "thread_id": row["thread_id"], "engine_state": row["state"],
-                    "title": "" if row["id"] in busy or row["state"] != "live" else row["title"],
-                    "last_activity_at": parse_datetime(row["last_activity_at"]) if row.get("last_activity_at") else None,
-                    "synced_at": now,
-                }
-                if known is not None:
-                    EngineBinding.objects.filter(pk=known.pk).update(**fields)
+            for fields in rows:
+                engine_id = fields.pop("engine_id")
+                title = "" if fields["engine_state"] != "live" else fields.pop("title")
+                fields.pop("title", None)
+                known = EngineBinding.objects.filter(engine_url=engine_url, engine_id=engine_id)
+                if known.update(**fields, synced_at=now):
+                    pending = BoundDelete.objects.filter(binding=OuterRef("pk"), state=BoundDeleteState.PENDING)
+                    known.exclude(Exists(pending)).update(title=title)
+                    known.filter(Exists(pending)).update(title="")
                     counts["updated"] += 1
-                elif row["state"] == "live":
-                    EngineBinding.objects.create(engine_url=engine_url, engine_id=row["id"], **fields)
+                elif fields["engine_state"] == "live":
+                    EngineBinding.objects.create(engine_url=engine_url, engine_id=engine_id, title=title,
+                                                 synced_at=now, **fields)
                     counts["created"] += 1
         cursor = page.get("next")
         if not cursor:
             return counts
+        if not isinstance(cursor, str) or cursor in seen:
+            raise EngineBadAnswer("a repeated cursor")
+        seen.add(cursor)
+    raise EngineBadAnswer("a list without end")

@@ -22,8 +22,12 @@ def sweep() -> int:
         remaining = SWEEP_BUDGET - (time.monotonic() - started)
         if remaining <= 0:
             break
-        if delivery.deliver(pk, budget=remaining) != "busy":
-            ran += 1
+        try:
+            if delivery.deliver(pk, budget=remaining) != "busy":
+                ran += 1
+        except Exception:  # one delete that fails never keeps the later ones from their turn
+            log.exception("bound delete %s: the run stopped on an unexpected error", pk)
+            delivery.postpone(pk)
     return ran
 
 

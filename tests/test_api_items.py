@@ -184,3 +184,12 @@ def test_it_answers_404_for_an_item_id_beyond_any_integer(member_client, runtime
     assert patch(runtime, conversation, type("I", (), {"pk": huge})(), {"title": "x"}).status_code == 404
     page = member_client.get(f"/conversations/{conversation.public_id}/items/{huge}/output/", **HOST)
     assert page.status_code == 404
+
+
+@pytest.mark.django_db
+def test_the_published_schema_says_an_item_change_without_a_revision_is_not_checked(admin_client):
+    """A default of 1 in the schema made clients generated from it believe every change was
+    checked against revision 1; leaving it out changes the item whatever its revision."""
+    schema = admin_client.get("/v1/openapi.json", HTTP_HOST="127.0.0.1").json()
+    revision = schema["components"]["schemas"]["ItemPatchIn"]["properties"]["revision"]
+    assert revision.get("default") != 1 and "Leave it out" in revision["description"]

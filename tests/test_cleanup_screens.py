@@ -375,3 +375,18 @@ def test_backups_are_listed_with_size_time_checksum_and_how_to_restore(admin_cli
     assert "Restoring a backup replaces the whole database" in backups
     first_line = restore_instructions(receipt.vendor).splitlines()[0]
     assert first_line.replace("'", "&#x27;").replace('"', "&quot;")[:40] in backups
+
+
+@pytest.mark.parametrize("data", [
+    {"age_value": "3", "age_unit": "years", "revision": "1"},
+    {"age_value": "3", "age_unit": "months", "revision": "x"},
+    {"age_value": "3", "age_unit": "months"},
+], ids=["unit", "revision-not-a-number", "no-revision"])
+def test_a_refused_save_says_why_whatever_field_was_wrong(admin_client, data):
+    """Fields the page sends itself (the unit's choices, the hidden revision) get a message
+    too when a tampered or stale form sends something else; nothing is saved."""
+    response = admin_client.post("/settings/system/data-storage/tool-payload-cleanup/", data, HTTP_HOST="127.0.0.1")
+    assert response.status_code == 422
+    html = response.content.decode()
+    assert any(text in html for text in ("Select a valid choice", "Enter a whole number", "This field is required"))
+    assert ToolPayloadPolicy.load().revision == 1

@@ -143,3 +143,29 @@ def test_every_fleet_write_goes_through_the_fenced_path():
     unfenced = [line for line in found if not line.startswith(("tests/", "lifecycle/fleet.py"))
                 and not re.search(r"\bfleet(_file)?\.update_fleet\(", line)]
     assert found and unfenced == []
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("started_at", ["2020-01-01T10:00:00", "2020-02-30T10:00:00Z"])
+def test_a_legacy_row_with_a_time_that_is_not_one_counts_as_unknown(admin_user, conversation, started_at):
+    """A legacy row without an origin whose start has no offset, or is not a real day, is a
+    row whose start is unknown: it may be the conversation's (ambiguous, with the way out),
+    never a server error for every delete."""
+    from django.test import Client
+
+    from console.models import ApiToken
+    from lifecycle import fleet
+    from lifecycle.enginefs import EngineHome
+
+    home = EngineHome()
+    fleet.update_file(home, home.legacy_fleet_path, lambda rows: [
+        *rows, {"agent_id": "sa_legacy1", "status": "completed", "delivery": "settled", "started_at": started_at}])
+    _token, raw = ApiToken.issue(admin_user)
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {raw}", HTTP_HOST="127.0.0.1")
+    answer = api.delete(f"/v1/threads/{conversation.public_id}", HTTP_IDEMPOTENCY_KEY="k-odd")
+    assert answer.status_code == 409 and answer.json()["code"] == "conversation_child_ownership_ambiguous"
+    assert api.get(f"/v1/threads/{conversation.public_id}/deletion-preview").status_code == 200
+    assert api.get(f"/v1/operations/{answer.json()['operation']}").status_code == 200
+    page = Client(HTTP_HOST="127.0.0.1")
+    page.force_login(admin_user)
+    assert page.get(f"/conversations/{conversation.public_id}/delete/").status_code == 200

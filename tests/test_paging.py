@@ -194,3 +194,20 @@ def test_the_api_refuses_cursors_it_did_not_give(member_client, listed):
     for cursor in (old_style, backward, "%%%", "x" * 199):
         response = member_client.get(f"/v1/threads?cursor={cursor}", **HOST)
         assert (response.status_code, response.json()["code"]) == (400, "invalid_cursor"), cursor
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("as_of", "activity"), [
+    ("9999-12-31T23:59:59-23:59", "2020-01-01T00:00:00+00:00"),
+    ("2020-01-01T00:00:00+00:00", "0001-01-01T00:00:00+23:59"),
+])
+def test_a_cursor_with_a_time_outside_the_years_a_database_holds_is_invalid(admin_client, member_client,
+                                                                              as_of, activity):
+    import base64
+
+    factories.make_conversation(title="Only")
+    token = base64.urlsafe_b64encode("|".join(("v2", as_of, "f", activity, "1")).encode()).decode().rstrip("=")
+    api = member_client.get(f"/v1/threads?cursor={token}", HTTP_HOST="127.0.0.1")
+    assert api.status_code == 400 and api.json()["code"] == "invalid_cursor"
+    page = admin_client.get(f"/conversations/?cursor={token}", HTTP_HOST="127.0.0.1")
+    assert page.status_code == 200 and "Only" in page.content.decode()  # from the top again

@@ -20,8 +20,11 @@ What can go wrong is one of three outcomes, as exceptions the callers already ha
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import socket
+import threading
 import time
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
@@ -43,6 +46,16 @@ class EngineUnreachable(ActionRefused):
 
     def __init__(self, detail: str = "") -> None:
         super().__init__("engine_unreachable", _("The engine cannot be reached right now."), status=503)
+        self.detail = detail
+
+
+class EngineBadAnswer(EngineUnreachable):
+    """The engine answered, but not with what the call expects (not JSON, too large, missing or
+    wrong fields, or about another conversation): nothing is taken from it; like an outage,
+    the call is tried again later."""
+
+    def __init__(self, detail: str = "") -> None:
+        ActionRefused.__init__(self, "engine_bad_answer", _("The engine's answer could not be used."), status=502)
         self.detail = detail
 
 
@@ -79,7 +92,12 @@ class HttpEngine:
 
     def _once(self, method: str, path: str, body: dict | None, headers: dict[str, str]) -> tuple[int, Any]:
         connection = self._connection()
+        # The read timeout bounds each wait for bytes; this bounds the whole answer, so an engine
+        # that sends a byte now and then cannot hold a request or a job for as long as it likes.
+        watchdog = threading.Timer(self.connect_timeout + 2 * self.read_timeout, _cut, args=(connection,))
+        watchdog.daemon = True
         try:
+            watchdog.start()
             connection.connect()  # under the connect timeout
             connection.sock.settimeout(self.read_timeout)
             data = json.dumps(body).encode() if body is not None else None
@@ -90,13 +108,20 @@ class HttpEngine:
             response = connection.getresponse()
             raw = response.read(MAX_ANSWER_BYTES + 1)
             status = response.status
-        except (OSError, http.client.HTTPException) as exc:  # refused, reset, timeout, torn answer
+        except (OSError, http.client.HTTPException, AttributeError) as exc:  # refused, reset, timeout, cut
             raise EngineUnreachable(type(exc).__name__) from None
         finally:
+            watchdog.cancel()
             connection.close()
+        if len(raw) > MAX_ANSWER_BYTES:
+            if 200 <= status < 300:
+                raise EngineBadAnswer("too large")
+            raw = b""
         try:
             answer = json.loads(raw) if raw else None
         except ValueError:
+            if 200 <= status < 300:
+                raise EngineBadAnswer("not JSON") from None
             answer = None
         return status, answer
 
@@ -125,6 +150,17 @@ class HttpEngine:
                             else "", status=status)
         exc.answer = answer if isinstance(answer, dict) else {}
         raise exc
+
+    @staticmethod
+    def _view(answer: Any) -> OperationView:
+        """An operation answer, read only if it has the fields every use of it needs."""
+        try:
+            view = OperationView.from_json(answer)
+        except (TypeError, KeyError, ValueError, AttributeError):
+            raise EngineBadAnswer("not an operation") from None
+        if not all(isinstance(value, str) and value for value in (view.id, view.target, view.state)):
+            raise EngineBadAnswer("not an operation")
+        return view
 
     # ---- the interface --------------------------------------------------------------------
 
@@ -163,18 +199,22 @@ class HttpEngine:
             if exc.status == 409 and answer.get("outcome") in ("refused", "unavailable") and answer.get("operation"):
                 return self.operation(answer["operation"])  # not admitted: the recorded answer
             raise
-        return OperationView.from_json(answer)
+        return self._view(answer)
 
     def operation(self, operation_id: str) -> OperationView:
-        return OperationView.from_json(self.call("GET", "/v1/operations/" + quote(operation_id, safe=""))[1])
+        return self._view(self.call("GET", "/v1/operations/" + quote(operation_id, safe=""))[1])
 
     def operations(self, *, state: str | None = None, limit: int = 50, offset: int = 0) -> list[OperationView]:
         query = urlencode({k: v for k, v in (("state", state), ("limit", limit), ("offset", offset)) if v is not None})
-        return [OperationView.from_json(row) for row in self.call("GET", "/v1/operations?" + query)[1]["results"]]
+        answer = self.call("GET", "/v1/operations?" + query)[1]
+        rows = answer.get("results") if isinstance(answer, dict) else None
+        if not isinstance(rows, list):
+            raise EngineBadAnswer("not a list of operations")
+        return [self._view(row) for row in rows]
 
     def retry_operation(self, operation_id: str, *, actor) -> OperationView:
         answer = self.call("POST", "/v1/operations/" + quote(operation_id, safe="") + "/retry", body={})[1]
-        return OperationView.from_json(answer)
+        return self._view(answer)
 
     def resolve_subagent(self, agent_id: str, *, action: str, conversation_id: str | None, actor) -> None:
         body: dict[str, Any] = {"action": action}
@@ -194,3 +234,11 @@ class HttpEngine:
             if not op.is_pending or (deadline is not None and time.monotonic() >= deadline):
                 return op
             time.sleep(0.5)
+
+
+def _cut(connection: http.client.HTTPConnection) -> None:
+    """The whole-answer deadline passed: shut the socket, so the read under way fails."""
+    sock = connection.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)

@@ -1,0 +1,187 @@
+"""The remote engine's answers the console must not take: about another conversation, not
+JSON, a receipt it cannot keep, a list without end, rows that are not conversations, a
+drip-fed answer; and what the screens, the sweep and the back-off do meanwhile."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+
+from remote import delivery, tasks
+from remote.models import BoundDelete, EngineBinding
+from remote.sync import refresh
+from tests import factories
+from tests.scripted_engine import scripted_engine
+
+pytestmark = pytest.mark.django_db
+TARGET, OTHER = "c_" + "a" * 20, "c_" + "b" * 20
+NOW = "2026-01-01T00:00:00Z"
+RECEIPT = {"stores": [{"store": "lifecycle.Item", "action": "erased", "records": 2, "bytes": 10}]}
+
+
+def binding(engine_id: str = TARGET, thread_id: str = "t1") -> EngineBinding:
+    return EngineBinding.objects.create(engine_id=engine_id, owner_kind="account", owner_id=1, scope="bound",
+                                        thread_id=thread_id, title="Secret title", engine_state="live")
+
+
+def operation(**fields) -> dict:
+    return {"id": "op_" + "1" * 20, "target": TARGET, "state": "completed", "code": None,
+            "requested_at": NOW, "completed_at": NOW, "receipt": RECEIPT, **fields}
+
+
+def point_at(settings, url: str) -> None:
+    settings.ENGINE_URL, settings.ENGINE_TOKEN, settings.ENGINE_RETRIES = url, "t" * 40, 0
+    settings.ENGINE_READ_TIMEOUT, settings.REMOTE_RETRY_SECONDS, settings.REMOTE_RETRY_MAX_SECONDS = 2, 60, 300
+
+
+@pytest.mark.parametrize("answer", [
+    operation(target=OTHER),  # a receipt for another conversation
+    operation(receipt=["not", "a", "receipt"]),
+    operation(receipt={"stores": [{"store": "lifecycle.Item", "action": "erased", "records": "many"}]}),
+    operation(receipt=None),  # completed, no receipt
+    b"<html>maintenance</html>",  # a 2xx that is not JSON
+    {"id": 7},  # not an operation
+], ids=["other-conversation", "list-receipt", "text-figure", "no-receipt", "not-json", "not-an-operation"])
+def test_an_answer_that_cannot_be_taken_completes_nothing_and_waits_with_back_off(settings, answer):
+    with scripted_engine({("DELETE", "/v1/threads/"): lambda h: (202, answer)}) as (url, seen):
+        point_at(settings, url)
+        kept = binding()
+        op = delivery.request_bound_delete(kept, key="k-answer", actor=None)
+        assert delivery.deliver(op.pk, budget=1) == "pending"
+    op.refresh_from_db()
+    assert (op.state, op.last_error, op.receipt) == ("pending", "engine_bad_answer", None)
+    assert op.next_attempt_at is not None and op.next_attempt_at > op.last_error_at  # backs off
+    assert EngineBinding.objects.filter(pk=kept.pk).exists()
+    assert "could not be used" in delivery.error_text(op.last_error)
+
+
+def test_a_delete_that_fails_does_not_keep_the_later_ones_from_their_turn(settings, monkeypatch):
+    with scripted_engine({("DELETE", "/v1/threads/"): lambda h: (202, operation(target=h.path.rsplit("/", 1)[1]))}) as (url, seen):
+        point_at(settings, url)
+        first = delivery.request_bound_delete(binding(TARGET, "t1"), key="k-1", actor=None)
+        second = delivery.request_bound_delete(binding(OTHER, "t2"), key="k-2", actor=None)
+        real = delivery.deliver
+
+        def broken_first(pk, **kwargs):
+            if pk == first.pk:
+                raise TypeError("an answer nobody foresaw")
+            return real(pk, **kwargs)
+
+        monkeypatch.setattr(delivery, "deliver", broken_first)
+        tasks.sweep()
+    assert BoundDelete.objects.get(pk=second.pk).state == "completed"
+    first.refresh_from_db()
+    assert first.state == "pending" and first.last_error == "engine_bad_answer" and first.next_attempt_at
+    assert first.pk not in delivery.due()  # not first in line again at once
+
+
+def test_the_back_off_stays_at_its_cap_however_long_the_engine_is_away(settings):
+    settings.REMOTE_RETRY_SECONDS, settings.REMOTE_RETRY_MAX_SECONDS = 5.0, 300.0
+    assert delivery.retry_delay(1) == timedelta(seconds=5)
+    assert delivery.retry_delay(2000) == delivery.retry_delay(10**9) == timedelta(seconds=300)
+
+
+def test_a_drip_fed_answer_is_cut_at_the_whole_answer_deadline(settings):
+    def drip(handler):
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", "1000")
+        handler.end_headers()
+        try:
+            for _ in range(100):
+                handler.wfile.write(b" ")
+                handler.wfile.flush()
+                time.sleep(0.2)
+        except OSError:
+            pass
+        return None
+
+    from lifecycle.engine.http import EngineUnreachable, HttpEngine
+
+    with scripted_engine({("GET", "/v1/threads/"): drip}) as (url, seen):
+        engine = HttpEngine(url, "t" * 40, connect_timeout=0.5, read_timeout=0.5, retries=0)
+        started = time.monotonic()
+        with pytest.raises(EngineUnreachable):
+            engine.thread(TARGET)
+    assert time.monotonic() - started < 3  # connect + twice the read timeout, not 20 s
+
+
+def row(n: int, **fields) -> dict:
+    return {"id": f"c_{n:020d}", "owner": {"kind": "account", "id": 1}, "scope": "bound",
+            "thread_id": f"t{n}", "state": "live", "title": f"Title {n}", "last_activity_at": NOW, **fields}
+
+
+def test_sync_stops_on_a_repeated_cursor(settings):
+    asked = []
+
+    def pages(handler):
+        asked.append(handler.path)
+        return 200, {"results": [row(1)], "next": "same-cursor"}
+
+    from lifecycle.engine.http import EngineBadAnswer
+
+    with scripted_engine({("GET", "/v1/threads"): pages}) as (url, seen):
+        point_at(settings, url)
+        with pytest.raises(EngineBadAnswer):
+            refresh("")
+    assert len(asked) == 2 and EngineBinding.objects.count() == 1  # the first page is kept
+
+
+@pytest.mark.parametrize("bad", [
+    {"id": "c_" + "9" * 20, "title": "x"},  # no owner
+    row(2, owner={"kind": "account", "id": "1"}),  # an id as text
+    row(3, owner={"kind": "robot", "id": 1}),
+    row(4, title=7),
+    row(5, last_activity_at="yesterday"),
+    row(6, thread_id="t" * 500),
+], ids=["no-owner", "text-owner-id", "unknown-owner-kind", "number-title", "bad-time", "long-thread-id"])
+def test_a_sync_page_with_a_row_that_is_not_a_conversation_is_refused_whole(settings, admin_client, bad):
+    page = {"results": [row(1), bad], "next": None}
+    with scripted_engine({("GET", "/v1/threads"): lambda h: (200, page)}) as (url, seen):
+        point_at(settings, url)
+        response = admin_client.post("/engine/conversations/sync/")
+        assert response.status_code == 302
+        api = admin_client.post("/api/v1/bindings-sync", content_type="application/json")
+    assert api.status_code == 502 and api.json()["code"] == "engine_bad_answer"
+    assert not EngineBinding.objects.exists()  # nothing of the page was written
+    messages = [str(m) for m in admin_client.get("/engine/conversations/").context["messages"]]
+    assert any("could not be used" in m for m in messages)
+
+
+def test_a_sync_never_brings_back_the_title_a_delete_cleared(settings, monkeypatch):
+    """A bound delete requested while the sync reads the engine keeps its title cleared."""
+    kept = binding(row(1)["id"], "t1")
+    with scripted_engine({("DELETE", "/v1/threads/"): lambda h: (202, operation(state="pending", receipt=None,
+                                                                                 target=kept.engine_id)),
+                          ("GET", "/v1/threads"): lambda h: (200, {"results": [row(1)], "next": None})}) as (url, s):
+        point_at(settings, url)
+        from lifecycle.engine.http import HttpEngine
+
+        real = HttpEngine.threads
+
+        def delete_requested_meanwhile(self, **query):
+            page = real(self, **query)
+            delivery.request_bound_delete(EngineBinding.objects.get(pk=kept.pk), key="k-mid-sync", actor=None)
+            return page
+
+        monkeypatch.setattr(HttpEngine, "threads", delete_requested_meanwhile)
+        refresh("")
+    assert EngineBinding.objects.get(pk=kept.pk).title == ""
+    assert BoundDelete.objects.get(binding=kept).state == "pending"
+
+
+def test_the_lifecycle_screens_say_the_engine_cannot_be_reached(settings):
+    settings.ENGINE_URL, settings.ENGINE_TOKEN, settings.ENGINE_RETRIES = "http://127.0.0.1:9", "t" * 40, 0
+    settings.ENGINE_CONNECT_TIMEOUT = settings.ENGINE_READ_TIMEOUT = 0.5
+    client = Client(raise_request_exception=False)
+    client.force_login(factories.make_user("adm", admin=True))
+    conversation = factories.make_conversation(title="Here")
+    for method, path in (("get", "/operations/"), ("get", "/operations/op_11111111111111111111/"),
+                         ("get", f"/conversations/{conversation.public_id}/delete/"),
+                         ("post", f"/conversations/{conversation.public_id}/delete/")):
+        response = getattr(client, method)(path, HTTP_HOST="127.0.0.1")
+        assert response.status_code == 503, path
+        assert "The engine cannot be reached" in response.content.decode(), path
