@@ -71,7 +71,8 @@ def refresh(engine_url: str = "") -> dict[str, int]:
                 fields.pop("title", None)
                 known = EngineBinding.objects.filter(engine_url=engine_url, engine_id=engine_id)
                 if known.update(**fields, synced_at=now):
-                    pending = BoundDelete.objects.filter(binding=OuterRef("pk"), state=BoundDeleteState.PENDING)
+                    pending = BoundDelete.objects.filter(engine_url=engine_url, engine_id=OuterRef("engine_id"),
+                                                         state=BoundDeleteState.PENDING)
                     known.exclude(Exists(pending)).update(title=title)
                     known.filter(Exists(pending)).update(title="")
                     counts["updated"] += 1

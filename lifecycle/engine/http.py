@@ -2,7 +2,10 @@
 
 `ENGINE_URL` names the engine and `ENGINE_TOKEN` is a token made by the engine's
 `manage.py create_api_token` (sent as `Authorization: Bearer`). Every call has a connect and
-a read timeout (`ENGINE_CONNECT_TIMEOUT`, `ENGINE_READ_TIMEOUT`). Calls that are safe to
+a read timeout (`ENGINE_CONNECT_TIMEOUT`, `ENGINE_READ_TIMEOUT`), and its whole answer must
+arrive within the connect timeout plus twice the read timeout. A 2xx answer that is not JSON,
+is over 4 MB, or (for an operation) lacks its id, target or state is `EngineBadAnswer`, handled
+as the engine being unreachable: nothing is taken from it, and it is tried again later. Calls that are safe to
 repeat (reads, archive/close with an absolute value, a delete with its operation key) are
 retried a few times with backoff (`ENGINE_RETRIES`) when the engine cannot be reached;
 others are tried once.
