@@ -264,7 +264,10 @@ def wait_until_pg_dump_gone() -> None:
         time.sleep(0.1)
 
 
-def test_it_cancels_mid_way_and_keeps_nothing(folder, monkeypatch):
+@pytest.mark.parametrize("stop", ["cancelled", "no_space"])
+def test_it_stops_mid_way_and_keeps_nothing(folder, settings, monkeypatch, stop):
+    """Cancelled, or the disk fills up (something else wrote), while the copy or dump is
+    under way: nothing is kept."""
     fill(messages=300, size=4000)
     monkeypatch.setattr(backups, "SQLITE_STEP_PAGES", 16)
     progress = []
@@ -272,14 +275,15 @@ def test_it_cancels_mid_way_and_keeps_nothing(folder, monkeypatch):
 
     def should_cancel():
         checks.append(1)
-        # Start, then cancel while the copy or dump is under way.
-        return len(checks) >= 3
+        if stop == "no_space" and len(checks) == 2:
+            settings.DISK_RESERVE_BYTES = 2**62
+        return stop == "cancelled" and len(checks) >= 3
 
     with pytest.raises(BackupError) as caught:
         create_backup(should_cancel=should_cancel, progress=lambda done, total: progress.append((done, total)))
-    assert caught.value.code == "cancelled"
+    assert caught.value.code == stop
     if connection.vendor == "sqlite":
-        assert progress and progress[-1][0] < progress[-1][1], "cancelled before the copy finished"
+        assert progress and progress[-1][0] < progress[-1][1], "stopped before the copy finished"
     else:
         wait_until_pg_dump_gone()
     assert files_in(folder) == []
@@ -299,28 +303,6 @@ def test_it_does_not_start_without_room_for_the_copy_and_keeps_nothing(folder, s
     assert files_in(folder) == [] and list_backups() == []
     settings.DISK_RESERVE_BYTES = 0
     assert create_backup().size > 0
-
-
-def test_it_stops_when_the_disk_fills_up_mid_way_and_keeps_nothing(folder, settings, monkeypatch):
-    fill(messages=300, size=4000)
-    monkeypatch.setattr(backups, "SQLITE_STEP_PAGES", 16)
-    progress = []
-    checks = []
-
-    def should_cancel():
-        checks.append(1)
-        if len(checks) == 2:  # the copy or dump under way: the disk fills up (something else wrote)
-            settings.DISK_RESERVE_BYTES = 2**62
-        return False
-
-    with pytest.raises(BackupError) as caught:
-        create_backup(should_cancel=should_cancel, progress=lambda done, total: progress.append((done, total)))
-    assert caught.value.code == "no_space" and len(checks) >= 2
-    if connection.vendor == "sqlite":
-        assert progress and progress[-1][0] < progress[-1][1], "stopped before the copy finished"
-    else:
-        wait_until_pg_dump_gone()
-    assert files_in(folder) == [] and list_backups() == []
 
 
 KILLED_RUN = """

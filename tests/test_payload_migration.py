@@ -24,14 +24,15 @@ def _migrate(targets) -> None:
     executor.migrate(targets)
 
 
-def _insert(conversation_id: int, seq: int, kind: str, text: str, *, size: int = 1, removable: int = 1) -> int:
+def _insert(conversation_id: int, seq: int, kind: str, text: str | None, *, size: int = 1, removable: int = 1,
+            skip: str = "") -> int:
     now = timezone.now()
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO lifecycle_item (conversation_id, seq, role, tool_kind, tool_call_id, status, title, "
             "content, payload, payload_bytes, removable_bytes, payload_skip, revision, created_at, updated_at) "
-            "VALUES (%s, %s, 'tool', %s, '', 'completed', '', '', %s, %s, %s, '', 1, %s, %s)",
-            [conversation_id, seq, kind, text, size, removable, now, now],
+            "VALUES (%s, %s, 'tool', %s, '', 'completed', '', '', %s, %s, %s, %s, 1, %s, %s)",
+            [conversation_id, seq, kind, text, size, removable, skip, now, now],
         )
         # raw: the model has columns later migrations add
         cursor.execute("SELECT id FROM lifecycle_item WHERE conversation_id = %s AND seq = %s", [conversation_id, seq])
@@ -97,14 +98,7 @@ def test_the_migration_passes_over_items_whose_figures_are_already_right():
     latest = executor.loader.graph.leaf_nodes()
     _migrate(BEFORE)
     try:
-        now = timezone.now()
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "INSERT INTO lifecycle_item (conversation_id, seq, role, tool_kind, tool_call_id, status, title, "
-                "content, payload, payload_bytes, removable_bytes, payload_skip, revision, created_at, updated_at) "
-                "VALUES (%s, 1, 'tool', 'shell', '', 'completed', '', '', NULL, 0, 0, %s, 1, %s, %s)",
-                [conversation.pk, Skip.NO_PAYLOAD, now, now],
-            )
+        _insert(conversation.pk, 1, "shell", None, size=0, removable=0, skip=Skip.NO_PAYLOAD)
     finally:
         _migrate(latest)
     item = Item.objects.get(conversation=conversation)
