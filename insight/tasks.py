@@ -23,7 +23,7 @@ from collections import defaultdict
 from datetime import timedelta
 
 from django.db import transaction
-from django.db.models import BigIntegerField, Count, Func, Sum
+from django.db.models import Count, Sum
 from django.utils import timezone
 
 from insight.models import (
@@ -37,21 +37,12 @@ from insight.models import (
 )
 from lifecycle import faults
 from lifecycle.enginefs import CONVERSATION_AREAS, EngineHome, is_storage_key
+from lifecycle.functions import OctetLength
 from lifecycle.models import Conversation, ConversationState, Item, Role, Scope
 from retention.storage import database_size
 
 BATCH = 1000
 log = logging.getLogger(__name__)
-
-
-class OctetLength(Func):
-    """Bytes of a text column as stored (UTF-8), not characters."""
-
-    function = "OCTET_LENGTH"
-    output_field = BigIntegerField()
-
-    def as_sqlite(self, compiler, connection, **extra):
-        return self.as_sql(compiler, connection, template="LENGTH(CAST(%(expressions)s AS BLOB))", **extra)
 
 
 def item_bytes_by_conversation() -> dict[int, tuple[int, int]]:

@@ -6,7 +6,6 @@ import re
 from typing import Annotated, Any, Literal
 
 from django.conf import settings
-from django.db.models import Func, IntegerField
 from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
 from django.utils.translation import gettext as _
@@ -18,6 +17,7 @@ from lifecycle.actions.append_item import append_item
 from lifecycle.actions.update_item import update_item
 from lifecycle.engine import get_engine
 from lifecycle.errors import ActionRefused
+from lifecycle.functions import OctetLength
 from lifecycle.models import Conversation, Item, ItemStatus, Role, ToolKind
 from lifecycle.paging import Cursor, InvalidCursor, changed_since, snapshot_page
 from lifecycle.serializers import (
@@ -155,16 +155,6 @@ class ItemPatchIn(Schema):
     revision: Annotated[int, Field(ge=1, description=(
         "Refuse the change unless the item is at this revision. Leave it out to change the item "
         "whatever its revision."))] = None  # type: ignore[assignment]
-
-
-class OctetLength(Func):
-    """The stored size of a text column in bytes."""
-
-    function = "OCTET_LENGTH"
-    output_field = IntegerField()
-
-    def as_sqlite(self, compiler, connection, **extra):
-        return self.as_sql(compiler, connection, template="LENGTH(CAST(%(expressions)s AS BLOB))", **extra)
 
 
 def _item_page(conversation: Conversation, after: int, limit: int) -> tuple[list[Item], bool]:

@@ -51,16 +51,22 @@ def payload_columns(role: str, kind: str, payload: Any, *, vendor: str | None = 
             "removal_plan": removal_plan}
 
 
+def stored_payload_size():
+    """The expression for a payload's stored text in bytes (works with historical models)."""
+    from django.db.models import TextField
+    from django.db.models.functions import Cast
+
+    from lifecycle.functions import OctetLength
+
+    return OctetLength(Cast("payload", output_field=TextField()))
+
+
 def payload_batch(queryset, last: int, *, max_items: int, max_bytes: int) -> list[int]:
     """The ids of the next batch of `queryset` after id `last`, in id order: at most
     `max_items`, and after the first, as many as keep their payloads' stored text within
     `max_bytes` (the data migrations that read payloads hold a batch in memory several times
     over). Works with historical models."""
-    from django.db.models import TextField
-    from django.db.models.functions import Cast, Length
-
-    rows = (queryset.filter(pk__gt=last).order_by("pk")
-            .annotate(stored_size=Length(Cast("payload", output_field=TextField())))
+    rows = (queryset.filter(pk__gt=last).order_by("pk").annotate(stored_size=stored_payload_size())
             .values_list("pk", "stored_size")[:max_items])
     ids: list[int] = []
     total = 0
@@ -70,14 +76,3 @@ def payload_batch(queryset, last: int, *, max_items: int, max_bytes: int) -> lis
         ids.append(pk)
         total += size or 0
     return ids
-
-
-def stored_payload_bytes(item_id: int) -> int:
-    """The bytes of the payload as the database stores it now (for a row whose payload the
-    write path cannot measure, see migration 0007)."""
-    sql = {"sqlite": "SELECT length(CAST(payload AS BLOB)) FROM lifecycle_item WHERE id = %s",
-           "postgresql": "SELECT octet_length(payload::text) FROM lifecycle_item WHERE id = %s"}[connection.vendor]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [item_id])
-        row = cursor.fetchone()
-    return (row[0] or 0) if row else 0

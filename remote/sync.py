@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Case, Exists, OuterRef, Value, When
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -69,12 +69,11 @@ def refresh(engine_url: str = "") -> dict[str, int]:
                 engine_id = fields.pop("engine_id")
                 title = "" if fields["engine_state"] != "live" else fields.pop("title")
                 fields.pop("title", None)
-                known = EngineBinding.objects.filter(engine_url=engine_url, engine_id=engine_id)
-                if known.update(**fields, synced_at=now):
-                    pending = BoundDelete.objects.filter(engine_url=engine_url, engine_id=OuterRef("engine_id"),
-                                                         state=BoundDeleteState.PENDING)
-                    known.exclude(Exists(pending)).update(title=title)
-                    known.filter(Exists(pending)).update(title="")
+                pending = BoundDelete.objects.filter(engine_url=engine_url, engine_id=OuterRef("engine_id"),
+                                                     state=BoundDeleteState.PENDING)
+                if EngineBinding.objects.filter(engine_url=engine_url, engine_id=engine_id).update(
+                    **fields, synced_at=now, title=Case(When(Exists(pending), then=Value("")), default=Value(title)),
+                ):
                     counts["updated"] += 1
                 elif fields["engine_state"] == "live":
                     EngineBinding.objects.create(engine_url=engine_url, engine_id=engine_id, title=title,

@@ -52,6 +52,7 @@ from django.template.defaultfilters import filesizeformat
 from django.utils.translation import gettext as _
 
 from retention.errors import CodedError
+from retention.storage import short_of_room
 
 # Pages copied per step of the SQLite online backup: small enough that cancel and progress
 # answer within a fraction of a second, large enough that steps cost nothing noticeable.
@@ -135,9 +136,9 @@ def _folder_lock(directory: Path) -> Iterator[None]:
 def _ensure_room(directory: Path, still_to_write: int = 0) -> None:
     """Raise `no_space` unless the folder's disk holds `still_to_write` more bytes with
     DISK_RESERVE_BYTES left free."""
-    reserve = settings.DISK_RESERVE_BYTES
-    free = shutil.disk_usage(directory).free
-    if free < still_to_write + reserve:
+    short = short_of_room(directory, still_to_write)
+    if short is not None:
+        free, reserve = short
         raise BackupError("no_space", _(
             "There is not enough free disk space for the backup in %(folder)s: %(free)s free, %(needed)s more "
             "needed and %(reserve)s kept free for the database. Nothing was kept. Free some space, or set "

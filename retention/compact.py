@@ -21,18 +21,16 @@ command with the connection in autocommit.
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from django.conf import settings
 from django.db import OperationalError, connection
 from django.template.defaultfilters import filesizeformat
 from django.utils.translation import gettext as _
 
 from retention.errors import CodedError
-from retention.storage import database_size
+from retention.storage import database_size, short_of_room, sqlite_pages
 
 # SQLite's own search order on Unix after its two environment variables (only measured here)
 _SQLITE_TEMP_FOLDERS = ("/var/tmp", "/usr/tmp", "/tmp")  # noqa: S108
@@ -117,21 +115,17 @@ def _check_free_space(cursor) -> None:
     """SQLite: refuse (code `no_space`) unless the disks hold VACUUM's two copies of the
     database's pages in use, with DISK_RESERVE_BYTES left on each: one in the temporary
     folder, one in the WAL beside the database (both on the same disk when they share it)."""
-    cursor.execute("PRAGMA page_size")
-    page_size = cursor.fetchone()[0]
-    cursor.execute("PRAGMA page_count")
-    pages = cursor.fetchone()[0]
-    cursor.execute("PRAGMA freelist_count")
-    in_use = (pages - cursor.fetchone()[0]) * page_size
-    reserve = settings.DISK_RESERVE_BYTES
+    page_size, pages, free_pages = sqlite_pages(cursor)
+    in_use = (pages - free_pages) * page_size
     home = Path(str(connection.settings_dict["NAME"])).resolve().parent
     needs = {home.stat().st_dev: [home, in_use]}
     temp = sqlite_temp_dir()
     if temp is not None:
         needs.setdefault(temp.stat().st_dev, [temp, 0])[1] += in_use
     for folder, needed in needs.values():
-        free = shutil.disk_usage(folder).free
-        if free < needed + reserve:
+        short = short_of_room(folder, needed)
+        if short is not None:
+            free, reserve = short
             raise CompactError("no_space", _(
                 "Compacting needs about %(needed)s of free space in %(folder)s and %(reserve)s to spare; "
                 "%(free)s is free. Nothing was changed."

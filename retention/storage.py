@@ -36,15 +36,31 @@ _PG_RELATIONS = """
 """
 
 
+def sqlite_pages(cursor) -> tuple[int, int, int]:
+    """SQLite: (page size, pages in the file, free-list pages)."""
+    figures = []
+    for pragma in ("page_size", "page_count", "freelist_count"):
+        cursor.execute(f"PRAGMA {pragma}")
+        figures.append(cursor.fetchone()[0])
+    return figures[0], figures[1], figures[2]
+
+
+def short_of_room(folder: Path, needed: int) -> tuple[int, int] | None:
+    """(free bytes, reserve) when the folder's disk cannot take `needed` more bytes and still
+    keep DISK_RESERVE_BYTES free (what a backup and SQLite's Compact database leave for the
+    database's own writes); None when it can."""
+    import shutil
+
+    from django.conf import settings
+
+    free, reserve = shutil.disk_usage(folder).free, settings.DISK_RESERVE_BYTES
+    return (free, reserve) if free < needed + reserve else None
+
+
 def database_size() -> DatabaseSize:
     with connection.cursor() as cursor:
         if connection.vendor == "sqlite":
-            cursor.execute("PRAGMA page_size")
-            page_size = cursor.fetchone()[0]
-            cursor.execute("PRAGMA page_count")
-            pages = cursor.fetchone()[0]
-            cursor.execute("PRAGMA freelist_count")
-            free = cursor.fetchone()[0]
+            page_size, pages, free = sqlite_pages(cursor)
             name = str(connection.settings_dict["NAME"])
             wal = Path(name + "-wal")
             wal_bytes = wal.stat().st_size if wal.exists() else 0

@@ -21,7 +21,7 @@ BATCH_BYTES = 32 * 1024 * 1024  # of stored payload text per batch: each is held
 
 
 def recompute(apps, schema_editor):
-    from lifecycle.item_payload import payload_batch, payload_columns, stored_payload_bytes
+    from lifecycle.item_payload import payload_batch, payload_columns, stored_payload_size
     from retention.reducer import Skip
 
     Item = apps.get_model("lifecycle", "Item")
@@ -37,13 +37,15 @@ def recompute(apps, schema_editor):
             return
         last = ids[-1]
         changed, unusable = [], []
-        for item in Item.objects.filter(pk__in=ids).order_by("pk").only("pk", "tool_kind", *fields):
+        batch = (Item.objects.filter(pk__in=ids).order_by("pk").only("pk", "tool_kind", *fields)
+                 .annotate(stored_size=stored_payload_size()))
+        for item in batch:
             try:
                 columns = payload_columns("tool", item.tool_kind, item.payload, vendor=vendor)
             except (UnicodeEncodeError, RecursionError):
                 # Stored before writes refused them: a lone surrogate (SQLite), or nesting
                 # deeper than the write path measures. Kept as stored, skipped by cleanup.
-                item.payload_bytes = stored_payload_bytes(item.pk)
+                item.payload_bytes = item.stored_size or 0
                 item.removable_bytes, item.payload_skip = 0, Skip.MALFORMED
                 unusable.append(item)
                 continue
