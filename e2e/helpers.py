@@ -25,6 +25,7 @@ def log_in(page: Page, base_url: str, username: str, password: str) -> None:
     page.get_by_role("button", name="Sign in").click()
     expect(page).to_have_url(f"{base_url}/conversations/")
     expect(page.get_by_role("heading", name="Conversations", level=1)).to_be_visible()
+    page.wait_for_load_state("load")  # the page's script (run at the end of parsing) is in place
 
 
 def screenshot(page: Page, name: str, *, full_page: bool = True) -> Path:

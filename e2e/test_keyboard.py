@@ -38,6 +38,7 @@ def open_data_storage(page: Page, base_url: str) -> None:
     log_in(page, base_url, *ADMIN)
     open_nav(page, "Data & storage")
     expect(page.get_by_role("heading", level=1)).to_have_text("Data & storage")
+    page.wait_for_load_state("load")  # the page's script runs at the end of parsing
 
 
 def live_text(page: Page, region: str) -> str:

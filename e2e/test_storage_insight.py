@@ -34,6 +34,7 @@ def open_storage(page: Page, base: str, who: tuple[str, str]):
     open_nav(page, "Data & storage")
     section = page.locator("#storage-insight")
     expect(section.get_by_role("heading", name="Storage", level=2)).to_be_visible()
+    page.wait_for_load_state("load")  # the page's script runs at the end of parsing
     return section
 
 

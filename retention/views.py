@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -270,7 +271,7 @@ def _card_response(request: HttpRequest, region: str, status: int, **overrides) 
     return render(request, f"{PAGE}#{region}" if request.htmx else PAGE, context, status=status)
 
 
-def _save_card(request: HttpRequest, region: str, form_name: str, form, save) -> HttpResponse:
+def _save_card(request: HttpRequest, region: str, form_name: str, form, save, saved_text: str) -> HttpResponse:
     """One contributor's save: 403 for members, 422 invalid, 409 refused, else saved."""
     if not is_admin(request.user):
         return _card_response(request, region, 403, notice=_("Only admins can change these settings."))
@@ -286,6 +287,8 @@ def _save_card(request: HttpRequest, region: str, form_name: str, form, save) ->
         return _card_response(request, region, exc.status, **{form_name: form})
     if request.htmx:
         return _card_response(request, region, 200, **{f"{form_name}_saved": True})
+    # Without the script the page is loaded afresh: the confirmation travels with it.
+    messages.success(request, saved_text)
     return redirect("retention:data-storage")
 
 
@@ -298,7 +301,9 @@ def tool_policy_save(request: HttpRequest) -> HttpResponse:
             revision=data["revision"], backup_choice=data["backup_choice"] or None,
         )
 
-    return _save_card(request, "tool-card", "tool_form", ToolPayloadPolicyForm(request.POST), save)
+    return _save_card(
+        request, "tool-card", "tool_form", ToolPayloadPolicyForm(request.POST), save, _("Cleanup policy saved.")
+    )
 
 
 @login_required
@@ -307,6 +312,7 @@ def facts_policy_save(request: HttpRequest) -> HttpResponse:
     return _save_card(
         request, "facts-card", "facts_form", RetainedFactsForm(request.POST),
         lambda data: save_facts_policy(values=data, revision=data["revision"], acting_user=request.user),
+        _("Retention periods saved."),
     )
 
 

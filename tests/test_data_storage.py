@@ -66,6 +66,25 @@ def test_it_saves_the_tool_policy_with_an_audit_row(admin_client, admin_user):
     assert (audit.new_value["backup_choice"], policy.backup_choice) == ("skip", "skip")
 
 
+def test_the_tool_forms_default_button_saves(admin_client):
+    # Enter in a field presses the form's first submit button: Save, not Analyze savings.
+    content = admin_client.get(PAGE, **HOST).content.decode()
+    form = content[content.index('id="tool-form"'):]
+    form = form[:form.index("</form>")]
+    first = re.search(r"<button[^>]*>", form).group(0)
+    assert 'type="submit"' in first and "formaction" not in first and "hx-post" not in first
+
+
+def test_a_save_without_the_script_confirms_on_the_page_it_returns_to(admin_client):
+    # A plain form post is answered with a redirect; the page it leads to says what was saved, once.
+    response = admin_client.post(FACTS, facts_form(audit_days="31"), follow=True, **HOST)
+    assert response.redirect_chain[-1][1] == 302
+    assert response.content.decode().count("Retention periods saved.") == 1
+    assert RetainedFactsPolicy.load().audit_days == 31
+    again = admin_client.get(response.redirect_chain[-1][0], **HOST)
+    assert "Retention periods saved." not in again.content.decode()
+
+
 def test_it_returns_the_card_fragment_to_htmx(admin_client):
     response = admin_client.post(FACTS, facts_form(audit_days="30"), **HX)
     assert response.status_code == 200
