@@ -23,7 +23,6 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from console.api import is_number
 from console.auth import is_admin
 from lifecycle.deletion import reasons
 from lifecycle.deletion.errors import error_message
@@ -307,14 +306,19 @@ def operation_list(request: HttpRequest) -> HttpResponse:
     state = request.GET.get("state", "")
     if state not in STATES:
         state = ""
-    raw_page = request.GET.get("page", "1")
-    number = int(raw_page) if is_number(raw_page) and 0 < int(raw_page) <= 10_000 else 1
-    rows = get_engine().operations(state=state or None, limit=OPERATIONS_PAGE + 1,
-                                   offset=(number - 1) * OPERATIONS_PAGE)
+    position = request.GET.get("cursor") or None
+    engine = get_engine()
+    try:
+        page = engine.operations(state=state or None, limit=OPERATIONS_PAGE, position=position)
+    except ActionRefused as exc:
+        if exc.code != "invalid_cursor":
+            raise
+        position = None  # a mangled or outdated link: the first page
+        page = engine.operations(state=state or None, limit=OPERATIONS_PAGE)
     context = {
-        "operations": [_listed(op) for op in rows[:OPERATIONS_PAGE]],
-        "number": number,
-        "has_next": len(rows) > OPERATIONS_PAGE,
+        "operations": [_listed(op) for op in page.rows],
+        "page": page,
+        "paged": position is not None,  # not the first page: an empty one links back to it
         "state": state,
         "states": [("", _("All"))] + [(key, DeleteState(key).label) for key in STATES],
     }

@@ -309,19 +309,27 @@ def operation_detail(request: HttpRequest, operation_id: str) -> dict:
 
 
 class OperationsQuery(QuerySchema):
-    error_codes = {"limit": "invalid_limit", "offset": "invalid_cursor"}
+    error_codes = {"limit": "invalid_limit", "cursor": "invalid_cursor", "offset": "invalid_cursor"}
 
     state: Literal["pending", "completed", "refused", "unavailable"] | None = None
     limit: Limit = DEFAULT_LIMIT
-    offset: Annotated[WholeNumber, Field(ge=0, le=1_000_000)] = 0
+    cursor: Annotated[str, Field(max_length=200, description="The `next` or `previous` of a page.")] | None = None
+    offset: Annotated[str, Field(
+        max_length=200, description="Deprecated name of `cursor`; a whole number here skips that many rows.",
+    )] | None = None
+
+    @model_validator(mode="after")
+    def _one_position(self) -> OperationsQuery:
+        if self.cursor is not None and self.offset is not None:
+            raise ValueError("cursor and offset together")
+        return self
 
 
 @endpoint("GET", "/v1/operations", query=OperationsQuery, response=OperationPageOut, name="api-operations",
-          summary="Delete operations, newest first")
+          summary="Delete operations, newest first, paged by `next` and `previous`")
 def operation_list(request: HttpRequest, query: OperationsQuery) -> dict:
-    rows = get_engine().operations(state=query.state, limit=query.limit + 1, offset=query.offset)
-    more = len(rows) > query.limit
-    return {"results": [op.data for op in rows[: query.limit]], "next": query.offset + query.limit if more else None}
+    page = get_engine().operations(state=query.state, limit=query.limit, position=query.cursor or query.offset)
+    return {"results": [op.data for op in page.rows], "next": page.next, "previous": page.previous}
 
 
 @endpoint("POST", "/v1/operations/{operation_id}/retry", response={202: OperationOut}, admin=True, errors=(409,),

@@ -716,6 +716,8 @@ class DeleteOperation(models.Model):
         indexes = [
             models.Index(fields=["state", "next_attempt_at"], name="delete_op_outstanding_idx",
                          condition=Q(state="pending")),
+            # The Operations list and GET /v1/operations page by this key (operation_paging).
+            models.Index(fields=["requested_at", "id"], name="delete_op_requested_idx"),
         ]
 
     def __str__(self) -> str:

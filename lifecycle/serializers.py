@@ -189,7 +189,8 @@ class OperationOut(Schema):
 
 class OperationPageOut(Schema):
     results: list[OperationOut]
-    next: int | None = Field(description="The offset of the next page.")
+    next: str | None = Field(description="Older operations: pass it as `cursor`; null on the last page.")
+    previous: str | None = Field(description="Newer operations: pass it as `cursor`; null on the first page.")
 
 
 class PreviewStoreOut(Schema):

@@ -9,6 +9,7 @@ engine folder or the fleet file itself; it asks an `EngineClient`:
     engine.preview_delete("c_...")                          # what a delete would do
     op = engine.request_delete("c_...", key="...", actor=user)   # -> OperationView
     engine.operation(op.id)                                 # state, step, receipt
+    engine.operations(state="pending", position=page.next)  # a page, newest first
     engine.wait(op.id, progress=show)                       # until it is no longer pending
     engine.resolve_subagent("sa_...", action="clear", conversation_id=None, actor=user)
 
@@ -70,6 +71,16 @@ class OperationView:
         return self.state == "pending"
 
 
+@dataclass(frozen=True)
+class OperationPage:
+    """A page of delete operations, newest first. `next` (older) and `previous` (newer) are
+    the positions to ask for next, opaque, or None where nothing lies that way."""
+
+    rows: list[OperationView]
+    next: str | None = None
+    previous: str | None = None
+
+
 class EngineClient(Protocol):
     def set_archived(self, public_id: str, archived: bool, *, actor) -> dict[str, Any]: ...
 
@@ -81,7 +92,10 @@ class EngineClient(Protocol):
 
     def operation(self, operation_id: str) -> OperationView: ...
 
-    def operations(self, *, state: str | None = None, limit: int = 50, offset: int = 0) -> list[OperationView]: ...
+    def operations(self, *, state: str | None = None, limit: int = 50, position: str | None = None) -> OperationPage:
+        """`position`: a page's `next` or `previous`, or a number of rows to skip (the old
+        contract); an unusable one is ActionRefused("invalid_cursor", status=400)."""
+        ...
 
     def retry_operation(self, operation_id: str, *, actor) -> OperationView: ...
 

@@ -35,7 +35,7 @@ from urllib.parse import quote, urlencode, urlsplit
 from django.conf import settings
 from django.utils.translation import gettext as _
 
-from lifecycle.engine import OperationView
+from lifecycle.engine import OperationPage, OperationView
 from lifecycle.errors import ActionRefused
 
 # 429: the engine is throttling this address; like an outage, it passes: retry with back-off.
@@ -207,13 +207,19 @@ class HttpEngine:
     def operation(self, operation_id: str) -> OperationView:
         return self._view(self.call("GET", "/v1/operations/" + quote(operation_id, safe=""))[1])
 
-    def operations(self, *, state: str | None = None, limit: int = 50, offset: int = 0) -> list[OperationView]:
-        query = urlencode({k: v for k, v in (("state", state), ("limit", limit), ("offset", offset)) if v is not None})
-        answer = self.call("GET", "/v1/operations?" + query)[1]
+    def operations(self, *, state: str | None = None, limit: int = 50, position: str | None = None) -> OperationPage:
+        # The position travels as `offset`, which every engine version takes: an older one
+        # hands out whole numbers there, a newer one keys (and takes either).
+        pairs = (("state", state), ("limit", limit), ("offset", position or None))
+        answer = self.call("GET", "/v1/operations?" + urlencode({k: v for k, v in pairs if v is not None}))[1]
         rows = answer.get("results") if isinstance(answer, dict) else None
         if not isinstance(rows, list):
             raise EngineBadAnswer("not a list of operations")
-        return [self._view(row) for row in rows]
+        return OperationPage(
+            rows=[self._view(row) for row in rows],
+            next=_position(answer.get("next")),
+            previous=_position(answer.get("previous")),
+        )
 
     def retry_operation(self, operation_id: str, *, actor) -> OperationView:
         answer = self.call("POST", "/v1/operations/" + quote(operation_id, safe="") + "/retry", body={})[1]
@@ -245,3 +251,14 @@ def _cut(connection: http.client.HTTPConnection) -> None:
     if sock is not None:
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
+
+
+def _position(value: Any) -> str | None:
+    """A page position from the engine's answer: absent, a row count (older engines) or a key."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 1_000_000:
+        return str(value)
+    if isinstance(value, str) and 0 < len(value) <= 200 and value.isascii() and value.isprintable():
+        return value
+    raise EngineBadAnswer("not a page position")

@@ -13,10 +13,11 @@ from lifecycle.actions.set_archived import set_archived
 from lifecycle.actions.set_closed import set_closed
 from lifecycle.deletion import executor
 from lifecycle.deletion.preview import preview
-from lifecycle.engine import OperationView
+from lifecycle.engine import OperationPage, OperationView
 from lifecycle.errors import ActionRefused
 from lifecycle.item_payload import has_bad_text
 from lifecycle.models import Conversation, DeleteOperation
+from lifecycle.operation_paging import InvalidPosition, operation_slice, parse_position
 from lifecycle.serializers import operation_json, thread_json
 
 
@@ -66,11 +67,17 @@ class InProcessEngine:
     def operation(self, operation_id: str) -> OperationView:
         return OperationView.from_json(operation_json(self._operation(operation_id)))
 
-    def operations(self, *, state: str | None = None, limit: int = 50, offset: int = 0) -> list[OperationView]:
-        qs = DeleteOperation.objects.select_related("conversation").order_by("-requested_at", "-pk")
+    def operations(self, *, state: str | None = None, limit: int = 50, position: str | None = None) -> OperationPage:
+        try:
+            start = parse_position(position)
+        except InvalidPosition:
+            raise ActionRefused("invalid_cursor", _("The cursor is not valid."), status=400) from None
+        qs = DeleteOperation.objects.select_related("conversation")
         if state:
             qs = qs.filter(state=state)
-        return [OperationView.from_json(operation_json(op)) for op in qs[offset:offset + limit]]
+        page = operation_slice(qs, start, limit)
+        rows = [OperationView.from_json(operation_json(op)) for op in page.rows]
+        return OperationPage(rows=rows, next=page.next, previous=page.previous)
 
     def retry_operation(self, operation_id: str, *, actor) -> OperationView:
         op = self._operation(operation_id)
