@@ -4,8 +4,10 @@ row actions, the way out of an unavailable delete, and the layout of every new s
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 from playwright.sync_api import expect
 
 from e2e.conftest import ADMIN, MEMBER
@@ -13,6 +15,7 @@ from e2e.helpers import check_layout, log_in, open_from_list, open_nav, screensh
 from lifecycle.deletion import executor
 from lifecycle.deletion.admission import admit
 from lifecycle.models import Conversation, DeleteOperation
+from tests import factories
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -117,3 +120,43 @@ def test_members_see_the_lifecycle_read_only(seeded, live_server, open_page):
     expect(page.get_by_text("Deleting is for admins only.")).to_be_visible()
     expect(page.get_by_role("button", name="Delete for good")).to_have_count(0)
     check_layout(page, "member delete preview")
+
+
+@pytest.mark.parametrize("viewport", ["desktop", "small-phone"])
+def test_operations_page_by_keyboard_lists_each_operation_once_while_more_are_requested(
+    seeded, live_server, open_page, viewport
+):
+    # 26 refused deletes a minute apart (refused ones are only the remembered answer: no fence).
+    start = timezone.now() - timedelta(days=2)
+    DeleteOperation.objects.all().delete()
+    ops = [
+        DeleteOperation.objects.create(conversation=c, state="refused", reason="conversation_busy",
+                                       requested_at=start + timedelta(minutes=i))
+        for i, c in enumerate(factories.make_conversation() for _ in range(26))
+    ]
+    page = open_page(viewport)
+    log_in(page, live_server.url, *ADMIN)
+    open_nav(page, "Operations")
+    expect(page.get_by_role("heading", name="Operations", level=1)).to_be_visible()
+    rows = page.locator("#deletes-h ~ .op-list .op-row")
+    expect(rows).to_have_count(25)
+    pager = page.get_by_role("navigation", name="Pages")
+    expect(pager.get_by_role("link", name="Previous")).to_have_count(0)
+    check_layout(page, "operations, first of two pages")
+    screenshot(page, "operations-pages")
+    # One more is requested while the first page is read: the second page still holds only
+    # the oldest one, not the first page's last row again.
+    DeleteOperation.objects.create(conversation=factories.make_conversation(), state="refused",
+                                   reason="conversation_busy", requested_at=timezone.now())
+    next_link = pager.get_by_role("link", name="Next")
+    next_link.focus()
+    page.keyboard.press("Enter")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text(ops[0].public_id)
+    expect(pager.get_by_role("link", name="Next")).to_have_count(0)
+    previous = pager.get_by_role("link", name="Previous")
+    previous.focus()
+    page.keyboard.press("Enter")
+    expect(rows).to_have_count(25)
+    expect(rows.first).to_contain_text(ops[-1].public_id)
+    expect(rows.last).to_contain_text(ops[1].public_id)
