@@ -126,7 +126,7 @@ class ReceiptStoreOut(Schema):
 class HolderOut(Schema):
     """Something that still holds the erased bytes, and what ends that."""
 
-    kind: Literal["backup", "database_files", "wal", "wal_archive"]
+    kind: Literal["backup", "database_files", "wal", "wal_archive", "server_wal", "statistics"]
     name: str | None = None
     made_at: str | None = None
 
@@ -139,7 +139,7 @@ class PhysicalOut(Schema):
 class VerificationOut(Schema):
     at: str
     logical: Literal["clean", "found"]
-    physical: Literal["clean", "found", "pending", "not_checked", "no_fingerprints"]
+    physical: Literal["clean", "found", "pending", "not_checked", "no_fingerprints", "no_samples"]
     findings: int
 
 

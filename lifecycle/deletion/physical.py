@@ -12,7 +12,8 @@ the touched tables), which calls `record_compaction`. Until then the receipt say
 erased, physically pending" and names that command.
 
 Backups made before the delete still hold the content, whatever the database does; so does
-a WAL archive when `archive_mode` is on. The receipt names them and until when.
+a WAL archive when `archive_mode` is on, and on PostgreSQL the server's own write-ahead log
+files until it reuses them. The receipt names them and until when.
 """
 
 from __future__ import annotations
@@ -147,6 +148,10 @@ def holders(moment: datetime, *, physically_erased: bool) -> list[dict[str, Any]
     out = backups_before(moment)
     if not physically_erased:
         out.append({"kind": "database_files" if connection.vendor == "postgresql" else "wal"})
+    if connection.vendor == "postgresql":
+        # The server's write-ahead log files hold the rows as written, and (full-page images)
+        # as deleted, until the server reuses those files; nothing here can see when.
+        out.append({"kind": "server_wal"})
     if wal_archive_on():
         out.append({"kind": "wal_archive"})
     return out

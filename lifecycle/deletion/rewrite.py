@@ -2,9 +2,12 @@
 
 SQLite: the write-ahead log checkpoint (retried with back-off), the same step the recovery
 job retries every minute. PostgreSQL: a plain VACUUM leaves erased bytes in the table files,
-so each table a waiting delete touched is rewritten with `VACUUM FULL` (a new file for the
-table, its TOAST table and its indexes; the old files are removed), then
-`record_compaction` marks every receipt whose tables were all rewritten. `VACUUM FULL`
+so each table a waiting delete touched is rewritten with `VACUUM (FULL, ANALYZE)` (a new file
+for the table, its TOAST table and its indexes; the old files are removed; fresh planner
+statistics), then the statistics catalog `pg_statistic` (whose old rows sampled the deleted
+values) when the database user owns it, then `record_compaction` marks every receipt whose
+tables were all rewritten. The server's write-ahead log files keep copies until the server
+reuses them, which Lethe cannot see: every PostgreSQL receipt names them. `VACUUM FULL`
 holds an exclusive lock on one table at a time while it copies it: readers and writers of
 that table wait, so run it when the console is quiet.
 
@@ -73,6 +76,15 @@ def _old_snapshot_holders(cursor, *, wait: float) -> int:
         time.sleep(0.2)
 
 
+def _may_rewrite_statistics(cursor) -> bool:
+    cursor.execute(
+        "SELECT r.rolsuper OR d.datdba = r.oid FROM pg_roles r, pg_database d"
+        " WHERE r.rolname = current_user AND d.datname = current_database()"
+    )
+    row = cursor.fetchone()
+    return bool(row and row[0])
+
+
 def _waiting():
     return DeleteOperation.objects.filter(state=DeleteState.COMPLETED, physical_state=PhysicalState.PENDING)
 
@@ -92,9 +104,18 @@ def finish_waiting_erasures() -> RewriteResult:
             result.held_by = _old_snapshot_holders(cursor, wait=HORIZON_WAIT_SECONDS)
             if not result.held_by:
                 for table in tables:
-                    cursor.execute(f"VACUUM FULL {quote(table)}")
+                    # ANALYZE too: the planner's statistics sample column values (ANALYZE,
+                    # which autovacuum runs by itself, may have sampled the deleted ones).
+                    cursor.execute(f"VACUUM (FULL, ANALYZE) {quote(table)}")
+                # The statistics replaced above stay in pg_statistic's file as dead rows
+                # until that catalog is rewritten too; only its owner (the database owner
+                # or a superuser) may.
+                statistics = _may_rewrite_statistics(cursor)
+                if statistics:
+                    cursor.execute("VACUUM FULL pg_catalog.pg_statistic")
         if not result.held_by:
             result.tables = tables
-            result.erased = record_compaction(started_at=started, finished_at=timezone.now(), tables=tables)
+            result.erased = record_compaction(started_at=started, finished_at=timezone.now(), tables=tables,
+                                              statistics_rewritten=statistics)
     result.still_pending = _waiting().count()
     return result

@@ -216,6 +216,11 @@ def physical_check(op: DeleteOperation, report: Report, home: EngineHome) -> Non
         return
     scanner = Scanner(fingerprint)
     report.windows = len(scanner.windows)
+    if not report.windows:
+        # Nothing long enough was sampled (short messages, titles): there is nothing to look
+        # for in the raw bytes, so the raw bytes are not called clean.
+        report.physical = "no_samples"
+        return
     explained: dict[int, bool] = {}
     found: dict[str, int] = {}
     for path in database_files():

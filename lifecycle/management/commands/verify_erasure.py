@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connection
 
 from lifecycle.deletion.executor import erase_residue as erase_residue_of
 from lifecycle.deletion.verify import targets, verify
@@ -13,12 +14,13 @@ PHYSICAL_WORDS = {
     "pending": "pending (SQLite: write-ahead log not checkpointed yet; PostgreSQL: no compaction since the delete)",
     "not_checked": "not checked (add --physical)",
     "no_fingerprints": "no fingerprints (taken before erasure; none for this operation)",
+    "no_samples": "nothing to look for (no stored value was long enough to sample)",
 }
 
 
 class Command(BaseCommand):
     help = ("Re-scan every registered store for anything of deleted conversations; with --physical also the "
-            "raw bytes of the database and the engine folder; with --erase-residue first erase again what the "
+            "raw bytes of the database (SQLite) and the engine folder; with --erase-residue first erase again what the "
             "stores hold. Exits 1 when anything is found, 2 when the target is unknown or not deleted yet.")
 
     def add_arguments(self, parser):
@@ -54,7 +56,10 @@ class Command(BaseCommand):
                 self.stdout.write(f"{r.operation}  {r.target}  logical: {logical}")
                 if physical:
                     detail = ", ".join(f"{f.where} ({f.count})" for f in r.physical_findings)
-                    self.stdout.write(f"    physical: {PHYSICAL_WORDS[r.physical]}"
+                    words = PHYSICAL_WORDS[r.physical]
+                    if r.physical == "clean" and connection.vendor != "sqlite":
+                        words = "clean in the engine folder's files (the database server's files are not read)"
+                    self.stdout.write(f"    physical: {words}"
                                       + (f": {detail}" if detail else "")
                                       + f"  [{r.windows} windows; {r.explained} hits explained by live data]")
             self.stdout.write(f"{len(reports)} deleted conversation(s) checked.")
