@@ -12,7 +12,8 @@ Two layers, one rule:
   SQLite and PostgreSQL alike, so a late callback or a raw SQL write cannot recreate
   content. DELETE is allowed (it is how erasure works). On compact tables the one UPDATE
   allowed is clearing the content columns with nothing else changed. The conversation row
-  itself may not go back to live, change its id or get a title again.
+  itself may not go back to live, change its id or get a title again, nor be inserted
+  again under its id (a delete and re-insert, or SQLite's REPLACE, fires no UPDATE trigger).
 
 Both engines raise IntegrityError for a fence refusal: SQLite from RAISE(ABORT), PostgreSQL
 from SQLSTATE 23L01 (class 23, integrity constraint violation). `is_fence_error` tells it
@@ -122,12 +123,12 @@ def trigger_names(connection) -> set[tuple[str, str]]:
         for t in tables:
             names |= {(f"lethe_fence_{t}_insert", t), (f"lethe_fence_{t}_update", t)}
         if tomb:
-            names.add((f"lethe_fence_{tomb[0]}_update", tomb[0]))
+            names |= {(f"lethe_fence_{tomb[0]}_update", tomb[0]), (f"lethe_fence_{tomb[0]}_reinsert", tomb[0])}
     else:
         for t in tables:
             names |= {(f"lethe_fence_{t}_insert", t), (f"lethe_fence_{t}_update", t)}
         if tomb:
-            names.add((f"lethe_fence_{tomb[0]}", tomb[0]))
+            names |= {(f"lethe_fence_{tomb[0]}", tomb[0]), (f"lethe_fence_{tomb[0]}_reinsert", tomb[0])}
     return names
 
 
@@ -177,6 +178,11 @@ def _sqlite_statements(connection) -> list[str]:
             f"CREATE TRIGGER lethe_fence_{table}_update BEFORE UPDATE OF {', '.join(_q(c) for c in ('state', 'id', *content))} "
             f"ON {_q(table)} WHEN EXISTS (SELECT 1 FROM {FENCE_TABLE} WHERE conversation_id = OLD.id) "
             f"AND (NEW.state = 'live' OR NEW.id IS NOT OLD.id OR {restored}) {raise_it}",
+            # A fenced row deleted and inserted again (REPLACE does both, firing no UPDATE
+            # trigger) would come back live: its id may not be inserted while fenced.
+            f"DROP TRIGGER IF EXISTS lethe_fence_{table}_reinsert",
+            f"CREATE TRIGGER lethe_fence_{table}_reinsert BEFORE INSERT ON {_q(table)} "
+            f"WHEN EXISTS (SELECT 1 FROM {FENCE_TABLE} WHERE conversation_id = NEW.id) {raise_it}",
         ]
     return out
 
@@ -244,6 +250,19 @@ END $$""",
             # the append path's `last_activity_at` update does not.
             f"CREATE TRIGGER lethe_fence_{table} BEFORE UPDATE ON {_q(table)} "
             f"FOR EACH ROW WHEN ({watched}) EXECUTE FUNCTION lethe_fence_tombstone()",
+            # A fenced row deleted and inserted again in one transaction (the fence's foreign
+            # key is checked at commit) would come back live: its id may not be inserted.
+            f"""CREATE OR REPLACE FUNCTION lethe_fence_reinsert() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM 1 FROM {FENCE_TABLE} f WHERE f.conversation_id = NEW.id;
+  IF FOUND THEN
+    {_PG_RAISE}
+  END IF;
+  RETURN NEW;
+END $$""",
+            f"DROP TRIGGER IF EXISTS lethe_fence_{table}_reinsert ON {_q(table)}",
+            f"CREATE TRIGGER lethe_fence_{table}_reinsert BEFORE INSERT ON {_q(table)} "
+            f"FOR EACH ROW EXECUTE FUNCTION lethe_fence_reinsert()",
         ]
     return out
 
@@ -270,5 +289,6 @@ def remove_fence_triggers(connection) -> None:
             else:
                 cursor.execute(f"DROP TRIGGER IF EXISTS {_q(name)} ON {_q(table)}")
         if connection.vendor == "postgresql":
-            for function in ("lethe_fence_insert", "lethe_fence_update", "lethe_fence_tombstone"):
+            for function in ("lethe_fence_insert", "lethe_fence_update", "lethe_fence_tombstone",
+                             "lethe_fence_reinsert"):
                 cursor.execute(f"DROP FUNCTION IF EXISTS {function}()")

@@ -8,9 +8,10 @@ from django.db import connection
 
 from lifecycle import models as m
 from lifecycle.actions.request_deletion import request_deletion
-from lifecycle.deletion import executor, stores
+from lifecycle.deletion import executor, files, stores
 from lifecycle.deletion.plan import FINGERPRINTS, stores_by_key
 from lifecycle.enginefs import EngineHome
+from lifecycle.registry import STORES
 from tests import factories
 
 
@@ -168,3 +169,53 @@ def test_postgresql_a_counted_table_larger_than_one_transaction_is_undone_and_er
     assert len(turn_deletes) == 3 and all("ctid" in s for s in turn_deletes[1:])
     assert op.steps.get(key="lifecycle.Turn").records == 7
     assert not m.Turn.objects.filter(conversation=target).exists()
+
+
+def _commit_is_durable(cursor) -> bool:
+    if connection.vendor == "postgresql":
+        cursor.execute("SHOW synchronous_commit")
+        return cursor.fetchone()[0] not in ("off", "local")
+    cursor.execute("PRAGMA synchronous")
+    return cursor.fetchone()[0] >= 2  # FULL or EXTRA: the commit syncs the write-ahead log
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_file_steps_figures_commit_durably_before_its_folder_is_removed(monkeypatch):
+    # A folder's removal survives any crash; figures lost in one (an unsynced commit) would
+    # leave the rerun measuring an empty folder and the receipt counting nothing for it.
+    target = factories.make_conversation()
+    factories.fill_every_store(target)
+    op = request_deletion(target, key="durable-files", acting_user=None)
+    file_steps = {s.key for s in STORES if s.kind != "table"}
+    measured: dict[str, bool] = {}
+    removed: list[str] = []
+    looking = []
+
+    def watch(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if not looking and sql.startswith('UPDATE "lifecycle_deletestep"') and "measured" in (params or ()):
+            looking.append(True)
+            try:
+                key = m.DeleteStep.objects.filter(operation=op, state="measured").exclude(
+                    key__in=measured).values_list("key", flat=True).first()
+                with connection.cursor() as cursor:
+                    measured[key] = _commit_is_durable(cursor)
+            finally:
+                looking.clear()
+        return result
+
+    real_remove = files.remove_folder
+
+    def remove(home, path):
+        removed.append(path.name)
+        return real_remove(home, path)
+
+    monkeypatch.setattr(files, "remove_folder", remove)
+    with connection.execute_wrapper(watch):
+        assert executor.run_erasure(op.pk) == "completed"
+    assert removed, "the filled stores have folders to remove"
+    files_measured = {k: durable for k, durable in measured.items() if k in file_steps}
+    assert files_measured and all(files_measured.values()), measured
+    with connection.cursor() as cursor:  # and the connection is back to its own setting
+        cursor.execute("PRAGMA synchronous" if connection.vendor == "sqlite" else "SHOW synchronous_commit")
+        assert str(cursor.fetchone()[0]) in ("1", "on")

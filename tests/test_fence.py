@@ -117,3 +117,28 @@ def test_it_turns_a_database_refusal_into_the_fence_code():
         Goal.objects.create(conversation=target, text="late")
     assert caught.value.code == "conversation_deletion_pending"
     assert Goal.objects.count() == 0  # and the outer transaction is still usable
+
+
+def test_a_tombstone_cannot_come_back_by_being_deleted_and_inserted_again():
+    target = factories.make_conversation(title="Private plans")
+    fence_up(target)
+    raw("UPDATE lifecycle_conversation SET state = 'deleted', title = '', search_title = '' WHERE id = %s", [target.pk])
+    columns = [c.column for c in Conversation._meta.concrete_fields]
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {', '.join(columns)} FROM lifecycle_conversation WHERE id = %s", [target.pk])
+        row = dict(zip(columns, cursor.fetchone(), strict=True))
+    row.update(state="live", title="Private plans", search_title="private plans")
+    values = ", ".join(["%s"] * len(columns))
+    insert = f"INTO lifecycle_conversation ({', '.join(columns)}) VALUES ({values})"
+    with pytest.raises(IntegrityError) as caught:
+        if connection.vendor == "sqlite":  # REPLACE deletes and inserts, firing no UPDATE trigger
+            raw("INSERT OR REPLACE " + insert, list(row.values()))
+        else:  # the fence's foreign key is checked at commit, after the insert
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("DELETE FROM lifecycle_conversation WHERE id = %s", [target.pk])
+                cursor.execute("INSERT " + insert, list(row.values()))
+    assert fence.is_fence_error(caught.value)
+    target.refresh_from_db()
+    assert (target.state, target.title) == ("deleted", "")
+    # A conversation that is not fenced is inserted as ever.
+    assert factories.make_conversation(title="new").state == "live"

@@ -375,7 +375,9 @@ def _run_step(op: DeleteOperation, step: DeleteStep, store, conversation: Conver
     if step.state != StepState.PENDING:
         renew(op, step=step.key)
     else:
-        with stores.erasure_transaction():
+        # A folder's removal cannot be undone by a crash, as a table's delete can: its figures
+        # commit durably before it (a lost commit would leave a receipt counting nothing).
+        with stores.erasure_transaction() if store.kind == "table" else stores.durable_transaction():
             # The lease and the current step commit with the figures (a step that fails before
             # that is recorded by `_run`'s failure handler).
             renew(op, step=step.key)

@@ -104,7 +104,24 @@ def relaxed_commits() -> Iterator[None]:
 
 @contextlib.contextmanager
 def durable_transaction() -> Iterator[None]:
-    """A transaction whose commit waits for the WAL flush, even inside `relaxed_commits`."""
+    """A transaction whose commit waits for the WAL flush, even inside `relaxed_commits`.
+
+    SQLite runs with `synchronous=NORMAL`: a commit survives the process but not a power
+    loss. Here the commit syncs the write-ahead log (`synchronous=FULL`, which SQLite lets
+    change only outside a transaction), and with it every commit before it, which the log
+    holds in order."""
+    if connection.vendor == "sqlite" and not connection.in_atomic_block:
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA synchronous")
+            own = cursor.fetchone()[0]
+            cursor.execute("PRAGMA synchronous = FULL")
+        try:
+            with transaction.atomic():
+                yield
+        finally:
+            with contextlib.suppress(DatabaseError), connection.cursor() as cursor:
+                cursor.execute(f"PRAGMA synchronous = {int(own)}")
+        return
     with transaction.atomic():
         if (own := _relaxed()) is not None:
             with connection.cursor() as cursor:
