@@ -186,3 +186,22 @@ def test_a_fleet_temporary_a_killed_writer_left_is_erased_and_never_explained_as
     report = verify.verify(op, physical=True, record=False)
     assert [(f.store, f.what) for f in report.logical] == [("subagents", "fleet_temporary")]
     assert [f.where for f in report.physical_findings if "state/" in f.where] == [f"engine:state/{stale.name}"]
+
+
+def test_an_area_folder_turned_into_a_symlink_is_a_finding_not_a_crash(tmp_path, capsys):
+    target = factories.make_conversation()
+    factories.fill_every_store(target)
+    op = request_deletion(target, key="verify-symlink", acting_user=None)
+    assert executor.run_erasure(op.pk) == "completed"
+    home = EngineHome()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    threads = home.root / "threads"
+    threads.rename(tmp_path / "threads-moved")
+    threads.symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(SystemExit) as caught:
+        call_command("verify_erasure", op.public_id, "--json")
+    assert caught.value.code == 1
+    report = json.loads(capsys.readouterr().out)["reports"][0]
+    assert ("events", "unsafe_folder") in {(f["store"], f["what"]) for f in report["logical_findings"]}
+    assert list(elsewhere.iterdir()) == []  # nothing was written or removed through the link

@@ -31,7 +31,7 @@ from django.utils import timezone
 from lifecycle import fleet
 from lifecycle.deletion import executor, files
 from lifecycle.deletion.fingerprints import Hit, Scanner
-from lifecycle.enginefs import EngineHome
+from lifecycle.enginefs import EngineHome, EnginePathError
 from lifecycle.models import (
     Conversation,
     ConversationState,
@@ -107,7 +107,11 @@ def logical_findings(conversation: Conversation, home: EngineHome) -> list[Findi
         if not s.acts:
             continue
         if s.kind == "file":
-            path = s.paths(home, conversation)[0]
+            try:
+                path = s.paths(home, conversation)[0]
+            except EnginePathError:  # e.g. an area folder turned into a symlink since the delete
+                out.append(Finding(s.key, "unsafe_folder"))
+                continue
             if s.shared_file:
                 try:
                     n = len(fleet.children(fleet.read_rows(path), conversation))
@@ -124,7 +128,7 @@ def logical_findings(conversation: Conversation, home: EngineHome) -> list[Findi
             try:
                 count, _size = files.usage(home, path)
                 present = files.checked(home, path) is not None
-            except files.UnsafeFolder:
+            except (files.UnsafeFolder, EnginePathError):
                 out.append(Finding(s.key, "unsafe_folder"))
                 continue
             if present:
