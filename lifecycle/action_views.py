@@ -220,6 +220,7 @@ def _store_rows(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return (_GROUP_RANK.get(store.retention, 2) if store else 3, place.get(entry["store"], len(place)))
 
     return [{**e, "label": by_key[e["store"]].label if e["store"] in by_key else e["store"],
+             "expired_on": _moment(e.get("expired_at")),
              "files": counts_files(e["store"]),
              "retention": by_key[e["store"]].retention.label if e["store"] in by_key else e.get("class")}
             for e in sorted(entries, key=order)]

@@ -778,8 +778,10 @@ class ErasureFingerprint(models.Model):
     """Keyed fingerprints of sampled content windows, for the physical residue scan.
 
     Holds no content: a random per-operation key and keyed digests of 64-byte windows (and
-    of their 32-byte slices, for the aligned scan). Dropped once a clean physical
-    verification is recorded.
+    of their 32-byte slices, for the aligned scan). Short, guessable content could be
+    confirmed against them, so they are dropped once a clean physical verification is
+    recorded, and by the daily facts expiry a week after the delete at the latest
+    (`lifecycle.actions.expire_facts.FINGERPRINT_DAYS`).
     """
 
     operation = models.OneToOneField(DeleteOperation, on_delete=models.CASCADE, related_name="fingerprint")

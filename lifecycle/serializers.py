@@ -117,9 +117,10 @@ class StepOut(Schema):
 class ReceiptStoreOut(Schema):
     store: str
     klass: StoreClass = Field(alias="class")
-    action: Literal["erased", "compacted", "detached", "revoked", "kept", "out_of_scope"]
+    action: Literal["erased", "compacted", "detached", "revoked", "kept", "expired", "out_of_scope"]
     records: int | None = None
     bytes: int | None = None
+    expired_at: str | None = Field(default=None, description="Kept facts: when their retention period ran out and they were removed.")
     remaining: int | None = Field(default=None, description="Shared copies whose publisher cannot revoke them.")
 
 

@@ -50,7 +50,11 @@ def test_facts_stay_content_free_and_expire_after_their_periods_from_the_delete(
     assert m.UsageFact.objects.filter(conversation=live).exists()
     assert m.AuditFact.objects.filter(conversation=live).exists()
     assert expired == {"lifecycle.UsageFact": 1, "lifecycle.BillingFact": 1, "lifecycle.AuditFact": 4}
-    assert m.AuditFact.objects.get(action="retained_facts.expired").new_value == expired
+    recorded: dict[str, int] = {}
+    for fact in m.AuditFact.objects.filter(action="retained_facts.expired"):
+        for key, n in fact.new_value.items():
+            recorded[key] = recorded.get(key, 0) + n
+    assert recorded == expired
     # The tombstones and the operations stay: a retry still gets its answer.
     assert m.Conversation.objects.deleted().count() == 3
     assert expire_facts() == {}
@@ -106,3 +110,64 @@ def test_startup_sets_torn_log_tails_aside_for_live_conversations_only():
     assert home.events_path(live.storage_key).read_bytes() == b'{"a":1}\n'
     assert home.events_path(fenced.storage_key).read_bytes() == b'{"a":1}\n{"torn'
     assert not list(home.thread_dir(fenced.storage_key).glob("*.torn-*"))
+
+
+def test_the_receipt_and_page_say_when_kept_facts_expired(admin_client):
+    old, young = deleted_days_ago(3000), deleted_days_ago(10)
+    expire_facts()
+    op = m.DeleteOperation.objects.get(conversation=old)
+    kept = {e["store"]: e for e in op.receipt["kept"]}
+    assert kept["lifecycle.UsageFact"]["action"] == "expired" and kept["lifecycle.UsageFact"]["records"] == 1
+    assert kept["lifecycle.UsageFact"]["expired_at"]
+    assert not m.UsageFact.objects.filter(conversation=old).exists()
+    young_kept = {e["store"]: e for e in m.DeleteOperation.objects.get(conversation=young).receipt["kept"]}
+    assert young_kept["lifecycle.UsageFact"]["action"] == "kept"
+    page = admin_client.get(f"/operations/{op.public_id}/", HTTP_HOST="127.0.0.1").content.decode()
+    assert "1 record kept, expired on" in page
+    answer = admin_client.get(f"/v1/operations/{op.public_id}", HTTP_HOST="127.0.0.1").json()
+    assert {e["store"]: e["action"] for e in answer["receipt"]["kept"]}["lifecycle.UsageFact"] == "expired"
+
+
+def test_a_run_killed_mid_way_and_run_again_records_every_expired_fact_once(monkeypatch):
+    from lifecycle.actions import expire_facts as module
+
+    gone = [deleted_days_ago(3000) for _ in range(3)]
+    monkeypatch.setattr(module, "BATCH", 1)
+    calls = []
+    real = module.audit.record
+
+    def crash_on_the_second_batch(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the process dies inside the second batch's transaction
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module.audit, "record", crash_on_the_second_batch)
+    with pytest.raises(KeyboardInterrupt):
+        expire_facts()
+    monkeypatch.setattr(module.audit, "record", real)
+    assert m.UsageFact.objects.filter(conversation__in=gone).count() == 2  # one batch committed
+    expire_facts()
+    recorded: dict[str, int] = {}
+    for fact in m.AuditFact.objects.filter(action="retained_facts.expired"):
+        for key, n in fact.new_value.items():
+            recorded[key] = recorded.get(key, 0) + n
+    assert recorded["lifecycle.UsageFact"] == 3 and recorded["lifecycle.BillingFact"] == 3
+    assert not m.UsageFact.objects.filter(conversation__in=gone).exists()
+    receipts = m.DeleteOperation.objects.filter(conversation__in=gone).values_list("receipt", flat=True)
+    assert all({e["store"]: e["action"] for e in r["kept"]}["lifecycle.UsageFact"] == "expired" for r in receipts)
+
+
+def test_fingerprints_of_the_content_go_a_week_after_the_delete():
+    old, recent = factories.make_conversation(), factories.make_conversation()
+    factories.fill_every_store(old)
+    factories.fill_every_store(recent)
+    ops = []
+    for conversation in (old, recent):
+        op = request_deletion(conversation, key=f"prints-{conversation.pk}", acting_user=None)
+        assert executor.run_erasure(op.pk) == "completed"
+        ops.append(op)
+    assert m.ErasureFingerprint.objects.filter(operation__in=ops).count() == 2
+    m.DeleteOperation.objects.filter(pk=ops[0].pk).update(completed_at=timezone.now() - timedelta(days=7, hours=1))
+    expire_facts()
+    assert list(m.ErasureFingerprint.objects.values_list("operation_id", flat=True)) == [ops[1].pk]

@@ -1,37 +1,65 @@
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import transaction
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from lifecycle import audit
-from lifecycle.models import DeleteOperation, DeleteState, RetainedFactsPolicy
-from lifecycle.registry import STORES
+from lifecycle.models import DeleteOperation, DeleteState, ErasureFingerprint, RetainedFactsPolicy
+from lifecycle.registry import STORES, Store
 
-BATCH = 2000
+BATCH = 200  # deletes (conversations) per transaction
+# The raw-byte scan's fingerprints (keyed digests of the content, with their key) are kept
+# this long after a delete completes, for `verify_erasure --physical`; a clean check drops
+# them sooner. Short guessable content (a PIN) could be confirmed against them.
+FINGERPRINT_DAYS = 7
 
 
 def expire_facts(*, now=None) -> dict[str, int]:
     """Remove retained facts whose period, counted from their conversation's completed
-    delete, has run out. Facts of live conversations never expire. Idempotent (daily job)."""
+    delete, has run out, and the fingerprints of deletes older than FINGERPRINT_DAYS. Facts
+    of live conversations never expire. Idempotent (daily job).
+
+    Each batch deletes the facts of up to BATCH deletes, marks those stores "expired" on their
+    receipts and records the audit fact, in one transaction: a run killed at any point and run
+    again accounts for every expired fact exactly once."""
     now = now or timezone.now()
     policy = RetainedFactsPolicy.load()
     expired: dict[str, int] = {}
     for store in STORES:
-        if not store.period:
-            continue
-        cutoff = now - timedelta(days=getattr(policy, store.period))
-        deleted = DeleteOperation.objects.filter(state=DeleteState.COMPLETED, completed_at__lt=cutoff)
-        facts = store.model_class.objects.filter(
-            **{f"{store.lookup}__in": deleted.values("conversation_id")}
-        )
-        count = 0
-        while ids := list(facts.values_list("pk", flat=True)[:BATCH]):
-            with transaction.atomic():
-                count += store.model_class.objects.filter(pk__in=ids).delete()[0]
-        if count:
-            expired[store.key] = count
-    if expired:
-        audit.record("retained_facts.expired", new=expired)
+        if store.period:
+            count = _expire_store(store, now - timedelta(days=getattr(policy, store.period)), now)
+            if count:
+                expired[store.key] = count
+    ErasureFingerprint.objects.filter(
+        operation__completed_at__lt=now - timedelta(days=FINGERPRINT_DAYS)
+    ).delete()
     return expired
+
+
+def _expire_store(store: Store, cutoff: datetime, now: datetime) -> int:
+    facts = store.model_class.objects.filter(**{store.lookup: OuterRef("conversation_id")})
+    due = DeleteOperation.objects.filter(state=DeleteState.COMPLETED, completed_at__lt=cutoff).filter(Exists(facts))
+    count = 0
+    while batch := list(due.order_by("pk").values_list("pk", "conversation_id")[:BATCH]):
+        with transaction.atomic():
+            n = store.model_class.objects.filter(**{f"{store.lookup}__in": [c for _pk, c in batch]}).delete()[0]
+            for op in DeleteOperation.objects.select_for_update().filter(pk__in=[pk for pk, _c in batch]):
+                _mark_expired(op, store.key, now)
+            if n:
+                audit.record("retained_facts.expired", new={store.key: n})
+        count += n
+    return count
+
+
+def _mark_expired(op: DeleteOperation, key: str, now: datetime) -> None:
+    """The receipt stops saying the store's facts are kept: they expired, on this date."""
+    receipt = dict(op.receipt or {})
+    kept = [dict(entry) for entry in receipt.get("kept", [])]
+    for entry in kept:
+        if entry.get("store") == key and entry.get("action") == "kept":
+            entry.update(action="expired", expired_at=now.isoformat())
+    receipt["kept"] = kept
+    DeleteOperation.objects.filter(pk=op.pk).update(receipt=receipt)

@@ -13,7 +13,7 @@ PHYSICAL_WORDS = {
     "found": "CONTENT FOUND",
     "pending": "pending (SQLite: write-ahead log not checkpointed yet; PostgreSQL: no compaction since the delete)",
     "not_checked": "not checked (add --physical)",
-    "no_fingerprints": "no fingerprints (taken before erasure; none for this operation)",
+    "no_fingerprints": "no fingerprints (none were taken for this operation, or they were dropped a week after it)",
     "no_samples": "nothing to look for (no stored value was long enough to sample)",
 }
 
