@@ -13,6 +13,9 @@ from django.http import HttpRequest
 from pydantic import Field
 
 from console.api import ApiError, Schema, endpoint
+from lifecycle.actions.save_facts_policy import FIELDS as FACT_FIELDS
+from lifecycle.actions.save_facts_policy import save_facts_policy
+from lifecycle.models import RetainedFactsPolicy
 from retention import service
 
 BASE = "/api/v1/system/tool-payload-retention"
@@ -220,3 +223,45 @@ def cancel(request: HttpRequest, body: CancelIn) -> tuple[int, dict]:
           name="api-tool-payloads-compact", summary="Compact the database (VACUUM) as a job")
 def compact(request: HttpRequest) -> tuple[int, dict]:
     return 202, {"operation_id": _call(service.start_compact, user=request.user)}
+
+
+# ---- Retained facts: how long content-free facts stay after a delete ------------------------------
+
+FACTS = "/api/v1/system/retained-facts"
+Days = Annotated[int, Field(ge=RetainedFactsPolicy.MIN_DAYS, le=RetainedFactsPolicy.MAX_DAYS,
+                            description=f"Whole days, {RetainedFactsPolicy.MIN_DAYS} to {RetainedFactsPolicy.MAX_DAYS}.")]
+
+
+class FactsPolicyIn(Schema):
+    audit_days: Days
+    usage_days: Days
+    billing_days: Days
+    revision: int
+
+
+class FactsPolicyOut(Schema):
+    audit_days: int
+    usage_days: int
+    billing_days: int
+    revision: int
+    updated_at: str
+
+
+def _facts(policy: RetainedFactsPolicy) -> dict:
+    return _json({name: getattr(policy, name) for name in (*FACT_FIELDS, "revision", "updated_at")})
+
+
+@endpoint("GET", FACTS, response=FactsPolicyOut, name="api-retained-facts",
+          summary="How long usage, billing and audit facts are kept after a conversation's delete")
+def facts_policy(request: HttpRequest) -> dict:
+    return _facts(RetainedFactsPolicy.load())
+
+
+@endpoint("PUT", FACTS, body=FactsPolicyIn, response=FactsPolicyOut, admin=True, errors=(409,),
+          name="api-retained-facts-save", summary="Save the retention periods of content-free facts",
+          description="Counted from each delete's completion; a shorter period removes the facts it no "
+                      "longer covers at the next daily run. 400 `invalid_value` outside 1-3650 days; 409 "
+                      "`stale_revision`. A save that changes nothing keeps the revision.")
+def facts_policy_save(request: HttpRequest, body: FactsPolicyIn) -> dict:
+    values = {name: getattr(body, name) for name in FACT_FIELDS}
+    return _facts(save_facts_policy(values=values, revision=body.revision, acting_user=request.user))
