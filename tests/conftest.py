@@ -61,6 +61,24 @@ def member_client(member_user) -> Client:
     return client
 
 
+def token_client(user) -> Client:
+    """A client of the JSON API with a bearer token of `user`, as scripts and apps call it."""
+    from console.models import ApiToken
+
+    _token, raw = ApiToken.issue(user)
+    return Client(HTTP_AUTHORIZATION=f"Bearer {raw}", HTTP_HOST="127.0.0.1")
+
+
+@pytest.fixture
+def api(admin_user) -> Client:
+    return token_client(admin_user)
+
+
+@pytest.fixture
+def member_api(member_user) -> Client:
+    return token_client(member_user)
+
+
 @pytest.fixture
 def conversation(db):
     return factories.make_conversation(title="Fix flaky login test")

@@ -20,18 +20,6 @@ pytestmark = pytest.mark.django_db
 HOST = {"HTTP_HOST": "127.0.0.1"}
 
 
-@pytest.fixture
-def api(admin_user) -> Client:
-    _token, raw = ApiToken.issue(admin_user)
-    return Client(HTTP_AUTHORIZATION=f"Bearer {raw}", **HOST)
-
-
-@pytest.fixture
-def member_api(member_user) -> Client:
-    _token, raw = ApiToken.issue(member_user)
-    return Client(HTTP_AUTHORIZATION=f"Bearer {raw}", **HOST)
-
-
 def patch(client, conversation, body):
     data = body if isinstance(body, str) else json.dumps(body)
     return client.patch(f"/v1/threads/{conversation.public_id}", data=data, content_type="application/json")

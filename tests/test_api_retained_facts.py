@@ -7,25 +7,12 @@ import json
 import pytest
 from django.test import Client
 
-from console.models import ApiToken
 from lifecycle.models import AuditFact, RetainedFactsPolicy
 
 pytestmark = pytest.mark.django_db
 HOST = {"HTTP_HOST": "127.0.0.1"}
 URL = "/api/v1/system/retained-facts"
 GOOD = {"audit_days": 30, "usage_days": 60, "billing_days": 3650, "revision": 1}
-
-
-@pytest.fixture
-def api(admin_user) -> Client:
-    _token, raw = ApiToken.issue(admin_user)
-    return Client(HTTP_AUTHORIZATION=f"Bearer {raw}", **HOST)
-
-
-@pytest.fixture
-def member_api(member_user) -> Client:
-    _token, raw = ApiToken.issue(member_user)
-    return Client(HTTP_AUTHORIZATION=f"Bearer {raw}", **HOST)
 
 
 def put(client: Client, body) -> object:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from django.test import Client
 
-from console.models import ApiToken
 from lifecycle.models import Item
 from retention import jobs
 from retention.models import ToolPayloadOperation, ToolPayloadPolicy
@@ -16,18 +14,6 @@ from tests.test_tool_payload_jobs import old_conversation
 pytestmark = pytest.mark.django_db
 HOST = {"HTTP_HOST": "127.0.0.1"}
 BASE = "/api/v1/system/tool-payload-retention"
-
-
-@pytest.fixture
-def api(admin_user) -> Client:
-    _token, raw = ApiToken.issue(admin_user)
-    return Client(HTTP_AUTHORIZATION=f"Bearer {raw}", **HOST)
-
-
-@pytest.fixture
-def member_api(member_user) -> Client:
-    _token, raw = ApiToken.issue(member_user)
-    return Client(HTTP_AUTHORIZATION=f"Bearer {raw}", **HOST)
 
 
 def send(client, method: str, path: str, body=None):

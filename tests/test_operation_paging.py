@@ -10,7 +10,6 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from console.models import ApiToken
 from lifecycle.engine.http import HttpEngine
 from lifecycle.models import DeleteOperation
 from lifecycle.operation_paging import OperationCursor
@@ -20,12 +19,6 @@ from tests.scripted_engine import scripted_engine
 pytestmark = pytest.mark.django_db
 HOST = {"HTTP_HOST": "127.0.0.1"}
 T0 = timezone.now().replace(microsecond=0) - timedelta(days=1)
-
-
-@pytest.fixture
-def api(admin_user) -> Client:
-    _token, raw = ApiToken.issue(admin_user)
-    return Client(HTTP_AUTHORIZATION=f"Bearer {raw}", **HOST)
 
 
 def make_ops(n: int, *, state: str = "refused", start: int = 0, same_moment: bool = False) -> list[str]:
