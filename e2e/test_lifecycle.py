@@ -160,3 +160,24 @@ def test_operations_page_by_keyboard_lists_each_operation_once_while_more_are_re
     expect(rows).to_have_count(25)
     expect(rows.first).to_contain_text(ops[-1].public_id)
     expect(rows.last).to_contain_text(ops[1].public_id)
+
+
+@pytest.mark.parametrize("viewport", ["desktop", "small-phone"])
+def test_a_receipt_says_when_its_kept_facts_expired(seeded, live_server, open_page, viewport):
+    from lifecycle.actions.expire_facts import expire_facts
+    from lifecycle.actions.request_deletion import request_deletion
+    from lifecycle.models import UsageFact
+
+    conversation = deletable()
+    UsageFact.objects.create(conversation=conversation, input_tokens=3, output_tokens=4)
+    op = request_deletion(conversation, key="e2e-expired", acting_user=None)
+    assert executor.run_erasure(op.pk) == "completed"
+    DeleteOperation.objects.filter(pk=op.pk).update(completed_at=timezone.now() - timedelta(days=3000))
+    expire_facts()
+    assert not UsageFact.objects.filter(conversation=conversation).exists()
+    page = open_page(viewport)
+    log_in(page, live_server.url, *ADMIN)
+    page.goto(f"{live_server.url}/operations/{op.public_id}/")
+    expect(page.get_by_text(re.compile(r"1 record kept, expired on"))).to_be_visible()
+    check_layout(page, "receipt with expired facts")
+    screenshot(page, "receipt-facts-expired")
