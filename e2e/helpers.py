@@ -163,6 +163,7 @@ def open_from_list(page: Page, conversation: Conversation) -> None:
     link.click()
     expect(page).to_have_url(re.compile(rf"/conversations/{conversation.public_id}/$"))
     expect(page.get_by_role("heading", level=1)).to_have_text(conversation.title)
+    page.wait_for_load_state("load")  # htmx and the page's script (deferred) are in place
 
 
 def reduce_tool_item(item: Item, removed_at=None) -> Item:

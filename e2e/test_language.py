@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from playwright.sync_api import Page, expect
 
@@ -42,6 +44,8 @@ def test_it_switches_the_language_to_spanish_and_back(seeded, live_server, open_
 
     # The choice sticks for the next page.
     page.locator(".conv-link").first.click()
+    expect(page).to_have_url(re.compile(r"/conversations/c_[0-9a-f]+/$"))
+    page.wait_for_load_state("load")  # the select submits through the page's script (deferred)
     expect(html).to_have_attribute("lang", "es")
 
     language_select(page, viewport).select_option("en")
