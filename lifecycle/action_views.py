@@ -317,7 +317,7 @@ def operation_list(request: HttpRequest) -> HttpResponse:
         position = None  # a mangled or outdated link: the first page
         page = engine.operations(state=state or None, limit=OPERATIONS_PAGE)
     context = {
-        "operations": [_listed(op) for op in page.rows],
+        "operations": _listed(page.rows),
         "page": page,
         "paged": position is not None,  # not the first page: an empty one links back to it
         "state": state,
@@ -326,16 +326,18 @@ def operation_list(request: HttpRequest) -> HttpResponse:
     return render(request, "lifecycle/operation_list.html", context)
 
 
-def _listed(op: OperationView) -> dict[str, Any]:
-    stores = (op.receipt or {}).get("stores", [])
-    return {
+def _listed(ops: list[OperationView]) -> list[dict[str, Any]]:
+    """The page's rows, with their conversations read in one query."""
+    conversations = {c.public_id: c for c in Conversation.objects.filter(public_id__in={op.target for op in ops})
+                     .only("public_id", "thread_id", "title")}
+    return [{
         "op": op,
-        "conversation": Conversation.objects.filter(public_id=op.target).only("thread_id", "title").first(),
-        "totals": changed_totals(stores),
+        "conversation": conversations.get(op.target),
+        "totals": changed_totals((op.receipt or {}).get("stores", [])),
         "done": sum(1 for s in op.steps if s["state"] == "done"),
         "total": len(op.steps),
         "reason": reasons.message(op.code) if op.code else "",
-    }
+    } for op in ops]
 
 
 # ---- The ambiguity way out ---------------------------------------------------------------------

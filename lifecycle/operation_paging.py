@@ -13,22 +13,22 @@ first page they ask for, and the pages after it are keyed as above.
 
 from __future__ import annotations
 
-import base64
-import binascii
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from django.db.models import Q, QuerySet
-from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
-MAX_POSITION_CHARS = 200
+from lifecycle.paging import (
+    MAX_CURSOR_CHARS,
+    InvalidCursor,
+    encode_token,
+    token_fields,
+    token_moment,
+    token_pk,
+)
+
 MAX_OFFSET = 1_000_000
 ORDER = ("-requested_at", "-pk")
-
-
-class InvalidPosition(ValueError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -40,42 +40,26 @@ class OperationCursor:
     backward: bool = False
 
     def encode(self) -> str:
-        raw = "|".join(("o1", "b" if self.backward else "f", self.requested_at.isoformat(), str(self.pk)))
-        return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+        return encode_token("o1", "b" if self.backward else "f", self.requested_at.isoformat(), str(self.pk))
 
     @classmethod
     def decode(cls, token: str) -> OperationCursor:
-        try:
-            raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode("ascii")
-            version, direction, moment, pk = raw.split("|")
-            when = parse_datetime(moment)
-        except (ValueError, binascii.Error, UnicodeDecodeError):
-            raise InvalidPosition(token) from None
-        if (
-            version != "o1"
-            or direction not in ("f", "b")
-            or when is None
-            or timezone.is_naive(when)
-            or not (pk.isascii() and pk.isdigit() and len(pk) <= 18)
-        ):
-            raise InvalidPosition(token)
-        try:  # an offset that puts the moment outside the years a database holds
-            when = when.astimezone(UTC)
-        except (OverflowError, ValueError):
-            raise InvalidPosition(token) from None
-        return cls(requested_at=when, pk=int(pk), backward=direction == "b")
+        version, direction, moment, pk = token_fields(token, 4)
+        if version != "o1" or direction not in ("f", "b"):
+            raise InvalidCursor(token)
+        return cls(requested_at=token_moment(moment), pk=token_pk(pk), backward=direction == "b")
 
 
 def parse_position(position: str | None) -> OperationCursor | int:
-    """A cursor, or a legacy offset (digits only); anything else is InvalidPosition."""
+    """A cursor, or a legacy offset (digits only); anything else is InvalidCursor."""
     if position is None or position == "":
         return 0
-    if not position.isascii() or len(position) > MAX_POSITION_CHARS:
-        raise InvalidPosition(position)
+    if not position.isascii() or len(position) > MAX_CURSOR_CHARS:
+        raise InvalidCursor(position)
     if position.isdigit():
         offset = int(position)
         if offset > MAX_OFFSET:
-            raise InvalidPosition(position)
+            raise InvalidCursor(position)
         return offset
     return OperationCursor.decode(position)
 

@@ -51,33 +51,54 @@ class Cursor:
     backward: bool = False
 
     def encode(self) -> str:
-        raw = "|".join(
-            ("v2", self.as_of.isoformat(), "b" if self.backward else "f", self.activity.isoformat(), str(self.pk))
-        )
-        return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+        return encode_token("v2", self.as_of.isoformat(), "b" if self.backward else "f", self.activity.isoformat(),
+                            str(self.pk))
 
     @classmethod
     def decode(cls, token: str) -> Cursor:
-        if not token or len(token) > MAX_CURSOR_CHARS or not token.isascii():
+        version, as_of, direction, activity, pk = token_fields(token, 5)
+        if version != "v2" or direction not in ("f", "b"):
             raise InvalidCursor(token)
-        try:
-            raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode("ascii")
-            version, as_of, direction, activity, pk = raw.split("|")
-            moments = parse_datetime(as_of), parse_datetime(activity)
-        except (ValueError, binascii.Error, UnicodeDecodeError):
-            raise InvalidCursor(token) from None
-        if (
-            version != "v2"
-            or direction not in ("f", "b")
-            or any(m is None or timezone.is_naive(m) for m in moments)
-            or not (pk.isascii() and pk.isdigit() and len(pk) <= 18)
-        ):
-            raise InvalidCursor(token)
-        try:  # a time whose offset puts it outside the years a database holds (0001-01-01-23:59)
-            moments = tuple(m.astimezone(UTC) for m in moments)
-        except (OverflowError, ValueError):
-            raise InvalidCursor(token) from None
-        return cls(as_of=moments[0], activity=moments[1], pk=int(pk), backward=direction == "b")
+        return cls(as_of=token_moment(as_of), activity=token_moment(activity), pk=token_pk(pk),
+                   backward=direction == "b")
+
+
+def encode_token(*fields: str) -> str:
+    """A cursor token: the fields `|`-joined, in URL-safe base64 without padding."""
+    return base64.urlsafe_b64encode("|".join(fields).encode()).decode().rstrip("=")
+
+
+def token_fields(token: str, count: int) -> list[str]:
+    """The `count` fields of a cursor token (URL-safe base64 of `|`-joined text)."""
+    if not token or len(token) > MAX_CURSOR_CHARS or not token.isascii():
+        raise InvalidCursor(token)
+    try:
+        fields = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode("ascii").split("|")
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise InvalidCursor(token) from None
+    if len(fields) != count:
+        raise InvalidCursor(token)
+    return fields
+
+
+def token_moment(text: str) -> datetime:
+    """A cursor's moment: with an offset, in UTC, within the years a database holds."""
+    try:
+        moment = parse_datetime(text)
+    except ValueError:
+        raise InvalidCursor(text) from None
+    if moment is None or timezone.is_naive(moment):
+        raise InvalidCursor(text)
+    try:  # an offset that puts it outside the years a database holds (0001-01-01T00:00+23:59)
+        return moment.astimezone(UTC)
+    except (OverflowError, ValueError):
+        raise InvalidCursor(text) from None
+
+
+def token_pk(text: str) -> int:
+    if not (text.isascii() and text.isdigit() and len(text) <= 18):
+        raise InvalidCursor(text)
+    return int(text)
 
 
 @dataclass

@@ -11,9 +11,11 @@ counts, which cannot see space a VACUUM already freed, and the page says "estima
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
 
@@ -49,10 +51,6 @@ def short_of_room(folder: Path, needed: int) -> tuple[int, int] | None:
     """(free bytes, reserve) when the folder's disk cannot take `needed` more bytes and still
     keep DISK_RESERVE_BYTES free (what a backup and SQLite's Compact database leave for the
     database's own writes); None when it can."""
-    import shutil
-
-    from django.conf import settings
-
     free, reserve = shutil.disk_usage(folder).free, settings.DISK_RESERVE_BYTES
     return (free, reserve) if free < needed + reserve else None
 

@@ -6,7 +6,7 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from lifecycle import audit
+from lifecycle import audit, faults
 from lifecycle.models import DeleteOperation, DeleteState, ErasureFingerprint, RetainedFactsPolicy
 from lifecycle.registry import STORES, Store
 
@@ -50,6 +50,8 @@ def _expire_store(store: Store, cutoff: datetime, now: datetime) -> int:
                 _mark_expired(op, store.key, now)
             if n:
                 audit.record("retained_facts.expired", new={store.key: n})
+            faults.kill_point(f"expire_facts.{store.key}")  # crash tests: the batch not committed
+        faults.kill_point(f"expire_facts.{store.key}.committed")
         count += n
     return count
 
@@ -58,8 +60,8 @@ def _mark_expired(op: DeleteOperation, key: str, now: datetime) -> None:
     """The receipt stops saying the store's facts are kept: they expired, on this date."""
     receipt = dict(op.receipt or {})
     kept = [dict(entry) for entry in receipt.get("kept", [])]
-    for entry in kept:
-        if entry.get("store") == key and entry.get("action") == "kept":
-            entry.update(action="expired", expired_at=now.isoformat())
-    receipt["kept"] = kept
-    DeleteOperation.objects.filter(pk=op.pk).update(receipt=receipt)
+    changed = [e for e in kept if e.get("store") == key and e.get("action") == "kept"]
+    for entry in changed:
+        entry.update(action="expired", expired_at=now.isoformat())
+    if changed:
+        DeleteOperation.objects.filter(pk=op.pk).update(receipt={**receipt, "kept": kept})

@@ -17,7 +17,8 @@ from lifecycle.engine import OperationPage, OperationView
 from lifecycle.errors import ActionRefused
 from lifecycle.item_payload import has_bad_text
 from lifecycle.models import Conversation, DeleteOperation
-from lifecycle.operation_paging import InvalidPosition, operation_slice, parse_position
+from lifecycle.operation_paging import operation_slice, parse_position
+from lifecycle.paging import InvalidCursor
 from lifecycle.serializers import operation_json, thread_json
 
 
@@ -70,7 +71,7 @@ class InProcessEngine:
     def operations(self, *, state: str | None = None, limit: int = 50, position: str | None = None) -> OperationPage:
         try:
             start = parse_position(position)
-        except InvalidPosition:
+        except InvalidCursor:
             raise ActionRefused("invalid_cursor", _("The cursor is not valid."), status=400) from None
         qs = DeleteOperation.objects.select_related("conversation")
         if state:
