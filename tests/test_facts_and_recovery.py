@@ -171,3 +171,43 @@ def test_fingerprints_of_the_content_go_a_week_after_the_delete():
     m.DeleteOperation.objects.filter(pk=ops[0].pk).update(completed_at=timezone.now() - timedelta(days=7, hours=1))
     expire_facts()
     assert list(m.ErasureFingerprint.objects.values_list("operation_id", flat=True)) == [ops[1].pk]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_expiry_killed_with_sigkill_inside_and_after_each_batch_ends_with_every_fact_counted_once(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.test_jobs import ROOT, database_url
+
+    gone = [deleted_days_ago(3000) for _ in range(3)]
+    kept = deleted_days_ago(10)
+    kills = tmp_path / "kills"
+    kills.mkdir()
+    env = {**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "console.settings_test",
+           "LETHE_TEST_KILL_AT": "*", "LETHE_TEST_KILL_DIR": str(kills)}
+    code = "from lifecycle.actions.expire_facts import expire_facts; expire_facts()"
+    outcomes = []
+    for _ in range(12):  # each run dies at the next point it reaches, once per point
+        run = subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=120)
+        outcomes.append(run.returncode)
+        if run.returncode == 0:
+            break
+        assert run.returncode == -signal.SIGKILL, run.stderr[-2000:]
+    points = sorted(p.name for p in kills.iterdir())
+    # Killed inside each store's batch (rolled back) and after it committed, then finished.
+    assert len(points) == 6 and outcomes[-1] == 0 and outcomes.count(-signal.SIGKILL) == 6, (points, outcomes)
+    recorded: dict[str, int] = {}
+    for fact in m.AuditFact.objects.filter(action="retained_facts.expired"):
+        for key, n in fact.new_value.items():
+            recorded[key] = recorded.get(key, 0) + n
+    assert recorded["lifecycle.UsageFact"] == 3 and recorded["lifecycle.BillingFact"] == 3
+    assert not m.UsageFact.objects.filter(conversation__in=gone).exists()
+    assert not m.BillingFact.objects.filter(conversation__in=gone).exists()
+    assert m.UsageFact.objects.filter(conversation=kept).exists()
+    for receipt in m.DeleteOperation.objects.filter(conversation__in=gone).values_list("receipt", flat=True):
+        actions = {e["store"]: e["action"] for e in receipt["kept"]}
+        assert actions["lifecycle.UsageFact"] == actions["lifecycle.BillingFact"] == "expired"
