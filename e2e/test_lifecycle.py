@@ -181,3 +181,28 @@ def test_a_receipt_says_when_its_kept_facts_expired(seeded, live_server, open_pa
     expect(page.get_by_text(re.compile(r"1 record kept, expired on"))).to_be_visible()
     check_layout(page, "receipt with expired facts")
     screenshot(page, "receipt-facts-expired")
+
+
+@pytest.mark.parametrize("viewport", ["desktop", "small-phone"])
+def test_an_operations_page_whose_rows_all_changed_says_so_and_leads_back(seeded, live_server, open_page, viewport):
+    start = timezone.now() - timedelta(days=2)
+    DeleteOperation.objects.all().delete()
+    ops = [DeleteOperation.objects.create(conversation=factories.make_conversation(), state="refused",
+                                          reason="conversation_busy", requested_at=start + timedelta(minutes=i))
+           for i in range(26)]
+    page = open_page(viewport)
+    log_in(page, live_server.url, *ADMIN)
+    page.goto(f"{live_server.url}/operations/?state=refused")
+    page.get_by_role("navigation", name="Pages").get_by_role("link", name="Next").click()
+    expect(page.locator("#deletes-h ~ .op-list .op-row")).to_have_count(1)
+    # The one row on it leaves the filter before the page is read again.
+    DeleteOperation.objects.filter(pk=ops[0].pk).update(state="unavailable")
+    page.reload()
+    expect(page.get_by_text("No operations on this page any more")).to_be_visible()
+    check_layout(page, "operations page whose rows changed")
+    screenshot(page, "operations-page-changed")
+    back = page.get_by_role("link", name="Show the newest")
+    back.focus()
+    page.keyboard.press("Enter")
+    expect(page).to_have_url(f"{live_server.url}/operations/?state=refused")
+    expect(page.locator("#deletes-h ~ .op-list .op-row")).to_have_count(25)
