@@ -72,7 +72,7 @@ def test_a_bound_delete_on_a_phone_is_pending_while_the_engine_is_down_then_comp
         status = page.locator("#op-status")
         expect(status).to_have_attribute("data-state", "pending")
         expect(page.get_by_test_id("op-waiting")).to_contain_text("Waiting on: the engine")
-        expect(page.get_by_test_id("op-waiting")).to_contain_text("next retry:", timeout=20_000)
+        expect(page.get_by_test_id("op-waiting")).to_contain_text("next retry:", timeout=40_000)
         expect(page.get_by_text("Completed")).to_have_count(0)
         check_layout(page, "bound delete pending")
         op = BoundDelete.objects.get()

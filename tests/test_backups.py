@@ -29,6 +29,7 @@ from retention.backups import (
     verify_backup,
 )
 from tests import factories
+from tests.test_jobs import database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parent.parent
@@ -321,13 +322,6 @@ def should_cancel():
     return False
 backups.create_backup(should_cancel=should_cancel)
 """
-
-
-def database_url() -> str:
-    s = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{s['NAME']}"
-    return f"postgres://{s['USER']}:{s['PASSWORD']}@{s['HOST']}:{s['PORT']}/{s['NAME']}"
 
 
 def test_it_cleans_up_after_a_killed_run_and_never_lists_it(folder):

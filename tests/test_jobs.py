@@ -24,7 +24,8 @@ def database_url() -> str:
     db = connection.settings_dict
     if connection.vendor == "sqlite":
         return f"sqlite:///{db['NAME']}"
-    return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    user = f"{db['USER']}:{db['PASSWORD']}" if db.get("PASSWORD") else db["USER"]
+    return f"postgres://{user}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
 @pytest.mark.django_db
