@@ -211,3 +211,53 @@ def test_an_expiry_killed_with_sigkill_inside_and_after_each_batch_ends_with_eve
     for receipt in m.DeleteOperation.objects.filter(conversation__in=gone).values_list("receipt", flat=True):
         actions = {e["store"]: e["action"] for e in receipt["kept"]}
         assert actions["lifecycle.UsageFact"] == actions["lifecycle.BillingFact"] == "expired"
+
+
+def test_the_consoles_own_audit_facts_expire_the_audit_period_after_they_were_recorded():
+    """Sign-in failures keep the address they came from: they do not stay forever."""
+    now = timezone.now()
+    live = factories.make_conversation(days_idle=5000)
+    old_of_live = m.AuditFact.objects.create(conversation=live, action="conversation.created",
+                                             recorded_at=now - timedelta(days=3000))
+    old = [m.AuditFact.objects.create(action=action, new_value={"ip": "203.0.113.9"},
+                                      recorded_at=now - timedelta(days=366 + n))
+           for n, action in enumerate(["login_failed", "login_locked", "api_token_created"])]
+    recent = m.AuditFact.objects.create(action="login_failed", new_value={"ip": "203.0.113.9"},
+                                        recorded_at=now - timedelta(days=364))
+    m.RetainedFactsPolicy.load()
+    m.RetainedFactsPolicy.objects.update(audit_days=400)
+    assert expire_facts() == {}  # a longer period keeps them
+    assert m.AuditFact.objects.filter(pk__in=[f.pk for f in old]).count() == 3
+    m.RetainedFactsPolicy.objects.update(audit_days=365)
+    assert expire_facts() == {"console.audit": 3}
+    assert not m.AuditFact.objects.filter(pk__in=[f.pk for f in old]).exists()
+    assert m.AuditFact.objects.filter(pk__in=[recent.pk, old_of_live.pk]).count() == 2
+    record = m.AuditFact.objects.get(action="retained_facts.expired")
+    assert record.new_value == {"console.audit": 3} and record.conversation_id is None
+    assert expire_facts() == {}  # the record is recent: it stays for a period
+
+
+def test_an_expiry_of_console_audit_facts_killed_in_a_batch_loses_nothing(monkeypatch):
+    from lifecycle.actions import expire_facts as module
+
+    for n in range(5):
+        m.AuditFact.objects.create(action="login_failed", recorded_at=timezone.now() - timedelta(days=400 + n))
+    monkeypatch.setattr(module, "CONSOLE_BATCH", 2)
+    calls = []
+    real = module.audit.record
+
+    def crash_on_the_second_batch(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the process dies inside the second batch's transaction
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module.audit, "record", crash_on_the_second_batch)
+    with pytest.raises(KeyboardInterrupt):
+        expire_facts()
+    monkeypatch.setattr(module.audit, "record", real)
+    assert m.AuditFact.objects.filter(action="login_failed").count() == 3  # one batch committed
+    expire_facts()
+    assert not m.AuditFact.objects.filter(action="login_failed").exists()
+    counted = sum(f.new_value["console.audit"] for f in m.AuditFact.objects.filter(action="retained_facts.expired"))
+    assert counted == 5

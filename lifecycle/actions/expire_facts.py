@@ -7,10 +7,13 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from lifecycle import audit, faults
-from lifecycle.models import DeleteOperation, DeleteState, ErasureFingerprint, RetainedFactsPolicy
+from lifecycle.models import AuditFact, DeleteOperation, DeleteState, ErasureFingerprint, RetainedFactsPolicy
 from lifecycle.registry import STORES, Store
 
 BATCH = 200  # deletes (conversations) per transaction
+CONSOLE_BATCH = 1000  # the console's own audit facts per transaction
+# The key under which the console's own audit facts are counted (return value, audit fact).
+CONSOLE_AUDIT = "console.audit"
 # The raw-byte scan's fingerprints (keyed digests of the content, with their key) are kept
 # this long after a delete completes, for `verify_erasure --physical`; a clean check drops
 # them sooner. Short guessable content (a PIN) could be confirmed against them.
@@ -19,8 +22,9 @@ FINGERPRINT_DAYS = 7
 
 def expire_facts(*, now=None) -> dict[str, int]:
     """Remove retained facts whose period, counted from their conversation's completed
-    delete, has run out, and the fingerprints of deletes older than FINGERPRINT_DAYS. Facts
-    of live conversations never expire. Idempotent (daily job).
+    delete, has run out, the console's own audit facts older than the audit period, and the
+    fingerprints of deletes older than FINGERPRINT_DAYS. Facts of live conversations never
+    expire. Idempotent (daily job).
 
     Each batch deletes the facts of up to BATCH deletes, marks those stores "expired" on their
     receipts and records the audit fact, in one transaction: a run killed at any point and run
@@ -33,6 +37,9 @@ def expire_facts(*, now=None) -> dict[str, int]:
             count = _expire_store(store, now - timedelta(days=getattr(policy, store.period)), now)
             if count:
                 expired[store.key] = count
+    count = _expire_console_audit(now - timedelta(days=policy.audit_days))
+    if count:
+        expired[CONSOLE_AUDIT] = count
     ErasureFingerprint.objects.filter(
         operation__completed_at__lt=now - timedelta(days=FINGERPRINT_DAYS)
     ).delete()
@@ -52,6 +59,23 @@ def _expire_store(store: Store, cutoff: datetime, now: datetime) -> int:
                 audit.record("retained_facts.expired", new={store.key: n})
             faults.kill_point(f"expire_facts.{store.key}")  # crash tests: the batch not committed
         faults.kill_point(f"expire_facts.{store.key}.committed")
+        count += n
+    return count
+
+
+def _expire_console_audit(cutoff: datetime) -> int:
+    """The console's own audit facts, those of no conversation (sign-in failures and lockouts
+    with the address they came from, API tokens, settings changes, earlier expiries), expire
+    the audit period after they were recorded. Each batch deletes them and records how many
+    in one transaction (the record itself is recent: it expires a period later)."""
+    due = AuditFact.objects.filter(conversation__isnull=True, recorded_at__lt=cutoff).order_by("pk")
+    count = 0
+    while batch := list(due.values_list("pk", flat=True)[:CONSOLE_BATCH]):
+        with transaction.atomic():
+            n = AuditFact.objects.filter(pk__in=batch, conversation__isnull=True).delete()[0]
+            if n:
+                audit.record("retained_facts.expired", new={CONSOLE_AUDIT: n})
+            faults.kill_point("expire_facts.console")  # crash tests: the batch not committed
         count += n
     return count
 
