@@ -100,13 +100,15 @@ class ErrorOut(BaseModel):
 
 @dataclass(frozen=True)
 class Header:
-    """A request header an endpoint reads; `code` is the refusal when a required one is missing."""
+    """A request header an endpoint reads; `code` is the refusal when a required one is missing,
+    `invalid_code` when one is sent too long or with characters that are not printable."""
 
     name: str
     description: str = ""
     required: bool = False
     max_length: int = 200
     code: str = "missing_header"
+    invalid_code: str = "invalid_header"
 
 
 @dataclass
@@ -442,7 +444,7 @@ def _run(ep: Endpoint, request: HttpRequest, kwargs: dict[str, Any]) -> HttpResp
         if value is None and header.required:
             raise ApiError(400, header.code, _("The %(name)s header is required.") % {"name": header.name})
         if value is not None and (len(value) > header.max_length or not value.isprintable()):
-            raise ApiError(400, header.code, _("The %(name)s header is not valid.") % {"name": header.name})
+            raise ApiError(400, header.invalid_code, _("The %(name)s header is not valid.") % {"name": header.name})
     if ep.query is not None:
         kwargs["query"] = parse_query(request, ep.query)
     elif request.GET:

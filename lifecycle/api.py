@@ -267,7 +267,7 @@ def thread_update(request: HttpRequest, public_id: str, body: ThreadPatchIn) -> 
 
 
 IDEMPOTENCY_KEY = Header(
-    "Idempotency-Key", required=True, code="idempotency_key_missing",
+    "Idempotency-Key", required=True, code="idempotency_key_missing", invalid_code="idempotency_key_invalid",
     description="The operation key: 1 to 200 printable ASCII characters without spaces. The same key and "
                 "conversation answer with the recorded outcome ever after; the same key for another "
                 "conversation is refused with 422.",

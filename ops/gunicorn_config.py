@@ -1,6 +1,7 @@
 """gunicorn's configuration for `manage.py serve` (read with `gunicorn -c`).
 
-Threaded workers (gthread): WEB_CONCURRENCY processes (default 2) of WEB_THREADS threads
+Threaded workers (gthread; ops/gunicorn_worker.py answers the requests gunicorn refuses
+itself in Lethe's JSON error document): WEB_CONCURRENCY processes (default 2) of WEB_THREADS threads
 (default 4) each. SIGTERM stops gracefully: the workers take no new connections and finish
 the requests they hold, for up to WEB_GRACEFUL_TIMEOUT seconds (default 10, inside serve's
 own 15 s grace); `serve` turns a SIGINT (Ctrl-C) into that SIGTERM. A request running
@@ -31,7 +32,8 @@ def _number(name: str, default: int) -> int:
 
 
 wsgi_app = "console.wsgi:application"
-worker_class = "gthread"
+# gthread, answering the requests gunicorn refuses itself (too long, malformed) in JSON
+worker_class = "ops.gunicorn_worker.JsonErrorThreadWorker"
 workers = _number("WEB_CONCURRENCY", 2)
 threads = _number("WEB_THREADS", 4)
 timeout = _number("WEB_TIMEOUT", 60)

@@ -148,12 +148,17 @@ def test_delete_key_rules(api):
     assert (missing.status_code, missing.json()["code"]) == (400, "idempotency_key_missing")
     spaced = delete(api, first.public_id, key="two words")
     assert (spaced.status_code, spaced.json()["code"]) == (400, "idempotency_key_invalid")
+    # Sent but too long, or with a character that is not printable: invalid, not missing.
+    for key in ("k" * 201, "tab\there"):
+        bad = delete(api, first.public_id, key=key)
+        assert (bad.status_code, bad.json()["code"]) == (400, "idempotency_key_invalid"), key
     assert not m.DeleteOperation.objects.exists() and not m.OperationKey.objects.exists()
     assert delete(api, first.public_id, key="shared").status_code == 202
     reused = delete(api, second.public_id, key="shared")
     assert (reused.status_code, reused.json()["code"]) == (422, "idempotency_key_reused")
     second.refresh_from_db()
     assert second.state == "live"
+    assert delete(api, factories.make_conversation().public_id, key="k" * 200).status_code == 202  # the longest
 
 
 def test_unknown_ids_are_404_and_leave_no_marker(api):

@@ -181,3 +181,49 @@ def _answers(port: int) -> bool:
     with contextlib.suppress(OSError):
         return get(port, "/healthz")[0] == 200
     return False
+
+
+def _raw(port: int, request: bytes) -> tuple[int, dict, bytes]:
+    """Send `request` as is; the status, headers and body of the answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+        client.sendall(request)
+        answer = b""
+        with contextlib.suppress(TimeoutError, ConnectionResetError):
+            while chunk := client.recv(65536):
+                answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), headers, body
+
+
+def test_requests_the_server_refuses_before_lethe_sees_them_get_the_json_error(served, tree):
+    """A request line or header over the server's limits, or one that is not HTTP, is answered
+    by the server itself: with the same `{code, message}` document as every API error, not HTML."""
+    port = free_port()
+    proc = start(served["env"], port)
+    tree.watch(proc.pid, port)
+    auth = f"Authorization: Bearer {served['token']}\r\n"
+    cases = [
+        (f"GET /v1/threads?q={'a' * 5000} HTTP/1.1\r\nHost: x\r\n{auth}\r\n", 414, "request_line_too_long"),
+        (f"DELETE /v1/threads/{served['public_id']} HTTP/1.1\r\nHost: x\r\n{auth}Idempotency-Key: {'k' * 9000}\r\n\r\n",
+         431, "headers_too_large"),
+        ("GET /v1/threads HTTP/1.1\r\nHost: x\r\n" + "".join(f"X-{n}: 1\r\n" for n in range(200)) + "\r\n",
+         431, "headers_too_large"),
+        ("GET /v1/threads HTTP/9.9\r\nHost: x\r\n\r\n", 400, "malformed_request"),
+        ("GET /v1/threads HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", 400, "malformed_request"),
+    ]
+    for request, status, code in cases:
+        answered, headers, body = _raw(port, request.encode())
+        assert (answered, headers["Content-Type"]) == (status, "application/json"), (request[:60], body[:200])
+        document = json.loads(body)
+        assert document["code"] == code and document["message"], document
+    # A request inside the limits still reaches Lethe: an over-long query is its own 400.
+    answered, headers, body = _raw(port, f"GET /v1/threads?q={'a' * 300} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}"
+                                         f"Connection: close\r\n\r\n".encode())
+    assert answered == 400 and json.loads(body)["code"] == "invalid_filter", body[:200]
+    # Nothing was deleted by the refused DELETE.
+    with sqlite3.connect(served["database"]) as db:
+        assert db.execute("SELECT COUNT(*) FROM lifecycle_deleteoperation").fetchone() == (0,)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
