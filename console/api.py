@@ -26,14 +26,14 @@ import typing
 import unicodedata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from django.conf import settings
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.urls import URLPattern, path
 from django.utils.translation import gettext as _
 from django.views.decorators.csrf import csrf_exempt
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.json_schema import models_json_schema
 
 from console.auth import is_admin
@@ -43,6 +43,11 @@ logger = logging.getLogger("lethe.api")
 
 API_PREFIXES = ("/v1/", "/api/v1/")
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+
+# A revision a body names: a whole number no larger than a stored one can be (the columns are
+# 32-bit), so a number beyond that is out of range (400 invalid_value), not a stale revision.
+MAX_REVISION = 2_147_483_647
+Revision = Annotated[int, Field(ge=1, le=MAX_REVISION)]
 
 
 # ---- Errors -------------------------------------------------------------------------------

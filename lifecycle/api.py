@@ -11,7 +11,7 @@ from django.shortcuts import get_object_or_404
 from django.utils.translation import gettext as _
 from pydantic import BeforeValidator, Field, model_validator
 
-from console.api import ApiError, Header, QuerySchema, Schema, endpoint, is_number
+from console.api import MAX_REVISION, ApiError, Header, QuerySchema, Schema, endpoint, is_number
 from lifecycle import transcript
 from lifecycle.actions.append_item import append_item
 from lifecycle.actions.update_item import update_item
@@ -152,7 +152,7 @@ class ItemPatchIn(Schema):
     payload: Payload = None
     # Optional: without it the change is not checked against a revision (the schema says so: a
     # default of 1 made generated clients believe every change was checked).
-    revision: Annotated[int, Field(ge=1, description=(
+    revision: Annotated[int, Field(ge=1, le=MAX_REVISION, description=(
         "Refuse the change unless the item is at this revision. Leave it out to change the item "
         "whatever its revision."))] = None  # type: ignore[assignment]
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from django.http import HttpRequest
 from pydantic import Field
 
-from console.api import ApiError, Schema, endpoint
+from console.api import ApiError, Revision, Schema, endpoint
 from lifecycle.actions.save_facts_policy import FIELDS as FACT_FIELDS
 from lifecycle.actions.save_facts_policy import save_facts_policy
 from lifecycle.models import RetainedFactsPolicy
@@ -52,7 +52,7 @@ class AgeIn(Schema):
 class PolicyIn(Schema):
     enabled: bool
     age: AgeIn
-    revision: int
+    revision: Revision
     backup_choice: Literal["create", "skip"] | None = Field(
         default=None,
         description="Required (never inferred) when enabling, re-enabling or shortening the period.",
@@ -64,7 +64,7 @@ class AnalyzeIn(Schema):
 
 
 class RunIn(Schema):
-    revision: int
+    revision: Revision
 
 
 class CancelIn(Schema):
@@ -236,7 +236,7 @@ class FactsPolicyIn(Schema):
     audit_days: Days
     usage_days: Days
     billing_days: Days
-    revision: int
+    revision: Revision
 
 
 class FactsPolicyOut(Schema):

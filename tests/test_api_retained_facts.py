@@ -49,6 +49,8 @@ def test_it_reads_and_saves_the_periods_with_an_audit_fact(api, admin_user):
     ({**GOOD, "audit_days": True}, "invalid_type"),
     ({**GOOD, "audit_days": None}, "invalid_type"),
     ({**GOOD, "extra": 1}, "unknown_field"),
+    ({**GOOD, "revision": 0}, "invalid_value"),
+    ({**GOOD, "revision": 10**40}, "invalid_value"),
     ({k: v for k, v in GOOD.items() if k != "usage_days"}, "missing_field"),
     ('{"audit_days": 30, "audit_days": 31, "usage_days": 60, "billing_days": 90, "revision": 1}', "duplicate_key"),
     ('{"audit_days": NaN, "usage_days": 60, "billing_days": 90, "revision": 1}', None),

@@ -76,6 +76,8 @@ def test_an_admin_analyzes_saves_with_a_choice_and_runs_with_exact_figures(api, 
     ({"enabled": "yes", "age": {"value": 3, "unit": "months"}, "revision": 1}, "invalid_type"),
     ({"enabled": True, "age": {"value": "3", "unit": "months"}, "revision": 1}, "invalid_type"),
     ({"enabled": True, "revision": 1}, "missing_field"),
+    ({"enabled": True, "age": {"value": 3, "unit": "months"}, "revision": 2**31, "backup_choice": "skip"},
+     "invalid_value"),
     ("{\"enabled\": true, \"enabled\": false}", "duplicate_key"),
     ("not json", "malformed_json"),
 ])
@@ -92,6 +94,7 @@ def test_bad_policy_bodies_are_refused_and_change_nothing(api, body, code):
     ("/analyze", {"age": {"value": 3, "unit": "months"}, "draft": True}, "unknown_field"),
     ("/analyze", {}, "missing_field"),
     ("/run", {"revision": "1"}, "invalid_type"),
+    ("/run", {"revision": 10**40}, "invalid_value"),
     ("/cancel", {"operation_id": 12345}, "not_found"),
     ("/cancel", {"operation_id": 1.5}, "invalid_type"),
     # The actions that take no body refuse one they cannot accept, as strictly as any body

@@ -7,7 +7,13 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from lifecycle import audit, faults
-from lifecycle.models import AuditFact, DeleteOperation, DeleteState, ErasureFingerprint, RetainedFactsPolicy
+from lifecycle.models import (
+    AuditFact,
+    DeleteOperation,
+    DeleteState,
+    ErasureFingerprint,
+    RetainedFactsPolicy,
+)
 from lifecycle.registry import STORES, Store
 
 BATCH = 200  # deletes (conversations) per transaction
