@@ -15,7 +15,7 @@ from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext as _
 
 from lifecycle.models import Item, Role
-from retention.reducer import MARKER_KEY
+from retention.reducer import MARKER_KEY, is_marker
 
 PREVIEW_CHARS = 600
 
@@ -81,14 +81,13 @@ def _summary_and_output(kind: str, p: dict[str, Any]) -> tuple[list[tuple[str, s
 
 def removed_at(item: Item) -> datetime | None:
     """When cleanup removed this tool item's details, or None when they are still there."""
-    payload = item.payload if isinstance(item.payload, dict) else {}
-    marker = payload.get(MARKER_KEY)
-    if not isinstance(marker, dict) and item.details_removed_at is None:
-        return None
     if item.details_removed_at is not None:
         return item.details_removed_at
-    parsed = parse_datetime(str(marker.get("removed_at", ""))) if isinstance(marker, dict) else None
-    return parsed or datetime.fromtimestamp(0, tz=UTC)
+    payload = item.payload if isinstance(item.payload, dict) else {}
+    marker = payload.get(MARKER_KEY)
+    if not is_marker(marker):  # details there, or a field of the tool's own by that name
+        return None
+    return parse_datetime(marker["removed_at"]) or datetime.fromtimestamp(0, tz=UTC)
 
 
 def kept_summary(item: Item) -> dict[str, Any]:

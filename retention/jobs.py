@@ -826,7 +826,8 @@ def _with_marker(reduced: str, marker: str) -> str:
     """SQLite: the stored payload text, the reduced object (minified, as SQLite's json_remove
     writes it) with the marker added as its last key, as json_set would add it, without the
     write transaction parsing either. The reduced object has no marker key: a payload that has
-    one has no plan (the reducer skips it as already_removed)."""
+    one has no plan (the reducer skips it: already_removed, or reserved_field for a field of
+    the tool's own by that name)."""
     return f'{reduced[:-1]}{"," if reduced != "{}" else ""}"{MARKER_KEY}":{marker}}}'
 
 

@@ -54,8 +54,27 @@ class Skip:
     NO_PAYLOAD = "no_payload"
     PROTECTED = "protected"
     TOO_SMALL = "too_small"
+    # A payload with a field of its own under MARKER_KEY: kept whole (its marker would replace it).
+    RESERVED_FIELD = "reserved_field"
 
-    ALL = (OVERSIZE, MALFORMED, ALREADY_REMOVED, UNSUPPORTED, NO_PAYLOAD, PROTECTED, TOO_SMALL)
+    ALL = (OVERSIZE, MALFORMED, ALREADY_REMOVED, UNSUPPORTED, NO_PAYLOAD, PROTECTED, TOO_SMALL, RESERVED_FIELD)
+
+
+_MARKER_FIELDS = frozenset({"version", "removed_at", "removed_fields", "removed_bytes"})
+
+
+def is_marker(value: Any) -> bool:
+    """Whether `value`, found under MARKER_KEY, is a removal marker (its four fields, of their
+    types), not a payload field of the same name that a tool reported. A runtime may send the
+    latter (it is kept, and the item is skipped as `reserved_field`), never the former."""
+    return (
+        isinstance(value, dict)
+        and value.keys() == _MARKER_FIELDS
+        and type(value["version"]) is int
+        and isinstance(value["removed_at"], str)
+        and isinstance(value["removed_fields"], list)
+        and type(value["removed_bytes"]) is int
+    )
 
 
 def encode(value: Any) -> str:
@@ -165,7 +184,7 @@ def _reduce(kind: str, payload: Any, size: int | None, removed_at: datetime) -> 
     if not isinstance(payload, dict):
         return Plan(skip=Skip.MALFORMED), None
     if MARKER_KEY in payload:
-        return Plan(skip=Skip.ALREADY_REMOVED), None
+        return Plan(skip=Skip.ALREADY_REMOVED if is_marker(payload[MARKER_KEY]) else Skip.RESERVED_FIELD), None
     if kind in PROTECTED_KINDS:
         return Plan(skip=Skip.PROTECTED), None
     if kind not in REMOVED_FIELDS:
@@ -273,8 +292,10 @@ def reduce_item_row(item: Any, *, removed_at: datetime) -> dict[str, Any] | None
     """The column values cleanup writes for one reduced item, or None when it is skipped.
 
     `removed_at` is truncated to whole seconds, so the marker and `details_removed_at` agree.
-    The caller writes these with a compare-and-swap on (id, revision); `updated_at` is the
-    item's own, the conversation's last activity is not touched (cleanup is not activity).
+    The caller writes these with a compare-and-swap on (id, revision). The item's `updated_at`
+    records the change, as every write does (a client that compares it, or the revision, learns
+    that the details are gone); the times the transcript shows (`created_at`) and the
+    conversation's last activity are not touched (cleanup is not activity).
     """
     if getattr(item, "role", "tool") != "tool":
         return None

@@ -67,6 +67,7 @@ SKIP_LABELS = {
     "no_payload": gettext_lazy("no details"),
     "protected": gettext_lazy("protected (plans, todos, tasks, monitors)"),
     "too_small": gettext_lazy("too small to save space"),
+    "reserved_field": gettext_lazy("own field named “retention” (kept whole)"),
 }
 
 

@@ -77,7 +77,10 @@ def test_it_pages_items_in_order(member_client):
         ({"role": "tool", "payload": {"a": 1}}, 400, "missing_field"),
         ({"role": "user", "payload": {"a": 1}}, 400, "invalid_item"),
         ({"role": "user", "title": "t" * 301}, 400, "too_long"),
-        ({"role": "tool", "tool_kind": "shell", "payload": {MARKER_KEY: {}}}, 400, "invalid_item"),
+        # a removal marker, forged (a field of the tool's own by that name is kept: test_reserved_field)
+        ({"role": "tool", "tool_kind": "shell", "payload": {MARKER_KEY: {
+            "version": 1, "removed_at": "2026-01-01T00:00:00Z", "removed_fields": ["stdout"], "removed_bytes": 9}}},
+         400, "invalid_item"),
     ],
 )
 def test_it_refuses_bad_bodies_and_stores_nothing(runtime, conversation, body, status, code):

@@ -113,7 +113,11 @@ def test_it_skips_what_it_must_not_reduce():
     assert plan("shell", {"command": "x"}).skip == Skip.NO_PAYLOAD
     assert plan("shell", "not an object").skip == Skip.MALFORMED
     assert plan("shell", [1, 2]).skip == Skip.MALFORMED
-    assert plan("shell", {MARKER_KEY: {}, "command": "x"}).skip == Skip.ALREADY_REMOVED
+    marker = {"version": 1, "removed_at": "2026-01-01T00:00:00Z", "removed_fields": ["stdout"], "removed_bytes": 9}
+    assert plan("shell", {MARKER_KEY: marker, "command": "x"}).skip == Skip.ALREADY_REMOVED
+    # The tool's own field of that name: kept whole (a marker would replace it), never "removed"
+    for own in ({}, "30 days", {"days": 30}, {**marker, "extra": 1}, {**marker, "version": "1"}):
+        assert plan("shell", {MARKER_KEY: own, "command": "x", "stdout": BIG}).skip == Skip.RESERVED_FIELD, own
     assert plan("teleport", {"x": 1}).skip == Skip.UNSUPPORTED
     assert plan("edit_file", {"changes": "nope"}).skip == Skip.MALFORMED
     assert plan("edit_file", {"changes": ["nope"], "content": BIG}).skip == Skip.MALFORMED

@@ -12,7 +12,7 @@ from lifecycle.errors import ActionRefused
 from lifecycle.fence import check_writable, lock_writable, refusal  # noqa: F401  (check_writable: older import path)
 from lifecycle.item_payload import has_bad_text, payload_columns
 from lifecycle.models import Conversation, ConversationState, Item, Role
-from retention.reducer import MARKER_KEY, Skip
+from retention.reducer import MARKER_KEY, Skip, is_marker
 
 
 def last_seq(conversation_id: int):
@@ -49,7 +49,7 @@ def append_item(
         raise ActionRefused(
             "invalid_item", _("Only tool items have a tool kind or a payload."), status=400
         )
-    if isinstance(payload, dict) and MARKER_KEY in payload:
+    if isinstance(payload, dict) and is_marker(payload.get(MARKER_KEY)):
         raise ActionRefused(
             "invalid_item", _("A new item cannot carry a removal marker."), status=400
         )

@@ -11,7 +11,7 @@ from lifecycle.errors import ActionRefused
 from lifecycle.fence import lock_writable
 from lifecycle.item_payload import has_bad_text, payload_columns
 from lifecycle.models import Conversation, Item, Role
-from retention.reducer import MARKER_KEY, Skip, encode, keep_details_removed
+from retention.reducer import MARKER_KEY, Skip, encode, is_marker, keep_details_removed
 
 _UNSET: Any = object()
 
@@ -67,10 +67,12 @@ def update_item(
                 if payload is not None:
                     raise ActionRefused("invalid_item", _("Only tool items have a payload."), status=400)
                 payload = _UNSET
-            elif isinstance(current.payload, dict) and MARKER_KEY in current.payload:
+            elif current.payload_skip == Skip.ALREADY_REMOVED and isinstance(current.payload, dict) and is_marker(
+                    current.payload.get(MARKER_KEY)):
                 # Details stay removed; an update that is not an object leaves the payload as is.
-                payload = _UNSET if not isinstance(payload, dict) else keep_details_removed(current.tool_kind, payload, current.payload[MARKER_KEY])
-            elif isinstance(payload, dict) and MARKER_KEY in payload:
+                payload = _UNSET if not isinstance(payload, dict) else keep_details_removed(
+                    current.tool_kind, payload, current.payload[MARKER_KEY])
+            elif isinstance(payload, dict) and is_marker(payload.get(MARKER_KEY)):
                 raise ActionRefused("invalid_item", _("An update cannot carry a removal marker."), status=400)
         if payload is not _UNSET:
             columns = payload_columns(Role.TOOL, current.tool_kind, payload)
