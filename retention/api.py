@@ -146,6 +146,8 @@ class BackupOut(Schema):
     size: int
     created_at: str
     sha256: str
+    changed: bool = Field(description="The file's size or modification time is no longer the one its receipt "
+                                      "recorded: check its SHA-256 before restoring it.")
 
 
 class StatusOut(Schema):

@@ -42,7 +42,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -81,9 +81,13 @@ class BackupReceipt:
     created_at: datetime
     vendor: str
     database: str
+    # The published file's modification time (receipts written since 2026-12-03 have it).
+    mtime_ns: int | None = None
+    # Listing only: the file on disk no longer has the receipt's size or modification time.
+    changed: bool = False
 
     def as_json(self) -> dict:
-        return {
+        data = {
             "name": self.name,
             "size": self.size,
             "sha256": self.sha256,
@@ -91,6 +95,9 @@ class BackupReceipt:
             "vendor": self.vendor,
             "database": self.database,
         }
+        if self.mtime_ns is not None:
+            data["mtime_ns"] = self.mtime_ns
+        return data
 
 
 class _Cancelled(Exception):
@@ -218,6 +225,7 @@ def _read_receipt(archive: Path) -> BackupReceipt | None:
             created_at=created_at,
             vendor=str(data["vendor"]),
             database=str(data["database"]),
+            mtime_ns=int(data["mtime_ns"]) if data.get("mtime_ns") is not None else None,
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -237,12 +245,20 @@ def _configured_database() -> str:
 
 def list_backups() -> list[BackupReceipt]:
     """Backups with a readable receipt, newest first. Temp files and archives without a
-    receipt are never listed."""
+    receipt are never listed. A file whose size or modification time is no longer the
+    receipt's is listed as `changed` (its checksum is not read here: the status is read every
+    second while something runs; verify_backup reads it)."""
     directory = backup_dir()
     receipts = []
     for path in directory.iterdir():
         if NAME_PATTERN.match(path.name) and path.is_file() and (receipt := _read_receipt(path)):
-            receipts.append(receipt)
+            try:
+                found = path.stat()
+            except OSError:
+                continue
+            changed = found.st_size != receipt.size or (
+                receipt.mtime_ns is not None and found.st_mtime_ns != receipt.mtime_ns)
+            receipts.append(replace(receipt, changed=changed) if changed else receipt)
     return sorted(receipts, key=lambda r: (r.created_at, r.name), reverse=True)
 
 
@@ -289,7 +305,8 @@ def create_backup(*, should_cancel: Callable[[], bool] = lambda: False, progress
             _fsync_file(temp)
             os.replace(temp, final)
             _fsync_dir(directory)
-            receipt = BackupReceipt(name, final, size, sha256, created_at, vendor, _configured_database())
+            receipt = BackupReceipt(name, final, size, sha256, created_at, vendor, _configured_database(),
+                                    mtime_ns=final.stat().st_mtime_ns)
             _write_receipt(receipt)
             return receipt
         except _Cancelled:

@@ -222,7 +222,7 @@ def _backups() -> list[dict[str, Any]]:
     except ImportError:  # the backup primitives are not installed in this build
         return []
     return [
-        {"name": r.name, "size": r.size, "created_at": r.created_at, "sha256": r.sha256}
+        {"name": r.name, "size": r.size, "created_at": r.created_at, "sha256": r.sha256, "changed": r.changed}
         for r in list_backups()
     ]
 

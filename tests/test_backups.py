@@ -452,3 +452,26 @@ def test_it_explains_how_to_restore_in_both_languages():
         assert spanish != english and "base de datos" in spanish
     assert "pg_restore" in restore_instructions("postgresql")
     assert "-wal" in restore_instructions("sqlite")
+
+
+def test_a_backup_changed_after_it_was_made_is_listed_as_changed(folder):
+    fill(messages=3)
+    grown, touched, kept = create_backup(), create_backup(), create_backup()
+    assert not any(r.changed for r in list_backups())
+    assert all(r.mtime_ns == r.path.stat().st_mtime_ns for r in (grown, touched, kept))
+    with open(grown.path, "ab") as handle:  # one byte more
+        handle.write(b"X")
+    data = touched.path.read_bytes()  # the same size, other bytes, written later
+    touched.path.write_bytes(bytes([data[0] ^ 1]) + data[1:])
+    os.utime(touched.path, ns=(touched.mtime_ns + 10**9, touched.mtime_ns + 10**9))
+    listed = {r.name: r.changed for r in list_backups()}
+    assert listed == {grown.name: True, touched.name: True, kept.name: False}
+    for receipt in (grown, touched):
+        with pytest.raises(BackupError) as caught:
+            verify_backup(receipt.name)
+        assert caught.value.code in ("checksum_mismatch", "size_mismatch")
+    # A receipt from before modification times were recorded: the size still tells.
+    old = json.loads(Path(str(kept.path) + ".json").read_text())
+    old.pop("mtime_ns")
+    Path(str(kept.path) + ".json").write_text(json.dumps(old))
+    assert {r.name: r.changed for r in list_backups()}[kept.name] is False

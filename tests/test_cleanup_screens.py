@@ -375,6 +375,16 @@ def test_backups_are_listed_with_size_time_checksum_and_how_to_restore(admin_cli
     assert "Restoring a backup replaces the whole database" in backups
     first_line = restore_instructions(receipt.vendor).splitlines()[0]
     assert first_line.replace("'", "&#x27;").replace('"', "&quot;")[:40] in backups
+    assert 'data-testid="backup-changed"' not in backups
+    assert admin_client.get("/api/v1/system/tool-payload-retention", HTTP_HOST="127.0.0.1").json()["backups"][0][
+        "changed"] is False
+    # A file changed after it was made is flagged on the page and in the API; nothing claims it is fine.
+    with open(receipt.path, "ab") as handle:
+        handle.write(b"X")
+    backups = region(page(admin_client), "backups")
+    assert 'data-testid="backup-changed"' in backups and "changed after it was made" in backups
+    assert admin_client.get("/api/v1/system/tool-payload-retention", HTTP_HOST="127.0.0.1").json()["backups"][0][
+        "changed"] is True
 
 
 @pytest.mark.parametrize("data", [
