@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 from playwright.sync_api import Page, expect
 
-from e2e.conftest import ADMIN, MEMBER
+from e2e.conftest import ADMIN, ALL_VIEWPORTS, MEMBER
 from e2e.helpers import conversation_with_long_output, log_in, open_from_list, open_nav
 from lifecycle.models import Account, Conversation, RetainedFactsPolicy, Scope
 from lifecycle.transcript import item_rows
@@ -188,9 +188,11 @@ def test_paging_moves_the_focus_to_the_new_page(seeded, live_server, open_page):
     expect(page.locator("#results-count")).to_be_focused()
 
 
-def test_show_full_output_moves_the_focus_to_the_output(seeded, live_server, open_page):
+@ALL_VIEWPORTS
+def test_show_full_output_moves_the_focus_to_the_output_with_its_start_in_view(
+        seeded, live_server, open_page, viewport):
     conversation, item = conversation_with_long_output()
-    page = open_page("desktop")
+    page = open_page(viewport)
     log_in(page, live_server.url, *MEMBER)
     open_from_list(page, conversation)
     row = page.locator(f"#item-{item.pk}")
@@ -201,6 +203,11 @@ def test_show_full_output_moves_the_focus_to_the_output(seeded, live_server, ope
     expect(pre).to_have_text(item_rows([item], full=True)[0].output.strip())
     expect(pre).to_be_focused()
     assert focused(page) != "body"
+    # The output's first line is on screen, below the top bar (a phone's browser centred the
+    # tall output on focus: its start was thousands of pixels above the screen).
+    top = pre.evaluate("el => el.getBoundingClientRect().top")
+    header = page.locator(".topbar").bounding_box()
+    assert header["y"] + header["height"] - 1 <= top < page.viewport_size["height"] * 0.8, top
 
 
 def test_the_chosen_tab_is_marked_by_more_than_colour(seeded, live_server, open_page):

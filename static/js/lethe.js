@@ -19,11 +19,16 @@
     clearTimers.set(region, setTimeout(function () { region.textContent = ""; }, 6000));
   }
 
-  // Focus an element that is not a control (a heading, a card), scrolling it into view.
+  // Focus an element that is not a control (a heading, a card, a loaded output), with its
+  // start in view: the browser's own scroll on focus centres a tall element (a long output
+  // on a phone opened thousands of pixels past its first line).
   function focusQuiet(el) {
     if (!el) return;
     if (!el.hasAttribute("tabindex")) el.setAttribute("tabindex", "-1");
-    el.focus();
+    el.focus({ preventScroll: true });
+    var box = el.getBoundingClientRect();
+    var room = window.innerHeight || document.documentElement.clientHeight;
+    if (box.top < 0 || box.top > room * 0.8) el.scrollIntoView({ block: "start" });
   }
   function focusLost() {
     return !document.activeElement || document.activeElement === document.body;
