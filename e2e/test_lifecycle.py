@@ -86,6 +86,9 @@ def test_it_previews_cancels_confirms_and_shows_pending_then_completed(seeded, l
     expect(page.locator("section.transcript")).to_contain_text("The transcript is erased")
     assert title not in page.content()
     check_layout(page, "tombstone")
+    screenshot(page, "tombstone")
+    page.get_by_role("link", name="Erasure receipt").click()
+    expect(page.get_by_test_id("receipt")).to_contain_text("Messages and tool calls")
 
 
 def test_small_phone_row_actions_way_out_and_operations(seeded, live_server, open_page):

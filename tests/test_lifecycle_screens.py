@@ -268,6 +268,9 @@ def test_pending_and_deleted_tabs_and_the_tombstone(admin_client):
     assert "Deleted conversation" in tombstone and 'data-testid="tombstone"' in tombstone
     assert "old words" not in tombstone and "/archive/" not in tombstone
     assert f"/operations/{op.public_id}/" in tombstone
+    banner = tombstone.split('data-testid="tombstone"', 1)[1].split("</p>", 1)[0]
+    # It says what stays elsewhere by design and where that is listed, never "only ... remain".
+    assert "shared copies that could not be revoked" in banner and "listed on its erasure receipt" in banner
     preview = page(admin_client, f"/conversations/{gone.public_id}/delete/")
     assert "already deleted" in preview and "Delete for good" not in preview
     # Not a fresh preview: no "Delete ...?" heading and no counts of what a delete would do
