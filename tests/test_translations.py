@@ -287,3 +287,27 @@ def test_it_serves_spanish_when_the_browser_asks(admin_client, restore_language)
     assert '<html lang="en"' in page
     assert "Conversations" in page
     assert "Conversaciones" not in page
+
+
+def test_one_english_word_with_two_meanings_gets_the_glossarys_two_spanish_words():
+    """"Search" as the list's field label is "Buscar"; as a tool kind, "Búsqueda" (GLOSSARY-es)."""
+    from django.template import Context, Template
+
+    from lifecycle.models import ToolKind
+
+    with translation.override("es"):
+        label = Template('{% load i18n %}{% translate "Search" context "field label" %}').render(Context())
+        assert (label, str(ToolKind.SEARCH.label)) == ("Buscar", "Búsqueda")
+
+
+@pytest.mark.django_db
+def test_figures_are_grouped_as_the_readers_language_writes_them(admin_client, restore_language):
+    """The delete preview's billing period (2,555 days by default): grouped per language."""
+    from tests import factories
+
+    conversation = factories.make_conversation()
+    url = f"/conversations/{conversation.public_id}/delete/"
+    english = admin_client.get(url, HTTP_HOST="127.0.0.1", HTTP_ACCEPT_LANGUAGE="en").content.decode()
+    assert "kept for 2,555 days" in english and "2555" not in english
+    spanish = admin_client.get(url, HTTP_HOST="127.0.0.1", HTTP_ACCEPT_LANGUAGE="es").content.decode()
+    assert "2\xa0555" in spanish and "2555" not in spanish  # Django's Spanish format groups with a no-break space
