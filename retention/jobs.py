@@ -1613,8 +1613,8 @@ def _backup_run(op: ToolPayloadOperation, token: str) -> str:
         if (op.then_cleanup and policy.enabled and policy.revision == op.policy_revision
                 and policy.preparation_state == PreparationState.READY):
             follow = ToolPayloadOperation.objects.create(
-                kind=OperationKind.CLEANUP, started_by_id=op.started_by_id, policy_revision=policy.revision,
-                age_value=policy.age_value, age_unit=policy.age_unit,
+                kind=OperationKind.CLEANUP, started_by_id=op.started_by_id, started_by_name=op.started_by_name,
+                policy_revision=policy.revision, age_value=policy.age_value, age_unit=policy.age_unit,
             )
             enqueue(follow.pk)
     return "done"

@@ -135,10 +135,12 @@ class ToolPayloadOperation(models.Model):
     cursor_item = models.BigIntegerField(default=0)
     progress_done = models.PositiveBigIntegerField(default=0)
     progress_total = models.PositiveBigIntegerField(default=0)
-    # who, when, liveness
+    # who, when, liveness. The username is kept beside the user, whose deletion empties
+    # `started_by`; an empty name is the daily schedule (the one starter without a user).
     started_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    started_by_name = models.CharField(max_length=150, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -172,3 +174,11 @@ class ToolPayloadOperation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} #{self.pk} ({self.state})"
+
+    @property
+    def starter(self) -> str:
+        """Who started it: the user's username (the one kept when the user was deleted since),
+        or "schedule"."""
+        if self.started_by_id and self.started_by:
+            return self.started_by.get_username()
+        return self.started_by_name or "schedule"

@@ -156,7 +156,6 @@ def _busy() -> CleanupError:
 
 
 def _operation_dict(op: ToolPayloadOperation) -> dict[str, Any]:
-    started_by = op.started_by.get_username() if op.started_by_id and op.started_by else None
     return {
         "id": op.pk,
         "kind": op.kind,
@@ -172,7 +171,7 @@ def _operation_dict(op: ToolPayloadOperation) -> dict[str, Any]:
         "started_at": op.started_at,
         "finished_at": op.finished_at,
         "error": {"code": op.error_code, "message": in_reader_language(op.error_message)} if op.error_code else None,
-        "started_by": started_by if op.started_by_id else "schedule",
+        "started_by": op.starter,
         "progress": {"done": op.progress_done, "total": op.progress_total},
         "stale": op.stale,
         "cancel_requested": op.cancel_requested,
@@ -360,11 +359,13 @@ def save_policy(*, user, enabled: bool, age_value: int, age_unit: str, revision:
 # ---- Starting and stopping operations -------------------------------------------------------
 
 
-def _create_operation(**fields) -> ToolPayloadOperation:
-    """Insert an operation holding the slot, or raise busy (the database decides)."""
+def _create_operation(*, started_by, **fields) -> ToolPayloadOperation:
+    """Insert an operation holding the slot, or raise busy (the database decides). Its
+    starter's name is kept with it: a user deleted later is still named (None: the schedule)."""
+    name = started_by.get_username() if started_by is not None else ""
     try:
         with transaction.atomic():
-            op = ToolPayloadOperation.objects.create(**fields)
+            op = ToolPayloadOperation.objects.create(started_by=started_by, started_by_name=name, **fields)
             jobs.enqueue(op.pk)
     except IntegrityError:
         raise _busy() from None

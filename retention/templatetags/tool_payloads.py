@@ -16,13 +16,13 @@ BADGE = {"queued": "pending", "running": "pending", "succeeded": "completed", "f
 @register.simple_tag
 def cleanup_history(limit: int = 50) -> list[dict]:
     """The last operations (analysis, backup, cleanup, compaction), newest first, with who
-    started each ("schedule" when nobody did) and its badge style."""
+    started each (None for the daily schedule) and its badge style."""
     rows = []
     for op in ToolPayloadOperation.objects.select_related("started_by")[:limit]:
         rows.append({
             "op": op,
             "badge": BADGE.get(op.state, "unavailable"),
-            "by": op.started_by.get_username() if op.started_by_id else None,
+            "by": None if op.starter == "schedule" else op.starter,
             "when": op.started_at or op.created_at,
         })
     return rows
