@@ -48,10 +48,10 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import connection
-from django.template.defaultfilters import filesizeformat
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 
-from retention.errors import CodedError
+from retention.errors import CodedError, Message, Size
 from retention.storage import short_of_room
 
 # Pages copied per step of the SQLite online backup: small enough that cancel and progress
@@ -66,10 +66,13 @@ TEMP_PREFIX = ".tmp-"
 LOCK_NAME = ".lock"
 
 Progress = Callable[[int, int | None], None]
+DAMAGED = gettext_noop("The backup copy is damaged: %(error)s")
+UNREADABLE = gettext_noop("The backup archive could not be read: %(error)s")
 
 
 class BackupError(CodedError):
-    """A backup could not be made or does not check out. `code` is stable, `message` localized."""
+    """A backup could not be made or does not check out. `code` is stable, `message` localized
+    when read (`text` keeps it untranslated: jobs store it)."""
 
 
 @dataclass(frozen=True)
@@ -134,7 +137,8 @@ def _folder_lock(directory: Path) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise BackupError("busy", _("Another backup is being made. Try again when it has finished.")) from None
+            raise BackupError("busy", Message(gettext_noop(
+                "Another backup is being made. Try again when it has finished."))) from None
         yield
     finally:
         os.close(fd)
@@ -146,12 +150,11 @@ def _ensure_room(directory: Path, still_to_write: int = 0) -> None:
     short = short_of_room(directory, still_to_write)
     if short is not None:
         free, reserve = short
-        raise BackupError("no_space", _(
+        raise BackupError("no_space", Message(gettext_noop(
             "There is not enough free disk space for the backup in %(folder)s: %(free)s free, %(needed)s more "
             "needed and %(reserve)s kept free for the database. Nothing was kept. Free some space, or set "
             "LETHE_BACKUP_DIR to a folder on another disk."
-        ) % {"folder": directory, "free": filesizeformat(free), "needed": filesizeformat(still_to_write),
-             "reserve": filesizeformat(reserve)})
+        ), {"folder": directory, "free": Size(free), "needed": Size(still_to_write), "reserve": Size(reserve)}))
 
 
 def _remove_leftovers(directory: Path) -> None:
@@ -276,10 +279,11 @@ def create_backup(*, should_cancel: Callable[[], bool] = lambda: False, progress
     a cancel); nothing is published.
     """
     if connection.vendor not in EXTENSIONS:
-        raise BackupError("unsupported", _("Backups are not supported for this database."))
+        raise BackupError("unsupported", Message(gettext_noop("Backups are not supported for this database.")))
     if connection.in_atomic_block:
         # SQLite: the request's own write transaction would keep the copy waiting forever.
-        raise BackupError("in_transaction", _("A backup cannot start inside a database transaction."))
+        raise BackupError("in_transaction", Message(gettext_noop(
+            "A backup cannot start inside a database transaction.")))
     directory = backup_dir()
     with _folder_lock(directory):
         _remove_leftovers(directory)
@@ -311,18 +315,19 @@ def create_backup(*, should_cancel: Callable[[], bool] = lambda: False, progress
             return receipt
         except _Cancelled:
             _discard(temp, final)
-            raise BackupError("cancelled", _("The backup was cancelled; nothing was kept.")) from None
+            raise BackupError("cancelled", Message(gettext_noop(
+                "The backup was cancelled; nothing was kept."))) from None
         except BackupError:
             _discard(temp, final)
             raise
         except BaseException as exc:
             _discard(temp, final)
             if isinstance(exc, sqlite3.Error):
-                raise BackupError("copy_failed", _("The database could not be copied: %(error)s") % {"error": exc}) from exc
+                raise BackupError("copy_failed", Message(gettext_noop(
+                    "The database could not be copied: %(error)s"), {"error": exc})) from exc
             if isinstance(exc, OSError):
-                raise BackupError(
-                    "io_error", _("The backup could not be written: %(error)s") % {"error": exc.strerror or exc}
-                ) from exc
+                raise BackupError("io_error", Message(gettext_noop(
+                    "The backup could not be written: %(error)s"), {"error": exc.strerror or exc})) from exc
             raise
 
 
@@ -331,16 +336,17 @@ def verify_backup(name: str) -> BackupReceipt:
     itself (integrity check, or a full read of the archive and its database name)."""
     directory = backup_dir()
     if not NAME_PATTERN.match(name):
-        raise BackupError("not_found", _("There is no backup with that name."))
+        raise BackupError("not_found", Message(gettext_noop("There is no backup with that name.")))
     archive = directory / name
     receipt = _read_receipt(archive) if archive.is_file() else None
     if receipt is None:
-        raise BackupError("not_found", _("There is no backup with that name."))
+        raise BackupError("not_found", Message(gettext_noop("There is no backup with that name.")))
     if receipt.database != _configured_database() or receipt.vendor != connection.vendor:
-        raise BackupError("wrong_database", _("This backup was made from another database."))
+        raise BackupError("wrong_database", Message(gettext_noop("This backup was made from another database.")))
     sha256, size = _sha256(archive)
     if (sha256, size) != (receipt.sha256, receipt.size):
-        raise BackupError("checksum_mismatch", _("The backup file changed since it was made: its checksum no longer matches."))
+        raise BackupError("checksum_mismatch", Message(gettext_noop(
+            "The backup file changed since it was made: its checksum no longer matches.")))
     if receipt.vendor == "sqlite":
         _check_sqlite(archive)
     else:
@@ -413,9 +419,9 @@ def _check_sqlite(path: Path) -> None:
         finally:
             db.close()
     except sqlite3.DatabaseError as exc:
-        raise BackupError("verify_failed", _("The backup copy is damaged: %(error)s") % {"error": exc}) from exc
+        raise BackupError("verify_failed", Message(DAMAGED, {"error": exc})) from exc
     if rows != ["ok"]:
-        raise BackupError("verify_failed", _("The backup copy is damaged: %(error)s") % {"error": "; ".join(rows)})
+        raise BackupError("verify_failed", Message(DAMAGED, {"error": "; ".join(rows)}))
 
 
 # ---- PostgreSQL -------------------------------------------------------------------------
@@ -452,18 +458,16 @@ def _pg_tools() -> tuple[str, str]:
     usable = [tool for tool in found if tool[0] >= server_major]
     if not usable:
         if found:
-            raise BackupError(
-                "tool_too_old",
-                _("The database server is version %(server)s but the newest pg_dump found is version %(tool)s. "
-                  "Install the client tools of version %(server)s or newer.")
-                % {"server": server_major, "tool": max(tool[0] for tool in found)},
-            )
-        raise BackupError(
-            "tool_missing",
-            _("pg_dump and pg_restore were not found (looked in %(places)s). Install the database client "
-              "tools, or set LETHE_PG_BIN_DIR to the folder that holds them.")
-            % {"places": ", ".join(directories) or "PATH"},
-        )
+            raise BackupError("tool_too_old", Message(
+                gettext_noop("The database server is version %(server)s but the newest pg_dump found is version "
+                             "%(tool)s. Install the client tools of version %(server)s or newer."),
+                {"server": server_major, "tool": max(tool[0] for tool in found)},
+            ))
+        raise BackupError("tool_missing", Message(
+            gettext_noop("pg_dump and pg_restore were not found (looked in %(places)s). Install the database client "
+                         "tools, or set LETHE_PG_BIN_DIR to the folder that holds them."),
+            {"places": ", ".join(directories) or "PATH"},
+        ))
     exact = [tool for tool in usable if tool[0] == server_major]
     chosen = (exact or sorted(usable))[0]
     return chosen[1], chosen[2]
@@ -520,7 +524,7 @@ def _dump_postgresql(temp: Path, should_cancel: Callable[[], bool], progress: Pr
 
     code, errors = _run(args, env, should_cancel, tick)
     if code != 0:
-        raise BackupError("dump_failed", _("pg_dump failed: %(error)s") % {"error": errors or code})
+        raise BackupError("dump_failed", Message(gettext_noop("pg_dump failed: %(error)s"), {"error": errors or code}))
 
 
 def _check_postgresql(path: Path, database: str, should_cancel: Callable[[], bool], *, every_table: bool = True) -> None:
@@ -533,29 +537,25 @@ def _check_postgresql(path: Path, database: str, should_cancel: Callable[[], boo
             [restore, "--list", str(path)], capture_output=True, text=True, timeout=600, check=False
         )
     except subprocess.TimeoutExpired as exc:
-        raise BackupError("verify_failed", _("The backup archive could not be read: %(error)s") % {"error": exc}) from exc
+        raise BackupError("verify_failed", Message(UNREADABLE, {"error": exc})) from exc
     if listing.returncode != 0:
-        raise BackupError(
-            "verify_failed", _("The backup archive could not be read: %(error)s") % {"error": listing.stderr.strip()}
-        )
+        raise BackupError("verify_failed", Message(UNREADABLE, {"error": listing.stderr.strip()}))
     header = re.search(r"^;\s+dbname:\s*(.*)$", listing.stdout, re.MULTILINE)
     if header is None or header.group(1).strip() != database:
-        raise BackupError(
-            "wrong_database",
-            _("The backup archive is of database %(found)s, not %(expected)s.")
-            % {"found": header.group(1).strip() if header else "?", "expected": database},
-        )
+        raise BackupError("wrong_database", Message(
+            gettext_noop("The backup archive is of database %(found)s, not %(expected)s."),
+            {"found": header.group(1).strip() if header else "?", "expected": database},
+        ))
     with_data = set(re.findall(r"^\d+;\s.*\bTABLE DATA \S+ (\S+) ", listing.stdout, re.MULTILINE))
     expected = set(connection.introspection.django_table_names(only_existing=True)) if every_table else set()
     missing = sorted(expected - with_data)
     if missing:
-        raise BackupError(
-            "verify_failed",
-            _("The backup archive lacks the data of %(tables)s.") % {"tables": ", ".join(missing[:5])},
-        )
+        raise BackupError("verify_failed", Message(
+            gettext_noop("The backup archive lacks the data of %(tables)s."), {"tables": ", ".join(missing[:5])},
+        ))
     code, errors = _run([restore, "--file=/dev/null", str(path)], None, should_cancel)
     if code != 0 or "error" in errors.lower():
-        raise BackupError("verify_failed", _("The backup archive could not be read: %(error)s") % {"error": errors or code})
+        raise BackupError("verify_failed", Message(UNREADABLE, {"error": errors or code}))
 
 
 def _discard(temp: Path, final: Path) -> None:

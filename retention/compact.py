@@ -26,10 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from django.db import OperationalError, connection
-from django.template.defaultfilters import filesizeformat
-from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 
-from retention.errors import CodedError
+from retention.errors import CodedError, Message, Size
 from retention.storage import database_size, short_of_room, sqlite_pages
 
 # SQLite's own search order on Unix after its two environment variables (only measured here)
@@ -39,7 +38,8 @@ CHECKPOINT_PAUSE_SECONDS = 0.1
 
 
 class CompactError(CodedError):
-    """Compaction could not run. `code` is stable, `message` localized."""
+    """Compaction could not run. `code` is stable, `message` localized when read (`text`
+    keeps it untranslated: the job stores it)."""
 
 
 @dataclass(frozen=True)
@@ -56,9 +56,10 @@ def compact_database() -> CompactResult:
     2. Run the engine's VACUUM in autocommit (SQLite: then fold the WAL back into the file).
     3. Measure again and return both, with the seconds VACUUM took."""
     if connection.vendor not in {"sqlite", "postgresql"}:
-        raise CompactError("unsupported", _("Compacting is not supported for this database."))
+        raise CompactError("unsupported", Message(gettext_noop("Compacting is not supported for this database.")))
     if connection.in_atomic_block:
-        raise CompactError("in_transaction", _("The database cannot be compacted inside a transaction."))
+        raise CompactError("in_transaction", Message(gettext_noop(
+            "The database cannot be compacted inside a transaction.")))
     before = database_size()
     started = time.monotonic()
     with connection.cursor() as cursor:
@@ -69,8 +70,9 @@ def compact_database() -> CompactResult:
             except OperationalError as exc:
                 if "full" not in str(exc).lower():  # SQLITE_FULL: "database or disk is full"
                     raise
-                raise CompactError("no_space", _("The disk filled up while the database was being compacted; "
-                                                 "it was left as it was. Free some space and try again.")) from exc
+                raise CompactError("no_space", Message(gettext_noop(
+                    "The disk filled up while the database was being compacted; it was left as it was. Free some "
+                    "space and try again."))) from exc
             _checkpoint(cursor)
         else:
             cursor.execute("VACUUM")
@@ -126,8 +128,7 @@ def _check_free_space(cursor) -> None:
         short = short_of_room(folder, needed)
         if short is not None:
             free, reserve = short
-            raise CompactError("no_space", _(
+            raise CompactError("no_space", Message(gettext_noop(
                 "Compacting needs about %(needed)s of free space in %(folder)s and %(reserve)s to spare; "
                 "%(free)s is free. Nothing was changed."
-            ) % {"needed": filesizeformat(needed), "folder": folder, "reserve": filesizeformat(reserve),
-                 "free": filesizeformat(free)})
+            ), {"needed": Size(needed), "folder": folder, "reserve": Size(reserve), "free": Size(free)}))

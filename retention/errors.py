@@ -1,10 +1,130 @@
-"""The one shape of a refusal in the retention app: a stable `code` and a localized `message`."""
+"""The one shape of a refusal in the retention app: a stable `code` and a message, and the
+messages the jobs store, said in the language of whoever reads them.
+
+A job stores its outcome long before anyone reads it, in a worker whose language is not the
+reader's. So a stored message is its catalog msgid and its details, never text: a msgid alone
+as it is (the form stored before details were kept apart), a msgid with details as JSON
+(`{"msgid": ..., "params": {...}}`), a detail that is itself a message (the reason a backup
+does not verify) or a size in bytes as an object of its own. Reading translates every level
+then. Text stored by earlier versions (English with its details filled in) reads as stored.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.template.defaultfilters import filesizeformat
+from django.utils.translation import gettext
+
+log = logging.getLogger(__name__)
+
+# Characters kept of one detail in another party's words (the operating system's, pg_dump's)
+DETAIL_LIMIT = 1000
+
+
+@dataclass(frozen=True)
+class Size:
+    """A number of bytes, formatted for the reader ("1.5 MB", "1,5 MB")."""
+
+    bytes: int
+
+    def __str__(self) -> str:
+        return filesizeformat(self.bytes)
+
+
+@dataclass(frozen=True)
+class Message:
+    """A catalog msgid with its named details, translated when it is turned into text.
+
+    Build it with the msgid marked for the catalog: `Message(gettext_noop("... %(error)s"),
+    {"error": exc})`. Details other than messages, sizes and numbers are kept as text."""
+
+    msgid: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "params", {name: _detail(value) for name, value in self.params.items()})
+
+    def __str__(self) -> str:
+        if not self.params:
+            return gettext(self.msgid)
+        details = {name: str(value) for name, value in self.params.items()}
+        try:
+            return gettext(self.msgid) % details
+        except (KeyError, TypeError, ValueError):  # a translation that names other details
+            log.warning("translation of %r does not take its details", self.msgid)
+            return self.msgid % details
+
+    def as_json(self) -> dict[str, Any]:
+        return {"msgid": self.msgid, "params": {name: _detail_json(value) for name, value in self.params.items()}}
+
+    def stored(self) -> str:
+        """The column's value: the msgid alone when it has no details, else JSON."""
+        return json.dumps(self.as_json(), ensure_ascii=False) if self.params else self.msgid
+
+    @classmethod
+    def from_json(cls, value: Any) -> Message:
+        if not isinstance(value, dict) or not isinstance(value.get("msgid"), str):
+            raise ValueError("not a stored message")
+        params = value.get("params", {})
+        if not isinstance(params, dict):
+            raise ValueError("not a stored message")
+        return cls(value["msgid"], {name: _detail_from_json(detail) for name, detail in params.items()})
+
+
+def _detail(value: Any) -> Message | Size | int | str:
+    if isinstance(value, Message | Size) or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    return str(value)[:DETAIL_LIMIT]
+
+
+def _detail_json(value: Message | Size | int | str) -> Any:
+    if isinstance(value, Message):
+        return value.as_json()
+    if isinstance(value, Size):
+        return {"bytes": value.bytes}
+    return value
+
+
+def _detail_from_json(value: Any) -> Message | Size | int | str:
+    if isinstance(value, dict) and "msgid" in value:
+        return Message.from_json(value)
+    if isinstance(value, dict) and isinstance(value.get("bytes"), int):
+        return Size(value["bytes"])
+    if isinstance(value, int | str) and not isinstance(value, bool):
+        return value
+    raise ValueError("not a stored detail")
+
+
+def stored(message: Message | str) -> str:
+    """What a job writes to an error column for `message` ("" for none)."""
+    return message.stored() if isinstance(message, Message) else message
+
+
+def said(value: str) -> str:
+    """A stored message in the active language (see the module's docstring); "" for none."""
+    if not value:
+        return value
+    if value.startswith("{"):
+        try:
+            return str(Message.from_json(json.loads(value)))
+        except ValueError:
+            return value  # text an earlier version stored: shown as stored
+    return gettext(value)
+
 
 class CodedError(Exception):
-    def __init__(self, code: str, message: str) -> None:
+    """A refusal: a stable `code`, and `message` in the active language when it is read
+    (`text` keeps it untranslated, for a job to store)."""
+
+    def __init__(self, code: str, message: Message | str) -> None:
         super().__init__(message)
         self.code = code
-        self.message = message
+        self.text = message
+
+    @property
+    def message(self) -> str:
+        return str(self.text)

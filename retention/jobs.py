@@ -35,9 +35,10 @@ from django.conf import settings
 from django.db import OperationalError, connection, transaction
 from django.db.models import Count, Exists, F, OuterRef, Sum
 from django.utils import timezone
-from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 
 from lifecycle import faults
+from retention.errors import Message, stored
 from retention.models import (
     OPEN_STATES,
     BackupChoice,
@@ -300,14 +301,16 @@ def run_operation(operation_id: int, wait_for_lease: bool = False) -> str:
         _check_policy(ToolPayloadPolicy.load())
     except StateUnreadable:
         log.exception("tool payload operation %s: stored state unreadable", operation_id)
-        _fail(op, token, "state_unreadable", _("The stored cleanup state could not be read, so nothing ran."))
+        _fail(op, token, "state_unreadable",
+              Message(gettext_noop("The stored cleanup state could not be read, so nothing ran.")))
         try:
             _skipped(op)
         except StateUnreadable:  # the counts it could not read: none, so the failed row reads
             ToolPayloadOperation.objects.filter(pk=op.pk).update(skipped_json="{}")
         return "done"
     if op.attempts > MAX_TAKEOVERS:
-        _fail(op, token, "interrupted", _("The job was interrupted too many times; it stopped. Start it again."))
+        _fail(op, token, "interrupted",
+              Message(gettext_noop("The job was interrupted too many times; it stopped. Start it again.")))
         return "done"
     body = {
         OperationKind.ANALYSIS: _analysis_step,
@@ -324,7 +327,8 @@ def run_operation(operation_id: int, wait_for_lease: bool = False) -> str:
             outcome = "more"
         else:
             log.exception("tool payload operation %s failed", operation_id)
-            _fail(op, token, "internal", _("The job stopped on an unexpected error. Details are in the server log."))
+            _fail(op, token, "internal",
+                  Message(gettext_noop("The job stopped on an unexpected error. Details are in the server log.")))
             return "done"
     if outcome == "more":
         with transaction.atomic():
@@ -336,7 +340,7 @@ def run_operation(operation_id: int, wait_for_lease: bool = False) -> str:
     return outcome
 
 
-def _fail(op: ToolPayloadOperation, token: str, code: str, message: str) -> None:
+def _fail(op: ToolPayloadOperation, token: str, code: str, message: Message) -> None:
     """Fail the operation; a backup's failure also fails the preparation waiting on it (else
     it would show a backup being made that no job makes, with no Retry or Cancel offered)."""
     with transaction.atomic():
@@ -351,13 +355,13 @@ def _is_busy(exc: BaseException) -> bool:
     return "locked" in text or "busy" in text or "lock timeout" in text or "could not obtain lock" in text
 
 
-def _finish(op: ToolPayloadOperation, token: str, state: str, code: str = "", message: str = "",
+def _finish(op: ToolPayloadOperation, token: str, state: str, code: str = "", message: Message | str = "",
             **fields: Any) -> bool:
     """Close the operation (frees the slot) if we still hold its lease."""
     with transaction.atomic():
         done = ToolPayloadOperation.objects.filter(pk=op.pk, lease=token).update(
             state=state, slot=None, lease="", finished_at=timezone.now(), heartbeat_at=timezone.now(),
-            error_code=code, error_message=message[:500], **fields,
+            error_code=code, error_message=stored(message), **fields,
         )
     return bool(done)
 
@@ -586,7 +590,7 @@ def _cleanup_step(op: ToolPayloadOperation, token: str, *, after_batch=None) -> 
             with transaction.atomic():
                 if _finish(op, token, OperationState.FAILED, "preparation_required", refused):
                     ToolPayloadPolicy.objects.filter(id=1, backup_choice=BackupChoice.CREATE).update(
-                        preparation_state=PreparationState.FAILED, preparation_error=refused[:300]
+                        preparation_state=PreparationState.FAILED, preparation_error=stored(refused)
                     )
             return "done"
     pace = _Pace(pause=SQLITE_PAUSE if connection.vendor == "sqlite" or PAUSE_SET else 0.0)
@@ -711,21 +715,22 @@ def _checkpoints_beside(pace: _Pace):
             cursor.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
 
-def _verify_preparation() -> str:
+def _verify_preparation() -> Message | None:
     """Before the first mutating batch: with "create" chosen, the backup must be ready and
-    its receipt must verify again now (file present, checksum, integrity). "" when fine."""
+    its receipt must verify again now (file present, checksum, integrity). None when fine."""
     policy = ToolPayloadPolicy.load()
     if policy.backup_choice == BackupChoice.SKIP and policy.preparation_state == PreparationState.READY:
-        return ""
+        return None
     if policy.backup_choice != BackupChoice.CREATE or policy.preparation_state != PreparationState.READY:
-        return _("Cleanup waits for the backup. Retry the backup, or change the backup choice.")
+        return Message(gettext_noop("Cleanup waits for the backup. Retry the backup, or change the backup choice."))
     from retention.backups import BackupError, verify_backup
 
     try:
         verify_backup(policy.backup_receipt_name)
     except BackupError as exc:
-        return _("The backup made for this cleanup does not verify: %(reason)s") % {"reason": exc.message}
-    return ""
+        return Message(gettext_noop("The backup made for this cleanup does not verify: %(reason)s"),
+                       {"reason": exc.text})
+    return None
 
 
 class _Planned:
@@ -1198,13 +1203,16 @@ def _run_ended(op: ToolPayloadOperation, fresh: _RunState) -> str:
     """Cancel, disable and policy change end the run before the next batch writes."""
     ended = OperationState.PARTIAL if fresh.removed_messages else OperationState.CANCELLED
     if fresh.cancel_requested:
-        _close_locked(op, ended, "cancelled", _("Cancelled. Removals committed before the cancel stay."))
+        _close_locked(op, ended, "cancelled",
+                      Message(gettext_noop("Cancelled. Removals committed before the cancel stay.")))
         return "cancelled"
     if not fresh.enabled:
-        _close_locked(op, ended, "disabled", _("Cleanup was turned off; later batches did not run."))
+        _close_locked(op, ended, "disabled",
+                      Message(gettext_noop("Cleanup was turned off; later batches did not run.")))
         return "disabled"
     if fresh.revision != fresh.policy_revision:
-        _close_locked(op, ended, "policy_changed", _("The policy changed during the run; later batches did not run."))
+        _close_locked(op, ended, "policy_changed",
+                      Message(gettext_noop("The policy changed during the run; later batches did not run.")))
         return "policy_changed"
     return ""
 
@@ -1525,10 +1533,10 @@ def _write_items(writes: list[tuple[Any, dict[str, Any]]]) -> list[tuple[Any, di
             if (item.pk, values["revision"], values["details_removed_at"]) in ours]
 
 
-def _close_locked(op: ToolPayloadOperation, state: str, code: str = "", message: str = "") -> None:
+def _close_locked(op: ToolPayloadOperation, state: str, code: str = "", message: Message | str = "") -> None:
     ToolPayloadOperation.objects.filter(pk=op.pk).update(
         state=state, slot=None, lease="", finished_at=timezone.now(), heartbeat_at=timezone.now(),
-        error_code=code if state != OperationState.SUCCEEDED else "", error_message=message[:500],
+        error_code=code if state != OperationState.SUCCEEDED else "", error_message=stored(message),
     )
 
 
@@ -1565,10 +1573,10 @@ class _Heartbeat:
         return False
 
 
-def _policy_preparation(state: str, *, error: str = "", receipt: str = "") -> None:
+def _policy_preparation(state: str, *, error: Message | str = "", receipt: str = "") -> None:
     ToolPayloadPolicy.objects.filter(
         id=1, backup_choice=BackupChoice.CREATE, preparation_state=PreparationState.PREPARING
-    ).update(preparation_state=state, preparation_error=error[:300], backup_receipt_name=receipt)
+    ).update(preparation_state=state, preparation_error=stored(error), backup_receipt_name=receipt)
 
 
 def _backup_run(op: ToolPayloadOperation, token: str) -> str:
@@ -1578,7 +1586,8 @@ def _backup_run(op: ToolPayloadOperation, token: str) -> str:
     preparation was interrupted, so it fails and the admin chooses Retry or Cancel.
     """
     if op.attempts:
-        message = _("The backup was interrupted (the job restarted). Retry it or change the backup choice.")
+        message = Message(gettext_noop(
+            "The backup was interrupted (the job restarted). Retry it or change the backup choice."))
         with transaction.atomic():
             if _finish(op, token, OperationState.FAILED, "interrupted", message):
                 _policy_preparation(PreparationState.FAILED, error=message)
@@ -1594,10 +1603,11 @@ def _backup_run(op: ToolPayloadOperation, token: str) -> str:
             receipt = create_backup(should_cancel=should_cancel)
     except Exception as exc:
         if isinstance(exc, BackupError):
-            code, message = exc.code, str(exc.message)
+            code, message = exc.code, exc.text
         else:
             log.exception("tool payload backup %s failed", op.pk)
-            code, message = "internal", _("The backup stopped on an unexpected error. Details are in the server log.")
+            code, message = "internal", Message(gettext_noop(
+                "The backup stopped on an unexpected error. Details are in the server log."))
         cancelled = code == "cancelled"
         state = OperationState.CANCELLED if cancelled else OperationState.FAILED
         with transaction.atomic():
@@ -1628,13 +1638,14 @@ def _compact_run(op: ToolPayloadOperation, token: str) -> str:
 
     if ToolPayloadOperation.objects.filter(pk=op.pk, cancel_requested=True).exists():
         # VACUUM cannot stop half-way; a cancel asked before it starts is honoured
-        _finish(op, token, OperationState.CANCELLED, "cancelled", _("Cancelled before the database was compacted."))
+        _finish(op, token, OperationState.CANCELLED, "cancelled",
+                Message(gettext_noop("Cancelled before the database was compacted.")))
         return "done"
     try:
         with _Heartbeat(op.pk, token):
             result = compact_database()
     except CompactError as exc:
-        _finish(op, token, OperationState.FAILED, exc.code, exc.message)
+        _finish(op, token, OperationState.FAILED, exc.code, exc.text)
         return "done"
     _finish(
         op, token, OperationState.SUCCEEDED,

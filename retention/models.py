@@ -44,7 +44,8 @@ class ToolPayloadPolicy(models.Model):
     # strings are checked when read: an unknown one fails closed (nothing runs).
     backup_choice = models.CharField(max_length=8, blank=True, default="")
     preparation_state = models.CharField(max_length=12, default=PreparationState.NONE)
-    preparation_error = models.CharField(max_length=300, blank=True, default="")
+    # A stored message (retention.errors: a msgid, or a msgid with its details as JSON)
+    preparation_error = models.TextField(blank=True, default="")
     backup_receipt_name = models.CharField(max_length=200, blank=True, default="")
 
     class Meta:
@@ -151,7 +152,7 @@ class ToolPayloadOperation(models.Model):
     stale = models.BooleanField(default=False)
     then_cleanup = models.BooleanField(default=False)
     error_code = models.CharField(max_length=40, blank=True, default="")
-    error_message = models.CharField(max_length=500, blank=True, default="")
+    error_message = models.TextField(blank=True, default="")  # a stored message, as preparation_error
     # backup receipt
     backup_name = models.CharField(max_length=200, blank=True, default="")
     backup_sha256 = models.CharField(max_length=64, blank=True, default="")

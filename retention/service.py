@@ -22,12 +22,12 @@ from typing import Any
 
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
-from django.utils.translation import gettext
 from django.utils.translation import gettext as _
 
 from console.auth import is_admin
 from lifecycle.errors import ActionRefused
 from retention import jobs
+from retention.errors import said
 from retention.models import (
     AGE_LIMITS,
     OPEN_STATES,
@@ -68,14 +68,6 @@ class CleanupError(Exception):
         self.code = code
         self.message = message
         self.status = status if status is not None else self.STATUS.get(code, 409)
-
-
-def in_reader_language(stored: str) -> str:
-    """A message a job stored, in the language of whoever reads it now. Jobs write their
-    outcomes in the source language (the workers run in English), so a stored message that
-    is exactly one of the catalog's messages is said again in the active language; one with
-    details filled in (an error from the operating system or pg_dump) is shown as stored."""
-    return gettext(stored) if stored else stored
 
 
 class StateUnreadable(Exception):
@@ -170,7 +162,7 @@ def _operation_dict(op: ToolPayloadOperation) -> dict[str, Any]:
         "created_at": op.created_at,
         "started_at": op.started_at,
         "finished_at": op.finished_at,
-        "error": {"code": op.error_code, "message": in_reader_language(op.error_message)} if op.error_code else None,
+        "error": {"code": op.error_code, "message": said(op.error_message)} if op.error_code else None,
         "started_by": op.starter,
         "progress": {"done": op.progress_done, "total": op.progress_total},
         "stale": op.stale,
@@ -283,7 +275,7 @@ def status_document(*, with_database: bool = True) -> dict:
         "preparation": {
             "state": policy.preparation_state,
             "choice": policy.backup_choice or None,
-            "error": in_reader_language(policy.preparation_error) or None,
+            "error": said(policy.preparation_error) or None,
             "receipt": policy.backup_receipt_name or None,
         },
         "operation": current,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django import template
 
+from retention.errors import said
 from retention.models import ToolPayloadOperation
 
 register = template.Library()
@@ -16,7 +17,8 @@ BADGE = {"queued": "pending", "running": "pending", "succeeded": "completed", "f
 @register.simple_tag
 def cleanup_history(limit: int = 50) -> list[dict]:
     """The last operations (analysis, backup, cleanup, compaction), newest first, with who
-    started each (None for the daily schedule) and its badge style."""
+    started each (None for the daily schedule), its badge style and its error in the reader's
+    language."""
     rows = []
     for op in ToolPayloadOperation.objects.select_related("started_by")[:limit]:
         rows.append({
@@ -24,5 +26,6 @@ def cleanup_history(limit: int = 50) -> list[dict]:
             "badge": BADGE.get(op.state, "unavailable"),
             "by": None if op.starter == "schedule" else op.starter,
             "when": op.started_at or op.created_at,
+            "error": said(op.error_message),
         })
     return rows

@@ -1,0 +1,150 @@
+"""A job's stored error is said in the reader's language, its details and nested reasons too."""
+
+from __future__ import annotations
+
+import html
+import json
+
+import pytest
+from django.utils import translation
+
+from retention import service
+from retention.errors import Message, Size, said
+from retention.models import ToolPayloadOperation, ToolPayloadPolicy
+from tests.test_api_tool_payloads import BASE
+from tests.test_tool_payload_jobs import enable, old_conversation, run
+
+HOST = {"HTTP_HOST": "127.0.0.1"}
+PAGE = "/settings/system/data-storage/"
+OUTER = "The backup made for this cleanup does not verify: %(reason)s"
+INNER = "The backup file changed since it was made: its checksum no longer matches."
+ENGLISH = OUTER % {"reason": INNER}
+SPANISH = ("La copia de seguridad hecha para esta limpieza no se puede verificar: El archivo de la copia de "
+           "seguridad cambió después de hacerse: su suma de comprobación ya no coincide.")
+# Words of the English messages that no Spanish rendering of them has
+ENGLISH_WORDS = ("backup", "verify", "checksum", "changed", "cleanup", "space", "needed", "free", "kept")
+
+
+def english_in(text: str) -> list[str]:
+    lowered = text.lower()
+    return [word for word in ENGLISH_WORDS if word in lowered]
+
+
+@pytest.fixture(autouse=True)
+def english_after():
+    """A request in Spanish leaves its language active in this thread: the next test starts in English."""
+    yield
+    translation.activate("en")
+
+
+@pytest.fixture
+def backup_dir(settings, tmp_path):
+    settings.LETHE_BACKUP_DIR = str(tmp_path / "backups")
+    return tmp_path / "backups"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_backup_changed_on_disk_fails_cleanup_and_says_so_in_each_readers_language(
+        admin_user, admin_client, api, backup_dir):
+    old_conversation("tampered", tools=2)
+    enable(admin_user, choice="create")
+    ToolPayloadPolicy.objects.filter(id=1).update(enabled=False)  # prepare only: no cleanup follows
+    backup = run(service.retry_preparation(user=admin_user))
+    assert backup.state == "succeeded", backup.error_message
+    ToolPayloadPolicy.objects.filter(id=1).update(enabled=True)
+    with (backup_dir / backup.backup_name).open("ab") as archive:
+        archive.write(b"\0")  # one byte more than was made and hashed
+
+    cleanup = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert (cleanup.state, cleanup.error_code) == ("failed", "preparation_required")
+    kept = {"msgid": OUTER, "params": {"reason": {"msgid": INNER, "params": {}}}}
+    assert json.loads(cleanup.error_message) == kept  # the msgids and details, no text in a language
+    policy = ToolPayloadPolicy.load()
+    assert (policy.preparation_state, json.loads(policy.preparation_error)) == ("failed", kept)
+
+    assert said(cleanup.error_message) == ENGLISH
+    with translation.override("es"):
+        assert said(cleanup.error_message) == SPANISH
+        assert english_in(said(policy.preparation_error)) == []
+
+    spanish_page = html.unescape(admin_client.get(PAGE, HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode())
+    assert "La copia de seguridad falló:</strong> " + SPANISH in spanish_page
+    assert "does not verify" not in spanish_page and "checksum" not in spanish_page
+    english_page = html.unescape(admin_client.get(PAGE, HTTP_ACCEPT_LANGUAGE="en", **HOST).content.decode())
+    assert "Backup failed:</strong> " + ENGLISH in english_page
+
+    operations = html.unescape(admin_client.get("/operations/", HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode())
+    assert SPANISH in operations and "does not verify" not in operations
+    assert ENGLISH in html.unescape(admin_client.get("/operations/", HTTP_ACCEPT_LANGUAGE="en", **HOST).content.decode())
+
+    spanish = api.get(BASE, HTTP_ACCEPT_LANGUAGE="es").json()
+    assert spanish["history"][0]["error"] == {"code": "preparation_required", "message": SPANISH}
+    assert spanish["preparation"]["error"] == SPANISH
+    english = api.get(BASE, HTTP_ACCEPT_LANGUAGE="en").json()
+    assert english["history"][0]["error"] == {"code": "preparation_required", "message": ENGLISH}
+    assert english["preparation"]["error"] == ENGLISH
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_backup_without_room_keeps_its_sizes_and_says_them_in_the_readers_language(
+        admin_user, api, backup_dir, settings):
+    settings.DISK_RESERVE_BYTES = 2**42
+    enable(admin_user, choice="create")
+    failed = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert (failed.kind, failed.state, failed.error_code) == ("backup", "failed", "no_space")
+    stored = json.loads(failed.error_message)
+    assert stored["msgid"].startswith("There is not enough free disk space for the backup in %(folder)s")
+    assert stored["params"]["reserve"] == {"bytes": 2**42}
+    assert stored["params"]["folder"] == str(backup_dir)
+
+    english = api.get(BASE, HTTP_ACCEPT_LANGUAGE="en").json()["history"][0]["error"]["message"]
+    assert english.startswith(f"There is not enough free disk space for the backup in {backup_dir}:")
+    assert "4.0\xa0TB kept free" in english
+    spanish = api.get(BASE, HTTP_ACCEPT_LANGUAGE="es").json()
+    message = spanish["history"][0]["error"]["message"]
+    assert message.startswith(f"No hay espacio libre suficiente en el disco para la copia de seguridad en "
+                              f"{backup_dir}:")
+    assert english_in(message.replace(str(backup_dir), "").replace("LETHE_BACKUP_DIR", "")) == []
+    assert "4,0\xa0TB" in message
+    assert spanish["preparation"]["error"] == message
+
+
+def test_nested_messages_are_translated_at_every_level_and_read_back_as_stored():
+    message = Message(OUTER, {"reason": Message(
+        "The backup copy is damaged: %(error)s", {"error": Message(INNER)})})
+    stored = message.stored()
+    assert Message.from_json(json.loads(stored)) == message
+    with translation.override("es"):
+        assert said(stored) == ("La copia de seguridad hecha para esta limpieza no se puede verificar: La copia "
+                                "de seguridad está dañada: El archivo de la copia de seguridad cambió después "
+                                "de hacerse: su suma de comprobación ya no coincide.")
+    assert said(stored) == OUTER % {"reason": "The backup copy is damaged: " + INNER}
+    assert str(Size(2048)) == "2.0\xa0KB"
+
+
+@pytest.mark.parametrize(("stored", "english", "spanish"), [
+    ("", "", ""),
+    # a msgid alone, as jobs stored it before and still store a message without details
+    ("Cancelled. Removals committed before the cancel stay.",
+     "Cancelled. Removals committed before the cancel stay.", "Cancelada. "),
+    # text an earlier version stored with its details filled in: shown as stored
+    (ENGLISH, ENGLISH, ENGLISH),
+    ('{"not": "a stored message"}', '{"not": "a stored message"}', '{"not": "a stored message"}'),
+    ('{"msgid": "x", "params": {"a": [1]}}', '{"msgid": "x", "params": {"a": [1]}}',
+     '{"msgid": "x", "params": {"a": [1]}}'),
+    ("{broken", "{broken", "{broken"),
+])
+def test_older_stored_messages_still_read(stored, english, spanish):
+    assert said(stored) == english
+    with translation.override("es"):
+        assert said(stored).startswith(spanish)
+
+
+@pytest.mark.django_db
+def test_an_operation_stored_with_old_text_shows_it_on_both_pages(admin_client, api):
+    ToolPayloadOperation.objects.create(kind="compact", state="failed", slot=None, error_code="internal",
+                                        error_message="The disk said no: errno 28.")
+    assert "The disk said no: errno 28." in admin_client.get("/operations/", HTTP_ACCEPT_LANGUAGE="es",
+                                                               **HOST).content.decode()
+    error = api.get(BASE, HTTP_ACCEPT_LANGUAGE="es").json()["history"][0]["error"]
+    assert error == {"code": "internal", "message": "The disk said no: errno 28."}
