@@ -1622,8 +1622,11 @@ def _backup_run(op: ToolPayloadOperation, token: str) -> str:
         policy = ToolPayloadPolicy.objects.get(id=1)
         if (op.then_cleanup and policy.enabled and policy.revision == op.policy_revision
                 and policy.preparation_state == PreparationState.READY):
+            # The starter as stored now: a user deleted while the backup ran is no longer there
+            # (its name is kept).
+            starter = ToolPayloadOperation.objects.filter(pk=op.pk).values_list("started_by_id", flat=True).get()
             follow = ToolPayloadOperation.objects.create(
-                kind=OperationKind.CLEANUP, started_by_id=op.started_by_id, started_by_name=op.started_by_name,
+                kind=OperationKind.CLEANUP, started_by_id=starter, started_by_name=op.started_by_name,
                 policy_revision=policy.revision, age_value=policy.age_value, age_unit=policy.age_unit,
             )
             enqueue(follow.pk)

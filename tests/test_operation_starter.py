@@ -50,6 +50,29 @@ def test_a_cleanup_that_follows_a_backup_keeps_its_starters_name(admin_user, set
     assert {op["started_by"] for op in service.status_document(with_database=False)["history"]} == {"alice"}
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_starter_deleted_while_the_backup_runs_still_gets_the_cleanup_that_follows(
+        admin_user, settings, tmp_path, monkeypatch):
+    from retention import backups
+
+    settings.LETHE_BACKUP_DIR = str(tmp_path / "backups")
+    enable(admin_user, choice="create")
+    backup_id = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
+    made = backups.create_backup
+
+    def delete_the_starter_meanwhile(**kwargs):
+        receipt = made(**kwargs)
+        admin_user.delete()  # the job read its operation (the user's id with it) before this
+        return receipt
+
+    monkeypatch.setattr(backups, "create_backup", delete_the_starter_meanwhile)  # the job imports it when it runs
+    backup = finish(backup_id)
+    assert backup.state == "succeeded", backup.error_message
+    follow = ToolPayloadOperation.objects.get(kind="cleanup")
+    assert (follow.started_by_id, follow.started_by_name) == (None, "alice")
+    assert finish(follow.pk).state == "succeeded"
+
+
 def test_the_schedules_operations_still_read_as_the_schedule(admin_user, api, admin_client):
     enable(admin_user)
     assert jobs.daily_check().startswith("started")
