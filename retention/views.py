@@ -51,6 +51,15 @@ STATE_LABELS = {
     "failed": pgettext_lazy("operation state", "Failed"),
     "cancelled": pgettext_lazy("operation state", "Cancelled"),
 }
+# An analysis's states apart: in Spanish "análisis" is masculine, the other kinds feminine.
+ANALYSIS_STATE_LABELS = {
+    "queued": pgettext_lazy("analysis state", "Queued"),
+    "running": pgettext_lazy("analysis state", "Running"),
+    "succeeded": pgettext_lazy("analysis state", "Completed"),
+    "partial": pgettext_lazy("analysis state", "Partial"),
+    "failed": pgettext_lazy("analysis state", "Failed"),
+    "cancelled": pgettext_lazy("analysis state", "Cancelled"),
+}
 KIND_LABELS = {
     "analysis": gettext_lazy("Analysis"),
     "backup": gettext_lazy("Backup"),
@@ -65,7 +74,7 @@ SKIP_LABELS = {
     "already_removed": gettext_lazy("details already removed"),
     "unsupported": gettext_lazy("unsupported tool"),
     "no_payload": gettext_lazy("no details"),
-    "protected": gettext_lazy("protected (plans, todos, tasks, monitors)"),
+    "protected": gettext_lazy("protected (plans, to-dos, tasks, background work, monitors, structured tool output)"),
     "too_small": gettext_lazy("too small to save space"),
     "reserved_field": gettext_lazy("own field named “retention” (kept whole)"),
 }
@@ -97,7 +106,8 @@ def _op(op: dict | None) -> dict | None:
     return {
         **op,
         "error_text": _error_text(op.get("error")),
-        "state_label": STATE_LABELS.get(op.get("state"), op.get("state")),
+        "state_label": (ANALYSIS_STATE_LABELS if op.get("kind") == "analysis" else STATE_LABELS).get(
+            op.get("state"), op.get("state")),
         "kind_label": KIND_LABELS.get(op.get("kind"), op.get("kind")),
         "started_by_label": _("the daily schedule") if who == "schedule" else (who or _("unknown")),
         "skipped_list": [(SKIP_LABELS.get(reason, reason), n) for reason, n in (op.get("skipped") or {}).items() if n],

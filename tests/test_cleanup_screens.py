@@ -100,7 +100,7 @@ def test_a_completed_analysis_shows_the_exact_estimate_counts_and_cutoff(admin_c
     assert filesizeformat(op.payload_bytes) in analysis
     assert f"{op.eligible_messages} tool messages across 2 conversations" in analysis
     assert "Last active before" in analysis and f'data-bytes="{op.payload_bytes}"' in analysis
-    assert "Skipped: protected (plans, todos, tasks, monitors)" in analysis
+    assert "Skipped: protected (plans, to-dos, tasks, background work, monitors, structured tool output)" in analysis
     assert 'data-age-key="3-months"' in html
 
 
@@ -401,3 +401,18 @@ def test_a_refused_save_says_why_whatever_field_was_wrong(admin_client, data):
     html = response.content.decode()
     assert any(text in html for text in ("Select a valid choice", "Enter a whole number", "This field is required"))
     assert ToolPayloadPolicy.load().revision == 1
+
+
+def test_spanish_history_agrees_with_each_kind(admin_client, admin_user, settings):
+    """"Análisis" is masculine, the other kinds feminine: each state and "started by" agrees."""
+    old_conversation("gender")
+    enable(admin_user)
+    run(service.start_analysis(user=admin_user, age_value=3, age_unit="months"))
+    run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    html = admin_client.get(PAGE, HTTP_HOST="127.0.0.1", HTTP_ACCEPT_LANGUAGE="es").content.decode()
+    history = region(html, "cleanup-history")
+    assert re.search(r"<strong>Análisis</strong> <span[^>]*>Completado</span>.*?iniciado por alice", history, re.S)
+    assert re.search(r"<strong>Limpieza</strong> <span[^>]*>Completada</span>.*?iniciada por alice", history, re.S)
+    listing = admin_client.get("/operations/", HTTP_HOST="127.0.0.1", HTTP_ACCEPT_LANGUAGE="es").content.decode()
+    assert re.search(r"Análisis</span>\s*<span class=\"conv-meta\">\s*<span class=\"badge[^\"]*\">Completado<", listing)
+    assert re.search(r"Limpieza</span>\s*<span class=\"conv-meta\">\s*<span class=\"badge[^\"]*\">Completada<", listing)
