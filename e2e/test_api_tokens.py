@@ -27,6 +27,8 @@ def test_an_admin_creates_and_revokes_a_token(seeded, live_server, open_page, vi
     page.get_by_role("button", name="Create token").click()
     shown = page.get_by_label("New API token")
     expect(shown).to_be_visible()
+    # The outcome has the focus (and is read out), as after any other action.
+    expect(page.locator("section.token-once")).to_be_focused()
     raw = shown.input_value()
     assert ApiToken.objects.get().key_hash == hash_token(raw)
     check_layout(page, "api tokens, new token shown")
@@ -36,7 +38,8 @@ def test_an_admin_creates_and_revokes_a_token(seeded, live_server, open_page, vi
     expect(page.get_by_role("heading", name="Revoke “Nightly export script with a rather long name”?")).to_be_visible()
     check_layout(page, "revoke confirmation")
     page.get_by_role("button", name="Revoke token").click()
-    expect(page.get_by_role("status")).to_contain_text("is revoked")
+    expect(page.get_by_test_id("token-revoked")).to_contain_text("is revoked")
+    expect(page.get_by_test_id("token-revoked")).to_be_focused()
     expect(page.get_by_label("New API token")).to_have_count(0)  # never shown again
     expect(page.locator(".token-row .badge")).to_have_text("Revoked")
     check_layout(page, "api tokens, revoked")
