@@ -302,27 +302,35 @@ def operation_retry(request: HttpRequest, operation_id: str) -> HttpResponse:
 
 @login_required
 @require_GET
-@engine_answers
 def operation_list(request: HttpRequest) -> HttpResponse:
+    """The engine's delete operations, and this console's own tool payload operations. When
+    the engine cannot be reached the page says so where its operations would be (503) and
+    still lists the console's own."""
     state = request.GET.get("state", "")
     if state not in STATES:
         state = ""
     position = request.GET.get("cursor") or None
     engine = get_engine()
-    try:
-        page = engine.operations(state=state or None, limit=OPERATIONS_PAGE, position=position)
-    except ActionRefused as exc:
-        if exc.code != "invalid_cursor":
-            raise
-        position = None  # a mangled or outdated link: the first page
-        page = engine.operations(state=state or None, limit=OPERATIONS_PAGE)
     context = {
-        "operations": _listed(page.rows),
-        "page": page,
-        "paged": position is not None,  # not the first page: an empty one links back to it
         "state": state,
         "states": [("", _("All"))] + [(key, DeleteState(key).label) for key in STATES],
     }
+    try:
+        try:
+            page = engine.operations(state=state or None, limit=OPERATIONS_PAGE, position=position)
+        except ActionRefused as exc:
+            if exc.code != "invalid_cursor":
+                raise
+            position = None  # a mangled or outdated link: the first page
+            page = engine.operations(state=state or None, limit=OPERATIONS_PAGE)
+    except (EngineUnreachable, EngineCredentialsRefused) as exc:
+        context["engine_error"] = exc.message
+        return render(request, "lifecycle/operation_list.html", context, status=503)
+    context.update(
+        operations=_listed(page.rows),
+        page=page,
+        paged=position is not None,  # not the first page: an empty one links back to it
+    )
     return render(request, "lifecycle/operation_list.html", context)
 
 

@@ -185,3 +185,22 @@ def test_the_lifecycle_screens_say_the_engine_cannot_be_reached(settings):
         response = getattr(client, method)(path, HTTP_HOST="127.0.0.1")
         assert response.status_code == 503, path
         assert "The engine cannot be reached" in response.content.decode(), path
+
+
+def test_with_the_engine_down_the_operations_page_still_lists_this_consoles_own_operations(settings, admin_user):
+    from retention import service
+    from retention.models import ToolPayloadOperation
+    from tests.test_api_tool_payloads import finish
+
+    op = finish(service.start_analysis(user=admin_user, age_value=3, age_unit="months"))
+    assert ToolPayloadOperation.objects.get(pk=op.pk).state == "succeeded"
+    settings.ENGINE_URL, settings.ENGINE_TOKEN, settings.ENGINE_RETRIES = "http://127.0.0.1:9", "t" * 40, 0
+    settings.ENGINE_CONNECT_TIMEOUT = settings.ENGINE_READ_TIMEOUT = 0.5
+    client = Client(raise_request_exception=False)
+    client.force_login(admin_user)
+    response = client.get("/operations/", HTTP_HOST="127.0.0.1")
+    page = response.content.decode()
+    assert response.status_code == 503
+    assert 'data-testid="engine-error"' in page and "its delete operations cannot be listed now" in page
+    history = page.split('id="cleanup-history"', 1)[1]
+    assert "Analysis" in history and "by " + admin_user.get_username() in history
