@@ -19,12 +19,13 @@ from django.contrib.auth import get_user_model
 from playwright.sync_api import expect
 
 from e2e.conftest import ADMIN
-from e2e.helpers import check_layout, log_in
+from e2e.helpers import check_layout, log_in, screenshot
 from remote.models import BoundDelete, EngineBinding
 from remote.sync import refresh
 from tests.remote_engine import ROOT, EngineProcess
 from tests.test_erasure_crash import stop_group
 from tests.test_jobs import database_url
+from tests.test_remote_delete_screens import RECEIPT, bound, completed
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -82,7 +83,8 @@ def test_a_bound_delete_on_a_phone_is_pending_while_the_engine_is_down_then_comp
         engine.start()
         expect(status).to_have_attribute("data-state", "completed", timeout=60_000)
         expect(page.get_by_test_id("op-state")).to_have_text("Completed")
-        expect(page.get_by_test_id("receipt")).to_contain_text("lifecycle.Item")
+        expect(page.get_by_test_id("receipt")).to_contain_text("Messages and tool calls")
+        expect(page.get_by_test_id("receipt")).not_to_contain_text("lifecycle.")
         check_layout(page, "bound delete completed")
     finally:
         stop_group(cluster)
@@ -90,3 +92,37 @@ def test_a_bound_delete_on_a_phone_is_pending_while_the_engine_is_down_then_comp
     assert op.state == "completed" and op.binding_id is None and op.receipt is not None
     assert engine.conversation(engine.seeded["threads"]["phone"])["state"] == "deleted"
     assert engine.conversation(engine.seeded["threads"]["twin"])["state"] == "live"
+
+
+@pytest.mark.parametrize("viewport", ["desktop", "small-phone"], ids=["1280", "320"])
+def test_the_bound_confirmation_and_receipt_say_what_is_kept_by_name(live_server, open_page, settings, viewport):
+    settings.ENGINE_URL = ""  # no engine to ask: the confirmation states the rules, without figures
+    get_user_model().objects.create_user(ADMIN[0], password=ADMIN[1], is_staff=True)
+    binding = bound()
+    page = open_page(viewport)
+    log_in(page, live_server.url, *ADMIN)
+    page.goto(f"{live_server.url}/engine/conversations/{binding.public_id}/delete/")
+    expect(page.get_by_test_id("preview-rules-only")).to_be_visible()
+    expect(page.get_by_test_id("preview-kept")).to_contain_text("Exports you saved")
+    expect(page.get_by_test_id("preview-kept")).to_contain_text("otherwise the shared copy remains")
+    expect(page.get_by_test_id("preview-kept")).to_contain_text("kept for the declared period")
+    expect(page.get_by_test_id("preview-outside")).to_contain_text("Provider retention follows provider terms.")
+    expect(page.get_by_role("button", name="Delete for good")).to_be_visible()
+    check_layout(page, f"bound delete confirmation {viewport}")
+    binding.delete()
+
+    op = completed(RECEIPT)
+    page.goto(f"{live_server.url}/engine/deletes/{op.public_id}/")
+    receipt = page.get_by_test_id("receipt")
+    expect(receipt.locator("li")).to_have_count(len(RECEIPT["stores"]))
+    expect(receipt.locator("li").first).to_have_text("Messages and tool calls erased · 2 records · 2.0 KB")
+    expect(receipt).to_contain_text("Event log erased · 3 files · 4.0 KB")
+    expect(receipt).to_contain_text("Exports you saved kept, link cut · 1 record")
+    expect(receipt).to_contain_text("1 shared copy remains")
+    expect(receipt).to_contain_text("Other data on the engine")
+    expect(page.get_by_test_id("receipt-kept")).to_contain_text("kept until their period after the delete runs out")
+    expect(page.get_by_test_id("receipt-kept")).to_contain_text("follows provider terms")
+    expect(page.get_by_test_id("changed-totals")).to_contain_text("5 records, 4 files")
+    expect(page.locator("main")).not_to_contain_text("lifecycle.")
+    check_layout(page, f"bound delete receipt {viewport}")
+    screenshot(page, f"bound-delete-receipt-{viewport}")

@@ -18,7 +18,6 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
-from django.utils.dateparse import parse_datetime
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -26,12 +25,12 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from console.auth import is_admin
 from lifecycle.deletion import reasons
 from lifecycle.deletion.errors import error_message
-from lifecycle.deletion.executor import changed_totals, counts_files
+from lifecycle.deletion.executor import changed_totals
+from lifecycle.deletion.presentation import moment, preview_groups, receipt_rows
 from lifecycle.engine import OperationView, get_engine
 from lifecycle.engine.http import EngineCredentialsRefused, EngineUnreachable
 from lifecycle.errors import ActionRefused
-from lifecycle.models import Conversation, DeleteOperation, DeleteState, RetainedFactsPolicy
-from lifecycle.registry import STORES, RetentionClass
+from lifecycle.models import Conversation, DeleteOperation, DeleteState
 
 STATES = ("pending", "completed", "refused", "unavailable")
 OPERATIONS_PAGE = 25
@@ -89,26 +88,6 @@ def conversation_close(request: HttpRequest, public_id: str) -> HttpResponse:
 # ---- Delete: preview, confirm ------------------------------------------------------------------
 
 
-def _preview_groups(preview: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """The registry's stores with this conversation's counts, grouped as the page shows them."""
-    by_key = {s.key: s for s in STORES}
-    policy = RetainedFactsPolicy.load()
-    groups: dict[str, list[dict[str, Any]]] = {"erase": [], "compact": [], "kept": [], "outside": []}
-    for entry in preview["stores"]:
-        store = by_key[entry["store"]]
-        row = {**entry, "label": store.label, "on_delete": store.on_delete,
-               "days": getattr(policy, store.period) if store.period else None}
-        if store.retention == RetentionClass.ERASE:
-            groups["erase"].append(row)
-        elif store.retention == RetentionClass.COMPACT:
-            groups["compact"].append(row)
-        elif store.retention == RetentionClass.OUT_OF_SCOPE:
-            groups["outside"].append(row)
-        else:
-            groups["kept"].append(row)
-    return groups
-
-
 def engine_answers(view):
     """The page of a view that asks the engine (ENGINE_URL) says the engine cannot be reached
     (503) when it cannot, or its answer could not be used, instead of a server error."""
@@ -138,7 +117,7 @@ def _render_preview(request: HttpRequest, conversation: Conversation, *, status:
         "conversation": conversation,
         "preview": preview,
         "admission": admission,
-        "groups": _preview_groups(preview),
+        "groups": preview_groups(preview["stores"]),
         "key": secrets.token_hex(16),
         "intent": _intent(conversation),
         "error": error,
@@ -167,15 +146,6 @@ def conversation_delete(request: HttpRequest, public_id: str) -> HttpResponse:
 # ---- Operations --------------------------------------------------------------------------------
 
 
-def _moment(value: str | None):
-    """The time a row gives, or None when it gives none it can (an engine file row with a day
-    that does not exist, say: shown without a time)."""
-    try:
-        return parse_datetime(value) if isinstance(value, str) and value else None
-    except ValueError:
-        return None
-
-
 # Session key: what was typed in a row's "another conversation" field when the attribution was
 # refused, and the page it was typed on: shown again there in that field, the reason under it.
 _TYPED_KEY = "lethe_resolve_typed"
@@ -199,46 +169,26 @@ def _rows_with_times(rows: list[dict[str, Any]], typed: dict[str, Any] | None = 
     whose "another conversation" form was just refused gets back what was typed there and why
     (see _typed_back and subagent_resolve)."""
     typed = typed or {}
-    return [{**row, "started": _moment(row.get("started_at") if isinstance(row.get("started_at"), str) else None),
-             "finished": _moment(row.get("finished_at") if isinstance(row.get("finished_at"), str) else None),
+    return [{**row, "started": moment(row.get("started_at") if isinstance(row.get("started_at"), str) else None),
+             "finished": moment(row.get("finished_at") if isinstance(row.get("finished_at"), str) else None),
              **({"typed": typed.get("value", ""), "typed_error": typed.get("error", "")}
                 if typed and typed.get("agent") == row.get("agent_id") else {})}
             for row in rows]
-
-
-_GROUP_RANK = {RetentionClass.ERASE: 0, RetentionClass.COMPACT: 1}
-
-
-def _store_rows(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Receipt lines in the preview's order (erased stores, then compacted, then the rest; each
-    group in the registry's order), whatever order the erasure wrote them in."""
-    by_key = {s.key: s for s in STORES}
-    place = {s.key: n for n, s in enumerate(STORES)}
-
-    def order(entry: dict[str, Any]) -> tuple[int, int]:
-        store = by_key.get(entry["store"])
-        return (_GROUP_RANK.get(store.retention, 2) if store else 3, place.get(entry["store"], len(place)))
-
-    return [{**e, "label": by_key[e["store"]].label if e["store"] in by_key else e["store"],
-             "expired_on": _moment(e.get("expired_at")),
-             "files": counts_files(e["store"]),
-             "retention": by_key[e["store"]].retention.label if e["store"] in by_key else e.get("class")}
-            for e in sorted(entries, key=order)]
 
 
 def _residue(verification: dict[str, Any]) -> dict[str, Any] | None:
     """The last verification's findings, when it found anything (else None)."""
     if "found" not in (verification.get("logical"), verification.get("physical")):
         return None
-    return {"at": _moment(verification.get("at")), "findings": verification.get("findings") or 0}
+    return {"at": moment(verification.get("at")), "findings": verification.get("findings") or 0}
 
 
 def _operation_context(op: OperationView, request: HttpRequest | None = None) -> dict[str, Any]:
     ambiguous = (op.way_out or {}).get("ambiguous", [])
     conversation = Conversation.objects.select_related("account", "computer").filter(public_id=op.target).first()
-    steps = _store_rows([{**s, "class": ""} for s in op.steps if s["store"] != "fingerprints"])
+    steps = receipt_rows([{**s, "class": ""} for s in op.steps if s["store"] != "fingerprints"])
     done = sum(1 for s in op.steps if s["state"] == "done")
-    current = next((s for s in _store_rows([{"store": op.step}]) if op.step), None) if op.step else None
+    current = next((s for s in receipt_rows([{"store": op.step}]) if op.step), None) if op.step else None
     receipt = op.receipt or {}
     return {
         "op": op,
@@ -250,15 +200,15 @@ def _operation_context(op: OperationView, request: HttpRequest | None = None) ->
         "preparing": op.step == "fingerprints",
         "reasons": [{"code": c, "message": reasons.message(c)} for c in op.reasons],
         "error_text": error_message(op.error),
-        "receipt_stores": _store_rows(receipt.get("stores", [])),
+        "receipt_stores": receipt_rows(receipt.get("stores", [])),
         "totals": changed_totals(receipt.get("stores", [])),
-        "receipt_kept": _store_rows(receipt.get("kept", [])),
+        "receipt_kept": receipt_rows(receipt.get("kept", [])),
         "holders": receipt.get("holders", []),
         "ambiguous": _rows_with_times(ambiguous, _typed_back(request, ambiguous)),
-        "physical_at": _moment((receipt.get("physical") or {}).get("erased_at")),
-        "verified_at": _moment(receipt.get("verified_at")),
+        "physical_at": moment((receipt.get("physical") or {}).get("erased_at")),
+        "verified_at": moment(receipt.get("verified_at")),
         "residue": _residue(receipt.get("verification") or {}),
-        "verified_physical_at": _moment(receipt.get("verified_physical_at")),
+        "verified_physical_at": moment(receipt.get("verified_physical_at")),
         "poll": POLL_SECONDS if op.is_pending else None,
         "version": f"{op.state}:{done}:{op.step or ''}:{op.error or ''}",
         "stalled": op.error == "stalled",

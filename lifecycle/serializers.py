@@ -201,6 +201,8 @@ class PreviewStoreOut(Schema):
     records: int | None = None
     bytes: int | None = None
     remaining: int | None = None
+    days: int | None = Field(default=None, description="Retained facts: the days they are kept after the delete, "
+                                                       "then expired.")
 
 
 class ReasonOut(Schema):

@@ -19,10 +19,12 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from console.auth import is_admin
 from lifecycle.deletion.executor import changed_totals
+from lifecycle.deletion.presentation import preview_groups, receipt_rows
 from lifecycle.errors import ActionRefused
 from remote.api import bound_delete_json
 from remote.delivery import error_text, request_bound_delete
 from remote.models import BoundDelete, EngineBinding
+from remote.preview import engine_preview
 from remote.status import waiting_text
 
 POLL_SECONDS = 2
@@ -87,6 +89,9 @@ def binding_delete(request: HttpRequest, binding_id: str) -> HttpResponse:
     pending = BoundDelete.objects.filter(binding=binding, state="pending").first()
     context = {"binding": binding, "pending": pending, "key": "ui-" + secrets.token_hex(12),
                "is_admin": is_admin(request.user), "offline_refuses": settings.LIFECYCLE_OFFLINE_DELETE == "refuse"}
+    if pending is None:
+        preview = engine_preview(binding)
+        context.update(groups=preview_groups(preview["stores"] if preview else []), rules_only=preview is None)
     if request.method == "GET":
         return render(request, "remote/binding_delete.html", context)
     if not is_admin(request.user):
@@ -108,11 +113,13 @@ def bound_delete_detail(request: HttpRequest, delete_id: str) -> HttpResponse:
     data = bound_delete_json(op)
     version = "|".join(str(data[k]) for k in ("state", "waiting_on", "attempts", "next_attempt_at", "last_error",
                                               "engine_state", "engine_step", "acknowledged_at"))
-    stores = [s for s in (op.receipt or {}).get("stores", []) if isinstance(s, dict)]
+    receipt = op.receipt if isinstance(op.receipt, dict) else {}
+    stores = [s for s in receipt.get("stores", []) if isinstance(s, dict)]
     context = {
         "op": op, "data": data, "waiting": waiting_text(op), "error_text": error_text(op.last_error),
         "code_text": error_text(op.code), "version": version, "poll": POLL_SECONDS if op.state == "pending" else 0,
-        "receipt_stores": stores,
+        "receipt_stores": receipt_rows(stores),
+        "receipt_kept": receipt_rows(receipt.get("kept")),
         "totals": changed_totals(stores),
     }
     template = "remote/bound_delete.html"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -31,6 +32,7 @@ from lifecycle.engine import get_engine
 from lifecycle.engine.http import EngineUnreachable, EngineUnsupported, HttpEngine
 from lifecycle.engine.inprocess import InProcessEngine
 from lifecycle.errors import ActionRefused
+from lifecycle.models import RetainedFactsPolicy
 from remote import delivery
 from remote.models import BoundDelete, BoundDeleteKey, EngineBinding
 from remote.sync import refresh
@@ -497,10 +499,18 @@ def test_a_stale_replay_gets_the_recorded_outcome_and_changes_nothing(remote):
 def test_the_status_page_says_whose_step_it_is(remote, client, admin_user, settings):
     refresh("")
     b = binding(remote, "status")
+    client.force_login(admin_user)
+    # The confirmation: the engine's own figures and periods (not this console's policy)
+    RetainedFactsPolicy.objects.filter(pk=RetainedFactsPolicy.load().pk).update(usage_days=11)
+    confirm = " ".join(re.sub(r"<[^>]+>", " ", client.get(f"/engine/conversations/{b.public_id}/delete/")
+                              .content.decode()).split())
+    assert "Messages and tool calls 2 records" in confirm and "could not be asked" not in confirm
+    assert "Exports you saved 0 records Files are kept; their link to the conversation is cut." in confirm
+    assert "Usage and metering" in confirm and "kept for 400 days after the delete" in confirm
+    assert "11 days" not in confirm and "Provider retention follows provider terms." in confirm
     settings.ENGINE_URL = f"http://127.0.0.1:{free_port({remote.port})}"
     op = delivery.request_bound_delete(b, key="status-1", actor=None)
     delivery.deliver(op.pk, budget=0)
-    client.force_login(admin_user)
     page = client.get(f"/engine/deletes/{op.public_id}/").content.decode()
     assert 'data-state="pending"' in page and 'data-waiting="engine"' in page
     assert "Waiting on: the engine" in page and "(next retry: " in page and "cannot be reached" in page
@@ -509,7 +519,13 @@ def test_the_status_page_says_whose_step_it_is(remote, client, admin_user, setti
     settings.ENGINE_URL = remote.url
     assert delivery.deliver(op.pk, budget=60) == "completed"
     page = client.get(f"/engine/deletes/{op.public_id}/").content.decode()
-    assert 'data-state="completed"' in page and "lifecycle.Item" in page and op.engine_operation in page
+    assert 'data-state="completed"' in page and op.engine_operation in page
+    # The receipt by store label and action, in its unit; never the engine's store keys
+    words = " ".join(re.sub(r"<[^>]+>", " ", page).split())
+    assert "Messages and tool calls erased · 2 records · " in words and "Event log erased · 0 files" in words
+    assert "Exports you saved kept, link cut · 0 records" in words
+    assert "Provider-retained inputs follows provider terms" in words
+    assert "lifecycle.Item" not in page and "approval_receipts" not in page
     body = json.loads(client.get(f"/api/v1/bound-deletes/{op.public_id}").content)
     assert body["attempts"] == 2 and body["waiting_on"] is None and body["receipt"] is not None
 

@@ -8,7 +8,7 @@ from lifecycle import fleet
 from lifecycle.deletion import files, reasons
 from lifecycle.deletion.admission import admit
 from lifecycle.enginefs import EngineHome, UnsafeEnginePath
-from lifecycle.models import Conversation, ConversationState
+from lifecycle.models import Conversation, ConversationState, RetainedFactsPolicy
 from lifecycle.registry import STORES, RetentionClass, Store
 
 
@@ -47,9 +47,13 @@ def preview(conversation: Conversation, home: EngineHome | None = None) -> dict[
     home = home or EngineHome()
     live = conversation.state == ConversationState.LIVE
     admission = admit(conversation, home) if live else None
+    policy = RetainedFactsPolicy.load()
     stores = []
     for s in STORES:
-        stores.append({"store": s.key, "kind": s.kind, "class": s.retention.value, **_count(s, conversation, home)})
+        # Retained facts: the period they are kept after the delete, as this engine declares it
+        period = {"days": getattr(policy, s.period)} if s.period else {}
+        stores.append({"store": s.key, "kind": s.kind, "class": s.retention.value, **_count(s, conversation, home),
+                       **period})
     shared = next((e for e in stores if e["class"] == RetentionClass.SHARED), {})
     return {
         "target": conversation.public_id,

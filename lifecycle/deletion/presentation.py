@@ -1,0 +1,107 @@
+"""What the delete screens say per store, from the registry: its label, what a delete does with
+it, and the unit of its figures; for the preview (before confirming) and for receipts.
+
+The embedded pages and the pages of conversations bound to a remote engine share these, so
+both say the same things in the same words. An engine names stores by key (never shown) and a
+newer engine may name stores this console does not know: those are shown under a generic
+label, grouped by the class the engine gives. A figure is shown only where the engine gave
+one, and a store the engine did not report is still stated by its rule, uncounted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils.dateparse import parse_datetime
+from django.utils.translation import gettext_lazy as _
+
+from lifecycle.deletion.executor import counts_files
+from lifecycle.registry import FACTS_KEPT, STORES, RetentionClass, Store
+
+OTHER_LABEL = _("Other data on the engine")
+# What a delete does with a store this console does not know, by the class its engine gives.
+CLASS_RULES = {
+    RetentionClass.ERASE: _("Gone."),
+    RetentionClass.COMPACT: _("Compacted to a content-free record."),
+    RetentionClass.RETAIN_DETACH: _("Kept; its link to the conversation is cut."),
+    RetentionClass.SHARED: _("Revoked where the publisher supports it; otherwise the shared copy remains."),
+    RetentionClass.RETAIN: _("Untouched."),
+    RetentionClass.RETAIN_FACTS: FACTS_KEPT,
+    RetentionClass.OUT_OF_SCOPE: _("Provider retention follows provider terms."),
+}
+UNKNOWN_RULE = _("The engine did not say what a delete does with it.")
+_GROUPS = {RetentionClass.ERASE: "erase", RetentionClass.COMPACT: "compact",
+           RetentionClass.OUT_OF_SCOPE: "outside", RetentionClass.RETAIN_DETACH: "kept",
+           RetentionClass.SHARED: "kept", RetentionClass.RETAIN: "kept", RetentionClass.RETAIN_FACTS: "kept"}
+_BY_KEY = {s.key: s for s in STORES}
+_PLACE = {s.key: n for n, s in enumerate(STORES)}
+
+
+def figure(value: Any) -> int | None:
+    """A whole, non-negative count as an engine gave it, or None (not given, or not a count)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def moment(value: Any):
+    """The time an entry gives, or None when it gives none it can (shown without a time)."""
+    try:
+        return parse_datetime(value) if isinstance(value, str) and value else None
+    except ValueError:
+        return None
+
+
+def _known(entry: dict[str, Any]) -> Store | None:
+    return _BY_KEY.get(entry.get("store")) if isinstance(entry.get("store"), str) else None
+
+
+def _described(entry: dict[str, Any]) -> dict[str, Any]:
+    """The entry's store: label, class, rule and kind, from the registry or, for a store this
+    console does not know, from the class the engine gave."""
+    store = _known(entry)
+    if store is not None:
+        return {"label": store.label, "class": store.retention.value, "on_delete": store.on_delete,
+                "kind": store.kind, "files": counts_files(store.key),
+                "expires": bool(store.period)}
+    klass = entry.get("class") if entry.get("class") in RetentionClass.values else ""
+    return {"label": OTHER_LABEL, "class": klass, "on_delete": CLASS_RULES.get(klass, UNKNOWN_RULE),
+            "kind": entry.get("kind") if entry.get("kind") in ("table", "file", "external") else "table",
+            "files": False, "expires": False}
+
+
+def _order(entry: dict[str, Any]) -> int:
+    return _PLACE.get(entry.get("store"), len(_PLACE)) if isinstance(entry.get("store"), str) else len(_PLACE)
+
+
+def preview_groups(entries: Any) -> dict[str, list[dict[str, Any]]]:
+    """A preview's stores with their figures, grouped as the page shows them (erased,
+    compacted, kept, outside Lethe, and what the engine reported that this console does not
+    know), in the registry's order. `days`: the retained-facts period the engine declared."""
+    rows = [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+    reported = {e.get("store") for e in rows}
+    rows += [{"store": s.key} for s in STORES if s.key not in reported]  # stated by its rule, uncounted
+    groups: dict[str, list[dict[str, Any]]] = {"erase": [], "compact": [], "kept": [], "outside": [], "other": []}
+    for entry in sorted(rows, key=_order):
+        row = {"store": entry.get("store"), **_described(entry), "records": figure(entry.get("records")),
+               "bytes": figure(entry.get("bytes")), "remaining": figure(entry.get("remaining")),
+               "days": figure(entry.get("days")) or None}
+        groups[_GROUPS.get(row["class"], "other")].append(row)
+    return groups
+
+
+_RANK = {RetentionClass.ERASE: 0, RetentionClass.COMPACT: 1}
+
+
+def receipt_rows(entries: Any) -> list[dict[str, Any]]:
+    """Receipt lines (or a delete's steps) in the preview's order: erased stores, then
+    compacted, then the rest, each group in the registry's order; stores this console does not
+    know last. Each with its label, whether its records are files, and its figures as given."""
+    rows = [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+
+    def order(entry: dict[str, Any]) -> tuple[int, int]:
+        store = _known(entry)
+        return (_RANK.get(store.retention, 2) if store else 3, _order(entry))
+
+    return [{**e, **_described(e), "records": figure(e.get("records")), "bytes": figure(e.get("bytes")),
+             "remaining": figure(e.get("remaining")), "expired_on": moment(e.get("expired_at")),
+             "action": e.get("action") if isinstance(e.get("action"), str) else ""}
+            for e in sorted(rows, key=order)]

@@ -1,0 +1,50 @@
+"""What a delete of a bound conversation would do, as its engine says it
+(`GET /v1/threads/{id}/deletion-preview`): per store, this conversation's records, bytes,
+shared copies that would remain, and the retained-facts periods.
+
+Asked once per page view, without retries: the confirmation must not wait on an engine that
+is away. An engine that cannot be asked (no address, unreachable, token refused, no such
+call) or whose answer cannot be used (about another conversation, not a preview) gives None:
+the page then says what a delete does with each kind of data, with no figures.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from lifecycle.errors import ActionRefused
+from remote.delivery import engine_for
+from remote.models import EngineBinding
+
+log = logging.getLogger(__name__)
+FIGURES = ("records", "bytes", "remaining", "days")
+
+
+def engine_preview(binding: EngineBinding) -> dict[str, Any] | None:
+    try:
+        engine = engine_for(binding.engine_url)
+        engine.retries = 0
+        answer = engine.preview_delete(binding.engine_id)
+    except ActionRefused as exc:  # not configured, unreachable, refused, unsupported, a bad answer
+        log.info("no deletion preview for %s from its engine: %s", binding.public_id, exc.code)
+        return None
+    if not preview_is_usable(answer, binding.engine_id):
+        log.warning("the deletion preview for %s from its engine was not used", binding.public_id)
+        return None
+    return answer
+
+
+def preview_is_usable(answer: Any, target: str) -> bool:
+    """A preview of this conversation: its stores are objects with a text key and, where they
+    give figures, whole non-negative numbers."""
+    if not isinstance(answer, dict) or answer.get("target") != target or not isinstance(answer.get("stores"), list):
+        return False
+    for entry in answer["stores"]:
+        if not isinstance(entry, dict) or not isinstance(entry.get("store"), str):
+            return False
+        for key in FIGURES:
+            value = entry.get(key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                return False
+    return True

@@ -1,0 +1,216 @@
+"""The delete confirmation and the receipt of a conversation bound to a remote engine say what
+the embedded pages say: what is erased, compacted and kept (exports, shared copies, retained
+facts with their periods, provider terms), with the engine's figures where it gave them and
+none where it did not; the receipt by store label, action and unit, never by store key.
+
+The engine here is scripted (tests.scripted_engine); a real engine process answers the same
+pages in tests/test_remote_engine.py."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.utils import timezone, translation
+
+from lifecycle.models import RetainedFactsPolicy
+from lifecycle.registry import STORES, store
+from remote.models import BoundDelete, BoundDeleteKey, EngineBinding
+from tests.scripted_engine import scripted_engine
+
+pytestmark = pytest.mark.django_db
+HOST = {"HTTP_HOST": "127.0.0.1"}
+TARGET, OTHER = "c_" + "a" * 20, "c_" + "b" * 20
+FIGURES = {"lifecycle.Item": {"records": 2}, "events": {"records": 3, "bytes": 2048},
+           "lifecycle.Export": {"records": 2}, "lifecycle.SharedLink": {"records": 3, "remaining": 1},
+           "lifecycle.WorkspaceFile": {"records": 5}, "lifecycle.MemoryEntry": {"records": 1},
+           "lifecycle.UsageFact": {"records": 4, "days": 30}, "lifecycle.BillingFact": {"records": 1, "days": 90},
+           "lifecycle.AuditFact": {"records": 2, "days": 60}}
+FUTURE = {"store": "lifecycle.Hologram", "kind": "table", "class": "erase", "records": 7}  # a newer engine's
+
+
+@pytest.fixture(autouse=True)
+def _language_reset():
+    yield
+    translation.deactivate()  # a request in Spanish leaves Spanish active in this thread, for the next tests
+
+
+def preview(**fields) -> dict:
+    stores = [{"store": s.key, "kind": s.kind, "class": s.retention.value,
+               **({} if s.kind == "external" else {"records": 0}), **FIGURES.get(s.key, {})} for s in STORES]
+    return {"target": TARGET, "state": "live", "admission": {"outcome": "admitted", "code": None, "reasons": [],
+                                                             "ambiguous": []},
+            "stores": [*stores, FUTURE], "shared_copy_remains": 1, **fields}
+
+
+def bound(title: str = "Quarterly plan") -> EngineBinding:
+    return EngineBinding.objects.create(engine_id=TARGET, owner_kind="account", owner_id=1, scope="bound",
+                                        thread_id="t1", title=title, engine_state="live")
+
+
+def point_at(settings, url: str) -> None:
+    settings.ENGINE_URL, settings.ENGINE_TOKEN, settings.ENGINE_RETRIES = url, "t" * 40, 0
+    settings.ENGINE_CONNECT_TIMEOUT = settings.ENGINE_READ_TIMEOUT = 2
+
+
+def text(html: str) -> str:
+    """The page's words, tags out and spaces collapsed."""
+    return " ".join(re.sub(r"<[^>]+>", " ", html).split())
+
+
+def items(html: str, testid: str) -> list[str]:
+    """The text of each row of the list with that data-testid."""
+    block = html.split(f'data-testid="{testid}"', 1)[1].split("</ul>", 1)[0]
+    return [text(row) for row in re.findall(r"<li\b.*?</li>", block, re.S)]
+
+
+def label(key: str, language: str = "en") -> str:
+    with translation.override(language):
+        return str(store(key).label)
+
+
+def test_it_shows_what_the_engine_says_a_delete_erases_and_keeps(settings, admin_client):
+    RetainedFactsPolicy.objects.filter(pk=RetainedFactsPolicy.load().pk).update(usage_days=11)  # not the engine's
+    b = bound()
+    with scripted_engine({("GET", "/v1/threads/"): lambda h: (200, preview())}) as (url, seen):
+        point_at(settings, url)
+        page = admin_client.get(f"/engine/conversations/{b.public_id}/delete/", **HOST).content.decode()
+    assert ("GET", f"/v1/threads/{TARGET}/deletion-preview") in seen
+    words = text(page)
+    assert 'data-testid="preview-rules-only"' not in page
+    assert "Messages and tool calls 2 records" in words and "Event log 3 files, 2.0 KB" in words
+    assert "Exports you saved 2 records Files are kept; their link to the conversation is cut." in words
+    assert "Shared links and published copies 3 records" in words
+    assert "Shared copy remains: 1 published copy cannot be revoked by its publisher" in words
+    assert "Workspace files the agent wrote 5 records Untouched." in words
+    assert "Project and learned memory 1 record Untouched unless removed separately." in words
+    # Retained facts with the periods the engine declared, not this console's own
+    assert "Usage and metering 4 records Content-free; kept for 30 days after the delete, then expired." in words
+    assert "Billing 1 record Content-free; kept for 90 days" in words and "Audit 2 records" in words
+    assert "11 days" not in words
+    assert "Provider-retained inputs: Provider retention follows provider terms." in words
+    # A store this console does not know: a generic label, the engine's figure, never its key
+    assert "Other data on the engine 7 records" in words
+    assert "lifecycle." not in page and "Hologram" not in page and "approval_receipts" not in page
+    assert "Delete for good" in page
+
+
+def test_it_says_the_same_in_spanish(settings, admin_client):
+    b = bound()
+    with scripted_engine({("GET", "/v1/threads/"): lambda h: (200, preview())}) as (url, _seen):
+        point_at(settings, url)
+        page = admin_client.get(f"/engine/conversations/{b.public_id}/delete/", HTTP_ACCEPT_LANGUAGE="es",
+                                **HOST).content.decode()
+    words = text(page)
+    for key in ("lifecycle.Export", "lifecycle.SharedLink", "lifecycle.UsageFact", "provider"):
+        assert label(key, "es") in words and label(key, "es") != label(key)
+    assert "se conserva 30 días tras la eliminación" in words
+    assert "Queda una copia compartida: 1 copia publicada" in words
+    assert "se rige por sus propias condiciones" in words
+    assert "Otros datos del motor" in words
+    assert "lifecycle." not in page and "Exports you saved" not in page and "Provider retention" not in page
+
+
+@pytest.mark.parametrize("engine", ["unreachable", "other-conversation", "text-figure", "no-such-call"])
+def test_without_a_usable_preview_it_states_the_rules_and_claims_no_figures(settings, admin_client, engine):
+    b = bound()
+    answers = {"other-conversation": (200, preview(target=OTHER)),
+               "text-figure": (200, preview(stores=[{"store": "lifecycle.Item", "class": "erase", "records": "2"}])),
+               "no-such-call": (404, {"detail": "Not Found"})}
+    if engine == "unreachable":
+        point_at(settings, "http://127.0.0.1:9")
+        page = admin_client.get(f"/engine/conversations/{b.public_id}/delete/", **HOST).content.decode()
+    else:
+        with scripted_engine({("GET", "/v1/threads/"): lambda h: answers[engine]}) as (url, _seen):
+            point_at(settings, url)
+            page = admin_client.get(f"/engine/conversations/{b.public_id}/delete/", **HOST).content.decode()
+    words = text(page)
+    assert 'data-testid="preview-rules-only"' in page
+    assert "Exports you saved Files are kept; their link to the conversation is cut." in words
+    assert ("Shared links and published copies Revoked where the publisher supports it; otherwise the shared "
+            "copy remains.") in words
+    assert "Workspace files the agent wrote Untouched." in words
+    assert "Usage and metering Content-free; kept for the declared period after the delete, then expired." in words
+    assert "Provider retention follows provider terms." in words
+    # No figures at all: none given, none made up, none said to be missing
+    assert 'class="store-count"' not in page and "could not be counted" not in page
+    assert not re.search(r"\d+ (records?|files?)\b", words)
+    assert "Delete for good" in page  # the delete itself does not depend on the preview
+
+
+def completed(receipt: dict) -> BoundDelete:
+    """A bound delete as the delivery job leaves it once the engine's receipt is acknowledged."""
+    b = bound(title="")
+    now = timezone.now()
+    op = BoundDelete.objects.create(key="k-receipt", binding_ref=b.public_id, engine_id=TARGET, owner_kind="account",
+                                    owner_id=1, scope="bound", thread_id="t1", state="completed", attempts=1,
+                                    engine_operation="op_" + "c" * 20, receipt=receipt, receipt_at=now,
+                                    acknowledged_at=now, completed_at=now)
+    BoundDeleteKey.objects.create(key=op.key, delete=op)
+    b.delete()
+    return op
+
+
+RECEIPT = {"engine": "sqlite", "stores": [
+    {"store": "approval_receipts", "class": "erase", "action": "erased", "records": 1, "bytes": 100},
+    {"store": "lifecycle.Item", "class": "erase", "action": "erased", "records": 2, "bytes": 2081},
+    {"store": "events", "class": "erase", "action": "erased", "records": 3, "bytes": 4096},
+    {"store": "lifecycle.OperationBinding", "class": "compact", "action": "compacted", "records": 1, "bytes": 50},
+    {"store": "subagents", "class": "compact", "action": "compacted", "records": 2, "bytes": 0},
+    {"store": "lifecycle.Export", "class": "retain_detach", "action": "detached", "records": 1, "bytes": 0},
+    {"store": "lifecycle.SharedLink", "class": "shared", "action": "revoked", "records": 1, "bytes": 0,
+     "remaining": 1},
+    {"store": "lifecycle.Hologram", "class": "erase", "action": "dematerialized", "records": 4, "bytes": 10},
+], "kept": [
+    {"store": "lifecycle.WorkspaceFile", "class": "retain", "action": "kept", "records": 3},
+    {"store": "lifecycle.UsageFact", "class": "retain_facts", "action": "kept", "records": 2},
+    {"store": "provider", "class": "out_of_scope", "action": "out_of_scope"},
+    {"store": "lifecycle.Hologram", "class": "retain", "action": "kept", "records": "many"},
+    "not an entry",
+]}
+
+
+def test_the_receipt_names_each_store_its_action_and_unit(admin_client):
+    op = completed(RECEIPT)
+    page = admin_client.get(f"/engine/deletes/{op.public_id}/", **HOST).content.decode()
+    assert page.count('data-state="completed"') == 1
+    # Erased first, then compacted, then the rest, each in the registry's order; unknown stores last
+    assert items(page, "receipt") == [
+        "Messages and tool calls erased · 2 records · 2.0 KB",
+        "Event log erased · 3 files · 4.0 KB",
+        "Approval receipt log and recovery files erased · 1 file · 100 bytes",
+        "Turn-operation bindings compacted · 1 record · 50 bytes",
+        "Settled subagent rows compacted · 2 records",  # rows of the shared fleet file, not files
+        "Exports you saved kept, link cut · 1 record",
+        "Shared links and published copies revoked · 1 record · 1 shared copy remains",
+        "Other data on the engine 4 records · 10 bytes",  # an action this console does not know: not named
+    ]
+    assert items(page, "receipt-kept") == [
+        "Workspace files the agent wrote 3 records kept",
+        "Usage and metering 2 records kept until their period after the delete runs out",
+        "Provider-retained inputs follows provider terms",
+        "Other data on the engine kept",  # a figure that is not a count is not shown
+    ]
+    totals = text(page.split('data-testid="changed-totals"', 1)[1].split("</p>", 1)[0])
+    assert "5 records, 4 files" in totals  # erased or compacted; files of the conversation's folders apart
+    assert "<code>" not in page.split('data-testid="receipt"', 1)[1].split("</ul>", 1)[0]
+    assert not re.search(r"lifecycle\.|approval_receipts|\bevents\b|Hologram|dematerialized", text(page))
+
+
+def test_the_receipt_in_spanish_has_no_store_keys(admin_client):
+    op = completed(RECEIPT)
+    page = admin_client.get(f"/engine/deletes/{op.public_id}/", HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode()
+    rows = items(page, "receipt")
+    assert rows[0] == f"{label('lifecycle.Item', 'es')} borrado · 2 registros · 2,0 KB"
+    assert rows[1] == f"{label('events', 'es')} borrado · 3 archivos · 4,0 KB"
+    assert rows[5] == f"{label('lifecycle.Export', 'es')} conservado, vínculo cortado · 1 registro"
+    assert rows[6] == f"{label('lifecycle.SharedLink', 'es')} revocado · 1 registro · queda 1 copia compartida"
+    assert rows[7].startswith("Otros datos del motor 4 registros")
+    kept = items(page, "receipt-kept")
+    assert kept[1] == (f"{label('lifecycle.UsageFact', 'es')} 2 registros conservados hasta que termine su "
+                       "periodo tras la eliminación")
+    assert kept[2] == f"{label('provider', 'es')} según las condiciones del proveedor"
+    for key in ("lifecycle.Item", "events", "lifecycle.Export", "lifecycle.SharedLink", "provider"):
+        assert label(key, "es") != label(key)
+    assert not re.search(r"lifecycle\.|approval_receipts|\bevents\b|Hologram", text(page))
+    assert "Messages and tool calls" not in page and " records" not in page and "erased" not in text(page)
