@@ -205,6 +205,9 @@ def database_from_url(url: str) -> dict:
         if not raw.strip("/"):
             raise refused
         name = Path(raw) if raw.startswith("/") else BASE_DIR / raw
+        if not name.parent.is_dir():
+            raise ImproperlyConfigured(
+                f"The folder of the DATABASE_URL file does not exist: {_shown(str(name.parent))}. Create it first.")
         return {
             # Django's SQLite backend; a writer waiting for the write lock tries again every
             # half millisecond instead of on the busy handler's schedule (see console/sqlite).

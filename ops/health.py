@@ -36,6 +36,10 @@ def check_database() -> dict[str, Any]:
 
 
 def check_engine_folder() -> dict[str, Any]:
+    """The engine folder takes a synced write. A console whose engine is remote (ENGINE_URL)
+    keeps no engine folder: nothing to check (`serve` creates the folder of an embedded one)."""
+    if settings.ENGINE_URL:
+        return {"ok": True, "remote": True}
     root = settings.ENGINE_HOME
     if not os.path.isdir(root):
         return {"ok": False, "error": "missing"}

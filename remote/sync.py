@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Case, Exists, OuterRef, Value, When
 from django.utils import timezone
@@ -53,6 +54,9 @@ def refresh(engine_url: str = "") -> dict[str, int]:
     conversation stops the sync, EngineBadAnswer, with the pages before it kept), and a list
     that repeats a cursor, or never ends, stops it the same way.
     """
+    engine_url = engine_url.rstrip("/")
+    if engine_url == settings.ENGINE_URL.rstrip("/"):
+        engine_url = ""  # ENGINE_URL's bindings are stored without it: one binding per conversation
     engine = engine_for(engine_url)
     counts = {"created": 0, "updated": 0}
     cursor = None

@@ -156,10 +156,12 @@ def _cmdline(pid: int) -> bytes:
                                                           ("jobs", b"qcluster", "Stopped the job cluster.")])
 def test_it_runs_only_the_web_server_or_only_the_job_cluster(served, tree, only, program, stopped):
     port = free_port()
+    # An engine folder not made yet (a fresh install): serve makes it, or /readyz would never pass.
+    engine = Path(served["var"]) / f"engine-fresh-{only}"
     # Started from another folder, as a supervisor may do.
     proc = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "serve", f"127.0.0.1:{port}", "--only", only],
-                            cwd="/", env=served["env"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            start_new_session=True)
+                            cwd="/", env={**served["env"], "ENGINE_HOME": str(engine)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     tree.pids.add(proc.pid)
     tree.groups.add(proc.pid)
     assert wait_until(lambda: len(children_of(proc.pid)) == 1, 30)
@@ -169,6 +171,7 @@ def test_it_runs_only_the_web_server_or_only_the_job_cluster(served, tree, only,
     # Its command line is the program's once it has exec'd (until then, on a busy machine, it
     # can read empty); a child that died instead never gets there.
     assert wait_until(lambda: program in _cmdline(kid), 30), _cmdline(kid)
+    assert engine.is_dir()
     if only == "web":
         assert wait_until(lambda: _answers(port), 60)
     proc.send_signal(signal.SIGTERM)

@@ -109,3 +109,13 @@ def test_it_stays_healthy_but_not_ready_when_the_database_is_unreachable(tmp_pat
     assert ready["checks"]["engine_folder"] == {"ok": True}
     assert ready["checks"]["job_cluster"]["ok"] is False
     assert ready["checks"]["migrations"]["ok"] is False
+
+
+@pytest.mark.django_db
+def test_a_console_with_a_remote_engine_has_no_engine_folder_to_check(client, settings, tmp_path):
+    record_run("ops.tasks.heartbeat", success=True, seconds=0.01)
+    settings.ENGINE_URL, settings.ENGINE_HOME = "http://engine.example:8150", tmp_path / "never-made"
+    response = client.get("/readyz")
+    assert response.status_code == 200, response.json()
+    assert response.json()["checks"]["engine_folder"] == {"ok": True, "remote": True}
+    assert not (tmp_path / "never-made").exists()

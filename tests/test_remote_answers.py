@@ -204,3 +204,16 @@ def test_with_the_engine_down_the_operations_page_still_lists_this_consoles_own_
     assert 'data-testid="engine-error"' in page and "its delete operations cannot be listed now" in page
     history = page.split('id="cleanup-history"', 1)[1]
     assert "Analysis" in history and "by " + admin_user.get_username() in history
+
+
+def test_a_sync_named_by_the_engine_url_keeps_one_binding_per_conversation(settings):
+    def pages(handler):
+        return 200, {"results": [row(1), row(2)], "next": None}
+
+    with scripted_engine({("GET", "/v1/threads"): pages}) as (url, seen):
+        point_at(settings, url)
+        assert refresh("") == {"created": 2, "updated": 0}
+        for named in (url, url + "/"):  # what `sync_bindings --engine-url <ENGINE_URL>` passes
+            assert refresh(named) == {"created": 0, "updated": 2}
+    assert EngineBinding.objects.count() == 2
+    assert set(EngineBinding.objects.values_list("engine_url", flat=True)) == {""}

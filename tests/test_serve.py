@@ -189,3 +189,13 @@ def test_it_stops_the_other_child_when_one_exits(env, tree):
     os.kill(web, signal.SIGKILL)
     assert proc.wait(30) == 1
     assert wait_until(tree.everything_stopped, 10)
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:99999", "127.0.0.1:0", "notanaddress", ":8000", "[::1]:80x"])
+@pytest.mark.parametrize("options", [(), ("--dev",), ("--only", "web")])
+def test_an_address_it_cannot_listen_on_is_refused_in_one_line_before_anything_starts(env, address, options):
+    done = subprocess.run([sys.executable, "manage.py", "serve", address, *options], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "is not HOST:PORT with a port from 1 to 65535" in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("manage.py serve: error:")

@@ -14,9 +14,9 @@ def test_it_reads_a_postgres_url():
     )
 
 
-def test_it_reads_a_sqlite_url_with_concurrency_settings():
-    db = database_from_url("sqlite:////srv/lethe/db.sqlite3")
-    assert str(db["NAME"]) == "/srv/lethe/db.sqlite3"
+def test_it_reads_a_sqlite_url_with_concurrency_settings(tmp_path):
+    db = database_from_url(f"sqlite:///{tmp_path}/db.sqlite3")
+    assert str(db["NAME"]) == f"{tmp_path}/db.sqlite3"
     assert db["OPTIONS"]["transaction_mode"] == "IMMEDIATE"
     assert "journal_mode=WAL" in db["OPTIONS"]["init_command"]
 

@@ -100,6 +100,9 @@ def manage(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
      "DATABASE_URL must be sqlite:///path or postgres://user:password@host:port/name (a port from 1 to 65535), "
      "not 'postgres://lethe@db:99999/lethe'."),
     ({"DATABASE_URL": "mysql://db/lethe"}, "DATABASE_URL must be sqlite:///path or postgres://"),
+    # SQLite would stop every command with a long traceback ("unable to open database file")
+    ({"DATABASE_URL": "sqlite:////no-such-folder/lethe.sqlite3"},
+     "The folder of the DATABASE_URL file does not exist: '/no-such-folder'. Create it first."),
     # the long jobs' tunables: a typo used to fall back to the default, or stop at import with a traceback
     ({"LETHE_TOOL_CLEANUP_BATCH": "1k"}, "LETHE_TOOL_CLEANUP_BATCH must be a whole number of items from 1 to 100000, "
                                          "not '1k'."),

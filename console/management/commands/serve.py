@@ -26,10 +26,12 @@ that one function.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
 import fcntl
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -53,6 +55,19 @@ class Child:
     argv: list[str]
     stop_signal: signal.Signals
     env: dict[str, str] | None = None
+
+
+_ADDRESS = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(?P<port>[0-9]{1,5})")
+
+
+def listen_address(value: str) -> str:
+    """HOST:PORT with a port from 1 to 65535, or an argparse error (one line, exit 2) before
+    anything starts: gunicorn and the development server would stop with tracebacks."""
+    matched = _ADDRESS.fullmatch(value)
+    if not matched or not 1 <= int(matched["port"]) <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not HOST:PORT with a port from 1 to 65535 (for example 127.0.0.1:8000)")
+    return value
 
 
 def commands(address: str, *, dev: bool = False) -> dict[str, Child]:
@@ -137,7 +152,8 @@ class Command(BaseCommand):
             "together; Ctrl-C or SIGTERM stops both.")
 
     def add_arguments(self, parser):
-        parser.add_argument("address", nargs="?", default="127.0.0.1:8000")
+        parser.add_argument("address", nargs="?", default="127.0.0.1:8000", type=listen_address,
+                            help="HOST:PORT to listen on (default 127.0.0.1:8000; [::1]:8000 for IPv6).")
         parser.add_argument("--dev", action="store_true",
                             help="Django's development server instead of gunicorn (development only).")
         parser.add_argument("--only", choices=("web", "jobs"),
@@ -151,6 +167,9 @@ class Command(BaseCommand):
         if "web server" in children_to_start and not dev:
             # First of all: a second serve on the same folder stops here, having changed nothing.
             empty_metrics_dir()
+        if not settings.ENGINE_URL:
+            # The embedded engine's folder, before anything is written to it: /readyz checks it.
+            Path(settings.ENGINE_HOME).mkdir(parents=True, exist_ok=True)
         # Clear what a killed writer left behind (lock-safe, so a live writer is untouched).
         EngineHome().sweep_temporaries()
         if ensure_static_files():
