@@ -128,24 +128,30 @@ def test_the_receipt_and_page_say_when_kept_facts_expired(admin_client):
     assert {e["store"]: e["action"] for e in answer["receipt"]["kept"]}["lifecycle.UsageFact"] == "expired"
 
 
-def test_a_run_killed_mid_way_and_run_again_records_every_expired_fact_once(monkeypatch):
-    from lifecycle.actions import expire_facts as module
-
-    gone = [deleted_days_ago(3000) for _ in range(3)]
-    monkeypatch.setattr(module, "BATCH", 1)
+def expire_dying_in_the_second_batch(monkeypatch, module) -> None:
+    """Run expire_facts so that the process dies inside its second batch's transaction (at
+    that batch's audit record), as a kill would leave it."""
     calls = []
     real = module.audit.record
 
     def crash_on_the_second_batch(*args, **kwargs):
         calls.append(args)
         if len(calls) == 2:
-            raise KeyboardInterrupt  # the process dies inside the second batch's transaction
+            raise KeyboardInterrupt
         return real(*args, **kwargs)
 
     monkeypatch.setattr(module.audit, "record", crash_on_the_second_batch)
     with pytest.raises(KeyboardInterrupt):
         expire_facts()
     monkeypatch.setattr(module.audit, "record", real)
+
+
+def test_a_run_killed_mid_way_and_run_again_records_every_expired_fact_once(monkeypatch):
+    from lifecycle.actions import expire_facts as module
+
+    gone = [deleted_days_ago(3000) for _ in range(3)]
+    monkeypatch.setattr(module, "BATCH", 1)
+    expire_dying_in_the_second_batch(monkeypatch, module)
     assert m.UsageFact.objects.filter(conversation__in=gone).count() == 2  # one batch committed
     expire_facts()
     recorded: dict[str, int] = {}
@@ -243,19 +249,7 @@ def test_an_expiry_of_console_audit_facts_killed_in_a_batch_loses_nothing(monkey
     for n in range(5):
         m.AuditFact.objects.create(action="login_failed", recorded_at=timezone.now() - timedelta(days=400 + n))
     monkeypatch.setattr(module, "CONSOLE_BATCH", 2)
-    calls = []
-    real = module.audit.record
-
-    def crash_on_the_second_batch(*args, **kwargs):
-        calls.append(args)
-        if len(calls) == 2:
-            raise KeyboardInterrupt  # the process dies inside the second batch's transaction
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(module.audit, "record", crash_on_the_second_batch)
-    with pytest.raises(KeyboardInterrupt):
-        expire_facts()
-    monkeypatch.setattr(module.audit, "record", real)
+    expire_dying_in_the_second_batch(monkeypatch, module)
     assert m.AuditFact.objects.filter(action="login_failed").count() == 3  # one batch committed
     expire_facts()
     assert not m.AuditFact.objects.filter(action="login_failed").exists()
