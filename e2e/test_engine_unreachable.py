@@ -23,7 +23,7 @@ def test_a_page_that_asks_the_engine_says_it_cannot_be_reached(seeded, live_serv
     # The Operations list says it in place and still lists this console's own operations.
     response = page.goto(f"{live_server.url}/operations/")
     assert response.status == 503
-    expect(page.get_by_test_id("engine-error")).to_contain_text("its delete operations cannot be listed now")
+    expect(page.get_by_test_id("engine-error")).to_contain_text("delete operations cannot be listed now")
     expect(page.get_by_role("heading", name="Tool payload cleanup", level=2)).to_be_visible()
     check_layout(page, f"operations, engine unreachable {viewport}")
     screenshot(page, "operations-engine-unreachable")

@@ -201,7 +201,7 @@ def test_with_the_engine_down_the_operations_page_still_lists_this_consoles_own_
     response = client.get("/operations/", HTTP_HOST="127.0.0.1")
     page = response.content.decode()
     assert response.status_code == 503
-    assert 'data-testid="engine-error"' in page and "its delete operations cannot be listed now" in page
+    assert 'data-testid="engine-error"' in page and "delete operations cannot be listed now" in page
     history = page.split('id="cleanup-history"', 1)[1]
     assert "Analysis" in history and "by " + admin_user.get_username() in history
 
