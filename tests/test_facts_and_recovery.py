@@ -20,6 +20,15 @@ from tests import factories
 pytestmark = pytest.mark.django_db
 
 
+def recorded_expiries() -> dict[str, int]:
+    """How many facts the expiry's audit records say went, per store, added up."""
+    recorded: dict[str, int] = {}
+    for fact in m.AuditFact.objects.filter(action="retained_facts.expired"):
+        for key, n in fact.new_value.items():
+            recorded[key] = recorded.get(key, 0) + n
+    return recorded
+
+
 def deleted_days_ago(days: float) -> m.Conversation:
     conversation = factories.make_conversation()
     m.UsageFact.objects.create(conversation=conversation, input_tokens=1, output_tokens=2)
@@ -50,10 +59,7 @@ def test_facts_stay_content_free_and_expire_after_their_periods_from_the_delete(
     assert m.UsageFact.objects.filter(conversation=live).exists()
     assert m.AuditFact.objects.filter(conversation=live).exists()
     assert expired == {"lifecycle.UsageFact": 1, "lifecycle.BillingFact": 1, "lifecycle.AuditFact": 4}
-    recorded: dict[str, int] = {}
-    for fact in m.AuditFact.objects.filter(action="retained_facts.expired"):
-        for key, n in fact.new_value.items():
-            recorded[key] = recorded.get(key, 0) + n
+    recorded = recorded_expiries()
     assert recorded == expired
     # The tombstones and the operations stay: a retry still gets its answer.
     assert m.Conversation.objects.deleted().count() == 3
@@ -154,10 +160,7 @@ def test_a_run_killed_mid_way_and_run_again_records_every_expired_fact_once(monk
     expire_dying_in_the_second_batch(monkeypatch, module)
     assert m.UsageFact.objects.filter(conversation__in=gone).count() == 2  # one batch committed
     expire_facts()
-    recorded: dict[str, int] = {}
-    for fact in m.AuditFact.objects.filter(action="retained_facts.expired"):
-        for key, n in fact.new_value.items():
-            recorded[key] = recorded.get(key, 0) + n
+    recorded = recorded_expiries()
     assert recorded["lifecycle.UsageFact"] == 3 and recorded["lifecycle.BillingFact"] == 3
     assert not m.UsageFact.objects.filter(conversation__in=gone).exists()
     receipts = m.DeleteOperation.objects.filter(conversation__in=gone).values_list("receipt", flat=True)
@@ -190,6 +193,8 @@ def test_an_expiry_killed_with_sigkill_inside_and_after_each_batch_ends_with_eve
 
     gone = [deleted_days_ago(3000) for _ in range(3)]
     kept = deleted_days_ago(10)
+    for n in range(3):  # the console's own audit facts, past the audit period
+        m.AuditFact.objects.create(action="login_failed", recorded_at=timezone.now() - timedelta(days=400 + n))
     kills = tmp_path / "kills"
     kills.mkdir()
     env = {**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "console.settings_test",
@@ -204,13 +209,12 @@ def test_an_expiry_killed_with_sigkill_inside_and_after_each_batch_ends_with_eve
             break
         assert run.returncode == -signal.SIGKILL, run.stderr[-2000:]
     points = sorted(p.name for p in kills.iterdir())
-    # Killed inside each store's batch (rolled back) and after it committed, then finished.
-    assert len(points) == 6 and outcomes[-1] == 0 and outcomes.count(-signal.SIGKILL) == 6, (points, outcomes)
-    recorded: dict[str, int] = {}
-    for fact in m.AuditFact.objects.filter(action="retained_facts.expired"):
-        for key, n in fact.new_value.items():
-            recorded[key] = recorded.get(key, 0) + n
+    # Killed inside each store's batch and the console's (rolled back) and after each committed,
+    # then finished.
+    assert len(points) == 8 and outcomes[-1] == 0 and outcomes.count(-signal.SIGKILL) == 8, (points, outcomes)
+    recorded = recorded_expiries()
     assert recorded["lifecycle.UsageFact"] == 3 and recorded["lifecycle.BillingFact"] == 3
+    assert recorded["console.audit"] == 3 and not m.AuditFact.objects.filter(action="login_failed").exists()
     assert not m.UsageFact.objects.filter(conversation__in=gone).exists()
     assert not m.BillingFact.objects.filter(conversation__in=gone).exists()
     assert m.UsageFact.objects.filter(conversation=kept).exists()

@@ -82,6 +82,7 @@ def _expire_console_audit(cutoff: datetime) -> int:
             if n:
                 audit.record("retained_facts.expired", new={CONSOLE_AUDIT: n})
             faults.kill_point("expire_facts.console")  # crash tests: the batch not committed
+        faults.kill_point("expire_facts.console.committed")
         count += n
     return count
 
