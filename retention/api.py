@@ -107,7 +107,9 @@ class OperationDoc(Schema):
     started_at: str | None
     finished_at: str | None
     error: OperationErrorOut | None
-    started_by: str = Field(description='The username, or "schedule".')
+    started_by: str = Field(description='The username, or "schedule" (see started_by_kind).')
+    started_by_kind: Literal["user", "schedule"] = Field(
+        description='"schedule" when the daily schedule started it; "user" when a user did (one may be named "schedule").')
     progress: ProgressOut
     stale: bool
     cancel_requested: bool

@@ -183,3 +183,8 @@ class ToolPayloadOperation(models.Model):
         if self.started_by_id and self.started_by:
             return self.started_by.get_username()
         return self.started_by_name or "schedule"
+
+    @property
+    def by_schedule(self) -> bool:
+        """Started by the daily schedule, not by a user (one whose username is "schedule" too)."""
+        return not self.started_by_id and not self.started_by_name

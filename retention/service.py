@@ -164,6 +164,7 @@ def _operation_dict(op: ToolPayloadOperation) -> dict[str, Any]:
         "finished_at": op.finished_at,
         "error": {"code": op.error_code, "message": said(op.error_message)} if op.error_code else None,
         "started_by": op.starter,
+        "started_by_kind": "schedule" if op.by_schedule else "user",
         "progress": {"done": op.progress_done, "total": op.progress_total},
         "stale": op.stale,
         "cancel_requested": op.cancel_requested,

@@ -102,6 +102,7 @@ def _op(op: dict | None) -> dict | None:
     if not op:
         return op
     who = op.get("started_by")
+    scheduled = op.get("started_by_kind") == "schedule"
     age = op.get("age") or {}
     return {
         **op,
@@ -109,7 +110,7 @@ def _op(op: dict | None) -> dict | None:
         "state_label": (ANALYSIS_STATE_LABELS if op.get("kind") == "analysis" else STATE_LABELS).get(
             op.get("state"), op.get("state")),
         "kind_label": KIND_LABELS.get(op.get("kind"), op.get("kind")),
-        "started_by_label": _("the daily schedule") if who == "schedule" else (who or _("unknown")),
+        "started_by_label": _("the daily schedule") if scheduled else (who or _("unknown")),
         "skipped_list": [(SKIP_LABELS.get(reason, reason), n) for reason, n in (op.get("skipped") or {}).items() if n],
         "age_unit_label": _unit_label(age.get("unit"), age.get("value")),
     }

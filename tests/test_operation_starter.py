@@ -79,8 +79,28 @@ def test_the_schedules_operations_still_read_as_the_schedule(admin_user, api, ad
     op = ToolPayloadOperation.objects.get()
     assert (op.started_by_id, op.started_by_name) == (None, "")
     assert api.get(BASE).json()["operation"]["started_by"] == "schedule"
+    assert api.get(BASE).json()["operation"]["started_by_kind"] == "schedule"
     assert "started by the daily schedule" in admin_client.get(PAGE, **HOST).content.decode()
     assert "by the daily schedule" in admin_client.get("/operations/", **HOST).content.decode()
+
+
+def test_a_user_named_schedule_is_not_read_as_the_schedule(admin_client):
+    """A username is free text: a user named "schedule" is a user, in the API and on screens."""
+    namesake = factories.make_user("schedule", admin=True)
+    answer = send(token_client(namesake), "post", "/analyze", {"age": {"value": 3, "unit": "months"}})
+    op = finish(answer.json()["operation_id"])
+    assert (op.started_by_id, op.by_schedule) == (namesake.pk, False)
+    entry = token_client(namesake).get(BASE).json()["history"][0]
+    assert (entry["started_by"], entry["started_by_kind"]) == ("schedule", "user")
+    card = admin_client.get(PAGE, **HOST).content.decode()
+    assert "started by schedule" in card and "daily schedule" not in card
+    operations = admin_client.get("/operations/", **HOST).content.decode()
+    assert "daily schedule" not in operations
+
+    namesake.delete()  # the name is kept: still a user
+    op.refresh_from_db()
+    assert (op.started_by_id, op.started_by_name, op.by_schedule) == (None, "schedule", False)
+    assert "daily schedule" not in admin_client.get(PAGE, **HOST).content.decode()
 
 
 def test_the_migration_names_the_users_that_still_exist_and_leaves_the_schedule(admin_user):

@@ -24,7 +24,7 @@ def cleanup_history(limit: int = 50) -> list[dict]:
         rows.append({
             "op": op,
             "badge": BADGE.get(op.state, "unavailable"),
-            "by": None if op.starter == "schedule" else op.starter,
+            "by": None if op.by_schedule else op.starter,
             "when": op.started_at or op.created_at,
             "error": said(op.error_message),
         })
