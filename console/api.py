@@ -510,6 +510,7 @@ def internal_error() -> JsonResponse:
     return error(500, "internal_error", _("Something went wrong on our side. Nothing was changed by this request."))
 
 
+@csrf_exempt  # an answer, not an action: a POST to no endpoint is 404 in JSON, not a CSRF page
 def not_found(request: HttpRequest, unmatched: str = "") -> JsonResponse:
     """Any path under the API prefixes that names no endpoint."""
     return error(404, "not_found", _("There is nothing at this address."))

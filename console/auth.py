@@ -41,10 +41,14 @@ def _token_user(raw: str, address: str):
 
 
 class BearerTokenMiddleware:
-    """A request with `Authorization: Bearer` is authenticated by token alone.
+    """A request to the API (`/v1/`, `/api/v1/`) with `Authorization: Bearer` is
+    authenticated by token alone.
 
     Such requests carry no session cookie, so CSRF does not apply to them. An address that
-    sent too many unknown tokens gets 429 until its wait is over, before any lookup.
+    sent too many unknown tokens gets 429 until its wait is over, before any lookup. The
+    screens never take a token (DESIGN 8: browsers use the session and CSRF): a token sent
+    to them is ignored, so a token cannot reach the screens' actions, such as making another
+    token that would outlive its own revocation.
     """
 
     def __init__(self, get_response):
@@ -53,7 +57,10 @@ class BearerTokenMiddleware:
     def __call__(self, request):
         scheme, _sep, raw = request.headers.get("Authorization", "").strip().partition(" ")
         raw = raw.strip()
-        if scheme.lower() != "bearer" or not raw:  # the scheme is case-insensitive (RFC 9110)
+        from console.api import is_api_path  # console.api imports this module
+
+        # the scheme is case-insensitive (RFC 9110)
+        if scheme.lower() != "bearer" or not raw or not is_api_path(request.path_info):
             request.token_auth = False
             return self.get_response(request)
         address = throttle.client_address(request)

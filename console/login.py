@@ -14,9 +14,14 @@ class ThrottledAuthenticationForm(AuthenticationForm):
 
     def clean(self):
         username = self.cleaned_data.get("username") or ""
+        password = self.cleaned_data.get("password") or ""
+        if not username or not password:
+            # A field is missing (its error is shown): no password is checked, so nothing is
+            # counted, and nothing is cleared either (an empty password is not a sign-in).
+            return super().clean()
         address = throttle.client_address(self.request)
         keys = throttle.login_keys(username, address)
-        wait = throttle.wait_seconds(keys)
+        wait, attempt = throttle.begin_attempt(keys, address=address, username=username)
         if wait:
             self.throttled_for = throttle.describe_wait(wait)
             raise ValidationError("throttled", code="throttled")
@@ -24,9 +29,17 @@ class ThrottledAuthenticationForm(AuthenticationForm):
             cleaned = super().clean()
         except ValidationError as error:
             if error.code == "invalid_login":
-                throttle.record_failure(keys, kind="login", address=address, username=username)
+                throttle.failed(attempt)
+            else:
+                throttle.taken_back(attempt)
             raise
-        throttle.record_success(keys)
+        except BaseException:
+            throttle.taken_back(attempt)
+            raise
+        if self.user_cache is None:  # nothing authenticated: no success to record
+            throttle.taken_back(attempt)
+        else:
+            throttle.succeeded(attempt)
         return cleaned
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
@@ -37,7 +37,9 @@ class Key:
 def client_address(request) -> str:
     """The client's address: the socket's, or the one TRUSTED_PROXIES proxies saw.
 
-    IPv6 addresses are grouped by /64, since one client usually holds a whole /64.
+    IPv6 addresses are grouped by /64, since one client usually holds a whole /64; an IPv4
+    address written as IPv6 (`::ffff:a.b.c.d`, as a dual-stack socket or proxy gives it) is
+    that IPv4 address (grouped by /64, every IPv4 client would share one key).
     """
     raw = request.META.get("REMOTE_ADDR", "")
     if settings.TRUSTED_PROXIES > 0:
@@ -48,6 +50,8 @@ def client_address(request) -> str:
         address = ipaddress.ip_address(raw)
     except ValueError:
         return "unknown"
+    if address.version == 6 and address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
     if address.version == 6:
         return str(ipaddress.ip_network(f"{address}/64", strict=False))
     return str(address)
@@ -94,42 +98,116 @@ def _locked_row(key: str) -> Throttle:
     return row
 
 
-def record_failure(keys: list[Key], *, kind: str, address: str, username: str = "", reason: str = "") -> None:
-    """Count one failure under every key; audit it, and audit each lock it starts."""
+def _count(row: Throttle, key: Key, now, policy: dict) -> bool:
+    """Count one failure on a locked row (not saved); True when it starts a lock."""
+    if row.first_failure_at is None or now - row.first_failure_at > timedelta(seconds=policy["window_seconds"]):
+        row.failures, row.first_failure_at, row.locked = 0, now, False
+    row.failures += 1
+    extra = row.failures - policy["free_failures"]
+    starts_lock = False
+    if row.failures >= key.lock_after:
+        starts_lock = not (row.locked and row.blocked_until and row.blocked_until > now)
+        row.locked = True
+        row.blocked_until = now + timedelta(seconds=policy["lock_seconds"])
+    elif extra > 0:
+        delay = min(policy["delay_seconds"] * 2 ** (extra - 1), policy["max_delay_seconds"])
+        row.blocked_until = now + timedelta(seconds=delay)
+    row.updated_at = now
+    return starts_lock
+
+
+def _audit_failure(kind: str, *, address: str, username: str, reason: str, locks: list[str], now) -> None:
+    """Audit one failure and each lock it started; then forget keys long over."""
     policy = _policy()
-    now = timezone.now()
-    window = timedelta(seconds=policy["window_seconds"])
     user = get_user_model().objects.filter(username=username).first() if username else None
     detail = {"address": address, "account": user.get_username() if user else None}
     if reason:
         detail["reason"] = reason
     with transaction.atomic():
-        locks = []
-        for key in keys:
-            row = _locked_row(key.key)
-            if row.first_failure_at is None or now - row.first_failure_at > window:
-                row.failures, row.first_failure_at, row.locked = 0, now, False
-            row.failures += 1
-            extra = row.failures - policy["free_failures"]
-            if row.failures >= key.lock_after:
-                if not (row.locked and row.blocked_until and row.blocked_until > now):
-                    locks.append(key.key.split(":", 1)[0])
-                row.locked = True
-                row.blocked_until = now + timedelta(seconds=policy["lock_seconds"])
-            elif extra > 0:
-                delay = min(policy["delay_seconds"] * 2 ** (extra - 1), policy["max_delay_seconds"])
-                row.blocked_until = now + timedelta(seconds=delay)
-            row.updated_at = now
-            row.save()
         audit.record(f"{kind}_failed", actor=user, new=detail)
         for scope in locks:
             audit.record(f"{kind}_locked", actor=user, new={**detail, "scope": scope,
                                                             "seconds": policy["lock_seconds"]})
-    # Forget keys whose failures and blocks are long over.
     horizon = now - timedelta(seconds=max(policy["window_seconds"], policy["lock_seconds"]) + 60)
     Throttle.objects.filter(updated_at__lt=horizon).delete()
 
 
-def record_success(keys: list[Key]) -> None:
-    """A correct sign-in clears the username's count (never the address's)."""
-    Throttle.objects.filter(key__in=[k.key for k in keys if k.key.startswith("login-user:")]).delete()
+def record_failure(keys: list[Key], *, kind: str, address: str, username: str = "", reason: str = "") -> None:
+    """Count one failure under every key; audit it, and audit each lock it starts."""
+    policy = _policy()
+    now = timezone.now()
+    locks = []
+    with transaction.atomic():
+        for key in keys:
+            row = _locked_row(key.key)
+            if _count(row, key, now, policy):
+                locks.append(key.key.split(":", 1)[0])
+            row.save()
+    _audit_failure(kind, address=address, username=username, reason=reason, locks=locks, now=now)
+
+
+@dataclass
+class Attempt:
+    """A sign-in attempt, counted as a failure under its keys before its password is checked,
+    in the transaction that checked their waits: attempts made at the same moment are counted
+    one after the other, so they cannot all pass one check while the slow password hashes
+    run. `failed` audits it; `succeeded` and `taken_back` take the count back."""
+
+    keys: list[Key]
+    address: str
+    username: str
+    at: object
+    locks: list[str] = field(default_factory=list)
+    # each key's row before this attempt counted, and its failures after
+    before: dict[str, tuple] = field(default_factory=dict)
+    after: dict[str, int] = field(default_factory=dict)
+
+
+def begin_attempt(keys: list[Key], *, address: str, username: str) -> tuple[int, Attempt | None]:
+    """(seconds to wait, None) when a key must still wait, or (0, the attempt, counted)."""
+    policy = _policy()
+    now = timezone.now()
+    with transaction.atomic():
+        rows = [(key, _locked_row(key.key)) for key in keys]
+        until = max((row.blocked_until for _key, row in rows if row.blocked_until and row.blocked_until > now),
+                    default=None)
+        if until is not None:
+            return max(1, math.ceil((until - now).total_seconds())), None
+        attempt = Attempt(keys, address, username, now)
+        for key, row in rows:
+            attempt.before[key.key] = (row.failures, row.first_failure_at, row.blocked_until, row.locked)
+            if _count(row, key, now, policy):
+                attempt.locks.append(key.key.split(":", 1)[0])
+            attempt.after[key.key] = row.failures
+            row.save()
+    return 0, attempt
+
+
+def failed(attempt: Attempt, *, kind: str = "login") -> None:
+    """The password was wrong: the count stays; audit it and the locks it started."""
+    _audit_failure(kind, address=attempt.address, username=attempt.username, reason="", locks=attempt.locks,
+                   now=attempt.at)
+
+
+def taken_back(attempt: Attempt, *, clear_username: bool = False) -> None:
+    """The attempt was no failure: take its count back (each key as it was, unless others
+    counted since: then only this one), or, for a correct sign-in, clear the username's
+    count (never the address's)."""
+    with transaction.atomic():
+        for key in attempt.keys:
+            if clear_username and key.key.startswith("login-user:"):
+                Throttle.objects.filter(key=key.key).delete()
+                continue
+            row = Throttle.objects.select_for_update().filter(key=key.key).first()
+            if row is None:
+                continue
+            if row.failures == attempt.after[key.key]:
+                row.failures, row.first_failure_at, row.blocked_until, row.locked = attempt.before[key.key]
+            else:
+                row.failures = max(0, row.failures - 1)
+            row.save()
+
+
+def succeeded(attempt: Attempt) -> None:
+    """A correct sign-in: its count is taken back and the username's cleared."""
+    taken_back(attempt, clear_username=True)

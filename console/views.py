@@ -46,6 +46,8 @@ def set_timezone(request: HttpRequest) -> HttpResponse:
 
 
 def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    if is_api_path(request.path_info):  # nothing under the API prefixes answers HTML
+        return error(403, "csrf_failed", _("The form expired; reload the page and try again."))
     return render(request, "403_csrf.html", status=403)
 
 

@@ -96,6 +96,28 @@ def test_it_answers_json_for_unknown_api_paths_and_methods(runtime, member_clien
     assert "GET" in response["Allow"]
 
 
+def test_unsafe_methods_on_unknown_api_paths_answer_json_404_without_a_token():
+    """No endpoint there, so no CSRF page either: a client without a token that POSTs to a
+    mistyped path (a trailing slash) learns that in JSON, in its language."""
+    from django.middleware.csrf import get_token
+    from django.test import RequestFactory
+
+    from console.views import csrf_failure
+
+    client = Client(enforce_csrf_checks=True, **HOST)
+    for method, path in (("post", "/api/v1/nope"), ("put", "/api/v1/system/retained-facts/"),
+                         ("delete", "/v1/threads/"), ("patch", "/v1/")):
+        response = getattr(client, method)(path, HTTP_ACCEPT_LANGUAGE="es")
+        assert response["Content-Type"].startswith("application/json"), (method, path)
+        assert (response.status_code, response.json()["code"]) == (404, "not_found"), (method, path)
+        assert response.json()["message"] == "No hay nada en esta dirección."
+    # A CSRF refusal under the API prefixes, should any view there lack its own check: JSON too.
+    request = RequestFactory().post("/v1/threads", **HOST)
+    get_token(request)
+    refused = csrf_failure(request)
+    assert (refused.status_code, json.loads(refused.content)["code"]) == (403, "csrf_failed")
+
+
 def test_it_answers_json_500_and_logs_when_a_view_fails(runtime, conversation, monkeypatch, caplog):
     def broken(_c):
         raise RuntimeError("boom with secret detail")

@@ -28,6 +28,22 @@ def api(raw: str, path: str = "/v1/threads"):
     return Client(HTTP_AUTHORIZATION=f"Bearer {raw}").get(path, **HOST)
 
 
+def test_a_token_opens_the_api_only_never_the_screens(admin_user):
+    """The screens take the session and CSRF only: an admin's token cannot make another token
+    (which would outlive its own revocation), revoke one, or read a page."""
+    _token, raw = ApiToken.issue(admin_user, name="script")
+    scripted = Client(HTTP_AUTHORIZATION=f"Bearer {raw}", enforce_csrf_checks=True, **HOST)
+    made = scripted.post(PAGE, {"name": "persist", "days": "3650", "form_number": "abcdefghijklmnopqrst"})
+    assert made.status_code == 403 and ApiToken.objects.count() == 1
+    other, _other_raw = ApiToken.issue(admin_user, name="other")
+    revoked = scripted.post(f"{PAGE}{other.pk}/revoke/")
+    other.refresh_from_db()
+    assert revoked.status_code == 403 and other.revoked_at is None
+    page = scripted.get("/conversations/")
+    assert page.status_code == 302 and page["Location"].startswith("/accounts/login/")
+    assert scripted.get("/v1/threads").status_code == 200  # the API takes it
+
+
 # The command ------------------------------------------------------------------------
 
 def test_the_command_creates_a_named_expiring_token_and_prints_it_once(admin_user):

@@ -166,3 +166,90 @@ def test_concurrent_failures_from_several_threads_are_all_counted(settings, admi
     assert sorted(failures) == [200] * 5
     assert Throttle.objects.get(key="login-addr:10.8.0.1").failures == 5
     assert AuditFact.objects.filter(action="login_failed").count() == 5
+
+
+def test_an_empty_password_clears_nothing(admin_user):
+    """A post with no password checks nothing, so it is no success: the username's count
+    stays, and guesses between such posts still lock the name."""
+    for n in range(8):
+        _client, response = sign_in("alice", f"wrong{n}", address=f"10.10.{n}.1")
+        expire_waits()
+        if n % 2:
+            _client, blank = sign_in("alice", "", address=f"10.10.{n}.2")
+            assert blank.status_code in (200, 429) and "_auth_user_id" not in _client.session
+    row = Throttle.objects.get(key__startswith="login-user:")
+    assert row.locked and row.failures >= 4
+    _client, right = sign_in("alice", "pw-for-tests", address="10.10.99.1")
+    assert right.status_code == 429
+
+
+def test_an_ipv4_address_written_as_ipv6_is_that_address(admin_user):
+    """A dual-stack socket gives IPv4 clients as ::ffff:a.b.c.d: each is its own address, not
+    one /64 shared by every IPv4 client."""
+    for n in range(6):
+        sign_in(f"guess{n}", "wrong", address="::ffff:10.11.0.1")
+        expire_waits(key="login-addr:10.11.0.1")
+    assert Throttle.objects.get(key="login-addr:10.11.0.1").locked
+    assert not Throttle.objects.filter(key__startswith="login-addr:::").exists()
+    _client, locked = sign_in("alice", "pw-for-tests", address="::ffff:10.11.0.1")
+    _client, elsewhere = sign_in("alice", "pw-for-tests", address="::ffff:10.11.0.2")
+    assert (locked.status_code, elsewhere.status_code) == (429, 302)
+
+
+class SlowBackend:
+    """The model backend after a pause, as a real password hash takes (about 0.3 s)."""
+
+    def authenticate(self, request, username=None, password=None, **kwargs):
+        import time
+
+        from django.contrib.auth.backends import ModelBackend
+
+        time.sleep(0.3)
+        return ModelBackend().authenticate(request, username=username, password=password, **kwargs)
+
+    def get_user(self, user_id):
+        from django.contrib.auth.backends import ModelBackend
+
+        return ModelBackend().get_user(user_id)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_attempts_at_the_same_moment_are_checked_one_after_the_other(settings, admin_user):
+    """While the password hashes run, simultaneous guesses cannot all pass the same check:
+    each is counted before its password is checked, so exactly as many are checked as one
+    after the other (two free failures and the third, which starts the wait)."""
+    settings.AUTHENTICATION_BACKENDS = ["tests.test_login_throttle.SlowBackend"]
+    start = threading.Barrier(6)
+    answers = []
+
+    def guess(n: int) -> None:
+        try:
+            client = Client(REMOTE_ADDR=f"10.12.0.{n}")
+            start.wait(10)
+            response = client.post("/accounts/login/", {"username": "alice", "password": f"guess{n}"}, **HOST)
+            answers.append(response.status_code)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=guess, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(answers) == [200, 200, 200, 429, 429, 429]
+    assert Throttle.objects.get(key__startswith="login-user:").failures == 3
+    assert AuditFact.objects.filter(action="login_failed").count() == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_correct_sign_in_takes_its_own_count_back(settings, admin_user):
+    """Counted before its password was checked, a correct sign-in leaves the address's count
+    as it found it (and the username's cleared), even when it came right at the wait."""
+    for _ in range(2):
+        sign_in("alice", "wrong", address="10.13.0.1")
+    client, response = sign_in("alice", "pw-for-tests", address="10.13.0.1")
+    assert response.status_code == 302
+    row = Throttle.objects.get(key="login-addr:10.13.0.1")
+    assert (row.failures, row.blocked_until) == (2, None)
+    assert not Throttle.objects.filter(key__startswith="login-user:").exists()
+    assert AuditFact.objects.filter(action="login_failed").count() == 2
