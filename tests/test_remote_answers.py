@@ -217,3 +217,19 @@ def test_a_sync_named_by_the_engine_url_keeps_one_binding_per_conversation(setti
             assert refresh(named) == {"created": 0, "updated": 2}
     assert EngineBinding.objects.count() == 2
     assert set(EngineBinding.objects.values_list("engine_url", flat=True)) == {""}
+
+
+@pytest.mark.parametrize("key", ["k\r\nX-Injected: 1", "k\n", "has space", "x" * 201])
+def test_a_delete_key_the_engine_could_not_take_is_refused_before_it_is_sent(settings, key):
+    """The screen's form sends its key as the engine's Idempotency-Key header: a key that is
+    no valid header value (a line break: http.client refused it with a ValueError, a 500) is
+    refused as the embedded engine refuses it, and nothing reaches the engine."""
+    from lifecycle.engine import get_engine
+    from lifecycle.errors import ActionRefused
+
+    with scripted_engine({("DELETE", "/v1/threads/"): lambda h: (202, operation())}) as (url, seen):
+        point_at(settings, url)
+        with pytest.raises(ActionRefused) as refused:
+            get_engine().request_delete(TARGET, key=key, actor=None)
+    assert (refused.value.code, refused.value.status) == ("idempotency_key_invalid", 400)
+    assert not [request for request in seen if request[0] == "DELETE"]

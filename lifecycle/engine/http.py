@@ -194,6 +194,10 @@ class HttpEngine:
         return self.call("GET", self._thread_path(public_id) + "/deletion-preview")[1]
 
     def request_delete(self, public_id: str, *, key: str | None, actor) -> OperationView:
+        if key is not None:
+            from lifecycle.actions.request_deletion import check_key
+
+            check_key(key)  # as the embedded engine checks it: a line break would not even make a header
         headers = {"Idempotency-Key": key} if key else {}
         try:
             _status, answer = self.call("DELETE", self._thread_path(public_id), headers=headers, idempotent=bool(key))
