@@ -4,13 +4,23 @@ anything else runs: no session, no host check (probes often use an address, not 
 HTTPS redirect, and `/healthz` never touches the database.
 
 `/readyz` answers 200 when every check passes and 503 otherwise, always with each check:
-- database: a `SELECT 1` on the default database;
+- database: the default database answers and can take writes, shown without writing
+  anything. SQLite: the file is at its configured path (else `missing`), is the very file
+  the connection opened (else `replaced`: deleted or swapped under the running process,
+  whose writes would go where nobody reads them), and it, its `-wal` and `-shm` and its
+  folder (where WAL makes them) are writable (else `read_only`: a read-only mount, no write
+  permission bit at all, which counts for root too, or none for this process's user).
+  PostgreSQL: not a standby in recovery (`in_recovery`), and new transactions are not
+  read-only (`read_only`: `default_transaction_read_only` set for the server, the database
+  or the user);
 - engine_folder: a file can be created, written, synced and removed in ENGINE_HOME (an
   unnamed temporary file, so a probe cut short leaves nothing behind);
 - job_cluster: a job finished on some job cluster within READYZ_HEARTBEAT_SECONDS (every
   cluster runs the `ops-heartbeat` job each minute, so an idle cluster still beats);
 - migrations: none of the project's migrations is unapplied.
-A failed check names the kind of error, never its text.
+A failed check names the kind of error, never its text. When the database check fails, the
+checks that read the database do not run (`{"ok": false, "error": "database"}`): on SQLite
+they would open the missing file's path and create an empty database there.
 """
 
 from __future__ import annotations
@@ -29,10 +39,55 @@ DEFAULT_HEARTBEAT_SECONDS = 300
 
 
 def check_database() -> dict[str, Any]:
+    if connection.vendor == "sqlite" and not connection.is_in_memory_db():
+        error = _sqlite_file_error()
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+        error = _postgresql_write_error() if connection.vendor == "postgresql" else None
+    return {"ok": False, "error": error} if error else {"ok": True}
+
+
+def _sqlite_file_error() -> str | None:
+    path = os.path.abspath(connection.settings_dict["NAME"])
+    if not os.path.exists(path):  # before connecting: a new connection would create it, empty
+        return "missing"
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
         cursor.fetchone()
-    return {"ok": True}
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return "missing"
+    opened = getattr(connection, "file_identity", None)
+    if opened is not None and opened != (found.st_dev, found.st_ino):
+        return "replaced"
+    folder = os.path.dirname(path)
+    beside = [f"{path}{suffix}" for suffix in ("-wal", "-shm") if os.path.exists(f"{path}{suffix}")]
+    if not all(_writable(name) for name in (path, folder, *beside)):
+        return "read_only"
+    return None
+
+
+def _writable(path: str) -> bool:
+    """This process may write the file, or create files in the folder. The permission bits
+    are read as well as asked about: root is allowed to write whatever the bits say, and a
+    file or folder that grants nobody writing is meant to be read-only."""
+    found = os.stat(path)
+    if os.statvfs(path).f_flag & os.ST_RDONLY or not found.st_mode & 0o222:
+        return False
+    wanted = os.W_OK | os.X_OK if os.path.isdir(path) else os.W_OK
+    return os.access(path, wanted)
+
+
+def _postgresql_write_error() -> str | None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_is_in_recovery(), current_setting('transaction_read_only')")
+        in_recovery, read_only = cursor.fetchone()
+    if in_recovery:
+        return "in_recovery"
+    return "read_only" if read_only == "on" else None
 
 
 def check_engine_folder() -> dict[str, Any]:
@@ -77,9 +132,16 @@ CHECKS: dict[str, Callable[[], dict[str, Any]]] = {
 }
 
 
+# The checks that read the database: they run only once the database check passed.
+READ_DATABASE = {"job_cluster", "migrations"}
+
+
 def run_checks() -> dict[str, dict[str, Any]]:
     results = {}
     for name, check in CHECKS.items():
+        if name in READ_DATABASE and not results["database"]["ok"]:
+            results[name] = {"ok": False, "error": "database"}
+            continue
         try:
             results[name] = check()
         except Exception as exc:  # a probe reports, it never raises

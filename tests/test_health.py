@@ -119,3 +119,103 @@ def test_a_console_with_a_remote_engine_has_no_engine_folder_to_check(client, se
     assert response.status_code == 200, response.json()
     assert response.json()["checks"]["engine_folder"] == {"ok": True, "remote": True}
     assert not (tmp_path / "never-made").exists()
+
+
+def sqlite_only():
+    if connection.vendor != "sqlite":
+        pytest.skip("the SQLite database file")
+
+
+def database_check(client) -> tuple[int, dict]:
+    response = client.get("/readyz")
+    checks = response.json()["checks"]
+    if not checks["database"]["ok"]:  # the checks that read the database wait for it
+        assert checks["job_cluster"] == checks["migrations"] == {"ok": False, "error": "database"}
+    return response.status_code, checks["database"]
+
+
+@pytest.mark.django_db
+def test_a_sqlite_file_that_cannot_be_written_is_not_ready(client):
+    sqlite_only()
+    record_run("ops.tasks.heartbeat", success=True, seconds=0.01)
+    path = Path(connection.settings_dict["NAME"])
+    mode = path.stat().st_mode
+    # Without any write bit: root could still write it (tests may run as root), but the file
+    # is meant to be read-only, and the check says so whoever runs it.
+    path.chmod(0o444)
+    try:
+        assert database_check(client) == (503, {"ok": False, "error": "read_only"})
+    finally:
+        path.chmod(mode)
+    assert client.get("/readyz").status_code == 200
+    # Its folder, where WAL creates the -wal and -shm files, counts as much.
+    folder_mode = path.parent.stat().st_mode
+    path.parent.chmod(0o555)
+    try:
+        assert database_check(client) == (503, {"ok": False, "error": "read_only"})
+    finally:
+        path.parent.chmod(folder_mode)
+    assert database_check(client) == (200, {"ok": True})
+
+
+@pytest.mark.django_db
+def test_a_sqlite_file_removed_or_replaced_under_the_running_process_is_not_ready(client):
+    sqlite_only()
+    record_run("ops.tasks.heartbeat", success=True, seconds=0.01)
+    path = Path(connection.settings_dict["NAME"])
+    moved = path.with_name(path.name + ".moved")
+    os.rename(path, moved)  # the open connection keeps writing into a file no longer at the path
+    try:
+        assert database_check(client) == (503, {"ok": False, "error": "missing"})
+        assert not path.exists()  # the probe made no empty database in its place
+        path.write_bytes(moved.read_bytes())  # a copy at the path: another file than the one open
+        assert database_check(client) == (503, {"ok": False, "error": "replaced"})
+    finally:
+        path.unlink(missing_ok=True)
+        os.rename(moved, path)
+    assert database_check(client) == (200, {"ok": True})
+
+
+def test_a_sqlite_path_with_no_file_is_not_ready_and_the_probe_creates_none(tmp_path):
+    """A request opens a new connection: the probe looks before it connects, as connecting
+    would create an empty database at the path (and every later check would pass it)."""
+    script = (
+        "import json\n"
+        "from django.test import Client\n"
+        "r = Client().get('/readyz')\n"
+        "print(json.dumps([r.status_code, r.json()]))\n"
+    )
+    folder = tmp_path / "db"
+    folder.mkdir()
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{folder / 'lethe.sqlite3'}", "DJANGO_SETTINGS_MODULE": "console.settings_test",
+           "ENGINE_HOME": str(tmp_path), "LOG_LEVEL": "CRITICAL"}
+    out = subprocess.run([sys.executable, "manage.py", "shell", "-c", script], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    status, ready = json.loads(out.stdout.strip().splitlines()[-1])
+    assert status == 503
+    assert ready["checks"]["database"] == {"ok": False, "error": "missing"}
+    assert ready["checks"]["job_cluster"] == ready["checks"]["migrations"] == {"ok": False, "error": "database"}
+    assert os.listdir(folder) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_read_only_postgresql_database_is_not_ready(client):
+    if connection.vendor != "postgresql":
+        pytest.skip("a PostgreSQL setting")
+    record_run("ops.tasks.heartbeat", success=True, seconds=0.01)
+    name = connection.settings_dict["NAME"]
+    with connection.cursor() as cursor:
+        cursor.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+    connection.close()  # the next connection takes the database's setting, as after a restart
+    try:
+        assert database_check(client) == (503, {"ok": False, "error": "read_only"})
+        with connection.cursor() as cursor, pytest.raises(Exception, match="read-only transaction"):
+            cursor.execute("UPDATE ops_jobstat SET runs = runs")  # writes fail indeed
+    finally:
+        connection.close()
+        with connection.cursor() as cursor:
+            cursor.execute("SET default_transaction_read_only = off")
+            cursor.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+        connection.close()
+    assert database_check(client) == (200, {"ok": True})

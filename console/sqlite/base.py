@@ -1,4 +1,5 @@
-"""Django's SQLite backend, with one change: how a writer waits for the write lock.
+"""Django's SQLite backend, with two changes: how a writer waits for the write lock, and
+each connection remembers which file it opened.
 
 SQLite has one write lock. Lethe opens every transaction with BEGIN IMMEDIATE (settings:
 `transaction_mode`), so a writer that finds the lock taken waits at BEGIN, where nothing is
@@ -18,10 +19,17 @@ django-q2 taking a task) gets the same: it runs in a BEGIN IMMEDIATE ... COMMIT 
 which is what SQLite does for it anyway, with the lock taken the same way. Not a statement
 that returns rows (INSERT ... RETURNING: its rows are read after it), which keeps the busy
 handler (`PRAGMA busy_timeout`), as every other statement outside a transaction does.
+
+The file a connection opened is remembered as `file_identity` (device and inode of its path,
+read as it connects): /readyz compares it with the file at the path now, so a database file
+deleted or replaced under a running process is reported, not written into unseen
+(ops/health.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sqlite3
 import time
 from collections.abc import Callable
@@ -96,6 +104,18 @@ class CursorWrapper(base.SQLiteCursorWrapper):
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
+    file_identity: tuple[int, int] | None = None
+
+    def get_new_connection(self, conn_params):
+        raw = super().get_new_connection(conn_params)
+        # The init commands have read the file by now: it exists, and is the one just opened.
+        self.file_identity = None
+        if not self.is_in_memory_db():
+            with contextlib.suppress(OSError):  # a name that is no path (a URI): nothing to compare
+                found = os.stat(self.settings_dict["NAME"])
+                self.file_identity = (found.st_dev, found.st_ino)
+        return raw
+
     @property
     def lock_timeout(self) -> float:
         """The connection's `timeout` (settings: 20 s): how long a writer waits for the lock."""
