@@ -10,6 +10,7 @@ of a name is kept and updated, the others are deleted.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.db import connection, transaction
@@ -21,9 +22,13 @@ _ADVISORY_KEY = 0x4C455448  # "LETH"
 
 def ensure_named(specs: dict[str, dict[str, Any]]) -> None:
     """Create or update each schedule `name -> {func, minutes?, kwargs?, schedule_type?}`
-    (schedule type MINUTES unless given, repeating forever, first run now), one row per name."""
+    (schedule type MINUTES unless given, repeating forever, first run now), one row per name.
+    A MINUTES schedule's next run is at most one interval away: when a release shortens an
+    interval (daily to hourly), the new one applies from this start, not after the next run
+    the old interval had planned."""
     from django_q.models import Schedule
 
+    now = timezone.now()
     with transaction.atomic():
         if connection.vendor == "postgresql":
             with connection.cursor() as cursor:
@@ -39,6 +44,12 @@ def ensure_named(specs: dict[str, dict[str, Any]]) -> None:
             if len(rows) > 1:
                 Schedule.objects.filter(pk__in=[row.pk for row in rows[1:]]).delete()
             if not rows:
-                Schedule.objects.create(name=name, repeats=-1, next_run=timezone.now(), **wanted)
-            elif any(getattr(rows[0], key) != value for key, value in wanted.items()):
-                Schedule.objects.filter(pk=rows[0].pk).update(**wanted)
+                Schedule.objects.create(name=name, repeats=-1, next_run=now, **wanted)
+                continue
+            changes = {key: value for key, value in wanted.items() if getattr(rows[0], key) != value}
+            if wanted["schedule_type"] == Schedule.MINUTES and wanted["minutes"] and rows[0].next_run:
+                latest = now + timedelta(minutes=wanted["minutes"])
+                if rows[0].next_run > latest:
+                    changes["next_run"] = latest
+            if changes:
+                Schedule.objects.filter(pk=rows[0].pk).update(**changes)

@@ -562,7 +562,13 @@ class AuditFact(models.Model):
     recorded_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
-        indexes = [models.Index(fields=["recorded_at"], name="audit_recorded_idx")]
+        indexes = [
+            models.Index(fields=["recorded_at"], name="audit_recorded_idx"),
+            # The hourly expiry of the console's own facts (no conversation) finds the due ones
+            # here, and none without reading any row (lifecycle.actions.expire_facts).
+            models.Index(fields=["conversation", "recorded_at"], name="audit_console_recorded_idx",
+                         condition=Q(conversation__isnull=True)),
+        ]
 
 
 class ClaimKind(models.TextChoices):
@@ -718,6 +724,10 @@ class DeleteOperation(models.Model):
                          condition=Q(state="pending")),
             # The Operations list and GET /v1/operations page by this key (operation_paging).
             models.Index(fields=["requested_at", "id"], name="delete_op_requested_idx"),
+            # The hourly facts expiry: completed deletes older than a period, read from the
+            # index alone (lifecycle.actions.expire_facts.due_deletes).
+            models.Index(fields=["state", "completed_at", "conversation"], name="delete_op_completed_idx",
+                         condition=Q(state="completed")),
         ]
 
     def __str__(self) -> str:
@@ -780,7 +790,7 @@ class ErasureFingerprint(models.Model):
     Holds no content: a random per-operation key and keyed digests of 64-byte windows (and
     of their 32-byte slices, for the aligned scan). Short, guessable content could be
     confirmed against them, so they are dropped once a clean physical verification is
-    recorded, and by the daily facts expiry a week after the delete at the latest
+    recorded, and by the hourly facts expiry a week after the delete at the latest
     (`lifecycle.actions.expire_facts.FINGERPRINT_DAYS`).
     """
 

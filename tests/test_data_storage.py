@@ -151,7 +151,10 @@ def test_it_rejects_out_of_range_days(admin_client):
 def test_it_no_longer_says_it_stores_the_policy_only(member_client):
     content = member_client.get(PAGE, **HOST).content.decode()
     assert "stores the policy only" not in content and "not available yet" not in content
-    assert "counts from the day a conversation's delete completed" in content  # facts do expire now
+    assert "counts from when a conversation's delete completed" in content  # facts do expire now
+    # The expiry runs hourly: the card says so, and nothing on the page calls it daily.
+    assert "a job that runs every hour removes the facts" in content and "at the next hourly run" in content
+    assert "daily job removes" not in content and "next daily run" not in content
     assert "Last cleanup" in content and "Never" in content
 
 

@@ -5,14 +5,18 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.core.management import call_command
+from django.db import connection
 from django.utils import timezone
 from django_q.models import Schedule
 
+from lifecycle import audit
 from lifecycle import models as m
-from lifecycle.actions.expire_facts import expire_facts
+from lifecycle.actions.expire_facts import due_console_audit, due_deletes, expire_facts
 from lifecycle.actions.request_deletion import request_deletion
 from lifecycle.deletion import executor
 from lifecycle.enginefs import EngineHome
+from lifecycle.registry import STORES
 from lifecycle.schedules import ensure_schedules
 from lifecycle.tasks import recover, startup
 from tests import factories
@@ -81,8 +85,49 @@ def test_it_creates_the_lifecycle_schedules_once_by_name():
     recover_job = Schedule.objects.get(name="lifecycle-recover")
     expiry = Schedule.objects.get(name="lifecycle-expire-facts")
     assert (recover_job.func, recover_job.minutes, recover_job.repeats) == ("lifecycle.tasks.recover", 1, -1)
-    assert (expiry.func, expiry.minutes) == ("lifecycle.tasks.expire_facts", 1440)
+    assert (expiry.func, expiry.minutes, expiry.repeats) == ("lifecycle.tasks.expire_facts", 60, -1)
     assert Schedule.objects.filter(name__startswith="lifecycle-").count() == 2
+
+
+def test_the_daily_expiry_of_an_earlier_release_becomes_hourly_and_single_at_migrate():
+    """The start-up path (migrate, then its post_migrate handlers) against a database that
+    has the daily schedule earlier releases made, next due in 23 hours."""
+    Schedule.objects.filter(name="lifecycle-expire-facts").delete()
+    daily = {"name": "lifecycle-expire-facts", "func": "lifecycle.tasks.expire_facts", "minutes": 24 * 60,
+             "repeats": -1, "schedule_type": Schedule.MINUTES}
+    old = Schedule.objects.create(**daily, next_run=timezone.now() + timedelta(hours=23))
+    call_command("migrate", verbosity=0)
+    call_command("migrate", verbosity=0)
+    rows = list(Schedule.objects.filter(name="lifecycle-expire-facts"))
+    assert [(r.pk, r.func, r.minutes, r.schedule_type, r.repeats) for r in rows] == [
+        (old.pk, "lifecycle.tasks.expire_facts", 60, Schedule.MINUTES, -1)]
+    # The hourly interval applies now, not after the run the daily one had planned.
+    assert rows[0].next_run <= timezone.now() + timedelta(hours=1)
+    # A next run already within the hour stays where it is.
+    soon = timezone.now() + timedelta(minutes=10)
+    Schedule.objects.filter(pk=old.pk).update(next_run=soon)
+    call_command("migrate", verbosity=0)
+    assert Schedule.objects.get(name="lifecycle-expire-facts").next_run == soon
+
+
+def test_a_run_with_nothing_due_reads_indexes_only():
+    """The hourly expiry's queries for what is due, planned on a database holding facts that
+    are not due: each reads an index, never a whole table."""
+    deleted_days_ago(10)
+    factories.make_conversation()
+    audit.record("settings.changed", new={"x": 1})
+    cutoff = timezone.now() - timedelta(days=365)
+    queries = [due_deletes(store, cutoff) for store in STORES if store.period] + [due_console_audit(cutoff)]
+    assert len(queries) == 4
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SET LOCAL enable_seqscan = off")  # tiny tables: else any plan is as good
+        for query in queries:
+            sql, params = query.query.sql_with_params()
+            cursor.execute(("EXPLAIN QUERY PLAN " if connection.vendor == "sqlite" else "EXPLAIN ") + sql, params)
+            plan = "\n".join(str(row[-1]) for row in cursor.fetchall())
+            assert "delete_op_completed_idx" in plan or "audit_console_recorded_idx" in plan, plan
+            assert "SCAN lifecycle_" not in plan and "Seq Scan" not in plan, plan
 
 
 def test_recovery_finishes_outstanding_intents_and_skips_held_ones():

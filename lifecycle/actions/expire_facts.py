@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
 from lifecycle import audit, faults
@@ -30,7 +30,13 @@ def expire_facts(*, now=None) -> dict[str, int]:
     """Remove retained facts whose period, counted from their conversation's completed
     delete, has run out, the console's own audit facts older than the audit period, and the
     fingerprints of deletes older than FINGERPRINT_DAYS. Facts of live conversations never
-    expire. Idempotent (daily job).
+    expire. Idempotent (hourly job).
+
+    A run with nothing due is cheap: it reads indexes only, no table rows. Per store, the
+    completed deletes older than the period (`delete_op_completed_idx`), each with one probe
+    of the facts' conversation index; the console's own audit facts older than the period
+    (`audit_console_recorded_idx`: none, once they have expired); the fingerprints, a table
+    that holds only the last week's deletes.
 
     Each batch deletes the facts of up to BATCH deletes, marks those stores "expired" on their
     receipts and records the audit fact, in one transaction: a run killed at any point and run
@@ -52,11 +58,24 @@ def expire_facts(*, now=None) -> dict[str, int]:
     return expired
 
 
-def _expire_store(store: Store, cutoff: datetime, now: datetime) -> int:
+def due_deletes(store: Store, cutoff: datetime) -> QuerySet:
+    """(pk, conversation id) of the completed deletes older than `cutoff` that still have
+    facts in the store, oldest first."""
     facts = store.model_class.objects.filter(**{store.lookup: OuterRef("conversation_id")})
-    due = DeleteOperation.objects.filter(state=DeleteState.COMPLETED, completed_at__lt=cutoff).filter(Exists(facts))
+    return (DeleteOperation.objects.filter(state=DeleteState.COMPLETED, completed_at__lt=cutoff)
+            .filter(Exists(facts)).order_by("completed_at", "pk").values_list("pk", "conversation_id"))
+
+
+def due_console_audit(cutoff: datetime) -> QuerySet:
+    """Ids of the console's own audit facts recorded before `cutoff`, oldest first."""
+    return (AuditFact.objects.filter(conversation__isnull=True, recorded_at__lt=cutoff)
+            .order_by("recorded_at", "pk").values_list("pk", flat=True))
+
+
+def _expire_store(store: Store, cutoff: datetime, now: datetime) -> int:
+    due = due_deletes(store, cutoff)
     count = 0
-    while batch := list(due.order_by("pk").values_list("pk", "conversation_id")[:BATCH]):
+    while batch := list(due[:BATCH]):
         with transaction.atomic():
             n = store.model_class.objects.filter(**{f"{store.lookup}__in": [c for _pk, c in batch]}).delete()[0]
             for op in DeleteOperation.objects.select_for_update().filter(pk__in=[pk for pk, _c in batch]):
@@ -74,9 +93,9 @@ def _expire_console_audit(cutoff: datetime) -> int:
     with the address they came from, API tokens, settings changes, earlier expiries), expire
     the audit period after they were recorded. Each batch deletes them and records how many
     in one transaction (the record itself is recent: it expires a period later)."""
-    due = AuditFact.objects.filter(conversation__isnull=True, recorded_at__lt=cutoff).order_by("pk")
+    due = due_console_audit(cutoff)
     count = 0
-    while batch := list(due.values_list("pk", flat=True)[:CONSOLE_BATCH]):
+    while batch := list(due[:CONSOLE_BATCH]):
         with transaction.atomic():
             n = AuditFact.objects.filter(pk__in=batch, conversation__isnull=True).delete()[0]
             if n:
