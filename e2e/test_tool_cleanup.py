@@ -199,6 +199,35 @@ def test_create_backup_prepares_a_verified_backup_first_then_cleans_up(data, liv
     check_removed(old, recent, expected, payload_before)
 
 
+@pytest.mark.parametrize("viewport", ["desktop", "small-phone"], ids=["1280", "320"])
+def test_a_backup_changed_on_disk_is_flagged_in_its_own_row_and_fits(data, live_server, open_page, viewport):
+    from retention.backups import create_backup, list_backups
+
+    intact, changed = create_backup(), create_backup()
+    with open(changed.path, "ab") as handle:  # one byte more than its receipt says
+        handle.write(b"X")
+    assert {r.name: r.changed for r in list_backups()} == {intact.name: False, changed.name: True}
+    page = open_page(viewport)
+    open_card(page, live_server.url)
+    backups = page.get_by_test_id("backups")
+    rows = backups.locator("li.backup")
+    expect(rows).to_have_count(2)
+    warning = rows.filter(has_text=changed.name).get_by_test_id("backup-changed")
+    expect(warning).to_be_visible()
+    expect(warning).to_contain_text("This file changed after it was made")
+    expect(warning).to_contain_text("Do not restore it unless its SHA-256 checksum still matches")
+    expect(rows.filter(has_text=intact.name).get_by_test_id("backup-changed")).to_have_count(0)
+    warning.scroll_into_view_if_needed()
+    check_layout(page, "a changed backup")
+    # The warning stays inside its row and the screen, clear of the checksum above it.
+    row_box, box = rows.filter(has_text=changed.name).bounding_box(), warning.bounding_box()
+    assert row_box["x"] <= box["x"] and box["x"] + box["width"] <= row_box["x"] + row_box["width"]
+    assert box["x"] + box["width"] <= page.viewport_size["width"]
+    checksum = rows.filter(has_text=changed.name).locator(".hash").bounding_box()
+    assert box["y"] >= checksum["y"] + checksum["height"]
+    screenshot(page, "backup-changed")
+
+
 def test_members_see_the_status_but_no_actions(data, live_server, open_page):
     page = open_page("small-phone")
     open_card(page, live_server.url, MEMBER)
