@@ -12,7 +12,9 @@ import re
 
 import pytest
 from django.utils import timezone, translation
+from django.utils.html import escape
 
+from lifecycle.deletion.presentation import CLASS_RULES, OTHER_LABEL, UNKNOWN_RULE
 from lifecycle.models import RetainedFactsPolicy
 from lifecycle.registry import STORES, store
 from remote.models import BoundDelete, BoundDeleteKey, EngineBinding
@@ -136,6 +138,45 @@ def test_without_a_usable_preview_it_states_the_rules_and_claims_no_figures(sett
     assert 'class="store-count"' not in page and "could not be counted" not in page
     assert not re.search(r"\d+ (records?|files?)\b", words)
     assert "Delete for good" in page  # the delete itself does not depend on the preview
+
+
+def raw_rows(html: str, heading: str) -> list[str]:
+    """The markup of each row of the preview group under the heading with that id."""
+    block = html.split(f'id="{heading}"', 1)[1].split("</ul>", 1)[0]
+    return re.findall(r"<li\b.*?</li>", block, re.S)
+
+
+def store_row(name: str, note: str, count: str | None) -> str:
+    """A compacted or engine-reported store's row, exactly as the preview writes it."""
+    figure = "" if count is None else f' <span class="store-count">{count}\n</span>'
+    return (f'<li><div class="store-line"><span class="store-name">{escape(name)}</span>{figure}</div>'
+            f'<p class="store-note">{escape(note)}</p></li>')
+
+
+@pytest.mark.parametrize("rules_only", [False, True], ids=["figures", "rules-only"])
+def test_compacted_and_engine_reported_rows_are_written_alike(settings, admin_client, rules_only):
+    """One row markup for both groups: the store's name, the engine's figure (none when the
+    engine could not be asked) and what a delete does with it. Stores only the engine knows
+    come last in their group: one with a class this console knows (compact), one without."""
+    newer = [{"store": "lifecycle.Quantum", "kind": "table", "class": "compact", "records": 4},
+             {"store": "lifecycle.Hologram", "kind": "table", "class": "entangle", "records": 7},
+             {"store": "blobs", "kind": "file", "class": "", "records": 2, "bytes": 2048}]
+    answer = (404, {"detail": "Not Found"}) if rules_only else (200, preview(stores=[*preview()["stores"], *newer]))
+    b = bound()
+    with scripted_engine({("GET", "/v1/threads/"): lambda h: answer}) as (url, _seen):
+        point_at(settings, url)
+        page = admin_client.get(f"/engine/conversations/{b.public_id}/delete/", **HOST).content.decode()
+    compacted = [s for s in STORES if s.retention == "compact"]
+    assert len(compacted) == 4
+    expected = [store_row(str(s.label), str(s.on_delete), None if rules_only else "0 records") for s in compacted]
+    if rules_only:
+        assert raw_rows(page, "compact-h") == expected
+        assert 'data-testid="preview-other"' not in page  # nothing the engine reported
+        return
+    other, unknown = str(OTHER_LABEL), str(UNKNOWN_RULE)
+    assert raw_rows(page, "compact-h") == [*expected, store_row(other, str(CLASS_RULES["compact"]), "4 records")]
+    assert raw_rows(page, "other-h") == [store_row(other, unknown, "7 records"),
+                                         store_row(other, unknown, "2 files, 2.0\xa0KB")]
 
 
 def completed(receipt: dict) -> BoundDelete:
