@@ -58,7 +58,9 @@ class JsonErrorThreadWorker(ThreadWorker):
         if answer is None:
             return super().handle_error(req, client, addr, exc)
         ip = addr[0] if addr else ""
-        self.log.warning("Invalid request from ip=%s: %s", ip, exc)
+        # The kind of refusal only: the exception's text quotes the request line or a header,
+        # which may carry a token or content (logs carry neither).
+        self.log.warning("Invalid request from ip=%s: %s", ip, type(exc).__name__)
         try:
             util.write_nonblock(client, json_error(*answer))
         except Exception:  # the client went away; nothing to answer

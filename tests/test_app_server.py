@@ -200,11 +200,15 @@ def _raw(port: int, request: bytes) -> tuple[int, dict, bytes]:
     return int(lines[0].split()[1]), headers, body
 
 
-def test_requests_the_server_refuses_before_lethe_sees_them_get_the_json_error(served, tree):
+def test_requests_the_server_refuses_before_lethe_sees_them_get_the_json_error(served, tree, tmp_path):
     """A request line or header over the server's limits, or one that is not HTTP, is answered
-    by the server itself: with the same `{code, message}` document as every API error, not HTML."""
+    by the server itself: with the same `{code, message}` document as every API error, not HTML.
+    Its log line names the kind of refusal, never the request's text (a token in a query)."""
     port = free_port()
-    proc = start(served["env"], port)
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "manage.py", "serve", f"127.0.0.1:{port}"], cwd=ROOT,
+                                env=served["env"], stdout=out, stderr=out, start_new_session=True)
     tree.watch(proc.pid, port)
     auth = f"Authorization: Bearer {served['token']}\r\n"
     cases = [
@@ -213,7 +217,7 @@ def test_requests_the_server_refuses_before_lethe_sees_them_get_the_json_error(s
          431, "headers_too_large"),
         ("GET /v1/threads HTTP/1.1\r\nHost: x\r\n" + "".join(f"X-{n}: 1\r\n" for n in range(200)) + "\r\n",
          431, "headers_too_large"),
-        ("GET /v1/threads HTTP/9.9\r\nHost: x\r\n\r\n", 400, "malformed_request"),
+        ("GET /v1/threads?token=lethe_SECRETMARK HTTP/9.9\r\nHost: x\r\n\r\n", 400, "malformed_request"),
         ("GET /v1/threads HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", 400, "malformed_request"),
     ]
     for request, status, code in cases:
@@ -230,3 +234,6 @@ def test_requests_the_server_refuses_before_lethe_sees_them_get_the_json_error(s
         assert db.execute("SELECT COUNT(*) FROM lifecycle_deleteoperation").fetchone() == (0,)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
+    logged = log.read_text(errors="replace")
+    assert "Invalid request from ip=127.0.0.1: InvalidHTTPVersion" in logged
+    assert "SECRETMARK" not in logged and "aaaaaaaaaa" not in logged and "kkkkkkkkkk" not in logged
