@@ -65,7 +65,7 @@ def engine_bytes_by_key(home: EngineHome, problems: list[OSError] | None = None)
     keys: set[str] = set()
     for area in CONVERSATION_AREAS:
         try:
-            entries = list(os.scandir(home.real_root / area))
+            entries = list(os.scandir(home.root / area))
         except (FileNotFoundError, NotADirectoryError):
             continue
         except OSError as exc:  # a folder that cannot be listed: counted as unreadable, not empty
@@ -89,7 +89,7 @@ def measure_storage() -> dict[str, int]:
     kinds = tool_kind_sizes()
     faults.kill_point("insight.read_database")
     home = EngineHome()
-    engine_missing = not home.real_root.is_dir()
+    engine_missing = not home.root.is_dir()
     problems: list[OSError] = []
     engine_files, engine_total = home.usage(problems)
     by_key = engine_bytes_by_key(home, problems)

@@ -26,10 +26,8 @@ class EngineProblem:
 
 def describe(home: EngineHome, problem: UnreadableEngineFile) -> EngineProblem:
     path = problem.path
-    for root in (home.root, home.real_root):
-        if path.is_relative_to(root):
-            path = path.relative_to(root)
-            break
+    if path.is_relative_to(home.root):
+        path = path.relative_to(home.root)
     return EngineProblem(str(path), str(REASONS.get(problem.reason, REASONS["unreadable"])))
 
 

@@ -12,6 +12,8 @@ raw thread ids repeat across owners):
 What this module guarantees, because the erasure executor deletes what it returns and a
 person trusts what it reports:
 
+- One root: ENGINE_HOME resolved once (`EngineHome.root`), so every path handed out or
+  compared here (fleet files, locks, temporaries, conversation folders) has the same form.
 - Per-conversation paths exist only for well-formed public ids (`c_` + 20 lowercase hex) and
   are their own resolved form under the resolved ENGINE_HOME: a symlink anywhere between the
   engine folder and a conversation folder raises `UnsafeEnginePath` instead of being followed.
@@ -242,18 +244,16 @@ def _walk_files(top: Path, problems: list[OSError] | None = None) -> Iterator[os
 
 class EngineHome:
     def __init__(self, root: Path | str | None = None) -> None:
-        self.root = Path(root if root is not None else settings.ENGINE_HOME)
+        # Resolved once (a symlink to the engine folder, a relative ENGINE_HOME): every path this
+        # class hands out, and every path it or its callers compare, starts with this one root.
+        self.root = Path(os.path.realpath(root if root is not None else settings.ENGINE_HOME))
 
     # Paths -----------------------------------------------------------------
-
-    @property
-    def real_root(self) -> Path:
-        return Path(os.path.realpath(self.root))
 
     def _conversation_dir(self, area: str, key: str) -> Path:
         if not is_storage_key(key):
             raise InvalidStorageKey(f"not a conversation storage key: {key!r}")
-        path = self.real_root / area / key
+        path = self.root / area / key
         # Its own resolved form: no symlink between the engine folder and the conversation.
         if Path(os.path.realpath(path)) != path:
             raise UnsafeEnginePath(f"{area}/{key} passes through a symlink")
@@ -318,7 +318,7 @@ class EngineHome:
         The fleet's own lock for the fleet file; the log's lock for its torn-tail files (they
         are written while the log's lock is held); else `<name>.lock` beside the file.
         """
-        if path.name == self.fleet_path.name and os.path.realpath(path.parent) == str(self.real_root / "state"):
+        if path.name == self.fleet_path.name and os.path.realpath(path.parent) == str(self.root / "state"):
             return self.fleet_lock
         for pattern in (TORN, TORN_PENDING):
             if match := pattern.fullmatch(path.name):
@@ -514,7 +514,7 @@ class EngineHome:
     def _legacy_temporary_target(self, folder: Path, target: str) -> bool:
         """Earlier releases wrote `<name>.tmp-<8 hex>` beside these fixed-name files only."""
         try:
-            area, *rest = folder.relative_to(self.real_root).parts
+            area, *rest = Path(os.path.realpath(folder)).relative_to(self.root).parts
         except ValueError:
             return False
         if (area, *rest) in (("state",), ("legacy-state",)):
@@ -549,7 +549,7 @@ class EngineHome:
         sweeps may run at once: each file is removed by exactly one of them.
         """
         removed = 0
-        root = self.real_root
+        root = self.root
         if not root.is_dir():
             return 0
         found = []
@@ -571,7 +571,7 @@ class EngineHome:
     def usage(self, problems: list[OSError] | None = None) -> tuple[int, int]:
         """(files, bytes) under the engine home; what could not be read goes to `problems`."""
         count = size = 0
-        for info in _walk_files(self.real_root, problems):
+        for info in _walk_files(self.root, problems):
             count += 1
             size += info.st_size
         return count, size

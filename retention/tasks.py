@@ -20,7 +20,7 @@ def measure_engine_folder() -> dict[str, int]:
     home = EngineHome()
     problems: list[OSError] = []
     files, size = home.usage(problems)
-    if problems or not home.real_root.is_dir():
+    if problems or not home.root.is_dir():
         log.warning("engine folder not measured: %s", problems[0] if problems else "missing or not a folder")
         return {"files": files, "bytes": size, "unreadable": len(problems) or 1}
     StorageSnapshot.objects.update_or_create(

@@ -353,6 +353,32 @@ def test_the_sweep_removes_only_temporaries_its_writers_create(tmp_path):
     assert home.sweep_temporaries() == 0
 
 
+@pytest.mark.parametrize("reached_by", ["symlink", "relative path"])
+def test_the_fleet_files_temporaries_are_found_however_engine_home_is_reached(tmp_path, monkeypatch, reached_by):
+    """One resolved root: the fleet file's folder, its lock and the places where earlier releases
+    left `<name>.tmp-<8 hex>` are compared in the same form (an old-format temporary beside a
+    fleet file reached through a link or a relative ENGINE_HOME was not recognized, so it was
+    neither swept nor erased with a deleted conversation's rows)."""
+    real = tmp_path / "real-engine"
+    real.mkdir()
+    if reached_by == "symlink":
+        (tmp_path / "eng").symlink_to(real)
+        home = EngineHome(tmp_path / "eng")
+    else:
+        monkeypatch.chdir(tmp_path)
+        home = EngineHome(Path("real-engine"))
+    assert home.root == real and home.fleet_path == real / "state" / "subagents.v1.json"
+    home.update_fleet(lambda rows: [*rows, {"agent_id": "a"}])
+    assert home.lock_for(home.fleet_path) == home.fleet_lock == real / "state" / "subagents.v1.lock"
+    legacy = real / "state" / "subagents.v1.json.tmp-0123abcd"
+    ours = real / "state" / ".subagents.v1.json.lethe-tmp-0123456789abcdef"
+    for leftover in (legacy, ours):
+        leftover.write_bytes(home.fleet_path.read_bytes())
+    assert home.stale_temporaries(home.fleet_path) == [ours, legacy]
+    assert home.sweep_temporaries() == 2
+    assert sorted(p.name for p in (real / "state").iterdir()) == ["subagents.v1.json", "subagents.v1.lock"]
+
+
 def _hold_lock(lock: str, ready, release) -> None:
     with open(lock, "a+b") as handle:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.core.management import call_command
@@ -186,6 +187,39 @@ def test_a_fleet_temporary_a_killed_writer_left_is_erased_and_never_explained_as
     report = verify.verify(op, physical=True, record=False)
     assert [(f.store, f.what) for f in report.logical] == [("subagents", "fleet_temporary")]
     assert [f.where for f in report.physical_findings if "state/" in f.where] == [f"engine:state/{stale.name}"]
+
+
+@pytest.mark.parametrize("reached_by", ["symlink", "relative path"])
+def test_an_old_format_fleet_temporary_is_erased_however_engine_home_is_reached(settings, tmp_path, monkeypatch,
+                                                                               engine_home, reached_by):
+    """`subagents.v1.json.tmp-<8 hex>`, an earlier release's leftover, holds the conversation's
+    rows: the delete removes it and the receipt's clean report is true, with ENGINE_HOME a
+    link to the folder (/var/lib/lethe/engine -> /data/engine) or a path relative to the
+    working folder."""
+    if reached_by == "symlink":
+        (tmp_path / "engine-link").symlink_to(engine_home)
+        settings.ENGINE_HOME = tmp_path / "engine-link"
+    else:
+        monkeypatch.chdir(tmp_path)
+        settings.ENGINE_HOME = Path("engine")
+    target = factories.make_conversation(title="Fleet rows")
+    markers = factories.fill_every_store(target)
+    stale = engine_home / "state" / "subagents.v1.json.tmp-0123abcd"
+    held = (engine_home / "state" / "subagents.v1.json").read_bytes()
+    assert markers["subagents"].encode() in held
+    stale.write_bytes(held)
+    op = request_deletion(target, key="verify-legacy-tmp", acting_user=None)
+    assert executor.run_erasure(op.pk) == "completed"
+    assert not stale.exists()
+    op.refresh_from_db()
+    assert op.receipt["verification"]["logical"] == "clean"
+    report = verify.verify(op, physical=True, record=False)
+    assert report.logical == [] and not [f for f in report.physical_findings if "state/" in f.where]
+
+    stale.write_bytes(held)  # the same leftover, found later (a restored copy of the folder)
+    report = verify.verify(op, physical=True, record=False)
+    assert [(f.store, f.what) for f in report.logical] == [("subagents", "fleet_temporary")]
+    assert executor.erase_residue(op) == ["subagents"] and not stale.exists()
 
 
 def test_an_area_folder_turned_into_a_symlink_is_a_finding_not_a_crash(tmp_path, capsys):

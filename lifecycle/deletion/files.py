@@ -25,19 +25,17 @@ class UnsafeFolder(Exception):
 
 
 def _relative(home: EngineHome, path: Path) -> str:
-    for base in (home.root, Path(os.path.realpath(home.root))):
-        try:
-            return str(Path(path).relative_to(base))
-        except ValueError:
-            continue
-    return Path(path).name
+    try:
+        return str(Path(path).relative_to(home.root))
+    except ValueError:
+        return Path(path).name
 
 
 def checked(home: EngineHome, path: Path) -> Path | None:
     """The folder if it exists and is safe to remove; None if it does not exist."""
-    real_root = Path(os.path.realpath(home.root))
+    root = home.root  # resolved once, by EngineHome
     relative = _relative(home, path)
-    expected = real_root / relative
+    expected = root / relative
     if relative in ("", ".") or ".." in Path(relative).parts:
         raise UnsafeFolder(relative)
     try:
@@ -49,7 +47,7 @@ def checked(home: EngineHome, path: Path) -> Path | None:
         return None
     if not stat.S_ISDIR(info.st_mode) or os.path.realpath(expected) != str(expected):
         raise UnsafeFolder(relative)
-    if os.path.commonpath([real_root, expected]) != str(real_root):
+    if os.path.commonpath([root, expected]) != str(root):
         raise UnsafeFolder(relative)
     return expected
 
