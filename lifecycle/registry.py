@@ -181,6 +181,15 @@ def fenced_tables() -> list[Store]:
     return [s for s in STORES if s.fenced]
 
 
+def content_tables() -> list[str]:
+    """Every table a delete erases or compacts: each can hold a conversation's bytes in rows
+    removed or rewritten before or by its delete (Close releasing the process lease, an item's
+    update, the delete itself), which PostgreSQL keeps in the table's files until the table is
+    rewritten. A delete is physically erased only once all of them have been."""
+    return sorted({s.db_table for s in STORES if s.kind == "table"
+                   and s.retention in (RetentionClass.ERASE, RetentionClass.COMPACT)})
+
+
 def erasure_order() -> list[Store]:
     """The stores a delete changes, in the order it changes them.
 

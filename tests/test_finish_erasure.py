@@ -12,6 +12,7 @@ from django.db import connection
 
 from lifecycle import models as m
 from lifecycle.actions.request_deletion import request_deletion
+from lifecycle.actions.set_closed import set_closed
 from lifecycle.deletion import executor
 from tests import factories
 
@@ -76,6 +77,42 @@ def test_it_rewrites_the_touched_tables_and_marks_the_receipt_physically_erased(
     call_command("finish_erasure")
     assert "No delete is waiting" in capsys.readouterr().out
 
+
+
+def _raw_bytes(table: str) -> bytes:
+    """What the database's files hold: PostgreSQL's files of `table`; SQLite's file and log."""
+    if connection.vendor == "postgresql":
+        return b"".join(path.read_bytes() for path in _table_files(table))
+    name = str(connection.settings_dict["NAME"])
+    return b"".join(Path(p).read_bytes() for p in (name, name + "-wal") if Path(p).exists())
+
+
+def test_a_row_removed_before_the_delete_is_erased_from_the_table_files_too(capsys):
+    """Close deletes the process lease row, whose holder is content, long before any delete:
+    the delete finds no lease row, but PostgreSQL keeps the dead row's bytes in the table's
+    files until the table is rewritten. A receipt is physically erased only once every table
+    that can hold the conversation's content has been."""
+    target = factories.make_conversation(title="Closed first")
+    holder = factories.marker("lease-holder")[:120]
+    m.ProcessLease.objects.create(conversation=target, holder=holder)
+    factories.add_message(target, content=factories.marker("closed-first"))
+    set_closed(target, closed=True, acting_user=None)
+    assert not m.ProcessLease.objects.filter(conversation=target).exists()
+    if connection.vendor == "postgresql":
+        assert holder.encode() in _raw_bytes("lifecycle_processlease")  # the dead row, in the file
+    op = request_deletion(target, key="finish-closed", acting_user=None)
+    assert executor.run_erasure(op.pk) == "completed"
+    op.refresh_from_db()
+    assert "lifecycle_processlease" in op.touched_tables
+    assert next(s for s in op.receipt["stores"] if s["store"] == "lifecycle.ProcessLease")["records"] == 0
+
+    call_command("finish_erasure", "--json")
+    report = json.loads(capsys.readouterr().out)
+    op.refresh_from_db()
+    assert op.physical_state == m.PhysicalState.ERASED
+    if connection.vendor == "postgresql":
+        assert "lifecycle_processlease" in report["tables"]
+    assert holder.encode() not in _raw_bytes("lifecycle_processlease")
 
 
 def test_an_old_transaction_anywhere_on_the_server_keeps_the_rewrite_from_claiming_erasure(monkeypatch):

@@ -16,6 +16,7 @@ from lifecycle.actions.record_compaction import record_compaction
 from lifecycle.actions.request_deletion import request_deletion
 from lifecycle.deletion import executor, fingerprints, verify
 from lifecycle.enginefs import EngineHome
+from lifecycle.registry import content_tables
 from tests import factories
 
 # The physical scan needs committed data and a checkpoint outside any transaction.
@@ -153,40 +154,17 @@ def test_it_records_physical_erasure_only_for_receipts_a_compaction_covers():
     executor.run_erasure(ops["late"].pk)
     m.DeleteOperation.objects.update(physical_state="pending", physically_erased_at=None)
     finished = started + timedelta(seconds=5)
-    tables = ["lifecycle_item", "lifecycle_conversation"]
-    assert record_compaction(started_at=started, finished_at=finished, tables=tables) == 1
+    # Every delete names every content table, also one its conversation had no rows in.
+    assert {tuple(op.touched_tables) for op in m.DeleteOperation.objects.all()} == {tuple(content_tables())}
+    assert record_compaction(started_at=started, finished_at=finished,
+                             tables=[t for t in content_tables() if t != "lifecycle_goal"]) == 0
+    assert record_compaction(started_at=started, finished_at=finished, tables=content_tables()) == 2
     states = {name: m.DeleteOperation.objects.get(pk=op.pk) for name, op in ops.items()}
     assert (states["early"].physical_state, states["early"].physically_erased_at) == ("erased", finished)
+    assert states["wide"].physical_state == "erased"
     assert not any(h.get("kind") in ("database_files", "wal") for h in states["early"].receipt["holders"])
     assert states["late"].physical_state == "pending"  # finished after the compaction started
-    assert states["wide"].physical_state == "pending"  # touched lifecycle_goal too
-    assert record_compaction(started_at=started, finished_at=finished, tables=tables) == 0
-
-
-def test_a_fleet_temporary_a_killed_writer_left_is_erased_and_never_explained_as_live_data():
-    """A fleet writer killed before its rename leaves `.subagents.v1.json.lethe-tmp-<hex>`
-    beside the fleet file, holding the rows it was writing. The delete removes it with the
-    conversation's rows; one that shows up afterwards is residue to both checks (the raw scan
-    had explained any hit under state/ as the live fleet file)."""
-    target = factories.make_conversation(title="Fleet rows")
-    markers = factories.fill_every_store(target)
-    home = EngineHome()
-    stale = home.fleet_path.with_name(f".{home.fleet_path.name}.lethe-tmp-0123456789abcdef")
-    held = home.fleet_path.read_bytes()
-    assert markers["subagents"].encode() in held
-    stale.write_bytes(held)
-    op = request_deletion(target, key="verify-fleet-tmp", acting_user=None)
-    assert executor.run_erasure(op.pk) == "completed"
-    assert not stale.exists()
-    op.refresh_from_db()
-    assert op.receipt["verification"]["logical"] == "clean"
-    report = verify.verify(op, physical=True, record=False)
-    assert report.logical == [] and not [f for f in report.physical_findings if "state/" in f.where]
-
-    stale.write_bytes(held)  # the same leftover, found later
-    report = verify.verify(op, physical=True, record=False)
-    assert [(f.store, f.what) for f in report.logical] == [("subagents", "fleet_temporary")]
-    assert [f.where for f in report.physical_findings if "state/" in f.where] == [f"engine:state/{stale.name}"]
+    assert record_compaction(started_at=started, finished_at=finished, tables=content_tables()) == 0
 
 
 @pytest.mark.parametrize("reached_by", ["symlink", "relative path"])

@@ -38,9 +38,9 @@ The lifecycle, in order (DESIGN.md section 4):
 5. Completed: every step done; the title is erased last, the operation keeps the per-store
    receipt (class, records, bytes; no content). Physical erasure is reported apart
    (`physical`): on SQLite `secure_delete` plus a `wal_checkpoint(TRUNCATE)` retried while a
-   reader keeps it busy; on PostgreSQL pending until a compaction rewrites the touched
-   tables (`lifecycle.actions.record_compaction`). The receipt names what still holds old
-   bytes (earlier backups, a WAL archive) and until when.
+   reader keeps it busy; on PostgreSQL pending until a compaction rewrites every table
+   that can hold the conversation's content (`lifecycle.actions.record_compaction`). The
+   receipt names what still holds old bytes (earlier backups, a WAL archive) and until when.
 6. Recovery (`lifecycle.tasks`): at worker start and every minute, outstanding intents are
    picked up where they stopped.
 7. Verification (`verify`): `manage.py verify_erasure` re-scans every registered store, and

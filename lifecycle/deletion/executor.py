@@ -47,7 +47,7 @@ from lifecycle.models import (
     PhysicalState,
     StepState,
 )
-from lifecycle.registry import STORES, RetentionClass
+from lifecycle.registry import STORES, RetentionClass, content_tables
 
 log = logging.getLogger(__name__)
 
@@ -454,15 +454,6 @@ def changed_totals(entries: list[dict]) -> dict[str, int]:
     }
 
 
-def _touched(steps: list[DeleteStep]) -> list[str]:
-    by_key = {s.key: s for s in STORES}
-    return sorted({
-        by_key[step.key].db_table for step in steps
-        if by_key[step.key].kind == "table" and step.records
-        and by_key[step.key].retention in (RetentionClass.ERASE, RetentionClass.COMPACT)
-    })
-
-
 def _complete(op: DeleteOperation, checked_at: datetime) -> None:
     faults.kill_point("complete")
     with stores.durable_transaction():
@@ -488,7 +479,9 @@ def _complete(op: DeleteOperation, checked_at: datetime) -> None:
         Conversation.objects.filter(pk=locked.conversation_id).update(state=ConversationState.DELETED)
         DeleteOperation.objects.filter(pk=locked.pk).update(
             state=DeleteState.COMPLETED, completed_at=now, step="", receipt=receipt, last_error="",
-            touched_tables=_touched(steps), physical_state=PhysicalState.PENDING, verified_at=checked_at,
+            # Every content table, not only those that held rows now: rows removed earlier by
+            # another path (Close releases the process lease) left their bytes in the files too.
+            touched_tables=content_tables(), physical_state=PhysicalState.PENDING, verified_at=checked_at,
         )
 
 

@@ -8,7 +8,7 @@ the recovery job tries again every minute.
 
 PostgreSQL: a plain VACUUM (what Compact database runs) leaves deleted bytes in the table
 files; only a rewrite of the tables removes them: `manage.py finish_erasure` (VACUUM FULL of
-the touched tables), which calls `record_compaction`. Until then the receipt says "logically
+every table a delete erases or compacts), which calls `record_compaction`. Until then the receipt says "logically
 erased, physically pending" and names that command.
 
 Backups made before the delete still hold the content, whatever the database does; so does
