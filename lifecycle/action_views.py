@@ -177,10 +177,28 @@ def _rows_with_times(rows: list[dict[str, Any]], typed: dict[str, Any] | None = 
 
 
 def _residue(verification: dict[str, Any]) -> dict[str, Any] | None:
-    """The last verification's findings, when it found anything (else None)."""
-    if "found" not in (verification.get("logical"), verification.get("physical")):
+    """What the receipt's checks found, by what removes it (None when nothing): traces in the
+    conversation's stores (the last check's, which --erase-residue erases), and files whose raw
+    bytes held its content at the last raw-byte check: its own files (--erase-residue removes
+    them), other files in the engine folder and the database file (it does not; the page says
+    what the operator does). A receipt recorded before files were told apart gives no breakdown
+    (`unknown`)."""
+    logical = verification.get("logical") == "found"
+    physical = verification.get("physical") == "found"
+    if not (logical or physical):
         return None
-    return {"at": moment(verification.get("at")), "findings": verification.get("findings") or 0}
+    residue: dict[str, Any] = {
+        "at": moment(verification.get("at")),
+        "logical": (verification.get("logical_findings", verification.get("findings")) or 1) if logical else 0,
+    }
+    if physical:
+        files = verification.get("physical_files")
+        residue["physical_at"] = moment(verification.get("physical_at") or verification.get("at"))
+        if isinstance(files, dict):
+            residue.update({kind: int(files.get(kind) or 0) for kind in ("erasable", "engine_folder", "database")})
+        else:
+            residue["unknown"] = True
+    return residue
 
 
 def _operation_context(op: OperationView, request: HttpRequest | None = None) -> dict[str, Any]:

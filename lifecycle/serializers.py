@@ -137,10 +137,25 @@ class PhysicalOut(Schema):
     erased_at: str | None
 
 
+class PhysicalFilesOut(Schema):
+    """Files whose raw bytes held the conversation's content, by what removes them."""
+
+    erasable: int = Field(description="Its own files (its folders, a fleet file's leftover temporary naming it), "
+                                      "which `verify_erasure --erase-residue` removes.")
+    engine_folder: int = Field(description="Other files in the engine folder, which an operator must remove.")
+    database: int = Field(description="The database file or its write-ahead log (SQLite), rewritten by Compact "
+                                      "database.")
+
+
 class VerificationOut(Schema):
-    at: str
+    at: str = Field(description="When the last check ran.")
     logical: Literal["clean", "found"]
-    physical: Literal["clean", "found", "pending", "not_checked", "no_fingerprints", "no_samples"]
+    logical_findings: int | None = None
+    physical: Literal["clean", "found", "pending", "not_checked", "no_fingerprints", "no_samples"] = Field(
+        description="The last check that scanned raw bytes (clean, found, pending); a later check that did "
+                    "not scan them keeps it. The other values: no check has scanned them.")
+    physical_at: str | None = Field(default=None, description="When that raw-byte result was found.")
+    physical_files: PhysicalFilesOut | None = None
     findings: int
 
 

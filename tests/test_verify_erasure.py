@@ -121,8 +121,96 @@ def test_it_exits_non_zero_and_names_what_it_finds(capsys, admin_client):
     assert not home.thread_dir(target.storage_key).exists()
     op.refresh_from_db()
     assert op.receipt["verification"]["logical"] == "clean"
+    # That check read no raw bytes: the last raw-byte finding stands until one does
+    assert op.receipt["verification"]["physical"] == "found"
     page = client.get(f"/operations/{op.public_id}/", HTTP_HOST="127.0.0.1").content.decode()
-    assert 'data-testid="residue-found"' not in page and "clean" in page
+    assert 'data-testid="residue-found"' not in page and 'data-testid="residue-engine-files"' in page
+    call_command("verify_erasure", target.public_id, "--physical")
+    op.refresh_from_db()
+    assert op.receipt["verification"]["physical"] in ("clean", "pending")  # PostgreSQL: until finish_erasure
+    page = client.get(f"/operations/{op.public_id}/", HTTP_HOST="127.0.0.1").content.decode()
+    assert "residue-" not in page and "clean" in page
+
+
+def _stray_copy(conversation, home: EngineHome) -> Path:
+    """The conversation's artifact copied elsewhere in the engine folder (by hand, by a tool):
+    no store of the conversation holds it, only its raw bytes say whose it is."""
+    stray = home.root / "stray" / "copy.txt"
+    stray.parent.mkdir()
+    stray.write_bytes((home.artifacts_dir(conversation.storage_key) / "large-output.txt").read_bytes())
+    return stray
+
+
+def test_a_check_without_raw_bytes_keeps_the_last_raw_byte_finding(admin_client, capsys):
+    """`verify_erasure --all` (what the restore procedure runs) reads no raw bytes: it must not
+    replace a raw-byte finding with "clean", nor the page stop showing it."""
+    target = factories.make_conversation(title="Marked")
+    factories.fill_every_store(target)
+    home = EngineHome()
+    stray = _stray_copy(target, home)
+    op = request_deletion(target, key="verify-kept", acting_user=None)
+    assert executor.run_erasure(op.pk) == "completed"
+    op.refresh_from_db()
+    assert verify.verify(op, physical=True).physical == "found"
+    op.refresh_from_db()
+    found = op.receipt["verification"]
+    assert (found["physical"], found["physical_files"]) == ("found", {"erasable": 0, "engine_folder": 1, "database": 0})
+    assert found["physical_at"] == found["at"]
+
+    call_command("verify_erasure", "--all")
+    out = capsys.readouterr().out
+    assert "logical: clean" in out and f"last raw-byte check ({found['physical_at']}): CONTENT FOUND" in out
+    op.refresh_from_db()
+    kept = op.receipt["verification"]
+    assert kept["at"] > found["at"] and kept["logical"] == "clean"
+    assert (kept["physical"], kept["physical_at"], kept["physical_files"], kept["findings"]) == (
+        "found", found["physical_at"], found["physical_files"], 1)
+    assert stray.exists()
+    page = admin_client.get(f"/operations/{op.public_id}/", HTTP_HOST="127.0.0.1").content.decode()
+    assert 'data-testid="residue-engine-files"' in page
+    assert "in 1 file of the engine folder that is not this conversation's own." in page
+    assert "does not remove such files" in page and "delete them or the copied content by hand" in page
+    api = admin_client.get(f"/v1/operations/{op.public_id}", HTTP_HOST="127.0.0.1").json()
+    assert api["receipt"]["verification"]["physical"] == "found"
+
+
+def test_the_advice_names_what_erase_residue_removes_and_what_it_cannot(admin_client, capsys):
+    target = factories.make_conversation(title="Marked")
+    factories.fill_every_store(target)
+    home = EngineHome()
+    artifact = (home.artifacts_dir(target.storage_key) / "large-output.txt").read_bytes()
+    stray = _stray_copy(target, home)
+    op = request_deletion(target, key="verify-advice", acting_user=None)
+    assert executor.run_erasure(op.pk) == "completed"
+    # Written back into the conversation's own folder after the delete, by a process outside Lethe
+    own = home.artifacts_dir(target.storage_key) / "large-output.txt"
+    own.parent.mkdir(parents=True)
+    own.write_bytes(artifact)
+    op.refresh_from_db()
+    report = verify.verify(op, physical=True)
+    assert {f.where: f.erasable for f in report.physical_findings} == {
+        f"engine:artifacts/{target.storage_key}/large-output.txt": True, "engine:stray/copy.txt": False}
+    op.refresh_from_db()
+    assert op.receipt["verification"]["physical_files"] == {"erasable": 1, "engine_folder": 1, "database": 0}
+    page = admin_client.get(f"/operations/{op.public_id}/", HTTP_HOST="127.0.0.1").content.decode()
+    for shown in ("residue-found", "residue-own-files", "residue-engine-files"):
+        assert f'data-testid="{shown}"' in page
+    spanish = admin_client.get(f"/operations/{op.public_id}/", HTTP_HOST="127.0.0.1",
+                               HTTP_ACCEPT_LANGUAGE="es").content.decode()
+    assert "verify_erasure --erase-residue no elimina esos archivos" in spanish
+
+    with pytest.raises(SystemExit) as caught:
+        call_command("verify_erasure", op.public_id, "--physical", "--erase-residue")
+    assert caught.value.code == 1
+    out = capsys.readouterr().out
+    assert "erased again: artifacts" in out
+    assert "engine:stray/copy.txt: not this conversation's own file, so --erase-residue does not remove it" in out
+    assert not own.parent.exists() and stray.exists()  # the copy elsewhere stays the operator's
+    op.refresh_from_db()
+    assert op.receipt["verification"]["physical_files"] == {"erasable": 0, "engine_folder": 1, "database": 0}
+    page = admin_client.get(f"/operations/{op.public_id}/", HTTP_HOST="127.0.0.1").content.decode()
+    assert 'data-testid="residue-found"' not in page and 'data-testid="residue-own-files"' not in page
+    assert 'data-testid="residue-engine-files"' in page and "Every store re-checked on" in page
 
 
 def test_an_unknown_or_unfinished_target_exits_2_not_1_which_means_residue():

@@ -14,7 +14,13 @@ temporary beside it is not explained). On
 PostgreSQL the table files cannot be read from here: physical erasure there is "pending"
 until a compaction has been recorded, and only the engine folder is scanned.
 
-A clean result is recorded on the receipt; a clean physical one also drops the fingerprints.
+Each check is recorded on the receipt (`verification`). The raw-byte result recorded there is
+the last one that scanned raw bytes, with its date and where it found anything: a check that
+did not scan them (a logical check, `verify_erasure --all` without `--physical`) keeps it, so
+a finding is not forgotten because a later check did not look. A physical finding in a file
+`--erase-residue` removes (the conversation's own folders, a fleet temporary naming it) is
+told apart from one it cannot remove (another file in the engine folder, the database file).
+A clean physical result also drops the fingerprints.
 """
 
 from __future__ import annotations
@@ -42,6 +48,10 @@ from lifecycle.models import (
 )
 from lifecycle.registry import STORES, RetentionClass, Store
 
+# Physical results of a check that scanned raw bytes; the others (not_checked,
+# no_fingerprints, no_samples) looked at none.
+SCANNED = ("clean", "found", "pending")
+
 
 @dataclass
 class Finding:
@@ -49,9 +59,14 @@ class Finding:
     what: str
     count: int = 1
     where: str = ""
+    # Raw bytes: whether `verify_erasure --erase-residue` removes the file that holds them.
+    erasable: bool | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"store": self.store, "what": self.what, "count": self.count, "where": self.where}
+        out: dict[str, Any] = {"store": self.store, "what": self.what, "count": self.count, "where": self.where}
+        if self.erasable is not None:
+            out["erasable"] = self.erasable
+        return out
 
 
 @dataclass
@@ -63,6 +78,8 @@ class Report:
     physical_findings: list[Finding] = field(default_factory=list)
     windows: int = 0
     explained: int = 0
+    # When this check scanned no raw bytes: the last raw-byte result recorded before it, if any.
+    last_physical: dict[str, Any] | None = None
 
     @property
     def found(self) -> bool:
@@ -75,6 +92,7 @@ class Report:
             "logical_findings": [f.as_dict() for f in self.logical],
             "physical": self.physical, "physical_findings": [f.as_dict() for f in self.physical_findings],
             "windows": self.windows, "explained_by_live_data": self.explained,
+            "last_physical": self.last_physical,
         }
 
 
@@ -213,6 +231,19 @@ def _relative(home: EngineHome, path: Path) -> str:
         return path.name
 
 
+def _erasable(home: EngineHome, conversation: Conversation, path: Path) -> bool:
+    """Whether `verify_erasure --erase-residue` removes this engine file: it lies in one of the
+    conversation's own folders, or it is a temporary left beside a fleet file that names it.
+    Any other file (a copy somewhere else in the engine folder) is the operator's to remove."""
+    try:
+        folders = home.conversation_paths(conversation.storage_key)
+    except EnginePathError:
+        return False
+    if any(path.is_relative_to(folder) for folder in folders):
+        return True
+    return any(path in leftover_temporaries(home, shared, conversation) for shared in fleet.fleet_files(home))
+
+
 def physical_check(op: DeleteOperation, report: Report, home: EngineHome) -> None:
     fingerprint = ErasureFingerprint.objects.filter(operation=op).first()
     if fingerprint is None:
@@ -227,6 +258,7 @@ def physical_check(op: DeleteOperation, report: Report, home: EngineHome) -> Non
         return
     explained: dict[int, bool] = {}
     found: dict[str, int] = {}
+    erasable: dict[str, bool] = {}
     for path in database_files():
         for hit in scanner.scan_file(path):
             if hit.window not in explained:
@@ -235,6 +267,7 @@ def physical_check(op: DeleteOperation, report: Report, home: EngineHome) -> Non
                 report.explained += 1
             else:
                 found[f"database:{path.name}"] = found.get(f"database:{path.name}", 0) + 1
+                erasable[f"database:{path.name}"] = False
     for path in engine_files(home):
         hits: list[Hit] = scanner.scan_file(path)
         for _hit in hits:
@@ -243,7 +276,10 @@ def physical_check(op: DeleteOperation, report: Report, home: EngineHome) -> Non
             else:
                 key = f"engine:{_relative(home, path)}"
                 found[key] = found.get(key, 0) + 1
-    report.physical_findings = [Finding("raw_bytes", "content_window", n, where) for where, n in sorted(found.items())]
+                if key not in erasable:
+                    erasable[key] = _erasable(home, op.conversation, path)
+    report.physical_findings = [Finding("raw_bytes", "content_window", n, where, erasable=erasable[where])
+                                for where, n in sorted(found.items())]
     if report.physical_findings:
         report.physical = "found"
     elif op.physical_state != PhysicalState.ERASED:
@@ -264,20 +300,54 @@ def verify(op: DeleteOperation, *, physical: bool = False, record: bool = True,
     report.logical = logical_findings(conversation, home)
     if physical:
         physical_check(op, report, home)
+    if report.physical not in SCANNED:
+        report.last_physical = last_physical(op.receipt)
     if record and op.state == DeleteState.COMPLETED:
         _record(op, report)
     return report
 
 
+def physical_files(findings: list[Finding]) -> dict[str, int]:
+    """Files holding raw bytes of the conversation, by what removes them: `erasable` (this
+    conversation's own files, which --erase-residue removes), `engine_folder` (other files
+    in the engine folder) and `database` (the database file or its write-ahead log)."""
+    files = {"erasable": 0, "engine_folder": 0, "database": 0}
+    for f in findings:
+        kind = "erasable" if f.erasable else "database" if f.where.startswith("database:") else "engine_folder"
+        files[kind] += 1
+    return files
+
+
+def last_physical(receipt: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The last raw-byte result a receipt records (result, when, files found), or None when
+    no check has scanned raw bytes yet. Receipts recorded before this was kept apart give
+    their last check's time and no breakdown of the files."""
+    verification = (receipt or {}).get("verification") or {}
+    if verification.get("physical") not in SCANNED:
+        return None
+    return {"result": verification["physical"], "at": verification.get("physical_at") or verification.get("at"),
+            "files": verification.get("physical_files")}
+
+
 def _record(op: DeleteOperation, report: Report) -> None:
+    """This check's result on the receipt. Its logical result replaces the last one; its raw-byte
+    result replaces the last one only if it scanned raw bytes, else the last one stays, with
+    its date and files."""
     now = timezone.now()
     with transaction.atomic():
         locked = DeleteOperation.objects.select_for_update().get(pk=op.pk)
         receipt = dict(locked.receipt or {})
-        receipt["verification"] = {
-            "at": now.isoformat(), "logical": "found" if report.logical else "clean",
-            "physical": report.physical, "findings": len(report.logical) + len(report.physical_findings),
-        }
+        verification: dict[str, Any] = {"at": now.isoformat(), "logical": "found" if report.logical else "clean",
+                                        "logical_findings": len(report.logical)}
+        if report.physical in SCANNED:
+            physical = {"result": report.physical, "at": now.isoformat(),
+                        "files": physical_files(report.physical_findings)}
+        else:
+            physical = last_physical(receipt) or {"result": report.physical, "at": None, "files": None}
+        files = physical["files"] or {}
+        verification.update(physical=physical["result"], physical_at=physical["at"], physical_files=physical["files"],
+                            findings=len(report.logical) + sum(files.values()))
+        receipt["verification"] = verification
         fields: dict[str, Any] = {"receipt": receipt}
         if not report.logical:
             fields["verified_at"] = now

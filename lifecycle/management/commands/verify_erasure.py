@@ -16,6 +16,14 @@ PHYSICAL_WORDS = {
     "no_fingerprints": "no fingerprints (none were taken for this operation, or they were dropped a week after it)",
     "no_samples": "nothing to look for (no stored value was long enough to sample)",
 }
+# What an operator does about raw bytes --erase-residue cannot remove (it removes only the
+# conversation's own files and fleet temporaries naming it).
+BY_HAND = {
+    "engine": "not this conversation's own file, so --erase-residue does not remove it: delete the file (or the "
+              "copied content) by hand, then run --physical again",
+    "database": "the database file, which --erase-residue does not rewrite: run Compact database (Data & "
+                "storage), then --physical again",
+}
 
 
 class Command(BaseCommand):
@@ -62,6 +70,14 @@ class Command(BaseCommand):
                     self.stdout.write(f"    physical: {words}"
                                       + (f": {detail}" if detail else "")
                                       + f"  [{r.windows} windows; {r.explained} hits explained by live data]")
+                    for f in r.physical_findings:
+                        if not f.erasable:
+                            self.stdout.write(f"      {f.where}: {BY_HAND[f.where.split(':', 1)[0]]}")
+                if r.last_physical:
+                    # This check scanned no raw bytes: the last one that did stands on the receipt.
+                    last = {"found": "CONTENT FOUND", "pending": "pending"}.get(r.last_physical["result"], "clean")
+                    self.stdout.write(f"    last raw-byte check ({r.last_physical['at']}): {last}, as the receipt "
+                                      "still records")
             self.stdout.write(f"{len(reports)} deleted conversation(s) checked.")
         if any(r.found for r in reports):
             raise SystemExit(1)
