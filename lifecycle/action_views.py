@@ -201,6 +201,13 @@ def _residue(verification: dict[str, Any]) -> dict[str, Any] | None:
     return residue
 
 
+def _unscanned(verification: dict[str, Any]) -> Any:
+    """When the last raw-byte check could scan nothing because no fingerprints are kept (else
+    None): the page says so beside the last result that did scan."""
+    unscanned = verification.get("unscanned") or {}
+    return moment(unscanned.get("at")) if unscanned.get("reason") == "no_fingerprints" else None
+
+
 def _operation_context(op: OperationView, request: HttpRequest | None = None) -> dict[str, Any]:
     ambiguous = (op.way_out or {}).get("ambiguous", [])
     conversation = Conversation.objects.select_related("account", "computer").filter(public_id=op.target).first()
@@ -226,6 +233,7 @@ def _operation_context(op: OperationView, request: HttpRequest | None = None) ->
         "physical_at": moment((receipt.get("physical") or {}).get("erased_at")),
         "verified_at": moment(receipt.get("verified_at")),
         "residue": _residue(receipt.get("verification") or {}),
+        "unscanned": _unscanned(receipt.get("verification") or {}),
         "verified_physical_at": moment(receipt.get("verified_physical_at")),
         "poll": POLL_SECONDS if op.is_pending else None,
         "version": f"{op.state}:{done}:{op.step or ''}:{op.error or ''}",

@@ -147,6 +147,13 @@ class PhysicalFilesOut(Schema):
                                       "database.")
 
 
+class UnscannedOut(Schema):
+    at: str
+    reason: Literal["no_fingerprints", "no_samples"] = Field(
+        description="no_fingerprints: dropped after a clean raw-byte check and a week after the delete; "
+                    "no_samples: no stored value was long enough to sample.")
+
+
 class VerificationOut(Schema):
     at: str = Field(description="When the last check ran.")
     logical: Literal["clean", "found"]
@@ -156,6 +163,8 @@ class VerificationOut(Schema):
                     "not scan them keeps it. The other values: no check has scanned them.")
     physical_at: str | None = Field(default=None, description="When that raw-byte result was found.")
     physical_files: PhysicalFilesOut | None = None
+    unscanned: UnscannedOut | None = Field(
+        default=None, description="A later raw-byte check that could scan nothing, and why.")
     findings: int
 
 

@@ -213,6 +213,55 @@ def test_the_advice_names_what_erase_residue_removes_and_what_it_cannot(admin_cl
     assert 'data-testid="residue-engine-files"' in page and "Every store re-checked on" in page
 
 
+def test_a_raw_byte_check_without_fingerprints_says_it_scanned_nothing(admin_client, capsys):
+    """A clean raw-byte check drops the fingerprints. A later --physical check has nothing to
+    look for: it must say so, not "clean" (a copy of the content placed in the engine folder
+    since then is not looked for), and the receipt keeps the clean result with its date."""
+    target = factories.make_conversation(title="Marked")
+    factories.fill_every_store(target)
+    home = EngineHome()
+    artifact = (home.artifacts_dir(target.storage_key) / "large-output.txt").read_bytes()
+    op = request_deletion(target, key="verify-no-fingerprints", acting_user=None)
+    assert executor.run_erasure(op.pk) == "completed"
+    if connection.vendor == "postgresql":  # as finish_erasure records it
+        assert record_compaction(started_at=timezone.now(), finished_at=timezone.now(),
+                                 tables=content_tables()) == 1
+    op.refresh_from_db()
+    assert verify.verify(op, physical=True).physical == "clean"
+    op.refresh_from_db()
+    clean = op.receipt["verification"]
+    assert op.verified_physical_at is not None and not m.ErasureFingerprint.objects.filter(operation=op).exists()
+    (home.root / "stray").mkdir()
+    (home.root / "stray" / "copy.txt").write_bytes(artifact)
+
+    call_command("verify_erasure", op.public_id, "--physical", "--json")
+    report = json.loads(capsys.readouterr().out)["reports"][0]
+    assert (report["physical"], report["windows"], report["found"]) == ("no_fingerprints", 0, False)
+    assert report["last_physical"] == {"result": "clean", "at": clean["physical_at"],
+                                       "files": {"erasable": 0, "engine_folder": 0, "database": 0}}
+    op.refresh_from_db()
+    recorded = op.receipt["verification"]
+    assert (recorded["physical"], recorded["physical_at"]) == ("clean", clean["physical_at"])
+    assert recorded["unscanned"] == {"at": recorded["at"], "reason": "no_fingerprints"}
+    call_command("verify_erasure", op.public_id, "--physical")
+    out = capsys.readouterr().out
+    assert "physical: no fingerprints, so nothing was scanned" in out
+    assert f"last raw-byte check ({clean['physical_at']}): clean" in out
+    page = admin_client.get(f"/operations/{op.public_id}/", HTTP_HOST="127.0.0.1").content.decode()
+    assert 'data-testid="physical-unscanned"' in page and "scanned nothing: no fingerprints" in page
+    assert "Verified on" in page  # the clean check that did scan, with its own date
+    spanish = admin_client.get(f"/operations/{op.public_id}/", HTTP_HOST="127.0.0.1",
+                               HTTP_ACCEPT_LANGUAGE="es").content.decode()
+    assert "no examinó nada: no se conservan huellas" in spanish
+
+    op.refresh_from_db()
+    unscanned = op.receipt["verification"]["unscanned"]
+    verify.verify(op)  # a check of the stores only keeps both
+    op.refresh_from_db()
+    assert op.receipt["verification"]["unscanned"] == unscanned
+    assert op.receipt["verification"]["physical"] == "clean"
+
+
 def test_an_unknown_or_unfinished_target_exits_2_not_1_which_means_residue():
     from django.core.management.base import CommandError
 

@@ -20,7 +20,8 @@ did not scan them (a logical check, `verify_erasure --all` without `--physical`)
 a finding is not forgotten because a later check did not look. A physical finding in a file
 `--erase-residue` removes (the conversation's own folders, a fleet temporary naming it) is
 told apart from one it cannot remove (another file in the engine folder, the database file).
-A clean physical result also drops the fingerprints.
+A clean physical result also drops the fingerprints; a later `--physical` check then scans
+nothing and says so (`no_fingerprints`), recorded as `unscanned` beside the kept result.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from lifecycle.registry import STORES, RetentionClass, Store
 # Physical results of a check that scanned raw bytes; the others (not_checked,
 # no_fingerprints, no_samples) looked at none.
 SCANNED = ("clean", "found", "pending")
+UNSCANNED = ("no_fingerprints", "no_samples")  # asked for, and nothing could be scanned
 
 
 @dataclass
@@ -247,7 +249,10 @@ def _erasable(home: EngineHome, conversation: Conversation, path: Path) -> bool:
 def physical_check(op: DeleteOperation, report: Report, home: EngineHome) -> None:
     fingerprint = ErasureFingerprint.objects.filter(operation=op).first()
     if fingerprint is None:
-        report.physical = "clean" if op.verified_physical_at else "no_fingerprints"
+        # Dropped after a clean raw-byte check or a week after the delete (or never taken):
+        # nothing to look for, so nothing is scanned, and nothing is called clean now. The
+        # receipt keeps the last result that did scan.
+        report.physical = "no_fingerprints"
         return
     scanner = Scanner(fingerprint)
     report.windows = len(scanner.windows)
@@ -332,21 +337,31 @@ def last_physical(receipt: dict[str, Any] | None) -> dict[str, Any] | None:
 def _record(op: DeleteOperation, report: Report) -> None:
     """This check's result on the receipt. Its logical result replaces the last one; its raw-byte
     result replaces the last one only if it scanned raw bytes, else the last one stays, with
-    its date and files."""
+    its date and files. A raw-byte check that could scan nothing (no fingerprints, nothing
+    sampled) is recorded as `unscanned` (when, why) until one scans again."""
     now = timezone.now()
     with transaction.atomic():
         locked = DeleteOperation.objects.select_for_update().get(pk=op.pk)
         receipt = dict(locked.receipt or {})
+        earlier = receipt.get("verification") or {}
         verification: dict[str, Any] = {"at": now.isoformat(), "logical": "found" if report.logical else "clean",
                                         "logical_findings": len(report.logical)}
+        unscanned = None
         if report.physical in SCANNED:
             physical = {"result": report.physical, "at": now.isoformat(),
                         "files": physical_files(report.physical_findings)}
         else:
-            physical = last_physical(receipt) or {"result": report.physical, "at": None, "files": None}
+            physical = last_physical(receipt)
+            if physical is None and report.physical == "not_checked" and earlier.get("physical") in UNSCANNED:
+                physical = {"result": earlier["physical"], "at": earlier.get("physical_at"), "files": None}
+            physical = physical or {"result": report.physical, "at": None, "files": None}
+            unscanned = earlier.get("unscanned") if report.physical == "not_checked" else {
+                "at": now.isoformat(), "reason": report.physical}
         files = physical["files"] or {}
         verification.update(physical=physical["result"], physical_at=physical["at"], physical_files=physical["files"],
                             findings=len(report.logical) + sum(files.values()))
+        if unscanned:
+            verification["unscanned"] = unscanned
         receipt["verification"] = verification
         fields: dict[str, Any] = {"receipt": receipt}
         if not report.logical:

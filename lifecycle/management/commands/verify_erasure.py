@@ -13,7 +13,8 @@ PHYSICAL_WORDS = {
     "found": "CONTENT FOUND",
     "pending": "pending (SQLite: write-ahead log not checkpointed yet; PostgreSQL: no compaction since the delete)",
     "not_checked": "not checked (add --physical)",
-    "no_fingerprints": "no fingerprints (none were taken for this operation, or they were dropped a week after it)",
+    "no_fingerprints": "no fingerprints, so nothing was scanned (they are dropped after a clean raw-byte check and "
+                       "a week after the delete, or were never taken)",
     "no_samples": "nothing to look for (no stored value was long enough to sample)",
 }
 # What an operator does about raw bytes --erase-residue cannot remove (it removes only the
