@@ -31,6 +31,9 @@ class BindingOut(Schema):
     last_activity_at: str | None
     delete: str | None = Field(description="The bound delete under way or done, if any.")
     delete_state: State | None
+    returned_after: str | None = Field(
+        description="The completed bound delete after which the engine listed this conversation again "
+                    "(restored there from a backup): its title is not copied here; delete it again.")
 
 
 class BindingPageOut(Schema):
@@ -76,6 +79,7 @@ def binding_json(b: EngineBinding, current: BoundDelete | None = None) -> dict[s
         "owner": {"kind": b.owner_kind, "id": b.owner_id}, "scope": b.scope, "thread_id": b.thread_id,
         "title": b.title, "engine_state": b.engine_state, "last_activity_at": iso(b.last_activity_at),
         "delete": current.public_id if current else None, "delete_state": current.state if current else None,
+        "returned_after": b.returned_after.public_id if b.returned_after_id else None,
     }
 
 
@@ -130,7 +134,7 @@ def binding_list(request: HttpRequest, query: BindingsQuery) -> dict:
         if first is None:
             return {"owner": None, "results": []}
         kind, owner_id = first
-    rows = list(EngineBinding.objects.filter(owner_kind=kind, owner_id=owner_id)[:500])
+    rows = list(EngineBinding.objects.select_related("returned_after").filter(owner_kind=kind, owner_id=owner_id)[:500])
     current = current_deletes(rows)
     return {"owner": {"kind": kind, "id": owner_id}, "results": [binding_json(b, current.get(b.pk)) for b in rows]}
 
@@ -174,6 +178,8 @@ def bound_delete_detail(request: HttpRequest, delete_id: str) -> dict:
 class SyncOut(Schema):
     created: int
     updated: int
+    returned: int = Field(description="Conversations the engine lists again after their delete completed here "
+                                      "(restored there): bound again, without their title, for a new delete.")
 
 
 @endpoint("POST", "/api/v1/bindings-sync", response=SyncOut, admin=True, errors=(409,), name="api-bindings-sync",

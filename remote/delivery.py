@@ -1,7 +1,9 @@
 """Bound delete: record here, erase on the engine, let the binding go only on the engine's receipt.
 
 1. `request_bound_delete` (screen, API): the key answers with its recorded outcome ever
-   after (422 for another conversation); a conversation with an intent answers with it.
+   after (422 for another conversation); a conversation with a delete under way answers
+   with it, and a binding already let go with the delete that completed. A conversation
+   listed again after its delete completed (its engine restored) is deleted anew.
    The engine is asked whether it offers delete at all: not offered is Unavailable
    (recorded under the key); not reachable is Pending (recorded, retried), or with
    `LIFECYCLE_OFFLINE_DELETE=refuse` an Unavailable answer that records nothing. The
@@ -134,13 +136,25 @@ def _probe(binding: EngineBinding) -> str:
         return "unreachable"
 
 
+def _intent(binding: EngineBinding) -> BoundDelete | None:
+    """The delete a new request for this binding joins: the one under way for its conversation;
+    or, when the binding is gone, the one that completed and let it go. A binding of the same
+    engine conversation that exists now was made after any completed delete (the engine listed
+    the conversation again: restored from a backup), so it gets a delete of its own."""
+    pending = BoundDelete.objects.filter(engine_url=binding.engine_url, engine_id=binding.engine_id,
+                                         state=BoundDeleteState.PENDING).first()
+    if pending is not None or EngineBinding.objects.filter(pk=binding.pk).exists():
+        return pending
+    return BoundDelete.objects.filter(engine_url=binding.engine_url, engine_id=binding.engine_id,
+                                      state=BoundDeleteState.COMPLETED).order_by("-completed_at", "-pk").first()
+
+
 def request_bound_delete(binding: EngineBinding, *, key: str | None, actor) -> BoundDelete:
     key = check_key(key)
     recorded = _recorded(key, binding)
     if recorded is not None:
         return recorded
-    intent = BoundDelete.objects.filter(engine_url=binding.engine_url, engine_id=binding.engine_id,
-                                        state__in=(BoundDeleteState.PENDING, BoundDeleteState.COMPLETED)).first()
+    intent = _intent(binding)
     if intent is not None:
         BoundDeleteKey.objects.get_or_create(key=key, defaults={"delete": intent})
         return intent
@@ -183,8 +197,7 @@ def request_bound_delete(binding: EngineBinding, *, key: str | None, actor) -> B
         recorded = _recorded(key, binding)
         if recorded is not None:
             return recorded
-        intent = BoundDelete.objects.filter(engine_url=binding.engine_url, engine_id=binding.engine_id,
-                                            state__in=(BoundDeleteState.PENDING, BoundDeleteState.COMPLETED)).first()
+        intent = _intent(binding)
         if intent is None:
             raise
         BoundDeleteKey.objects.get_or_create(key=key, defaults={"delete": intent})
@@ -244,7 +257,8 @@ def _title_back(op: BoundDelete, engine: HttpEngine) -> None:
         log.info("title of %s not read back after its refused delete: %s", op.public_id, type(exc).__name__)
         return
     if row.get("state") == "live" and isinstance(row.get("title"), str):
-        EngineBinding.objects.filter(pk=op.binding_id, title="").exclude(
+        # A conversation back after a completed delete keeps no title here (see remote.sync).
+        EngineBinding.objects.filter(pk=op.binding_id, title="", returned_after__isnull=True).exclude(
             deletes__state=BoundDeleteState.PENDING).update(title=row["title"])
 
 

@@ -9,6 +9,10 @@ acknowledgement (one transaction with Completed) lets it go.
 `BoundDelete` is the console's record of one request to delete a bound conversation: the
 operation key the engine is called with, which side it waits on, attempts, the next retry,
 the last error, and in the end the engine's receipt, as the engine gave it.
+
+A conversation the engine lists again after its delete completed here (the engine was
+restored from a backup) gets a new binding marked `returned_after` that delete: listed
+without its title, and deleted again by a new bound delete, never answered with the old one.
 """
 
 from __future__ import annotations
@@ -51,6 +55,10 @@ class EngineBinding(models.Model):
     engine_state = models.CharField(max_length=16, blank=True)
     last_activity_at = models.DateTimeField(null=True, blank=True)
     synced_at = models.DateTimeField(default=timezone.now)
+    # The completed delete of this conversation that the engine listed it again after (it was
+    # restored there): no title is copied, and a delete of it is a new one.
+    returned_after = models.ForeignKey("BoundDelete", null=True, blank=True, on_delete=models.SET_NULL,
+                                       related_name="+")
 
     class Meta:
         ordering = ["-last_activity_at", "-id"]
@@ -123,8 +131,10 @@ class BoundDelete(models.Model):
                 condition=~Q(state="completed") | Q(receipt__isnull=False, acknowledged_at__isnull=False,
                                                     binding__isnull=True),
             ),
-            models.UniqueConstraint(fields=["engine_url", "engine_id"], condition=Q(state__in=["pending", "completed"]),
-                                    name="bound_delete_one_intent"),
+            # One delete under way per conversation. Completed ones may be several: a conversation
+            # restored on its engine after its delete is deleted again.
+            models.UniqueConstraint(fields=["engine_url", "engine_id"], condition=Q(state="pending"),
+                                    name="bound_delete_one_pending"),
         ]
         indexes = [models.Index(fields=["state", "next_attempt_at"], name="bound_delete_due_idx")]
 

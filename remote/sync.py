@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Case, Exists, OuterRef, Value, When
+from django.db.models import Case, Exists, OuterRef, Q, Value, When
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -17,6 +19,9 @@ PAGE = 200
 
 MAX_PAGES = 100_000  # 20 million conversations: past that, an engine that never ends its list
 OWNER_KINDS = ("account", "computer")
+# A delete acknowledged less than this before a page was asked for may have been erasing while
+# the engine wrote the page (the page is stale, not a restore); covers clocks of other hosts.
+CLOCK_MARGIN = timedelta(seconds=60)
 
 
 def _row(row) -> dict:
@@ -50,6 +55,14 @@ def refresh(engine_url: str = "") -> dict[str, int]:
     activity (a binding with a delete under way keeps its title cleared, checked in the very
     statement that writes the title, so a delete requested while the sync runs keeps it
     cleared too). Nothing is removed here: only an acknowledged receipt lets a binding go.
+
+    A conversation whose bound delete completed gets no binding from a page asked for before
+    (or about when) that delete was acknowledged: the page was read while it was erased. One
+    the engine still lists as live in a page asked for later is back on the engine (restored
+    from a backup): it gets a binding marked `returned_after` that delete, without its title
+    (the delete erased this console's copy, and a sync does not bring it back), so the list
+    says it came back and a delete of it is a new one.
+
     Each page is checked whole before any of it is written (a page with a row that is not a
     conversation stops the sync, EngineBadAnswer, with the pages before it kept), and a list
     that repeats a cursor, or never ends, stops it the same way.
@@ -58,11 +71,12 @@ def refresh(engine_url: str = "") -> dict[str, int]:
     if engine_url == settings.ENGINE_URL.rstrip("/"):
         engine_url = ""  # ENGINE_URL's bindings are stored without it: one binding per conversation
     engine = engine_for(engine_url)
-    counts = {"created": 0, "updated": 0}
+    counts = {"created": 0, "updated": 0, "returned": 0}
     cursor = None
     seen: set[str] = set()
     now = timezone.now()
     for _page in range(MAX_PAGES):
+        asked_at = timezone.now()
         page = engine.threads(view="all", limit=PAGE, cursor=cursor)
         results = page.get("results") if isinstance(page, dict) else None
         if not isinstance(results, list):
@@ -75,14 +89,26 @@ def refresh(engine_url: str = "") -> dict[str, int]:
                 fields.pop("title", None)
                 pending = BoundDelete.objects.filter(engine_url=engine_url, engine_id=OuterRef("engine_id"),
                                                      state=BoundDeleteState.PENDING)
+                untitled = Q(Exists(pending)) | Q(returned_after__isnull=False)
                 if EngineBinding.objects.filter(engine_url=engine_url, engine_id=engine_id).update(
-                    **fields, synced_at=now, title=Case(When(Exists(pending), then=Value("")), default=Value(title)),
+                    **fields, synced_at=now, title=Case(When(untitled, then=Value("")), default=Value(title)),
                 ):
                     counts["updated"] += 1
                 elif fields["engine_state"] == "live":
-                    EngineBinding.objects.create(engine_url=engine_url, engine_id=engine_id, title=title,
-                                                 synced_at=now, **fields)
-                    counts["created"] += 1
+                    # No binding: never had one, or its delete let it go (read after this
+                    # statement's update found none, so an acknowledgement is seen here).
+                    deletes = BoundDelete.objects.filter(engine_url=engine_url, engine_id=engine_id)
+                    if deletes.filter(state=BoundDeleteState.PENDING).exists():
+                        continue
+                    last = deletes.filter(state=BoundDeleteState.COMPLETED).order_by("-acknowledged_at", "-pk").first()
+                    if last is None:
+                        EngineBinding.objects.create(engine_url=engine_url, engine_id=engine_id, title=title,
+                                                     synced_at=now, **fields)
+                        counts["created"] += 1
+                    elif last.acknowledged_at < asked_at - CLOCK_MARGIN:
+                        EngineBinding.objects.create(engine_url=engine_url, engine_id=engine_id, title="",
+                                                     synced_at=now, returned_after=last, **fields)
+                        counts["returned"] += 1
         cursor = page.get("next")
         if not cursor:
             return counts

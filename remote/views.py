@@ -15,6 +15,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from console.auth import is_admin
@@ -50,7 +51,8 @@ def binding_list(request: HttpRequest) -> HttpResponse:
     owner = next((o for o in owners if o["key"] == chosen), None)
     bindings, deletes = [], []
     if owner is not None:
-        bindings = list(EngineBinding.objects.filter(owner_kind=owner["kind"], owner_id=owner["id"])[:500])
+        bindings = list(EngineBinding.objects.select_related("returned_after")
+                        .filter(owner_kind=owner["kind"], owner_id=owner["id"])[:500])
         pending = {op.binding_id: op for op in BoundDelete.objects.filter(binding__in=bindings, state="pending")}
         for b in bindings:
             b.pending_delete = pending.get(b.pk)
@@ -78,6 +80,14 @@ def bindings_sync(request: HttpRequest) -> HttpResponse:
         else:
             messages.success(request, _("Read the engine's conversations: %(created)s new, %(updated)s updated.")
                              % counts)
+            if counts["returned"]:
+                messages.warning(request, ngettext(
+                    "%(returned)s conversation is on the engine again after its delete was completed here, as "
+                    "after a restore of the engine from a backup. It is listed without its title; delete it again.",
+                    "%(returned)s conversations are on the engine again after their deletes were completed here, "
+                    "as after a restore of the engine from a backup. They are listed without their titles; delete "
+                    "them again.",
+                    counts["returned"]) % counts)
     return redirect(request.POST.get("next") if request.POST.get("next", "").startswith("/engine/")
                     else reverse("remote:binding-list"))
 

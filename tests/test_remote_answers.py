@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from remote import delivery, tasks
 from remote.models import BoundDelete, EngineBinding
@@ -173,6 +174,93 @@ def test_a_sync_never_brings_back_the_title_a_delete_cleared(settings, monkeypat
     assert BoundDelete.objects.get(binding=kept).state == "pending"
 
 
+def _read_while_deleted(kept: EngineBinding, key: str):
+    """HttpEngine.threads that returns the engine's page after the binding's delete has run to
+    completion: the page was read before the engine erased the conversation."""
+    from lifecycle.engine.http import HttpEngine
+
+    real = HttpEngine.threads
+
+    def threads(self, **query):
+        page = real(self, **query)
+        op = delivery.request_bound_delete(EngineBinding.objects.get(pk=kept.pk), key=key, actor=None)
+        assert delivery.deliver(op.pk, budget=2) == "completed"
+        return page
+
+    return threads
+
+
+def test_a_sync_never_binds_again_a_conversation_deleted_while_it_read_the_engine(settings, monkeypatch):
+    kept = binding(row(1)["id"], "t1")
+    listed = {"results": [row(1)], "next": None}
+    with scripted_engine({("DELETE", "/v1/threads/"): lambda h: (202, operation(target=kept.engine_id)),
+                          ("GET", "/v1/threads"): lambda h: (200, listed)}) as (url, s):
+        point_at(settings, url)
+        from lifecycle.engine.http import HttpEngine
+
+        monkeypatch.setattr(HttpEngine, "threads", _read_while_deleted(kept, "k-mid-sync"))
+        assert refresh("") == {"created": 0, "updated": 0, "returned": 0}
+    assert not EngineBinding.objects.exists()  # no binding, so no copy of "Title 1" either
+    assert list(BoundDelete.objects.values_list("state", "binding")) == [("completed", None)]
+
+
+def test_a_conversation_back_on_the_engine_after_its_delete_is_bound_without_its_title_and_deleted_anew(
+        settings, admin_client):
+    """The engine restored from a backup lists a conversation whose delete completed here. It
+    is neither hidden as deleted nor listed with its title again: it is bound again, marked as
+    back after that delete, without the title, and a delete of it is a new one."""
+    kept = binding(row(1)["id"], "t1")
+    listed = {"results": [row(1)], "next": None}
+    with scripted_engine({("DELETE", "/v1/threads/"): lambda h: (202, operation(target=kept.engine_id)),
+                          ("GET", "/v1/threads"): lambda h: (200, listed)}) as (url, s):
+        point_at(settings, url)
+        first = delivery.request_bound_delete(kept, key="k-first", actor=None)
+        assert delivery.deliver(first.pk, budget=2) == "completed"
+        # Restored later: the engine lists it live again, well after the acknowledgement.
+        BoundDelete.objects.filter(pk=first.pk).update(acknowledged_at=timezone.now() - timedelta(minutes=5))
+        assert refresh("") == {"created": 0, "updated": 0, "returned": 1}
+        back = EngineBinding.objects.get(engine_id=kept.engine_id)
+        assert (back.title, back.returned_after_id, back.engine_state) == ("", first.pk, "live")
+        assert refresh("") == {"created": 0, "updated": 1, "returned": 0}  # a later sync keeps it untitled
+        back.refresh_from_db()
+        assert back.title == ""
+        page = admin_client.get("/engine/conversations/", HTTP_HOST="127.0.0.1").content.decode()
+        assert 'data-testid="returned"' in page and "Title 1" not in page
+        spanish = admin_client.get("/engine/conversations/", HTTP_HOST="127.0.0.1",
+                                   HTTP_ACCEPT_LANGUAGE="es").content.decode()
+        assert "vuelva a eliminarla" in spanish
+        listing = admin_client.get("/api/v1/bindings", HTTP_HOST="127.0.0.1").json()["results"]
+        assert [(b["title"], b["returned_after"]) for b in listing] == [("", first.public_id)]
+
+        again = delivery.request_bound_delete(back, key="k-again", actor=None)
+        assert again.pk != first.pk and (again.state, again.binding_id) == ("pending", back.pk)
+        assert delivery.deliver(again.pk, budget=2) == "completed"
+    assert not EngineBinding.objects.exists()
+    assert sorted(BoundDelete.objects.values_list("key", "state")) == [("k-again", "completed"),
+                                                                       ("k-first", "completed")]
+    assert [path for method, path in s if method == "DELETE"] == [f"/v1/threads/{kept.engine_id}"] * 2
+
+
+def test_a_refused_delete_of_a_conversation_back_after_its_delete_brings_no_title_back(settings):
+    kept = binding(row(1)["id"], "t1")
+    answers = iter([operation(target=kept.engine_id),
+                    operation(id="op_" + "2" * 20, target=kept.engine_id, state="refused",
+                              code="conversation_turn_active", completed_at=None, receipt=None)])
+    with scripted_engine({("DELETE", "/v1/threads/"): lambda h: (202, next(answers)),
+                          ("GET", "/v1/threads/"): lambda h: (200, row(1)),
+                          ("GET", "/v1/threads"): lambda h: (200, {"results": [row(1)], "next": None})}) as (url, s):
+        point_at(settings, url)
+        first = delivery.request_bound_delete(kept, key="k-first", actor=None)
+        assert delivery.deliver(first.pk, budget=2) == "completed"
+        BoundDelete.objects.filter(pk=first.pk).update(acknowledged_at=timezone.now() - timedelta(minutes=5))
+        assert refresh("")["returned"] == 1
+        back = EngineBinding.objects.get(engine_id=kept.engine_id)
+        again = delivery.request_bound_delete(back, key="k-again", actor=None)
+        assert delivery.deliver(again.pk, budget=2) == "refused"
+    back.refresh_from_db()
+    assert back.title == "" and back.returned_after_id == first.pk  # the engine's title is not copied back
+
+
 def test_the_lifecycle_screens_say_the_engine_cannot_be_reached(settings):
     settings.ENGINE_URL, settings.ENGINE_TOKEN, settings.ENGINE_RETRIES = "http://127.0.0.1:9", "t" * 40, 0
     settings.ENGINE_CONNECT_TIMEOUT = settings.ENGINE_READ_TIMEOUT = 0.5
@@ -212,9 +300,9 @@ def test_a_sync_named_by_the_engine_url_keeps_one_binding_per_conversation(setti
 
     with scripted_engine({("GET", "/v1/threads"): pages}) as (url, seen):
         point_at(settings, url)
-        assert refresh("") == {"created": 2, "updated": 0}
+        assert refresh("") == {"created": 2, "updated": 0, "returned": 0}
         for named in (url, url + "/"):  # what `sync_bindings --engine-url <ENGINE_URL>` passes
-            assert refresh(named) == {"created": 0, "updated": 2}
+            assert refresh(named) == {"created": 0, "updated": 2, "returned": 0}
     assert EngineBinding.objects.count() == 2
     assert set(EngineBinding.objects.values_list("engine_url", flat=True)) == {""}
 

@@ -21,4 +21,6 @@ class Command(BaseCommand):
             counts = refresh(engine_url.rstrip("/"))
         except ActionRefused as exc:
             raise CommandError(f"{exc.code}: {exc.message}") from None
-        self.stdout.write(f"{counts['created']} created, {counts['updated']} updated")
+        self.stdout.write(f"{counts['created']} created, {counts['updated']} updated"
+                          + (f", {counts['returned']} back after a completed delete (delete them again)"
+                             if counts["returned"] else ""))
