@@ -145,24 +145,34 @@ def test_bad_api_tokens_are_throttled_per_address_and_audited(admin_user):
     assert not Throttle.objects.filter(key__startswith="login-").exists()
 
 
-@pytest.mark.django_db(transaction=True)
-def test_concurrent_failures_from_several_threads_are_all_counted(settings, admin_user):
-    settings.LOGIN_THROTTLE = {**POLICY, "free_failures": 20, "address_lock_after": 50}
-    failures = []
+def sign_in_at_once(count: int, attempt) -> list[int]:
+    """`count` sign-ins from as many threads, released together; attempt(n) -> (address,
+    username, password). The answers' status codes."""
+    start = threading.Barrier(count)
+    answers = []
 
-    def fail(n: int) -> None:
+    def post(n: int) -> None:
+        address, username, password = attempt(n)
         try:
-            client = Client(REMOTE_ADDR="10.8.0.1")
-            response = client.post("/accounts/login/", {"username": f"t{n}", "password": "x"}, **HOST)
-            failures.append(response.status_code)
+            client = Client(REMOTE_ADDR=address)
+            start.wait(10)
+            response = client.post("/accounts/login/", {"username": username, "password": password}, **HOST)
+            answers.append(response.status_code)
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=fail, args=(n,)) for n in range(5)]
+    threads = [threading.Thread(target=post, args=(n,)) for n in range(count)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
+    return answers
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_failures_from_several_threads_are_all_counted(settings, admin_user):
+    settings.LOGIN_THROTTLE = {**POLICY, "free_failures": 20, "address_lock_after": 50}
+    failures = sign_in_at_once(5, lambda n: ("10.8.0.1", f"t{n}", "x"))
     assert sorted(failures) == [200] * 5
     assert Throttle.objects.get(key="login-addr:10.8.0.1").failures == 5
     assert AuditFact.objects.filter(action="login_failed").count() == 5
@@ -219,23 +229,7 @@ def test_attempts_at_the_same_moment_are_checked_one_after_the_other(settings, a
     each is counted before its password is checked, so exactly as many are checked as one
     after the other (two free failures and the third, which starts the wait)."""
     settings.AUTHENTICATION_BACKENDS = ["tests.test_login_throttle.SlowBackend"]
-    start = threading.Barrier(6)
-    answers = []
-
-    def guess(n: int) -> None:
-        try:
-            client = Client(REMOTE_ADDR=f"10.12.0.{n}")
-            start.wait(10)
-            response = client.post("/accounts/login/", {"username": "alice", "password": f"guess{n}"}, **HOST)
-            answers.append(response.status_code)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=guess, args=(n,)) for n in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    answers = sign_in_at_once(6, lambda n: (f"10.12.0.{n}", "alice", f"guess{n}"))
     assert sorted(answers) == [200, 200, 200, 429, 429, 429]
     assert Throttle.objects.get(key__startswith="login-user:").failures == 3
     assert AuditFact.objects.filter(action="login_failed").count() == 3
