@@ -5,6 +5,7 @@ import re
 
 import pytest
 from django.test import Client
+from django.utils import translation
 
 from tests import factories
 
@@ -27,6 +28,15 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix, d
             match = ours.fullmatch(name)
             if match and int(match[1]) != os.getpid() and not os.path.exists(f"/proc/{match[1]}"):
                 cursor.execute(f'DROP DATABASE IF EXISTS "{name}"')
+
+
+@pytest.fixture(autouse=True)
+def language_of_the_thread():
+    """Each test starts in the default language: a request in Spanish leaves Spanish active in
+    the thread that served it (the test's own, with the test client) until another request
+    activates another, so a later test that reads text without a request would read Spanish."""
+    yield
+    translation.deactivate()
 
 
 @pytest.fixture(autouse=True)

@@ -33,7 +33,7 @@ def items_url(conversation) -> str:
     return f"/v1/threads/{conversation.public_id}/items"
 
 
-def test_a_payload_with_its_own_retention_field_is_written_and_kept_whole(runtime, conversation):
+def test_a_payload_with_its_own_retention_field_is_written_and_kept_whole(runtime, conversation, admin_client):
     answer = runtime.post(items_url(conversation), content_type="application/json", data=json.dumps(
         {"role": "tool", "tool_kind": "http", "tool_call_id": "call_own", "status": "completed", "payload": OWN}))
     assert answer.status_code == 201, answer.content
@@ -50,7 +50,7 @@ def test_a_payload_with_its_own_retention_field_is_written_and_kept_whole(runtim
     # Shown as it is: not "Tool details removed", the full output still answers.
     output = runtime.get(f"{items_url(conversation)}/{item.pk}/output")
     assert output.status_code == 200 and "ok ok" in output.json()["output"]
-    page = runtime.get(f"/conversations/{conversation.public_id}/")
+    page = admin_client.get(f"/conversations/{conversation.public_id}/", HTTP_HOST="127.0.0.1")  # a screen: the session
     assert page.status_code == 200 and "Tool details removed" not in page.content.decode()
 
 
