@@ -326,6 +326,21 @@ class Soak:
                 "leases_of_dead_workers": sum(1 for h in pending.values_list("lease_holder", flat=True)
                                               if h and not _alive(h))}
 
+    @contextlib.contextmanager
+    def clusters_paused(self):
+        """SIGSTOP every job cluster's process groups (their workers take no task) for the block;
+        SIGCONT after, whatever happens in it."""
+        groups = [kid for name in ("jobs-1", "jobs-2") for kid in self.processes[name].children()]
+        for group in groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            for group in groups:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(group, signal.SIGCONT)
+
     def load(self) -> None:
         threads = [threading.Thread(target=self.guarded_client, args=(i,), daemon=True) for i in range(self.clients)]
         began = self.load_began = time.monotonic()
@@ -506,8 +521,16 @@ class Soak:
             c.close()
 
         starters = [threading.Thread(target=start, args=(port,)) for port in ports]
-        for t in starters:
-            t.start()
+        # The clusters are paused while the starts are answered: under load one request can
+        # reach its server seconds after the other, long enough for the admitted run (a few
+        # dozen payloads) to finish, and the late start would then be admitted rightly: the
+        # race would not have been run. Paused, the admitted run stays queued until both have
+        # their answer (at most 20 s: a paused worker might hold a lock a start waits for).
+        with self.clusters_paused():
+            for t in starters:
+                t.start()
+            for t in starters:
+                t.join(20)
         for t in starters:
             t.join(120)
         statuses = sorted(status for status, _answer in answers)
