@@ -36,10 +36,7 @@ class ThrottledAuthenticationForm(AuthenticationForm):
         except BaseException:
             throttle.taken_back(attempt)
             raise
-        if self.user_cache is None:  # nothing authenticated: no success to record
-            throttle.taken_back(attempt)
-        else:
-            throttle.succeeded(attempt)
+        throttle.succeeded(attempt)  # with both fields given, no error means a user was authenticated
         return cleaned
 
 
