@@ -133,7 +133,9 @@ def _audit_failure(kind: str, *, address: str, username: str, reason: str, locks
 
 
 def record_failure(keys: list[Key], *, kind: str, address: str, username: str = "", reason: str = "") -> None:
-    """Count one failure under every key; audit it, and audit each lock it starts."""
+    """Count one failure under every key; audit it, and audit each lock it starts, in the
+    same transaction (a count is never stored without its audit fact, nor one without the
+    other)."""
     policy = _policy()
     now = timezone.now()
     locks = []
@@ -143,7 +145,7 @@ def record_failure(keys: list[Key], *, kind: str, address: str, username: str = 
             if _count(row, key, now, policy):
                 locks.append(key.key.split(":", 1)[0])
             row.save()
-    _audit_failure(kind, address=address, username=username, reason=reason, locks=locks, now=now)
+        _audit_failure(kind, address=address, username=username, reason=reason, locks=locks, now=now)
 
 
 @dataclass
@@ -184,7 +186,12 @@ def begin_attempt(keys: list[Key], *, address: str, username: str) -> tuple[int,
 
 
 def failed(attempt: Attempt, *, kind: str = "login") -> None:
-    """The password was wrong: the count stays; audit it and the locks it started."""
+    """The password was wrong: the count stays; audit it and the locks it started.
+
+    The count was stored before the password was checked (begin_attempt), so a process that
+    dies while the password hashes leaves the attempt counted without an audit fact: an
+    attempt whose password was never judged is no audited failure, and counting it keeps a
+    guesser from escaping the count by dropping connections."""
     _audit_failure(kind, address=attempt.address, username=attempt.username, reason="", locks=attempt.locks,
                    now=attempt.at)
 

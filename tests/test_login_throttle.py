@@ -247,3 +247,20 @@ def test_a_correct_sign_in_takes_its_own_count_back(settings, admin_user):
     assert (row.failures, row.blocked_until) == (2, None)
     assert not Throttle.objects.filter(key__startswith="login-user:").exists()
     assert AuditFact.objects.filter(action="login_failed").count() == 2
+
+
+def test_a_bad_token_is_counted_and_audited_together_or_not_at_all(monkeypatch, admin_user):
+    from lifecycle import audit
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the audit could not be written")
+
+    monkeypatch.setattr(audit, "record", broken)
+    with pytest.raises(RuntimeError):
+        Client(HTTP_AUTHORIZATION="Bearer lethe_wrong", REMOTE_ADDR="10.7.1.1").get("/v1/threads", **HOST)
+    assert not Throttle.objects.filter(key="token-addr:10.7.1.1").exists()
+    assert not AuditFact.objects.exists()
+    monkeypatch.undo()
+    _bad_token([], "10.7.1.1")
+    assert Throttle.objects.get(key="token-addr:10.7.1.1").failures == 1
+    assert list(AuditFact.objects.values_list("action", flat=True)) == ["api_token_failed"]
