@@ -49,9 +49,18 @@ def test_the_residue_advice_on_the_operation_page(live_server, open_page, settin
     log_in(page, live_server.url, *ADMIN)
     page.goto(f"{live_server.url}/operations/{op.public_id}/")
     expect(page.locator("#op-status")).to_have_attribute("data-state", "completed")
-    expect(page.get_by_test_id("residue-found")).to_contain_text("--erase-residue")
+    expect(page.get_by_test_id("residue-found").locator(".cmd")).to_have_text(
+        f"manage.py verify_erasure --erase-residue {op.public_id}")
+    expect(page.get_by_test_id("residue-own-files").locator(".cmd")).to_have_text(
+        f"manage.py verify_erasure --erase-residue --physical {op.public_id}")
     expect(page.get_by_test_id("residue-own-files")).to_contain_text("in 1 of this conversation's own files")
     expect(page.get_by_test_id("residue-engine-files")).to_contain_text("does not remove such files")
+    expect(page.get_by_test_id("residue-engine-files").locator(".cmd")).to_have_text(
+        f"manage.py verify_erasure --physical {op.public_id}")
+    for block in page.locator(".cmd").all():  # each word on one line: a command wraps between words only
+        for word in block.locator("span").all():
+            box = word.bounding_box()
+            assert box["height"] < 30, (word.inner_text(), box)
     expect(page.get_by_test_id("verified")).to_have_count(0)  # no "clean" beside a finding
     check_layout(page, f"operation page with residue advice {viewport}")
     screenshot(page, f"operation-residue-{viewport}")

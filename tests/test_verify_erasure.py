@@ -110,7 +110,10 @@ def test_it_exits_non_zero_and_names_what_it_finds(capsys, admin_client):
     assert op.receipt["verification"]["logical"] == "found"
     # The receipt's page says so, instead of "not verified yet" under "the content is erased"
     page = client.get(f"/operations/{op.public_id}/", HTTP_HOST="127.0.0.1").content.decode()
-    assert 'data-testid="residue-found"' in page and "verify_erasure --erase-residue" in page
+    assert 'data-testid="residue-found"' in page
+    # The command to run, whole, with this operation's id
+    assert (f'<code class="cmd" translate="no"><span>manage.py</span> <span>verify_erasure</span> '
+            f'<span>--erase-residue</span> <span>{op.public_id}</span></code>') in page
     assert "Not verified yet" not in page
 
     # The operator erases what came back; the stray copy outside any store stays the operator's to remove
@@ -197,7 +200,7 @@ def test_the_advice_names_what_erase_residue_removes_and_what_it_cannot(admin_cl
         assert f'data-testid="{shown}"' in page
     spanish = admin_client.get(f"/operations/{op.public_id}/", HTTP_HOST="127.0.0.1",
                                HTTP_ACCEPT_LANGUAGE="es").content.decode()
-    assert "verify_erasure --erase-residue no elimina esos archivos" in spanish
+    assert "Borrar los restos (--erase-residue) no elimina esos archivos" in spanish
 
     with pytest.raises(SystemExit) as caught:
         call_command("verify_erasure", op.public_id, "--physical", "--erase-residue")

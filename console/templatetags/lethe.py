@@ -6,7 +6,7 @@ from functools import cache
 
 from django import template
 from django.template.defaultfilters import date as format_date
-from django.utils.html import escape, format_html
+from django.utils.html import escape, format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext as _
 
@@ -47,3 +47,12 @@ def with_zone(value, fmt: str = "DATETIME_FORMAT") -> str:
     if not value:
         return ""
     return f"{format_date(value, fmt)} {format_date(value, 'T')}"
+
+
+@register.simple_tag
+def command(*words) -> SafeString:
+    """An operator's command, `manage.py` and its words, to copy as it stands: one block that
+    wraps only between words (a browser would otherwise break `--erase-residue` at its
+    hyphens on a phone), and that page translators leave alone."""
+    parts = format_html_join(" ", "<span>{}</span>", ((str(word),) for word in ("manage.py", *words)))
+    return format_html('<code class="cmd" translate="no">{}</code>', parts)
