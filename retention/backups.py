@@ -86,6 +86,8 @@ class BackupReceipt:
     database: str
     # The published file's modification time (receipts written since 2026-12-03 have it).
     mtime_ns: int | None = None
+    # The cleanup operation (its id) that made it, when a job made it (receipts since 2026-12-04).
+    operation: int | None = None
     # Listing only: the file on disk no longer has the receipt's size or modification time.
     changed: bool = False
 
@@ -100,6 +102,8 @@ class BackupReceipt:
         }
         if self.mtime_ns is not None:
             data["mtime_ns"] = self.mtime_ns
+        if self.operation is not None:
+            data["operation"] = self.operation
         return data
 
 
@@ -119,12 +123,15 @@ def _configured(name: str) -> str | Path | None:
 def backup_dir() -> Path:
     """The backup folder, created owner-only when missing: the `LETHE_BACKUP_DIR` setting or
     environment variable, else a `BACKUP_DIR` setting (an older name), else
-    `VAR_DIR/backups`. Deletion receipts read this same folder (lifecycle.deletion.physical)."""
+    `VAR_DIR/backups`. Deletion receipts read this same folder (lifecycle.deletion.physical).
+
+    A folder that exists keeps its mode: it is the operator's (a shared folder with a group,
+    or a sticky bit), and the status, which reads it every second while something runs, must
+    change nothing. Every file a backup writes in it is owner-only (0600) whatever its mode."""
     configured = _configured("LETHE_BACKUP_DIR") or getattr(settings, "BACKUP_DIR", None)
     directory = Path(configured) if configured else Path(settings.VAR_DIR) / "backups"
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if directory.stat().st_mode & 0o077:
-        directory.chmod(0o700)
+    if not directory.is_dir():
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     return directory
 
 
@@ -229,6 +236,7 @@ def _read_receipt(archive: Path) -> BackupReceipt | None:
             vendor=str(data["vendor"]),
             database=str(data["database"]),
             mtime_ns=int(data["mtime_ns"]) if data.get("mtime_ns") is not None else None,
+            operation=int(data["operation"]) if data.get("operation") is not None else None,
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -265,7 +273,8 @@ def list_backups() -> list[BackupReceipt]:
     return sorted(receipts, key=lambda r: (r.created_at, r.name), reverse=True)
 
 
-def create_backup(*, should_cancel: Callable[[], bool] = lambda: False, progress: Progress | None = None) -> BackupReceipt:
+def create_backup(*, should_cancel: Callable[[], bool] = lambda: False, progress: Progress | None = None,
+                  operation: int | None = None) -> BackupReceipt:
     """Back up the whole database and return its receipt.
 
     1. Take the folder lock and remove what a killed run left behind.
@@ -273,7 +282,8 @@ def create_backup(*, should_cancel: Callable[[], bool] = lambda: False, progress
        `pg_dump -Fc`), asking `should_cancel()` between steps; `progress(done, total)` gets
        pages (SQLite) or archive bytes with total None (PostgreSQL).
     3. Verify the copy, hash it, flush it to disk and rename it to its final name.
-    4. Write the receipt atomically. Until then the backup is not listed.
+    4. Write the receipt atomically (naming `operation`, the job's operation, when given).
+       Until then the backup is not listed.
 
     Any failure or cancel removes the temp file and raises BackupError (code "cancelled" for
     a cancel); nothing is published.
@@ -310,7 +320,7 @@ def create_backup(*, should_cancel: Callable[[], bool] = lambda: False, progress
             os.replace(temp, final)
             _fsync_dir(directory)
             receipt = BackupReceipt(name, final, size, sha256, created_at, vendor, _configured_database(),
-                                    mtime_ns=final.stat().st_mtime_ns)
+                                    mtime_ns=final.stat().st_mtime_ns, operation=operation)
             _write_receipt(receipt)
             return receipt
         except _Cancelled:
@@ -329,6 +339,13 @@ def create_backup(*, should_cancel: Callable[[], bool] = lambda: False, progress
                 raise BackupError("io_error", Message(gettext_noop(
                     "The backup could not be written: %(error)s"), {"error": exc.strerror or exc})) from exc
             raise
+
+
+def made_by(operation: int) -> BackupReceipt | None:
+    """The listed, unchanged backup whose receipt names that operation, if any: a backup job
+    that published its copy and then lost its run (killed before it recorded the success),
+    or, after a restore from that very copy, the job the copy shows running."""
+    return next((r for r in list_backups() if r.operation == operation and not r.changed), None)
 
 
 def verify_backup(name: str) -> BackupReceipt:
@@ -362,9 +379,10 @@ def restore_instructions(vendor: str) -> str:
     )
     if vendor == "sqlite":
         steps = _(
-            "Stop the console and the job cluster. Keep the current database file aside, then "
-            "copy the backup file over it and delete the files next to it whose names end in "
-            "-wal and -shm. Start the console and the job cluster again."
+            "Stop the console and the job cluster. Move the current database file aside together "
+            "with the files next to it whose names end in -wal and -shm (after an unclean stop they "
+            "hold its latest writes), then copy the backup file in its place. Start the console and "
+            "the job cluster again."
         )
     else:
         steps = _(
@@ -372,7 +390,13 @@ def restore_instructions(vendor: str) -> str:
             "into it with `pg_restore --no-owner --dbname=<new database> <backup file>`, point "
             "DATABASE_URL at it, then start the console and the job cluster again."
         )
-    return steps + "\n\n" + warning
+    cleanup = _(
+        "Tool details removed after the backup come back, and the next cleanup removes them again "
+        "while Automatic cleanup is on: to keep them, start the console alone first, turn Automatic "
+        "cleanup off, then start the job cluster. Conversations deleted after the backup come back "
+        "too: delete them again (the operations guide says how)."
+    )
+    return steps + "\n\n" + warning + "\n\n" + cleanup
 
 
 # ---- SQLite -----------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
-from django.db.models import Count, Exists, F, OuterRef, Sum
+from django.db.models import Count, Exists, F, Max, OuterRef, Sum
 from django.utils import timezone
 from django.utils.translation import gettext_noop
 
@@ -511,7 +511,7 @@ class _Pace:
         self.committed_at = 0.0  # monotonic time of the last batch's commit
         # the cursor and cutoff the last batch committed: the next batch reads from there without
         # reading the operation row first (its write transaction checks the cursor again)
-        self.next_read: tuple[tuple[int, int], datetime, datetime | None] | None = None
+        self.next_read: tuple[tuple[int, int], datetime, datetime | None, int] | None = None
         # the eligible conversations read last, in id order, and the id they were read from: all
         # the eligible ones in [from, last] (one tuple: both are replaced at once)
         self.window: tuple[int, list[int]] = (0, [])
@@ -757,28 +757,29 @@ class _Planned:
         return self.item.payload_bytes - self.values["payload_bytes"]
 
 
-def _next_items(cursor_conversation: int, cursor_item: int, candidates: list[int], limit: int) -> list[_Row]:
-    """SQLite: the next removable items of the candidate conversations after the cursor, in
-    (conversation, item) order, each part a range of item_removable_keyset_idx: the rest of
-    the conversation the cursor is in (from the cursor on, however large it is), then the
-    following conversations from their first item."""
+def _next_items(cursor_conversation: int, cursor_item: int, candidates: list[int], limit: int,
+                last_item: int) -> list[_Row]:
+    """SQLite: the next removable items (up to the run's last item) of the candidate
+    conversations after the cursor, in (conversation, item) order, each part a range of
+    item_removable_keyset_idx: the rest of the conversation the cursor is in (from the cursor
+    on, however large it is), then the following conversations from their first item."""
     from lifecycle.models import Item
 
     # SQLite: the index's columns only (the rest is read for the items taken, _complete_rows)
     select = (f"SELECT id, conversation_id, payload_bytes FROM {connection.ops.quote_name(Item._meta.db_table)} "
-              "WHERE removable_bytes > 0 AND ")
+              "WHERE removable_bytes > 0 AND id <= %s AND ")
     rows: list = []
     following = candidates
     with connection.cursor() as cursor:
         if cursor_item != NO_CURSOR and candidates[0] == cursor_conversation:
             cursor.execute(select + "conversation_id = %s AND id > %s ORDER BY id LIMIT %s",
-                           [cursor_conversation, cursor_item, limit])
+                           [last_item, cursor_conversation, cursor_item, limit])
             rows = cursor.fetchall()
             following = candidates[1:]
         if following and len(rows) < limit:
             marks = ", ".join(["%s"] * len(following))
             cursor.execute(select + f"conversation_id IN ({marks}) ORDER BY conversation_id, id LIMIT %s",
-                           [*following, limit - len(rows)])
+                           [last_item, *following, limit - len(rows)])
             rows += cursor.fetchall()
     return [_Row(pk, conversation_id, None, None, size) for pk, conversation_id, size in rows]
 
@@ -841,10 +842,13 @@ class _Read:
     cutoff, the candidate conversations, the planned rewrites (SQLite) or the span of items
     (PostgreSQL), their payload bytes, and the cursor the batch commits."""
 
-    __slots__ = ("cursor", "cutoff", "as_of", "candidates", "planned", "batch_bytes", "next_cursor", "span")
+    __slots__ = ("cursor", "cutoff", "as_of", "last_item", "candidates", "planned", "batch_bytes", "next_cursor",
+                 "span")
 
-    def __init__(self, cursor, cutoff, as_of, candidates, planned, batch_bytes, next_cursor, span=None) -> None:
+    def __init__(self, cursor, cutoff, as_of, last_item, candidates, planned, batch_bytes, next_cursor,
+                 span=None) -> None:
         self.cursor, self.cutoff, self.as_of, self.candidates = cursor, cutoff, as_of, candidates
+        self.last_item = last_item
         self.planned, self.batch_bytes, self.next_cursor = planned, batch_bytes, next_cursor
         self.span: _Span | None = span
 
@@ -875,9 +879,11 @@ class _Span:
 
 
 def _read_batch(op: ToolPayloadOperation, token: str, pace: _Pace | None,
-                after: tuple[tuple[int, int], datetime] | None = None) -> _Read:
-    """Read and plan a batch: from the committed cursor, or from `after`, the cursor and cutoff
-    the batch before committed (known without reading the operation row). Reads only; every
+                after: tuple[tuple[int, int], datetime, datetime | None, int] | None = None) -> _Read:
+    """Read and plan a batch: from the committed cursor, or from `after`, the cursor, cutoff,
+    count time and last item the batch before committed (known without reading the operation
+    row). Only items up to the run's last item are taken: an item written after the run
+    counted is not the run's (neither removed nor skipped by it). Reads only; every
     read is rechecked by the write transaction (the cursor, the conversations, each row's
     revision). On PostgreSQL the batch's items are only delimited here (`_Span`): its one
     write statement reads and reduces them (see _span_sql)."""
@@ -892,16 +898,17 @@ def _read_batch(op: ToolPayloadOperation, token: str, pace: _Pace | None,
             with _Heartbeat(op.pk, token):  # counts over the whole database
                 _fix_cutoff(seen, token)
         (cursor_conversation, cursor_item), cutoff = (seen.cursor_conversation, seen.cursor_item), seen.cutoff
-        as_of = seen.counted_at
+        as_of, last_item = seen.counted_at, _last_item(seen)
     else:
-        (cursor_conversation, cursor_item), cutoff, as_of = after
+        (cursor_conversation, cursor_item), cutoff, as_of, last_item = after
     first = cursor_conversation if cursor_item != NO_CURSOR else cursor_conversation + 1
     candidates = pace.candidates_from(first) if pace is not None else None
     if candidates is None:
         candidates = list(
             eligible_conversations(cutoff, as_of=as_of)
             .filter(id__gte=first)
-            .filter(Exists(Item.objects.filter(conversation=OuterRef("pk"), removable_bytes__gt=0)))
+            .filter(Exists(Item.objects.filter(conversation=OuterRef("pk"), removable_bytes__gt=0,
+                                               id__lte=last_item)))
             .values_list("id", flat=True)[:CONVERSATIONS_PER_BATCH]
         )
         if pace is not None:
@@ -911,15 +918,15 @@ def _read_batch(op: ToolPayloadOperation, token: str, pace: _Pace | None,
     next_cursor = None
     limit = pace.item_limit() if pace is not None else BATCH_ITEMS
     if candidates and connection.vendor == "postgresql":
-        span = _read_span((cursor_conversation, cursor_item), candidates, limit, budget)
+        span = _read_span((cursor_conversation, cursor_item), candidates, limit, budget, last_item)
         if pace is not None:
             pace.taken(span.items, span.payload_bytes)
         full = span.items < span.read or span.read == limit
         next_cursor = span.end if full and span.items else (candidates[-1], NO_CURSOR)
-        return _Read((cursor_conversation, cursor_item), cutoff, as_of, candidates, [], span.payload_bytes, next_cursor,
-                     span)
+        return _Read((cursor_conversation, cursor_item), cutoff, as_of, last_item, candidates, [], span.payload_bytes,
+                     next_cursor, span)
     if candidates:
-        items = _next_items(cursor_conversation, cursor_item, candidates, limit)
+        items = _next_items(cursor_conversation, cursor_item, candidates, limit, last_item)
         taken = []
         for item in items:
             if taken and batch_bytes + item.payload_bytes > budget:
@@ -934,7 +941,8 @@ def _read_batch(op: ToolPayloadOperation, token: str, pace: _Pace | None,
         else:  # every candidate conversation is done
             next_cursor = (candidates[-1], NO_CURSOR)
         planned = _plan_items(taken, timezone.now().replace(microsecond=0))  # the marker's whole seconds
-    return _Read((cursor_conversation, cursor_item), cutoff, as_of, candidates, planned, batch_bytes, next_cursor)
+    return _Read((cursor_conversation, cursor_item), cutoff, as_of, last_item, candidates, planned, batch_bytes,
+                 next_cursor)
 
 
 def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None = None) -> str:
@@ -986,7 +994,7 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
             left = 0
             if cursor_item != NO_CURSOR:  # the last conversation became active mid-way
                 left = Item.objects.filter(conversation_id=cursor_conversation, removable_bytes__gt=0,
-                                           id__gt=cursor_item).count()
+                                           id__gt=cursor_item, id__lte=read.last_item).count()
             # The items counted at the start in conversations that were no longer eligible when
             # the run came to them (active again) are skipped for that reason too, so a finished
             # run has nothing left over and every item counted at the start is accounted for.
@@ -1012,7 +1020,7 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
         if cursor_item != NO_CURSOR and cursor_conversation not in candidates:
             # the conversation this run was in the middle of became active: the rest of it stays
             skipped["recent_activity"] += Item.objects.filter(
-                conversation_id=cursor_conversation, removable_bytes__gt=0, id__gt=cursor_item
+                conversation_id=cursor_conversation, removable_bytes__gt=0, id__gt=cursor_item, id__lte=read.last_item
             ).count()
         loop_start = time.perf_counter()
         fixed_seconds = loop_start - started  # the checks; the item writes and the commit grow with the items
@@ -1042,7 +1050,7 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
         committing = time.perf_counter()
     if pace is not None:
         pace.committed_at = time.monotonic()
-        pace.next_read = (next_cursor, read.cutoff, read.as_of)
+        pace.next_read = (next_cursor, read.cutoff, read.as_of, read.last_item)
         if pace.checkpointer is not None:
             pace.checkpointer.committed()
         pace.marked_stale = pace.marked_stale or stale_marked
@@ -1184,7 +1192,9 @@ def _fix_cutoff(op: ToolPayloadOperation, token: str) -> None:
 
     now = timezone.now()  # the run takes the conversations eligible now (see eligible_conversations)
     cutoff = cutoff_for(now, op.age_value, op.age_unit)
-    in_scope = Item.objects.filter(conversation__in=eligible_conversations(cutoff).values("id"))
+    # and their items written before it counts (read first: what it counts is all at most this)
+    last_item = Item.objects.aggregate(m=Max("id"))["m"] or 0
+    in_scope = Item.objects.filter(conversation__in=eligible_conversations(cutoff).values("id"), id__lte=last_item)
     removable = in_scope.filter(removable_bytes__gt=0).aggregate(
         n=Count("id"), c=Count("conversation_id", distinct=True))
     # What the run leaves alone for its kind or its data (protected, unsupported, unreadable,
@@ -1193,10 +1203,17 @@ def _fix_cutoff(op: ToolPayloadOperation, token: str) -> None:
     with transaction.atomic():
         _locked(op, token)
         ToolPayloadOperation.objects.filter(pk=op.pk, cutoff__isnull=True).update(
-            cutoff=cutoff, counted_at=now, progress_total=removable["n"], eligible_messages=removable["n"],
+            cutoff=cutoff, counted_at=now, last_item=last_item, progress_total=removable["n"],
+            eligible_messages=removable["n"],
             eligible_conversations=removable["c"], skipped_json=_merge("{}", left_alone),
         )
     op.refresh_from_db()
+
+
+def _last_item(op: ToolPayloadOperation) -> int:
+    """The newest item a run takes: the last one written when it counted (a run counted before
+    this bound was kept takes every item)."""
+    return op.last_item if op.last_item is not None else 2**63 - 1
 
 
 def _run_ended(op: ToolPayloadOperation, fresh: _RunState) -> str:
@@ -1243,9 +1260,10 @@ _REDUCED_SETS = ("payload_bytes = {p}payload_bytes - {p}removable_bytes, removab
 # ---- PostgreSQL: a batch's span, read and written by SQL ------------------------------------
 
 
-def _read_span(cursor: tuple[int, int], candidates: list[int], limit: int, budget: int) -> _Span:
+def _read_span(cursor: tuple[int, int], candidates: list[int], limit: int, budget: int, last_item: int) -> _Span:
     """PostgreSQL: the items a batch takes, from item_removable_keyset_idx alone: the removable
-    items of the candidate conversations after the cursor, in (conversation, item) order, at
+    items (up to the run's last item) of the candidate conversations after the cursor, in
+    (conversation, item) order, at
     most `limit` of them and, after the first, as long as their payload bytes stay within
     `budget` (a running sum). One row per conversation comes back, not one per item."""
     from lifecycle.models import Item
@@ -1256,13 +1274,13 @@ def _read_span(cursor: tuple[int, int], candidates: list[int], limit: int, budge
         sql = _STATEMENTS[key] = (
             "WITH p AS (SELECT conversation_id, id, payload_bytes, sum(payload_bytes) OVER w AS run, "
             f"row_number() OVER w AS n FROM {connection.ops.quote_name(Item._meta.db_table)} "
-            "WHERE removable_bytes > 0 AND conversation_id = ANY(%s::bigint[]) AND (conversation_id, id) > (%s, %s) "
-            "WINDOW w AS (ORDER BY conversation_id, id) ORDER BY conversation_id, id LIMIT %s) "
+            "WHERE removable_bytes > 0 AND id <= %s AND conversation_id = ANY(%s::bigint[]) "
+            "AND (conversation_id, id) > (%s, %s) WINDOW w AS (ORDER BY conversation_id, id) ORDER BY conversation_id, id LIMIT %s) "
             "SELECT conversation_id, count(*), sum(payload_bytes), max(id), (SELECT count(*) FROM p) "
             "FROM p WHERE run <= %s OR n = 1 GROUP BY conversation_id ORDER BY conversation_id"
         )
     with connection.cursor() as db:
-        db.execute(sql, [candidates, cursor[0], cursor[1], limit, budget])
+        db.execute(sql, [last_item, candidates, cursor[0], cursor[1], limit, budget])
         return _Span(db.fetchall())
 
 
@@ -1338,7 +1356,7 @@ def _span_sql(eligible_sql: str) -> str:
             f"{_plan_check_sql()}) AS in_sql FROM {table} AS i "
             "CROSS JOIN LATERAL (SELECT strpos(i.removal_plan, ',\"removed_fields\":') AS at) AS plan "
             "WHERE i.conversation_id = ANY(%s::bigint[]) AND (i.conversation_id, i.id) > (%s, %s) "
-            "AND (i.conversation_id, i.id) <= (%s, %s) AND i.removable_bytes > 0 "
+            "AND (i.conversation_id, i.id) <= (%s, %s) AND i.id <= %s AND i.removable_bytes > 0 "
             "AND i.conversation_id IN (SELECT id FROM live)), "
             f"u AS (UPDATE {table} AS i SET payload = (CASE i.tool_kind {removal} END) "
             f"|| jsonb_build_object('{MARKER_KEY}', {marker}), {_REDUCED_SETS.format(p='i.')} "
@@ -1370,7 +1388,7 @@ def _write_span(read: _Read, eligible: _EligibleAmong) -> tuple[int, int, Counte
     with connection.cursor() as cursor:
         cursor.execute(_span_sql(eligible.sql), [
             *eligible.params_between(touched[0], touched[-1]), touched,
-            touched, after_conversation, after_item, end_conversation, end_item,
+            touched, after_conversation, after_item, end_conversation, end_item, read.last_item,
             removed_at_text(removed_at), Skip.ALREADY_REMOVED, at_db, at_db,
         ])
         live, wrote_in, wrote, removed_bytes, in_python = cursor.fetchone()
@@ -1582,25 +1600,43 @@ def _policy_preparation(state: str, *, error: Message | str = "", receipt: str =
 def _backup_run(op: ToolPayloadOperation, token: str) -> str:
     """Create and verify the backup; on success hand over to the cleanup that waits for it.
 
-    A run that finds it took over a dead run's lease does not try again on its own: the
+    A run that finds it took over a dead run's lease does not make a backup on its own. If the
+    dead run had published its backup (its receipt names this operation) and the copy checks
+    out, the backup is done: it succeeds and the preparation is ready, without the cleanup
+    that was to follow (the run cannot tell a run killed after publishing from a database
+    restored from that very copy, which shows this backup running: after a restore nothing
+    removes anything before an admin asks, or the daily check does). Otherwise the
     preparation was interrupted, so it fails and the admin chooses Retry or Cancel.
     """
+    from retention.backups import BackupError, create_backup, made_by, verify_backup
+
     if op.attempts:
-        message = Message(gettext_noop(
-            "The backup was interrupted (the job restarted). Retry it or change the backup choice."))
+        published = made_by(op.pk)
+        if published is not None:
+            try:
+                with _Heartbeat(op.pk, token):
+                    verify_backup(published.name)
+            except BackupError:
+                published = None
         with transaction.atomic():
+            if published is not None:
+                if _finish(op, token, OperationState.SUCCEEDED, backup_name=published.name,
+                           backup_sha256=published.sha256, backup_size=published.size):
+                    _policy_preparation(PreparationState.READY, receipt=published.name)
+                return "done"
+            message = Message(gettext_noop(
+                "The backup was interrupted (the job restarted, or the database was restored from a copy "
+                "taken while it ran). Retry it or change the backup choice."))
             if _finish(op, token, OperationState.FAILED, "interrupted", message):
                 _policy_preparation(PreparationState.FAILED, error=message)
         return "done"
-
-    from retention.backups import BackupError, create_backup
 
     def should_cancel() -> bool:
         return ToolPayloadOperation.objects.filter(pk=op.pk, cancel_requested=True).exists()
 
     try:
         with _Heartbeat(op.pk, token):
-            receipt = create_backup(should_cancel=should_cancel)
+            receipt = create_backup(should_cancel=should_cancel, operation=op.pk)
     except Exception as exc:
         if isinstance(exc, BackupError):
             code, message = exc.code, exc.text

@@ -124,6 +124,8 @@ class ToolPayloadOperation(models.Model):
     cutoff = models.DateTimeField(null=True, blank=True)
     # Cleanup: when its totals were counted; it takes only conversations eligible then
     counted_at = models.DateTimeField(null=True, blank=True)
+    # Cleanup: the newest item id when it counted; it takes no item written after (None: any)
+    last_item = models.BigIntegerField(null=True, blank=True)
     # figures
     scanned = models.PositiveBigIntegerField(default=0)
     eligible_conversations = models.PositiveBigIntegerField(default=0)

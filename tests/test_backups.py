@@ -475,3 +475,17 @@ def test_a_backup_changed_after_it_was_made_is_listed_as_changed(folder):
     old.pop("mtime_ns")
     Path(str(kept.path) + ".json").write_text(json.dumps(old))
     assert {r.name: r.changed for r in list_backups()}[kept.name] is False
+
+
+def test_a_folder_that_exists_keeps_its_mode_and_the_files_are_owner_only(folder):
+    """The operator's folder (shared with a group, or with the sticky bit) is theirs: reading
+    the status or making a backup changes no mode of it."""
+    folder.mkdir()
+    folder.chmod(0o1770)
+    fill(messages=3)
+    assert list_backups() == []
+    receipt = create_backup()
+    assert list_backups() == [receipt]
+    assert folder.stat().st_mode & 0o7777 == 0o1770
+    assert receipt.path.stat().st_mode & 0o777 == 0o600
+    assert (folder / (receipt.name + ".json")).stat().st_mode & 0o777 == 0o600

@@ -10,6 +10,7 @@ import json
 import threading
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from django.db import IntegrityError, connection, transaction
@@ -344,6 +345,36 @@ def test_a_foreground_write_between_batches_protects_its_conversation(admin_user
     assert skipped_for_activity(op) == {"recent_activity": 5}
     assert op.removed_messages == 5
 
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_item_written_after_the_run_counted_is_not_the_runs(admin_user, monkeypatch):
+    """A tool item appended mid-run (its conversation active again) is neither removed nor
+    counted by the run: removed plus skipped is what the run counted, and progress never
+    passes its total."""
+    monkeypatch.setattr(jobs, "BATCH_ITEMS", 2)
+    busy = old_conversation("busy", tools=6)
+    quiet = old_conversation("quiet", tools=2)
+    enable(admin_user)
+    op_id = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
+    op = jobs._claim(op_id, "t")
+    assert jobs._cleanup_batch(op, "t") == "next"  # counted, and the first two items of `busy` removed
+    op.refresh_from_db()
+    counted = op.eligible_messages
+    late = append_item(Conversation.objects.get(pk=busy.pk), role="tool", tool_kind="shell",
+                       tool_call_id="late-1", payload=shell(99))
+    assert late.removable_bytes > 0 and late.pk > op.last_item
+    while jobs._cleanup_batch(op, "t") == "next":
+        pass
+    op.refresh_from_db()
+    doc = service.status_document()["last_run"]
+    assert op.state == "succeeded"
+    assert op.removed_messages + skipped_for_activity(op)["recent_activity"] == counted
+    assert (op.progress_done, op.progress_total) == (counted, counted)
+    assert doc["removed_messages"] + sum(n for reason, n in doc["skipped"].items() if reason != "protected") == counted
+    late.refresh_from_db()
+    assert late.removable_bytes > 0 and late.details_removed_at is None  # the next run's
+    assert Item.objects.filter(conversation=quiet, details_removed_at__isnull=False).count() > 0
 
 def raced_item_run(admin_user, kind: str):
     """An idle conversation of shell items and one edit_file item, cleanup enabled and a run
@@ -828,6 +859,94 @@ def test_a_verified_backup_comes_first_then_cleanup_follows(admin_user, backup_d
     assert [b["name"] for b in doc["backups"]] == [backup.backup_name]
     assert [op["kind"] for op in doc["history"]] == ["cleanup", "backup"]
     assert doc["history"][1]["backup"]["sha256"] == backup.backup_sha256
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_backup_published_before_its_run_was_lost_counts_as_made_without_a_cleanup(admin_user, backup_dir):
+    """A backup job killed after it published its copy, or a database restored from that very
+    copy (which shows the backup still running): the backup is done, the preparation is ready,
+    and nothing is removed until someone asks."""
+    from retention.backups import create_backup
+
+    conversation = old_conversation("published", tools=2)
+    removable = Item.objects.filter(conversation=conversation, removable_bytes__gt=0).count()
+    before = snapshot()
+    enable(admin_user, choice="create")
+    op_id = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
+    assert jobs._claim(op_id, "dead-run") is not None
+    receipt = create_backup(operation=op_id)  # the dead run's copy, published with its receipt
+    ToolPayloadOperation.objects.filter(pk=op_id).update(
+        heartbeat_at=timezone.now() - timedelta(seconds=jobs.LEASE_SECONDS + 5))
+    op = run(op_id)
+    assert (op.state, op.backup_name, op.backup_sha256, op.backup_size) == (
+        "succeeded", receipt.name, receipt.sha256, receipt.size), op.error_message
+    policy = ToolPayloadPolicy.load()
+    assert (policy.preparation_state, policy.backup_receipt_name) == ("ready", receipt.name)
+    assert not ToolPayloadOperation.objects.filter(kind="cleanup").exists() and snapshot() == before
+    cleanup = run(service.start_run(user=admin_user, revision=policy.revision))
+    assert (cleanup.kind, cleanup.state, cleanup.removed_messages) == ("cleanup", "succeeded", removable)
+
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_published_backup_that_no_longer_checks_out_leaves_the_preparation_interrupted(admin_user, backup_dir):
+    import os
+
+    from retention.backups import create_backup
+
+    old_conversation("damaged", tools=2)
+    before = snapshot()
+    enable(admin_user, choice="create")
+    retry = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
+    assert jobs._claim(retry, "dead-run") is not None
+    damaged = create_backup(operation=retry)
+    stat = damaged.path.stat()
+    with damaged.path.open("r+b") as handle:  # one byte changed in place, the time put back
+        handle.seek(stat.st_size // 2)
+        byte = handle.read(1)
+        handle.seek(stat.st_size // 2)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(damaged.path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    ToolPayloadOperation.objects.filter(pk=retry).update(
+        heartbeat_at=timezone.now() - timedelta(seconds=jobs.LEASE_SECONDS + 5))
+    failed = run(retry)
+    assert (failed.state, failed.error_code, failed.backup_name) == ("failed", "interrupted", "")
+    assert ToolPayloadPolicy.load().preparation_state == "failed"
+    assert not ToolPayloadOperation.objects.filter(kind="cleanup").exists() and snapshot() == before
+
+
+@pytest.mark.django_db(transaction=True)
+def test_after_a_restore_from_the_preparation_backup_that_backup_is_done(admin_user, backup_dir):
+    """SQLite, restored as the page says: the database file replaced by the backup. The copy
+    was taken while its own job ran, so it shows that job running; the job finds its receipt."""
+    import shutil
+
+    if connection.vendor != "sqlite":
+        pytest.skip("a file copy is SQLite's restore; PostgreSQL's (pg_restore into a new database) "
+                    "leaves the same rows, which the test above builds on both engines")
+    conversation = old_conversation("restored", tools=2)
+    removable = Item.objects.filter(conversation=conversation, removable_bytes__gt=0).count()
+    enable(admin_user, choice="create")
+    backup = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert backup.state == "succeeded"
+    assert run(ToolPayloadOperation.objects.get(kind="cleanup").pk).removed_messages == removable
+    database = Path(connection.settings_dict["NAME"])
+    connection.close()
+    shutil.copyfile(backup_dir / backup.backup_name, database)
+    for suffix in ("-wal", "-shm"):
+        Path(f"{database}{suffix}").unlink(missing_ok=True)
+    restored = ToolPayloadOperation.objects.get(pk=backup.pk)
+    assert restored.state == "running" and restored.lease  # as the copy found it
+    assert ToolPayloadPolicy.load().preparation_state == "preparing"
+    assert not ToolPayloadOperation.objects.filter(kind="cleanup").exists()
+    ToolPayloadOperation.objects.filter(pk=backup.pk).update(  # the cluster starts after the lease ran out
+        heartbeat_at=timezone.now() - timedelta(seconds=jobs.LEASE_SECONDS + 5))
+    done = run(backup.pk)
+    assert (done.state, done.backup_name, done.backup_sha256) == ("succeeded", backup.backup_name,
+                                                                  backup.backup_sha256)
+    assert ToolPayloadPolicy.load().preparation_state == "ready"
+    assert not ToolPayloadOperation.objects.filter(kind="cleanup").exists()
+    assert Item.objects.filter(conversation=conversation, removable_bytes__gt=0).count() == removable  # back, kept
 
 
 @pytest.mark.django_db(transaction=True)
