@@ -75,3 +75,49 @@ def test_json_is_one_document_when_the_backup_runs_before_the_cleanup(admin_user
     assert (doc["preceded_by"]["kind"], doc["preceded_by"]["state"]) == ("backup", "succeeded")
     assert [(op.kind, op.state) for op in ToolPayloadOperation.objects.order_by("pk")] == [
         ("backup", "succeeded"), ("cleanup", "succeeded")]
+
+
+def test_a_run_stopped_part_way_exits_4(admin_user, monkeypatch):
+    from retention import jobs
+
+    monkeypatch.setattr(jobs, "BATCH_ITEMS", 2)
+    old_conversation("cli", tools=6)
+    service.save_policy(user=admin_user, enabled=True, age_value=3, age_unit="months", revision=1,
+                        backup_choice="skip")
+    stopped = []
+
+    def cancel_after_the_first_batch(name: str) -> None:
+        if name == "tool-cleanup-after-batch" and not stopped:
+            stopped.append(name)
+            ToolPayloadOperation.objects.filter(kind="cleanup").update(cancel_requested=True)
+
+    monkeypatch.setattr(jobs.faults, "kill_point", cancel_after_the_first_batch)
+    out = StringIO()
+    with pytest.raises(SystemExit) as exit_status:
+        call_command("tool_payloads", "run", "--as", "alice", "--here", stdout=out)
+    assert exit_status.value.code == 4
+    run = ToolPayloadOperation.objects.get(kind="cleanup")
+    assert run.state == "partial" and 0 < run.removed_messages < run.eligible_messages
+    assert f"cleanup #{run.pk}: partial;" in out.getvalue() and f"removed {run.removed_messages}" in out.getvalue()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_compact_line_gives_the_sizes_before_and_after(admin_user):
+    compact = command("compact", "--as", "alice", "--here")
+    op = ToolPayloadOperation.objects.get(kind="compact")
+    assert op.state == "succeeded" and op.before_bytes and op.after_bytes is not None
+    assert f"compact #{op.pk}: succeeded; database file {op.before_bytes} -> {op.after_bytes} bytes" in compact
+    assert "messages" not in compact
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_backup_line_names_its_file_and_checksum(admin_user, settings, tmp_path):
+    settings.LETHE_BACKUP_DIR = str(tmp_path / "backups")
+    old_conversation("cli", tools=2)
+    service.save_policy(user=admin_user, enabled=True, age_value=3, age_unit="months", revision=1,
+                        backup_choice="create")
+    text = command("run", "--as", "alice", "--here")
+    backup = ToolPayloadOperation.objects.get(kind="backup")
+    assert (f"backup #{backup.pk}: succeeded; {backup.backup_name}, {backup.backup_size} bytes, "
+            f"SHA-256 {backup.backup_sha256}") in text
+    assert "cleanup #" in text and "removed 3" in text

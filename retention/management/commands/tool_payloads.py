@@ -18,7 +18,9 @@ from retention.models import OPEN_STATES, ToolPayloadOperation, ToolPayloadPolic
 class Command(BaseCommand):
     help = ("Tool payload cleanup: show the status, analyze a period, run cleanup now, cancel an operation "
             "or compact the database. Changes need --as ADMIN. Waits for the job (progress bar on a terminal) "
-            "unless --no-wait; --here runs it in this process instead of the job cluster.")
+            "unless --no-wait; --here runs it in this process instead of the job cluster. Exit status: 0 "
+            "succeeded (or queued, with --no-wait), 3 failed or cancelled before it changed anything, 4 stopped "
+            "part-way (partial: what it removed before stays).")
 
     def add_arguments(self, parser):
         verbs = parser.add_subparsers(dest="verb", required=True)
@@ -66,6 +68,8 @@ class Command(BaseCommand):
         self.operation(doc)
         if doc["state"] in ("failed", "cancelled"):
             raise SystemExit(3)
+        if doc["state"] == "partial":
+            raise SystemExit(4)
 
     def admin(self, username: str):
         user = get_user_model().objects.filter(username=username, is_active=True, is_staff=True).first()
@@ -80,8 +84,8 @@ class Command(BaseCommand):
         """Wait for the operation (and a cleanup that follows its backup), drawing progress."""
         tty = sys.stderr.isatty() and not self.as_json
         while True:
-            if here:
-                jobs.run_operation(op_id)
+            # Here, a job the cluster holds ("busy") is waited for like any other
+            ran = jobs.run_operation(op_id) if here else "busy"
             doc = self.doc(op_id)
             if tty:
                 done, total = doc["progress"]["done"], doc["progress"]["total"]
@@ -92,7 +96,7 @@ class Command(BaseCommand):
                 sys.stderr.flush()
             if doc["state"] not in OPEN_STATES:
                 break
-            if not here:
+            if ran == "busy":
                 time.sleep(1)
         if tty:
             sys.stderr.write("\n")
@@ -109,9 +113,19 @@ class Command(BaseCommand):
         if self.as_json:
             self.stdout.write(jsonlib.dumps(_json(doc), sort_keys=True))
             return
-        line = (f"{doc['kind']} #{doc['id']}: {doc['state']}; conversations {doc['eligible_conversations']}, "
-                f"messages {doc['eligible_messages']}, removed {doc['removed_messages']}, "
-                f"payload bytes {doc['payload_bytes']}")
+        line = f"{doc['kind']} #{doc['id']}: {doc['state']}"
+        if doc["kind"] == "compact":
+            if doc["before_bytes"] is not None:
+                line += f"; database file {doc['before_bytes']} -> {doc['after_bytes']} bytes"
+            if doc["before_reusable_bytes"] is not None:
+                line += f", reusable {doc['before_reusable_bytes']} -> {doc['after_reusable_bytes']} bytes"
+        elif doc["kind"] == "backup":
+            if doc["backup"]:
+                line += (f"; {doc['backup']['name']}, {doc['backup']['size']} bytes, "
+                         f"SHA-256 {doc['backup']['sha256']}")
+        else:
+            line += (f"; conversations {doc['eligible_conversations']}, messages {doc['eligible_messages']}, "
+                     f"removed {doc['removed_messages']}, payload bytes {doc['payload_bytes']}")
         if doc["skipped"]:
             line += "; skipped " + ", ".join(f"{k} {v}" for k, v in sorted(doc["skipped"].items()))
         if doc["error"]:
