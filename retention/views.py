@@ -15,11 +15,15 @@ says so in its own status note; action errors have their own region, which polls
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from datetime import timedelta
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext, pgettext_lazy
 from django.views.decorators.http import require_GET, require_POST
@@ -41,6 +45,10 @@ LIVE = "retention/cleanup_live.html"
 RUNNING = ("queued", "running")
 POLL_BUSY = 1  # seconds between status reads while an operation runs or a backup is prepared
 POLL_IDLE = 30  # while cleanup is on and idle: the daily check may start a run
+# The poller's database figures are measured at most this often per process (on PostgreSQL the
+# reusable space is read from every table, 0.1 s and more on a large database, once a second
+# per open page while a run goes on), and again at once when an operation has finished since.
+POLL_MEASURE_SECONDS = 15
 
 
 STATE_LABELS = {
@@ -195,6 +203,9 @@ def _card(doc: dict | None, engine: str) -> dict:
         "last_run": last_run,
         "run_remaining": _remaining(last_run),
         "next_check_at": doc.get("next_check_at"),
+        # Past its time by more than a minute: the job cluster has not run it (stopped, or busy)
+        "next_check_due": bool(doc.get("next_check_at")
+                               and doc["next_check_at"] < timezone.now() - timedelta(minutes=1)),
         "can_run": blocked is None,
         "run_blocked": blocked,
         "last_compact": _op(doc.get("last_compact")),
@@ -263,15 +274,42 @@ def data_storage(request: HttpRequest) -> HttpResponse:
     return render(request, PAGE, _context(request))
 
 
+class _PolledSize:
+    """The last database figures a poll measured, by the database and the newest finished
+    operation (a compaction that ends is measured at the next poll)."""
+
+    lock = threading.Lock()
+    key: tuple | None = None
+    at = 0.0
+    size = None
+
+    @classmethod
+    def read(cls, doc: dict):
+        from django.db import connection
+
+        newest = next((op for op in doc.get("history") or () if op["state"] not in RUNNING), None)
+        key = (connection.alias, str(connection.settings_dict["NAME"]),
+               (newest["id"], newest["state"]) if newest else None)
+        with cls.lock:
+            if cls.key == key and time.monotonic() - cls.at < POLL_MEASURE_SECONDS:
+                return cls.size
+        size = database_size()
+        with cls.lock:
+            cls.key, cls.at, cls.size = key, time.monotonic(), size
+        return size
+
+
 @login_required
 @require_GET
 def cleanup_status(request: HttpRequest) -> HttpResponse:
-    """The poller's read: every live region out of band, or only the "unavailable" note."""
+    """The poller's read: every live region out of band, or only the "unavailable" note. The
+    database figures in it are at most POLL_MEASURE_SECONDS old (the page and the answers to
+    actions measure them afresh)."""
     doc = _read_status()
     if doc is None:
         response = render(request, LIVE, {"status_failed": True})
     else:
-        db = database_size()
+        db = _PolledSize.read(doc)
         context = {"card": _card(doc, db.engine), "db": db, "can_edit": is_admin(request.user)}
         response = render(request, LIVE, context)
     response["HX-Reswap"] = "none"

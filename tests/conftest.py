@@ -40,6 +40,16 @@ def language_of_the_thread():
 
 
 @pytest.fixture(autouse=True)
+def polled_size_forgotten():
+    """The status poller's database figures (kept a few seconds per process) are not carried
+    from one test's database into the next."""
+    yield
+    from retention.views import _PolledSize
+
+    _PolledSize.key = None
+
+
+@pytest.fixture(autouse=True)
 def engine_home(settings, tmp_path):
     """Every test gets its own real engine folder."""
     settings.ENGINE_HOME = tmp_path / "engine"

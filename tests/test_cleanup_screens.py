@@ -18,6 +18,7 @@ from django.template.defaultfilters import filesizeformat
 from lifecycle.models import Item
 from retention import service
 from retention.models import ToolPayloadOperation, ToolPayloadPolicy
+from retention.storage import database_size
 from tests.test_tool_payload_jobs import enable, old_conversation, run
 
 pytestmark = pytest.mark.django_db
@@ -234,7 +235,27 @@ def test_partial_failed_and_pending_runs_are_never_shown_as_completed(admin_clie
 def test_an_enabled_policy_shows_the_next_check(admin_client, admin_user):
     enable(admin_user, choice="skip")
     next_check = re.search(r'data-testid="next-check">([^<]*)<', page(admin_client)).group(1)
-    assert next_check and next_check != "Disabled"
+    assert next_check and next_check != "Disabled" and "Due since" not in next_check
+
+
+def test_a_check_past_its_time_is_shown_due_not_as_a_time_to_come(admin_client, admin_user):
+    """The job cluster is stopped: the daily check's time passes without it running."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+    from django_q.models import Schedule
+
+    from retention import jobs
+
+    enable(admin_user, choice="skip")
+    Schedule.objects.filter(name=jobs.DAILY).update(next_run=timezone.now() - timedelta(hours=2))
+    next_check = re.search(r'data-testid="next-check">([^<]*)<', page(admin_client)).group(1)
+    assert next_check.startswith("Due since ") and next_check.endswith("it runs when the job cluster next runs")
+    spanish = admin_client.get(PAGE, HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode()
+    assert "Pendiente desde" in re.search(r'data-testid="next-check">([^<]*)<', spanish).group(1)
+    from tests.test_tool_payloads_command import command
+
+    assert "(due: it runs when the job cluster next runs)" in command("status")
 
 
 @pytest.mark.django_db(transaction=True)  # VACUUM runs outside any transaction
@@ -416,3 +437,30 @@ def test_spanish_history_agrees_with_each_kind(admin_client, admin_user, setting
     listing = admin_client.get("/operations/", HTTP_HOST="127.0.0.1", HTTP_ACCEPT_LANGUAGE="es").content.decode()
     assert re.search(r"Análisis</span>\s*<span class=\"conv-meta\">\s*<span class=\"badge[^\"]*\">Completado<", listing)
     assert re.search(r"Limpieza</span>\s*<span class=\"conv-meta\">\s*<span class=\"badge[^\"]*\">Completada<", listing)
+
+
+def test_the_poller_measures_the_database_at_most_every_few_seconds_and_after_an_operation_ends(
+        admin_client, admin_user, monkeypatch):
+    from retention import views
+
+    measured = []
+
+    def counted():
+        measured.append(1)
+        return database_size()
+
+    monkeypatch.setattr(views, "database_size", counted)
+    for _ in range(3):
+        assert 'data-testid="db-size"' in admin_client.get(STATUS, **HX).content.decode()
+    assert len(measured) == 1  # one measurement for three polls
+    op_id = service.start_analysis(user=admin_user, age_value=3, age_unit="months")
+    admin_client.get(STATUS, **HX)
+    assert len(measured) == 1  # nothing finished yet
+    run(op_id)
+    admin_client.get(STATUS, **HX)
+    assert len(measured) == 2  # an operation ended: measured again
+    page(admin_client)
+    assert len(measured) == 3  # the page itself measures every time
+    monkeypatch.setattr(views, "POLL_MEASURE_SECONDS", 0)
+    admin_client.get(STATUS, **HX)
+    assert len(measured) == 4

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json as jsonlib
 import sys
 import time
+from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
 
 from retention import jobs, service
 from retention.api import _json
@@ -145,7 +147,9 @@ class Command(BaseCommand):
         if doc["error"]:
             self.stdout.write(f"error {doc['error']['code']}: {doc['error']['message']}")
         if doc["next_check_at"]:
-            self.stdout.write(f"next check {doc['next_check_at'].isoformat()}")
+            due = doc["next_check_at"] < timezone.now() - timedelta(minutes=1)
+            self.stdout.write(f"next check {doc['next_check_at'].isoformat()}"
+                              + (" (due: it runs when the job cluster next runs)" if due else ""))
         db = doc["database"]
         self.stdout.write(f"database {db['file_bytes']} bytes, reusable {db['reusable_bytes']} bytes")
         for op in doc["history"][:10]:
