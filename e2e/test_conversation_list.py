@@ -234,3 +234,33 @@ def test_paging_keeps_its_order_and_names_what_changed(seeded, live_server, open
     expect(page.locator("#results .conv-title").first).to_have_text(mover.title)
     expect(page.get_by_test_id("changed-note")).to_have_count(0)
     expect(page.locator("#results-count")).to_be_focused()
+
+
+@pytest.mark.parametrize("how", ["no-answer", "proxy-502"])
+def test_a_list_request_that_fails_says_so_and_enter_asks_again(seeded, live_server, open_page, how):
+    page, _ = signed_in_list(open_page, "phone", live_server.url)
+    count = page.locator("#results .count")
+    everything = Conversation.objects.recent()
+    expect(count).to_have_text(count_text(everything.count()))
+
+    def fail(route):
+        if route.request.headers.get("hx-request"):
+            if how == "no-answer":
+                route.abort()
+            else:
+                route.fulfill(status=502, content_type="text/html", body="<html><body>Bad gateway</body></html>")
+        else:
+            route.continue_()
+
+    page.route(re.compile(r".*/conversations/\?.*"), fail)
+    box = page.get_by_label("Search")
+    box.fill("test")
+    error = page.get_by_test_id("results-error")
+    expect(error).to_be_visible()
+    expect(error).to_contain_text("The list below is the one shown before")
+    expect(count).to_have_text(count_text(everything.count()))  # the old list, said to be the old one
+    check_layout(page, "list error")
+    page.unroute(re.compile(r".*/conversations/\?.*"))
+    box.press("Enter")  # the same query: asked again, since it was never shown
+    expect(count).to_have_text(count_text(everything.search("test").count()))
+    expect(error).to_be_hidden()

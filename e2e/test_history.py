@@ -1,5 +1,6 @@
-"""The back button after many searches: once htmx's history cache (10 pages) runs out, the
-page it asks the server for is the whole page, not the list fragment on its own."""
+"""The back button: htmx keeps no copy of pages (historyCacheSize 0), so Back asks the server for
+the whole page as it is now (not the list fragment on its own, not a copy from before an
+archive or a delete)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,12 @@ SEARCHES = ["review", "refactor", "draft", "payment", "index", "deploy", "flaky"
 
 
 @pytest.mark.parametrize("viewport", ["desktop", "small-phone"], ids=["1280", "320"])
-def test_going_back_past_the_history_cache_restores_whole_pages(seeded, live_server, open_page, viewport):
+def test_going_back_after_many_searches_restores_whole_pages(seeded, live_server, open_page, viewport):
     page = open_page(viewport)
     log_in(page, live_server.url, *MEMBER)
     misses = []
     page.on("request", lambda r: misses.append(r.url) if r.headers.get("hx-history-restore-request") else None)
-    assert page.evaluate("htmx.config.historyCacheSize") == 10
+    assert page.evaluate("htmx.config.historyCacheSize") == 0
     search = page.get_by_label("Search")
     for word in SEARCHES:  # more searches than the cache holds
         search.fill(word)
@@ -45,9 +46,36 @@ def test_going_back_past_the_history_cache_restores_whole_pages(seeded, live_ser
         expect(page.get_by_label("Search")).to_have_value(word)  # the box says which list this is
         expect(page.locator(".topbar")).to_have_count(1)
 
-    # The oldest pages were no longer cached, so the server was asked for them.
-    assert any(url.endswith("/conversations/") for url in misses), misses
+    # No page was cached, so the server was asked for each one.
+    assert len(misses) == len(SEARCHES), misses
+    assert page.evaluate("window.localStorage.getItem('htmx-history-cache')") is None
     check_layout(page)
     # And the restored page still works in place.
     page.locator("label.tab", has_text="Archived").click()
     expect(page.locator("#results .count")).to_have_text(f"{Conversation.objects.archived().count()} conversations")
+
+
+@pytest.mark.parametrize("viewport", ["phone"], ids=["390"])
+def test_back_after_an_archive_shows_the_list_as_it_is_now(seeded, live_server, open_page, viewport):
+    from e2e.conftest import ADMIN
+
+    page = open_page(viewport)
+    log_in(page, live_server.url, *ADMIN)
+    count = page.locator("#results .count")
+    before = Conversation.objects.recent().count()
+    expect(count).to_have_text(f"{before} conversations")
+    page.locator("label.tab", has_text="Closed").click()
+    expect(page).to_have_url(re.compile(r"view=closed"))
+    page.locator("label.tab", has_text="Recent").click()
+    expect(page).to_have_url(re.compile(r"view=recent"))
+    first = page.locator("#results li.conv").first
+    thread = first.locator("code.tid").inner_text()
+    first.get_by_role("button", name=re.compile(r"^Archive")).click()
+    expect(count).to_have_text(f"{before - 1} conversations")
+    for _ in range(3):
+        page.go_back()
+    expect(page).to_have_url(re.compile(r"/conversations/$"))
+    expect(count).to_have_text(f"{before - 1} conversations")  # not the list from before the archive
+    assert Conversation.objects.recent().count() == before - 1
+    expect(page.locator("#results code.tid", has_text=thread)).to_have_count(0)
+    check_layout(page)

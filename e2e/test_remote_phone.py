@@ -72,8 +72,19 @@ def test_a_bound_delete_on_a_phone_is_pending_while_the_engine_is_down_then_comp
         page.get_by_role("button", name="Delete for good").click()
         status = page.locator("#op-status")
         expect(status).to_have_attribute("data-state", "pending")
+        page.evaluate("""() => {  // what the live region says, each time it says something
+          window.said = [];
+          const region = document.getElementById("op-announce");
+          new MutationObserver(() => { if (region.textContent) window.said.push(region.textContent); })
+            .observe(region, {childList: true, characterData: true, subtree: true});
+        }""")
         expect(page.get_by_test_id("op-waiting")).to_contain_text("Waiting on: the engine")
         expect(page.get_by_test_id("op-waiting")).to_contain_text("next retry:", timeout=40_000)
+        retry = page.get_by_test_id("op-waiting").inner_text()
+        expect(page.get_by_test_id("op-waiting")).not_to_have_text(retry, timeout=20_000)  # retried: swapped again
+        said = page.evaluate("window.said")
+        assert len(said) == len(set(said)), said  # the same words are not said again at each retry
+        assert all("next retry" not in words and "engineWaiting" not in words for words in said), said
         expect(page.get_by_text("Completed")).to_have_count(0)
         check_layout(page, "bound delete pending")
         op = BoundDelete.objects.get()
@@ -83,6 +94,7 @@ def test_a_bound_delete_on_a_phone_is_pending_while_the_engine_is_down_then_comp
         engine.start()
         expect(status).to_have_attribute("data-state", "completed", timeout=60_000)
         expect(page.get_by_test_id("op-state")).to_have_text("Completed")
+        expect(page.locator("#op-announce")).to_have_text("Completed")
         expect(page.get_by_test_id("receipt")).to_contain_text("Messages and tool calls")
         expect(page.get_by_test_id("receipt")).not_to_contain_text("lifecycle.")
         check_layout(page, "bound delete completed")

@@ -90,7 +90,8 @@ def conversation_close(request: HttpRequest, public_id: str) -> HttpResponse:
 
 def engine_answers(view):
     """The page of a view that asks the engine (ENGINE_URL) says the engine cannot be reached
-    (503) when it cannot, or its answer could not be used, instead of a server error."""
+    (503) when it cannot, or its answer could not be used, and Not found (404) when the engine
+    does not know what was asked for, instead of a server error."""
 
     @functools.wraps(view)
     def wrapped(request: HttpRequest, *args, **kwargs) -> HttpResponse:
@@ -98,6 +99,10 @@ def engine_answers(view):
             return view(request, *args, **kwargs)
         except (EngineUnreachable, EngineCredentialsRefused) as exc:
             return render(request, "lifecycle/engine_unavailable.html", {"reason": exc.message}, status=503)
+        except ActionRefused as exc:
+            if exc.status == 404:  # the engine does not know it (a row this console kept, not the engine's)
+                raise Http404 from None
+            raise
 
     return wrapped
 

@@ -9,6 +9,7 @@ from django.db import transaction
 from django.db.models import Case, Exists, OuterRef, Q, Value, When
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+from django.utils.translation import gettext_lazy
 
 from lifecycle.engine.http import EngineBadAnswer
 from remote.delivery import engine_for
@@ -22,6 +23,25 @@ OWNER_KINDS = ("account", "computer")
 # A delete acknowledged less than this before a page was asked for may have been erasing while
 # the engine wrote the page (the page is stale, not a restore); covers clocks of other hosts.
 CLOCK_MARGIN = timedelta(seconds=60)
+
+# Why a read of the engine's conversations failed. Unlike a bound delete, a read is not
+# retried by itself: an admin (Read from the engine) or an operator (sync_bindings) asks again.
+READ_ERRORS = {
+    "engine_unreachable": gettext_lazy("The engine cannot be reached (no connection, a timeout, or its answer "
+                                       "was lost). Nothing was read; read again when it is back."),
+    "engine_credentials_refused": gettext_lazy("The engine refused this console's token. Nothing was read; an "
+                                               "operator must set a valid ENGINE_TOKEN, then read again."),
+    "engine_bad_answer": gettext_lazy("The engine's answer could not be used (not in the form expected). Nothing "
+                                      "was taken from it; read again later."),
+    "engine_error": gettext_lazy("The engine answered with an error. Nothing was read; read again later."),
+}
+
+
+def read_error_text(code: str) -> str:
+    """The words for a failed read of the engine's conversations (a delete's words otherwise)."""
+    from remote.delivery import error_text
+
+    return str(READ_ERRORS[code]) if code in READ_ERRORS else error_text(code)
 
 
 def _row(row) -> dict:

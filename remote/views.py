@@ -49,6 +49,9 @@ def binding_list(request: HttpRequest) -> HttpResponse:
     owners = _owners()
     chosen = request.GET.get("owner") or (owners[0]["key"] if owners else "")
     owner = next((o for o in owners if o["key"] == chosen), None)
+    unknown_owner = owner is None and bool(owners)  # an old or edited link: the first owner, said so
+    if unknown_owner:
+        owner = owners[0]
     bindings, deletes = [], []
     if owner is not None:
         bindings = list(EngineBinding.objects.select_related("returned_after")
@@ -58,7 +61,7 @@ def binding_list(request: HttpRequest) -> HttpResponse:
             b.pending_delete = pending.get(b.pk)
         deletes = list(BoundDelete.objects.filter(owner_kind=owner["kind"], owner_id=owner["id"])[:50])
     return render(request, "remote/binding_list.html", {
-        "owners": owners, "owner": owner, "bindings": bindings, "deletes": deletes,
+        "owners": owners, "owner": owner, "unknown_owner": unknown_owner, "bindings": bindings, "deletes": deletes,
         "engine_url": settings.ENGINE_URL, "is_admin": is_admin(request.user),
     })
 
@@ -68,7 +71,7 @@ def binding_list(request: HttpRequest) -> HttpResponse:
 def bindings_sync(request: HttpRequest) -> HttpResponse:
     if not is_admin(request.user):
         raise PermissionDenied
-    from remote.sync import refresh
+    from remote.sync import read_error_text, refresh
 
     if not settings.ENGINE_URL:
         messages.error(request, _("This console uses its embedded engine; there is nothing to read."))
@@ -76,7 +79,7 @@ def bindings_sync(request: HttpRequest) -> HttpResponse:
         try:
             counts = refresh("")
         except ActionRefused as exc:
-            messages.error(request, error_text(exc.code) if exc.code.startswith("engine_") else exc.message)
+            messages.error(request, read_error_text(exc.code) if exc.code.startswith("engine_") else exc.message)
         else:
             messages.success(request, _("Read the engine's conversations: %(created)s new, %(updated)s updated.")
                              % counts)

@@ -321,3 +321,50 @@ def test_a_delete_key_the_engine_could_not_take_is_refused_before_it_is_sent(set
             get_engine().request_delete(TARGET, key=key, actor=None)
     assert (refused.value.code, refused.value.status) == ("idempotency_key_invalid", 400)
     assert not [request for request in seen if request[0] == "DELETE"]
+
+
+def test_a_failed_read_of_the_engine_says_nothing_was_read_and_promises_no_retry(settings, admin_client):
+    """Only bound deletes are retried by themselves; a read is asked for again by a person."""
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    with scripted_engine({}) as (url, _seen):
+        pass  # the engine stops: nothing listens at its address any more
+    point_at(settings, url)
+    response = admin_client.post("/engine/conversations/sync/")
+    assert response.status_code == 302
+    said = [str(m) for m in admin_client.get("/engine/conversations/").context["messages"]]
+    assert said == ["The engine cannot be reached (no connection, a timeout, or its answer was lost). "
+                    "Nothing was read; read again when it is back."]
+    admin_client.post("/engine/conversations/sync/", HTTP_ACCEPT_LANGUAGE="es")
+    spanish = admin_client.get("/engine/conversations/", HTTP_ACCEPT_LANGUAGE="es").content.decode()
+    assert "No se leyó nada" in spanish and "automáticamente" not in spanish
+    from django.utils import translation
+
+    translation.deactivate()  # a command speaks the process's language; the Spanish request set this thread's
+    with pytest.raises(CommandError, match="engine_unreachable: .*Nothing was read"):
+        call_command("sync_bindings")
+    assert not EngineBinding.objects.exists()
+
+
+def test_a_link_to_an_owner_the_console_does_not_know_shows_the_first_owner_and_says_so(admin_client):
+    kept = binding("c_" + "9" * 20, "t-known")
+    page = admin_client.get("/engine/conversations/?owner=account:999").content.decode()
+    assert 'data-testid="unknown-owner"' in page and "No owner here matches that link" in page
+    assert f'data-binding="{kept.public_id}"' in page and 'data-testid="no-bindings"' not in page
+    plain = admin_client.get("/engine/conversations/?owner=account:1").content.decode()
+    assert 'data-testid="unknown-owner"' not in plain and f'data-binding="{kept.public_id}"' in plain
+    spanish = admin_client.get("/engine/conversations/?owner=x", HTTP_ACCEPT_LANGUAGE="es").content.decode()
+    assert "Ningún propietario" in spanish
+
+
+def test_a_conversation_the_engine_does_not_know_is_not_found_not_a_server_error(settings, admin_client):
+    """A row this console keeps that the remote engine does not know (a mixed set-up, or a
+    row left from before ENGINE_URL was set): its delete page is 404, not 500."""
+    local = factories.make_conversation(title="Only here")
+    unknown = {"code": "not_found", "message": "There is no conversation with that id."}
+    with scripted_engine({("GET", "/v1/threads/"): lambda h: (404, unknown)}) as (url, seen):
+        point_at(settings, url)
+        response = admin_client.get(f"/conversations/{local.public_id}/delete/")
+    assert response.status_code == 404
+    assert any(path.endswith("/deletion-preview") for _method, path in seen)

@@ -45,16 +45,26 @@
   // The status card is replaced when it changes (its receipt can run to many lines); the
   // live region beside it says only the state and the step, e.g. "Completed" or
   // "Pending. Erasing: Event log. Step 3 of 21 done."
-  document.addEventListener("htmx:afterSwap", function (event) {
-    if (!event.detail.target || event.detail.target.id !== "op-live") return;
+  // A bound delete waiting on the engine is said as what it waits on ("Pending. Waiting on:
+  // the engine"), not with its next retry's time: the card is replaced at every retry, and
+  // the same words are not said again while only that time moved.
+  function statusWords() {
     var card = document.getElementById("op-status");
-    if (!card) return;
+    if (!card) return null;
     var parts = [];
     var badge = card.querySelector("h2");
     if (badge) parts.push(badge.textContent.trim());
-    var step = card.querySelector("[data-testid=op-step], [data-testid=op-waiting]");
+    var step = card.querySelector("[data-testid=op-step]") || card.querySelector("[data-testid=op-waiting] strong");
     if (step) parts.push(step.textContent.replace(/\s+/g, " ").trim());
-    announce(document.getElementById("op-announce"), parts.join(". "));
+    return parts.join(". ");
+  }
+  var statusSaid = statusWords();
+  document.addEventListener("htmx:afterSwap", function (event) {
+    if (!event.detail.target || event.detail.target.id !== "op-live") return;
+    var words = statusWords();
+    if (words === null || words === statusSaid) return;
+    statusSaid = words;
+    announce(document.getElementById("op-announce"), words);
   });
 
   // ---- The viewer's time zone -------------------------------------------------
@@ -184,6 +194,26 @@
     clearTimeout(searchTimer);
     searched = box.value;
   }, true);
+  // A list request that got no answer (the network, a proxy's 502) or an error answer: the
+  // list stays as it was, the error says so, and the next Enter or typing asks again (the
+  // query it asked for is not the one shown). A good answer clears the error.
+  function listRequest(event) {
+    var target = event.detail && event.detail.target;
+    return target && target.id === "results";
+  }
+  function listFailed(event) {
+    if (!listRequest(event)) return;
+    searched = null; // matches no query: the next one is asked for
+    var error = document.getElementById("results-error");
+    if (error) error.hidden = false;
+  }
+  document.addEventListener("htmx:sendError", listFailed);
+  document.addEventListener("htmx:responseError", listFailed);
+  document.addEventListener("htmx:afterSwap", function (event) {
+    if (!listRequest(event)) return;
+    var error = document.getElementById("results-error");
+    if (error) error.hidden = true;
+  });
   // Back and forward restore a list from htmx's history cache, and with it the filters as
   // they were first rendered (the cache keeps markup, not what was typed or picked since), so
   // they are set again from the address, which names the list shown: the tab (the first, the

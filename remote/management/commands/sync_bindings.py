@@ -20,7 +20,10 @@ class Command(BaseCommand):
         try:
             counts = refresh(engine_url.rstrip("/"))
         except ActionRefused as exc:
-            raise CommandError(f"{exc.code}: {exc.message}") from None
+            from remote.sync import read_error_text
+
+            words = read_error_text(exc.code) if exc.code.startswith("engine_") else exc.message
+            raise CommandError(f"{exc.code}: {words}") from None
         self.stdout.write(f"{counts['created']} created, {counts['updated']} updated"
                           + (f", {counts['returned']} back after a completed delete (delete them again)"
                              if counts["returned"] else ""))
