@@ -609,6 +609,17 @@ class ProcessLease(models.Model):
     acquired_at = models.DateTimeField(default=timezone.now)
 
 
+class EngineFolderMark(models.Model):
+    """The id in the mark of the engine folder this database uses (a singleton, id 1); see
+    lifecycle.engine_folder."""
+
+    folder_id = models.CharField(max_length=32)
+    marked_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"engine folder {self.folder_id}"
+
+
 class RetainedFactsPolicy(models.Model):
     """How long content-free facts are kept after a delete (a singleton, id 1)."""
 

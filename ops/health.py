@@ -14,7 +14,8 @@ HTTPS redirect, and `/healthz` never touches the database.
   read-only (`read_only`: `default_transaction_read_only` set for the server, the database
   or the user);
 - engine_folder: a file can be created, written, synced and removed in ENGINE_HOME (an
-  unnamed temporary file, so a probe cut short leaves nothing behind);
+  unnamed temporary file, so a probe cut short leaves nothing behind), and it is the folder
+  this database uses (`missing`, `unmarked`, `not_this_folder`: lifecycle.engine_folder);
 - job_cluster: a job finished on some job cluster within READYZ_HEARTBEAT_SECONDS (every
   cluster runs the `ops-heartbeat` job each minute, so an idle cluster still beats);
 - migrations: none of the project's migrations is unapplied.
@@ -31,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 
@@ -90,7 +91,7 @@ def _postgresql_write_error() -> str | None:
     return "read_only" if read_only == "on" else None
 
 
-def check_engine_folder() -> dict[str, Any]:
+def check_engine_folder(*, database_ok: bool = True) -> dict[str, Any]:
     """The engine folder takes a synced write. A console whose engine is remote (ENGINE_URL)
     keeps no engine folder: nothing to check (`serve` creates the folder of an embedded one)."""
     if settings.ENGINE_URL:
@@ -102,7 +103,18 @@ def check_engine_folder() -> dict[str, Any]:
         probe.write(b"ready")
         probe.flush()
         os.fsync(probe.fileno())
-    return {"ok": True}
+    # A writable folder that is not the one this database recorded (lifecycle.engine_folder):
+    # an empty mount point, another install's folder. Not asked when the database check failed
+    # (on SQLite, opening the missing file's path would create an empty database there).
+    if not database_ok:
+        return {"ok": True}
+    from lifecycle import engine_folder
+
+    try:
+        reason = engine_folder.problem()
+    except DatabaseError:  # the database check says why
+        return {"ok": True}
+    return {"ok": False, "error": reason} if reason else {"ok": True}
 
 
 def check_job_cluster() -> dict[str, Any]:
@@ -143,7 +155,10 @@ def run_checks() -> dict[str, dict[str, Any]]:
             results[name] = {"ok": False, "error": "database"}
             continue
         try:
-            results[name] = check()
+            if name == "engine_folder":  # its mark is compared with the database's only when that reads
+                results[name] = check_engine_folder(database_ok=results["database"]["ok"])
+            else:
+                results[name] = check()
         except Exception as exc:  # a probe reports, it never raises
             results[name] = {"ok": False, "error": type(exc).__name__}
     return results

@@ -50,6 +50,18 @@ def served(tmp_path_factory):
     return {"env": env, "var": var, "public_id": public_id, "token": token, "database": database}
 
 
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory):
+    """A migrated database with nothing in it yet (a new install) and serve's environment."""
+    var = tmp_path_factory.mktemp("app-server-fresh")
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env.update(LETHE_VAR_DIR=str(var), DJANGO_SETTINGS_MODULE="console.settings_test", Q_WORKERS="1",
+               LOG_FORMAT="json", STATIC_ROOT=str(var / "static"), ENGINE_HOME=str(var / "engine"))
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
+    subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v0"], cwd=ROOT, env=env, check=True)
+    return {"env": env, "var": var, "database": next(var.glob("*.sqlite3"))}
+
+
 @pytest.fixture
 def tree():
     found = Tree()
@@ -154,13 +166,16 @@ def _cmdline(pid: int) -> bytes:
 
 @pytest.mark.parametrize(("only", "program", "stopped"), [("web", b"gunicorn", "Stopped the web server."),
                                                           ("jobs", b"qcluster", "Stopped the job cluster.")])
-def test_it_runs_only_the_web_server_or_only_the_job_cluster(served, tree, only, program, stopped):
+def test_it_runs_only_the_web_server_or_only_the_job_cluster(fresh, tree, only, program, stopped):
     port = free_port()
-    # An engine folder not made yet (a fresh install): serve makes it, or /readyz would never pass.
-    engine = Path(served["var"]) / f"engine-fresh-{only}"
+    # An engine folder not made yet, for a database that has recorded none and holds no
+    # conversation (a new install): serve makes it, or /readyz would never pass.
+    engine = Path(fresh["var"]) / f"engine-fresh-{only}"
+    with contextlib.closing(sqlite3.connect(fresh["database"])) as db, db:
+        db.execute("DELETE FROM lifecycle_enginefoldermark")  # the other case's folder, recorded
     # Started from another folder, as a supervisor may do.
     proc = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "serve", f"127.0.0.1:{port}", "--only", only],
-                            cwd="/", env={**served["env"], "ENGINE_HOME": str(engine)}, stdout=subprocess.PIPE,
+                            cwd="/", env={**fresh["env"], "ENGINE_HOME": str(engine)}, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     tree.pids.add(proc.pid)
     tree.groups.add(proc.pid)

@@ -7,8 +7,9 @@ from django.db import IntegrityError, transaction
 from django.utils.translation import gettext as _
 from django_q.tasks import async_task
 
-from lifecycle import audit, fleet
-from lifecycle.deletion.admission import admit
+from lifecycle import audit, engine_folder, fleet
+from lifecycle.deletion import reasons
+from lifecycle.deletion.admission import Admission, admit
 from lifecycle.deletion.plan import step_keys, stores_by_key
 from lifecycle.deletion.stores import measure
 from lifecycle.enginefs import EngineHome
@@ -100,8 +101,15 @@ def _request(conversation: Conversation, key: str, acting_user, home: EngineHome
     # The fleet files stay locked until this transaction has committed (the ExitStack closes
     # after the atomic block): admission and the receipt's figures see exactly what the fence
     # then guards.
-    held.enter_context(fleet.locked_files(home))
-    admission = admit(locked, home)
+    # Checked before the fleet's locks are taken: taking them makes their folders, and would
+    # put an empty engine folder where the database's is missing (lifecycle.engine_folder).
+    try:
+        engine_folder.check(home)
+    except engine_folder.EngineFolderUnavailable:
+        admission = Admission(reasons=[reasons.ENGINE_FOLDER_UNAVAILABLE])
+    else:
+        held.enter_context(fleet.locked_files(home))
+        admission = admit(locked, home)
     if admission.outcome != "admitted":
         operation = DeleteOperation.objects.create(
             conversation=locked, requested_by=requester, state=admission.outcome,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from lifecycle import fleet
+from lifecycle import engine_folder, fleet
 from lifecycle.deletion import reasons as r
 from lifecycle.enginefs import EngineHome
 from lifecycle.models import (
@@ -56,7 +56,12 @@ def admit(conversation: Conversation, home: EngineHome | None = None) -> Admissi
         if open_kinds & set(kinds):
             admission.reasons.append(code)
     try:
-        rows = [row for _path, row in fleet.all_rows(home or EngineHome())]
+        home = engine_folder.check(home or EngineHome())
+    except engine_folder.EngineFolderUnavailable:  # its subagent rows cannot be read: not "none"
+        admission.reasons.append(r.ENGINE_FOLDER_UNAVAILABLE)
+        return admission
+    try:
+        rows = [row for _path, row in fleet.all_rows(home)]
     except fleet.FleetUnreadable:
         admission.reasons.append(r.CHILD_STATE_UNREADABLE)
         return admission

@@ -12,6 +12,10 @@ ERRORS = {
         "A folder of this conversation is a symbolic link or leads outside the engine folder, so it was "
         "not removed. The delete stays pending until an operator fixes the folder."),
     "io_error": _("The engine folder could not be changed. The delete stays pending and is retried."),
+    "engine_folder_unavailable": _(
+        "The engine folder is missing or is not the one this database uses (a disk not mounted, or a wrong "
+        "ENGINE_HOME), so nothing in it was erased or counted as gone. The delete stays pending and is "
+        "retried; it goes on once the folder is back."),
     "database_error": _("The database refused a step. The delete stays pending and is retried."),
     "internal_error": _("An unexpected error stopped the erasure. The delete stays pending and is retried."),
     "residue_found": _(

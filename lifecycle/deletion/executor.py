@@ -34,8 +34,9 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from lifecycle import audit, faults, fleet
+from lifecycle import audit, engine_folder, faults, fleet
 from lifecycle.deletion import files, fingerprints, physical, plan, stores
+from lifecycle.engine_folder import EngineFolderUnavailable
 from lifecycle.enginefs import EngineHome
 from lifecycle.models import (
     DELETE_TRANSITIONS,
@@ -162,6 +163,8 @@ def _error_code(exc: BaseException) -> str:
     """A content-free name for what stopped the run (shown in words on the operation page)."""
     if isinstance(exc, ResidueFound):
         return "residue_found"
+    if isinstance(exc, EngineFolderUnavailable):
+        return "engine_folder_unavailable"
     if isinstance(exc, fleet.FleetUnreadable):
         return "fleet_unreadable"
     if isinstance(exc, files.UnsafeFolder | ValueError):
@@ -193,7 +196,9 @@ def _run(op: DeleteOperation, started: float, progress: Progress | None, budget:
     current = ""
     try:
         conversation = Conversation.objects.get(pk=op.conversation_id)
-        home = EngineHome()
+        # Nothing is erased, nor found already gone, in a folder that is not this database's
+        # (a disk not mounted, a wrong ENGINE_HOME): the delete waits for its folder.
+        home = engine_folder.check(EngineHome())
         steps = list(op.steps.order_by("position"))
         by_key = plan.stores_by_key()
         settled = False
@@ -299,7 +304,7 @@ def erase_residue(op: DeleteOperation) -> list[str]:
     once more (`verify_erasure --erase-residue`). Returns their keys; the caller verifies."""
     from lifecycle.deletion.verify import logical_findings
 
-    conversation, home, by_key = op.conversation, EngineHome(), plan.stores_by_key()
+    conversation, home, by_key = op.conversation, engine_folder.check(EngineHome()), plan.stores_by_key()
     keys = [key for key in dict.fromkeys(f.store for f in logical_findings(conversation, home)) if key in by_key]
     for key in keys:
         stores.erase(by_key[key], conversation, home, renew=lambda: None, checkpoint=lambda: None)

@@ -15,6 +15,7 @@ OWNERSHIP_UNRESOLVED = "conversation_ownership_unresolved"
 CHILD_CUSTODY = "conversation_child_content_custody_unavailable"
 CHILD_AMBIGUOUS = "conversation_child_ownership_ambiguous"
 CHILD_STATE_UNREADABLE = "conversation_child_state_unreadable"
+ENGINE_FOLDER_UNAVAILABLE = "engine_folder_unavailable"
 
 # In the order admission checks them; the first that applies is the operation's code.
 REASONS = {
@@ -40,6 +41,10 @@ REASONS = {
     CHILD_STATE_UNREADABLE: (DeleteState.UNAVAILABLE, _(
         "The subagent state file cannot be read, so this conversation's subagent rows cannot be "
         "checked. Repair or restore the file, then ask again.")),
+    ENGINE_FOLDER_UNAVAILABLE: (DeleteState.UNAVAILABLE, _(
+        "The engine folder is missing or is not the one this database uses (a disk not mounted, or a "
+        "wrong ENGINE_HOME), so this conversation's files and subagent rows cannot be checked. Ask "
+        "again once the folder is back.")),
 }
 
 

@@ -35,7 +35,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from lifecycle import fleet
+from lifecycle import engine_folder, fleet
 from lifecycle.deletion import executor, files
 from lifecycle.deletion.fingerprints import Hit, Scanner
 from lifecycle.enginefs import EngineHome, EnginePathError
@@ -296,7 +296,8 @@ def physical_check(op: DeleteOperation, report: Report, home: EngineHome) -> Non
 
 def verify(op: DeleteOperation, *, physical: bool = False, record: bool = True,
            home: EngineHome | None = None) -> Report:
-    home = home or EngineHome()
+    # A folder that is not this database's would look clean: refuse (EngineFolderUnavailable).
+    home = engine_folder.check(home or EngineHome())
     conversation = op.conversation
     report = Report(op.public_id, conversation.public_id)
     if op.state == DeleteState.COMPLETED and op.physical_state == PhysicalState.PENDING:

@@ -159,6 +159,27 @@ class Command(BaseCommand):
         parser.add_argument("--only", choices=("web", "jobs"),
                             help="Run only the web server or only the job cluster (hosts of a larger install).")
 
+    def prepare_engine_folder(self) -> None:
+        """Create the embedded engine's folder for a new install, never in place of the folder
+        the database uses (an unmounted disk would get an empty one: lifecycle.engine_folder).
+        Not there: serve runs on, deletes wait and /readyz says why, until it is back."""
+        from django.db import DatabaseError
+
+        from lifecycle import engine_folder
+
+        root = Path(settings.ENGINE_HOME)
+        if root.exists() and not root.is_dir():
+            raise CommandError(f"ENGINE_HOME ({root}) is not a folder.")
+        try:
+            engine_folder.adopt(force=False)
+        except engine_folder.EngineFolderUnavailable as exc:
+            self.stderr.write(
+                f"The engine folder {exc.root} is {engine_folder.WORDS[exc.reason]}: deletes wait and /readyz says "
+                "not ready until it is back. Mount it or set ENGINE_HOME; if the folder there is the right one, "
+                "mark it with manage.py engine_folder --adopt.")
+        except DatabaseError:  # no tables yet (migrate comes first): a new install
+            root.mkdir(parents=True, exist_ok=True)
+
     def handle(self, *args, address: str, dev: bool, only: str | None, **options):
         children_to_start = commands(address, dev=dev)
         if only is not None:
@@ -169,7 +190,7 @@ class Command(BaseCommand):
             empty_metrics_dir()
         if not settings.ENGINE_URL:
             # The embedded engine's folder, before anything is written to it: /readyz checks it.
-            Path(settings.ENGINE_HOME).mkdir(parents=True, exist_ok=True)
+            self.prepare_engine_folder()
         # Clear what a killed writer left behind (lock-safe, so a live writer is untouched).
         EngineHome().sweep_temporaries()
         if ensure_static_files():

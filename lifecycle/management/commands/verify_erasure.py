@@ -50,8 +50,16 @@ class Command(BaseCommand):
         if unfinished:
             raise CommandError(f"{unfinished[0].public_id} is {unfinished[0].state}; nothing to verify yet.",
                                returncode=2)
-        erased = {op.public_id: erase_residue_of(op) for op in ops} if erase_residue else {}
-        reports = [verify(op, physical=physical) for op in ops]
+        from lifecycle.engine_folder import WORDS, EngineFolderUnavailable
+
+        try:
+            erased = {op.public_id: erase_residue_of(op) for op in ops} if erase_residue else {}
+            reports = [verify(op, physical=physical) for op in ops]
+        except EngineFolderUnavailable as exc:
+            raise CommandError(
+                f"The engine folder {exc.root} is {WORDS[exc.reason]}, so nothing was checked (a folder "
+                "that is not there would look clean). Mount it or set ENGINE_HOME, then run this again; if this "
+                "folder is the right one, mark it with manage.py engine_folder --adopt.", returncode=2) from None
         if json:
             self.stdout.write(_dumps({"reports": [{**r.as_dict(), "erased_again": erased.get(r.operation, [])}
                                                   for r in reports],

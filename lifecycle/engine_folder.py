@@ -1,0 +1,152 @@
+"""Which engine folder this database uses: a mark in the folder, its copy in the database.
+
+Why: a missing folder (a disk not mounted, a wrong or relative ENGINE_HOME) looks exactly like
+an engine folder with nothing in it. Every file a delete erases is then "already gone", the
+residue check finds nothing, and the receipt says Completed and clean while the real folder,
+elsewhere, still holds the conversation's files. So the first time this database uses an
+engine folder, the folder gets a mark (`.lethe-engine-folder`, a random id) and the database
+keeps the same id (`EngineFolderMark`); from then on a folder is this database's only when it
+is there and carries that id. What depends on it:
+
+- the erasure executor does nothing while the folder is not the database's: the delete stays
+  Pending (`engine_folder_unavailable`) and is retried, never completed against an empty folder;
+- a new delete request is not admitted (Unavailable, nothing recorded): the subagent rows it
+  must check live in that folder;
+- `verify_erasure` refuses to check (it would report clean);
+- `/readyz` says `missing`, `unmarked` or `not_this_folder`;
+- `serve` creates the folder only while the database has recorded none (a new install).
+
+A database that has recorded no folder yet (a new install, or one from before the mark) takes
+the folder it finds; it creates one only while it holds no conversation. An operator who
+replaced the folder on purpose marks the new one with `manage.py engine_folder --adopt`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+from pathlib import Path
+
+from django.db import IntegrityError, transaction
+
+from lifecycle.enginefs import EngineHome, _fsync_dir
+
+MARK_NAME = ".lethe-engine-folder"
+_ID = re.compile(r"[0-9a-f]{32}")
+# How operator commands name each reason (English, as their other output).
+WORDS = {"missing": "missing", "unmarked": "not marked as this database's engine folder",
+         "not_this_folder": "another database's engine folder"}
+
+
+class EngineFolderUnavailable(Exception):  # noqa: N818 (a state of the folder, not a programming error)
+    """ENGINE_HOME is not the engine folder this database uses. `reason`: "missing" (no folder
+    there), "unmarked" (a folder without the mark) or "not_this_folder" (another one's mark)."""
+
+    def __init__(self, root: Path, reason: str) -> None:
+        super().__init__(f"{root}: {reason}")
+        self.root, self.reason = root, reason
+
+
+def folder_mark(home: EngineHome) -> str | None:
+    """The id in the folder's mark; None when there is no folder, no mark or no readable id."""
+    try:
+        text = (home.root / MARK_NAME).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text if _ID.fullmatch(text) else None
+
+
+def recorded() -> str | None:
+    from lifecycle.models import EngineFolderMark
+
+    return EngineFolderMark.objects.filter(pk=1).values_list("folder_id", flat=True).first()
+
+
+def problem(home: EngineHome | None = None) -> str | None:
+    """Why ENGINE_HOME is not this database's engine folder, or None when it is (or when the
+    database has recorded none yet: then nothing can be said against it)."""
+    home = home or EngineHome()
+    expected = recorded()
+    if expected is None:
+        return None
+    if not home.root.is_dir():
+        return "missing"
+    found = folder_mark(home)
+    if found is None:
+        return "unmarked"
+    return None if found == expected else "not_this_folder"
+
+
+def check(home: EngineHome | None = None) -> EngineHome:
+    """Raise EngineFolderUnavailable unless ENGINE_HOME is this database's engine folder; a
+    database that has recorded none takes this one (see adopt)."""
+    home = home or EngineHome()
+    if recorded() is None:
+        adopt(home, force=False)
+    reason = problem(home)
+    if reason:
+        raise EngineFolderUnavailable(home.root, reason)
+    return home
+
+
+def adopt(home: EngineHome | None = None, *, force: bool) -> str:
+    """Make ENGINE_HOME this database's engine folder and return its id.
+
+    Without `force`, only while the database has recorded no folder: the folder's own mark is
+    kept if it has one, else it gets a new one; a missing folder is created only while the
+    database holds no conversation (a new install; with conversations, their files must be
+    somewhere else). With `force` (an operator's `engine_folder --adopt`), the folder there
+    now becomes the one, marked anew if it has no mark, whatever was recorded."""
+    from lifecycle.models import Conversation, EngineFolderMark
+
+    home = home or EngineHome()
+    if not force and recorded() is not None:
+        reason = problem(home)
+        if reason:
+            raise EngineFolderUnavailable(home.root, reason)
+        return recorded()
+    if not home.root.is_dir():
+        if not force and Conversation.objects.exists():
+            raise EngineFolderUnavailable(home.root, "missing")
+        home.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _fsync_dir(home.root.parent)
+    folder_id = folder_mark(home) or _mark(home, replace=force)
+    if folder_id is None:  # a mark file there that holds no id: not ours to overwrite unasked
+        raise EngineFolderUnavailable(home.root, "unmarked")
+    if force:
+        EngineFolderMark.objects.update_or_create(pk=1, defaults={"folder_id": folder_id})
+        return folder_id
+    try:
+        with transaction.atomic():
+            EngineFolderMark.objects.create(pk=1, folder_id=folder_id)
+    except IntegrityError:  # another process recorded one first: theirs stands
+        pass
+    return recorded()
+
+
+def _mark(home: EngineHome, *, replace: bool) -> str | None:
+    """Write a new mark and return its id; without `replace`, a mark another process wrote
+    first stands (never two ids) and its id is returned, None if it holds none."""
+    folder_id = secrets.token_hex(16)
+    mark = home.root / MARK_NAME
+    temporary = home.root / f".{MARK_NAME}.{secrets.token_hex(8)}"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, (folder_id + "\n").encode("ascii"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        if replace:
+            os.replace(temporary, mark)
+        else:
+            os.link(temporary, mark)  # fails when a mark is there already: the first one stands
+    except FileExistsError:
+        folder_id = folder_mark(home)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+    _fsync_dir(home.root)
+    return folder_id

@@ -1,0 +1,157 @@
+"""The engine folder this database uses (lifecycle.engine_folder): a missing or replaced folder
+never lets a delete complete against nothing, nor a check report clean."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from lifecycle import engine_folder
+from lifecycle import models as m
+from lifecycle.actions.request_deletion import request_deletion
+from lifecycle.deletion import executor, verify
+from lifecycle.enginefs import EngineHome
+from ops.health import check_engine_folder
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+
+
+def files_of(conversation) -> list[str]:
+    home = EngineHome()
+    return sorted(str(p.relative_to(home.root)) for folder in home.conversation_paths(conversation.storage_key)
+                  if folder.exists() for p in folder.rglob("*") if p.is_file())
+
+
+def test_a_delete_waits_while_its_engine_folder_is_unmounted_and_finishes_once_it_is_back(engine_home):
+    target = factories.make_conversation(title="On the disk")
+    factories.fill_every_store(target)
+    before = files_of(target)
+    assert before
+    op = request_deletion(target, key="k-unmounted", acting_user=None)
+    assert op.state == "pending" and engine_folder.recorded() == engine_folder.folder_mark(EngineHome())
+    unmounted = engine_home.with_name("engine-unmounted")
+    engine_home.rename(unmounted)  # the disk is not mounted: nothing at ENGINE_HOME
+
+    assert executor.run_erasure(op.pk) == "pending"
+    op.refresh_from_db()
+    assert op.last_error == "engine_folder_unavailable"
+    assert not engine_home.exists()  # not created empty in its place
+    assert not op.steps.filter(state="done").exclude(key="fingerprints").exists()
+    assert m.Item.objects.filter(conversation=target).exists()  # nothing erased meanwhile
+    page_words = str(executor_errors()["engine_folder_unavailable"])
+    assert "nothing in it was erased or counted as gone" in page_words
+
+    engine_home.mkdir()  # an empty folder at the mount point: still not this database's
+    assert executor.run_erasure(op.pk, force=True) == "pending"
+    assert engine_folder.problem() == "unmarked"
+    engine_home.rmdir()
+
+    unmounted.rename(engine_home)  # mounted again
+    assert executor.run_erasure(op.pk, force=True) == "completed"
+    assert files_of(target) == [] and not m.Item.objects.filter(conversation=target).exists()
+    op.refresh_from_db()
+    assert not verify.verify(op).logical
+
+
+def executor_errors() -> dict:
+    from lifecycle.deletion.errors import ERRORS
+
+    return ERRORS
+
+
+def test_no_new_delete_is_admitted_and_no_check_reports_clean_without_the_folder(engine_home):
+    done = factories.make_conversation(title="Deleted before")
+    factories.fill_every_store(done)
+    op = request_deletion(done, key="k-done", acting_user=None)
+    assert executor.run_erasure(op.pk) == "completed"
+    target = factories.make_conversation(title="Asked later")
+    factories.fill_every_store(target)
+    engine_home.rename(engine_home.with_name("engine-away"))
+
+    refused = request_deletion(target, key="k-later", acting_user=None)
+    assert (refused.state, refused.reason) == ("unavailable", "engine_folder_unavailable")
+    assert not m.DeleteOperation.objects.intents().filter(conversation=target).exists()
+    with pytest.raises(CommandError, match="is missing, so nothing was checked") as refused_check:
+        call_command("verify_erasure", "--all")
+    assert refused_check.value.returncode == 2
+    op.refresh_from_db()
+    recorded_at = (op.receipt or {}).get("verification", {}).get("at")
+    with pytest.raises(CommandError):
+        call_command("verify_erasure", op.public_id)
+    op.refresh_from_db()
+    assert (op.receipt or {}).get("verification", {}).get("at") == recorded_at  # nothing recorded
+    assert not engine_home.exists()
+
+
+def test_a_new_install_creates_and_marks_its_folder_but_a_database_with_conversations_does_not(engine_home):
+    engine_home.rmdir()
+    folder_id = engine_folder.adopt(force=False)
+    assert engine_home.is_dir() and engine_folder.folder_mark(EngineHome()) == folder_id == engine_folder.recorded()
+    assert (engine_home / engine_folder.MARK_NAME).stat().st_mode & 0o777 == 0o600
+    assert engine_folder.adopt(force=False) == folder_id  # once
+
+    m.EngineFolderMark.objects.all().delete()  # a database from before the mark, its folder not mounted
+    (engine_home / engine_folder.MARK_NAME).unlink()
+    engine_home.rmdir()
+    factories.make_conversation(title="Has files somewhere")
+    with pytest.raises(engine_folder.EngineFolderUnavailable) as missing:
+        engine_folder.adopt(force=False)
+    assert missing.value.reason == "missing" and not engine_home.exists()
+
+    engine_home.mkdir()  # the folder is there (mounted): taken as it is, and marked
+    folder_id = engine_folder.adopt(force=False)
+    assert engine_folder.recorded() == folder_id and engine_folder.problem() is None
+
+
+def test_readiness_and_the_command_name_what_is_wrong_and_adopt_marks_a_replacement(engine_home, settings):
+    engine_folder.adopt(force=False)
+    assert check_engine_folder() == {"ok": True}
+    out = io.StringIO()
+    call_command("engine_folder", stdout=out)
+    assert "is this database's engine folder" in out.getvalue()
+
+    engine_home.rename(engine_home.with_name("engine-old"))
+    assert check_engine_folder() == {"ok": False, "error": "missing"}
+    engine_home.mkdir()
+    assert check_engine_folder() == {"ok": False, "error": "unmarked"}
+    with pytest.raises(SystemExit) as status:
+        call_command("engine_folder", stdout=io.StringIO())
+    assert status.value.code == 1
+    (engine_home / engine_folder.MARK_NAME).write_text("f" * 32 + "\n")
+    assert check_engine_folder() == {"ok": False, "error": "not_this_folder"}
+
+    out = io.StringIO()
+    call_command("engine_folder", "--adopt", stdout=out)  # an operator's choice: this folder is the one now
+    assert "is this database's engine folder now (mark ffffffff" in out.getvalue()
+    assert check_engine_folder() == {"ok": True} and engine_folder.recorded() == "f" * 32
+
+
+def test_serve_never_makes_an_empty_folder_in_place_of_the_databases(engine_home, settings, tmp_path):
+    from console.management.commands.serve import Command
+
+    engine_folder.adopt(force=False)
+    engine_home.rename(engine_home.with_name("engine-away"))
+    err = io.StringIO()
+    command = Command(stdout=io.StringIO(), stderr=err)
+    command.prepare_engine_folder()
+    assert not engine_home.exists()
+    assert "is missing: deletes wait and /readyz says not ready" in err.getvalue()
+
+    settings.ENGINE_HOME = tmp_path / "a-file"
+    settings.ENGINE_HOME.write_text("not a folder")
+    with pytest.raises(CommandError, match="is not a folder"):
+        command.prepare_engine_folder()
+
+
+def test_the_status_answers_in_json_nowhere_else_changes(engine_home):
+    """The mark is the only file Lethe adds at the folder's top: its listing of engine files
+    outside conversations does not count it."""
+    engine_folder.adopt(force=False)
+    home = EngineHome()
+    assert [p.name for p in home.root.iterdir()] == [engine_folder.MARK_NAME]
+    assert json.loads(json.dumps({"mark": engine_folder.folder_mark(home)}))["mark"]
