@@ -390,13 +390,18 @@ def restore_instructions(vendor: str) -> str:
             "into it with `pg_restore --no-owner --dbname=<new database> <backup file>`, point "
             "DATABASE_URL at it, then start the console and the job cluster again."
         )
+    deletes = _(
+        "Conversations deleted after the backup come back too. Before you restore, note the deletes "
+        "requested after the backup was made (the Operations page); once restored, delete each of them "
+        "again, then have an operator run manage.py verify_erasure --all. The operations guide gives "
+        "every step."
+    )
     cleanup = _(
         "Tool details removed after the backup come back, and the next cleanup removes them again "
         "while Automatic cleanup is on: to keep them, start the console alone first, turn Automatic "
-        "cleanup off, then start the job cluster. Conversations deleted after the backup come back "
-        "too: delete them again (the operations guide says how)."
+        "cleanup off, then start the job cluster."
     )
-    return steps + "\n\n" + warning + "\n\n" + cleanup
+    return steps + "\n\n" + warning + "\n\n" + deletes + "\n\n" + cleanup
 
 
 # ---- SQLite -----------------------------------------------------------------------------
