@@ -146,7 +146,16 @@ def private_var_dir(path: Path) -> Path:
     return path
 
 
-VAR_DIR = private_var_dir(Path(os.environ.get("LETHE_VAR_DIR") or BASE_DIR / "var"))
+def project_path(raw: str) -> Path:
+    """A folder or file named in the environment. A relative one is taken from the project
+    folder (BASE_DIR), as a relative SQLite path in DATABASE_URL is, never from the folder a
+    command happens to be started in: `manage.py verify_erasure` run from /tmp must look at
+    the same engine folder as the server, not at a folder under /tmp that does not exist."""
+    path = Path(raw)
+    return path if path.is_absolute() else BASE_DIR / path
+
+
+VAR_DIR = private_var_dir(project_path(os.environ.get("LETHE_VAR_DIR") or "var"))
 
 _PRIVATE_SQLITE: set[str] = set()
 
@@ -313,7 +322,7 @@ DATABASES = {"default": database_from_url(DATABASE_URL)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # The engine's data directory: event logs, receipts, artifacts and the subagent fleet file.
-ENGINE_HOME = Path(os.environ.get("ENGINE_HOME") or VAR_DIR / "engine")
+ENGINE_HOME = project_path(os.environ["ENGINE_HOME"]) if os.environ.get("ENGINE_HOME") else VAR_DIR / "engine"
 # Empty: the engine is embedded in this process. A URL: another Lethe serving the engine API.
 ENGINE_URL = from_env("ENGINE_URL", "", "empty (the embedded engine) or an http:// or https:// URL with a host, "
                       "such as https://engine.example:8150", http_url)

@@ -12,7 +12,8 @@ os.environ.setdefault("SECRET_KEY", "lethe-tests-only-" + "k" * 50)
 from console.settings import *  # noqa: E402, F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-ENGINE_HOME = Path(os.environ.get("ENGINE_HOME") or tempfile.mkdtemp(prefix="lethe-engine-"))
+# A configured ENGINE_HOME as settings resolved it (a relative one from the project folder).
+ENGINE_HOME = ENGINE_HOME if os.environ.get("ENGINE_HOME") else Path(tempfile.mkdtemp(prefix="lethe-engine-"))  # noqa: F405
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},

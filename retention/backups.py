@@ -127,9 +127,15 @@ def backup_dir() -> Path:
 
     A folder that exists keeps its mode: it is the operator's (a shared folder with a group,
     or a sticky bit), and the status, which reads it every second while something runs, must
-    change nothing. Every file a backup writes in it is owner-only (0600) whatever its mode."""
+    change nothing. Every file a backup writes in it is owner-only (0600) whatever its mode.
+
+    A relative folder is taken from the project folder, as settings take ENGINE_HOME and
+    DATABASE_URL: the job cluster and a command started elsewhere (`verify_erasure` writes
+    what this folder holds on receipts) must see one folder."""
     configured = _configured("LETHE_BACKUP_DIR") or getattr(settings, "BACKUP_DIR", None)
     directory = Path(configured) if configured else Path(settings.VAR_DIR) / "backups"
+    if not directory.is_absolute():
+        directory = Path(settings.BASE_DIR) / directory
     if not directory.is_dir():
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     return directory

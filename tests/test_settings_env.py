@@ -199,6 +199,43 @@ def test_the_accepted_spellings_work_and_a_blank_value_means_the_default(monkeyp
     assert (s.TOOL_CLEANUP_PAUSE, s.TOOL_CLEANUP_BATCH) == (0, 2)
 
 
+SHOW_PATHS = """
+from django.conf import settings
+print(settings.ENGINE_HOME, settings.VAR_DIR, settings.DATABASES["default"]["NAME"], sep="\\n")
+"""
+
+
+def test_relative_folders_are_taken_from_the_project_folder_whatever_the_current_one(tmp_path):
+    """A command started from another folder (`cd /tmp && manage.py verify_erasure --all`)
+    reads the same engine folder as the server: relative ENGINE_HOME and LETHE_VAR_DIR are
+    resolved against the project folder, as a relative SQLite path in DATABASE_URL is."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in READ}
+    env.update(DJANGO_SETTINGS_MODULE="console.settings", SECRET_KEY=KEY, LETHE_VAR_DIR="var",
+               ENGINE_HOME="var/engine-host/engine", DATABASE_URL="sqlite:///var/probe.sqlite3")
+    shown = subprocess.run([sys.executable, str(ROOT / "manage.py"), "shell", "-v0", "-c", SHOW_PATHS],
+                           cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    engine_home, var_dir, database = shown.stdout.split()
+    assert engine_home == str(ROOT / "var" / "engine-host" / "engine")
+    assert var_dir == str(ROOT / "var")
+    assert database == str(ROOT / "var" / "probe.sqlite3")
+    assert os.listdir(elsewhere) == []  # nothing made in the folder it was started from
+
+
+def test_a_relative_backup_folder_is_taken_from_the_project_folder(settings, tmp_path, monkeypatch):
+    from retention.backups import backup_dir
+
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    settings.BASE_DIR, settings.LETHE_BACKUP_DIR = project, "var/backups"
+    assert backup_dir() == project / "var" / "backups"
+    assert (project / "var" / "backups").is_dir() and os.listdir(elsewhere) == []
+
+
 # manage.py: one line, exit 2 ----------------------------------------------------------------
 
 @pytest.mark.parametrize(("env", "expected"), [
