@@ -209,6 +209,13 @@ def database_from_url(url: str) -> dict:
     except ValueError:  # e.g. an unclosed [IPv6 address
         raise refused from None
     if parts.scheme == "sqlite":
+        if parts.netloc:
+            # sqlite://var/x.sqlite3 (two slashes) reads "var" as a host, which the path below
+            # would drop, putting the database at the project folder's top instead of in var/.
+            raise ImproperlyConfigured(
+                f"DATABASE_URL must not name a host in a SQLite URL ({_shown(parts.netloc)} in "
+                f"{_shown(_without_password(url))}): write sqlite:///relative/path (three slashes, from the "
+                "project folder) or sqlite:////absolute/path (four slashes).")
         # sqlite:///relative/path and sqlite:////absolute/path, like the common convention.
         raw = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
         if not raw.strip("/"):

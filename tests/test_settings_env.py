@@ -103,6 +103,11 @@ def manage(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
     # SQLite would stop every command with a long traceback ("unable to open database file")
     ({"DATABASE_URL": "sqlite:////no-such-folder/lethe.sqlite3"},
      "The folder of the DATABASE_URL file does not exist: '/no-such-folder'. Create it first."),
+    # two slashes: "var" was read as a host and dropped, and the database made at the project's top
+    ({"DATABASE_URL": "sqlite://var/x.sqlite3"},
+     "DATABASE_URL must not name a host in a SQLite URL ('var' in 'sqlite://var/x.sqlite3'): write "
+     "sqlite:///relative/path (three slashes, from the project folder) or sqlite:////absolute/path (four slashes)."),
+    ({"DATABASE_URL": "sqlite://localhost/srv/lethe.sqlite3"}, "('localhost' in 'sqlite://localhost/srv/lethe.sqlite3')"),
     # the long jobs' tunables: a typo used to fall back to the default, or stop at import with a traceback
     ({"LETHE_TOOL_CLEANUP_BATCH": "1k"}, "LETHE_TOOL_CLEANUP_BATCH must be a whole number of items from 1 to 100000, "
                                          "not '1k'."),
@@ -252,6 +257,18 @@ def test_manage_py_prints_one_line_and_exits_2(tmp_path, env, expected):
     assert result.stderr.startswith("Lethe configuration error: ") and result.stderr.count("\n") == 1
     assert expected in result.stderr and "Traceback" not in result.stderr
     assert result.stdout == ""
+
+
+def test_a_sqlite_url_with_two_slashes_is_refused_and_no_database_is_made(tmp_path):
+    name = f"lethe-two-slashes-{os.getpid()}.sqlite3"
+    try:
+        result = manage(tmp_path, "migrate", "-v0", DATABASE_URL=f"sqlite://var/{name}")
+        assert result.returncode == 2 and result.stderr.count("\n") == 1
+        assert result.stderr.startswith("Lethe configuration error: DATABASE_URL must not name a host in a SQLite URL")
+        assert not (ROOT / name).exists() and not (ROOT / "var" / name).exists()
+    finally:  # where it went when "var" was dropped as a host
+        for suffix in ("", "-wal", "-shm"):
+            (ROOT / f"{name}{suffix}").unlink(missing_ok=True)
 
 
 def test_migrate_refuses_a_bad_value_before_touching_the_database(tmp_path):
