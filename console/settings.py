@@ -163,8 +163,9 @@ _PRIVATE_SQLITE: set[str] = set()
 def private_sqlite_files(sender, connection, **kwargs) -> None:
     """Conversation content is for the owner only: the first time a process opens a SQLite
     database file, the file and its -wal and -shm are made 0600 (SQLite creates the -wal and
-    -shm later with the database file's mode). Nothing has been written to a new file yet
-    when this runs: its connection was just opened."""
+    -shm later with the database file's mode). This is for files that were there already
+    (an operator's copy, an older install): a file Lethe creates is created 0600, and only by
+    a process's first connection (console/sqlite)."""
     if connection.vendor != "sqlite" or connection.is_in_memory_db():
         return
     name = str(connection.settings_dict["NAME"])

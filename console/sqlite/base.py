@@ -24,6 +24,14 @@ The file a connection opened is remembered as `file_identity` (device and inode 
 read as it connects): /readyz compares it with the file at the path now, so a database file
 deleted or replaced under a running process is reported, not written into unseen
 (ops/health.py).
+
+A process creates its database file at most once: on its first connection, when the file is
+not there yet (a fresh install's `migrate`), made owner-only (0600) before SQLite writes
+anything in it. Every later connection opens the file read-write without creating it
+(`mode=rw`): a file moved or deleted under a running process is not silently replaced by a
+new, empty and world-readable one, which /readyz would then find in place with every
+migration unapplied. Such a connection fails with an error naming the path until the file is
+back.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable
+from urllib.parse import quote
 
 from django.db import OperationalError
 from django.db.backends.sqlite3 import base
@@ -42,6 +51,9 @@ FAST_SECONDS = 0.25
 SLOW_POLL_SECONDS = 0.005
 SQLITE_BUSY = 5
 WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE")
+
+# The database files (absolute paths) this process has opened: it never creates them again.
+_OPENED: set[str] = set()
 
 
 def _busy(exc: BaseException) -> bool:
@@ -103,16 +115,50 @@ class CursorWrapper(base.SQLiteCursorWrapper):
         return result
 
 
+def _create_private(path: str) -> None:
+    """An empty file at `path`, owner-only, unless there is one: SQLite would create it with
+    0644 (less the umask), readable by every user until settings' first-open chmod. An empty
+    file is an empty database to SQLite. Anything that stops it here (no such folder) is left
+    for SQLite to report as it connects."""
+    with contextlib.suppress(OSError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+
 class DatabaseWrapper(base.DatabaseWrapper):
     file_identity: tuple[int, int] | None = None
 
+    def _file_path(self) -> str | None:
+        """The database file's absolute path; None for an in-memory database or a name given
+        as a URI (`file:...`), which SQLite opens as it says."""
+        name = str(self.settings_dict["NAME"])
+        if self.is_in_memory_db() or name.startswith("file:"):
+            return None
+        return os.path.abspath(name)
+
     def get_new_connection(self, conn_params):
-        raw = super().get_new_connection(conn_params)
+        path = self._file_path()
+        opened_before = path in _OPENED
+        if opened_before:
+            conn_params = {**conn_params, "database": f"file:{quote(path)}?mode=rw"}
+        elif path is not None:
+            _create_private(path)
+        try:
+            raw = super().get_new_connection(conn_params)
+        except sqlite3.OperationalError:
+            if opened_before and not os.path.exists(path):
+                raise sqlite3.OperationalError(
+                    f"The database file {path} is missing: it was there when this process first opened it. "
+                    "It was moved or deleted, and Lethe does not make a new, empty one in its place: put it back "
+                    "(to start afresh with an empty database instead, stop Lethe and run `manage.py migrate`)."
+                ) from None
+            raise
+        if path is not None:
+            _OPENED.add(path)
         # The init commands have read the file by now: it exists, and is the one just opened.
         self.file_identity = None
-        if not self.is_in_memory_db():
-            with contextlib.suppress(OSError):  # a name that is no path (a URI): nothing to compare
-                found = os.stat(self.settings_dict["NAME"])
+        if path is not None:
+            with contextlib.suppress(OSError):
+                found = os.stat(path)
                 self.file_identity = (found.st_dev, found.st_ino)
         return raw
 
