@@ -67,6 +67,9 @@ LOCK_NAME = ".lock"
 
 Progress = Callable[[int, int | None], None]
 DAMAGED = gettext_noop("The backup copy is damaged: %(error)s")
+NOT_WRITTEN = gettext_noop(
+    "The backup could not be written in %(folder)s: %(error)s. Nothing was kept. Check that Lethe can create "
+    "that folder and write in it, or set LETHE_BACKUP_DIR to another folder.")
 UNREADABLE = gettext_noop("The backup archive could not be read: %(error)s")
 
 
@@ -120,32 +123,52 @@ def _configured(name: str) -> str | Path | None:
 # ---- The folder -------------------------------------------------------------------------
 
 
-def backup_dir() -> Path:
-    """The backup folder, created owner-only when missing: the `LETHE_BACKUP_DIR` setting or
-    environment variable, else a `BACKUP_DIR` setting (an older name), else
-    `VAR_DIR/backups`. Deletion receipts read this same folder (lifecycle.deletion.physical).
-
-    A folder that exists keeps its mode: it is the operator's (a shared folder with a group,
-    or a sticky bit), and the status, which reads it every second while something runs, must
-    change nothing. Every file a backup writes in it is owner-only (0600) whatever its mode.
+def configured_backup_dir() -> Path:
+    """The backup folder's path, whether or not it exists: the `LETHE_BACKUP_DIR` setting or
+    environment variable, else a `BACKUP_DIR` setting (an older name), else `VAR_DIR/backups`.
 
     A relative folder is taken from the project folder, as settings take ENGINE_HOME and
     DATABASE_URL: the job cluster and a command started elsewhere (`verify_erasure` writes
     what this folder holds on receipts) must see one folder."""
     configured = _configured("LETHE_BACKUP_DIR") or getattr(settings, "BACKUP_DIR", None)
     directory = Path(configured) if configured else Path(settings.VAR_DIR) / "backups"
-    if not directory.is_absolute():
-        directory = Path(settings.BASE_DIR) / directory
+    return directory if directory.is_absolute() else Path(settings.BASE_DIR) / directory
+
+
+def backup_dir() -> Path:
+    """The backup folder (`configured_backup_dir`), created owner-only when missing; OSError
+    when it cannot be. Deletion receipts read this same folder (lifecycle.deletion.physical).
+
+    A folder that exists keeps its mode: it is the operator's (a shared folder with a group,
+    or a sticky bit), and the status, which reads it every second while something runs, must
+    change nothing. Every file a backup writes in it is owner-only (0600) whatever its mode."""
+    directory = configured_backup_dir()
     if not directory.is_dir():
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     return directory
+
+
+def _not_written(directory: Path, error: OSError) -> BackupError:
+    """`io_error`, naming the folder and the system's reason: a bare OSError reached the job as
+    an unexpected error, which told the admin nothing and the log no path."""
+    return BackupError("io_error", Message(NOT_WRITTEN, {"folder": directory, "error": error.strerror or error}))
+
+
+@contextlib.contextmanager
+def _writing_in(directory: Path) -> Iterator[None]:
+    """OSError raised inside becomes `_not_written`."""
+    try:
+        yield
+    except OSError as error:
+        raise _not_written(directory, error) from error
 
 
 @contextlib.contextmanager
 def _folder_lock(directory: Path) -> Iterator[None]:
     """One backup at a time per folder. The kernel drops the lock when its process dies, so a
     killed run never blocks the next one."""
-    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    with _writing_in(directory):
+        fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -264,8 +287,15 @@ def list_backups() -> list[BackupReceipt]:
     """Backups with a readable receipt, newest first. Temp files and archives without a
     receipt are never listed. A file whose size or modification time is no longer the
     receipt's is listed as `changed` (its checksum is not read here: the status is read every
-    second while something runs; verify_backup reads it)."""
-    directory = backup_dir()
+    second while something runs; verify_backup reads it). A folder that is missing and cannot
+    be created holds no backups: the status reads on, and the backup that tries to write
+    there says why it cannot."""
+    try:
+        directory = backup_dir()
+    except OSError:
+        if os.path.lexists(configured_backup_dir()):
+            raise  # something is there: it may hold backups this process cannot see
+        return []
     receipts = []
     for path in directory.iterdir():
         if NAME_PATTERN.match(path.name) and path.is_file() and (receipt := _read_receipt(path)):
@@ -300,9 +330,12 @@ def create_backup(*, should_cancel: Callable[[], bool] = lambda: False, progress
         # SQLite: the request's own write transaction would keep the copy waiting forever.
         raise BackupError("in_transaction", Message(gettext_noop(
             "A backup cannot start inside a database transaction.")))
-    directory = backup_dir()
+    directory = configured_backup_dir()
+    with _writing_in(directory):
+        backup_dir()
     with _folder_lock(directory):
-        _remove_leftovers(directory)
+        with _writing_in(directory):
+            _remove_leftovers(directory)
         vendor = connection.vendor
         # Microseconds kept in the receipt: two backups in one second still sort.
         created_at = datetime.now(UTC)
@@ -342,8 +375,7 @@ def create_backup(*, should_cancel: Callable[[], bool] = lambda: False, progress
                 raise BackupError("copy_failed", Message(gettext_noop(
                     "The database could not be copied: %(error)s"), {"error": exc})) from exc
             if isinstance(exc, OSError):
-                raise BackupError("io_error", Message(gettext_noop(
-                    "The backup could not be written: %(error)s"), {"error": exc.strerror or exc})) from exc
+                raise _not_written(directory, exc) from exc
             raise
 
 
@@ -357,7 +389,7 @@ def made_by(operation: int) -> BackupReceipt | None:
 def verify_backup(name: str) -> BackupReceipt:
     """Check a listed backup again: its size and SHA-256 against the receipt, then the copy
     itself (integrity check, or a full read of the archive and its database name)."""
-    directory = backup_dir()
+    directory = configured_backup_dir()  # a folder that is not there holds no backup: not made for this
     if not NAME_PATTERN.match(name):
         raise BackupError("not_found", Message(gettext_noop("There is no backup with that name.")))
     archive = directory / name

@@ -12,6 +12,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
@@ -304,6 +305,44 @@ def test_it_does_not_start_without_room_for_the_copy_and_keeps_nothing(folder, s
     assert files_in(folder) == [] and list_backups() == []
     settings.DISK_RESERVE_BYTES = 0
     assert create_backup().size > 0
+
+
+def test_a_folder_that_cannot_be_created_fails_with_io_error_naming_it_and_lists_no_backups(settings, tmp_path):
+    """Its parent is a file: NotADirectoryError for every user (chmod stops nobody running as
+    root). Creating the folder is part of the backup: the same io_error as a failed write."""
+    (tmp_path / "afile").write_text("not a folder")
+    folder = tmp_path / "afile" / "backups"
+    settings.LETHE_BACKUP_DIR = folder
+    fill(messages=5)
+    with pytest.raises(BackupError) as caught:
+        create_backup()
+    assert caught.value.code == "io_error"
+    assert caught.value.message == (
+        f"The backup could not be written in {folder}: Not a directory. Nothing was kept. Check that Lethe can "
+        "create that folder and write in it, or set LETHE_BACKUP_DIR to another folder.")
+    assert list_backups() == []  # read by the status every second: no backups, no error
+    with pytest.raises(BackupError) as caught:
+        verify_backup("lethe-sqlite-20260101T000000Z-abcdef.sqlite3")
+    assert caught.value.code == "not_found"
+    from lifecycle.deletion.physical import backups_before
+
+    assert backups_before(datetime.now(UTC)) == []  # deletion receipts: nothing held there
+
+
+def test_a_folder_it_cannot_write_in_fails_with_io_error_naming_it(folder, monkeypatch):
+    folder.mkdir(mode=0o700)
+    real_open = os.open
+
+    def refused(path, *args, **kwargs):
+        if Path(path).parent == folder:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(backups.os, "open", refused)
+    with pytest.raises(BackupError) as caught:
+        create_backup()
+    assert caught.value.code == "io_error"
+    assert caught.value.message.startswith(f"The backup could not be written in {folder}: Permission denied.")
 
 
 KILLED_RUN = """

@@ -109,6 +109,34 @@ def test_a_backup_without_room_keeps_its_sizes_and_says_them_in_the_readers_lang
     assert spanish["preparation"]["error"] == message
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_backup_folder_that_cannot_be_made_fails_naming_it_and_the_status_reads_on(
+        admin_user, api, settings, tmp_path):
+    """A backup folder under a file (NotADirectoryError for every user, root too): the backup
+    fails with io_error naming the folder and the system's reason, not as an unexpected error,
+    and the status, which lists that folder's backups, still reads."""
+    (tmp_path / "afile").write_text("not a folder")
+    folder = tmp_path / "afile" / "backups"
+    settings.LETHE_BACKUP_DIR = str(folder)
+    enable(admin_user, choice="create")
+    failed = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert (failed.kind, failed.state, failed.error_code) == ("backup", "failed", "io_error")
+    stored = json.loads(failed.error_message)
+    assert stored["params"] == {"folder": str(folder), "error": "Not a directory"}
+    assert (tmp_path / "afile").read_text() == "not a folder"
+
+    english = api.get(BASE, HTTP_ACCEPT_LANGUAGE="en")
+    assert english.status_code == 200 and english.json()["backups"] == []
+    message = english.json()["history"][0]["error"]["message"]
+    assert message.startswith(f"The backup could not be written in {folder}: Not a directory. Nothing was kept.")
+    spanish = api.get(BASE, HTTP_ACCEPT_LANGUAGE="es").json()
+    message = spanish["history"][0]["error"]["message"]
+    assert message.startswith(f"No se pudo escribir la copia de seguridad en {folder}: Not a directory.")
+    assert english_in(message.replace(str(folder), "").replace("LETHE_BACKUP_DIR", "")
+                      .replace("Not a directory", "")) == []
+    assert spanish["preparation"]["error"] == message
+
+
 def test_nested_messages_are_translated_at_every_level_and_read_back_as_stored():
     message = Message(OUTER, {"reason": Message(
         "The backup copy is damaged: %(error)s", {"error": Message(INNER)})})

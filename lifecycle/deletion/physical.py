@@ -18,6 +18,7 @@ files until it reuses them. The receipt names them and until when.
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -64,10 +65,24 @@ def backups_before(moment: datetime) -> list[dict[str, Any]]:
     A backup still being made counts too, under the name it will have: its copy was started
     (its file exists before the copy reads the database) while the content was still there.
     Lethe's backups are dated by the time in their name until their receipt is written; one
-    that then fails or is cancelled is taken off the receipts again (`forget_backup`)."""
-    from retention.backups import NAME_PATTERN, TEMP_PREFIX, backup_dir, list_backups
+    that then fails or is cancelled is taken off the receipts again (`forget_backup`).
 
-    folder = backup_dir()
+    A folder that is missing and cannot be created holds nothing (no backup could be made
+    there); one that is there but cannot be read raises, as no receipt may say it is empty."""
+    from retention.backups import (
+        NAME_PATTERN,
+        TEMP_PREFIX,
+        backup_dir,
+        configured_backup_dir,
+        list_backups,
+    )
+
+    try:
+        folder = backup_dir()
+    except OSError:
+        if os.path.lexists(configured_backup_dir()):
+            raise
+        return []
     verified = {receipt.name: receipt.created_at.timestamp() for receipt in list_backups()}
     out = []
     for path in sorted(folder.iterdir()):
