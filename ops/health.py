@@ -11,8 +11,9 @@ HTTPS redirect, and `/healthz` never touches the database.
   folder (where WAL makes them) are writable (else `read_only`: a read-only mount, no write
   permission bit at all, which counts for root too, or none for this process's user).
   PostgreSQL: not a standby in recovery (`in_recovery`), and new transactions are not
-  read-only (`read_only`: `default_transaction_read_only` set for the server, the database
-  or the user);
+  read-only (`read_only`: `default_transaction_read_only` on in this connection's session,
+  from the server, the database or the user, or stored for the database or the user since
+  it started, which a connection opened before does not see);
 - engine_folder: a file can be created, written, synced and removed in ENGINE_HOME (an
   unnamed temporary file, so a probe cut short leaves nothing behind), and it is the folder
   this database uses (`missing`, `unmarked`, `not_this_folder`: lifecycle.engine_folder);
@@ -82,13 +83,48 @@ def _writable(path: str) -> bool:
     return os.access(path, wanted)
 
 
+# default_transaction_read_only as stored by ALTER DATABASE / ALTER ROLE ... SET for this
+# database and the role this connection signed in as, the most specific first, as PostgreSQL
+# applies them when a connection starts: database and role, role, database, all roles.
+STORED_READ_ONLY = """
+    SELECT s.setconfig FROM pg_db_role_setting s
+    WHERE s.setdatabase IN (0, (SELECT oid FROM pg_database WHERE datname = current_database()))
+      AND s.setrole IN (0, (SELECT oid FROM pg_roles WHERE rolname = session_user))
+    ORDER BY s.setrole <> 0 DESC, s.setdatabase <> 0 DESC
+"""
+
+
 def _postgresql_write_error() -> str | None:
+    """The session's own setting says what this connection can do; the stored ones say what
+    the next connections get. A connection keeps the value it started with (CONN_MAX_AGE is
+    60 s), so after ALTER DATABASE ... SET default_transaction_read_only = on the session
+    alone would pass on some connections and fail on others for up to a minute."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_is_in_recovery(), current_setting('transaction_read_only')")
         in_recovery, read_only = cursor.fetchone()
-    if in_recovery:
-        return "in_recovery"
-    return "read_only" if read_only == "on" else None
+        if in_recovery:
+            return "in_recovery"
+        if read_only == "on":
+            return "read_only"
+        cursor.execute(STORED_READ_ONLY)
+        stored = [_stored_value(config or [], "default_transaction_read_only") for (config,) in cursor.fetchall()]
+    first = next((value for value in stored if value is not None), None)
+    return "read_only" if first is not None and _is_on(first) else None
+
+
+def _stored_value(config: list[str], name: str) -> str | None:
+    """The value of `name` in a setconfig array ("name=value" entries), if it sets it."""
+    for entry in config:
+        key, _, value = entry.partition("=")
+        if key.strip().lower() == name:
+            return value
+    return None
+
+
+def _is_on(value: str) -> bool:
+    """PostgreSQL's reading of a boolean: on, 1, or a prefix of true or yes."""
+    value = value.strip().strip("'\"").lower()
+    return value in ("on", "1") or (bool(value) and ("true".startswith(value) or "yes".startswith(value)))
 
 
 def check_engine_folder(*, database_ok: bool = True) -> dict[str, Any]:

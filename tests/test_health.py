@@ -219,3 +219,35 @@ def test_a_read_only_postgresql_database_is_not_ready(client):
             cursor.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
         connection.close()
     assert database_check(client) == (200, {"ok": True})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_database_made_read_only_is_not_ready_on_connections_opened_before(client):
+    """Connections keep the default_transaction_read_only they started with (CONN_MAX_AGE 60 s):
+    the check reads the setting stored for the database and the role as well, so every
+    connection says read_only at once, and ready again once it is reset."""
+    if connection.vendor != "postgresql":
+        pytest.skip("a PostgreSQL setting")
+    import psycopg
+
+    record_run("ops.tasks.heartbeat", success=True, seconds=0.01)
+    connection.ensure_connection()
+    opened = connection.connection
+    s, name = connection.settings_dict, connection.settings_dict["NAME"]
+    other = psycopg.connect(dbname="postgres", user=s["USER"] or None, host=s["HOST"] or None,
+                            port=s["PORT"] or None, password=s["PASSWORD"] or None, autocommit=True)
+    try:
+        other.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+        assert database_check(client) == (503, {"ok": False, "error": "read_only"})
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW default_transaction_read_only")
+            assert cursor.fetchone()[0] == "off"  # this session started before: its own value says nothing
+        # The most specific stored setting wins, as when a connection starts: this role in this database.
+        other.execute(f'ALTER ROLE CURRENT_USER IN DATABASE "{name}" SET default_transaction_read_only = off')
+        assert database_check(client) == (200, {"ok": True})
+    finally:
+        other.execute(f'ALTER ROLE CURRENT_USER IN DATABASE "{name}" RESET default_transaction_read_only')
+        other.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+        other.close()
+    assert database_check(client) == (200, {"ok": True})
+    assert connection.connection is opened  # all of it on the connection opened before the change
