@@ -315,15 +315,22 @@ def test_cancel_stops_after_the_current_batch(admin_user, monkeypatch):
     assert (unknown.value.code, unknown.value.status) == ("not_found", 404)
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_foreground_write_between_batches_protects_its_conversation(admin_user, monkeypatch):
+def first_batch_done(admin_user, monkeypatch) -> tuple[ToolPayloadOperation, Conversation, Conversation]:
+    """A run of 2-item batches over two idle conversations, `busy` (6 tool items) and `quiet`
+    (2), with its first batch (the first two items of `busy`) committed: (the run, busy, quiet)."""
     monkeypatch.setattr(jobs, "BATCH_ITEMS", 2)
     busy = old_conversation("busy", tools=6)
     quiet = old_conversation("quiet", tools=2)
     enable(admin_user)
     op_id = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
     op = jobs._claim(op_id, "t")
-    assert jobs._cleanup_batch(op, "t") == "next"  # the first two items of `busy`
+    assert jobs._cleanup_batch(op, "t") == "next"
+    return op, busy, quiet
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_foreground_write_between_batches_protects_its_conversation(admin_user, monkeypatch):
+    op, busy, quiet = first_batch_done(admin_user, monkeypatch)
 
     def foreground() -> None:  # a runtime appending on its own connection
         try:
@@ -352,13 +359,7 @@ def test_an_item_written_after_the_run_counted_is_not_the_runs(admin_user, monke
     """A tool item appended mid-run (its conversation active again) is neither removed nor
     counted by the run: removed plus skipped is what the run counted, and progress never
     passes its total."""
-    monkeypatch.setattr(jobs, "BATCH_ITEMS", 2)
-    busy = old_conversation("busy", tools=6)
-    quiet = old_conversation("quiet", tools=2)
-    enable(admin_user)
-    op_id = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
-    op = jobs._claim(op_id, "t")
-    assert jobs._cleanup_batch(op, "t") == "next"  # counted, and the first two items of `busy` removed
+    op, busy, quiet = first_batch_done(admin_user, monkeypatch)  # counted, two items of `busy` removed
     op.refresh_from_db()
     counted = op.eligible_messages
     late = append_item(Conversation.objects.get(pk=busy.pk), role="tool", tool_kind="shell",

@@ -64,12 +64,17 @@ def test_run_with_revision_zero_is_stale_not_the_current_one(admin_user):
     assert queued["kind"] == "cleanup" and queued["state"] == "queued"
 
 
-@pytest.mark.django_db(transaction=True)
-def test_json_is_one_document_when_the_backup_runs_before_the_cleanup(admin_user, settings, tmp_path):
+def backup_chosen(admin_user, settings, tmp_path) -> None:
+    """Cleanup on with a backup first, over one idle conversation of three tool outputs."""
     settings.LETHE_BACKUP_DIR = str(tmp_path / "backups")
     old_conversation("cli", tools=2)
     service.save_policy(user=admin_user, enabled=True, age_value=3, age_unit="months", revision=1,
                         backup_choice="create")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_json_is_one_document_when_the_backup_runs_before_the_cleanup(admin_user, settings, tmp_path):
+    backup_chosen(admin_user, settings, tmp_path)
     doc = json.loads(command("run", "--as", "alice", "--here", "--json"))
     assert (doc["kind"], doc["state"], doc["removed_messages"]) == ("cleanup", "succeeded", 3)
     assert (doc["preceded_by"]["kind"], doc["preceded_by"]["state"]) == ("backup", "succeeded")
@@ -112,10 +117,7 @@ def test_the_compact_line_gives_the_sizes_before_and_after(admin_user):
 
 @pytest.mark.django_db(transaction=True)
 def test_the_backup_line_names_its_file_and_checksum(admin_user, settings, tmp_path):
-    settings.LETHE_BACKUP_DIR = str(tmp_path / "backups")
-    old_conversation("cli", tools=2)
-    service.save_policy(user=admin_user, enabled=True, age_value=3, age_unit="months", revision=1,
-                        backup_choice="create")
+    backup_chosen(admin_user, settings, tmp_path)
     text = command("run", "--as", "alice", "--here")
     backup = ToolPayloadOperation.objects.get(kind="backup")
     assert (f"backup #{backup.pk}: succeeded; {backup.backup_name}, {backup.backup_size} bytes, "
