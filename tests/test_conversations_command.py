@@ -89,3 +89,12 @@ def test_a_delete_that_stops_on_an_error_says_why_and_exits_3(engine_home):
     text = out.getvalue()
     assert f"{op.public_id}  pending" in text and "fleet_unreadable" in text
     assert "subagent state file cannot be read" in text
+
+
+def test_an_engine_folder_that_cannot_be_written_is_one_line_and_records_nothing(admin_user, engine_home):
+    conversation = factories.make_conversation()
+    (engine_home / "state").write_text("a file where the fleet's folder belongs")
+    with pytest.raises(CommandError, match=r"^io_error: .*state.*Nothing more was done"):
+        run("delete", conversation.public_id, "--as", admin_user.username)
+    assert not m.DeleteOperation.objects.exists()
+    assert m.Conversation.objects.filter(pk=conversation.pk).exists()

@@ -4,6 +4,7 @@ import json
 import secrets
 import sys
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
@@ -51,6 +52,9 @@ class Command(BaseCommand):
             return self.status(engine, target)
         except ActionRefused as exc:
             raise CommandError(f"{exc.code}: {exc.message}") from None
+        except OSError as exc:  # the engine folder (its locks, its files): one line, not a traceback
+            raise CommandError(f"io_error: {exc.filename or settings.ENGINE_HOME}: {exc.strerror or exc}. "
+                               "Nothing more was done; fix the folder's permissions or mount, then try again.") from None
 
     def actor(self, username: str | None):
         if not username:
