@@ -290,6 +290,8 @@ def test_with_the_engine_down_the_operations_page_still_lists_this_consoles_own_
     page = response.content.decode()
     assert response.status_code == 503
     assert 'data-testid="engine-error"' in page and "delete operations cannot be listed now" in page
+    # The deletes this console asked for are listed elsewhere, and the page says where.
+    assert 'data-testid="bound-deletes-note"' in page and 'href="/engine/conversations/"' in page
     history = page.split('id="cleanup-history"', 1)[1]
     assert "Analysis" in history and "by " + admin_user.get_username() in history
 
