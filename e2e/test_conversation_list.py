@@ -10,7 +10,7 @@ from django.utils import timezone
 from playwright.sync_api import Page, expect
 
 from e2e.conftest import ADMIN, ALL_VIEWPORTS, MEMBER
-from e2e.helpers import check_layout, log_in
+from e2e.helpers import check_layout, log_in, screenshot
 from lifecycle.models import Account, Computer, Conversation, Scope
 from tests.factories import add_message
 
@@ -260,6 +260,7 @@ def test_a_list_request_that_fails_says_so_and_enter_asks_again(seeded, live_ser
     expect(error).to_contain_text("The list below is the one shown before")
     expect(count).to_have_text(count_text(everything.count()))  # the old list, said to be the old one
     check_layout(page, "list error")
+    screenshot(page, f"conversation-list-error-{how}", full_page=False)
     page.unroute(re.compile(r".*/conversations/\?.*"))
     box.press("Enter")  # the same query: asked again, since it was never shown
     expect(count).to_have_text(count_text(everything.search("test").count()))

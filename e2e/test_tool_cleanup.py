@@ -369,3 +369,23 @@ def test_the_backup_choice_is_asked_afresh_and_the_form_follows_a_cancelled_prep
     expect(page.get_by_role("status").filter(has_text="Cleanup policy saved.")).to_be_visible()
     saved = ToolPayloadPolicy.load()
     assert (saved.enabled, saved.age_value, saved.revision) == (False, 5, policy.revision + 1)
+
+
+@pytest.mark.parametrize("viewport", ["desktop", "small-phone"], ids=["1280", "320"])
+def test_a_daily_check_past_its_time_is_shown_due(data, live_server, open_page, viewport):
+    """The job cluster stopped: the card says the check is due, not a past time to come."""
+    from django.contrib.auth import get_user_model
+    from django_q.models import Schedule
+
+    from retention import service
+
+    admin = get_user_model().objects.get(username=ADMIN[0])
+    service.save_policy(user=admin, enabled=True, age_value=3, age_unit="months",
+                        revision=ToolPayloadPolicy.load().revision, backup_choice="skip")
+    Schedule.objects.filter(name=jobs.DAILY).update(next_run=timezone.now() - timedelta(hours=3))
+    page = open_page(viewport)
+    open_card(page, live_server.url)
+    expect(page.get_by_test_id("next-check")).to_contain_text("Due since ")
+    expect(page.get_by_test_id("next-check")).to_contain_text("it runs when the job cluster next runs")
+    check_layout(page, f"next check due {viewport}")
+    screenshot(page, f"tool-cleanup-check-due-{viewport}")
