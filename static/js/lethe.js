@@ -214,10 +214,10 @@
     var error = document.getElementById("results-error");
     if (error) error.hidden = true;
   });
-  // Back and forward restore a list from htmx's history cache, and with it the filters as
-  // they were first rendered (the cache keeps markup, not what was typed or picked since), so
-  // they are set again from the address, which names the list shown: the tab (the first, the
-  // server's default, when none is named), the owner, the query.
+  // Back and forward restore a page htmx asks the server for (it keeps no copies: see
+  // base.html), and the browser may still fill the filters in as they were typed or picked
+  // on the page left, so they are set again from the address, which names the list shown:
+  // the tab (the first, the server's default, when none is named), the owner, the query.
   document.addEventListener("htmx:historyRestore", function () {
     clearTimeout(searchTimer);
     searched = undefined;
