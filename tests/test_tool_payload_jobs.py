@@ -933,9 +933,14 @@ def test_after_a_restore_from_the_preparation_backup_that_backup_is_done(admin_u
     assert run(ToolPayloadOperation.objects.get(kind="cleanup").pk).removed_messages == removable
     database = Path(connection.settings_dict["NAME"])
     connection.close()
+    # As the restore steps say: the database and its -wal and -shm moved aside (a file of its
+    # own: any connection still open elsewhere in this process keeps the old one), the backup
+    # copied in its place.
+    aside = [path.rename(path.with_name(path.name + ".aside"))
+             for path in (database, Path(f"{database}-wal"), Path(f"{database}-shm")) if path.exists()]
     shutil.copyfile(backup_dir / backup.backup_name, database)
-    for suffix in ("-wal", "-shm"):
-        Path(f"{database}{suffix}").unlink(missing_ok=True)
+    for path in aside:
+        path.unlink()
     restored = ToolPayloadOperation.objects.get(pk=backup.pk)
     assert restored.state == "running" and restored.lease  # as the copy found it
     assert ToolPayloadPolicy.load().preparation_state == "preparing"
