@@ -67,10 +67,11 @@ def recorded() -> str | None:
 def problem(home: EngineHome | None = None) -> str | None:
     """Why ENGINE_HOME is not this database's engine folder, or None when it is (or when the
     database has recorded none yet: then nothing can be said against it)."""
-    home = home or EngineHome()
     expected = recorded()
-    if expected is None:
-        return None
+    return None if expected is None else _reason(home or EngineHome(), expected)
+
+
+def _reason(home: EngineHome, expected: str) -> str | None:
     if not home.root.is_dir():
         return "missing"
     found = folder_mark(home)
@@ -83,9 +84,7 @@ def check(home: EngineHome | None = None) -> EngineHome:
     """Raise EngineFolderUnavailable unless ENGINE_HOME is this database's engine folder; a
     database that has recorded none takes this one (see adopt)."""
     home = home or EngineHome()
-    if recorded() is None:
-        adopt(home, force=False)
-    reason = problem(home)
+    reason = _reason(home, recorded() or adopt(home, force=False))
     if reason:
         raise EngineFolderUnavailable(home.root, reason)
     return home

@@ -195,6 +195,12 @@ def next_check_at() -> datetime | None:
     return Schedule.objects.filter(name=DAILY).values_list("next_run", flat=True).first()
 
 
+def check_is_due(at: datetime | None) -> bool:
+    """The daily check is past its time by more than a minute: the job cluster has not run it
+    (stopped, or busy), so it is shown as due rather than as a time to come."""
+    return at is not None and at < timezone.now() - timedelta(minutes=1)
+
+
 def daily_check() -> str:
     """The enabled policy's daily cleanup (started by "schedule"); never a catch-up storm."""
     from retention import service

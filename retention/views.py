@@ -17,13 +17,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from datetime import timedelta
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext, pgettext_lazy
 from django.views.decorators.http import require_GET, require_POST
@@ -32,7 +30,7 @@ from console.auth import is_admin
 from lifecycle.actions.save_facts_policy import save_facts_policy
 from lifecycle.errors import ActionRefused
 from lifecycle.models import RetainedFactsPolicy
-from retention import service
+from retention import jobs, service
 from retention.forms import AgeForm, CancelForm, RetainedFactsForm, RunForm, ToolPayloadPolicyForm
 from retention.models import StorageSnapshot, ToolPayloadPolicy
 from retention.storage import database_size
@@ -204,8 +202,7 @@ def _card(doc: dict | None, engine: str) -> dict:
         "run_remaining": _remaining(last_run),
         "next_check_at": doc.get("next_check_at"),
         # Past its time by more than a minute: the job cluster has not run it (stopped, or busy)
-        "next_check_due": bool(doc.get("next_check_at")
-                               and doc["next_check_at"] < timezone.now() - timedelta(minutes=1)),
+        "next_check_due": jobs.check_is_due(doc.get("next_check_at")),
         "can_run": blocked is None,
         "run_blocked": blocked,
         "last_compact": _op(doc.get("last_compact")),

@@ -4,7 +4,6 @@ never lets a delete complete against nothing, nor a check report clean."""
 from __future__ import annotations
 
 import io
-import json
 
 import pytest
 from django.core.management import call_command
@@ -14,6 +13,7 @@ from lifecycle import engine_folder
 from lifecycle import models as m
 from lifecycle.actions.request_deletion import request_deletion
 from lifecycle.deletion import executor, verify
+from lifecycle.deletion.errors import error_message
 from lifecycle.enginefs import EngineHome
 from ops.health import check_engine_folder
 from tests import factories
@@ -43,8 +43,7 @@ def test_a_delete_waits_while_its_engine_folder_is_unmounted_and_finishes_once_i
     assert not engine_home.exists()  # not created empty in its place
     assert not op.steps.filter(state="done").exclude(key="fingerprints").exists()
     assert m.Item.objects.filter(conversation=target).exists()  # nothing erased meanwhile
-    page_words = str(executor_errors()["engine_folder_unavailable"])
-    assert "nothing in it was erased or counted as gone" in page_words
+    assert "nothing in it was erased or counted as gone" in error_message(op.last_error)
 
     engine_home.mkdir()  # an empty folder at the mount point: still not this database's
     assert executor.run_erasure(op.pk, force=True) == "pending"
@@ -56,12 +55,6 @@ def test_a_delete_waits_while_its_engine_folder_is_unmounted_and_finishes_once_i
     assert files_of(target) == [] and not m.Item.objects.filter(conversation=target).exists()
     op.refresh_from_db()
     assert not verify.verify(op).logical
-
-
-def executor_errors() -> dict:
-    from lifecycle.deletion.errors import ERRORS
-
-    return ERRORS
 
 
 def test_no_new_delete_is_admitted_and_no_check_reports_clean_without_the_folder(engine_home):
@@ -148,10 +141,16 @@ def test_serve_never_makes_an_empty_folder_in_place_of_the_databases(engine_home
         command.prepare_engine_folder()
 
 
-def test_the_status_answers_in_json_nowhere_else_changes(engine_home):
-    """The mark is the only file Lethe adds at the folder's top: its listing of engine files
-    outside conversations does not count it."""
-    engine_folder.adopt(force=False)
-    home = EngineHome()
-    assert [p.name for p in home.root.iterdir()] == [engine_folder.MARK_NAME]
-    assert json.loads(json.dumps({"mark": engine_folder.folder_mark(home)}))["mark"]
+def test_adopting_writes_the_mark_alone_and_never_replaces_another(engine_home):
+    """The mark is the only file adoption adds, and holds the id the database records; a mark
+    already there (another process's, written first) stands."""
+    folder_id = engine_folder.adopt(force=False)
+    assert [p.name for p in engine_home.iterdir()] == [engine_folder.MARK_NAME]
+    assert (engine_home / engine_folder.MARK_NAME).read_text() == folder_id + "\n"
+    assert engine_folder._mark(EngineHome(), replace=False) == folder_id
+    assert (engine_home / engine_folder.MARK_NAME).read_text() == folder_id + "\n"
+    (engine_home / engine_folder.MARK_NAME).write_text("not an id\n")  # a mark that holds no id
+    m.EngineFolderMark.objects.all().delete()
+    with pytest.raises(engine_folder.EngineFolderUnavailable) as unmarked:
+        engine_folder.adopt(force=False)
+    assert unmarked.value.reason == "unmarked" and engine_folder.recorded() is None

@@ -6,11 +6,9 @@ from __future__ import annotations
 import json as jsonlib
 import sys
 import time
-from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
-from django.utils import timezone
 
 from retention import jobs, service
 from retention.api import _json
@@ -147,9 +145,9 @@ class Command(BaseCommand):
         if doc["error"]:
             self.stdout.write(f"error {doc['error']['code']}: {doc['error']['message']}")
         if doc["next_check_at"]:
-            due = doc["next_check_at"] < timezone.now() - timedelta(minutes=1)
             self.stdout.write(f"next check {doc['next_check_at'].isoformat()}"
-                              + (" (due: it runs when the job cluster next runs)" if due else ""))
+                              + (" (due: it runs when the job cluster next runs)"
+                                 if jobs.check_is_due(doc["next_check_at"]) else ""))
         db = doc["database"]
         self.stdout.write(f"database {db['file_bytes']} bytes, reusable {db['reusable_bytes']} bytes")
         for op in doc["history"][:10]:
