@@ -51,6 +51,7 @@ from django.db import connection
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
+from lifecycle import faults
 from retention.errors import CodedError, Message, Size
 from retention.storage import short_of_room
 
@@ -352,6 +353,7 @@ def create_backup(*, should_cancel: Callable[[], bool] = lambda: False, progress
                 _dump_postgresql(temp, should_cancel, progress)
                 _check_postgresql(temp, _configured_database(), should_cancel)
             sha256, size = _sha256(temp)
+            faults.kill_point("tool-backup-copied")  # crash tests: a whole copy, not published
             if should_cancel():
                 raise _Cancelled
             temp.chmod(0o600)
@@ -361,6 +363,7 @@ def create_backup(*, should_cancel: Callable[[], bool] = lambda: False, progress
             receipt = BackupReceipt(name, final, size, sha256, created_at, vendor, _configured_database(),
                                     mtime_ns=final.stat().st_mtime_ns, operation=operation)
             _write_receipt(receipt)
+            faults.kill_point("tool-backup-published")  # crash tests: published, its job not told
             return receipt
         except _Cancelled:
             _discard(temp, final)
@@ -377,6 +380,23 @@ def create_backup(*, should_cancel: Callable[[], bool] = lambda: False, progress
             if isinstance(exc, OSError):
                 raise _not_written(directory, exc) from exc
             raise
+
+
+def clear_leftovers() -> bool:
+    """Remove what a killed run left in the backup folder (a whole unpublished copy of the
+    database can be there: see _remove_leftovers) now, rather than at the next backup; False
+    when a backup is being made meanwhile (its lock is held), which removes them itself."""
+    directory = configured_backup_dir()
+    if not directory.is_dir():
+        return True
+    try:
+        with _folder_lock(directory), _writing_in(directory):
+            _remove_leftovers(directory)
+    except BackupError as exc:
+        if exc.code == "busy":
+            return False
+        raise
+    return True
 
 
 def made_by(operation: int) -> BackupReceipt | None:

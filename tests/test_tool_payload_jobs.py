@@ -834,6 +834,62 @@ def test_a_cleanup_killed_with_sigkill_resumes_on_a_real_cluster_with_exact_tota
         assert Item.objects.filter(conversation=conversation, details_removed_at__isnull=False).count() == 7
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("point", ["tool-backup-copied", "tool-backup-published"])
+def test_a_backup_killed_with_sigkill_on_a_real_cluster_blocks_or_counts_and_removes_nothing(
+        admin_user, engine_home, settings, tmp_path, point):
+    """The worker making the preparation backup dies with SIGKILL: with a whole copy written but
+    not published, or just after publishing it (before its job recorded anything). The cluster
+    replaces it and the recovery takes the job over: unpublished, the preparation is interrupted
+    (Retry or Cancel), the copy is gone from the folder, and nothing is listed; published, the
+    backup counts as made, once. Either way no cleanup starts and no row changes."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from retention.backups import list_backups
+    from tests.test_erasure_crash import stop_group
+    from tests.test_jobs import ROOT, database_url
+
+    folder = tmp_path / "backups"
+    settings.LETHE_BACKUP_DIR = str(folder)
+    kills = tmp_path / "kills"
+    kills.mkdir()
+    old_conversation("backed-up", tools=3)
+    before = snapshot()
+    enable(admin_user, choice="create")
+    op_id = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
+    env = {**os.environ, "DATABASE_URL": database_url(), "ENGINE_HOME": str(engine_home),
+           "LETHE_BACKUP_DIR": str(folder), "DJANGO_SETTINGS_MODULE": "console.settings_test", "Q_WORKERS": "1",
+           "LETHE_TOOL_JOB_LEASE_SECONDS": "2", "LETHE_TEST_KILL_AT": point, "LETHE_TEST_KILL_DIR": str(kills)}
+    cluster = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=ROOT, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and ToolPayloadOperation.objects.get(pk=op_id).state in ("queued", "running"):
+            time.sleep(0.2)
+    finally:
+        stop_group(cluster)
+    op = ToolPayloadOperation.objects.get(pk=op_id)
+    assert [p.name for p in kills.iterdir()] == [point]  # the worker was killed there, once
+    assert op.attempts == 1  # one takeover of the dead run's lease
+    policy = ToolPayloadPolicy.load()
+    listed = list_backups()
+    if point == "tool-backup-copied":
+        assert (op.state, op.error_code, op.backup_name) == ("failed", "interrupted", ""), op.error_message
+        assert policy.preparation_state == "failed" and policy.preparation_error
+        assert listed == []
+        # the killed run's whole copy of the database is not left behind
+        assert sorted(p.name for p in folder.iterdir()) == [".lock"]
+    else:
+        assert op.state == "succeeded", op.error_message
+        assert [r.name for r in listed] == [op.backup_name] and listed[0].sha256 == op.backup_sha256
+        assert (policy.preparation_state, policy.backup_receipt_name) == ("ready", op.backup_name)
+    assert not ToolPayloadOperation.objects.filter(kind="cleanup").exists()
+    assert snapshot() == before
+
+
 # ---- Preparation with a real backup ---------------------------------------------------------
 
 
