@@ -1614,7 +1614,13 @@ def _backup_run(op: ToolPayloadOperation, token: str) -> str:
     removes anything before an admin asks, or the daily check does). Otherwise the
     preparation was interrupted, so it fails and the admin chooses Retry or Cancel.
     """
-    from retention.backups import BackupError, clear_leftovers, create_backup, made_by, verify_backup
+    from retention.backups import (
+        BackupError,
+        clear_leftovers,
+        create_backup,
+        made_by,
+        verify_backup,
+    )
 
     if op.attempts:
         try:  # a run killed mid-copy left a whole copy of the database behind, not listed
