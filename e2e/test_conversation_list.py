@@ -236,9 +236,10 @@ def test_paging_keeps_its_order_and_names_what_changed(seeded, live_server, open
     expect(page.locator("#results-count")).to_be_focused()
 
 
-@pytest.mark.parametrize("how", ["no-answer", "proxy-502"])
-def test_a_list_request_that_fails_says_so_and_enter_asks_again(seeded, live_server, open_page, how):
-    page, _ = signed_in_list(open_page, "phone", live_server.url)
+@pytest.mark.parametrize(("how", "viewport"),
+                         [("no-answer", "desktop"), ("no-answer", "phone"), ("proxy-502", "small-phone")])
+def test_a_list_request_that_fails_says_so_and_enter_asks_again(seeded, live_server, open_page, how, viewport):
+    page, _ = signed_in_list(open_page, viewport, live_server.url)
     count = page.locator("#results .count")
     everything = Conversation.objects.recent()
     expect(count).to_have_text(count_text(everything.count()))
