@@ -138,3 +138,21 @@ def test_the_bound_confirmation_and_receipt_say_what_is_kept_by_name(live_server
     expect(page.locator("main")).not_to_contain_text("lifecycle.")
     check_layout(page, f"bound delete receipt {viewport}")
     screenshot(page, f"bound-delete-receipt-{viewport}")
+
+
+@pytest.mark.parametrize("viewport", ["desktop", "small-phone"], ids=["1280", "320"])
+def test_a_link_to_an_owner_the_engine_list_does_not_have_shows_the_first_owner_and_says_so(
+        live_server, open_page, settings, viewport):
+    settings.ENGINE_URL = ""
+    get_user_model().objects.create_user(ADMIN[0], password=ADMIN[1], is_staff=True)
+    bound("Quarterly plan")
+    page = open_page(viewport)
+    log_in(page, live_server.url, *ADMIN)
+    page.goto(f"{live_server.url}/engine/conversations/?owner=account:4040")
+    note = page.get_by_test_id("unknown-owner")
+    expect(note).to_be_visible()
+    expect(note).to_have_text("No owner here matches that link, so Account 1 is shown. Pick another owner above.")
+    expect(page.get_by_label("Owner")).to_have_value("account:1")
+    expect(page.get_by_test_id("bindings")).to_contain_text("Quarterly plan")
+    check_layout(page, f"engine list, unknown owner {viewport}")
+    screenshot(page, f"engine-list-unknown-owner-{viewport}", full_page=False)
