@@ -264,7 +264,7 @@ def facts_policy(request: HttpRequest) -> dict:
 @endpoint("PUT", FACTS, body=FactsPolicyIn, response=FactsPolicyOut, admin=True, errors=(409,),
           name="api-retained-facts-save", summary="Save the retention periods of content-free facts",
           description="Counted from each delete's completion; a shorter period removes the facts it no "
-                      "longer covers at the next daily run. 400 `invalid_value` outside 1-3650 days; 409 "
+                      "longer covers at the next hourly run. 400 `invalid_value` outside 1-3650 days; 409 "
                       "`stale_revision`. A save that changes nothing keeps the revision.")
 def facts_policy_save(request: HttpRequest, body: FactsPolicyIn) -> dict:
     values = {name: getattr(body, name) for name in FACT_FIELDS}

@@ -73,3 +73,15 @@ def test_a_stale_revision_is_409_and_a_member_403(api, member_api):
     assert refused.status_code == 403
     assert member_api.get(URL).status_code == 200  # members read
     assert stored() == (30, 60, 3650, 2)
+
+
+def test_the_published_description_names_the_expirys_real_interval(client):
+    """The schema tells apps when a shorter period takes effect: at the next run of the expiry
+    job, whose schedule is hourly (lifecycle.schedules), not daily."""
+    from lifecycle.schedules import SCHEDULES
+
+    assert SCHEDULES["lifecycle-expire-facts"]["minutes"] == 60
+    doc = client.get("/v1/openapi.json", **HOST).json()
+    description = doc["paths"][URL]["put"]["description"]
+    assert "next hourly run" in description
+    assert "daily" not in description
