@@ -170,3 +170,21 @@ def test_what_shrinks_is_told_for_the_engine_in_use(admin_client):
         # A plain VACUUM keeps the files' size: the page must not promise a smaller file.
         assert "rewrites the file" not in page and "only shrinks with Compact database" not in page
         assert "The files seldom shrink" in page and "its files seldom shrink" in page
+
+
+def test_the_facts_card_names_the_console_audit_facts_that_are_recorded(admin_user):
+    """A sign-in that succeeds records no audit fact; a failed one does. The card says which of
+    the console's own audit facts expire, so it names failed sign-ins, not sign-ins."""
+    from django.test import Client
+
+    client = Client(REMOTE_ADDR="10.0.0.9")
+    client.post("/accounts/login/", {"username": "alice", "password": "wrong"}, **HOST)
+    assert list(AuditFact.objects.values_list("action", flat=True)) == ["login_failed"]
+    assert client.post("/accounts/login/", {"username": "alice", "password": "pw-for-tests"},
+                       **HOST).status_code == 302
+    assert list(AuditFact.objects.values_list("action", flat=True)) == ["login_failed"]
+    english = client.get(PAGE, **HOST).content.decode()
+    assert "(failed sign-ins and lockouts, API tokens, settings changes)" in english
+    assert "(sign-ins," not in english
+    spanish = client.get(PAGE, HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode()
+    assert "(inicios de sesión fallidos y bloqueos, tokens de API, cambios de configuración)" in spanish
