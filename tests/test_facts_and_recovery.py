@@ -304,3 +304,37 @@ def test_an_expiry_of_console_audit_facts_killed_in_a_batch_loses_nothing(monkey
     assert not m.AuditFact.objects.filter(action="login_failed").exists()
     counted = sum(f.new_value["console.audit"] for f in m.AuditFact.objects.filter(action="retained_facts.expired"))
     assert counted == 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_checkpoint_that_finishes_while_facts_expire_keeps_the_expired_mark(monkeypatch):
+    """SQLite: the minute job records physical erasure once the write-ahead log checkpoint
+    succeeds, which may take seconds of retries. Facts that expire meanwhile stay marked
+    expired on the receipt: the receipt is written from its state after the checkpoint, not
+    from a copy read before it (which would say "kept" for facts that are gone, for good:
+    the next expiry finds no facts to mark again). On PostgreSQL the job records nothing."""
+    from lifecycle.deletion import physical
+
+    conversation = deleted_days_ago(3000)
+    op = m.DeleteOperation.objects.get(conversation=conversation)
+    m.DeleteOperation.objects.filter(pk=op.pk).update(physical_state=m.PhysicalState.PENDING)
+    real = physical.checkpoint_sqlite
+
+    def expiry_runs_during_the_checkpoint(*args, **kwargs):
+        assert expire_facts()["lifecycle.UsageFact"] == 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(physical, "checkpoint_sqlite", expiry_runs_during_the_checkpoint)
+    recorded = executor.finish_physical(op.pk)
+    op.refresh_from_db()
+    assert recorded == (connection.vendor == "sqlite")
+    if connection.vendor != "sqlite":
+        assert expire_facts()["lifecycle.UsageFact"] == 1
+        op.refresh_from_db()
+    assert not m.UsageFact.objects.filter(conversation=conversation).exists()
+    kept = {e["store"]: e for e in op.receipt["kept"]}
+    assert kept["lifecycle.UsageFact"]["action"] == "expired" and kept["lifecycle.UsageFact"]["expired_at"]
+    assert kept["lifecycle.BillingFact"]["action"] == "expired"
+    if connection.vendor == "sqlite":
+        assert op.physical_state == m.PhysicalState.ERASED
+        assert not any(h.get("kind") == "wal" for h in op.receipt["holders"])

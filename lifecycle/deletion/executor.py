@@ -500,11 +500,18 @@ def finish_physical(operation_id: int) -> bool:
     if not physical.checkpoint_sqlite():
         return False
     now = timezone.now()
-    receipt = dict(op.receipt or {})
-    receipt["holders"] = [h for h in receipt.get("holders", []) if h.get("kind") != "wal"]
-    DeleteOperation.objects.filter(pk=op.pk, physical_state=PhysicalState.PENDING).update(
-        physical_state=PhysicalState.ERASED, physically_erased_at=now, receipt=receipt
-    )
+    # The receipt as it is now, not as read before the checkpoint's retries: facts may have
+    # expired (or a check been recorded) meanwhile, and writing the older copy back would undo it.
+    with transaction.atomic():
+        locked = DeleteOperation.objects.select_for_update().filter(
+            pk=op.pk, physical_state=PhysicalState.PENDING).first()
+        if locked is None:
+            return False
+        receipt = dict(locked.receipt or {})
+        receipt["holders"] = [h for h in receipt.get("holders", []) if h.get("kind") != "wal"]
+        DeleteOperation.objects.filter(pk=op.pk).update(
+            physical_state=PhysicalState.ERASED, physically_erased_at=now, receipt=receipt
+        )
     return True
 
 
