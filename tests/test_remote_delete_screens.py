@@ -255,3 +255,25 @@ def test_the_receipt_in_spanish_has_no_store_keys(admin_client):
         assert label(key, "es") != label(key)
     assert not re.search(r"lifecycle\.|approval_receipts|\bevents\b|Hologram", text(page))
     assert "Messages and tool calls" not in page and " records" not in page and "erased" not in text(page)
+
+
+def test_the_list_says_which_conversations_the_engine_has_deleted_or_is_deleting(settings, admin_client):
+    """A conversation deleted on its engine by other means (its own console, another one) is
+    read back by a sync with the engine's state: the list does not show that tombstone, or a
+    delete under way there, as a conversation living on the engine."""
+    point_at(settings, "http://127.0.0.1:9")  # the list asks the engine nothing
+    for state in ("live", "pending_delete", "deleted"):
+        EngineBinding.objects.create(engine_id=f"c_{state}", owner_kind="account", owner_id=1, scope="bound",
+                                     thread_id=f"t-{state}", title="", engine_state=state)
+    for language, words in (("en", {"pending_delete": "Pending delete on the engine",
+                                    "deleted": "Deleted on the engine"}),
+                            ("es", {"pending_delete": "Eliminación pendiente en el motor",
+                                    "deleted": "Eliminada en el motor"})):
+        page = admin_client.get("/engine/conversations/?owner=account:1", HTTP_ACCEPT_LANGUAGE=language,
+                                **HOST).content.decode()
+        rows = {re.search(r'data-thread="([^"]+)"', row).group(1): text(row)
+                for row in re.findall(r'<li class="card binding-row".*?</li>', page, re.S)}
+        assert set(rows) == {"t-live", "t-pending_delete", "t-deleted"}
+        assert words["deleted"] in rows["t-deleted"] and words["pending_delete"] not in rows["t-deleted"]
+        assert words["pending_delete"] in rows["t-pending_delete"] and words["deleted"] not in rows["t-pending_delete"]
+        assert not any(w in rows["t-live"] for w in words.values())
