@@ -104,7 +104,11 @@ def binding_delete(request: HttpRequest, binding_id: str) -> HttpResponse:
                "is_admin": is_admin(request.user), "offline_refuses": settings.LIFECYCLE_OFFLINE_DELETE == "refuse"}
     if pending is None:
         preview = engine_preview(binding)
-        context.update(groups=preview_groups(preview["stores"] if preview else []), rules_only=preview is None)
+        # Deleted (or being deleted) on the engine by other means: its figures are a tombstone's
+        # and its facts' periods run from that delete, so no delete to come is previewed.
+        state = preview.get("state") if preview else binding.engine_state
+        context.update(groups=preview_groups(preview["stores"] if preview else []), rules_only=preview is None,
+                       engine_deleting=state if state in ("deleted", "pending_delete") else "")
     if request.method == "GET":
         return render(request, "remote/binding_delete.html", context)
     if not is_admin(request.user):

@@ -277,3 +277,30 @@ def test_the_list_says_which_conversations_the_engine_has_deleted_or_is_deleting
         assert words["deleted"] in rows["t-deleted"] and words["pending_delete"] not in rows["t-deleted"]
         assert words["pending_delete"] in rows["t-pending_delete"] and words["deleted"] not in rows["t-pending_delete"]
         assert not any(w in rows["t-live"] for w in words.values())
+
+
+@pytest.mark.parametrize("state", ["deleted", "pending_delete"])
+def test_the_confirmation_says_when_the_engine_already_deleted_or_is_deleting_it(settings, admin_client, state):
+    """A conversation its engine deleted by other means (or is deleting) is not previewed as a
+    delete to come: its figures are a tombstone's, and its facts' periods run from that delete.
+    The page says a confirmation only asks the engine for that delete's receipt."""
+    b = bound(title="")
+    answer = preview(state=state)
+    words = {"en": {"deleted": "The engine has already deleted this conversation",
+                    "pending_delete": "The engine is already deleting this conversation"},
+             "es": {"deleted": "El motor ya eliminó esta conversación",
+                    "pending_delete": "El motor ya está eliminando esta conversación"}}
+    with scripted_engine({("GET", "/v1/threads/"): lambda h: (200, answer)}) as (url, _seen):
+        point_at(settings, url)
+        for language in ("en", "es"):
+            page = admin_client.get(f"/engine/conversations/{b.public_id}/delete/", HTTP_ACCEPT_LANGUAGE=language,
+                                    **HOST).content.decode()
+            assert words[language][state] in text(page)
+            assert 'data-testid="preview-kept"' not in page  # no figures of a delete to come
+            assert f'action="/engine/conversations/{b.public_id}/delete/"' in page  # confirming stays possible
+        live = preview()
+        with scripted_engine({("GET", "/v1/threads/"): lambda h: (200, live)}) as (live_url, _):
+            point_at(settings, live_url)
+            page = admin_client.get(f"/engine/conversations/{b.public_id}/delete/", **HOST).content.decode()
+        assert 'data-testid="preview-kept"' in page and "already" not in text(page)
+    assert not BoundDelete.objects.exists() and EngineBinding.objects.filter(pk=b.pk).exists()
