@@ -1,4 +1,5 @@
-"""Settings > API tokens: list (everyone), create and revoke (admins). A new token is
+"""Settings > API tokens: list (admins see every user's tokens, members only their own),
+create and revoke (admins). A new token is
 shown once, in the answer to the POST that made it, and never again.
 
 Each create form carries a one-time number, stored with the token it creates under a unique
@@ -36,9 +37,16 @@ def _form_number() -> str:
     return secrets.token_urlsafe(16)
 
 
+def visible_tokens(user):
+    """The tokens `user` may see: every one for an admin; a member's own only (another user's
+    token names, prefixes and last use are not a member's to read)."""
+    tokens = ApiToken.objects.select_related("user")
+    return tokens if is_admin(user) else tokens.filter(user=user)
+
+
 def _page(request: HttpRequest, form: TokenForm, *, status: int = 200, **extra) -> HttpResponse:
     context = {
-        "tokens": ApiToken.objects.select_related("user"),
+        "tokens": visible_tokens(request.user),
         "form": form,
         "form_number": _form_number(),
         "can_edit": is_admin(request.user),
@@ -51,7 +59,7 @@ def _page(request: HttpRequest, form: TokenForm, *, status: int = 200, **extra) 
 @require_http_methods(["GET", "HEAD", "POST"])
 def api_tokens(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
-        revoked = ApiToken.objects.filter(pk=request.GET.get("revoked", "")).first() \
+        revoked = visible_tokens(request.user).filter(pk=request.GET.get("revoked", "")).first() \
             if request.GET.get("revoked", "").isdigit() else None
         return _page(request, TokenForm(initial={"days": settings.API_TOKEN_DAYS}), revoked=revoked)
     if not is_admin(request.user):

@@ -1,5 +1,5 @@
 """Settings > API tokens in Chromium at every size: create (shown once), revoke after a
-confirmation page (no dialog), members read-only."""
+confirmation page (no dialog), members see their own tokens read-only."""
 
 from __future__ import annotations
 
@@ -50,11 +50,14 @@ def test_an_admin_creates_and_revokes_a_token(seeded, live_server, open_page, vi
 def test_a_member_sees_tokens_read_only(seeded, live_server, open_page, viewport):
     admin = ApiToken.objects.model.user.field.related_model.objects.get(username=ADMIN[0])
     ApiToken.issue(admin, name="Admin's script")
+    member = ApiToken.objects.model.user.field.related_model.objects.get(username=MEMBER[0])
+    ApiToken.issue(member, name="Member's export")
     page = open_page(viewport)
     log_in(page, live_server.url, *MEMBER)
     open_nav(page, "API tokens")
-    expect(page.get_by_text("Admin's script")).to_be_visible()
-    expect(page.get_by_text("Only admins can create or revoke them.")).to_be_visible()
+    expect(page.get_by_text("Member's export")).to_be_visible()
+    expect(page.get_by_text("Admin's script")).to_have_count(0)  # another user's token is not shown
+    expect(page.get_by_text("Only your own tokens are shown. Only admins can create or revoke them.")).to_be_visible()
     expect(page.get_by_role("button", name="Create token")).to_have_count(0)
     expect(page.get_by_role("link", name="Revoke")).to_have_count(0)
     check_layout(page, "api tokens, member")

@@ -227,17 +227,35 @@ def test_admins_revoke_after_a_confirmation_page(admin_client, admin_user):
     assert admin_client.post(f"{PAGE}999999/revoke/", **HOST).status_code == 404
 
 
-def test_members_see_the_tokens_read_only(member_client, admin_user):
+def test_members_see_their_own_tokens_read_only_and_no_one_elses(member_client, member_user, admin_user):
+    """A member sees only the tokens of their own account (read-only): another user's token
+    names, prefixes, users and last use are not theirs to see, not even through ?revoked=."""
     token, raw = ApiToken.issue(admin_user, name="Admin script")
+    own, _own_raw = ApiToken.issue(member_user, name="Member export")
     page = member_client.get(PAGE, **HOST)
     html = page.content.decode()
-    assert page.status_code == 200 and "Admin script" in html and "Only admins can create or revoke them." in html
+    assert page.status_code == 200 and "Member export" in html and own.prefix in html
+    assert "Admin script" not in html and token.prefix not in html and "alice" not in html
+    assert "Only admins can create or revoke them." in html
+    assert "Only your own tokens are shown." in html
+    shown = member_client.get(f"{PAGE}?revoked={token.pk}", **HOST).content.decode()
+    assert "Admin script" not in shown and token.prefix not in shown
+    assert ApiToken.objects.get(pk=token.pk).revoked_at is None
     assert "<form" not in html.split("Create a token")[1].split("</section>")[0]
     assert "/revoke/" not in html
     assert member_client.post(PAGE, {"name": "mine", "days": "3"}, **HOST).status_code == 403
     assert member_client.get(f"{PAGE}{token.pk}/revoke/", **HOST).status_code == 403
     assert member_client.post(f"{PAGE}{token.pk}/revoke/", **HOST).status_code == 403
-    assert ApiToken.objects.count() == 1 and api(raw).status_code == 200
+    assert ApiToken.objects.count() == 2 and api(raw).status_code == 200
+    assert ApiToken.objects.get(pk=token.pk).revoked_at is None
+
+
+def test_admins_see_every_users_tokens(admin_client, member_user, admin_user):
+    ApiToken.issue(admin_user, name="Admin script")
+    ApiToken.issue(member_user, name="Member export")
+    html = admin_client.get(PAGE, **HOST).content.decode()
+    assert "Admin script" in html and "Member export" in html and "bob" in html
+    assert "Only your own tokens are shown." not in html
 
 
 def test_the_page_is_localized(admin_client, admin_user):
