@@ -43,8 +43,12 @@ def _admin_only(request: HttpRequest) -> None:
 
 
 def _back(request: HttpRequest, default: str) -> str:
+    """The page a form came from (`next`): a path on this site only. Anything else, such as a
+    bare word (which `redirect` would take for a view name and fail on) or another site's
+    address, gives `default`."""
     target = request.POST.get("next", "")
-    if target and url_has_allowed_host_and_scheme(target, {request.get_host()}, require_https=request.is_secure()):
+    if target.startswith("/") and url_has_allowed_host_and_scheme(
+            target, {request.get_host()}, require_https=request.is_secure()):
         return target
     return default
 

@@ -43,6 +43,25 @@ def test_list_rows_offer_archive_close_and_delete_to_admins(admin_client):
     assert m.AuditFact.objects.filter(action__in=["conversation.archived", "conversation.closed"]).count() == 2
 
 
+@pytest.mark.parametrize("target", ["conversations", "-1", "NaN", "a\x00b", "http://evil.example/", "//evil.example/",
+                                    "/\\evil.example/"])
+def test_a_return_address_that_is_not_a_path_here_goes_to_the_default(admin_client, target):
+    """`next` is the page to go back to; anything but a path on this site (a bare word, which a
+    redirect would read as a view name and fail on, another site) goes to the default page,
+    and the action is done once, never a server error after it."""
+    conversation = factories.make_conversation(title="Row actions")
+    detail = f"/conversations/{conversation.public_id}/"
+    archived = admin_client.post(f"{detail}archive/", {"archived": "1", "next": target}, **HOST)
+    closed = admin_client.post(f"{detail}close/", {"closed": "1", "next": target}, **HOST)
+    cleared = admin_client.post("/subagents/sa_none/resolve/", {"action": "clear", "next": target}, **HOST)
+    assert (archived.status_code, archived["Location"]) == (302, detail)
+    assert (closed.status_code, closed["Location"]) == (302, detail)
+    assert (cleared.status_code, cleared["Location"]) == (302, "/operations/")
+    conversation.refresh_from_db()
+    assert conversation.archived_at is not None and conversation.closed_at is not None
+    assert m.AuditFact.objects.filter(action__in=["conversation.archived", "conversation.closed"]).count() == 2
+
+
 def test_members_see_the_admins_only_note_and_cannot_post(member_client):
     conversation = factories.make_conversation(title="Read only")
     content = page(member_client, "/conversations/")
