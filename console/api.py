@@ -507,7 +507,11 @@ def _dispatcher(by_method: dict[str, Endpoint]) -> Callable:
 
 
 def internal_error() -> JsonResponse:
-    return error(500, "internal_error", _("Something went wrong on our side. Nothing was changed by this request."))
+    # Not "nothing was changed": requests are not one transaction, and an error can come after
+    # part of the request was stored (a close saved, then its answer failing to build).
+    return error(500, "internal_error", _(
+        "Something went wrong on our side. Part of the request may have been done: read the current "
+        "state before you try again."))
 
 
 @csrf_exempt  # an answer, not an action: a POST to no endpoint is 404 in JSON, not a CSRF page

@@ -130,6 +130,27 @@ def test_it_answers_json_500_and_logs_when_a_view_fails(runtime, conversation, m
     assert "boom with secret detail" in caplog.text
 
 
+def test_a_500_after_a_change_was_stored_does_not_say_nothing_changed(runtime, conversation, monkeypatch):
+    """An unexpected error can come after part of the request was stored (here: the close is
+    saved, then building the answer fails): the answer must not claim that nothing changed."""
+    from lifecycle.engine import inprocess
+
+    def broken(_c):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(inprocess, "thread_json", broken)
+    response = runtime.patch(f"/v1/threads/{conversation.public_id}", json.dumps({"closed": True}),
+                             content_type="application/json")
+    conversation.refresh_from_db()
+    assert conversation.closed_at is not None  # the change was stored
+    assert (response.status_code, response.json()["code"]) == (500, "internal_error")
+    message = response.json()["message"]
+    assert "Nothing was changed" not in message and "current state" in message
+    spanish = runtime.patch(f"/v1/threads/{conversation.public_id}", json.dumps({"archived": True}),
+                            content_type="application/json", HTTP_ACCEPT_LANGUAGE="es")
+    assert spanish.status_code == 500 and "estado actual" in spanish.json()["message"]
+
+
 def test_the_500_handler_answers_json_under_the_api_and_html_elsewhere(rf):
     from console.views import server_error
 
