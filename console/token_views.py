@@ -22,6 +22,7 @@ from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_http_methods
 
+from console.api import is_number
 from console.auth import is_admin
 from console.models import ApiToken
 from console.tokens import TokenForm, create_token, revoke_token
@@ -59,8 +60,9 @@ def _page(request: HttpRequest, form: TokenForm, *, status: int = 200, **extra) 
 @require_http_methods(["GET", "HEAD", "POST"])
 def api_tokens(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
-        revoked = visible_tokens(request.user).filter(pk=request.GET.get("revoked", "")).first() \
-            if request.GET.get("revoked", "").isdigit() else None
+        mark = request.GET.get("revoked", "")
+        # a plain ASCII number only: str.isdigit also passes "²", which int() refuses
+        revoked = visible_tokens(request.user).filter(pk=int(mark)).first() if is_number(mark) else None
         return _page(request, TokenForm(initial={"days": settings.API_TOKEN_DAYS}), revoked=revoked)
     if not is_admin(request.user):
         raise PermissionDenied

@@ -258,6 +258,16 @@ def test_admins_see_every_users_tokens(admin_client, member_user, admin_user):
     assert "Only your own tokens are shown." not in html
 
 
+@pytest.mark.parametrize("revoked", ["\u00b2", "\u0663", "9" * 30, "-1", "x"])
+def test_a_revoked_mark_that_is_not_a_token_number_just_shows_the_page(admin_client, admin_user, revoked):
+    """`?revoked=` names the token a revoke just took; anything that is not a plain number (a
+    superscript digit passes str.isdigit but not int()) is ignored, never a server error."""
+    token, _raw = ApiToken.issue(admin_user, name="Admin script")
+    page = admin_client.get(PAGE, {"revoked": revoked}, **HOST)
+    assert page.status_code == 200 and 'data-testid="token-revoked"' not in page.content.decode()
+    assert ApiToken.objects.get(pk=token.pk).revoked_at is None
+
+
 def test_the_page_is_localized(admin_client, admin_user):
     ApiToken.issue(admin_user, name="x")
     html = admin_client.get(PAGE, HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode()
