@@ -71,6 +71,18 @@ def test_two_tokens_with_the_same_prefix_are_named_and_neither_is_revoked(admin_
     assert not ApiToken.objects.filter(revoked_at__isnull=False).exists()
 
 
+@pytest.mark.parametrize("given", ["\u00b2", "\u0663"])
+def test_a_digit_that_is_not_ascii_is_neither_an_id_nor_a_crash(admin_user, given):
+    """`str.isdigit` passes "²" (which int() refuses: a traceback) and "٣" (which int() reads as
+    3: another token's id). Only ASCII digits are an id; anything else is a prefix, unknown here."""
+    for n in range(3):
+        ApiToken.issue(admin_user, name=f"Script {n}")
+    with pytest.raises(CommandError, match=r"^No token matches"):
+        run("api_tokens", "revoke", given)
+    assert not ApiToken.objects.filter(revoked_at__isnull=False).exists()
+    assert not AuditFact.objects.filter(action="api_token_revoked").exists()
+
+
 def test_a_prefix_matches_case_sensitively_and_an_unknown_one_matches_nothing(admin_user):
     a, b = two_tokens_sharing(admin_user, "lethe_Ab")
     ApiToken.objects.filter(pk=b.pk).update(prefix="lethe_aBcdef")

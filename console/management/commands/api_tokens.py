@@ -48,14 +48,16 @@ class Command(BaseCommand):
         # start of a prefix is never enough: it only helps to name the tokens meant.
         if not token.strip():
             raise CommandError("Give a token's id or its prefix (api_tokens list shows both).")
-        if token.isdigit():
+        # ASCII digits only: str.isdigit also passes "²" (int() refuses it) and "٣" (int() reads 3)
+        is_id = token.isascii() and token.isdigit()
+        if is_id:
             found = list(ApiToken.objects.filter(pk=int(token)))
         else:
             found = list(ApiToken.objects.filter(prefix=token).order_by("pk"))
         if not found:
             # Prefixes are case-sensitive and SQLite's LIKE is not: the match is finished here.
             starting = [t for t in ApiToken.objects.filter(prefix__istartswith=token).order_by("pk")
-                        if t.prefix.startswith(token)] if not token.isdigit() else []
+                        if t.prefix.startswith(token)] if not is_id else []
             if starting:
                 raise CommandError(f"No token has the prefix {token!r}; {_listed(starting)} start with it. Give a "
                                    f"whole prefix or an id; nothing was revoked.")
