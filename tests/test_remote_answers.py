@@ -370,3 +370,48 @@ def test_a_conversation_the_engine_does_not_know_is_not_found_not_a_server_error
         response = admin_client.get(f"/conversations/{local.public_id}/delete/")
     assert response.status_code == 404
     assert any(path.endswith("/deletion-preview") for _method, path in seen)
+
+
+@pytest.mark.parametrize(("message", "shown"), [
+    ("Ocupado\x00\x1b[31m ahora\ud800\n" + "x" * 5000, None),  # control characters, a lone surrogate, too long
+    ({"not": "text"}, "{'not': 'text'}"),
+    ("", "The engine refused the request and gave no reason."),
+], ids=["hostile-text", "not-text", "empty"])
+def test_the_engine_is_asked_in_the_users_language_and_its_refusal_is_one_short_line(settings, message, shown):
+    from django.utils import translation
+
+    from lifecycle.engine.http import MESSAGE_CHARS, HttpEngine
+    from lifecycle.errors import ActionRefused
+
+    languages = []
+
+    def refuse(handler):
+        languages.append(handler.headers.get("Accept-Language"))
+        return 409, {"code": "conversation_busy", "message": message}
+
+    with scripted_engine({("DELETE", "/v1/threads/"): refuse}) as (url, seen):
+        point_at(settings, url)
+        for language in ("es", "en"):
+            with translation.override(language), pytest.raises(ActionRefused) as refused:
+                HttpEngine().request_delete(TARGET, key="k-lang", actor=None)
+            assert (refused.value.code, refused.value.status) == ("conversation_busy", 409)
+            text = refused.value.message
+            if shown is not None and language == "en":
+                assert text == shown
+            assert text.isprintable() and "\n" not in text and len(text) <= MESSAGE_CHARS
+            text.encode("utf-8")  # a page can show it
+    assert languages == ["es", "en"]
+    if shown is None:
+        assert text.startswith("Ocupado [31m ahora x") and text.endswith("…") and len(text) == MESSAGE_CHARS
+
+
+@pytest.mark.parametrize("code", [7, {"a": 1}, "Not A Code", "x" * 200, ""])
+def test_an_engine_refusal_code_the_console_cannot_read_is_the_engines_refusal_unnamed(settings, code):
+    from lifecycle.engine.http import HttpEngine
+    from lifecycle.errors import ActionRefused
+
+    with scripted_engine({("DELETE", "/v1/threads/"): lambda h: (409, {"code": code, "message": "No."})}) as (url, _):
+        point_at(settings, url)
+        with pytest.raises(ActionRefused) as refused:
+            HttpEngine().request_delete(TARGET, key="k-code", actor=None)
+    assert (refused.value.code, refused.value.message, refused.value.status) == ("engine_refused", "No.", 409)

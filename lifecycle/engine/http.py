@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import re
 import socket
 import threading
 import time
@@ -33,6 +34,7 @@ from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
 from django.conf import settings
+from django.utils import translation
 from django.utils.translation import gettext as _
 
 from lifecycle.engine import OperationPage, OperationView
@@ -42,6 +44,9 @@ from lifecycle.errors import ActionRefused
 TRANSIENT_STATUSES = (429, 500, 502, 503, 504)
 UNSUPPORTED_STATUSES = (405, 501)
 MAX_ANSWER_BYTES = 4 * 1024 * 1024
+# An engine's refusal text is shown on this console's pages: one line of at most this many characters.
+MESSAGE_CHARS = 300
+CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 
 class EngineUnreachable(ActionRefused):
@@ -74,6 +79,16 @@ class EngineCredentialsRefused(ActionRefused):
                          _("The engine refused this console's token. Check ENGINE_TOKEN."), status=502)
 
 
+def engine_text(value: Any) -> str:
+    """An engine's refusal text as this console shows it: one line of printable characters
+    (control characters, and lone surrogates that no page could encode, become spaces), at most
+    MESSAGE_CHARS long."""
+    text = " ".join("".join(ch if ch.isprintable() else " " for ch in str(value)).split())
+    if not text:
+        return _("The engine refused the request and gave no reason.")
+    return text if len(text) <= MESSAGE_CHARS else text[:MESSAGE_CHARS - 1].rstrip() + "…"
+
+
 class HttpEngine:
     def __init__(self, url: str | None = None, token: str | None = None, *, connect_timeout: float | None = None,
                  read_timeout: float | None = None, retries: int | None = None) -> None:
@@ -104,7 +119,10 @@ class HttpEngine:
             connection.connect()  # under the connect timeout
             connection.sock.settimeout(self.read_timeout)
             data = json.dumps(body).encode() if body is not None else None
-            all_headers = {"Accept": "application/json", "Authorization": f"Bearer {self.token}", **headers}
+            # The engine answers refusals in the language of the person (or job) asking.
+            language = translation.get_language() or settings.LANGUAGE_CODE
+            all_headers = {"Accept": "application/json", "Accept-Language": language,
+                           "Authorization": f"Bearer {self.token}", **headers}
             if data is not None:
                 all_headers["Content-Type"] = "application/json"
             connection.request(method, self._parts.path.rstrip("/") + path, body=data, headers=all_headers)
@@ -145,11 +163,13 @@ class HttpEngine:
         if 200 <= status < 300:
             return status, answer
         code = answer.get("code") if isinstance(answer, dict) else None
+        if not (isinstance(code, str) and CODE.fullmatch(code)):
+            code = None  # a code this console can match and show: else the engine's refusal, unnamed
         if status in (401, 403) and code in (None, "unauthorized", "not_authenticated", "forbidden"):
             raise EngineCredentialsRefused()
         if status in UNSUPPORTED_STATUSES or (status == 404 and not code):
             raise EngineUnsupported(f"HTTP {status}")
-        exc = ActionRefused(code or "engine_refused", str(answer.get("message", "")) if isinstance(answer, dict)
+        exc = ActionRefused(code or "engine_refused", engine_text(answer.get("message", "")) if isinstance(answer, dict)
                             else "", status=status)
         exc.answer = answer if isinstance(answer, dict) else {}
         raise exc
