@@ -286,7 +286,7 @@ def read_secret_key() -> str:
     if key := os.environ.get("SECRET_KEY", "").strip():
         return key
     named = os.environ.get("SECRET_KEY_FILE", "").strip()
-    path = Path(named) if named else VAR_DIR / "secret-key"
+    path = project_path(named) if named else VAR_DIR / "secret-key"
     label = f"SECRET_KEY_FILE names {path}, which" if named else f"The secret key file {path}"
     try:
         info = path.stat()
@@ -444,7 +444,7 @@ TIME_ZONE = "UTC"
 
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = Path(os.environ.get("STATIC_ROOT") or BASE_DIR / "staticfiles")
+STATIC_ROOT = project_path(os.environ.get("STATIC_ROOT") or "staticfiles")
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
@@ -526,6 +526,10 @@ Q_CLUSTER = {
     "poll": 1,
     "label": "Jobs",
 }
+
+# Where gunicorn's worker processes add up their request figures (serve empties it at start and
+# hands it to gunicorn as this absolute path).
+METRICS_DIR = project_path(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or str(VAR_DIR / "prometheus"))
 
 # Logs: JSON lines on stderr (LOG_FORMAT=json, the default) or text (LOG_FORMAT=text); never
 # content (see ops/logs.py). ACCESS_LOG=false drops the one line per request.

@@ -19,8 +19,15 @@ This file is loaded by the gunicorn master before Django, so it imports only ops
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from ops.logs import logging_config
+
+# gunicorn started by hand from another folder: a relative PROMETHEUS_MULTIPROC_DIR is taken from
+# the project folder, as in the settings (serve already hands it over absolute). prometheus-client
+# reads the variable itself in the master and in every worker, so it is set here, before they fork.
+if (_metrics := os.environ.get("PROMETHEUS_MULTIPROC_DIR")) and not Path(_metrics).is_absolute():
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(Path(__file__).resolve().parent.parent / _metrics)
 
 
 def _number(name: str, default: int) -> int:

@@ -229,6 +229,51 @@ def test_relative_folders_are_taken_from_the_project_folder_whatever_the_current
     assert os.listdir(elsewhere) == []  # nothing made in the folder it was started from
 
 
+SHOW_FILES = """
+from django.conf import settings
+from console.management.commands.serve import metrics_dir
+print(settings.SECRET_KEY, settings.STATIC_ROOT, metrics_dir(), sep="\\n")
+"""
+
+
+def test_a_relative_key_file_static_folder_and_metrics_folder_are_taken_from_the_project_folder(tmp_path):
+    """SECRET_KEY_FILE, STATIC_ROOT and PROMETHEUS_MULTIPROC_DIR follow ENGINE_HOME: a command run
+    from /tmp reads the same key, static files and metrics folder as one run from the project
+    folder (a relative key file was "does not exist" there, the others folders under /tmp)."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    name = f"test-key-{os.getpid()}-{secrets.token_hex(4)}"
+    key_file = ROOT / "var" / name
+    key = "relative-key-file-" + secrets.token_hex(24)
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
+    try:
+        env = {k: v for k, v in os.environ.items() if k not in READ and k != "PROMETHEUS_MULTIPROC_DIR"}
+        env.update(DJANGO_SETTINGS_MODULE="console.settings", LETHE_VAR_DIR=str(tmp_path / "var"),
+                   SECRET_KEY_FILE=f"var/{name}", STATIC_ROOT="var/probe-static",
+                   PROMETHEUS_MULTIPROC_DIR="var/probe-prometheus")
+        shown = subprocess.run([sys.executable, str(ROOT / "manage.py"), "shell", "-v0", "-c", SHOW_FILES],
+                               cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        key_file.unlink()
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert shown.stdout.split() == [key, str(ROOT / "var" / "probe-static"), str(ROOT / "var" / "probe-prometheus")]
+    assert os.listdir(elsewhere) == []
+
+
+def test_gunicorn_started_by_hand_takes_a_relative_metrics_folder_from_the_project_folder(tmp_path):
+    """prometheus-client reads PROMETHEUS_MULTIPROC_DIR itself, in gunicorn's master and workers:
+    the configuration makes a relative one absolute before they fork."""
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    env.update(PYTHONPATH=str(ROOT), PROMETHEUS_MULTIPROC_DIR="var/probe-prometheus")
+    probe = ("import os, runpy; runpy.run_path(os.environ['CONFIG']); "
+             "print(os.environ['PROMETHEUS_MULTIPROC_DIR'])")
+    shown = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                           env={**env, "CONFIG": str(ROOT / "ops" / "gunicorn_config.py")})
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert shown.stdout.strip() == str(ROOT / "var" / "probe-prometheus")
+
+
 def test_a_relative_backup_folder_is_taken_from_the_project_folder(settings, tmp_path, monkeypatch):
     from retention.backups import backup_dir
 

@@ -89,8 +89,9 @@ def commands(address: str, *, dev: bool = False) -> dict[str, Child]:
 
 
 def metrics_dir() -> Path:
-    """Where gunicorn's workers add up their request figures; emptied at every start."""
-    return Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or settings.VAR_DIR / "prometheus")
+    """Where gunicorn's workers add up their request figures; emptied at every start. A relative
+    PROMETHEUS_MULTIPROC_DIR is taken from the project folder (settings.METRICS_DIR)."""
+    return Path(settings.METRICS_DIR)
 
 
 # The open lock file of the metrics folder this process claimed; held until it exits. Open
