@@ -10,6 +10,7 @@ def main() -> None:
     from django.conf import settings
     from django.core.exceptions import ImproperlyConfigured
     from django.core.management import execute_from_command_line
+    from django.db import DatabaseError
 
     try:
         # Read the settings first: a bad environment value stops here, with its own message
@@ -22,6 +23,17 @@ def main() -> None:
         # One line, no traceback: the message names the variable, the value and what is accepted.
         message = " ".join(str(error).split())
         print(f"Lethe configuration error: {message}", file=sys.stderr)
+        sys.exit(2)
+    except DatabaseError as error:
+        # A SQLite database Lethe cannot write (a read-only disk or folder, a file of another
+        # user): one line naming the file or folder and what to do, instead of the traceback.
+        from console.sqlite.base import cannot_write_explained
+
+        database = settings.DATABASES["default"]
+        explained = cannot_write_explained(database, error) if database["ENGINE"] == "console.sqlite" else None
+        if explained is None or "--traceback" in sys.argv:
+            raise
+        print(f"Lethe database error: {explained}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -37,6 +37,8 @@ from django.db import DatabaseError, connection
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 
+from console.sqlite.base import first_unwritable
+
 DEFAULT_HEARTBEAT_SECONDS = 300
 
 
@@ -65,22 +67,7 @@ def _sqlite_file_error() -> str | None:
     opened = getattr(connection, "file_identity", None)
     if opened is not None and opened != (found.st_dev, found.st_ino):
         return "replaced"
-    folder = os.path.dirname(path)
-    beside = [f"{path}{suffix}" for suffix in ("-wal", "-shm") if os.path.exists(f"{path}{suffix}")]
-    if not all(_writable(name) for name in (path, folder, *beside)):
-        return "read_only"
-    return None
-
-
-def _writable(path: str) -> bool:
-    """This process may write the file, or create files in the folder. The permission bits
-    are read as well as asked about: root is allowed to write whatever the bits say, and a
-    file or folder that grants nobody writing is meant to be read-only."""
-    found = os.stat(path)
-    if os.statvfs(path).f_flag & os.ST_RDONLY or not found.st_mode & 0o222:
-        return False
-    wanted = os.W_OK | os.X_OK if os.path.isdir(path) else os.W_OK
-    return os.access(path, wanted)
+    return "read_only" if first_unwritable(path) else None
 
 
 # default_transaction_read_only as stored by ALTER DATABASE / ALTER ROLE ... SET for this

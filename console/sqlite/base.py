@@ -124,6 +124,61 @@ def _create_private(path: str) -> None:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
+# SQLite's primary result codes for a file it may not write or open: SQLITE_PERM,
+# SQLITE_READONLY, SQLITE_IOERR, SQLITE_CANTOPEN.
+_CANNOT_WRITE = {3, 8, 10, 14}
+
+
+def first_unwritable(path: str) -> tuple[str, str] | None:
+    """The first of the database file's folder, the file, its -wal and -shm (those there) that
+    cannot be written, with why; None when all can. Lethe writes the file and SQLite creates
+    the -wal and -shm in the folder. The permission bits are read as well as asked about: root
+    may write whatever the bits say, but a file or folder that grants nobody writing is meant
+    to be read-only (ops/health.py reads it the same way)."""
+    folder = os.path.dirname(path)
+    for name in (folder, path, f"{path}-wal", f"{path}-shm"):
+        try:
+            found = os.stat(name)
+            if os.statvfs(name).f_flag & os.ST_RDONLY:
+                return name, "is on a read-only file system"
+        except FileNotFoundError:
+            continue
+        except OSError as error:
+            return name, f"cannot be read ({error.strerror})"
+        if not found.st_mode & 0o222:
+            return name, "has no write permission"
+        if not os.access(name, os.W_OK | os.X_OK if os.path.isdir(name) else os.W_OK):
+            return name, "cannot be written by the user Lethe runs as"
+    return None
+
+
+def cannot_write_message(path: str) -> str | None:
+    """One line for an operator when the SQLite database at `path` cannot be written: which
+    file or folder, why, and what to do. None when nothing is in the way."""
+    found = first_unwritable(path)
+    if found is None:
+        return None
+    name, why = found
+    folder = os.path.dirname(path)
+    which = f"its folder {name}" if name == folder else name
+    return (f"The database {path} cannot be written: {which} {why}. Lethe writes the database file and creates "
+            f"its -wal and -shm files in {folder}: make that folder and the files in it writable by the user Lethe "
+            "runs as (or mount the disk read-write), then start again.")
+
+
+def cannot_write_explained(settings_dict: dict, error: BaseException) -> str | None:
+    """`cannot_write_message` for a database error that SQLite raised because it could not
+    open or write the file (Django's OperationalError, caused by sqlite3's); None for any other
+    error, or another database."""
+    cause = error.__cause__ if isinstance(error, OperationalError) else error
+    if not isinstance(cause, sqlite3.Error) or (getattr(cause, "sqlite_errorcode", 0) & 0xFF) not in _CANNOT_WRITE:
+        return None
+    name = str(settings_dict.get("NAME", ""))
+    if not name or name == ":memory:" or name.startswith("file:"):
+        return None
+    return cannot_write_message(os.path.abspath(name))
+
+
 class DatabaseWrapper(base.DatabaseWrapper):
     file_identity: tuple[int, int] | None = None
 

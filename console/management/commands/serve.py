@@ -108,8 +108,11 @@ def claim_metrics_dir() -> Path:
     lock_path = folder.with_name(folder.name + ".lock")
     if _metrics_lock is not None and _metrics_lock.name == str(lock_path):
         return folder
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    lock = open(lock_path, "a")  # noqa: SIM115 -- kept open for the life of the process
+    try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(lock_path, "a")  # noqa: SIM115 -- kept open for the life of the process
+    except OSError as error:
+        raise _metrics_dir_unwritable(folder, error) from None
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -125,9 +128,31 @@ def empty_metrics_dir() -> None:
     """Before gunicorn starts: the folder is this process's (claim_metrics_dir), exists and
     holds no figures of an earlier run."""
     folder = claim_metrics_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    for stale in folder.glob("*.db"):
-        stale.unlink()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for stale in folder.glob("*.db"):
+            stale.unlink()
+    except OSError as error:
+        raise _metrics_dir_unwritable(folder, error) from None
+
+
+def _metrics_dir_unwritable(folder: Path, error: OSError) -> CommandError:
+    where = f"{error.filename}: " if error.filename and str(error.filename) != str(folder) else ""
+    return CommandError(
+        f"The metrics folder {folder} cannot be written ({where}{error.strerror}). Make it writable by the user "
+        "Lethe runs as, or set PROMETHEUS_MULTIPROC_DIR to a folder that is.", returncode=2)
+
+
+def database_cannot_be_written() -> str | None:
+    """Why serve must not start on this database: a SQLite file (or its folder, where SQLite
+    makes the -wal and -shm) that cannot be written. Every write of the console and the jobs
+    would fail, one traceback each; None when it can (and for PostgreSQL)."""
+    from console.sqlite.base import cannot_write_message
+
+    database = settings.DATABASES["default"]
+    if database["ENGINE"] != "console.sqlite" or str(database["NAME"]) == ":memory:":
+        return None
+    return cannot_write_message(os.path.abspath(str(database["NAME"])))
 
 
 def _child_setup(parent: int):
@@ -186,6 +211,10 @@ class Command(BaseCommand):
         if only is not None:
             keep = "web server" if only == "web" else "job cluster"
             children_to_start = {keep: children_to_start[keep]}
+        if problem := database_cannot_be_written():
+            # As manage.py reports a database it cannot write (one line, exit status 2).
+            self.stderr.write(f"Lethe database error: {problem}")
+            sys.exit(2)
         if "web server" in children_to_start and not dev:
             # First of all: a second serve on the same folder stops here, having changed nothing.
             empty_metrics_dir()
