@@ -17,8 +17,13 @@ is there and carries that id. What depends on it:
 - `serve` creates the folder only while the database has recorded none (a new install).
 
 A database that has recorded no folder yet (a new install, or one from before the mark) takes
-the folder it finds; it creates one only while it holds no conversation. An operator who
-replaced the folder on purpose marks the new one with `manage.py engine_folder --adopt`.
+the folder it finds only when that folder plausibly is its own: it holds the files of at least
+one conversation this database has not deleted, or the database has no such conversation (so
+no file of it can be elsewhere). It creates a folder only while it holds no conversation at
+all. Otherwise (a wrong ENGINE_HOME naming an empty or another folder) nothing is recorded:
+the folder counts as `unmarked` (`not_this_folder` when it carries another mark), deletes wait
+and the operator, after checking, marks it with `manage.py engine_folder --adopt`, as one who
+replaced the folder on purpose does.
 """
 
 from __future__ import annotations
@@ -66,9 +71,55 @@ def recorded() -> str | None:
 
 def problem(home: EngineHome | None = None) -> str | None:
     """Why ENGINE_HOME is not this database's engine folder, or None when it is (or when the
-    database has recorded none yet: then nothing can be said against it)."""
+    database has recorded none yet and would take this one: see `not_adoptable`)."""
+    home = home or EngineHome()
     expected = recorded()
-    return None if expected is None else _reason(home or EngineHome(), expected)
+    return not_adoptable(home) if expected is None else _reason(home, expected)
+
+
+# How many folder names are looked up in the database at once.
+_LOOKUP_BATCH = 500
+
+
+def holds_files_of_known_conversations(home: EngineHome) -> bool:
+    """Whether the folder holds a conversation folder (threads/, sessions/ or artifacts/<key>)
+    of a conversation this database has not deleted. Stops at the first found."""
+    from lifecycle.enginefs import CONVERSATION_AREAS, is_storage_key
+    from lifecycle.models import Conversation, ConversationState
+
+    undeleted = Conversation.objects.exclude(state=ConversationState.DELETED)
+    for area in CONVERSATION_AREAS:
+        try:
+            with os.scandir(home.root / area) as entries:
+                batch: list[str] = []
+                for entry in entries:
+                    if is_storage_key(entry.name) and entry.is_dir(follow_symlinks=False):
+                        batch.append(entry.name)
+                    if len(batch) >= _LOOKUP_BATCH:
+                        if undeleted.filter(public_id__in=batch).exists():
+                            return True
+                        batch = []
+                if batch and undeleted.filter(public_id__in=batch).exists():
+                    return True
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+    return False
+
+
+def not_adoptable(home: EngineHome) -> str | None:
+    """For a database that has recorded no folder: why it must not take the folder at
+    ENGINE_HOME by itself ("missing", "unmarked", "not_this_folder"), None when it may. A wrong
+    ENGINE_HOME taken here would have every file of the real folder counted as already gone."""
+    from lifecycle.models import Conversation, ConversationState
+
+    if not home.root.is_dir():
+        return "missing" if Conversation.objects.exists() else None
+    if (home.root / MARK_NAME).exists() and folder_mark(home) is None:
+        return "unmarked"  # a mark file that holds no id: not ours to overwrite unasked
+    if (not Conversation.objects.exclude(state=ConversationState.DELETED).exists()
+            or holds_files_of_known_conversations(home)):
+        return None
+    return "unmarked" if folder_mark(home) is None else "not_this_folder"
 
 
 def _reason(home: EngineHome, expected: str) -> str | None:
@@ -93,12 +144,12 @@ def check(home: EngineHome | None = None) -> EngineHome:
 def adopt(home: EngineHome | None = None, *, force: bool) -> str:
     """Make ENGINE_HOME this database's engine folder and return its id.
 
-    Without `force`, only while the database has recorded no folder: the folder's own mark is
-    kept if it has one, else it gets a new one; a missing folder is created only while the
-    database holds no conversation (a new install; with conversations, their files must be
-    somewhere else). With `force` (an operator's `engine_folder --adopt`), the folder there
+    Without `force`, only while the database has recorded no folder, and only a folder that
+    plausibly is this database's (`not_adoptable`): the folder's own mark is kept if it has one,
+    else it gets a new one; a missing folder is created only while the database holds no
+    conversation (a new install; with conversations, their files must be somewhere else). With `force` (an operator's `engine_folder --adopt`), the folder there
     now becomes the one, marked anew if it has no mark, whatever was recorded."""
-    from lifecycle.models import Conversation, EngineFolderMark
+    from lifecycle.models import EngineFolderMark
 
     home = home or EngineHome()
     if not force and recorded() is not None:
@@ -106,9 +157,9 @@ def adopt(home: EngineHome | None = None, *, force: bool) -> str:
         if reason:
             raise EngineFolderUnavailable(home.root, reason)
         return recorded()
+    if not force and (reason := not_adoptable(home)):
+        raise EngineFolderUnavailable(home.root, reason)
     if not home.root.is_dir():
-        if not force and Conversation.objects.exists():
-            raise EngineFolderUnavailable(home.root, "missing")
         home.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         _fsync_dir(home.root.parent)
     folder_id = folder_mark(home) or _mark(home, replace=force)

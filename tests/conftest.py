@@ -50,10 +50,20 @@ def polled_size_forgotten():
 
 
 @pytest.fixture(autouse=True)
-def engine_home(settings, tmp_path):
-    """Every test gets its own real engine folder."""
+def engine_home(settings, tmp_path, request):
+    """Every test gets its own real engine folder. A test with a database starts as an install
+    does once `serve` has run: the folder marked as its database's before any conversation
+    exists (lifecycle.engine_folder; tests/test_engine_folder.py starts from other states)."""
     settings.ENGINE_HOME = tmp_path / "engine"
     settings.ENGINE_HOME.mkdir()
+    marker = request.node.get_closest_marker("django_db")
+    transactional = "transactional_db" in request.fixturenames or "live_server" in request.fixturenames or (
+        marker is not None and (marker.kwargs.get("transaction") or (marker.args and marker.args[0])))
+    if marker is not None or {"db", "transactional_db"} & set(request.fixturenames):
+        request.getfixturevalue("transactional_db" if transactional else "db")
+        from lifecycle import engine_folder
+
+        engine_folder.adopt(force=False)
     return settings.ENGINE_HOME
 
 

@@ -123,6 +123,8 @@ class EngineProcess:
     def prepare(self, threads: dict[str, dict]) -> dict:
         """Migrate, then an engine admin with a token, an account, a computer and the threads."""
         self.manage("migrate", "--noinput")
+        # As a new install's first serve does before any conversation exists (lifecycle.engine_folder).
+        self.manage("engine_folder", "--adopt")
         out = self.manage("shell", "-c", SEED.format(names=json.dumps(threads)))
         self.seeded = json.loads(next(line for line in out.splitlines() if line.startswith("SEEDED "))[7:])
         self.token = self.seeded["token"]

@@ -27,6 +27,12 @@ def files_of(conversation) -> list[str]:
                   if folder.exists() for p in folder.rglob("*") if p.is_file())
 
 
+def forget_the_mark(home) -> None:
+    """The database as it was before the mark: nothing recorded, no mark in the folder."""
+    m.EngineFolderMark.objects.all().delete()
+    (home / engine_folder.MARK_NAME).unlink(missing_ok=True)
+
+
 def test_a_delete_waits_while_its_engine_folder_is_unmounted_and_finishes_once_it_is_back(engine_home):
     target = factories.make_conversation(title="On the disk")
     factories.fill_every_store(target)
@@ -82,6 +88,7 @@ def test_no_new_delete_is_admitted_and_no_check_reports_clean_without_the_folder
 
 
 def test_a_new_install_creates_and_marks_its_folder_but_a_database_with_conversations_does_not(engine_home):
+    forget_the_mark(engine_home)  # the test database starts marked, as after a new install's serve
     engine_home.rmdir()
     folder_id = engine_folder.adopt(force=False)
     assert engine_home.is_dir() and engine_folder.folder_mark(EngineHome()) == folder_id == engine_folder.recorded()
@@ -96,9 +103,11 @@ def test_a_new_install_creates_and_marks_its_folder_but_a_database_with_conversa
         engine_folder.adopt(force=False)
     assert missing.value.reason == "missing" and not engine_home.exists()
 
-    engine_home.mkdir()  # the folder is there (mounted): taken as it is, and marked
-    folder_id = engine_folder.adopt(force=False)
-    assert engine_folder.recorded() == folder_id and engine_folder.problem() is None
+    engine_home.mkdir()  # an empty folder there: not plausibly the one its conversation's files are in
+    with pytest.raises(engine_folder.EngineFolderUnavailable) as empty:
+        engine_folder.adopt(force=False)
+    assert empty.value.reason == "unmarked" and engine_folder.recorded() is None
+    assert list(engine_home.iterdir()) == []  # no mark written
 
 
 def test_readiness_and_the_command_name_what_is_wrong_and_adopt_marks_a_replacement(engine_home, settings):
@@ -154,3 +163,81 @@ def test_adopting_writes_the_mark_alone_and_never_replaces_another(engine_home):
     with pytest.raises(engine_folder.EngineFolderUnavailable) as unmarked:
         engine_folder.adopt(force=False)
     assert unmarked.value.reason == "unmarked" and engine_folder.recorded() is None
+
+
+def test_a_database_from_before_the_mark_does_not_take_a_wrong_folder_by_itself(engine_home):
+    """A wrong ENGINE_HOME (an empty folder, another database's) at the first delete of a
+    database from before the mark: nothing is erased or counted as gone, nothing is recorded, and
+    the operator is told to check and adopt; the real folder is taken once it is there."""
+    target = factories.make_conversation(title="Files in the real folder")
+    factories.fill_every_store(target)
+    op = request_deletion(target, key="k-before-the-mark", acting_user=None)
+    assert op.state == "pending"
+    forget_the_mark(engine_home)
+    before = files_of(target)
+    assert before
+    real = engine_home.with_name("engine-real")
+    engine_home.rename(real)
+    engine_home.mkdir()  # a wrong ENGINE_HOME: an empty folder
+
+    assert executor.run_erasure(op.pk, force=True) == "pending"
+    op.refresh_from_db()
+    assert op.last_error == "engine_folder_unavailable"
+    assert not op.steps.filter(state="done").exclude(key="fingerprints").exists()
+    assert m.Item.objects.filter(conversation=target).exists()
+    assert engine_folder.recorded() is None and list(engine_home.iterdir()) == []
+    assert check_engine_folder() == {"ok": False, "error": "unmarked"}
+    other = factories.make_conversation(title="Asked meanwhile")
+    refused = request_deletion(other, key="k-meanwhile", acting_user=None)
+    assert (refused.state, refused.reason) == ("unavailable", "engine_folder_unavailable")
+    with pytest.raises(engine_folder.EngineFolderUnavailable):  # what verify_erasure refuses on
+        verify.verify(op)
+
+    out = io.StringIO()
+    with pytest.raises(SystemExit) as status:
+        call_command("engine_folder", stdout=out)
+    assert status.value.code == 1
+    assert out.getvalue() == (
+        f"{engine_home}: not marked as this database's engine folder. This database has recorded no engine folder "
+        "yet and does not take this one by itself: it holds none of the files of this database's conversations. "
+        "Deletes wait. Check that it is the right folder (or set ENGINE_HOME to the right one), then run "
+        "manage.py engine_folder --adopt.\n")
+    from console.management.commands.serve import Command
+
+    err = io.StringIO()
+    Command(stdout=io.StringIO(), stderr=err).prepare_engine_folder()
+    assert "not marked as this database's engine folder" in err.getvalue()
+    assert "manage.py engine_folder --adopt" in err.getvalue()
+    assert engine_folder.recorded() is None and list(engine_home.iterdir()) == []
+
+    # Another database's folder, marked: not taken either.
+    (engine_home / engine_folder.MARK_NAME).write_text("f" * 32 + "\n")
+    assert engine_folder.problem() == "not_this_folder"
+    assert executor.run_erasure(op.pk, force=True) == "pending" and engine_folder.recorded() is None
+    assert files_of(target) == []  # the wrong folder holds none, and the real one still holds them all
+    assert sorted(str(p.relative_to(real)) for p in real.rglob("*") if p.is_file() and target.storage_key in str(p)) \
+        == before
+
+    # The real folder, back at ENGINE_HOME: it holds the conversation's files, so it is taken.
+    (engine_home / engine_folder.MARK_NAME).unlink()
+    engine_home.rmdir()
+    real.rename(engine_home)
+    assert engine_folder.problem() is None
+    assert executor.run_erasure(op.pk, force=True) == "completed"
+    assert files_of(target) == [] and not m.Item.objects.filter(conversation=target).exists()
+    assert engine_folder.recorded() == engine_folder.folder_mark(EngineHome())
+
+
+def test_a_database_from_before_the_mark_without_undeleted_conversations_takes_the_folder_it_finds(engine_home):
+    done = factories.make_conversation(title="Deleted")
+    factories.fill_every_store(done)
+    op = request_deletion(done, key="k-deleted-first", acting_user=None)
+    assert executor.run_erasure(op.pk) == "completed"
+    forget_the_mark(engine_home)
+    other = engine_home.with_name("engine-other")
+    other.mkdir()
+    from django.conf import settings
+
+    settings.ENGINE_HOME = other  # only deleted conversations: no file of theirs can be elsewhere
+    folder_id = engine_folder.adopt(force=False)
+    assert engine_folder.recorded() == folder_id == engine_folder.folder_mark(EngineHome(other))

@@ -33,12 +33,13 @@ def test_it_measures_the_engine_folder_and_is_safe_to_run_twice(engine_home):
     home = EngineHome()
     home.write_atomic(home.events_path("c_" + "1" * 20), b"x" * 100)
     home.write_atomic(home.artifacts_dir("c_" + "1" * 20) / "big.txt", b"y" * 900)
-    assert measure_engine_folder() == {"files": 4, "bytes": 1000}  # two files and their two lock files
+    # two files, their two lock files and the folder's mark (33 bytes; lifecycle.engine_folder)
+    assert measure_engine_folder() == {"files": 5, "bytes": 1033}
     first = StorageSnapshot.load()
-    assert (first.engine_files, first.engine_bytes) == (4, 1000) and first.measured_at is not None
+    assert (first.engine_files, first.engine_bytes) == (5, 1033) and first.measured_at is not None
     measure_engine_folder()
     assert StorageSnapshot.objects.count() == 1
-    assert StorageSnapshot.load().engine_bytes == 1000
+    assert StorageSnapshot.load().engine_bytes == 1033
 
 
 @pytest.mark.django_db
@@ -57,7 +58,7 @@ def test_it_shows_the_last_measurement_on_the_page(admin_client, engine_home):
     EngineHome().write_atomic(EngineHome().events_path("c_" + "9" * 20), b"z" * 2048)
     measure_engine_folder()
     page = admin_client.get("/settings/system/data-storage/", HTTP_HOST="127.0.0.1").content.decode()
-    assert "2 files, 2.0\xa0KB" in page and "measured" in page
+    assert "3 files, 2.0\xa0KB" in page and "measured" in page  # with the lock file and the folder's mark
 
 
 @pytest.mark.django_db(transaction=True)
@@ -73,7 +74,7 @@ def test_it_runs_a_queued_job_on_a_real_cluster(engine_home):
         while time.monotonic() < deadline and StorageSnapshot.objects.filter(measured_at__isnull=False).count() == 0:
             time.sleep(0.5)
         snapshot = StorageSnapshot.load()
-        assert (snapshot.engine_files, snapshot.engine_bytes) == (2, 321)
+        assert (snapshot.engine_files, snapshot.engine_bytes) == (3, 354)  # with the lock file and the mark
     finally:
         cluster.send_signal(signal.SIGINT)
         try:

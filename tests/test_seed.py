@@ -16,6 +16,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
+from lifecycle import engine_folder
 from lifecycle import models as m
 from lifecycle.enginefs import EngineHome
 from lifecycle.seeding import Seeder
@@ -34,7 +35,8 @@ def digest(home: EngineHome) -> str:
         h.update(repr((i.conversation.public_id, i.seq, i.role, i.tool_kind, i.tool_call_id, i.status, i.title,
                        i.content, json.dumps(i.payload, sort_keys=True), i.payload_bytes, i.removable_bytes,
                        i.created_at)).encode())
-    for path in sorted(p for p in home.root.rglob("*") if p.is_file()):
+    # Not the folder's mark (lifecycle.engine_folder): the test database's own, not seeded data.
+    for path in sorted(p for p in home.root.rglob("*") if p.is_file() and p.name != engine_folder.MARK_NAME):
         h.update(str(path.relative_to(home.root)).encode() + hashlib.sha256(path.read_bytes()).digest())
     return h.hexdigest()
 

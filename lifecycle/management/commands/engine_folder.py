@@ -33,6 +33,14 @@ class Command(BaseCommand):
             return
         reason = engine_folder.problem(home)
         recorded = engine_folder.recorded()
+        if reason and recorded is None:
+            why = ("it holds conversations, whose files must be somewhere" if reason == "missing"
+                   else "it holds none of the files of this database's conversations")
+            self.stdout.write(f"{home.root}: {engine_folder.WORDS[reason]}. This database has recorded no engine folder "
+                              f"yet and does not take this one by itself: {why}. Deletes wait. Check that it is the "
+                              "right folder (or set ENGINE_HOME to the right one), then run manage.py engine_folder "
+                              "--adopt.")
+            raise SystemExit(1)
         if reason:
             self.stdout.write(f"{home.root}: {engine_folder.WORDS[reason]} (this database's mark is {recorded}). "
                               "Deletes wait until it is back.")
