@@ -5,6 +5,19 @@ import os
 import sys
 
 
+def unreachable(database: dict, error: Exception) -> str | None:
+    """One line for a database server that could not be reached (the connection never opened);
+    None for any other error. The driver's first line says why; it never holds the password."""
+    from django.db import OperationalError, connection
+
+    if not isinstance(error, OperationalError) or connection.connection is not None:
+        return None
+    where = f"{database.get('HOST') or 'localhost'}:{database.get('PORT') or 5432}"
+    why = (str(error).strip().splitlines() or ["no reason given"])[0]
+    return (f"The database server {where} (database {database.get('NAME')}) cannot be reached: {why}. Start it, or "
+            "correct DATABASE_URL, then start again.")
+
+
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
     from django.conf import settings
@@ -16,6 +29,14 @@ def main() -> None:
         # Read the settings first: a bad environment value stops here, with its own message
         # (Django would otherwise hold it back, or show another error in its place).
         settings.INSTALLED_APPS  # noqa: B018
+        if sys.argv[1:2] == ["qcluster"]:
+            # The job cluster starts its processes before any of them reads the database, and each
+            # prints its own traceback when the server cannot be reached: reach it here first.
+            import django
+            from django.db import connection
+
+            django.setup()
+            connection.ensure_connection()
         execute_from_command_line(sys.argv)
     except ImproperlyConfigured as error:
         if "--traceback" in sys.argv:
@@ -30,7 +51,10 @@ def main() -> None:
         from console.sqlite.base import cannot_write_explained
 
         database = settings.DATABASES["default"]
-        explained = cannot_write_explained(database, error) if database["ENGINE"] == "console.sqlite" else None
+        if database["ENGINE"] == "console.sqlite":
+            explained = cannot_write_explained(database, error)
+        else:
+            explained = unreachable(database, error)
         if explained is None or "--traceback" in sys.argv:
             raise
         print(f"Lethe database error: {explained}", file=sys.stderr)

@@ -211,6 +211,11 @@ class Command(BaseCommand):
         if only is not None:
             keep = "web server" if only == "web" else "job cluster"
             children_to_start = {keep: children_to_start[keep]}
+        # A database server that cannot be reached stops serve here, in one line (manage.py),
+        # before its children each print their own traceback.
+        from django.db import connection
+
+        connection.ensure_connection()
         if problem := database_cannot_be_written():
             # As manage.py reports a database it cannot write (one line, exit status 2).
             self.stderr.write(f"Lethe database error: {problem}")
