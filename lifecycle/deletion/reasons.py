@@ -44,7 +44,8 @@ REASONS = {
     ENGINE_FOLDER_UNAVAILABLE: (DeleteState.UNAVAILABLE, _(
         "The engine folder is missing or is not the one this database uses (a disk not mounted, or a "
         "wrong ENGINE_HOME), so this conversation's files and subagent rows cannot be checked. Ask "
-        "again once the folder is back.")),
+        "again once the folder is back, or once an operator who has checked that this is the right folder "
+        "confirms it with manage.py engine_folder --adopt.")),
 }
 
 
