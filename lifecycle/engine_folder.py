@@ -114,12 +114,13 @@ def not_adoptable(home: EngineHome) -> str | None:
 
     if not home.root.is_dir():
         return "missing" if Conversation.objects.exists() else None
-    if (home.root / MARK_NAME).exists() and folder_mark(home) is None:
+    mark = folder_mark(home)
+    if mark is None and (home.root / MARK_NAME).exists():
         return "unmarked"  # a mark file that holds no id: not ours to overwrite unasked
     if (not Conversation.objects.exclude(state=ConversationState.DELETED).exists()
             or holds_files_of_known_conversations(home)):
         return None
-    return "unmarked" if folder_mark(home) is None else "not_this_folder"
+    return "unmarked" if mark is None else "not_this_folder"
 
 
 def _reason(home: EngineHome, expected: str) -> str | None:
@@ -147,7 +148,8 @@ def adopt(home: EngineHome | None = None, *, force: bool) -> str:
     Without `force`, only while the database has recorded no folder, and only a folder that
     plausibly is this database's (`not_adoptable`): the folder's own mark is kept if it has one,
     else it gets a new one; a missing folder is created only while the database holds no
-    conversation (a new install; with conversations, their files must be somewhere else). With `force` (an operator's `engine_folder --adopt`), the folder there
+    conversation (a new install; with conversations, their files must be somewhere else).
+    With `force` (an operator's `engine_folder --adopt`), the folder there
     now becomes the one, marked anew if it has no mark, whatever was recorded."""
     from lifecycle.models import EngineFolderMark
 
