@@ -156,3 +156,23 @@ def test_a_link_to_an_owner_the_engine_list_does_not_have_shows_the_first_owner_
     expect(page.get_by_test_id("bindings")).to_contain_text("Quarterly plan")
     check_layout(page, f"engine list, unknown owner {viewport}")
     screenshot(page, f"engine-list-unknown-owner-{viewport}", full_page=False)
+
+
+@pytest.mark.parametrize("viewport", ["desktop", "small-phone"], ids=["1280", "320"])
+def test_a_conversation_the_engine_already_deleted_says_so_in_the_list_and_before_the_delete(
+        live_server, open_page, settings, viewport):
+    settings.ENGINE_URL = ""  # no engine to ask: the state the last read stored
+    get_user_model().objects.create_user(ADMIN[0], password=ADMIN[1], is_staff=True)
+    binding = bound("Gone on the engine")
+    EngineBinding.objects.filter(pk=binding.pk).update(engine_state="deleted")
+    page = open_page(viewport)
+    log_in(page, live_server.url, *ADMIN)
+    page.goto(f"{live_server.url}/engine/conversations/")
+    expect(page.get_by_test_id("engine-deleted")).to_have_text("Deleted on the engine")
+    check_layout(page, f"engine list, deleted on the engine {viewport}")
+    page.goto(f"{live_server.url}/engine/conversations/{binding.public_id}/delete/")
+    note = page.get_by_test_id("engine-deleted")
+    expect(note).to_contain_text("The engine has already deleted this conversation")
+    expect(page.get_by_test_id("preview-rules-only")).to_have_count(0)  # no delete to come is previewed
+    check_layout(page, f"bound delete of a conversation the engine deleted {viewport}")
+    screenshot(page, f"bound-delete-engine-deleted-{viewport}", full_page=False)
