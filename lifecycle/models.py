@@ -639,8 +639,9 @@ class RetainedFactsPolicy(models.Model):
 
     @classmethod
     def load(cls) -> RetainedFactsPolicy:
-        obj, _created = cls.objects.get_or_create(id=1)
-        return obj
+        """The stored policy, or the defaults unsaved: reading never writes (a member's page
+        view; the row is made at migrate time and by the first save)."""
+        return cls.objects.filter(id=1).first() or cls(id=1)
 
 
 # ---- Delete operations -------------------------------------------------------------------

@@ -18,7 +18,7 @@ def save_revisioned(
 ):
     """Apply `new` to the singleton row if `revision` is current; audit old and new values."""
     with transaction.atomic():
-        model.load()
+        model.objects.get_or_create(id=1)
         obj = model.objects.select_for_update().get(id=1)
         if revision != obj.revision:
             raise ActionRefused(

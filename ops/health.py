@@ -131,13 +131,49 @@ def check_engine_folder(*, database_ok: bool = True) -> dict[str, Any]:
     # (on SQLite, opening the missing file's path would create an empty database there).
     if not database_ok:
         return {"ok": True}
-    from lifecycle import engine_folder
-
     try:
-        reason = engine_folder.problem()
+        reason = _folder_problem()
     except DatabaseError:  # the database check says why
         return {"ok": True}
     return {"ok": False, "error": reason} if reason else {"ok": True}
+
+
+# A database that has recorded no folder decides whether it would take this one by scanning
+# the folder's conversation areas against the database (lifecycle.engine_folder.not_adoptable).
+# /readyz is open to anyone and polled often, so that answer is kept for FOLDER_SCAN_SECONDS
+# while the folder and its areas stay as they were (same inode and modification time: a
+# conversation folder created or removed changes its area's); a recorded folder is checked
+# afresh every time (a query and the mark's read).
+FOLDER_SCAN_SECONDS = 30.0
+_scanned: dict[str, tuple[tuple, float, str | None]] = {}
+
+
+def _folder_problem() -> str | None:
+    import time
+
+    from lifecycle import engine_folder
+    from lifecycle.enginefs import CONVERSATION_AREAS, EngineHome
+
+    home = EngineHome()
+    if engine_folder.recorded() is not None:
+        return engine_folder.problem(home)
+    state = tuple(_stat_key(home.root / area) for area in ("", engine_folder.MARK_NAME, *CONVERSATION_AREAS))
+    key, now = str(home.root), time.monotonic()
+    kept = _scanned.get(key)
+    if kept is not None and kept[0] == state and now - kept[1] < FOLDER_SCAN_SECONDS:
+        return kept[2]
+    reason = engine_folder.not_adoptable(home)
+    _scanned.clear()  # one folder at a time: the entry never grows
+    _scanned[key] = (state, now, reason)
+    return reason
+
+
+def _stat_key(path) -> tuple:
+    try:
+        found = os.stat(path)
+    except OSError:
+        return ()
+    return (found.st_ino, found.st_mtime_ns, found.st_size)
 
 
 def check_job_cluster() -> dict[str, Any]:

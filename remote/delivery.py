@@ -31,7 +31,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from lifecycle import faults
+from lifecycle import audit, faults
 from lifecycle.actions.request_deletion import check_key
 from lifecycle.deletion.executor import holder_alive, holder_id, lease_seconds
 from lifecycle.deletion.physical import checkpoint_sqlite
@@ -188,6 +188,10 @@ def request_bound_delete(binding: EngineBinding, *, key: str | None, actor) -> B
                 )
                 # The request is content-free; the list's copy of the title goes now.
                 EngineBinding.objects.filter(pk=held.pk).update(title="")
+                # Who asked, on this console (the engine is told no user): a console fact, with
+                # the engine's conversation id and the delete's, never the title.
+                audit.record("conversation.delete_requested", actor=actor,
+                             old={"state": "live"}, new={"state": "pending_delete", **_audit_ids(op)})
                 from django_q.tasks import async_task
 
                 async_task("remote.tasks.deliver", op.pk, q_options={"ack_failure": True})
@@ -241,10 +245,18 @@ class LeaseLost(Exception):
     pass
 
 
+def _audit_ids(op: BoundDelete) -> dict[str, str]:
+    """What a console audit fact names of a bound delete: ids only (content-free)."""
+    return {"engine_conversation": op.engine_id, "delete": op.public_id}
+
+
 def _finish(op: BoundDelete, state: str, code: str) -> None:
     """Refused or Unavailable on the engine's word: the binding stays, the conversation too."""
-    _update(op, state=state, code=code, waiting_on=WaitingOn.NONE, completed_at=timezone.now(),
-            next_attempt_at=None, lease_holder="", lease_expires_at=None)
+    with transaction.atomic():
+        _update(op, state=state, code=code, waiting_on=WaitingOn.NONE, completed_at=timezone.now(),
+                next_attempt_at=None, lease_holder="", lease_expires_at=None)
+        audit.record("conversation.delete_ended", old={"state": "pending_delete"},
+                     new={"state": "live", "outcome": state, "code": code, **_audit_ids(op)})
 
 
 def _title_back(op: BoundDelete, engine: HttpEngine) -> None:
@@ -274,6 +286,8 @@ def acknowledge(op: BoundDelete) -> None:
             state=BoundDeleteState.COMPLETED, waiting_on=WaitingOn.NONE, binding=None, acknowledged_at=now,
             completed_at=now, next_attempt_at=None, lease_holder="", lease_expires_at=None, last_error="",
         )
+        audit.record("conversation.deleted", old={"state": "pending_delete"},
+                     new={"state": "deleted", **_audit_ids(held)})
         if binding_id is not None:
             # Earlier answers for it (refused, unavailable) keep its identity, not the link.
             BoundDelete.objects.filter(binding_id=binding_id).update(binding=None)

@@ -62,8 +62,9 @@ class ToolPayloadPolicy(models.Model):
 
     @classmethod
     def load(cls) -> ToolPayloadPolicy:
-        obj, _created = cls.objects.get_or_create(id=1)
-        return obj
+        """The stored policy, or the defaults unsaved: reading never writes (a member's page
+        view, a status poll; the row is made at migrate time and by the first save)."""
+        return cls.objects.filter(id=1).first() or cls(id=1)
 
 
 class StorageSnapshot(models.Model):
@@ -82,8 +83,8 @@ class StorageSnapshot(models.Model):
 
     @classmethod
     def load(cls) -> StorageSnapshot:
-        obj, _created = cls.objects.get_or_create(id=1)
-        return obj
+        """The last measurement, or an empty one unsaved (reading never writes)."""
+        return cls.objects.filter(id=1).first() or cls(id=1)
 
 
 class OperationKind(models.TextChoices):

@@ -188,3 +188,48 @@ def test_the_facts_card_names_the_console_audit_facts_that_are_recorded(admin_us
     assert "(sign-ins," not in english
     spanish = client.get(PAGE, HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode()
     assert "(inicios de sesión fallidos y bloqueos, tokens de API, cambios de configuración)" in spanish
+
+
+def test_reading_the_settings_writes_no_row(member_client, member_api, admin_client):
+    """The policies' rows are made at migrate time; a page view, a status poll or an API read
+    of a database without them (a restored partial copy, say) shows the defaults and writes
+    nothing, and the first save creates the row."""
+    from retention.models import StorageSnapshot
+
+    ToolPayloadPolicy.objects.all().delete()
+    RetainedFactsPolicy.objects.all().delete()
+    StorageSnapshot.objects.all().delete()
+    audits = AuditFact.objects.count()
+    for client, url in ((member_client, PAGE), (member_client, PAGE + "status/"),
+                        (admin_client, PAGE), (admin_client, PAGE + "status/")):
+        response = client.get(url, **HOST)
+        assert response.status_code == 200, url
+    for url in ("/api/v1/system/tool-payload-retention", "/api/v1/system/retained-facts"):
+        response = member_api.get(url)
+        assert response.status_code == 200, url
+    assert member_api.get("/api/v1/system/retained-facts").json()["audit_days"] == 365
+    assert (ToolPayloadPolicy.objects.count(), RetainedFactsPolicy.objects.count(),
+            StorageSnapshot.objects.count(), AuditFact.objects.count()) == (0, 0, 0, audits)
+
+    response = admin_client.post(FACTS, facts_form(audit_days="400"), **HOST)
+    assert response.status_code in (200, 302)
+    stored = RetainedFactsPolicy.objects.get(id=1)
+    assert (stored.audit_days, stored.revision) == (400, 2)
+    assert ToolPayloadPolicy.objects.count() == 0
+
+
+def test_migrate_made_the_policy_rows():
+    """A freshly migrated database holds both policies' rows (the test database is migrated)."""
+    assert ToolPayloadPolicy.objects.filter(id=1, revision=1, enabled=False).exists()
+    assert RetainedFactsPolicy.objects.filter(id=1, revision=1, audit_days=365).exists()
+
+
+def test_a_remote_consoles_facts_card_names_the_deletes_it_asked_for(admin_client, settings):
+    """A console of a remote engine records who asked for each delete as its own audit fact;
+    the card names those among the facts that expire (an embedded console has none)."""
+    assert "the deletes it asked the engine for" not in admin_client.get(PAGE, **HOST).content.decode()
+    settings.ENGINE_URL = "http://127.0.0.1:9"
+    english = admin_client.get(PAGE, **HOST).content.decode()
+    assert "(failed sign-ins and lockouts, API tokens, settings changes, the deletes it asked the engine for)" in english
+    spanish = admin_client.get(PAGE, HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode()
+    assert "las eliminaciones que pidió al motor)" in spanish

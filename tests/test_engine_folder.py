@@ -241,3 +241,38 @@ def test_a_database_from_before_the_mark_without_undeleted_conversations_takes_t
     settings.ENGINE_HOME = other  # only deleted conversations: no file of theirs can be elsewhere
     folder_id = engine_folder.adopt(force=False)
     assert engine_folder.recorded() == folder_id == engine_folder.folder_mark(EngineHome(other))
+
+
+def test_readiness_scans_a_folder_it_has_not_taken_once_while_the_folder_stays_as_it_was(engine_home):
+    """/readyz is open to anyone: for a database that has recorded no folder, the scan of the
+    folder's conversation areas against the database is not repeated on every probe, only
+    once the folder changed (or FOLDER_SCAN_SECONDS passed)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    known = factories.make_conversation(title="Its files are elsewhere")
+    forget_the_mark(engine_home)
+    for area in ("threads", "sessions", "artifacts"):
+        for child in (engine_home / area).glob("*"):
+            if child.name == known.storage_key:
+                import shutil
+
+                shutil.rmtree(child)
+    strangers = engine_home / "threads"
+    strangers.mkdir(exist_ok=True)
+    for n in range(1200):  # another install's conversation folders: three lookups of 500
+        (strangers / f"c_{n:020d}").mkdir()
+
+    def lookups() -> tuple[dict, int]:
+        with CaptureQueriesContext(connection) as queries:
+            answer = check_engine_folder()
+        return answer, sum("lifecycle_conversation" in q["sql"] for q in queries.captured_queries)
+
+    first, scanned = lookups()
+    assert first == {"ok": False, "error": "unmarked"} and scanned >= 3
+    assert lookups() == ({"ok": False, "error": "unmarked"}, 0)  # kept: nothing changed
+    # The known conversation's folder appears: the area changed, so the folder is looked at again
+    (strangers / known.storage_key).mkdir()
+    again, scanned = lookups()
+    assert again == {"ok": True} and scanned >= 1
+    assert engine_folder.recorded() is None  # a readiness probe never takes the folder

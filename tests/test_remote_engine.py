@@ -32,7 +32,7 @@ from lifecycle.engine import get_engine
 from lifecycle.engine.http import EngineUnreachable, EngineUnsupported, HttpEngine
 from lifecycle.engine.inprocess import InProcessEngine
 from lifecycle.errors import ActionRefused
-from lifecycle.models import RetainedFactsPolicy
+from lifecycle.models import AuditFact, RetainedFactsPolicy
 from remote import delivery
 from remote.models import BoundDelete, BoundDeleteKey, EngineBinding
 from remote.sync import refresh
@@ -250,6 +250,14 @@ def test_a_bound_delete_keeps_the_binding_until_the_engines_receipt_is_acknowled
     assert op.receipt["stores"] == engine_receipt(remote, "complete")["stores"]
     assert figures(op.receipt)["lifecycle.Item"] == (2, figures(op.receipt)["lifecycle.Item"][1])
     deleted_once(remote, "complete")
+    # This console's own audit facts: who asked (the engine is told no user), then the
+    # receipt acknowledged; ids only, never the title.
+    ids = {"engine_conversation": b.engine_id, "delete": op.public_id}
+    assert list(AuditFact.objects.filter(conversation=None, action__startswith="conversation.")
+                .order_by("pk").values_list("action", "actor_id", "new_value")) == [
+        ("conversation.delete_requested", None, {"state": "pending_delete", **ids}),
+        ("conversation.deleted", None, {"state": "deleted", **ids}),
+    ]
     # Everything else on the engine is untouched, and still bound here.
     assert remote.conversation(thread(remote, "before"))["items"] == 2
     assert EngineBinding.objects.filter(engine_id=thread(remote, "before")).exists()
@@ -421,6 +429,13 @@ def test_an_engine_refusal_is_refused_here_and_keeps_everything(remote):
     assert remote.conversation(thread(remote, "running"))["state"] == "live"
     # The request had cleared the list's copy of the title; the engine said no, so it is back
     assert b.title and EngineBinding.objects.get(pk=b.pk).title == b.title
+    assert list(AuditFact.objects.filter(conversation=None, action__startswith="conversation.")
+                .order_by("pk").values_list("action", "new_value")) == [
+        ("conversation.delete_requested", {"state": "pending_delete", "engine_conversation": b.engine_id,
+                                           "delete": op.public_id}),
+        ("conversation.delete_ended", {"state": "live", "outcome": "refused", "code": "conversation_turn_active",
+                                       "engine_conversation": b.engine_id, "delete": op.public_id}),
+    ]
     # Closed on the engine (its turn interrupted), a new request is admitted and completes;
     # the earlier refusal keeps the binding's identity but lets the binding itself go.
     assert get_engine().set_closed(b.engine_id, True, actor=None)["closed"] is True
@@ -455,6 +470,9 @@ def test_account_and_computer_with_equal_raw_ids_are_never_confused(remote, clie
     page = client.get("/engine/conversations/", {"owner": f"account:{remote.seeded['account']}"}).content.decode()
     assert body["id"] in page and computer_b.public_id not in page
     op = BoundDelete.objects.get(public_id=body["id"])
+    requested = AuditFact.objects.get(action="conversation.delete_requested", conversation=None)
+    assert requested.actor_id == op.requested_by_id is not None  # the API token's user, on this console
+    assert requested.new_value["engine_conversation"] == account_b.engine_id
     assert delivery.deliver(op.pk, budget=60) == "completed"
     deleted_once(remote, "shared-account")
     twin = remote.conversation(thread(remote, "shared-computer"))

@@ -204,7 +204,7 @@ class Command(BaseCommand):
 
         jobs.STEP_SECONDS = 10**9  # one run to the end, in this process
         built = self.build(messages, per_conversation, output_bytes)
-        ToolPayloadPolicy.load()
+        ToolPayloadPolicy.objects.get_or_create(id=1)
         ToolPayloadPolicy.objects.filter(id=1).update(enabled=True, backup_choice="skip", preparation_state="ready")
         policy = ToolPayloadPolicy.load()
         cutoff = jobs.cutoff_for(timezone.now(), 3, "months")
