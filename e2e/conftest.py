@@ -54,6 +54,20 @@ def browser_type_launch_args(browser_type_launch_args):
     return {**browser_type_launch_args, "headless": True, "executable_path": CHROMIUM, "args": CHROMIUM_ARGS}
 
 
+@pytest.fixture(autouse=True)
+def installed_settings_rows(request):
+    """The settings rows migrate makes, back after the flush that ends each browser test."""
+    if request.node.get_closest_marker("django_db") is None and not (
+            {"live_server", "transactional_db"} & set(request.fixturenames)):
+        return
+    request.getfixturevalue("transactional_db")
+    from lifecycle.models import RetainedFactsPolicy
+    from retention.models import ToolPayloadPolicy
+
+    RetainedFactsPolicy.objects.get_or_create(id=1)
+    ToolPayloadPolicy.objects.get_or_create(id=1)
+
+
 @dataclass
 class Seeded:
     conversations: int

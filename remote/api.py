@@ -66,8 +66,12 @@ class BoundDeleteOut(Schema):
     engine_operation: str | None = Field(description="The engine's operation id.")
     engine_state: str | None
     engine_step: str | None
-    receipt: dict[str, JsonValue] | None = Field(description="The engine's erasure receipt, as the engine gave it.")
+    receipt: dict[str, JsonValue] | None = Field(
+        description="The engine's erasure receipt, as the engine gave it; read again while it keeps facts that "
+                    "expire, so a kept fact the engine has since removed shows as expired, with its date.")
     receipt_at: str | None
+    receipt_read_at: str | None = Field(
+        description="When the receipt was last read again from the engine (null: as given at completion).")
     acknowledged_at: str | None
     requested_at: str
     completed_at: str | None
@@ -97,7 +101,7 @@ def bound_delete_json(op: BoundDelete) -> dict[str, Any]:
         "last_error_at": iso(op.last_error_at), "engine_operation": op.engine_operation or None,
         "engine_state": op.engine_state or None, "engine_step": op.engine_step or None,
         "receipt": op.receipt if op.state == "completed" else None, "receipt_at": iso(op.receipt_at),
-        "acknowledged_at": iso(op.acknowledged_at), "requested_at": iso(op.requested_at),
+        "receipt_read_at": iso(op.receipt_read_at), "acknowledged_at": iso(op.acknowledged_at), "requested_at": iso(op.requested_at),
         "completed_at": iso(op.completed_at),
     }
 

@@ -43,6 +43,7 @@ from lifecycle.engine.http import (
     HttpEngine,
 )
 from lifecycle.errors import ActionRefused
+from remote import receipts
 from remote.models import BoundDelete, BoundDeleteKey, BoundDeleteState, EngineBinding, WaitingOn
 
 RUN_BUDGET = 240  # seconds per job run, well under the queue's retry
@@ -285,6 +286,7 @@ def acknowledge(op: BoundDelete) -> None:
         BoundDelete.objects.filter(pk=op.pk).update(
             state=BoundDeleteState.COMPLETED, waiting_on=WaitingOn.NONE, binding=None, acknowledged_at=now,
             completed_at=now, next_attempt_at=None, lease_holder="", lease_expires_at=None, last_error="",
+            receipt_next_read_at=receipts.first_read_at(held.receipt, now),
         )
         audit.record("conversation.deleted", old={"state": "pending_delete"},
                      new={"state": "deleted", **_audit_ids(held)})

@@ -117,6 +117,10 @@ class BoundDelete(models.Model):
     engine_step = models.CharField(max_length=64, blank=True)
     receipt = models.JSONField(null=True, blank=True)
     receipt_at = models.DateTimeField(null=True, blank=True)
+    # The engine's receipt is read again while it keeps facts that expire (remote.receipts):
+    # when it was last read, and when it is to be read next (None: nothing left to expire).
+    receipt_read_at = models.DateTimeField(null=True, blank=True)
+    receipt_next_read_at = models.DateTimeField(null=True, blank=True)
     acknowledged_at = models.DateTimeField(null=True, blank=True)
     completed_at = models.DateTimeField(null=True, blank=True)
 
@@ -136,7 +140,11 @@ class BoundDelete(models.Model):
             models.UniqueConstraint(fields=["engine_url", "engine_id"], condition=Q(state="pending"),
                                     name="bound_delete_one_pending"),
         ]
-        indexes = [models.Index(fields=["state", "next_attempt_at"], name="bound_delete_due_idx")]
+        indexes = [
+            models.Index(fields=["state", "next_attempt_at"], name="bound_delete_due_idx"),
+            models.Index(fields=["receipt_next_read_at"], name="bound_delete_reread_idx",
+                         condition=Q(receipt_next_read_at__isnull=False)),
+        ]
 
     def __str__(self) -> str:
         return self.public_id

@@ -1,11 +1,15 @@
-"""The remote app's recurring job, created by name after every migrate under the database-wide
+"""The remote app's recurring jobs, created by name after every migrate under the database-wide
 lock every schedule creator of Lethe takes (console.schedules.ensure_named), duplicates healed."""
 
 from __future__ import annotations
 
 from console.schedules import ensure_named
 
-SCHEDULES = {"remote-deliver": {"func": "remote.tasks.sweep", "minutes": 1}}
+SCHEDULES = {
+    "remote-deliver": {"func": "remote.tasks.sweep", "minutes": 1},
+    # The engine's receipts that keep facts that expire, read again (remote.receipts).
+    "remote-receipts": {"func": "remote.tasks.receipts", "minutes": 60},
+}
 
 
 def ensure_schedules(**kwargs) -> None:

@@ -31,6 +31,13 @@ def sweep() -> int:
     return ran
 
 
+def receipts() -> dict[str, int]:
+    """Every hour: read again the engine's receipts that still keep facts that expire."""
+    from remote.receipts import read_again
+
+    return read_again()
+
+
 def on_worker_spawn(sender=None, proc_name: str = "", **kwargs) -> None:
     from django_q.tasks import async_task
 

@@ -62,8 +62,13 @@ def engine_home(settings, tmp_path, request):
     if marker is not None or {"db", "transactional_db"} & set(request.fixturenames):
         request.getfixturevalue("transactional_db" if transactional else "db")
         from lifecycle import engine_folder
+        from lifecycle.models import RetainedFactsPolicy
+        from retention.models import ToolPayloadPolicy
 
         engine_folder.adopt(force=False)
+        # The settings rows migrate makes (a transactional test's flush removed them).
+        RetainedFactsPolicy.objects.get_or_create(id=1)
+        ToolPayloadPolicy.objects.get_or_create(id=1)
     return settings.ENGINE_HOME
 
 

@@ -218,10 +218,19 @@ def test_reading_the_settings_writes_no_row(member_client, member_api, admin_cli
     assert ToolPayloadPolicy.objects.count() == 0
 
 
-def test_migrate_made_the_policy_rows():
-    """A freshly migrated database holds both policies' rows (the test database is migrated)."""
-    assert ToolPayloadPolicy.objects.filter(id=1, revision=1, enabled=False).exists()
-    assert RetainedFactsPolicy.objects.filter(id=1, revision=1, audit_days=365).exists()
+def test_migrate_makes_the_policy_rows_with_their_defaults():
+    import importlib
+
+    from django.apps import apps
+
+    ToolPayloadPolicy.objects.all().delete()
+    RetainedFactsPolicy.objects.all().delete()
+    for module in ("retention.migrations.0008_policy_row", "lifecycle.migrations.0016_facts_policy_row"):
+        importlib.import_module(module).create_policy(apps, None)
+        importlib.import_module(module).create_policy(apps, None)  # once only
+    assert list(ToolPayloadPolicy.objects.values_list("id", "revision", "enabled", "age_value", "age_unit")) == [
+        (1, 1, False, 3, "months")]
+    assert list(RetainedFactsPolicy.objects.values_list("id", "revision", "audit_days")) == [(1, 1, 365)]
 
 
 def test_a_remote_consoles_facts_card_names_the_deletes_it_asked_for(admin_client, settings):

@@ -338,3 +338,15 @@ def test_a_checkpoint_that_finishes_while_facts_expire_keeps_the_expired_mark(mo
     if connection.vendor == "sqlite":
         assert op.physical_state == m.PhysicalState.ERASED
         assert not any(h.get("kind") == "wal" for h in op.receipt["holders"])
+
+
+def test_a_run_as_of_a_later_time_ends_and_its_own_records_are_not_expired_by_it():
+    """A run given a later `now` (an operator's or a test's) records its expiries at that time:
+    recorded at the clock's time, each batch's own record was already past the audit period
+    for that run, the next batch took it, and the run never ended."""
+    later = timezone.now() + timedelta(days=4000)
+    m.AuditFact.objects.create(action="login_failed", new_value={"ip": "203.0.113.9"})
+    assert expire_facts(now=later) == {"console.audit": 1}
+    record = m.AuditFact.objects.get(action="retained_facts.expired")
+    assert (record.recorded_at, record.new_value) == (later, {"console.audit": 1})
+    assert expire_facts(now=later) == {}

@@ -49,7 +49,7 @@ def expire_facts(*, now=None) -> dict[str, int]:
             count = _expire_store(store, now - timedelta(days=getattr(policy, store.period)), now)
             if count:
                 expired[store.key] = count
-    count = _expire_console_audit(now - timedelta(days=policy.audit_days))
+    count = _expire_console_audit(now - timedelta(days=policy.audit_days), now)
     if count:
         expired[CONSOLE_AUDIT] = count
     ErasureFingerprint.objects.filter(
@@ -81,25 +81,28 @@ def _expire_store(store: Store, cutoff: datetime, now: datetime) -> int:
             for op in DeleteOperation.objects.select_for_update().filter(pk__in=[pk for pk, _c in batch]):
                 _mark_expired(op, store.key, now)
             if n:
-                audit.record("retained_facts.expired", new={store.key: n})
+                audit.record("retained_facts.expired", new={store.key: n}, at=now)
             faults.kill_point(f"expire_facts.{store.key}")  # crash tests: the batch not committed
         faults.kill_point(f"expire_facts.{store.key}.committed")
         count += n
     return count
 
 
-def _expire_console_audit(cutoff: datetime) -> int:
+def _expire_console_audit(cutoff: datetime, now: datetime) -> int:
     """The console's own audit facts, those of no conversation (sign-in failures and lockouts
     with the address they came from, API tokens, settings changes, earlier expiries), expire
     the audit period after they were recorded. Each batch deletes them and records how many
-    in one transaction (the record itself is recent: it expires a period later)."""
+    in one transaction. That record is made at the run's `now`, so it expires a period later
+    and never in this run: recorded at the clock's time by a run given a later `now` (as an
+    operator's or a test's run may be), each batch's own record was due again and the run
+    never ended."""
     due = due_console_audit(cutoff)
     count = 0
     while batch := list(due[:CONSOLE_BATCH]):
         with transaction.atomic():
             n = AuditFact.objects.filter(pk__in=batch, conversation__isnull=True).delete()[0]
             if n:
-                audit.record("retained_facts.expired", new={CONSOLE_AUDIT: n})
+                audit.record("retained_facts.expired", new={CONSOLE_AUDIT: n}, at=now)
             faults.kill_point("expire_facts.console")  # crash tests: the batch not committed
         faults.kill_point("expire_facts.console.committed")
         count += n

@@ -1,0 +1,180 @@
+"""The engine's receipts of completed bound deletes, read again while the facts they keep
+expire (remote.receipts), against a real engine process over HTTP."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from console.models import ApiToken
+from remote import delivery, receipts
+from remote.models import BoundDelete, EngineBinding
+from remote.sync import refresh
+from tests import factories
+from tests.remote_engine import EngineProcess
+
+HOST = {"HTTP_HOST": "127.0.0.1"}
+THREADS = {
+    "expires": {"thread_id": "t-expires"},
+    "stopped": {"thread_id": "t-stopped"},
+    "forged": {"thread_id": "t-forged"},
+}
+EXPIRE_ON_ENGINE = (
+    "from datetime import timedelta; from django.utils import timezone; "
+    "from lifecycle.actions.expire_facts import expire_facts; "
+    "print(expire_facts(now=timezone.now() + timedelta(days=4000)))"
+)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    folder = Path(tempfile.mkdtemp(prefix="lethe-remote-receipts-"))
+    process = EngineProcess(folder)
+    try:
+        process.prepare(THREADS)
+        process.start()
+        yield process
+    finally:
+        process.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def remote(settings, engine):
+    if engine.process is None:
+        engine.start()
+    settings.ENGINE_URL = engine.url
+    settings.ENGINE_TOKEN = engine.token
+    settings.ENGINE_READ_TIMEOUT = 15
+    settings.LIFECYCLE_OFFLINE_DELETE = "pending"
+    return engine
+
+
+def completed(engine: EngineProcess, name: str) -> BoundDelete:
+    refresh("")
+    binding = EngineBinding.objects.get(engine_url="", engine_id=engine.seeded["threads"][name])
+    op = delivery.request_bound_delete(binding, key=f"receipts-{name}", actor=None)
+    assert delivery.deliver(op.pk, budget=60) == "completed"
+    op.refresh_from_db()
+    return op
+
+
+def kept(op: BoundDelete) -> dict[str, tuple]:
+    return {e["store"]: (e["action"], e.get("records"), bool(e.get("expired_at"))) for e in op.receipt["kept"]}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_facts_the_engine_expired_show_as_expired_and_are_not_read_again(remote):
+    op = completed(remote, "expires")
+    audit_facts = kept(op)["lifecycle.AuditFact"][1]
+    assert kept(op)["lifecycle.AuditFact"] == ("kept", audit_facts, False) and audit_facts >= 1  # the engine's
+    # First read a day after completion; nothing is read before.
+    assert op.receipt_next_read_at == op.completed_at + receipts.READ_EVERY and op.receipt_read_at is None
+    assert receipts.read_again() == {"updated": 0, "unchanged": 0, "settled": 0, "not_taken": 0, "unreachable": 0}
+
+    later = timezone.now() + timedelta(days=2)
+    assert receipts.read_again(later)["unchanged"] == 1
+    op.refresh_from_db()
+    assert kept(op)["lifecycle.AuditFact"] == ("kept", audit_facts, False)
+    assert (op.receipt_read_at, op.receipt_next_read_at) == (later, later + receipts.READ_EVERY)
+
+    remote.manage("shell", "-c", EXPIRE_ON_ENGINE)  # the engine's hourly job, its periods run out
+    stored_before = copy.deepcopy(op.receipt)
+    again = later + timedelta(days=2)
+    assert receipts.read_again(again)["updated"] == 1
+    op.refresh_from_db()
+    assert kept(op)["lifecycle.AuditFact"] == ("expired", audit_facts, True)
+    assert op.receipt["stores"] == stored_before["stores"]  # the erased figures as they were
+    assert (op.receipt_read_at, op.receipt_next_read_at) == (again, None)  # nothing left to expire
+    assert receipts.read_again(again + timedelta(days=30))["updated"] == 0  # never asked again
+
+    admin = factories.make_user(admin=True)
+    client = Client(**HOST)
+    client.force_login(admin)
+    page = client.get(f"/engine/deletes/{op.public_id}/").content.decode()
+    assert f"{audit_facts} records kept, expired on" in page and 'data-testid="receipt-read"' in page
+    assert "As the engine reported it on" in page
+    spanish = client.get(f"/engine/deletes/{op.public_id}/", HTTP_ACCEPT_LANGUAGE="es").content.decode()
+    assert "Tal como lo informó el motor el" in spanish
+    _token, raw = ApiToken.issue(admin)
+    body = Client(HTTP_AUTHORIZATION=f"Bearer {raw}", **HOST).get(f"/api/v1/bound-deletes/{op.public_id}").json()
+    assert parse_datetime(body["receipt_read_at"]) == again
+    assert {e["store"]: e["action"] for e in body["receipt"]["kept"]}["lifecycle.AuditFact"] == "expired"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_engine_that_cannot_be_reached_leaves_every_receipt_due_and_unchanged(remote):
+    op = completed(remote, "stopped")
+    stored = copy.deepcopy(op.receipt)
+    due_at = op.receipt_next_read_at
+    remote.stop()
+    try:
+        counts = receipts.read_again(timezone.now() + timedelta(days=2))
+        assert counts["unreachable"] == 1 and counts["updated"] == counts["not_taken"] == 0
+        op.refresh_from_db()
+        assert (op.receipt, op.receipt_read_at, op.receipt_next_read_at) == (stored, None, due_at)
+    finally:
+        remote.start()
+    assert receipts.read_again(timezone.now() + timedelta(days=2))["unchanged"] >= 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_answer_that_is_not_this_receipt_later_on_is_not_taken(remote):
+    """The stored receipt is changed here (as if the engine's had been another): the engine's
+    answer then differs in its erased figures, which never change later, so it is not taken."""
+    op = completed(remote, "forged")
+    forged = copy.deepcopy(op.receipt)
+    forged["stores"][0]["records"] += 1
+    BoundDelete.objects.filter(pk=op.pk).update(receipt=forged)
+    when = timezone.now() + timedelta(days=2)
+    assert receipts.read_again(when)["not_taken"] == 1
+    op.refresh_from_db()
+    assert (op.receipt, op.receipt_read_at, op.receipt_next_read_at) == (forged, None, when + receipts.READ_EVERY)
+
+
+@pytest.mark.django_db
+def test_a_receipt_that_keeps_nothing_that_expires_is_set_aside_without_asking_the_engine(settings):
+    settings.ENGINE_URL = "http://127.0.0.1:9"  # nothing listens: asking would count as unreachable
+    now = timezone.now()
+    receipt = {"stores": [], "kept": [{"store": "lifecycle.AuditFact", "action": "expired", "records": 2,
+                                       "expired_at": now.isoformat()},
+                                      {"store": "lifecycle.UsageFact", "action": "kept", "records": 0},
+                                      {"store": "lifecycle.WorkspaceFile", "action": "kept", "records": 4}]}
+    assert receipts.first_read_at(receipt, now) is None
+    op = BoundDelete.objects.create(key="k-settled", binding_ref="b_x", engine_id="c_" + "a" * 20, owner_kind="account",
+                                    owner_id=1, scope="bound", thread_id="t-x", state="completed", receipt=receipt,
+                                    acknowledged_at=now, completed_at=now, receipt_next_read_at=now)
+    assert receipts.read_again(now + timedelta(seconds=1))["settled"] == 1
+    op.refresh_from_db()
+    assert (op.receipt, op.receipt_read_at, op.receipt_next_read_at) == (receipt, None, None)
+
+
+@pytest.mark.parametrize(("change", "taken"), [
+    (lambda r: r["kept"][0].update(action="expired", expired_at="2036-01-01T00:00:00+00:00"), True),
+    (lambda r: None, True),  # unchanged
+    (lambda r: r["kept"][0].update(action="expired"), False),  # no date
+    (lambda r: r["kept"][0].update(action="expired", expired_at="2036-01-01", records=0), False),  # a count changed
+    (lambda r: r["kept"].pop(), False),  # an entry gone
+    (lambda r: r["kept"].append({"store": "x", "action": "kept"}), False),  # an entry added
+    (lambda r: r["stores"][0].update(bytes=1), False),  # the erased figures changed
+    (lambda r: r.update(engine="other"), False),
+    (lambda r: r.update(extra=1), False),
+])
+def test_only_the_same_receipt_later_on_is_taken(change, taken):
+    stored = {"engine": "sqlite", "stores": [{"store": "lifecycle.Item", "action": "erased", "records": 3, "bytes": 9}],
+              "kept": [{"store": "lifecycle.AuditFact", "action": "kept", "records": 1},
+                       {"store": "lifecycle.UsageFact", "action": "kept", "records": 2}]}
+    answered = copy.deepcopy(stored)
+    change(answered)
+    assert receipts.later_receipt(stored, answered) is taken
+    expired_back = copy.deepcopy(stored)
+    expired_back["kept"][0].update(action="expired", expired_at="2036-01-01T00:00:00+00:00")
+    assert receipts.later_receipt(expired_back, stored) is False  # expired never comes back as kept
