@@ -740,6 +740,10 @@ class DeleteOperation(models.Model):
             # index alone (lifecycle.actions.expire_facts.due_deletes).
             models.Index(fields=["state", "completed_at", "conversation"], name="delete_op_completed_idx",
                          condition=Q(state="completed")),
+            # Who asked is forgotten the audit period after the request (expire_facts): the
+            # operations that still name someone, by when they were asked.
+            models.Index(fields=["requested_at"], name="delete_op_requester_idx",
+                         condition=Q(requested_by__isnull=False)),
         ]
 
     def __str__(self) -> str:

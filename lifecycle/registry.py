@@ -158,8 +158,8 @@ STORES: tuple[Store, ...] = (
           period="billing_days"),
     table("lifecycle.AuditFact", _("Audit"), RetentionClass.RETAIN_FACTS, FACTS_KEPT, period="audit_days"),
     table("lifecycle.DeleteOperation", _("Delete operation and erasure receipt"), RetentionClass.RETAIN_FACTS,
-          _("Content-free (operation id, target, requester, time, outcome, records and bytes per store); "
-            "kept so a retry gets the same answer.")),
+          _("Content-free (operation id, target, time, outcome, records and bytes per store, and who asked "
+            "until the audit period after the request runs out); kept so a retry gets the same answer.")),
     Store(key="provider", kind="external", label=_("Provider-retained inputs"),
           retention=RetentionClass.OUT_OF_SCOPE,
           on_delete=_("Provider retention follows provider terms.")),

@@ -144,6 +144,9 @@ class BoundDelete(models.Model):
             models.Index(fields=["state", "next_attempt_at"], name="bound_delete_due_idx"),
             models.Index(fields=["receipt_next_read_at"], name="bound_delete_reread_idx",
                          condition=Q(receipt_next_read_at__isnull=False)),
+            # Who asked is forgotten the audit period after the request (remote.tasks.hourly).
+            models.Index(fields=["requested_at"], name="bound_delete_requester_idx",
+                         condition=Q(requested_by__isnull=False)),
         ]
 
     def __str__(self) -> str:

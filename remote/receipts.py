@@ -5,7 +5,7 @@ The engine keeps some content-free facts (audit, usage, billing) for a period af
 then removes them and marks them `expired` (with the date) on its own receipt. Without reading
 again, this console would go on showing those facts as kept.
 
-So the hourly job `remote-receipts` reads again, through `GET /v1/operations/{id}`, the
+So the hourly job `remote-hourly` reads again, through `GET /v1/operations/{id}`, the
 receipts whose `receipt_next_read_at` is due (at most BATCH a run, the longest due first): a
 day after the delete completed, then every READ_EVERY while the receipt still keeps a fact
 whose store expires (`still_expiring`); after that, never again (`receipt_next_read_at` None).

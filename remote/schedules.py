@@ -7,8 +7,9 @@ from console.schedules import ensure_named
 
 SCHEDULES = {
     "remote-deliver": {"func": "remote.tasks.sweep", "minutes": 1},
-    # The engine's receipts that keep facts that expire, read again (remote.receipts).
-    "remote-receipts": {"func": "remote.tasks.receipts", "minutes": 60},
+    # The engine's receipts that keep facts that expire, read again (remote.receipts), and
+    # the requesters of bound deletes forgotten after the audit period.
+    "remote-hourly": {"func": "remote.tasks.hourly", "minutes": 60},
 }
 
 

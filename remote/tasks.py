@@ -31,11 +31,27 @@ def sweep() -> int:
     return ran
 
 
-def receipts() -> dict[str, int]:
-    """Every hour: read again the engine's receipts that still keep facts that expire."""
+REQUESTERS = "remote.BoundDelete.requested_by"
+
+
+def hourly() -> dict[str, int]:
+    """Every hour: read again the engine's receipts that still keep facts that expire, and
+    forget who asked for the bound deletes requested more than the audit period ago (as the
+    lifecycle's hourly expiry does for this database's own deletes)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from lifecycle.actions.expire_facts import forget_requesters
+    from lifecycle.models import RetainedFactsPolicy
+    from remote.models import BoundDelete
     from remote.receipts import read_again
 
-    return read_again()
+    now = timezone.now()
+    counts = read_again(now)
+    cutoff = now - timedelta(days=RetainedFactsPolicy.load().audit_days)
+    counts["requesters_forgotten"] = forget_requesters(BoundDelete, cutoff, now, key=REQUESTERS)
+    return counts
 
 
 def on_worker_spawn(sender=None, proc_name: str = "", **kwargs) -> None:

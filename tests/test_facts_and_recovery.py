@@ -12,7 +12,12 @@ from django_q.models import Schedule
 
 from lifecycle import audit
 from lifecycle import models as m
-from lifecycle.actions.expire_facts import due_console_audit, due_deletes, expire_facts
+from lifecycle.actions.expire_facts import (
+    due_console_audit,
+    due_deletes,
+    due_requesters,
+    expire_facts,
+)
 from lifecycle.actions.request_deletion import request_deletion
 from lifecycle.deletion import executor
 from lifecycle.enginefs import EngineHome
@@ -117,8 +122,9 @@ def test_a_run_with_nothing_due_reads_indexes_only():
     factories.make_conversation()
     audit.record("settings.changed", new={"x": 1})
     cutoff = timezone.now() - timedelta(days=365)
-    queries = [due_deletes(store, cutoff) for store in STORES if store.period] + [due_console_audit(cutoff)]
-    assert len(queries) == 4
+    queries = [due_deletes(store, cutoff) for store in STORES if store.period] + [
+        due_console_audit(cutoff), due_requesters(m.DeleteOperation, cutoff)]
+    assert len(queries) == 5
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute("SET LOCAL enable_seqscan = off")  # tiny tables: else any plan is as good
@@ -126,7 +132,8 @@ def test_a_run_with_nothing_due_reads_indexes_only():
             sql, params = query.query.sql_with_params()
             cursor.execute(("EXPLAIN QUERY PLAN " if connection.vendor == "sqlite" else "EXPLAIN ") + sql, params)
             plan = "\n".join(str(row[-1]) for row in cursor.fetchall())
-            assert "delete_op_completed_idx" in plan or "audit_console_recorded_idx" in plan, plan
+            assert any(name in plan for name in ("delete_op_completed_idx", "audit_console_recorded_idx",
+                                                 "delete_op_requester_idx")), plan
             assert "SCAN lifecycle_" not in plan and "Seq Scan" not in plan, plan
 
 
@@ -350,3 +357,31 @@ def test_a_run_as_of_a_later_time_ends_and_its_own_records_are_not_expired_by_it
     record = m.AuditFact.objects.get(action="retained_facts.expired")
     assert (record.recorded_at, record.new_value) == (later, {"console.audit": 1})
     assert expire_facts(now=later) == {}
+
+
+def test_who_asked_for_a_delete_is_forgotten_the_audit_period_after_the_request(admin_user):
+    """The operation stays (a retry gets the same answer); the user it names does not, past
+    the audit period. A delete still pending keeps its requester until it ends."""
+    now = timezone.now()
+    old, recent, refused_old, pending_old = (factories.make_conversation() for _ in range(4))
+    ops = {}
+    for name, conversation in (("old", old), ("recent", recent), ("pending_old", pending_old)):
+        ops[name] = request_deletion(conversation, key=f"who-{name}", acting_user=admin_user)
+    for name in ("old", "recent"):
+        executor.run_erasure(ops[name].pk)
+    factories.start_turn(refused_old)
+    ops["refused_old"] = request_deletion(refused_old, key="who-refused", acting_user=admin_user)
+    assert ops["refused_old"].state == "refused"
+    m.DeleteOperation.objects.filter(pk__in=[ops[n].pk for n in ("old", "refused_old", "pending_old")]).update(
+        requested_at=now - timedelta(days=366))
+    m.DeleteOperation.objects.filter(pk=ops["recent"].pk).update(requested_at=now - timedelta(days=364))
+
+    assert expire_facts(now=now).get("lifecycle.DeleteOperation.requested_by") == 2
+    named = dict(m.DeleteOperation.objects.values_list("public_id", "requested_by_id"))
+    assert named[ops["old"].public_id] is None and named[ops["refused_old"].public_id] is None
+    assert named[ops["recent"].public_id] == named[ops["pending_old"].public_id] == admin_user.pk
+    assert m.DeleteOperation.objects.get(pk=ops["old"].pk).state == "completed"  # the operation stays
+    assert recorded_expiries()["lifecycle.DeleteOperation.requested_by"] == 2
+    assert "lifecycle.DeleteOperation.requested_by" not in expire_facts(now=now)  # once
+    # A retry with the same key still gets the same answer.
+    assert request_deletion(old, key="who-old", acting_user=None).pk == ops["old"].pk

@@ -178,3 +178,29 @@ def test_only_the_same_receipt_later_on_is_taken(change, taken):
     expired_back = copy.deepcopy(stored)
     expired_back["kept"][0].update(action="expired", expired_at="2036-01-01T00:00:00+00:00")
     assert receipts.later_receipt(expired_back, stored) is False  # expired never comes back as kept
+
+
+@pytest.mark.django_db
+def test_the_hourly_job_forgets_who_asked_for_a_bound_delete_after_the_audit_period(settings, admin_user):
+    from remote import tasks
+    from tests.test_facts_and_recovery import recorded_expiries
+
+    settings.ENGINE_URL = "http://127.0.0.1:9"
+    now = timezone.now()
+
+    def bound(name: str, state: str, days: int) -> BoundDelete:
+        done = state != "pending"
+        return BoundDelete.objects.create(
+            key=f"k-{name}", binding_ref="b_x", engine_id=f"c_{name:0>20}", owner_kind="account", owner_id=1,
+            scope="bound", thread_id=f"t-{name}", state=state, requested_by=admin_user,
+            requested_at=now - timedelta(days=days), receipt={"stores": [], "kept": []} if done else None,
+            acknowledged_at=now if state == "completed" else None, completed_at=now if done else None)
+
+    old, recent, refused = bound("1", "completed", 366), bound("2", "completed", 300), bound("3", "refused", 400)
+    pending = bound("4", "pending", 400)
+    assert tasks.hourly()["requesters_forgotten"] == 2
+    named = dict(BoundDelete.objects.values_list("pk", "requested_by_id"))
+    assert (named[old.pk], named[refused.pk]) == (None, None)
+    assert named[recent.pk] == named[pending.pk] == admin_user.pk
+    assert recorded_expiries() == {"remote.BoundDelete.requested_by": 2}
+    assert tasks.hourly()["requesters_forgotten"] == 0

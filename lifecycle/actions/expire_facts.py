@@ -20,6 +20,8 @@ BATCH = 200  # deletes (conversations) per transaction
 CONSOLE_BATCH = 1000  # the console's own audit facts per transaction
 # The key under which the console's own audit facts are counted (return value, audit fact).
 CONSOLE_AUDIT = "console.audit"
+# The key under which the delete operations whose requester was forgotten are counted.
+REQUESTERS = "lifecycle.DeleteOperation.requested_by"
 # The raw-byte scan's fingerprints (keyed digests of the content, with their key) are kept
 # this long after a delete completes, for `verify_erasure --physical`; a clean check drops
 # them sooner. Short guessable content (a PIN) could be confirmed against them.
@@ -32,11 +34,15 @@ def expire_facts(*, now=None) -> dict[str, int]:
     fingerprints of deletes older than FINGERPRINT_DAYS. Facts of live conversations never
     expire. Idempotent (hourly job).
 
+    Who asked for each delete is forgotten the audit period after the request
+    (`forget_requesters`).
+
     A run with nothing due is cheap: it reads indexes only, no table rows. Per store, the
     completed deletes older than the period (`delete_op_completed_idx`), each with one probe
     of the facts' conversation index; the console's own audit facts older than the period
-    (`audit_console_recorded_idx`: none, once they have expired); the fingerprints, a table
-    that holds only the last week's deletes.
+    (`audit_console_recorded_idx`: none, once they have expired); the operations that still
+    name a requester (`delete_op_requester_idx`); the fingerprints, a table that holds only
+    the last week's deletes.
 
     Each batch deletes the facts of up to BATCH deletes, marks those stores "expired" on their
     receipts and records the audit fact, in one transaction: a run killed at any point and run
@@ -52,6 +58,9 @@ def expire_facts(*, now=None) -> dict[str, int]:
     count = _expire_console_audit(now - timedelta(days=policy.audit_days), now)
     if count:
         expired[CONSOLE_AUDIT] = count
+    count = forget_requesters(DeleteOperation, now - timedelta(days=policy.audit_days), now, key=REQUESTERS)
+    if count:
+        expired[REQUESTERS] = count
     ErasureFingerprint.objects.filter(
         operation__completed_at__lt=now - timedelta(days=FINGERPRINT_DAYS)
     ).delete()
@@ -105,6 +114,29 @@ def _expire_console_audit(cutoff: datetime, now: datetime) -> int:
                 audit.record("retained_facts.expired", new={CONSOLE_AUDIT: n}, at=now)
             faults.kill_point("expire_facts.console")  # crash tests: the batch not committed
         faults.kill_point("expire_facts.console.committed")
+        count += n
+    return count
+
+
+def due_requesters(model, cutoff: datetime) -> QuerySet:
+    """Ids of the operations of `model` (a delete, or a bound delete) asked before `cutoff`
+    that still name who asked and are no longer pending, oldest first."""
+    return (model.objects.filter(requested_by__isnull=False, requested_at__lt=cutoff).exclude(state="pending")
+            .order_by("requested_at", "pk").values_list("pk", flat=True))
+
+
+def forget_requesters(model, cutoff: datetime, now: datetime, *, key: str) -> int:
+    """Who asked for a delete is an audit fact: the operation (kept with its receipt, so a
+    retry gets the same answer) names them for the audit period after the request, then no
+    one (a pending one keeps its requester until it ends). Each batch clears them and records
+    how many in one transaction."""
+    due = due_requesters(model, cutoff)
+    count = 0
+    while batch := list(due[:CONSOLE_BATCH]):
+        with transaction.atomic():
+            n = model.objects.filter(pk__in=batch, requested_by__isnull=False).update(requested_by=None)
+            if n:
+                audit.record("retained_facts.expired", new={key: n}, at=now)
         count += n
     return count
 

@@ -38,5 +38,9 @@ class Migration(migrations.Migration):
             model_name='bounddelete',
             index=models.Index(condition=models.Q(('receipt_next_read_at__isnull', False)), fields=['receipt_next_read_at'], name='bound_delete_reread_idx'),
         ),
+        migrations.AddIndex(
+            model_name='bounddelete',
+            index=models.Index(condition=models.Q(('requested_by__isnull', False)), fields=['requested_at'], name='bound_delete_requester_idx'),
+        ),
         migrations.RunPython(schedule_reads, migrations.RunPython.noop),
     ]
