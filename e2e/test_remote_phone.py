@@ -7,6 +7,7 @@ live server, its own django-q2 cluster as a subprocess, and Chromium at a phone 
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.utils import timezone
 from playwright.sync_api import expect
 
 from e2e.conftest import ADMIN
@@ -138,6 +140,20 @@ def test_the_bound_confirmation_and_receipt_say_what_is_kept_by_name(live_server
     expect(page.locator("main")).not_to_contain_text("lifecycle.")
     check_layout(page, f"bound delete receipt {viewport}")
     screenshot(page, f"bound-delete-receipt-{viewport}")
+
+    # Read again later (remote.receipts): the engine has since expired the usage facts.
+    later = copy.deepcopy(op.receipt)
+    for entry in later["kept"]:
+        if isinstance(entry, dict) and entry.get("store") == "lifecycle.UsageFact":
+            entry.update(action="expired", expired_at="2027-03-01T04:00:00+00:00")
+    read_at = timezone.now()
+    BoundDelete.objects.filter(pk=op.pk).update(receipt=later, receipt_read_at=read_at)
+    page.reload()
+    expect(page.get_by_test_id("receipt-kept")).to_contain_text("2 records kept, expired on")
+    expect(page.get_by_test_id("receipt-kept")).to_contain_text("3 records kept")
+    expect(page.get_by_test_id("receipt-read")).to_contain_text("Receipt as the engine reported it on")
+    check_layout(page, f"bound delete receipt read again {viewport}")
+    screenshot(page, f"bound-delete-receipt-read-again-{viewport}")
 
 
 @pytest.mark.parametrize("viewport", ["desktop", "small-phone"], ids=["1280", "320"])

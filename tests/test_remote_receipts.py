@@ -101,9 +101,9 @@ def test_facts_the_engine_expired_show_as_expired_and_are_not_read_again(remote)
     client.force_login(admin)
     page = client.get(f"/engine/deletes/{op.public_id}/").content.decode()
     assert f"{audit_facts} records kept, expired on" in page and 'data-testid="receipt-read"' in page
-    assert "As the engine reported it on" in page
+    assert "Receipt as the engine reported it on" in page
     spanish = client.get(f"/engine/deletes/{op.public_id}/", HTTP_ACCEPT_LANGUAGE="es").content.decode()
-    assert "Tal como lo informó el motor el" in spanish
+    assert "Recibo tal como lo informó el motor el" in spanish
     _token, raw = ApiToken.issue(admin)
     body = Client(HTTP_AUTHORIZATION=f"Bearer {raw}", **HOST).get(f"/api/v1/bound-deletes/{op.public_id}").json()
     assert parse_datetime(body["receipt_read_at"]) == again
