@@ -8,7 +8,8 @@ again, this console would go on showing those facts as kept.
 So the hourly job `remote-hourly` reads again, through `GET /v1/operations/{id}`, the
 receipts whose `receipt_next_read_at` is due (at most BATCH a run, the longest due first): a
 day after the delete completed, then every READ_EVERY while the receipt still keeps a fact
-whose store expires (`still_expiring`); after that, never again (`receipt_next_read_at` None).
+whose store expires (`still_expiring`), for at most the longest period there is; after that,
+never again (`receipt_next_read_at` None).
 
 What is taken from the engine's answer: only a receipt of the same delete (the same
 conversation and operation, completed) that differs from the stored one in its kept facts
@@ -31,12 +32,16 @@ from django.utils import timezone
 from lifecycle.deletion.presentation import receipt_rows
 from lifecycle.engine.http import EngineCredentialsRefused, EngineUnreachable
 from lifecycle.errors import ActionRefused
+from lifecycle.models import RetainedFactsPolicy
 from remote.models import BoundDelete, BoundDeleteState
 
 log = logging.getLogger(__name__)
 
 BATCH = 100
 READ_EVERY = timedelta(days=1)
+# No period is longer (RetainedFactsPolicy.MAX_DAYS): a receipt still keeping facts that long
+# after its delete comes from an engine that does not mark them, and is not read again.
+LONGEST = timedelta(days=RetainedFactsPolicy.MAX_DAYS + 1)
 
 
 def still_expiring(receipt: Any) -> bool:
@@ -97,7 +102,7 @@ def read_again(now: datetime | None = None) -> dict[str, int]:
         op = BoundDelete.objects.filter(pk=pk, receipt_next_read_at__lte=now).first()
         if op is None:
             continue
-        if not still_expiring(op.receipt):  # nothing left to expire: never asked again
+        if not still_expiring(op.receipt) or op.completed_at < now - LONGEST:  # never asked again
             _done(op, receipt_next_read_at=None)
             counts["settled"] += 1
             continue

@@ -155,6 +155,15 @@ def test_a_receipt_that_keeps_nothing_that_expires_is_set_aside_without_asking_t
     assert receipts.read_again(now + timedelta(seconds=1))["settled"] == 1
     op.refresh_from_db()
     assert (op.receipt, op.receipt_read_at, op.receipt_next_read_at) == (receipt, None, None)
+    # Still keeping facts longer after its delete than any period lasts: an engine that does
+    # not mark them; not asked again either.
+    receipt["kept"][1]["records"] = 5
+    assert receipts.first_read_at(receipt, now) == now + receipts.READ_EVERY
+    long_ago = now - timedelta(days=3652)
+    BoundDelete.objects.filter(pk=op.pk).update(receipt=receipt, completed_at=long_ago, receipt_next_read_at=now)
+    assert receipts.read_again(now + timedelta(seconds=1))["settled"] == 1
+    op.refresh_from_db()
+    assert (op.receipt_read_at, op.receipt_next_read_at) == (None, None)
 
 
 @pytest.mark.parametrize(("change", "taken"), [
