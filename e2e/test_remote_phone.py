@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import copy
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -24,7 +21,7 @@ from e2e.conftest import ADMIN
 from e2e.helpers import check_layout, log_in, screenshot
 from remote.models import BoundDelete, EngineBinding
 from remote.sync import refresh
-from tests.remote_engine import ROOT, EngineProcess
+from tests.remote_engine import ROOT, running_engine
 from tests.test_erasure_crash import stop_group
 from tests.test_jobs import database_url
 from tests.test_remote_delete_screens import RECEIPT, bound, completed
@@ -34,16 +31,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def engine():
-    folder = Path(tempfile.mkdtemp(prefix="lethe-remote-e2e-"))
-    process = EngineProcess(folder)
-    try:
-        process.prepare({"phone": {"thread_id": "t-phone", "title": "Phone delete"},
-                         "twin": {"thread_id": "t-phone", "owner": "computer", "title": "Same id, other owner"}})
-        process.start()
+    with running_engine({"phone": {"thread_id": "t-phone", "title": "Phone delete"},
+                         "twin": {"thread_id": "t-phone", "owner": "computer", "title": "Same id, other owner"}},
+                        "lethe-remote-e2e-") as process:
         yield process
-    finally:
-        process.stop()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_a_bound_delete_on_a_phone_is_pending_while_the_engine_is_down_then_completed(

@@ -13,13 +13,16 @@ import contextlib
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -192,6 +195,33 @@ class EngineProcess:
         ops = self.query("SELECT public_id, state, attempts FROM lifecycle_deleteoperation WHERE conversation_id = ?"
                          " AND state IN ('pending', 'completed')", (row[0],))
         return {"state": row[1], "title": row[2], "items": items, "operations": ops}
+
+
+@contextlib.contextmanager
+def running_engine(threads: dict[str, dict], prefix: str) -> Iterator[EngineProcess]:
+    """An engine process prepared with `threads` and started, in a folder of its own (not
+    pytest's: parallel suites prune pytest's old temporary folders); stopped and removed after."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    process = EngineProcess(folder)
+    try:
+        process.prepare(threads)
+        process.start()
+        yield process
+    finally:
+        process.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def use_engine(settings, engine: EngineProcess) -> EngineProcess:
+    """This console, configured for the engine process; the engine running (a test may have
+    stopped it)."""
+    if engine.process is None:
+        engine.start()
+    settings.ENGINE_URL = engine.url
+    settings.ENGINE_TOKEN = engine.token
+    settings.ENGINE_READ_TIMEOUT = 15
+    settings.LIFECYCLE_OFFLINE_DELETE = "pending"
+    return engine
 
 
 class ResponseDropper:

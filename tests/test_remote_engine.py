@@ -37,7 +37,14 @@ from remote import delivery
 from remote.models import BoundDelete, BoundDeleteKey, EngineBinding
 from remote.sync import refresh
 from tests import factories
-from tests.remote_engine import ROOT, EngineProcess, ResponseDropper, free_port
+from tests.remote_engine import (
+    ROOT,
+    EngineProcess,
+    ResponseDropper,
+    free_port,
+    running_engine,
+    use_engine,
+)
 from tests.test_erasure_crash import stop_group
 from tests.test_jobs import database_url
 
@@ -64,16 +71,8 @@ THREADS = {
 
 @pytest.fixture(scope="module")
 def engine():
-    # A folder of its own, not pytest's: parallel suites prune pytest's old temporary folders.
-    folder = Path(tempfile.mkdtemp(prefix="lethe-remote-engine-"))
-    process = EngineProcess(folder)
-    try:
-        process.prepare(THREADS)
-        process.start()
+    with running_engine(THREADS, "lethe-remote-engine-") as process:
         yield process
-    finally:
-        process.stop()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture
@@ -86,15 +85,9 @@ def own_dir():
 @pytest.fixture
 def remote(settings, engine):
     """This console, configured for the engine process; the engine running."""
-    if engine.process is None:
-        engine.start()
-    settings.ENGINE_URL = engine.url
-    settings.ENGINE_TOKEN = engine.token
-    settings.ENGINE_READ_TIMEOUT = 15
     settings.REMOTE_RETRY_SECONDS = 0.5
     settings.REMOTE_RETRY_MAX_SECONDS = 2
-    settings.LIFECYCLE_OFFLINE_DELETE = "pending"
-    return engine
+    return use_engine(settings, engine)
 
 
 def thread(engine: EngineProcess, name: str) -> str:

@@ -4,10 +4,7 @@ expire (remote.receipts), against a real engine process over HTTP."""
 from __future__ import annotations
 
 import copy
-import shutil
-import tempfile
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from django.test import Client
@@ -19,7 +16,7 @@ from remote import delivery, receipts
 from remote.models import BoundDelete, EngineBinding
 from remote.sync import refresh
 from tests import factories
-from tests.remote_engine import EngineProcess
+from tests.remote_engine import EngineProcess, running_engine, use_engine
 
 HOST = {"HTTP_HOST": "127.0.0.1"}
 THREADS = {
@@ -36,26 +33,13 @@ EXPIRE_ON_ENGINE = (
 
 @pytest.fixture(scope="module")
 def engine():
-    folder = Path(tempfile.mkdtemp(prefix="lethe-remote-receipts-"))
-    process = EngineProcess(folder)
-    try:
-        process.prepare(THREADS)
-        process.start()
+    with running_engine(THREADS, "lethe-remote-receipts-") as process:
         yield process
-    finally:
-        process.stop()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture
 def remote(settings, engine):
-    if engine.process is None:
-        engine.start()
-    settings.ENGINE_URL = engine.url
-    settings.ENGINE_TOKEN = engine.token
-    settings.ENGINE_READ_TIMEOUT = 15
-    settings.LIFECYCLE_OFFLINE_DELETE = "pending"
-    return engine
+    return use_engine(settings, engine)
 
 
 def completed(engine: EngineProcess, name: str) -> BoundDelete:
