@@ -140,7 +140,7 @@ def test_the_bound_confirmation_and_receipt_say_what_is_kept_by_name(live_server
     read_at = timezone.now()
     BoundDelete.objects.filter(pk=op.pk).update(receipt=later, receipt_read_at=read_at)
     page.reload()
-    expect(page.get_by_test_id("receipt-kept")).to_contain_text("2 records kept, expired on")
+    expect(page.get_by_test_id("receipt-kept")).to_contain_text("2 records, removed on")
     expect(page.get_by_test_id("receipt-kept")).to_contain_text("3 records kept")
     expect(page.get_by_test_id("receipt-read")).to_contain_text("Receipt as the engine reported it on")
     check_layout(page, f"bound delete receipt read again {viewport}")

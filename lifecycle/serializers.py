@@ -121,6 +121,8 @@ class ReceiptStoreOut(Schema):
     records: int | None = None
     bytes: int | None = None
     expired_at: str | None = Field(default=None, description="Kept facts: when their retention period ran out and they were removed.")
+    days: int | None = Field(default=None, description="Kept facts that expire: their retention period, in days from "
+                                                       "the delete's completion, as it stood then.")
     remaining: int | None = Field(default=None, description="Shared copies whose publisher cannot revoke them.")
 
 

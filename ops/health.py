@@ -141,9 +141,10 @@ def check_engine_folder(*, database_ok: bool = True) -> dict[str, Any]:
 # A database that has recorded no folder decides whether it would take this one by scanning
 # the folder's conversation areas against the database (lifecycle.engine_folder.not_adoptable).
 # /readyz is open to anyone and polled often, so that answer is kept for FOLDER_SCAN_SECONDS
-# while the folder and its areas stay as they were (same inode and modification time: a
-# conversation folder created or removed changes its area's); a recorded folder is checked
-# afresh every time (a query and the mark's read).
+# while the folder's areas and mark stay as they were (same inode and modification time: a
+# conversation folder created or removed changes its area's; not the folder itself, whose
+# time the write probe above changes wherever a temporary file is created and then unlinked);
+# a recorded folder is checked afresh every time (a query and the mark's read).
 FOLDER_SCAN_SECONDS = 30.0
 _scanned: dict[str, tuple[tuple, float, str | None]] = {}
 
@@ -157,7 +158,7 @@ def _folder_problem() -> str | None:
     home = EngineHome()
     if engine_folder.recorded() is not None:
         return engine_folder.problem(home)
-    state = tuple(_stat_key(home.root / area) for area in ("", engine_folder.MARK_NAME, *CONVERSATION_AREAS))
+    state = tuple(_stat_key(home.root / area) for area in (engine_folder.MARK_NAME, *CONVERSATION_AREAS))
     key, now = str(home.root), time.monotonic()
     kept = _scanned.get(key)
     if kept is not None and kept[0] == state and now - kept[1] < FOLDER_SCAN_SECONDS:

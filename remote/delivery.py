@@ -286,7 +286,7 @@ def acknowledge(op: BoundDelete) -> None:
         BoundDelete.objects.filter(pk=op.pk).update(
             state=BoundDeleteState.COMPLETED, waiting_on=WaitingOn.NONE, binding=None, acknowledged_at=now,
             completed_at=now, next_attempt_at=None, lease_holder="", lease_expires_at=None, last_error="",
-            receipt_next_read_at=receipts.first_read_at(held.receipt, now),
+            receipt_next_read_at=receipts.first_read_at(held.receipt, held.receipt_at or now, now),
         )
         audit.record("conversation.deleted", old={"state": "pending_delete"},
                      new={"state": "deleted", **_audit_ids(held)})

@@ -5,20 +5,28 @@ The engine keeps some content-free facts (audit, usage, billing) for a period af
 then removes them and marks them `expired` (with the date) on its own receipt. Without reading
 again, this console would go on showing those facts as kept.
 
-So the hourly job `remote-hourly` reads again, through `GET /v1/operations/{id}`, the
-receipts whose `receipt_next_read_at` is due (at most BATCH a run, the longest due first): a
-day after the delete completed, then every READ_EVERY while the receipt still keeps a fact
-whose store expires (`still_expiring`), for at most the longest period there is; after that,
-never again (`receipt_next_read_at` None).
+So the hourly job `remote-hourly` reads again, through `GET /v1/operations/{id}`, the receipts
+whose `receipt_next_read_at` is due (at most BATCH reads a run, the longest due first), and
+only while the receipt keeps facts of a store whose period runs out (`expiring`), for at most
+the longest period there is. When it is read next (`next_read`): where the engine gave each
+such store's period (`days`, as it stood at completion), just after the first of those
+periods runs out (SLACK: the engine's own expiry runs hourly); otherwise, or once that time
+has passed and the engine still keeps them (a period made longer since), after a wait that
+doubles from FIRST_WAIT up to LONGEST_WAIT. A receipt is then read a few times in all, not
+daily: the page says when it was last read ("Receipt as the engine reported it on ...").
 
-What is taken from the engine's answer: only a receipt of the same delete (the same
-conversation and operation, completed) that differs from the stored one in its kept facts
-alone, each either unchanged or changed from kept to expired (`later_receipt`). Anything else
-(the erased figures changed, a kept fact back, another shape) is not stored: it is logged and
-read again a READ_EVERY later. An engine that cannot be reached ends the run (the rest wait
-for the next hour); one that no longer knows the operation (restored from an older backup) is
-asked again a READ_EVERY later. Reading twice changes nothing: the job is safe to run anywhere
-at any time, and a run killed between two deletes leaves each either read or still due.
+What is taken from the engine's answer (`later_receipt`): a receipt of the same delete (the
+same conversation and operation, completed) whose erased figures and engine are the stored
+ones and whose kept facts are each unchanged or changed from kept to expired (with a date);
+its other parts (physical erasure, holders, verification) as the engine reports them now.
+Anything else is not stored: it is logged, and that receipt waits as after a failed read.
+
+Failures: an engine that cannot be reached, refuses the token or is not configured any more
+leaves its receipts due and is not asked again in this run (the run goes on with the other
+engines' receipts); an answer that cannot be used for one receipt (not found, not this
+receipt, malformed) moves that receipt's next read back by the doubling wait, so it never
+holds up the others. Reading twice changes nothing, and each receipt is written in one
+statement: a run killed anywhere leaves each receipt either read or still due.
 """
 
 from __future__ import annotations
@@ -29,8 +37,8 @@ from typing import Any
 
 from django.utils import timezone
 
-from lifecycle.deletion.presentation import receipt_rows
-from lifecycle.engine.http import EngineCredentialsRefused, EngineUnreachable
+from lifecycle.deletion.presentation import figure, receipt_rows
+from lifecycle.engine.http import EngineBadAnswer, EngineCredentialsRefused, EngineUnreachable
 from lifecycle.errors import ActionRefused
 from lifecycle.models import RetainedFactsPolicy
 from remote.models import BoundDelete, BoundDeleteState
@@ -38,40 +46,53 @@ from remote.models import BoundDelete, BoundDeleteState
 log = logging.getLogger(__name__)
 
 BATCH = 100
-READ_EVERY = timedelta(days=1)
+SLACK = timedelta(hours=2)
+FIRST_WAIT = timedelta(days=1)
+LONGEST_WAIT = timedelta(days=30)
 # No period is longer (RetainedFactsPolicy.MAX_DAYS): a receipt still keeping facts that long
 # after its delete comes from an engine that does not mark them, and is not read again.
 LONGEST = timedelta(days=RetainedFactsPolicy.MAX_DAYS + 1)
+OUTCOMES = ("updated", "unchanged", "settled", "not_taken", "unreachable")
 
 
-def still_expiring(receipt: Any) -> bool:
-    """Whether the receipt keeps facts of a store whose period runs out (audit, usage, billing):
-    a kept entry of such a store with records (or a count not given). An entry of none has
-    nothing that can expire: the engine never marks it."""
+def expiring(receipt: Any) -> list[dict[str, Any]]:
+    """The receipt's kept facts of stores whose period runs out (audit, usage, billing), with
+    records (or a count not given): an entry of none has nothing the engine would mark."""
     kept = receipt.get("kept") if isinstance(receipt, dict) else None
-    return any(row["action"] == "kept" and row["expires"] and row["records"] != 0 for row in receipt_rows(kept))
+    return [row for row in receipt_rows(kept) if row["action"] == "kept" and row["expires"] and row["records"] != 0]
 
 
-def first_read_at(receipt: Any, completed_at: datetime) -> datetime | None:
-    """When a receipt stored at completion is first read again (None: it keeps nothing that expires)."""
-    return completed_at + READ_EVERY if still_expiring(receipt) else None
+def _wait(since: timedelta) -> timedelta:
+    return min(max(since, FIRST_WAIT), LONGEST_WAIT)
 
 
-def _entries(receipt: dict, name: str) -> list:
-    value = receipt.get(name, [])
-    return value if isinstance(value, list) else []
+def next_read(receipt: Any, completed_at: datetime, now: datetime, *, last: datetime) -> datetime | None:
+    """When the receipt is to be read next (None: never). `completed_at`: when the engine
+    completed the delete; `last`: the last time it was read (or stored)."""
+    rows = expiring(receipt)
+    if not rows or completed_at < now - LONGEST:
+        return None
+    times = []
+    for row in rows:
+        days = figure(row.get("days"))
+        expected = completed_at + timedelta(days=days) + SLACK if days else None
+        if expected is not None and expected > now:
+            times.append(expected)
+        else:  # no period given, or past it and still kept: wait longer each time
+            times.append(now + _wait(now - (expected or last)))
+    return min(times)
 
 
 def later_receipt(stored: Any, answered: Any) -> bool:
-    """Whether `answered` is the stored receipt later on: the same in all but its kept facts, and
-    each kept fact the same or changed from kept to expired (with a date), nothing added or gone."""
+    """Whether `answered` is the stored receipt later on: the same engine and erased figures,
+    and each kept fact the same or changed from kept to expired (with a date), none added or
+    gone. Its other parts may have moved on (verification, physical erasure, holders)."""
     if not isinstance(stored, dict) or not isinstance(answered, dict):
         return False
-    others = set(stored) | set(answered)
-    if any(stored.get(name) != answered.get(name) for name in others - {"kept"}):
+    if any(stored.get(name) != answered.get(name) for name in ("engine", "stores")):
         return False
-    before, after = _entries(stored, "kept"), _entries(answered, "kept")
-    if len(before) != len(after):
+    before, after = stored.get("kept", []), answered.get("kept", [])
+    if not isinstance(before, list) or not isinstance(after, list) or len(before) != len(after):
         return False
     for old, new in zip(before, after, strict=True):
         if old == new:
@@ -85,58 +106,78 @@ def later_receipt(stored: Any, answered: Any) -> bool:
     return True
 
 
-def due(now: datetime | None = None) -> list[int]:
-    now = now or timezone.now()
+def first_read_at(receipt: Any, completed_at: datetime, now: datetime) -> datetime | None:
+    """When a receipt stored now, of a delete the engine completed at `completed_at`, is first read again."""
+    return next_read(receipt, completed_at, now, last=now)
+
+
+def due(now: datetime, *, skip: set[str], limit: int) -> list[int]:
     return list(BoundDelete.objects.filter(receipt_next_read_at__lte=now, state=BoundDeleteState.COMPLETED)
-                .order_by("receipt_next_read_at", "pk").values_list("pk", flat=True)[:BATCH])
+                .exclude(engine_url__in=skip).order_by("receipt_next_read_at", "pk")
+                .values_list("pk", flat=True)[:limit])
 
 
 def read_again(now: datetime | None = None) -> dict[str, int]:
-    """One run: read the due receipts again. Returns counts by outcome."""
-    from remote.delivery import EngineNotConfigured, engine_for
-
+    """One run: read the due receipts again, at most BATCH of them. Returns counts by outcome."""
     now = now or timezone.now()
-    counts = {"updated": 0, "unchanged": 0, "settled": 0, "not_taken": 0, "unreachable": 0}
+    counts = dict.fromkeys(OUTCOMES, 0)
+    down: set[str] = set()  # engines that could not be asked in this run
     engines: dict[str, Any] = {}
-    for pk in due(now):
-        op = BoundDelete.objects.filter(pk=pk, receipt_next_read_at__lte=now).first()
-        if op is None:
-            continue
-        if not still_expiring(op.receipt) or op.completed_at < now - LONGEST:  # never asked again
-            _done(op, receipt_next_read_at=None)
-            counts["settled"] += 1
-            continue
-        if op.engine_url in engines and engines[op.engine_url] is None:
-            continue  # that engine could not be reached in this run
-        try:
-            if op.engine_url not in engines:
-                engines[op.engine_url] = engine_for(op.engine_url)
-            view = engines[op.engine_url].operation(op.engine_operation)
-        except (EngineNotConfigured, EngineUnreachable, EngineCredentialsRefused) as exc:
-            log.info("receipt of %s not read again: %s", op.public_id, getattr(exc, "code", type(exc).__name__))
-            engines[op.engine_url] = None
-            counts["unreachable"] += 1
-            continue
-        except ActionRefused as exc:  # the engine no longer knows the operation, or refuses the read
-            log.warning("receipt of %s not read again: the engine answered %s", op.public_id, exc.code)
-            _done(op, receipt_next_read_at=now + READ_EVERY)
-            counts["not_taken"] += 1
-            continue
-        receipt = view.data.get("receipt")
-        if (view.id != op.engine_operation or view.target != op.engine_id
-                or view.state != BoundDeleteState.COMPLETED or not later_receipt(op.receipt, receipt)):
-            log.warning("receipt of %s: the engine's answer was not taken (not this delete's receipt, later on)",
-                        op.public_id)
-            _done(op, receipt_next_read_at=now + READ_EVERY)
-            counts["not_taken"] += 1
-            continue
-        changed = receipt != op.receipt
-        _done(op, receipt=receipt, receipt_read_at=now,
-              receipt_next_read_at=now + READ_EVERY if still_expiring(receipt) else None)
-        counts["updated" if changed else "unchanged"] += 1
+    handled = 0
+    while handled < BATCH and (ids := due(now, skip=down, limit=BATCH - handled)):
+        for pk in ids:
+            op = BoundDelete.objects.filter(pk=pk, receipt_next_read_at__lte=now).first()
+            if op is None or op.engine_url in down:
+                continue
+            handled += 1
+            outcome = _read_one(op, now, engines)
+            if outcome == "unreachable":
+                down.add(op.engine_url)
+            counts[outcome] += 1
     return counts
 
 
-def _done(op: BoundDelete, **fields) -> None:
+def _completed_on_engine(op: BoundDelete) -> datetime:
+    return op.receipt_at or op.completed_at
+
+
+def _read_one(op: BoundDelete, now: datetime, engines: dict[str, Any]) -> str:
+    from remote.delivery import EngineNotConfigured, engine_for
+
+    completed_at = _completed_on_engine(op)
+    if next_read(op.receipt, completed_at, now, last=now) is None:  # nothing left to expire
+        _store(op, receipt_next_read_at=None)
+        return "settled"
+    later = now + _wait(now - (op.receipt_read_at or completed_at))
+    try:
+        if op.engine_url not in engines:
+            engines[op.engine_url] = engine_for(op.engine_url)
+        view = engines[op.engine_url].operation(op.engine_operation)
+    except EngineBadAnswer as exc:  # about this receipt: it waits, the others go on
+        log.warning("receipt of %s not read again: the engine's answer could not be used (%s)", op.public_id,
+                    exc.code)
+        _store(op, receipt_next_read_at=later)
+        return "not_taken"
+    except (EngineNotConfigured, EngineUnreachable, EngineCredentialsRefused) as exc:
+        log.info("receipt of %s not read again: %s", op.public_id, exc.code)
+        return "unreachable"
+    except ActionRefused as exc:  # the engine no longer knows the operation, or refuses the read
+        log.warning("receipt of %s not read again: the engine answered %s", op.public_id, exc.code)
+        _store(op, receipt_next_read_at=later)
+        return "not_taken"
+    receipt = view.data.get("receipt")
+    if (view.id != op.engine_operation or view.target != op.engine_id
+            or view.state != BoundDeleteState.COMPLETED or not later_receipt(op.receipt, receipt)):
+        log.warning("receipt of %s: the engine's answer was not taken (not this delete's receipt, or one whose "
+                    "erased figures or kept facts changed in a way a receipt does not)", op.public_id)
+        _store(op, receipt_next_read_at=later)
+        return "not_taken"
+    changed = receipt != op.receipt
+    _store(op, receipt=receipt, receipt_read_at=now,
+           receipt_next_read_at=next_read(receipt, completed_at, now, last=now))
+    return "updated" if changed else "unchanged"
+
+
+def _store(op: BoundDelete, **fields) -> None:
     """Store what this read found, unless another run read it first (its due time moved)."""
     BoundDelete.objects.filter(pk=op.pk, receipt_next_read_at=op.receipt_next_read_at).update(**fields)

@@ -240,5 +240,7 @@ def test_a_remote_consoles_facts_card_names_the_deletes_it_asked_for(admin_clien
     settings.ENGINE_URL = "http://127.0.0.1:9"
     english = admin_client.get(PAGE, **HOST).content.decode()
     assert "(failed sign-ins and lockouts, API tokens, settings changes, the deletes it asked the engine for)" in english
+    assert "The conversations and their facts are on the engine" in english
+    assert "Each period counts from when a conversation's delete completed" not in english  # not here
     spanish = admin_client.get(PAGE, HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode()
     assert "las eliminaciones que pidió al motor)" in spanish

@@ -243,13 +243,19 @@ def test_a_database_from_before_the_mark_without_undeleted_conversations_takes_t
     assert engine_folder.recorded() == folder_id == engine_folder.folder_mark(EngineHome(other))
 
 
-def test_readiness_scans_a_folder_it_has_not_taken_once_while_the_folder_stays_as_it_was(engine_home):
+@pytest.mark.parametrize("unnamed_temporary_files", [True, False], ids=["O_TMPFILE", "create-and-unlink"])
+def test_readiness_scans_a_folder_it_has_not_taken_once_while_the_folder_stays_as_it_was(
+        engine_home, monkeypatch, unnamed_temporary_files):
     """/readyz is open to anyone: for a database that has recorded no folder, the scan of the
     folder's conversation areas against the database is not repeated on every probe, only
     once the folder changed (or FOLDER_SCAN_SECONDS passed)."""
+    import tempfile
+
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
+    if not unnamed_temporary_files:  # as on filesystems without O_TMPFILE: the probe changes the folder's time
+        monkeypatch.setattr(tempfile, "_O_TMPFILE_WORKS", False)
     known = factories.make_conversation(title="Its files are elsewhere")
     forget_the_mark(engine_home)
     for area in ("threads", "sessions", "artifacts"):

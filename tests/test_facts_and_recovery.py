@@ -181,7 +181,7 @@ def test_the_receipt_and_page_say_when_kept_facts_expired(admin_client):
     young_kept = {e["store"]: e for e in m.DeleteOperation.objects.get(conversation=young).receipt["kept"]}
     assert young_kept["lifecycle.UsageFact"]["action"] == "kept"
     page = admin_client.get(f"/operations/{op.public_id}/", HTTP_HOST="127.0.0.1").content.decode()
-    assert "1 record kept, expired on" in page
+    assert "1 record, removed on" in page
     answer = admin_client.get(f"/v1/operations/{op.public_id}", HTTP_HOST="127.0.0.1").json()
     assert {e["store"]: e["action"] for e in answer["receipt"]["kept"]}["lifecycle.UsageFact"] == "expired"
 

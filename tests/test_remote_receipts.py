@@ -23,6 +23,7 @@ THREADS = {
     "expires": {"thread_id": "t-expires"},
     "stopped": {"thread_id": "t-stopped"},
     "forged": {"thread_id": "t-forged"},
+    "poisoned": {"thread_id": "t-poisoned"},
 }
 EXPIRE_ON_ENGINE = (
     "from datetime import timedelta; from django.utils import timezone; "
@@ -60,34 +61,38 @@ def test_facts_the_engine_expired_show_as_expired_and_are_not_read_again(remote)
     op = completed(remote, "expires")
     audit_facts = kept(op)["lifecycle.AuditFact"][1]
     assert kept(op)["lifecycle.AuditFact"] == ("kept", audit_facts, False) and audit_facts >= 1  # the engine's
-    # First read a day after completion; nothing is read before.
-    assert op.receipt_next_read_at == op.completed_at + receipts.READ_EVERY and op.receipt_read_at is None
-    assert receipts.read_again() == {"updated": 0, "unchanged": 0, "settled": 0, "not_taken": 0, "unreachable": 0}
+    audit_days = {e["store"]: e.get("days") for e in op.receipt["kept"]}["lifecycle.AuditFact"]
+    assert audit_days == 365  # the engine's period, given on its receipt
+    # First read just after the first period given runs out (the engine expires hourly), not before.
+    expected = op.receipt_at + timedelta(days=audit_days) + receipts.SLACK
+    assert op.receipt_next_read_at == expected and op.receipt_read_at is None
+    assert receipts.read_again() == dict.fromkeys(receipts.OUTCOMES, 0)
 
-    later = timezone.now() + timedelta(days=2)
-    assert receipts.read_again(later)["unchanged"] == 1
+    # Meanwhile the engine re-checked the erasure: its receipt says so; the kept facts are as they were.
+    remote.manage("verify_erasure", op.engine_operation)
+    assert receipts.read_again(expected)["updated"] == 1
     op.refresh_from_db()
-    assert kept(op)["lifecycle.AuditFact"] == ("kept", audit_facts, False)
-    assert (op.receipt_read_at, op.receipt_next_read_at) == (later, later + receipts.READ_EVERY)
+    assert op.receipt["verification"] != {} and kept(op)["lifecycle.AuditFact"] == ("kept", audit_facts, False)
+    assert (op.receipt_read_at, op.receipt_next_read_at) == (expected, expected + receipts.FIRST_WAIT)
 
     remote.manage("shell", "-c", EXPIRE_ON_ENGINE)  # the engine's hourly job, its periods run out
     stored_before = copy.deepcopy(op.receipt)
-    again = later + timedelta(days=2)
+    again = expected + receipts.FIRST_WAIT
     assert receipts.read_again(again)["updated"] == 1
     op.refresh_from_db()
     assert kept(op)["lifecycle.AuditFact"] == ("expired", audit_facts, True)
     assert op.receipt["stores"] == stored_before["stores"]  # the erased figures as they were
     assert (op.receipt_read_at, op.receipt_next_read_at) == (again, None)  # nothing left to expire
-    assert receipts.read_again(again + timedelta(days=30))["updated"] == 0  # never asked again
+    assert receipts.read_again(again + timedelta(days=3000))["updated"] == 0  # never asked again
 
     admin = factories.make_user(admin=True)
     client = Client(**HOST)
     client.force_login(admin)
     page = client.get(f"/engine/deletes/{op.public_id}/").content.decode()
-    assert f"{audit_facts} records kept, expired on" in page and 'data-testid="receipt-read"' in page
+    assert f"{audit_facts} records, removed on" in page and 'data-testid="receipt-read"' in page
     assert "Receipt as the engine reported it on" in page
     spanish = client.get(f"/engine/deletes/{op.public_id}/", HTTP_ACCEPT_LANGUAGE="es").content.decode()
-    assert "Recibo tal como lo informó el motor el" in spanish
+    assert "Comprobante tal como lo informó el motor el" in spanish
     _token, raw = ApiToken.issue(admin)
     body = Client(HTTP_AUTHORIZATION=f"Bearer {raw}", **HOST).get(f"/api/v1/bound-deletes/{op.public_id}").json()
     assert parse_datetime(body["receipt_read_at"]) == again
@@ -101,13 +106,40 @@ def test_an_engine_that_cannot_be_reached_leaves_every_receipt_due_and_unchanged
     due_at = op.receipt_next_read_at
     remote.stop()
     try:
-        counts = receipts.read_again(timezone.now() + timedelta(days=2))
+        counts = receipts.read_again(due_at)
         assert counts["unreachable"] == 1 and counts["updated"] == counts["not_taken"] == 0
         op.refresh_from_db()
         assert (op.receipt, op.receipt_read_at, op.receipt_next_read_at) == (stored, None, due_at)
     finally:
         remote.start()
-    assert receipts.read_again(timezone.now() + timedelta(days=2))["unchanged"] >= 1
+    assert receipts.read_again(due_at)["unchanged"] == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_receipt_that_cannot_be_read_or_an_engine_gone_never_holds_up_the_others(remote):
+    """A receipt whose operation the engine no longer knows waits longer; the receipts of an
+    engine this console has no address for any more are left due; neither keeps this
+    engine's other receipts from being read in the same run."""
+    good = completed(remote, "poisoned")
+    at = good.receipt_next_read_at
+    same = {"owner_kind": "account", "owner_id": 1, "scope": "bound", "state": "completed", "receipt": good.receipt,
+            "receipt_at": good.receipt_at, "acknowledged_at": at, "completed_at": good.completed_at}
+    unknown = BoundDelete.objects.create(
+        key="k-unknown", binding_ref="b_u", engine_id=good.engine_id, thread_id="t-u",
+        engine_operation="op_" + "0" * 20, receipt_next_read_at=at - timedelta(hours=1), **same)
+    BoundDelete.objects.bulk_create([
+        BoundDelete(key=f"k-gone-{n}", binding_ref="b_g", engine_url="http://removed.example", engine_id="c_" + "9" * 20,
+                    thread_id="t-g", engine_operation="op_" + "1" * 20, receipt_next_read_at=at - timedelta(hours=2),
+                    **same)
+        for n in range(receipts.BATCH + 1)])
+    counts = receipts.read_again(at)
+    assert (counts["unreachable"], counts["not_taken"], counts["unchanged"]) == (1, 1, 1)
+    good.refresh_from_db()
+    unknown.refresh_from_db()
+    assert good.receipt_read_at == at
+    assert unknown.receipt_read_at is None and unknown.receipt_next_read_at > at  # waits, the others went on
+    assert set(BoundDelete.objects.filter(engine_url="http://removed.example").values_list(
+        "receipt_next_read_at", "receipt_read_at")) == {(at - timedelta(hours=2), None)}  # left due
 
 
 @pytest.mark.django_db(transaction=True)
@@ -118,10 +150,11 @@ def test_an_answer_that_is_not_this_receipt_later_on_is_not_taken(remote):
     forged = copy.deepcopy(op.receipt)
     forged["stores"][0]["records"] += 1
     BoundDelete.objects.filter(pk=op.pk).update(receipt=forged)
-    when = timezone.now() + timedelta(days=2)
+    when = op.receipt_next_read_at
     assert receipts.read_again(when)["not_taken"] == 1
     op.refresh_from_db()
-    assert (op.receipt, op.receipt_read_at, op.receipt_next_read_at) == (forged, None, when + receipts.READ_EVERY)
+    assert (op.receipt, op.receipt_read_at) == (forged, None)
+    assert op.receipt_next_read_at == when + receipts.LONGEST_WAIT  # a year since it was stored: the longest wait
 
 
 @pytest.mark.django_db
@@ -132,7 +165,7 @@ def test_a_receipt_that_keeps_nothing_that_expires_is_set_aside_without_asking_t
                                        "expired_at": now.isoformat()},
                                       {"store": "lifecycle.UsageFact", "action": "kept", "records": 0},
                                       {"store": "lifecycle.WorkspaceFile", "action": "kept", "records": 4}]}
-    assert receipts.first_read_at(receipt, now) is None
+    assert receipts.first_read_at(receipt, now, now) is None
     op = BoundDelete.objects.create(key="k-settled", binding_ref="b_x", engine_id="c_" + "a" * 20, owner_kind="account",
                                     owner_id=1, scope="bound", thread_id="t-x", state="completed", receipt=receipt,
                                     acknowledged_at=now, completed_at=now, receipt_next_read_at=now)
@@ -142,12 +175,39 @@ def test_a_receipt_that_keeps_nothing_that_expires_is_set_aside_without_asking_t
     # Still keeping facts longer after its delete than any period lasts: an engine that does
     # not mark them; not asked again either.
     receipt["kept"][1]["records"] = 5
-    assert receipts.first_read_at(receipt, now) == now + receipts.READ_EVERY
+    assert receipts.first_read_at(receipt, now, now) == now + receipts.FIRST_WAIT
     long_ago = now - timedelta(days=3652)
     BoundDelete.objects.filter(pk=op.pk).update(receipt=receipt, completed_at=long_ago, receipt_next_read_at=now)
     assert receipts.read_again(now + timedelta(seconds=1))["settled"] == 1
     op.refresh_from_db()
     assert (op.receipt_read_at, op.receipt_next_read_at) == (None, None)
+
+
+def test_when_a_receipt_is_read_next():
+    now = timezone.now()
+    done = now - timedelta(days=10)
+
+    def receipt(*entries):
+        return {"stores": [], "kept": [{"store": store, "action": "kept", "records": 1, **extra}
+                                       for store, extra in entries]}
+
+    # Each period given: just after the first one runs out.
+    given = receipt(("lifecycle.AuditFact", {"days": 365}), ("lifecycle.BillingFact", {"days": 2555}))
+    assert receipts.next_read(given, done, now, last=now) == done + timedelta(days=365) + receipts.SLACK
+    # Past it and still kept (a period made longer): a wait that doubles, from a day to a month.
+    later = done + timedelta(days=365) + receipts.SLACK
+    assert receipts.next_read(given, done, later, last=later) == later + receipts.FIRST_WAIT
+    assert receipts.next_read(given, done, later + timedelta(days=5), last=later) == later + timedelta(days=10)
+    assert receipts.next_read(given, done, later + timedelta(days=90), last=later) == \
+        later + timedelta(days=90) + receipts.LONGEST_WAIT
+    # No period given (an engine that does not say): the same doubling wait from the last read.
+    silent = receipt(("lifecycle.UsageFact", {}))
+    assert receipts.next_read(silent, done, now, last=now) == now + receipts.FIRST_WAIT
+    assert receipts.next_read(silent, done, now, last=now - timedelta(days=4)) == now + timedelta(days=4)
+    # The sooner of the two kinds, and nothing to read for stores that do not expire.
+    assert receipts.next_read(receipt(("lifecycle.UsageFact", {}), ("lifecycle.AuditFact", {"days": 365})),
+                              done, now, last=now) == now + receipts.FIRST_WAIT
+    assert receipts.next_read(receipt(("lifecycle.WorkspaceFile", {"days": 1})), done, now, last=now) is None
 
 
 @pytest.mark.parametrize(("change", "taken"), [
@@ -159,7 +219,8 @@ def test_a_receipt_that_keeps_nothing_that_expires_is_set_aside_without_asking_t
     (lambda r: r["kept"].append({"store": "x", "action": "kept"}), False),  # an entry added
     (lambda r: r["stores"][0].update(bytes=1), False),  # the erased figures changed
     (lambda r: r.update(engine="other"), False),
-    (lambda r: r.update(extra=1), False),
+    (lambda r: r.update(stores=[]), False),
+    (lambda r: r.update(verification={"logical": "clean"}, physical={"state": "erased"}), True),  # moved on
 ])
 def test_only_the_same_receipt_later_on_is_taken(change, taken):
     stored = {"engine": "sqlite", "stores": [{"store": "lifecycle.Item", "action": "erased", "records": 3, "bytes": 9}],

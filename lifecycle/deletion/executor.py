@@ -46,6 +46,7 @@ from lifecycle.models import (
     DeleteState,
     DeleteStep,
     PhysicalState,
+    RetainedFactsPolicy,
     StepState,
 )
 from lifecycle.registry import STORES, RetentionClass, content_tables
@@ -429,9 +430,13 @@ def receipt_of(op: DeleteOperation, steps: list[DeleteStep] | None = None) -> di
     counts = stores.row_counts([s for s in STORES if s.retention in (RetentionClass.RETAIN,
                                                                      RetentionClass.RETAIN_FACTS)],
                                op.conversation_id)
+    policy = RetainedFactsPolicy.load()
     for s in STORES:
         if s.retention in (RetentionClass.RETAIN, RetentionClass.RETAIN_FACTS):
-            kept.append({"store": s.key, "class": s.retention.value, "action": "kept", "records": counts[s.key]})
+            entry = {"store": s.key, "class": s.retention.value, "action": "kept", "records": counts[s.key]}
+            if s.period:  # the period in force now (a console of this engine reads the receipt again then)
+                entry["days"] = getattr(policy, s.period)
+            kept.append(entry)
         elif s.kind == "external":
             kept.append({"store": s.key, "class": s.retention.value, "action": "out_of_scope"})
     return {"engine": connection.vendor, "stores": changed, "kept": kept}
