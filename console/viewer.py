@@ -35,6 +35,17 @@ _REGIONS = ("Africa/", "America/", "Antarctica/", "Arctic/", "Asia/", "Atlantic/
 
 
 @cache
+def back_to(request: HttpRequest, default: str, *, under: str = "/") -> str:
+    """Where a form sends the browser back to (its `next` field): a path on this site under
+    `under`, in printable characters (a NUL or a control character would make the address
+    itself answer 400 after the form's action ran); anything else gives `default`."""
+    target = request.POST.get("next", "")
+    if (target.startswith(under) and target.isprintable()
+            and url_has_allowed_host_and_scheme(target, {request.get_host()}, require_https=request.is_secure())):
+        return target
+    return default
+
+
 def known_zones() -> frozenset[str]:
     return frozenset(zoneinfo.available_timezones() - _NOT_ZONES)
 

@@ -5,21 +5,18 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.template import loader
 from django.utils import translation
-from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
 from console.api import error, internal_error, is_api_path
-from console.viewer import CHOSEN_COOKIE, valid_zone
+from console.viewer import CHOSEN_COOKIE, back_to, valid_zone
 
 
 @require_POST
 def set_language(request: HttpRequest) -> HttpResponse:
     """Switch the interface language; remembered in a cookie, works without JavaScript."""
     code = request.POST.get("language", "")
-    target = request.POST.get("next") or "/"
-    if not url_has_allowed_host_and_scheme(target, {request.get_host()}, require_https=request.is_secure()):
-        target = "/"
+    target = back_to(request, "/")
     response = HttpResponseRedirect(target)
     if code in dict(settings.LANGUAGES):
         translation.activate(code)
@@ -34,9 +31,7 @@ def set_timezone(request: HttpRequest) -> HttpResponse:
     """Show times in a chosen zone, or (empty) in the zone the browser reports; a cookie,
     works without JavaScript. An unknown zone changes nothing."""
     name = request.POST.get("timezone", "")
-    target = request.POST.get("next") or "/"
-    if not url_has_allowed_host_and_scheme(target, {request.get_host()}, require_https=request.is_secure()):
-        target = "/"
+    target = back_to(request, "/")
     response = HttpResponseRedirect(target)
     if name == "":
         response.delete_cookie(CHOSEN_COOKIE, samesite="Lax")

@@ -18,11 +18,11 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
-from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from console.auth import is_admin
+from console.viewer import back_to
 from lifecycle.deletion import reasons
 from lifecycle.deletion.errors import error_message
 from lifecycle.deletion.executor import changed_totals
@@ -46,11 +46,7 @@ def _back(request: HttpRequest, default: str) -> str:
     """The page a form came from (`next`): a path on this site only. Anything else, such as a
     bare word (which `redirect` would take for a view name and fail on) or another site's
     address, gives `default`."""
-    target = request.POST.get("next", "")
-    if target.startswith("/") and url_has_allowed_host_and_scheme(
-            target, {request.get_host()}, require_https=request.is_secure()):
-        return target
-    return default
+    return back_to(request, default)
 
 
 def _refused(request: HttpRequest, exc: ActionRefused) -> None:

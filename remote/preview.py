@@ -48,3 +48,23 @@ def preview_is_usable(answer: Any, target: str) -> bool:
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 return False
     return True
+
+
+def admission_of(preview: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What the engine says a delete of the conversation would get now, when it would not be
+    admitted: {"outcome": "refused" | "unavailable", "reasons": [{"code", "message"}]}, each
+    reason in this console's words where it knows the code, else the engine's (one printable
+    line). None when it would be admitted, or the preview does not say."""
+    from lifecycle.deletion.reasons import message
+    from lifecycle.engine.http import engine_text
+
+    admission = preview.get("admission") if isinstance(preview, dict) else None
+    if not isinstance(admission, dict) or admission.get("outcome") not in ("refused", "unavailable"):
+        return None
+    reasons = []
+    for reason in admission.get("reasons") if isinstance(admission.get("reasons"), list) else []:
+        if isinstance(reason, dict):
+            code = reason.get("code") if isinstance(reason.get("code"), str) else ""
+            reasons.append({"code": code, "message": message(code) or engine_text(reason.get("message") or "")})
+    return {"outcome": admission["outcome"], "reasons": reasons}
+

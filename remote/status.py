@@ -15,6 +15,9 @@ def waiting_text(op: BoundDelete) -> str:
         if op.last_error == "engine_credentials_refused":
             return _("Waiting for this console: the engine refused its token.")
         return _("Waiting for this console: the engine's receipt is in and is being acknowledged.")
+    if op.last_error and op.next_attempt_at and op.next_attempt_at <= timezone.now():
+        # Due already: the minute sweep takes it (a time in the past would read as a missed retry).
+        return _("Waiting for the engine: it cannot be reached; it is tried again within a minute.")
     if op.last_error and op.next_attempt_at:
         when = formats.date_format(timezone.localtime(op.next_attempt_at), "DATETIME_FORMAT")
         # The time in brackets: an English time ends with "a.m." or "p.m.", so no period follows it

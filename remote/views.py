@@ -19,13 +19,14 @@ from django.utils.translation import ngettext
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from console.auth import is_admin
+from console.viewer import back_to
 from lifecycle.deletion.executor import changed_totals
 from lifecycle.deletion.presentation import preview_groups, receipt_rows
 from lifecycle.errors import ActionRefused
 from remote.api import bound_delete_json
 from remote.delivery import error_text, request_bound_delete
 from remote.models import BoundDelete, EngineBinding
-from remote.preview import engine_preview
+from remote.preview import admission_of, engine_preview
 from remote.status import waiting_text
 
 POLL_SECONDS = 2
@@ -91,8 +92,7 @@ def bindings_sync(request: HttpRequest) -> HttpResponse:
                     "as after a restore of the engine from a backup. They are listed without their titles; delete "
                     "them again.",
                     counts["returned"]) % counts)
-    return redirect(request.POST.get("next") if request.POST.get("next", "").startswith("/engine/")
-                    else reverse("remote:binding-list"))
+    return redirect(back_to(request, reverse("remote:binding-list"), under="/engine/"))
 
 
 @login_required
@@ -108,7 +108,8 @@ def binding_delete(request: HttpRequest, binding_id: str) -> HttpResponse:
         # and its facts' periods run from that delete, so no delete to come is previewed.
         state = preview.get("state") if preview else binding.engine_state
         context.update(groups=preview_groups(preview["stores"] if preview else []), rules_only=preview is None,
-                       engine_deleting=state if state in ("deleted", "pending_delete") else "")
+                       engine_deleting=state if state in ("deleted", "pending_delete") else "",
+                       not_admitted=admission_of(preview) if state == "live" else None)
     if request.method == "GET":
         return render(request, "remote/binding_delete.html", context)
     if not is_admin(request.user):

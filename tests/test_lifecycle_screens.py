@@ -331,3 +331,24 @@ def test_a_stalled_delete_offers_admins_a_retry(admin_client, member_client):
     admin_client.post(f"/operations/{op.public_id}/retry/", **HOST)
     op.refresh_from_db()
     assert (op.stalled_attempts, op.last_error) == (0, "")
+
+
+@pytest.mark.parametrize("bad", ["/conversations/\x00", "/conversations/\x07x", "/conversations/\u2028",
+                                 "https://evil.example/", "conversation-list"])
+def test_a_form_sends_back_only_to_a_printable_path_of_this_site(admin_client, settings, bad):
+    """A `next` with a NUL or a control character would redirect to an address that itself
+    answers 400, after the action ran; such a value, another site or a bare word gives the
+    form's own page."""
+    conversation = factories.make_conversation(title="Back to where")
+    response = admin_client.post(f"/conversations/{conversation.public_id}/archive/",
+                                 {"archived": "1", "next": bad}, **HOST)
+    assert (response.status_code, response["Location"]) == (302, f"/conversations/{conversation.public_id}/")
+    conversation.refresh_from_db()
+    assert conversation.archived_at is not None
+    for url in ("/i18n/setlang/", "/i18n/settz/"):
+        response = admin_client.post(url, {"language": "es", "timezone": "", "next": bad}, **HOST)
+        assert (response.status_code, response["Location"]) == (302, "/"), url
+    settings.ENGINE_URL = ""
+    sent_back = "/engine/conversations/" if bad.startswith("/") else "/engine/" + bad  # (a path of this site)
+    response = admin_client.post("/engine/conversations/sync/", {"next": "/engine/" + bad.lstrip("/")}, **HOST)
+    assert (response.status_code, response["Location"]) == (302, sent_back)

@@ -304,3 +304,52 @@ def test_the_confirmation_says_when_the_engine_already_deleted_or_is_deleting_it
             page = admin_client.get(f"/engine/conversations/{b.public_id}/delete/", **HOST).content.decode()
         assert 'data-testid="preview-kept"' in page and "already" not in text(page)
     assert not BoundDelete.objects.exists() and EngineBinding.objects.filter(pk=b.pk).exists()
+
+
+@pytest.mark.parametrize("outcome", ["refused", "unavailable"])
+def test_a_delete_the_engine_would_not_admit_says_why_and_offers_no_confirmation(settings, admin_client, outcome):
+    """The engine's preview says a delete would be refused (or is unavailable) now: the page
+    says so with each reason, in this console's words where it knows the code (the engine's
+    text, made one printable line, where it does not), and offers no Delete for good that
+    could only fail."""
+    from lifecycle.deletion import reasons
+
+    admission = {"outcome": outcome, "code": reasons.TURN_ACTIVE, "ambiguous": [], "reasons": [
+        {"code": reasons.TURN_ACTIVE, "outcome": "refused", "message": "engine words"},
+        {"code": "conversation_new_reason", "outcome": outcome, "message": "A reason\x00 only a newer\nengine has"}]}
+    b = bound()
+    with scripted_engine({("GET", "/v1/threads/"): lambda h: (200, preview(admission=admission))}) as (url, _seen):
+        point_at(settings, url)
+        page = admin_client.get(f"/engine/conversations/{b.public_id}/delete/", **HOST).content.decode()
+        spanish = admin_client.get(f"/engine/conversations/{b.public_id}/delete/", HTTP_ACCEPT_LANGUAGE="es",
+                                   **HOST).content.decode()
+    with translation.override("en"):
+        assert items(page, "delete-not-admitted") == [reasons.message(reasons.TURN_ACTIVE),
+                                                     "A reason only a newer engine has"]
+    heading = "Delete is refused right now" if outcome == "refused" else "Delete is unavailable"
+    assert heading in page and "Check again" in page
+    assert "Delete for good" not in page and 'name="key"' not in page
+    assert "Messages and tool calls 2 records" in text(page)  # what a delete would do, still shown
+    with translation.override("es"):
+        assert reasons.message(reasons.TURN_ACTIVE) in text(spanish)
+    assert "Eliminar para siempre" not in spanish
+
+
+def test_a_retry_already_due_is_not_shown_as_a_time_in_the_past():
+    """The minute sweep takes a retry once it is due: the page says it comes within a minute
+    rather than naming a time that has passed."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from remote.status import waiting_text
+
+    b = bound()
+    now = timezone.now()
+    op = BoundDelete.objects.create(key="k-due", binding=b, binding_ref=b.public_id, engine_id=TARGET,
+                                    owner_kind="account", owner_id=1, scope="bound", thread_id="t1", state="pending",
+                                    waiting_on="engine", last_error="engine_unreachable", last_error_at=now,
+                                    next_attempt_at=now + timedelta(minutes=5))
+    assert "(next retry: " in waiting_text(op)
+    op.next_attempt_at = now - timedelta(seconds=10)
+    assert waiting_text(op) == "Waiting for the engine: it cannot be reached; it is tried again within a minute."

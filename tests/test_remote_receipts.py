@@ -91,6 +91,7 @@ def test_facts_the_engine_expired_show_as_expired_and_are_not_read_again(remote)
     page = client.get(f"/engine/deletes/{op.public_id}/").content.decode()
     assert f"{audit_facts} records, removed on" in page and 'data-testid="receipt-read"' in page
     assert "Receipt as the engine reported it on" in page
+    assert "1 call to the engine." in page and "so far" not in page  # not while it is over
     spanish = client.get(f"/engine/deletes/{op.public_id}/", HTTP_ACCEPT_LANGUAGE="es").content.decode()
     assert "Comprobante tal como lo informó el motor el" in spanish
     _token, raw = ApiToken.issue(admin)
