@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from django.utils import formats, timezone
+from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from console.templatetags.lethe import with_zone
 from remote.models import BoundDelete
 
 
@@ -19,7 +20,7 @@ def waiting_text(op: BoundDelete) -> str:
         # Due already: the minute sweep takes it (a time in the past would read as a missed retry).
         return _("Waiting for the engine: it cannot be reached; it is tried again within a minute.")
     if op.last_error and op.next_attempt_at:
-        when = formats.date_format(timezone.localtime(op.next_attempt_at), "DATETIME_FORMAT")
+        when = with_zone(timezone.localtime(op.next_attempt_at))
         # The time in brackets: an English time ends with "a.m." or "p.m.", so no period follows it
         return _("Waiting for the engine: it cannot be reached (next retry: %(when)s).") % {"when": when}
     if op.engine_operation:

@@ -522,9 +522,16 @@ def test_the_status_page_says_whose_step_it_is(remote, client, admin_user, setti
     settings.ENGINE_URL = f"http://127.0.0.1:{free_port({remote.port})}"
     op = delivery.request_bound_delete(b, key="status-1", actor=None)
     delivery.deliver(op.pk, budget=0)
+    # The retry comes REMOTE_RETRY_SECONDS later; put it further off, as after a few failures.
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    BoundDelete.objects.filter(pk=op.pk).update(next_attempt_at=timezone.now() + timedelta(minutes=5))
     page = client.get(f"/engine/deletes/{op.public_id}/").content.decode()
     assert 'data-state="pending"' in page and 'data-waiting="engine"' in page
     assert "Waiting on: the engine" in page and "(next retry: " in page and "cannot be reached" in page
+    assert re.search(r"\(next retry: [^)]* UTC\)", page)  # an absolute time names its zone
     assert "m..<" not in page  # no period after "a.m." or "p.m."
     assert "Completed" not in page
     settings.ENGINE_URL = remote.url

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 
 import pytest
@@ -73,3 +74,23 @@ def test_the_api_keeps_answering_in_utc(member_client, dated):
     member_client.cookies[BROWSER_COOKIE] = "Asia/Tokyo"
     row = member_client.get(f"/v1/threads/{dated.public_id}", **HOST).json()
     assert row["last_activity_at"] == "2026-01-15T13:05:00Z"
+
+
+def test_every_page_with_an_absolute_time_names_its_zone(admin_client, admin_user):
+    """Not only the conversation pages: a delete's page, an engine delete's page and the API
+    tokens page show each absolute time with its zone, in the viewer's zone."""
+    from console.models import ApiToken
+    from lifecycle.actions.request_deletion import request_deletion
+    from lifecycle.deletion import executor
+    from tests.test_remote_delete_screens import RECEIPT, completed
+
+    admin_client.cookies[BROWSER_COOKIE] = "America/New_York"
+    conversation = factories.make_conversation(title="Zoned")
+    op = request_deletion(conversation, key="zoned-1", acting_user=None)
+    executor.run_erasure(op.pk)
+    bound = completed(RECEIPT)
+    ApiToken.issue(admin_user)
+    for url in (f"/operations/{op.public_id}/", f"/engine/deletes/{bound.public_id}/", "/settings/api-tokens/"):
+        page = admin_client.get(url, HTTP_HOST="127.0.0.1").content.decode()
+        times = re.findall(r"\d{1,2}:\d\d [ap]\.m\.(?: [A-Z]{2,5})?", page)
+        assert times and all(t.endswith((" EST", " EDT")) for t in times), (url, times)
