@@ -181,7 +181,8 @@ def bound_delete_detail(request: HttpRequest, delete_id: str) -> dict:
 
 class SyncOut(Schema):
     created: int
-    updated: int
+    updated: int = Field(description="Conversations already listed here, brought up to date (title, state, "
+                                     "activity), whether or not anything about them changed.")
     returned: int = Field(description="Conversations the engine lists again after their delete completed here "
                                       "(restored there): bound again, without their title, for a new delete.")
 

@@ -82,8 +82,8 @@ def bindings_sync(request: HttpRequest) -> HttpResponse:
         except ActionRefused as exc:
             messages.error(request, read_error_text(exc.code) if exc.code.startswith("engine_") else exc.message)
         else:
-            messages.success(request, _("Read the engine's conversations: %(created)s new, %(updated)s updated.")
-                             % counts)
+            messages.success(request, _("Read the engine's conversations: %(created)s new, %(updated)s already "
+                                        "listed and brought up to date.") % counts)
             if counts["returned"]:
                 messages.warning(request, ngettext(
                     "%(returned)s conversation is on the engine again after its delete was completed here, as "

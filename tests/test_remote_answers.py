@@ -415,3 +415,16 @@ def test_an_engine_refusal_code_the_console_cannot_read_is_the_engines_refusal_u
         with pytest.raises(ActionRefused) as refused:
             HttpEngine().request_delete(TARGET, key="k-code", actor=None)
     assert (refused.value.code, refused.value.message, refused.value.status) == ("engine_refused", "No.", 409)
+
+
+def test_a_sync_says_how_many_it_found_new_and_how_many_it_brought_up_to_date(settings, admin_client):
+    page = {"results": [row(1), row(2)], "next": None}
+    with scripted_engine({("GET", "/v1/threads"): lambda h: (200, page)}) as (url, _seen):
+        point_at(settings, url)
+        said = []
+        for _ in range(2):
+            admin_client.post("/engine/conversations/sync/")
+            said += [str(m) for m in admin_client.get("/engine/conversations/").context["messages"]]
+    assert said == ["Read the engine's conversations: 2 new, 0 already listed and brought up to date.",
+                    "Read the engine's conversations: 0 new, 2 already listed and brought up to date."]
+    assert EngineBinding.objects.count() == 2

@@ -353,3 +353,13 @@ def test_a_retry_already_due_is_not_shown_as_a_time_in_the_past():
     assert "(next retry: " in waiting_text(op)
     op.next_attempt_at = now - timedelta(seconds=10)
     assert waiting_text(op) == "Waiting for the engine: it cannot be reached; it is tried again within a minute."
+
+
+def test_a_remote_consoles_conversation_list_says_where_its_conversations_are(settings, admin_client):
+    page = admin_client.get("/conversations/", **HOST).content.decode()
+    assert 'data-testid="remote-engine-note"' not in page  # the embedded engine: this list is the data
+    settings.ENGINE_URL = "http://127.0.0.1:9"
+    page = admin_client.get("/conversations/", **HOST).content.decode()
+    assert "the conversations it governs are on the engine, listed under Engine conversations" in page
+    spanish = admin_client.get("/conversations/", HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode()
+    assert "las conversaciones que gestiona están en el motor" in spanish
