@@ -244,3 +244,21 @@ def test_a_remote_consoles_facts_card_names_the_deletes_it_asked_for(admin_clien
     assert "Each period counts from when a conversation's delete completed" not in english  # not here
     spanish = admin_client.get(PAGE, HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode()
     assert "las eliminaciones que pidió al motor)" in spanish
+
+
+def test_a_remote_console_claims_no_engine_folder_of_its_own(admin_client, settings):
+    """The engine folder is on the engine: the console's Database and Storage cards say so
+    instead of measuring, checking or missing a folder it does not keep."""
+    from django.utils import timezone
+
+    from insight.models import Measurement
+
+    Measurement.objects.update_or_create(id=1, defaults={"measured_at": timezone.now(), "engine_missing": True})
+    local = admin_client.get(PAGE, **HOST).content.decode()
+    assert "Not found when measured" in local and 'data-testid="engine-health"' in local
+    settings.ENGINE_URL = "http://127.0.0.1:9"
+    page = admin_client.get(PAGE, **HOST).content.decode()
+    assert page.count("On the engine: this console keeps no engine folder of its own.") == 2
+    for claim in ("Not found when measured", 'data-testid="engine-health"', "The fleet files read correctly",
+                  "Engine files outside conversations"):
+        assert claim not in page, claim
