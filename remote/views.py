@@ -21,7 +21,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from console.auth import is_admin
 from console.viewer import back_to
 from lifecycle.deletion.executor import changed_totals
-from lifecycle.deletion.presentation import preview_groups, receipt_rows
+from lifecycle.deletion.presentation import moment, preview_groups, receipt_rows
 from lifecycle.errors import ActionRefused
 from remote.api import bound_delete_json
 from remote.delivery import error_text, request_bound_delete
@@ -124,6 +124,18 @@ def binding_delete(request: HttpRequest, binding_id: str) -> HttpResponse:
     return redirect("remote:bound-delete", delete_id=op.public_id)
 
 
+def engine_checks(receipt: dict) -> dict:
+    """What the engine's receipt says of physical erasure ("erased", "pending" or "") and of
+    its last check of every store ({"logical": "clean" | "found", "at": time} or None), as far
+    as it says it in a form this console knows."""
+    physical = receipt.get("physical") if isinstance(receipt.get("physical"), dict) else {}
+    state = physical.get("state") if physical.get("state") in ("erased", "pending") else ""
+    verification = receipt.get("verification") if isinstance(receipt.get("verification"), dict) else {}
+    logical = verification.get("logical") if verification.get("logical") in ("clean", "found") else ""
+    return {"engine_physical": state,
+            "engine_verified": {"logical": logical, "at": moment(verification.get("at"))} if logical else None}
+
+
 @login_required
 @require_GET
 def bound_delete_detail(request: HttpRequest, delete_id: str) -> HttpResponse:
@@ -139,6 +151,7 @@ def bound_delete_detail(request: HttpRequest, delete_id: str) -> HttpResponse:
         "receipt_stores": receipt_rows(stores),
         "receipt_kept": receipt_rows(receipt.get("kept")),
         "totals": changed_totals(stores),
+        **engine_checks(receipt),
     }
     template = "remote/bound_delete.html"
     if request.htmx:

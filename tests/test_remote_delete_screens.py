@@ -363,3 +363,21 @@ def test_a_remote_consoles_conversation_list_says_where_its_conversations_are(se
     assert "the conversations it governs are on the engine, listed under Engine conversations" in page
     spanish = admin_client.get("/conversations/", HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode()
     assert "las conversaciones que gestiona están en el motor" in spanish
+
+
+@pytest.mark.parametrize(("extra", "physical", "verified"), [
+    ({"physical": {"state": "erased"}, "verification": {"logical": "clean", "at": "2026-12-01T10:00:00+00:00"}},
+     "Physically erased on the engine", "The engine re-checked every store on Dec. 1, 2026, 10 a.m. UTC: clean."),
+    ({"physical": {"state": "pending"}, "verification": {"logical": "found"}},
+     "Physically pending there", "The engine's last check found traces of this conversation"),
+    ({"physical": "erased", "verification": ["clean"]}, None, None),  # not in a form this console knows: nothing said
+])
+def test_the_receipt_says_what_the_engine_reports_of_physical_erasure_and_its_checks(admin_client, extra, physical,
+                                                                                      verified):
+    op = completed({**RECEIPT, **extra})
+    page = admin_client.get(f"/engine/deletes/{op.public_id}/", **HOST).content.decode()
+    words = text(page)
+    if physical is None:
+        assert 'data-testid="engine-physical"' not in page and 'data-testid="engine-verified"' not in page
+    else:
+        assert physical in words and verified in words
