@@ -114,6 +114,8 @@ class Header:
     max_length: int = 200
     code: str = "missing_header"
     invalid_code: str = "invalid_header"
+    # The refusal's words for an invalid value (lazy); the generic ones when None.
+    invalid_message: Any = None
 
 
 @dataclass
@@ -449,7 +451,8 @@ def _run(ep: Endpoint, request: HttpRequest, kwargs: dict[str, Any]) -> HttpResp
         if value is None and header.required:
             raise ApiError(400, header.code, _("The %(name)s header is required.") % {"name": header.name})
         if value is not None and (len(value) > header.max_length or not value.isprintable()):
-            raise ApiError(400, header.invalid_code, _("The %(name)s header is not valid.") % {"name": header.name})
+            raise ApiError(400, header.invalid_code, str(header.invalid_message) if header.invalid_message
+                           else _("The %(name)s header is not valid.") % {"name": header.name})
     if ep.query is not None:
         kwargs["query"] = parse_query(request, ep.query)
     elif request.GET:

@@ -14,6 +14,7 @@ from pydantic import BeforeValidator, Field, model_validator
 from console.api import MAX_REVISION, ApiError, Header, QuerySchema, Schema, endpoint, is_number
 from lifecycle import transcript
 from lifecycle.actions.append_item import append_item
+from lifecycle.actions.request_deletion import KEY_INVALID
 from lifecycle.actions.update_item import update_item
 from lifecycle.engine import get_engine
 from lifecycle.errors import ActionRefused
@@ -268,6 +269,7 @@ def thread_update(request: HttpRequest, public_id: str, body: ThreadPatchIn) -> 
 
 IDEMPOTENCY_KEY = Header(
     "Idempotency-Key", required=True, code="idempotency_key_missing", invalid_code="idempotency_key_invalid",
+    invalid_message=KEY_INVALID,
     description="The operation key: 1 to 200 printable ASCII characters without spaces. The same key and "
                 "conversation answer with the recorded outcome ever after; the same key for another "
                 "conversation is refused with 422.",

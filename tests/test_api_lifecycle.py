@@ -152,6 +152,9 @@ def test_delete_key_rules(api):
     for key in ("k" * 201, "tab\there"):
         bad = delete(api, first.public_id, key=key)
         assert (bad.status_code, bad.json()["code"]) == (400, "idempotency_key_invalid"), key
+        # the same words as for a key of the wrong characters: what a valid key is
+        assert bad.json()["message"] == spaced.json()["message"] == (
+            "The Idempotency-Key must be 1 to 200 printable ASCII characters without spaces."), key
     assert not m.DeleteOperation.objects.exists() and not m.OperationKey.objects.exists()
     assert delete(api, first.public_id, key="shared").status_code == 202
     reused = delete(api, second.public_id, key="shared")

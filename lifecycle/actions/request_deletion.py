@@ -5,6 +5,7 @@ import re
 
 from django.db import IntegrityError, transaction
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 from django_q.tasks import async_task
 
 from lifecycle import audit, engine_folder, fleet
@@ -39,15 +40,14 @@ def _step(operation: DeleteOperation, key: str, position: int, conversation: Con
     return step
 
 
+KEY_INVALID = gettext_lazy("The Idempotency-Key must be 1 to 200 printable ASCII characters without spaces.")
+
+
 def check_key(key: str | None) -> str:
     if key is None or key == "":
         raise ActionRefused("idempotency_key_missing", _("Send an Idempotency-Key header."), status=400)
     if not KEY.fullmatch(key):
-        raise ActionRefused(
-            "idempotency_key_invalid",
-            _("The Idempotency-Key must be 1 to 200 printable ASCII characters without spaces."),
-            status=400,
-        )
+        raise ActionRefused("idempotency_key_invalid", str(KEY_INVALID), status=400)
     return key
 
 
