@@ -381,3 +381,21 @@ def test_the_receipt_says_what_the_engine_reports_of_physical_erasure_and_its_ch
         assert 'data-testid="engine-physical"' not in page and 'data-testid="engine-verified"' not in page
     else:
         assert physical in words and verified in words
+
+
+def test_an_engine_that_cannot_be_reached_is_said_once_on_the_delete_page(admin_client):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    b = bound()
+    now = timezone.now()
+    op = BoundDelete.objects.create(key="k-once", binding=b, binding_ref=b.public_id, engine_id=TARGET,
+                                    owner_kind="account", owner_id=1, scope="bound", thread_id="t1", state="pending",
+                                    waiting_on="engine", last_error="engine_unreachable", last_error_at=now,
+                                    next_attempt_at=now + timedelta(minutes=5))
+    page = text(admin_client.get(f"/engine/deletes/{op.public_id}/", **HOST).content.decode())
+    assert page.count("cannot be reached") == 1 and "next retry:" in page
+    BoundDelete.objects.filter(pk=op.pk).update(last_error="engine_bad_answer")
+    page = text(admin_client.get(f"/engine/deletes/{op.public_id}/", **HOST).content.decode())
+    assert "could not be used" in page  # other errors are still said in their own words
