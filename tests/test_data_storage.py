@@ -259,6 +259,8 @@ def test_a_remote_console_claims_no_engine_folder_of_its_own(admin_client, setti
     settings.ENGINE_URL = "http://127.0.0.1:9"
     page = admin_client.get(PAGE, **HOST).content.decode()
     assert page.count("On the engine: this console keeps no engine folder of its own.") == 2
+    assert "These figures are this console's own store." in page
+    assert 'data-testid="insight-remote"' not in local
     for claim in ("Not found when measured", 'data-testid="engine-health"', "The fleet files read correctly",
                   "Engine files outside conversations"):
         assert claim not in page, claim
