@@ -183,3 +183,33 @@ def test_a_conversation_the_engine_already_deleted_says_so_in_the_list_and_befor
     expect(page.get_by_test_id("preview-rules-only")).to_have_count(0)  # no delete to come is previewed
     check_layout(page, f"bound delete of a conversation the engine deleted {viewport}")
     screenshot(page, f"bound-delete-engine-deleted-{viewport}", full_page=False)
+
+
+@pytest.mark.parametrize("viewport", ["desktop", "small-phone"], ids=["1280", "320"])
+def test_a_delete_the_engine_would_refuse_says_why_and_offers_no_confirmation(live_server, open_page, settings,
+                                                                               viewport):
+    from lifecycle.deletion import reasons
+    from tests.scripted_engine import scripted_engine
+    from tests.test_remote_delete_screens import point_at, preview
+
+    get_user_model().objects.create_user(ADMIN[0], password=ADMIN[1], is_staff=True)
+    binding = bound("Busy on the engine")
+    admission = {"outcome": "refused", "code": reasons.TURN_ACTIVE, "ambiguous": [], "reasons": [
+        {"code": reasons.TURN_ACTIVE, "outcome": "refused", "message": ""},
+        {"code": reasons.APPROVAL_PENDING, "outcome": "refused", "message": ""}]}
+    with scripted_engine({("GET", "/v1/threads/"): lambda h: (200, preview(admission=admission))}) as (url, _seen):
+        point_at(settings, url)
+        page = open_page(viewport)
+        log_in(page, live_server.url, *ADMIN)
+        page.goto(f"{live_server.url}/engine/conversations/{binding.public_id}/delete/")
+        card = page.get_by_test_id("delete-not-admitted")
+        expect(card).to_contain_text("Delete is refused right now")
+        expect(card.locator("li")).to_have_count(2)
+        expect(page.get_by_role("button", name="Delete for good")).to_have_count(0)
+        expect(page.get_by_role("link", name="Check again")).to_be_visible()
+        check_layout(page, f"bound delete the engine would refuse {viewport}")
+        screenshot(page, f"bound-delete-engine-refuses-{viewport}")
+        page.goto(f"{live_server.url}/conversations/")
+        expect(page.get_by_test_id("remote-engine-note")).to_be_visible()
+        check_layout(page, f"conversation list of a remote console {viewport}")
+        screenshot(page, f"conversations-remote-console-{viewport}", full_page=False)
