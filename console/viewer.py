@@ -34,7 +34,6 @@ _REGIONS = ("Africa/", "America/", "Antarctica/", "Arctic/", "Asia/", "Atlantic/
             "Europe/", "Indian/", "Pacific/")
 
 
-@cache
 def back_to(request: HttpRequest, default: str, *, under: str = "/") -> str:
     """Where a form sends the browser back to (its `next` field): a path on this site under
     `under`, in printable characters (a NUL or a control character would make the address
@@ -46,6 +45,7 @@ def back_to(request: HttpRequest, default: str, *, under: str = "/") -> str:
     return default
 
 
+@cache
 def known_zones() -> frozenset[str]:
     return frozenset(zoneinfo.available_timezones() - _NOT_ZONES)
 
