@@ -9,6 +9,7 @@ pages in tests/test_remote_engine.py."""
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import pytest
 from django.utils import timezone, translation
@@ -335,23 +336,24 @@ def test_a_delete_the_engine_would_not_admit_says_why_and_offers_no_confirmation
     assert "Eliminar para siempre" not in spanish
 
 
+def unreachable_for_now() -> BoundDelete:
+    """A pending bound delete whose engine could not be reached, retried in five minutes."""
+    b = bound()
+    now = timezone.now()
+    return BoundDelete.objects.create(key="k-unreachable", binding=b, binding_ref=b.public_id, engine_id=TARGET,
+                                      owner_kind="account", owner_id=1, scope="bound", thread_id="t1",
+                                      state="pending", waiting_on="engine", last_error="engine_unreachable",
+                                      last_error_at=now, next_attempt_at=now + timedelta(minutes=5))
+
+
 def test_a_retry_already_due_is_not_shown_as_a_time_in_the_past():
     """The minute sweep takes a retry once it is due: the page says it comes within a minute
     rather than naming a time that has passed."""
-    from datetime import timedelta
-
-    from django.utils import timezone
-
     from remote.status import waiting_text
 
-    b = bound()
-    now = timezone.now()
-    op = BoundDelete.objects.create(key="k-due", binding=b, binding_ref=b.public_id, engine_id=TARGET,
-                                    owner_kind="account", owner_id=1, scope="bound", thread_id="t1", state="pending",
-                                    waiting_on="engine", last_error="engine_unreachable", last_error_at=now,
-                                    next_attempt_at=now + timedelta(minutes=5))
+    op = unreachable_for_now()
     assert "(next retry: " in waiting_text(op)
-    op.next_attempt_at = now - timedelta(seconds=10)
+    op.next_attempt_at = timezone.now() - timedelta(seconds=10)
     assert waiting_text(op) == "Waiting for the engine: it cannot be reached; it is tried again within a minute."
 
 
@@ -384,16 +386,7 @@ def test_the_receipt_says_what_the_engine_reports_of_physical_erasure_and_its_ch
 
 
 def test_an_engine_that_cannot_be_reached_is_said_once_on_the_delete_page(admin_client):
-    from datetime import timedelta
-
-    from django.utils import timezone
-
-    b = bound()
-    now = timezone.now()
-    op = BoundDelete.objects.create(key="k-once", binding=b, binding_ref=b.public_id, engine_id=TARGET,
-                                    owner_kind="account", owner_id=1, scope="bound", thread_id="t1", state="pending",
-                                    waiting_on="engine", last_error="engine_unreachable", last_error_at=now,
-                                    next_attempt_at=now + timedelta(minutes=5))
+    op = unreachable_for_now()
     page = text(admin_client.get(f"/engine/deletes/{op.public_id}/", **HOST).content.decode())
     assert page.count("cannot be reached") == 1 and "next retry:" in page
     BoundDelete.objects.filter(pk=op.pk).update(last_error="engine_bad_answer")
