@@ -37,6 +37,7 @@ from typing import Any
 
 from django.utils import timezone
 
+from lifecycle import faults
 from lifecycle.deletion.presentation import figure, receipt_rows
 from lifecycle.engine.http import EngineBadAnswer, EngineCredentialsRefused, EngineUnreachable
 from lifecycle.errors import ActionRefused
@@ -111,10 +112,10 @@ def first_read_at(receipt: Any, completed_at: datetime, now: datetime) -> dateti
     return next_read(receipt, completed_at, now, last=now)
 
 
-def due(now: datetime, *, skip: set[str], limit: int) -> list[int]:
+def due(now: datetime, *, skip: set[str], limit: int) -> list[BoundDelete]:
+    """The completed deletes whose receipts are due, of engines not in `skip`, longest due first."""
     return list(BoundDelete.objects.filter(receipt_next_read_at__lte=now, state=BoundDeleteState.COMPLETED)
-                .exclude(engine_url__in=skip).order_by("receipt_next_read_at", "pk")
-                .values_list("pk", flat=True)[:limit])
+                .exclude(engine_url__in=skip).order_by("receipt_next_read_at", "pk")[:limit])
 
 
 def read_again(now: datetime | None = None) -> dict[str, int]:
@@ -124,10 +125,11 @@ def read_again(now: datetime | None = None) -> dict[str, int]:
     down: set[str] = set()  # engines that could not be asked in this run
     engines: dict[str, Any] = {}
     handled = 0
-    while handled < BATCH and (ids := due(now, skip=down, limit=BATCH - handled)):
-        for pk in ids:
-            op = BoundDelete.objects.filter(pk=pk, receipt_next_read_at__lte=now).first()
-            if op is None or op.engine_url in down:
+    # Each receipt is written only if its due time is still the one read here (`_store`), so
+    # the rows are read once per page, not again one by one.
+    while handled < BATCH and (page := due(now, skip=down, limit=BATCH - handled)):
+        for op in page:
+            if op.engine_url in down:
                 continue
             handled += 1
             outcome = _read_one(op, now, engines)
@@ -145,7 +147,7 @@ def _read_one(op: BoundDelete, now: datetime, engines: dict[str, Any]) -> str:
     from remote.delivery import EngineNotConfigured, engine_for
 
     completed_at = _completed_on_engine(op)
-    if next_read(op.receipt, completed_at, now, last=now) is None:  # nothing left to expire
+    if first_read_at(op.receipt, completed_at, now) is None:  # nothing left to expire
         _store(op, receipt_next_read_at=None)
         return "settled"
     later = now + _wait(now - (op.receipt_read_at or completed_at))
@@ -172,9 +174,10 @@ def _read_one(op: BoundDelete, now: datetime, engines: dict[str, Any]) -> str:
                     "erased figures or kept facts changed in a way a receipt does not)", op.public_id)
         _store(op, receipt_next_read_at=later)
         return "not_taken"
+    faults.kill_point("remote.receipts.read")  # crash tests: read, not stored
     changed = receipt != op.receipt
-    _store(op, receipt=receipt, receipt_read_at=now,
-           receipt_next_read_at=next_read(receipt, completed_at, now, last=now))
+    _store(op, receipt=receipt, receipt_read_at=now, receipt_next_read_at=first_read_at(receipt, completed_at, now))
+    faults.kill_point("remote.receipts.stored")
     return "updated" if changed else "unchanged"
 
 

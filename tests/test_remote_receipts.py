@@ -24,6 +24,8 @@ THREADS = {
     "stopped": {"thread_id": "t-stopped"},
     "forged": {"thread_id": "t-forged"},
     "poisoned": {"thread_id": "t-poisoned"},
+    "killed-1": {"thread_id": "t-killed-1"},
+    "killed-2": {"thread_id": "t-killed-2"},
 }
 EXPIRE_ON_ENGINE = (
     "from datetime import timedelta; from django.utils import timezone; "
@@ -259,3 +261,40 @@ def test_the_hourly_job_forgets_who_asked_for_a_bound_delete_after_the_audit_per
     assert named[recent.pk] == named[pending.pk] == admin_user.pk
     assert recorded_expiries() == {"remote.BoundDelete.requested_by": 2}
     assert tasks.hourly()["requesters_forgotten"] == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_read_killed_with_sigkill_before_and_after_storing_ends_with_every_receipt_read_once(remote, tmp_path):
+    """The job in its own process, SIGKILLed at each point once (a receipt read but not
+    stored; one stored), then run again: every receipt ends read and stored, none left due."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.test_jobs import ROOT, database_url
+
+    ops = [completed(remote, name) for name in ("killed-1", "killed-2")]
+    remote.manage("shell", "-c", EXPIRE_ON_ENGINE)
+    BoundDelete.objects.filter(pk__in=[op.pk for op in ops]).update(receipt_next_read_at=timezone.now())
+    kills = tmp_path / "kills"
+    kills.mkdir()
+    env = {**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "console.settings_test",
+           "ENGINE_URL": remote.url, "ENGINE_TOKEN": remote.token,
+           "LETHE_TEST_KILL_AT": "remote.receipts.read,remote.receipts.stored", "LETHE_TEST_KILL_DIR": str(kills)}
+    outcomes = []
+    for _ in range(5):
+        run = subprocess.run([sys.executable, "manage.py", "shell", "-c",
+                              "from remote.receipts import read_again; print(read_again())"],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        outcomes.append(run.returncode)
+        if run.returncode == 0:
+            break
+        assert run.returncode == -signal.SIGKILL, run.stderr[-2000:]
+    assert outcomes == [-signal.SIGKILL, -signal.SIGKILL, 0], outcomes
+    assert sorted(p.name for p in kills.iterdir()) == ["remote.receipts.read", "remote.receipts.stored"]
+    for op in ops:
+        op.refresh_from_db()
+        assert kept(op)["lifecycle.AuditFact"][0] == "expired" and op.receipt_read_at is not None
+        assert op.receipt_next_read_at is None  # nothing left to expire: not due again
+    assert receipts.read_again(timezone.now() + timedelta(days=3000)) == dict.fromkeys(receipts.OUTCOMES, 0)
