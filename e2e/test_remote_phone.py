@@ -213,3 +213,9 @@ def test_a_delete_the_engine_would_refuse_says_why_and_offers_no_confirmation(li
         expect(page.get_by_test_id("remote-engine-note")).to_be_visible()
         check_layout(page, f"conversation list of a remote console {viewport}")
         screenshot(page, f"conversations-remote-console-{viewport}", full_page=False)
+        page.goto(f"{live_server.url}/settings/system/data-storage/")
+        expect(page.get_by_test_id("engine-usage")).to_have_text(
+            "On the engine: this console keeps no engine folder of its own.")
+        expect(page.get_by_test_id("insight-remote")).to_be_visible()
+        check_layout(page, f"data and storage of a remote console {viewport}")
+        screenshot(page, f"data-storage-remote-console-{viewport}")
