@@ -41,7 +41,8 @@ from lifecycle.item_payload import BAD_TEXT
 
 logger = logging.getLogger("lethe.api")
 
-API_PREFIXES = ("/v1/", "/api/v1/")
+ENGINE_PREFIX = "/v1/"
+API_PREFIXES = (ENGINE_PREFIX, "/api/v1/")
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
 # A revision a body names: a whole number no larger than a stored one can be (the columns are
@@ -442,6 +443,13 @@ def _answer(ep: Endpoint, result: Any) -> HttpResponse:
 def _run(ep: Endpoint, request: HttpRequest, kwargs: dict[str, Any]) -> HttpResponse:
     if not ep.public and not request.user.is_authenticated:
         return _not_authenticated()
+    if settings.ENGINE_URL and not ep.public and ep.path.startswith(ENGINE_PREFIX):
+        # A console of a remote engine is no engine: its own tables hold no conversations, and a
+        # delete sent past its bindings would bypass the bound delete that keeps the binding
+        # until the engine's receipt. Every engine route says so, the same way.
+        return error(421, "engine_remote", _(
+            "This console's conversations are on its engine, not here: use the engine's own /v1/ API, "
+            "or this console's /api/v1/bindings."))
     if ep.admin and not is_admin(request.user):
         return error(403, "forbidden", _("Only admins can change this."))
     if request.method not in SAFE_METHODS and not getattr(request, "token_auth", False) and _csrf_refused(request):
@@ -589,6 +597,8 @@ def openapi_document() -> dict[str, Any]:
             statuses.add(404)
         if not ep.public:
             statuses |= {401, 429}  # 429: too many unknown bearer tokens from one address
+            if ep.path.startswith(ENGINE_PREFIX):
+                statuses.add(421)
         if ep.admin or ep.method not in SAFE_METHODS:
             statuses.add(403)
         if ep.method not in SAFE_METHODS:
@@ -646,6 +656,7 @@ _ERROR_DESCRIPTIONS = {
     411: "A body was sent without a Content-Length (chunked); send its length.",
     413: "The request body is too large.",
     415: "The body must be application/json.",
+    421: "This is a console of a remote engine (ENGINE_URL): the engine API is the engine's.",
     422: "The request conflicts with an earlier one (e.g. an operation key reused).",
     429: "Too many requests with an unknown API token from this address; see Retry-After.",
 }
