@@ -12,6 +12,7 @@ import secrets
 from typing import Any
 from urllib.parse import urlsplit
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -58,14 +59,22 @@ def _refused(request: HttpRequest, exc: ActionRefused) -> None:
 # ---- Archive and close -------------------------------------------------------------------------
 
 
+def _archive_message(archived: bool, *, closed: bool) -> str:
+    """Where the conversation is listed now: a closed one is under Closed, not Recent, once
+    unarchived (and was under Closed, not Recent, before it was archived)."""
+    if archived:
+        return _("Archived: listed under Archived instead of Closed.") if closed else _("Archived: hidden from Recent.")
+    return _("Unarchived: back under Closed.") if closed else _("Back in Recent.")
+
+
 @login_required
 @require_POST
 def conversation_archive(request: HttpRequest, public_id: str) -> HttpResponse:
     _admin_only(request)
     archived = request.POST.get("archived") == "1"
     try:
-        get_engine().set_archived(public_id, archived, actor=request.user)
-        messages.success(request, _("Archived: hidden from Recent.") if archived else _("Back in Recent."))
+        answer = get_engine().set_archived(public_id, archived, actor=request.user)
+        messages.success(request, _archive_message(archived, closed=bool(answer.get("closed"))))
     except ActionRefused as exc:
         _refused(request, exc)
     return redirect(_back(request, reverse("lifecycle:conversation-detail", args=[public_id])))
@@ -78,7 +87,8 @@ def conversation_close(request: HttpRequest, public_id: str) -> HttpResponse:
     closed = request.POST.get("closed") == "1"
     try:
         get_engine().set_closed(public_id, closed, actor=request.user)
-        messages.success(request, _("Closed: its running turns were stopped and its process lease released.")
+        # Said whether or not turns were running: Close leaves none running and no process lease.
+        messages.success(request, _("Closed: no turn runs in it and no process holds it until it is resumed.")
                          if closed else _("Resumed."))
     except ActionRefused as exc:
         _refused(request, exc)
@@ -213,6 +223,22 @@ def _unscanned(verification: dict[str, Any]) -> Any:
     return moment(unscanned.get("at")) if unscanned.get("reason") == "no_fingerprints" else None
 
 
+def _cluster_stopped(op: OperationView) -> dict[str, Any] | None:
+    """For a pending delete of this console's own engine: when no job has finished on any job
+    cluster within READYZ_HEARTBEAT_SECONDS (the readiness check's rule; every cluster runs a
+    heartbeat job each minute), {"since": last job or None}; else None. Nothing moves the
+    delete on until a cluster runs. (A remote engine's delete runs on the engine's cluster,
+    which this console cannot see.)"""
+    if not op.is_pending or settings.ENGINE_URL:
+        return None
+    from ops.health import check_job_cluster
+    from ops.jobs import last_heartbeat
+
+    if check_job_cluster()["ok"]:
+        return None
+    return {"since": last_heartbeat()}
+
+
 def _operation_context(op: OperationView, request: HttpRequest | None = None) -> dict[str, Any]:
     ambiguous = (op.way_out or {}).get("ambiguous", [])
     conversation = Conversation.objects.select_related("account", "computer").filter(public_id=op.target).first()
@@ -241,7 +267,8 @@ def _operation_context(op: OperationView, request: HttpRequest | None = None) ->
         "unscanned": _unscanned(receipt.get("verification") or {}),
         "verified_physical_at": moment(receipt.get("verified_physical_at")),
         "poll": POLL_SECONDS if op.is_pending else None,
-        "version": f"{op.state}:{done}:{op.step or ''}:{op.error or ''}",
+        "cluster_stopped": (stopped := _cluster_stopped(op)),
+        "version": f"{op.state}:{done}:{op.step or ''}:{op.error or ''}:{'stopped' if stopped else ''}",
         "stalled": op.error == "stalled",
         # A request that was not admitted: the delete asked for since, if any (its own page)
         "later_intent": (_intent(conversation) if conversation and op.state in ("refused", "unavailable")

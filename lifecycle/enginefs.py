@@ -40,6 +40,7 @@ person trusts what it reports:
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -577,13 +578,16 @@ class EngineHome:
         return count, size
 
     def conversation_usage(self, key: str, problems: list[OSError] | None = None) -> tuple[int, int]:
-        """(files, bytes) in this conversation's folders; a folder behind a symlink counts nothing;
-        what could not be read goes to `problems`."""
+        """(files, bytes) in this conversation's folders; what could not be read goes to
+        `problems`, and so does a folder behind a symlink (ELOOP): it is not followed and counts
+        nothing, so a figure without it is not complete."""
         count = size = 0
         for area in CONVERSATION_AREAS:
             try:
                 folder = self._conversation_dir(area, key)
             except UnsafeEnginePath:
+                if problems is not None:
+                    problems.append(OSError(errno.ELOOP, "passes through a symlink", str(self.root / area / key)))
                 continue
             for info in _walk_files(folder, problems):
                 count += 1

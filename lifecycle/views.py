@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+from pathlib import Path
 from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
@@ -120,10 +122,22 @@ def _engine_files(home: enginefs.EngineHome, conversation: Conversation) -> tupl
     try:
         logs = [home.events_path(key), home.receipts_path(key)]
     except enginefs.UnsafeEnginePath:
-        problems.append(EngineProblem(f"threads/{key}, sessions/{key}", str(REASONS["unsafe"])))
-        logs = []
+        logs = []  # its folder is reported by the count of its files (_engine_usage)
     problems += [describe(home, problem) for problem in map(home.inspect_jsonl, logs) if problem]
     return children, problems
+
+
+def _engine_usage(home: enginefs.EngineHome, conversation: Conversation) -> tuple[int, int, list[EngineProblem]]:
+    """(files, bytes) in the conversation's engine folders, and what they could not count: a
+    folder behind a symbolic link (not followed) or a file or folder that cannot be read."""
+    unread: list[OSError] = []
+    files, size = home.conversation_usage(conversation.storage_key, unread)
+    problems = []
+    for exc in unread:
+        path = Path(exc.filename or "")
+        shown = str(path.relative_to(home.root)) if path.is_relative_to(home.root) else str(path)
+        problems.append(EngineProblem(shown, str(REASONS["unsafe" if exc.errno == errno.ELOOP else "unreadable"])))
+    return files, size, problems
 
 
 @login_required
@@ -141,7 +155,8 @@ def conversation_detail(request: HttpRequest, public_id: str) -> HttpResponse:
     items = items[:TRANSCRIPT_PAGE]
     home = enginefs.EngineHome()
     children, engine_problems = _engine_files(home, conversation)
-    files, size = home.conversation_usage(conversation.storage_key)
+    files, size, uncounted = _engine_usage(home, conversation)
+    engine_problems += uncounted
     context = {
         "conversation": conversation,
         "intent": DeleteOperation.objects.intents().filter(conversation=conversation).first(),

@@ -43,6 +43,38 @@ def test_list_rows_offer_archive_close_and_delete_to_admins(admin_client):
     assert m.AuditFact.objects.filter(action__in=["conversation.archived", "conversation.closed"]).count() == 2
 
 
+def test_archive_and_close_messages_say_where_the_conversation_is_listed_now(admin_client):
+    """Each message is true of the tab the conversation is on after the action: a closed one
+    unarchived goes back under Closed (Recent leaves closed conversations out), and Close
+    claims no stopped turn or released lease it did not find."""
+    conversation = factories.make_conversation(title="Moves between tabs")
+    url = f"/conversations/{conversation.public_id}"
+
+    def act(action: str, value: str) -> str:
+        field = "archived" if action == "archive" else "closed"
+        answer = admin_client.post(f"{url}/{action}/", {field: value, "next": "/conversations/?view=all"}, **HOST)
+        assert answer.status_code == 302
+        return page(admin_client, "/conversations/?view=all")
+
+    def listed(view: str) -> bool:
+        return "Moves between tabs" in page(admin_client, f"/conversations/?view={view}")
+
+    assert "Closed: no turn runs in it and no process holds it until it is resumed." in act("close", "1")
+    assert listed("closed") and not listed("recent")
+    assert "Archived: listed under Archived instead of Closed." in act("archive", "1")
+    assert listed("archived") and not listed("closed")
+    assert "Unarchived: back under Closed." in act("archive", "0")
+    assert listed("closed") and not listed("recent")
+    assert "Resumed." in act("close", "0")
+    assert "Archived: hidden from Recent." in act("archive", "1")
+    assert listed("archived") and not listed("recent")
+    assert "Back in Recent." in act("archive", "0")
+    assert listed("recent")
+    # nothing was running: Close found no turn to stop and no lease to release, and said none
+    closed = m.AuditFact.objects.get(action="conversation.closed")
+    assert closed.new_value == {"closed": True, "interrupted_turns": 0, "resolved_claims": 0, "released_lease": 0}
+
+
 @pytest.mark.parametrize("target", ["conversations", "-1", "NaN", "a\x00b", "http://evil.example/", "//evil.example/",
                                     "/\\evil.example/"])
 def test_a_return_address_that_is_not_a_path_here_goes_to_the_default(admin_client, target):
@@ -130,6 +162,81 @@ def test_cancel_leaves_everything_and_confirm_starts_the_delete(admin_client):
     assert "Physical erasure" in done
 
 
+def test_a_pending_delete_names_the_step_it_died_in_and_says_when_no_job_cluster_runs(admin_client, settings,
+                                                                                        monkeypatch):
+    """A worker killed inside a step leaves the operation on that step (not the one before:
+    its page said "Preparing" while messages were being erased), and while no job finishes on
+    any cluster (the readiness check's rule) the page says the job cluster seems stopped and
+    the delete goes on once it runs; a heartbeat within the limit takes the note away."""
+    from lifecycle import faults
+    from ops.models import JobStat
+
+    conversation = factories.make_conversation(title="Died erasing messages")
+    factories.fill_every_store(conversation)
+    op = request_deletion(conversation, key="died-in-items", acting_user=None)
+
+    class Killed(BaseException):
+        pass
+
+    def kill_at(name: str) -> None:
+        if name == "lifecycle.Item":
+            raise Killed(name)
+
+    monkeypatch.setattr(faults, "kill_point", kill_at)
+    with pytest.raises(Killed):
+        executor.run_erasure(op.pk)
+    op.refresh_from_db()
+    assert (op.state, op.step) == ("pending", "lifecycle.Item")
+    assert m.DeleteStep.objects.get(operation=op, key="lifecycle.Item").state == "pending"  # rolled back
+    settings.READYZ_HEARTBEAT_SECONDS = 300
+    status = page(admin_client, f"/operations/{op.public_id}/")
+    assert "Erasing: Messages and tool calls." in status and "Preparing" not in status
+    assert ("No job has run yet: the job cluster seems to be stopped. This delete goes on where it stopped "
+            "once the cluster runs again.") in status
+    beat = JobStat.objects.create(func="ops.jobs.heartbeat", runs=1, last_finished_at=m.timezone.now()
+                                  - m.timezone.timedelta(minutes=20))
+    status = page(admin_client, f"/operations/{op.public_id}/")
+    assert re.search(r"No job has run since [^<:]+, \d+:\d\d [ap]\.m\. UTC: the job cluster seems to be stopped\.",
+                     status)
+    JobStat.objects.filter(pk=beat.pk).update(last_finished_at=m.timezone.now())
+    assert 'data-testid="cluster-stopped"' not in page(admin_client, f"/operations/{op.public_id}/")
+    # A completed delete says nothing of the cluster.
+    monkeypatch.setattr(faults, "kill_point", lambda name: None)
+    JobStat.objects.all().delete()
+    m.DeleteOperation.objects.filter(pk=op.pk).update(lease_holder="", lease_expires_at=None)
+    assert executor.run_erasure(op.pk) == "completed"
+    assert 'data-testid="cluster-stopped"' not in page(admin_client, f"/operations/{op.public_id}/")
+
+
+def test_a_conversation_folder_behind_a_symlink_is_reported_on_its_page_not_left_out(admin_client, settings,
+                                                                                      tmp_path):
+    """The page counted the engine files without the folder a symlink replaced and said nothing
+    (the delete page said it could not be counted): each such folder is named, once, with the
+    reason, and the figure shown is only what was counted."""
+    import shutil
+
+    conversation = factories.make_conversation(title="Linked away")
+    factories.fill_every_store(conversation)
+    root = settings.ENGINE_HOME
+    key = conversation.storage_key
+    outside = tmp_path / "outside"
+    shutil.move(root / "artifacts" / key, outside)
+    (root / "artifacts" / key).symlink_to(outside, target_is_directory=True)
+    assert any(outside.iterdir())
+    content = page(admin_client, f"/conversations/{conversation.public_id}/")
+    region = content[content.index('data-testid="engine-unreadable"'):]
+    region = region[:region.index("</div>")]
+    assert f"<code>artifacts/{key}</code> is reached through a symbolic link, so it was not read" in region
+    assert region.count("<li>") == 1
+    counted = sum(1 for area in ("threads", "sessions") for p in (root / area / key).rglob("*") if p.is_file())
+    assert re.search(rf"Engine files</dt><dd>{counted} files?, ", content)
+    # a thread folder behind a link: named once (its logs are not read either), not twice
+    shutil.move(root / "threads" / key, tmp_path / "threads-outside")
+    (root / "threads" / key).symlink_to(tmp_path / "threads-outside", target_is_directory=True)
+    content = page(admin_client, f"/conversations/{conversation.public_id}/")
+    assert content.count(f"<code>threads/{key}</code>") == 1 and content.count(f"<code>artifacts/{key}</code>") == 1
+
+
 def test_the_receipt_counts_file_stores_in_files_as_the_preview_does(admin_client):
     conversation = factories.make_conversation(title="Files and rows")
     factories.fill_every_store(conversation)
@@ -139,11 +246,11 @@ def test_the_receipt_counts_file_stores_in_files_as_the_preview_does(admin_clien
     op = request_deletion(conversation, key="files-and-rows", acting_user=None)
     executor.run_erasure(op.pk)
     receipt = page(admin_client, f"/operations/{op.public_id}/")
-    assert re.search(r"Large outputs and tool artifacts</span>\s*<span class=\"store-count\">erased ·\s*"
-                     rf"{counted.group(1)} files? · ", receipt), "the same figure, in files"
-    assert re.search(r"Messages and tool calls</span>\s*<span class=\"store-count\">erased ·\s*\d+ records? ", receipt)
+    assert re.search(r"Large outputs and tool artifacts</span>\s*<span class=\"store-count\">"
+                     rf"{counted.group(1)} files? erased · ", receipt), "the same figure, in files"
+    assert re.search(r"Messages and tool calls</span>\s*<span class=\"store-count\">\d+ records? erased ", receipt)
     # Settled subagent rows are rows of the fleet file: records, as the preview says
-    assert re.search(r"Settled subagent rows</span>\s*<span class=\"store-count\">compacted ·\s*1 record ", receipt)
+    assert re.search(r"Settled subagent rows</span>\s*<span class=\"store-count\">1 record compacted", receipt)
     assert re.search(r"Settled subagent rows</span> <span class=\"store-count\">1 record\s*<", preview)
     # The total says records and files apart, from the same store lines
     totals = executor.changed_totals(op.__class__.objects.get(pk=op.pk).receipt["stores"])

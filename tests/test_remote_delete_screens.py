@@ -218,13 +218,13 @@ def test_the_receipt_names_each_store_its_action_and_unit(admin_client):
     assert page.count('data-state="completed"') == 1
     # Erased first, then compacted, then the rest, each in the registry's order; unknown stores last
     assert items(page, "receipt") == [
-        "Messages and tool calls erased · 2 records · 2.0 KB",
-        "Event log erased · 3 files · 4.0 KB",
-        "Approval receipt log and recovery files erased · 1 file · 100 bytes",
-        "Turn-operation bindings compacted · 1 record · 50 bytes",
-        "Settled subagent rows compacted · 2 records",  # rows of the shared fleet file, not files
-        "Exports you saved kept, link cut · 1 record",
-        "Shared links and published copies revoked · 1 record · 1 shared copy remains",
+        "Messages and tool calls 2 records erased · 2.0 KB",
+        "Event log 3 files erased · 4.0 KB",
+        "Approval receipt log and recovery files 1 file erased · 100 bytes",
+        "Turn-operation bindings 1 record compacted · 50 bytes",
+        "Settled subagent rows 2 records compacted",  # rows of the shared fleet file, not files
+        "Exports you saved 1 record kept, link cut",
+        "Shared links and published copies 1 record revoked · 1 shared copy remains",
         "Other data on the engine 4 records · 10 bytes",  # an action this console does not know: not named
     ]
     assert items(page, "receipt-kept") == [
@@ -239,14 +239,62 @@ def test_the_receipt_names_each_store_its_action_and_unit(admin_client):
     assert not re.search(r"lifecycle\.|approval_receipts|\bevents\b|Hologram|dematerialized", text(page))
 
 
+@pytest.mark.parametrize(("language", "words"), [
+    ("en", ["erased", "compacted", "kept, link cut", "revoked"]),
+    ("es", ["datos borrados", "datos compactados", "datos conservados, vínculo cortado", "enlaces revocados"]),
+])
+def test_a_receipt_line_without_usable_figures_says_what_was_done_and_no_number(admin_client, language, words):
+    """An engine's figure that is not a whole number is not shown; the line still says what
+    was done, in words that agree with nothing they do not name (Spanish: "datos borrados")."""
+    receipt = {"engine": "sqlite", "stores": [
+        {"store": "lifecycle.Item", "class": "erase", "action": "erased", "records": "two", "bytes": -1},
+        {"store": "lifecycle.OperationBinding", "class": "compact", "action": "compacted", "records": None},
+        {"store": "lifecycle.Export", "class": "retain_detach", "action": "detached", "records": 1.5},
+        {"store": "lifecycle.SharedLink", "class": "shared", "action": "revoked", "records": [1]},
+    ], "kept": []}
+    op = completed(receipt)
+    page = admin_client.get(f"/engine/deletes/{op.public_id}/", HTTP_ACCEPT_LANGUAGE=language, **HOST).content.decode()
+    assert items(page, "receipt") == [
+        f"{label(key, language)} {word}" for key, word in zip(
+            ["lifecycle.Item", "lifecycle.OperationBinding", "lifecycle.Export", "lifecycle.SharedLink"], words,
+            strict=True)]
+    totals = text(page.split('data-testid="changed-totals"', 1)[1].split("</p>", 1)[0])
+    assert {"en": ">Erased or compacted, where the engine gave figures: 0 records, 0 bytes.",
+            "es": ">Borrado o compactado, donde el motor dio cifras: 0 registros, 0 bytes."}[language] == totals
+
+
+@pytest.mark.parametrize("answer", [
+    {"receipt": ["not", "an", "object"]},
+    {"receipt": "text"},
+    {"receipt": {"stores": "text", "kept": 7, "holders": "x"}},
+    {"receipt": {"stores": [{"store": "lifecycle.Item", "action": "erased", "records": "two", "bytes": 1.5}]}},
+    {"steps": "text", "reasons": {"a": 1}, "way_out": ["x"]},
+    {"steps": [1, None, {"store": 3, "state": "done"}, {"store": "lifecycle.Item"}], "reasons": [1, "busy"]},
+])
+def test_an_engine_operation_in_an_unexpected_shape_is_shown_without_a_server_error(settings, admin_client, answer):
+    """A remote engine's operation answer is read only in the shape the pages use: a receipt
+    that is not an object, steps that do not name a store and a state, figures that are not
+    counts are left out; the operation's own page and the list answer 200 and say what they can."""
+    operation = {"id": "op_" + "d" * 20, "target": TARGET, "state": "completed", "kind": "delete",
+                 "requested_at": "2026-12-01T00:00:00Z", "completed_at": "2026-12-01T00:01:00Z", **answer}
+    with scripted_engine({("GET", "/v1/operations/"): lambda h: (200, operation),
+                          ("GET", "/v1/operations"): lambda h: (200, {"results": [operation], "next": None})}) as (url, _):
+        settings.ENGINE_URL, settings.ENGINE_TOKEN, settings.ENGINE_RETRIES = url, "t" * 40, 0
+        detail = admin_client.get(f"/operations/{operation['id']}/", **HOST)
+        listed = admin_client.get("/operations/", **HOST)
+    assert detail.status_code == 200 and listed.status_code == 200
+    assert operation["id"] in listed.content.decode()
+    assert "Deleted on" in detail.content.decode()
+
+
 def test_the_receipt_in_spanish_has_no_store_keys(admin_client):
     op = completed(RECEIPT)
     page = admin_client.get(f"/engine/deletes/{op.public_id}/", HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode()
     rows = items(page, "receipt")
-    assert rows[0] == f"{label('lifecycle.Item', 'es')} borrado · 2 registros · 2,0 KB"
-    assert rows[1] == f"{label('events', 'es')} borrado · 3 archivos · 4,0 KB"
-    assert rows[5] == f"{label('lifecycle.Export', 'es')} conservado, vínculo cortado · 1 registro"
-    assert rows[6] == f"{label('lifecycle.SharedLink', 'es')} revocado · 1 registro · queda 1 copia compartida"
+    assert rows[0] == f"{label('lifecycle.Item', 'es')} 2 registros borrados · 2,0 KB"
+    assert rows[1] == f"{label('events', 'es')} 3 archivos borrados · 4,0 KB"
+    assert rows[5] == f"{label('lifecycle.Export', 'es')} 1 registro conservado, vínculo cortado"
+    assert rows[6] == f"{label('lifecycle.SharedLink', 'es')} 1 registro revocado · queda 1 copia compartida"
     assert rows[7].startswith("Otros datos del motor 4 registros")
     kept = items(page, "receipt-kept")
     assert kept[1] == (f"{label('lifecycle.UsageFact', 'es')} 2 registros conservados hasta que termine su "

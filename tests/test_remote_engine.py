@@ -540,8 +540,8 @@ def test_the_status_page_says_whose_step_it_is(remote, client, admin_user, setti
     assert 'data-state="completed"' in page and op.engine_operation in page
     # The receipt by store label and action, in its unit; never the engine's store keys
     words = " ".join(re.sub(r"<[^>]+>", " ", page).split())
-    assert "Messages and tool calls erased · 2 records · " in words and "Event log erased · 0 files" in words
-    assert "Exports you saved kept, link cut · 0 records" in words
+    assert "Messages and tool calls 2 records erased · " in words and "Event log 0 files erased" in words
+    assert "Exports you saved 0 records kept, links cut" in words
     assert "Provider-retained inputs follows provider terms" in words
     assert "lifecycle.Item" not in page and "approval_receipts" not in page
     body = json.loads(client.get(f"/api/v1/bound-deletes/{op.public_id}").content)

@@ -29,6 +29,7 @@ import socket
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
@@ -381,12 +382,15 @@ def _run_step(op: DeleteOperation, step: DeleteStep, store, conversation: Conver
     if step.state != StepState.PENDING:
         renew(op, step=step.key)
     else:
+        # The current step first, in its own commit: a crash inside the step's transaction rolls
+        # back everything in it, and the operation would go on naming the step before (its
+        # page said "Preparing" while the worker had died erasing messages).
+        renew(op, step=step.key)
         # A folder's removal cannot be undone by a crash, as a table's delete can: its figures
         # commit durably before it (a lost commit would leave a receipt counting nothing).
         with stores.erasure_transaction() if store.kind == "table" else stores.durable_transaction():
-            # The lease and the current step commit with the figures (a step that fails before
-            # that is recorded by `_run`'s failure handler).
-            renew(op, step=step.key)
+            # The lease commits with the figures, and is checked again under the step's locks.
+            renew(op)
             if stores.counted_by_delete(store):
                 figures, erased = stores.erase_counted(store, conversation, home, checkpoint=kill)
                 if erased:
@@ -452,15 +456,27 @@ def counts_files(store_key: str) -> bool:
     return store is not None and store.kind == "file" and not store.shared_file
 
 
-def changed_totals(entries: list[dict]) -> dict[str, int]:
+def changed_totals(entries: Any) -> dict[str, int | bool]:
     """What a receipt's stores erased or compacted, from the same entries: records (rows),
-    files (of the conversation's folders) and bytes."""
+    files (of the conversation's folders) and bytes; `partial` when an entry gives no figure
+    or one that is not a whole, non-negative number (a remote engine's receipt): it is left out of
+    the sums, which then say so, as its line shows no number."""
+    entries = entries if isinstance(entries, list) else []
     changed = [e for e in entries if isinstance(e, dict) and e.get("action") in CHANGED_ACTIONS]
     files = [e for e in changed if counts_files(str(e.get("store")))]
+
+    def count(entry: dict, key: str) -> int:
+        value = entry.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+    def usable(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
     return {
-        "records": sum(int(e.get("records") or 0) for e in changed if e not in files),
-        "files": sum(int(e.get("records") or 0) for e in files),
-        "bytes": sum(int(e.get("bytes") or 0) for e in changed),
+        "records": sum(count(e, "records") for e in changed if e not in files),
+        "files": sum(count(e, "records") for e in files),
+        "bytes": sum(count(e, "bytes") for e in changed),
+        "partial": not all(usable(e.get("records")) and usable(e.get("bytes")) for e in changed),
     }
 
 

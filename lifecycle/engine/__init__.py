@@ -57,13 +57,21 @@ class OperationView:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> OperationView:
+        """An operation as an engine answered it. The parts pages read into are taken only in
+        the shape they are read in (a remote engine's answer is not trusted to have it): a
+        receipt and a way out that are objects, steps that name their store and state, reasons
+        that are words; anything else is left out, never a server error later."""
+        steps, reasons, receipt, way_out = data.get("steps"), data.get("reasons"), data.get("receipt"), data.get("way_out")
         return cls(
             id=data["id"], target=data["target"], state=data["state"], code=data.get("code"),
             message=data.get("message"), step=data.get("step"), attempts=data.get("attempts", 0),
             error=data.get("error"), error_message=data.get("error_message"),
             requested_at=_moment(data.get("requested_at")), completed_at=_moment(data.get("completed_at")),
-            reasons=list(data.get("reasons") or []), steps=list(data.get("steps") or []),
-            receipt=data.get("receipt"), way_out=data.get("way_out"), data=data,
+            reasons=[r for r in reasons if isinstance(r, str)] if isinstance(reasons, list) else [],
+            steps=[s for s in steps if isinstance(s, dict) and isinstance(s.get("store"), str)
+                   and isinstance(s.get("state"), str)] if isinstance(steps, list) else [],
+            receipt=receipt if isinstance(receipt, dict) else None,
+            way_out=way_out if isinstance(way_out, dict) else None, data=data,
         )
 
     @property
