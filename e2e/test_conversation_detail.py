@@ -8,7 +8,7 @@ import pytest
 from playwright.sync_api import expect
 
 from e2e.conftest import ADMIN, ALL_VIEWPORTS, MEMBER
-from e2e.helpers import check_layout, conversation_with_long_output, log_in, open_from_list
+from e2e.helpers import check_layout, conversation_with_long_output, log_in, open_from_list, reduce_tool_item
 from lifecycle.models import Role
 from lifecycle.transcript import item_rows
 
@@ -74,3 +74,31 @@ def test_it_loads_the_full_tool_output_in_place(seeded, live_server, open_page, 
     assert shown.strip() == full.strip()
     assert page.url == detail_url  # loaded in place, no navigation
     check_layout(page)  # a long output still wraps inside the screen
+
+
+@ALL_VIEWPORTS
+def test_a_full_output_removed_since_the_page_was_shown_turns_the_row_into_its_removed_row(
+        seeded, live_server, open_page, viewport):
+    """The cleanup removed the details after the transcript was shown: "Show full output"
+    answers 410 with the row as it now reads ("Tool details removed on <date>", the kept
+    summary), swapped in place of the stale preview, and the focus goes to that row; the row
+    in the database is the reduced one, and nothing else on the page moves."""
+    conversation, tool_item = conversation_with_long_output()
+    page = open_page(viewport)
+    log_in(page, live_server.url, *ADMIN)
+    open_from_list(page, conversation)
+    row = page.locator(f"#item-{tool_item.pk}")
+    button = row.get_by_role("link", name=re.compile(r"^Show full output \(.+\)$"))
+    expect(button).to_be_visible()
+    reduced = reduce_tool_item(tool_item)  # the cleanup, after the page was shown
+    assert reduced.details_removed_at is not None and reduced.removable_bytes == 0
+    with page.expect_response(lambda r: f"/items/{tool_item.pk}/output/" in r.url) as answered:
+        button.focus()
+        page.keyboard.press("Enter")
+    assert answered.value.status == 410
+    expect(row.get_by_test_id("details-removed")).to_contain_text("Tool details removed on")
+    expect(row.locator(".output")).to_have_count(0)
+    expect(button).to_have_count(0)
+    expect(page.locator(f"#item-{tool_item.pk}")).to_have_count(1)  # replaced, not nested
+    expect(page.locator(f"#item-{tool_item.pk}")).to_be_focused()
+    check_layout(page)

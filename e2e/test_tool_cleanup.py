@@ -355,10 +355,18 @@ def test_the_backup_choice_is_asked_afresh_and_the_form_follows_a_cancelled_prep
     with page.expect_response(lambda r: r.url.endswith("/tool-payload-cleanup/cancel/")
                               and r.request.method == "POST"):
         page.get_by_role("button", name="Cancel preparation").click()  # the server has it before the backup runs
+    # Acknowledged at once, while no worker has taken the backup yet: no second Cancel to press
+    expect(page.get_by_test_id("cancel-requested")).to_have_text(
+        "Cancel requested: the backup stops at its next check.")
+    expect(page.get_by_role("button", name="Cancel preparation")).to_have_count(0)
+    expect(page.locator("#tool-run")).to_be_focused()  # the button it had went: the focus stays in its region
     drain()
     expect(page.get_by_test_id("preparation")).to_contain_text("Backup preparation cancelled.", timeout=15_000)
-    page.locator("#cancel-backup").click()
+    page.locator("#cancel-backup").focus()
+    page.keyboard.press("Enter")  # as a keyboard user: the focus stays in the card it replaced
     expect(page.get_by_test_id("next-check")).to_have_text("Disabled")
+    page.wait_for_function("document.activeElement !== document.body"
+                           " && document.getElementById('tool-card').contains(document.activeElement)", timeout=5_000)
     expect(page.get_by_label("Automatic cleanup")).not_to_be_checked()
     expect(page.locator("#save-bar")).to_be_hidden()
     policy = ToolPayloadPolicy.load()

@@ -185,6 +185,12 @@ def item_output(request: HttpRequest, public_id: str, item_id: int) -> HttpRespo
     item = get_object_or_404(Item, conversation=conversation, pk=item_id)
     row = item_rows([item], full=True)[0]
     context = {"conversation": conversation, "row": row}
+    if request.htmx and row.removed_on:
+        # Removed since the transcript was shown (the cleanup ran meanwhile): the whole row
+        # as it now reads, in place of the stale one, with the 410 (lethe.js swaps it in).
+        response = render(request, "lifecycle/_tool_row.html", context, status=410)
+        response["HX-Retarget"], response["HX-Reswap"] = f"#item-{item.pk}", "outerHTML"
+        return response
     template = "lifecycle/item_output.html"
     if request.htmx:
         template += "#output"

@@ -19,7 +19,8 @@ from lifecycle.models import Item
 from retention import service
 from retention.models import ToolPayloadOperation, ToolPayloadPolicy
 from retention.storage import database_size
-from tests.test_tool_payload_jobs import enable, old_conversation, run
+from tests import factories
+from tests.test_tool_payload_jobs import OLD, age, enable, old_conversation, run
 
 pytestmark = pytest.mark.django_db
 HOST = {"HTTP_HOST": "127.0.0.1"}
@@ -45,6 +46,11 @@ def region(html: str, element_id: str) -> str:
                  ("tool-analysis", "tool-run", "tool-poll", "db-compact", "backups", "cleanup-history")]
     ends = [i for i in following if i > start]
     return html[start:min(ends) if ends else len(html)]
+
+
+def text_of(html: str) -> str:
+    """The words of some markup, tags out and spaces collapsed."""
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html)).replace(" .", ".").replace(" :", ":").strip()
 
 
 def state_of(html: str, element_id: str, attribute: str = "data-state") -> str:
@@ -111,6 +117,21 @@ def test_an_analysis_with_nothing_old_enough_is_empty(admin_client, admin_user):
     html = page(admin_client)
     assert state_of(html, "tool-analysis") == "empty"
     assert "No eligible payloads." in html and "Estimated payload savings" not in html
+
+
+def test_an_empty_analysis_with_old_protected_items_does_not_say_there_are_none(admin_client, admin_user):
+    """Old tool items that cleanup leaves alone (protected kinds) are older than the period:
+    the empty result says nothing older has details cleanup removes, not that nothing is older."""
+    conversation = factories.make_conversation(title="only-protected")
+    factories.add_tool(conversation, "plan", {"steps": ["a", "b"]}, tool_call_id="p-1")
+    age(conversation, OLD)
+    run(service.start_analysis(user=admin_user, age_value=3, age_unit="months"))
+    html = page(admin_client)
+    analysis = text_of(region(html, "tool-analysis"))
+    assert state_of(html, "tool-analysis") == "empty"
+    assert ("No eligible payloads. Nothing older than this period has details that cleanup removes, so it would "
+            "remove nothing now.") in analysis
+    assert "1 item skipped" in analysis and "No tool details are older" not in analysis
 
 
 def test_saving_other_settings_marks_the_analysis_stale(admin_client, admin_user):
@@ -346,8 +367,38 @@ def test_plain_form_posts_work_without_javascript(admin_client, admin_user):
 
 def test_cancel_asks_the_running_operation_to_stop(admin_client, admin_user):
     op_id = service.start_analysis(user=admin_user, age_value=3, age_unit="months")
-    assert admin_client.post(CANCEL, {"operation_id": str(op_id)}, **HX).status_code == 202
+    response = admin_client.post(CANCEL, {"operation_id": str(op_id)}, **HX)
+    assert response.status_code == 202
     assert ToolPayloadOperation.objects.get(pk=op_id).cancel_requested is True
+    # The answer (and every read after it) says the cancel was asked for, without a second
+    # Cancel to press, until a worker takes the operation and ends it.
+    for html in (response.content.decode(), page(admin_client)):
+        analysis = region(html, "tool-analysis")
+        assert state_of(html, "tool-analysis", "data-cancel") == "requested"
+        assert "Cancel requested: the analysis stops at its next check." in text_of(analysis)
+        assert 'id="cancel-analysis"' not in analysis
+
+
+@pytest.mark.parametrize("kind", ["backup", "cleanup"])
+def test_a_cancel_asked_for_a_queued_backup_or_run_is_acknowledged(admin_client, admin_user, kind):
+    """A queued preparation (no worker has taken it yet) or run whose cancel was asked for says
+    so, and offers no Cancel again, until a worker ends it."""
+    old_conversation("queued-cancel")
+    enable(admin_user, choice="create" if kind == "backup" else "skip")
+    admin_client.post(RUN, {"revision": str(ToolPayloadPolicy.load().revision)}, **HX)
+    op = ToolPayloadOperation.objects.get(kind=kind)
+    assert op.state == "queued"
+    response = admin_client.post(CANCEL, {"operation_id": str(op.pk)}, **HX)
+    assert response.status_code == 202
+    html = response.content.decode()
+    run_region = text_of(region(html, "tool-run"))
+    assert state_of(html, "tool-run", "data-cancel") == "requested"
+    said = {"backup": "Cancel requested: the backup stops at its next check.",
+            "cleanup": "Cancel requested: the run stops before its next batch; nothing more is removed."}[kind]
+    assert said in run_region
+    assert "Cancel preparation" not in run_region and "Cancel run" not in run_region
+    op.refresh_from_db()
+    assert op.cancel_requested and op.state == "queued"  # nothing ended it yet: not shown as ended either
 
 
 # ---- Members --------------------------------------------------------------------------------
@@ -434,6 +485,9 @@ def test_spanish_history_agrees_with_each_kind(admin_client, admin_user, setting
     history = region(html, "cleanup-history")
     assert re.search(r"<strong>Análisis</strong> <span[^>]*>Completado</span>.*?iniciado por alice", history, re.S)
     assert re.search(r"<strong>Limpieza</strong> <span[^>]*>Completada</span>.*?iniciada por alice", history, re.S)
+    # the details' labels too: "Iniciado por" for the analysis, "Iniciada por" for the run
+    assert "<dt>Iniciado por</dt>" in region(html, "tool-analysis")
+    assert "<dt>Iniciada por</dt>" in region(html, "tool-run")
     listing = admin_client.get("/operations/", HTTP_HOST="127.0.0.1", HTTP_ACCEPT_LANGUAGE="es").content.decode()
     assert re.search(r"Análisis</span>\s*<span class=\"conv-meta\">\s*<span class=\"badge[^\"]*\">Completado<", listing)
     assert re.search(r"Limpieza</span>\s*<span class=\"conv-meta\">\s*<span class=\"badge[^\"]*\">Completada<", listing)

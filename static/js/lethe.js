@@ -234,6 +234,15 @@
     if (box) box.value = box.defaultValue = params.get("q") || "";
   });
 
+  // A full output asked for after the cleanup removed it: the 410 brings the row as it now
+  // reads (retargeted to the row by the server), swapped in like any answer.
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    var elt = event.detail.requestConfig && event.detail.requestConfig.elt;
+    if (!elt || !elt.hasAttribute || !elt.hasAttribute("data-gone-swaps") || event.detail.xhr.status !== 410) return;
+    event.detail.shouldSwap = true;
+    event.detail.isError = false;
+  });
+
   // ---- Data & storage: tool payload cleanup ------------------------------------
   // Status reads and actions answer with out-of-band regions, also on 4xx/5xx (a refusal
   // carries the service's own message), so those bodies are processed, never dropped.
@@ -278,7 +287,9 @@
   document.addEventListener("htmx:oobBeforeSwap", function (event) {
     var target = event.detail.target;
     var fresh = event.detail.fragment && event.detail.fragment.firstElementChild;
-    if (!target || !fresh || !target.matches || !target.matches(".cleanup-region, #backups, #cleanup-history")) return;
+    // (#tool-card: an action that saved the policy, such as Cancel after a failed backup,
+    // also replaces the whole card, regions included.)
+    if (!target || !fresh || !target.matches || !target.matches(".cleanup-region, #backups, #cleanup-history, #tool-card")) return;
     target.querySelectorAll("details[open][id]").forEach(function (d) {
       var again = fresh.querySelector("#" + d.id);
       if (again) again.setAttribute("open", "");
@@ -289,10 +300,12 @@
     }
     var active = document.activeElement;
     focusAfterSwap = target.contains(active) ? { id: active.id, region: target.id } : null;
-    var before = target.dataset.state + "/" + target.dataset.run + "/" + target.dataset.prep;
-    var after = fresh.dataset.state + "/" + fresh.dataset.run + "/" + fresh.dataset.prep;
+    var before = [target.dataset.state, target.dataset.run, target.dataset.prep, target.dataset.cancel].join("/");
+    var after = [fresh.dataset.state, fresh.dataset.run, fresh.dataset.prep, fresh.dataset.cancel].join("/");
     if (before !== after) {
-      var first = fresh.querySelector("p");
+      // A cancel just asked for is what changed: say that, not the progress line before it.
+      var cancelled = fresh.dataset.cancel && fresh.dataset.cancel !== target.dataset.cancel;
+      var first = (cancelled && fresh.querySelector('[data-testid="cancel-requested"]')) || fresh.querySelector("p");
       if (first) announce(document.getElementById("cleanup-live"), first.textContent.replace(/\s+/g, " ").trim());
     }
   });
@@ -303,6 +316,7 @@
     // The same control if it is still there (and usable), else the region it was in.
     var el = wanted.id && document.getElementById(wanted.id);
     if (el && !el.disabled && el.matches("button, a, input, select, summary")) el.focus({ preventScroll: true });
+    else if (el && el.matches(".cleanup-region, #backups, #cleanup-history")) focusQuiet(el);  // a region that had it
     else focusQuiet(document.getElementById(wanted.region));
   });
 
