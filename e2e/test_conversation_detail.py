@@ -8,7 +8,13 @@ import pytest
 from playwright.sync_api import expect
 
 from e2e.conftest import ADMIN, ALL_VIEWPORTS, MEMBER
-from e2e.helpers import check_layout, conversation_with_long_output, log_in, open_from_list, reduce_tool_item
+from e2e.helpers import (
+    check_layout,
+    conversation_with_long_output,
+    log_in,
+    open_from_list,
+    reduce_tool_item,
+)
 from lifecycle.models import Role
 from lifecycle.transcript import item_rows
 
