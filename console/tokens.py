@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import unicodedata
+
 from django import forms
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from console.fields import WholeNumberField
 from console.models import ApiToken
 from lifecycle import audit
 
@@ -17,11 +20,14 @@ MAX_DAYS = 3650
 class TokenForm(forms.Form):
     name = forms.CharField(label=_("Name"), max_length=120, strip=True,
                            help_text=_("What uses it, for example “Nightly export script”."))
-    days = forms.IntegerField(label=_("Expires after (days)"), min_value=1, max_value=MAX_DAYS)
+    days = WholeNumberField(label=_("Expires after (days)"), min_value=1, max_value=MAX_DAYS)
 
     def clean_name(self):
         name = self.cleaned_data["name"]
-        if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        # Control characters, and the invisible ones that make a name read as another (bidi
+        # overrides such as U+202E, zero-width spaces): format, private-use, unassigned.
+        if any(ord(c) < 32 or ord(c) == 127 or unicodedata.category(c) in ("Cc", "Cf", "Co", "Cn", "Cs", "Zl", "Zp")
+               for c in name):
             raise forms.ValidationError(_("Use letters, digits, spaces and punctuation only."), code="invalid")
         return name
 

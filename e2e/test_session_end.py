@@ -123,3 +123,25 @@ def test_the_list_sends_a_signed_out_search_to_the_login_page(seeded, live_serve
     page.get_by_role("button", name="Sign in").click()
     expect(page).to_have_url(re.compile(r"/conversations/\?view=recent.*q=draft"))
     expect(page.get_by_label("Search")).to_have_value("draft")
+
+
+def test_an_admin_made_a_member_mid_edit_is_told_so_not_that_the_session_ended(seeded, live_server, open_page):
+    """The session is alive but its user is no longer an admin: the save is refused 403 for
+    who is signed in, and the bar says only admins can change these settings (signing in again
+    would not help), keeps the draft, and saves nothing."""
+    from django.contrib.auth import get_user_model
+
+    page = open_page("desktop")
+    log_in(page, live_server.url, *ADMIN)
+    open_nav(page, "Data & storage")
+    before = RetainedFactsPolicy.load()
+    page.get_by_label("Audit facts, days").fill("123")
+    get_user_model().objects.filter(username=ADMIN[0]).update(is_staff=False, is_superuser=False)
+    bar(page).get_by_role("button", name="Save").click()
+    said = "Only admins can change these settings, so nothing was saved."
+    expect(bar(page).locator(".save-bar-status")).to_have_text(said)
+    expect(page.locator("#save-bar-live")).to_have_text(said)
+    expect(bar(page).get_by_role("link", name="Sign in again (new tab)")).to_be_hidden()
+    expect(page.get_by_label("Audit facts, days")).to_have_value("123")
+    stored = RetainedFactsPolicy.load()
+    assert (stored.audit_days, stored.revision) == (before.audit_days, before.revision)

@@ -352,6 +352,7 @@ def _listed(ops: list[OperationView]) -> list[dict[str, Any]]:
         "totals": changed_totals((op.receipt or {}).get("stores", [])),
         "done": sum(1 for s in op.steps if s["state"] == "done"),
         "total": len(op.steps),
+        "error_text": error_message(op.error) if op.is_pending else "",
         "reason": reasons.message(op.code) if op.code else "",
     } for op in ops]
 

@@ -4,6 +4,7 @@ from django import forms
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from console.fields import WholeNumberField
 from lifecycle.models import RetainedFactsPolicy
 from retention.models import AGE_LIMITS, AgeUnit
 
@@ -17,7 +18,7 @@ class AgeForm(forms.Form):
     """The cleanup period alone: what an analysis of the draft needs."""
 
     # The range depends on the unit, so clean() checks it and says it in those words.
-    age_value = forms.IntegerField(label=_("Conversations inactive for"))
+    age_value = WholeNumberField(label=_("Conversations inactive for"))
     age_unit = forms.ChoiceField(label=_("Unit"), choices=AgeUnit.choices)
 
     def clean(self):
@@ -43,21 +44,21 @@ class ToolPayloadPolicyForm(AgeForm):
         label=_("Before the first cleanup"), choices=BackupChoice.choices, required=False,
         widget=forms.RadioSelect,
     )
-    revision = forms.IntegerField(widget=forms.HiddenInput, min_value=1)
+    revision = WholeNumberField(widget=forms.HiddenInput, min_value=1)
 
     field_order = ("age_value", "age_unit", "enabled", "backup_choice", "revision")
 
 
 class RunForm(forms.Form):
-    revision = forms.IntegerField(min_value=1)
+    revision = WholeNumberField(min_value=1)
 
 
 class CancelForm(forms.Form):
-    operation_id = forms.IntegerField(min_value=1)
+    operation_id = WholeNumberField(min_value=1)
 
 
 def _days_field(label):
-    return forms.IntegerField(
+    return WholeNumberField(
         label=label, min_value=RetainedFactsPolicy.MIN_DAYS, max_value=RetainedFactsPolicy.MAX_DAYS
     )
 
@@ -66,4 +67,4 @@ class RetainedFactsForm(forms.Form):
     audit_days = _days_field(_("Audit facts, days"))
     usage_days = _days_field(_("Usage and metering, days"))
     billing_days = _days_field(_("Billing facts, days"))
-    revision = forms.IntegerField(widget=forms.HiddenInput, min_value=1)
+    revision = WholeNumberField(widget=forms.HiddenInput, min_value=1)

@@ -321,7 +321,11 @@ def _card_response(request: HttpRequest, region: str, status: int, **overrides) 
 def _save_card(request: HttpRequest, region: str, form_name: str, form, save, saved_text: str) -> HttpResponse:
     """One contributor's save: 403 for members, 422 invalid, 409 refused, else saved."""
     if not is_admin(request.user):
-        return _card_response(request, region, 403, notice=_("Only admins can change these settings."))
+        response = _card_response(request, region, 403, notice=_("Only admins can change these settings."))
+        # Said apart from a 403 of the CSRF check (a session that ended): signing in again
+        # would not help here (lethe.js, the save bar).
+        response["X-Lethe-Refused"] = "not-admin"
+        return response
     if not form.is_valid():
         return _card_response(request, region, 422, **{form_name: form})
     try:

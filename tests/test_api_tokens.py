@@ -65,7 +65,9 @@ def test_the_lifetime_comes_from_the_setting_or_the_option(settings, admin_user)
 
 
 @pytest.mark.parametrize("args", [["--days", "0"], ["--days", "99999"], ["--name", ""], ["--name", "x" * 121],
-                                  ["--name", "tab\there"]])
+                                  ["--name", "tab\there"], ["--name", "\u202eevil"], ["--name", "a\u200b"],
+                                  ["--name", "\u2066x\u2069"], ["--name", "a\u2028b"], ["--days", "٣"],
+                                  ["--days", "+3"], ["--days", "1_0"]])
 def test_the_command_refuses_bad_input_and_makes_nothing(admin_user, args):
     base = {"--name": "ok", "--days": "10"}
     base.update(dict(zip(args[::2], args[1::2], strict=True)))

@@ -279,6 +279,22 @@ def test_a_check_past_its_time_is_shown_due_not_as_a_time_to_come(admin_client, 
     assert "(due: it runs when the job cluster next runs)" in command("status")
 
 
+def test_a_queued_compaction_says_queued_not_compacting(admin_client, admin_user):
+    """No worker has taken it (the job cluster is stopped): it is not shown as under way."""
+    response = admin_client.post(COMPACT, {}, **HX)
+    assert response.status_code == 202
+    op = ToolPayloadOperation.objects.get(kind="compact")
+    assert op.state == "queued" and op.started_at is None
+    for html in (response.content.decode(), page(admin_client)):
+        compact = region(html, "db-compact")
+        assert 'data-testid="compact-state" data-state="queued"' in compact
+        assert "Compaction queued: it starts when a background worker is free." in text_of(compact)
+        assert "Compacting the database" not in compact
+    ToolPayloadOperation.objects.filter(pk=op.pk).update(state="running", started_at=op.created_at)
+    compact = region(page(admin_client), "db-compact")
+    assert 'data-state="running"' in compact and "Compacting the database…" in compact
+
+
 @pytest.mark.django_db(transaction=True)  # VACUUM runs outside any transaction
 def test_compact_database_runs_as_a_job_with_before_and_after_sizes(admin_client):
     response = admin_client.post(COMPACT, {}, **HX)

@@ -31,6 +31,8 @@ def test_it_shows_sizes_and_both_cards_with_defaults(admin_client):
     assert ToolPayloadPolicy.load().enabled is False
     assert (RetainedFactsPolicy.load().audit_days, RetainedFactsPolicy.load().usage_days,
             RetainedFactsPolicy.load().billing_days) == (365, 400, 2555)
+    ids = re.findall(r'\bid="([^"]+)"', content)
+    assert not [i for i in set(ids) if ids.count(i) > 1]  # every id once (both forms have a revision)
 
 
 def test_it_shows_members_a_read_only_page(member_client):
@@ -110,6 +112,19 @@ def test_it_rejects_invalid_policy_input_and_saves_nothing(admin_client, bad):
     assert response.status_code == 422
     policy = ToolPayloadPolicy.load()
     assert (policy.enabled, policy.age_value, policy.age_unit, policy.revision) == (False, 3, "months", 1)
+    assert AuditFact.objects.count() == 0
+
+
+@pytest.mark.parametrize("spelled", ["1_000", "+365", "365.0", " 365.0", "٣٦٥", "３６５", "3e2", "0x10", "9" * 19])
+def test_a_number_the_api_refuses_is_refused_by_the_forms_too(admin_client, spelled):
+    """The forms take whole numbers in ASCII digits only, as the API does: int() took "1_000",
+    "+365", other scripts' digits, and Django "365.0", and saved them."""
+    facts = admin_client.post(FACTS, facts_form(audit_days=spelled), **HX)
+    tool = admin_client.post(TOOL, tool_form(enabled="on", age_value=spelled), **HX)
+    assert (facts.status_code, tool.status_code) == (422, 422)
+    assert "Enter a whole number." in facts.content.decode()
+    assert RetainedFactsPolicy.load().audit_days == 365 and RetainedFactsPolicy.load().revision == 1
+    assert (ToolPayloadPolicy.load().enabled, ToolPayloadPolicy.load().revision) == (False, 1)
     assert AuditFact.objects.count() == 0
 
 

@@ -208,6 +208,23 @@ def test_a_pending_delete_names_the_step_it_died_in_and_says_when_no_job_cluster
     assert 'data-testid="cluster-stopped"' not in page(admin_client, f"/operations/{op.public_id}/")
 
 
+def test_a_pending_row_in_the_operations_list_counts_steps_done_and_says_its_error(admin_client):
+    """The row said "step 9 of 21" for a delete on its third step with nine done, and left out
+    that it was retrying after an error."""
+    conversation = factories.make_conversation(title="Retrying")
+    factories.fill_every_store(conversation)
+    op = request_deletion(conversation, key="retrying", acting_user=None)
+    m.DeleteStep.objects.filter(operation=op, position__lt=4).update(state="done")
+    m.DeleteOperation.objects.filter(pk=op.pk).update(last_error="io_error")
+    total = m.DeleteStep.objects.filter(operation=op).count()
+    row = page(admin_client, "/operations/?state=pending")
+    row = row[row.index(op.public_id):]
+    row = row[:row.index("</li>")]
+    words = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", row))
+    assert f"4 of {total} steps done" in words and "step 4 of" not in words
+    assert "The engine folder could not be changed." in words
+
+
 def test_a_conversation_folder_behind_a_symlink_is_reported_on_its_page_not_left_out(admin_client, settings,
                                                                                       tmp_path):
     """The page counted the engine files without the folder a symlink replaced and said nothing

@@ -117,6 +117,30 @@ def test_it_measures_exact_sums_per_conversation_owner_and_tool_kind(engine_home
 
 
 @pytest.mark.django_db
+def test_measure_now_also_gives_the_engine_folder_figure_the_database_card_shows(engine_home, admin_client):
+    """Data & storage showed two engine folder figures at once (the 15-minute measure's and
+    Measure now's): a measurement updates the card's figure too, unless that one is newer."""
+    from retention.models import StorageSnapshot
+    from retention.tasks import measure_engine_folder
+
+    build_fleet()
+    measure_engine_folder()
+    before = StorageSnapshot.load()
+    files = [p for p in engine_home.rglob("*") if p.is_file()]
+    files[0].unlink()  # the folder changes after the 15-minute measure
+    result = measure_storage()
+    after = StorageSnapshot.load()
+    assert (after.engine_files, after.engine_bytes) == (before.engine_files - 1, result["engine_bytes"])
+    assert after.measured_at > before.measured_at
+    page = admin_client.get("/settings/system/data-storage/", HTTP_HOST="127.0.0.1").content.decode()
+    assert page.count(f"{after.engine_files} files, ") >= 1 and f"{before.engine_files} files, " not in page
+    # a newer 15-minute measure is not replaced by an older measurement's figures
+    StorageSnapshot.objects.filter(id=1).update(measured_at=timezone.now() + timedelta(hours=1), engine_files=1)
+    measure_storage()
+    assert StorageSnapshot.load().engine_files == 1
+
+
+@pytest.mark.django_db
 def test_a_rerun_the_same_day_replaces_that_day_and_counts_nothing_twice(engine_home):
     fleet = build_fleet()
     measure_storage()

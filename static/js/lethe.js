@@ -501,6 +501,8 @@
       headers: { "HX-Request": "true", "HX-Current-URL": location.href },
       credentials: "same-origin",
     }).then(function (response) {
+      // Refused for who is signed in (no longer an admin), not a session that ended.
+      if (response.status === 403 && response.headers.get("X-Lethe-Refused") === "not-admin") return "forbidden";
       if (signedOut(response)) return "session";
       return response.text().then(function (html) {
         var holder = document.createElement("div");
@@ -538,6 +540,11 @@
         refresh();
         announce(live, bar.dataset.sessionEnded);
         if (barHadFocus && signIn) signIn.focus();
+        return;
+      }
+      if (results.indexOf("forbidden") !== -1) {
+        refresh(bar.dataset.forbidden);
+        announce(live, bar.dataset.forbidden);
         return;
       }
       if (results.indexOf("failed") !== -1) {

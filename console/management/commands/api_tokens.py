@@ -4,6 +4,7 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
+from console.fields import whole_number
 from console.models import ApiToken
 from console.tokens import create_token, revoke_token
 
@@ -22,7 +23,7 @@ class Command(BaseCommand):
         create = sub.add_parser("create", help="Make a token for a user and print it once.")
         create.add_argument("username")
         create.add_argument("--name", required=True)
-        create.add_argument("--days", type=int, default=None, help="Days until it expires (default API_TOKEN_DAYS).")
+        create.add_argument("--days", type=whole_number, default=None, help="Days until it expires (default API_TOKEN_DAYS).")
         revoke = sub.add_parser("revoke", help="Revoke a token by its id or its whole prefix (lethe_xxxxxx).")
         revoke.add_argument("token")
 

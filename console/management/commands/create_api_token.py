@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand
 
+from console.fields import whole_number
 from console.management.commands.api_tokens import issue
 
 
@@ -11,7 +12,8 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("username")
         parser.add_argument("--name", default="", help="Default: “<user> token”.")
-        parser.add_argument("--days", type=int, default=None, help="Days until it expires (default API_TOKEN_DAYS).")
+        parser.add_argument("--days", type=whole_number, default=None,
+                            help="Days until it expires (default API_TOKEN_DAYS).")
 
     def handle(self, *args, username: str, name: str, days: int | None, **options):
         self.stdout.write(issue(username, name=name or f"{username} token", days=days))
