@@ -10,7 +10,8 @@ def _snapshot() -> StorageSnapshot | None:
     return StorageSnapshot.objects.filter(measured_at__isnull=False).first()
 
 
-@gauge("lethe_engine_folder_bytes", "Bytes in the engine folder at the last background measurement.")
+@gauge("lethe_engine_folder_bytes", "Bytes of the files in the engine folder (their contents, not the disk blocks "
+       "they take) at the last background measurement.")
 def engine_folder_bytes() -> int:
     snapshot = _snapshot()
     return snapshot.engine_bytes if snapshot else 0
