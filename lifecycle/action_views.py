@@ -231,12 +231,11 @@ def _cluster_stopped(op: OperationView) -> dict[str, Any] | None:
     which this console cannot see.)"""
     if not op.is_pending or settings.ENGINE_URL:
         return None
-    from ops.health import check_job_cluster
+    from ops.health import job_cluster_state
     from ops.jobs import last_heartbeat
 
-    if check_job_cluster()["ok"]:
-        return None
-    return {"since": last_heartbeat()}
+    beat = last_heartbeat()  # read once: the rule and the time shown are of the same job
+    return None if job_cluster_state(beat)["ok"] else {"since": beat}
 
 
 def _operation_context(op: OperationView, request: HttpRequest | None = None) -> dict[str, Any]:

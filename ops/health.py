@@ -180,8 +180,12 @@ def _stat_key(path) -> tuple:
 def check_job_cluster() -> dict[str, Any]:
     from ops.jobs import last_heartbeat
 
+    return job_cluster_state(last_heartbeat())
+
+
+def job_cluster_state(beat) -> dict[str, Any]:
+    """The readiness rule for the job cluster, given when a job last finished (None: never)."""
     limit = int(getattr(settings, "READYZ_HEARTBEAT_SECONDS", DEFAULT_HEARTBEAT_SECONDS))
-    beat = last_heartbeat()
     if beat is None:
         return {"ok": False, "error": "never", "limit_seconds": limit}
     age = max(0, round((timezone.now() - beat).total_seconds()))

@@ -38,7 +38,8 @@ from typing import Any
 from django.utils import timezone
 
 from lifecycle import faults
-from lifecycle.deletion.presentation import figure, receipt_rows
+from lifecycle.deletion.executor import figure
+from lifecycle.deletion.presentation import receipt_rows
 from lifecycle.engine.http import EngineBadAnswer, EngineCredentialsRefused, EngineUnreachable
 from lifecycle.errors import ActionRefused
 from lifecycle.models import RetainedFactsPolicy

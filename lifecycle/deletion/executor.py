@@ -456,6 +456,11 @@ def counts_files(store_key: str) -> bool:
     return store is not None and store.kind == "file" and not store.shared_file
 
 
+def figure(value: Any) -> int | None:
+    """A whole, non-negative count as an engine gave it, or None (not given, or not a count)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
 def changed_totals(entries: Any) -> dict[str, int | bool]:
     """What a receipt's stores erased or compacted, from the same entries: records (rows),
     files (of the conversation's folders) and bytes; `partial` when an entry gives no figure
@@ -464,19 +469,11 @@ def changed_totals(entries: Any) -> dict[str, int | bool]:
     entries = entries if isinstance(entries, list) else []
     changed = [e for e in entries if isinstance(e, dict) and e.get("action") in CHANGED_ACTIONS]
     files = [e for e in changed if counts_files(str(e.get("store")))]
-
-    def count(entry: dict, key: str) -> int:
-        value = entry.get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-    def usable(value: Any) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
     return {
-        "records": sum(count(e, "records") for e in changed if e not in files),
-        "files": sum(count(e, "records") for e in files),
-        "bytes": sum(count(e, "bytes") for e in changed),
-        "partial": not all(usable(e.get("records")) and usable(e.get("bytes")) for e in changed),
+        "records": sum(figure(e.get("records")) or 0 for e in changed if e not in files),
+        "files": sum(figure(e.get("records")) or 0 for e in files),
+        "bytes": sum(figure(e.get("bytes")) or 0 for e in changed),
+        "partial": any(figure(e.get(key)) is None for e in changed for key in ("records", "bytes")),
     }
 
 

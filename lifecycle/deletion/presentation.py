@@ -15,7 +15,7 @@ from typing import Any
 from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext_lazy as _
 
-from lifecycle.deletion.executor import counts_files
+from lifecycle.deletion.executor import counts_files, figure
 from lifecycle.registry import FACTS_KEPT, STORES, RetentionClass, Store
 
 OTHER_LABEL = _("Other data on the engine")
@@ -35,11 +35,6 @@ _GROUPS = {RetentionClass.ERASE: "erase", RetentionClass.COMPACT: "compact",
            RetentionClass.SHARED: "kept", RetentionClass.RETAIN: "kept", RetentionClass.RETAIN_FACTS: "kept"}
 _BY_KEY = {s.key: s for s in STORES}
 _PLACE = {s.key: n for n, s in enumerate(STORES)}
-
-
-def figure(value: Any) -> int | None:
-    """A whole, non-negative count as an engine gave it, or None (not given, or not a count)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def moment(value: Any):
