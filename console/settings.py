@@ -402,7 +402,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "console.viewer.ViewerTimezoneMiddleware",
-    "console.viewer.HtmxSignedOutMiddleware",
+    "console.viewer.SignedOutMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"

@@ -10,6 +10,13 @@ save bar's saves) whose session has ended would follow the login redirect and pu
 page inside the page. Instead it gets 401 with an `HX-Redirect` to the login page, which
 returns to the page the person was on (or, for the list, the search they just made): htmx navigates
 there, and the save bar keeps its draft and says the session ended.
+
+Signed-out forms: a form sent the plain way (Archive, Close, Retry...) after the session ended
+would sign in and then come back to the action's own address, which only takes a POST: the
+browser showed an empty 405 and the action was silently lost. Instead the login page says
+nothing was done and returns to the page the form was on (its `next` field, else the page
+that sent it). And a GET of an action's address (typed, or an old link) gets a page that says
+the action is taken with its button and nothing was done, not an empty 405.
 """
 
 from __future__ import annotations
@@ -19,12 +26,15 @@ from functools import cache
 from urllib.parse import urlsplit
 
 from django.conf import settings
+from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import resolve_url
+from django.shortcuts import render, resolve_url
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext as _
+
+from console.api import is_api_path
 
 CHOSEN_COOKIE = "lethe_timezone"
 BROWSER_COOKIE = "lethe_browser_timezone"
@@ -82,27 +92,52 @@ class ViewerTimezoneMiddleware:
             timezone.deactivate()
 
 
+def action_only(request: HttpRequest, refused: HttpResponse) -> HttpResponse:
+    """A screen address that takes only a form's POST, asked for with GET: a page saying the
+    action is taken with its button and nothing was done (still 405, with its Allow)."""
+    response = render(request, "405.html", status=405)
+    if refused.has_header("Allow"):
+        response["Allow"] = refused["Allow"]
+    return response
+
+
 def _is_login_redirect(response: HttpResponse) -> bool:
     if response.status_code not in (301, 302, 303, 307, 308):
         return False
     return urlsplit(response.get("Location", "")).path == resolve_url(settings.LOGIN_URL)
 
 
-class HtmxSignedOutMiddleware:
+class SignedOutMiddleware:
     def __init__(self, get_response):
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         response = self.get_response(request)
-        if (
-            request.headers.get("HX-Request") == "true"
+        if response.status_code == 405 and request.method == "GET" and not is_api_path(request.path_info):
+            return action_only(request, response)
+        if not _is_login_redirect(response) or request.user.is_authenticated:
+            return response
+        if request.headers.get("HX-Request") == "true":
             # A history restore replaces the whole page; the login page is the right answer.
-            and request.headers.get("HX-History-Restore-Request") != "true"
-            and _is_login_redirect(response)
-            and not request.user.is_authenticated
-        ):
-            return self.signed_out(request)
+            if request.headers.get("HX-History-Restore-Request") != "true":
+                return self.signed_out(request)
+            return response
+        if request.method == "POST":
+            return self.signed_out_form(request)
         return response
+
+    @staticmethod
+    def signed_out_form(request: HttpRequest) -> HttpResponse:
+        """The login page, saying the form's action was not taken, then back to the page the
+        form was on: its `next` field, else the same-site page that sent it, else the list."""
+        referer = request.headers.get("Referer", "")
+        page = "/"
+        if referer and url_has_allowed_host_and_scheme(referer, {request.get_host()}, require_https=request.is_secure()):
+            parts = urlsplit(referer)
+            if parts.path.startswith("/") and parts.path != resolve_url(settings.LOGIN_URL):
+                page = parts.path + (f"?{parts.query}" if parts.query else "")
+        messages.warning(request, _("Your session ended, so nothing was done. Sign in, then do it again."))
+        return redirect_to_login(back_to(request, page if page.isprintable() else "/"))
 
     @staticmethod
     def signed_out(request: HttpRequest) -> HttpResponse:

@@ -176,3 +176,45 @@ def test_focus_rings_and_field_borders_reach_three_to_one_in_light_mode(seeded, 
     for background in (colours["card"], colours["page"]):
         assert contrast(colours["ring"], background) >= 3, colours
         assert contrast(colours["border"], background) >= 3, colours
+
+
+
+_IN_VIEW = """(id) => {
+  const box = document.getElementById(id).getBoundingClientRect();
+  const top = document.querySelector(".topbar").getBoundingClientRect();
+  const vv = window.visualViewport, bottom = vv ? vv.offsetTop + vv.height : innerHeight;
+  return box.top - 5 >= top.bottom - 0.5 && box.bottom + 5 <= bottom + 0.5;
+}"""
+
+
+def in_view_soon(page: Page, field: str, seconds: float = 5.0) -> None:
+    """The field and its focus ring between the top bar and the visible area's bottom edge,
+    checked after each frame until it holds (the resize's scroll comes a frame or two later)."""
+    deadline = time.monotonic() + seconds
+    while not page.evaluate(_IN_VIEW, field):
+        assert time.monotonic() < deadline, (field, page.locator(f"#{field}").bounding_box())
+        page.evaluate("() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))")
+
+
+@PHONES
+def test_a_field_typed_in_stays_in_view_with_the_keyboard_open(seeded, live_server, open_page, viewport):
+    """The list's search with the on-screen keyboard open (the visible area shrunk to 300 px):
+    the field stays in view below the top bar, the bottom navigation steps aside, and the list
+    under the search starts in view; off the field the navigation is back."""
+    page = open_page(viewport)
+    log_in(page, live_server.url, *ADMIN)
+    page.goto(f"{live_server.url}/conversations/")
+    expect(page.locator(".phonenav")).to_be_visible()
+    page.locator("#q").focus()
+    size = VIEWPORTS[viewport]
+    page.set_viewport_size({"width": size["width"], "height": 300})
+    expect(page.locator(".phonenav")).to_be_hidden()
+    in_view_soon(page, "q")
+    page.keyboard.type("a")
+    expect(page).to_have_url(re.compile(r"q=a"))
+    in_view_soon(page, "q")
+    count = page.locator("#results-count").bounding_box()
+    assert count["y"] + count["height"] <= 300, count  # what the search changes is in view
+    page.locator("#q").blur()
+    expect(page.locator(".phonenav")).to_be_visible()
+    page.set_viewport_size(size)

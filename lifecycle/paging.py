@@ -187,6 +187,15 @@ def snapshot_page(
         # Without counts, `before` and `after` only say whether there is anything there.
         page.before, page.after = (int(more), 1) if backward else (int(cursor is not None), int(more))
         return page
+    if cursor is not None and not page.rows:
+        # Every row this page would list has left the list since the page was linked (the
+        # last one on the last page archived, say): show the snapshot's nearest page instead,
+        # its last going forward, its first going back, so the reader is never left on an
+        # empty page with rows still behind it and nothing to reach them by.
+        if backward:
+            page.rows = list(snapshot.order_by(*ORDER)[:size])
+        else:
+            page.rows = list(snapshot.order_by("last_activity_at", "pk")[:size])[::-1]
     if page.rows:
         first = (page.rows[0].last_activity_at, page.rows[0].pk)
         last = (page.rows[-1].last_activity_at, page.rows[-1].pk)

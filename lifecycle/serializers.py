@@ -257,6 +257,7 @@ def operation_json(op: DeleteOperation) -> dict[str, Any]:
     from lifecycle import fleet
     from lifecycle.deletion import reasons
     from lifecycle.deletion.errors import error_message
+    from lifecycle.deletion.executor import with_current_periods
     from lifecycle.enginefs import EngineHome
 
     steps = [
@@ -267,6 +268,7 @@ def operation_json(op: DeleteOperation) -> dict[str, Any]:
     if op.state == DeleteState.COMPLETED:
         receipt = {
             **(op.receipt or {}),
+            "kept": with_current_periods((op.receipt or {}).get("kept", [])),
             "physical": {"state": op.physical_state or None, "erased_at": iso(op.physically_erased_at)},
             "verified_at": iso(op.verified_at),
             "verified_physical_at": iso(op.verified_physical_at),

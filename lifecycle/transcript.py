@@ -96,9 +96,16 @@ def kept_summary(item: Item) -> dict[str, Any]:
     return {k: v for k, v in payload.items() if k != MARKER_KEY}
 
 
+def _payload_parts(item: Item) -> tuple[list[tuple[str, str]], str]:
+    """A tool item's summary and output. A payload that is not an object (a runtime may send
+    plain text or a list) has no fields to summarize: it is the output, whole."""
+    if item.payload is None or isinstance(item.payload, dict):
+        return _summary_and_output(item.tool_kind, item.payload or {})
+    return [], _text(item.payload)
+
+
 def full_output(item: Item) -> str:
-    payload = item.payload if isinstance(item.payload, dict) else {}
-    return _summary_and_output(item.tool_kind, payload)[1]
+    return _payload_parts(item)[1]
 
 
 def item_rows(items: list[Item], *, full: bool = False) -> list[Row]:
@@ -106,8 +113,7 @@ def item_rows(items: list[Item], *, full: bool = False) -> list[Row]:
     for item in items:
         row = Row(item=item)
         if item.role == Role.TOOL:
-            payload = item.payload if isinstance(item.payload, dict) else {}
-            summary, output = _summary_and_output(item.tool_kind, payload)
+            summary, output = _payload_parts(item)
             row.summary = [(k, v) for k, v in summary if v]
             row.removed_on = removed_at(item)
             if row.removed_on is not None:

@@ -43,13 +43,18 @@ CHANGED_SAMPLE = 5
 TRANSCRIPT_PAGE = 50
 
 
-def _owner_filter(request: HttpRequest) -> tuple[str, str, int | None]:
-    """`owner=account:3` or `owner=computer:7`; anything else means every owner."""
+def _owner_filter(request: HttpRequest) -> tuple[str, str, int | None, bool]:
+    """`owner=account:3` or `owner=computer:7` of an owner that exists; anything else means
+    every owner, and the last value says a link named an owner that is not here (an old or
+    edited link: the list of every owner is shown, and says so, not "0 conversations" under
+    "All owners")."""
     raw = request.GET.get("owner", "")
     kind, _sep, ident = raw.partition(":")
     if kind in ("account", "computer") and is_number(ident):
-        return raw, kind, int(ident)
-    return "", "", None
+        model = Account if kind == "account" else Computer
+        if model.objects.filter(pk=int(ident)).exists():
+            return raw, kind, int(ident), False
+    return "", "", None, bool(raw)
 
 
 def _cursor(request: HttpRequest) -> Cursor | None:
@@ -67,7 +72,7 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
     if view not in VIEWS:
         view = "recent"
     qs = getattr(Conversation.objects, view)()
-    owner, kind, owner_id = _owner_filter(request)
+    owner, kind, owner_id, unknown_owner = _owner_filter(request)
     if owner_id is not None:
         qs = qs.owned_by(kind, owner_id)
     query = request.GET.get("q", "").strip()[:200]
@@ -84,6 +89,7 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
             ("deleted", pgettext_lazy("conversation list tab", "Deleted")),
         ],
         "owner": owner,
+        "unknown_owner": unknown_owner,
         "query": query,
         "page": page,
         "refresh_url": f"?{filters}",
@@ -170,10 +176,15 @@ def conversation_detail(request: HttpRequest, public_id: str) -> HttpResponse:
         "fleet_unreadable": any(p.path == enginefs.FLEET_FILE for p in engine_problems),
         "engine_files": files,
         "engine_bytes": size,
+        "engine_uncounted": bool(uncounted),  # the figures leave out what could not be read
     }
     template = "lifecycle/conversation_detail.html"
     if request.htmx and after_seq:
         template += "#transcript-page"
+    elif after_seq and items:
+        # A whole page that starts later (the link followed without the script): it says what
+        # it leaves out, with the way back to the start.
+        context["earlier_count"] = Item.objects.filter(conversation=conversation, seq__lte=after_seq).count()
     return render(request, template, context)
 
 
@@ -182,7 +193,8 @@ def conversation_detail(request: HttpRequest, public_id: str) -> HttpResponse:
 def item_output(request: HttpRequest, public_id: str, item_id: int) -> HttpResponse:
     """The full output of one tool call, loaded on demand."""
     conversation = get_object_or_404(Conversation, public_id=public_id)
-    item = get_object_or_404(Item, conversation=conversation, pk=item_id)
+    # Only a tool call has an output to load: a message's address answers 404, not an empty page.
+    item = get_object_or_404(Item, conversation=conversation, pk=item_id, role="tool")
     row = item_rows([item], full=True)[0]
     context = {"conversation": conversation, "row": row}
     if request.htmx and row.removed_on:

@@ -10,7 +10,8 @@ from django.utils.translation import gettext as _
 from pydantic import Field, JsonValue, model_validator
 
 from console.api import ApiError, QuerySchema, Schema, endpoint
-from lifecycle.api import IDEMPOTENCY_KEY, WholeNumber
+from lifecycle.api import DEFAULT_LIMIT, IDEMPOTENCY_KEY, Limit, WholeNumber
+from lifecycle.paging import InvalidCursor, encode_token, token_fields, token_pk
 from lifecycle.serializers import OwnerOut, iso
 from remote.delivery import error_text, request_bound_delete
 from remote.models import BoundDelete, EngineBinding
@@ -39,6 +40,7 @@ class BindingOut(Schema):
 class BindingPageOut(Schema):
     owner: OwnerOut | None = Field(description="Whose conversations these are (one owner at a time).")
     results: list[BindingOut]
+    next: str | None = Field(None, description="The `cursor` of the next page; null on the last page.")
 
 
 class BoundDeleteOut(Schema):
@@ -112,10 +114,12 @@ def current_deletes(bindings) -> dict[int, BoundDelete]:
 
 
 class BindingsQuery(QuerySchema):
-    error_codes = {"owner_id": "invalid_filter"}
+    error_codes = {"owner_id": "invalid_filter", "limit": "invalid_limit", "cursor": "invalid_cursor"}
 
     owner_kind: Literal["account", "computer"] | None = None
     owner_id: Annotated[WholeNumber, Field(ge=0)] | None = None
+    limit: Limit = DEFAULT_LIMIT
+    cursor: Annotated[str, Field(max_length=200, description="The `next` of the previous page.")] | None = None
 
     @model_validator(mode="after")
     def _owner_pair(self) -> BindingsQuery:
@@ -130,17 +134,38 @@ DELETE_ID = r"bd_[0-9a-f]{20}"
 
 @endpoint("GET", "/api/v1/bindings", query=BindingsQuery, response=BindingPageOut, name="api-bindings",
           summary="One owner's conversations on the remote engine (an account or a computer, never both)",
-          description="Without `owner_kind` and `owner_id`, the first owner's (accounts first, by id).")
+          description="Without `owner_kind` and `owner_id`, the first owner's (accounts first, by id). Pages of "
+                      "up to `limit`, in the order this console first listed the conversations (a binding made "
+                      "later comes on a later page, never on one already read); `next` is the `cursor` of the "
+                      "next page.")
 def binding_list(request: HttpRequest, query: BindingsQuery) -> dict:
     kind, owner_id = query.owner_kind, query.owner_id
     if kind is None:
         first = EngineBinding.objects.order_by("owner_kind", "owner_id").values_list("owner_kind", "owner_id").first()
         if first is None:
-            return {"owner": None, "results": []}
+            return {"owner": None, "results": [], "next": None}
         kind, owner_id = first
-    rows = list(EngineBinding.objects.select_related("returned_after").filter(owner_kind=kind, owner_id=owner_id)[:500])
+    rows = EngineBinding.objects.select_related("returned_after").filter(owner_kind=kind, owner_id=owner_id)
+    if query.cursor:
+        rows = rows.filter(pk__gt=_cursor_place(query.cursor))
+    rows = list(rows.order_by("pk")[: query.limit + 1])
+    more = len(rows) > query.limit
+    rows = rows[: query.limit]
     current = current_deletes(rows)
-    return {"owner": {"kind": kind, "id": owner_id}, "results": [binding_json(b, current.get(b.pk)) for b in rows]}
+    return {"owner": {"kind": kind, "id": owner_id}, "results": [binding_json(b, current.get(b.pk)) for b in rows],
+            "next": encode_token("b1", str(rows[-1].pk)) if more else None}
+
+
+def _cursor_place(token: str) -> int:
+    """The place a `next` of this list stands for (the last binding of the page before, which
+    may be gone since: its delete completed)."""
+    try:
+        version, place = token_fields(token, 2)
+        if version != "b1":
+            raise InvalidCursor(token)
+        return token_pk(place)
+    except InvalidCursor:
+        raise ApiError(400, "invalid_cursor", _("The cursor is not valid.")) from None
 
 
 @endpoint("DELETE", "/api/v1/bindings/{binding_id}", response={202: BoundDeleteOut}, admin=True,

@@ -11,6 +11,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -18,6 +19,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from console.api import is_number
 from console.auth import is_admin
 from console.viewer import back_to
 from lifecycle.deletion.executor import changed_totals
@@ -30,6 +32,8 @@ from remote.preview import admission_of, engine_preview
 from remote.status import waiting_text
 
 POLL_SECONDS = 2
+PAGE_SIZE = 100  # an owner's conversations per page
+DELETES_PAGE_SIZE = 50  # the owner's deletes per page, the most recent first
 
 
 def _owners() -> list[dict]:
@@ -53,18 +57,30 @@ def binding_list(request: HttpRequest) -> HttpResponse:
     unknown_owner = owner is None and bool(owners)  # an old or edited link: the first owner, said so
     if unknown_owner:
         owner = owners[0]
-    bindings, deletes = [], []
+    bindings, deletes, page, deletes_page = [], [], None, None
     if owner is not None:
-        bindings = list(EngineBinding.objects.select_related("returned_after")
-                        .filter(owner_kind=owner["kind"], owner_id=owner["id"])[:500])
+        # Every conversation of the owner is reachable: pages of PAGE_SIZE (an owner may have
+        # thousands; a cut without paging left the rest unlisted and undeletable from here).
+        page = Paginator(EngineBinding.objects.select_related("returned_after")
+                         .filter(owner_kind=owner["kind"], owner_id=owner["id"]), PAGE_SIZE).get_page(_page(request))
+        bindings = list(page.object_list)
         pending = {op.binding_id: op for op in BoundDelete.objects.filter(binding__in=bindings, state="pending")}
         for b in bindings:
             b.pending_delete = pending.get(b.pk)
-        deletes = list(BoundDelete.objects.filter(owner_kind=owner["kind"], owner_id=owner["id"])[:50])
+        deletes_page = Paginator(BoundDelete.objects.filter(owner_kind=owner["kind"], owner_id=owner["id"]),
+                                 DELETES_PAGE_SIZE).get_page(_page(request, "deletes"))
+        deletes = list(deletes_page.object_list)
     return render(request, "remote/binding_list.html", {
-        "owners": owners, "owner": owner, "unknown_owner": unknown_owner, "bindings": bindings, "deletes": deletes,
+        "owners": owners, "owner": owner, "unknown_owner": unknown_owner, "bindings": bindings, "page": page,
+        "deletes": deletes, "deletes_page": deletes_page,
         "engine_url": settings.ENGINE_URL, "is_admin": is_admin(request.user),
     })
+
+
+def _page(request: HttpRequest, name: str = "page") -> int:
+    """An asked page number: ASCII digits only, else the first page (past the last: the last)."""
+    raw = request.GET.get(name, "")
+    return int(raw) if is_number(raw) and int(raw) > 0 else 1
 
 
 @login_required

@@ -196,3 +196,17 @@ def test_the_published_schema_says_an_item_change_without_a_revision_is_not_chec
     schema = admin_client.get("/v1/openapi.json", HTTP_HOST="127.0.0.1").json()
     revision = schema["components"]["schemas"]["ItemPatchIn"]["properties"]["revision"]
     assert revision.get("default") != 1 and "Leave it out" in revision["description"]
+
+
+def test_a_payload_that_is_not_an_object_is_its_own_full_output(runtime, member_client, conversation):
+    """A runtime may send plain text or a list as a tool's payload: the output endpoint and the
+    screen show it whole (they answered an empty output)."""
+    for payload, shown in (("all the output text", "all the output text"), (["a", 1], '"a"')):
+        response = post(runtime, conversation, {"role": "tool", "tool_kind": "generic", "payload": payload})
+        assert response.status_code == 201, response.content
+        item = Item.objects.get(pk=response.json()["id"])
+        assert item.payload == payload
+        answer = member_client.get(f"/v1/threads/{conversation.public_id}/items/{item.pk}/output", **HOST).json()
+        assert shown in answer["output"]
+        page = member_client.get(f"/conversations/{conversation.public_id}/items/{item.pk}/output/", **HOST)
+        assert page.status_code == 200 and shown in page.content.decode().replace("&quot;", '"')

@@ -57,6 +57,19 @@ def test_it_filters_by_tab_owner_and_search(member_client):
     assert titles("owner=account:%C2%B2") == {"Recent deploy", "Local notes"}
 
 
+def test_a_link_to_an_owner_that_is_not_here_lists_every_owner_and_says_so(member_client):
+    account = factories.make_account("Acme")
+    factories.make_conversation(account, title="Recent deploy")
+    missing = account.pk + 100
+    page = member_client.get(f"/conversations/?owner=account:{missing}", **HOST).content.decode()
+    assert 'data-testid="unknown-owner"' in page and "Recent deploy" in page and "1 conversation" in page
+    assert "selected" not in re.search(r'<select id="owner".*?</select>', page, re.S).group(0)
+    known = member_client.get(f"/conversations/?owner=account:{account.pk}", **HOST).content.decode()
+    assert 'data-testid="unknown-owner"' not in known and f'value="account:{account.pk}" selected' in known
+    plain = member_client.get("/conversations/", **HOST).content.decode()
+    assert 'data-testid="unknown-owner"' not in plain
+
+
 def test_it_paginates_the_list(member_client):
     account = factories.make_account()
     for n in range(30):
@@ -121,6 +134,12 @@ def test_it_pages_long_transcripts(member_client, conversation):
     more = member_client.get(f"/conversations/{conversation.public_id}/?after=50", **HX).content.decode()
     assert "message number 50." in more and "message number 54." in more and "<html" not in more
     assert "message number 49." not in more and "Show later messages" not in more
+    assert 'data-testid="earlier-left-out"' not in more and 'data-testid="earlier-left-out"' not in first
+    # The same link followed without the script: a whole page that says what it leaves out.
+    page = member_client.get(f"/conversations/{conversation.public_id}/?after=50", **HOST).content.decode()
+    assert "message number 50." in page and "message number 49." not in page
+    assert "The first 50 messages are not shown on this page." in page
+    assert f'href="/conversations/{conversation.public_id}/#transcript-h"' in page
 
 
 def test_it_answers_404_for_unknown_conversations_and_items(member_client, conversation):
@@ -128,6 +147,11 @@ def test_it_answers_404_for_unknown_conversations_and_items(member_client, conve
     other = factories.add_message(factories.make_conversation())
     url = f"/conversations/{conversation.public_id}/items/{other.pk}/output/"
     assert member_client.get(url, **HOST).status_code == 404
+    # A message of this conversation has no tool output: 404, not an empty output page.
+    message = factories.add_message(conversation, content="Just a message.")
+    url = f"/conversations/{conversation.public_id}/items/{message.pk}/output/"
+    assert member_client.get(url, **HOST).status_code == 404
+    assert member_client.get(url, **HX).status_code == 404
 
 
 def test_it_lists_the_conversations_subagents_with_localized_states(member_client, conversation, engine_home):
@@ -175,3 +199,24 @@ def test_the_same_search_again_adds_no_history_entry(member_client, conversation
     assert again["HX-Push-Url"] == "false"
     new = member_client.get(url, HTTP_HX_CURRENT_URL="http://127.0.0.1/conversations/", **HX)
     assert "HX-Push-Url" not in new
+
+
+def test_titles_are_shown_isolated_with_their_invisible_characters_written_out(admin_client):
+    """A title with a right-to-left override ("Invoice <RLO>FDP.exe" shows as "Invoice exe.PDF")
+    or a zero-width space could pass for another name, on the page that deletes it for good."""
+    spoof = factories.make_conversation(title="Invoice \u202eFDP.exe")
+    hidden = factories.make_conversation(title="Re\u200bport \u2066x\u2069")
+    arabic = factories.make_conversation(title="\u062a\u0642\u0631\u064a\u0631\u200f 2026")  # a plain RLM stays
+    pages = {
+        "list": admin_client.get("/conversations/", **HOST).content.decode(),
+        "detail": admin_client.get(f"/conversations/{spoof.public_id}/", **HOST).content.decode(),
+        "delete": admin_client.get(f"/conversations/{spoof.public_id}/delete/", **HOST).content.decode(),
+    }
+    for name, page in pages.items():
+        assert "\u202e" not in page, name
+        assert "<bdi>Invoice [U+202E]FDP.exe</bdi>" in page, name
+    assert "<title>Invoice [U+202E]FDP.exe" in pages["detail"]
+    assert "Delete “<bdi>Invoice [U+202E]FDP.exe</bdi>”?" in pages["delete"]
+    assert "<bdi>Re[U+200B]port [U+2066]x[U+2069]</bdi>" in pages["list"]
+    assert f"<bdi>{arabic.title}</bdi>" in pages["list"]
+    assert hidden.title == "Re\u200bport \u2066x\u2069"  # shown written out, stored as it came

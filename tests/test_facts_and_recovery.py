@@ -186,6 +186,29 @@ def test_the_receipt_and_page_say_when_kept_facts_expired(admin_client):
     assert {e["store"]: e["action"] for e in answer["receipt"]["kept"]}["lifecycle.UsageFact"] == "expired"
 
 
+def test_a_receipt_states_the_period_in_force_and_an_expiry_the_period_that_applied(admin_client):
+    """Usage facts kept 400 days at the delete; an admin shortens the period to 1 day: the
+    receipt's answer says 1 day at once (the facts go by it, and a console of this engine reads
+    the receipt again by it), and the expired line keeps the period that applied."""
+    m.RetainedFactsPolicy.objects.update(usage_days=400)
+    conversation = deleted_days_ago(0)
+    op = m.DeleteOperation.objects.get(conversation=conversation)
+    days = {e["store"]: e.get("days") for e in op.receipt["kept"]}
+    assert days["lifecycle.UsageFact"] == 400  # as written at the delete
+    m.RetainedFactsPolicy.objects.update(usage_days=1)
+    answer = admin_client.get(f"/v1/operations/{op.public_id}", HTTP_HOST="127.0.0.1").json()
+    kept = {e["store"]: e for e in answer["receipt"]["kept"]}
+    assert (kept["lifecycle.UsageFact"]["action"], kept["lifecycle.UsageFact"]["days"]) == ("kept", 1)
+    m.DeleteOperation.objects.filter(pk=op.pk).update(completed_at=timezone.now() - timedelta(days=2))
+    expire_facts()
+    stored = {e["store"]: e for e in m.DeleteOperation.objects.get(pk=op.pk).receipt["kept"]}
+    assert (stored["lifecycle.UsageFact"]["action"], stored["lifecycle.UsageFact"]["days"]) == ("expired", 1)
+    assert not m.UsageFact.objects.filter(conversation=conversation).exists()
+    answer = admin_client.get(f"/v1/operations/{op.public_id}", HTTP_HOST="127.0.0.1").json()
+    kept = {e["store"]: e for e in answer["receipt"]["kept"]}
+    assert (kept["lifecycle.UsageFact"]["action"], kept["lifecycle.UsageFact"]["days"]) == ("expired", 1)
+
+
 def expire_dying_in_the_second_batch(monkeypatch, module) -> None:
     """Run expire_facts so that the process dies inside its second batch's transaction (at
     that batch's audit record), as a kill would leave it."""

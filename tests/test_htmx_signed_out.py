@@ -54,3 +54,51 @@ def test_a_save_after_the_session_ended_is_refused_and_changes_nothing(admin_cli
 def test_signed_in_htmx_requests_are_untouched(member_client):
     response = member_client.get("/conversations/", **HX)
     assert response.status_code == 200 and "HX-Redirect" not in response
+
+
+def test_a_form_sent_after_the_session_ended_signs_in_back_to_its_page_and_does_nothing(admin_user):
+    """Archive pressed after the session ended: nothing is archived, the login page says so,
+    and signing in returns to the page the form was on, not to the action's address (which
+    only takes a POST and showed the browser an empty 405)."""
+    from django.test import Client
+
+    from tests import factories
+
+    conversation = factories.make_conversation(title="Kept as it was")
+    archive = f"/conversations/{conversation.public_id}/archive/"
+    browser = Client()
+    response = browser.post(archive, {"archived": "1", "next": "/conversations/?view=recent"}, **HOST)
+    assert response.status_code == 302
+    assert response["Location"] == "/accounts/login/?next=/conversations/%3Fview%3Drecent"
+    conversation.refresh_from_db()
+    assert conversation.archived_at is None
+    login = browser.get(response["Location"], **HOST)
+    assert "Your session ended, so nothing was done. Sign in, then do it again." in login.content.decode()
+    # Without a `next` field: the same-site page that sent the form; another site's: the list.
+    close = f"/conversations/{conversation.public_id}/close/"
+    page = f"/conversations/{conversation.public_id}/"
+    response = Client().post(close, {"closed": "1"}, HTTP_REFERER=f"http://127.0.0.1{page}", **HOST)
+    assert response["Location"] == f"/accounts/login/?next={page}"
+    response = Client().post(close, {"closed": "1"}, HTTP_REFERER="https://evil.example/x", **HOST)
+    assert response["Location"] == "/accounts/login/?next=/"
+    conversation.refresh_from_db()
+    assert conversation.closed_at is None
+
+
+def test_an_action_address_asked_for_with_get_says_nothing_was_done(admin_client, member_client):
+    from tests import factories
+
+    conversation = factories.make_conversation(title="Kept as it was")
+    for client in (admin_client, member_client):
+        for action in ("archive", "close"):
+            response = client.get(f"/conversations/{conversation.public_id}/{action}/", **HOST)
+            body = response.content.decode()
+            assert response.status_code == 405 and response["Allow"] == "POST"
+            assert "Nothing was done" in body and "nothing was changed" in body
+    spanish = admin_client.get("/settings/system/data-storage/compact/", HTTP_ACCEPT_LANGUAGE="es", **HOST)
+    assert spanish.status_code == 405 and "No se hizo nada" in spanish.content.decode()
+    conversation.refresh_from_db()
+    assert conversation.archived_at is None and conversation.closed_at is None
+    # The API keeps its JSON answer.
+    api = admin_client.get("/api/v1/system/tool-payload-retention/compact", **HOST)
+    assert api.status_code == 405 and api["Content-Type"].startswith("application/json")

@@ -35,7 +35,7 @@ def get(client, url: str) -> str:
 
 
 def titles(page: str) -> list[str]:
-    return [html.unescape(t) for t in re.findall(r'<span class="conv-title">(.*?)</span>', page)]
+    return [html.unescape(t) for t in re.findall(r'<span class="conv-title"><bdi>(.*?)</bdi></span>', page)]
 
 
 def link(page: str, which: str) -> str | None:
@@ -45,7 +45,7 @@ def link(page: str, which: str) -> str | None:
 
 def changed_note(page: str) -> list[str]:
     note = re.search(r'data-testid="changed-note">(.*?)</div>', page, re.S)
-    return [html.unescape(t) for t in re.findall(r'<a href="/conversations/[^"]+">(.*?)</a>', note.group(1))] if note else []
+    return [html.unescape(t) for t in re.findall(r'<a href="/conversations/[^"]+"><bdi>(.*?)</bdi></a>', note.group(1))] if note else []
 
 
 def walk(client, first: str) -> list[list[str]]:
@@ -112,6 +112,30 @@ def test_previous_goes_back_to_the_same_rows(member_client, listed):
     back = get(member_client, link(back, "previous"))
     assert titles(back) == titles(first) and "Page 1 of 4" in back
     assert link(back, "previous") is None
+
+
+def test_a_page_whose_rows_all_left_shows_the_nearest_page_with_true_counts(member_client, listed):
+    """17 conversations in pages of 5: the fourth page holds two. Both are archived after the
+    link to it was given: the link shows the last page there is (the third), counted truly,
+    with a way back, instead of an empty page counting one too few and no pager."""
+    pages = [get(member_client, "")]
+    while link(pages[-1], "next"):
+        pages.append(get(member_client, link(pages[-1], "next")))
+    assert len(pages) == 4 and titles(pages[3]) == ["Conv 15", "Conv 16"]
+    last_link = link(pages[2], "next")
+    Conversation.objects.filter(title__in=["Conv 15", "Conv 16"]).update(archived_at=timezone.now())
+    page = get(member_client, last_link)
+    assert titles(page) == [c.title for c in listed[10:15]]
+    assert "15 conversations" in page and "Page 3 of 3" in page and "No conversations match" not in page
+    assert link(page, "next") is None
+    back = get(member_client, link(page, "previous"))
+    assert titles(back) == [c.title for c in listed[5:10]] and "Page 2 of 3" in back
+    # Going back to a first page whose rows all left: the first page there is now.
+    first_link = link(back, "previous")
+    Conversation.objects.filter(title__in=[c.title for c in listed[:5]]).update(archived_at=timezone.now())
+    page = get(member_client, first_link)
+    assert titles(page) == [c.title for c in listed[5:10]]
+    assert "10 conversations" in page and "Page 1 of 2" in page and link(page, "previous") is None
 
 
 def test_a_damaged_cursor_starts_again_from_the_top(member_client, listed):

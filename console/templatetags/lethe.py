@@ -1,7 +1,9 @@
-"""Template helpers for times shown in the viewer's zone (see console.viewer)."""
+"""Template helpers: times shown in the viewer's zone (see console.viewer), operators' commands,
+and stored names shown as they are (isolated, their invisible characters written out)."""
 
 from __future__ import annotations
 
+import unicodedata
 from functools import cache
 
 from django import template
@@ -56,3 +58,34 @@ def command(*words) -> SafeString:
     hyphens on a phone), and that page translators leave alone."""
     parts = format_html_join(" ", "<span>{}</span>", ((str(word),) for word in ("manage.py", *words)))
     return format_html('<code class="cmd" translate="no">{}</code>', parts)
+
+
+# Invisible characters that reorder or hide the text around them: the bidirectional embeddings,
+# overrides and isolates, zero-width spaces, tags and the other format characters, except the
+# joiners some scripts and emoji need and the plain direction marks of right-to-left text.
+_KEPT_FORMAT = frozenset("\u200c\u200d\u200e\u200f\u061c")
+
+
+def _shown(char: str) -> str:
+    if char in _KEPT_FORMAT or unicodedata.category(char) != "Cf":
+        return char
+    return f"[U+{ord(char):04X}]"
+
+
+@register.filter
+def visible_controls(value) -> str:
+    """A stored name with its invisible format characters written out ("[U+202E]"), so a title
+    such as "Invoice <U+202E>FDP.exe" cannot show as "Invoice exe.PDF" (for text-only places:
+    the page's <title>)."""
+    text = str(value)
+    if text.isascii():
+        return text
+    return "".join(_shown(char) for char in text)
+
+
+@register.filter
+def isolated(value) -> SafeString:
+    """A stored name (a conversation's or a tool call's title) as the page shows it: its invisible
+    format characters written out, and isolated (<bdi>) so a right-to-left name does not reorder
+    the words and quotes around it."""
+    return format_html("<bdi>{}</bdi>", visible_controls(value))

@@ -52,7 +52,8 @@ def expire_facts(*, now=None) -> dict[str, int]:
     expired: dict[str, int] = {}
     for store in STORES:
         if store.period:
-            count = _expire_store(store, now - timedelta(days=getattr(policy, store.period)), now)
+            days = getattr(policy, store.period)
+            count = _expire_store(store, now - timedelta(days=days), now, days)
             if count:
                 expired[store.key] = count
     count = _expire_console_audit(now - timedelta(days=policy.audit_days), now)
@@ -81,14 +82,14 @@ def due_console_audit(cutoff: datetime) -> QuerySet:
             .order_by("recorded_at", "pk").values_list("pk", flat=True))
 
 
-def _expire_store(store: Store, cutoff: datetime, now: datetime) -> int:
+def _expire_store(store: Store, cutoff: datetime, now: datetime, days: int) -> int:
     due = due_deletes(store, cutoff)
     count = 0
     while batch := list(due[:BATCH]):
         with transaction.atomic():
             n = store.model_class.objects.filter(**{f"{store.lookup}__in": [c for _pk, c in batch]}).delete()[0]
             for op in DeleteOperation.objects.select_for_update().filter(pk__in=[pk for pk, _c in batch]):
-                _mark_expired(op, store.key, now)
+                _mark_expired(op, store.key, now, days)
             if n:
                 audit.record("retained_facts.expired", new={store.key: n}, at=now)
             faults.kill_point(f"expire_facts.{store.key}")  # crash tests: the batch not committed
@@ -141,12 +142,14 @@ def forget_requesters(model, cutoff: datetime, now: datetime, *, key: str) -> in
     return count
 
 
-def _mark_expired(op: DeleteOperation, key: str, now: datetime) -> None:
-    """The receipt stops saying the store's facts are kept: they expired, on this date."""
+def _mark_expired(op: DeleteOperation, key: str, now: datetime, days: int) -> None:
+    """The receipt stops saying the store's facts are kept: they expired, on this date, after
+    the period that applied (the one in force now: an admin may have changed it since the
+    receipt was written)."""
     receipt = dict(op.receipt or {})
     kept = [dict(entry) for entry in receipt.get("kept", [])]
     changed = [e for e in kept if e.get("store") == key and e.get("action") == "kept"]
     for entry in changed:
-        entry.update(action="expired", expired_at=now.isoformat())
+        entry.update(action="expired", expired_at=now.isoformat(), days=days)
     if changed:
         DeleteOperation.objects.filter(pk=op.pk).update(receipt={**receipt, "kept": kept})

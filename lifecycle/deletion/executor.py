@@ -446,6 +446,23 @@ def receipt_of(op: DeleteOperation, steps: list[DeleteStep] | None = None) -> di
     return {"engine": connection.vendor, "stores": changed, "kept": kept}
 
 
+def with_current_periods(kept: Any) -> Any:
+    """A receipt's kept entries with the retained-facts period in force now: facts still kept
+    expire by it (lifecycle.actions.expire_facts), whatever period stood when the receipt was
+    written, and a console of this engine schedules its next read of the receipt by it."""
+    if not isinstance(kept, list):
+        return kept
+    periods = {s.key: s.period for s in STORES if s.period}
+    policy = None
+    entries = []
+    for entry in kept:
+        if isinstance(entry, dict) and entry.get("action") == "kept" and entry.get("store") in periods:
+            policy = policy or RetainedFactsPolicy.load()
+            entry = {**entry, "days": getattr(policy, periods[entry["store"]])}
+        entries.append(entry)
+    return entries
+
+
 CHANGED_ACTIONS = ("erased", "compacted")  # what "records erased or compacted" counts
 
 

@@ -350,6 +350,26 @@
   document.addEventListener("htmx:oobAfterSwap", syncCleanupDraft);
   syncCleanupDraft();
 
+  // ---- Phone: the field being typed in stays in view ---------------------------
+  // When the on-screen keyboard opens the visible area shrinks under a focused field; the
+  // bottom navigation steps aside while a text field has focus (lethe.css), and the field is
+  // brought back into what is still visible (below the sticky top bar: scroll-padding-top).
+  // With the save bar shown, the bar's own placement below keeps the field clear instead.
+  var TEXT_INPUT = /^(checkbox|radio|submit|button|reset|hidden|range|file|image|color)$/i;
+  function typingField(el) {
+    if (!el || !el.matches) return false;
+    return el.matches("textarea") || (el.matches("input") && !TEXT_INPUT.test(el.type || ""));
+  }
+  function typingFieldInView() {
+    var el = document.activeElement;
+    var saveBar = document.getElementById("save-bar");
+    if (!typingField(el) || (saveBar && !saveBar.hidden)) return;
+    // A search field goes to the top of what is visible, so its results show under it.
+    el.scrollIntoView({ block: el.type === "search" ? "start" : "nearest" });
+  }
+  if (window.visualViewport) window.visualViewport.addEventListener("resize", typingFieldInView);
+  window.addEventListener("resize", typingFieldInView);
+
   // ---- Shared Save/Discard bar -------------------------------------------------
   // Each form[data-contributor] is an independent contributor: it saves to its own
   // endpoint, and a failure in one leaves the others saved.
