@@ -32,6 +32,7 @@ from django.conf import settings
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.urls import URLPattern, path
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 from django.views.decorators.csrf import csrf_exempt
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.json_schema import models_json_schema
@@ -91,6 +92,13 @@ class QuerySchema(BaseModel):
     model_config = ConfigDict(extra="forbid")
     error_codes: ClassVar[dict[str, str]] = {}
     default_error_code: ClassVar[str] = "invalid_filter"
+
+
+class QueryRule(ValueError):
+    """A rule across query parameters, broken: its message (lazily translated) is the answer's."""
+
+
+OWNER_PAIR = gettext_lazy("owner_kind and owner_id go together: send both, or neither.")
 
 
 class ResponseMismatch(AssertionError):
@@ -347,8 +355,10 @@ def _body_error(exc: ValidationError) -> ApiError:
 
 def _query_error(exc: ValidationError, model: type[QuerySchema]) -> ApiError:
     first = exc.errors(include_url=False, include_input=False)[0]
-    if not first["loc"]:  # a rule across parameters
-        return ApiError(400, model.default_error_code, _("These filters do not go together."))
+    if not first["loc"]:  # a rule across parameters: its own words when it has them
+        rule = first.get("ctx", {}).get("error")
+        message = str(rule) if isinstance(rule, QueryRule) else _("These filters do not go together.")
+        return ApiError(400, model.default_error_code, message)
     name = _field_name(first["loc"][:1])
     if first["type"] == "extra_forbidden":
         return ApiError(400, "unknown_filter", _("Unknown filter: %(name)s.") % {"name": name})
@@ -556,6 +566,20 @@ def _schema_of(model: type[BaseModel], refs: dict) -> dict[str, Any]:
     return refs[(model, "validation")]
 
 
+# Bounds pydantic leaves under its own names when a constraint sits beside a validator of ours
+# (WholeNumber): JSON Schema's names, so tools read the limits the server enforces.
+_BOUNDS = {"ge": "minimum", "le": "maximum", "gt": "exclusiveMinimum", "lt": "exclusiveMaximum"}
+
+
+def _json_schema_bounds(schema: Any) -> Any:
+    if isinstance(schema, dict):
+        return {_BOUNDS.get(k, k) if isinstance(v, (int, float)) else k: _json_schema_bounds(v)
+                for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [_json_schema_bounds(v) for v in schema]
+    return schema
+
+
 def openapi_document() -> dict[str, Any]:
     models: list[type[BaseModel]] = [ErrorOut]
     for ep in ENDPOINTS:
@@ -564,6 +588,7 @@ def openapi_document() -> dict[str, Any]:
     refs, definitions = models_json_schema(
         [(m, "validation") for m in unique], ref_template="#/components/schemas/{model}"
     )
+    definitions = _json_schema_bounds(definitions)
     error_ref = _schema_of(ErrorOut, refs)
     paths: dict[str, dict[str, Any]] = {}
     for ep in ENDPOINTS:
@@ -573,7 +598,7 @@ def openapi_document() -> dict[str, Any]:
             for p in ep.path_params
         ]
         if ep.query is not None:
-            query_schema = ep.query.model_json_schema()
+            query_schema = _json_schema_bounds(ep.query.model_json_schema())
             for pname, pschema in query_schema.get("properties", {}).items():
                 parameters.append({
                     "name": pname, "in": "query", "required": pname in query_schema.get("required", []),

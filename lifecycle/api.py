@@ -9,9 +9,20 @@ from django.conf import settings
 from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 from pydantic import BeforeValidator, Field, model_validator
 
-from console.api import MAX_REVISION, ApiError, Header, QuerySchema, Schema, endpoint, is_number
+from console.api import (
+    MAX_REVISION,
+    OWNER_PAIR,
+    ApiError,
+    Header,
+    QueryRule,
+    QuerySchema,
+    Schema,
+    endpoint,
+    is_number,
+)
 from lifecycle import transcript
 from lifecycle.actions.append_item import append_item
 from lifecycle.actions.request_deletion import KEY_INVALID
@@ -69,7 +80,7 @@ class ThreadsQuery(QuerySchema):
     @model_validator(mode="after")
     def _owner_pair(self) -> ThreadsQuery:
         if (self.owner_kind is None) != (self.owner_id is None):
-            raise ValueError("owner_kind and owner_id go together")
+            raise QueryRule(OWNER_PAIR)
         return self
 
 
@@ -97,9 +108,9 @@ def filtered_threads(query: ThreadsQuery):
               "carries it. Later pages list, in activity order, the conversations whose latest activity "
               "is at or before `as_of`, after the previous page's last row: each exactly once, however "
               "the conversations change meanwhile. A conversation whose activity is after `as_of` (it "
-              "changed, or is new, since the first page) is left out of later pages and counted in "
-              "`changed_since_start`; ask for the first page again, without a cursor, to see it in its "
-              "new place."
+              "changed, or is new, since the first page), or that came into the view after it "
+              "(unarchived, resumed), is left out of later pages and counted in `changed_since_start`; "
+              "ask for the first page again, without a cursor, to see it in its new place."
           ))
 def thread_list(request: HttpRequest, query: ThreadsQuery) -> dict:
     qs = filtered_threads(query).select_related("account", "computer")
@@ -323,7 +334,7 @@ class OperationsQuery(QuerySchema):
     @model_validator(mode="after")
     def _one_position(self) -> OperationsQuery:
         if self.cursor is not None and self.offset is not None:
-            raise ValueError("cursor and offset together")
+            raise QueryRule(gettext_lazy("cursor and offset do not go together: send one of them."))
         return self
 
 

@@ -191,6 +191,10 @@ class Conversation(models.Model):
     last_activity_at = models.DateTimeField(default=timezone.now)
     archived_at = models.DateTimeField(null=True, blank=True)
     closed_at = models.DateTimeField(null=True, blank=True)
+    # When it last moved between the list's tabs (archived, unarchived, closed, resumed, its
+    # delete asked for or completed): a list paged from before that moment counts it as changed
+    # instead of missing it on a page already read (lifecycle.paging).
+    view_changed_at = models.DateTimeField(null=True, blank=True, db_index=True)
 
     objects = ConversationQuerySet.as_manager()
 

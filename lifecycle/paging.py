@@ -11,9 +11,11 @@ snapshot:
   order, after (or, going back, before) the cursor's key `(last_activity_at, pk)`. Their
   order cannot change while the reader pages, so each is listed exactly once.
 - Conversations whose activity is after `as_of` (they changed or are new since the reading
-  started) are left out of the pages and reported apart: their count and the first few,
-  with a way to start again. A conversation that gets a new item mid-way therefore shows
-  up in that notice on every later page instead of on none.
+  started), and those that moved between the list's tabs after it (unarchived, resumed:
+  `view_changed_at`), are left out of the pages and reported apart: their count and the
+  first few, with a way to start again. A conversation that gets a new item, or comes back
+  into the tab, mid-way therefore shows up in that notice on every later page instead of on
+  none (its place may be on a page already read).
 
 The console list and `GET /v1/threads` both page with `snapshot_page`.
 """
@@ -152,11 +154,18 @@ def _older(key: tuple[datetime, int]) -> Q:
 
 
 def snapshot_moment() -> datetime:
-    """Now, or the newest stored activity when that is later (a clock behind the data must
-    not leave rows outside every snapshot)."""
-    newest = Conversation.objects.aggregate(m=Max("last_activity_at"))["m"]
-    now = timezone.now()
-    return max(now, newest) if newest else now
+    """Now, or the newest stored activity or tab change when that is later (a clock behind
+    the data must not leave rows outside every snapshot)."""
+    newest = Conversation.objects.aggregate(a=Max("last_activity_at"), v=Max("view_changed_at"))
+    return max([timezone.now(), *(moment for moment in newest.values() if moment is not None)])
+
+
+def _in_snapshot(queryset: QuerySet[Conversation], as_of: datetime) -> QuerySet[Conversation]:
+    return queryset.filter(last_activity_at__lte=as_of).exclude(view_changed_at__gt=as_of)
+
+
+def _changed_after(queryset: QuerySet[Conversation], as_of: datetime) -> QuerySet[Conversation]:
+    return queryset.filter(Q(last_activity_at__gt=as_of) | Q(view_changed_at__gt=as_of))
 
 
 def snapshot_page(
@@ -172,7 +181,7 @@ def snapshot_page(
     With `count=False` only what the next cursor needs is computed (the API); otherwise the
     counts for "page N of M" and the changed-since notice as well (the console)."""
     as_of = cursor.as_of if cursor else snapshot_moment()
-    snapshot = queryset.filter(last_activity_at__lte=as_of)
+    snapshot = _in_snapshot(queryset, as_of)
     if cursor is None:
         rows = list(snapshot.order_by(*ORDER)[: size + 1])
     elif cursor.backward:
@@ -211,10 +220,11 @@ def snapshot_page(
         return page
     page.changed = changed_since(queryset, as_of)
     if page.changed and changed_sample:
-        page.changed_rows = list(queryset.filter(last_activity_at__gt=as_of).order_by(*ORDER)[:changed_sample])
+        page.changed_rows = list(_changed_after(queryset, as_of).order_by(*ORDER)[:changed_sample])
     return page
 
 
 def changed_since(queryset: QuerySet[Conversation], as_of: datetime) -> int:
-    """How many of these conversations changed or were added after the snapshot moment."""
-    return queryset.filter(last_activity_at__gt=as_of).count()
+    """How many of these conversations changed, were added or came into the tab after the
+    snapshot moment."""
+    return _changed_after(queryset, as_of).count()

@@ -41,7 +41,8 @@ class ThreadPageOut(Schema):
     next: str | None
     as_of: str = Field(description="The snapshot moment the pages are listed against.")
     changed_since_start: int = Field(
-        ge=0, description="Matching conversations with activity after `as_of`, which these pages leave out."
+        ge=0, description="Matching conversations with activity after `as_of`, or that came into the view "
+                          "after it, which these pages leave out."
     )
 
 

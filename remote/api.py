@@ -9,7 +9,7 @@ from django.http import HttpRequest
 from django.utils.translation import gettext as _
 from pydantic import Field, JsonValue, model_validator
 
-from console.api import ApiError, QuerySchema, Schema, endpoint
+from console.api import OWNER_PAIR, ApiError, QueryRule, QuerySchema, Schema, endpoint
 from lifecycle.api import DEFAULT_LIMIT, IDEMPOTENCY_KEY, Limit, WholeNumber
 from lifecycle.paging import InvalidCursor, encode_token, token_fields, token_pk
 from lifecycle.serializers import OwnerOut, iso
@@ -124,7 +124,7 @@ class BindingsQuery(QuerySchema):
     @model_validator(mode="after")
     def _owner_pair(self) -> BindingsQuery:
         if (self.owner_kind is None) != (self.owner_id is None):
-            raise ValueError("owner_kind and owner_id go together")
+            raise QueryRule(OWNER_PAIR)
         return self
 
 

@@ -59,6 +59,13 @@ def test_it_derives_request_schemas_from_the_models_that_validate_them(client):
     assert item_in["properties"]["title"]["maxLength"] == 300
     params = {p["name"]: p for p in doc["paths"]["/v1/threads"]["get"]["parameters"]}
     assert set(params) == {"view", "owner_kind", "owner_id", "q", "archived", "closed", "active", "limit", "cursor"}
+    # The bounds the server enforces, under JSON Schema's names (pydantic's "ge"/"le" are read by no tool).
+    assert (params["limit"]["schema"]["minimum"], params["limit"]["schema"]["maximum"]) == (1, 200)
+    assert params["owner_id"]["schema"]["anyOf"][0]["minimum"] == 0
+    items = {p["name"]: p for p in doc["paths"]["/v1/threads/{public_id}/items"]["get"]["parameters"]}
+    assert items["after"]["schema"]["minimum"] == 0 and items["limit"]["schema"]["maximum"] == 200
+    text = json.dumps(doc)
+    assert '"ge":' not in text and '"le":' not in text and '"gt":' not in text and '"lt":' not in text
     for operation in (op for ops in doc["paths"].values() for op in ops.values()):
         for status, answer in operation["responses"].items():
             if int(status) >= 400:

@@ -262,3 +262,14 @@ def test_a_body_in_another_encoding_than_utf8_is_refused_with_415(runtime, conve
     accepted = runtime.post(f"/v1/threads/{conversation.public_id}/items", data='{"role":"user","content":"caf\xe9"}'
                             .encode(), content_type="application/json; charset=UTF-8")
     assert accepted.status_code == 201 and Item.objects.get().content == "caf\xe9"
+
+
+def test_a_half_given_owner_filter_says_what_is_missing(member_client):
+    for url in ("/v1/threads?owner_kind=account", "/v1/threads?owner_id=3", "/api/v1/bindings?owner_kind=account"):
+        answer = member_client.get(url, HTTP_HOST="127.0.0.1")
+        assert (answer.status_code, answer.json()["code"]) == (400, "invalid_filter"), url
+        assert answer.json()["message"] == "owner_kind and owner_id go together: send both, or neither."
+        spanish = member_client.get(url, HTTP_HOST="127.0.0.1", HTTP_ACCEPT_LANGUAGE="es").json()["message"]
+        assert spanish == "owner_kind y owner_id van juntos: envíe los dos o ninguno."
+    answer = member_client.get("/v1/operations?cursor=x&offset=1", HTTP_HOST="127.0.0.1").json()
+    assert answer["message"] == "cursor and offset do not go together: send one of them."

@@ -235,3 +235,37 @@ def test_a_cursor_with_a_time_outside_the_years_a_database_holds_is_invalid(admi
     assert api.status_code == 400 and api.json()["code"] == "invalid_cursor"
     page = admin_client.get(f"/conversations/?cursor={token}", HTTP_HOST="127.0.0.1")
     assert page.status_code == 200 and "Only" in page.content.decode()  # from the top again
+
+
+def test_a_conversation_that_comes_back_into_the_tab_mid_way_is_counted_not_lost(member_client, listed, admin_user):
+    """Unarchived (or resumed) after the first page was read, a conversation whose place is on
+    that page would be on no page and counted nowhere: it is in the changed notice instead,
+    in the console and in GET /v1/threads."""
+    from lifecycle.actions.set_archived import set_archived
+    from lifecycle.actions.set_closed import set_closed
+
+    back, resumed = listed[2], listed[3]
+    set_archived(back, archived=True, acting_user=admin_user)
+    set_closed(resumed, closed=True, acting_user=admin_user)
+    first = get(member_client, "")
+    assert back.title not in titles(first) and resumed.title not in titles(first)
+    set_archived(back, archived=False, acting_user=admin_user)
+    set_closed(resumed, closed=False, acting_user=admin_user)
+    pages = walk(member_client, first)
+    seen = [t for page in pages for t in page]
+    assert back.title not in seen and resumed.title not in seen
+    last = get(member_client, link(first, "next"))
+    assert sorted(changed_note(last)) == sorted([back.title, resumed.title])
+    assert "2 conversations changed or were added after you opened this list" in last
+    # The API: the same snapshot rule, the same count.
+    api = member_client.get("/v1/threads?view=recent&limit=5", **HOST).json()
+    set_archived(back, archived=True, acting_user=admin_user)
+    set_archived(back, archived=False, acting_user=admin_user)
+    found, cursor, changed = [], api["next"], 0
+    found += [t["title"] for t in api["results"]]
+    while cursor:
+        page = member_client.get(f"/v1/threads?view=recent&limit=5&cursor={cursor}", **HOST).json()
+        found += [t["title"] for t in page["results"]]
+        cursor, changed = page["next"], page["changed_since_start"]
+    assert changed == 1 and found.count(back.title) <= 1
+    assert set(found) | {back.title} == {c.title for c in listed}

@@ -4,6 +4,7 @@ import contextlib
 import re
 
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 from django_q.tasks import async_task
@@ -124,7 +125,8 @@ def _request(conversation: Conversation, key: str, acting_user, home: EngineHome
     by_key = stores_by_key()
     DeleteStep.objects.bulk_create([_step(operation, k, n, locked, home, by_key) for n, k in enumerate(keys)])
     DeletionFence.objects.create(conversation_id=locked.pk, operation_id=operation.pk)
-    Conversation.objects.filter(pk=locked.pk).update(state=ConversationState.PENDING_DELETE)
+    Conversation.objects.filter(pk=locked.pk).update(state=ConversationState.PENDING_DELETE,
+                                                     view_changed_at=timezone.now())
     OperationKey.objects.create(key=key, operation=operation)
     audit.record(
         "conversation.delete_requested", actor=acting_user, conversation=locked,

@@ -17,8 +17,10 @@ def set_archived(conversation: Conversation, *, archived: bool, acting_user) -> 
         locked = lock_writable(conversation)
         if (locked.archived_at is not None) == archived:
             return locked
-        locked.archived_at = timezone.now() if archived else None
-        locked.save(update_fields=["archived_at"])
+        now = timezone.now()
+        locked.archived_at = now if archived else None
+        locked.view_changed_at = now
+        locked.save(update_fields=["archived_at", "view_changed_at"])
         audit.record(
             "conversation.archived" if archived else "conversation.unarchived",
             actor=acting_user, conversation=locked, old={"archived": not archived}, new={"archived": archived},

@@ -43,7 +43,8 @@ def set_closed(conversation: Conversation, *, closed: bool, acting_user) -> Conv
             ).update(resolved_at=now)
             new["released_lease"], _by_model = ProcessLease.objects.filter(conversation=locked).delete()
         locked.closed_at = now if closed else None
-        locked.save(update_fields=["closed_at"])
+        locked.view_changed_at = now
+        locked.save(update_fields=["closed_at", "view_changed_at"])
         audit.record(
             "conversation.closed" if closed else "conversation.resumed",
             actor=acting_user, conversation=locked, old={"closed": not closed}, new=new,

@@ -516,7 +516,8 @@ def _complete(op: DeleteOperation, checked_at: datetime) -> None:
         receipt["holders"] = physical.holders(now, physically_erased=False)
         receipt["verification"] = {"at": checked_at.isoformat(), "logical": "clean", "physical": "not_checked",
                                    "findings": 0}
-        Conversation.objects.filter(pk=locked.conversation_id).update(state=ConversationState.DELETED)
+        Conversation.objects.filter(pk=locked.conversation_id).update(state=ConversationState.DELETED,
+                                                                      view_changed_at=now)
         DeleteOperation.objects.filter(pk=locked.pk).update(
             state=DeleteState.COMPLETED, completed_at=now, step="", receipt=receipt, last_error="",
             # Every content table, not only those that held rows now: rows removed earlier by
