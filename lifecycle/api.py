@@ -374,6 +374,9 @@ class SubagentResolveOut(Schema):
 def subagent_resolve(request: HttpRequest, agent_id: str, body: SubagentResolveIn) -> dict:
     if body.action == "attribute" and not body.conversation:
         raise ApiError(400, "missing_field", _("Missing field: %(field)s.") % {"field": "conversation"})
+    if body.action == "clear" and body.conversation is not None:  # never silently dropped
+        raise ApiError(400, "unknown_field", _("A clear names no conversation: leave out %(field)s.")
+                       % {"field": "conversation"})
     get_engine().resolve_subagent(agent_id, action=body.action,
                                   conversation_id=body.conversation if body.action == "attribute" else None,
                                   actor=request.user)

@@ -811,10 +811,12 @@ class ErasureFingerprint(models.Model):
     of their 32-byte slices, for the aligned scan). Short, guessable content could be
     confirmed against them, so they are dropped once a clean physical verification is
     recorded, and by the hourly facts expiry a week after the delete at the latest
-    (`lifecycle.actions.expire_facts.FINGERPRINT_DAYS`).
+    (`lifecycle.registry.FINGERPRINT_DAYS`).
     """
 
     operation = models.OneToOneField(DeleteOperation, on_delete=models.CASCADE, related_name="fingerprint")
+    # The deleted conversation (its tombstone): the registry counts and lists them per conversation.
+    conversation = models.ForeignKey(Conversation, null=True, on_delete=models.CASCADE, related_name="+")
     secret = models.BinaryField()
     windows = models.BinaryField()
     grams = models.BinaryField()

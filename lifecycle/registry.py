@@ -53,6 +53,7 @@ class Store:
     sized_by: tuple[tuple[str, str], ...] = ()  # tables: (content column, column already holding its size)
     tombstone: bool = False  # tables: the row stays, its content columns are blanked
     period: str = ""  # retain_facts: the RetainedFactsPolicy field counting days after the delete
+    days: int = 0  # retain_facts without a setting: a fixed period, in days after the delete
     locator: str = ""  # files: the EngineHome method (folder per conversation) or property (shared file)
     shared_file: bool = False  # files: one file for all conversations; this one's rows are compacted out
 
@@ -113,6 +114,8 @@ def files(key: str, pattern: str, label, retention: RetentionClass, on_delete, *
 
 
 E, C = RetentionClass.ERASE, RetentionClass.COMPACT
+FINGERPRINT_DAYS = 7  # the erasure check's fingerprints, at the latest (see ErasureFingerprint)
+FINGERPRINTS_STORE = "lifecycle.ErasureFingerprint"
 FACTS_KEPT = _("Content-free; kept for the declared period after the delete, then expired.")
 
 STORES: tuple[Store, ...] = (
@@ -160,6 +163,11 @@ STORES: tuple[Store, ...] = (
     table("lifecycle.DeleteOperation", _("Delete operation and erasure receipt"), RetentionClass.RETAIN_FACTS,
           _("Content-free (operation id, target, time, outcome, records and bytes per store, and who asked "
             "until the audit period after the request runs out); kept so a retry gets the same answer.")),
+    table(FINGERPRINTS_STORE, _("Erasure check fingerprints"), RetentionClass.RETAIN_FACTS,
+          _("Keyed digests of short samples of the erased content, made when the delete starts, to find any "
+            "copy left in the files: removed once a clean physical check is recorded, and a week after the "
+            "delete at the latest. Short, guessable content could be confirmed against them meanwhile."),
+          days=FINGERPRINT_DAYS),
     Store(key="provider", kind="external", label=_("Provider-retained inputs"),
           retention=RetentionClass.OUT_OF_SCOPE,
           on_delete=_("Provider retention follows provider terms.")),

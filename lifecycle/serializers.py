@@ -121,9 +121,14 @@ class ReceiptStoreOut(Schema):
     action: Literal["erased", "compacted", "detached", "revoked", "kept", "expired", "out_of_scope"]
     records: int | None = None
     bytes: int | None = None
-    expired_at: str | None = Field(default=None, description="Kept facts: when their retention period ran out and they were removed.")
+    expired_at: str | None = Field(default=None, description="Kept facts: when they were removed (their retention "
+                                                             "period ran out, or `after_check`).")
+    after_check: bool | None = Field(default=None, description="Removed before their period ran out, once a clean "
+                                                               "physical check of the erasure was recorded (the "
+                                                               "check's own fingerprints).")
     days: int | None = Field(default=None, description="Kept facts that expire: their retention period, in days from "
-                                                       "the delete's completion, as it stood then.")
+                                                       "the delete's completion: the one in force now while they "
+                                                       "are kept, the one that applied once they expired.")
     remaining: int | None = Field(default=None, description="Shared copies whose publisher cannot revoke them.")
 
 

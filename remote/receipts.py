@@ -88,7 +88,9 @@ def next_read(receipt: Any, completed_at: datetime, now: datetime, *, last: date
 def later_receipt(stored: Any, answered: Any) -> bool:
     """Whether `answered` is the stored receipt later on: the same engine and erased figures,
     and each kept fact the same or changed from kept to expired (with a date), none added or
-    gone. Its other parts may have moved on (verification, physical erasure, holders)."""
+    gone; a kept fact's period (`days`) may be another (an admin changed it on the engine), and
+    an expired one may say it went after a clean check (`after_check`). Its other parts may have
+    moved on (verification, physical erasure, holders)."""
     if not isinstance(stored, dict) or not isinstance(answered, dict):
         return False
     if any(stored.get(name) != answered.get(name) for name in ("engine", "stores")):
@@ -99,11 +101,15 @@ def later_receipt(stored: Any, answered: Any) -> bool:
     for old, new in zip(before, after, strict=True):
         if old == new:
             continue
-        if not (isinstance(old, dict) and isinstance(new, dict) and old.get("action") == "kept"
-                and new.get("action") == "expired" and isinstance(new.get("expired_at"), str)):
+        if not (isinstance(old, dict) and isinstance(new, dict) and old.get("action") == "kept"):
             return False
-        if {k: v for k, v in new.items() if k not in ("action", "expired_at")} != \
-                {k: v for k, v in old.items() if k != "action"}:
+        expired = new.get("action") == "expired" and isinstance(new.get("expired_at"), str)
+        if new.get("action") != "kept" and not expired:
+            return False
+        if figure(new.get("days")) is None and "days" in new:
+            return False
+        moved = ("action", "expired_at", "days", "after_check")
+        if {k: v for k, v in new.items() if k not in moved} != {k: v for k, v in old.items() if k not in moved}:
             return False
     return True
 

@@ -134,6 +134,7 @@ def test_delete_unavailable_shows_the_way_out_and_the_resolve_endpoint_takes_it(
     ({"action": "attribute"}, 400, "missing_field"),
     ({"action": "burn"}, 400, "invalid_choice"),
     ({"action": "clear", "extra": 1}, 400, "unknown_field"),
+    ({"action": "clear", "conversation": "c_" + "a" * 20}, 400, "unknown_field"),  # not silently ignored
 ])
 def test_resolve_refuses_bad_bodies(api, body, status, code):
     fleet.write_snapshot([{"agent_id": "sa_x", "origin": None}])

@@ -67,7 +67,14 @@ def test_facts_stay_content_free_and_expire_after_their_periods_from_the_delete(
     # Facts of a live conversation never expire, however old.
     assert m.UsageFact.objects.filter(conversation=live).exists()
     assert m.AuditFact.objects.filter(conversation=live).exists()
-    assert expired == {"lifecycle.UsageFact": 1, "lifecycle.BillingFact": 1, "lifecycle.AuditFact": 4}
+    # The erasure check's fingerprints go a week after the delete (all three are older).
+    assert expired == {"lifecycle.UsageFact": 1, "lifecycle.BillingFact": 1, "lifecycle.AuditFact": 4,
+                       "lifecycle.ErasureFingerprint": 3}
+    assert not m.ErasureFingerprint.objects.exists()
+    for conversation in (young, middle, old):
+        kept = {e["store"]: e for e in m.DeleteOperation.objects.get(conversation=conversation).receipt["kept"]}
+        assert (kept["lifecycle.ErasureFingerprint"]["action"], kept["lifecycle.ErasureFingerprint"]["days"]) == (
+            "expired", 7)
     recorded = recorded_expiries()
     assert recorded == expired
     # The tombstones and the operations stay: a retry still gets its answer.
@@ -285,10 +292,11 @@ def test_an_expiry_killed_with_sigkill_inside_and_after_each_batch_ends_with_eve
         assert run.returncode == -signal.SIGKILL, run.stderr[-2000:]
     points = sorted(p.name for p in kills.iterdir())
     # Killed inside each store's batch and the console's (rolled back) and after each committed,
-    # then finished.
-    assert len(points) == 8 and outcomes[-1] == 0 and outcomes.count(-signal.SIGKILL) == 8, (points, outcomes)
+    # then finished (the stores: audit, usage, billing and the erasure check's fingerprints).
+    assert len(points) == 10 and outcomes[-1] == 0 and outcomes.count(-signal.SIGKILL) == 10, (points, outcomes)
     recorded = recorded_expiries()
     assert recorded["lifecycle.UsageFact"] == 3 and recorded["lifecycle.BillingFact"] == 3
+    assert recorded["lifecycle.ErasureFingerprint"] == 4 and not m.ErasureFingerprint.objects.exists()
     assert recorded["console.audit"] == 3 and not m.AuditFact.objects.filter(action="login_failed").exists()
     assert not m.UsageFact.objects.filter(conversation__in=gone).exists()
     assert not m.BillingFact.objects.filter(conversation__in=gone).exists()
@@ -296,6 +304,7 @@ def test_an_expiry_killed_with_sigkill_inside_and_after_each_batch_ends_with_eve
     for receipt in m.DeleteOperation.objects.filter(conversation__in=gone).values_list("receipt", flat=True):
         actions = {e["store"]: e["action"] for e in receipt["kept"]}
         assert actions["lifecycle.UsageFact"] == actions["lifecycle.BillingFact"] == "expired"
+        assert actions["lifecycle.ErasureFingerprint"] == "expired"
 
 
 def test_the_consoles_own_audit_facts_expire_the_audit_period_after_they_were_recorded():

@@ -266,6 +266,9 @@ def test_the_receipt_counts_file_stores_in_files_as_the_preview_does(admin_clien
     assert re.search(r"Large outputs and tool artifacts</span>\s*<span class=\"store-count\">"
                      rf"{counted.group(1)} files? erased · ", receipt), "the same figure, in files"
     assert re.search(r"Messages and tool calls</span>\s*<span class=\"store-count\">\d+ records? erased ", receipt)
+    # The conversation's own record stays as the tombstone: its title erased, not "1 record erased"
+    assert re.search(r"Conversation record</span>\s*<span class=\"store-count\">title erased; the record stays "
+                     r"as the tombstone · ", receipt)
     # Settled subagent rows are rows of the fleet file: records, as the preview says
     assert re.search(r"Settled subagent rows</span>\s*<span class=\"store-count\">1 record compacted", receipt)
     assert re.search(r"Settled subagent rows</span> <span class=\"store-count\">1 record\s*<", preview)

@@ -12,6 +12,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from console.models import ApiToken
+from lifecycle.registry import FINGERPRINT_DAYS
 from remote import delivery, receipts
 from remote.models import BoundDelete, EngineBinding
 from remote.sync import refresh
@@ -63,10 +64,12 @@ def test_facts_the_engine_expired_show_as_expired_and_are_not_read_again(remote)
     op = completed(remote, "expires")
     audit_facts = kept(op)["lifecycle.AuditFact"][1]
     assert kept(op)["lifecycle.AuditFact"] == ("kept", audit_facts, False) and audit_facts >= 1  # the engine's
-    audit_days = {e["store"]: e.get("days") for e in op.receipt["kept"]}["lifecycle.AuditFact"]
-    assert audit_days == 365  # the engine's period, given on its receipt
+    days = {e["store"]: e.get("days") for e in op.receipt["kept"]}
+    assert days["lifecycle.AuditFact"] == 365  # the engine's period, given on its receipt
+    # The erasure check's fingerprints, a week: the first period to run out.
+    assert (kept(op)["lifecycle.ErasureFingerprint"], days["lifecycle.ErasureFingerprint"]) == (("kept", 1, False), 7)
     # First read just after the first period given runs out (the engine expires hourly), not before.
-    expected = op.receipt_at + timedelta(days=audit_days) + receipts.SLACK
+    expected = op.receipt_at + timedelta(days=FINGERPRINT_DAYS) + receipts.SLACK
     assert op.receipt_next_read_at == expected and op.receipt_read_at is None
     assert receipts.read_again() == dict.fromkeys(receipts.OUTCOMES, 0)
 
@@ -83,6 +86,7 @@ def test_facts_the_engine_expired_show_as_expired_and_are_not_read_again(remote)
     assert receipts.read_again(again)["updated"] == 1
     op.refresh_from_db()
     assert kept(op)["lifecycle.AuditFact"] == ("expired", audit_facts, True)
+    assert kept(op)["lifecycle.ErasureFingerprint"] == ("expired", 1, True)
     assert op.receipt["stores"] == stored_before["stores"]  # the erased figures as they were
     assert (op.receipt_read_at, op.receipt_next_read_at) == (again, None)  # nothing left to expire
     assert receipts.read_again(again + timedelta(days=3000))["updated"] == 0  # never asked again
@@ -157,7 +161,8 @@ def test_an_answer_that_is_not_this_receipt_later_on_is_not_taken(remote):
     assert receipts.read_again(when)["not_taken"] == 1
     op.refresh_from_db()
     assert (op.receipt, op.receipt_read_at) == (forged, None)
-    assert op.receipt_next_read_at == when + receipts.LONGEST_WAIT  # a year since it was stored: the longest wait
+    # It waits as long as it has been since the delete (a week: the fingerprints' period), longer each time.
+    assert timedelta(days=7) <= op.receipt_next_read_at - when <= timedelta(days=7) + 2 * receipts.SLACK
 
 
 @pytest.mark.django_db

@@ -110,11 +110,14 @@ def test_it_writes_an_exact_content_free_receipt(admin_user):
     assert kept["lifecycle.AuditFact"]["records"] == m.AuditFact.objects.filter(conversation=target).count()
     assert m.AuditFact.objects.filter(conversation=target, action="conversation.deleted").exists()
     # "Erased or compacted" counts the same stores its bytes do: rows as records (a fleet file's
-    # rows too), the conversation's folders' entries as files
+    # rows too; not the conversation's own, which stays as the tombstone), the conversation's
+    # folders' entries as files
     changed = [e for e in receipt["stores"] if e["action"] in ("erased", "compacted")]
     folders = {"events", "approval_receipts", "artifacts"}
+    assert by_store["lifecycle.Conversation"]["records"] == 1  # its title erased; the row stays
     assert executor.changed_totals(receipt["stores"]) == {
-        "records": sum(e["records"] or 0 for e in changed if e["store"] not in folders),
+        "records": sum(e["records"] or 0 for e in changed
+                       if e["store"] not in folders and e["store"] != "lifecycle.Conversation"),
         "files": sum(e["records"] or 0 for e in changed if e["store"] in folders),
         "bytes": sum(e["bytes"] or 0 for e in changed), "partial": False}  # its own receipt: every figure given
     assert any(e["action"] == "compacted" and e["records"] for e in changed)

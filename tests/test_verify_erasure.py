@@ -230,10 +230,20 @@ def test_a_raw_byte_check_without_fingerprints_says_it_scanned_nothing(admin_cli
         assert record_compaction(started_at=timezone.now(), finished_at=timezone.now(),
                                  tables=content_tables()) == 1
     op.refresh_from_db()
+    fingerprint_line = {e["store"]: e for e in op.receipt["kept"]}["lifecycle.ErasureFingerprint"]
+    assert (fingerprint_line["action"], fingerprint_line["records"], fingerprint_line["days"]) == ("kept", 1, 7)
+    page = admin_client.get(f"/operations/{op.public_id}/", HTTP_HOST="127.0.0.1").content.decode()
+    assert "Erasure check fingerprints" in page and "1 record kept until its period after the delete runs out" in page
     assert verify.verify(op, physical=True).physical == "clean"
     op.refresh_from_db()
     clean = op.receipt["verification"]
     assert op.verified_physical_at is not None and not m.ErasureFingerprint.objects.filter(operation=op).exists()
+    # The receipt says they went, and why: before their week ran out, after the clean check.
+    fingerprint_line = {e["store"]: e for e in op.receipt["kept"]}["lifecycle.ErasureFingerprint"]
+    assert (fingerprint_line["action"], fingerprint_line["after_check"]) == ("expired", True)
+    assert fingerprint_line["expired_at"] == clean["physical_at"]
+    page = admin_client.get(f"/operations/{op.public_id}/", HTTP_HOST="127.0.0.1").content.decode()
+    assert "1 record, removed on" in page and "after a clean physical check" in page
     (home.root / "stray").mkdir()
     (home.root / "stray" / "copy.txt").write_bytes(artifact)
 

@@ -11,7 +11,6 @@ from lifecycle.models import (
     AuditFact,
     DeleteOperation,
     DeleteState,
-    ErasureFingerprint,
     RetainedFactsPolicy,
 )
 from lifecycle.registry import STORES, Store
@@ -22,10 +21,10 @@ CONSOLE_BATCH = 1000  # the console's own audit facts per transaction
 CONSOLE_AUDIT = "console.audit"
 # The key under which the delete operations whose requester was forgotten are counted.
 REQUESTERS = "lifecycle.DeleteOperation.requested_by"
-# The raw-byte scan's fingerprints (keyed digests of the content, with their key) are kept
-# this long after a delete completes, for `verify_erasure --physical`; a clean check drops
-# them sooner. Short guessable content (a PIN) could be confirmed against them.
-FINGERPRINT_DAYS = 7
+# The raw-byte scan's fingerprints (keyed digests of the content, with their key) are a store
+# of the registry with a fixed period (registry.FINGERPRINT_DAYS after the delete), expired
+# here like the other facts; a clean `verify_erasure --physical` drops them sooner. Short
+# guessable content (a PIN) could be confirmed against them.
 
 
 def expire_facts(*, now=None) -> dict[str, int]:
@@ -51,8 +50,8 @@ def expire_facts(*, now=None) -> dict[str, int]:
     policy = RetainedFactsPolicy.load()
     expired: dict[str, int] = {}
     for store in STORES:
-        if store.period:
-            days = getattr(policy, store.period)
+        if store.period or store.days:
+            days = getattr(policy, store.period) if store.period else store.days
             count = _expire_store(store, now - timedelta(days=days), now, days)
             if count:
                 expired[store.key] = count
@@ -62,9 +61,6 @@ def expire_facts(*, now=None) -> dict[str, int]:
     count = forget_requesters(DeleteOperation, now - timedelta(days=policy.audit_days), now, key=REQUESTERS)
     if count:
         expired[REQUESTERS] = count
-    ErasureFingerprint.objects.filter(
-        operation__completed_at__lt=now - timedelta(days=FINGERPRINT_DAYS)
-    ).delete()
     return expired
 
 

@@ -440,6 +440,8 @@ def receipt_of(op: DeleteOperation, steps: list[DeleteStep] | None = None) -> di
             entry = {"store": s.key, "class": s.retention.value, "action": "kept", "records": counts[s.key]}
             if s.period:  # the period in force now (a console of this engine reads the receipt again then)
                 entry["days"] = getattr(policy, s.period)
+            elif s.days:  # a fixed period (the erasure check's fingerprints)
+                entry["days"] = s.days
             kept.append(entry)
         elif s.kind == "external":
             kept.append({"store": s.key, "class": s.retention.value, "action": "out_of_scope"})
@@ -466,6 +468,13 @@ def with_current_periods(kept: Any) -> Any:
 CHANGED_ACTIONS = ("erased", "compacted")  # what "records erased or compacted" counts
 
 
+def is_tombstone(store_key: Any) -> bool:
+    """Whether a store's record stays as the conversation's tombstone (its title erased): it
+    is not counted among the records erased, its bytes are."""
+    store = next((s for s in STORES if s.key == store_key), None)
+    return store is not None and store.tombstone
+
+
 def counts_files(store_key: str) -> bool:
     """Whether a store's records are files (a conversation's folders); a shared file's records
     are rows in it (the fleet files), as tables' are."""
@@ -479,15 +488,15 @@ def figure(value: Any) -> int | None:
 
 
 def changed_totals(entries: Any) -> dict[str, int | bool]:
-    """What a receipt's stores erased or compacted, from the same entries: records (rows),
-    files (of the conversation's folders) and bytes; `partial` when an entry gives no figure
+    """What a receipt's stores erased or compacted, from the same entries: records (rows; not
+    the tombstone, whose row stays), files (of the conversation's folders) and bytes; `partial` when an entry gives no figure
     or one that is not a whole, non-negative number (a remote engine's receipt): it is left out of
     the sums, which then say so, as its line shows no number."""
     entries = entries if isinstance(entries, list) else []
     changed = [e for e in entries if isinstance(e, dict) and e.get("action") in CHANGED_ACTIONS]
     files = [e for e in changed if counts_files(str(e.get("store")))]
     return {
-        "records": sum(figure(e.get("records")) or 0 for e in changed if e not in files),
+        "records": sum(figure(e.get("records")) or 0 for e in changed if e not in files and not is_tombstone(e.get("store"))),
         "files": sum(figure(e.get("records")) or 0 for e in files),
         "bytes": sum(figure(e.get("bytes")) or 0 for e in changed),
         "partial": any(figure(e.get(key)) is None for e in changed for key in ("records", "bytes")),

@@ -153,7 +153,8 @@ def record(operation, windows: list[bytes]) -> ErasureFingerprint:
     )
     fingerprint, _created = ErasureFingerprint.objects.update_or_create(
         operation=operation,
-        defaults={"secret": secret, "windows": digests, "grams": slices, "window_count": len(windows)},
+        defaults={"secret": secret, "windows": digests, "grams": slices, "window_count": len(windows),
+                  "conversation_id": operation.conversation_id},
     )
     return fingerprint
 

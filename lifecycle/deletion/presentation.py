@@ -15,7 +15,7 @@ from typing import Any
 from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext_lazy as _
 
-from lifecycle.deletion.executor import counts_files, figure
+from lifecycle.deletion.executor import counts_files, figure, is_tombstone
 from lifecycle.registry import FACTS_KEPT, STORES, RetentionClass, Store
 
 OTHER_LABEL = _("Other data on the engine")
@@ -56,7 +56,7 @@ def _described(entry: dict[str, Any]) -> dict[str, Any]:
     if store is not None:
         return {"label": store.label, "class": store.retention.value, "on_delete": store.on_delete,
                 "kind": store.kind, "files": counts_files(store.key),
-                "expires": bool(store.period)}
+                "expires": bool(store.period or store.days)}
     klass = entry.get("class") if entry.get("class") in RetentionClass.values else ""
     return {"label": OTHER_LABEL, "class": klass, "on_delete": CLASS_RULES.get(klass, UNKNOWN_RULE),
             "kind": entry.get("kind") if entry.get("kind") in ("table", "file", "external") else "table",
@@ -98,5 +98,6 @@ def receipt_rows(entries: Any) -> list[dict[str, Any]]:
 
     return [{**e, **_described(e), "records": figure(e.get("records")), "bytes": figure(e.get("bytes")),
              "remaining": figure(e.get("remaining")), "expired_on": moment(e.get("expired_at")),
+             "after_check": e.get("after_check") is True, "tombstone": is_tombstone(e.get("store")),
              "action": e.get("action") if isinstance(e.get("action"), str) else ""}
             for e in sorted(rows, key=order)]

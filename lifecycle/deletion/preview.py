@@ -51,7 +51,7 @@ def preview(conversation: Conversation, home: EngineHome | None = None) -> dict[
     stores = []
     for s in STORES:
         # Retained facts: the period they are kept after the delete, as this engine declares it
-        period = {"days": getattr(policy, s.period)} if s.period else {}
+        period = {"days": getattr(policy, s.period)} if s.period else {"days": s.days} if s.days else {}
         stores.append({"store": s.key, "kind": s.kind, "class": s.retention.value, **_count(s, conversation, home),
                        **period})
     shared = next((e for e in stores if e["class"] == RetentionClass.SHARED), {})

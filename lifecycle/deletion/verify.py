@@ -47,7 +47,7 @@ from lifecycle.models import (
     ErasureFingerprint,
     PhysicalState,
 )
-from lifecycle.registry import STORES, RetentionClass, Store
+from lifecycle.registry import FINGERPRINTS_STORE, STORES, RetentionClass, Store
 
 # Physical results of a check that scanned raw bytes; the others (not_checked,
 # no_fingerprints, no_samples) looked at none.
@@ -369,7 +369,14 @@ def _record(op: DeleteOperation, report: Report) -> None:
             fields["verified_at"] = now
         if report.physical == "clean" and not report.found and locked.verified_physical_at is None:
             fields["verified_physical_at"] = now
-            ErasureFingerprint.objects.filter(operation=locked).delete()
+            if ErasureFingerprint.objects.filter(operation=locked).delete()[0]:
+                # The receipt stops saying they are kept: removed now, before their period ran out.
+                receipt["kept"] = [
+                    {**e, "action": "expired", "expired_at": now.isoformat(), "after_check": True}
+                    if isinstance(e, dict) and e.get("store") == FINGERPRINTS_STORE and e.get("action") == "kept"
+                    else e
+                    for e in receipt.get("kept", [])
+                ]
         DeleteOperation.objects.filter(pk=locked.pk).update(**fields)
 
 
