@@ -25,7 +25,7 @@ from console.api import (
 )
 from lifecycle import transcript
 from lifecycle.actions.append_item import append_item
-from lifecycle.actions.request_deletion import KEY_INVALID
+from lifecycle.actions.request_deletion import KEY, KEY_INVALID
 from lifecycle.actions.update_item import update_item
 from lifecycle.engine import get_engine
 from lifecycle.errors import ActionRefused
@@ -62,6 +62,13 @@ def _whole_number(value: Any) -> Any:
 WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
 Limit = Annotated[WholeNumber, Field(ge=1, le=MAX_LIMIT, description=f"Page size, 1 to {MAX_LIMIT}.")]
 Flag = Literal["true", "false"]
+
+ITEM_KEY = Header(
+    "Idempotency-Key", required=False, invalid_code="idempotency_key_invalid", invalid_message=KEY_INVALID,
+    description="Optional: 1 to 200 printable ASCII characters without spaces, unique per item the runtime "
+                "appends to this conversation. A retry with the same key answers with that item instead of "
+                "appending it again.",
+)
 
 
 class ThreadsQuery(QuerySchema):
@@ -198,15 +205,22 @@ def thread_items(request: HttpRequest, public_id: str, query: ItemsQuery) -> dic
     return {"results": [item_json(i) for i in items], "next": str(items[-1].seq) if more else None}
 
 
-@endpoint("POST", "/v1/threads/{public_id}/items", body=ItemIn, response=ItemOut, status=201, admin=True,
-          errors=(409,), name="api-thread-items-append", summary="Append an item (the runtime's write path)",
-          description="A tool item reusing the `tool_call_id` of an item whose details the tool payload cleanup "
-                      "removed is refused with 409 `tool_details_removed`.")
-def thread_items_append(request: HttpRequest, public_id: str, body: ItemIn) -> dict:
+@endpoint("POST", "/v1/threads/{public_id}/items", body=ItemIn, response={201: ItemOut, 200: ItemOut},
+          admin=True, errors=(409, 422), headers=(ITEM_KEY,), name="api-thread-items-append",
+          summary="Append an item (the runtime's write path)",
+          description="201 with the new item. A tool item reusing the `tool_call_id` of an item whose details the "
+                      "tool payload cleanup removed is refused with 409 `tool_details_removed`. With an "
+                      "`Idempotency-Key`, a retry answers 200 with the item that key appended, as it is now, and "
+                      "appends nothing; the key of another item is refused with 422 `idempotency_key_reused`.")
+def thread_items_append(request: HttpRequest, public_id: str, body: ItemIn) -> tuple[int, dict]:
     conversation = _thread(public_id)
     if body.role == Role.TOOL and not body.tool_kind:
         raise ApiError(400, "missing_field", _("Missing field: %(field)s.") % {"field": "tool_kind"})
-    return item_json(append_item(conversation, **body.model_dump()))
+    key = request.headers.get(ITEM_KEY.name)
+    if key is not None and not KEY.fullmatch(key):
+        raise ApiError(400, "idempotency_key_invalid", str(KEY_INVALID))
+    item = append_item(conversation, **body.model_dump(), client_key=key)
+    return (200 if getattr(item, "replayed", False) else 201), item_json(item)
 
 
 @endpoint("GET", "/v1/threads/{public_id}/items/{item_id}", response=ItemOut, name="api-thread-item",

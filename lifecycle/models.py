@@ -373,11 +373,16 @@ class Item(models.Model):
     revision = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
+    # The Idempotency-Key the runtime appended it with, if any: a retry with the same key
+    # answers with this item instead of appending it twice (lifecycle.actions.append_item).
+    client_key = models.CharField(max_length=200, null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["conversation", "seq"]
         constraints = [
             models.UniqueConstraint(fields=["conversation", "seq"], name="item_unique_seq"),
+            models.UniqueConstraint(fields=["conversation", "client_key"], condition=Q(client_key__isnull=False),
+                                    name="item_one_per_client_key"),
             models.CheckConstraint(
                 name="item_tool_fields_only_on_tool_items",
                 condition=Q(role="tool") | Q(tool_kind="", payload__isnull=True),

@@ -19,6 +19,10 @@ PAGE = 200
 
 
 MAX_PAGES = 100_000  # 20 million conversations: past that, an engine that never ends its list
+# The list is read again from the start while its last page says conversations changed since
+# it began (`changed_since_start`: new activity, archived, closed...; a paged list leaves them
+# out), at most this many times in all; what changes after that waits for the next sync.
+PASSES = 3
 OWNER_KINDS = ("account", "computer")
 # A delete acknowledged less than this before a page was asked for may have been erasing while
 # the engine wrote the page (the page is stale, not a restore); covers clocks of other hosts.
@@ -85,16 +89,30 @@ def refresh(engine_url: str = "") -> dict[str, int]:
 
     Each page is checked whole before any of it is written (a page with a row that is not a
     conversation stops the sync, EngineBadAnswer, with the pages before it kept), and a list
-    that repeats a cursor, or never ends, stops it the same way.
+    that repeats a cursor, or never ends, stops it the same way. A list whose last page says
+    conversations changed while it was read is read again (PASSES); each conversation is
+    counted once.
     """
     engine_url = engine_url.rstrip("/")
     if engine_url == settings.ENGINE_URL.rstrip("/"):
         engine_url = ""  # ENGINE_URL's bindings are stored without it: one binding per conversation
     engine = engine_for(engine_url)
     counts = {"created": 0, "updated": 0, "returned": 0}
+    made: set[str] = set()  # engine ids given a binding by this sync
+    updated: set[str] = set()  # engine ids whose binding this sync brought up to date
+    now = timezone.now()
+    for _pass in range(PASSES):
+        if not _one_pass(engine, engine_url, now, counts, made, updated):
+            break
+    counts["updated"] = len(updated)
+    return counts
+
+
+def _one_pass(engine, engine_url: str, now, counts: dict[str, int], made: set[str], updated: set[str]) -> int:
+    """Read the engine's list once, page by page, into the bindings; how many conversations its
+    last page says changed since the first (they were left out)."""
     cursor = None
     seen: set[str] = set()
-    now = timezone.now()
     for _page in range(MAX_PAGES):
         asked_at = timezone.now()
         page = engine.threads(view="all", limit=PAGE, cursor=cursor)
@@ -113,7 +131,8 @@ def refresh(engine_url: str = "") -> dict[str, int]:
                 if EngineBinding.objects.filter(engine_url=engine_url, engine_id=engine_id).update(
                     **fields, synced_at=now, title=Case(When(untitled, then=Value("")), default=Value(title)),
                 ):
-                    counts["updated"] += 1
+                    if engine_id not in made:
+                        updated.add(engine_id)
                 elif fields["engine_state"] == "live":
                     # No binding: never had one, or its delete let it go (read after this
                     # statement's update found none, so an acknowledgement is seen here).
@@ -124,14 +143,17 @@ def refresh(engine_url: str = "") -> dict[str, int]:
                     if last is None:
                         EngineBinding.objects.create(engine_url=engine_url, engine_id=engine_id, title=title,
                                                      synced_at=now, **fields)
+                        made.add(engine_id)
                         counts["created"] += 1
                     elif last.acknowledged_at < asked_at - CLOCK_MARGIN:
                         EngineBinding.objects.create(engine_url=engine_url, engine_id=engine_id, title="",
                                                      synced_at=now, returned_after=last, **fields)
+                        made.add(engine_id)
                         counts["returned"] += 1
         cursor = page.get("next")
         if not cursor:
-            return counts
+            changed = page.get("changed_since_start")
+            return changed if isinstance(changed, int) and not isinstance(changed, bool) and changed > 0 else 0
         if not isinstance(cursor, str) or cursor in seen:
             raise EngineBadAnswer("a repeated cursor")
         seen.add(cursor)

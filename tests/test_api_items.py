@@ -210,3 +210,37 @@ def test_a_payload_that_is_not_an_object_is_its_own_full_output(runtime, member_
         assert shown in answer["output"]
         page = member_client.get(f"/conversations/{conversation.public_id}/items/{item.pk}/output/", **HOST)
         assert page.status_code == 200 and shown in page.content.decode().replace("&quot;", '"')
+
+
+def test_an_append_retried_with_its_idempotency_key_answers_with_the_same_item(runtime, conversation):
+    """A runtime that lost the answer to an append sends it again: with the same key it gets
+    the item it made (200, as it is now), and the transcript holds it once."""
+    body = {"role": "tool", "tool_kind": "shell", "tool_call_id": "call_retry", "status": "running",
+            "payload": {"command": "ls", "cwd": "/", "stdout": "a\n"}}
+    first = post(runtime, conversation, body, HTTP_IDEMPOTENCY_KEY="append-call_retry")
+    assert first.status_code == 201
+    active = Conversation.objects.get(pk=conversation.pk).last_activity_at
+    again = post(runtime, conversation, body, HTTP_IDEMPOTENCY_KEY="append-call_retry")
+    assert again.status_code == 200 and again.json() == first.json()
+    assert Item.objects.filter(conversation=conversation).count() == 1
+    assert Conversation.objects.get(pk=conversation.pk).last_activity_at == active  # nothing appended
+    # Updated since (its late "finished"): the retry answers with the item as it is now.
+    item = Item.objects.get(pk=first.json()["id"])
+    assert patch(runtime, conversation, item, {"status": "completed"}).status_code == 200
+    later = post(runtime, conversation, body, HTTP_IDEMPOTENCY_KEY="append-call_retry")
+    assert later.status_code == 200 and later.json()["status"] == "completed" and later.json()["id"] == item.pk
+    # The same key for another item: refused, nothing stored.
+    other = post(runtime, conversation, {"role": "user", "content": "Something else"},
+                 HTTP_IDEMPOTENCY_KEY="append-call_retry")
+    assert (other.status_code, other.json()["code"]) == (422, "idempotency_key_reused")
+    assert Item.objects.filter(conversation=conversation).count() == 1
+    # Keys are per conversation; without a key every append is a new item (as before).
+    elsewhere = factories.make_conversation()
+    assert post(runtime, elsewhere, body, HTTP_IDEMPOTENCY_KEY="append-call_retry").status_code == 201
+    assert post(runtime, conversation, {"role": "user", "content": "x"}).status_code == 201
+    assert post(runtime, conversation, {"role": "user", "content": "x"}).status_code == 201
+    assert Item.objects.filter(conversation=conversation).count() == 3
+    for bad in ("has space", "k" * 201, "é"):
+        response = post(runtime, conversation, {"role": "user", "content": "y"}, HTTP_IDEMPOTENCY_KEY=bad)
+        assert (response.status_code, response.json()["code"]) == (400, "idempotency_key_invalid"), bad
+    assert Item.objects.filter(conversation=conversation).count() == 3

@@ -428,3 +428,31 @@ def test_a_sync_says_how_many_it_found_new_and_how_many_it_brought_up_to_date(se
     assert said == ["Read the engine's conversations: 2 new, 0 already listed and brought up to date.",
                     "Read the engine's conversations: 0 new, 2 already listed and brought up to date."]
     assert EngineBinding.objects.count() == 2
+
+
+def test_a_sync_reads_the_list_again_while_its_last_page_says_conversations_changed(settings):
+    """A conversation that changes while the engine's list is read (archived, closed, a new
+    item) is left out of the pages and counted in changed_since_start: the sync reads the list
+    again instead of missing it until the next sync, counts each conversation once, and stops
+    after PASSES readings however busy the engine is."""
+    from remote import sync
+
+    calls = []
+
+    def listing(handler):
+        calls.append(1)
+        if len(calls) == 1:  # the first reading: conversation 2 changed meanwhile, left out
+            return 200, {"results": [row(1)], "next": None, "changed_since_start": 1}
+        return 200, {"results": [row(1), row(2, title="Title 2")], "next": None, "changed_since_start": 0}
+
+    with scripted_engine({("GET", "/v1/threads"): listing}) as (url, _s):
+        point_at(settings, url)
+        assert refresh("") == {"created": 2, "updated": 0, "returned": 0}
+        assert len(calls) == 2
+        assert sorted(EngineBinding.objects.values_list("thread_id", flat=True)) == ["t1", "t2"]
+    calls.clear()
+    busy = {"results": [row(1)], "next": None, "changed_since_start": 5}
+    with scripted_engine({("GET", "/v1/threads"): lambda h: (calls.append(1) or 200, busy)}) as (url, _s):
+        point_at(settings, url)
+        assert refresh("") == {"created": 0, "updated": 1, "returned": 0}
+        assert len(calls) == sync.PASSES

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -38,13 +38,50 @@ def append_item(
     status: str = "",
     title: str = "",
     payload: Any = None,
+    client_key: str | None = None,
 ) -> Item:
     """Append one message to the conversation's transcript and mark it active now.
 
     An item of any role reusing the call id of an item whose details cleanup removed is
     refused (`tool_details_removed`): a replayed call cannot bring the removed details back,
     as a tool item or as a message.
+
+    `client_key` (the request's Idempotency-Key): an append retried with the key of an item
+    already appended to this conversation answers with that item as it is now (`replayed`
+    set on it), appending nothing and leaving the conversation's activity alone; the key of
+    another item (another role, kind, call id or text) is refused with 422
+    `idempotency_key_reused`. Two appends racing with one key make one item.
     """
+    if client_key is not None:
+        earlier = _keyed(conversation.pk, client_key, role, tool_kind, tool_call_id, content)
+        if earlier is not None:
+            return earlier
+    try:
+        return _append(conversation, role=role, content=content, tool_kind=tool_kind, tool_call_id=tool_call_id,
+                       status=status, title=title, payload=payload, client_key=client_key)
+    except IntegrityError:
+        # Another append with this key committed between the check and this one's insert.
+        earlier = _keyed(conversation.pk, client_key, role, tool_kind, tool_call_id, content) if client_key else None
+        if earlier is None:
+            raise
+        return earlier
+
+
+def _keyed(conversation_id: int, key: str, role: str, tool_kind: str, tool_call_id: str, content: str) -> Item | None:
+    """The item appended under this key, marked replayed, if the retry asks for the same item."""
+    item = Item.objects.filter(conversation_id=conversation_id, client_key=key).first()
+    if item is None:
+        return None
+    if (item.role, item.tool_kind, item.tool_call_id, item.content) != (
+            role, tool_kind if role == Role.TOOL else "", tool_call_id, content):
+        raise ActionRefused("idempotency_key_reused", _("This Idempotency-Key was used for another item of this "
+                                                        "conversation."), status=422)
+    item.replayed = True
+    return item
+
+
+def _append(conversation: Conversation, *, role: str, content: str, tool_kind: str, tool_call_id: str, status: str,
+            title: str, payload: Any, client_key: str | None) -> Item:
     if role != Role.TOOL and (tool_kind or payload is not None):
         raise ActionRefused(
             "invalid_item", _("Only tool items have a tool kind or a payload."), status=400
@@ -85,6 +122,7 @@ def append_item(
             status=status,
             title=title,
             **columns,
+            client_key=client_key,
             created_at=now,
             updated_at=now,
         )
