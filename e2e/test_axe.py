@@ -179,6 +179,23 @@ def bad_request(page: Page, base: str) -> None:
     expect(page.get_by_role("heading", level=1)).to_have_text("Bad request")
 
 
+def action_only(page: Page, base: str) -> None:
+    from lifecycle.models import Conversation
+
+    log_in(page, base, *MEMBER)
+    page.goto(f"{base}/conversations/{Conversation.objects.first().public_id}/archive/")
+    expect(page.get_by_role("heading", level=1)).to_have_text("Nothing was done")
+
+
+def later_transcript_page(page: Page, base: str) -> None:
+    from lifecycle.models import Item
+
+    item = Item.objects.order_by("conversation_id", "seq").filter(seq__gt=1).first()
+    log_in(page, base, *MEMBER)
+    page.goto(f"{base}/conversations/{item.conversation.public_id}/?after=1")
+    expect(page.get_by_test_id("earlier-left-out")).to_be_visible()
+
+
 def form_expired(page: Page, base: str) -> None:
     login_page(page, base)
     page.locator("form.stack input[name=csrfmiddlewaretoken]").evaluate("el => el.value = 'stale'")
@@ -310,6 +327,8 @@ PAGES: dict[str, Callable[[Page, str], None]] = {
     "storage-insight-member": storage_insight(MEMBER),
     "400": bad_request,
     "404": not_found,
+    "405-action-only": action_only,
+    "conversation-later-page": later_transcript_page,
     "403": forbidden,
     "403-form-expired": form_expired,
     "500": server_error,
