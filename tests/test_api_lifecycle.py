@@ -90,6 +90,11 @@ def test_delete_answers_202_pending_then_the_same_operation_completed_ever_after
     # A new key for the deleted conversation answers with the same operation too.
     assert delete(api, conversation.public_id, key="key-2").json()["id"] == op["id"]
     assert m.DeleteOperation.objects.count() == 1
+    # Its preview now: nothing left to erase in the conversation record (the tombstone row that
+    # stays is not one), none of its items.
+    preview = api.get(f"/v1/threads/{conversation.public_id}/deletion-preview").json()
+    counts = {e["store"]: e.get("records") for e in preview["stores"]}
+    assert preview["state"] == "deleted" and counts["lifecycle.Conversation"] == 0 and counts["lifecycle.Item"] == 0
 
 
 def test_delete_refusals_are_409_with_code_and_outcome_and_remembered(api):

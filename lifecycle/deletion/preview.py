@@ -32,7 +32,9 @@ def _count(store: Store, conversation: Conversation, home: EngineHome) -> dict[s
         return {"records": count, "bytes": size}
     rows = store.rows(conversation)
     if store.tombstone:
-        return {"records": 1}
+        # The conversation's title, still to erase; none once it is erased (the tombstone row
+        # that stays is not a record a delete would erase).
+        return {"records": 0 if conversation.state == ConversationState.DELETED else 1}
     if store.retention == RetentionClass.COMPACT:
         held = rows.none()
         for column in store.content_columns():
