@@ -158,7 +158,8 @@ class ItemsQuery(QuerySchema):
 class ItemIn(Schema):
     role: Literal[tuple(Role.values)]  # type: ignore[valid-type]
     content: Annotated[str, Field(max_length=200_000)] = ""
-    tool_kind: Literal[("", *ToolKind.values)] = ""  # type: ignore[valid-type]
+    tool_kind: Annotated[Literal[("", *ToolKind.values)], Field(  # type: ignore[valid-type]
+        description="Required for a tool item (400 missing_field without it); empty for a message.")] = ""
     tool_call_id: Annotated[str, Field(max_length=80)] = ""
     status: Literal[("", *ItemStatus.values)] = ""  # type: ignore[valid-type]
     title: Annotated[str, Field(max_length=300)] = ""

@@ -42,7 +42,8 @@ def _call(fn, **kwargs):
 
 
 class AgeIn(Schema):
-    value: int = Field(description="Whole weeks (1-520) or calendar months (1-120).")
+    value: int = Field(description="Whole weeks (1-520) or calendar months (1-120); anything else is 400 "
+                                   "invalid_age.", json_schema_extra={"minimum": 1, "maximum": 520})
     # Declared as an enum, checked by the service so that any other unit, of any length (the
     # body's size limit bounds it), is `invalid_age`.
     unit: Annotated[str, Field(description='"weeks" or "months"; anything else is 400 invalid_age.',

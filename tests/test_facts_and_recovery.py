@@ -129,9 +129,9 @@ def test_a_run_with_nothing_due_reads_indexes_only():
     factories.make_conversation()
     audit.record("settings.changed", new={"x": 1})
     cutoff = timezone.now() - timedelta(days=365)
-    queries = [due_deletes(store, cutoff) for store in STORES if store.period] + [
+    queries = [due_deletes(store, cutoff) for store in STORES if store.period or store.days] + [
         due_console_audit(cutoff), due_requesters(m.DeleteOperation, cutoff)]
-    assert len(queries) == 5
+    assert len(queries) == 6  # audit, usage, billing, the erasure check's fingerprints; console audit; requesters
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute("SET LOCAL enable_seqscan = off")  # tiny tables: else any plan is as good
@@ -139,8 +139,9 @@ def test_a_run_with_nothing_due_reads_indexes_only():
             sql, params = query.query.sql_with_params()
             cursor.execute(("EXPLAIN QUERY PLAN " if connection.vendor == "sqlite" else "EXPLAIN ") + sql, params)
             plan = "\n".join(str(row[-1]) for row in cursor.fetchall())
+            # (on tables this small PostgreSQL may take either index of the requested time)
             assert any(name in plan for name in ("delete_op_completed_idx", "audit_console_recorded_idx",
-                                                 "delete_op_requester_idx")), plan
+                                                 "delete_op_requester_idx", "delete_op_requested_idx")), plan
             assert "SCAN lifecycle_" not in plan and "Seq Scan" not in plan, plan
 
 
