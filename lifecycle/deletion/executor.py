@@ -414,14 +414,13 @@ def _run_step(op: DeleteOperation, step: DeleteStep, store, conversation: Conver
 
 def receipt_of(op: DeleteOperation, steps: list[DeleteStep] | None = None) -> dict:
     """Per store: class, what was done, records, bytes. Kept stores with their row counts."""
-    by_key = {s.key: s for s in STORES}
     actions = {RetentionClass.ERASE: "erased", RetentionClass.COMPACT: "compacted",
                RetentionClass.RETAIN_DETACH: "detached", RetentionClass.SHARED: "revoked"}
     changed = []
     if steps is None:
         steps = list(op.steps.exclude(key=plan.FINGERPRINTS).order_by("position"))
     for step in steps:
-        s = by_key[step.key]
+        s = STORES_BY_KEY[step.key]
         again = step.detail.get("again") or {}  # erased once more before completing (see _clear_residue)
         entry = {"store": s.key, "class": s.retention.value, "action": actions[s.retention],
                  "records": step.records + again.get("records", 0), "bytes": step.bytes + again.get("bytes", 0)}
@@ -468,17 +467,20 @@ def with_current_periods(kept: Any) -> Any:
 CHANGED_ACTIONS = ("erased", "compacted")  # what "records erased or compacted" counts
 
 
+STORES_BY_KEY = {s.key: s for s in STORES}  # the registry's stores by key
+
+
 def is_tombstone(store_key: Any) -> bool:
     """Whether a store's record stays as the conversation's tombstone (its title erased): it
     is not counted among the records erased, its bytes are."""
-    store = next((s for s in STORES if s.key == store_key), None)
+    store = STORES_BY_KEY.get(store_key) if isinstance(store_key, str) else None
     return store is not None and store.tombstone
 
 
-def counts_files(store_key: str) -> bool:
+def counts_files(store_key: Any) -> bool:
     """Whether a store's records are files (a conversation's folders); a shared file's records
     are rows in it (the fleet files), as tables' are."""
-    store = next((s for s in STORES if s.key == store_key), None)
+    store = STORES_BY_KEY.get(store_key) if isinstance(store_key, str) else None
     return store is not None and store.kind == "file" and not store.shared_file
 
 

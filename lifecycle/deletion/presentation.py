@@ -15,7 +15,7 @@ from typing import Any
 from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext_lazy as _
 
-from lifecycle.deletion.executor import counts_files, figure, is_tombstone
+from lifecycle.deletion.executor import STORES_BY_KEY, counts_files, figure, is_tombstone
 from lifecycle.registry import FACTS_KEPT, STORES, RetentionClass, Store
 
 OTHER_LABEL = _("Other data on the engine")
@@ -33,7 +33,6 @@ UNKNOWN_RULE = _("The engine did not say what a delete does with it.")
 _GROUPS = {RetentionClass.ERASE: "erase", RetentionClass.COMPACT: "compact",
            RetentionClass.OUT_OF_SCOPE: "outside", RetentionClass.RETAIN_DETACH: "kept",
            RetentionClass.SHARED: "kept", RetentionClass.RETAIN: "kept", RetentionClass.RETAIN_FACTS: "kept"}
-_BY_KEY = {s.key: s for s in STORES}
 _PLACE = {s.key: n for n, s in enumerate(STORES)}
 
 
@@ -46,7 +45,7 @@ def moment(value: Any):
 
 
 def _known(entry: dict[str, Any]) -> Store | None:
-    return _BY_KEY.get(entry.get("store")) if isinstance(entry.get("store"), str) else None
+    return STORES_BY_KEY.get(entry.get("store")) if isinstance(entry.get("store"), str) else None
 
 
 def _described(entry: dict[str, Any]) -> dict[str, Any]:
