@@ -385,7 +385,8 @@ class SubagentResolveOut(Schema):
           admin=True, errors=(409,), name="api-subagent-resolve",
           summary="Attribute a subagent row of unknown origin to a conversation, or clear it",
           description="The way out of a delete that is Unavailable with `conversation_child_ownership_ambiguous`. "
-                      "Recorded as an audit fact (agent id and origin only).")
+                      "Recorded as an audit fact (agent id and origin only). A retry of a resolution "
+                      "already made answers 200 again and changes nothing.")
 def subagent_resolve(request: HttpRequest, agent_id: str, body: SubagentResolveIn) -> dict:
     if body.action == "attribute" and not body.conversation:
         raise ApiError(400, "missing_field", _("Missing field: %(field)s.") % {"field": "conversation"})

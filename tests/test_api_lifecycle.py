@@ -132,6 +132,12 @@ def test_delete_unavailable_shows_the_way_out_and_the_resolve_endpoint_takes_it(
                        content_type="application/json")
     assert resolve.status_code == 200, resolve.content
     assert fleet.origin_of(fleet.read_rows(fleet.EngineHome().fleet_path)[0]) == conversation.public_id
+    # a client retrying after a lost answer gets the same answer
+    again = api.post("/v1/subagents/sa_old/resolve", data=json.dumps({"action": "attribute",
+                                                                      "conversation": conversation.public_id}),
+                     content_type="application/json")
+    assert (again.status_code, again.json()) == (200, resolve.json())
+    assert m.AuditFact.objects.filter(action="subagent.attributed").count() == 1
     assert delete(api, conversation.public_id, key="u-2").status_code == 202
 
 

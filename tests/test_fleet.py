@@ -136,6 +136,41 @@ def test_it_refuses_to_resolve_a_row_that_names_its_conversation_or_does_not_exi
     assert not m.AuditFact.objects.exists()
 
 
+
+@pytest.mark.django_db
+def test_a_retried_resolution_answers_as_the_first_and_changes_nothing(admin_user, engine_home):
+    owner, other = factories.make_conversation(), factories.make_conversation()
+    fleet.write_snapshot([row("sa_a", None), row("sa_c", None)])
+    resolve_subagent("sa_a", action="attribute", conversation=owner, acting_user=admin_user)
+    resolve_subagent("sa_c", action="clear", acting_user=admin_user)
+    after = fleet.read_rows(EngineHome().fleet_path)
+    # the same requests again (a client that lost the first answers): no refusal, no second fact
+    resolve_subagent("sa_a", action="attribute", conversation=owner, acting_user=admin_user)
+    resolve_subagent("sa_c", action="clear", acting_user=admin_user)
+    assert fleet.read_rows(EngineHome().fleet_path) == after
+    assert [fleet.origin_of(r) for r in after] == [owner.public_id]
+    assert sorted(m.AuditFact.objects.values_list("action", flat=True)) == ["subagent.attributed",
+                                                                            "subagent.cleared"]
+    # not a retry: another conversation, or a clear of a row never cleared here
+    for agent_id, kwargs, code in [("sa_a", {"action": "attribute", "conversation": other}, "subagent_not_ambiguous"),
+                                   ("sa_a", {"action": "clear"}, "subagent_not_ambiguous"),
+                                   ("sa_never", {"action": "clear"}, "not_found"),
+                                   ("sa_c", {"action": "attribute", "conversation": owner}, "not_found")]:
+        with pytest.raises(ActionRefused) as caught:
+            resolve_subagent(agent_id, acting_user=admin_user, **kwargs)
+        assert caught.value.code == code, (agent_id, kwargs)
+    assert fleet.read_rows(EngineHome().fleet_path) == after
+
+
+@pytest.mark.django_db
+def test_a_row_that_named_its_conversation_itself_is_not_taken_for_a_retry(admin_user, engine_home):
+    owner = factories.make_conversation()
+    fleet.write_snapshot([row("sa_own", owner)])
+    with pytest.raises(ActionRefused) as caught:
+        resolve_subagent("sa_own", action="attribute", conversation=owner, acting_user=admin_user)
+    assert caught.value.code == "subagent_not_ambiguous"
+    assert not m.AuditFact.objects.exists()
+
 def test_every_fleet_write_goes_through_the_fenced_path():
     """`EngineHome.update_fleet` writes without the fence; nothing but tests may call it."""
     found = subprocess.run(["git", "grep", "-n", "-E", r"[A-Za-z_)]\.update_fleet\(", "--", "*.py"], cwd=ROOT,

@@ -7,7 +7,7 @@ from lifecycle import audit, fleet
 from lifecycle.enginefs import EngineHome
 from lifecycle.errors import ActionRefused
 from lifecycle.fence import lock_writable
-from lifecycle.models import Conversation
+from lifecycle.models import AuditFact, Conversation
 
 ACTIONS = ("attribute", "clear")
 
@@ -16,7 +16,11 @@ def resolve_subagent(agent_id: str, *, action: str, conversation: Conversation |
                      acting_user, home: EngineHome | None = None) -> None:
     """The way out of an ambiguous delete: attribute a subagent row of unknown origin to a
     conversation, or clear the row, in the fleet file and its legacy copy. Audited (agent
-    id and origin only). Rows that already name a conversation are not touched here."""
+    id and origin only). Rows that already name a conversation are not touched here.
+
+    A retry of a resolution already made (a client that lost the first answer) does nothing
+    and answers as the first did: the row attributed here to that very conversation, or a
+    cleared row gone while its audit fact is kept."""
     if action not in ACTIONS:
         raise ActionRefused("invalid_action", _("Choose attribute or clear."), status=400)
     if action == "attribute" and conversation is None:
@@ -32,7 +36,12 @@ def resolve_subagent(agent_id: str, *, action: str, conversation: Conversation |
             ) from None
         found = [row for _path, row in rows if row.get("agent_id") == agent_id]
         if not found:
+            if action == "clear" and AuditFact.objects.filter(action="subagent.cleared",
+                                                             new_value__agent_id=agent_id).exists():
+                return  # cleared before: the retry's answer is the first one's
             raise ActionRefused("not_found", _("No subagent row has that id."), status=404)
+        if action == "attribute" and all(_attributed_to(row, target) for row in found):
+            return  # attributed here to this conversation before: nothing to change
         if any(fleet.origin_of(row) is not None for row in found):
             raise ActionRefused(
                 "subagent_not_ambiguous", _("This subagent row already names its conversation; it is not changed here.")
@@ -53,3 +62,10 @@ def resolve_subagent(agent_id: str, *, action: str, conversation: Conversation |
             old={"agent_id": agent_id, "origin": None},
             new={"agent_id": agent_id, "origin": target.public_id if target else None, "cleared": action == "clear"},
         )
+
+
+def _attributed_to(row: dict, conversation: Conversation) -> bool:
+    """Whether this action attributed the row to the conversation (not a row that named it itself)."""
+    origin = row.get("origin")
+    return (isinstance(origin, dict) and origin.get("attributed") is True
+            and origin.get("conversation") == conversation.public_id)
