@@ -127,6 +127,11 @@ class Header:
     invalid_message: Any = None
 
 
+class AnyText(str):
+    """A path parameter's type for an id the caller does not choose (a runtime writes it): any
+    text, a slash too (sent as %2F or as it is), routed as Django's `path`."""
+
+
 @dataclass
 class Endpoint:
     method: str
@@ -149,7 +154,7 @@ class Endpoint:
 
     def param_type(self, name: str) -> type:
         hints = typing.get_type_hints(self.view)
-        return int if hints.get(name) is int else str
+        return hints[name] if hints.get(name) in (int, AnyText) else str
 
     @property
     def default_status(self) -> int:
@@ -553,7 +558,7 @@ def urlpatterns() -> list[URLPattern]:
         first = next(iter(by_method.values()))
         django_route = route.lstrip("/")
         for name in first.path_params:
-            converter = "int" if first.param_type(name) is int else "str"
+            converter = {int: "int", AnyText: "path"}.get(first.param_type(name), "str")
             django_route = django_route.replace(f"{{{name}}}", f"<{converter}:{name}>")
         patterns.append(path(django_route, _dispatcher(by_method), name=first.name))
     return patterns

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import zoneinfo
 from functools import cache
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from django.conf import settings
 from django.contrib import messages
+from django.contrib.auth import REDIRECT_FIELD_NAME
 from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render, resolve_url
@@ -101,10 +102,17 @@ def action_only(request: HttpRequest, refused: HttpResponse) -> HttpResponse:
     return response
 
 
-def _is_login_redirect(response: HttpResponse) -> bool:
+def _is_login_redirect(request: HttpRequest, response: HttpResponse) -> bool:
+    """Whether the response is a signed-in-only view turning a signed-out visitor away: the
+    login page with this very request as where to return (what `login_required` answers). A
+    view open to signed-out visitors that sends them to the login page (sign-out, the sign-in
+    page's language switch) is answered as it is."""
     if response.status_code not in (301, 302, 303, 307, 308):
         return False
-    return urlsplit(response.get("Location", "")).path == resolve_url(settings.LOGIN_URL)
+    location = urlsplit(response.get("Location", ""))
+    if location.path != resolve_url(settings.LOGIN_URL):
+        return False
+    return parse_qs(location.query).get(REDIRECT_FIELD_NAME) == [request.get_full_path()]
 
 
 class SignedOutMiddleware:
@@ -115,7 +123,7 @@ class SignedOutMiddleware:
         response = self.get_response(request)
         if response.status_code == 405 and request.method == "GET" and not is_api_path(request.path_info):
             return action_only(request, response)
-        if not _is_login_redirect(response) or request.user.is_authenticated:
+        if request.user.is_authenticated or not _is_login_redirect(request, response):
             return response
         if request.headers.get("HX-Request") == "true":
             # A history restore replaces the whole page; the login page is the right answer.

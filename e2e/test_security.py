@@ -73,3 +73,26 @@ def test_the_main_pages_run_without_a_csp_violation(seeded, live_server, open_pa
     page.get_by_role("button", name="Create token").click()
     expect(page.get_by_label("New API token")).to_be_visible()
     assert violations(page, seen) == []
+
+
+def test_the_server_error_page_is_styled_within_the_policy(seeded, live_server, open_page, monkeypatch):
+    """A real 500 through the whole stack: the page's style comes from a file, so the policy
+    (no inline style) leaves it styled and reports nothing."""
+    from lifecycle import views
+    from lifecycle.models import Conversation
+
+    page = open_page("small-phone")
+    seen = watch(page)
+    log_in(page, live_server.url, *ADMIN)
+    conversation = Conversation.objects.exclude(state="deleted").first()
+
+    def broken(items, **kwargs):
+        raise RuntimeError("a fault for the test")
+
+    monkeypatch.setattr(views, "item_rows", broken)
+    response = page.goto(f"{live_server.url}/conversations/{conversation.public_id}/")
+    assert response is not None and response.status == 500
+    expect(page.get_by_role("heading", name="Something went wrong")).to_be_visible()
+    assert page.evaluate("getComputedStyle(document.querySelector('main')).maxWidth") == "512px"
+    assert page.evaluate("getComputedStyle(document.body).paddingTop") == "24px"
+    assert violations(page, seen) == []

@@ -362,8 +362,9 @@ def _listed(ops: list[OperationView]) -> list[dict[str, Any]]:
 
 @login_required
 @require_POST
-def subagent_resolve(request: HttpRequest, agent_id: str) -> HttpResponse:
+def subagent_resolve(request: HttpRequest) -> HttpResponse:
     _admin_only(request)
+    agent_id = request.POST.get("agent_id", "")
     action = request.POST.get("action", "")
     conversation_id = request.POST.get("conversation") or None
     try:

@@ -15,6 +15,7 @@ from pydantic import BeforeValidator, Field, model_validator
 from console.api import (
     MAX_REVISION,
     OWNER_PAIR,
+    AnyText,
     ApiError,
     Header,
     QueryRule,
@@ -387,7 +388,7 @@ class SubagentResolveOut(Schema):
           description="The way out of a delete that is Unavailable with `conversation_child_ownership_ambiguous`. "
                       "Recorded as an audit fact (agent id and origin only). A retry of a resolution "
                       "already made answers 200 again and changes nothing.")
-def subagent_resolve(request: HttpRequest, agent_id: str, body: SubagentResolveIn) -> dict:
+def subagent_resolve(request: HttpRequest, agent_id: AnyText, body: SubagentResolveIn) -> dict:
     if body.action == "attribute" and not body.conversation:
         raise ApiError(400, "missing_field", _("Missing field: %(field)s.") % {"field": "conversation"})
     if body.action == "clear" and body.conversation is not None:  # never silently dropped

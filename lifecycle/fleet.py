@@ -58,6 +58,13 @@ def origin_of(row: Row) -> str | None:
     return None
 
 
+def resolvable_id(value: Any) -> bool:
+    """Whether a row's agent id can be named to resolve the row (on a form, in an address): a
+    text of printable characters. A row whose id is missing, not text, or holds a control
+    character is a row the state file does not describe usably."""
+    return isinstance(value, str) and value.isprintable()
+
+
 def is_unsettled(row: Row) -> bool:
     """Running, queued, or finished with its completion not yet delivered."""
     return row.get("status") in UNSETTLED_STATUSES or row.get("delivery") != "settled"

@@ -20,5 +20,6 @@ urlpatterns = [
     path("operations/", action_views.operation_list, name="operation-list"),
     path("operations/<str:operation_id>/", action_views.operation_detail, name="operation-detail"),
     path("operations/<str:operation_id>/retry/", action_views.operation_retry, name="operation-retry"),
-    path("subagents/<str:agent_id>/resolve/", action_views.subagent_resolve, name="subagent-resolve"),
+    # The row's id travels in the form (a runtime writes it: any text, a slash or nothing too).
+    path("subagents/resolve/", action_views.subagent_resolve, name="subagent-resolve"),
 ]

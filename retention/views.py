@@ -301,7 +301,10 @@ class _PolledSize:
 def cleanup_status(request: HttpRequest) -> HttpResponse:
     """The poller's read: every live region out of band, or only the "unavailable" note. The
     database figures in it are at most POLL_MEASURE_SECONDS old (the page and the answers to
-    actions measure them afresh)."""
+    actions measure them afresh). Asked for as a page (where the login page returns to after
+    a poll whose session ended, or an address typed), the page it belongs to."""
+    if not request.htmx:
+        return redirect("retention:data-storage")
     doc = _read_status()
     if doc is None:
         response = render(request, LIVE, {"status_failed": True})

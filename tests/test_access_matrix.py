@@ -105,7 +105,7 @@ def test_every_api_write_refuses_who_may_not_make_it_and_changes_nothing(world, 
 
 SCREEN_FORMS = [
     "/conversations/{c}/archive/", "/conversations/{c}/close/", "/conversations/{c}/delete/",
-    "/operations/op_00000000000000000001/retry/", "/subagents/sa_1/resolve/", "/engine/conversations/sync/",
+    "/operations/op_00000000000000000001/retry/", "/subagents/resolve/", "/engine/conversations/sync/",
     "/engine/conversations/{b}/delete/", "/settings/system/data-storage/tool-payload-cleanup/",
     "/settings/system/data-storage/tool-payload-cleanup/analyze/",
     "/settings/system/data-storage/tool-payload-cleanup/run/",
@@ -117,7 +117,7 @@ SCREEN_FORMS = [
     "/settings/api-tokens/{t}/revoke/",
 ]
 # A form an admin could send: each field every form above reads.
-FILLED = {"archived": "1", "closed": "1", "key": "k" * 32, "action": "clear", "enabled": "on", "age_value": "4",
+FILLED = {"archived": "1", "closed": "1", "agent_id": "sa_1", "key": "k" * 32, "action": "clear", "enabled": "on", "age_value": "4",
           "age_unit": "weeks", "revision": "1", "backup_choice": "skip", "audit_days": "400", "usage_days": "400",
           "billing_days": "2555", "operation_id": "1", "name": "Made by a member", "days": "3",
           "form_number": "a" * 20}

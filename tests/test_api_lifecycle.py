@@ -141,6 +141,17 @@ def test_delete_unavailable_shows_the_way_out_and_the_resolve_endpoint_takes_it(
     assert delete(api, conversation.public_id, key="u-2").status_code == 202
 
 
+
+def test_the_resolve_endpoint_takes_an_id_with_a_slash(api):
+    conversation = factories.make_conversation(days_idle=1)
+    fleet.write_snapshot([{"agent_id": "team/sa 1", "origin": None, "status": "completed", "delivery": "settled",
+                           "started_at": conversation.created_at.isoformat()}])
+    for address in ("/v1/subagents/team%2Fsa%201/resolve", "/v1/subagents/team/sa%201/resolve"):
+        answer = api.post(address, data=json.dumps({"action": "attribute", "conversation": conversation.public_id}),
+                          content_type="application/json")
+        assert (answer.status_code, answer.json()["agent_id"]) == (200, "team/sa 1"), address
+    assert fleet.origin_of(fleet.read_rows(fleet.EngineHome().fleet_path)[0]) == conversation.public_id
+
 @pytest.mark.parametrize(("body", "status", "code"), [
     ({"action": "attribute"}, 400, "missing_field"),
     ({"action": "burn"}, 400, "invalid_choice"),

@@ -158,6 +158,8 @@ def test_the_500_handler_answers_json_under_the_api_and_html_elsewhere(rf):
     assert server_error(rf.get("/api/v1/system/x"))["Content-Type"] == "application/json"
     page = server_error(rf.get("/conversations/"))
     assert page["Content-Type"].startswith("text/html") and page.status_code == 500
+    # styled by a file: the Content-Security-Policy allows no inline style
+    assert "<style" not in page.content.decode() and '/static/css/error' in page.content.decode()
 
 
 def test_it_sends_www_authenticate_on_401_and_takes_the_scheme_in_any_case(admin_user, client, conversation):

@@ -99,7 +99,7 @@ def test_it_shows_a_transcript_with_a_row_per_tool_kind(member_client, conversat
         factories.add_tool(conversation, kind, payload, title=f"{kind} call")
     content = member_client.get(f"/conversations/{conversation.public_id}/", **HOST).content.decode()
     for expected in ("Please run the tests", "Running them now", "pytest -q", "Exit code", "src/app.py",
-                     "needle_term", "Files found", "GET https://example.test/x", "<code>418</code>", "lint_tool",
+                     "needle_term", "Files found", "GET https://example.test/x", "<code><bdi>418</bdi></code>", "lint_tool",
                      "Write the fix",
                      "kind-shell", "kind-read_file", "kind-edit_file", "kind-search", "kind-http", "kind-generic"):
         assert expected in content, expected
@@ -220,3 +220,31 @@ def test_titles_are_shown_isolated_with_their_invisible_characters_written_out(a
     assert "<bdi>Re[U+200B]port [U+2066]x[U+2069]</bdi>" in pages["list"]
     assert f"<bdi>{arabic.title}</bdi>" in pages["list"]
     assert hidden.title == "Re\u200bport \u2066x\u2069"  # shown written out, stored as it came
+
+
+
+def test_ids_owner_names_and_tool_summaries_are_shown_with_their_invisible_characters_written_out(admin_client):
+    """The same spoof through what the runtime names besides titles: a thread id on the Delete
+    page ("thr<RLO>gnitset"), an owner's name, a claim's label, a command in a tool summary."""
+    from lifecycle.models import RuntimeClaim
+
+    owner = factories.make_account(name="Acme \u202eliame")
+    conversation = factories.make_conversation(owner, thread_id="thr\u202egnitset", title="Plain")
+    factories.add_tool(conversation, payload={"command": "rm \u202etxt.exe", "cwd": "/w", "exit_code": 0,
+                                              "stdout": "ok", "stderr": ""})
+    RuntimeClaim.objects.create(conversation=conversation, kind="task", label="task \u202eowned")
+    pages = {
+        "list": admin_client.get("/conversations/", **HOST).content.decode(),
+        "detail": admin_client.get(f"/conversations/{conversation.public_id}/", **HOST).content.decode(),
+        "delete": admin_client.get(f"/conversations/{conversation.public_id}/delete/", **HOST).content.decode(),
+    }
+    for name, page in pages.items():
+        assert "<bdi>thr[U+202E]gnitset</bdi>" in page, name
+        assert "<bdi>Acme [U+202E]liame</bdi>" in page, name
+    assert "<option value=" in pages["list"] and ">Acme [U+202E]liame</option>" in pages["list"]
+    assert "<bdi>rm [U+202E]txt.exe</bdi>" in pages["detail"]
+    assert "<bdi>task [U+202E]owned</bdi>" in pages["detail"]
+    for name, page in pages.items():
+        # what is left raw is inside attribute values and form fields only (never shown as text)
+        shown = re.sub(r'<[^>]*>', "", page)
+        assert "\u202e" not in shown, name

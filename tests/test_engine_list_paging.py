@@ -53,7 +53,7 @@ def test_every_conversation_and_delete_of_an_owner_is_reachable(monkeypatch, adm
     assert "12 deletes, the most recent first" in page_one
     threads = []
     for text in texts:
-        threads += re.findall(r'<code class="tid">(gone\d+)</code>', text)
+        threads += re.findall(r'<code class="tid"><bdi>(gone\d+)</bdi></code>', text)
     assert threads == [f"gone{n}" for n in range(12)] and len(texts) == 3
     # A page number that is not one: the first page; past the last: the last.
     for asked, shown in (("abc", "Page 1 of 3"), ("٣", "Page 1 of 3"), ("0", "Page 1 of 3"), ("99", "Page 3 of 3")):

@@ -102,3 +102,37 @@ def test_an_action_address_asked_for_with_get_says_nothing_was_done(admin_client
     # The API keeps its JSON answer.
     api = admin_client.get("/api/v1/system/tool-payload-retention/compact", **HOST)
     assert api.status_code == 405 and api["Content-Type"].startswith("application/json")
+
+
+def test_signing_out_is_a_plain_login_page(member_client):
+    """Sign-out redirects to the login page after the session is gone: not a form whose action
+    was lost (no "nothing was done", no page to return to for whoever signs in next)."""
+    response = member_client.post("/accounts/logout/", HTTP_REFERER="http://127.0.0.1/conversations/", **HOST)
+    assert (response.status_code, response["Location"]) == (302, "/accounts/login/")
+    login = member_client.get(response["Location"], **HOST).content.decode()
+    assert "nothing was done" not in login
+
+
+def test_the_sign_in_pages_language_switch_works_signed_out(client, admin_user):
+    from django.conf import settings
+
+    turned_away = client.get("/operations/", **HOST)
+    assert turned_away["Location"] == "/accounts/login/?next=/operations/"
+    switched = client.post("/i18n/setlang/", {"language": "es", "next": turned_away["Location"]}, **HOST)
+    assert (switched.status_code, switched["Location"]) == (302, "/accounts/login/?next=/operations/")
+    assert switched.cookies[settings.LANGUAGE_COOKIE_NAME].value == "es"
+    login = client.get(switched["Location"], **HOST).content.decode()
+    assert '<html lang="es"' in login and "no se hizo nada" not in login.lower()
+    signed_in = client.post(switched["Location"], {"username": admin_user.username, "password": "pw-for-tests"}, **HOST)
+    assert (signed_in.status_code, signed_in["Location"]) == (302, "/operations/")
+
+
+def test_the_status_poll_after_the_session_ended_returns_to_its_page(client, admin_client):
+    """The Data & storage poller's address is a fragment: after signing in (it is where the
+    login page returns to) the browser gets the page, not the bare fragment."""
+    turned_away = client.get("/settings/system/data-storage/status/", HTTP_HX_CURRENT_URL="http://127.0.0.1/settings/system/data-storage/", **HX)
+    assert turned_away.status_code == 401
+    assert turned_away["HX-Redirect"] == "/accounts/login/?next=/settings/system/data-storage/status/"
+    plain = admin_client.get("/settings/system/data-storage/status/", **HOST)  # after signing in
+    assert (plain.status_code, plain["Location"]) == (302, "/settings/system/data-storage/")
+    assert admin_client.get("/settings/system/data-storage/status/", **HX).status_code == 200

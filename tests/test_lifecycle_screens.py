@@ -85,7 +85,7 @@ def test_a_return_address_that_is_not_a_path_here_goes_to_the_default(admin_clie
     detail = f"/conversations/{conversation.public_id}/"
     archived = admin_client.post(f"{detail}archive/", {"archived": "1", "next": target}, **HOST)
     closed = admin_client.post(f"{detail}close/", {"closed": "1", "next": target}, **HOST)
-    cleared = admin_client.post("/subagents/sa_none/resolve/", {"action": "clear", "next": target}, **HOST)
+    cleared = admin_client.post("/subagents/resolve/", {"agent_id": "sa_none", "action": "clear", "next": target}, **HOST)
     assert (archived.status_code, archived["Location"]) == (302, detail)
     assert (closed.status_code, closed["Location"]) == (302, detail)
     assert (cleared.status_code, cleared["Location"]) == (302, "/operations/")
@@ -324,16 +324,56 @@ def test_an_unavailable_delete_shows_the_way_out_and_the_forms_take_it(admin_cli
     status = page(admin_client, f"/operations/{op.public_id}/")
     assert "Unavailable" in status and "Subagent rows of unknown origin" in status
     assert "legacy text" not in status
-    assert status.count('action="/subagents/sa_a/resolve/"') == 3  # this conversation, clear, another
+    assert status.count('name="agent_id" value="sa_a"') == 3  # this conversation, clear, another
     back = f"/operations/{op.public_id}/"
-    admin_client.post("/subagents/sa_a/resolve/", {"action": "attribute", "conversation": conversation.public_id,
+    admin_client.post("/subagents/resolve/", {"agent_id": "sa_a", "action": "attribute", "conversation": conversation.public_id,
                                                    "next": back}, **HOST)
-    response = admin_client.post("/subagents/sa_b/resolve/", {"action": "clear", "next": back}, **HOST)
+    response = admin_client.post("/subagents/resolve/", {"agent_id": "sa_b", "action": "clear", "next": back}, **HOST)
     assert response["Location"] == back
     assert [fleet.origin_of(r) for r in fleet.read_rows(fleet.EngineHome().fleet_path)] == [conversation.public_id]
     assert "The subagent row was cleared." in page(admin_client, back)
     assert "Delete for good" in page(admin_client, f"/conversations/{conversation.public_id}/delete/")
 
+
+
+def test_rows_whose_ids_hold_any_text_are_shown_and_resolved(admin_client):
+    """A runtime writes the ids: a slash, nothing, characters an address would escape, a
+    right-to-left override. The delete page shows every row (it failed with a 500 on a slash),
+    and each row's forms resolve it."""
+    conversation = factories.make_conversation(days_idle=1, title="Ambiguous")
+    ids = ["sa/x", "", "sa x?#%&=", "sa\u202egnp.exe"]
+    fleet.write_snapshot([{"agent_id": agent_id, "origin": None, "status": "completed", "delivery": "settled",
+                           "started_at": conversation.created_at.isoformat()} for agent_id in ids])
+    op = request_deletion(conversation, key="screen-any-ids", acting_user=None)
+    assert op.state == "unavailable"
+    preview = admin_client.get(f"/conversations/{conversation.public_id}/delete/", **HOST)
+    assert preview.status_code == 200
+    status = page(admin_client, f"/operations/{op.public_id}/")
+    assert "<code><bdi>sa[U+202E]gnp.exe</bdi></code>" in status  # shown written out (the form keeps the id)
+    back = f"/operations/{op.public_id}/"
+    for agent_id in ids[:3]:
+        response = admin_client.post("/subagents/resolve/", {"agent_id": agent_id, "action": "clear", "next": back},
+                                     **HOST)
+        assert response["Location"] == back
+    admin_client.post("/subagents/resolve/", {"agent_id": ids[3], "action": "attribute", "next": back,
+                                              "conversation": conversation.public_id}, **HOST)
+    assert [(r["agent_id"], fleet.origin_of(r)) for r in fleet.read_rows(fleet.EngineHome().fleet_path)] == [
+        (ids[3], conversation.public_id)]
+    assert request_deletion(conversation, key="screen-any-ids-2", acting_user=None).state == "pending"
+
+
+@pytest.mark.parametrize("agent_id", [None, 123, "sa\nx", "sa\x00x"])
+def test_a_row_whose_id_cannot_be_named_makes_the_state_file_need_repair(admin_client, agent_id):
+    """No form or address can name such a row, so no way out on the page would work: the delete
+    says the subagent state file needs repair instead of offering one."""
+    conversation = factories.make_conversation(days_idle=1, title="Ambiguous")
+    row = {"origin": None, "status": "completed", "delivery": "settled",
+           "started_at": conversation.created_at.isoformat()}
+    fleet.write_snapshot([row if agent_id is None else {**row, "agent_id": agent_id}])
+    op = request_deletion(conversation, key="screen-unnamed", acting_user=None)
+    assert (op.state, op.reason) == ("unavailable", "conversation_child_state_unreadable")
+    status = page(admin_client, f"/operations/{op.public_id}/")
+    assert "Repair or restore the file" in status and 'name="agent_id"' not in status
 
 def test_a_refused_attribution_to_another_conversation_keeps_what_was_typed(admin_client):
     conversation = factories.make_conversation(days_idle=1, title="Ambiguous")
@@ -341,7 +381,7 @@ def test_a_refused_attribution_to_another_conversation_keeps_what_was_typed(admi
                            "started_at": conversation.created_at.isoformat()}])
     op = request_deletion(conversation, key="screen-typed", acting_user=None)
     back = f"/operations/{op.public_id}/"
-    response = admin_client.post("/subagents/sa_a/resolve/", {"action": "attribute", "conversation": "c_nosuchthing",
+    response = admin_client.post("/subagents/resolve/", {"agent_id": "sa_a", "action": "attribute", "conversation": "c_nosuchthing",
                                                               "typed": "1", "next": back}, **HOST)
     assert response["Location"] == back
     assert [fleet.origin_of(r) for r in fleet.read_rows(fleet.EngineHome().fleet_path)] == [None]  # nothing changed
@@ -364,7 +404,7 @@ def test_a_hostile_id_typed_for_another_conversation_is_refused_as_unknown(admin
                            "started_at": conversation.created_at.isoformat()}])
     op = request_deletion(conversation, key="screen-typed-hostile", acting_user=None)
     back = f"/operations/{op.public_id}/"
-    response = admin_client.post("/subagents/sa_a/resolve/", {"action": "attribute", "conversation": typed,
+    response = admin_client.post("/subagents/resolve/", {"agent_id": "sa_a", "action": "attribute", "conversation": typed,
                                                               "typed": "1", "next": back}, **HOST)
     assert (response.status_code, response["Location"]) == (302, back)
     assert [fleet.origin_of(r) for r in fleet.read_rows(fleet.EngineHome().fleet_path)] == [None]
@@ -383,7 +423,7 @@ def test_a_refusal_about_the_row_itself_is_said_on_the_page_it_came_from(admin_c
     back = f"/operations/{op.public_id}/"
     elsewhere = factories.make_conversation(title="Elsewhere")
     fleet.write_snapshot([{**row, "origin": {"conversation": elsewhere.public_id}}])  # attributed meanwhile
-    admin_client.post(f"/subagents/{agent_id}/resolve/", {"action": "attribute", "typed": "1", "next": back,
+    admin_client.post("/subagents/resolve/", {"agent_id": agent_id, "action": "attribute", "typed": "1", "next": back,
                                                           "conversation": conversation.public_id}, **HOST)
     status = page(admin_client, back)
     assert "This subagent row already names its conversation" in status
@@ -391,7 +431,7 @@ def test_a_refusal_about_the_row_itself_is_said_on_the_page_it_came_from(admin_c
     assert "This subagent row already names its conversation" not in page(admin_client, back)
     # typed in that row while it still waited: the reason under its field, however long its id
     fleet.write_snapshot([row])
-    admin_client.post(f"/subagents/{agent_id}/resolve/", {"action": "attribute", "typed": "1", "next": back,
+    admin_client.post("/subagents/resolve/", {"agent_id": agent_id, "action": "attribute", "typed": "1", "next": back,
                                                           "conversation": "c_nosuchthing"}, **HOST)
     status = page(admin_client, back)
     assert 'id="other-1-error" role="alert"' in status and 'value="c_nosuchthing"' in status

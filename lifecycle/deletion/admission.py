@@ -68,13 +68,18 @@ def admit(conversation: Conversation, home: EngineHome | None = None) -> Admissi
     if any(fleet.is_unsettled(row) for row in fleet.children(rows, conversation)):
         admission.reasons.append(r.CHILD_CUSTODY)
     seen: set[str] = set()
+    unusable = False
     for row in fleet.ambiguous(rows, conversation):
-        agent = str(row.get("agent_id", ""))
-        if agent not in seen:
+        agent = row.get("agent_id")
+        if not fleet.resolvable_id(agent):
+            unusable = True  # no way to name it: the file needs repair, as an unreadable one does
+        elif agent not in seen:
             seen.add(agent)
             admission.ambiguous.append(
                 {k: row.get(k) for k in ("agent_id", "status", "started_at", "finished_at")}
             )
     if admission.ambiguous:
         admission.reasons.append(r.CHILD_AMBIGUOUS)
+    if unusable:
+        admission.reasons.append(r.CHILD_STATE_UNREADABLE)
     return admission
