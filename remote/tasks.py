@@ -38,19 +38,15 @@ def hourly() -> dict[str, int]:
     """Every hour: read again the engine's receipts that still keep facts that expire, and
     forget who asked for the bound deletes requested more than the audit period ago (as the
     lifecycle's hourly expiry does for this database's own deletes)."""
-    from datetime import timedelta
-
     from django.utils import timezone
 
     from lifecycle.actions.expire_facts import forget_requesters
-    from lifecycle.models import RetainedFactsPolicy
     from remote.models import BoundDelete
     from remote.receipts import read_again
 
     now = timezone.now()
     # Forgetting first: an engine that fails the reads never holds it up.
-    cutoff = now - timedelta(days=RetainedFactsPolicy.load().audit_days)
-    forgotten = forget_requesters(BoundDelete, cutoff, now, key=REQUESTERS)
+    forgotten = forget_requesters(BoundDelete, now, key=REQUESTERS)
     return {**read_again(now), "requesters_forgotten": forgotten}
 
 

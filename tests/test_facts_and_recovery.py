@@ -418,3 +418,88 @@ def test_who_asked_for_a_delete_is_forgotten_the_audit_period_after_the_request(
     assert "lifecycle.DeleteOperation.requested_by" not in expire_facts(now=now)  # once
     # A retry with the same key still gets the same answer.
     assert request_deletion(old, key="who-old", acting_user=None).pk == ops["old"].pk
+
+
+def _save_audit_days(days: int) -> None:
+    """An admin's save, on a connection of its own (a thread)."""
+    from django.db import connections
+
+    from lifecycle.actions.save_facts_policy import save_facts_policy
+
+    try:
+        policy = m.RetainedFactsPolicy.load()
+        save_facts_policy(values={"audit_days": days, "usage_days": policy.usage_days,
+                                  "billing_days": policy.billing_days}, revision=policy.revision, acting_user=None)
+    finally:
+        connections.close_all()
+
+
+def _audit_entry(conversation: m.Conversation) -> dict:
+    receipt = m.DeleteOperation.objects.get(conversation=conversation, state="completed").receipt
+    return next(e for e in receipt["kept"] if e["store"] == "lifecycle.AuditFact")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_longer_period_saved_while_facts_expire_holds_for_every_later_batch(monkeypatch):
+    """An admin lengthens the audit period between two batches of a run: the batches after the
+    save keep the facts the saved period keeps (they went on by the period read at the start)."""
+    import threading
+
+    from lifecycle.actions import expire_facts as module
+
+    first, second = deleted_days_ago(400), deleted_days_ago(400)  # past the 365-day audit period
+    counts = {c.pk: m.AuditFact.objects.filter(conversation=c).count() for c in (first, second)}
+    monkeypatch.setattr(module, "BATCH", 1)
+    real = module.faults.kill_point
+
+    def between_batches(name: str) -> None:
+        if name == "expire_facts.lifecycle.AuditFact.committed" and not saved.is_set():
+            saved.set()
+            thread = threading.Thread(target=_save_audit_days, args=(3650,))
+            thread.start()
+            thread.join()
+        real(name)
+
+    saved = threading.Event()
+    monkeypatch.setattr(module.faults, "kill_point", between_batches)
+    expire_facts()
+    assert saved.is_set() and m.RetainedFactsPolicy.load().audit_days == 3650
+    gone, kept = sorted((first, second), key=lambda c: m.AuditFact.objects.filter(conversation=c).count())
+    assert not m.AuditFact.objects.filter(conversation=gone).exists()
+    assert m.AuditFact.objects.filter(conversation=kept).exists()
+    assert (_audit_entry(gone)["action"], _audit_entry(gone)["days"]) == ("expired", 365)
+    assert _audit_entry(kept)["action"] == "kept"
+    assert recorded_expiries()["lifecycle.AuditFact"] == counts[gone.pk]  # the one batch before the save
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_save_made_while_a_batch_expires_waits_for_it_and_the_next_batch_uses_it(monkeypatch):
+    """PostgreSQL: the batch holds the policy's row until it commits, so a save returns only
+    once no batch that read the old period can still commit."""
+    import threading
+    import time
+
+    from lifecycle.actions import expire_facts as module
+
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite: the batch holds the database's one write lock, which orders them")
+    first, second = deleted_days_ago(400), deleted_days_ago(400)
+    monkeypatch.setattr(module, "BATCH", 1)
+    real = module.faults.kill_point
+    threads: list[threading.Thread] = []
+    waited: list[bool] = []
+
+    def inside_the_first_batch(name: str) -> None:
+        if name == "expire_facts.lifecycle.AuditFact" and not threads:
+            threads.append(threading.Thread(target=_save_audit_days, args=(3650,)))
+            threads[0].start()
+            time.sleep(0.5)
+            waited.append(threads[0].is_alive())  # blocked behind this batch
+        real(name)
+
+    monkeypatch.setattr(module.faults, "kill_point", inside_the_first_batch)
+    expire_facts()
+    threads[0].join(10)
+    assert waited == [True]
+    left = [c for c in (first, second) if m.AuditFact.objects.filter(conversation=c).exists()]
+    assert len(left) == 1 and _audit_entry(left[0])["action"] == "kept"

@@ -47,21 +47,29 @@ def expire_facts(*, now=None) -> dict[str, int]:
     receipts and records the audit fact, in one transaction: a run killed at any point and run
     again accounts for every expired fact exactly once."""
     now = now or timezone.now()
-    policy = RetainedFactsPolicy.load()
     expired: dict[str, int] = {}
     for store in STORES:
         if store.period or store.days:
-            days = getattr(policy, store.period) if store.period else store.days
-            count = _expire_store(store, now - timedelta(days=days), now, days)
+            count = _expire_store(store, now)
             if count:
                 expired[store.key] = count
-    count = _expire_console_audit(now - timedelta(days=policy.audit_days), now)
+    count = _expire_console_audit(now)
     if count:
         expired[CONSOLE_AUDIT] = count
-    count = forget_requesters(DeleteOperation, now - timedelta(days=policy.audit_days), now, key=REQUESTERS)
+    count = forget_requesters(DeleteOperation, now, key=REQUESTERS)
     if count:
         expired[REQUESTERS] = count
     return expired
+
+
+def days_in_force(period: str) -> int:
+    """A period of the retained facts policy (its field name) as saved now, read in the
+    calling batch's transaction and, on PostgreSQL, held until it commits: a save of the policy
+    waits for the batch, and every batch after a save uses the saved period (a run read it
+    once: an admin who lengthened a period saw the rest of the hour's run expire facts by the
+    old one). SQLite's batch holds the one write lock, which orders them the same way."""
+    policy = RetainedFactsPolicy.objects.select_for_update(no_key=True).filter(id=1).first()
+    return getattr(policy or RetainedFactsPolicy(id=1), period)
 
 
 def due_deletes(store: Store, cutoff: datetime) -> QuerySet:
@@ -78,11 +86,14 @@ def due_console_audit(cutoff: datetime) -> QuerySet:
             .order_by("recorded_at", "pk").values_list("pk", flat=True))
 
 
-def _expire_store(store: Store, cutoff: datetime, now: datetime, days: int) -> int:
-    due = due_deletes(store, cutoff)
+def _expire_store(store: Store, now: datetime) -> int:
     count = 0
-    while batch := list(due[:BATCH]):
+    while True:
         with transaction.atomic():
+            days = days_in_force(store.period) if store.period else store.days
+            batch = list(due_deletes(store, now - timedelta(days=days))[:BATCH])
+            if not batch:
+                return count
             n = store.model_class.objects.filter(**{f"{store.lookup}__in": [c for _pk, c in batch]}).delete()[0]
             for op in DeleteOperation.objects.select_for_update().filter(pk__in=[pk for pk, _c in batch]):
                 _mark_expired(op, store.key, now, days)
@@ -91,10 +102,9 @@ def _expire_store(store: Store, cutoff: datetime, now: datetime, days: int) -> i
             faults.kill_point(f"expire_facts.{store.key}")  # crash tests: the batch not committed
         faults.kill_point(f"expire_facts.{store.key}.committed")
         count += n
-    return count
 
 
-def _expire_console_audit(cutoff: datetime, now: datetime) -> int:
+def _expire_console_audit(now: datetime) -> int:
     """The console's own audit facts, those of no conversation (sign-in failures and lockouts
     with the address they came from, API tokens, settings changes, earlier expiries), expire
     the audit period after they were recorded. Each batch deletes them and records how many
@@ -102,17 +112,19 @@ def _expire_console_audit(cutoff: datetime, now: datetime) -> int:
     and never in this run: recorded at the clock's time by a run given a later `now` (as an
     operator's or a test's run may be), each batch's own record was due again and the run
     never ended."""
-    due = due_console_audit(cutoff)
     count = 0
-    while batch := list(due[:CONSOLE_BATCH]):
+    while True:
         with transaction.atomic():
+            cutoff = now - timedelta(days=days_in_force("audit_days"))
+            batch = list(due_console_audit(cutoff)[:CONSOLE_BATCH])
+            if not batch:
+                return count
             n = AuditFact.objects.filter(pk__in=batch, conversation__isnull=True).delete()[0]
             if n:
                 audit.record("retained_facts.expired", new={CONSOLE_AUDIT: n}, at=now)
             faults.kill_point("expire_facts.console")  # crash tests: the batch not committed
         faults.kill_point("expire_facts.console.committed")
         count += n
-    return count
 
 
 def due_requesters(model, cutoff: datetime) -> QuerySet:
@@ -122,20 +134,22 @@ def due_requesters(model, cutoff: datetime) -> QuerySet:
             .order_by("requested_at", "pk").values_list("pk", flat=True))
 
 
-def forget_requesters(model, cutoff: datetime, now: datetime, *, key: str) -> int:
+def forget_requesters(model, now: datetime, *, key: str) -> int:
     """Who asked for a delete is an audit fact: the operation (kept with its receipt, so a
     retry gets the same answer) names them for the audit period after the request, then no
     one (a pending one keeps its requester until it ends). Each batch clears them and records
-    how many in one transaction."""
-    due = due_requesters(model, cutoff)
+    how many in one transaction, by the audit period in force when it runs."""
     count = 0
-    while batch := list(due[:CONSOLE_BATCH]):
+    while True:
         with transaction.atomic():
+            cutoff = now - timedelta(days=days_in_force("audit_days"))
+            batch = list(due_requesters(model, cutoff)[:CONSOLE_BATCH])
+            if not batch:
+                return count
             n = model.objects.filter(pk__in=batch, requested_by__isnull=False).update(requested_by=None)
             if n:
                 audit.record("retained_facts.expired", new={key: n}, at=now)
         count += n
-    return count
 
 
 def _mark_expired(op: DeleteOperation, key: str, now: datetime, days: int) -> None:
