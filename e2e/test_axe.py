@@ -214,7 +214,10 @@ def forbidden(page: Page, base: str) -> None:
 
 
 def server_error(page: Page, base: str) -> None:
-    serve_html(page, f"{base}/e2e-server-error/", (TEMPLATES / "500.html").read_text(), 500)
+    from console.views import server_error as page_for
+
+    html = page_for(RequestFactory().get("/conversations/", HTTP_HOST="127.0.0.1")).content.decode()
+    serve_html(page, f"{base}/e2e-server-error/", html, 500)
     expect(page.get_by_role("heading", level=1)).to_have_text("Something went wrong")
 
 

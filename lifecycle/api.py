@@ -6,6 +6,7 @@ import re
 from typing import Annotated, Any, Literal
 
 from django.conf import settings
+from django.db import transaction
 from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
 from django.utils.translation import gettext as _
@@ -283,15 +284,19 @@ class ThreadPatchIn(Schema):
           errors=(409,), name="api-thread-update",
           summary="Archive or unarchive, close or resume a conversation",
           description="Each change is recorded as an audit fact; sending the current value changes nothing. "
-                      "A conversation being deleted refuses with 409 `conversation_deletion_pending`.")
+                      "A conversation being deleted refuses with 409 `conversation_deletion_pending`. Both "
+                      "changes of one request are made together or not at all.")
 def thread_update(request: HttpRequest, public_id: str, body: ThreadPatchIn) -> dict:
     engine = get_engine()
-    answer = thread_json(_thread(public_id))
-    if body.archived is not None:
-        answer = engine.set_archived(public_id, body.archived, actor=request.user)
-    if body.closed is not None:
-        answer = engine.set_closed(public_id, body.closed, actor=request.user)
-    return answer
+    _thread(public_id)
+    # One transaction: a delete requested between the two changes left the first one made
+    # under the second one's refusal (this route answers for the embedded engine only).
+    with transaction.atomic():
+        if body.archived is not None:
+            engine.set_archived(public_id, body.archived, actor=request.user)
+        if body.closed is not None:
+            engine.set_closed(public_id, body.closed, actor=request.user)
+    return thread_json(_thread(public_id))
 
 
 IDEMPOTENCY_KEY = Header(

@@ -103,7 +103,11 @@ class OperationDoc(Schema):
     eligible_messages: int
     removed_messages: int
     payload_bytes: int
-    skipped: dict[str, int]
+    skipped: dict[str, int] = Field(description=(
+        "Items left alone, by reason: the reducer's reasons stored with each item (protected, "
+        "too_small, oversize...), `changed` (written meanwhile: the write won) and "
+        "`recent_activity` (its conversation was no longer eligible when the run came to it: "
+        "active again, or being deleted)."))
     created_at: str
     started_at: str | None
     finished_at: str | None

@@ -1192,21 +1192,26 @@ def _commit_cursor(op_id: int, cursor: tuple[int, int], *, removed: int, removed
 
 
 def _fix_cutoff(op: ToolPayloadOperation, token: str) -> None:
-    """The run's first batch fixes its cutoff and totals."""
+    """The run's first batch fixes its cutoff and totals, in one transaction in which no work
+    can end (a Close), so the conversations it counts are exactly those idle at its time
+    (lifecycle/work_order.py)."""
+    from lifecycle import work_order
     from lifecycle.models import Item
     from retention.reducer import Skip
 
-    now = timezone.now()  # the run takes the conversations eligible now (see eligible_conversations)
-    cutoff = cutoff_for(now, op.age_value, op.age_unit)
-    # and their items written before it counts (read first: what it counts is all at most this)
-    last_item = Item.objects.aggregate(m=Max("id"))["m"] or 0
-    in_scope = Item.objects.filter(conversation__in=eligible_conversations(cutoff).values("id"), id__lte=last_item)
-    removable = in_scope.filter(removable_bytes__gt=0).aggregate(
-        n=Count("id"), c=Count("conversation_id", distinct=True))
-    # What the run leaves alone for its kind or its data (protected, unsupported, unreadable,
-    # too small...), as the analysis counts it; details removed before are done, not skipped.
-    left_alone = _skip_counts(in_scope.exclude(payload_skip=Skip.ALREADY_REMOVED))
     with transaction.atomic():
+        work_order.no_work_ending()
+        now = timezone.now()  # the run takes the conversations eligible now (see eligible_conversations)
+        cutoff = cutoff_for(now, op.age_value, op.age_unit)
+        # and their items written before it counts (read first: what it counts is all at most this)
+        last_item = Item.objects.aggregate(m=Max("id"))["m"] or 0
+        in_scope = Item.objects.filter(conversation__in=eligible_conversations(cutoff).values("id"),
+                                       id__lte=last_item)
+        removable = in_scope.filter(removable_bytes__gt=0).aggregate(
+            n=Count("id"), c=Count("conversation_id", distinct=True))
+        # What the run leaves alone for its kind or its data (protected, unsupported, unreadable,
+        # too small...), as the analysis counts it; details removed before are done, not skipped.
+        left_alone = _skip_counts(in_scope.exclude(payload_skip=Skip.ALREADY_REMOVED))
         _locked(op, token)
         ToolPayloadOperation.objects.filter(pk=op.pk, cutoff__isnull=True).update(
             cutoff=cutoff, counted_at=now, last_item=last_item, progress_total=removable["n"],

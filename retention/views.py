@@ -73,7 +73,8 @@ KIND_LABELS = {
     "compact": gettext_lazy("Compact database"),
 }
 SKIP_LABELS = {
-    "recent_activity": gettext_lazy("active again during the run"),
+    # no longer eligible when the run came to it: activity, new work, or a delete under way
+    "recent_activity": gettext_lazy("no longer eligible during the run (active again, or being deleted)"),
     "changed": gettext_lazy("changed during the run"),
     "oversize": gettext_lazy("too large to read safely"),
     "malformed": gettext_lazy("unreadable details"),
@@ -180,6 +181,8 @@ def _card(doc: dict | None, engine: str) -> dict:
         blocked = _("Cleanup is not available on this database.")
     elif not policy["enabled"]:
         blocked = _("Turn on automatic cleanup and save to run it.")
+    elif running and running.get("state") == "queued":
+        blocked = _("Another operation is waiting to start; one runs at a time.")
     elif running:
         blocked = _("Another operation is running; one runs at a time.")
     elif prep_state in ("failed", "cancelled"):
@@ -210,7 +213,20 @@ def _card(doc: dict | None, engine: str) -> dict:
         "history": [_op(entry) for entry in (doc.get("history") or [])[:50]],
         "restore_text": _restore_text(engine) if doc.get("backups") else "",
         "poll": POLL_BUSY if busy else (POLL_IDLE if policy["enabled"] else 0),
+        # What waits for the job cluster (queued work, a backup, the daily check) while none runs
+        "cluster_stopped": _cluster_stopped() if busy or policy["enabled"] else None,
     }
+
+
+def _cluster_stopped() -> dict | None:
+    """{"since": when a job last finished, or None} when no job cluster has finished a job
+    within the readiness check's limit (every cluster runs a heartbeat job each minute): what
+    is queued then starts only once one runs again. None while one runs."""
+    from ops.health import job_cluster_state
+    from ops.jobs import last_heartbeat
+
+    beat = last_heartbeat()  # read once: the rule and the time shown are of the same job
+    return None if job_cluster_state(beat)["ok"] else {"since": beat}
 
 
 def _preparation_state(state: str | None) -> str:

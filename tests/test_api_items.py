@@ -244,3 +244,22 @@ def test_an_append_retried_with_its_idempotency_key_answers_with_the_same_item(r
         response = post(runtime, conversation, {"role": "user", "content": "y"}, HTTP_IDEMPOTENCY_KEY=bad)
         assert (response.status_code, response.json()["code"]) == (400, "idempotency_key_invalid"), bad
     assert Item.objects.filter(conversation=conversation).count() == 3
+
+
+def test_a_retried_append_is_refused_as_any_write_once_a_delete_is_under_way(runtime, conversation):
+    """The retry's answer does not change with the delete's progress: refused while the delete
+    is pending (it answered 200 with the item's content) as after it completed."""
+    from lifecycle.actions.request_deletion import request_deletion
+    from lifecycle.deletion import executor
+
+    body = {"role": "user", "content": "Say it once"}
+    assert post(runtime, conversation, body, HTTP_IDEMPOTENCY_KEY="once").status_code == 201
+    op = request_deletion(conversation, key="retry-while-deleting", acting_user=None)
+    assert op.state == "pending"
+    pending = post(runtime, conversation, body, HTTP_IDEMPOTENCY_KEY="once")
+    assert (pending.status_code, pending.json()["code"]) == (409, "conversation_deletion_pending")
+    assert "Say it once" not in pending.content.decode()
+    executor.run_erasure(op.pk)
+    done = post(runtime, conversation, body, HTTP_IDEMPOTENCY_KEY="once")
+    assert (done.status_code, done.json()["code"]) == (409, "conversation_deletion_pending")
+    assert not Item.objects.filter(conversation=conversation).exists()

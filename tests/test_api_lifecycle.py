@@ -262,3 +262,46 @@ def test_a_response_lost_on_the_way_is_answered_by_the_retry_with_the_same_key(l
     assert m.AuditFact.objects.filter(action="conversation.deleted").count() == 1
     # Erased once: the receipt counts what was there, not zero from a second pass.
     assert {e["store"]: e["records"] for e in retry.json()["receipt"]["stores"]}["lifecycle.Item"] == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_delete_asked_between_a_patchs_two_changes_waits_for_both(api, admin_user, monkeypatch):
+    """PATCH {archived, closed} made its changes one transaction each: a delete requested in
+    between left the conversation archived under the close's 409. Now both are made in one
+    transaction, which the delete's request waits for."""
+    import threading
+
+    from django.db import connections
+
+    from lifecycle.actions.request_deletion import request_deletion
+    from lifecycle.engine.inprocess import InProcessEngine
+
+    conversation = factories.make_conversation()
+    real = InProcessEngine.set_closed
+    outcome: list[str] = []
+
+    def ask_for_the_delete() -> None:
+        try:
+            outcome.append(request_deletion(m.Conversation.objects.get(pk=conversation.pk), key="between",
+                                            acting_user=admin_user).state)
+        finally:
+            connections.close_all()
+
+    def close_after_a_delete_was_asked(self, public_id, closed, *, actor):
+        asker = threading.Thread(target=ask_for_the_delete)
+        asker.start()
+        asker.join(0.5)
+        outcome.append("waiting" if asker.is_alive() else "done before the close")
+        answer = real(self, public_id, closed, actor=actor)
+        close_after_a_delete_was_asked.asker = asker
+        return answer
+
+    monkeypatch.setattr(InProcessEngine, "set_closed", close_after_a_delete_was_asked)
+    response = patch(api, conversation, {"archived": True, "closed": True})
+    close_after_a_delete_was_asked.asker.join(30)
+    assert response.status_code == 200, response.content
+    assert (response.json()["archived"], response.json()["closed"]) == (True, True)
+    assert outcome == ["waiting", "pending"]  # the delete came after both changes
+    conversation.refresh_from_db()
+    assert conversation.archived_at is not None and conversation.closed_at is not None
+    assert m.AuditFact.objects.filter(conversation=conversation, action="conversation.archived").count() == 1

@@ -132,13 +132,13 @@ def test_it_answers_json_500_and_logs_when_a_view_fails(runtime, conversation, m
 
 def test_a_500_after_a_change_was_stored_does_not_say_nothing_changed(runtime, conversation, monkeypatch):
     """An unexpected error can come after part of the request was stored (here: the close is
-    saved, then building the answer fails): the answer must not claim that nothing changed."""
-    from lifecycle.engine import inprocess
+    committed, then building the answer fails): the answer must not claim that nothing changed."""
+    from lifecycle import api
 
     def broken(_c):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(inprocess, "thread_json", broken)
+    monkeypatch.setattr(api, "thread_json", broken)
     response = runtime.patch(f"/v1/threads/{conversation.public_id}", json.dumps({"closed": True}),
                              content_type="application/json")
     conversation.refresh_from_db()
@@ -160,6 +160,12 @@ def test_the_500_handler_answers_json_under_the_api_and_html_elsewhere(rf):
     assert page["Content-Type"].startswith("text/html") and page.status_code == 500
     # styled by a file: the Content-Security-Policy allows no inline style
     assert "<style" not in page.content.decode() and '/static/css/error' in page.content.decode()
+    from django.utils import translation
+
+    with translation.override("es"):  # as the request's language is active when it fails
+        spanish = server_error(rf.get("/conversations/")).content.decode()
+    assert '<html lang="es">' in spanish and "<h1>Algo salió mal</h1>" in spanish
+    assert "Something went wrong" not in spanish
 
 
 def test_it_sends_www_authenticate_on_401_and_takes_the_scheme_in_any_case(admin_user, client, conversation):

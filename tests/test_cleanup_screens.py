@@ -279,8 +279,16 @@ def test_a_check_past_its_time_is_shown_due_not_as_a_time_to_come(admin_client, 
     assert "(due: it runs when the job cluster next runs)" in command("status")
 
 
-def test_a_queued_compaction_says_queued_not_compacting(admin_client, admin_user):
-    """No worker has taken it (the job cluster is stopped): it is not shown as under way."""
+def test_a_queued_compaction_says_queued_not_compacting(admin_client, admin_user, settings):
+    """No worker has taken it (the job cluster is stopped): it is not shown as under way, the
+    page says the cluster seems stopped and that the work starts once it runs, and Run cleanup
+    now is blocked by an operation waiting to start, not by one running."""
+    from django.utils import timezone
+
+    from ops.models import JobStat
+
+    enable(admin_user, choice="skip")
+    settings.READYZ_HEARTBEAT_SECONDS = 300
     response = admin_client.post(COMPACT, {}, **HX)
     assert response.status_code == 202
     op = ToolPayloadOperation.objects.get(kind="compact")
@@ -288,8 +296,20 @@ def test_a_queued_compaction_says_queued_not_compacting(admin_client, admin_user
     for html in (response.content.decode(), page(admin_client)):
         compact = region(html, "db-compact")
         assert 'data-testid="compact-state" data-state="queued"' in compact
-        assert "Compaction queued: it starts when a background worker is free." in text_of(compact)
+        assert "Compaction queued: it starts once the job cluster runs again." in text_of(compact)
         assert "Compacting the database" not in compact
+        assert ("No job has run yet: the job cluster seems to be stopped. Queued work, backups and the daily "
+                "check start once it runs again.") in html
+    shown = page(admin_client)
+    assert "Another operation is waiting to start; one runs at a time." in shown
+    assert "Another operation is running" not in shown
+    spanish = admin_client.get(PAGE, HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode()
+    assert 'data-testid="cluster-stopped"' in spanish and "No job has run" not in spanish
+    # A cluster that runs (a job finished within the limit): the plain wording, no note
+    JobStat.objects.create(func="ops.jobs.heartbeat", runs=1, last_finished_at=timezone.now())
+    shown = page(admin_client)
+    assert "Compaction queued: it starts when a background worker is free." in text_of(region(shown, "db-compact"))
+    assert 'data-testid="cluster-stopped"' not in shown
     ToolPayloadOperation.objects.filter(pk=op.pk).update(state="running", started_at=op.created_at)
     compact = region(page(admin_client), "db-compact")
     assert 'data-state="running"' in compact and "Compacting the database…" in compact

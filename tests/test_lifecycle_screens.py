@@ -520,3 +520,19 @@ def test_a_form_sends_back_only_to_a_printable_path_of_this_site(admin_client, s
     sent_back = "/engine/conversations/" if bad.startswith("/") else "/engine/" + bad  # (a path of this site)
     response = admin_client.post("/engine/conversations/sync/", {"next": "/engine/" + bad.lstrip("/")}, **HOST)
     assert (response.status_code, response["Location"]) == (302, sent_back)
+
+
+def test_a_refused_delete_names_the_actions_this_viewer_has_for_this_state(admin_client, member_client):
+    """"Archive and Close stay available" was said of a conversation already closed (its page
+    offers Resume) and to members (who have neither)."""
+    conversation = factories.make_conversation(days_idle=1, title="Held", closed=True)
+    fleet.write_snapshot([{"agent_id": "sa_held", "origin": None, "status": "completed", "delivery": "settled",
+                           "started_at": conversation.created_at.isoformat()}])
+    address = f"/conversations/{conversation.public_id}/delete/"
+    note = re.compile(r'data-testid="still-available">([^<]*)<')
+    assert note.search(page(admin_client, address)).group(1) == (
+        "Nothing was changed. Archive and Resume stay available on the conversation's page.")
+    assert note.search(page(member_client, address)).group(1) == "Nothing was changed."
+    m.Conversation.objects.filter(pk=conversation.pk).update(closed_at=None, archived_at=m.timezone.now())
+    assert note.search(page(admin_client, address)).group(1) == (
+        "Nothing was changed. Unarchive and Close stay available on the conversation's page.")

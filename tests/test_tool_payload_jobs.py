@@ -1734,3 +1734,55 @@ def test_a_run_takes_only_what_it_counted_so_its_figures_add_up(admin_user, monk
     # The next run counts it and takes it.
     again = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
     assert again.removed_messages == stuck_items and again.eligible_messages == stuck_items
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_close_under_way_while_a_run_counts_is_counted_before_or_left_to_the_next_run(admin_user, monkeypatch):
+    """A Close takes its time, then commits; a run's count in between saw its conversation's
+    work still running (not counted), and its batches then saw the work finished before the
+    count (taken): the run removed items it had never counted (done 5 of 0). The count now
+    waits for the Close under way, and counts what it then finds idle."""
+    from django.db import connections
+
+    from lifecycle.actions import set_closed as closing
+
+    stuck = old_conversation("stuck", tools=2)
+    Turn.objects.create(conversation=stuck, seq=1, state=TurnState.RUNNING)
+    theirs = Item.objects.filter(conversation=stuck, removable_bytes__gt=0).count()
+    enable(admin_user)
+    op = jobs._claim(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision), "t")
+    inside, release = threading.Event(), threading.Event()
+    real = closing.audit.record
+
+    def paused(*args, **kwargs):  # the Close has taken its time and marked the turn; not committed
+        inside.set()
+        release.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(closing.audit, "record", paused)
+
+    def close() -> None:
+        try:
+            closing.set_closed(Conversation.objects.get(pk=stuck.pk), closed=True, acting_user=admin_user)
+        finally:
+            connections.close_all()
+
+    closer = threading.Thread(target=close)
+    closer.start()
+    assert inside.wait(30)
+    timer = threading.Timer(0.5, release.set)
+    timer.start()
+    started = time.monotonic()
+    jobs._fix_cutoff(op, "t")  # the run's count, while the Close is not committed
+    waited = time.monotonic() - started
+    closer.join(30)
+    timer.join()
+    counted = ToolPayloadOperation.objects.get(pk=op.pk)
+    assert waited >= 0.4  # it waited for the Close
+    assert counted.progress_total == counted.eligible_messages == theirs
+    while jobs._cleanup_batch(counted, "t") == "next":
+        pass
+    done = ToolPayloadOperation.objects.get(pk=op.pk)
+    assert done.state == "succeeded"
+    assert done.progress_done == done.progress_total == done.removed_messages == theirs
+    assert not Item.objects.filter(conversation=stuck, removable_bytes__gt=0).exists()

@@ -9,7 +9,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from lifecycle.errors import ActionRefused
-from lifecycle.fence import check_writable, lock_writable, refusal  # noqa: F401  (check_writable: older import path)
+from lifecycle.fence import check_writable, lock_writable, refusal
 from lifecycle.item_payload import has_bad_text, payload_columns
 from lifecycle.models import Conversation, ConversationState, Item, Role
 from retention.reducer import MARKER_KEY, Skip, is_marker
@@ -50,9 +50,12 @@ def append_item(
     already appended to this conversation answers with that item as it is now (`replayed`
     set on it), appending nothing and leaving the conversation's activity alone; the key of
     another item (another role, kind, call id or text) is refused with 422
-    `idempotency_key_reused`. Two appends racing with one key make one item.
+    `idempotency_key_reused`. Two appends racing with one key make one item. A retry is
+    refused as any write is once a delete is under way or done (it answered with the item's
+    content while the delete was pending, then refused once it completed).
     """
     if client_key is not None:
+        check_writable(Conversation.objects.only("state").get(pk=conversation.pk))
         earlier = _keyed(conversation.pk, client_key, role, tool_kind, tool_call_id, content)
         if earlier is not None:
             return earlier

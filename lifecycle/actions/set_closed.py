@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
-from lifecycle import audit
+from lifecycle import audit, work_order
 from lifecycle.fence import lock_writable
 from lifecycle.models import (
     ACTIVE_TURN_STATES,
@@ -32,6 +32,8 @@ def set_closed(conversation: Conversation, *, closed: bool, acting_user) -> Conv
         locked = lock_writable(conversation)
         if (locked.closed_at is not None) == closed:
             return locked
+        if closed:
+            work_order.ending_work()  # after a cleanup run's count under way (lifecycle/work_order.py)
         now = timezone.now()
         new: dict = {"closed": closed}
         if closed:
