@@ -397,3 +397,40 @@ def test_a_daily_check_past_its_time_is_shown_due(data, live_server, open_page, 
     expect(page.get_by_test_id("next-check")).to_contain_text("it runs when the job cluster next runs")
     check_layout(page, f"next check due {viewport}")
     screenshot(page, f"tool-cleanup-check-due-{viewport}")
+
+
+def test_another_admins_save_is_followed_by_a_form_left_alone_and_kept_in_one_being_edited(
+        data, live_server, open_page):
+    """Two admins: while this page polls (an analysis runs), another admin turns cleanup on for
+    2 months. The form, untouched here, follows (its switch said off beside a status that said
+    on, and its revision made Run and Save stale). Then, with a draft typed here, another save
+    leaves the draft as typed, and its save is refused as stale."""
+    from django.contrib.auth import get_user_model
+
+    from retention import service
+
+    other = get_user_model().objects.create_user("admin-two", password="pw-two-12345", is_staff=True)
+    page = open_page("small-phone")
+    open_card(page, live_server.url)
+    page.get_by_role("button", name="Analyze savings").click()
+    expect(page.get_by_test_id("analysis")).to_have_attribute("data-state", "running")  # polling each second
+    service.save_policy(user=other, enabled=True, age_value=2, age_unit="months",
+                        revision=ToolPayloadPolicy.load().revision, backup_choice="skip")
+    expect(page.get_by_label("Automatic cleanup")).to_be_checked(timeout=10_000)
+    expect(page.get_by_label("Number")).to_have_value("2")
+    expect(page.locator("#save-bar")).to_be_hidden()  # nothing of this person's to save
+    expect(page.locator("#id_tool_revision")).to_have_value(str(ToolPayloadPolicy.load().revision))
+    # A draft typed here stays as typed when the other admin saves again
+    page.get_by_label("Number").fill("7")
+    expect(page.locator("#save-bar")).to_be_visible()
+    service.save_policy(user=other, enabled=False, age_value=2, age_unit="months",
+                        revision=ToolPayloadPolicy.load().revision, backup_choice=None)
+    page.wait_for_timeout(2_500)  # status reads come and go
+    expect(page.get_by_label("Number")).to_have_value("7")
+    expect(page.get_by_label("Automatic cleanup")).to_be_checked()
+    page.locator("#save-bar").get_by_role("button", name="Save").click()
+    expect(page.locator("#tool-card")).to_contain_text("Someone else saved these settings meanwhile.")
+    policy = ToolPayloadPolicy.load()
+    assert (policy.enabled, policy.age_value) == (False, 2)  # the other admin's save stands
+    drain()
+    check_layout(page, "after the other admin's saves")

@@ -118,6 +118,13 @@ class OperationDoc(Schema):
     progress: ProgressOut
     stale: bool
     cancel_requested: bool
+    last_progress_at: str | None = Field(description=(
+        "Queued or running: when a worker last showed progress (its last batch or heartbeat; "
+        "for one no worker has taken yet, when it was queued). Null once it finished."))
+    stalled: bool = Field(description=(
+        "Queued or running with no progress for twice the job lease (60 s by default): no worker "
+        "is working on it now (the job cluster may be stopped). It goes on where it stopped once "
+        "one takes it."))
     age: AgeOut | None
     policy_revision: int
     before_bytes: int | None

@@ -168,6 +168,7 @@ def _operation_dict(op: ToolPayloadOperation) -> dict[str, Any]:
         "progress": {"done": op.progress_done, "total": op.progress_total},
         "stale": op.stale,
         "cancel_requested": op.cancel_requested,
+        **_progress_signs(op),
         "age": {"value": op.age_value, "unit": op.age_unit} if op.age_value else None,
         "policy_revision": op.policy_revision,
         "before_bytes": op.before_bytes,
@@ -181,6 +182,17 @@ def _operation_dict(op: ToolPayloadOperation) -> dict[str, Any]:
     }
 
 
+def _progress_signs(op: ToolPayloadOperation) -> dict[str, Any]:
+    """An open operation's last sign of progress, and whether it has stalled: no batch and no
+    heartbeat for twice the lease (a worker renews it at every batch, and a backup's or a
+    compaction's heartbeat thread every few seconds), so no worker is on it now."""
+    if op.state not in OPEN_STATES:
+        return {"last_progress_at": None, "stalled": False}
+    last = op.heartbeat_at or op.created_at
+    return {"last_progress_at": last,
+            "stalled": (timezone.now() - last).total_seconds() > 2 * jobs.LEASE_SECONDS}
+
+
 def analysis_view_state(op: ToolPayloadOperation | None) -> str:
     """not_analyzed | running | completed | empty | partial | failed | stale (AC-TPR-001.5)."""
     if op is None:
@@ -191,6 +203,8 @@ def analysis_view_state(op: ToolPayloadOperation | None) -> str:
         return "stale"
     if op.state == OperationState.SUCCEEDED:
         return "completed" if op.eligible_messages else "empty"
+    if op.state == OperationState.CANCELLED and not op.scanned:
+        return "not_analyzed"  # cancelled before it measured anything: there is no estimate
     if op.state in (OperationState.PARTIAL, OperationState.CANCELLED):
         return "partial"
     return "failed"
@@ -444,6 +458,22 @@ def retry_preparation(*, user) -> int:
         )
         _mark_preparing(policy, *retryable)
     return op.pk
+
+
+def cancel_preparation(*, user, revision: int) -> ToolPayloadPolicy:
+    """Cancel after a failed or cancelled backup: cleanup is turned off at the saved settings
+    (a policy save, which also resets the preparation); nothing was removed. Refused while a
+    backup is being made (another admin's Retry since this page was shown): turning cleanup
+    off then left that backup running with nothing on the page to show or stop it; it has
+    its own Cancel."""
+    _require_admin(user)
+    with transaction.atomic():
+        policy = ToolPayloadPolicy.objects.select_for_update().filter(id=1).first()
+        if policy is None or policy.preparation_state not in (PreparationState.FAILED, PreparationState.CANCELLED):
+            raise CleanupError("preparation_changed",
+                               _("The backup was started again meanwhile. Reload to see it; it can be cancelled there."))
+        return save_policy(user=user, enabled=False, age_value=policy.age_value, age_unit=policy.age_unit,
+                           revision=revision, backup_choice=policy.backup_choice or BackupChoice.CREATE)
 
 
 def cancel(*, user, operation_id: int) -> None:

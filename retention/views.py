@@ -454,19 +454,11 @@ def cleanup_retry(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def cleanup_cancel_preparation(request: HttpRequest) -> HttpResponse:
-    """Cancel after a failed or cancelled backup: cleanup is turned off, nothing was removed.
-
-    The service has no call of its own for this, so it is a policy save: cleanup off at the
-    saved revision, with the saved backup choice, which also resets the preparation.
-    """
-    def call(data):
-        policy = ToolPayloadPolicy.load()
-        service.save_policy(
-            user=request.user, enabled=False, age_value=policy.age_value, age_unit=policy.age_unit,
-            revision=data["revision"], backup_choice=policy.backup_choice or "create",
-        )
-
-    return _action(request, RunForm, call, refresh_form=True)
+    """Cancel after a failed or cancelled backup: cleanup is turned off, nothing was removed
+    (service.cancel_preparation: refused once the backup was started again)."""
+    return _action(request, RunForm,
+                   lambda data: service.cancel_preparation(user=request.user, revision=data["revision"]),
+                   refresh_form=True)
 
 
 @login_required

@@ -29,7 +29,7 @@ def api_routes() -> set[str]:
             if isinstance(p, URLResolver):
                 walk(p.url_patterns, route)
             elif isinstance(p, URLPattern) and route.startswith(("v1/", "api/v1/")) and "unmatched" not in route:
-                found.add("/" + route.replace("<str:", "{").replace("<int:", "{").replace(">", "}"))
+                found.add("/" + route.replace("<str:", "{").replace("<int:", "{").replace("<path:", "{").replace(">", "}"))
 
     walk(get_resolver().url_patterns)
     return found

@@ -216,6 +216,79 @@ def test_cancel_after_a_failed_backup_turns_cleanup_off_and_removes_nothing(admi
     assert not Item.objects.filter(details_removed_at__isnull=False).exists()
 
 
+
+def test_cancel_from_a_page_shown_before_another_admins_retry_leaves_the_backup_being_made(admin_client, admin_user):
+    """Admin A retried the failed backup; admin B's page still offered Cancel for the failure.
+    B's Cancel turned cleanup off and left A's backup running unseen: it is refused now."""
+    from retention import service
+
+    old_conversation("prep")
+    enable(admin_user, choice="create")
+    ToolPayloadPolicy.objects.filter(id=1).update(preparation_state="failed", preparation_error="Disk full.")
+    shown_revision = ToolPayloadPolicy.load().revision
+    backup = service.retry_preparation(user=admin_user)  # the other admin's Retry
+    response = admin_client.post(CANCEL_PREP, {"revision": str(shown_revision)}, **HX)
+    assert response.status_code == 409
+    assert "The backup was started again meanwhile." in response.content.decode()
+    policy = ToolPayloadPolicy.load()
+    assert (policy.enabled, policy.preparation_state) == (True, "preparing")
+    assert ToolPayloadOperation.objects.get(pk=backup).state == "queued"
+    assert "Preparing backup:" in region(page(admin_client), "tool-run")
+
+
+def test_an_operation_no_worker_moves_is_said_to_have_stalled(admin_client, admin_user):
+    """The job cluster was killed mid-run: within a minute or two the card says no worker has
+    shown progress since the last batch (it said "Cleanup running" for the five minutes the
+    readiness rule waits), and the API says `stalled` with the time."""
+    import json as json_module
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from ops.models import JobStat
+
+    old_conversation("stall")
+    enable(admin_user, choice="skip")
+    JobStat.objects.create(func="ops.jobs.heartbeat", runs=1, last_finished_at=timezone.now())  # a cluster ran
+    admin_client.post(RUN, {"revision": str(ToolPayloadPolicy.load().revision)}, **HX)
+    run = ToolPayloadOperation.objects.get()
+    last = timezone.now() - timedelta(seconds=45)
+    ToolPayloadOperation.objects.filter(pk=run.pk).update(state="running", started_at=last, heartbeat_at=last)
+    assert 'data-testid="operation-stalled"' not in page(admin_client)  # within twice the lease
+    last = timezone.now() - timedelta(seconds=90)
+    ToolPayloadOperation.objects.filter(pk=run.pk).update(heartbeat_at=last)
+    html = page(admin_client)
+    note = region(html, "tool-status-note")
+    assert 'data-testid="operation-stalled"' in note and "No worker has shown progress on it since" in note
+    assert 'data-testid="cluster-stopped"' not in html
+    doc = json_module.loads(admin_client.get("/api/v1/system/tool-payload-retention", **HOST).content)
+    assert doc["operation"]["stalled"] is True and doc["operation"]["last_progress_at"]
+    assert doc["history"][0]["stalled"] is True
+    ToolPayloadOperation.objects.filter(pk=run.pk).update(state="succeeded", slot=None, finished_at=timezone.now())
+    doc = json_module.loads(admin_client.get("/api/v1/system/tool-payload-retention", **HOST).content)
+    assert (doc["history"][0]["stalled"], doc["history"][0]["last_progress_at"]) == (False, None)
+
+
+def test_an_analysis_cancelled_before_it_measured_anything_is_not_called_partial_or_analyzed(admin_client,
+                                                                                             admin_user):
+    import json as json_module
+
+    from django.utils import timezone
+
+    from retention import service
+
+    old_conversation("cancelled")
+    op = service.start_analysis(user=admin_user, age_value=3, age_unit="weeks")
+    ToolPayloadOperation.objects.filter(pk=op).update(state="cancelled", slot=None, finished_at=timezone.now())
+    doc = json_module.loads(admin_client.get("/api/v1/system/tool-payload-retention", **HOST).content)
+    assert doc["analysis_state"] == "not_analyzed"
+    analysis = text_of(region(page(admin_client), "tool-analysis"))
+    assert "Analysis cancelled." in analysis and "Analyzed" not in analysis and "Cancelled " in analysis
+    ToolPayloadOperation.objects.filter(pk=op).update(scanned=1200, eligible_messages=5, payload_bytes=10)
+    doc = json_module.loads(admin_client.get("/api/v1/system/tool-payload-retention", **HOST).content)
+    assert doc["analysis_state"] == "partial"  # cancelled part-way: figures for part of the data
+    assert "<dd>1,200</dd>" in region(page(admin_client), "tool-analysis")
+
 def test_a_run_shows_progress_with_cancel_then_completed_with_its_figures(admin_client, admin_user):
     old_conversation("run")
     expected = removable_bytes()

@@ -613,6 +613,36 @@
     fresh.forEach(function (form) { known.add(form); remember(form); });
     refresh();
   });
+  // Another admin's save, read by a status poll (#tool-saved): the cleanup form, when this
+  // person has not changed it, follows the saved policy (switch, period, revision), so the
+  // page never shows a switch that says the opposite of the status beside it. A form being
+  // edited keeps its draft; its save is then refused as stale, with the reason.
+  function followSavedPolicy() {
+    var policy = document.getElementById("tool-saved");
+    var form = document.querySelector('form[data-contributor="tool"]');
+    var revision = form && form.querySelector("input[name=revision]");
+    if (!policy || !policy.dataset.revision || !revision || revision.value === policy.dataset.revision) return;
+    if (!known.has(form) || snapshot(form) !== saved.tool) return;
+    var enabled = form.querySelector("input[name=enabled]");
+    var value = form.querySelector("[name=age_value]");
+    var unit = form.querySelector("[name=age_unit]");
+    if (enabled) enabled.checked = enabled.defaultChecked = policy.dataset.enabled === "true";
+    if (value) value.value = value.defaultValue = policy.dataset.ageValue;
+    if (unit) {
+      Array.prototype.forEach.call(unit.options, function (o) { o.defaultSelected = o.selected = o.value === policy.dataset.ageUnit; });
+    }
+    revision.value = revision.defaultValue = policy.dataset.revision;
+    var choice = document.getElementById("backup-choice");
+    if (choice) {
+      choice.dataset.savedEnabled = policy.dataset.enabled;
+      choice.dataset.savedAge = policy.dataset.ageValue;
+      choice.dataset.savedUnit = policy.dataset.ageUnit;
+    }
+    syncCleanupDraft();
+    remember(form);
+    refresh();
+  }
+  document.addEventListener("htmx:oobAfterSwap", followSavedPolicy);
   document.addEventListener("focusin", function (event) {
     if (event.target.closest && event.target.closest("form[data-contributor]")) {
       lastField = event.target;
