@@ -108,8 +108,8 @@ test-e2e:
 BENCH_ITEMS ?= 100000
 bench-seed: setup
 	rm -rf var/bench && mkdir -p var/bench
-	env -u DATABASE_URL LETHE_VAR_DIR=var/bench SECRET_KEY_FILE=var/secret-key $(PY) manage.py migrate -v0
-	env -u DATABASE_URL LETHE_VAR_DIR=var/bench SECRET_KEY_FILE=var/secret-key $(PY) manage.py bench_seed --items $(BENCH_ITEMS)
+	env -u DATABASE_URL -u ENGINE_HOME LETHE_VAR_DIR=var/bench SECRET_KEY_FILE=var/secret-key $(PY) manage.py migrate -v0
+	env -u DATABASE_URL -u ENGINE_HOME LETHE_VAR_DIR=var/bench SECRET_KEY_FILE=var/secret-key $(PY) manage.py bench_seed --items $(BENCH_ITEMS)
 
 ## soak: two web servers and two job clusters on one PostgreSQL database (SOAK_URL, dropped and
 ## recreated) and one engine folder, SOAK_CLIENTS API clients for SOAK_SECONDS, one cluster

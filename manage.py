@@ -18,6 +18,18 @@ def unreachable(database: dict, error: Exception) -> str | None:
             "correct DATABASE_URL, then start again.")
 
 
+def not_migrated(database: dict, error: Exception) -> str | None:
+    """One line for a database that holds no Lethe tables (never migrated, or DATABASE_URL names
+    another database); None for any other error."""
+    cause = getattr(error, "__cause__", None)
+    text = str(error)
+    missing = text.startswith("no such table:") or getattr(cause, "sqlstate", None) == "42P01"
+    if not missing:
+        return None
+    return (f"The database {database.get('NAME')} has no Lethe tables ({text.splitlines()[0]}): it was never "
+            "migrated, or DATABASE_URL names another database. Run manage.py migrate, or correct DATABASE_URL.")
+
+
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
     from django.conf import settings
@@ -25,6 +37,13 @@ def main() -> None:
     from django.core.management import execute_from_command_line
     from django.db import DatabaseError
 
+    for argument in sys.argv[1:]:
+        try:
+            argument.encode("utf-8")
+        except UnicodeEncodeError:  # bytes that are not UTF-8 (surrogate-escaped by Python)
+            shown = argument.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")
+            print(f"Lethe: an argument is not UTF-8 text ({shown}); nothing was done.", file=sys.stderr)
+            sys.exit(2)
     try:
         # Read the settings first: a bad environment value stops here, with its own message
         # (Django would otherwise hold it back, or show another error in its place).
@@ -55,10 +74,18 @@ def main() -> None:
             explained = cannot_write_explained(database, error)
         else:
             explained = unreachable(database, error)
+        explained = explained or not_migrated(database, error)
         if explained is None or "--traceback" in sys.argv:
             raise
         print(f"Lethe database error: {explained}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:
+        # Ctrl-C: one line, not a traceback (each command commits its work in steps; what it
+        # committed before stays, and running it again goes on from there).
+        if "--traceback" in sys.argv:
+            raise
+        print("\nInterrupted.", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ class TokenState(models.TextChoices):
     ACTIVE = "active", pgettext_lazy("api token", "Active")
     EXPIRED = "expired", pgettext_lazy("api token", "Expired")
     REVOKED = "revoked", pgettext_lazy("api token", "Revoked")
+    # Not revoked or expired, but its user may no longer sign in: every request with it is refused.
+    INACTIVE = "inactive", pgettext_lazy("api token", "User inactive")
 
 
 class ApiTokenQuerySet(models.QuerySet):
@@ -67,6 +69,8 @@ class ApiToken(models.Model):
             return TokenState.REVOKED
         if self.expires_at <= (now or timezone.now()):
             return TokenState.EXPIRED
+        if not self.user.is_active:
+            return TokenState.INACTIVE
         return TokenState.ACTIVE
 
     def get_state_display(self) -> str:

@@ -164,7 +164,10 @@ def adopt(home: EngineHome | None = None, *, force: bool) -> str:
     if not home.root.is_dir():
         home.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         _fsync_dir(home.root.parent)
-    folder_id = folder_mark(home) or _mark(home, replace=force)
+    # A new mark never replaces one another process wrote first (two adopts at once both
+    # wrote theirs and recorded each its own: the folder ended up another database's); only a
+    # mark file that holds no id is replaced, and only when asked (force).
+    folder_id = folder_mark(home) or _mark(home, replace=False) or (_mark(home, replace=True) if force else None)
     if folder_id is None:  # a mark file there that holds no id: not ours to overwrite unasked
         raise EngineFolderUnavailable(home.root, "unmarked")
     if force:

@@ -274,3 +274,20 @@ def test_the_page_is_localized(admin_client, admin_user):
     ApiToken.issue(admin_user, name="x")
     html = admin_client.get(PAGE, HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode()
     assert "Create a token" not in html and "Last used" not in html
+
+
+def test_a_token_of_an_inactive_user_is_said_so_and_none_is_made_for_one(admin_user, member_user, admin_client):
+    """Made for an inactive user without a word and listed as active, while every request with
+    it answered 401."""
+    _token, raw = ApiToken.issue(member_user, name="Old laptop")
+    member_user.is_active = False
+    member_user.save()
+    assert api(raw).status_code == 401
+    listed = run("api_tokens", "list", "--user", member_user.username)
+    assert re.search(r"\binactive\s+" + member_user.username, listed), listed
+    page = admin_client.get("/settings/api-tokens/", **HOST).content.decode()
+    assert "badge-token-inactive" in page and "User inactive" in page
+    assert "/revoke/" in page  # it can still be revoked
+    with pytest.raises(CommandError, match="is inactive"):
+        run("api_tokens", "create", member_user.username, "--name", "New")
+    assert ApiToken.objects.filter(user=member_user).count() == 1

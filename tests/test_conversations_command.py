@@ -98,3 +98,32 @@ def test_an_engine_folder_that_cannot_be_written_is_one_line_and_records_nothing
         run("delete", conversation.public_id, "--as", admin_user.username)
     assert not m.DeleteOperation.objects.exists()
     assert m.Conversation.objects.filter(pk=conversation.pk).exists()
+
+
+def test_on_a_console_of_a_remote_engine_it_refuses_and_does_nothing(settings, admin_user):
+    """Its conversations are the engine's: status read this console's own table, and delete
+    went to the engine without the console's bound delete (no record, no Pending)."""
+    settings.ENGINE_URL, settings.ENGINE_TOKEN = "http://127.0.0.1:9/", "t" * 40
+    conversation = factories.make_conversation()
+    for verb in ("archive", "close", "delete", "status"):
+        with pytest.raises(CommandError, match="engine_remote: this console reaches a remote engine") as caught:
+            run(verb, conversation.public_id, "--as", admin_user.username)
+        assert caught.value.returncode == 2
+    conversation.refresh_from_db()
+    assert (conversation.archived_at, conversation.closed_at, conversation.state) == (None, None, "live")
+    assert not m.DeleteOperation.objects.exists()
+
+
+def test_the_report_names_what_still_holds_the_deleted_bytes(engine_home):
+    """The restore steps (docs/operations.md) rely on this report: it left out the backup the
+    operation page lists as holding the deleted bytes."""
+    conversation = factories.make_conversation(title="Held in a backup")
+    run("delete", conversation.public_id, "--key", "held-1")
+    op = m.DeleteOperation.objects.get()
+    receipt = {**op.receipt, "holders": [{"kind": "backup", "name": "lethe-sqlite-20261204T214732Z-7c6b87.sqlite3"},
+                                         {"kind": "database_files"}]}
+    m.DeleteOperation.objects.filter(pk=op.pk).update(receipt=receipt)
+    out = run("status", op.public_id)
+    assert ("still held by: backup lethe-sqlite-20261204T214732Z-7c6b87.sqlite3, made before the delete: "
+            "until that backup is deleted") in out
+    assert "still held by: the database's table files: until an operator runs manage.py finish_erasure" in out

@@ -38,3 +38,54 @@ def test_an_unreachable_database_server_stops_a_command_with_one_line(tmp_path, 
                                "be reached: connection failed:")
     assert lines[0].endswith(". Start it, or correct DATABASE_URL, then start again.")
     assert not (tmp_path / "lethe-engine").exists()  # serve made no folder, as it would for a new install
+
+
+def _env(tmp_path, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "ENGINE_URL")}
+    env.update(DJANGO_SETTINGS_MODULE="console.settings_test", LETHE_VAR_DIR=str(tmp_path / "var"),
+               ENGINE_HOME=str(tmp_path / "lethe-engine"), **extra)
+    return env
+
+
+def test_a_database_never_migrated_is_one_line_that_says_to_migrate(tmp_path):
+    """A wrong SQLite path (or a database never migrated) ended in a traceback about a missing
+    table."""
+    env = _env(tmp_path, DATABASE_URL=f"sqlite:///{tmp_path}/missing.sqlite3")
+    result = subprocess.run([sys.executable, "manage.py", "tool_payloads", "status"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("{")]
+    assert lines == [f"Lethe database error: The database {tmp_path}/missing.sqlite3 has no Lethe tables (no such "
+                     "table: retention_toolpayloadpolicy): it was never migrated, or DATABASE_URL names another "
+                     "database. Run manage.py migrate, or correct DATABASE_URL."]
+
+
+def test_ctrl_c_ends_a_command_with_one_line_not_a_traceback(tmp_path):
+    import signal
+    import time
+
+    env = _env(tmp_path, DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite3")
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=300)
+    subprocess.run([sys.executable, "manage.py", "shell", "-c",
+                    "from django.contrib.auth import get_user_model; "
+                    "get_user_model().objects.create_user('op', password='pw-op-12345', is_staff=True)"],
+                   cwd=ROOT, env=env, check=True, timeout=120, capture_output=True)
+    # No job cluster runs: the analysis waits in the queue until interrupted.
+    process = subprocess.Popen([sys.executable, "manage.py", "tool_payloads", "analyze", "--age", "2", "--as", "op"],
+                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(4)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert [line for line in err.splitlines() if line.strip() and not line.startswith("{")][-1] == "Interrupted."
+
+
+def test_an_argument_that_is_not_utf8_is_one_line(tmp_path):
+    env = _env(tmp_path, DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite3")
+    result = subprocess.run([sys.executable.encode(), b"manage.py", b"conversations", b"status", b"c_a\xff"],
+                            cwd=ROOT, env=env, capture_output=True, timeout=120)
+    err = result.stderr.decode("utf-8", "replace")
+    assert result.returncode == 2 and "Traceback" not in err, err[-3000:]
+    assert err.strip() == "Lethe: an argument is not UTF-8 text (c_a\\udcff); nothing was done."
+    assert not (tmp_path / "db.sqlite3").exists()  # it stopped before any connection

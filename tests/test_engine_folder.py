@@ -282,3 +282,42 @@ def test_readiness_scans_a_folder_it_has_not_taken_once_while_the_folder_stays_a
     again, scanned = lookups()
     assert again == {"ok": True} and scanned >= 1
     assert engine_folder.recorded() is None  # a readiness probe never takes the folder
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_forced_adopts_at_once_mark_the_folder_with_one_id(engine_home, monkeypatch):
+    """Two operators' `engine_folder --adopt` at once on an unmarked folder each wrote its own
+    mark over the other's and recorded its own id: the folder then read as another database's."""
+    import threading
+
+    from django.db import connections
+
+    forget_the_mark(engine_home)
+    both_looked = threading.Barrier(2, timeout=10)
+    real = engine_folder._mark
+
+    def after_both_found_no_mark(home, *, replace):
+        both_looked.wait()
+        return real(home, replace=replace)
+
+    monkeypatch.setattr(engine_folder, "_mark", after_both_found_no_mark)
+    ids: list[str] = []
+
+    def adopt() -> None:
+        try:
+            ids.append(engine_folder.adopt(EngineHome(engine_home), force=True))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=adopt) for _ in range(2)]
+    [t.start() for t in threads]
+    [t.join(20) for t in threads]
+    assert len(ids) == 2 and ids[0] == ids[1]
+    assert (engine_home / engine_folder.MARK_NAME).read_text() == ids[0] + "\n"
+    assert engine_folder.recorded() == ids[0] and engine_folder.problem(EngineHome(engine_home)) is None
+    # a mark that holds no id is replaced when the operator forces it
+    monkeypatch.setattr(engine_folder, "_mark", real)
+    (engine_home / engine_folder.MARK_NAME).write_text("not an id\n")
+    fresh = engine_folder.adopt(EngineHome(engine_home), force=True)
+    assert fresh != ids[0] and (engine_home / engine_folder.MARK_NAME).read_text() == fresh + "\n"
+    assert engine_folder.recorded() == fresh

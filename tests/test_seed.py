@@ -137,6 +137,25 @@ def test_it_prints_benchmark_figures_at_small_size():
     assert m.Item.objects.count() == int(line.split(": ")[1].split(" items")[0])
 
 
+def test_the_seed_benchmark_never_writes_into_an_engine_folder_in_use(tmp_path, settings):
+    """ENGINE_HOME set in the shell reached `make bench-seed`, which rewrote that folder's files
+    (the same seed as the demo: the same conversations) and its subagent state file."""
+    from django.core.management.base import CommandError
+
+    folder = tmp_path / "engine-in-use"
+    (folder / "state").mkdir(parents=True)
+    fleet_file = folder / "state" / "subagents.v1.json"
+    fleet_file.write_text('{"rows": []}')
+    settings.ENGINE_HOME = folder
+    with pytest.raises(CommandError, match="empty engine folder"):
+        call_command("bench_seed", "--items", "400", stdout=io.StringIO())
+    assert fleet_file.read_text() == '{"rows": []}' and not m.Conversation.objects.exists()
+    assert sorted(p.name for p in folder.iterdir()) == ["state"]
+    makefile = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
+    recipe = makefile.split("\nbench-seed:", 1)[1].split("\n\n", 1)[0]
+    assert recipe.count("-u ENGINE_HOME") == 2  # its own folder under var/bench, whatever the shell says
+
+
 def test_it_prints_page_benchmark_figures_at_small_size():
     Seeder(seed=3, anchor=ANCHOR, messages=8, home=EngineHome()).run(6)
     out = io.StringIO()
@@ -242,3 +261,13 @@ def test_it_never_prints_a_kept_password_an_account_no_longer_has(monkeypatch, s
     out = io.StringIO()
     call_command("seed_demo", "--if-empty", stdout=out)
     assert f"member / {kept}" in out.getvalue()
+
+
+@pytest.mark.parametrize("args", [("--conversations", "99999999999999999999"), ("--messages", "10001"),
+                                  ("--conversations", "1")])
+def test_the_demo_seed_refuses_counts_out_of_range_and_seeds_nothing(args):
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="Seed 2 to 1,000,000 conversations"):
+        call_command("seed_demo", *args, "--no-users", stdout=io.StringIO())
+    assert not m.Conversation.objects.exists()

@@ -123,3 +123,57 @@ def test_the_backup_line_names_its_file_and_checksum(admin_user, settings, tmp_p
     assert (f"backup #{backup.pk}: succeeded; {backup.backup_name}, {backup.backup_size} bytes, "
             f"SHA-256 {backup.backup_sha256}") in text
     assert "cleanup #" in text and "removed 3" in text
+
+
+def _interrupted_run(admin_user, monkeypatch, tools: int = 6) -> ToolPayloadOperation:
+    """`run --here` stopped by Ctrl-C after its first batch, long enough ago that its lease ran out."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from retention import jobs
+
+    monkeypatch.setattr(jobs, "BATCH_ITEMS", 2)
+    old_conversation("cli", tools=tools)
+    service.save_policy(user=admin_user, enabled=True, age_value=3, age_unit="months", revision=1,
+                        backup_choice="skip")
+    real = jobs.faults.kill_point
+
+    def interrupted(name: str) -> None:
+        if name == "tool-cleanup-after-batch":
+            raise KeyboardInterrupt
+        real(name)
+
+    monkeypatch.setattr(jobs.faults, "kill_point", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        command("run", "--as", "alice", "--here")
+    monkeypatch.setattr(jobs.faults, "kill_point", real)
+    run = ToolPayloadOperation.objects.get(kind="cleanup")
+    assert run.state == "running" and run.lease and 0 < run.removed_messages < run.eligible_messages
+    ToolPayloadOperation.objects.filter(pk=run.pk).update(heartbeat_at=timezone.now() - timedelta(minutes=5))
+    return run
+
+
+def test_a_run_interrupted_here_is_continued_here_without_a_job_cluster(admin_user, monkeypatch, capsys):
+    """Ctrl-C on `run --here` left the run open; with no job cluster, `run --here` said busy and
+    `cancel` printed "running" and changed nothing visible. Now `run --here` takes it to its end
+    first, and the totals are exact."""
+    run = _interrupted_run(admin_user, monkeypatch)
+    out = StringIO()
+    call_command("tool_payloads", "run", "--as", "alice", "--here", stdout=out)
+    assert "was left open with no worker on it; continuing it here first" in capsys.readouterr().err
+    done = ToolPayloadOperation.objects.get(pk=run.pk)
+    assert done.state == "succeeded" and done.removed_messages == done.eligible_messages == 7  # 6 shell, 1 read
+    assert done.progress_done == done.progress_total == 7
+    assert Item.objects.filter(details_removed_at__isnull=False).count() == 7
+    assert f"cleanup #{run.pk}: succeeded" in out.getvalue()
+
+
+def test_cancel_here_ends_an_interrupted_run_and_cancel_says_it_was_asked(admin_user, monkeypatch):
+    run = _interrupted_run(admin_user, monkeypatch)
+    removed = ToolPayloadOperation.objects.get(pk=run.pk).removed_messages
+    assert "cancel requested (it stops at its next check)" in command("cancel", str(run.pk), "--as", "alice")
+    assert f"cleanup #{run.pk}: partial" in command("cancel", str(run.pk), "--as", "alice", "--here")
+    done = ToolPayloadOperation.objects.get(pk=run.pk)
+    assert (done.state, done.removed_messages) == ("partial", removed)  # what it removed before stays
+    assert Item.objects.filter(details_removed_at__isnull=False).count() == removed

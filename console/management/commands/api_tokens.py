@@ -36,9 +36,9 @@ class Command(BaseCommand):
             if not get_user_model().objects.filter(username=user).exists():
                 raise CommandError(f"No user named {user!r}.")
             tokens = tokens.filter(user__username=user)
-        self.stdout.write(f"{'ID':>5}  {'PREFIX':12}  {'STATE':7}  {'USER':16}  {'EXPIRES':20}  {'LAST USED':20}  NAME")
+        self.stdout.write(f"{'ID':>5}  {'PREFIX':12}  {'STATE':8}  {'USER':16}  {'EXPIRES':20}  {'LAST USED':20}  NAME")
         for t in tokens:
-            self.stdout.write(f"{t.pk:>5}  {t.prefix:12}  {t.state().value:7}  {t.user.get_username():16}  "
+            self.stdout.write(f"{t.pk:>5}  {t.prefix:12}  {t.state().value:8}  {t.user.get_username():16}  "
                               f"{_when(t.expires_at):20}  {_when(t.last_used_at):20}  {t.name}")
 
     def do_create(self, username: str, name: str, days: int | None, **options):
@@ -77,6 +77,8 @@ def issue(username: str, *, name: str, days: int | None) -> str:
     user = get_user_model().objects.filter(username=username).first()
     if user is None:
         raise CommandError(f"No user named {username!r}.")
+    if not user.is_active:  # every request with it would be refused
+        raise CommandError(f"The user {username!r} is inactive: a token of theirs would be refused. Nothing was made.")
     try:
         _token, raw = create_token(user, name=name, days=days)
     except ValidationError as error:

@@ -39,6 +39,14 @@ class Command(BaseCommand):
 
     def handle(self, *args, verb: str, target: str, json: bool, username: str | None, **options):
         self.as_json = json
+        if settings.ENGINE_URL:
+            # The conversations are the engine's: run it on the engine's host. (Here it read this
+            # console's own table for status and deleted on the engine without the console's
+            # bound delete: no record, the binding left behind, no Pending while the engine was down.)
+            raise CommandError(
+                "engine_remote: this console reaches a remote engine (ENGINE_URL); its conversations are the "
+                "engine's. Run manage.py conversations on the engine's host, or delete from Engine "
+                "conversations on this console's screens. Nothing was done.", returncode=2)
         actor = self.actor(username)
         engine = get_engine()
         try:
@@ -128,7 +136,22 @@ class Command(BaseCommand):
                              f"{LABELS.get(entry['store'], entry['store'])}")
             physical = op.receipt["physical"]
             lines.append(f"  physical erasure: {physical['state']}" + (f" at {physical['erased_at']}" if physical["erased_at"] else ""))
+            # What still holds the deleted bytes, as the operation page lists it (the restore
+            # steps in docs/operations.md rely on this report)
+            for holder in op.receipt.get("holders") or []:
+                lines.append(f"  still held by: {HOLDERS.get(holder.get('kind'), HOLDERS['archive']).format(**holder)}")
         self.stdout.write("\n".join(lines))
+
+
+HOLDERS = {
+    "backup": "backup {name}, made before the delete: until that backup is deleted",
+    "database_files": "the database's table files: until an operator runs manage.py finish_erasure",
+    "wal": "the database's write-ahead log: until the next successful checkpoint",
+    "server_wal": "the database server's write-ahead log files: until the server reuses them, after later "
+                  "checkpoints (Lethe cannot see when)",
+    "statistics": "the planner statistics catalog (pg_statistic): until its owner runs VACUUM FULL pg_statistic",
+    "archive": "the database's WAL archive: until the archive is pruned",
+}
 
 
 def _dumps(value) -> str:

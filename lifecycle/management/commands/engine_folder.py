@@ -29,6 +29,10 @@ class Command(BaseCommand):
                 folder_id = engine_folder.adopt(home, force=True)
             except engine_folder.EngineFolderUnavailable as exc:
                 raise CommandError(f"{exc.root}: {engine_folder.WORDS[exc.reason]}.", returncode=2) from None
+            except OSError as exc:  # a read-only mount, a folder of another user: one line
+                raise CommandError(f"io_error: {exc.filename or home.root}: {exc.strerror or exc}. Nothing was "
+                                   "adopted; fix the folder's permissions or mount, then try again.",
+                                   returncode=2) from None
             self.stdout.write(f"{home.root} is this database's engine folder now (mark {folder_id}).")
             return
         reason = engine_folder.problem(home)

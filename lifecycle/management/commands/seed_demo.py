@@ -30,8 +30,9 @@ class Command(BaseCommand):
         parser.add_argument("--no-users", action="store_true")
 
     def handle(self, *args, conversations, messages, seed, anchor, if_empty, no_users, **options):
-        if conversations < 2 or messages < 1:
-            raise CommandError("Seed at least 2 conversations with at least 1 message each.")
+        if not 2 <= conversations <= 1_000_000 or not 1 <= messages <= 10_000:
+            # (a typo's 20-digit count ran until killed)
+            raise CommandError("Seed 2 to 1,000,000 conversations with 1 to 10,000 messages each.")
         if not no_users:
             self.users()
         if if_empty and Conversation.objects.exists():

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
@@ -11,7 +12,8 @@ from lifecycle.deletion.verify import targets, verify
 PHYSICAL_WORDS = {
     "clean": "clean",
     "found": "CONTENT FOUND",
-    "pending": "pending (SQLite: write-ahead log not checkpointed yet; PostgreSQL: no compaction since the delete)",
+    "pending": ("pending (SQLite: write-ahead log not checkpointed yet; PostgreSQL: manage.py finish_erasure has "
+                "not run since the delete)"),
     "not_checked": "not checked (add --physical)",
     "no_fingerprints": "no fingerprints, so nothing was scanned (they are dropped after a clean raw-byte check and "
                        "a week after the delete, or were never taken)",
@@ -60,6 +62,10 @@ class Command(BaseCommand):
                 f"The engine folder {exc.root} is {WORDS[exc.reason]}, so nothing was checked (a folder "
                 "that is not there would look clean). Mount it or set ENGINE_HOME, then run this again; if this "
                 "folder is the right one, mark it with manage.py engine_folder --adopt.", returncode=2) from None
+        except OSError as exc:  # residue it could not remove (a read-only mount): one line
+            raise CommandError(f"io_error: {exc.filename or settings.ENGINE_HOME}: {exc.strerror or exc}. The residue "
+                               "was not all removed; fix the folder's permissions or mount, then run this again.",
+                               returncode=2) from None
         if json:
             self.stdout.write(_dumps({"reports": [{**r.as_dict(), "erased_again": erased.get(r.operation, [])}
                                                   for r in reports],

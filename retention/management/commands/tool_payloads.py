@@ -32,6 +32,8 @@ class Command(BaseCommand):
         run.add_argument("--revision", type=int, help="The policy revision you read (default: the current one).")
         cancel = verbs.add_parser("cancel", help="Stop an operation after its current batch.")
         cancel.add_argument("operation_id", type=int)
+        cancel.add_argument("--here", action="store_true",
+                            help="Then take the operation to its end in this process (no job cluster running).")
         compact = verbs.add_parser("compact", help="Compact the database (VACUUM).")
         for sub in (status, analyze, run, cancel, compact):
             sub.add_argument("--json", action="store_true", help="Print JSON.")
@@ -58,10 +60,19 @@ class Command(BaseCommand):
                 op_id = service.start_compact(user=user)
             else:
                 service.cancel(user=user, operation_id=options["operation_id"])
+                if options["here"]:  # the cancel takes effect at the run's next check, here
+                    return self.operation(self.follow(options["operation_id"], here=True))
                 op = ToolPayloadOperation.objects.get(pk=options["operation_id"])
                 return self.operation(service._operation_dict(op))
         except service.CleanupError as exc:
-            raise CommandError(f"{exc.code}: {exc.message}") from None
+            stalled = self.stalled_operation() if exc.code == "busy" and options.get("here") else None
+            if stalled is None:
+                raise CommandError(f"{exc.code}: {exc.message}") from None
+            # An operation left open with no worker on it (its process was interrupted, no job
+            # cluster runs): one at a time, so it is the one to take to its end here first.
+            self.stderr.write(f"{stalled.kind} #{stalled.pk} was left open with no worker on it; "
+                              "continuing it here first (start this one again afterwards).")
+            op_id = stalled.pk
         if options["no_wait"]:
             return self.operation(self.doc(op_id))
         doc = self.follow(op_id, here=options["here"])
@@ -77,12 +88,17 @@ class Command(BaseCommand):
             raise CommandError(f"No active admin named {username}.")
         return user
 
+    def stalled_operation(self) -> ToolPayloadOperation | None:
+        op = ToolPayloadOperation.objects.filter(slot__isnull=False).first()
+        return op if op is not None and service._progress_signs(op)["stalled"] else None
+
     def doc(self, op_id: int) -> dict:
         return service._operation_dict(ToolPayloadOperation.objects.select_related("started_by").get(pk=op_id))
 
     def follow(self, op_id: int, *, here: bool) -> dict:
         """Wait for the operation (and a cleanup that follows its backup), drawing progress."""
         tty = sys.stderr.isatty() and not self.as_json
+        hinted = False
         while True:
             # Here, a job the cluster holds ("busy") is waited for like any other
             ran = jobs.run_operation(op_id) if here else "busy"
@@ -96,6 +112,10 @@ class Command(BaseCommand):
                 sys.stderr.flush()
             if doc["state"] not in OPEN_STATES:
                 break
+            if doc["stalled"] and not hinted:
+                hinted = True
+                sys.stderr.write(("\n" if tty else "") + "No worker has taken it or shown progress for a while: is "
+                                 "the job cluster running? (--here runs it in this process.)\n")
             if ran == "busy":
                 time.sleep(1)
         if tty:
@@ -130,6 +150,8 @@ class Command(BaseCommand):
             line += "; skipped " + ", ".join(f"{k} {v}" for k, v in sorted(doc["skipped"].items()))
         if doc["error"]:
             line += f"; {doc['error']['code']}: {doc['error']['message']}"
+        if doc["cancel_requested"] and doc["state"] in OPEN_STATES:
+            line += "; cancel requested (it stops at its next check)"
         self.stdout.write(line)
 
     def show(self, doc: dict) -> None:
