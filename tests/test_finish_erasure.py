@@ -147,3 +147,27 @@ def test_an_old_transaction_anywhere_on_the_server_keeps_the_rewrite_from_claimi
     assert (done.held_by, done.erased) == (0, 1) and op.physical_state == m.PhysicalState.ERASED
     raw = b"".join(path.read_bytes() for path in _table_files("lifecycle_item"))
     assert secret.encode() not in raw
+
+
+def test_on_sqlite_a_reader_that_keeps_the_log_says_why_the_erasure_is_still_pending(capsys):
+    """A long read holding an older state kept the checkpoint from folding the log back: the
+    command said only "Physically erased: 0 of 1; still pending: 1"."""
+    if connection.vendor != "sqlite":
+        pytest.skip("PostgreSQL: the sessions holding old snapshots are counted and named (held_by)")
+    conversation = factories.make_conversation(title="Read while erased")
+    factories.add_message(conversation, "user", "words to erase " * 50)
+    reader = sqlite3.connect(connection.settings_dict["NAME"])
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM lifecycle_item").fetchone()  # a snapshot from before the delete
+        op = request_deletion(conversation, key="held-by-a-reader", acting_user=None)
+        executor.run_erasure(op.pk)
+        call_command("finish_erasure")
+        out = capsys.readouterr().out
+        assert "still pending: 1" in out
+        assert "another connection is still reading an older state" in out
+        assert m.DeleteOperation.objects.get(pk=op.pk).physical_state == "pending"
+    finally:
+        reader.close()
+    call_command("finish_erasure")
+    assert m.DeleteOperation.objects.get(pk=op.pk).physical_state == "erased"

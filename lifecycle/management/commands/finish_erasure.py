@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 
 from django.core.management.base import BaseCommand
+from django.db import connection
 
 from lifecycle.deletion.rewrite import finish_waiting_erasures
 
@@ -27,6 +28,10 @@ class Command(BaseCommand):
             self.stdout.write(f"{result.held_by} sessions still hold snapshots older than the deletes, so a "
                               "rewrite would keep the erased rows: nothing was rewritten. Run it again when "
                               "they have ended.")
+        if connection.vendor == "sqlite" and result.still_pending:
+            self.stdout.write("The write-ahead log could not be folded back into the database file completely: "
+                              "another connection is still reading an older state (a long read, a backup being "
+                              "made). Run this again when it has ended.")
         if result.tables:
             self.stdout.write(f"Rewrote {len(result.tables)} tables: {', '.join(result.tables)}")
         self.stdout.write(f"Physically erased: {result.erased} of {result.waiting}; still pending: "
