@@ -26,6 +26,15 @@ def not_migrated(database: dict, error: Exception) -> str | None:
     missing = text.startswith("no such table:") or getattr(cause, "sqlstate", None) == "42P01"
     if not missing:
         return None
+    try:
+        from django.db import connection
+
+        migrated = "django_migrations" in connection.introspection.table_names()
+    except Exception:  # noqa: BLE001 (only the wording depends on it)
+        migrated = False
+    if migrated:  # Lethe's tables, one missing: an upgrade whose migrate has not run
+        return (f"The database {database.get('NAME')} lacks a table this release uses ({text.splitlines()[0]}): "
+                "its migrations are not all applied. Run manage.py migrate.")
     return (f"The database {database.get('NAME')} has no Lethe tables ({text.splitlines()[0]}): it was never "
             "migrated, or DATABASE_URL names another database. Run manage.py migrate, or correct DATABASE_URL.")
 

@@ -60,9 +60,10 @@ def origin_of(row: Row) -> str | None:
 
 def resolvable_id(value: Any) -> bool:
     """Whether a row's agent id can be named to resolve the row (on a form, in an address): a
-    text of printable characters. A row whose id is missing, not text, or holds a control
-    character is a row the state file does not describe usably."""
-    return isinstance(value, str) and value.isprintable()
+    text of printable characters, not empty (an address has no room for nothing: the API and a
+    console of a remote engine could not name it). A row whose id is missing, empty, not text,
+    or holds a control character is a row the state file does not describe usably."""
+    return isinstance(value, str) and value != "" and value.isprintable()
 
 
 def is_unsettled(row: Row) -> bool:

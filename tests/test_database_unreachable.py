@@ -89,3 +89,19 @@ def test_an_argument_that_is_not_utf8_is_one_line(tmp_path):
     assert result.returncode == 2 and "Traceback" not in err, err[-3000:]
     assert err.strip() == "Lethe: an argument is not UTF-8 text (c_a\\udcff); nothing was done."
     assert not (tmp_path / "db.sqlite3").exists()  # it stopped before any connection
+
+
+def test_a_database_missing_one_table_says_to_migrate_not_that_it_has_none(tmp_path):
+    import sqlite3
+
+    env = _env(tmp_path, DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite3")
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=300)
+    with sqlite3.connect(tmp_path / "db.sqlite3") as db:  # as an upgrade whose migrate has not run
+        db.execute("DROP TABLE retention_toolpayloadoperation")
+    result = subprocess.run([sys.executable, "manage.py", "tool_payloads", "status"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("{")]
+    assert lines == [f"Lethe database error: The database {tmp_path}/db.sqlite3 lacks a table this release uses "
+                     "(no such table: retention_toolpayloadoperation): its migrations are not all applied. Run "
+                     "manage.py migrate."]

@@ -337,11 +337,11 @@ def test_an_unavailable_delete_shows_the_way_out_and_the_forms_take_it(admin_cli
 
 
 def test_rows_whose_ids_hold_any_text_are_shown_and_resolved(admin_client):
-    """A runtime writes the ids: a slash, nothing, characters an address would escape, a
+    """A runtime writes the ids: a slash, a dot, characters an address would escape, a
     right-to-left override. The delete page shows every row (it failed with a 500 on a slash),
     and each row's forms resolve it."""
     conversation = factories.make_conversation(days_idle=1, title="Ambiguous")
-    ids = ["sa/x", "", "sa x?#%&=", "sa\u202egnp.exe"]
+    ids = ["sa/x", ".", "sa x?#%&=", "sa\u202egnp.exe"]
     fleet.write_snapshot([{"agent_id": agent_id, "origin": None, "status": "completed", "delivery": "settled",
                            "started_at": conversation.created_at.isoformat()} for agent_id in ids])
     op = request_deletion(conversation, key="screen-any-ids", acting_user=None)
@@ -362,7 +362,7 @@ def test_rows_whose_ids_hold_any_text_are_shown_and_resolved(admin_client):
     assert request_deletion(conversation, key="screen-any-ids-2", acting_user=None).state == "pending"
 
 
-@pytest.mark.parametrize("agent_id", [None, 123, "sa\nx", "sa\x00x"])
+@pytest.mark.parametrize("agent_id", [None, 123, "", "sa\nx", "sa\x00x"])
 def test_a_row_whose_id_cannot_be_named_makes_the_state_file_need_repair(admin_client, agent_id):
     """No form or address can name such a row, so no way out on the page would work: the delete
     says the subagent state file needs repair instead of offering one."""
