@@ -127,3 +127,17 @@ def test_the_report_names_what_still_holds_the_deleted_bytes(engine_home):
     assert ("still held by: backup lethe-sqlite-20261204T214732Z-7c6b87.sqlite3, made before the delete: "
             "until that backup is deleted") in out
     assert "still held by: the database's table files: until an operator runs manage.py finish_erasure" in out
+
+
+def test_with_json_a_refusal_is_a_json_document_too():
+    """A script reading --json output got nothing on standard output for a refusal."""
+    out = io.StringIO()
+    with pytest.raises(SystemExit) as caught:
+        call_command("conversations", "status", "c_00000000000000000000", "--json", stdout=out)
+    assert caught.value.code == 1
+    assert json.loads(out.getvalue()) == {"error": {"code": "not_found",
+                                                    "message": "Nothing with that id exists here."}}
+    out = io.StringIO()
+    with pytest.raises(SystemExit):
+        call_command("tool_payloads", "cancel", "999", "--as", "nobody", "--json", stdout=out)
+    assert json.loads(out.getvalue()) == {"error": {"code": "refused", "message": "No active admin named nobody."}}

@@ -8,6 +8,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
+from console.management.json_errors import JsonErrors
 from lifecycle.deletion import reasons
 from lifecycle.engine import OperationView, get_engine
 from lifecycle.errors import ActionRefused
@@ -18,7 +19,7 @@ from lifecycle.serializers import thread_json
 LABELS = {s.key: s.label for s in STORES}
 
 
-class Command(BaseCommand):
+class Command(JsonErrors, BaseCommand):
     help = ("Archive, close, delete or show a conversation (the same actions as the screens and the API). "
             "delete exits 2 when refused or unavailable, 3 when it stopped on an error and stays pending.")
 

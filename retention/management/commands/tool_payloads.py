@@ -10,12 +10,13 @@ import time
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
+from console.management.json_errors import JsonErrors
 from retention import jobs, service
 from retention.api import _json
 from retention.models import OPEN_STATES, ToolPayloadOperation, ToolPayloadPolicy
 
 
-class Command(BaseCommand):
+class Command(JsonErrors, BaseCommand):
     help = ("Tool payload cleanup: show the status, analyze a period, run cleanup now, cancel an operation "
             "or compact the database. Changes need --as ADMIN. Waits for the job (progress bar on a terminal) "
             "unless --no-wait; --here runs it in this process instead of the job cluster. Exit status: 0 "
