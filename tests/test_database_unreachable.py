@@ -47,15 +47,20 @@ def _env(tmp_path, **extra) -> dict:
     return env
 
 
+def _one_line_error(env) -> list[str]:
+    """`tool_payloads status` run in `env`: it must stop with exit status 2 and no traceback; its
+    stderr lines (the JSON log lines left out)."""
+    result = subprocess.run([sys.executable, "manage.py", "tool_payloads", "status"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    return [line for line in result.stderr.splitlines() if not line.startswith("{")]
+
+
 def test_a_database_never_migrated_is_one_line_that_says_to_migrate(tmp_path):
     """A wrong SQLite path (or a database never migrated) ended in a traceback about a missing
     table."""
     env = _env(tmp_path, DATABASE_URL=f"sqlite:///{tmp_path}/missing.sqlite3")
-    result = subprocess.run([sys.executable, "manage.py", "tool_payloads", "status"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    lines = [line for line in result.stderr.splitlines() if not line.startswith("{")]
-    assert lines == [f"Lethe database error: The database {tmp_path}/missing.sqlite3 has no Lethe tables (no such "
+    assert _one_line_error(env) == [f"Lethe database error: The database {tmp_path}/missing.sqlite3 has no Lethe tables (no such "
                      "table: retention_toolpayloadpolicy): it was never migrated, or DATABASE_URL names another "
                      "database. Run manage.py migrate, or correct DATABASE_URL."]
 
@@ -98,10 +103,6 @@ def test_a_database_missing_one_table_says_to_migrate_not_that_it_has_none(tmp_p
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=300)
     with sqlite3.connect(tmp_path / "db.sqlite3") as db:  # as an upgrade whose migrate has not run
         db.execute("DROP TABLE retention_toolpayloadoperation")
-    result = subprocess.run([sys.executable, "manage.py", "tool_payloads", "status"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    lines = [line for line in result.stderr.splitlines() if not line.startswith("{")]
-    assert lines == [f"Lethe database error: The database {tmp_path}/db.sqlite3 lacks a table this release uses "
+    assert _one_line_error(env) == [f"Lethe database error: The database {tmp_path}/db.sqlite3 lacks a table this release uses "
                      "(no such table: retention_toolpayloadoperation): its migrations are not all applied. Run "
                      "manage.py migrate."]
