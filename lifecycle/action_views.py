@@ -27,7 +27,7 @@ from console.viewer import back_to
 from lifecycle.deletion import reasons
 from lifecycle.deletion.errors import error_message
 from lifecycle.deletion.executor import changed_totals
-from lifecycle.deletion.presentation import moment, preview_groups, receipt_rows
+from lifecycle.deletion.presentation import holder_text, moment, preview_groups, receipt_rows
 from lifecycle.engine import OperationView, get_engine
 from lifecycle.engine.http import EngineCredentialsRefused, EngineUnreachable
 from lifecycle.errors import ActionRefused
@@ -224,18 +224,14 @@ def _unscanned(verification: dict[str, Any]) -> Any:
 
 
 def _cluster_stopped(op: OperationView) -> dict[str, Any] | None:
-    """For a pending delete of this console's own engine: when no job has finished on any job
-    cluster within READYZ_HEARTBEAT_SECONDS (the readiness check's rule; every cluster runs a
-    heartbeat job each minute), {"since": last job or None}; else None. Nothing moves the
-    delete on until a cluster runs. (A remote engine's delete runs on the engine's cluster,
-    which this console cannot see.)"""
+    """For a pending delete of this console's own engine: whether the job clusters seem stopped
+    (ops.health.cluster_stopped); nothing moves the delete on until one runs. (A remote
+    engine's delete runs on the engine's cluster, which this console cannot see.)"""
     if not op.is_pending or settings.ENGINE_URL:
         return None
-    from ops.health import job_cluster_state
-    from ops.jobs import last_heartbeat
+    from ops.health import cluster_stopped
 
-    beat = last_heartbeat()  # read once: the rule and the time shown are of the same job
-    return None if job_cluster_state(beat)["ok"] else {"since": beat}
+    return cluster_stopped()
 
 
 def _operation_context(op: OperationView, request: HttpRequest | None = None) -> dict[str, Any]:
@@ -258,7 +254,7 @@ def _operation_context(op: OperationView, request: HttpRequest | None = None) ->
         "receipt_stores": receipt_rows(receipt.get("stores", [])),
         "totals": changed_totals(receipt.get("stores", [])),
         "receipt_kept": receipt_rows(receipt.get("kept", [])),
-        "holders": receipt.get("holders", []),
+        "holders": [holder_text(h) for h in receipt.get("holders", [])],
         "ambiguous": _rows_with_times(ambiguous, _typed_back(request, ambiguous)),
         "physical_at": moment((receipt.get("physical") or {}).get("erased_at")),
         "verified_at": moment(receipt.get("verified_at")),

@@ -192,6 +192,17 @@ def job_cluster_state(beat) -> dict[str, Any]:
     return {"ok": age <= limit, "seconds_since_last_job": age, "limit_seconds": limit}
 
 
+def cluster_stopped() -> dict[str, Any] | None:
+    """{"since": when a job last finished, or None} when no job cluster has finished a job
+    within the readiness limit (every cluster runs a heartbeat job each minute), so queued
+    work waits; None while one runs. (The screens that say so: a pending delete, Data &
+    storage.)"""
+    from ops.jobs import last_heartbeat
+
+    beat = last_heartbeat()  # read once: the rule and the time shown are of the same job
+    return None if job_cluster_state(beat)["ok"] else {"since": beat}
+
+
 def check_migrations() -> dict[str, Any]:
     from django.db.migrations.executor import MigrationExecutor
 

@@ -160,11 +160,12 @@ def enqueue(operation_id: int, *, wait_for_lease: bool = False) -> None:
 def enqueue_soon(operation_id: int) -> None:
     """Make sure a queued operation whose run is lost gets one (e.g. after cancel)."""
     op = ToolPayloadOperation.objects.filter(pk=operation_id, lease="", slot__isnull=False).first()
-    if op is not None and op.state == OperationState.QUEUED and _quiet_since(op) > LEASE_SECONDS:
+    if op is not None and op.state == OperationState.QUEUED and quiet_since(op) > LEASE_SECONDS:
         enqueue(operation_id)
 
 
-def _quiet_since(op: ToolPayloadOperation) -> float:
+def quiet_since(op: ToolPayloadOperation) -> float:
+    """Seconds since the operation last showed progress (a batch, a heartbeat), or was queued."""
     last = op.heartbeat_at or op.created_at
     return (timezone.now() - last).total_seconds()
 
@@ -225,7 +226,7 @@ def recover(*, at_start: bool = False) -> int:
     count = 0
     try:
         for op in ToolPayloadOperation.objects.filter(slot__isnull=False):
-            if at_start or _quiet_since(op) > LEASE_SECONDS:
+            if at_start or quiet_since(op) > LEASE_SECONDS:
                 with transaction.atomic():
                     enqueue(op.pk, wait_for_lease=at_start)
                 count += 1

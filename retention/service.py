@@ -188,9 +188,8 @@ def _progress_signs(op: ToolPayloadOperation) -> dict[str, Any]:
     compaction's heartbeat thread every few seconds), so no worker is on it now."""
     if op.state not in OPEN_STATES:
         return {"last_progress_at": None, "stalled": False}
-    last = op.heartbeat_at or op.created_at
-    return {"last_progress_at": last,
-            "stalled": (timezone.now() - last).total_seconds() > 2 * jobs.LEASE_SECONDS}
+    return {"last_progress_at": op.heartbeat_at or op.created_at,
+            "stalled": jobs.quiet_since(op) > 2 * jobs.LEASE_SECONDS}
 
 
 def analysis_view_state(op: ToolPayloadOperation | None) -> str:

@@ -30,6 +30,7 @@ from console.auth import is_admin
 from lifecycle.actions.save_facts_policy import save_facts_policy
 from lifecycle.errors import ActionRefused
 from lifecycle.models import RetainedFactsPolicy
+from ops.health import cluster_stopped
 from retention import jobs, service
 from retention.forms import AgeForm, CancelForm, RetainedFactsForm, RunForm, ToolPayloadPolicyForm
 from retention.models import StorageSnapshot, ToolPayloadPolicy
@@ -214,19 +215,8 @@ def _card(doc: dict | None, engine: str) -> dict:
         "restore_text": _restore_text(engine) if doc.get("backups") else "",
         "poll": POLL_BUSY if busy else (POLL_IDLE if policy["enabled"] else 0),
         # What waits for the job cluster (queued work, a backup, the daily check) while none runs
-        "cluster_stopped": _cluster_stopped() if busy or policy["enabled"] else None,
+        "cluster_stopped": cluster_stopped() if busy or policy["enabled"] else None,
     }
-
-
-def _cluster_stopped() -> dict | None:
-    """{"since": when a job last finished, or None} when no job cluster has finished a job
-    within the readiness check's limit (every cluster runs a heartbeat job each minute): what
-    is queued then starts only once one runs again. None while one runs."""
-    from ops.health import job_cluster_state
-    from ops.jobs import last_heartbeat
-
-    beat = last_heartbeat()  # read once: the rule and the time shown are of the same job
-    return None if job_cluster_state(beat)["ok"] else {"since": beat}
 
 
 def _preparation_state(state: str | None) -> str:

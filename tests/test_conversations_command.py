@@ -124,9 +124,9 @@ def test_the_report_names_what_still_holds_the_deleted_bytes(engine_home):
                                          {"kind": "database_files"}]}
     m.DeleteOperation.objects.filter(pk=op.pk).update(receipt=receipt)
     out = run("status", op.public_id)
-    assert ("still held by: backup lethe-sqlite-20261204T214732Z-7c6b87.sqlite3, made before the delete: "
-            "until that backup is deleted") in out
-    assert "still held by: the database's table files: until an operator runs manage.py finish_erasure" in out
+    assert ("still held by: Backup lethe-sqlite-20261204T214732Z-7c6b87.sqlite3, made before the delete: "
+            "until that backup is deleted.") in out
+    assert "still held by: The database's table files: until an operator runs manage.py finish_erasure." in out
 
 
 def test_with_json_a_refusal_is_a_json_document_too():

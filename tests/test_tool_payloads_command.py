@@ -177,3 +177,56 @@ def test_cancel_here_ends_an_interrupted_run_and_cancel_says_it_was_asked(admin_
     done = ToolPayloadOperation.objects.get(pk=run.pk)
     assert (done.state, done.removed_messages) == ("partial", removed)  # what it removed before stays
     assert Item.objects.filter(details_removed_at__isnull=False).count() == removed
+
+
+def test_a_run_here_killed_with_sigkill_is_taken_to_its_end_by_the_next_run_here(tmp_path):
+    """A real process: `run --here` killed with SIGKILL between batches (no job cluster runs),
+    then `run --here` again continues the run left open and ends with exact totals."""
+    import os
+    import signal
+    import sqlite3
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    database = tmp_path / "db.sqlite3"
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "ENGINE_URL")}
+    env.update(DJANGO_SETTINGS_MODULE="console.settings_test", DATABASE_URL=f"sqlite:///{database}",
+               LETHE_VAR_DIR=str(tmp_path / "var"), ENGINE_HOME=str(tmp_path / "engine"),
+               LETHE_TOOL_CLEANUP_BATCH="1", LETHE_TOOL_CLEANUP_PAUSE="0.2", LETHE_TOOL_JOB_LEASE_SECONDS="1")
+
+    def manage(*args: str, **kwargs):
+        return subprocess.run([sys.executable, "manage.py", *args], cwd=root, env=env, timeout=300, **kwargs)
+
+    manage("migrate", "-v0", check=True)
+    manage("shell", "-c", (
+        "from django.contrib.auth import get_user_model; from retention import service; "
+        "from retention.models import ToolPayloadPolicy; "
+        "from tests.test_tool_payload_jobs import old_conversation; "
+        "user = get_user_model().objects.create_user('op', password='pw-op-12345', is_staff=True); "
+        "[old_conversation(f'killed-{n}', tools=4) for n in range(2)]; "
+        "service.save_policy(user=user, enabled=True, age_value=3, age_unit='months', "
+        "revision=ToolPayloadPolicy.load().revision, backup_choice='skip')"), check=True, capture_output=True)
+
+    def removed() -> int:
+        with sqlite3.connect(database) as db:
+            return db.execute("SELECT count(*) FROM lifecycle_item WHERE details_removed_at IS NOT NULL").fetchone()[0]
+
+    process = subprocess.Popen([sys.executable, "manage.py", "tool_payloads", "run", "--as", "op", "--here"],
+                               cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while removed() < 3 and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait(30)
+    before = removed()
+    assert 3 <= before < 10  # killed part-way: 2 conversations of 4 shell and 1 read_file items
+    time.sleep(2.5)  # no worker on it for twice the lease
+    result = manage("tool_payloads", "run", "--as", "op", "--here", "--json", capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "was left open with no worker on it; continuing it here first" in result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["state"] == "succeeded" and doc["removed_messages"] == doc["eligible_messages"] == removed() == 10
+    assert doc["progress"] == {"done": 10, "total": 10}

@@ -100,3 +100,25 @@ def receipt_rows(entries: Any) -> list[dict[str, Any]]:
              "after_check": e.get("after_check") is True, "tombstone": is_tombstone(e.get("store")),
              "action": e.get("action") if isinstance(e.get("action"), str) else ""}
             for e in sorted(rows, key=order)]
+
+
+# What still holds a delete's bytes after it (the receipt's `holders`), as the operation page
+# and `manage.py conversations` say it.
+HOLDER_WORDS = {
+    "backup": _("Backup %(name)s, made before the delete: until that backup is deleted."),
+    "database_files": _("The database's table files: until an operator runs manage.py finish_erasure."),
+    "wal": _("The database's write-ahead log: until the next successful checkpoint."),
+    "server_wal": _("The database server's write-ahead log files: until the server reuses them, after later "
+                    "checkpoints. Lethe cannot see when."),
+    "statistics": _("The database's planner statistics catalog (pg_statistic): until its owner runs VACUUM FULL "
+                    "pg_statistic; the database user Lethe connects as may not."),
+    "archive": _("The database's WAL archive: until the archive is pruned."),
+}
+
+
+def holder_text(holder: Any) -> str:
+    """(A remote engine's receipt may carry anything: what is not an object reads as the last kind.)"""
+    holder = holder if isinstance(holder, dict) else {}
+    kind = holder.get("kind")
+    words = HOLDER_WORDS.get(kind, HOLDER_WORDS["archive"]) if isinstance(kind, str) else HOLDER_WORDS["archive"]
+    return str(words) % {"name": holder.get("name", "")}

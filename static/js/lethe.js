@@ -623,15 +623,10 @@
     var revision = form && form.querySelector("input[name=revision]");
     if (!policy || !policy.dataset.revision || !revision || revision.value === policy.dataset.revision) return;
     if (!known.has(form) || snapshot(form) !== saved.tool) return;
-    var enabled = form.querySelector("input[name=enabled]");
-    var value = form.querySelector("[name=age_value]");
-    var unit = form.querySelector("[name=age_unit]");
-    if (enabled) enabled.checked = enabled.defaultChecked = policy.dataset.enabled === "true";
-    if (value) value.value = value.defaultValue = policy.dataset.ageValue;
-    if (unit) {
-      Array.prototype.forEach.call(unit.options, function (o) { o.defaultSelected = o.selected = o.value === policy.dataset.ageUnit; });
-    }
-    revision.value = revision.defaultValue = policy.dataset.revision;
+    var fields = new URLSearchParams({ age_value: policy.dataset.ageValue, age_unit: policy.dataset.ageUnit });
+    if (policy.dataset.enabled === "true") fields.append("enabled", "on");
+    restore(form, fields.toString());
+    revision.value = policy.dataset.revision;
     var choice = document.getElementById("backup-choice");
     if (choice) {
       choice.dataset.savedEnabled = policy.dataset.enabled;

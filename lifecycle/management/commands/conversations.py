@@ -8,8 +8,9 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from console.management.json_errors import JsonErrors
+from console.management.cli import JsonErrors, io_error
 from lifecycle.deletion import reasons
+from lifecycle.deletion.presentation import holder_text
 from lifecycle.engine import OperationView, get_engine
 from lifecycle.errors import ActionRefused
 from lifecycle.models import Conversation, DeleteOperation
@@ -62,8 +63,7 @@ class Command(JsonErrors, BaseCommand):
         except ActionRefused as exc:
             raise CommandError(f"{exc.code}: {exc.message}") from None
         except OSError as exc:  # the engine folder (its locks, its files): one line, not a traceback
-            raise CommandError(f"io_error: {exc.filename or settings.ENGINE_HOME}: {exc.strerror or exc}. "
-                               "Nothing more was done; fix the folder's permissions or mount, then try again.") from None
+            raise io_error(exc, "Nothing more was done") from None
 
     def actor(self, username: str | None):
         if not username:
@@ -140,19 +140,9 @@ class Command(JsonErrors, BaseCommand):
             # What still holds the deleted bytes, as the operation page lists it (the restore
             # steps in docs/operations.md rely on this report)
             for holder in op.receipt.get("holders") or []:
-                lines.append(f"  still held by: {HOLDERS.get(holder.get('kind'), HOLDERS['archive']).format(**holder)}")
+                lines.append(f"  still held by: {holder_text(holder)}")
         self.stdout.write("\n".join(lines))
 
-
-HOLDERS = {
-    "backup": "backup {name}, made before the delete: until that backup is deleted",
-    "database_files": "the database's table files: until an operator runs manage.py finish_erasure",
-    "wal": "the database's write-ahead log: until the next successful checkpoint",
-    "server_wal": "the database server's write-ahead log files: until the server reuses them, after later "
-                  "checkpoints (Lethe cannot see when)",
-    "statistics": "the planner statistics catalog (pg_statistic): until its owner runs VACUUM FULL pg_statistic",
-    "archive": "the database's WAL archive: until the archive is pruned",
-}
 
 
 def _dumps(value) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from console.management.cli import io_error
 from lifecycle import engine_folder
 from lifecycle.enginefs import EngineHome
 
@@ -30,9 +31,7 @@ class Command(BaseCommand):
             except engine_folder.EngineFolderUnavailable as exc:
                 raise CommandError(f"{exc.root}: {engine_folder.WORDS[exc.reason]}.", returncode=2) from None
             except OSError as exc:  # a read-only mount, a folder of another user: one line
-                raise CommandError(f"io_error: {exc.filename or home.root}: {exc.strerror or exc}. Nothing was "
-                                   "adopted; fix the folder's permissions or mount, then try again.",
-                                   returncode=2) from None
+                raise io_error(exc, "Nothing was adopted", returncode=2) from None
             self.stdout.write(f"{home.root} is this database's engine folder now (mark {folder_id}).")
             return
         reason = engine_folder.problem(home)

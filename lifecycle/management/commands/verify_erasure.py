@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import json
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
+from console.management.cli import io_error
 from lifecycle.deletion.executor import erase_residue as erase_residue_of
 from lifecycle.deletion.verify import targets, verify
 
@@ -63,9 +63,7 @@ class Command(BaseCommand):
                 "that is not there would look clean). Mount it or set ENGINE_HOME, then run this again; if this "
                 "folder is the right one, mark it with manage.py engine_folder --adopt.", returncode=2) from None
         except OSError as exc:  # residue it could not remove (a read-only mount): one line
-            raise CommandError(f"io_error: {exc.filename or settings.ENGINE_HOME}: {exc.strerror or exc}. The residue "
-                               "was not all removed; fix the folder's permissions or mount, then run this again.",
-                               returncode=2) from None
+            raise io_error(exc, "The residue was not all removed", returncode=2) from None
         if json:
             self.stdout.write(_dumps({"reports": [{**r.as_dict(), "erased_again": erased.get(r.operation, [])}
                                                   for r in reports],

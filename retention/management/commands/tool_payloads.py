@@ -10,7 +10,7 @@ import time
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from console.management.json_errors import JsonErrors
+from console.management.cli import JsonErrors
 from retention import jobs, service
 from retention.api import _json
 from retention.models import OPEN_STATES, ToolPayloadOperation, ToolPayloadPolicy

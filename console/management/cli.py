@@ -1,6 +1,7 @@
-"""`--json` commands answer a refusal as JSON too.
+"""What Lethe's commands share: `--json` refusals as JSON, and one line for a folder that cannot
+be read or written.
 
-A script that runs a command with `--json` reads its standard output as one JSON document; a
+`--json` commands answer a refusal as JSON too. A script that runs a command with `--json` reads its standard output as one JSON document; a
 refusal (an unknown id, a reused key, busy...) came only as text on standard error. With `--json`
 it is also one document on standard output, `{"error": {"code", "message"}}`, and the exit
 status is the refusal's (1, or 2 where the command says so)."""
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 
+from django.conf import settings
 from django.core.management.base import CommandError
 
 _CODE = re.compile(r"[a-z][a-z_]*")
@@ -28,3 +30,10 @@ class JsonErrors:
                 code, message = "refused", text
             self.stdout.write(json.dumps({"error": {"code": code, "message": message}}, sort_keys=True))
             raise SystemExit(exc.returncode) from None
+
+
+def io_error(exc: OSError, outcome: str, *, returncode: int = 1) -> CommandError:
+    """One line, not a traceback, for a file or folder of the engine folder that could not be
+    read or written (a read-only mount, another user's folder); `outcome` says what was not done."""
+    return CommandError(f"io_error: {exc.filename or settings.ENGINE_HOME}: {exc.strerror or exc}. {outcome}; fix "
+                        "the folder's permissions or mount, then try again.", returncode=returncode)
