@@ -259,7 +259,7 @@ def test_an_operation_no_worker_moves_is_said_to_have_stalled(admin_client, admi
     ToolPayloadOperation.objects.filter(pk=run.pk).update(heartbeat_at=last)
     html = page(admin_client)
     note = region(html, "tool-status-note")
-    assert 'data-testid="operation-stalled"' in note and "No worker has shown progress on it since" in note
+    assert 'data-testid="operation-stalled"' in note and "Cleanup: no worker has shown progress since" in note
     assert 'data-testid="cluster-stopped"' not in html
     doc = json_module.loads(admin_client.get("/api/v1/system/tool-payload-retention", **HOST).content)
     assert doc["operation"]["stalled"] is True and doc["operation"]["last_progress_at"]
