@@ -29,7 +29,7 @@ from lifecycle.deletion.errors import error_message
 from lifecycle.deletion.executor import changed_totals
 from lifecycle.deletion.presentation import holder_text, moment, preview_groups, receipt_rows
 from lifecycle.engine import OperationView, get_engine
-from lifecycle.engine.http import EngineCredentialsRefused, EngineUnreachable
+from lifecycle.engine.http import EngineCredentialsRefused, EngineUnreachable, EngineUnsupported
 from lifecycle.errors import ActionRefused
 from lifecycle.models import Conversation, DeleteOperation, DeleteState
 
@@ -109,10 +109,14 @@ def engine_answers(view):
             return view(request, *args, **kwargs)
         except (EngineUnreachable, EngineCredentialsRefused) as exc:
             return render(request, "lifecycle/engine_unavailable.html", {"reason": exc.message}, status=503)
+        except EngineUnsupported as exc:  # an older engine, or ENGINE_URL with a wrong path
+            return render(request, "lifecycle/engine_unavailable.html", {"reason": exc.message}, status=502)
         except ActionRefused as exc:
             if exc.status == 404:  # the engine does not know it (a row this console kept, not the engine's)
                 raise Http404 from None
-            raise
+            if not settings.ENGINE_URL:
+                raise
+            return render(request, "lifecycle/engine_unavailable.html", {"reason": exc.message}, status=502)
 
     return wrapped
 
@@ -204,22 +208,27 @@ def _residue(verification: dict[str, Any]) -> dict[str, Any] | None:
         return None
     residue: dict[str, Any] = {
         "at": moment(verification.get("at")),
-        "logical": (verification.get("logical_findings", verification.get("findings")) or 1) if logical else 0,
+        "logical": (_count(verification.get("logical_findings", verification.get("findings"))) or 1) if logical else 0,
     }
     if physical:
         files = verification.get("physical_files")
         residue["physical_at"] = moment(verification.get("physical_at") or verification.get("at"))
         if isinstance(files, dict):
-            residue.update({kind: int(files.get(kind) or 0) for kind in ("erasable", "engine_folder", "database")})
+            residue.update({kind: _count(files.get(kind)) for kind in ("erasable", "engine_folder", "database")})
         else:
             residue["unknown"] = True
     return residue
 
 
+def _count(value: Any) -> int:
+    """A whole, non-negative count from a receipt, else 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
 def _unscanned(verification: dict[str, Any]) -> Any:
     """When the last raw-byte check could scan nothing because no fingerprints are kept (else
     None): the page says so beside the last result that did scan."""
-    unscanned = verification.get("unscanned") or {}
+    unscanned = _part(verification, "unscanned", dict)
     return moment(unscanned.get("at")) if unscanned.get("reason") == "no_fingerprints" else None
 
 
@@ -234,13 +243,21 @@ def _cluster_stopped(op: OperationView) -> dict[str, Any] | None:
     return cluster_stopped()
 
 
+def _part(receipt: dict[str, Any], name: str, kind: type) -> Any:
+    """A part of a receipt if it has the shape the page reads (a remote engine's is not trusted), else empty."""
+    value = receipt.get(name)
+    return value if isinstance(value, kind) else kind()
+
+
 def _operation_context(op: OperationView, request: HttpRequest | None = None) -> dict[str, Any]:
-    ambiguous = (op.way_out or {}).get("ambiguous", [])
+    ambiguous = [row for row in _part(op.way_out or {}, "ambiguous", list) if isinstance(row, dict)]
     conversation = Conversation.objects.select_related("account", "computer").filter(public_id=op.target).first()
     steps = receipt_rows([{**s, "class": ""} for s in op.steps if s["store"] != "fingerprints"])
     done = sum(1 for s in op.steps if s["state"] == "done")
     current = next((s for s in receipt_rows([{"store": op.step}]) if op.step), None) if op.step else None
     receipt = op.receipt or {}
+    # (a remote engine's receipt: each part read only in the shape a page reads it in)
+    physical, verification = _part(receipt, "physical", dict), _part(receipt, "verification", dict)
     return {
         "op": op,
         "conversation": conversation,
@@ -251,15 +268,15 @@ def _operation_context(op: OperationView, request: HttpRequest | None = None) ->
         "preparing": op.step == "fingerprints",
         "reasons": [{"code": c, "message": reasons.message(c)} for c in op.reasons],
         "error_text": error_message(op.error),
-        "receipt_stores": receipt_rows(receipt.get("stores", [])),
-        "totals": changed_totals(receipt.get("stores", [])),
-        "receipt_kept": receipt_rows(receipt.get("kept", [])),
-        "holders": [holder_text(h) for h in receipt.get("holders", [])],
+        "receipt_stores": receipt_rows(_part(receipt, "stores", list)),
+        "totals": changed_totals(_part(receipt, "stores", list)),
+        "receipt_kept": receipt_rows(_part(receipt, "kept", list)),
+        "holders": [holder_text(h) for h in _part(receipt, "holders", list)],
         "ambiguous": _rows_with_times(ambiguous, _typed_back(request, ambiguous)),
-        "physical_at": moment((receipt.get("physical") or {}).get("erased_at")),
+        "physical_at": moment(physical.get("erased_at")),
         "verified_at": moment(receipt.get("verified_at")),
-        "residue": _residue(receipt.get("verification") or {}),
-        "unscanned": _unscanned(receipt.get("verification") or {}),
+        "residue": _residue(verification),
+        "unscanned": _unscanned(verification),
         "verified_physical_at": moment(receipt.get("verified_physical_at")),
         "poll": POLL_SECONDS if op.is_pending else None,
         "cluster_stopped": (stopped := _cluster_stopped(op)),
@@ -277,10 +294,12 @@ def _operation_context(op: OperationView, request: HttpRequest | None = None) ->
 def operation_detail(request: HttpRequest, operation_id: str) -> HttpResponse:
     try:
         op = get_engine().operation(operation_id)
-    except (EngineUnreachable, EngineCredentialsRefused):
+    except (EngineUnreachable, EngineCredentialsRefused, EngineUnsupported):
+        raise  # the engine cannot say (engine_answers)
+    except ActionRefused as exc:
+        if exc.status in (400, 404) or not settings.ENGINE_URL:  # no such operation (an id it cannot be)
+            raise Http404 from None
         raise
-    except ActionRefused:
-        raise Http404 from None
     context = _operation_context(op, None if request.htmx else request)  # a poll leaves what was typed
     template = "lifecycle/operation_detail.html"
     if request.htmx:
@@ -326,7 +345,9 @@ def operation_list(request: HttpRequest) -> HttpResponse:
                 raise
             position = None  # a mangled or outdated link: the first page
             page = engine.operations(state=state or None, limit=OPERATIONS_PAGE)
-    except (EngineUnreachable, EngineCredentialsRefused) as exc:
+    except ActionRefused as exc:  # unreachable, a bad answer, an engine without the list, a refusal
+        if not settings.ENGINE_URL:
+            raise
         context["engine_error"] = exc.message
         return render(request, "lifecycle/operation_list.html", context, status=503)
     context.update(

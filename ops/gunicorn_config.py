@@ -4,8 +4,10 @@ Threaded workers (gthread; ops/gunicorn_worker.py answers the requests gunicorn 
 itself in Lethe's JSON error document): WEB_CONCURRENCY processes (default 2) of WEB_THREADS threads
 (default 4) each. SIGTERM stops gracefully: the workers take no new connections and finish
 the requests they hold, for up to WEB_GRACEFUL_TIMEOUT seconds (default 10, inside serve's
-own 15 s grace); `serve` turns a SIGINT (Ctrl-C) into that SIGTERM. A request running
-longer than WEB_TIMEOUT seconds (default 60) gets its worker replaced.
+own 15 s grace); `serve` turns a SIGINT (Ctrl-C) into that SIGTERM. A worker process that
+stops answering its master for WEB_TIMEOUT seconds (default 60) is replaced; with threaded
+workers a slow request does not count, so what a request waits on bounds it: an engine call,
+its retries included, ends within ENGINE_CONNECT_TIMEOUT plus twice ENGINE_READ_TIMEOUT.
 
 gunicorn's own lines go through the same formatter as Django's (LOG_FORMAT); its access log
 stays off, since OpsMiddleware writes one line per request with the request id. When a worker

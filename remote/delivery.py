@@ -37,6 +37,7 @@ from lifecycle.deletion.executor import holder_alive, holder_id, lease_seconds
 from lifecycle.deletion.physical import checkpoint_sqlite
 from lifecycle.deletion.reasons import message as reason_message
 from lifecycle.engine.http import (
+    CODE,
     EngineCredentialsRefused,
     EngineUnreachable,
     EngineUnsupported,
@@ -47,6 +48,8 @@ from remote import receipts
 from remote.models import BoundDelete, BoundDeleteKey, BoundDeleteState, EngineBinding, WaitingOn
 
 RUN_BUDGET = 240  # seconds per job run, well under the queue's retry
+OPERATION_ID_CHARS = 32  # BoundDelete.engine_operation
+ENGINE_STATES = frozenset(BoundDeleteState.values)  # what an engine operation can be
 SLEEP_WITHIN_RUN = 30  # a retry due sooner than this waits inside the run
 
 ERRORS = {
@@ -135,6 +138,8 @@ def _probe(binding: EngineBinding) -> str:
         return "unsupported"
     except (EngineUnreachable, EngineCredentialsRefused):
         return "unreachable"
+    except ActionRefused:  # a refusal of the API document itself: the delete's own answer decides
+        return "ok"
 
 
 def _intent(binding: EngineBinding) -> BoundDelete | None:
@@ -252,10 +257,11 @@ def _audit_ids(op: BoundDelete) -> dict[str, str]:
 
 
 def _finish(op: BoundDelete, state: str, code: str) -> None:
-    """Refused or Unavailable on the engine's word: the binding stays, the conversation too."""
+    """Refused or Unavailable on the engine's word: the binding stays, the conversation too.
+    An error met on the way (a retry's reason) is no longer current."""
     with transaction.atomic():
         _update(op, state=state, code=code, waiting_on=WaitingOn.NONE, completed_at=timezone.now(),
-                next_attempt_at=None, lease_holder="", lease_expires_at=None)
+                next_attempt_at=None, lease_holder="", lease_expires_at=None, last_error="")
         audit.record("conversation.delete_ended", old={"state": "pending_delete"},
                      new={"state": "live", "outcome": state, "code": code, **_audit_ids(op)})
 
@@ -269,7 +275,9 @@ def _title_back(op: BoundDelete, engine: HttpEngine) -> None:
     except Exception as exc:  # best effort: the list shows the thread id until the next sync
         log.info("title of %s not read back after its refused delete: %s", op.public_id, type(exc).__name__)
         return
-    if row.get("state") == "live" and isinstance(row.get("title"), str):
+    # (only an answer about this conversation: an engine that answers another's gives no title)
+    if (isinstance(row, dict) and row.get("id") == op.engine_id and row.get("state") == "live"
+            and isinstance(row.get("title"), str) and len(row["title"]) <= 300):
         # A conversation back after a completed delete keeps no title here (see remote.sync).
         EngineBinding.objects.filter(pk=op.binding_id, title="", returned_after__isnull=True).exclude(
             deletes__state=BoundDeleteState.PENDING).update(title=row["title"])
@@ -302,8 +310,9 @@ def acknowledge(op: BoundDelete) -> None:
 def _attempt(op: BoundDelete, engine: HttpEngine) -> str:
     """One step: "completed", "refused", "unavailable", "engine" (still erasing) or "retry"."""
     now = timezone.now()
+    following = bool(op.engine_operation and op.engine_state == "pending")
     try:
-        if op.engine_operation and op.engine_state == "pending":
+        if following:
             view = engine.operation(op.engine_operation)  # following an erasure the engine runs
         else:
             _update(op, attempts=op.attempts + 1)  # counted before the call: a killed run counts too
@@ -313,14 +322,23 @@ def _attempt(op: BoundDelete, engine: HttpEngine) -> str:
         _update(op, last_error=exc.code, last_error_at=now, waiting_on=waiting,
                 next_attempt_at=now + retry_delay(max(op.attempts, 1)))
         return "retry"
-    except EngineUnsupported:
-        _finish(op, BoundDeleteState.UNAVAILABLE, "engine_unsupported")
-        return "unavailable"
     except ActionRefused as exc:
-        if exc.status >= 500:
-            _update(op, last_error="engine_error", last_error_at=now, waiting_on=WaitingOn.ENGINE,
-                    next_attempt_at=now + retry_delay(max(op.attempts, 1)))
+        # Only the engine's own refusal of the delete itself, to a request no earlier one of
+        # which may have reached it, ends the delete here ("nothing was deleted" is then true).
+        # The engine admitted this delete once it gave an operation to follow, and an earlier
+        # request whose answer was lost may have been applied: then no answer but the
+        # operation's own state ends it (DESIGN 4.2: after the intent, Pending, never an end
+        # state), and the same key is sent again.
+        unsupported = isinstance(exc, EngineUnsupported)
+        if following or exc.status >= 500 or (unsupported and op.attempts > 1):
+            forget = following and exc.status == 404 and not unsupported  # the engine does not know that operation
+            _update(op, last_error="engine_bad_answer" if unsupported else "engine_error", last_error_at=now,
+                    waiting_on=WaitingOn.ENGINE, next_attempt_at=now + retry_delay(max(op.attempts, 1)),
+                    **({"engine_operation": "", "engine_state": "", "engine_step": ""} if forget else {}))
             return "retry"
+        if unsupported:
+            _finish(op, BoundDeleteState.UNAVAILABLE, "engine_unsupported")
+            return "unavailable"
         code = {404: "engine_thread_unknown", 422: "engine_key_conflict"}.get(exc.status, exc.code)
         _finish(op, BoundDeleteState.UNAVAILABLE, code)
         return "unavailable"
@@ -330,10 +348,12 @@ def _attempt(op: BoundDelete, engine: HttpEngine) -> str:
         _update(op, last_error="engine_bad_answer", last_error_at=now, waiting_on=WaitingOn.ENGINE,
                 next_attempt_at=now + retry_delay(max(op.attempts, 1)))
         return "retry"
-    _update(op, engine_operation=view.id, engine_state=view.state, engine_step=view.step or "", last_error="",
+    step = view.step if isinstance(view.step, str) and len(view.step) <= 64 else ""
+    _update(op, engine_operation=view.id, engine_state=view.state, engine_step=step, last_error="",
             waiting_on=WaitingOn.ENGINE, next_attempt_at=None)
     if view.state in (BoundDeleteState.REFUSED, BoundDeleteState.UNAVAILABLE):
-        _finish(op, view.state, view.code or "engine_error")
+        code = view.code if isinstance(view.code, str) and CODE.fullmatch(view.code) else "engine_error"
+        _finish(op, view.state, code)
         _title_back(op, engine)
         return view.state
     if view.state != BoundDeleteState.COMPLETED:
@@ -353,6 +373,10 @@ def _answer_problem(op: BoundDelete, view) -> str:
         return f"target {view.target!r}"
     if op.engine_operation and view.id != op.engine_operation:
         return f"operation {view.id!r}"
+    if len(view.id) > OPERATION_ID_CHARS:  # an id this console cannot keep to follow it
+        return "operation id too long"
+    if view.state not in ENGINE_STATES:
+        return f"state {view.state[:20]!r}"
     if view.state == BoundDeleteState.COMPLETED and not receipt_is_usable(view.data.get("receipt")):
         return "receipt"
     return ""

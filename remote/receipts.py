@@ -139,7 +139,12 @@ def read_again(now: datetime | None = None) -> dict[str, int]:
             if op.engine_url in down:
                 continue
             handled += 1
-            outcome = _read_one(op, now, engines)
+            try:
+                outcome = _read_one(op, now, engines)
+            except Exception:  # about this receipt alone: it waits, the others go on
+                log.exception("receipt of %s not read again: an unexpected error", op.public_id)
+                _store(op, receipt_next_read_at=now + _wait(now - (op.receipt_read_at or _completed_on_engine(op))))
+                outcome = "not_taken"
             if outcome == "unreachable":
                 down.add(op.engine_url)
             counts[outcome] += 1

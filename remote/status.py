@@ -16,13 +16,24 @@ def waiting_text(op: BoundDelete) -> str:
         if op.last_error == "engine_credentials_refused":
             return _("Waiting for this console: the engine refused its token.")
         return _("Waiting for this console: the engine's receipt is in and is being acknowledged.")
-    if op.last_error and op.next_attempt_at and op.next_attempt_at <= timezone.now():
-        # Due already: the minute sweep takes it (a time in the past would read as a missed retry).
-        return _("Waiting for the engine: it cannot be reached; it is tried again within a minute.")
     if op.last_error and op.next_attempt_at:
+        # What the last try met: no answer, an answer that could not be used, or an error.
+        kind = {"engine_unreachable": "unreachable", "engine_bad_answer": "bad_answer"}.get(op.last_error, "error")
+        if op.next_attempt_at <= timezone.now():
+            # Due already: the minute sweep takes it (a time in the past would read as a missed retry).
+            return {
+                "unreachable": _("Waiting for the engine: it cannot be reached; it is tried again within a minute."),
+                "bad_answer": _("Waiting for the engine: its last answer could not be used; it is tried again "
+                                "within a minute."),
+                "error": _("Waiting for the engine: it answered with an error; it is tried again within a minute."),
+            }[kind]
         when = with_zone(timezone.localtime(op.next_attempt_at))
         # The time in brackets: an English time ends with "a.m." or "p.m.", so no period follows it
-        return _("Waiting for the engine: it cannot be reached (next retry: %(when)s).") % {"when": when}
+        return {
+            "unreachable": _("Waiting for the engine: it cannot be reached (next retry: %(when)s)."),
+            "bad_answer": _("Waiting for the engine: its last answer could not be used (next retry: %(when)s)."),
+            "error": _("Waiting for the engine: it answered with an error (next retry: %(when)s)."),
+        }[kind] % {"when": when}
     if op.engine_operation:
         return _("Waiting for the engine: it is erasing the conversation.")
     return _("Waiting for the engine: the request is being sent.")

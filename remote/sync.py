@@ -38,7 +38,10 @@ READ_ERRORS = {
     "engine_bad_answer": gettext_lazy("The engine's answer could not be used (not in the form expected). Nothing "
                                       "was taken from it; read again later."),
     "engine_error": gettext_lazy("The engine answered with an error. Nothing was read; read again later."),
+    "engine_unsupported": gettext_lazy("The engine does not offer the list of conversations at this address (an "
+                                       "older engine, or ENGINE_URL with a wrong path). Nothing was read."),
 }
+EMPTY_PAGES = 3  # pages in a row with no conversation but a next cursor: a list that never ends
 
 
 def read_error_text(code: str) -> str:
@@ -89,7 +92,8 @@ def refresh(engine_url: str = "") -> dict[str, int]:
 
     Each page is checked whole before any of it is written (a page with a row that is not a
     conversation stops the sync, EngineBadAnswer, with the pages before it kept), and a list
-    that repeats a cursor, or never ends, stops it the same way. A list whose last page says
+    that repeats a cursor, never ends, or hands out pages with nothing on them one after
+    another (EMPTY_PAGES) stops it the same way. A list whose last page says
     conversations changed while it was read is read again (PASSES); each conversation is
     counted once.
     """
@@ -113,6 +117,7 @@ def _one_pass(engine, engine_url: str, now, counts: dict[str, int], made: set[st
     last page says changed since the first (they were left out)."""
     cursor = None
     seen: set[str] = set()
+    empty = 0
     for _page in range(MAX_PAGES):
         asked_at = timezone.now()
         page = engine.threads(view="all", limit=PAGE, cursor=cursor)
@@ -156,5 +161,8 @@ def _one_pass(engine, engine_url: str, now, counts: dict[str, int], made: set[st
             return changed if isinstance(changed, int) and not isinstance(changed, bool) and changed > 0 else 0
         if not isinstance(cursor, str) or cursor in seen:
             raise EngineBadAnswer("a repeated cursor")
+        empty = 0 if rows else empty + 1
+        if empty >= EMPTY_PAGES:  # new cursors with nothing on them: it would go on for MAX_PAGES
+            raise EngineBadAnswer("empty pages without end")
         seen.add(cursor)
     raise EngineBadAnswer("a list without end")

@@ -34,6 +34,12 @@ def _moment(value: str | None) -> datetime | None:
     return parse_datetime(value) if value else None
 
 
+def _text(value: Any) -> str | None:
+    """A text field of an engine's answer, or None when it is not text (left out, as the
+    docstring below says of every part a page reads)."""
+    return value if isinstance(value, str) else None
+
+
 @dataclass(frozen=True)
 class OperationView:
     """A delete operation as the engine reports it (the JSON of GET /v1/operations/{id})."""
@@ -62,10 +68,12 @@ class OperationView:
         receipt and a way out that are objects, steps that name their store and state, reasons
         that are words; anything else is left out, never a server error later."""
         steps, reasons, receipt, way_out = data.get("steps"), data.get("reasons"), data.get("receipt"), data.get("way_out")
+        attempts = data.get("attempts", 0)
         return cls(
-            id=data["id"], target=data["target"], state=data["state"], code=data.get("code"),
-            message=data.get("message"), step=data.get("step"), attempts=data.get("attempts", 0),
-            error=data.get("error"), error_message=data.get("error_message"),
+            id=data["id"], target=data["target"], state=data["state"], code=_text(data.get("code")),
+            message=_text(data.get("message")), step=_text(data.get("step")),
+            attempts=attempts if isinstance(attempts, int) and not isinstance(attempts, bool) else 0,
+            error=_text(data.get("error")), error_message=_text(data.get("error_message")),
             requested_at=_moment(data.get("requested_at")), completed_at=_moment(data.get("completed_at")),
             reasons=[r for r in reasons if isinstance(r, str)] if isinstance(reasons, list) else [],
             steps=[s for s in steps if isinstance(s, dict) and isinstance(s.get("store"), str)

@@ -2,23 +2,29 @@
 
 `ENGINE_URL` names the engine and `ENGINE_TOKEN` is a token made by the engine's
 `manage.py create_api_token` (sent as `Authorization: Bearer`). Every call has a connect and
-a read timeout (`ENGINE_CONNECT_TIMEOUT`, `ENGINE_READ_TIMEOUT`), and its whole answer must
-arrive within the connect timeout plus twice the read timeout. A 2xx answer that is not JSON,
-is over 4 MB, or (for an operation) lacks its id, target or state is `EngineBadAnswer`, handled
-as the engine being unreachable: nothing is taken from it, and it is tried again later. Calls that are safe to
-repeat (reads, archive/close with an absolute value, a delete with its operation key) are
-retried a few times with backoff (`ENGINE_RETRIES`) when the engine cannot be reached;
-others are tried once.
+a read timeout (`ENGINE_CONNECT_TIMEOUT`, `ENGINE_READ_TIMEOUT`), and the whole call, its
+quick retries included, ends within the connect timeout plus twice the read timeout: a web
+request that asks the engine is never held longer by it. A 2xx answer that is not JSON (or
+nested too deeply to read), is over 4 MB, or (for an operation) lacks its id, target or
+state is `EngineBadAnswer`, handled as the engine being unreachable: nothing is taken from
+it, and it is tried again later. Calls that are safe to repeat (reads, archive/close with an
+absolute value, a delete with its operation key) are retried a few times with backoff
+(`ENGINE_RETRIES`) when the engine cannot be reached; others are tried once.
 
-What can go wrong is one of three outcomes, as exceptions the callers already handle:
+What can go wrong is one of these outcomes, as exceptions the callers already handle:
 
 - `EngineUnreachable` (503 `engine_unreachable`): no connection, a timeout, a dropped
-  answer, or a 5xx. The request may or may not have been applied; repeat it with the same
-  operation key.
+  answer, a 408, 429 or any 5xx but 501. The request may or may not have been applied; repeat it
+  with the same operation key.
+- `EngineBadAnswer` (502 `engine_bad_answer`, handled as unreachable): an answer that is not
+  the engine's word: a redirect (a proxy or a sign-in page in front of it), or a refusal
+  that is not a JSON object (an HTML error page).
+- `EngineCredentialsRefused` (502): a 401 or 403, whatever its code: the engine refused this
+  console's token (never passed on as this console's own 401 or 403).
 - `ActionRefused` with the engine's own code and status: the engine answered and declined
   (unknown id, a delete not admitted, a key reused for another conversation).
 - `EngineUnsupported` (409 `engine_unsupported`): the engine answered, but it does not offer
-  the call (no such route, method not allowed, not implemented).
+  the call (405, 501, or a 404 without a code: no such route).
 """
 
 from __future__ import annotations
@@ -40,8 +46,9 @@ from django.utils.translation import gettext as _
 from lifecycle.engine import OperationPage, OperationView
 from lifecycle.errors import ActionRefused
 
-# 429: the engine is throttling this address; like an outage, it passes: retry with back-off.
-TRANSIENT_STATUSES = (429, 500, 502, 503, 504)
+# 408 and 429 (the engine, or a proxy before it, timed out or is throttling this address) and
+# every 5xx but 501: like an outage, they pass: retry with back-off.
+TRANSIENT_STATUSES = (408, 429)
 UNSUPPORTED_STATUSES = (405, 501)
 MAX_ANSWER_BYTES = 4 * 1024 * 1024
 # An engine's refusal text is shown on this console's pages: one line of at most this many characters.
@@ -108,11 +115,12 @@ class HttpEngine:
         kind = http.client.HTTPSConnection if self._parts.scheme == "https" else http.client.HTTPConnection
         return kind(self._parts.hostname, self._parts.port, timeout=self.connect_timeout)
 
-    def _once(self, method: str, path: str, body: dict | None, headers: dict[str, str]) -> tuple[int, Any]:
+    def _once(self, method: str, path: str, body: dict | None, headers: dict[str, str],
+              deadline: float) -> tuple[int, Any]:
         connection = self._connection()
-        # The read timeout bounds each wait for bytes; this bounds the whole answer, so an engine
-        # that sends a byte now and then cannot hold a request or a job for as long as it likes.
-        watchdog = threading.Timer(self.connect_timeout + 2 * self.read_timeout, _cut, args=(connection,))
+        # The read timeout bounds each wait for bytes; the deadline bounds the whole call, so an
+        # engine that sends a byte now and then cannot hold a request or a job for as long as it likes.
+        watchdog = threading.Timer(max(deadline - time.monotonic(), 0.01), _cut, args=(connection,))
         watchdog.daemon = True
         try:
             watchdog.start()
@@ -140,7 +148,7 @@ class HttpEngine:
             raw = b""
         try:
             answer = json.loads(raw) if raw else None
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than this process reads
             if 200 <= status < 300:
                 raise EngineBadAnswer("not JSON") from None
             answer = None
@@ -148,30 +156,37 @@ class HttpEngine:
 
     def call(self, method: str, path: str, *, body: dict | None = None, headers: dict[str, str] | None = None,
              idempotent: bool = True) -> tuple[int, Any]:
-        """(status, JSON) of a 2xx answer; otherwise one of the three outcomes, raised."""
+        """(status, JSON) of a 2xx answer; otherwise one of the outcomes above, raised."""
         attempts = 1 + (self.retries if idempotent else 0)
+        deadline = time.monotonic() + self.connect_timeout + 2 * self.read_timeout
         for attempt in range(attempts):
             try:
-                status, answer = self._once(method, path, body, headers or {})
-                if status in TRANSIENT_STATUSES:
+                status, answer = self._once(method, path, body, headers or {}, deadline)
+                if status in TRANSIENT_STATUSES or (status >= 500 and status not in UNSUPPORTED_STATUSES):
                     raise EngineUnreachable(f"HTTP {status}")
                 break
             except EngineUnreachable:
-                if attempt == attempts - 1:
+                pause = min(0.25 * 2 ** attempt, 2.0)
+                # no retry that could not finish in time: the call's whole time stays bounded
+                if attempt == attempts - 1 or time.monotonic() + pause + 0.5 >= deadline:
                     raise
-                time.sleep(min(0.25 * 2 ** attempt, 2.0))
+                time.sleep(pause)
         if 200 <= status < 300:
             return status, answer
+        if status < 400:
+            # A redirect (a proxy or a sign-in page in front of the engine): not the engine's word.
+            raise EngineBadAnswer(f"HTTP {status}")
+        if status in (401, 403):  # whatever the code: the engine refused this console's token
+            raise EngineCredentialsRefused()
         code = answer.get("code") if isinstance(answer, dict) else None
         if not (isinstance(code, str) and CODE.fullmatch(code)):
             code = None  # a code this console can match and show: else the engine's refusal, unnamed
-        if status in (401, 403) and code in (None, "unauthorized", "not_authenticated", "forbidden"):
-            raise EngineCredentialsRefused()
         if status in UNSUPPORTED_STATUSES or (status == 404 and not code):
             raise EngineUnsupported(f"HTTP {status}")
-        exc = ActionRefused(code or "engine_refused", engine_text(answer.get("message", "")) if isinstance(answer, dict)
-                            else "", status=status)
-        exc.answer = answer if isinstance(answer, dict) else {}
+        if not isinstance(answer, dict):  # an error page, not the engine declining in its own words
+            raise EngineBadAnswer(f"HTTP {status} without a JSON answer")
+        exc = ActionRefused(code or "engine_refused", engine_text(answer.get("message", "")), status=status)
+        exc.answer = answer
         raise exc
 
     @staticmethod
@@ -194,7 +209,9 @@ class HttpEngine:
     def supports_delete(self) -> bool:
         """Whether the engine's API document declares `DELETE /v1/threads/{id}`."""
         _status, document = self.call("GET", "/v1/openapi.json")
-        paths = (document or {}).get("paths", {}) if isinstance(document, dict) else {}
+        paths = document.get("paths") if isinstance(document, dict) else None
+        if not isinstance(paths, dict):
+            return False
         return any(path.startswith("/v1/threads/{") and path.count("/") == 3 and "delete" in ops
                    for path, ops in paths.items() if isinstance(ops, dict))
 
@@ -205,10 +222,19 @@ class HttpEngine:
         return self.call("GET", "/v1/threads?" + urlencode({k: v for k, v in query.items() if v is not None}))[1]
 
     def set_archived(self, public_id: str, archived: bool, *, actor) -> dict[str, Any]:
-        return self.call("PATCH", self._thread_path(public_id), body={"archived": archived})[1]
+        return self._changed(public_id, "archived", archived)
 
     def set_closed(self, public_id: str, closed: bool, *, actor) -> dict[str, Any]:
-        return self.call("PATCH", self._thread_path(public_id), body={"closed": closed})[1]
+        return self._changed(public_id, "closed", closed)
+
+    def _changed(self, public_id: str, name: str, value: bool) -> dict[str, Any]:
+        """PATCH one of the conversation's switches; its answer only if it is this conversation
+        with the switch as asked (what the page then says happened), else EngineBadAnswer."""
+        answer = self.call("PATCH", self._thread_path(public_id), body={name: value})[1]
+        if not (isinstance(answer, dict) and answer.get("id") == public_id and answer.get(name) is value
+                and isinstance(answer.get("archived"), bool) and isinstance(answer.get("closed"), bool)):
+            raise EngineBadAnswer("not this conversation as asked")
+        return answer
 
     def preview_delete(self, public_id: str) -> dict[str, Any]:
         return self.call("GET", self._thread_path(public_id) + "/deletion-preview")[1]

@@ -1,0 +1,293 @@
+"""A remote engine (or something in front of it) that answers badly: redirects, error pages,
+timeouts, answers nested too deeply, oddly shaped operations, never-ending lists. The console
+keeps a bound delete Pending unless the engine's own word ends it, never answers 500, never
+passes the engine's status on as its own, and is held by an engine call for a bounded time."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.contrib.messages import get_messages
+from django.test import Client
+
+from console.models import ApiToken
+from lifecycle.engine.http import EngineBadAnswer, EngineUnreachable, HttpEngine
+from remote import delivery, receipts, sync
+from remote.models import BoundDelete, EngineBinding
+from tests import factories
+from tests.scripted_engine import scripted_engine
+
+pytestmark = pytest.mark.django_db
+
+TARGET, OTHER = "c_" + "a" * 20, "c_" + "b" * 20
+OP = "op_" + "1" * 20
+DEEP = b"[" * 5000 + b"]" * 5000
+PENDING = {"id": OP, "target": TARGET, "state": "pending", "code": None}
+RECEIPT = {"stores": [{"store": "lifecycle.Item", "action": "erased", "records": 2, "bytes": 10}]}
+COMPLETED = {**PENDING, "state": "completed", "requested_at": "2026-01-01T00:00:00Z",
+             "completed_at": "2026-01-01T00:00:01Z", "receipt": RECEIPT}
+
+
+def point_at(settings, url: str) -> None:
+    settings.ENGINE_URL, settings.ENGINE_TOKEN, settings.ENGINE_RETRIES = url, "t" * 40, 0
+    settings.ENGINE_READ_TIMEOUT, settings.REMOTE_RETRY_SECONDS, settings.REMOTE_RETRY_MAX_SECONDS = 2, 60, 300
+
+
+def binding(engine_id: str = TARGET) -> EngineBinding:
+    return EngineBinding.objects.create(engine_id=engine_id, owner_kind="account", owner_id=1, scope="bound",
+                                        thread_id="t1", title="Secret title", engine_state="live")
+
+
+def admin() -> Client:
+    client = Client(raise_request_exception=False)
+    client.force_login(factories.make_user("adm", admin=True))
+    return client
+
+
+def html(status: int) -> tuple[int, bytes]:
+    return status, b"<html><body>Sign in</body></html>"
+
+
+# ---- the bound delete: only the engine's own word ends it ------------------------------------
+
+
+@pytest.mark.parametrize("answer", [(302, b""), (307, b""), html(404), html(410), html(400), (408, b""),
+                                    (409, {"code": "conflict", "message": "x"}), (404, {"code": "not_found"})])
+def test_an_answer_met_while_following_the_erasure_keeps_the_delete_pending_and_it_completes_after(settings, answer):
+    """The engine admitted the delete (it gave an operation): a redirect, an error page, a
+    timeout status or even a refusal met while following it is not "nothing was deleted"."""
+    state = {"bad": True}
+
+    def follow(_handler):
+        return answer if state["bad"] else (200, COMPLETED)
+
+    routes = {("DELETE", "/v1/threads/"): lambda h: (202, PENDING), ("GET", "/v1/operations/"): follow}
+    with scripted_engine(routes) as (url, seen):
+        point_at(settings, url)
+        made = binding()
+        op = delivery.request_bound_delete(made, key="k-follow", actor=None)
+        assert delivery.deliver(op.pk, budget=0.5) == "pending"  # the engine admitted it: an operation
+        op.refresh_from_db()
+        assert (op.engine_operation, op.engine_state) == (OP, "pending")
+        assert delivery.deliver(op.pk, budget=0.5) == "pending"  # following it meets the answer
+        op.refresh_from_db()
+        assert (op.state, op.code) == ("pending", "")
+        assert op.last_error in ("engine_error", "engine_bad_answer", "engine_unreachable")
+        assert EngineBinding.objects.filter(pk=made.pk).exists()
+        state["bad"] = False
+        BoundDelete.objects.filter(pk=op.pk).update(next_attempt_at=None)
+        assert delivery.deliver(op.pk, budget=5) == "completed"
+    op.refresh_from_db()
+    assert (op.state, op.last_error, op.receipt) == ("completed", "", RECEIPT)
+    assert not EngineBinding.objects.filter(pk=made.pk).exists()
+    # an operation the engine said it does not know was asked for again with the same key
+    deletes = [path for method, path in seen if method == "DELETE"]
+    assert len(deletes) == (2 if answer == (404, {"code": "not_found"}) else 1)
+
+
+@pytest.mark.parametrize("answer", [(302, b""), html(400), html(410), (408, b"")])
+def test_a_redirect_or_an_error_page_at_the_delete_itself_is_retried_not_unavailable(settings, answer):
+    with scripted_engine({("DELETE", "/v1/threads/"): lambda h: answer}) as (url, _seen):
+        point_at(settings, url)
+        op = delivery.request_bound_delete(binding(), key="k-page", actor=None)
+        delivery.deliver(op.pk, budget=0.5)
+    op.refresh_from_db()
+    assert (op.state, op.code) == ("pending", "")
+    assert op.last_error in ("engine_bad_answer", "engine_unreachable")
+
+
+def test_the_engines_own_refusal_of_a_first_request_ends_it_and_clears_the_reasons_met_before(settings):
+    answers = iter([(503, b""), (409, {"code": "conversation_busy", "message": "Busy."})])
+    with scripted_engine({("DELETE", "/v1/threads/"): lambda h: next(answers)}) as (url, _seen):
+        point_at(settings, url)
+        op = delivery.request_bound_delete(binding(), key="k-refused", actor=None)
+        delivery.deliver(op.pk, budget=0.5)
+        op.refresh_from_db()
+        assert (op.state, op.last_error) == ("pending", "engine_unreachable")
+        BoundDelete.objects.filter(pk=op.pk).update(next_attempt_at=None)
+        delivery.deliver(op.pk, budget=0.5)
+    op.refresh_from_db()
+    assert (op.state, op.code, op.last_error) == ("unavailable", "conversation_busy", "")
+
+
+def test_not_offered_after_an_earlier_request_may_have_reached_the_engine_stays_pending(settings):
+    """A first DELETE whose answer was lost, then "not implemented" (a proxy, a downgrade): the
+    first may have been applied, so "nothing was deleted" would not be true."""
+    answers = iter([(503, b""), (501, b"")])
+    with scripted_engine({("DELETE", "/v1/threads/"): lambda h: next(answers)}) as (url, _seen):
+        point_at(settings, url)
+        op = delivery.request_bound_delete(binding(), key="k-later", actor=None)
+        delivery.deliver(op.pk, budget=0.5)
+        BoundDelete.objects.filter(pk=op.pk).update(next_attempt_at=None)
+        delivery.deliver(op.pk, budget=0.5)
+    op.refresh_from_db()
+    assert (op.state, op.attempts, op.last_error) == ("pending", 2, "engine_bad_answer")
+
+
+@pytest.mark.parametrize("bad", [{"id": "op_" + "9" * 40}, {"state": "erasing"}, {"state": ["pending"]},
+                                 {"step": {"a": 1}}, {"code": ["x"], "state": "refused"}])
+def test_an_operation_this_console_cannot_keep_is_not_taken_and_nothing_fails(settings, bad):
+    with scripted_engine({("DELETE", "/v1/threads/"): lambda h: (202, {**PENDING, **bad})}) as (url, _seen):
+        point_at(settings, url)
+        op = delivery.request_bound_delete(binding(), key="k-odd", actor=None)
+        delivery.deliver(op.pk, budget=0.5)
+    op.refresh_from_db()
+    if "code" in bad:  # refused by the engine, its code not one this console reads
+        assert (op.state, op.code) == ("refused", "engine_error")
+    elif "step" in bad:  # followed; the step it cannot show is left out
+        assert (op.state, op.engine_operation, op.engine_step) == ("pending", OP, "")
+    else:
+        assert (op.state, op.last_error, op.engine_operation) == ("pending", "engine_bad_answer", "")
+
+
+def test_a_refused_delete_takes_no_title_from_an_answer_about_another_conversation(settings):
+    refused = {**PENDING, "state": "refused", "code": "conversation_busy"}
+    routes = {("DELETE", "/v1/threads/"): lambda h: (202, refused),
+              ("GET", "/v1/threads/"): lambda h: (200, {"id": OTHER, "state": "live", "title": "Another (secret)"})}
+    with scripted_engine(routes) as (url, _seen):
+        point_at(settings, url)
+        made = binding()
+        op = delivery.request_bound_delete(made, key="k-title", actor=None)
+        delivery.deliver(op.pk, budget=0.5)
+    made.refresh_from_db()
+    assert made.title == ""
+
+
+# ---- pages and API: no 500, no relayed status ------------------------------------------------
+
+
+@pytest.mark.parametrize("answer", [(302, b""), html(404), (404, {"code": "engine_refused", "message": ""}),
+                                    html(400), (409, {"code": "conflict"}), (410, b""),
+                                    (401, {"code": "token_expired", "message": "m"}), (200, DEEP)])
+def test_the_operations_page_says_the_engine_cannot_list_instead_of_a_server_error(settings, answer):
+    with scripted_engine({("GET", "/v1/operations"): lambda h: answer}) as (url, _seen):
+        point_at(settings, url)
+        response = admin().get("/operations/", HTTP_HOST="127.0.0.1")
+    assert response.status_code == 503
+    assert b"Delete operations" in response.content or b"engine" in response.content
+
+
+@pytest.mark.parametrize("fields", [{"code": ["x"]}, {"state": "pending", "error": {"a": 1}},
+                                    {"receipt": {"stores": [], "holders": 5}},
+                                    {"receipt": {"stores": "x", "physical": "x", "verification": "y", "kept": 3}},
+                                    {"receipt": {"verification": {"physical": "found", "physical_files": {"erasable": "x"},
+                                                                  "logical": "found", "findings": "many",
+                                                                  "unscanned": ["x"]}}},
+                                    {"attempts": "many", "step": 5, "message": {"a": 1}},
+                                    {"way_out": {"ambiguous": [5, "x", {"agent_id": "sa"}]}}])
+def test_operation_pages_take_an_oddly_shaped_operation(settings, fields):
+    row = {**PENDING, "state": "completed", **fields}
+    routes = {("GET", "/v1/operations/"): lambda h: (200, row),
+              ("GET", "/v1/operations?"): lambda h: (200, {"results": [row]})}
+    with scripted_engine(routes) as (url, _seen):
+        point_at(settings, url)
+        client = admin()
+        statuses = [client.get(path, HTTP_HOST="127.0.0.1").status_code for path in ("/operations/", f"/operations/{OP}/")]
+    assert statuses == [200, 200]
+
+
+@pytest.mark.parametrize("answer", [html(500), (302, b""), html(409), (200, DEEP)])
+def test_the_operation_page_is_not_a_not_found_for_an_engine_that_cannot_say(settings, answer):
+    with scripted_engine({("GET", "/v1/operations/"): lambda h: answer}) as (url, _seen):
+        point_at(settings, url)
+        response = admin().get(f"/operations/{OP}/", HTTP_HOST="127.0.0.1")
+    assert response.status_code in (502, 503)
+
+
+@pytest.mark.parametrize("body", [b"", b"[]", b"null", b'"ok"', DEEP, {"id": OTHER, "archived": True, "closed": False},
+                                  {"id": TARGET, "archived": False, "closed": False}])
+def test_archive_says_it_could_not_use_the_answer_unless_it_is_this_conversation_archived(settings, body):
+    with scripted_engine({("PATCH", "/v1/threads/"): lambda h: (200, body)}) as (url, _seen):
+        point_at(settings, url)
+        client = admin()
+        response = client.post(f"/conversations/{TARGET}/archive/", {"archived": "1"}, HTTP_HOST="127.0.0.1")
+    assert response.status_code == 302
+    assert [str(m) for m in get_messages(response.wsgi_request)] == ["The engine's answer could not be used."]
+
+
+def test_close_says_closed_only_when_the_engine_says_so(settings):
+    answer = {"id": TARGET, "archived": False, "closed": True}
+    with scripted_engine({("PATCH", "/v1/threads/"): lambda h: (200, answer)}) as (url, _seen):
+        point_at(settings, url)
+        response = admin().post(f"/conversations/{TARGET}/close/", {"closed": "1"}, HTTP_HOST="127.0.0.1")
+    assert [str(m) for m in get_messages(response.wsgi_request)] == [
+        "Closed: no turn runs in it and no process holds it until it is resumed."]
+
+
+@pytest.mark.parametrize("answer", [(302, b""), (401, {"code": "token_expired", "message": "m"}),
+                                    (403, {"code": "forbidden"}), html(404), (200, DEEP)])
+def test_the_sync_api_does_not_pass_the_engines_status_on_as_its_own(settings, answer):
+    with scripted_engine({("GET", "/v1/threads"): lambda h: answer}) as (url, _seen):
+        point_at(settings, url)
+        _token, raw = ApiToken.issue(factories.make_user("adm2", admin=True))
+        response = Client(HTTP_AUTHORIZATION=f"Bearer {raw}").post(
+            "/api/v1/bindings-sync", HTTP_HOST="127.0.0.1", content_type="application/json")
+    assert response.status_code in (409, 502, 503)
+    assert response.json()["error"]["message"] if "error" in response.json() else response.json()["message"]
+
+
+def test_a_list_of_empty_pages_without_end_stops_the_sync(settings):
+    asked = []
+
+    def pages(_handler):
+        asked.append(1)
+        return 200, {"results": [], "next": f"n{len(asked)}"}
+
+    with scripted_engine({("GET", "/v1/threads"): pages}) as (url, _seen):
+        point_at(settings, url)
+        with pytest.raises(EngineBadAnswer):
+            sync.refresh("")
+    assert len(asked) == sync.EMPTY_PAGES
+
+
+# ---- the client itself ---------------------------------------------------------------------
+
+
+def test_a_call_with_its_retries_ends_within_its_deadline(settings):
+    """An engine that answers 503 slowly: the retries stop once the call's time is used."""
+
+    def slow(_handler):
+        time.sleep(0.4)
+        return 503, b""
+
+    with scripted_engine({("GET", "/v1/threads/"): slow}) as (url, seen):
+        engine = HttpEngine(url, "t", connect_timeout=0.2, read_timeout=0.5, retries=10)
+        started = time.monotonic()
+        with pytest.raises(EngineUnreachable):
+            engine.thread(TARGET)
+        took = time.monotonic() - started
+    assert took < 0.2 + 2 * 0.5 + 0.3  # the deadline, and the watchdog's cut
+    assert 1 <= len(seen) < 11
+
+
+def test_a_deeply_nested_answer_is_a_bad_answer(settings):
+    with (scripted_engine({("GET", "/v1/operations/"): lambda h: (200, DEEP)}) as (url, _seen),
+          pytest.raises(EngineBadAnswer)):
+        HttpEngine(url, "t", retries=0).operation(OP)
+
+
+def test_one_receipt_that_fails_to_be_read_does_not_hold_up_the_others(settings, monkeypatch):
+    from django.utils import timezone
+
+    now = timezone.now()
+    made = []
+    for n, engine_id in enumerate((TARGET, OTHER)):
+        made.append(BoundDelete.objects.create(
+            key=f"k{n}", binding_ref=f"b{n}", engine_id=engine_id, owner_kind="account", owner_id=1, scope="bound",
+            thread_id=f"t{n}", requested_at=now, state="completed", completed_at=now, engine_operation=f"op_{n}",
+            receipt=RECEIPT, receipt_at=now, acknowledged_at=now, receipt_next_read_at=now))
+    real = receipts._read_one
+
+    def first_fails(op, at, engines):
+        if op.pk == made[0].pk:
+            raise RuntimeError("unexpected")
+        receipts._store(op, receipt_next_read_at=None)
+        return "unchanged"
+
+    monkeypatch.setattr(receipts, "_read_one", first_fails)
+    counts = receipts.read_again(now)
+    monkeypatch.setattr(receipts, "_read_one", real)
+    assert counts["not_taken"] == 1 and counts["unchanged"] == 1
+    made[0].refresh_from_db()
+    assert made[0].receipt_next_read_at > now  # not first in line again
