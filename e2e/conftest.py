@@ -89,14 +89,16 @@ def seeded(settings, tmp_path) -> Seeded:
 
 @pytest.fixture
 def open_page(browser: Browser) -> Iterator[Callable[..., Page]]:
-    """open_page("phone") -> a page in a fresh context at that viewport; keyword arguments
+    """open_page("phone") -> a page in a fresh context at that viewport (or at a size given as
+    {"width": ..., "height": ...}); keyword arguments
     go to the context (timezone_id, color_scheme, forced_colors, java_script_enabled...)."""
     contexts = []
 
-    def make(viewport: str, **options) -> Page:
+    def make(viewport: str | dict, **options) -> Page:
         # Not is_mobile: mobile emulation zooms out to fit wide content, which would
         # hide exactly the horizontal overflow the phone checks look for.
-        context = browser.new_context(viewport=VIEWPORTS[viewport], locale="en-US", **options)
+        size = VIEWPORTS[viewport] if isinstance(viewport, str) else viewport
+        context = browser.new_context(viewport=size, locale="en-US", **options)
         contexts.append(context)
         return context.new_page()
 

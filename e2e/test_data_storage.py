@@ -292,3 +292,53 @@ def test_enter_in_the_period_saves_the_card_and_does_not_analyze(policies, live_
         expect(page.get_by_label("Number")).to_be_focused()
     else:
         expect(page).to_have_url(f"{live_server.url}/settings/system/data-storage/")
+
+
+_IN_CLEAR_VIEW = """
+(field) => {
+  const ids = (field.getAttribute("aria-describedby") || field.closest("fieldset")?.getAttribute("aria-describedby") || "").split(/\\s+/);
+  const message = ids.map((id) => document.getElementById(id)).find((el) => el && el.matches(".field-error"));
+  const box = (el) => { const r = el.getBoundingClientRect(); return [Math.round(r.top), Math.round(r.bottom)]; };
+  return {
+    top: Math.round(document.querySelector(".topbar").getBoundingClientRect().bottom),
+    bottom: Math.round(document.getElementById("save-bar").getBoundingClientRect().top),
+    field: box(field), message: message ? box(message) : null,
+  };
+}
+"""
+
+
+@pytest.mark.parametrize("size", [(320, 400), (390, 844)], ids=["320x400", "390x844"])
+@pytest.mark.parametrize("case", ["period", "backup-choice", "audit-days"])
+def test_a_refused_field_and_its_message_show_between_the_top_bar_and_the_save_bar(
+        policies, live_server, open_page, size, case):
+    tool, facts = policies
+    page = open_page({"width": size[0], "height": size[1]})
+    log_in(page, live_server.url, *ADMIN)
+    # In Spanish, where the longer copy makes the cards taller than the screen.
+    page.context.add_cookies([{"name": "django_language", "value": "es", "url": live_server.url}])
+    page.goto(f"{live_server.url}/settings/system/data-storage/")
+    expect(page.locator("html")).to_have_attribute("lang", "es")
+    page.wait_for_load_state("load")
+    if case == "period":
+        field = page.locator("#id_age_value")
+        field.fill("999")
+    elif case == "backup-choice":
+        page.locator("#id_enabled").check()
+        field = page.locator("input[name=backup_choice]").first
+    else:
+        field = page.locator("#id_audit_days")
+        field.fill("99999")
+    page.keyboard.press("Enter")
+
+    expect(bar(page).locator(".save-bar-status")).to_have_text(re.compile("no se guardaron"))
+    expect(field).to_be_focused()
+    expect(field).to_have_attribute("aria-invalid", "true")
+    page.wait_for_timeout(300)  # any scrolling done
+    seen = field.evaluate(_IN_CLEAR_VIEW)
+    assert seen["message"] is not None, seen
+    for top, bottom in (seen["field"], seen["message"]):
+        assert seen["top"] <= top and bottom <= seen["bottom"], seen
+    stored_tool, stored_facts = tool_policy(), facts_policy()
+    assert (stored_tool.revision, stored_tool.enabled, stored_tool.age_value) == (tool.revision, tool.enabled, tool.age_value)
+    assert (stored_facts.revision, stored_facts.audit_days) == (facts.revision, facts.audit_days)

@@ -465,20 +465,49 @@
     root.style.scrollPaddingBottom = bar.hidden ? "" : (bar.offsetHeight + RING) + "px";
     if (!bar.hidden) root.style.setProperty("--save-bar-room", bar.offsetHeight + "px");
   }
-  function keepFocusClear() {
-    var el = document.activeElement;
-    if (bar.hidden || !el || el === document.body || bar.contains(el) || !el.closest("form[data-contributor]")) return;
+  // What shows of the page between the sticky top bar and the save bar (or the screen's end).
+  function clearArea() {
     var vv = window.visualViewport;
     var top = (vv ? vv.offsetTop : 0);
     var header = document.querySelector(".topbar");
     if (header && getComputedStyle(header).position === "sticky") top += header.getBoundingClientRect().height;
-    var bottom = bar.getBoundingClientRect().top;
-    var box = el.getBoundingClientRect();
-    if (box.bottom + RING > bottom) {
-      window.scrollBy(0, box.bottom + RING - bottom);
-    } else if (box.top - RING < top) {
-      window.scrollBy(0, box.top - RING - top);
+    var bottom = bar.hidden ? (vv ? vv.offsetTop + vv.height : window.innerHeight) : bar.getBoundingClientRect().top;
+    return { top: top, bottom: bottom };
+  }
+  // Scrolls the least that brings [start, end] (page coordinates of the viewport) into the
+  // clear area; what does not fit shows from its start.
+  function scrollClear(start, end) {
+    var area = clearArea();
+    if (end + RING > area.bottom && end - start + 2 * RING <= area.bottom - area.top) {
+      window.scrollBy(0, end + RING - area.bottom);
+    } else if (start - RING < area.top || end - start + 2 * RING > area.bottom - area.top) {
+      window.scrollBy(0, start - RING - area.top);
     }
+  }
+  function keepFocusClear() {
+    var el = document.activeElement;
+    if (bar.hidden || !el || el === document.body || bar.contains(el) || !el.closest("form[data-contributor]")) return;
+    var box = el.getBoundingClientRect();
+    var area = clearArea();
+    if (box.bottom + RING > area.bottom || box.top - RING < area.top) scrollClear(box.top, box.bottom);
+  }
+  // A field refused by a save, with its message: both in the clear area (a card taller than
+  // the screen would otherwise put them under the top bar or the save bar).
+  function showInvalid(field) {
+    field.focus({ preventScroll: true });
+    var ids = (field.getAttribute("aria-describedby") || "").split(/\s+/).filter(Boolean);
+    var group = field.closest("fieldset");
+    if (!ids.length && group) ids = (group.getAttribute("aria-describedby") || "").split(/\s+/).filter(Boolean);
+    var box = field.getBoundingClientRect();
+    var start = box.top, end = box.bottom;
+    ids.forEach(function (id) {
+      var message = document.getElementById(id);
+      if (!message || !message.classList.contains("field-error")) return;
+      var r = message.getBoundingClientRect();
+      start = Math.min(start, r.top);
+      end = Math.max(end, r.bottom);
+    });
+    scrollClear(start, end);
   }
   if (window.visualViewport) {
     window.visualViewport.addEventListener("resize", function () { placeBar(); keepFocusClear(); });
@@ -574,8 +603,8 @@
         var card = document.querySelector(".card.has-error");
         var field = card && (card.querySelector("[aria-invalid=true]:not([disabled])") ||
           card.querySelector("input:not([type=hidden]):not([disabled]), select:not([disabled])"));
-        if (card) card.scrollIntoView({ block: "center" });
-        if (field) field.focus({ preventScroll: true });
+        if (field) showInvalid(field);
+        else if (card) focusQuiet(card);
         return;
       }
       if (results.indexOf("offline") !== -1) {
