@@ -434,3 +434,111 @@ def test_another_admins_save_is_followed_by_a_form_left_alone_and_kept_in_one_be
     assert (policy.enabled, policy.age_value) == (False, 2)  # the other admin's save stands
     drain()
     check_layout(page, "after the other admin's saves")
+
+
+_RECORD_SAID = """
+() => {
+  window.__said = [];
+  const live = document.getElementById("cleanup-live");
+  new MutationObserver(() => {
+    const text = live.textContent.trim();
+    if (text) window.__said.push(text);
+  }).observe(live, { childList: true, characterData: true, subtree: true });
+}
+"""
+
+
+def wait_said(page: Page, text: str) -> None:
+    """The live region was given words containing text (it clears itself after a while)."""
+    try:
+        page.wait_for_function("(t) => window.__said.some((s) => s.includes(t))", arg=text, timeout=15_000)
+    except Exception:
+        raise AssertionError(f"never said {text!r}; said: {page.evaluate('window.__said')}") from None
+
+
+def test_each_run_and_compaction_state_is_said_in_the_live_region(data, live_server, open_page):
+    from django.contrib.auth import get_user_model
+
+    from retention import service
+
+    admin = get_user_model().objects.get(username=ADMIN[0])
+    service.save_policy(user=admin, enabled=True, age_value=3, age_unit="months", revision=1, backup_choice="skip")
+    page = open_page("phone")
+    open_card(page, live_server.url)
+    page.evaluate(_RECORD_SAID)
+
+    page.get_by_role("button", name="Run cleanup now").click()
+    wait_said(page, "Cleanup queued:")
+    drain()
+    run = ToolPayloadOperation.objects.get(kind="cleanup")
+    assert (run.state, run.removed_messages) == ("succeeded", 10)
+    wait_said(page, "Last cleanup: Completed. ")
+    wait_said(page, "removed from 10 messages")
+    assert not any("Runs under the saved policy" in s for s in page.evaluate("window.__said"))
+
+    page.get_by_role("button", name="Compact database").click()
+    wait_said(page, "Compaction queued:")
+    drain()
+    compact = ToolPayloadOperation.objects.get(kind="compact")
+    assert compact.state == "succeeded" and compact.after_bytes is not None
+    wait_said(page, "the file went from")
+
+
+def test_a_failed_backup_and_its_cancel_are_said_and_the_cancel_is_shown(data, live_server, open_page, settings, tmp_path):
+    from django.contrib.auth import get_user_model
+
+    from retention import service
+
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the backups folder should be")
+    settings.LETHE_BACKUP_DIR = blocked
+    admin = get_user_model().objects.get(username=ADMIN[0])
+    service.save_policy(user=admin, enabled=True, age_value=3, age_unit="months", revision=1, backup_choice="create")
+    page = open_page("phone")
+    open_card(page, live_server.url)
+    page.evaluate(_RECORD_SAID)
+
+    page.get_by_role("button", name="Run cleanup now").click()
+    wait_said(page, "Preparing backup:")
+    drain()
+    wait_said(page, "Backup failed:")
+    page.get_by_role("button", name="Cancel", exact=True).click()
+
+    done = "Backup preparation cancelled: automatic cleanup is off and nothing was removed."
+    wait_said(page, done)
+    expect(page.get_by_test_id("preparation-cancelled")).to_have_text(done)
+    expect(page.get_by_test_id("preparation-cancelled")).to_be_in_viewport()
+    expect(page.get_by_test_id("preparation-cancelled")).to_be_focused()  # the outcome, where the card starts again
+    assert not ToolPayloadPolicy.load().enabled
+    assert not Item.objects.filter(details_removed_at__isnull=False).exists()
+
+
+@pytest.mark.parametrize("viewport", ["phone", "small-phone"], ids=["390", "320"])
+def test_a_compact_database_error_is_shown_beside_its_button(data, live_server, open_page, viewport):
+    page = open_page(viewport)
+    open_card(page, live_server.url)
+    button = page.get_by_role("button", name="Compact database")
+
+    # Lethe unreachable: nothing was started, said beside the button, not in the cleanup card.
+    page.route("**/data-storage/compact/", lambda route: route.abort())
+    button.click()
+    error = page.get_by_test_id("compact-error")
+    expect(error).to_have_text("Lethe could not be reached, so nothing was started. Try again.")
+    expect(error).to_be_in_viewport()
+    expect(button).to_be_in_viewport()
+    expect(page.get_by_test_id("action-error")).to_have_text("")
+    assert not ToolPayloadOperation.objects.filter(kind="compact").exists()
+
+    # Refused by the service (another operation holds the slot): its reason, in the same place.
+    page.unroute("**/data-storage/compact/")
+    page.get_by_label("Number").fill("2")
+    page.get_by_role("button", name="Analyze savings").click()
+    expect(page.get_by_test_id("analysis")).to_have_attribute("data-state", "running")
+    button.scroll_into_view_if_needed()
+    expect(button).to_be_disabled()
+    page.evaluate("document.getElementById('compact-now').disabled = false")  # pressed before the status read
+    button.click()
+    expect(error).to_contain_text("Another cleanup operation is running")
+    expect(error).to_be_in_viewport()
+    expect(page.get_by_test_id("action-error")).to_have_text("")
+    assert not ToolPayloadOperation.objects.filter(kind="compact").exists()

@@ -379,20 +379,25 @@ def facts_policy_save(request: HttpRequest) -> HttpResponse:
 # ---- Cleanup actions: each calls one service function -----------------------------
 
 
-def _action(request: HttpRequest, form_class, call, *, refresh_form: bool = False) -> HttpResponse:
-    """Members 403, bad input 400, a refusal with the service's own status and message;
-    success answers htmx with the fresh live regions and plain forms with a redirect."""
+def _action(request: HttpRequest, form_class, call, *, error_key: str = "action_error",
+            policy_saved: dict | None = None, done_text: str = "") -> HttpResponse:
+    """Members 403, bad input 400, a refusal with the service's own status and message (in
+    error_key's region, beside the button pressed); success answers htmx with the fresh live
+    regions and plain forms with a redirect. An action that saved the policy sends the card
+    too (its form shows the saved policy), with policy_saved in its context."""
     if not is_admin(request.user):
-        return _action_error(request, _("Only admins can analyze, run or compact."), 403)
+        return _action_error(request, _("Only admins can analyze, run or compact."), 403, error_key)
     form = form_class(request.POST) if form_class else None
     if form is not None and not form.is_valid():
-        messages = [str(m) for errors in form.errors.values() for m in errors]
-        return _action_error(request, " ".join(messages), 400)
+        errors = [str(m) for field_errors in form.errors.values() for m in field_errors]
+        return _action_error(request, " ".join(errors), 400, error_key)
     try:
         call(form.cleaned_data if form is not None else {})
     except service.CleanupError as exc:
-        return _action_error(request, exc.message, exc.status)
+        return _action_error(request, exc.message, exc.status, error_key)
     if not request.htmx:
+        if done_text:
+            messages.success(request, done_text)
         return redirect("retention:data-storage")
     doc = _read_status()
     context = {"status_failed": doc is None, "action_ok": True, "can_edit": True}
@@ -400,19 +405,19 @@ def _action(request: HttpRequest, form_class, call, *, refresh_form: bool = Fals
         context["db"] = database_size()
         context["card"] = _card(doc, context["db"].engine)
     response = render(request, LIVE, context, status=202)
-    if refresh_form:  # the action saved the policy: the card's form shows it (and its revision)
-        card = render(request, f"{PAGE}#tool-card", _context(request, oob=True))
+    if policy_saved is not None:  # the card's form shows the saved policy (and its revision)
+        card = render(request, f"{PAGE}#tool-card", _context(request, oob=True, **policy_saved))
         response.content += card.content
     response["HX-Reswap"] = "none"
     return response
 
 
-def _action_error(request: HttpRequest, message: str, status: int) -> HttpResponse:
+def _action_error(request: HttpRequest, message: str, status: int, key: str = "action_error") -> HttpResponse:
     if request.htmx:
-        response = render(request, LIVE, {"action_error": message, "only_error": True}, status=status)
+        response = render(request, LIVE, {key: message, "only_error": True}, status=status)
         response["HX-Reswap"] = "none"
         return response
-    return render(request, PAGE, _context(request, action_error=message), status=status)
+    return render(request, PAGE, _context(request, **{key: message}), status=status)
 
 
 @login_required
@@ -448,10 +453,11 @@ def cleanup_cancel_preparation(request: HttpRequest) -> HttpResponse:
     (service.cancel_preparation: refused once the backup was started again)."""
     return _action(request, RunForm,
                    lambda data: service.cancel_preparation(user=request.user, revision=data["revision"]),
-                   refresh_form=True)
+                   policy_saved={"preparation_cancelled": True},
+                   done_text=_("Backup preparation cancelled: automatic cleanup is off and nothing was removed."))
 
 
 @login_required
 @require_POST
 def database_compact(request: HttpRequest) -> HttpResponse:
-    return _action(request, None, lambda data: service.start_compact(user=request.user))
+    return _action(request, None, lambda data: service.start_compact(user=request.user), error_key="compact_error")

@@ -9,13 +9,16 @@
 
   // Says one short thing through a polite live region, then clears it again, so the
   // message is heard once and does not linger for someone reading the page later.
+  // A second thing said within the tick replaces the first (the last state is the true one).
   var clearTimers = new WeakMap();
+  var writeTimers = new WeakMap();
   function announce(region, text) {
     if (!region) return;
     region.textContent = "";
     clearTimeout(clearTimers.get(region));
+    clearTimeout(writeTimers.get(region));
     // A fresh text node after a tick, so saying the same words twice is heard twice.
-    setTimeout(function () { region.textContent = text; }, 50);
+    writeTimers.set(region, setTimeout(function () { region.textContent = text; }, 50));
     clearTimers.set(region, setTimeout(function () { region.textContent = ""; }, 6000));
   }
 
@@ -269,7 +272,8 @@
       p.textContent = note.dataset.unavailable || "";
       note.appendChild(p);
     } else if (elt.closest("[data-cleanup-action]")) {
-      var errors = document.getElementById("tool-action-error");
+      // Said beside the button pressed: Compact database has its own error region.
+      var errors = document.getElementById(elt.closest("#db-compact") ? "compact-error" : "tool-action-error");
       if (!errors) return;
       errors.innerHTML = "";
       var q = document.createElement("p");
@@ -282,7 +286,12 @@
   document.addEventListener("htmx:timeout", statusUnreachable);
 
   // Each status read replaces the live regions. An unchanged region is left alone; a
-  // changed one keeps its open details and the focus (by id), and a new state is said once.
+  // changed one keeps its open details and the focus (by id), and a new state is said once:
+  // the words of its own [data-announce-for] element, when they changed.
+  function announcement(region) {
+    var el = region.querySelector('[data-announce-for="' + region.id + '"]');
+    return el ? el.textContent.replace(/\s+/g, " ").trim() : "";
+  }
   var focusAfterSwap = null;
   document.addEventListener("htmx:oobBeforeSwap", function (event) {
     var target = event.detail.target;
@@ -300,14 +309,11 @@
     }
     var active = document.activeElement;
     focusAfterSwap = target.contains(active) ? { id: active.id, region: target.id } : null;
-    var before = [target.dataset.state, target.dataset.run, target.dataset.prep, target.dataset.cancel].join("/");
-    var after = [fresh.dataset.state, fresh.dataset.run, fresh.dataset.prep, fresh.dataset.cancel].join("/");
-    if (before !== after) {
-      // A cancel just asked for is what changed: say that, not the progress line before it.
-      var cancelled = fresh.dataset.cancel && fresh.dataset.cancel !== target.dataset.cancel;
-      var first = (cancelled && fresh.querySelector('[data-testid="cancel-requested"]')) || fresh.querySelector("p");
-      if (first) announce(document.getElementById("cleanup-live"), first.textContent.replace(/\s+/g, " ").trim());
-    }
+    // A card replaced by the action pressed in it starts at that action's confirmation.
+    var confirmation = fresh.querySelector('[role=status][data-announce-for="' + fresh.id + '"][id]');
+    if (focusAfterSwap && confirmation) focusAfterSwap.id = confirmation.id;
+    var said = announcement(fresh);
+    if (said && said !== announcement(target)) announce(document.getElementById("cleanup-live"), said);
   });
   document.addEventListener("htmx:oobAfterSwap", function () {
     var wanted = focusAfterSwap;
@@ -316,7 +322,7 @@
     // The same control if it is still there (and usable), else the region it was in.
     var el = wanted.id && document.getElementById(wanted.id);
     if (el && !el.disabled && el.matches("button, a, input, select, summary")) el.focus({ preventScroll: true });
-    else if (el && el.matches(".cleanup-region, #backups, #cleanup-history")) focusQuiet(el);  // a region that had it
+    else if (el && el.matches(".cleanup-region, #backups, #cleanup-history, [role=status]")) focusQuiet(el);  // a region that had it, a confirmation
     else focusQuiet(document.getElementById(wanted.region));
   });
 
