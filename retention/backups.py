@@ -52,7 +52,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
 from lifecycle import faults
-from retention.errors import CodedError, Message, Size
+from retention.errors import BackupFolderUnreadable, CodedError, Message, Size, os_reason
 from retention.storage import short_of_room
 
 # Pages copied per step of the SQLite online backup: small enough that cancel and progress
@@ -149,10 +149,29 @@ def backup_dir() -> Path:
     return directory
 
 
+def readable_backup_dir() -> Path | None:
+    """The backup folder to read; None when it is missing and cannot be created (no backup
+    could be made there). Something there that cannot be used as the folder raises
+    BackupFolderUnreadable: it may hold backups this process cannot see."""
+    try:
+        return backup_dir()
+    except OSError as exc:
+        if os.path.lexists(configured_backup_dir()):
+            raise BackupFolderUnreadable(exc.errno, exc.strerror, str(configured_backup_dir())) from exc
+        return None
+
+
+def list_backup_folder(directory: Path) -> list[Path]:
+    try:
+        return sorted(directory.iterdir())
+    except OSError as exc:
+        raise BackupFolderUnreadable(exc.errno, exc.strerror, str(directory)) from exc
+
+
 def _not_written(directory: Path, error: OSError) -> BackupError:
     """`io_error`, naming the folder and the system's reason: a bare OSError reached the job as
     an unexpected error, which told the admin nothing and the log no path."""
-    return BackupError("io_error", Message(NOT_WRITTEN, {"folder": directory, "error": error.strerror or error}))
+    return BackupError("io_error", Message(NOT_WRITTEN, {"folder": directory, "error": os_reason(error)}))
 
 
 @contextlib.contextmanager
@@ -291,14 +310,11 @@ def list_backups() -> list[BackupReceipt]:
     second while something runs; verify_backup reads it). A folder that is missing and cannot
     be created holds no backups: the status reads on, and the backup that tries to write
     there says why it cannot."""
-    try:
-        directory = backup_dir()
-    except OSError:
-        if os.path.lexists(configured_backup_dir()):
-            raise  # something is there: it may hold backups this process cannot see
+    directory = readable_backup_dir()
+    if directory is None:
         return []
     receipts = []
-    for path in directory.iterdir():
+    for path in list_backup_folder(directory):
         if NAME_PATTERN.match(path.name) and path.is_file() and (receipt := _read_receipt(path)):
             try:
                 found = path.stat()

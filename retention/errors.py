@@ -11,13 +11,14 @@ then. Text stored by earlier versions (English with its details filled in) reads
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.template.defaultfilters import filesizeformat
-from django.utils.translation import gettext
+from django.utils.translation import gettext, gettext_noop
 
 log = logging.getLogger(__name__)
 
@@ -128,3 +129,29 @@ class CodedError(Exception):
     @property
     def message(self) -> str:
         return str(self.text)
+
+
+# The operating system's reasons, in the reader's words: strerror is English (and the
+# server's locale), never the reader's.
+OS_REASONS = {
+    errno.EEXIST: gettext_noop("something else is already at that path"),
+    errno.ENOTDIR: gettext_noop("a part of that path is not a folder"),
+    errno.EACCES: gettext_noop("permission denied"),
+    errno.EPERM: gettext_noop("permission denied"),
+    errno.ENOSPC: gettext_noop("no space is left on the disk"),
+    errno.EROFS: gettext_noop("the file system is read-only"),
+    errno.ENOENT: gettext_noop("not found"),
+}
+
+
+class BackupFolderUnreadable(OSError):
+    """Something is at the backup folder's path that cannot be read as a folder: no backup
+    list (nor an erasure receipt naming the backups) can be made until it is fixed."""
+
+
+def os_reason(error: OSError) -> Message | str:
+    """Why a file operation failed, for a message: a localized description of the common
+    errno values, else the errno's name (EIO), never the system's English prose."""
+    if error.errno in OS_REASONS:
+        return Message(OS_REASONS[error.errno])
+    return errno.errorcode.get(error.errno, type(error).__name__) if error.errno else type(error).__name__

@@ -318,8 +318,8 @@ def test_a_folder_that_cannot_be_created_fails_with_io_error_naming_it_and_lists
         create_backup()
     assert caught.value.code == "io_error"
     assert caught.value.message == (
-        f"The backup could not be written in {folder}: Not a directory. Nothing was kept. Check that Lethe can "
-        "create that folder and write in it, or set LETHE_BACKUP_DIR to another folder.")
+        f"The backup could not be written in {folder}: a part of that path is not a folder. Nothing was kept. "
+        "Check that Lethe can create that folder and write in it, or set LETHE_BACKUP_DIR to another folder.")
     assert list_backups() == []  # read by the status every second: no backups, no error
     with pytest.raises(BackupError) as caught:
         verify_backup("lethe-sqlite-20260101T000000Z-abcdef.sqlite3")
@@ -342,7 +342,7 @@ def test_a_folder_it_cannot_write_in_fails_with_io_error_naming_it(folder, monke
     with pytest.raises(BackupError) as caught:
         create_backup()
     assert caught.value.code == "io_error"
-    assert caught.value.message.startswith(f"The backup could not be written in {folder}: Permission denied.")
+    assert caught.value.message.startswith(f"The backup could not be written in {folder}: permission denied.")
 
 
 KILLED_RUN = """

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import html
 import json
+import os
 
 import pytest
 from django.utils import translation
 
 from retention import service
-from retention.errors import Message, Size, said
+from retention.errors import Message, Size, os_reason, said
 from retention.models import ToolPayloadOperation, ToolPayloadPolicy
 from tests.test_api_tool_payloads import BASE
 from tests.test_tool_payload_jobs import enable, old_conversation, run
@@ -122,18 +124,21 @@ def test_a_backup_folder_that_cannot_be_made_fails_naming_it_and_the_status_read
     failed = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
     assert (failed.kind, failed.state, failed.error_code) == ("backup", "failed", "io_error")
     stored = json.loads(failed.error_message)
-    assert stored["params"] == {"folder": str(folder), "error": "Not a directory"}
+    # The system's reason is kept as a message of its own (strerror is English prose).
+    assert stored["params"] == {"folder": str(folder), "error": {"msgid": "a part of that path is not a folder",
+                                                                "params": {}}}
     assert (tmp_path / "afile").read_text() == "not a folder"
 
     english = api.get(BASE, HTTP_ACCEPT_LANGUAGE="en")
     assert english.status_code == 200 and english.json()["backups"] == []
     message = english.json()["history"][0]["error"]["message"]
-    assert message.startswith(f"The backup could not be written in {folder}: Not a directory. Nothing was kept.")
+    assert message.startswith(
+        f"The backup could not be written in {folder}: a part of that path is not a folder. Nothing was kept.")
     spanish = api.get(BASE, HTTP_ACCEPT_LANGUAGE="es").json()
     message = spanish["history"][0]["error"]["message"]
-    assert message.startswith(f"No se pudo escribir la copia de seguridad en {folder}: Not a directory.")
-    assert english_in(message.replace(str(folder), "").replace("LETHE_BACKUP_DIR", "")
-                      .replace("Not a directory", "")) == []
+    assert message.startswith(f"No se pudo escribir la copia de seguridad en {folder}: una parte de esa ruta "
+                              "no es una carpeta.")
+    assert english_in(message.replace(str(folder), "").replace("LETHE_BACKUP_DIR", "")) == []
     assert spanish["preparation"]["error"] == message
 
 
@@ -176,3 +181,19 @@ def test_an_operation_stored_with_old_text_shows_it_on_both_pages(admin_client, 
                                                                **HOST).content.decode()
     error = api.get(BASE, HTTP_ACCEPT_LANGUAGE="es").json()["history"][0]["error"]
     assert error == {"code": "internal", "message": "The disk said no: errno 28."}
+
+
+@pytest.mark.parametrize(("number", "english", "spanish"), [
+    (errno.EEXIST, "something else is already at that path", "ya hay otra cosa en esa ruta"),
+    (errno.ENOTDIR, "a part of that path is not a folder", "una parte de esa ruta no es una carpeta"),
+    (errno.EACCES, "permission denied", "permiso denegado"),
+    (errno.ENOSPC, "no space is left on the disk", "no queda espacio en el disco"),
+    (errno.EROFS, "the file system is read-only", "el sistema de archivos es de solo lectura"),
+    (errno.ENOENT, "not found", "no se encuentra"),
+    (errno.EIO, "EIO", "EIO"),  # no description of its own: the errno's name, never English prose
+])
+def test_an_os_error_is_said_in_the_readers_language(number, english, spanish):
+    reason = os_reason(OSError(number, os.strerror(number)))
+    assert str(reason) == english
+    with translation.override("es"):
+        assert str(reason) == spanish

@@ -582,3 +582,35 @@ def test_content_written_again_and_again_keeps_the_delete_pending_never_complete
     op.refresh_from_db()
     events = next(e for e in op.receipt["stores"] if e["store"] == "events")
     assert (events["records"], events["bytes"]) == (step.records + 2, step.bytes + 2 * size)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_file_in_place_of_the_backup_folder_keeps_the_delete_pending_naming_that_folder(settings, tmp_path):
+    """The receipt names the backups that hold the content; a file where the backup folder
+    should be cannot be listed, so the delete waits, saying that folder is what to fix (not
+    the engine folder), and completes once it is a folder again."""
+    from django.utils import translation
+
+    from lifecycle.deletion.errors import error_message
+
+    folder = tmp_path / "backups"
+    folder.write_text("a file where the backup folder should be")
+    settings.LETHE_BACKUP_DIR = folder
+    target = factories.make_conversation()
+    op = delete(target)
+
+    assert executor.run_erasure(op.pk) == m.DeleteState.PENDING
+    op.refresh_from_db()
+    assert (op.state, op.last_error) == (m.DeleteState.PENDING, "backup_folder_unreadable")
+    said = error_message(op.last_error)
+    assert f"The backup folder {folder} cannot be read" in said and "engine folder" not in said
+    with translation.override("es"):
+        assert f"La carpeta de copias de seguridad {folder} no se puede leer" in error_message(op.last_error)
+    assert folder.read_text() == "a file where the backup folder should be"
+
+    folder.unlink()
+    folder.mkdir()
+    m.DeleteOperation.objects.filter(pk=op.pk).update(next_attempt_at=None)
+    assert executor.run_erasure(op.pk, force=True) == m.DeleteState.COMPLETED
+    op.refresh_from_db()
+    assert (op.state, op.last_error) == (m.DeleteState.COMPLETED, "")

@@ -12,6 +12,11 @@ ERRORS = {
         "A folder of this conversation is a symbolic link or leads outside the engine folder, so it was "
         "not removed. The delete stays pending until an operator fixes the folder."),
     "io_error": _("The engine folder could not be changed. The delete stays pending and is retried."),
+    "backup_folder_unreadable": _(
+        "The backup folder %(folder)s cannot be read (something that is not a readable folder is at that "
+        "path), so the erasure receipt cannot name the backups that still hold this conversation. The delete "
+        "stays pending and is retried; it goes on once that path is a folder Lethe can read, or "
+        "LETHE_BACKUP_DIR names another folder."),
     "engine_folder_unavailable": _(
         "The engine folder is missing or is not the one this database uses (a disk not mounted, or a wrong "
         "ENGINE_HOME), so nothing in it was erased or counted as gone. The delete stays pending and is "
@@ -30,4 +35,8 @@ ERRORS = {
 
 
 def error_message(code: str | None) -> str:
+    if code == "backup_folder_unreadable":  # the folder as configured now: the one to fix
+        from retention.backups import configured_backup_dir
+
+        return str(ERRORS[code]) % {"folder": configured_backup_dir()}
     return str(ERRORS[code]) if code in ERRORS else ""

@@ -51,6 +51,7 @@ from lifecycle.models import (
     StepState,
 )
 from lifecycle.registry import STORES, RetentionClass, content_tables
+from retention.errors import BackupFolderUnreadable
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +172,8 @@ def _error_code(exc: BaseException) -> str:
         return "fleet_unreadable"
     if isinstance(exc, files.UnsafeFolder | ValueError):
         return "unsafe_path"
+    if isinstance(exc, BackupFolderUnreadable):
+        return "backup_folder_unreadable"
     if isinstance(exc, OSError):
         return "io_error"
     if isinstance(exc, DatabaseError):

@@ -18,7 +18,6 @@ files until it reuses them. The receipt names them and until when.
 
 from __future__ import annotations
 
-import os
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -68,24 +67,22 @@ def backups_before(moment: datetime) -> list[dict[str, Any]]:
     that then fails or is cancelled is taken off the receipts again (`forget_backup`).
 
     A folder that is missing and cannot be created holds nothing (no backup could be made
-    there); one that is there but cannot be read raises, as no receipt may say it is empty."""
+    there); one that is there but cannot be read raises BackupFolderUnreadable, as no receipt
+    may say it is empty."""
     from retention.backups import (
         NAME_PATTERN,
         TEMP_PREFIX,
-        backup_dir,
-        configured_backup_dir,
+        list_backup_folder,
         list_backups,
+        readable_backup_dir,
     )
 
-    try:
-        folder = backup_dir()
-    except OSError:
-        if os.path.lexists(configured_backup_dir()):
-            raise
+    folder = readable_backup_dir()
+    if folder is None:
         return []
     verified = {receipt.name: receipt.created_at.timestamp() for receipt in list_backups()}
     out = []
-    for path in sorted(folder.iterdir()):
+    for path in list_backup_folder(folder):
         name = path.name.removeprefix(TEMP_PREFIX)
         ours = bool(NAME_PATTERN.match(name))
         being_made = ours and path.name.startswith(TEMP_PREFIX)
