@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from django.db import OperationalError, connection
 from django.utils.translation import gettext_noop
 
+from lifecycle import faults
 from retention.errors import CodedError, Message, Size
 from retention.storage import database_size, short_of_room, sqlite_pages
 
@@ -51,8 +54,9 @@ class CompactResult:
     seconds: float
 
 
-def compact_database() -> CompactResult:
-    """1. Measure the file size and reusable space.
+def compact_database(on_measured: Callable[[Any], None] | None = None) -> CompactResult:
+    """1. Measure the file size and reusable space (handed to `on_measured` before anything
+       changes: a run killed during VACUUM, which the server may finish anyway, leaves them).
     2. Run the engine's VACUUM in autocommit (SQLite: then fold the WAL back into the file).
     3. Measure again and return both, with the seconds VACUUM took."""
     if connection.vendor not in {"sqlite", "postgresql"}:
@@ -61,6 +65,9 @@ def compact_database() -> CompactResult:
         raise CompactError("in_transaction", Message(gettext_noop(
             "The database cannot be compacted inside a transaction.")))
     before = database_size()
+    if on_measured is not None:
+        on_measured(before)
+    faults.kill_point("tool-compact-measured")  # crash tests: the sizes before recorded, VACUUM not run
     started = time.monotonic()
     with connection.cursor() as cursor:
         if connection.vendor == "sqlite":

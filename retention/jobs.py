@@ -88,7 +88,7 @@ ANALYSIS_BATCH = settings.TOOL_ANALYSIS_BATCH
 
 # SQLite: a batch checks its time after every WRITE_CHUNK items it writes.
 WRITE_CHUNK = 64
-MAX_TAKEOVERS = 5
+MAX_TAKEOVERS = 5  # takeovers of a dead run's lease in a row, with no batch committed between them
 BUSY_RETRIES = 6
 NO_CURSOR = 0
 
@@ -349,9 +349,15 @@ def run_operation(operation_id: int, wait_for_lease: bool = False) -> str:
 
 def _fail(op: ToolPayloadOperation, token: str, code: str, message: Message) -> None:
     """Fail the operation; a backup's failure also fails the preparation waiting on it (else
-    it would show a backup being made that no job makes, with no Retry or Cancel offered)."""
+    it would show a backup being made that no job makes, with no Retry or Cancel offered).
+    A cleanup that had removed details before it failed stopped part-way: partial (what its
+    batches removed stays), as a cancel after some batches is."""
+    state = OperationState.FAILED
+    if op.kind == OperationKind.CLEANUP and ToolPayloadOperation.objects.filter(
+            pk=op.pk, removed_messages__gt=0).exists():
+        state = OperationState.PARTIAL
     with transaction.atomic():
-        if _finish(op, token, OperationState.FAILED, code, message) and op.kind == OperationKind.BACKUP:
+        if _finish(op, token, state, code, message) and op.kind == OperationKind.BACKUP:
             _policy_preparation(PreparationState.FAILED, error=message)
 
 
@@ -449,6 +455,7 @@ def _analysis_step(op: ToolPayloadOperation, token: str) -> str:
                     cursor_conversation=ids[-1],
                     progress_done=F("progress_done") + len(ids),
                     heartbeat_at=timezone.now(),
+                    attempts=0,  # progress: takeovers count again from here (see _commit_cursor)
                 )
             return "next"
 
@@ -1177,7 +1184,10 @@ class _EligibleAmong:
 
 def _commit_cursor(op_id: int, cursor: tuple[int, int], *, removed: int, removed_bytes: int,
                    skipped_json: str, done: int, scanned: int) -> None:
-    """The batch's cursor and counters, added in the batch's transaction (plain SQL)."""
+    """The batch's cursor and counters, added in the batch's transaction (plain SQL). A batch
+    committed is progress: the takeovers counted so far (MAX_TAKEOVERS) start again, as a
+    delete's stall count does when a step finishes, so only a run that dies again and again
+    without moving on ends as interrupted."""
     key = (connection.vendor, "commit-cursor")
     sql = _STATEMENTS.get(key)
     if sql is None:
@@ -1185,7 +1195,7 @@ def _commit_cursor(op_id: int, cursor: tuple[int, int], *, removed: int, removed
             f"UPDATE {connection.ops.quote_name(ToolPayloadOperation._meta.db_table)} SET "
             "cursor_conversation = %s, cursor_item = %s, removed_messages = removed_messages + %s, "
             "payload_bytes = payload_bytes + %s, skipped_json = %s, progress_done = progress_done + %s, "
-            "scanned = scanned + %s, heartbeat_at = %s WHERE id = %s"
+            "scanned = scanned + %s, heartbeat_at = %s, attempts = 0 WHERE id = %s"
         )
     at = ToolPayloadOperation._meta.get_field("heartbeat_at").get_db_prep_save(timezone.now(), connection)
     with connection.cursor() as db:
@@ -1702,16 +1712,27 @@ def _compact_run(op: ToolPayloadOperation, token: str) -> str:
         _finish(op, token, OperationState.CANCELLED, "cancelled",
                 Message(gettext_noop("Cancelled before the database was compacted.")))
         return "done"
+    def record(before) -> None:
+        # The sizes before the first VACUUM this operation started: a run killed during it
+        # (the server may finish that VACUUM anyway) leaves them, and the run that takes over
+        # reports from them, not from a file the interrupted run already shrank.
+        ToolPayloadOperation.objects.filter(pk=op.pk, lease=token, before_bytes__isnull=True).update(
+            before_bytes=before.file_bytes, before_reusable_bytes=before.reusable_bytes)
+
     try:
         with _Heartbeat(op.pk, token):
-            result = compact_database()
+            result = compact_database(on_measured=record)
     except CompactError as exc:
         _finish(op, token, OperationState.FAILED, exc.code, exc.text)
         return "done"
+    first_bytes, first_reusable = ToolPayloadOperation.objects.filter(pk=op.pk).values_list(
+        "before_bytes", "before_reusable_bytes").get()
     _finish(
         op, token, OperationState.SUCCEEDED,
-        before_bytes=result.before_file_bytes, after_bytes=result.after_file_bytes,
-        before_reusable_bytes=result.before_reusable_bytes, after_reusable_bytes=result.after_reusable_bytes,
+        before_bytes=result.before_file_bytes if first_bytes is None else first_bytes,
+        after_bytes=result.after_file_bytes,
+        before_reusable_bytes=result.before_reusable_bytes if first_reusable is None else first_reusable,
+        after_reusable_bytes=result.after_reusable_bytes,
     )
     return "done"
 
