@@ -40,3 +40,9 @@ def test_it_refuses_a_wrong_password(seeded, live_server, open_page):
 
     expect(page.get_by_role("alert")).to_have_text("That username and password do not match. Try again.")
     expect(page.get_by_role("heading", name="Sign in to Lethe")).to_be_visible()
+    # The username stays; the password is what to type again: focused, marked and described by the alert.
+    expect(page.get_by_label("Username")).to_have_value(ADMIN[0])
+    password = page.get_by_label("Password")
+    expect(password).to_be_focused()
+    expect(password).to_have_attribute("aria-invalid", "true")
+    expect(password).to_have_accessible_description("That username and password do not match. Try again.")
