@@ -375,11 +375,13 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django.contrib.humanize",
     "django_htmx",
-    "django_q",
     "console",
     "lifecycle",
     "retention",
     "ops",
+    # After ops: ops's `qcluster` (the cluster restarted when a process is killed; ops/cluster.py)
+    # replaces django-q2's, since the first app listed wins.
+    "django_q",
     "insight",
     "remote",
 ]

@@ -15,3 +15,11 @@ def work_on(operation_id: int) -> int:
 
 def explode() -> None:
     raise RuntimeError(f"refused the row holding {SECRET}")
+
+
+def pause(seconds: float) -> float:
+    """Keeps a worker busy (the tests kill it mid-job)."""
+    import time
+
+    time.sleep(seconds)
+    return seconds

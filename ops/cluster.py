@@ -1,0 +1,256 @@
+"""The job cluster (`manage.py qcluster`), restarted with fresh queues when one of its processes
+is killed outright.
+
+django-q2's processes share two multiprocessing queues and a lock per worker. A process killed
+by a signal (SIGKILL, the out-of-memory killer) while it holds one of them never releases it:
+an idle worker waits in `task_queue.get()` holding the queue's reader lock, so once it is
+killed there the other workers and its replacement wait for that lock forever, every
+process still alive. django-q2 replaces the dead worker and goes on with the same queues.
+Which lock a dead process held cannot be known (POSIX semaphores have no owner), and taking
+one back is not safe, so any cluster process that ends by a signal counts as having poisoned
+the queues, and the whole set of processes is replaced:
+
+1. The sentinel (its guard notices the death within a cycle, 0.5 s) kills the pusher, so no
+   more jobs go into the old queue.
+2. It lets busy workers finish their job, and the monitor save their results, for up to
+   GRACE_SECONDS, then kills every worker and the monitor.
+3. Jobs still sitting in the old queue (taken from the database, never started) are read
+   from its pipe, now that no process is left to read or write it, and handed back to the
+   database queue at once; without this they would wait for Q_CLUSTER "retry" (11 min).
+   A job whose run was cut short comes back after "retry", as always: every Lethe job is
+   leased and resumable.
+4. The sentinel exits with RESTART_EXIT, and the cluster's main process starts a new
+   sentinel with new queues and processes.
+
+The main process also restarts the processes when the sentinel stops showing signs of life
+for STALL_SECONDS (a worker killed while it held its own timer lock stops the guard itself),
+or when the sentinel is killed (its workers, left behind, are killed first). Restarts come
+back to back at first, then each one waits twice as long as the last (up to 5 minutes) while
+they keep coming within 10 minutes of each other, so a job that kills its worker every time
+cannot make the cluster spin. A recycled worker, a timed-out one and a job that raises are
+handled by django-q2 as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import signal
+import struct
+import time
+import uuid
+from multiprocessing import Event, Value
+
+from django import db
+from django.utils import timezone
+from django_q import cluster as q_cluster
+from django_q.conf import Conf
+
+logger = logging.getLogger("lethe.cluster")
+
+RESTART_EXIT = 75  # EX_TEMPFAIL: the sentinel gave up its processes, start new ones
+GRACE_SECONDS = 30.0
+STALL_SECONDS = 120.0  # the guard ticks every 0.5 s; its scheduler pass takes a few seconds at most
+BACKOFF_FIRST, BACKOFF_MAX, BACKOFF_WINDOW = 5.0, 300.0, 600.0
+
+
+def _raw(value) -> float:
+    """A shared value read without its lock, which a killed process may hold."""
+    return value.get_obj().value
+
+
+class Sentinel(q_cluster.Sentinel):
+    def __init__(self, *args, tick=None, **kwargs):
+        self.tick = tick
+        super().__init__(*args, **kwargs)
+
+    def beat(self) -> None:
+        if self.tick is not None:
+            self.tick.get_obj().value = time.time()
+
+    def status(self) -> str:
+        self.beat()  # the guard saves the status every cycle
+        return super().status()
+
+    def reincarnate(self, process):
+        if process.exitcode is not None and process.exitcode < 0:
+            self.give_up(process)
+        super().reincarnate(process)
+
+    def give_up(self, dead) -> None:
+        role = "monitor" if dead is self.monitor else "pusher" if dead is self.pusher else "worker"
+        logger.critical("The job cluster's %s %s was killed (signal %s); it may hold the cluster's queues: "
+                        "restarting its processes", role, dead.pid, -dead.exitcode)
+        if self.pusher.is_alive():
+            self.pusher.kill()
+            self.pusher.join()
+        deadline = time.monotonic() + GRACE_SECONDS
+        while time.monotonic() < deadline and (
+                any(p.is_alive() and _raw(p.timer) > 0 for p in self.pool)
+                or (self.monitor.is_alive() and _raw(self.result_queue.size.count) > 0)):
+            self.beat()
+            time.sleep(0.2)
+        for process in [*self.pool, self.monitor]:
+            if process.is_alive():
+                process.kill()
+            process.join()
+        released = self.hand_back(queued_jobs(self.task_queue))
+        if released:
+            logger.warning("Handed %s queued jobs back to the database queue", released)
+        os._exit(RESTART_EXIT)
+
+    def hand_back(self, ack_ids: list) -> int:
+        from django_q.models import OrmQ
+
+        if not ack_ids:
+            return 0
+        try:
+            return OrmQ.objects.using(Conf.ORM).filter(pk__in=ack_ids, key=self.broker.list_key).update(
+                lock=timezone.now())
+        except Exception:  # they come back after Q_CLUSTER "retry" instead
+            logger.exception("Could not hand the queued jobs back; they run again after the retry period")
+            return 0
+
+
+def queued_jobs(queue) -> list:
+    """The broker ids of the jobs left in a queue's pipe once nothing else reads or writes it.
+    Reads without blocking; stops at the first frame that is not a whole job (a reader or
+    writer killed mid-message), whose jobs then come back after Q_CLUSTER "retry"."""
+    fd = queue._reader.fileno()
+    os.set_blocking(fd, False)
+    data = b""
+    try:
+        while chunk := os.read(fd, 65536):
+            data += chunk
+    except BlockingIOError:
+        pass
+    except OSError:
+        return []
+    ids, at = [], 0
+    while at + 4 <= len(data):
+        (size,) = struct.unpack("!i", data[at:at + 4])
+        if size < 0 or at + 4 + size > len(data):
+            break
+        try:
+            job = pickle.loads(data[at + 4:at + 4 + size])  # noqa: S301 (the cluster's own queue)
+        except Exception:  # noqa: BLE001
+            break
+        if not isinstance(job, dict) or "ack_id" not in job:
+            break
+        ids.append(job["ack_id"])
+        at += 4 + size
+    return ids
+
+
+class Cluster(q_cluster.Cluster):
+    """django-q2's cluster whose main process restarts the sentinel (see the module's comment)."""
+
+    def __init__(self, broker=None):
+        super().__init__(broker)
+        self.stopping = False
+        self.tick = Value("d", time.time())
+        self.restarts: list[float] = []
+        self.generation: list[tuple[int, str]] = []
+
+    def start(self) -> int:
+        # django-q2's Cluster.start with this module's Sentinel (and its tick).
+        db.connections.close_all()  # a forked connection must not be shared with the sentinel
+        self.tick.get_obj().value = time.time()
+        self.stop_event = Event()
+        self.start_event = Event()
+        self.sentinel = q_cluster.get_mp_context().Process(
+            target=Sentinel, name=f"Process-{uuid.uuid4().hex}",
+            args=(self.stop_event, self.start_event, self.cluster_id, self.broker, self.timeout),
+            kwargs={"tick": self.tick})
+        self.sentinel.start()
+        q_cluster.logger.info("Q Cluster %s starting.", self.name)
+        while self.start_event and not self.start_event.is_set():
+            if not self.sentinel.is_alive():
+                if self.sentinel.exitcode == 0:
+                    break
+                raise RuntimeError(f"Q Cluster {self.name} failed to start: sentinel exited with code "
+                                   f"{self.sentinel.exitcode}")
+            time.sleep(0.1)
+        return self.pid
+
+    def sig_handler(self, signum, frame):
+        self.stopping = True
+        super().sig_handler(signum, frame)
+
+    def run(self) -> None:
+        """Start, then restart as needed until asked to stop or the sentinel ends by itself."""
+        self.start()
+        while not self.stopping:
+            time.sleep(1)
+            if self.stopping:
+                break
+            sentinel = self.sentinel
+            if sentinel.is_alive():
+                self.generation = descendants(sentinel.pid) or self.generation
+                if time.time() - self.tick.get_obj().value < STALL_SECONDS:
+                    continue
+                logger.critical("The job cluster's guard has not moved for %s s: restarting its processes",
+                                int(STALL_SECONDS))
+                kill_all([(sentinel.pid, start_time(sentinel.pid)), *self.generation])
+                sentinel.join()
+            elif sentinel.exitcode != RESTART_EXIT:
+                if sentinel.exitcode is None or sentinel.exitcode >= 0:
+                    return  # it stopped by itself: so does this process, as django-q2's does
+                logger.critical("The job cluster's sentinel was killed (signal %s): restarting its processes",
+                                -sentinel.exitcode)
+                kill_all(self.generation)
+            self.generation = []
+            self.wait_before_restart()
+            if not self.stopping:
+                self.start()
+
+    def wait_before_restart(self) -> None:
+        now = time.time()
+        self.restarts = [t for t in self.restarts if now - t < BACKOFF_WINDOW][-10:] + [now]
+        if len(self.restarts) > 1:
+            delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (len(self.restarts) - 2))
+            logger.warning("The job cluster restarted %s times within %s s: waiting %s s first",
+                           len(self.restarts) - 1, int(BACKOFF_WINDOW), int(delay))
+            deadline = time.monotonic() + delay
+            while not self.stopping and time.monotonic() < deadline:
+                time.sleep(0.5)
+        self.restarts[-1] = time.time()
+
+
+def start_time(pid: int) -> str:
+    """The process's start time (field 22 of /proc/<pid>/stat), to tell it from a later process
+    given the same id; '' once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def descendants(pid: int) -> list[tuple[int, str]]:
+    """The processes under `pid` (Linux /proc), with their start times."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        found.append((child, start_time(child)))
+        todo.extend(children.get(child, []))
+    return found
+
+
+def kill_all(processes: list[tuple[int, str]]) -> None:
+    for pid, started in processes:
+        if started and start_time(pid) == started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

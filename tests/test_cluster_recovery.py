@@ -1,0 +1,105 @@
+"""A job cluster whose worker is killed outright (SIGKILL, the out-of-memory killer) goes on
+taking jobs: an idle worker killed in django-q2's `task_queue.get()` leaves the queue's reader
+lock held for good, so the cluster restarts its processes with fresh queues (ops/cluster.py)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django_q.models import Task
+from django_q.tasks import async_task
+
+from tests.test_jobs import ROOT, database_url
+
+
+def wchan(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/wchan").read_text()
+    except OSError:
+        return ""
+
+
+def wait_for(condition, seconds: float = 60):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        time.sleep(0.2)
+    return condition()
+
+
+@pytest.fixture
+def cluster(engine_home, tmp_path, request):
+    log = tmp_path / "cluster.log"
+    env = {**os.environ, "DATABASE_URL": database_url(), "ENGINE_HOME": str(engine_home), "LOG_FORMAT": "text",
+           "DJANGO_SETTINGS_MODULE": "console.settings_test", "Q_WORKERS": "2"}
+    with log.open("w") as sink:
+        process = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=ROOT, env=env,
+                                   stdout=subprocess.DEVNULL, stderr=sink, process_group=0)
+    process.log = log
+    request.node.cluster_log = log
+    try:
+        yield process
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def worker_pids(cluster) -> list[int]:
+    return [int(pid) for pid in re.findall(r"ready for work at (\d+)", cluster.log.read_text())]
+
+
+def live(pid: int) -> bool:
+    return wchan(pid) != "" and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def completes(task_id: str, seconds: float = 60) -> bool:
+    return bool(wait_for(lambda: Task.objects.filter(id=task_id, success=True).exists(), seconds))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_takes_jobs_again_after_an_idle_worker_is_killed(cluster):
+    # One worker waits in the queue's pipe holding its reader lock, the other waits for that lock.
+    idle = wait_for(lambda: next((pid for pid in worker_pids(cluster) if wchan(pid) == "anon_pipe_read"), None))
+    assert idle, cluster.log.read_text()
+    os.kill(idle, signal.SIGKILL)
+
+    task_id = async_task("tests.jobs.work_on", 7)
+    assert completes(task_id), cluster.log.read_text()
+    assert Task.objects.get(id=task_id).result == 7
+    assert "restarting its processes" in cluster.log.read_text()
+    # The old generation is gone (no worker of it left behind) and the new one works on.
+    assert wait_for(lambda: not any(live(pid) for pid in worker_pids(cluster)[:2]), 10)
+    second = async_task("tests.jobs.work_on", 8)
+    assert completes(second)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_takes_jobs_again_after_a_busy_worker_is_killed(cluster):
+    async_task("tests.jobs.pause", 30)
+
+    def busy() -> int | None:
+        log = cluster.log.read_text()
+        pids = dict(re.findall(r"(Process-\w+) ready for work at (\d+)", log))
+        names = re.findall(r"(Process-\w+) processing [\w-]+ 'tests.jobs.pause'", log)
+        return int(pids[names[0]]) if names and names[0] in pids else None
+
+    pid = wait_for(busy)
+    assert pid, cluster.log.read_text()
+    os.kill(pid, signal.SIGKILL)
+
+    task_id = async_task("tests.jobs.work_on", 9)
+    assert completes(task_id), cluster.log.read_text()
+    assert f"worker {pid} was killed" in cluster.log.read_text()
