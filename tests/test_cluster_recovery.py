@@ -102,4 +102,5 @@ def test_it_takes_jobs_again_after_a_busy_worker_is_killed(cluster):
 
     task_id = async_task("tests.jobs.work_on", 9)
     assert completes(task_id), cluster.log.read_text()
-    assert f"worker {pid} was killed" in cluster.log.read_text()
+    # The job ran on the other worker, at once or after the restart; the restart comes either way.
+    assert wait_for(lambda: f"worker {pid} was killed" in cluster.log.read_text(), 10)
