@@ -155,7 +155,7 @@ class Cluster(q_cluster.Cluster):
         self.generation: list[tuple[int, str]] = []
 
     def start(self) -> int:
-        # django-q2's Cluster.start with this module's Sentinel (and its tick).
+        # Starts this module's Sentinel (with its tick) the way django-q2's Cluster starts its own.
         db.connections.close_all()  # a forked connection must not be shared with the sentinel
         self.tick.get_obj().value = time.time()
         self.stop_event = Event()
