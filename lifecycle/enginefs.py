@@ -47,6 +47,7 @@ import os
 import re
 import secrets
 import stat
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,21 +106,28 @@ EMPTY_FLEET: dict[str, Any] = {"version": 1, "agents": []}
 JSONL_CHECK_BYTES = 4 << 20
 
 
-def _fleet_document(path: Path) -> dict[str, Any]:
-    """The fleet document at `path`, checked for shape; the empty fleet when absent."""
+def _read_fleet_file(path: Path) -> tuple[bytes, os.stat_result, bool] | None:
+    """The fleet file's bytes, its status after the read and whether the read saw it unchanged
+    (same status before and after); None when it does not exist."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
-        return dict(EMPTY_FLEET)
+        return None
     except OSError as error:
         raise UnreadableEngineFile(path, "unreadable") from error
     try:
         with os.fdopen(fd, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            before = os.fstat(handle.fileno())
+            if not stat.S_ISREG(before.st_mode):
                 raise UnreadableEngineFile(path, "unreadable")
             data = handle.read()
+            after = os.fstat(handle.fileno())
+            return data, after, _identity(before) == _identity(after)
     except OSError as error:
         raise UnreadableEngineFile(path, "unreadable") from error
+
+
+def _parse_fleet(path: Path, data: bytes) -> dict[str, Any]:
     try:
         document = json.loads(data)
     except (ValueError, RecursionError) as error:
@@ -132,8 +140,57 @@ def _fleet_document(path: Path) -> dict[str, Any]:
     return document
 
 
+def _fleet_document(path: Path) -> dict[str, Any]:
+    """The fleet document at `path`, checked for shape; the empty fleet when absent."""
+    read = _read_fleet_file(path)
+    return dict(EMPTY_FLEET) if read is None else _parse_fleet(path, read[0])
+
+
 def _fleet_rows(path: Path) -> list[dict[str, Any]]:
     return _fleet_document(path)["agents"]
+
+
+# Pages, operation lists and verification read the fleet files often, and a large fleet takes
+# a noticeable time to parse. The last parse of each file is kept with the file's identity and
+# bytes. An entry whose change time is older than SETTLED_NS is reused on its identity alone:
+# a later write would give the file a change time of its own, after that (a write in the same
+# clock tick as the parse could keep size and times, so a younger entry is not trusted on them).
+# Otherwise the bytes are read again and compared, and parsed again only if they differ.
+SETTLED_NS = 2_000_000_000
+_parsed: dict[str, tuple[tuple[int, ...], bool, bytes, list[dict[str, Any]]]] = {}
+
+
+def _identity(info: os.stat_result) -> tuple[int, ...]:
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+def _settled(info: os.stat_result) -> bool:
+    return time.time_ns() - max(info.st_mtime_ns, info.st_ctime_ns) > SETTLED_NS
+
+
+def _fleet_rows_seen(path: Path) -> list[dict[str, Any]]:
+    """`_fleet_rows` for reads that change nothing: a file unchanged since its last parse in
+    this process is not parsed again. The rows are shared: the caller must not change them."""
+    key = str(path)
+    entry = _parsed.get(key)
+    if entry is not None and entry[1]:
+        try:
+            info = os.stat(path, follow_symlinks=False)
+        except OSError:
+            info = None
+        if info is not None and stat.S_ISREG(info.st_mode) and _identity(info) == entry[0]:
+            return list(entry[3])
+    read = _read_fleet_file(path)
+    if read is None:
+        _parsed.pop(key, None)
+        return []
+    data, info, steady = read
+    if entry is not None and entry[2] == data:
+        rows = entry[3]
+    else:
+        rows = _parse_fleet(path, data)["agents"]
+    _parsed[key] = (_identity(info), steady and _settled(info), data, rows)
+    return list(rows)
 
 
 def jsonl(records: list[dict[str, Any]]) -> bytes:
@@ -454,7 +511,7 @@ class EngineHome:
     def try_read_fleet(self, legacy: bool = False) -> FleetRead:
         """The tolerant form for pages: the rows, or none and the reason the file is unreadable."""
         try:
-            return FleetRead(_fleet_rows(self.legacy_fleet_path if legacy else self.fleet_path))
+            return FleetRead(_fleet_rows_seen(self.legacy_fleet_path if legacy else self.fleet_path))
         except UnreadableEngineFile as problem:
             return FleetRead([], problem)
 

@@ -30,7 +30,13 @@ from typing import Any
 
 from django.utils.dateparse import parse_datetime
 
-from lifecycle.enginefs import EngineHome, UnreadableEngineFile, _fleet_document, _fleet_rows
+from lifecycle.enginefs import (
+    EngineHome,
+    UnreadableEngineFile,
+    _fleet_document,
+    _fleet_rows,
+    _fleet_rows_seen,
+)
 from lifecycle.fence import refusal
 from lifecycle.models import Conversation, ConversationState
 
@@ -42,9 +48,12 @@ UNSETTLED_STATUSES = ("running", "queued")
 FleetUnreadable = UnreadableEngineFile
 
 
-def read_rows(path: Path) -> list[Row]:
-    """The rows of a fleet file; [] when it does not exist, FleetUnreadable when it is not one."""
-    return _fleet_rows(path)
+def read_rows(path: Path, *, cached: bool = False) -> list[Row]:
+    """The rows of a fleet file; [] when it does not exist, FleetUnreadable when it is not one.
+
+    `cached`: for reads that change nothing (pages, lists, checks), the last parse of an
+    unchanged file is reused (rows shared: not to be changed)."""
+    return _fleet_rows_seen(path) if cached else _fleet_rows(path)
 
 
 def fleet_files(home: EngineHome) -> list[Path]:
@@ -99,8 +108,8 @@ def ambiguous(rows: Iterable[Row], conversation: Conversation) -> list[Row]:
     return [r for r in rows if origin_of(r) is None and overlaps(r, conversation)]
 
 
-def all_rows(home: EngineHome) -> list[tuple[Path, Row]]:
-    return [(path, row) for path in fleet_files(home) for row in read_rows(path)]
+def all_rows(home: EngineHome, *, cached: bool = False) -> list[tuple[Path, Row]]:
+    return [(path, row) for path in fleet_files(home) for row in read_rows(path, cached=cached)]
 
 
 # ---- Writes ---------------------------------------------------------------------------------

@@ -47,7 +47,9 @@ class Admission:
         return (refusals or self.reasons or [""])[0]
 
 
-def admit(conversation: Conversation, home: EngineHome | None = None) -> Admission:
+def admit(conversation: Conversation, home: EngineHome | None = None, *, cached: bool = False) -> Admission:
+    """Why a delete could not start now. `cached` (a preview): the fleet's last parse is reused
+    when the files did not change."""
     admission = Admission()
     if Turn.objects.filter(conversation=conversation, state__in=ACTIVE_TURN_STATES).exists():
         admission.reasons.append(r.TURN_ACTIVE)
@@ -61,7 +63,7 @@ def admit(conversation: Conversation, home: EngineHome | None = None) -> Admissi
         admission.reasons.append(r.ENGINE_FOLDER_UNAVAILABLE)
         return admission
     try:
-        rows = [row for _path, row in fleet.all_rows(home)]
+        rows = [row for _path, row in fleet.all_rows(home, cached=cached)]
     except fleet.FleetUnreadable:
         admission.reasons.append(r.CHILD_STATE_UNREADABLE)
         return admission

@@ -22,7 +22,7 @@ def _count(store: Store, conversation: Conversation, home: EngineHome) -> dict[s
             return {"records": None}
         if store.shared_file:
             try:
-                return {"records": len(fleet.children(fleet.read_rows(path), conversation))}
+                return {"records": len(fleet.children(fleet.read_rows(path, cached=True), conversation))}
             except fleet.FleetUnreadable:
                 return {"records": None}
         try:
@@ -48,7 +48,7 @@ def _count(store: Store, conversation: Conversation, home: EngineHome) -> dict[s
 def preview(conversation: Conversation, home: EngineHome | None = None) -> dict[str, Any]:
     home = home or EngineHome()
     live = conversation.state == ConversationState.LIVE
-    admission = admit(conversation, home) if live else None
+    admission = admit(conversation, home, cached=True) if live else None
     policy = RetainedFactsPolicy.load()
     stores = []
     for s in STORES:

@@ -134,7 +134,7 @@ def logical_findings(conversation: Conversation, home: EngineHome) -> list[Findi
                 continue
             if s.shared_file:
                 try:
-                    n = len(fleet.children(fleet.read_rows(path), conversation))
+                    n = len(fleet.children(fleet.read_rows(path, cached=True), conversation))
                 except fleet.FleetUnreadable:
                     out.append(Finding(s.key, "unreadable"))
                     continue
