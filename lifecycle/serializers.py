@@ -7,10 +7,18 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from django.db.models import Prefetch, QuerySet
 from pydantic import Field, JsonValue
 
 from console.api import Schema
-from lifecycle.models import Conversation, DeleteOperation, DeleteState, Item
+from lifecycle.models import (
+    Conversation,
+    DeleteOperation,
+    DeleteState,
+    DeleteStep,
+    Item,
+    RetainedFactsPolicy,
+)
 
 
 def iso(value) -> str | None:
@@ -258,23 +266,57 @@ class PreviewOut(Schema):
     shared_copy_remains: int
 
 
-def operation_json(op: DeleteOperation) -> dict[str, Any]:
-    """A delete operation: state, step, attempts, receipt. Content-free, like the operation."""
+class OperationReads:
+    """What the operations of one list share, read at most once for them all: the retained-facts
+    policy and the fleet files' rows (a large fleet takes long to parse)."""
+
+    def __init__(self) -> None:
+        self._policy: RetainedFactsPolicy | None = None
+        self._rows: list[dict[str, Any]] | None = None
+
+    def policy(self) -> RetainedFactsPolicy:
+        if self._policy is None:
+            self._policy = RetainedFactsPolicy.load()
+        return self._policy
+
+    def fleet_rows(self) -> list[dict[str, Any]]:
+        """Both fleet files' rows; none when one cannot be read (no way out is offered then)."""
+        from lifecycle import fleet
+        from lifecycle.enginefs import EngineHome
+
+        if self._rows is None:
+            try:
+                self._rows = [row for _path, row in fleet.all_rows(EngineHome(), cached=True)]
+            except fleet.FleetUnreadable:
+                self._rows = []
+        return self._rows
+
+
+def with_steps(operations: QuerySet[DeleteOperation]) -> QuerySet[DeleteOperation]:
+    """Operations with their conversations and steps read in a constant number of queries."""
+    return operations.select_related("conversation").prefetch_related(
+        Prefetch("steps", queryset=DeleteStep.objects.order_by("position")))
+
+
+def operation_json(op: DeleteOperation, reads: OperationReads | None = None) -> dict[str, Any]:
+    """A delete operation: state, step, attempts, receipt. Content-free, like the operation.
+
+    A list passes one `reads` for all its operations and reads them `with_steps`."""
     from lifecycle import fleet
     from lifecycle.deletion import reasons
     from lifecycle.deletion.errors import error_message
     from lifecycle.deletion.executor import with_current_periods
-    from lifecycle.enginefs import EngineHome
 
+    reads = reads or OperationReads()
     steps = [
         {"store": s.key, "state": s.state, "records": s.records, "bytes": s.bytes}
-        for s in op.steps.order_by("position")
+        for s in sorted(op.steps.all(), key=lambda s: s.position)
     ] if op.is_intent else []
     receipt = None
     if op.state == DeleteState.COMPLETED:
         receipt = {
             **(op.receipt or {}),
-            "kept": with_current_periods((op.receipt or {}).get("kept", [])),
+            "kept": with_current_periods((op.receipt or {}).get("kept", []), reads.policy),
             "physical": {"state": op.physical_state or None, "erased_at": iso(op.physically_erased_at)},
             "verified_at": iso(op.verified_at),
             "verified_physical_at": iso(op.verified_physical_at),
@@ -282,11 +324,8 @@ def operation_json(op: DeleteOperation) -> dict[str, Any]:
     way_out = None
     if op.reason == reasons.CHILD_AMBIGUOUS:
         conversation = op.conversation
-        try:
-            rows = [row for _path, row in fleet.all_rows(EngineHome())]
-            ambiguous = fleet.ambiguous(rows, conversation) if conversation.state == "live" else []
-        except fleet.FleetUnreadable:
-            ambiguous = []
+        rows = reads.fleet_rows() if conversation.state == "live" else []
+        ambiguous = fleet.ambiguous(rows, conversation)
         seen: dict[str, dict[str, Any]] = {}
         for row in ambiguous:
             seen.setdefault(str(row.get("agent_id", "")), {

@@ -450,10 +450,11 @@ def receipt_of(op: DeleteOperation, steps: list[DeleteStep] | None = None) -> di
     return {"engine": connection.vendor, "stores": changed, "kept": kept}
 
 
-def with_current_periods(kept: Any) -> Any:
+def with_current_periods(kept: Any, load_policy: Callable[[], RetainedFactsPolicy] | None = None) -> Any:
     """A receipt's kept entries with the retained-facts period in force now: facts still kept
     expire by it (lifecycle.actions.expire_facts), whatever period stood when the receipt was
-    written, and a console of this engine schedules its next read of the receipt by it."""
+    written, and a console of this engine schedules its next read of the receipt by it.
+    `load_policy`: a list of operations passes one that reads the policy once for them all."""
     if not isinstance(kept, list):
         return kept
     periods = {s.key: s.period for s in STORES if s.period}
@@ -461,7 +462,7 @@ def with_current_periods(kept: Any) -> Any:
     entries = []
     for entry in kept:
         if isinstance(entry, dict) and entry.get("action") == "kept" and entry.get("store") in periods:
-            policy = policy or RetainedFactsPolicy.load()
+            policy = policy or (load_policy or RetainedFactsPolicy.load)()
             entry = {**entry, "days": getattr(policy, periods[entry["store"]])}
         entries.append(entry)
     return entries

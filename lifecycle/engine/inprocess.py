@@ -19,7 +19,7 @@ from lifecycle.item_payload import has_bad_text
 from lifecycle.models import Conversation, DeleteOperation
 from lifecycle.operation_paging import operation_slice, parse_position
 from lifecycle.paging import InvalidCursor
-from lifecycle.serializers import operation_json, thread_json
+from lifecycle.serializers import OperationReads, operation_json, thread_json, with_steps
 
 
 def visible_conversations(actor=None):
@@ -73,11 +73,12 @@ class InProcessEngine:
             start = parse_position(position)
         except InvalidCursor:
             raise ActionRefused("invalid_cursor", _("The cursor is not valid."), status=400) from None
-        qs = DeleteOperation.objects.select_related("conversation")
+        qs = with_steps(DeleteOperation.objects.all())
         if state:
             qs = qs.filter(state=state)
         page = operation_slice(qs, start, limit)
-        rows = [OperationView.from_json(operation_json(op)) for op in page.rows]
+        reads = OperationReads()  # the policy and the fleet files, read once for the page
+        rows = [OperationView.from_json(operation_json(op, reads)) for op in page.rows]
         return OperationPage(rows=rows, next=page.next, previous=page.previous)
 
     def retry_operation(self, operation_id: str, *, actor) -> OperationView:
