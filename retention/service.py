@@ -232,6 +232,18 @@ def _backups() -> list[dict[str, Any]]:
     ]
 
 
+def _newest_of(kind: str) -> tuple[dict | None, ToolPayloadOperation | None]:
+    """The newest readable operation of a kind, as the history shows it (an unreadable one is
+    skipped, as in the history)."""
+    for op in ToolPayloadOperation.objects.filter(kind=kind).select_related("started_by")[:HISTORY_LENGTH]:
+        try:
+            _check_operation(op)
+            return _operation_dict(op), op
+        except StateUnreadable:
+            continue
+    return None, None
+
+
 def status_document(*, with_database: bool = True) -> dict:
     """The whole state of tool payload cleanup (DESIGN.md section 8 and more).
 
@@ -273,6 +285,14 @@ def status_document(*, with_database: bool = True) -> dict:
             last_run = doc
         if last_compact is None and op.kind == OperationKind.COMPACT:
             last_compact = doc
+    # A kind not among the newest HISTORY_LENGTH: its newest readable one however old (the
+    # (kind, -id) index), so 50 analyses after a cleanup do not make it "Never".
+    if last_analysis is None:
+        last_analysis, analysis_op = _newest_of(OperationKind.ANALYSIS)
+    if last_run is None:
+        last_run, _op = _newest_of(OperationKind.CLEANUP)
+    if last_compact is None:
+        last_compact, _op = _newest_of(OperationKind.COMPACT)
     try:
         backups = _backups()
     except Exception:  # a broken backup folder must not hide the rest of the status

@@ -627,3 +627,16 @@ def test_the_poller_measures_the_database_at_most_every_few_seconds_and_after_an
     monkeypatch.setattr(views, "POLL_MEASURE_SECONDS", 0)
     admin_client.get(STATUS, **HX)
     assert len(measured) == 4
+
+
+def test_the_last_cleanup_is_shown_however_many_analyses_came_after_it(admin_client, admin_user):
+    old_conversation("run")
+    enable(admin_user, choice="skip")
+    cleanup = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
+    run(cleanup)
+    ToolPayloadOperation.objects.create(kind="analysis", state="succeeded", slot=None)
+    ToolPayloadOperation.objects.bulk_create(
+        [ToolPayloadOperation(kind="analysis", state="succeeded", slot=None) for _ in range(service.HISTORY_LENGTH + 5)])
+    status = service.status_document(with_database=False)
+    assert status["last_run"]["id"] == cleanup and status["last_run"]["state"] == "succeeded"
+    assert state_of(page(admin_client), "tool-run", "data-run") == "succeeded"
