@@ -9,6 +9,7 @@ import pytest
 
 from lifecycle import enginefs, fleet
 from lifecycle.enginefs import EngineHome
+from tests import factories
 
 pytestmark = pytest.mark.django_db
 
@@ -50,3 +51,20 @@ def test_it_does_not_read_a_settled_unchanged_fleet_again(parses, monkeypatch):
     fleet.put_row({"agent_id": "a2", "status": "done", "delivery": "settled"}, home=home)  # a new file
     assert [r["agent_id"] for r in home.try_read_fleet().rows] == ["a1", "a2"]
     assert len(parses) == 3  # the write's own read, then the page's
+
+
+@pytest.mark.parametrize("page", ["/conversations/{id}/", "/conversations/{id}/delete/",
+                                  "/settings/system/data-storage/"])
+def test_a_page_parses_each_fleet_file_once_and_an_unchanged_one_not_again(admin_client, parses, page):
+    home = EngineHome()
+    conversation = factories.make_conversation()
+    fleet.put_row({"agent_id": "a1", "status": "done", "delivery": "settled",
+                   "origin": {"conversation": conversation.public_id}}, home=home)
+    fleet.update_file(home, home.legacy_fleet_path, lambda rows: [{"agent_id": "old", "status": "done"}])
+    parses.clear()
+    url = page.format(id=conversation.public_id)
+    assert admin_client.get(url, HTTP_HOST="127.0.0.1").status_code == 200
+    assert len(parses) == len(set(parses)) <= 2  # each file at most once in the request
+    parses.clear()
+    assert admin_client.get(url, HTTP_HOST="127.0.0.1").status_code == 200
+    assert parses == []  # unchanged since: not parsed again
