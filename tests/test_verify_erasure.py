@@ -367,3 +367,35 @@ def test_an_area_folder_turned_into_a_symlink_is_a_finding_not_a_crash(tmp_path,
     report = json.loads(capsys.readouterr().out)["reports"][0]
     assert ("events", "unsafe_folder") in {(f["store"], f["what"]) for f in report["logical_findings"]}
     assert list(elsewhere.iterdir()) == []  # nothing was written or removed through the link
+
+
+def test_all_writes_each_operation_as_it_is_checked_and_parses_the_fleet_once(monkeypatch):
+    from io import StringIO
+
+    from lifecycle import enginefs, fleet
+
+    home = EngineHome()
+    fleet.put_row({"agent_id": "someone-else", "status": "done", "delivery": "settled",
+                   "origin": {"conversation": factories.make_conversation().public_id}}, home=home)
+    ops = []
+    for i in range(3):
+        op = request_deletion(factories.make_conversation(), key=f"stream-{i}", acting_user=None)
+        executor.run_erasure(op.pk)
+        ops.append(op.public_id)
+    out = StringIO()
+    written_before: list[str] = []
+    check = verify.verify
+    parses: list[str] = []
+    parse = enginefs._parse_fleet
+    monkeypatch.setattr(enginefs, "_parsed", {})
+    monkeypatch.setattr(enginefs, "_parse_fleet", lambda path, data: parses.append(str(path)) or parse(path, data))
+
+    def spy(op, **kw):
+        written_before.append(out.getvalue())
+        return check(op, **kw)
+
+    monkeypatch.setattr("lifecycle.management.commands.verify_erasure.verify", spy)
+    call_command("verify_erasure", "--all", stdout=out)
+    assert written_before[0] == "" and ops[0] in written_before[1] and ops[1] in written_before[2]
+    assert out.getvalue().count("logical: clean") == 3
+    assert parses == [str(home.fleet_path)]  # once for the run, not once per operation

@@ -54,46 +54,57 @@ class Command(BaseCommand):
                                returncode=2)
         from lifecycle.engine_folder import WORDS, EngineFolderUnavailable
 
+        # Each operation's lines are written as it is checked (--all over thousands of deletes
+        # takes long); --json is one document, written at the end.
+        reports, documents, found = 0, [], False
         try:
-            erased = {op.public_id: erase_residue_of(op) for op in ops} if erase_residue else {}
-            reports = [verify(op, physical=physical) for op in ops]
+            for op in ops:
+                erased = erase_residue_of(op) if erase_residue else []
+                r = verify(op, physical=physical)
+                reports += 1
+                found = found or r.found
+                if json:
+                    documents.append({**r.as_dict(), "erased_again": erased})
+                else:
+                    self._write(r, erased, physical=physical)
         except EngineFolderUnavailable as exc:
+            checked = f"{reports} deleted conversation(s) were checked before it" if reports else "nothing was checked"
             raise CommandError(
-                f"The engine folder {exc.root} is {WORDS[exc.reason]}, so nothing was checked (a folder "
+                f"The engine folder {exc.root} is {WORDS[exc.reason]}, so {checked} (a folder "
                 "that is not there would look clean). Mount it or set ENGINE_HOME, then run this again; if this "
                 "folder is the right one, mark it with manage.py engine_folder --adopt.", returncode=2) from None
         except OSError as exc:  # residue it could not remove (a read-only mount): one line
             raise io_error(exc, "The residue was not all removed", returncode=2) from None
         if json:
-            self.stdout.write(_dumps({"reports": [{**r.as_dict(), "erased_again": erased.get(r.operation, [])}
-                                                  for r in reports],
-                                      "found": any(r.found for r in reports)}))
+            self.stdout.write(_dumps({"reports": documents, "found": found}))
         else:
-            for r in reports:
-                logical = "clean" if not r.logical else "FOUND " + ", ".join(
-                    f"{f.store} ({f.what}: {f.count})" for f in r.logical)
-                if erased.get(r.operation):
-                    self.stdout.write(f"{r.operation}  {r.target}  erased again: {', '.join(erased[r.operation])}")
-                self.stdout.write(f"{r.operation}  {r.target}  logical: {logical}")
-                if physical:
-                    detail = ", ".join(f"{f.where} ({f.count})" for f in r.physical_findings)
-                    words = PHYSICAL_WORDS[r.physical]
-                    if r.physical == "clean" and connection.vendor != "sqlite":
-                        words = "clean in the engine folder's files (the database server's files are not read)"
-                    self.stdout.write(f"    physical: {words}"
-                                      + (f": {detail}" if detail else "")
-                                      + f"  [{r.windows} windows; {r.explained} hits explained by live data]")
-                    for f in r.physical_findings:
-                        if not f.erasable:
-                            self.stdout.write(f"      {f.where}: {BY_HAND[f.where.split(':', 1)[0]]}")
-                if r.last_physical:
-                    # This check scanned no raw bytes: the last one that did stands on the receipt.
-                    last = {"found": "CONTENT FOUND", "pending": "pending"}.get(r.last_physical["result"], "clean")
-                    self.stdout.write(f"    last raw-byte check ({r.last_physical['at']}): {last}, as the receipt "
-                                      "still records")
-            self.stdout.write(f"{len(reports)} deleted conversation(s) checked.")
-        if any(r.found for r in reports):
+            self.stdout.write(f"{reports} deleted conversation(s) checked.")
+        if found:
             raise SystemExit(1)
+
+    def _write(self, r, erased: list[str], *, physical: bool) -> None:
+        logical = "clean" if not r.logical else "FOUND " + ", ".join(
+            f"{f.store} ({f.what}: {f.count})" for f in r.logical)
+        if erased:
+            self.stdout.write(f"{r.operation}  {r.target}  erased again: {', '.join(erased)}")
+        self.stdout.write(f"{r.operation}  {r.target}  logical: {logical}")
+        if physical:
+            detail = ", ".join(f"{f.where} ({f.count})" for f in r.physical_findings)
+            words = PHYSICAL_WORDS[r.physical]
+            if r.physical == "clean" and connection.vendor != "sqlite":
+                words = "clean in the engine folder's files (the database server's files are not read)"
+            self.stdout.write(f"    physical: {words}"
+                              + (f": {detail}" if detail else "")
+                              + f"  [{r.windows} windows; {r.explained} hits explained by live data]")
+            for f in r.physical_findings:
+                if not f.erasable:
+                    self.stdout.write(f"      {f.where}: {BY_HAND[f.where.split(':', 1)[0]]}")
+        if r.last_physical:
+            # This check scanned no raw bytes: the last one that did stands on the receipt.
+            last = {"found": "CONTENT FOUND", "pending": "pending"}.get(r.last_physical["result"], "clean")
+            self.stdout.write(f"    last raw-byte check ({r.last_physical['at']}): {last}, as the receipt "
+                              "still records")
+        self.stdout.flush()
 
 
 def _dumps(value) -> str:
