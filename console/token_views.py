@@ -15,6 +15,7 @@ import secrets
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
 from django.db import IntegrityError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -28,6 +29,7 @@ from console.models import ApiToken
 from console.tokens import TokenForm, create_token, revoke_token
 
 PAGE = "console/api_tokens.html"
+TOKENS_PAGE = 50  # tokens a page lists, newest first (an install may hold thousands)
 
 
 FORM_NUMBER = re.compile(r"[A-Za-z0-9_-]{16,32}")
@@ -45,9 +47,17 @@ def visible_tokens(user):
     return tokens if is_admin(user) else tokens.filter(user=user)
 
 
+def _asked_page(request: HttpRequest) -> int:
+    """An asked page number: ASCII digits only, else the first page (past the last: the last)."""
+    raw = request.GET.get("page", "")
+    return int(raw) if is_number(raw) and int(raw) > 0 else 1
+
+
 def _page(request: HttpRequest, form: TokenForm, *, status: int = 200, **extra) -> HttpResponse:
+    page = Paginator(visible_tokens(request.user), TOKENS_PAGE).get_page(_asked_page(request))
     context = {
-        "tokens": visible_tokens(request.user),
+        "tokens": list(page.object_list),
+        "page": page,
         "form": form,
         "form_number": _form_number(),
         "can_edit": is_admin(request.user),

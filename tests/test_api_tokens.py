@@ -291,3 +291,30 @@ def test_a_token_of_an_inactive_user_is_said_so_and_none_is_made_for_one(admin_u
     with pytest.raises(CommandError, match="is inactive"):
         run("api_tokens", "create", member_user.username, "--name", "New")
     assert ApiToken.objects.filter(user=member_user).count() == 1
+
+
+def test_the_page_lists_tokens_a_page_at_a_time_in_a_constant_number_of_queries(admin_client, admin_user,
+                                                                                  member_user, member_client):
+    from django.test.utils import CaptureQueriesContext
+
+    from console.token_views import TOKENS_PAGE
+
+    def queries(client) -> int:
+        with CaptureQueriesContext(connection) as captured:
+            assert client.get(PAGE, **HOST).status_code == 200
+        return len(captured.captured_queries)
+
+    for i in range(2):
+        ApiToken.issue(admin_user, name=f"script {i}")
+    few = queries(admin_client)
+    tokens = [ApiToken.issue(admin_user, name=f"script {i}")[0] for i in range(2, TOKENS_PAGE + 5)]
+    assert queries(admin_client) == few
+    first = admin_client.get(PAGE, **HOST).content.decode()
+    assert first.count('class="token-row"') == TOKENS_PAGE and f"token-{tokens[-1].pk}" in first  # newest first
+    assert 'data-pager="next"' in first and "Page 1 of 2" in first
+    second = admin_client.get(f"{PAGE}?page=2", **HOST).content.decode()
+    assert second.count('class="token-row"') == 5 and 'data-pager="previous"' in second
+    assert f"/settings/api-tokens/{tokens[0].pk}/revoke/" in second  # the oldest, revocable on its page
+    own, _raw = ApiToken.issue(member_user, name="Member export")
+    mine = member_client.get(f"{PAGE}?page=2", **HOST).content.decode()  # past the last: the last
+    assert mine.count('class="token-row"') == 1 and own.prefix in mine and "data-pager" not in mine
