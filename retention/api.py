@@ -153,6 +153,8 @@ class DatabaseOut(Schema):
     file_bytes: int
     reusable_bytes: int
     reusable_is_estimate: bool
+    reusable_measured_at: str | None = Field(
+        None, description="When reusable_bytes was measured, when it was not measured for this answer (PostgreSQL).")
 
 
 class BackupOut(Schema):

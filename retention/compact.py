@@ -64,7 +64,7 @@ def compact_database(on_measured: Callable[[Any], None] | None = None) -> Compac
     if connection.in_atomic_block:
         raise CompactError("in_transaction", Message(gettext_noop(
             "The database cannot be compacted inside a transaction.")))
-    before = database_size()
+    before = database_size(measure=True)
     if on_measured is not None:
         on_measured(before)
     faults.kill_point("tool-compact-measured")  # crash tests: the sizes before recorded, VACUUM not run
@@ -84,7 +84,7 @@ def compact_database(on_measured: Callable[[Any], None] | None = None) -> Compac
         else:
             cursor.execute("VACUUM")
     seconds = time.monotonic() - started
-    after = database_size()
+    after = database_size(measure=True)
     return CompactResult(
         before_file_bytes=before.file_bytes,
         after_file_bytes=after.file_bytes,

@@ -77,6 +77,9 @@ class StorageSnapshot(models.Model):
     engine_files = models.PositiveBigIntegerField(default=0)
     engine_bytes = models.PositiveBigIntegerField(default=0)
     measured_at = models.DateTimeField(null=True, blank=True)
+    # PostgreSQL's reusable space, measured from the pages (retention.storage)
+    reusable_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    reusable_measured_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [models.CheckConstraint(name="storage_snapshot_singleton", condition=Q(id=1))]

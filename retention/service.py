@@ -218,6 +218,7 @@ def _database() -> dict[str, Any]:
         "file_bytes": size.file_bytes,
         "reusable_bytes": size.reusable_bytes,
         "reusable_is_estimate": size.reusable_is_estimate,
+        "reusable_measured_at": size.reusable_measured_at,
     }
 
 

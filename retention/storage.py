@@ -7,16 +7,23 @@ its TOAST table (where large payloads live). With the `pgstattuple` extension in
 (migration console 0003 installs it where the role may) the figure is measured from the
 pages themselves; without it, it is estimated from the statistics collector's dead-row
 counts, which cannot see space a VACUUM already freed, and the page says "estimated".
+
+Measuring reads pages of every table (over a second on a large database that autovacuum has
+not caught up with), so on PostgreSQL pages and status reads never measure: they show the last
+measurement with its time (`StorageSnapshot`, by the `measure-database` job every 15 minutes
+and by each compaction), or the statistics' estimate until there is one.
 """
 
 from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
+from django.utils import timezone
 
 
 @dataclass(frozen=True)
@@ -25,6 +32,7 @@ class DatabaseSize:
     file_bytes: int
     reusable_bytes: int
     reusable_is_estimate: bool
+    reusable_measured_at: datetime | None = None  # None: measured now (or estimated now)
 
 
 # The installation's tables (the connection's schema) and their TOAST tables.
@@ -55,7 +63,11 @@ def short_of_room(folder: Path, needed: int) -> tuple[int, int] | None:
     return (free, reserve) if free < needed + reserve else None
 
 
-def database_size() -> DatabaseSize:
+def database_size(*, measure: bool = False) -> DatabaseSize:
+    """The database's size and reusable space. On PostgreSQL with pgstattuple, `measure` reads
+    the pages now and keeps the figure; without it the last kept measurement is given."""
+    from retention.models import StorageSnapshot
+
     with connection.cursor() as cursor:
         if connection.vendor == "sqlite":
             page_size, pages, free = sqlite_pages(cursor)
@@ -70,14 +82,30 @@ def database_size() -> DatabaseSize:
         cursor.execute("SELECT pg_database_size(current_database())")
         total = cursor.fetchone()[0]
         if pgstattuple_installed(cursor):
-            try:
-                # A role without pg_stat_scan_tables may not call it: fall back, in a savepoint
-                # so the caller's transaction stays usable.
-                with transaction.atomic():
-                    return DatabaseSize("postgresql", total, measured_reusable(cursor), False)
-            except DatabaseError:
-                pass
+            if not measure:
+                kept = StorageSnapshot.load()
+                if kept.reusable_measured_at is not None and kept.reusable_bytes is not None:
+                    return DatabaseSize("postgresql", total, kept.reusable_bytes, False, kept.reusable_measured_at)
+            else:
+                try:
+                    # A role without pg_stat_scan_tables may not call it: fall back, in a savepoint
+                    # so the caller's transaction stays usable.
+                    with transaction.atomic():
+                        reusable = measured_reusable(cursor)
+                except DatabaseError:
+                    pass
+                else:
+                    StorageSnapshot.objects.update_or_create(
+                        id=1, defaults={"reusable_bytes": reusable, "reusable_measured_at": timezone.now()})
+                    return DatabaseSize("postgresql", total, reusable, False)
         return DatabaseSize("postgresql", total, estimated_reusable(cursor), True)
+
+
+def measure_database() -> int | None:
+    """The `measure-database` job: reusable space measured and kept (PostgreSQL with
+    pgstattuple; elsewhere nothing to keep, as reads are cheap)."""
+    size = database_size(measure=True)
+    return None if size.reusable_is_estimate else size.reusable_bytes
 
 
 def pgstattuple_installed(cursor) -> bool:

@@ -70,7 +70,10 @@ def test_a_second_compact_finds_nothing_more_to_reclaim():
     first = compact_database()
     second = compact_database()
     assert first.before_reusable_bytes > 0
-    assert second.before_reusable_bytes == first.after_reusable_bytes
+    if connection.vendor == "sqlite":
+        assert second.before_reusable_bytes == first.after_reusable_bytes
+    else:  # the first's measurement, kept for the page (StorageSnapshot), is a row version of its own
+        assert abs(second.before_reusable_bytes - first.after_reusable_bytes) < 8192
     if connection.vendor == "sqlite":
         assert second.after_file_bytes == first.after_file_bytes
     assert Item.objects.count() == 100

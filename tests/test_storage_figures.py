@@ -44,10 +44,10 @@ def _vacuum() -> None:
 def test_dropped_tool_output_is_reported_reusable_before_and_after_vacuum():
     dropped = _store_then_drop_output()
     assert dropped > 11 * MB
-    before = database_size()
+    before = database_size(measure=True)
     assert before.reusable_bytes >= 0.9 * dropped, (before, dropped)
     _vacuum()
-    after = database_size()
+    after = database_size(measure=True)
     if connection.vendor == "sqlite":
         # VACUUM rebuilt the file: the free pages went back to the file system.
         assert after.reusable_bytes < MB and after.file_bytes <= before.file_bytes - 0.9 * dropped
@@ -69,3 +69,30 @@ def test_without_the_extension_the_estimate_still_counts_toast():
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_stat_clear_snapshot()")
         assert estimated_reusable(cursor) >= 0.8 * dropped
+
+
+@pytest.mark.django_db
+def test_pages_and_status_reads_show_the_last_measurement_and_never_measure(admin_client, api, monkeypatch):
+    from retention import storage
+    from retention.api import BASE
+
+    if connection.vendor != "postgresql" or not pgstattuple_installed(connection.cursor()):
+        pytest.skip("only PostgreSQL measures reusable space from the pages")
+    measured: list[int] = []
+    measure = storage.measured_reusable
+    monkeypatch.setattr(storage, "measured_reusable", lambda cursor: measured.append(1) or measure(cursor))
+    page = "/settings/system/data-storage/"
+    html = admin_client.get(page, HTTP_HOST="127.0.0.1").content.decode()
+    assert "Reusable space (estimated)" in html and measured == []  # nothing measured yet: the estimate
+    reusable = storage.measure_database()  # the job
+    assert measured == [1] and reusable is not None
+    assert admin_client.get(page, HTTP_HOST="127.0.0.1").status_code == 200
+    assert admin_client.get(page + "status/", HTTP_HOST="127.0.0.1", HTTP_HX_REQUEST="true").status_code == 200
+    answer = api.get(BASE, HTTP_HOST="127.0.0.1")
+    assert answer.status_code == 200 and answer.json()["database"]["reusable_measured_at"] is not None
+    assert measured == [1]  # the pages and status reads did not measure again
+    html = admin_client.get(page, HTTP_HOST="127.0.0.1").content.decode()
+    assert "Reusable space (estimated)" not in html and "(measured " in html
+    size = database_size()
+    assert (size.reusable_bytes, size.reusable_is_estimate) == (reusable, False)
+    assert size.reusable_measured_at is not None

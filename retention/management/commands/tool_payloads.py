@@ -172,6 +172,8 @@ class Command(JsonErrors, BaseCommand):
                               + (" (due: it runs when the job cluster next runs)"
                                  if jobs.check_is_due(doc["next_check_at"]) else ""))
         db = doc["database"]
-        self.stdout.write(f"database {db['file_bytes']} bytes, reusable {db['reusable_bytes']} bytes")
+        measured = db.get("reusable_measured_at")
+        self.stdout.write(f"database {db['file_bytes']} bytes, reusable {db['reusable_bytes']} bytes"
+                          + (f" (measured {measured.isoformat()})" if measured else ""))
         for op in doc["history"][:10]:
             self.operation(op)
