@@ -41,6 +41,15 @@ CHILD_STATUS = {
 PAGE_SIZE = 25
 CHANGED_SAMPLE = 5
 TRANSCRIPT_PAGE = 50
+# Counts of a conversation's messages stop here: counting a million rows per view took half a
+# second, so past it the page says "more than" this many (true, and cheap to know).
+COUNT_CAP = 10_000
+
+
+def _capped_count(items) -> tuple[int, bool]:
+    """(count, over): the number of rows up to COUNT_CAP, and whether there are more."""
+    count = items.order_by()[: COUNT_CAP + 1].count()
+    return min(count, COUNT_CAP), count > COUNT_CAP
 
 
 def _owner_filter(request: HttpRequest) -> tuple[str, str, int | None, bool]:
@@ -159,6 +168,7 @@ def conversation_detail(request: HttpRequest, public_id: str) -> HttpResponse:
     ) if conversation.state == ConversationState.LIVE else []
     more = len(items) > TRANSCRIPT_PAGE
     items = items[:TRANSCRIPT_PAGE]
+    item_count, item_count_over = _capped_count(Item.objects.filter(conversation=conversation))
     home = enginefs.EngineHome()
     children, engine_problems = _engine_files(home, conversation)
     files, size, uncounted = _engine_usage(home, conversation)
@@ -168,7 +178,9 @@ def conversation_detail(request: HttpRequest, public_id: str) -> HttpResponse:
         "intent": DeleteOperation.objects.intents().filter(conversation=conversation).first(),
         "rows": item_rows(items),
         "next_after": items[-1].seq if more else None,
-        "item_count": Item.objects.filter(conversation=conversation).count(),
+        "item_count": item_count,
+        "item_count_over": item_count_over,
+        "count_cap": COUNT_CAP,
         "turns": conversation.turns.filter(state__in=ACTIVE_TURN_STATES).count(),
         "claims": conversation.runtime_claims.open().order_by("opened_at"),
         "children": children,
@@ -184,7 +196,8 @@ def conversation_detail(request: HttpRequest, public_id: str) -> HttpResponse:
     elif after_seq and items:
         # A whole page that starts later (the link followed without the script): it says what
         # it leaves out, with the way back to the start.
-        context["earlier_count"] = Item.objects.filter(conversation=conversation, seq__lte=after_seq).count()
+        context["earlier_count"], context["earlier_over"] = _capped_count(
+            Item.objects.filter(conversation=conversation, seq__lte=after_seq))
     return render(request, template, context)
 
 

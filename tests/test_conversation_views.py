@@ -248,3 +248,28 @@ def test_ids_owner_names_and_tool_summaries_are_shown_with_their_invisible_chara
         # what is left raw is inside attribute values and form fields only (never shown as text)
         shown = re.sub(r'<[^>]*>', "", page)
         assert "\u202e" not in shown, name
+
+
+def test_it_counts_a_long_transcript_only_up_to_a_cap_and_says_more_than(member_client, conversation, monkeypatch):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from lifecycle import views
+
+    monkeypatch.setattr(views, "COUNT_CAP", 5)
+    for n in range(4):
+        factories.add_message(conversation, content=f"message number {n}.")
+    url = f"/conversations/{conversation.public_id}/"
+    page = member_client.get(url, **HOST).content.decode()
+    assert "<dt>Messages</dt><dd>4</dd>" in page
+    for n in range(4, 60):
+        factories.add_message(conversation, content=f"message number {n}.")
+    with CaptureQueriesContext(connection) as captured:
+        page = member_client.get(url, **HOST).content.decode()
+    assert "<dt>Messages</dt><dd>More than 5</dd>" in page
+    counts = [q["sql"] for q in captured.captured_queries if "COUNT(" in q["sql"] and "lifecycle_item" in q["sql"]]
+    assert counts and all("LIMIT 6" in sql for sql in counts)  # never every row of the conversation
+    later = member_client.get(f"{url}?after=50", **HOST).content.decode()
+    assert "More than 5 earlier messages are not shown on this page." in later and "message number 50." in later
+    few = member_client.get(f"{url}?after=3", **HOST).content.decode()
+    assert "The first 3 messages are not shown on this page." in few
