@@ -178,7 +178,8 @@ class StatusOut(Schema):
     next_check_at: str | None
     history: list[OperationDoc] = Field(description="The last 50 operations, newest first.")
     database: DatabaseOut
-    backups: list[BackupOut]
+    backups: list[BackupOut] = Field(description="The newest 20 backups, newest first.")
+    older_backups: int = Field(0, description="Older backups in the backup folder, not listed.")
     error: OperationErrorOut | None = Field(description="Set when stored state is unreadable: nothing runs.")
 
 

@@ -222,15 +222,20 @@ def _database() -> dict[str, Any]:
     }
 
 
-def _backups() -> list[dict[str, Any]]:
+BACKUPS_SHOWN = 20  # the newest backups the status lists (it is read every second while something runs)
+
+
+def _backups() -> tuple[list[dict[str, Any]], int]:
+    """The newest BACKUPS_SHOWN backups, and how many older ones the backup folder holds."""
     try:
         from retention.backups import list_backups
     except ImportError:  # the backup primitives are not installed in this build
-        return []
+        return [], 0
+    receipts = list_backups()
     return [
         {"name": r.name, "size": r.size, "created_at": r.created_at, "sha256": r.sha256, "changed": r.changed}
-        for r in list_backups()
-    ]
+        for r in receipts[:BACKUPS_SHOWN]
+    ], max(len(receipts) - BACKUPS_SHOWN, 0)
 
 
 def _newest_of(kind: str) -> tuple[dict | None, ToolPayloadOperation | None]:
@@ -295,10 +300,10 @@ def status_document(*, with_database: bool = True) -> dict:
     if last_compact is None:
         last_compact, _op = _newest_of(OperationKind.COMPACT)
     try:
-        backups = _backups()
+        backups, older_backups = _backups()
     except Exception:  # a broken backup folder must not hide the rest of the status
         log.exception("could not list backups")
-        backups = []
+        backups, older_backups = [], 0
     return {
         "policy": {
             "enabled": policy.enabled,
@@ -322,6 +327,7 @@ def status_document(*, with_database: bool = True) -> dict:
         "history": history,
         "database": _database() if with_database else None,
         "backups": backups,
+        "older_backups": older_backups,
         "error": {"code": error.code, "message": error.message} if error else None,
     }
 

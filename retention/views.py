@@ -211,6 +211,8 @@ def _card(doc: dict | None, engine: str) -> dict:
         "run_blocked": blocked,
         "last_compact": _op(doc.get("last_compact")),
         "backups": doc.get("backups") or [],
+        "older_backups": doc.get("older_backups") or 0,
+        "backup_folder": _backup_folder() if doc.get("older_backups") else "",
         "history": [_op(entry) for entry in (doc.get("history") or [])[:50]],
         "restore_text": _restore_text(engine) if doc.get("backups") else "",
         "poll": POLL_BUSY if busy else (POLL_IDLE if policy["enabled"] else 0),
@@ -252,6 +254,12 @@ def _remaining(run: dict | None) -> int | None:
     if run.get("eligible_messages") is not None and run.get("removed_messages") is not None:
         return max(run["eligible_messages"] - run["removed_messages"] - sum((run.get("skipped") or {}).values()), 0)
     return None
+
+
+def _backup_folder() -> str:
+    from retention.backups import configured_backup_dir
+
+    return str(configured_backup_dir())
 
 
 def _context(request: HttpRequest, **overrides) -> dict:

@@ -528,3 +528,18 @@ def test_a_folder_that_exists_keeps_its_mode_and_the_files_are_owner_only(folder
     assert folder.stat().st_mode & 0o7777 == 0o1770
     assert receipt.path.stat().st_mode & 0o777 == 0o600
     assert (folder / (receipt.name + ".json")).stat().st_mode & 0o777 == 0o600
+
+
+def test_the_status_lists_the_newest_backups_and_counts_the_older_ones(folder, admin_client, api, monkeypatch):
+    from retention import service
+
+    monkeypatch.setattr(service, "BACKUPS_SHOWN", 2)
+    fill(messages=3)
+    made = [create_backup() for _ in range(3)]
+    doc = service.status_document(with_database=False)
+    assert [b["name"] for b in doc["backups"]] == [made[2].name, made[1].name] and doc["older_backups"] == 1
+    page = admin_client.get("/settings/system/data-storage/", HTTP_HOST="127.0.0.1").content.decode()
+    assert made[0].name not in page and made[2].name in page
+    assert f"1 older backup is not listed here; it is in the backup folder, {folder}." in page
+    answer = api.get("/api/v1/system/tool-payload-retention", HTTP_HOST="127.0.0.1").json()
+    assert len(answer["backups"]) == 2 and answer["older_backups"] == 1
