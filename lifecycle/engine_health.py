@@ -32,6 +32,7 @@ def describe(home: EngineHome, problem: UnreadableEngineFile) -> EngineProblem:
 
 
 def fleet_health(home: EngineHome) -> list[EngineProblem]:
-    """Problems with the two workspace-wide fleet files (cheap enough for every page view)."""
+    """Problems with the two workspace-wide fleet files (an unchanged file is not parsed again: see
+    enginefs._fleet_rows_seen)."""
     reads = (home.try_read_fleet(), home.try_read_fleet(legacy=True))
     return [describe(home, read.problem) for read in reads if read.problem is not None]
