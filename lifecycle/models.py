@@ -362,7 +362,7 @@ class Item(models.Model):
     removable_bytes = models.PositiveIntegerField(default=0)
     # The reducer's skip reason, stored when the item is written ("" when it is eligible
     # or is not a tool item), so analysis counts skips by reason without reading payloads.
-    payload_skip = models.CharField(max_length=16, blank=True, default="")
+    payload_skip = models.CharField(max_length=16, blank=True, default="", db_default="")
     # Set when tool payload cleanup removed this item's details; never cleared.
     details_removed_at = models.DateTimeField(null=True, blank=True)
     # What cleanup would write into the marker besides its time (the removed fields and the

@@ -42,11 +42,11 @@ class ToolPayloadPolicy(models.Model):
     )
     # Preparation before the first cleanup under this choice (AC-TPR-002.1/002.2). The
     # strings are checked when read: an unknown one fails closed (nothing runs).
-    backup_choice = models.CharField(max_length=8, blank=True, default="")
-    preparation_state = models.CharField(max_length=12, default=PreparationState.NONE)
+    backup_choice = models.CharField(max_length=8, blank=True, default="", db_default="")
+    preparation_state = models.CharField(max_length=12, default=PreparationState.NONE, db_default=PreparationState.NONE)
     # A stored message (retention.errors: a msgid, or a msgid with its details as JSON)
-    preparation_error = models.TextField(blank=True, default="")
-    backup_receipt_name = models.CharField(max_length=200, blank=True, default="")
+    preparation_error = models.TextField(blank=True, default="", db_default="")
+    backup_receipt_name = models.CharField(max_length=200, blank=True, default="", db_default="")
 
     class Meta:
         constraints = [
@@ -147,7 +147,7 @@ class ToolPayloadOperation(models.Model):
     started_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    started_by_name = models.CharField(max_length=150, blank=True, default="")
+    started_by_name = models.CharField(max_length=150, blank=True, default="", db_default="")
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -158,7 +158,7 @@ class ToolPayloadOperation(models.Model):
     stale = models.BooleanField(default=False)
     then_cleanup = models.BooleanField(default=False)
     error_code = models.CharField(max_length=40, blank=True, default="")
-    error_message = models.TextField(blank=True, default="")  # a stored message, as preparation_error
+    error_message = models.TextField(blank=True, default="", db_default="")  # a stored message, as preparation_error
     # backup receipt
     backup_name = models.CharField(max_length=200, blank=True, default="")
     backup_sha256 = models.CharField(max_length=64, blank=True, default="")

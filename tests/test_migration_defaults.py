@@ -1,0 +1,63 @@
+"""Columns added after the first release have a database default, so a server still running
+older code (a rolling upgrade: it does not know the column) can insert rows."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from retention.models import ToolPayloadOperation, ToolPayloadPolicy
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+
+
+def _columns(table: str) -> dict:
+    with connection.cursor() as cursor:
+        return {c.name: c for c in connection.introspection.get_table_description(cursor, table)}
+
+
+def test_an_operation_inserted_without_the_later_columns_is_stored_with_their_defaults():
+    known = [f.column for f in ToolPayloadOperation._meta.concrete_fields
+             if f.column not in ("id", "started_by_name", "error_message", "counted_at", "last_item")]
+    operation = ToolPayloadOperation(kind="analyze")
+    values = [f.get_db_prep_save(f.pre_save(operation, True), connection) for f in ToolPayloadOperation._meta.concrete_fields
+              if f.column in known]
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO retention_toolpayloadoperation ({', '.join(known)}) VALUES ({', '.join(['%s'] * len(known))})",
+            values,
+        )
+    stored = ToolPayloadOperation.objects.get()
+    assert (stored.started_by_name, stored.error_message) == ("", "")
+
+
+def test_a_policy_and_an_item_inserted_without_the_later_columns_get_their_defaults():
+    conversation = factories.make_conversation()
+    now = timezone.now()
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO lifecycle_item (conversation_id, seq, role, tool_kind, tool_call_id, status, title, "
+            "content, payload, payload_bytes, removable_bytes, revision, created_at, updated_at) "
+            "VALUES (%s, 1, 'user', '', '', '', '', 'hello', NULL, 0, 0, 1, %s, %s)",
+            [conversation.pk, now, now],
+        )
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT payload_skip FROM lifecycle_item WHERE conversation_id = %s", [conversation.pk])
+        assert cursor.fetchone() == ("",)
+    later = {"backup_choice", "backup_receipt_name", "preparation_error", "preparation_state"}
+    columns = [c for c in _columns("retention_toolpayloadpolicy") if c not in later]
+    assert later <= set(_columns("retention_toolpayloadpolicy"))
+    ToolPayloadPolicy.objects.all().delete()
+    policy = ToolPayloadPolicy(pk=1)
+    fields = {f.column: f for f in ToolPayloadPolicy._meta.concrete_fields}
+    values = [fields[c].get_db_prep_save(fields[c].pre_save(policy, True), connection) for c in columns]
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO retention_toolpayloadpolicy ({', '.join(columns)}) VALUES ({', '.join(['%s'] * len(columns))})",
+            values,
+        )
+    stored = ToolPayloadPolicy.objects.get()
+    assert (stored.backup_choice, stored.backup_receipt_name, stored.preparation_error, stored.preparation_state) == (
+        "", "", "", "none")
