@@ -65,6 +65,9 @@ def main() -> None:
 
             django.setup()
             connection.ensure_connection()
+            from console.management.cli import require_lethe_tables
+
+            require_lethe_tables()
         execute_from_command_line(sys.argv)
     except ImproperlyConfigured as error:
         if "--traceback" in sys.argv:

@@ -106,3 +106,55 @@ def test_a_database_missing_one_table_says_to_migrate_not_that_it_has_none(tmp_p
     assert _one_line_error(env) == [f"Lethe database error: The database {tmp_path}/db.sqlite3 lacks a table this release uses "
                      "(no such table: retention_toolpayloadoperation): its migrations are not all applied. Run "
                      "manage.py migrate."]
+
+
+def _postgresql_database_never_migrated(name: str):
+    """An empty PostgreSQL database beside the one the tests run on (its URL, and a function
+    that drops it); None when the tests run on SQLite."""
+    import contextlib
+
+    import psycopg
+    from django.conf import settings
+
+    database = settings.DATABASES["default"]
+    if database["ENGINE"] != "django.db.backends.postgresql":
+        return None
+    params = {"host": database["HOST"] or "127.0.0.1", "port": database["PORT"] or 5432, "user": database["USER"],
+              "password": database["PASSWORD"] or None, "dbname": "postgres", "autocommit": True}
+    with psycopg.connect(**params) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        admin.execute(f'CREATE DATABASE "{name}"')
+
+    def drop():
+        with contextlib.closing(psycopg.connect(**params)) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    url = f"postgres://{database['USER']}@{params['host']}:{params['port']}/{name}"
+    return url, drop
+
+
+@pytest.mark.parametrize("command", [("qcluster",), ("serve", "127.0.0.1:8471"), ("serve", "--only", "web",
+                                                                                   "127.0.0.1:8472")])
+def test_serve_and_the_job_cluster_stop_on_a_database_never_migrated(tmp_path, command):
+    """A mistyped SQLite path (or an empty PostgreSQL database): serve and the job cluster kept
+    running, the sign-in answering 500 and the cluster logging errors every 10 s."""
+    databases = [(f"sqlite:///{tmp_path}/missing.sqlite3", f"{tmp_path}/missing.sqlite3",
+                  "no such table: lifecycle_conversation")]
+    postgresql = _postgresql_database_never_migrated(f"fixD_never_migrated_{command[-1][-1]}")
+    if postgresql:
+        url, drop = postgresql
+        databases.append((url, url.rsplit("/", 1)[1], 'relation "lifecycle_conversation" does not exist'))
+    try:
+        for url, name, why in databases:
+            env = _env(tmp_path, DATABASE_URL=url)
+            result = subprocess.run([sys.executable, "manage.py", *command], cwd=ROOT, env=env, capture_output=True,
+                                    text=True, timeout=120)
+            assert result.returncode == 2, result.stderr[-3000:]
+            lines = [line for line in result.stderr.splitlines() if not line.startswith("{")]
+            assert lines == [f"Lethe database error: The database {name} has no Lethe tables ({why}): it was never "
+                             "migrated, or DATABASE_URL names another database. Run manage.py migrate, or correct "
+                             "DATABASE_URL."]
+            assert not (tmp_path / "lethe-engine").exists()  # it stopped before anything was made
+    finally:
+        if postgresql:
+            drop()

@@ -37,3 +37,12 @@ def io_error(exc: OSError, outcome: str, *, returncode: int = 1) -> CommandError
     read or written (a read-only mount, another user's folder); `outcome` says what was not done."""
     return CommandError(f"io_error: {exc.filename or settings.ENGINE_HOME}: {exc.strerror or exc}. {outcome}; fix "
                         "the folder's permissions or mount, then try again.", returncode=returncode)
+
+
+def require_lethe_tables() -> None:
+    """Read one of Lethe's first tables, so a database never migrated (a mistyped SQLite path,
+    an empty PostgreSQL database) stops serve and the job cluster before they start anything,
+    as it stops every other command at its first query (manage.py's `not_migrated` words it)."""
+    from lifecycle.models import Conversation
+
+    Conversation.objects.exists()

@@ -42,6 +42,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from console.management.cli import require_lethe_tables
 from lifecycle.enginefs import EngineHome
 from ops.orphans import ENV as ORPHAN_ENV
 from ops.static import ensure_static_files
@@ -211,11 +212,12 @@ class Command(BaseCommand):
         if only is not None:
             keep = "web server" if only == "web" else "job cluster"
             children_to_start = {keep: children_to_start[keep]}
-        # A database server that cannot be reached stops serve here, in one line (manage.py),
-        # before its children each print their own traceback.
+        # A database server that cannot be reached, or one never migrated, stops serve here, in
+        # one line (manage.py), before its children each print their own traceback.
         from django.db import connection
 
         connection.ensure_connection()
+        require_lethe_tables()
         if problem := database_cannot_be_written():
             # As manage.py reports a database it cannot write (one line, exit status 2).
             self.stderr.write(f"Lethe database error: {problem}")
