@@ -230,3 +230,23 @@ def test_a_run_here_killed_with_sigkill_is_taken_to_its_end_by_the_next_run_here
     doc = json.loads(result.stdout)
     assert doc["state"] == "succeeded" and doc["removed_messages"] == doc["eligible_messages"] == removed() == 10
     assert doc["progress"] == {"done": 10, "total": 10}
+
+
+def test_a_queued_operation_with_no_worker_is_taken_to_its_end_by_the_next_command_here(admin_user, capsys):
+    """No job cluster: an analysis queued with --no-wait made status say 'analysis running' (its
+    line said queued) and `analyze --here` answer busy. Now status says queued and --here runs
+    the queued one first."""
+    old_conversation("cli", tools=2)
+    queued = json.loads(command("analyze", "--age", "3", "--unit", "months", "--as", "alice", "--no-wait", "--json"))
+    status = command("status")
+    assert "; analysis queued" in status.splitlines()[0]
+    assert f"analysis #{queued['id']}: queued" in status
+    out = StringIO()
+    call_command("tool_payloads", "analyze", "--age", "2", "--as", "alice", "--here", stdout=out)  # exit status 0
+    assert f"analysis #{queued['id']}: succeeded" in out.getvalue()
+    assert (f"analysis #{queued['id']} is queued and no worker has taken it; running it here first (start this one "
+            "again afterwards).") in capsys.readouterr().err
+    done = ToolPayloadOperation.objects.get(pk=queued["id"])
+    assert (done.state, done.eligible_messages) == ("succeeded", 3)
+    assert ToolPayloadOperation.objects.count() == 1  # the second was not started: start it again
+    assert "; analysis completed" in command("status").splitlines()[0]

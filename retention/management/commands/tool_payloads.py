@@ -13,7 +13,7 @@ from django.core.management.base import BaseCommand, CommandError
 from console.management.cli import JsonErrors
 from retention import jobs, service
 from retention.api import _json
-from retention.models import OPEN_STATES, ToolPayloadOperation, ToolPayloadPolicy
+from retention.models import OPEN_STATES, OperationState, ToolPayloadOperation, ToolPayloadPolicy
 
 
 class Command(JsonErrors, BaseCommand):
@@ -69,10 +69,15 @@ class Command(JsonErrors, BaseCommand):
             stalled = self.stalled_operation() if exc.code == "busy" and options.get("here") else None
             if stalled is None:
                 raise CommandError(f"{exc.code}: {exc.message}") from None
-            # An operation left open with no worker on it (its process was interrupted, no job
-            # cluster runs): one at a time, so it is the one to take to its end here first.
-            self.stderr.write(f"{stalled.kind} #{stalled.pk} was left open with no worker on it; "
-                              "continuing it here first (start this one again afterwards).")
+            # An operation left open with no worker on it (its process was interrupted, or it
+            # was queued and no job cluster runs): one at a time, so it is the one to take to
+            # its end here first.
+            if stalled.state == OperationState.QUEUED:
+                self.stderr.write(f"{stalled.kind} #{stalled.pk} is queued and no worker has taken it; "
+                                  "running it here first (start this one again afterwards).")
+            else:
+                self.stderr.write(f"{stalled.kind} #{stalled.pk} was left open with no worker on it; "
+                                  "continuing it here first (start this one again afterwards).")
             op_id = stalled.pk
         if options["no_wait"]:
             return self.operation(self.doc(op_id))
@@ -90,8 +95,14 @@ class Command(JsonErrors, BaseCommand):
         return user
 
     def stalled_operation(self) -> ToolPayloadOperation | None:
+        """The open operation, when no worker is on it: it stalled, or it is queued and no
+        worker ever took it (a job cluster that runs would take it as soon, and the lease keeps
+        the two from running it at once)."""
         op = ToolPayloadOperation.objects.filter(slot__isnull=False).first()
-        return op if op is not None and service._progress_signs(op)["stalled"] else None
+        if op is None:
+            return None
+        never_taken = op.state == OperationState.QUEUED and not op.lease
+        return op if never_taken or service._progress_signs(op)["stalled"] else None
 
     def doc(self, op_id: int) -> dict:
         return service._operation_dict(ToolPayloadOperation.objects.select_related("started_by").get(pk=op_id))
@@ -160,10 +171,13 @@ class Command(JsonErrors, BaseCommand):
             self.stdout.write(jsonlib.dumps(_json(doc), sort_keys=True))
             return
         policy = doc["policy"]
+        analysis = doc["analysis_state"]
+        if analysis == "running" and doc["last_analysis"]["state"] == OperationState.QUEUED:
+            analysis = "queued"  # as its own line says: no worker has taken it yet
         self.stdout.write(
             f"cleanup {'on' if policy['enabled'] else 'off'}, {policy['age']['value']} {policy['age']['unit']}, "
             f"revision {policy['revision']}; preparation {doc['preparation']['state']} "
-            f"({doc['preparation']['choice'] or 'no choice'}); analysis {doc['analysis_state']}"
+            f"({doc['preparation']['choice'] or 'no choice'}); analysis {analysis}"
         )
         if doc["error"]:
             self.stdout.write(f"error {doc['error']['code']}: {doc['error']['message']}")
