@@ -320,7 +320,21 @@ def read_secret_key() -> str:
 
 SECRET_KEY = read_secret_key()
 
-ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h.strip()]
+def allowed_hosts() -> list[str]:
+    """ALLOWED_HOSTS, unset: 127.0.0.1 and localhost. Set but naming no host (`ALLOWED_HOSTS=`)
+    is refused: Django would answer every request 400."""
+    raw = os.environ.get("ALLOWED_HOSTS")
+    if raw is None:
+        return ["127.0.0.1", "localhost"]
+    hosts = [h.strip() for h in raw.split(",") if h.strip()]
+    if not hosts:
+        raise ImproperlyConfigured(
+            "ALLOWED_HOSTS must be the console's host names separated by commas, such as "
+            f"lethe.example.org,127.0.0.1 (unset, it is 127.0.0.1,localhost), not {_shown(raw)}.")
+    return hosts
+
+
+ALLOWED_HOSTS = allowed_hosts()
 CSRF_TRUSTED_ORIGINS = [
     o.strip() for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
 ]

@@ -114,6 +114,10 @@ def manage(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
     ({"LETHE_TOOL_CLEANUP_PAUSE": "-1"}, "LETHE_TOOL_CLEANUP_PAUSE must be a number of seconds from 0 to 60, not '-1'."),
     ({"LETHE_TOOL_JOB_LEASE_SECONDS": "0"}, "LETHE_TOOL_JOB_LEASE_SECONDS must be a number of seconds from 1 to 86400, "
                                             "not '0'."),
+    # set but naming no host: every request answered 400
+    ({"ALLOWED_HOSTS": ""}, "ALLOWED_HOSTS must be the console's host names separated by commas, such as "
+                            "lethe.example.org,127.0.0.1 (unset, it is 127.0.0.1,localhost), not ''."),
+    ({"ALLOWED_HOSTS": " , "}, "not ' , '."),
     ({"LETHE_ERASURE_HORIZON_WAIT": "10s"}, "LETHE_ERASURE_HORIZON_WAIT must be a number of seconds from 0 to 3600, "
                                             "not '10s'."),
 ])
@@ -295,6 +299,7 @@ def test_a_relative_backup_folder_is_taken_from_the_project_folder(settings, tmp
     ({"ENGINE_TOKENS": "[1]"}, "ENGINE_TOKENS must be a JSON object"),
     ({"DATABASE_URL": "postgres://postgres@127.0.0.1:99999/lethe"}, "not 'postgres://postgres@127.0.0.1:99999/lethe'."),
     ({"SECRET_KEY": "", "SECRET_KEY_FILE": "/"}, "SECRET_KEY_FILE names /, which is not a file"),
+    ({"ALLOWED_HOSTS": ""}, "ALLOWED_HOSTS must be the console's host names separated by commas"),
 ])
 def test_manage_py_prints_one_line_and_exits_2(tmp_path, env, expected):
     result = manage(tmp_path, "check", **env)
