@@ -127,10 +127,13 @@ def test_a_read_only_database_file_in_a_writable_folder_stops_a_write_and_serve(
 
 
 def outer_database(tmp_path: Path) -> str:
-    """A SQLite file outside the var folder (these tests are about the metrics folder; the
-    run's DATABASE_URL names a database that only exists under pytest's test name)."""
+    """A migrated SQLite file outside the var folder (these tests are about the metrics folder;
+    the run's DATABASE_URL names a database that only exists under pytest's test name)."""
     (tmp_path / "db").mkdir()
-    return f"sqlite:///{tmp_path / 'db' / 'lethe.sqlite3'}"
+    url = f"sqlite:///{tmp_path / 'db' / 'lethe.sqlite3'}"
+    migrated = manage(environment(tmp_path / "db" / "var", DATABASE_URL=url), "migrate", "-v0")
+    assert migrated.returncode == 0, migrated.stderr[-2000:]
+    return url
 
 
 @needs_mounts
