@@ -162,8 +162,9 @@ _PRIVATE_SQLITE: set[str] = set()
 
 def private_sqlite_files(sender, connection, **kwargs) -> None:
     """Conversation content is for the owner only: the first time a process opens a SQLite
-    database file, the file and its -wal and -shm are made 0600 (SQLite creates the -wal and
-    -shm later with the database file's mode). This is for files that were there already
+    database file, the file and its -wal and -shm lose every group and other permission bit
+    (SQLite creates the -wal and -shm later with the database file's mode); the owner's bits
+    stay as they are, so a read-only 0444 file becomes 0400, never writable. This is for files that were there already
     (an operator's copy, an older install): a file Lethe creates is created 0600, and only by
     a process's first connection (console/sqlite)."""
     if connection.vendor != "sqlite" or connection.is_in_memory_db():
@@ -173,13 +174,14 @@ def private_sqlite_files(sender, connection, **kwargs) -> None:
         return
     for path in (name, f"{name}-wal", f"{name}-shm"):
         try:
-            if os.stat(path).st_mode & 0o077:
-                os.chmod(path, 0o600)
+            mode = stat.S_IMODE(os.stat(path).st_mode)
+            if mode & 0o077:
+                os.chmod(path, mode & ~0o077)
         except FileNotFoundError:
             pass
         except OSError as error:  # another user's file: say so, and let the database work
             logging.getLogger("console.settings").warning(
-                "Could not make the database file %s private (chmod 600): %s", path, error.strerror)
+                "Could not make the database file %s private (chmod go-rwx): %s", path, error.strerror)
     _PRIVATE_SQLITE.add(name)
 
 

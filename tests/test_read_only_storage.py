@@ -164,3 +164,31 @@ def test_serve_with_a_metrics_folder_it_cannot_make_names_it(tmp_path):
         f"CommandError: The metrics folder {blocker / 'metrics'} cannot be written ({blocker}: File exists). "
         "Make it writable by the user Lethe runs as, or set PROMETHEUS_MULTIPROC_DIR to a folder that is.")
     assert not (tmp_path / "lethe-engine").exists()
+
+
+def test_a_database_file_that_grants_nobody_writing_stays_read_only_for_every_command(tmp_path):
+    """0444: a read-only command's first connection made it 0600, writable again; 0400: root's
+    `conversations archive` wrote into it. Now group and other bits are only ever taken away,
+    and a file that grants nobody writing stops a command at its first write."""
+    import sqlite3
+
+    env, var, database = sqlite_install(tmp_path)
+    seeded = manage(env, "seed_demo", "--conversations", "2", "--messages", "2", "--seed", "1")
+    assert seeded.returncode == 0, seeded.stderr[-2000:]
+    with sqlite3.connect(database) as db:
+        (public_id,) = db.execute("SELECT public_id FROM lifecycle_conversation WHERE archived_at IS NULL AND state = 'live' ORDER BY id").fetchone()
+    database.chmod(0o444)
+    try:
+        read = manage(env, "tool_payloads", "status")
+        assert read.returncode == 0, read.stderr[-2000:]
+        assert oct(database.stat().st_mode & 0o777) == oct(0o400)  # only the bits for others taken away
+        archived = manage(env, "conversations", "archive", public_id, "--as", "admin")
+    finally:
+        database.chmod(0o600)
+    assert archived.returncode == 2, archived.stdout + archived.stderr[-2000:]
+    assert one_line(archived) == (
+        f"Lethe database error: The database {database} cannot be written: {database} has no write permission. "
+        f"Lethe writes the database file and creates its -wal and -shm files in {var}: make that folder and the "
+        "files in it writable by the user Lethe runs as (or mount the disk read-write), then start again.")
+    with sqlite3.connect(database) as db:
+        assert db.execute("SELECT archived_at FROM lifecycle_conversation WHERE public_id = ?", [public_id]).fetchone() == (None,)

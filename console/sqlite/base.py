@@ -31,7 +31,8 @@ anything in it. Every later connection opens the file read-write without creatin
 (`mode=rw`): a file moved or deleted under a running process is not silently replaced by a
 new, empty and world-readable one, which /readyz would then find in place with every
 migration unapplied. Such a connection fails with an error naming the path until the file is
-back.
+back. A database file (or its folder, -wal or -shm) that grants nobody writing is opened
+read-only (`mode=ro`), for root too: its first write fails with one line (manage.py).
 """
 
 from __future__ import annotations
@@ -152,6 +153,16 @@ def first_unwritable(path: str) -> tuple[str, str] | None:
     return None
 
 
+def grants_nobody_writing(path: str) -> bool:
+    """The database file, its folder, -wal or -shm (those there) has no write permission bit
+    at all: Lethe treats the database as read-only, whoever it runs as."""
+    for name in (os.path.dirname(path), path, f"{path}-wal", f"{path}-shm"):
+        with contextlib.suppress(OSError):
+            if not os.stat(name).st_mode & 0o222:
+                return True
+    return False
+
+
 def cannot_write_message(path: str) -> str | None:
     """One line for an operator when the SQLite database at `path` cannot be written: which
     file or folder, why, and what to do. None when nothing is in the way."""
@@ -197,6 +208,10 @@ class DatabaseWrapper(base.DatabaseWrapper):
             conn_params = {**conn_params, "database": f"file:{quote(path)}?mode=rw"}
         elif path is not None:
             _create_private(path)
+        if path is not None and grants_nobody_writing(path):
+            # Read-only for every user, root included (root may write whatever the bits say):
+            # reads work, the first write fails as it would for any other user.
+            conn_params = {**conn_params, "database": f"file:{quote(path)}?mode=ro"}
         try:
             raw = super().get_new_connection(conn_params)
         except sqlite3.OperationalError:
