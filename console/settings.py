@@ -282,8 +282,8 @@ DEBUG = env_bool("DEBUG", False)
 
 
 def read_secret_key() -> str:
-    """SECRET_KEY, else the file at SECRET_KEY_FILE (default var/secret-key, which `make setup`
-    creates with 0600 permissions). Without either, only DEBUG=true starts, on a development key.
+    """SECRET_KEY, else the file at SECRET_KEY_FILE (default $LETHE_VAR_DIR/secret-key, that is
+    var/secret-key, which `make setup` creates with 0600 permissions). Without either, only DEBUG=true starts, on a development key.
     """
     if key := os.environ.get("SECRET_KEY", "").strip():
         return key
@@ -314,9 +314,10 @@ def read_secret_key() -> str:
     if DEBUG:
         return "lethe-development-only-key-" + str(BASE_DIR)
     raise ImproperlyConfigured(
-        "SECRET_KEY is not set. Set SECRET_KEY, or SECRET_KEY_FILE to a file only its owner can "
-        "read, or run `make setup` once (it keeps a generated key in var/secret-key). For local "
-        "development only, DEBUG=true starts with a built-in key. See docs/operations.md."
+        f"SECRET_KEY is not set, and there is no key file at {path}. Set SECRET_KEY, or "
+        "SECRET_KEY_FILE to a file only its owner can read, or keep a key in that file (mode 600; "
+        "`make setup` makes one in var/, the default LETHE_VAR_DIR). For local development only, "
+        "DEBUG=true starts with a built-in key. See docs/operations.md."
     )
 
 

@@ -28,6 +28,9 @@ def test_it_refuses_to_start_without_a_secret_key_unless_debugging(tmp_path):
     refused = manage(tmp_path, "check")
     assert refused.returncode != 0
     assert "SECRET_KEY is not set" in refused.stderr and "docs/operations.md" in refused.stderr
+    # the file it looked for: $LETHE_VAR_DIR/secret-key (it said var/secret-key whatever LETHE_VAR_DIR was)
+    assert refused.stderr.startswith(f"Lethe configuration error: SECRET_KEY is not set, and there is no key file at "
+                                     f"{tmp_path / 'secret-key'}. ")
     assert manage(tmp_path, "check", DEBUG="true").returncode == 0
     assert manage(tmp_path, "check", SECRET_KEY=secrets.token_urlsafe(50)).returncode == 0
 
