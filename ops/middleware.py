@@ -22,6 +22,7 @@ logger = logging.getLogger("lethe.request")
 
 PROBES = {"/healthz": ("healthz", health.healthz), "/readyz": ("readyz", health.readyz)}
 METRICS_PATH = "/metrics"
+METRICS_VIEW = "ops:metrics"  # the URL name, as when it is routed (an admin's session): one label
 
 
 def metrics_token_given(request: HttpRequest) -> bool:
@@ -90,6 +91,6 @@ class OpsMiddleware:
             return name, view(request)
         if path == METRICS_PATH and metrics_token_given(request):
             if request.method not in ("GET", "HEAD"):
-                return "metrics", HttpResponseNotAllowed(["GET", "HEAD"])
-            return "metrics", metrics_response()
+                return METRICS_VIEW, HttpResponseNotAllowed(["GET", "HEAD"])
+            return METRICS_VIEW, metrics_response()
         return None

@@ -197,3 +197,19 @@ def test_a_made_up_method_is_counted_as_other_and_adds_no_series(admin_client):
     found = samples(text)
     assert sum(v for (name, labels), v in found.items()
                if name == "lethe_http_requests_total" and ("method", "other") in labels) >= 5
+
+
+@pytest.mark.django_db
+def test_metrics_is_counted_under_its_url_name_whoever_reads_it(admin_client, settings):
+    """Read with the metrics token it was counted as `metrics`, read by an admin as
+    `ops:metrics`: one endpoint, two series."""
+    settings.METRICS_TOKEN = TOKEN
+    before = samples(admin_client.get("/metrics").content.decode())
+    assert Client().get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}").status_code == 200
+    assert admin_client.get("/metrics").status_code == 200
+    after = samples(Client().get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}").content.decode())
+    views = {dict(labels)["view"] for name, labels in after if name == "lethe_http_requests_total"
+             and "metrics" in dict(labels)["view"]}
+    assert views == {"ops:metrics"}
+    assert value(after, "lethe_http_requests_total", method="GET", view="ops:metrics", status="200") - value(
+        before, "lethe_http_requests_total", method="GET", view="ops:metrics", status="200") == 3
