@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 
 def unreachable(database: dict, error: Exception) -> str | None:
@@ -39,6 +40,28 @@ def not_migrated(database: dict, error: Exception) -> str | None:
             "migrated, or DATABASE_URL names another database. Run manage.py migrate, or correct DATABASE_URL.")
 
 
+def watch_database_file(connection):
+    """For the job cluster on SQLite: a watch on the database file it opened (None otherwise)."""
+    if connection.vendor != "sqlite" or connection.is_in_memory_db():
+        return None
+    from console.sqlite.base import watch_file
+
+    path = os.path.abspath(connection.settings_dict["NAME"])
+    watched = watch_file(path)
+    watched.path = path
+    return watched
+
+
+def file_changed_line(path: str, reason: str) -> str:
+    """One line for a job cluster stopped because its database file was moved, deleted or replaced."""
+    if reason == "missing":
+        return (f"The database file {path} was moved or deleted while the job cluster ran: it stopped rather than "
+                "write into a file no longer at its path. Put the file back, then start it again.")
+    return (f"The database file {path} was replaced while the job cluster ran (another file is at its path now): it "
+            "stopped rather than write into the one it had open, which nobody reads any more. Start it again (and "
+            "the web server, whose /readyz says replaced) to use the file now at the path.")
+
+
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
     from django.conf import settings
@@ -53,6 +76,7 @@ def main() -> None:
             shown = argument.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")
             print(f"Lethe: an argument is not UTF-8 text ({shown}); nothing was done.", file=sys.stderr)
             sys.exit(2)
+    watched = None
     try:
         # Read the settings first: a bad environment value stops here, with its own message
         # (Django would otherwise hold it back, or show another error in its place).
@@ -68,7 +92,20 @@ def main() -> None:
             from console.management.cli import require_lethe_tables
 
             require_lethe_tables()
-        execute_from_command_line(sys.argv)
+            watched = watch_database_file(connection)
+        try:
+            execute_from_command_line(sys.argv)
+            if watched is not None:
+                # qcluster returns once its processes started; they run until stopped. Wait
+                # here, so a stop by the watch ends with its line and exit status.
+                import multiprocessing
+
+                while multiprocessing.active_children():
+                    time.sleep(0.5)
+        finally:  # the cluster stopped by the watch ends with its line and status 2, however it ended
+            if watched is not None and watched.is_set():
+                print(f"Lethe database error: {file_changed_line(watched.path, watched.reason)}", file=sys.stderr)
+                sys.exit(2)
     except ImproperlyConfigured as error:
         if "--traceback" in sys.argv:
             raise

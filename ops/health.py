@@ -6,8 +6,9 @@ HTTPS redirect, and `/healthz` never touches the database.
 `/readyz` answers 200 when every check passes and 503 otherwise, always with each check:
 - database: the default database answers and can take writes, shown without writing
   anything. SQLite: the file is at its configured path (else `missing`), is the very file
-  the connection opened (else `replaced`: deleted or swapped under the running process,
-  whose writes would go where nobody reads them), and it, its `-wal` and `-shm` and its
+  the connection opened and the one this process (or the serve that started it) first opened
+  (else `replaced`: deleted or swapped under the running process, or under the job cluster
+  beside it, whose writes would go where nobody reads them), and it, its `-wal` and `-shm` and its
   folder (where WAL makes them) are writable (else `read_only`: a read-only mount, no write
   permission bit at all, which counts for root too, or none for this process's user).
   PostgreSQL: not a standby in recovery (`in_recovery`), and new transactions are not
@@ -37,7 +38,7 @@ from django.db import DatabaseError, connection
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 
-from console.sqlite.base import first_unwritable
+from console.sqlite.base import first_identity, first_unwritable
 
 DEFAULT_HEARTBEAT_SECONDS = 300
 
@@ -64,9 +65,12 @@ def _sqlite_file_error() -> str | None:
         found = os.stat(path)
     except FileNotFoundError:
         return "missing"
-    opened = getattr(connection, "file_identity", None)
-    if opened is not None and opened != (found.st_dev, found.st_ino):
-        return "replaced"
+    # The connection's file, and the one this process (or its serve) first opened: a web
+    # worker's connection is new each request and always matches the path, while the job
+    # cluster's may still hold the file that was there.
+    for opened in (getattr(connection, "file_identity", None), first_identity(path)):
+        if opened is not None and opened != (found.st_dev, found.st_ino):
+            return "replaced"
     return "read_only" if first_unwritable(path) else None
 
 

@@ -176,6 +176,64 @@ def test_a_sqlite_file_removed_or_replaced_under_the_running_process_is_not_read
     assert database_check(client) == (200, {"ok": True})
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_sqlite_file_swapped_before_a_new_connection_is_still_replaced(client):
+    """A web worker opens a new connection per request, so its connection always matched the
+    file at the path and /readyz never said replaced; the job cluster's long-lived connections
+    kept writing into the old file meanwhile. The file this process first opened counts too."""
+    import shutil
+
+    sqlite_only()
+    record_run("ops.tasks.heartbeat", success=True, seconds=0.01)
+    path = Path(connection.settings_dict["NAME"])
+    original = path.with_name(path.name + ".original")
+    connection.close()
+    os.rename(path, original)
+    shutil.copyfile(original, path)  # the same bytes, another file
+    try:
+        assert database_check(client) == (503, {"ok": False, "error": "replaced"})
+        assert connection.file_identity == (path.stat().st_dev, path.stat().st_ino)  # a new connection, the new file
+    finally:
+        connection.close()
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        os.rename(original, path)
+    assert database_check(client) == (200, {"ok": True})
+
+
+def test_the_job_cluster_stops_when_its_sqlite_file_is_swapped(tmp_path):
+    """Its connections keep the file they opened: it wrote into an unlinked file while /readyz
+    said ready. Now it stops with one line and exit status 2."""
+    import shutil
+    import time
+
+    database = tmp_path / "db" / "lethe.sqlite3"
+    database.parent.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "ENGINE_URL")}
+    env.update(DATABASE_URL=f"sqlite:///{database}", DJANGO_SETTINGS_MODULE="console.settings_test",
+               ENGINE_HOME=str(tmp_path / "engine"), LETHE_VAR_DIR=str(tmp_path / "var"), Q_WORKERS="1")
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=300)
+    cluster = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        time.sleep(6)  # started, its connections open
+        assert cluster.poll() is None
+        swapped = database.with_name("swapped.sqlite3")
+        shutil.copyfile(database, swapped)
+        os.rename(swapped, database)
+        _out, err = cluster.communicate(timeout=60)
+    finally:
+        if cluster.poll() is None:
+            os.killpg(cluster.pid, 9)
+            cluster.wait()
+    assert cluster.returncode == 2, err[-3000:]
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("{")]
+    assert lines == [f"Lethe database error: The database file {database} was replaced while the job cluster ran "
+                     "(another file is at its path now): it stopped rather than write into the one it had open, which "
+                     "nobody reads any more. Start it again (and the web server, whose /readyz says replaced) to use "
+                     "the file now at the path."]
+
+
 def test_a_sqlite_path_with_no_file_is_not_ready_and_the_probe_creates_none(tmp_path):
     """A request opens a new connection: the probe looks before it connects, as connecting
     would create an empty database at the path (and every later check would pass it)."""

@@ -21,9 +21,10 @@ that returns rows (INSERT ... RETURNING: its rows are read after it), which keep
 handler (`PRAGMA busy_timeout`), as every other statement outside a transaction does.
 
 The file a connection opened is remembered as `file_identity` (device and inode of its path,
-read as it connects): /readyz compares it with the file at the path now, so a database file
-deleted or replaced under a running process is reported, not written into unseen
-(ops/health.py).
+read as it connects), and the file a process first opened at that path (or the one the serve
+that started it did) as `first_identity`: /readyz compares both with the file at the path now,
+so a database file deleted or replaced under a running process is reported, and the job
+cluster stops (manage.py) rather than write into a file nobody reads (ops/health.py).
 
 A process creates its database file at most once: on its first connection, when the file is
 not there yet (a fresh install's `migrate`), made owner-only (0600) before SQLite writes
@@ -39,7 +40,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from urllib.parse import quote
@@ -55,6 +58,63 @@ WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE")
 
 # The database files (absolute paths) this process has opened: it never creates them again.
 _OPENED: set[str] = set()
+
+# The file each database path named when this process (or the serve that started it: FIRST_ENV,
+# "device:inode:path") first opened it. A web worker opens a new connection per request, so its
+# connection's own identity always matches the path; this one tells a file swapped since start.
+FIRST_ENV = "LETHE_SQLITE_FIRST_FILE"
+_FIRST: dict[str, tuple[int, int]] = {}
+
+
+def _inherited_first() -> None:
+    device, sep, rest = os.environ.get(FIRST_ENV, "").partition(":")
+    inode, sep2, path = rest.partition(":")
+    if sep and sep2 and device.isdigit() and inode.isdigit() and path:
+        _FIRST.setdefault(path, (int(device), int(inode)))
+
+
+_inherited_first()
+
+
+def first_identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of the file at `path` when this process, or the serve that started it,
+    first opened it; None before then."""
+    return _FIRST.get(path)
+
+
+def watch_file(path: str, interval: float = 2.0) -> threading.Event:
+    """A daemon thread that looks at the database file every `interval` seconds and, once it is
+    missing or replaced (`file_changed`), sets the returned event and sends this process
+    SIGTERM: the job cluster stops gracefully rather than go on writing into a file nobody reads
+    (its connections are long-lived, and a connection keeps the file it opened)."""
+    changed = threading.Event()
+
+    def look() -> None:
+        while not changed.wait(interval):
+            if reason := file_changed(path):
+                changed.reason = reason  # type: ignore[attr-defined]
+                changed.set()
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=look, name="lethe-database-file-watch", daemon=True).start()
+    return changed
+
+
+def first_file_env(path: str | None) -> dict[str, str]:
+    """The environment that hands this process's first file at `path` to a child process."""
+    found = _FIRST.get(path) if path else None
+    return {FIRST_ENV: f"{found[0]}:{found[1]}:{path}"} if found else {}
+
+
+def file_changed(path: str) -> str | None:
+    """"missing" when no file is at `path`, "replaced" when it is another file than the one
+    first opened; None when it is the same (or none was opened yet)."""
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return "missing"
+    first = _FIRST.get(path)
+    return "replaced" if first is not None and first != (found.st_dev, found.st_ino) else None
 
 
 def _busy(exc: BaseException) -> bool:
@@ -230,6 +290,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
             with contextlib.suppress(OSError):
                 found = os.stat(path)
                 self.file_identity = (found.st_dev, found.st_ino)
+                _FIRST.setdefault(path, self.file_identity)
         return raw
 
     @property

@@ -43,6 +43,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from console.management.cli import require_lethe_tables
+from console.sqlite.base import first_file_env
 from lifecycle.enginefs import EngineHome
 from ops.orphans import ENV as ORPHAN_ENV
 from ops.static import ensure_static_files
@@ -142,6 +143,15 @@ def _metrics_dir_unwritable(folder: Path, error: OSError) -> CommandError:
     return CommandError(
         f"The metrics folder {folder} cannot be written ({where}{error.strerror}). Make it writable by the user "
         "Lethe runs as, or set PROMETHEUS_MULTIPROC_DIR to a folder that is.", returncode=2)
+
+
+def database_path() -> str | None:
+    """The SQLite database file's absolute path; None for PostgreSQL or an in-memory one."""
+    from django.db import connection
+
+    if connection.vendor != "sqlite" or connection.is_in_memory_db():
+        return None
+    return os.path.abspath(connection.settings_dict["NAME"])
 
 
 def database_cannot_be_written() -> str | None:
@@ -248,7 +258,10 @@ class Command(BaseCommand):
                 # there, whatever folder serve was started from.
                 # LETHE_STOP_WITH_PARENT: once serve is gone the child stops within a deadline
                 # even if its graceful stop hangs (ops/orphans.py).
-                env = {**(spec.env or os.environ), ORPHAN_ENV: str(os.getpid())}
+                # The database file serve opened: the children's /readyz and the job cluster
+                # compare the file at the path with it, so a file swapped before a child's first
+                # connection is still seen as replaced.
+                env = {**(spec.env or os.environ), ORPHAN_ENV: str(os.getpid()), **first_file_env(database_path())}
                 children[name] = subprocess.Popen(spec.argv, env=env, cwd=settings.BASE_DIR, process_group=0,
                                                   preexec_fn=_child_setup(os.getpid()))
             while failed is None:
