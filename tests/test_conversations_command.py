@@ -141,3 +141,26 @@ def test_with_json_a_refusal_is_a_json_document_too():
     with pytest.raises(SystemExit):
         call_command("tool_payloads", "cancel", "999", "--as", "nobody", "--json", stdout=out)
     assert json.loads(out.getvalue()) == {"error": {"code": "refused", "message": "No active admin named nobody."}}
+
+
+def test_an_unavailable_delete_names_its_subagent_rows_and_resolve_subagent_clears_one(admin_user, engine_home):
+    """The README's walkthrough ended Unavailable on the demo's subagent row of unknown origin,
+    with no way out from the command line."""
+    from lifecycle import fleet
+
+    conversation = factories.make_conversation(days_idle=1)
+    fleet.write_snapshot([{"agent_id": "sa_old", "origin": None, "status": "completed", "delivery": "settled",
+                           "started_at": conversation.created_at.isoformat(), "finished_at": None}])
+    out = io.StringIO()
+    with pytest.raises(SystemExit) as refused:
+        call_command("conversations", "delete", conversation.public_id, "--as", "alice", stdout=out)
+    assert refused.value.code == 2
+    assert ("  subagent row sa_old: resolve it with manage.py conversations resolve-subagent sa_old --attribute "
+            "<conversation> (or --clear) --as <admin>") in out.getvalue().splitlines()
+    with pytest.raises(CommandError, match="needs --as"):
+        run("resolve-subagent", "sa_old", "--clear")
+    assert run("resolve-subagent", "sa_old", "--clear", "--as", "alice") == "subagent row sa_old: cleared\n"
+    assert fleet.read_rows(fleet.EngineHome().fleet_path) == []
+    assert m.AuditFact.objects.filter(action="subagent.cleared", actor=admin_user.pk).count() == 1
+    run("delete", conversation.public_id, "--as", "alice")
+    assert m.Conversation.objects.get(pk=conversation.pk).state == "deleted"

@@ -34,8 +34,15 @@ class Command(JsonErrors, BaseCommand):
         delete.add_argument("--key", help="The operation key; a retry with the same key gets the same answer.")
         delete.add_argument("--no-wait", action="store_true", help="Record the delete and return; the job cluster erases.")
         verbs.add_parser("status", help="A conversation's state and its delete, or an operation (op_...).")
-        for sub in (archive, close, delete, verbs.choices["status"]):
-            sub.add_argument("target", help="A conversation id (c_...), or for status also an operation id.")
+        resolve = verbs.add_parser(
+            "resolve-subagent", help="The way out of an Unavailable delete: attribute a subagent row of unknown "
+                                     "origin to a conversation (--attribute c_...), or clear it (--clear).")
+        way = resolve.add_mutually_exclusive_group(required=True)
+        way.add_argument("--attribute", metavar="CONVERSATION", help="The conversation the row belongs to.")
+        way.add_argument("--clear", action="store_true", help="Remove the row.")
+        for sub in (archive, close, delete, verbs.choices["status"], resolve):
+            sub.add_argument("target", help="A conversation id (c_...), or for status also an operation id; for "
+                                            "resolve-subagent the subagent row's id.")
             sub.add_argument("--json", action="store_true")
             sub.add_argument("--as", dest="username", help="Record this admin as the actor.")
 
@@ -59,6 +66,8 @@ class Command(JsonErrors, BaseCommand):
             if verb == "delete":
                 return self.delete(engine, target, options["key"] or "cli-" + secrets.token_hex(12),
                                    actor, wait=not options["no_wait"])
+            if verb == "resolve-subagent":
+                return self.resolve(engine, target, options["attribute"], actor)
             return self.status(engine, target)
         except ActionRefused as exc:
             raise CommandError(f"{exc.code}: {exc.message}") from None
@@ -97,6 +106,15 @@ class Command(JsonErrors, BaseCommand):
         if wait and op.is_pending and op.error:
             raise SystemExit(3)  # stopped on an error; it stays pending and the recovery job retries
 
+    def resolve(self, engine, agent_id: str, conversation_id: str | None, actor) -> None:
+        if actor is None:
+            raise CommandError("resolve-subagent needs --as <admin>: the resolution is audited under an admin.")
+        action = "attribute" if conversation_id else "clear"
+        engine.resolve_subagent(agent_id, action=action, conversation_id=conversation_id, actor=actor)
+        if self.as_json:
+            return self.out({"agent_id": agent_id, "action": action, "conversation": conversation_id})
+        self.out(f"subagent row {agent_id}: " + (f"attributed to {conversation_id}" if conversation_id else "cleared"))
+
     def progress(self, done: int, total: int, step: str) -> None:
         if not sys.stderr.isatty() or self.as_json:
             return
@@ -126,6 +144,9 @@ class Command(JsonErrors, BaseCommand):
         lines = [f"{op.id}  {op.state}  target {op.target}"]
         if op.state in ("refused", "unavailable"):
             lines += [f"  {code}: {reasons.message(code)}" for code in op.reasons]
+            for row in (op.data.get("way_out") or {}).get("ambiguous", []):
+                lines.append(f"  subagent row {row['agent_id']}: resolve it with manage.py conversations "
+                             f"resolve-subagent {row['agent_id']} --attribute <conversation> (or --clear) --as <admin>")
         elif op.is_pending:
             done = sum(1 for s in op.steps if s["state"] == "done")
             lines.append(f"  step {done}/{len(op.steps)}: {op.step}" + (f"  ({op.error})" if op.error else ""))
