@@ -30,9 +30,9 @@ class Measurement(models.Model):
     # folders of conversations this database does not know).
     unattributed_engine_bytes = models.PositiveBigIntegerField(default=0)
     # The engine folder was missing (or not a folder) when measured: its figures are not a size.
-    engine_missing = models.BooleanField(default=False)
+    engine_missing = models.BooleanField(default=False, db_default=False)
     # Folders and files in it that could not be read: the engine figures count only the rest.
-    engine_unreadable = models.PositiveIntegerField(default=0)
+    engine_unreadable = models.PositiveIntegerField(default=0, db_default=0)
     text_bytes = models.PositiveBigIntegerField(default=0)
     payload_bytes = models.PositiveBigIntegerField(default=0)
     removable_bytes = models.PositiveBigIntegerField(default=0)

@@ -61,3 +61,20 @@ def test_a_policy_and_an_item_inserted_without_the_later_columns_get_their_defau
     stored = ToolPayloadPolicy.objects.get()
     assert (stored.backup_choice, stored.backup_receipt_name, stored.preparation_error, stored.preparation_state) == (
         "", "", "", "none")
+
+
+def test_a_measurement_inserted_without_the_engine_problem_columns_gets_their_defaults():
+    from insight.models import Measurement
+
+    later = {"engine_missing", "engine_unreadable"}
+    fields = [f for f in Measurement._meta.concrete_fields if f.column not in later and f.column != "id"]
+    measurement = Measurement()
+    values = [f.get_db_prep_save(f.pre_save(measurement, True), connection) for f in fields]
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {Measurement._meta.db_table} ({', '.join(f.column for f in fields)}) "
+            f"VALUES ({', '.join(['%s'] * len(fields))})",
+            values,
+        )
+    stored = Measurement.objects.get()
+    assert (stored.engine_missing, stored.engine_unreadable) == (False, 0)
