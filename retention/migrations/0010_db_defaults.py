@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('retention', '0008_policy_row'),
+        ('retention', '0009_storage_snapshot_reusable'),
     ]
 
     operations = [
