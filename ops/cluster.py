@@ -8,7 +8,8 @@ killed there the other workers and its replacement wait for that lock forever, e
 process still alive. django-q2 replaces the dead worker and goes on with the same queues.
 Which lock a dead process held cannot be known (POSIX semaphores have no owner), and taking
 one back is not safe, so any cluster process that ends by a signal counts as having poisoned
-the queues, and the whole set of processes is replaced:
+the queues, and the whole set of processes is replaced (a worker killed while it ran a job held
+none of them: it is replaced alone, as django-q2 does):
 
 1. The sentinel (its guard notices the death within a cycle, 0.5 s) kills the pusher, so no
    more jobs go into the old queue.
@@ -75,9 +76,20 @@ class Sentinel(q_cluster.Sentinel):
         return super().status()
 
     def reincarnate(self, process):
-        if process.exitcode is not None and process.exitcode < 0:
+        if process.exitcode is not None and process.exitcode < 0 and self.may_hold_a_queue(process):
             self.give_up(process)
         super().reincarnate(process)
+
+    def may_hold_a_queue(self, process) -> bool:
+        """Whether a process killed by a signal may have held a lock of the shared queues: the
+        pusher and the monitor may, and so may a worker that was not running a job (waiting in
+        the task queue's `get()` holding its reader lock, or putting a result). A worker killed
+        while running a job (its timer counting down) held none: django-q2 replaces it as
+        before, and its job comes back after Q_CLUSTER "retry" (every Lethe job is leased and
+        resumable), without restarting the others."""
+        if process is self.monitor or process is self.pusher:
+            return True
+        return _raw(process.timer) <= 0
 
     def give_up(self, dead) -> None:
         role = "monitor" if dead is self.monitor else "pusher" if dead is self.pusher else "worker"
