@@ -117,3 +117,15 @@ def member_api(member_user) -> Client:
 @pytest.fixture
 def conversation(db):
     return factories.make_conversation(title="Fix flaky login test")
+
+
+@pytest.fixture
+def parses(monkeypatch):
+    """The fleet files parsed, by path (a fresh cache, so earlier tests' parses do not count)."""
+    from lifecycle import enginefs
+
+    seen: list[str] = []
+    parse = enginefs._parse_fleet
+    monkeypatch.setattr(enginefs, "_parsed", {})
+    monkeypatch.setattr(enginefs, "_parse_fleet", lambda path, data: seen.append(str(path)) or parse(path, data))
+    return seen

@@ -13,16 +13,6 @@ from tests import factories
 
 pytestmark = pytest.mark.django_db
 
-@pytest.fixture
-def parses(monkeypatch):
-    """The fleet files parsed, by path (a fresh cache, so earlier tests' parses do not count)."""
-    seen: list[str] = []
-    parse = enginefs._parse_fleet
-    monkeypatch.setattr(enginefs, "_parsed", {})
-    monkeypatch.setattr(enginefs, "_parse_fleet", lambda path, data: seen.append(str(path)) or parse(path, data))
-    return seen
-
-
 def test_it_reads_a_changed_fleet_again(parses):
     home = EngineHome()
     fleet.put_row({"agent_id": "a1", "status": "done", "delivery": "settled"}, home=home)

@@ -7,7 +7,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from lifecycle import enginefs, fleet
+from lifecycle import fleet
 from lifecycle.deletion import reasons
 from lifecycle.enginefs import EngineHome
 from lifecycle.models import DeleteOperation, DeleteStep
@@ -16,16 +16,6 @@ from tests import factories
 pytestmark = pytest.mark.django_db
 
 KEPT = [{"store": "lifecycle.AuditFact", "action": "kept", "class": "retain_facts", "days": 1}]
-
-
-@pytest.fixture
-def parses(monkeypatch):
-    """The fleet files parsed, by path (a fresh cache, so earlier tests' parses do not count)."""
-    seen: list[str] = []
-    parse = enginefs._parse_fleet
-    monkeypatch.setattr(enginefs, "_parsed", {})
-    monkeypatch.setattr(enginefs, "_parse_fleet", lambda path, data: seen.append(str(path)) or parse(path, data))
-    return seen
 
 
 def test_it_parses_the_fleet_once_for_a_page_of_ambiguous_operations(api, parses):
