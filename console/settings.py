@@ -534,6 +534,10 @@ API_MAX_JSON_DEPTH = env_int("API_MAX_JSON_DEPTH", 64, 1, 500)
 # An item page stops early once its messages reach this many bytes (at least one item is sent).
 API_MAX_PAGE_BYTES = env_int("API_MAX_PAGE_BYTES", 4 * 1024 * 1024, 1024, 1024**3, "a whole number of bytes")
 
+# The job cluster's main process restarts its processes when their guard shows no sign of
+# life for this long (ops/cluster.py; the guard ticks every 0.5 s).
+Q_STALL_SECONDS = env_float("Q_STALL_SECONDS", 120.0, 5, 3600)
+
 Q_CLUSTER = {
     "name": "lethe",
     "workers": env_int("Q_WORKERS", 2, 0, 64),  # 0: one per CPU (django-q's default)

@@ -23,8 +23,9 @@ none of them: it is replaced alone, as django-q2 does):
 4. The sentinel exits with RESTART_EXIT, and the cluster's main process starts a new
    sentinel with new queues and processes.
 
-The main process also restarts the processes when the sentinel stops showing signs of life
-for STALL_SECONDS (a worker killed while it held its own timer lock stops the guard itself),
+The main process inherits the processes a killed sentinel leaves behind (it is their
+subreaper), so none of them outlives its generation. It also restarts the processes when the sentinel stops showing signs of life
+for Q_STALL_SECONDS (a worker killed while it held its own timer lock stops the guard itself),
 or when the sentinel is killed (its workers, left behind, are killed first). Restarts come
 back to back at first, then each one waits twice as long as the last (up to 5 minutes) while
 they keep coming within 10 minutes of each other, so a job that kills its worker every time
@@ -45,6 +46,7 @@ import uuid
 from multiprocessing import Event, Value
 
 from django import db
+from django.conf import settings
 from django.utils import timezone
 from django_q import cluster as q_cluster
 from django_q.conf import Conf
@@ -53,7 +55,6 @@ logger = logging.getLogger("lethe.cluster")
 
 RESTART_EXIT = 75  # EX_TEMPFAIL: the sentinel gave up its processes, start new ones
 GRACE_SECONDS = 30.0
-STALL_SECONDS = 120.0  # the guard ticks every 0.5 s; its scheduler pass takes a few seconds at most
 BACKOFF_FIRST, BACKOFF_MAX, BACKOFF_WINDOW = 5.0, 300.0, 600.0
 
 
@@ -193,6 +194,7 @@ class Cluster(q_cluster.Cluster):
 
     def run(self) -> None:
         """Start, then restart as needed until asked to stop or the sentinel ends by itself."""
+        become_subreaper()
         self.start()
         while not self.stopping:
             time.sleep(1)
@@ -201,18 +203,20 @@ class Cluster(q_cluster.Cluster):
             sentinel = self.sentinel
             if sentinel.is_alive():
                 self.generation = descendants(sentinel.pid) or self.generation
-                if time.time() - self.tick.get_obj().value < STALL_SECONDS:
+                if time.time() - self.tick.get_obj().value < settings.Q_STALL_SECONDS:
                     continue
                 logger.critical("The job cluster's guard has not moved for %s s: restarting its processes",
-                                int(STALL_SECONDS))
-                kill_all([(sentinel.pid, start_time(sentinel.pid)), *self.generation])
+                                int(settings.Q_STALL_SECONDS))
+                kill_all([(sentinel.pid, start_time(sentinel.pid)), *self.generation, *descendants(os.getpid())])
                 sentinel.join()
+                reap_orphans()
             elif sentinel.exitcode != RESTART_EXIT:
                 if sentinel.exitcode is None or sentinel.exitcode >= 0:
                     return  # it stopped by itself: so does this process, as django-q2's does
                 logger.critical("The job cluster's sentinel was killed (signal %s): restarting its processes",
                                 -sentinel.exitcode)
-                kill_all(self.generation)
+                kill_all([*self.generation, *descendants(os.getpid())])
+                reap_orphans()
             self.generation = []
             self.wait_before_restart()
             if not self.stopping:
@@ -229,6 +233,32 @@ class Cluster(q_cluster.Cluster):
             while not self.stopping and time.monotonic() < deadline:
                 time.sleep(0.5)
         self.restarts[-1] = time.time()
+
+
+def become_subreaper() -> None:
+    """Make this process the one that inherits the processes its sentinel leaves behind (Linux's
+    PR_SET_CHILD_SUBREAPER): workers, pusher and monitor of a sentinel killed before this process
+    listed them (in the second after a start) become its children, to be found and killed
+    before new ones start. Elsewhere only the processes listed each second are killed."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def reap_orphans() -> None:
+    """Collect the exit status of processes inherited as their subreaper (killed just before),
+    so none stays a zombie; the sentinel's own Process object has collected its own."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return  # no child left
+        if pid == 0:
+            if not descendants(os.getpid()):
+                return
+            time.sleep(0.05)
 
 
 def start_time(pid: int) -> str:

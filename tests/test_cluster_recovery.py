@@ -4,6 +4,7 @@ lock held for good, so the cluster restarts its processes with fresh queues (ops
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -50,11 +51,12 @@ def cluster(engine_home, tmp_path, request):
         yield process
     finally:
         process.send_signal(signal.SIGINT)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(30)
-        except subprocess.TimeoutExpired:
+        # Whatever a failed test left behind (it would hold the test database).
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        process.wait()
 
 
 def worker_pids(cluster) -> list[int]:
@@ -112,3 +114,75 @@ def test_it_takes_jobs_again_after_a_busy_worker_is_killed(cluster):
     second = async_task("tests.jobs.work_on", 10)
     assert completes(second), cluster.log.read_text()
     assert "restarting its processes" not in cluster.log.read_text()
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
+def sentinel_of(cluster) -> int | None:
+    """The cluster's sentinel: the main process's one child that has workers under it."""
+    return next((pid for pid in children(cluster.pid) if children(pid)), None)
+
+
+def restarted_with_new_workers(cluster, before: int, seconds: float = 60) -> bool:
+    return bool(wait_for(lambda: len(worker_pids(cluster)) >= before + 2, seconds))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_restarts_its_processes_when_the_sentinel_is_killed_and_waits_before_a_second_restart(cluster):
+    assert wait_for(lambda: len(worker_pids(cluster)) >= 2 and sentinel_of(cluster)), cluster.log.read_text()
+    first_workers = worker_pids(cluster)[:2]
+    os.kill(sentinel_of(cluster), signal.SIGKILL)
+
+    assert restarted_with_new_workers(cluster, 2), cluster.log.read_text()
+    log = cluster.log.read_text()
+    assert "sentinel was killed (signal 9)" in log
+    assert "waiting" not in log  # the first restart comes at once
+    # The killed sentinel's workers were killed with it, and the new processes take jobs.
+    assert wait_for(lambda: not any(live(pid) for pid in first_workers), 10), log
+    task_id = async_task("tests.jobs.work_on", 11)
+    assert completes(task_id), cluster.log.read_text()
+
+    # A second restart within the window waits first (a job that kills its processes every
+    # time cannot make the cluster spin).
+    assert wait_for(lambda: sentinel_of(cluster)), cluster.log.read_text()
+    os.kill(sentinel_of(cluster), signal.SIGKILL)
+    assert wait_for(lambda: "restarted 1 times within 600 s: waiting 5 s first" in cluster.log.read_text(), 30), \
+        cluster.log.read_text()
+    assert restarted_with_new_workers(cluster, 4), cluster.log.read_text()
+    second = async_task("tests.jobs.work_on", 12)
+    assert completes(second), cluster.log.read_text()
+
+
+@pytest.fixture
+def stall_seconds(monkeypatch):
+    monkeypatch.setenv("Q_STALL_SECONDS", "8")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_restarts_its_processes_when_their_guard_stops_moving(stall_seconds, cluster):
+    assert wait_for(lambda: len(worker_pids(cluster)) >= 2 and sentinel_of(cluster)), cluster.log.read_text()
+    first_workers = worker_pids(cluster)[:2]
+    sentinel = sentinel_of(cluster)
+    os.kill(sentinel, signal.SIGSTOP)  # alive, never ticking: as a guard stuck on a dead worker's lock
+    try:
+        assert wait_for(lambda: "has not moved for 8 s: restarting its processes" in cluster.log.read_text(), 60), \
+            cluster.log.read_text()
+        assert restarted_with_new_workers(cluster, 2), cluster.log.read_text()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(sentinel, signal.SIGCONT)
+    # The stuck sentinel and its workers were killed; the new processes take jobs.
+    assert wait_for(lambda: not live(sentinel) and not any(live(pid) for pid in first_workers), 10), \
+        cluster.log.read_text()
+    task_id = async_task("tests.jobs.work_on", 13)
+    assert completes(task_id), cluster.log.read_text()
