@@ -39,6 +39,7 @@ from lifecycle import faults
 from lifecycle.enginefs import CONVERSATION_AREAS, EngineHome, is_storage_key
 from lifecycle.functions import OctetLength
 from lifecycle.models import Conversation, ConversationState, Item, Role, Scope
+from ops.logs import os_error
 from retention.models import StorageSnapshot
 from retention.storage import database_size
 
@@ -96,7 +97,7 @@ def measure_storage() -> dict[str, int]:
     by_key = engine_bytes_by_key(home, problems)
     if problems:
         log.warning("storage measurement: %s engine folders or files could not be read (first: %s)",
-                    len(problems), problems[0])
+                    len(problems), os_error(problems[0]))
     faults.kill_point("insight.read_engine")
     file_bytes = database_size().file_bytes
 

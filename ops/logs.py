@@ -51,6 +51,15 @@ class ContextFilter(logging.Filter):
         return True
 
 
+def os_error(exc: OSError) -> str:
+    """An OS error as a log line may name it: its type and error code, never its text (which
+    quotes the path, and a path below a conversation's folder is a name the user chose)."""
+    import errno
+
+    code = errno.errorcode.get(exc.errno or 0)
+    return f"{type(exc).__name__} ({code})" if code else type(exc).__name__
+
+
 def _time(record: logging.LogRecord) -> str:
     moment = datetime.fromtimestamp(record.created, UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"

@@ -8,6 +8,7 @@ import logging
 from django.utils import timezone
 
 from lifecycle.enginefs import EngineHome
+from ops.logs import os_error
 from retention.models import StorageSnapshot
 
 log = logging.getLogger(__name__)
@@ -21,7 +22,7 @@ def measure_engine_folder() -> dict[str, int]:
     problems: list[OSError] = []
     files, size = home.usage(problems)
     if problems or not home.root.is_dir():
-        log.warning("engine folder not measured: %s", problems[0] if problems else "missing or not a folder")
+        log.warning("engine folder not measured: %s", os_error(problems[0]) if problems else "missing or not a folder")
         return {"files": files, "bytes": size, "unreadable": len(problems) or 1}
     StorageSnapshot.objects.update_or_create(
         id=1, defaults={"engine_files": files, "engine_bytes": size, "measured_at": timezone.now()}

@@ -308,3 +308,33 @@ def test_it_never_logs_conversation_content(captured_all):
     finished = {line["job"] for line in lines if line["logger"] == "lethe.jobs"}
     assert functions <= finished
     assert MARKER not in captured_all.text
+
+
+@pytest.mark.django_db
+def test_a_file_the_storage_measures_cannot_read_is_logged_without_its_name(captured_all, monkeypatch, engine_home):
+    """A file of a conversation's folder that cannot be read (an EACCES on lstat, made here: the
+    tests run as root) is logged by its error code: its path names an artifact the user named."""
+    import errno
+    import os
+
+    from insight.tasks import measure_storage
+    from lifecycle import enginefs
+    from lifecycle.actions.write_artifact import write_artifact
+    from retention.tasks import measure_engine_folder
+
+    conversation = factories.make_conversation(title="Names")
+    secret = f"offer-{MARKER}.txt"
+    write_artifact(conversation, name=secret, data=b"x")
+    real_lstat = os.lstat
+
+    def lstat(path, *args, **kwargs):
+        if str(path).endswith(secret):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_lstat(path, *args, **kwargs)
+
+    monkeypatch.setattr(enginefs.os, "lstat", lstat)
+    measure_engine_folder()
+    measure_storage()
+    logged = captured_all.text
+    assert "could not be read" in logged and "engine folder not measured: PermissionError (EACCES)" in logged
+    assert MARKER not in logged

@@ -127,6 +127,28 @@ def test_it_writes_an_exact_content_free_receipt(admin_user):
         assert value not in text
     assert "Receipt check" not in text
     assert op.completed_at is not None and op.step == ""
+    # Nor do the steps the operation keeps hold the erased subagent rows' ids (text the runtime wrote)
+    agent = "sa_" + target.public_id[2:10]
+    details = json.dumps(list(m.DeleteStep.objects.filter(operation=op).values_list("detail", flat=True)))
+    assert agent not in details and agent not in text
+
+
+def test_a_migration_forgets_the_agent_ids_earlier_deletes_kept_on_their_steps():
+    import importlib
+
+    from django.apps import apps
+
+    migration = importlib.import_module("lifecycle.migrations.0022_step_detail_without_agent_ids")
+    target = factories.make_conversation(title="Earlier delete")
+    op = delete(target)
+    executor.run_erasure(op.pk)
+    step = m.DeleteStep.objects.get(operation=op, key="subagents")
+    m.DeleteStep.objects.filter(pk=step.pk).update(detail={"agents": ["sa_earlier"], "again": {"records": 1, "bytes": 9}})
+
+    migration.forget_agent_ids(apps, None)
+
+    assert m.DeleteStep.objects.get(pk=step.pk).detail == {"again": {"records": 1, "bytes": 9}}
+    assert not m.DeleteStep.objects.filter(detail__has_key="agents").exists()
 
 
 def test_it_records_the_intent_and_its_job_before_erasing_anything(admin_user):

@@ -192,7 +192,9 @@ def measure(store: Store, conversation: Conversation, home: EngineHome) -> Measu
     if store.kind == "file":
         if store.shared_file:
             rows = fleet.children(fleet.read_rows(store.paths(home, conversation)[0]), conversation)
-            return Measure(len(rows), fleet.row_bytes(rows), {"agents": sorted(str(r.get("agent_id")) for r in rows)})
+            # (no agent ids in the figures: the step's detail outlives the rows, and the ids
+            # are text the runtime wrote)
+            return Measure(len(rows), fleet.row_bytes(rows))
         count, size = files.usage(home, store.paths(home, conversation)[0])
         return Measure(count, size)
     if store.tombstone:
