@@ -36,8 +36,7 @@ from retention.storage import database_size, short_of_room, sqlite_pages
 
 # SQLite's own search order on Unix after its two environment variables (only measured here)
 _SQLITE_TEMP_FOLDERS = ("/var/tmp", "/usr/tmp", "/tmp")  # noqa: S108
-CHECKPOINT_ATTEMPTS = 50
-CHECKPOINT_PAUSE_SECONDS = 0.1
+CHECKPOINT_TRIES = 12  # backing off from 50 ms to 2 s between tries: about 15 s in all
 
 
 class CompactError(CodedError):
@@ -80,7 +79,7 @@ def compact_database(on_measured: Callable[[Any], None] | None = None) -> Compac
                 raise CompactError("no_space", Message(gettext_noop(
                     "The disk filled up while the database was being compacted; it was left as it was. Free some "
                     "space and try again."))) from exc
-            _checkpoint(cursor)
+            _checkpoint()
         else:
             cursor.execute("VACUUM")
     seconds = time.monotonic() - started
@@ -94,15 +93,15 @@ def compact_database(on_measured: Callable[[Any], None] | None = None) -> Compac
     )
 
 
-def _checkpoint(cursor) -> None:
+def _checkpoint() -> None:
     """Fold the WAL into the file and truncate it; a reader holding an old snapshot makes the
-    checkpoint busy, so retry for a few seconds (the size is then measured with the WAL)."""
-    for _attempt in range(CHECKPOINT_ATTEMPTS):
-        cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        busy = cursor.fetchone()[0]
-        if not busy:
-            return
-        time.sleep(CHECKPOINT_PAUSE_SECONDS)
+    checkpoint busy, so retry for about 15 s (the size is then measured with the WAL). Each try
+    waits at most 200 ms for that reader (physical.checkpoint_sqlite): a TRUNCATE checkpoint
+    keeps every writer out while it waits, and with the connection's 20 s timeout each try held
+    the console's writes that long (an append then failed)."""
+    from lifecycle.deletion.physical import checkpoint_sqlite
+
+    checkpoint_sqlite(tries=CHECKPOINT_TRIES)
 
 
 

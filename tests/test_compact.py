@@ -133,3 +133,54 @@ def test_sqlite_puts_its_temporary_copy_where_the_check_looks(tmp_path, monkeypa
             assert sqlite_temp_dir() is None
         finally:
             cursor.execute("PRAGMA temp_store = DEFAULT")
+
+
+def test_a_reader_holding_the_checkpoint_back_never_holds_the_consoles_writes_for_long():
+    """SQLite: after VACUUM the WAL holds the whole database, and a reader's old snapshot (an
+    operator's shell, a long report) keeps the TRUNCATE checkpoint busy; while a try waits it
+    keeps every writer out. Each try waits briefly and backs off, so a writer willing to wait
+    2 s gets in while the checkpoint keeps trying (each try waited the connection's 20 s)."""
+    import sqlite3
+    import threading
+    import time
+
+    if connection.vendor != "sqlite":
+        pytest.skip("a SQLite checkpoint")
+    fill(messages=400, size=2000)
+    path = str(connection.settings_dict["NAME"])
+    reader = sqlite3.connect(path, timeout=1, check_same_thread=False)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM lifecycle_item").fetchone()  # a snapshot, held
+    writer = sqlite3.connect(path, timeout=2, isolation_level=None, check_same_thread=False)
+    writer.execute("CREATE TABLE beside (n INTEGER)")
+    done = threading.Event()
+    outcome: dict = {"written": 0, "refused": []}
+
+    def write() -> None:
+        while not done.is_set():
+            try:
+                writer.execute("BEGIN IMMEDIATE")
+                writer.execute("INSERT INTO beside VALUES (1)")
+                writer.execute("COMMIT")
+                outcome["written"] += 1
+            except sqlite3.OperationalError as exc:
+                outcome["refused"].append(str(exc))
+            time.sleep(0.1)
+
+    def release() -> None:
+        time.sleep(6)
+        reader.rollback()
+        reader.close()
+
+    threads = [threading.Thread(target=write), threading.Thread(target=release)]
+    for thread in threads:
+        thread.start()
+    try:
+        compact_database()
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join()
+    assert outcome["refused"] == []
+    assert writer.execute("SELECT count(*) FROM beside").fetchone()[0] == outcome["written"] > 0
+    writer.close()
