@@ -522,9 +522,18 @@ def _dispatcher(by_method: dict[str, Endpoint]) -> Callable:
             response = error(404, "not_found", _("Nothing with that id exists here."))
         except ResponseMismatch:
             raise
-        except Exception:
-            logger.exception("Unexpected error in %s %s", request.method, request.path)
-            response = internal_error()
+        except Exception as exc:
+            from console.busy import RETRY_AFTER_SECONDS, is_database_busy
+
+            if is_database_busy(exc):
+                from console.middleware import busy_message
+
+                logger.warning("Database busy in %s %s", request.method, request.path)
+                response = error(503, "database_busy", busy_message())
+                response["Retry-After"] = str(RETRY_AFTER_SECONDS)
+            else:
+                logger.exception("Unexpected error in %s %s", request.method, request.path)
+                response = internal_error()
         if request.method == "HEAD":
             response.content = b""
         return response

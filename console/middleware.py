@@ -51,3 +51,34 @@ class NoStoreMiddleware:
         if is_api_path(request.path) or (user is not None and user.is_authenticated):
             add_never_cache_headers(response)
         return response
+
+
+class DatabaseBusyMiddleware:
+    """A page whose view found the database too busy (console.busy) answers 503 with
+    Retry-After and a page that says so, not the 500 of an unexpected error. (The API's
+    dispatcher answers its own: `database_busy`.)"""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        from console.busy import RETRY_AFTER_SECONDS, is_database_busy
+
+        if not is_database_busy(exception):
+            return None
+        if is_api_path(request.path):
+            response = error(503, "database_busy", busy_message())
+        else:  # the plain page, as the 500 page: it renders without the database
+            from console.views import plain_page
+
+            response = plain_page("503.html", status=503)
+        response["Retry-After"] = str(RETRY_AFTER_SECONDS)
+        return response
+
+
+def busy_message() -> str:
+    return _("The database was too busy to answer in time (a compaction, a backup or another long write "
+             "holds it). Try again in a moment.")

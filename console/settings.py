@@ -422,6 +422,8 @@ MIDDLEWARE = [
     "django_htmx.middleware.HtmxMiddleware",
     "console.viewer.ViewerTimezoneMiddleware",
     "console.viewer.SignedOutMiddleware",
+    # Last: a view that found the database too busy answers 503 (console/busy.py).
+    "console.middleware.DatabaseBusyMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"

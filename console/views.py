@@ -63,13 +63,30 @@ def page_not_found(request: HttpRequest, exception: Exception | None = None) -> 
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
+    import sys
+
+    from console.busy import RETRY_AFTER_SECONDS, is_database_busy
+
+    if is_database_busy(sys.exception()):  # raised before a view ran (a middleware's write)
+        from console.middleware import busy_message
+
+        if is_api_path(request.path):
+            response = error(503, "database_busy", busy_message())
+        else:
+            response = plain_page("503.html", status=503)
+        response["Retry-After"] = str(RETRY_AFTER_SECONDS)
+        return response
     if is_api_path(request.path):
         return internal_error()
-    # The plain page: it renders without the database, the session or a signed-in user; its
-    # stylesheet is a file (the Content-Security-Policy allows no inline style), left out if
-    # even the static files' manifest cannot be read.
+    return plain_page("500.html", status=500)
+
+
+def plain_page(template: str, *, status: int) -> HttpResponse:
+    """An error page that renders without the database, the session or a signed-in user; its
+    stylesheet is a file (the Content-Security-Policy allows no inline style), left out if
+    even the static files' manifest cannot be read."""
     try:
         stylesheet = static("css/error.css")
     except Exception:  # noqa: BLE001 (the error page must render whatever broke)
         stylesheet = ""
-    return HttpResponse(loader.get_template("500.html").render({"stylesheet": stylesheet}), status=500)
+    return HttpResponse(loader.get_template(template).render({"stylesheet": stylesheet}), status=status)

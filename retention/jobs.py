@@ -362,10 +362,9 @@ def _fail(op: ToolPayloadOperation, token: str, code: str, message: Message) -> 
 
 
 def _is_busy(exc: BaseException) -> bool:
-    if not isinstance(exc, OperationalError):
-        return False
-    text = str(exc).lower()
-    return "locked" in text or "busy" in text or "lock timeout" in text or "could not obtain lock" in text
+    from console.busy import is_database_busy
+
+    return is_database_busy(exc)
 
 
 def _finish(op: ToolPayloadOperation, token: str, state: str, code: str = "", message: Message | str = "",

@@ -293,9 +293,13 @@ class DatabaseWrapper(base.DatabaseWrapper):
                 _FIRST.setdefault(path, self.file_identity)
         return raw
 
+    lock_wait: float | None = None  # set for a while by console.busy.waiting_at_most
+
     @property
     def lock_timeout(self) -> float:
         """The connection's `timeout` (settings: 20 s): how long a writer waits for the lock."""
+        if self.lock_wait is not None:
+            return self.lock_wait
         return float(self.settings_dict["OPTIONS"].get("timeout", 5))
 
     def create_cursor(self, name=None):
