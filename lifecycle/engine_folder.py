@@ -36,7 +36,7 @@ from pathlib import Path
 
 from django.db import IntegrityError, transaction
 
-from lifecycle.enginefs import EngineHome, _fsync_dir
+from lifecycle.enginefs import EngineHome, UnsafeEnginePath, _fsync_dir, read_regular
 
 MARK_NAME = ".lethe-engine-folder"
 _ID = re.compile(r"[0-9a-f]{32}")
@@ -56,9 +56,9 @@ class EngineFolderUnavailable(Exception):  # noqa: N818 (a state of the folder, 
 
 def folder_mark(home: EngineHome) -> str | None:
     """The id in the folder's mark; None when there is no folder, no mark or no readable id."""
-    try:
-        text = (home.root / MARK_NAME).read_text(encoding="ascii").strip()
-    except (OSError, UnicodeDecodeError):
+    try:  # a link or a FIFO there is no mark (never followed nor waited on)
+        text = read_regular(home.root / MARK_NAME).decode("ascii").strip()
+    except (OSError, UnicodeDecodeError, UnsafeEnginePath):
         return None
     return text if _ID.fullmatch(text) else None
 
@@ -115,7 +115,7 @@ def not_adoptable(home: EngineHome) -> str | None:
     if not home.root.is_dir():
         return "missing" if Conversation.objects.exists() else None
     mark = folder_mark(home)
-    if mark is None and (home.root / MARK_NAME).exists():
+    if mark is None and os.path.lexists(home.root / MARK_NAME):
         return "unmarked"  # a mark file that holds no id: not ours to overwrite unasked
     if (not Conversation.objects.exclude(state=ConversationState.DELETED).exists()
             or holds_files_of_known_conversations(home)):

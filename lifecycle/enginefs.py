@@ -29,6 +29,10 @@ person trusts what it reports:
   `.<name>.torn-pending`, cut the log, rename the pending file); a run that finds a pending
   file finishes the interrupted one first, so a crash at any point leaves exactly one torn
   file and a clean log.
+- Every file here is opened by `open_regular`: never through a symlink (not at its own name,
+  not in a folder on its way), never waiting on a FIFO, and only if it is a regular file;
+  anything else raises `UnsafeEnginePath`, so a link planted at a log, a lock or the fleet
+  file cannot make a write land (or a cut happen) outside the engine folder.
 - Walks (`usage`, `conversation_usage`, the sweep) never follow symlinks and skip files and
   folders that vanish under them.
 - Reads that decide anything are strict: `read_fleet` raises UnreadableEngineFile for a
@@ -79,7 +83,8 @@ class InvalidStorageKey(EnginePathError):
 
 
 class UnsafeEnginePath(EnginePathError):
-    """A path that leaves the engine folder or passes through a symlink."""
+    """A path that leaves the engine folder or passes through a symlink, or a file that is not a
+    regular file (a FIFO, a socket, a device)."""
 
 
 class UnreadableEngineFile(Exception):  # noqa: N818 (a state of a file, not a programming error)
@@ -105,21 +110,60 @@ class FleetRead:
 EMPTY_FLEET: dict[str, Any] = {"version": 1, "agents": []}
 JSONL_CHECK_BYTES = 4 << 20
 
+# Never through a link at the name, never waiting for a FIFO's other end, never a controlling tty.
+_OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+def _check_folder(path: Path) -> None:
+    """UnsafeEnginePath unless the folder holding `path` is its own resolved form (every path
+    here starts at the resolved root, so a difference is a symlink on the way)."""
+    if os.path.realpath(path.parent) != str(path.parent):
+        raise UnsafeEnginePath(f"{path} passes through a symlink")
+
+
+def open_regular(path: Path, flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
+    """Open a file of the engine folder: a file descriptor, for a regular file only.
+
+    A symlink (at the name or on the way), a FIFO, a socket or a device raises UnsafeEnginePath
+    instead of being followed, waited on or written; FileNotFoundError and other OSErrors
+    (permissions) pass through as they are.
+    """
+    _check_folder(path)
+    try:
+        fd = os.open(path, flags | _OPEN_FLAGS, mode)
+    except OSError as error:
+        # ELOOP: a symlink at the name; ENXIO: a FIFO without a reader or a socket (for writing).
+        if error.errno in (errno.ELOOP, errno.ENXIO):
+            raise UnsafeEnginePath(f"{path} is not a regular file") from error
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnsafeEnginePath(f"{path} is not a regular file")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(path: Path) -> bytes:
+    """The whole of a regular file of the engine folder (see `open_regular`)."""
+    with os.fdopen(open_regular(path), "rb") as handle:
+        return handle.read()
+
 
 def _read_fleet_file(path: Path) -> tuple[bytes, os.stat_result, bool] | None:
     """The fleet file's bytes, its status after the read and whether the read saw it unchanged
     (same status before and after); None when it does not exist."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = open_regular(path)
     except FileNotFoundError:
         return None
-    except OSError as error:
+    except (OSError, UnsafeEnginePath) as error:
         raise UnreadableEngineFile(path, "unreadable") from error
     try:
         with os.fdopen(fd, "rb") as handle:
             before = os.fstat(handle.fileno())
-            if not stat.S_ISREG(before.st_mode):
-                raise UnreadableEngineFile(path, "unreadable")
             data = handle.read()
             after = os.fstat(handle.fileno())
             return data, after, _identity(before) == _identity(after)
@@ -240,7 +284,7 @@ def _is_regular(path: Path) -> bool:
 def _tail_offset(path: Path) -> int | None:
     """Where an unterminated last line starts; None when the log ends cleanly or is absent."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = open_regular(path)
     except FileNotFoundError:
         return None
     try:
@@ -259,13 +303,13 @@ def _tail_offset(path: Path) -> int | None:
 
 
 def _read_from(path: Path, offset: int) -> bytes:
-    with open(path, "rb") as handle:
+    with os.fdopen(open_regular(path), "rb") as handle:
         handle.seek(offset)
         return handle.read()
 
 
 def _truncate(path: Path, size: int) -> None:
-    fd = os.open(path, os.O_WRONLY)
+    fd = open_regular(path, os.O_WRONLY)
     try:
         os.ftruncate(fd, size)
         os.fsync(fd)
@@ -363,12 +407,15 @@ class EngineHome:
     @contextlib.contextmanager
     def _lock(self, lock_path: Path) -> Iterator[None]:
         """Hold the lock file in an existing folder (FileNotFoundError when the folder is gone)."""
-        with open(lock_path, "a+b") as handle:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        fd = open_regular(lock_path, os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 yield
             finally:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
     def lock_for(self, path: Path) -> Path:
         """The lock file that guards `path`.
@@ -392,7 +439,7 @@ class EngineHome:
             raise UnsafeEnginePath(f"a temporary file's name cannot be written: {path.name}")
         _makedirs(path.parent)
         tmp = path.with_name(f".{path.name}.lethe-tmp-{secrets.token_hex(8)}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = open_regular(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)  # a new file, in a folder of ours
         try:
             try:
                 _write_all(fd, data)
@@ -411,8 +458,8 @@ class EngineHome:
         with self.locked(self.lock_for(path)):
             _makedirs(path.parent)
             self._isolate_torn_tail(path)  # a new record must never be merged into a torn one
-            created = not path.exists()
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            created = not os.path.lexists(path)
+            fd = open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
             try:
                 start = os.fstat(fd).st_size
                 try:
@@ -430,10 +477,12 @@ class EngineHome:
                 _fsync_dir(path.parent)
 
     def read_jsonl(self, path: Path) -> list[dict[str, Any]]:
-        if not path.exists():
+        try:
+            data = read_regular(path)
+        except FileNotFoundError:
             return []
         rows = []
-        for line in path.read_bytes().splitlines():
+        for line in data.splitlines():
             with contextlib.suppress(ValueError):
                 rows.append(json.loads(line))
         return rows
@@ -459,7 +508,7 @@ class EngineHome:
         pending = path.with_name(f".{path.name}.torn-pending")
         finished = None
         if os.path.lexists(pending):
-            saved = pending.read_bytes()
+            saved = read_regular(pending)
             cut = _tail_offset(path)
             if cut is not None and _read_from(path, cut) == saved:
                 _truncate(path, cut)
@@ -482,7 +531,7 @@ class EngineHome:
     def read_json(self, path: Path, default: Any) -> Any:
         """The parsed document, or `default` when the file is absent (ValueError when not JSON)."""
         try:
-            return json.loads(path.read_bytes())
+            return json.loads(read_regular(path))
         except FileNotFoundError:
             return default
 
@@ -530,15 +579,13 @@ class EngineHome:
         Logs over JSONL_CHECK_BYTES are checked in their last JSONL_CHECK_BYTES only.
         """
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            fd = open_regular(path)
         except FileNotFoundError:
             return None
-        except OSError:
+        except (OSError, UnsafeEnginePath):
             return UnreadableEngineFile(path, "unreadable")
         try:
             info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                return UnreadableEngineFile(path, "unreadable")
             start = max(0, info.st_size - JSONL_CHECK_BYTES)
             data = os.pread(fd, info.st_size - start, start)
         except OSError:
@@ -619,8 +666,9 @@ class EngineHome:
         for tmp, target in found:
             if not _is_regular(tmp):
                 continue
-            # Never recreate a folder that was deleted meanwhile (an erased conversation's).
-            with contextlib.suppress(FileNotFoundError), self._lock(self.lock_for(target)):
+            # Never recreate a folder that was deleted meanwhile (an erased conversation's); a
+            # lock that is not a regular file (a link, a FIFO) is not taken, its temporary left.
+            with contextlib.suppress(FileNotFoundError, UnsafeEnginePath), self._lock(self.lock_for(target)):
                 if _is_regular(tmp):
                     os.unlink(tmp)
                     removed += 1

@@ -321,3 +321,32 @@ def test_two_forced_adopts_at_once_mark_the_folder_with_one_id(engine_home, monk
     fresh = engine_folder.adopt(EngineHome(engine_home), force=True)
     assert fresh != ids[0] and (engine_home / engine_folder.MARK_NAME).read_text() == fresh + "\n"
     assert engine_folder.recorded() == fresh
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo"])
+def test_a_mark_that_is_a_link_or_a_fifo_is_no_mark_and_is_never_waited_on(engine_home, tmp_path, kind):
+    import os
+    import signal
+
+    mark = engine_home / engine_folder.MARK_NAME
+    other = tmp_path / "other-mark"
+    other.write_text(mark.read_text())  # the id this database recorded, but in a file elsewhere
+    mark.unlink()
+    mark.symlink_to(other) if kind == "link" else os.mkfifo(mark)
+
+    class Blocked(BaseException):  # not an OSError, which the reader catches
+        pass
+
+    def stop(signum, frame):
+        raise Blocked("waited on a FIFO")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(20)
+    try:
+        assert engine_folder.folder_mark(EngineHome()) is None
+        with pytest.raises(engine_folder.EngineFolderUnavailable) as refused:
+            engine_folder.check()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert refused.value.reason == "unmarked"

@@ -7,13 +7,15 @@ import multiprocessing
 import os
 import resource
 import signal
+import stat
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from lifecycle.enginefs import EngineHome, InvalidStorageKey, UnsafeEnginePath
+from lifecycle.enginefs import EngineHome, InvalidStorageKey, UnreadableEngineFile, UnsafeEnginePath
 
 A = "c_" + "a" * 20
 B = "c_" + "b" * 20
@@ -314,6 +316,170 @@ def test_torn_tail_recovery_leaves_one_torn_file_after_a_crash_at_any_point(tmp_
             break
         assert exit_code == -signal.SIGKILL
     assert call > 6
+
+
+# Links and FIFOs where an engine file should be ------------------------------------------------
+
+PRECIOUS = b"line one\nprecious text without a final newline"
+
+
+class Blocked(BaseException):
+    """Raised by the alarm (not an OSError, which the readers here catch)."""
+
+
+@pytest.fixture
+def never_blocks():
+    """Turns an open() that waits for a FIFO's other end into a failure instead of a hang."""
+
+    def stop(signum, frame):
+        raise Blocked("waited on a FIFO")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(20)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def _plant(home: EngineHome, where: str, tmp_path: Path, kind: str, key: str = A) -> Path:
+    """A link to a file outside the engine folder, or a FIFO, at one of the files an append,
+    a recovery or a fleet update opens; returns the path of what was planted."""
+    log = home.events_path(key)
+    path = {"log": log, "lock": home.lock_for(log), "pending": log.with_name(".events.jsonl.torn-pending"),
+            "fleet": home.fleet_path, "fleet lock": home.fleet_lock}[where]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if where == "pending":
+        log.write_bytes(b'{"a":1}\n{"torn')  # so that the recovery reads the pending file
+    if kind == "link":
+        outside = tmp_path / "outside" / "outside.txt"
+        outside.parent.mkdir()
+        outside.write_bytes(PRECIOUS)
+        path.symlink_to(outside)
+    else:
+        os.mkfifo(path)
+    return path
+
+
+def _writes(home: EngineHome) -> dict:
+    return {"append": lambda: home.append_jsonl(home.events_path(A), [{"note": "CONTENT"}]),
+            "recover": lambda: home.recover_torn_tail(home.events_path(A)),
+            "update fleet": lambda: home.update_fleet(lambda rows: [*rows, {"agent_id": "sa_1"}])}
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo"])
+@pytest.mark.parametrize(("where", "write"), [
+    ("log", "append"), ("log", "recover"), ("lock", "append"), ("lock", "recover"),
+    ("pending", "append"), ("pending", "recover"), ("fleet lock", "update fleet"),
+])
+def test_a_log_or_lock_that_is_a_link_or_a_fifo_is_refused_never_followed_nor_waited_on(
+        tmp_path, never_blocks, kind, where, write):
+    home = EngineHome(tmp_path / "eng")
+    planted = _plant(home, where, tmp_path, kind)
+    with pytest.raises(UnsafeEnginePath):
+        _writes(home)[write]()
+    if kind == "link":
+        assert (tmp_path / "outside" / "outside.txt").read_bytes() == PRECIOUS  # not cut, nothing appended
+        assert names(tmp_path / "outside") == ["outside.txt"]  # and no torn file, lock or temporary there
+        assert planted.is_symlink()
+    else:
+        assert stat.S_ISFIFO(os.lstat(planted).st_mode)
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo"])
+def test_the_fleet_file_as_a_link_or_a_fifo_is_unreadable_and_never_written(tmp_path, never_blocks, kind):
+    home = EngineHome(tmp_path / "eng")
+    planted = _plant(home, "fleet", tmp_path, kind)
+    for read in (home.read_fleet, lambda: home.update_fleet(lambda rows: [{"agent_id": "sa_1"}])):
+        with pytest.raises(UnreadableEngineFile) as refused:
+            read()
+        assert refused.value.reason == "unreadable"
+    assert home.try_read_fleet().problem.reason == "unreadable"
+    assert planted.is_symlink() if kind == "link" else stat.S_ISFIFO(os.lstat(planted).st_mode)
+    if kind == "link":
+        assert (tmp_path / "outside" / "outside.txt").read_bytes() == PRECIOUS
+
+
+def test_a_fleet_folder_that_is_a_link_is_never_written_through(tmp_path, never_blocks):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "eng").mkdir()
+    (tmp_path / "eng" / "state").symlink_to(elsewhere)
+    home = EngineHome(tmp_path / "eng")
+    with pytest.raises(UnsafeEnginePath):
+        home.update_fleet(lambda rows: [{"agent_id": "sa_1"}])
+    assert names(elsewhere) == []  # no lock, no temporary, no fleet file written there
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo"])
+def test_reading_a_log_that_is_a_link_or_a_fifo_neither_follows_nor_waits(tmp_path, never_blocks, kind):
+    home = EngineHome(tmp_path / "eng")
+    log = _plant(home, "log", tmp_path, kind)
+    assert home.inspect_jsonl(log).reason == "unreadable"
+    with pytest.raises(UnsafeEnginePath):
+        home.read_jsonl(log)
+    with pytest.raises(UnsafeEnginePath):
+        home.read_json(log, default=None)
+
+
+def test_the_erasure_scan_reads_no_engine_file_that_became_a_link_or_a_fifo(tmp_path, never_blocks):
+    from lifecycle.deletion import fingerprints
+
+    window = bytes(range(64))
+    secret = b"k" * 32
+    scanner = fingerprints.Scanner(SimpleNamespace(
+        secret=secret, windows=fingerprints._window_digest(secret, window),
+        grams=b"".join(fingerprints._slice_digest(secret, window[o:o + 32]) for o in range(33))))
+    home = EngineHome(tmp_path / "eng")
+    home.write_atomic(home.events_path(A), b"x" * 32 + window)
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"y" * 32 + window)
+    home.events_path(B).parent.mkdir(parents=True)
+    home.events_path(B).symlink_to(outside)
+    os.mkfifo(home.receipts_path(A).parent.mkdir(parents=True) or home.receipts_path(A))
+    assert len(scanner.scan_file(home.events_path(A), engine=True)) == 1
+    assert scanner.scan_file(home.events_path(B), engine=True) == []
+    assert scanner.scan_file(home.receipts_path(A), engine=True) == []
+
+
+@pytest.mark.django_db
+def test_an_engine_log_append_never_writes_through_a_link_out_of_the_engine_folder(conversation, tmp_path):
+    from lifecycle.actions.append_log import append_log
+
+    home = EngineHome()
+    _plant(home, "log", tmp_path, "link", conversation.storage_key)
+    with pytest.raises(UnsafeEnginePath):
+        append_log(conversation, log="events", records=[{"type": "turn.completed", "note": "CONTENT"}])
+    assert (tmp_path / "outside" / "outside.txt").read_bytes() == PRECIOUS
+    assert names(tmp_path / "outside") == ["outside.txt"]
+
+
+@pytest.mark.django_db
+def test_the_conversation_page_reports_a_fifo_for_its_event_log_as_unreadable(member_client, conversation,
+                                                                              never_blocks):
+    home = EngineHome()
+    log = home.events_path(conversation.storage_key)
+    log.parent.mkdir(parents=True)
+    os.mkfifo(log)
+    response = member_client.get(f"/conversations/{conversation.public_id}/", HTTP_HOST="127.0.0.1")
+    assert response.status_code == 200
+    assert f"threads/{conversation.storage_key}/events.jsonl</code> cannot be read" in response.content.decode()
+
+
+@pytest.mark.django_db
+def test_the_startup_recovery_skips_logs_that_are_links_or_fifos_and_recovers_the_others(tmp_path, never_blocks):
+    from lifecycle.actions.recover_torn_logs import recover_all_torn_logs
+    from tests import factories
+
+    linked, fifo, torn = (factories.make_conversation() for _ in range(3))
+    home = EngineHome()
+    _plant(home, "log", tmp_path, "link", linked.storage_key)
+    home.receipts_path(fifo.storage_key).parent.mkdir(parents=True)
+    os.mkfifo(home.receipts_path(fifo.storage_key))
+    home.write_atomic(home.events_path(torn.storage_key), b'{"a":1}\n{"torn')
+    assert recover_all_torn_logs() == 1
+    assert home.events_path(torn.storage_key).read_bytes() == b'{"a":1}\n'
+    assert (tmp_path / "outside" / "outside.txt").read_bytes() == PRECIOUS
+    assert names(tmp_path / "outside") == ["outside.txt"]
 
 
 # The temporary-file sweep -------------------------------------------------------------------

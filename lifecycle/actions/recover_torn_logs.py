@@ -5,7 +5,7 @@ from pathlib import Path
 
 from django.db import transaction
 
-from lifecycle.enginefs import EngineHome
+from lifecycle.enginefs import EngineHome, EnginePathError, UnsafeEnginePath, open_regular
 from lifecycle.errors import ActionRefused
 from lifecycle.fence import lock_writable
 from lifecycle.models import Conversation
@@ -17,11 +17,13 @@ def _logs(home: EngineHome, conversation: Conversation) -> list[Path]:
 
 
 def _torn(path: Path) -> bool:
+    """Whether the log ends in a torn line. Missing, empty, or not a regular file (a link, a
+    FIFO: never followed nor waited on, see `open_regular`): not torn."""
     try:
-        with open(path, "rb") as handle:
+        with os.fdopen(open_regular(path), "rb") as handle:
             handle.seek(-1, os.SEEK_END)
             return handle.read(1) != b"\n"
-    except OSError:  # missing or empty
+    except (OSError, UnsafeEnginePath):  # missing, empty, or not a regular file
         return False
 
 
@@ -46,9 +48,11 @@ def recover_all_torn_logs(*, home: EngineHome | None = None) -> int:
     home = home or EngineHome()
     recovered = 0
     for conversation in Conversation.objects.live().only("pk", "public_id", "state").iterator():
-        if any(_torn(p) for p in _logs(home, conversation)):
-            try:
+        try:
+            if any(_torn(p) for p in _logs(home, conversation)):
                 recovered += recover_torn_logs(conversation, home=home)
-            except ActionRefused:
-                continue  # a delete intent arrived meanwhile; the erasure owns the folder now
+        except ActionRefused:
+            continue  # a delete intent arrived meanwhile; the erasure owns the folder now
+        except EnginePathError:
+            continue  # a symlink on the way or a log that is not a regular file: never written through
     return recovered

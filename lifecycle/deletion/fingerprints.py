@@ -35,7 +35,7 @@ from django.db import connection
 
 from lifecycle import fleet
 from lifecycle.deletion import files
-from lifecycle.enginefs import EngineHome
+from lifecycle.enginefs import EngineHome, UnsafeEnginePath, open_regular
 from lifecycle.models import Conversation, ErasureFingerprint
 from lifecycle.registry import RetentionClass, Store, erasure_order
 
@@ -199,14 +199,16 @@ class Scanner:
                     hits.append(Hit(path, start, window))
         return hits
 
-    def scan_file(self, path: Path) -> list[Hit]:
+    def scan_file(self, path: Path, *, engine: bool = False) -> list[Hit]:
+        """The hits in one file. An engine folder's file is opened as the engine folder's files
+        are (`open_regular`): one that became a link or a FIFO since it was listed is not read."""
         try:
-            with open(path, "rb") as handle:
+            with open(open_regular(path) if engine else path, "rb") as handle:
                 if os.fstat(handle.fileno()).st_size == 0:
                     return []
                 with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
                     return self.scan_bytes(data, path)
-        except (FileNotFoundError, ValueError):
+        except (FileNotFoundError, ValueError, UnsafeEnginePath):
             return []
 
     def window_at(self, hit: Hit) -> bytes:

@@ -38,7 +38,7 @@ from django.utils import timezone
 from lifecycle import engine_folder, fleet
 from lifecycle.deletion import executor, files
 from lifecycle.deletion.fingerprints import Hit, Scanner
-from lifecycle.enginefs import EngineHome, EnginePathError
+from lifecycle.enginefs import EngineHome, EnginePathError, read_regular
 from lifecycle.models import (
     Conversation,
     ConversationState,
@@ -116,8 +116,8 @@ def leftover_temporaries(home: EngineHome, path: Path, conversation: Conversatio
 def _mentions(path: Path, public_id: str) -> bool:
     """Whether the file holds the conversation's public id (fleet rows name their origin by it)."""
     try:
-        return public_id.encode() in path.read_bytes()
-    except OSError:
+        return public_id.encode() in read_regular(path)
+    except (OSError, EnginePathError):  # gone, or replaced by a link or a FIFO since
         return False
 
 
@@ -274,7 +274,7 @@ def physical_check(op: DeleteOperation, report: Report, home: EngineHome) -> Non
                 found[f"database:{path.name}"] = found.get(f"database:{path.name}", 0) + 1
                 erasable[f"database:{path.name}"] = False
     for path in engine_files(home):
-        hits: list[Hit] = scanner.scan_file(path)
+        hits: list[Hit] = scanner.scan_file(path, engine=True)
         for _hit in hits:
             if _explained_in_engine(home, path):
                 report.explained += 1
