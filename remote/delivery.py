@@ -48,7 +48,6 @@ from remote import receipts
 from remote.models import BoundDelete, BoundDeleteKey, BoundDeleteState, EngineBinding, WaitingOn
 
 RUN_BUDGET = 240  # seconds per job run, well under the queue's retry
-OPERATION_ID_CHARS = 32  # BoundDelete.engine_operation
 ENGINE_STATES = frozenset(BoundDeleteState.values)  # what an engine operation can be
 SLEEP_WITHIN_RUN = 30  # a retry due sooner than this waits inside the run
 
@@ -373,8 +372,6 @@ def _answer_problem(op: BoundDelete, view) -> str:
         return f"target {view.target!r}"
     if op.engine_operation and view.id != op.engine_operation:
         return f"operation {view.id!r}"
-    if len(view.id) > OPERATION_ID_CHARS:  # an id this console cannot keep to follow it
-        return "operation id too long"
     if view.state not in ENGINE_STATES:
         return f"state {view.state[:20]!r}"
     if view.state == BoundDeleteState.COMPLETED and not receipt_is_usable(view.data.get("receipt")):

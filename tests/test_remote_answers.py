@@ -138,7 +138,11 @@ def test_sync_stops_on_a_repeated_cursor(settings):
     row(4, title=7),
     row(5, last_activity_at="yesterday"),
     row(6, thread_id="t" * 500),
-], ids=["no-owner", "text-owner-id", "unknown-owner-kind", "number-title", "bad-time", "long-thread-id"])
+    row(7, title="bad \ud800 title"),  # no page could show it
+    row(8, title="nul \x00 title"),  # PostgreSQL could not store it (SQLite would)
+    row(9, extra={"\ud800": 1}),
+], ids=["no-owner", "text-owner-id", "unknown-owner-kind", "number-title", "bad-time", "long-thread-id",
+        "surrogate-title", "nul-title", "surrogate-key"])
 def test_a_sync_page_with_a_row_that_is_not_a_conversation_is_refused_whole(settings, admin_client, bad):
     page = {"results": [row(1), bad], "next": None}
     with scripted_engine({("GET", "/v1/threads"): lambda h: (200, page)}) as (url, seen):

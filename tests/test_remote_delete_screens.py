@@ -365,7 +365,7 @@ def test_a_delete_the_engine_would_not_admit_says_why_and_offers_no_confirmation
 
     admission = {"outcome": outcome, "code": reasons.TURN_ACTIVE, "ambiguous": [], "reasons": [
         {"code": reasons.TURN_ACTIVE, "outcome": "refused", "message": "engine words"},
-        {"code": "conversation_new_reason", "outcome": outcome, "message": "A reason\x00 only a newer\nengine has"}]}
+        {"code": "conversation_new_reason", "outcome": outcome, "message": "A reason\x07 only a newer\nengine has"}]}
     b = bound()
     with scripted_engine({("GET", "/v1/threads/"): lambda h: (200, preview(admission=admission))}) as (url, _seen):
         point_at(settings, url)

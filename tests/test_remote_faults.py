@@ -187,6 +187,55 @@ def test_operation_pages_take_an_oddly_shaped_operation(settings, fields):
     assert statuses == [200, 200]
 
 
+@pytest.mark.parametrize("op_id", ["op/../x", "op_1?x", "op 1", "op_\u00e9", "op_" + "9" * 40])
+def test_an_operation_id_the_console_cannot_link_to_is_a_bad_answer_not_a_server_error(settings, op_id):
+    """The pages put the engine's operation id in their own addresses: a "/" made no link at all
+    (the whole Operations page failed, for everyone), other odd ids are no id this console keeps."""
+    row = {**PENDING, "id": op_id}
+    routes = {("GET", "/v1/operations/"): lambda h: (200, row),
+              ("GET", "/v1/operations?"): lambda h: (200, {"results": [row], "next": None}),
+              ("DELETE", "/v1/threads/"): lambda h: (202, row)}
+    with scripted_engine(routes) as (url, _seen):
+        point_at(settings, url)
+        client = admin()
+        pages = [client.get(path, HTTP_HOST="127.0.0.1") for path in ("/operations/", f"/operations/{OP}/")]
+        with pytest.raises(EngineBadAnswer):
+            HttpEngine(url, "t", retries=0).request_delete(TARGET, key="k-id", actor=None)
+    assert [page.status_code for page in pages] == [503, 503]
+    assert all(b"could not be used" in page.content for page in pages)
+
+
+@pytest.mark.parametrize("op_id", ["op/../x", ["op_1"]])
+def test_a_refusal_naming_an_operation_the_console_cannot_ask_for_is_a_bad_answer(settings, op_id):
+    refusal = {"code": "not_admitted", "message": "No.", "outcome": "refused", "operation": op_id}
+    with (scripted_engine({("DELETE", "/v1/threads/"): lambda h: (409, refusal)}) as (url, seen),
+          pytest.raises(EngineBadAnswer)):
+        HttpEngine(url, "t", retries=0).request_delete(TARGET, key="k-refused", actor=None)
+    assert [method for method, _path in seen] == ["DELETE"]  # that id was not asked for
+
+
+@pytest.mark.parametrize("fields", [{"error": "x\ud800"}, {"error": "x\x00"}, {"message": "\udfff"},
+                                    {"receipt": {"stores": [{"store": "lifecycle.Item\x00", "action": "erased"}]}},
+                                    {"receipt": {"kept": [{"store": "x"}], "\ud800": 1}}],
+                         ids=["surrogate-error", "nul-error", "surrogate-message", "nul-receipt", "surrogate-key"])
+def test_an_operation_with_text_no_page_can_show_or_database_keep_is_a_bad_answer(settings, fields):
+    """A lone surrogate fails any page that shows it, NUL fails PostgreSQL's writes: on both
+    databases the answer is not taken (the pages say so; a bound delete keeps no receipt)."""
+    row = {**COMPLETED, **fields}
+    routes = {("GET", "/v1/operations/"): lambda h: (200, row),
+              ("GET", "/v1/operations?"): lambda h: (200, {"results": [row], "next": None}),
+              ("DELETE", "/v1/threads/"): lambda h: (202, row)}
+    with scripted_engine(routes) as (url, _seen):
+        point_at(settings, url)
+        client = admin()
+        pages = [client.get(path, HTTP_HOST="127.0.0.1") for path in ("/operations/", f"/operations/{OP}/")]
+        op = delivery.request_bound_delete(binding(), key="k-text", actor=None)
+        delivery.deliver(op.pk, budget=0.5)
+    assert [page.status_code for page in pages] == [503, 503]
+    op.refresh_from_db()
+    assert (op.state, op.last_error, op.receipt, op.engine_operation) == ("pending", "engine_bad_answer", None, "")
+
+
 @pytest.mark.parametrize("answer", [html(500), (302, b""), html(409), (200, DEEP)])
 def test_the_operation_page_is_not_a_not_found_for_an_engine_that_cannot_say(settings, answer):
     with scripted_engine({("GET", "/v1/operations/"): lambda h: answer}) as (url, _seen):

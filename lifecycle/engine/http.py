@@ -7,7 +7,10 @@ quick retries included, ends within the connect timeout plus twice the read time
 request that asks the engine is never held longer by it. A 2xx answer that is not JSON (or
 nested too deeply to read), is over 4 MB, or (for an operation) lacks its id, target or
 state is `EngineBadAnswer`, handled as the engine being unreachable: nothing is taken from
-it, and it is tried again later. Calls that are safe to repeat (reads, archive/close with an
+it, and it is tried again later. So is a 2xx answer with text that no page can show or one of
+the databases cannot store (a NUL character or a lone surrogate, anywhere in it, checked as the
+console's own API checks bodies), and an operation id that is not one this console can keep
+and link to (`OPERATION_ID`). Calls that are safe to repeat (reads, archive/close with an
 absolute value, a delete with its operation key) are retried a few times with backoff
 (`ENGINE_RETRIES`) when the engine cannot be reached; others are tried once.
 
@@ -43,6 +46,7 @@ from django.conf import settings
 from django.utils import translation
 from django.utils.translation import gettext as _
 
+from console.api import check_tree
 from lifecycle.engine import OperationPage, OperationView
 from lifecycle.errors import ActionRefused
 
@@ -54,6 +58,11 @@ MAX_ANSWER_BYTES = 4 * 1024 * 1024
 # An engine's refusal text is shown on this console's pages: one line of at most this many characters.
 MESSAGE_CHARS = 300
 CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")
+# An engine's operation id as this console keeps it (BoundDelete.engine_operation) and puts it
+# in its own addresses (/operations/<id>/): a "/" would make no link at all.
+OPERATION_ID = re.compile(r"[A-Za-z0-9_-]{1,32}")
+# Nesting an answer may have: the engine's answers (its API document included) are far shallower.
+MAX_ANSWER_DEPTH = 64
 
 
 class EngineUnreachable(ActionRefused):
@@ -152,6 +161,13 @@ class HttpEngine:
             if 200 <= status < 300:
                 raise EngineBadAnswer("not JSON") from None
             answer = None
+        if 200 <= status < 300:
+            try:
+                # A lone surrogate fails every page that shows it; NUL fails PostgreSQL's writes
+                # (SQLite keeps it): refused here, both databases behave alike.
+                check_tree(answer, max_depth=MAX_ANSWER_DEPTH)
+            except ValueError:
+                raise EngineBadAnswer("text with NUL or a lone surrogate, or nested too deeply") from None
         return status, answer
 
     def call(self, method: str, path: str, *, body: dict | None = None, headers: dict[str, str] | None = None,
@@ -191,13 +207,16 @@ class HttpEngine:
 
     @staticmethod
     def _view(answer: Any) -> OperationView:
-        """An operation answer, read only if it has the fields every use of it needs."""
+        """An operation answer, read only if it has the fields every use of it needs, and an
+        id this console can keep and link to."""
         try:
             view = OperationView.from_json(answer)
         except (TypeError, KeyError, ValueError, AttributeError):
             raise EngineBadAnswer("not an operation") from None
         if not all(isinstance(value, str) and value for value in (view.id, view.target, view.state)):
             raise EngineBadAnswer("not an operation")
+        if not OPERATION_ID.fullmatch(view.id):
+            raise EngineBadAnswer("not an operation id")
         return view
 
     # ---- the interface --------------------------------------------------------------------
@@ -250,6 +269,8 @@ class HttpEngine:
         except ActionRefused as exc:
             answer = getattr(exc, "answer", {})
             if exc.status == 409 and answer.get("outcome") in ("refused", "unavailable") and answer.get("operation"):
+                if not (isinstance(answer["operation"], str) and OPERATION_ID.fullmatch(answer["operation"])):
+                    raise EngineBadAnswer("not an operation id") from None
                 return self.operation(answer["operation"])  # not admitted: the recorded answer
             raise
         return self._view(answer)
