@@ -10,10 +10,13 @@ whose `receipt_next_read_at` is due (at most BATCH reads a run, the longest due 
 only while the receipt keeps facts of a store whose period runs out (`expiring`), for at most
 the longest period there is. When it is read next (`next_read`): where the engine gave each
 such store's period (`days`, as it stood at completion), just after the first of those
-periods runs out (SLACK: the engine's own expiry runs hourly); otherwise, or once that time
-has passed and the engine still keeps them (a period made longer since), after a wait that
-doubles from FIRST_WAIT up to LONGEST_WAIT. A receipt is then read a few times in all, not
-daily: the page says when it was last read ("Receipt as the engine reported it on ...").
+periods runs out (SLACK: the engine's own expiry runs hourly), but no later than LONGEST_WAIT
+from now (an admin of the engine may shorten a period meanwhile, down to a day, and the engine
+then removes those facts within the hour: a page must not say "kept" for up to a year after);
+otherwise, or once that time has passed and the engine still keeps them (a period made longer
+since), after a wait that doubles from FIRST_WAIT up to LONGEST_WAIT. A receipt is then read
+at most about monthly, not daily: the page says when it was last read ("Receipt as the engine
+reported it on ...").
 
 What is taken from the engine's answer (`later_receipt`): a receipt of the same delete (the
 same conversation and operation, completed) whose erased figures and engine are the stored
@@ -79,7 +82,7 @@ def next_read(receipt: Any, completed_at: datetime, now: datetime, *, last: date
         days = figure(row.get("days"))
         expected = completed_at + timedelta(days=days) + SLACK if days else None
         if expected is not None and expected > now:
-            times.append(expected)
+            times.append(min(expected, now + LONGEST_WAIT))  # a period may have been shortened since
         else:  # no period given, or past it and still kept: wait longer each time
             times.append(now + _wait(now - (expected or last)))
     return min(times)

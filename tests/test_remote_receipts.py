@@ -199,9 +199,17 @@ def test_when_a_receipt_is_read_next():
         return {"stores": [], "kept": [{"store": store, "action": "kept", "records": 1, **extra}
                                        for store, extra in entries]}
 
-    # Each period given: just after the first one runs out.
+    # Each period given: just after the first one runs out, but at least monthly: an engine
+    # admin may shorten a period meanwhile (the engine then removes those facts within the hour).
     given = receipt(("lifecycle.AuditFact", {"days": 365}), ("lifecycle.BillingFact", {"days": 2555}))
-    assert receipts.next_read(given, done, now, last=now) == done + timedelta(days=365) + receipts.SLACK
+    assert receipts.next_read(given, done, now, last=now) == now + receipts.LONGEST_WAIT
+    soon = done + timedelta(days=335)
+    assert receipts.next_read(given, done, soon, last=soon) == soon + receipts.LONGEST_WAIT
+    almost = done + timedelta(days=350)
+    assert receipts.next_read(given, done, almost, last=almost) == done + timedelta(days=365) + receipts.SLACK
+    recent = now - timedelta(days=5)
+    week = receipt(("lifecycle.AuditFact", {"days": 7}))
+    assert receipts.next_read(week, recent, now, last=now) == recent + timedelta(days=7) + receipts.SLACK
     # Past it and still kept (a period made longer): a wait that doubles, from a day to a month.
     later = done + timedelta(days=365) + receipts.SLACK
     assert receipts.next_read(given, done, later, last=later) == later + receipts.FIRST_WAIT
