@@ -140,14 +140,15 @@ DELETE_ID = r"bd_[0-9a-f]{20}"
                       "next page.")
 def binding_list(request: HttpRequest, query: BindingsQuery) -> dict:
     kind, owner_id = query.owner_kind, query.owner_id
+    after = _cursor_place(query.cursor) if query.cursor else None  # a bad one is 400 on an empty list too
     if kind is None:
         first = EngineBinding.objects.order_by("owner_kind", "owner_id").values_list("owner_kind", "owner_id").first()
         if first is None:
             return {"owner": None, "results": [], "next": None}
         kind, owner_id = first
     rows = EngineBinding.objects.select_related("returned_after").filter(owner_kind=kind, owner_id=owner_id)
-    if query.cursor:
-        rows = rows.filter(pk__gt=_cursor_place(query.cursor))
+    if after is not None:
+        rows = rows.filter(pk__gt=after)
     rows = list(rows.order_by("pk")[: query.limit + 1])
     more = len(rows) > query.limit
     rows = rows[: query.limit]

@@ -87,3 +87,12 @@ def test_the_api_pages_every_binding_of_an_owner(admin_client):
     for bad in ("0", "201", "x"):
         answer = admin_client.get(f"/api/v1/bindings?limit={bad}", **HOST)
         assert (answer.status_code, answer.json()["code"]) == (400, "invalid_limit"), bad
+
+
+def test_the_api_refuses_a_cursor_it_did_not_give_also_while_no_binding_exists(admin_client):
+    """With no owner named and no binding yet (an embedded engine, or before the first sync)
+    the list answered 200 to any cursor: it is read before the list is, as on every listing."""
+    for query in ("cursor=zzz", "cursor=YjF8eA", "owner_kind=account&owner_id=1&cursor=zzz"):
+        answer = admin_client.get(f"/api/v1/bindings?{query}", **HOST)
+        assert (answer.status_code, answer.json()["code"]) == (400, "invalid_cursor"), query
+    assert admin_client.get("/api/v1/bindings", **HOST).json() == {"owner": None, "results": [], "next": None}
