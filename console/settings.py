@@ -577,5 +577,8 @@ WEB_SERVER = {
     "WEB_THREADS": env_int("WEB_THREADS", 4, 1, 256),
     "WEB_TIMEOUT": env_int("WEB_TIMEOUT", 60, 1, 3600, "a whole number of seconds"),
     "WEB_GRACEFUL_TIMEOUT": env_int("WEB_GRACEFUL_TIMEOUT", 10, 1, 600, "a whole number of seconds"),
+    # A connection that has not delivered its request (head and body) within this long is
+    # answered 408 and closed (ops/gunicorn_worker.py).
+    "WEB_READ_TIMEOUT": env_int("WEB_READ_TIMEOUT", 30, 1, 3600, "a whole number of seconds"),
     "WEB_MAX_REQUESTS": env_int("WEB_MAX_REQUESTS", 5000, 1, 10_000_000),
 }

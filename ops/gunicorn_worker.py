@@ -6,16 +6,38 @@ HTML page. Such a request's path and language are not known (it was not read), s
 is the same for every path, in English. Errors that are the application's or the
 configuration's own are left to gunicorn (a 500).
 
-Loaded by the gunicorn master before Django: it imports gunicorn and the standard library only.
+Slow clients do not hold a thread. gunicorn's threaded worker hands a connection to a thread
+as soon as its first byte arrives, and the thread then waits on the socket for the rest of the
+request; a few clients sending a byte a second held every thread. Here the main loop reads each
+request's head and body (up to the largest body Lethe accepts) without blocking, and a thread
+gets the request only once it is all in memory. A connection that has not delivered its request
+within WEB_READ_TIMEOUT seconds (default 30) is answered 408 `request_timeout` and closed; a
+body announced larger than anything Lethe accepts (the larger of API_MAX_BODY_BYTES and
+Django's DATA_UPLOAD_MAX_MEMORY_SIZE for forms) is answered 413 `body_too_large` before it is
+read. A body the application did not read (a chunked one, which Lethe never reads) is not
+drained: the connection closes after the answer. Closing lingers in the main loop too (for the client's last
+bytes, up to 2 s), not in a thread. TLS or HTTP/2 connections served by gunicorn itself (serve
+configures neither: a reverse proxy terminates TLS) keep gunicorn's own reading.
+
+Loaded by the gunicorn master before Django: it imports gunicorn and the standard library only
+(Django's settings are read in the worker, once a request needs them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import selectors
+import socket
+import time
+from functools import partial
 
 from gunicorn import util
 from gunicorn.http import errors
-from gunicorn.workers.gthread import ThreadWorker
+from gunicorn.http.body import LengthReader
+from gunicorn.http2 import negotiation
+from gunicorn.workers.gthread import _DEFER, STOP_KEEPALIVE_LINGER, ThreadWorker
 
 # (exception, status, reason phrase, code, message), the first that matches; any other
 # parse error is a 400. Written for Lethe; gunicorn's own table answers the rest.
@@ -52,7 +74,248 @@ def json_error(status: int, reason: str, code: str, message: str) -> bytes:
     return head.encode("latin-1") + body
 
 
+_TIMED_OUT = (408, "Request Timeout", "request_timeout",
+              "The request did not arrive in full within the time this server allows.")
+_TOO_LARGE = (413, "Content Too Large", "body_too_large", "The request body is too large.")
+# How long a closed connection is read for the client's last bytes (so closing does not reset
+# the answer away), and how much of them at most: gunicorn's own figures.
+_LINGER_SECONDS = 2.0
+_LINGER_BYTES = 65536
+
+
+def read_timeout() -> float:
+    """WEB_READ_TIMEOUT: the seconds a connection has to deliver a request's head and body
+    (serve hands it over as the settings checked it; unset, 30)."""
+    raw = os.environ.get("WEB_READ_TIMEOUT", "").strip()
+    return float(int(raw)) if raw else 30.0
+
+
+def framing(head: bytes) -> tuple[int | None, bool, bool]:
+    """(Content-Length, chunked or another transfer coding, Expect: 100-continue) from a request
+    head, as far as the main loop needs them to know when the request is complete. A length that
+    is not one plain number (or is given twice) is None: the parser refuses the request."""
+    length: int | None = None
+    lengths = 0
+    coded = expect = False
+    for line in head.split(b"\r\n")[1:]:
+        name, colon, value = line.partition(b":")
+        if not colon:
+            continue
+        name, value = name.strip().lower(), value.strip()
+        if name == b"content-length":
+            lengths += 1
+            length = int(value) if value.isdigit() else None
+        elif name == b"transfer-encoding":
+            coded = True
+        elif name == b"expect":
+            expect = value.lower() == b"100-continue"
+    return (length if lengths == 1 else None), coded, expect
+
+
+def _ip(conn) -> str:
+    return conn.client[0] if isinstance(conn.client, tuple) and conn.client else ""
+
+
+class _Reading:
+    """A request the main loop is reading: its bytes so far and its deadline."""
+
+    __slots__ = ("continued", "data", "deadline")
+
+    def __init__(self, data: bytes, deadline: float) -> None:
+        self.data = bytearray(data)
+        self.deadline = deadline
+        self.continued = False
+
+
 class JsonErrorThreadWorker(ThreadWorker):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.read_timeout = read_timeout()
+        self.reading: dict = {}  # connection -> _Reading
+        self.lingering: dict = {}  # socket -> [deadline, bytes read]
+        self._body_limit: int | None = None
+        self._stopping_since: float | None = None
+        # The longest head the parser may accept; past it the parser refuses what it holds.
+        cfg = self.cfg
+        self.max_head = cfg.limit_request_line + 4 + cfg.limit_request_fields * (cfg.limit_request_field_size + 2) + 4
+
+    def body_limit(self) -> int:
+        if self._body_limit is None:
+            from django.conf import settings  # the application is loaded by now
+
+            self._body_limit = max(settings.API_MAX_BODY_BYTES, settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0)
+        return self._body_limit
+
+    def _own_reading(self, conn) -> bool:
+        return not (self.cfg.is_ssl or conn.is_http2 or negotiation.prior_knowledge_allowed(self.cfg, conn.client)
+                    or negotiation.upgrade_allowed(self.cfg, conn.client))
+
+    # ---- reading in the main loop
+
+    def enqueue_req(self, conn):
+        """A new connection, a kept-alive one that became readable, or one holding its next
+        request: read the request here; a thread gets it once it is complete."""
+        if not self._own_reading(conn):
+            return super().enqueue_req(conn)
+        held = conn.parser.unreader.take_buffered() if conn.parser is not None else b""
+        state = _Reading(held, time.monotonic() + self.read_timeout)
+        self.reading[conn] = state
+        if not self._advance(conn, state, registered=False):
+            conn.sock.setblocking(False)
+            self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._on_request_bytes, conn))
+        return None
+
+    def _on_request_bytes(self, conn, _sock):
+        state = self.reading.get(conn)
+        if state is None:
+            return
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:  # the client went away
+            self._drop_reading(conn)
+            return
+        state.data += data
+        try:
+            self._advance(conn, state, registered=True)
+        except Exception:  # the main loop must go on: this connection alone is lost
+            self.log.exception("Error reading a request")
+            if conn in self.reading:
+                self._drop_reading(conn)
+
+    def _advance(self, conn, state: _Reading, registered: bool) -> bool:
+        """Hand the request to a thread, or refuse it, once that can be decided; True then."""
+        data = state.data
+        end = data.find(b"\r\n\r\n")
+        if end < 0:
+            if len(data) > self.max_head:  # the parser refuses it from what it holds
+                self._hand_over(conn, state, registered)
+                return True
+            return False
+        length, coded, expect = framing(bytes(data[:end]))
+        if coded or length is None:
+            # Lethe never reads a chunked body (nor one of unknown length): the parser refuses
+            # what is malformed, the application answers the rest, and the connection closes.
+            self._hand_over(conn, state, registered)
+            return True
+        if length > self.body_limit():
+            self.log.warning("Request from ip=%s refused: its body is larger than accepted", _ip(conn))
+            self._drop_reading(conn, json_error(*_TOO_LARGE), registered)
+            return True
+        if len(data) - (end + 4) >= length:
+            self._hand_over(conn, state, registered)
+            return True
+        if expect and not state.continued:
+            state.continued = True
+            with contextlib.suppress(OSError):
+                conn.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+        return False
+
+    def _hand_over(self, conn, state: _Reading, registered: bool) -> None:
+        del self.reading[conn]
+        if registered:
+            self.poller.unregister(conn.sock)
+        conn.init()  # the HTTP/1 parser (no I/O without TLS or HTTP/2), once per connection
+        conn.sock.setblocking(True)
+        conn.parser.unreader.unread(bytes(state.data))
+        conn.data_ready = True
+        super().enqueue_req(conn)
+
+    def _drop_reading(self, conn, answer: bytes | None = None, registered: bool = True) -> None:
+        """Close a connection whose request is not complete, with `answer` first if given."""
+        del self.reading[conn]
+        if registered:
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self.poller.unregister(conn.sock)
+        self.nr_conns -= 1
+        if answer is None:
+            util.close(conn.sock)
+            return
+        conn.sock.setblocking(False)
+        with contextlib.suppress(OSError):
+            conn.sock.send(answer)
+        self._linger(conn.sock)
+
+    def murder_pending(self):
+        super().murder_pending()
+        now = time.monotonic()
+        if not self.alive and self._stopping_since is None:
+            self._stopping_since = now
+        for conn, state in list(self.reading.items()):
+            if not state.data and self._stopping_since is not None and now >= self._stopping_since + STOP_KEEPALIVE_LINGER:
+                # Stopping, and no request came on this connection: as gunicorn's kept-alive ones.
+                self._drop_reading(conn)
+            elif state.deadline <= now:
+                # A connection that never sent a byte is closed; one partway through a request
+                # is told why (408, RFC 9110 section 15.5.9).
+                if state.data:
+                    self.log.warning("Request from ip=%s not received within %d s: closed", _ip(conn),
+                                     self.read_timeout)
+                self._drop_reading(conn, json_error(*_TIMED_OUT) if state.data else None)
+        for sock, (deadline, _read) in list(self.lingering.items()):
+            if deadline <= now:
+                self._close_lingering(sock)
+
+    # ---- after the answer
+
+    def _keepalive_after(self, conn, keepalive):
+        """A body the application left unread is not drained from the socket (a slow client
+        would hold the thread): the connection closes instead. One already in memory is."""
+        if keepalive and self._own_reading(conn):
+            body = getattr(conn.parser.mesg, "body", None)
+            reader = getattr(body, "reader", None)
+            if not (isinstance(reader, LengthReader) and reader.length <= len(conn.parser.unreader.buf.getvalue())):
+                return False
+        return super()._keepalive_after(conn, keepalive)
+
+    def finish_request(self, conn, fs):
+        try:
+            result = fs.result() if not fs.cancelled() else False
+        except Exception:
+            result = False
+        if result is _DEFER or result or not self._own_reading(conn):
+            return super().finish_request(conn, fs)
+        # Closing: gunicorn lingers for the client's last bytes blocking the main loop (up to
+        # 2 s a connection); here the main loop reads them as they come.
+        self.nr_conns -= 1
+        try:
+            conn.sock.setblocking(False)
+        except OSError:
+            util.close(conn.sock)
+            return None
+        self._linger(conn.sock)
+        return None
+
+    def _linger(self, sock) -> None:
+        try:
+            sock.shutdown(socket.SHUT_WR)
+            self.poller.register(sock, selectors.EVENT_READ, self._on_lingering_bytes)
+        except (OSError, ValueError, KeyError):
+            util.close(sock)
+            return
+        self.lingering[sock] = [time.monotonic() + _LINGER_SECONDS, 0]
+
+    def _on_lingering_bytes(self, sock):
+        try:
+            data = sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        entry = self.lingering[sock]
+        entry[1] += len(data)
+        if not data or entry[1] >= _LINGER_BYTES:
+            self._close_lingering(sock)
+
+    def _close_lingering(self, sock) -> None:
+        del self.lingering[sock]
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self.poller.unregister(sock)
+        util.close(sock)
+
     def handle_error(self, req, client, addr, exc):
         answer = refusal(exc)
         if answer is None:

@@ -5,6 +5,7 @@ is told to stop, and the load benchmark at a small size."""
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -234,6 +236,9 @@ def test_requests_the_server_refuses_before_lethe_sees_them_get_the_json_error(s
          431, "headers_too_large"),
         ("GET /v1/threads?token=lethe_SECRETMARK HTTP/9.9\r\nHost: x\r\n\r\n", 400, "malformed_request"),
         ("GET /v1/threads HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", 400, "malformed_request"),
+        # A body larger than Lethe accepts is refused before a byte of it is read.
+        (f"POST /v1/threads/{served['public_id']}/items HTTP/1.1\r\nHost: x\r\n{auth}"
+         f"Content-Type: application/json\r\nContent-Length: 999999999\r\n\r\n", 413, "body_too_large"),
     ]
     for request, status, code in cases:
         answered, headers, body = _raw(port, request.encode())
@@ -252,3 +257,81 @@ def test_requests_the_server_refuses_before_lethe_sees_them_get_the_json_error(s
     logged = log.read_text(errors="replace")
     assert "Invalid request from ip=127.0.0.1: InvalidHTTPVersion" in logged
     assert "SECRETMARK" not in logged and "aaaaaaaaaa" not in logged and "kkkkkkkkkk" not in logged
+
+
+def _read_all(client: socket.socket) -> bytes:
+    answer = b""
+    with contextlib.suppress(TimeoutError, ConnectionResetError):
+        while chunk := client.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_slow_clients_hold_no_thread_and_are_cut_after_the_read_timeout(served, tree):
+    """More slow clients than threads (a body, a head or a chunked body sent a byte at a time)
+    do not keep anyone else waiting: requests on other connections, a keep-alive one with a
+    body included, are answered meanwhile. A client that has not delivered its request within
+    WEB_READ_TIMEOUT gets a 408 and is closed; a chunked body Lethe does not read is not waited
+    for: the answer comes and the connection closes."""
+    read_timeout = 4
+    env = {**served["env"], "WEB_CONCURRENCY": "1", "WEB_THREADS": "2", "WEB_READ_TIMEOUT": str(read_timeout)}
+    port = free_port()
+    proc = start(env, port)
+    tree.watch(proc.pid, port)
+    heads = {
+        "body": b"POST /accounts/login/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 100000\r\n\r\n",
+        "head": b"GET /accounts/login/ HTTP/1.1\r\nHost: 127.0.0.1\r\n",
+        "chunked": b"POST /accounts/login/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                   b"Content-Type: application/x-www-form-urlencoded\r\nTransfer-Encoding: chunked\r\n\r\n"
+                   b"186a0\r\n",
+    }
+    slow = []
+    for kind in ("body", "body", "body", "head", "head", "chunked", "chunked"):
+        client = socket.create_connection(("127.0.0.1", port), timeout=30)
+        client.sendall(heads[kind])
+        slow.append((kind, client))
+    stop = threading.Event()
+
+    def trickle():
+        while not stop.wait(0.5):
+            for kind, client in slow:
+                with contextlib.suppress(OSError):
+                    client.sendall(b"X-a: b\r\n" if kind == "head" else b"a")
+
+    trickler = threading.Thread(target=trickle, daemon=True)
+    trickler.start()
+    try:
+        # Each answered within the read timeout, that is before any slow client is cut.
+        for _ in range(3):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/accounts/login/", timeout=read_timeout) as answer:  # noqa: S310
+                assert answer.status == 200
+        body = json.dumps({"role": "assistant", "content": "written past slow clients"})
+        kept = http.client.HTTPConnection("127.0.0.1", port, timeout=read_timeout)
+        kept.request("POST", f"/v1/threads/{served['public_id']}/items", body=body,
+                     headers={"Authorization": f"Bearer {served['token']}", "Content-Type": "application/json"})
+        with kept.getresponse() as answer:
+            assert answer.status == 201, answer.read()[:200]
+            answer.read()
+        kept.request("GET", "/accounts/login/")  # the same connection, kept alive
+        with kept.getresponse() as answer:
+            assert answer.status == 200
+        kept.close()
+        answers = [(kind, _read_all(client)) for kind, client in slow]
+    finally:
+        stop.set()
+        trickler.join(5)
+        for _kind, client in slow:
+            client.close()
+    for kind, answer in answers:
+        if kind == "chunked":  # refused without reading it (no CSRF cookie), then closed
+            assert answer.startswith(b"HTTP/1.1 403 "), answer[:100]
+            continue
+        head, _, document = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408 ") and b"Content-Type: application/json" in head, (kind, answer[:200])
+        assert json.loads(document)["code"] == "request_timeout"
+    with sqlite3.connect(served["database"]) as db:
+        stored = db.execute("SELECT COUNT(*) FROM lifecycle_item WHERE content = 'written past slow clients'").fetchone()
+    assert stored == (1,)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
