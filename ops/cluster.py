@@ -31,6 +31,10 @@ back to back at first, then each one waits twice as long as the last (up to 5 mi
 they keep coming within 10 minutes of each other, so a job that kills its worker every time
 cannot make the cluster spin. A recycled worker, a timed-out one and a job that raises are
 handled by django-q2 as before.
+
+The Sentinel and Cluster here override django-q2's own (their start, reincarnation and the
+shared values they hold), written against django-q2 1.11.1, the locked version; recheck them
+when the lock moves it (tests/test_cluster_recovery.py kills real processes of each kind).
 """
 
 from __future__ import annotations

@@ -19,6 +19,11 @@ drained: the connection closes after the answer. Closing lingers in the main loo
 bytes, up to 2 s), not in a thread. TLS or HTTP/2 connections served by gunicorn itself (serve
 configures neither: a reverse proxy terminates TLS) keep gunicorn's own reading.
 
+The reading overrides parts of gunicorn's threaded worker that are not its public interface
+(`enqueue_req`, `finish_request`, `_keepalive_after`, `murder_pending`, the parser's unreader):
+written against gunicorn 27.0.1, the locked version; recheck them when the lock moves it
+(tests/test_app_server.py drives them with real slow clients).
+
 Loaded by the gunicorn master before Django: it imports gunicorn and the standard library only
 (Django's settings are read in the worker, once a request needs them).
 """
