@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 
+from console.schedules import pull_in_far_runs
 from lifecycle.deletion import executor
 
 log = logging.getLogger(__name__)
@@ -18,9 +19,14 @@ def erase(operation_id: int) -> str:
 
 
 def recover() -> dict[str, int]:
-    """Finish outstanding delete intents, and checkpoints still pending (every minute)."""
+    """Finish outstanding delete intents, and checkpoints still pending (every minute, and at
+    worker start). First, every schedule's next run is brought to at most one interval away."""
     started = time.monotonic()
     done = {"operations": 0, "physical": 0}
+    try:
+        pull_in_far_runs()
+    except Exception:  # the recovery of deletes goes on regardless
+        log.exception("could not bring the schedules' next runs in")
     for pk in executor.outstanding():
         if time.monotonic() - started > RECOVERY_BUDGET:
             break
