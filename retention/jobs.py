@@ -176,7 +176,8 @@ DAILY = "tool-payloads-daily-check"
 
 
 def wake_schedule() -> None:
-    """Make sure the daily check exists and is not dormant (after save, analyze or run)."""
+    """Make sure the daily check exists and runs within a day (after save, analyze or run). A
+    check that is due stays due: the cluster runs it once at its next pass (no catch-up)."""
     from django_q.models import Schedule
 
     now = timezone.now()
@@ -186,8 +187,10 @@ def wake_schedule() -> None:
 
         ensure_schedules()
         return
-    if schedule.next_run is None or schedule.next_run < now - timedelta(days=1):
-        Schedule.objects.filter(pk=schedule.pk).update(next_run=now + timedelta(days=1))
+    if schedule.next_run is None:
+        Schedule.objects.filter(pk=schedule.pk, next_run__isnull=True).update(next_run=now)
+    elif schedule.next_run > now + timedelta(days=1):
+        Schedule.objects.filter(pk=schedule.pk, next_run=schedule.next_run).update(next_run=now + timedelta(days=1))
 
 
 def next_check_at() -> datetime | None:

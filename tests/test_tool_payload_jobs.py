@@ -763,6 +763,42 @@ def test_the_schedules_exist_once_and_the_daily_check_starts_a_cleanup(admin_use
     assert service.status_document()["next_check_at"] is not None
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("action", ["analyze", "save"])
+def test_it_keeps_a_due_daily_check_due_when_an_admin_analyzes_or_saves(admin_user, action):
+    """The cluster was stopped two days: the check is "Due since ...". An analysis or a save
+    (wake_schedule) put it off to a day from now; it stays due, to run at the next pass."""
+    from django_q.models import Schedule
+
+    from retention.schedules import ensure_schedules
+
+    ensure_schedules()
+    enable(admin_user)
+    overdue = timezone.now() - timedelta(days=2)
+    Schedule.objects.filter(name=jobs.DAILY).update(next_run=overdue)
+    if action == "analyze":
+        service.start_analysis(user=admin_user, age_value=3, age_unit="months")
+    else:
+        enable(admin_user, value=4)
+    assert jobs.next_check_at() == overdue
+    assert jobs.check_is_due(jobs.next_check_at())
+
+
+@pytest.mark.django_db
+def test_it_gives_a_daily_check_with_no_next_run_or_a_far_one_a_run_within_a_day(admin_user):
+    from django_q.models import Schedule
+
+    from retention.schedules import ensure_schedules
+
+    ensure_schedules()
+    Schedule.objects.filter(name=jobs.DAILY).update(next_run=None)
+    jobs.wake_schedule()
+    assert jobs.next_check_at() <= timezone.now()
+    Schedule.objects.filter(name=jobs.DAILY).update(next_run=timezone.now() + timedelta(days=9))
+    jobs.wake_schedule()
+    assert jobs.next_check_at() <= timezone.now() + timedelta(days=1)
+
+
 # ---- Crash safety on a real cluster ---------------------------------------------------------
 
 
