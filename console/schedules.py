@@ -9,8 +9,9 @@ of a name is kept and updated, the others are deleted.
 
 A schedule's next run is never more than one interval away (`pull_in_far_runs`): django-q2
 moves a next run only forward from the last one, so a schedule that ran while the server's
-clock was ahead (then set back) would wait out the whole difference. Worker start and the
-every-minute recovery bring such runs back to one interval from now.
+clock was ahead (then set back) would wait out the whole difference. Worker start, the
+every-minute recovery and the cluster's guard (ops/cluster.py) bring such runs back to one
+interval from now.
 """
 
 from __future__ import annotations

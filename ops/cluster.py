@@ -60,6 +60,7 @@ logger = logging.getLogger("lethe.cluster")
 RESTART_EXIT = 75  # EX_TEMPFAIL: the sentinel gave up its processes, start new ones
 GRACE_SECONDS = 30.0
 BACKOFF_FIRST, BACKOFF_MAX, BACKOFF_WINDOW = 5.0, 300.0, 600.0
+SCHEDULE_CHECK_SECONDS = 30.0
 
 
 def _raw(value) -> float:
@@ -70,7 +71,8 @@ def _raw(value) -> float:
 class Sentinel(q_cluster.Sentinel):
     def __init__(self, *args, tick=None, **kwargs):
         self.tick = tick
-        super().__init__(*args, **kwargs)
+        self.schedules_checked = time.monotonic()
+        super().__init__(*args, **kwargs)  # runs the guard until the cluster stops
 
     def beat(self) -> None:
         if self.tick is not None:
@@ -78,7 +80,26 @@ class Sentinel(q_cluster.Sentinel):
 
     def status(self) -> str:
         self.beat()  # the guard saves the status every cycle
+        self.keep_schedules_near()
         return super().status()
+
+    def keep_schedules_near(self) -> None:
+        """Every SCHEDULE_CHECK_SECONDS (monotonic), as often as the guard's scheduler pass:
+        bring next runs more than one interval away to one interval from now. A clock set back
+        while the cluster runs leaves every schedule ahead, the every-minute recovery that
+        would bring them in too (console.schedules.pull_in_far_runs)."""
+        if time.monotonic() - self.schedules_checked < SCHEDULE_CHECK_SECONDS:
+            return
+        self.schedules_checked = time.monotonic()
+        from django_q.utils import close_old_django_connections
+
+        from console.schedules import pull_in_far_runs
+
+        try:
+            close_old_django_connections()
+            pull_in_far_runs()
+        except Exception as error:  # noqa: BLE001 (the scheduler's pass logs the database's state)
+            logger.warning("Could not check the schedules' next runs: %s", type(error).__name__)
 
     def reincarnate(self, process):
         if process.exitcode is not None and process.exitcode < 0 and self.may_hold_a_queue(process):

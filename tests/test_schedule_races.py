@@ -147,3 +147,26 @@ def test_it_brings_a_far_next_run_in_at_the_minute_tick_and_leaves_near_ones_alo
     assert runs["lifecycle-recover"] == real + timedelta(minutes=1)
     assert runs["lifecycle-expire-facts"] == real + timedelta(hours=1)
     assert runs["measure-storage"] == real + timedelta(days=1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_brings_far_next_runs_in_from_the_cluster_guard_when_no_worker_restarts(monkeypatch):
+    """Set back while the cluster runs, the clock leaves the every-minute recovery a week ahead
+    too: the guard's own check (every 30 s beside its scheduler pass) brings them in."""
+    import time
+
+    from django_q.brokers import get_broker
+
+    from ops.cluster import SCHEDULE_CHECK_SECONDS, Sentinel
+
+    real = _ran_while_the_clock_was_a_week_fast(monkeypatch, get_broker())
+    sentinel = Sentinel.__new__(Sentinel)  # its __init__ runs a whole cluster
+    sentinel.schedules_checked = time.monotonic()
+    sentinel.keep_schedules_near()  # within 30 s of the last check: nothing read
+    assert Schedule.objects.filter(next_run__lte=real + timedelta(days=1)).count() == 0
+    sentinel.schedules_checked -= SCHEDULE_CHECK_SECONDS
+    sentinel.keep_schedules_near()
+    runs = dict(Schedule.objects.values_list("name", "next_run"))
+    assert runs["lifecycle-recover"] == real + timedelta(minutes=1)
+    assert runs["remote-hourly"] == real + timedelta(hours=1)
+    assert runs["tool-payloads-daily-check"] == real + timedelta(days=1)
