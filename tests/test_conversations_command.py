@@ -129,6 +129,16 @@ def test_the_report_names_what_still_holds_the_deleted_bytes(engine_home):
     assert "still held by: The database's table files: until an operator runs manage.py finish_erasure." in out
 
 
+def test_the_report_says_1_record_not_1_records(engine_home):
+    conversation = factories.make_conversation(title="One of each")
+    factories.fill_every_store(conversation)
+    run("delete", conversation.public_id, "--key", "one-1")
+    out = run("status", m.DeleteOperation.objects.get().public_id)
+    assert "1 records" not in out
+    assert "  erased             1 record           96 bytes  Goals\n" in out
+    assert "  erased            2 records          274 bytes  Messages and tool calls\n" in out
+
+
 def test_with_json_a_refusal_is_a_json_document_too():
     """A script reading --json output got nothing on standard output for a refusal."""
     out = io.StringIO()

@@ -44,6 +44,14 @@ def test_status_analyze_run_and_compact_from_the_command_line(admin_user):
     assert cancelled["cancel_requested"] is True
 
 
+def test_status_says_1_week_and_2_months(admin_user):
+    """The status line read "1 weeks"."""
+    for value, unit, words in ((1, "weeks", "1 week,"), (2, "months", "2 months,"), (1, "months", "1 month,")):
+        service.save_policy(user=admin_user, enabled=False, age_value=value, age_unit=unit,
+                            revision=ToolPayloadPolicy.load().revision, backup_choice=None)
+        assert command("status").splitlines()[0].startswith(f"cleanup off, {words}")
+
+
 def test_changes_need_an_admin(member_user):
     with pytest.raises(CommandError, match="No active admin"):
         command("compact", "--as", "bob")

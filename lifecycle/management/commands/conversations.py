@@ -7,6 +7,7 @@ import sys
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
+from django.utils.translation import ngettext
 
 from console.management.cli import JsonErrors, io_error
 from lifecycle.deletion import reasons
@@ -154,7 +155,9 @@ class Command(JsonErrors, BaseCommand):
                 lines.append(f"  {op.error_message}")
         else:
             for entry in op.receipt["stores"]:
-                lines.append(f"  {entry['action']:<10} {entry['records']:>8} records {entry['bytes'] or 0:>12} bytes  "
+                records = ngettext("%(shown)s record", "%(shown)s records", entry["records"] or 0) % {
+                    "shown": entry["records"] or 0}
+                lines.append(f"  {entry['action']:<10} {records:>16} {entry['bytes'] or 0:>12} bytes  "
                              f"{LABELS.get(entry['store'], entry['store'])}")
             physical = op.receipt["physical"]
             lines.append(f"  physical erasure: {physical['state']}" + (f" at {physical['erased_at']}" if physical["erased_at"] else ""))
@@ -163,7 +166,6 @@ class Command(JsonErrors, BaseCommand):
             for holder in op.receipt.get("holders") or []:
                 lines.append(f"  still held by: {holder_text(holder)}")
         self.stdout.write("\n".join(lines))
-
 
 
 def _dumps(value) -> str:

@@ -14,6 +14,7 @@ from console.management.cli import JsonErrors
 from retention import jobs, service
 from retention.api import _json
 from retention.models import OPEN_STATES, OperationState, ToolPayloadOperation, ToolPayloadPolicy
+from retention.views import _unit_label
 
 
 class Command(JsonErrors, BaseCommand):
@@ -175,7 +176,8 @@ class Command(JsonErrors, BaseCommand):
         if analysis == "running" and doc["last_analysis"]["state"] == OperationState.QUEUED:
             analysis = "queued"  # as its own line says: no worker has taken it yet
         self.stdout.write(
-            f"cleanup {'on' if policy['enabled'] else 'off'}, {policy['age']['value']} {policy['age']['unit']}, "
+            f"cleanup {'on' if policy['enabled'] else 'off'}, "
+            f"{policy['age']['value']} {_unit_label(policy['age']['unit'], policy['age']['value'])}, "
             f"revision {policy['revision']}; preparation {doc['preparation']['state']} "
             f"({doc['preparation']['choice'] or 'no choice'}); analysis {analysis}"
         )
