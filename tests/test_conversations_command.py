@@ -139,6 +139,31 @@ def test_the_report_says_1_record_not_1_records(engine_home):
     assert "  erased            2 records          274 bytes  Messages and tool calls\n" in out
 
 
+def test_the_report_states_the_kept_facts_and_when_they_expired_as_the_operation_page_does():
+    """The report listed the erased and compacted stores only: the kept usage, billing and
+    audit facts (and once expired, when they were removed), which the operation page and
+    GET /v1/operations/{id} state, were missing."""
+    from datetime import timedelta
+
+    from lifecycle.actions.expire_facts import expire_facts
+
+    conversation = factories.make_conversation(title="Facts")
+    factories.fill_every_store(conversation)
+    run("delete", conversation.public_id, "--key", "kept-1")
+    op = m.DeleteOperation.objects.get()
+    out = run("status", op.public_id)
+    assert "  kept:\n" in out
+    assert "    Billing: 1 record kept until its period after the delete runs out (2555 days)\n" in out
+    assert "    Audit: 2 records kept until their period after the delete runs out (365 days)\n" in out
+    assert "    Provider-retained inputs: follows provider terms\n" in out
+    expire_facts(now=op.completed_at + timedelta(days=366))
+    expired_at = next(e["expired_at"] for e in m.DeleteOperation.objects.get().receipt["kept"]
+                      if e["store"] == "lifecycle.AuditFact")
+    out = run("status", op.public_id)
+    assert f"    Audit: 2 records, removed on {expired_at} when their period ran out (365 days)\n" in out
+    assert "    Usage and metering: 1 record kept until its period after the delete runs out (400 days)\n" in out
+
+
 def test_with_json_a_refusal_is_a_json_document_too():
     """A script reading --json output got nothing on standard output for a refusal."""
     out = io.StringIO()

@@ -7,11 +7,11 @@ import sys
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
-from django.utils.translation import ngettext
+from django.utils.translation import gettext, ngettext
 
 from console.management.cli import JsonErrors, io_error
 from lifecycle.deletion import reasons
-from lifecycle.deletion.presentation import holder_text
+from lifecycle.deletion.presentation import holder_text, receipt_rows
 from lifecycle.engine import OperationView, get_engine
 from lifecycle.errors import ActionRefused
 from lifecycle.models import Conversation, DeleteOperation
@@ -159,6 +159,11 @@ class Command(JsonErrors, BaseCommand):
                     "shown": entry["records"] or 0}
                 lines.append(f"  {entry['action']:<10} {records:>16} {entry['bytes'] or 0:>12} bytes  "
                              f"{LABELS.get(entry['store'], entry['store'])}")
+            # The kept facts as the operation page words them, with their period
+            kept = receipt_rows(op.receipt.get("kept"))
+            if kept:
+                lines.append("  kept:")
+            lines += [f"    {entry['label']}: {kept_text(entry)}" for entry in kept]
             physical = op.receipt["physical"]
             lines.append(f"  physical erasure: {physical['state']}" + (f" at {physical['erased_at']}" if physical["erased_at"] else ""))
             # What still holds the deleted bytes, as the operation page lists it (the restore
@@ -166,6 +171,31 @@ class Command(JsonErrors, BaseCommand):
             for holder in op.receipt.get("holders") or []:
                 lines.append(f"  still held by: {holder_text(holder)}")
         self.stdout.write("\n".join(lines))
+
+
+def kept_text(entry: dict) -> str:
+    """A receipt's kept entry in the words of the operation page (_receipt_stores.html), and
+    the period that applies to it (days after the delete), as the API states it."""
+    n, values = entry["records"], {"shown": entry["records"], "when": entry.get("expired_at")}
+    if entry["action"] == "out_of_scope":
+        return gettext("follows provider terms")
+    if n is None:
+        text = gettext("kept")
+    elif entry["action"] == "expired" and entry["after_check"]:
+        text = ngettext("%(shown)s record, removed on %(when)s after a clean physical check",
+                        "%(shown)s records, removed on %(when)s after a clean physical check", n) % values
+    elif entry["action"] == "expired":
+        text = ngettext("%(shown)s record, removed on %(when)s when its period ran out",
+                        "%(shown)s records, removed on %(when)s when their period ran out", n) % values
+    elif entry["expires"]:
+        text = ngettext("%(shown)s record kept until its period after the delete runs out",
+                        "%(shown)s records kept until their period after the delete runs out", n) % values
+    else:
+        text = ngettext("%(shown)s record kept", "%(shown)s records kept", n) % values
+    days = entry.get("days")
+    if isinstance(days, int) and not isinstance(days, bool):
+        text += " (" + ngettext("%(shown)s day", "%(shown)s days", days) % {"shown": days} + ")"
+    return text
 
 
 def _dumps(value) -> str:
