@@ -143,7 +143,7 @@ class ReceiptStoreOut(Schema):
 class HolderOut(Schema):
     """Something that still holds the erased bytes, and what ends that."""
 
-    kind: Literal["backup", "database_files", "wal", "wal_archive", "server_wal", "statistics"]
+    kind: Literal["backup", "backup_folder", "database_files", "wal", "wal_archive", "server_wal", "statistics"]
     name: str | None = None
     made_at: str | None = None
 

@@ -12,9 +12,10 @@ from pydantic import Field, JsonValue, model_validator
 from console.api import OWNER_PAIR, ApiError, QueryRule, QuerySchema, Schema, endpoint
 from lifecycle.api import DEFAULT_LIMIT, IDEMPOTENCY_KEY, Limit, WholeNumber
 from lifecycle.paging import InvalidCursor, encode_token, token_fields, token_pk
-from lifecycle.serializers import OwnerOut, iso
+from lifecycle.serializers import HolderOut, OwnerOut, PhysicalOut, iso
 from remote.delivery import error_text, request_bound_delete
 from remote.models import BoundDelete, EngineBinding
+from remote.physical import console_copy
 from remote.status import waiting_text
 
 State = Literal["pending", "completed", "refused", "unavailable"]
@@ -41,6 +42,12 @@ class BindingPageOut(Schema):
     owner: OwnerOut | None = Field(description="Whose conversations these are (one owner at a time).")
     results: list[BindingOut]
     next: str | None = Field(None, description="The `cursor` of the next page; null on the last page.")
+
+
+class ConsoleCopyOut(Schema):
+    engine: Literal["sqlite", "postgresql"]
+    physical: PhysicalOut
+    holders: list[HolderOut]
 
 
 class BoundDeleteOut(Schema):
@@ -77,6 +84,12 @@ class BoundDeleteOut(Schema):
     acknowledged_at: str | None
     requested_at: str
     completed_at: str | None
+    console_copy: ConsoleCopyOut | None = Field(
+        description="Completed: this console's own copy of the conversation's title (its binding's), cleared at "
+                    "the request and deleted with the binding. `physical` is pending while this console's "
+                    "database files still hold it (SQLite: until a checkpoint, retried every minute; PostgreSQL: "
+                    "until an operator runs manage.py finish_erasure), then erased; `holders` names what still "
+                    "holds it, as a receipt of the embedded engine does.")
 
 
 def binding_json(b: EngineBinding, current: BoundDelete | None = None) -> dict[str, Any]:
@@ -104,7 +117,7 @@ def bound_delete_json(op: BoundDelete) -> dict[str, Any]:
         "engine_state": op.engine_state or None, "engine_step": op.engine_step or None,
         "receipt": op.receipt if op.state == "completed" else None, "receipt_at": iso(op.receipt_at),
         "receipt_read_at": iso(op.receipt_read_at), "acknowledged_at": iso(op.acknowledged_at), "requested_at": iso(op.requested_at),
-        "completed_at": iso(op.completed_at),
+        "completed_at": iso(op.completed_at), "console_copy": console_copy(op),
     }
 
 

@@ -17,6 +17,9 @@
 3. The engine's receipt is stored first (waiting on this console), then acknowledged: in
    one transaction the record turns Completed and the binding is deleted. A worker killed
    between the two asks the engine again with the same key and acknowledges then.
+4. This console's copy of the title is then physically pending until a checkpoint (SQLite,
+   tried at once) or finish_erasure (PostgreSQL) takes it out of the database's files
+   (remote.physical).
 """
 
 from __future__ import annotations
@@ -34,7 +37,6 @@ from django.utils.translation import gettext_lazy
 from lifecycle import audit, faults
 from lifecycle.actions.request_deletion import check_key
 from lifecycle.deletion.executor import holder_alive, holder_id, lease_seconds
-from lifecycle.deletion.physical import checkpoint_sqlite
 from lifecycle.deletion.reasons import message as reason_message
 from lifecycle.engine.http import (
     CODE,
@@ -44,7 +46,8 @@ from lifecycle.engine.http import (
     HttpEngine,
 )
 from lifecycle.errors import ActionRefused
-from remote import receipts
+from lifecycle.models import PhysicalState
+from remote import physical, receipts
 from remote.models import BoundDelete, BoundDeleteKey, BoundDeleteState, EngineBinding, WaitingOn
 
 RUN_BUDGET = 240  # seconds per job run, well under the queue's retry
@@ -294,6 +297,7 @@ def acknowledge(op: BoundDelete) -> None:
             state=BoundDeleteState.COMPLETED, waiting_on=WaitingOn.NONE, binding=None, acknowledged_at=now,
             completed_at=now, next_attempt_at=None, lease_holder="", lease_expires_at=None, last_error="",
             receipt_next_read_at=receipts.first_read_at(held.receipt, held.receipt_at or now, now),
+            physical_state=PhysicalState.PENDING,
         )
         audit.record("conversation.deleted", old={"state": "pending_delete"},
                      new={"state": "deleted", **_audit_ids(held)})
@@ -301,9 +305,10 @@ def acknowledge(op: BoundDelete) -> None:
             # Earlier answers for it (refused, unavailable) keep its identity, not the link.
             BoundDelete.objects.filter(binding_id=binding_id).update(binding=None)
             EngineBinding.objects.filter(pk=binding_id).delete()
-    # SQLite: the pages that held the binding's title (cleared at the request) stay in the
-    # write-ahead log until a checkpoint copies the later pages over them and truncates it.
-    checkpoint_sqlite()
+    # The binding's old rows (its title) stay in the database's files: SQLite's write-ahead log
+    # until a checkpoint (busy: the minute sweep tries again); PostgreSQL's table files until
+    # finish_erasure. Physically pending until then (remote.physical).
+    physical.checkpoint()
 
 
 def _attempt(op: BoundDelete, engine: HttpEngine) -> str:

@@ -8,7 +8,9 @@ acknowledgement (one transaction with Completed) lets it go.
 
 `BoundDelete` is the console's record of one request to delete a bound conversation: the
 operation key the engine is called with, which side it waits on, attempts, the next retry,
-the last error, and in the end the engine's receipt, as the engine gave it.
+the last error, and in the end the engine's receipt, as the engine gave it. Once completed,
+`physical_state` says whether this console's own old copy of the conversation's title (the
+binding's rows, cleared and deleted) is still in its database's files (remote.physical).
 
 A conversation the engine lists again after its delete completed here (the engine was
 restored from a backup) gets a new binding marked `returned_after` that delete: listed
@@ -25,6 +27,8 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import pgettext_lazy
+
+from lifecycle.models import PhysicalState
 
 
 def new_binding_id() -> str:
@@ -123,6 +127,10 @@ class BoundDelete(models.Model):
     receipt_next_read_at = models.DateTimeField(null=True, blank=True)
     acknowledged_at = models.DateTimeField(null=True, blank=True)
     completed_at = models.DateTimeField(null=True, blank=True)
+    # Completed: this console's copy of the title, gone from its rows, is still in its database's
+    # files (pending) until a checkpoint (SQLite) or finish_erasure (PostgreSQL) removes it.
+    physical_state = models.CharField(max_length=8, choices=PhysicalState.choices, default="", blank=True)
+    physically_erased_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-requested_at", "-id"]

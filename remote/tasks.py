@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
-from remote import delivery
+from remote import delivery, physical
 
 log = logging.getLogger(__name__)
 SWEEP_BUDGET = 240
@@ -15,7 +15,8 @@ def deliver(pk: int) -> str:
 
 
 def sweep() -> int:
-    """Every minute and at worker start: run the bound deletes that are due."""
+    """Every minute and at worker start: run the bound deletes that are due, then retry the
+    checkpoint of those completed still physically pending (SQLite)."""
     started = time.monotonic()
     ran = 0
     for pk in delivery.due():
@@ -28,6 +29,10 @@ def sweep() -> int:
         except Exception:  # one delete that fails never keeps the later ones from their turn
             log.exception("bound delete %s: the run stopped on an unexpected error", pk)
             delivery.postpone(pk)
+    try:  # SQLite: a checkpoint a reader kept busy at the acknowledgement, tried again
+        physical.checkpoint()
+    except Exception:
+        log.exception("the checkpoint of completed bound deletes failed")
     return ran
 
 

@@ -23,7 +23,7 @@ from console.api import is_number
 from console.auth import is_admin
 from console.viewer import back_to
 from lifecycle.deletion.executor import changed_totals
-from lifecycle.deletion.presentation import moment, preview_groups, receipt_rows
+from lifecycle.deletion.presentation import holder_text, moment, preview_groups, receipt_rows
 from lifecycle.errors import ActionRefused
 from remote.api import bound_delete_json
 from remote.delivery import error_text, request_bound_delete
@@ -170,6 +170,10 @@ def bound_delete_detail(request: HttpRequest, delete_id: str) -> HttpResponse:
         "receipt_kept": receipt_rows(receipt.get("kept")),
         "totals": changed_totals(stores),
         **engine_checks(receipt),
+        # This console's own copy of the title: physically pending, then erased (remote.physical)
+        "copy": (copy := data["console_copy"]),
+        "copy_holders": [holder_text(h) for h in copy["holders"]] if copy else [],
+        "copy_erased_at": moment(copy["physical"]["erased_at"]) if copy else None,
     }
     template = "remote/bound_delete.html"
     if request.htmx:

@@ -61,7 +61,7 @@ def test_it_rewrites_the_touched_tables_and_marks_the_receipt_physically_erased(
     call_command("finish_erasure", "--json")
     report = json.loads(capsys.readouterr().out)
     op.refresh_from_db()
-    assert (report["waiting"], report["erased"], report["still_pending"]) == (1, 1, 0)
+    assert (report["waiting"], report["erased"], report["still_pending"]) == (1, 1, 0), report
     assert op.physical_state == m.PhysicalState.ERASED and op.physically_erased_at is not None
     assert not {h["kind"] for h in op.receipt["holders"]} & {"wal", "database_files"}
     if connection.vendor == "postgresql":
@@ -171,3 +171,101 @@ def test_on_sqlite_a_reader_that_keeps_the_log_says_why_the_erasure_is_still_pen
         reader.close()
     call_command("finish_erasure")
     assert m.DeleteOperation.objects.get(pk=op.pk).physical_state == "erased"
+
+
+def test_a_bound_delete_keeps_this_consoles_copy_of_the_title_physically_pending_until_finish_erasure(capsys,
+                                                                                                       settings):
+    """A console of a remote engine keeps a copy of each engine conversation's title (its
+    binding). The request clears it and the acknowledgement deletes the binding, but the old
+    rows stay in the database's files: on PostgreSQL in the bindings' table files, which
+    finish_erasure did not rewrite ("No delete is waiting"), while nothing said so; on SQLite
+    in the write-ahead log while a reader kept the acknowledgement's checkpoint busy, which
+    was assumed done. The bound delete now says physically pending, then erased."""
+    from django.test import Client
+    from django.utils import translation
+
+    from console.models import ApiToken
+    from remote import delivery
+    from remote.models import EngineBinding
+    from tests.scripted_engine import scripted_engine
+
+    title = factories.marker("console-title")[:100]
+    target = "c_" + "d" * 20
+    completed = {"id": "op_" + "2" * 20, "target": target, "state": "completed", "code": None,
+                 "requested_at": "2026-01-01T00:00:00Z", "completed_at": "2026-01-01T00:00:01Z",
+                 "receipt": {"stores": [{"store": "lifecycle.Item", "action": "erased", "records": 1, "bytes": 9}]}}
+    binding = EngineBinding.objects.create(engine_id=target, owner_kind="account", owner_id=1, scope="bound",
+                                           thread_id="t-title", title=title, engine_state="live")
+    with scripted_engine({("DELETE", "/v1/threads/"): lambda h: (202, completed)}) as (url, _seen):
+        settings.ENGINE_URL, settings.ENGINE_TOKEN, settings.ENGINE_RETRIES = url, "t" * 40, 0
+        op = delivery.request_bound_delete(binding, key="console-copy", actor=None)
+        reader = None
+        if connection.vendor == "sqlite":
+            # A reader's open snapshot keeps the acknowledgement's checkpoint busy.
+            reader = sqlite3.connect(str(connection.settings_dict["NAME"]))
+            reader.execute("BEGIN")
+            reader.execute("SELECT count(*) FROM remote_enginebinding").fetchone()
+        try:
+            assert delivery.deliver(op.pk, budget=5) == "completed"
+        finally:
+            if reader is not None:
+                reader.rollback()
+                reader.close()
+    op.refresh_from_db()
+    assert not EngineBinding.objects.filter(title=title).exists()
+    assert op.physical_state == m.PhysicalState.PENDING and op.physically_erased_at is None
+    if connection.vendor == "postgresql":
+        assert title.encode() in _raw_bytes("remote_enginebinding")  # the old rows, in the table's files
+    _token, raw = ApiToken.issue(factories.make_user(admin=True))
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {raw}", HTTP_HOST="127.0.0.1")
+    copy = api.get(f"/api/v1/bound-deletes/{op.public_id}").json()["console_copy"]
+    assert copy["physical"] == {"state": "pending", "erased_at": None}
+    pending_holder = "database_files" if connection.vendor == "postgresql" else "wal"
+    assert pending_holder in {h["kind"] for h in copy["holders"]}
+    admin = Client(HTTP_HOST="127.0.0.1")
+    admin.force_login(factories.make_user(admin=True))
+    page = admin.get(f"/engine/deletes/{op.public_id}/", HTTP_ACCEPT_LANGUAGE="es").content.decode()
+    translation.deactivate()
+    assert 'data-testid="console-physical"' in page and "Borrado físico pendiente" in page, page
+
+    call_command("finish_erasure", "--json")
+    report = json.loads(capsys.readouterr().out)
+    op.refresh_from_db()
+    assert (report["waiting"], report["erased"], report["still_pending"]) == (1, 1, 0), report
+    assert op.physical_state == m.PhysicalState.ERASED and op.physically_erased_at is not None
+    if connection.vendor == "postgresql":
+        assert report["tables"] == ["remote_enginebinding"]  # only the copy waited: no content table
+    assert title.encode() not in _raw_bytes("remote_enginebinding")
+    copy = api.get(f"/api/v1/bound-deletes/{op.public_id}").json()["console_copy"]
+    assert copy["physical"]["state"] == "erased" and copy["physical"]["erased_at"]
+    assert not {h["kind"] for h in copy["holders"]} & {"database_files", "wal"}
+    page = admin.get(f"/engine/deletes/{op.public_id}/", HTTP_ACCEPT_LANGUAGE="en").content.decode()
+    assert "Physically erased as of" in page
+    call_command("finish_erasure")
+    assert "No delete is waiting" in capsys.readouterr().out
+
+
+def test_on_sqlite_the_minute_sweep_retries_a_bound_deletes_checkpoint_a_reader_kept_busy():
+    if connection.vendor != "sqlite":
+        pytest.skip("PostgreSQL: only finish_erasure erases the copy physically")
+    from django.utils import timezone
+
+    from remote import tasks
+    from remote.models import BoundDelete
+
+    now = timezone.now()
+    op = BoundDelete.objects.create(key="k-sweep", binding_ref="b_" + "0" * 20, engine_id="c_" + "e" * 20,
+                                    owner_kind="account", owner_id=1, scope="bound", thread_id="t1",
+                                    state="completed", receipt={"stores": []}, acknowledged_at=now,
+                                    completed_at=now, physical_state=m.PhysicalState.PENDING)
+    reader = sqlite3.connect(str(connection.settings_dict["NAME"]))
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM remote_bounddelete").fetchone()
+        tasks.sweep()
+        assert BoundDelete.objects.get(pk=op.pk).physical_state == m.PhysicalState.PENDING
+    finally:
+        reader.close()
+    tasks.sweep()
+    op.refresh_from_db()
+    assert op.physical_state == m.PhysicalState.ERASED and op.physically_erased_at is not None

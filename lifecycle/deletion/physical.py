@@ -157,7 +157,12 @@ def wal_archive_on() -> bool:
 
 def holders(moment: datetime, *, physically_erased: bool) -> list[dict[str, Any]]:
     """What still holds the erased bytes at `moment`, each with what ends it."""
-    out = backups_before(moment)
+    return backups_before(moment) + database_holders(physically_erased=physically_erased)
+
+
+def database_holders(*, physically_erased: bool) -> list[dict[str, Any]]:
+    """What of the database server still holds erased bytes (no backups)."""
+    out: list[dict[str, Any]] = []
     if not physically_erased:
         out.append({"kind": "database_files" if connection.vendor == "postgresql" else "wal"})
     if connection.vendor == "postgresql":

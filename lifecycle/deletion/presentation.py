@@ -106,6 +106,9 @@ def receipt_rows(entries: Any) -> list[dict[str, Any]]:
 # and `manage.py conversations` say it.
 HOLDER_WORDS = {
     "backup": _("Backup %(name)s, made before the delete: until that backup is deleted."),
+    # (a bound delete's page reads the folder when shown: one that cannot be read is named)
+    "backup_folder": _("Any backup made before the delete in the backup folder %(name)s, which cannot be read "
+                       "now: until those backups are deleted."),
     "database_files": _("The database's table files: until an operator runs manage.py finish_erasure."),
     "wal": _("The database's write-ahead log: until the next successful checkpoint."),
     "server_wal": _("The database server's write-ahead log files: until the server reuses them, after later "

@@ -8,7 +8,8 @@ where) is rewritten with `VACUUM (FULL, ANALYZE)` (a new file
 for the table, its TOAST table and its indexes; the old files are removed; fresh planner
 statistics), then the statistics catalog `pg_statistic` (whose old rows sampled the deleted
 values) when the database user owns it, then `record_compaction` marks every receipt whose
-tables were all rewritten. The server's write-ahead log files keep copies until the server
+tables were all rewritten (and, on a console of a remote engine, `remote.physical` marks its
+own copy of a bound-deleted conversation's title, in the bindings' table). The server's write-ahead log files keep copies until the server
 reuses them, which Lethe cannot see: every PostgreSQL receipt names them. `VACUUM FULL`
 holds an exclusive lock on one table at a time while it copies it: readers and writers of
 that table wait, so run it when the console is quiet.
@@ -79,7 +80,7 @@ def _old_snapshot_holders(cursor, *, wait: float) -> int:
         time.sleep(0.2)
 
 
-def _may_rewrite_statistics(cursor) -> bool:
+def may_rewrite_statistics(cursor) -> bool:
     cursor.execute(
         "SELECT r.rolsuper OR d.datdba = r.oid FROM pg_roles r, pg_database d"
         " WHERE r.rolname = current_user AND d.datname = current_database()"
@@ -93,15 +94,22 @@ def _waiting():
 
 
 def finish_waiting_erasures() -> RewriteResult:
-    result = RewriteResult(waiting=_waiting().count())
+    # A console of a remote engine: its own copy of a bound-deleted conversation's title.
+    from remote import physical as console_copies
+
+    result = RewriteResult(waiting=_waiting().count() + console_copies.waiting().count())
     if connection.vendor == "sqlite":
-        result.erased = sum(1 for pk in unfinished_physical() if finish_physical(pk))
+        result.erased = sum(1 for pk in unfinished_physical() if finish_physical(pk)) + console_copies.checkpoint()
     elif result.waiting:
         if connection.in_atomic_block:
             raise RuntimeError("VACUUM cannot run inside a transaction")
         known = set(connection.introspection.table_names())
-        # The receipts of earlier releases list only the tables their delete found rows in.
-        wanted = {*content_tables(), *(t for op in _waiting() for t in op.touched_tables)}
+        wanted: set[str] = set()
+        if _waiting().exists():
+            # The receipts of earlier releases list only the tables their delete found rows in.
+            wanted |= {*content_tables(), *(t for op in _waiting() for t in op.touched_tables)}
+        if console_copies.waiting().exists():
+            wanted |= set(console_copies.tables())
         tables = sorted(t for t in wanted if t in known)
         started = timezone.now()
         quote = connection.ops.quote_name
@@ -115,12 +123,15 @@ def finish_waiting_erasures() -> RewriteResult:
                 # The statistics replaced above stay in pg_statistic's file as dead rows
                 # until that catalog is rewritten too; only its owner (the database owner
                 # or a superuser) may.
-                statistics = _may_rewrite_statistics(cursor)
+                statistics = may_rewrite_statistics(cursor)
                 if statistics:
                     cursor.execute("VACUUM FULL pg_catalog.pg_statistic")
         if not result.held_by:
             result.tables = tables
-            result.erased = record_compaction(started_at=started, finished_at=timezone.now(), tables=tables,
+            finished = timezone.now()
+            result.erased = record_compaction(started_at=started, finished_at=finished, tables=tables,
                                               statistics_rewritten=statistics)
-    result.still_pending = _waiting().count()
+            result.erased += console_copies.record_compaction(started_at=started, finished_at=finished,
+                                                              tables_rewritten=tables)
+    result.still_pending = _waiting().count() + console_copies.waiting().count()
     return result

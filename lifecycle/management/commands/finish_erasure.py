@@ -9,9 +9,10 @@ from lifecycle.deletion.rewrite import finish_waiting_erasures
 
 
 class Command(BaseCommand):
-    help = ("Finish the physical erasure of completed deletes: checkpoint the write-ahead log (SQLite) or "
-            "rewrite the tables they touched with VACUUM FULL (PostgreSQL; locks one table at a time, "
-            "run it when the console is quiet). Receipts then say physically erased.")
+    help = ("Finish the physical erasure of completed deletes (and, on a console of a remote engine, of its "
+            "copies of bound-deleted titles): checkpoint the write-ahead log (SQLite) or rewrite the tables they "
+            "touched with VACUUM FULL (PostgreSQL; locks one table at a time, run it when the console is quiet). "
+            "Receipts then say physically erased.")
 
     def add_arguments(self, parser):
         parser.add_argument("--json", action="store_true")

@@ -1,0 +1,90 @@
+"""Physical erasure of this console's own copy of a conversation deleted on its engine.
+
+A console of a remote engine holds one piece of an engine conversation's content: the copy
+of its title in the binding (`EngineBinding.title`, for the list). Its other records of a
+bound delete hold none: the `BoundDelete` row and its keys (ids, the raw thread id, the
+engine's receipt, which is content-free), and the audit facts (ids). The request clears the
+title and the acknowledgement deletes the binding, so no row holds it any more; but the old
+row versions are still in the database's files, as after a delete on the embedded engine
+(lifecycle.deletion.physical):
+
+- SQLite: in the write-ahead log until a checkpoint succeeds. The acknowledgement tries it
+  (retried with back-off while a reader keeps it busy); the minute sweep tries again.
+- PostgreSQL: in the table files of TABLES, and in the planner's samples, until
+  `manage.py finish_erasure` rewrites them (a plain VACUUM, Compact database, does not).
+
+Until then a completed bound delete is "physically pending"; its page and API say so and
+name what still holds the copy (`console_copy`), as an embedded delete's receipt does.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from lifecycle.deletion import physical
+from lifecycle.models import PhysicalState
+from lifecycle.serializers import iso
+from remote.models import BoundDelete, BoundDeleteState, EngineBinding
+from retention.errors import BackupFolderUnreadable
+
+log = logging.getLogger(__name__)
+
+
+def tables() -> list[str]:
+    """The tables that held the copy: rewritten by finish_erasure while a delete waits."""
+    return [EngineBinding._meta.db_table]
+
+
+def waiting() -> QuerySet[BoundDelete]:
+    return BoundDelete.objects.filter(state=BoundDeleteState.COMPLETED, physical_state=PhysicalState.PENDING)
+
+
+def checkpoint() -> int:
+    """SQLite: checkpoint the write-ahead log; the deletes completed before it are physically
+    erased. Returns how many (0 while a reader keeps it busy: they stay pending)."""
+    if connection.vendor != "sqlite":
+        return 0
+    pks = list(waiting().values_list("pk", flat=True))
+    if not pks or not physical.checkpoint_sqlite():
+        return 0
+    return waiting().filter(pk__in=pks).update(physical_state=PhysicalState.ERASED,
+                                               physically_erased_at=timezone.now())
+
+
+def record_compaction(*, started_at: datetime, finished_at: datetime, tables_rewritten) -> int:
+    """PostgreSQL: `tables_rewritten` were rewritten between `started_at` and `finished_at`
+    (finish_erasure): the deletes completed before it started are physically erased."""
+    if not set(tables()) <= set(tables_rewritten):
+        return 0
+    return waiting().filter(completed_at__lt=started_at).update(physical_state=PhysicalState.ERASED,
+                                                                physically_erased_at=finished_at)
+
+
+def console_copy(op: BoundDelete) -> dict[str, Any] | None:
+    """A completed delete: whether this console's copy is physically erased, and what still
+    holds it (backups of this console made before the delete, the database's files or log until
+    then, the server's WAL files, a WAL archive, the planner's samples where they could not be
+    rewritten)."""
+    if op.state != BoundDeleteState.COMPLETED or not op.physical_state:
+        return None
+    erased = op.physical_state == PhysicalState.ERASED
+    try:
+        holders = physical.backups_before(op.completed_at)
+    except BackupFolderUnreadable as exc:  # never "no backup": name the folder that cannot be read
+        holders = [{"kind": "backup_folder", "name": exc.filename or ""}]
+    holders += physical.database_holders(physically_erased=erased)
+    if erased and connection.vendor == "postgresql":
+        from lifecycle.deletion.rewrite import may_rewrite_statistics
+
+        with connection.cursor() as cursor:
+            if not may_rewrite_statistics(cursor):
+                holders.append({"kind": "statistics"})
+    return {"engine": connection.vendor,
+            "physical": {"state": op.physical_state, "erased_at": iso(op.physically_erased_at)},
+            "holders": holders}
