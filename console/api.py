@@ -629,19 +629,19 @@ def openapi_document() -> dict[str, Any]:
             if model is not None:
                 entry["content"] = {"application/json": {"schema": _schema_of(model, refs)}}
             responses[str(status)] = entry
-        statuses = set(ep.errors)
-        if ep.path_params or ep.query or ep.body or ep.headers or ep.method not in SAFE_METHODS:
-            statuses.add(400)  # a write that takes no body still refuses one it cannot accept
+        # What any request can be answered, whatever the operation: 400 (a query parameter it
+        # does not take, a NUL in the address, a body it cannot read), 411/413/415 (a body, on
+        # a GET too), 429 (too many unknown bearer tokens from one address, a public operation's
+        # too when one is sent), and gunicorn's own 414 and 431 (ops/gunicorn_worker.py).
+        statuses = set(ep.errors) | ALWAYS_POSSIBLE
         if ep.path_params:
             statuses.add(404)
         if not ep.public:
-            statuses |= {401, 429}  # 429: too many unknown bearer tokens from one address
+            statuses.add(401)
             if ep.path.startswith(ENGINE_PREFIX):
                 statuses.add(421)
         if ep.admin or ep.method not in SAFE_METHODS:
             statuses.add(403)
-        if ep.method not in SAFE_METHODS:
-            statuses |= {411, 413, 415}
         for status in sorted(statuses):
             responses[str(status)] = {
                 "description": _ERROR_DESCRIPTIONS.get(status, "Refused"),
@@ -685,6 +685,8 @@ def openapi_document() -> dict[str, Any]:
     }
 
 
+ALWAYS_POSSIBLE = frozenset({400, 411, 413, 414, 415, 429, 431})
+
 _ERROR_DESCRIPTIONS = {
     400: "The request is not valid; nothing changed.",
     401: "Not signed in and no valid API token.",
@@ -694,10 +696,12 @@ _ERROR_DESCRIPTIONS = {
     410: "Gone: removed for good.",
     411: "A body was sent without a Content-Length (chunked); send its length.",
     413: "The request body is too large.",
+    414: "The request line (method, path and query) is longer than the web server accepts.",
     415: "The body must be application/json.",
     421: "This is a console of a remote engine (ENGINE_URL): the engine API is the engine's.",
     422: "The request conflicts with an earlier one (e.g. an operation key reused).",
     429: "Too many requests with an unknown API token from this address; see Retry-After.",
+    431: "The request's headers are larger or more numerous than the web server accepts.",
 }
 
 

@@ -111,3 +111,39 @@ def test_every_error_answer_is_the_documented_error_shape(member_client):
         assert set(body) >= {"code", "message"} and isinstance(body["message"], str)
     anonymous = Client(**HOST).get("/v1/threads")
     assert json.loads(anonymous.content)["code"] == "not_authenticated"
+
+
+# ---- The document against the server: what the server answers, the document lists ----------
+
+
+def _address(ep) -> str:
+    """The operation's path with a placeholder for each parameter (an id that names nothing)."""
+    address = ep.path
+    for name in ep.path_params:
+        address = address.replace(f"{{{name}}}", "1" if ep.param_type(name) is int else "x")
+    return address
+
+
+def _documented(doc: dict, ep) -> set[int]:
+    return {int(status) for status in doc["paths"][ep.path][ep.method.lower()]["responses"]}
+
+
+@pytest.mark.django_db
+def test_every_operation_documents_the_refusals_any_request_can_get(api):
+    """A query string an operation does not take is 400 `unknown_filter` on every operation
+    (one without parameters too); gunicorn's own refusals (414, 431) come before any routing,
+    with the same error document, for every path."""
+    from gunicorn.http import errors
+
+    from ops.gunicorn_worker import json_error, refusal
+
+    doc = Client(**HOST).get("/v1/openapi.json").json()
+    gunicorn = [refusal(errors.LimitRequestLine(9000, 4094)), refusal(errors.LimitRequestHeaders("too many"))]
+    assert [status for status, *_rest in gunicorn] == [414, 431]
+    for status, reason, code, message in gunicorn:
+        body = json.loads(json_error(status, reason, code, message).split(b"\r\n\r\n", 1)[1])
+        assert body == {"code": code, "message": message}  # the documented error shape
+    for ep in ENDPOINTS:
+        response = api.generic(ep.method, _address(ep) + "?x=1")
+        assert response.status_code == 400, (ep.method, ep.path, response.content)
+        assert {400, 414, 431} <= _documented(doc, ep), (ep.method, ep.path)
