@@ -114,13 +114,16 @@ class ErrorOut(BaseModel):
 
 @dataclass(frozen=True)
 class Header:
-    """A request header an endpoint reads; `code` is the refusal when a required one is missing,
-    `invalid_code` when one is sent too long or with characters that are not printable."""
+    """A request header an endpoint reads; `code` is the refusal when a required one is missing
+    (or sent empty), `invalid_code` when one is sent too long, with characters that are not
+    printable, or not matching `pattern` (anchored, in the syntax Python and JSON Schema share;
+    published as the header's schema)."""
 
     name: str
     description: str = ""
     required: bool = False
     max_length: int = 200
+    pattern: str | None = None
     code: str = "missing_header"
     invalid_code: str = "invalid_header"
     # The refusal's words for an invalid value (lazy); the generic ones when None.
@@ -471,9 +474,10 @@ def _run(ep: Endpoint, request: HttpRequest, kwargs: dict[str, Any]) -> HttpResp
         return error(403, "csrf_failed", _("The form expired; reload the page and try again."))
     for header in ep.headers:
         value = request.headers.get(header.name)
-        if value is None and header.required:
+        if not value and header.required:
             raise ApiError(400, header.code, _("The %(name)s header is required.") % {"name": header.name})
-        if value is not None and (len(value) > header.max_length or not value.isprintable()):
+        if value is not None and (len(value) > header.max_length or not value.isprintable()
+                                  or (header.pattern and not re.fullmatch(header.pattern, value))):
             raise ApiError(400, header.invalid_code, str(header.invalid_message) if header.invalid_message
                            else _("The %(name)s header is not valid.") % {"name": header.name})
     if ep.query is not None:
@@ -622,7 +626,8 @@ def openapi_document() -> dict[str, Any]:
         for header in ep.headers:
             parameters.append({"name": header.name, "in": "header", "required": header.required,
                                "description": header.description,
-                               "schema": {"type": "string", "minLength": 1, "maxLength": header.max_length}})
+                               "schema": {"type": "string", "minLength": 1, "maxLength": header.max_length,
+                                          **({"pattern": header.pattern} if header.pattern else {})}})
         responses: dict[str, Any] = {}
         for status, model in ep.responses.items():
             entry: dict[str, Any] = {"description": "OK" if status < 300 else str(status)}

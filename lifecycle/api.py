@@ -27,7 +27,7 @@ from console.api import (
 )
 from lifecycle import transcript
 from lifecycle.actions.append_item import append_item
-from lifecycle.actions.request_deletion import KEY, KEY_INVALID
+from lifecycle.actions.request_deletion import KEY_INVALID, KEY_PATTERN
 from lifecycle.actions.update_item import update_item
 from lifecycle.engine import get_engine
 from lifecycle.errors import ActionRefused
@@ -66,7 +66,8 @@ Limit = Annotated[WholeNumber, Field(ge=1, le=MAX_LIMIT, description=f"Page size
 Flag = Literal["true", "false"]
 
 ITEM_KEY = Header(
-    "Idempotency-Key", required=False, invalid_code="idempotency_key_invalid", invalid_message=KEY_INVALID,
+    "Idempotency-Key", required=False, pattern=KEY_PATTERN, invalid_code="idempotency_key_invalid",
+    invalid_message=KEY_INVALID,
     description="Optional: 1 to 200 printable ASCII characters without spaces, unique per item the runtime "
                 "appends to this conversation. A retry with the same key answers with that item instead of "
                 "appending it again.",
@@ -219,9 +220,7 @@ def thread_items_append(request: HttpRequest, public_id: str, body: ItemIn) -> t
     conversation = _thread(public_id)
     if body.role == Role.TOOL and not body.tool_kind:
         raise ApiError(400, "missing_field", _("Missing field: %(field)s.") % {"field": "tool_kind"})
-    key = request.headers.get(ITEM_KEY.name)
-    if key is not None and not KEY.fullmatch(key):
-        raise ApiError(400, "idempotency_key_invalid", str(KEY_INVALID))
+    key = request.headers.get(ITEM_KEY.name)  # checked against ITEM_KEY.pattern before the view
     item = append_item(conversation, **body.model_dump(), client_key=key)
     return (200 if getattr(item, "replayed", False) else 201), item_json(item)
 
@@ -300,8 +299,8 @@ def thread_update(request: HttpRequest, public_id: str, body: ThreadPatchIn) -> 
 
 
 IDEMPOTENCY_KEY = Header(
-    "Idempotency-Key", required=True, code="idempotency_key_missing", invalid_code="idempotency_key_invalid",
-    invalid_message=KEY_INVALID,
+    "Idempotency-Key", required=True, pattern=KEY_PATTERN, code="idempotency_key_missing",
+    invalid_code="idempotency_key_invalid", invalid_message=KEY_INVALID,
     description="The operation key: 1 to 200 printable ASCII characters without spaces. The same key and "
                 "conversation answer with the recorded outcome ever after; the same key for another "
                 "conversation is refused with 422.",

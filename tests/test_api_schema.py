@@ -147,3 +147,30 @@ def test_every_operation_documents_the_refusals_any_request_can_get(api):
         response = api.generic(ep.method, _address(ep) + "?x=1")
         assert response.status_code == 400, (ep.method, ep.path, response.content)
         assert {400, 414, 431} <= _documented(doc, ep), (ep.method, ep.path)
+
+
+KEYED = [("DELETE", "/v1/threads/{public_id}"), ("POST", "/v1/threads/{public_id}/items"),
+         ("DELETE", "/api/v1/bindings/{binding_id}")]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("method", "path"), KEYED)
+def test_the_idempotency_key_schema_admits_exactly_the_keys_the_server_takes(api, method, path):
+    """A key the published schema admits is taken (here: 404, the id names nothing) and one it
+    does not is refused with 400 `idempotency_key_invalid`, and the other way round."""
+    import jsonschema_rs
+
+    doc = Client(**HOST).get("/v1/openapi.json").json()
+    assert sorted(KEYED) == sorted((ep.method, ep.path) for ep in ENDPOINTS
+                                   if any(header.name == "Idempotency-Key" for header in ep.headers))
+    operation = doc["paths"][path][method.lower()]
+    schema = next(p["schema"] for p in operation["parameters"] if p["in"] == "header" and p["name"] == "Idempotency-Key")
+    assert schema["pattern"] == "^[!-~]{1,200}$"
+    body = json.dumps({"role": "user", "content": "x"}) if method == "POST" else None
+    address = path.replace("{public_id}", "c_0000000000000000000f").replace("{binding_id}", "b_0000000000000000000f")
+    for key in ("two words", "é", "k" * 201, "tab\there", "a\n", "k" * 200, "!~", "op_1:retry"):
+        response = api.generic(method, address, body or "", content_type="application/json", HTTP_IDEMPOTENCY_KEY=key)
+        taken = jsonschema_rs.is_valid(schema, key)
+        assert response.status_code in {int(status) for status in operation["responses"]}, (key, response.content)
+        assert (response.status_code, response.json()["code"]) == ((404, "not_found") if taken else
+                                                                   (400, "idempotency_key_invalid")), key

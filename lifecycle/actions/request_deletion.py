@@ -27,7 +27,9 @@ from lifecycle.models import (
     StepState,
 )
 
-KEY = re.compile(r"[\x21-\x7e]{1,200}")  # printable ASCII, no spaces
+# Printable ASCII, no spaces: what the API publishes as the Idempotency-Key's pattern too.
+KEY_PATTERN = "^[!-~]{1,200}$"
+KEY = re.compile(KEY_PATTERN)
 
 
 def _step(operation: DeleteOperation, key: str, position: int, conversation: Conversation,
