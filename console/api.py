@@ -71,9 +71,14 @@ def is_api_path(path_info: str) -> bool:
     return path_info.startswith(API_PREFIXES)
 
 
+# The largest whole number a request may write (a query parameter, a Content-Length): 18
+# digits, so any of them fits a 64-bit integer; published as the query parameters' `maximum`.
+MAX_WHOLE_NUMBER = 10**18 - 1
+
+
 def is_number(raw: str) -> bool:
     """A plain ASCII whole number of sane length (str.isdigit also accepts "²" and other digits)."""
-    return raw.isascii() and raw.isdigit() and len(raw) <= 18
+    return raw.isascii() and raw.isdigit() and len(raw) <= len(str(MAX_WHOLE_NUMBER))
 
 
 # ---- Declarations -------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from pydantic import BeforeValidator, Field, model_validator
 
 from console.api import (
     MAX_REVISION,
+    MAX_WHOLE_NUMBER,
     OWNER_PAIR,
     AnyText,
     ApiError,
@@ -61,7 +62,8 @@ def _whole_number(value: Any) -> Any:
     return value
 
 
-WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
+# A whole number in a query; its bound is the one is_number enforces, so the document says it.
+WholeNumber = Annotated[int, BeforeValidator(_whole_number), Field(le=MAX_WHOLE_NUMBER)]
 Limit = Annotated[WholeNumber, Field(ge=1, le=MAX_LIMIT, description=f"Page size, 1 to {MAX_LIMIT}.")]
 Flag = Literal["true", "false"]
 

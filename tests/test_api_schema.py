@@ -174,3 +174,28 @@ def test_the_idempotency_key_schema_admits_exactly_the_keys_the_server_takes(api
         assert response.status_code in {int(status) for status in operation["responses"]}, (key, response.content)
         assert (response.status_code, response.json()["code"]) == ((404, "not_found") if taken else
                                                                    (400, "idempotency_key_invalid")), key
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("path", "name", "url"), [
+    ("/v1/threads", "owner_id", "/v1/threads?owner_kind=account&owner_id={n}"),
+    ("/api/v1/bindings", "owner_id", "/api/v1/bindings?owner_kind=account&owner_id={n}"),
+    ("/v1/threads/{public_id}/items", "after", "/v1/threads/{id}/items?after={n}"),
+])
+def test_whole_number_parameters_publish_the_bound_the_server_enforces(api, path, name, url):
+    """The server reads at most 18 digits (console.api.is_number): the largest is taken, one more
+    digit (or the int64 maximum) refused, and the published schema says the same."""
+    import jsonschema_rs
+
+    conversation = factories.make_conversation(title="Bound target")
+    doc = Client(**HOST).get("/v1/openapi.json").json()
+    operation = doc["paths"][path]["get"]
+    schema = next(p["schema"] for p in operation["parameters"] if p["in"] == "query" and p["name"] == name)
+    number = next(option for option in schema.get("anyOf", [schema]) if option["type"] == "integer")
+    assert (number["minimum"], number["maximum"]) == (0, 10**18 - 1)
+    for n in (0, 10**18 - 1, 10**18, 2**63 - 1):
+        response = api.get(url.format(id=conversation.public_id, n=n))
+        assert response.status_code == (200 if jsonschema_rs.is_valid(number, n) else 400), (n, response.content)
+        assert str(response.status_code) in operation["responses"]
+    assert response.json()["message"] == (f"The value of {name} is not valid; expected a whole number from 0 to "
+                                          f"{10**18 - 1}.")
