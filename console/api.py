@@ -507,7 +507,7 @@ def _has_body(request: HttpRequest) -> bool:
 
 
 def _dispatcher(by_method: dict[str, Endpoint]) -> Callable:
-    allowed = sorted({*by_method, *(["HEAD"] if "GET" in by_method else [])})
+    allowed = ", ".join(sorted({*by_method, *(["HEAD"] if "GET" in by_method else []), "OPTIONS"}))
 
     @csrf_exempt  # checked in _run for session requests; token requests carry no cookie
     def view(request: HttpRequest, **kwargs: Any) -> HttpResponse:
@@ -519,8 +519,12 @@ def _dispatcher(by_method: dict[str, Endpoint]) -> Callable:
             if ep is None:
                 if not all(e.public for e in by_method.values()) and not request.user.is_authenticated:
                     return _not_authenticated()
-                response = error(405, "method_not_allowed", _("This method is not allowed here."))
-                response["Allow"] = ", ".join(allowed)
+                if request.method == "OPTIONS":  # what the path takes, and nothing else
+                    response = HttpResponse(status=204)
+                    del response["Content-Type"]
+                else:
+                    response = error(405, "method_not_allowed", _("This method is not allowed here."))
+                response["Allow"] = allowed
                 return response
             response = _run(ep, request, dict(kwargs))
         except ApiError as exc:

@@ -93,7 +93,24 @@ def test_it_answers_json_for_unknown_api_paths_and_methods(runtime, member_clien
         assert (response.status_code, response.json()["code"]) == (404, "not_found"), path
     response = runtime.delete("/v1/threads")
     assert (response.status_code, response.json()["code"]) == (405, "method_not_allowed")
-    assert "GET" in response["Allow"]
+    assert response["Allow"] == "GET, HEAD, OPTIONS"
+
+
+def test_options_answers_204_with_the_methods_after_the_same_sign_in_check_as_405(runtime, conversation):
+    item = factories.add_message(conversation)
+    for path, allow in (("/v1/threads", "GET, HEAD, OPTIONS"),
+                        (f"/v1/threads/{conversation.public_id}/items", "GET, HEAD, OPTIONS, POST"),
+                        (f"/v1/threads/{conversation.public_id}/items/{item.pk}", "GET, HEAD, OPTIONS, PATCH"),
+                        ("/api/v1/bindings/b_x", "DELETE, OPTIONS"),
+                        ("/api/v1/system/retained-facts", "GET, HEAD, OPTIONS, PUT")):
+        response = runtime.options(path)
+        assert (response.status_code, response["Allow"], response.content) == (204, allow, b""), path
+        assert "Content-Type" not in response
+        anonymous = Client(**HOST).options(path)
+        assert (anonymous.status_code, anonymous.json()["code"]) == (401, "not_authenticated"), path
+    # A public path (the document) needs no sign-in, for OPTIONS either.
+    public = Client(**HOST).options("/v1/openapi.json")
+    assert (public.status_code, public["Allow"]) == (204, "GET, HEAD, OPTIONS")
 
 
 def test_unsafe_methods_on_unknown_api_paths_answer_json_404_without_a_token():
