@@ -44,6 +44,7 @@ logger = logging.getLogger("lethe.api")
 
 ENGINE_PREFIX = "/v1/"
 API_PREFIXES = (ENGINE_PREFIX, "/api/v1/")
+API_ROOTS = tuple(prefix.rstrip("/") for prefix in API_PREFIXES)
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
 # A revision a body names: a whole number no larger than a stored one can be (the columns are
@@ -68,7 +69,8 @@ def error(status: int, code: str, message: str, **extra: Any) -> JsonResponse:
 
 
 def is_api_path(path_info: str) -> bool:
-    return path_info.startswith(API_PREFIXES)
+    """Under the API prefixes, or one of them without its slash (`/v1`)."""
+    return path_info.startswith(API_PREFIXES) or path_info in API_ROOTS
 
 
 # The largest whole number a request may write (a query parameter, a Content-Length): 18

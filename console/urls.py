@@ -28,7 +28,9 @@ urlpatterns = [
     path("settings/api-tokens/", token_views.api_tokens, name="api-tokens"),
     path("settings/api-tokens/<int:token_id>/revoke/", token_views.api_token_revoke, name="api-token-revoke"),
     path("", include((api.urlpatterns(), "api"))),
-    re_path(r"^(?:v1|api/v1)/(?P<unmatched>.*)$", api.not_found),
+    # Anything else under the API prefixes, and the prefixes without their slash (found here,
+    # they are not redirected to the slashed address with an HTML answer): JSON 404.
+    re_path(r"^(?:v1|api/v1)(?:/(?P<unmatched>.*))?$", api.not_found),
     path("", include("lifecycle.urls")),
     path("", include("retention.urls")),
     path("", include("remote.urls")),

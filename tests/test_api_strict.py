@@ -113,6 +113,20 @@ def test_options_answers_204_with_the_methods_after_the_same_sign_in_check_as_40
     assert (public.status_code, public["Allow"]) == (204, "GET, HEAD, OPTIONS")
 
 
+def test_the_api_prefixes_without_their_slash_answer_json_404_not_an_html_redirect(runtime):
+    """The API's roots are no endpoint: its 404, as every unknown address under them (no
+    redirect to the slashed address, whose answer was an HTML type)."""
+    for path in ("/v1", "/api/v1", "/v1?x=1"):
+        for client in (runtime, Client(**HOST)):
+            response = client.get(path)
+            assert (response.status_code, response["Content-Type"]) == (404, "application/json"), path
+            assert response.json()["code"] == "not_found"
+        spanish = Client(enforce_csrf_checks=True, **HOST).post(path, HTTP_ACCEPT_LANGUAGE="es")
+        assert (spanish.status_code, spanish.json()["message"]) == (404, "No hay nada en esta dirección.")
+    nul = Client(**HOST).get("/v1?x=%00")  # refused before any view: in JSON there too
+    assert (nul.status_code, nul.json()["code"]) == (400, "invalid_text")
+
+
 def test_unsafe_methods_on_unknown_api_paths_answer_json_404_without_a_token():
     """No endpoint there, so no CSRF page either: a client without a token that POSTs to a
     mistyped path (a trailing slash) learns that in JSON, in its language."""
