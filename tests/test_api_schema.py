@@ -199,3 +199,24 @@ def test_whole_number_parameters_publish_the_bound_the_server_enforces(api, path
         assert str(response.status_code) in operation["responses"]
     assert response.json()["message"] == (f"The value of {name} is not valid; expected a whole number from 0 to "
                                           f"{10**18 - 1}.")
+
+
+@pytest.mark.django_db
+def test_every_path_allows_the_methods_its_document_lists_and_a_get_refuses_a_body_as_documented(api):
+    """OPTIONS and a 405 name the documented methods (HEAD with GET, OPTIONS itself); a body sent
+    with a GET is read and refused like any body, with a status the document lists."""
+    doc = Client(**HOST).get("/v1/openapi.json").json()
+    for path, operations in doc["paths"].items():
+        address = _address(next(ep for ep in ENDPOINTS if ep.path == path))
+        methods = {method.upper() for method in operations} | {"OPTIONS"} | ({"HEAD"} if "get" in operations else set())
+        options = api.options(address)
+        assert (options.status_code, set(options["Allow"].split(", "))) == (204, methods), path
+        refused = api.generic("TRACE", address)
+        assert (refused.status_code, refused["Allow"]) == (405, options["Allow"]), path
+    for ep in (ep for ep in ENDPOINTS if ep.method == "GET"):
+        documented = _documented(doc, ep)
+        for status, headers in ((415, {"content_type": "text/plain"}),
+                                (411, {"content_type": "application/json", "HTTP_TRANSFER_ENCODING": "chunked"}),
+                                (413, {"content_type": "application/json", "CONTENT_LENGTH": str(10**12)})):
+            response = api.generic("GET", _address(ep), "{}", **headers)
+            assert response.status_code == status and status in documented, (ep.path, status, response.content)
