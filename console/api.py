@@ -648,7 +648,8 @@ def openapi_document() -> dict[str, Any]:
         # What any request can be answered, whatever the operation: 400 (a query parameter it
         # does not take, a NUL in the address, a body it cannot read), 411/413/415 (a body, on
         # a GET too), 429 (too many unknown bearer tokens from one address, a public operation's
-        # too when one is sent), and gunicorn's own 414 and 431 (ops/gunicorn_worker.py).
+        # too when one is sent), the web worker's own 408, 414 and 431 (ops/gunicorn_worker.py),
+        # and 503 when the database is too busy to answer in time (console/busy.py).
         statuses = set(ep.errors) | ALWAYS_POSSIBLE
         if ep.path_params:
             statuses.add(404)
@@ -701,13 +702,14 @@ def openapi_document() -> dict[str, Any]:
     }
 
 
-ALWAYS_POSSIBLE = frozenset({400, 411, 413, 414, 415, 429, 431})
+ALWAYS_POSSIBLE = frozenset({400, 408, 411, 413, 414, 415, 429, 431, 503})
 
 _ERROR_DESCRIPTIONS = {
     400: "The request is not valid; nothing changed.",
     401: "Not signed in and no valid API token.",
     403: "Not allowed (members are read-only), or the CSRF check failed.",
     404: "Nothing with that id exists here.",
+    408: "The request did not arrive in full within the time the web server allows (WEB_READ_TIMEOUT).",
     409: "Refused in the current state (stale revision, busy, being deleted...).",
     410: "Gone: removed for good.",
     411: "A body was sent without a Content-Length (chunked); send its length.",
@@ -718,6 +720,8 @@ _ERROR_DESCRIPTIONS = {
     422: "The request conflicts with an earlier one (e.g. an operation key reused).",
     429: "Too many requests with an unknown API token from this address; see Retry-After.",
     431: "The request's headers are larger or more numerous than the web server accepts.",
+    503: "Not available right now: the database was too busy to answer in time (database_busy), or the "
+         "engine could not be reached; try again (see Retry-After where given).",
 }
 
 
