@@ -102,9 +102,11 @@ def engine_for(url: str) -> HttpEngine:
     return HttpEngine(url, settings.ENGINE_TOKENS[url.rstrip("/")])
 
 
-def retry_delay(failures: int) -> timedelta:
+def retry_delay(failures: int, asked: float | None = None) -> timedelta:
+    """The wait before the next try: doubling from REMOTE_RETRY_SECONDS, and not sooner than
+    the engine asked (its Retry-After), both capped at REMOTE_RETRY_MAX_SECONDS."""
     # (the exponent is bounded: 2**1024 is past what a float holds, and the cap is reached long before)
-    seconds = settings.REMOTE_RETRY_SECONDS * 2 ** min(max(failures - 1, 0), 60)
+    seconds = max(settings.REMOTE_RETRY_SECONDS * 2 ** min(max(failures - 1, 0), 60), asked or 0)
     return timedelta(seconds=min(seconds, settings.REMOTE_RETRY_MAX_SECONDS))
 
 
@@ -324,7 +326,7 @@ def _attempt(op: BoundDelete, engine: HttpEngine) -> str:
     except (EngineUnreachable, EngineCredentialsRefused) as exc:
         waiting = WaitingOn.CONSOLE if isinstance(exc, EngineCredentialsRefused) else WaitingOn.ENGINE
         _update(op, last_error=exc.code, last_error_at=now, waiting_on=waiting,
-                next_attempt_at=now + retry_delay(max(op.attempts, 1)))
+                next_attempt_at=now + retry_delay(max(op.attempts, 1), asked=getattr(exc, "retry_after", None)))
         return "retry"
     except ActionRefused as exc:
         # Only the engine's own refusal of the delete itself, to a request no earlier one of

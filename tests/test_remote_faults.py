@@ -340,3 +340,41 @@ def test_one_receipt_that_fails_to_be_read_does_not_hold_up_the_others(settings,
     assert counts["not_taken"] == 1 and counts["unchanged"] == 1
     made[0].refresh_from_db()
     assert made[0].receipt_next_read_at > now  # not first in line again
+
+
+def busy(status: int, wait: str):
+    """A route answering `status` with `Retry-After: wait` (the engine or a proxy throttling)."""
+    def route(handler):
+        raw = b'{"code": "busy", "message": "later"}'
+        handler.send_response(status)
+        handler.send_header("Retry-After", wait)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(raw)))
+        handler.end_headers()
+        handler.wfile.write(raw)
+    return route
+
+
+@pytest.mark.parametrize(("status", "wait", "at_least", "at_most"), [
+    (429, "120", 120, 121),  # longer than the console's own first wait (60 s here): taken
+    (503, "10", 60, 61),  # shorter: the console's own wait stands
+    (429, "999999999", 300, 301),  # absurd: capped at REMOTE_RETRY_MAX_SECONDS
+    (503, "Wed, 21 Oct 2099 07:28:00 GMT", 300, 301),  # an HTTP date far ahead: capped too
+    (429, "soon", 60, 61),  # not a Retry-After: the console's own wait
+])
+def test_a_throttling_engine_is_not_asked_again_sooner_than_it_said(settings, status, wait, at_least, at_most):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    with scripted_engine({("DELETE", "/v1/threads/"): busy(status, wait)}) as (url, seen):
+        point_at(settings, url)
+        settings.ENGINE_RETRIES = 2  # retries within the call: none sooner than the engine asked
+        op = delivery.request_bound_delete(binding(), key="k-throttled", actor=None)
+        before = timezone.now()
+        assert delivery.deliver(op.pk, budget=0.5) == "pending"
+        op.refresh_from_db()
+    assert (op.state, op.last_error) == ("pending", "engine_unreachable")
+    assert before + timedelta(seconds=at_least - 1) <= op.next_attempt_at <= timezone.now() + timedelta(seconds=at_most)
+    # Asked to wait, the call is not retried within itself; without a usable Retry-After it is.
+    assert len([path for method, path in seen if method == "DELETE"]) == (3 if wait == "soon" else 1)

@@ -33,6 +33,7 @@ What can go wrong is one of these outcomes, as exceptions the callers already ha
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import http.client
 import json
 import re
@@ -68,9 +69,28 @@ MAX_ANSWER_DEPTH = 64
 class EngineUnreachable(ActionRefused):
     """The engine did not answer (or its answer was lost): try again later, same key."""
 
-    def __init__(self, detail: str = "") -> None:
+    def __init__(self, detail: str = "", retry_after: float | None = None) -> None:
         super().__init__("engine_unreachable", _("The engine cannot be reached right now."), status=503)
         self.detail = detail
+        # The seconds the engine asked to be left alone for (its Retry-After), when it said.
+        self.retry_after = retry_after
+
+
+def retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds from a Retry-After header (a number of seconds, or an HTTP date); None when absent
+    or not one of those; never negative."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit() and len(value) <= 9:
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max((when.timestamp() - (now if now is not None else time.time())), 0.0)
 
 
 class EngineBadAnswer(EngineUnreachable):
@@ -125,7 +145,7 @@ class HttpEngine:
         return kind(self._parts.hostname, self._parts.port, timeout=self.connect_timeout)
 
     def _once(self, method: str, path: str, body: dict | None, headers: dict[str, str],
-              deadline: float) -> tuple[int, Any]:
+              deadline: float) -> tuple[int, Any, float | None]:
         connection = self._connection()
         # The read timeout bounds each wait for bytes; the deadline bounds the whole call, so an
         # engine that sends a byte now and then cannot hold a request or a job for as long as it likes.
@@ -146,6 +166,7 @@ class HttpEngine:
             response = connection.getresponse()
             raw = response.read(MAX_ANSWER_BYTES + 1)
             status = response.status
+            wait = retry_after(response.getheader("Retry-After"))
         except (OSError, http.client.HTTPException, AttributeError) as exc:  # refused, reset, timeout, cut
             raise EngineUnreachable(type(exc).__name__) from None
         finally:
@@ -168,7 +189,7 @@ class HttpEngine:
                 check_tree(answer, max_depth=MAX_ANSWER_DEPTH)
             except ValueError:
                 raise EngineBadAnswer("text with NUL or a lone surrogate, or nested too deeply") from None
-        return status, answer
+        return status, answer, wait
 
     def call(self, method: str, path: str, *, body: dict | None = None, headers: dict[str, str] | None = None,
              idempotent: bool = True) -> tuple[int, Any]:
@@ -177,14 +198,16 @@ class HttpEngine:
         deadline = time.monotonic() + self.connect_timeout + 2 * self.read_timeout
         for attempt in range(attempts):
             try:
-                status, answer = self._once(method, path, body, headers or {}, deadline)
+                status, answer, wait = self._once(method, path, body, headers or {}, deadline)
                 if status in TRANSIENT_STATUSES or (status >= 500 and status not in UNSUPPORTED_STATUSES):
-                    raise EngineUnreachable(f"HTTP {status}")
+                    raise EngineUnreachable(f"HTTP {status}", retry_after=wait)
                 break
-            except EngineUnreachable:
+            except EngineUnreachable as exc:
                 pause = min(0.25 * 2 ** attempt, 2.0)
-                # no retry that could not finish in time: the call's whole time stays bounded
-                if attempt == attempts - 1 or time.monotonic() + pause + 0.5 >= deadline:
+                # no retry that could not finish in time: the call's whole time stays bounded;
+                # none sooner than the engine asked (Retry-After): its caller waits that long
+                if (attempt == attempts - 1 or time.monotonic() + pause + 0.5 >= deadline
+                        or (exc.retry_after or 0) > pause):
                     raise
                 time.sleep(pause)
         if 200 <= status < 300:
