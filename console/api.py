@@ -538,15 +538,10 @@ def _dispatcher(by_method: dict[str, Endpoint]) -> Callable:
         except ResponseMismatch:
             raise
         except Exception as exc:
-            from console.busy import RETRY_AFTER_SECONDS, is_database_busy
+            from console.middleware import trouble_response
 
-            if is_database_busy(exc):
-                from console.middleware import busy_message
-
-                logger.warning("Database busy in %s %s", request.method, request.path)
-                response = error(503, "database_busy", busy_message())
-                response["Retry-After"] = str(RETRY_AFTER_SECONDS)
-            else:
+            response = trouble_response(request, exc)  # the database busy or full: 503
+            if response is None:
                 logger.exception("Unexpected error in %s %s", request.method, request.path)
                 response = internal_error()
         if request.method == "HEAD":
@@ -649,7 +644,7 @@ def openapi_document() -> dict[str, Any]:
         # does not take, a NUL in the address, a body it cannot read), 411/413/415 (a body, on
         # a GET too), 429 (too many unknown bearer tokens from one address, a public operation's
         # too when one is sent), the web worker's own 408, 414 and 431 (ops/gunicorn_worker.py),
-        # and 503 when the database is too busy to answer in time (console/busy.py).
+        # and 503 when the database is too busy to answer in time or full (console/busy.py).
         statuses = set(ep.errors) | ALWAYS_POSSIBLE
         if ep.path_params:
             statuses.add(404)
@@ -720,8 +715,8 @@ _ERROR_DESCRIPTIONS = {
     422: "The request conflicts with an earlier one (e.g. an operation key reused).",
     429: "Too many requests with an unknown API token from this address; see Retry-After.",
     431: "The request's headers are larger or more numerous than the web server accepts.",
-    503: "Not available right now: the database was too busy to answer in time (database_busy), or the "
-         "engine could not be reached; try again (see Retry-After where given).",
+    503: "Not available right now: the database was too busy to answer in time (database_busy) or its "
+         "disk is full (database_full), or the engine could not be reached; see Retry-After where given.",
 }
 
 

@@ -14,7 +14,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from console import throttle
-from console.busy import is_database_busy, waiting_at_most
+from console.busy import trouble, waiting_at_most
 from console.models import ApiToken, hash_token
 
 LAST_USE_PRECISION = timedelta(minutes=1)  # at most one write per token per minute
@@ -38,12 +38,12 @@ def _token_user(raw: str, address: str):
         return AnonymousUser()
     if token.state(now) != "active" or not token.user.is_active:
         return AnonymousUser()
-    try:  # bookkeeping: a busy database (a compaction, a backup) does not hold the request up
+    try:  # bookkeeping: a busy or full database does not hold the request up
         with waiting_at_most(0.05):
             ApiToken.objects.filter(pk=token.pk).exclude(last_used_at__gt=now - LAST_USE_PRECISION).update(
                 last_used_at=now)
     except OperationalError as exc:
-        if not is_database_busy(exc):
+        if trouble(exc) is None:  # busy or full: recorded on a later request
             raise
     return token.user
 

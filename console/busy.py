@@ -1,7 +1,9 @@
-"""A database too busy to answer in time: SQLite's write lock held past the connection's wait
-("database is locked"), or a PostgreSQL lock or statement timeout. Such a request changed
-nothing it could not finish (its transaction is rolled back) and can simply be tried again, so
-screens and the API answer 503 with Retry-After, never the 500 of an unexpected error."""
+"""A database that cannot take a request now: too busy to answer in time (SQLite's write lock
+held past the connection's wait, "database is locked", or a PostgreSQL lock or statement
+timeout), or out of room (SQLite's "database or disk is full", PostgreSQL's disk_full, 53100).
+Such a request changed nothing it could not finish (its transaction is rolled back), so screens
+and the API answer 503 with Retry-After and a code that says which (`database_busy`,
+`database_full`), never the 500 of an unexpected error."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from collections.abc import Iterator
 from django.db import OperationalError, connection
 
 RETRY_AFTER_SECONDS = 5
+FULL_RETRY_AFTER_SECONDS = 60  # until an operator frees space
 
 
 def is_database_busy(exc: BaseException) -> bool:
@@ -34,3 +37,22 @@ def waiting_at_most(seconds: float) -> Iterator[None]:
         yield
     finally:
         connection.lock_wait = saved
+
+
+def is_database_full(exc: BaseException | None) -> bool:
+    """The database's disk (or SQLite's page limit) is full: SQLITE_FULL, or SQLSTATE 53100."""
+    if not isinstance(exc, OperationalError):
+        return False
+    cause = exc.__cause__
+    if getattr(cause, "sqlite_errorname", None) == "SQLITE_FULL" or getattr(cause, "sqlstate", None) == "53100":
+        return True
+    return "database or disk is full" in str(exc).lower()
+
+
+def trouble(exc: BaseException | None) -> tuple[str, int] | None:
+    """(code, Retry-After seconds) when `exc` is the database being busy or full; else None."""
+    if is_database_full(exc):
+        return "database_full", FULL_RETRY_AFTER_SECONDS
+    if exc is not None and is_database_busy(exc):
+        return "database_busy", RETRY_AFTER_SECONDS
+    return None

@@ -54,9 +54,9 @@ class NoStoreMiddleware:
 
 
 class DatabaseBusyMiddleware:
-    """A page whose view found the database too busy (console.busy) answers 503 with
+    """A page whose view found the database busy or full (console.busy) answers 503 with
     Retry-After and a page that says so, not the 500 of an unexpected error. (The API's
-    dispatcher answers its own: `database_busy`.)"""
+    dispatcher answers its own: `database_busy`, `database_full`.)"""
 
     def __init__(self, get_response):
         self.get_response = get_response
@@ -65,20 +65,33 @@ class DatabaseBusyMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
-        from console.busy import RETRY_AFTER_SECONDS, is_database_busy
-
-        if not is_database_busy(exception):
-            return None
-        if is_api_path(request.path):
-            response = error(503, "database_busy", busy_message())
-        else:  # the plain page, as the 500 page: it renders without the database
-            from console.views import plain_page
-
-            response = plain_page("503.html", status=503)
-        response["Retry-After"] = str(RETRY_AFTER_SECONDS)
-        return response
+        return trouble_response(request, exception)
 
 
-def busy_message() -> str:
+def trouble_response(request: HttpRequest, exc: BaseException | None) -> HttpResponse | None:
+    """The 503 for a database that is busy or full (JSON under the API, else the plain page);
+    None for any other error."""
+    import logging
+
+    from console.busy import trouble
+
+    found = trouble(exc)
+    if found is None:
+        return None
+    code, retry_after = found
+    logging.getLogger("lethe.request").warning("%s in %s %s", code, request.method, request.path)
+    if is_api_path(request.path):
+        response = error(503, code, trouble_message(code))
+    else:  # the plain page, as the 500 page: it renders without the database
+        from console.views import plain_page
+
+        response = plain_page("503.html" if code == "database_busy" else "503_full.html", status=503)
+    response["Retry-After"] = str(retry_after)
+    return response
+
+
+def trouble_message(code: str) -> str:
+    if code == "database_full":
+        return _("The database's disk is full. An operator must free space on it; then try again.")
     return _("The database was too busy to answer in time (a compaction, a backup or another long write "
              "holds it). Try again in a moment.")

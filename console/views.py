@@ -65,16 +65,10 @@ def page_not_found(request: HttpRequest, exception: Exception | None = None) -> 
 def server_error(request: HttpRequest) -> HttpResponse:
     import sys
 
-    from console.busy import RETRY_AFTER_SECONDS, is_database_busy
+    from console.middleware import trouble_response
 
-    if is_database_busy(sys.exception()):  # raised before a view ran (a middleware's write)
-        from console.middleware import busy_message
-
-        if is_api_path(request.path):
-            response = error(503, "database_busy", busy_message())
-        else:
-            response = plain_page("503.html", status=503)
-        response["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    # A database busy or full when no view ran yet (a middleware's write): 503, not 500.
+    if (response := trouble_response(request, sys.exception())) is not None:
         return response
     if is_api_path(request.path):
         return internal_error()

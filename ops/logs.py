@@ -66,12 +66,32 @@ def _time(record: logging.LogRecord) -> str:
 
 
 def _exception(exc_info) -> dict[str, Any]:
-    kind, _value, tb = exc_info
+    kind, value, tb = exc_info
     frames = traceback.extract_tb(tb)[-12:]
-    return {
+    found = {
         "type": f"{kind.__module__}.{kind.__qualname__}" if kind.__module__ != "builtins" else kind.__qualname__,
         "stack": [f"{frame.filename}:{frame.lineno} in {frame.name}" for frame in frames],
     }
+    if code := error_code(value):
+        found["code"] = code
+    return found
+
+
+def error_code(exc: BaseException | None) -> str | None:
+    """A database or OS error's content-free name, when it has one: SQLite's (SQLITE_FULL),
+    PostgreSQL's SQLSTATE (53100), an errno's (ENOSPC); never the message, which may quote rows."""
+    for candidate in (exc, getattr(exc, "__cause__", None)):
+        if candidate is None:
+            continue
+        if name := getattr(candidate, "sqlite_errorname", None):
+            return str(name)
+        if state := getattr(candidate, "sqlstate", None):
+            return f"SQLSTATE {state}"
+        if isinstance(candidate, OSError) and candidate.errno:
+            import errno
+
+            return errno.errorcode.get(candidate.errno)
+    return None
 
 
 def _extras(record: logging.LogRecord) -> dict[str, Any]:

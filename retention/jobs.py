@@ -333,8 +333,16 @@ def run_operation(operation_id: int, wait_for_lease: bool = False) -> str:
     except LeaseLost:
         return "busy"
     except Exception as exc:
+        from console.busy import is_database_full
+
         if _is_busy(exc):
             outcome = "more"
+        elif is_database_full(exc):  # said as it is; the run can be started again once there is room
+            log.warning("tool payload operation %s stopped: the database's disk is full", operation_id)
+            _fail(op, token, "no_space", Message(gettext_noop(
+                "The database's disk is full, so the job stopped. Free space on that disk, then start it "
+                "again.")))
+            return "done"
         else:
             log.exception("tool payload operation %s failed", operation_id)
             _fail(op, token, "internal",
