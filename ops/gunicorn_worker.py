@@ -10,19 +10,28 @@ Slow clients do not hold a thread. gunicorn's threaded worker hands a connection
 as soon as its first byte arrives, and the thread then waits on the socket for the rest of the
 request; a few clients sending a byte a second held every thread. Here the main loop reads each
 request's head and body (up to the largest body Lethe accepts) without blocking, and a thread
-gets the request only once it is all in memory. A connection that has not delivered its request
-within WEB_READ_TIMEOUT seconds (default 30) is answered 408 `request_timeout` and closed; a
-body announced larger than anything Lethe accepts (the larger of API_MAX_BODY_BYTES and
-Django's DATA_UPLOAD_MAX_MEMORY_SIZE for forms) is answered 413 `body_too_large` before it is
-read. A body the application did not read (a chunked one, which Lethe never reads) is not
-drained: the connection closes after the answer. Closing lingers in the main loop too (for the client's last
-bytes, up to 2 s), not in a thread. TLS or HTTP/2 connections served by gunicorn itself (serve
-configures neither: a reverse proxy terminates TLS) keep gunicorn's own reading.
+gets the request only once it is all in memory, or once nothing more is needed to answer it: a
+head that cannot be accepted, a body Lethe does not read. The thread's parser reads only those
+bytes, never the socket, so it cannot wait on a client. A connection that has not delivered its
+request within WEB_READ_TIMEOUT seconds (default 30) is answered 408 `request_timeout` and
+closed. Refused at once in the main loop: a request line that grows past its limit (414
+`request_line_too_long`) or a head past the largest the parser accepts (431
+`headers_too_large`) before its blank line comes; a line ended by a bare LF (the parser's 400);
+a body announced larger than anything Lethe accepts (the larger of API_MAX_BODY_BYTES and
+Django's DATA_UPLOAD_MAX_MEMORY_SIZE for forms, or a Content-Length of more than 18 digits),
+413 `body_too_large` before it is read. `Expect: 100-continue` is answered by
+the main loop when it waits for the body, once, and to HTTP/1.1 requests only (RFC 9110
+section 10.1.1). A body the application did not read (a chunked one, which Lethe never reads)
+is not drained: the connection closes after the answer. Closing lingers in the main loop too
+(for the client's last bytes, up to 2 s), not in a thread. TLS or HTTP/2 connections served by
+gunicorn itself (serve configures neither: a reverse proxy terminates TLS) keep gunicorn's own
+reading.
 
 The reading overrides parts of gunicorn's threaded worker that are not its public interface
-(`enqueue_req`, `finish_request`, `_keepalive_after`, `murder_pending`, the parser's unreader):
-written against gunicorn 27.0.1, the locked version; recheck them when the lock moves it
-(tests/test_app_server.py drives them with real slow clients).
+(`enqueue_req`, `finish_request`, `_keepalive_after`, `murder_pending`, the parser's unreader
+and its limits, the request's `_expected_100_continue`): written against gunicorn 27.0.1, the
+locked version; recheck them when the lock moves it (tests/test_app_server.py drives them with
+real slow clients).
 
 Loaded by the gunicorn master before Django: it imports gunicorn and the standard library only
 (Django's settings are read in the worker, once a request needs them).
@@ -41,6 +50,7 @@ from functools import partial
 from gunicorn import util
 from gunicorn.http import errors
 from gunicorn.http.body import LengthReader
+from gunicorn.http.message import MAX_REQUEST_LINE
 from gunicorn.http2 import negotiation
 from gunicorn.workers.gthread import _DEFER, STOP_KEEPALIVE_LINGER, ThreadWorker
 
@@ -72,6 +82,11 @@ def refusal(exc: BaseException) -> tuple[int, str, str, str] | None:
     return 400, "Bad Request", "malformed_request", "The request could not be read: it is not valid HTTP."
 
 
+def refusal_of(kind: type[errors.ParseException]) -> tuple[int, str, str, str]:
+    """(status, reason, code, message) of the table's row for one kind of parse error."""
+    return next(row[1:] for row in _REFUSALS if row[0] is kind)
+
+
 def json_error(status: int, reason: str, code: str, message: str) -> bytes:
     body = json.dumps({"code": code, "message": message}).encode()
     head = (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
@@ -82,6 +97,9 @@ def json_error(status: int, reason: str, code: str, message: str) -> bytes:
 _TIMED_OUT = (408, "Request Timeout", "request_timeout",
               "The request did not arrive in full within the time this server allows.")
 _TOO_LARGE = (413, "Content Too Large", "body_too_large", "The request body is too large.")
+# A Content-Length of more digits than 18 is larger than anything Lethe accepts (and than int()
+# takes from a string of over 4,300 digits): this stands for it.
+_UNCOUNTABLE = 10**18
 # How long a closed connection is read for the client's last bytes (so closing does not reset
 # the answer away), and how much of them at most: gunicorn's own figures.
 _LINGER_SECONDS = 2.0
@@ -96,25 +114,47 @@ def read_timeout() -> float:
 
 
 def framing(head: bytes) -> tuple[int | None, bool, bool]:
-    """(Content-Length, chunked or another transfer coding, Expect: 100-continue) from a request
-    head, as far as the main loop needs them to know when the request is complete. A length that
-    is not one plain number (or is given twice) is None: the parser refuses the request."""
+    """(Content-Length, chunked or another transfer coding, Expect: 100-continue to be answered)
+    from a request head, as far as the main loop needs them to know when the request is complete.
+    A length that is not one plain number (or is given twice) is None: the parser refuses the
+    request. A length of more than 18 digits (leading zeros aside) is _UNCOUNTABLE, larger than
+    any body Lethe accepts. An expectation counts only in an HTTP/1.1 request: RFC 9110 section
+    10.1.1 has a server ignore it from HTTP/1.0."""
     length: int | None = None
     lengths = 0
     coded = expect = False
-    for line in head.split(b"\r\n")[1:]:
+    lines = head.split(b"\r\n")
+    if not lines[0]:  # the one empty line RFC 9112 section 2.2 lets come before the request line
+        del lines[0]
+    for line in lines[1:]:
         name, colon, value = line.partition(b":")
         if not colon:
             continue
         name, value = name.strip().lower(), value.strip()
         if name == b"content-length":
             lengths += 1
-            length = int(value) if value.isdigit() else None
+            if not value.isdigit():
+                length = None
+            elif len(digits := value.lstrip(b"0")) > 18:
+                length = _UNCOUNTABLE
+            else:
+                length = int(digits or b"0")
         elif name == b"transfer-encoding":
             coded = True
         elif name == b"expect":
             expect = value.lower() == b"100-continue"
+    expect = expect and bool(lines) and lines[0].endswith(b" HTTP/1.1")
     return (length if lengths == 1 else None), coded, expect
+
+
+def bare_lf(data, start: int = 0) -> bool:
+    """Whether a line of `data` from `start` on ends with a bare LF (without its CR)."""
+    at = data.find(b"\n", start)
+    while at >= 0:
+        if at == 0 or data[at - 1] != 0x0D:
+            return True
+        at = data.find(b"\n", at + 1)
+    return False
 
 
 def _ip(conn) -> str:
@@ -122,14 +162,23 @@ def _ip(conn) -> str:
 
 
 class _Reading:
-    """A request the main loop is reading: its bytes so far and its deadline."""
+    """A request the main loop is reading: its bytes so far, its deadline, how far its head has
+    been searched, and what its head says once complete."""
 
-    __slots__ = ("continued", "data", "deadline")
+    __slots__ = ("continued", "data", "deadline", "end", "framing", "scanned")
 
     def __init__(self, data: bytes, deadline: float) -> None:
         self.data = bytearray(data)
         self.deadline = deadline
         self.continued = False
+        self.scanned = 0  # the head's end and bare LFs are looked for from here on
+        self.end = -1  # where the head's blank line starts, once found
+        self.framing: tuple[int | None, bool, bool] = (None, False, False)
+
+
+def _no_more_bytes(_size_hint=None) -> bytes:
+    """A thread's parser reads only what the main loop handed it: past that, the end."""
+    return b""
 
 
 class JsonErrorThreadWorker(ThreadWorker):
@@ -140,8 +189,11 @@ class JsonErrorThreadWorker(ThreadWorker):
         self.lingering: dict = {}  # socket -> [deadline, bytes read]
         self._body_limit: int | None = None
         self._stopping_since: float | None = None
-        # The longest head the parser may accept; past it the parser refuses what it holds.
+        # The longest request line and head the parser may accept (gunicorn's reading of its
+        # settings); past them it refuses what it holds.
         cfg = self.cfg
+        line = cfg.limit_request_line
+        self.line_limit = MAX_REQUEST_LINE if line < 0 or line >= MAX_REQUEST_LINE else line  # 0: none
         self.max_head = cfg.limit_request_line + 4 + cfg.limit_request_fields * (cfg.limit_request_field_size + 2) + 4
 
     def body_limit(self) -> int:
@@ -194,23 +246,23 @@ class JsonErrorThreadWorker(ThreadWorker):
     def _advance(self, conn, state: _Reading, registered: bool) -> bool:
         """Hand the request to a thread, or refuse it, once that can be decided; True then."""
         data = state.data
-        end = data.find(b"\r\n\r\n")
-        if end < 0:
-            if len(data) > self.max_head:  # the parser refuses it from what it holds
-                self._hand_over(conn, state, registered)
-                return True
-            return False
-        length, coded, expect = framing(bytes(data[:end]))
+        if state.end < 0:
+            state.end = data.find(b"\r\n\r\n", max(0, state.scanned - 3))
+            if state.end < 0:
+                return self._advance_head(conn, state, registered)
+            state.framing = framing(bytes(data[:state.end]))
+        length, coded, expect = state.framing
         if coded or length is None:
-            # Lethe never reads a chunked body (nor one of unknown length): the parser refuses
-            # what is malformed, the application answers the rest, and the connection closes.
+            # No body to wait for: none announced, or one Lethe never reads (chunked, or of
+            # unknown length): the parser refuses what is malformed, the application answers the
+            # rest, and the connection closes after an unread body.
             self._hand_over(conn, state, registered)
             return True
         if length > self.body_limit():
             self.log.warning("Request from ip=%s refused: its body is larger than accepted", _ip(conn))
             self._drop_reading(conn, json_error(*_TOO_LARGE), registered)
             return True
-        if len(data) - (end + 4) >= length:
+        if len(data) - (state.end + 4) >= length:
             self._hand_over(conn, state, registered)
             return True
         if expect and not state.continued:
@@ -219,12 +271,37 @@ class JsonErrorThreadWorker(ThreadWorker):
                 conn.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
         return False
 
+    def _advance_head(self, conn, state: _Reading, registered: bool) -> bool:
+        """A head still without its blank line: refused at once if it cannot become a request
+        the parser accepts."""
+        data = state.data
+        if bare_lf(data, state.scanned):
+            # A line ended with a bare LF: the parser refuses it (400) from the bytes it holds.
+            self._hand_over(conn, state, registered)
+            return True
+        state.scanned = len(data)
+        start = 2 if data[:2] == b"\r\n" else 0  # the one empty line allowed before it
+        line_end = data.find(b"\r\n", start)
+        line = (line_end if line_end >= 0 else len(data) - 2) - start
+        if self.line_limit and line > self.line_limit:
+            too_long = errors.LimitRequestLine
+        elif len(data) > self.max_head:
+            too_long = errors.LimitRequestHeaders
+        else:
+            return False
+        # As the parser would refuse it, without a thread waiting for more in recv()
+        self.log.warning("Invalid request from ip=%s: %s", _ip(conn), too_long.__name__)
+        self._drop_reading(conn, json_error(*refusal_of(too_long)), registered)
+        return True
+
     def _hand_over(self, conn, state: _Reading, registered: bool) -> None:
         del self.reading[conn]
         if registered:
             self.poller.unregister(conn.sock)
         conn.init()  # the HTTP/1 parser (no I/O without TLS or HTTP/2), once per connection
         conn.sock.setblocking(True)
+        # The thread's parser never waits on the socket: what is not here yet never comes.
+        conn.parser.unreader.chunk = _no_more_bytes
         conn.parser.unreader.unread(bytes(state.data))
         conn.data_ready = True
         super().enqueue_req(conn)
@@ -320,6 +397,13 @@ class JsonErrorThreadWorker(ThreadWorker):
         with contextlib.suppress(KeyError, ValueError, OSError):
             self.poller.unregister(sock)
         util.close(sock)
+
+    def handle_request(self, req, conn):
+        if self._own_reading(conn):
+            # The request is all here: the main loop sent 100 Continue if it waited for the body
+            # (to an HTTP/1.1 client only), and gunicorn would send another.
+            req._expected_100_continue = False
+        return super().handle_request(req, conn)
 
     def handle_error(self, req, client, addr, exc):
         answer = refusal(exc)

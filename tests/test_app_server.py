@@ -335,3 +335,119 @@ def test_slow_clients_hold_no_thread_and_are_cut_after_the_read_timeout(served, 
     assert stored == (1,)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
+
+
+def _answer(client: socket.socket, timeout: float = 10) -> bytes:
+    """Everything the server sends until it closes (or `timeout` passes with nothing new)."""
+    client.settimeout(timeout)
+    return _read_all(client)
+
+
+def _document(answer: bytes) -> tuple[str, dict, dict]:
+    """The status line, headers and JSON document of a refusal."""
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    return lines[0], dict(line.split(": ", 1) for line in lines[1:]), json.loads(body)
+
+
+def test_a_head_over_the_limits_is_refused_at_once_and_holds_no_thread(served, tree):
+    """A head that grows past what the parser accepts, with no blank line yet, is refused as
+    soon as it does (431; a request line over its limit 414) and never reaches a thread: as
+    many such connections as threads, left quiet, keep no other request waiting. (A thread's
+    parser waited for more in recv(), with no deadline, before it looked at the size.)"""
+    env = {**served["env"], "WEB_CONCURRENCY": "1", "WEB_THREADS": "2", "WEB_READ_TIMEOUT": "60"}
+    port = free_port()
+    proc = start(env, port)
+    tree.watch(proc.pid, port)
+    max_head = 4094 + 4 + 100 * (8190 + 2) + 4  # gunicorn's defaults (serve sets none)
+    head = b"GET /accounts/login/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    held = []
+    over = head + b"X-Pad: " + b"a" * (max_head - len(head) - 6)  # one byte over, no end of line
+    for request in (over, over, b"GET /" + b"a" * 5000):
+        client = socket.create_connection(("127.0.0.1", port), timeout=10)
+        client.sendall(request)
+        held.append(client)
+    try:
+        other = socket.create_connection(("127.0.0.1", port), timeout=10)
+        other.sendall(b"GET /accounts/login/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        assert _answer(other).startswith(b"HTTP/1.1 200 "), "a request on another connection was not answered"
+        answers = [_answer(client) for client in held]
+    finally:
+        for client in held:
+            client.close()
+    for answer, (status, code) in zip(answers, [(431, "headers_too_large")] * 2 + [(414, "request_line_too_long")],
+                                  strict=True):
+        line, headers, document = _document(answer)
+        assert line.startswith(f"HTTP/1.1 {status} ") and headers["Content-Type"] == "application/json", answer[:100]
+        assert document["code"] == code
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+
+
+def _item_request(served, content: str, size: int, extra: str = "") -> tuple[bytes, bytes]:
+    """The head and body of an item written to the served conversation, its JSON padded with
+    white space to `size` bytes."""
+    body = json.dumps({"role": "user", "content": content}).encode()
+    body += b" " * (size - len(body))
+    head = (f"POST /v1/threads/{served['public_id']}/items HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Authorization: Bearer {served['token']}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n{extra}\r\n").encode()
+    return head, body
+
+
+@pytest.fixture(scope="module")
+def reading(served):
+    """One server for the requests the main loop reads oddly, with a read timeout longer than
+    any client here waits: an answer that comes is the one decided at once."""
+    found = Tree()
+    port = free_port()
+    proc = start({**served["env"], "WEB_CONCURRENCY": "1", "WEB_THREADS": "2", "WEB_READ_TIMEOUT": "60"}, port)
+    try:
+        found.watch(proc.pid, port)
+        yield port
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        found.cleanup()
+
+
+def test_a_content_length_of_thousands_of_digits_is_too_large(served, reading):
+    """More digits than any accepted length has is a 413 (int() refused a string of over 4,300
+    digits, and the connection closed unanswered)."""
+    head, _body = _item_request(served, "uncountable", 0)
+    head = head.replace(b"Content-Length: ", b"Content-Length: " + b"1" * 5000)
+    with socket.create_connection(("127.0.0.1", reading), timeout=10) as client:
+        client.sendall(head)
+        line, _headers, document = _document(_answer(client))
+    assert line.startswith("HTTP/1.1 413 ") and document["code"] == "body_too_large"
+
+
+def test_a_head_whose_lines_end_with_a_bare_lf_is_refused_at_once(reading):
+    """A bare LF never ends a head's line (RFC 9112 section 2.2): the parser refuses it from
+    what it holds (400). The main loop looked for CRLF CRLF only, and waited the read timeout."""
+    for request in (b"GET /accounts/login/ HTTP/1.1\nHost: 127.0.0.1\n\n",
+                    b"GET /accounts/login/ HTTP/1.1\r\nHost: 127.0.0.1\nX-Next: 1"):
+        with socket.create_connection(("127.0.0.1", reading), timeout=10) as client:
+            client.sendall(request)
+            answer = _answer(client)
+        assert answer.startswith(b"HTTP/1.1 400 "), (request, answer[:100])
+        assert _document(answer)[2]["code"] == "malformed_request"
+
+
+@pytest.mark.parametrize(("version", "continues"), [("1.1", 1), ("1.0", 0)])
+def test_100_continue_is_sent_once_and_only_to_http_1_1(served, reading, version, continues):
+    """The main loop asks for the body once; gunicorn asked again when the request reached a
+    thread, and an HTTP/1.0 client was asked too (RFC 9110 section 10.1.1: its expectation is
+    ignored)."""
+    head, body = _item_request(served, f"continued over HTTP/{version}", 200, "Expect: 100-continue\r\n")
+    head = head.replace(b" HTTP/1.1\r\n", f" HTTP/{version}\r\n".encode(), 1)
+    with socket.create_connection(("127.0.0.1", reading), timeout=10) as client:
+        client.sendall(head)
+        time.sleep(1)  # the head is read, the body awaited
+        client.sendall(body)
+        answer = _answer(client)
+    assert answer.count(b"100 Continue") == continues and b" 201 Created" in answer, answer[:200]
+    with sqlite3.connect(served["database"]) as db:
+        stored = db.execute("SELECT COUNT(*) FROM lifecycle_item WHERE content = ?",
+                            (f"continued over HTTP/{version}",)).fetchone()
+    assert stored == (1,)
