@@ -19,7 +19,10 @@ closed. Refused at once in the main loop: a request line that grows past its lim
 `headers_too_large`) before its blank line comes; a line ended by a bare LF (the parser's 400);
 a body announced larger than anything Lethe accepts (the larger of API_MAX_BODY_BYTES and
 Django's DATA_UPLOAD_MAX_MEMORY_SIZE for forms, or a Content-Length of more than 18 digits),
-413 `body_too_large` before it is read. `Expect: 100-continue` is answered by
+413 `body_too_large` before it is read. The requests a worker is reading hold at most
+WEB_READ_BUFFER_BYTES (default 64 MiB; a request counts with its whole announced body): one
+that would pass it while others hold bytes is answered 503 `server_busy` with Retry-After and
+closed (alone, a request of any accepted size is read). `Expect: 100-continue` is answered by
 the main loop when it waits for the body, once, and to HTTP/1.1 requests only (RFC 9110
 section 10.1.1). A body the application did not read (a chunked one, which Lethe never reads)
 is not drained: the connection closes after the answer. Closing lingers in the main loop too
@@ -87,16 +90,20 @@ def refusal_of(kind: type[errors.ParseException]) -> tuple[int, str, str, str]:
     return next(row[1:] for row in _REFUSALS if row[0] is kind)
 
 
-def json_error(status: int, reason: str, code: str, message: str) -> bytes:
+def json_error(status: int, reason: str, code: str, message: str, retry_after: int | None = None) -> bytes:
     body = json.dumps({"code": code, "message": message}).encode()
+    retry = f"Retry-After: {retry_after}\r\n" if retry_after is not None else ""
     head = (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nCache-Control: no-store\r\n\r\n")
+            f"Content-Length: {len(body)}\r\nCache-Control: no-store\r\n{retry}\r\n")
     return head.encode("latin-1") + body
 
 
 _TIMED_OUT = (408, "Request Timeout", "request_timeout",
               "The request did not arrive in full within the time this server allows.")
 _TOO_LARGE = (413, "Content Too Large", "body_too_large", "The request body is too large.")
+_BUSY = (503, "Service Unavailable", "server_busy",
+         "The server is holding as many incoming requests as it can; try again shortly.")
+_BUSY_RETRY_AFTER = 5  # seconds, as a database_busy answer (console/busy.py)
 # A Content-Length of more digits than 18 is larger than anything Lethe accepts (and than int()
 # takes from a string of over 4,300 digits): this stands for it.
 _UNCOUNTABLE = 10**18
@@ -111,6 +118,13 @@ def read_timeout() -> float:
     (serve hands it over as the settings checked it; unset, 30)."""
     raw = os.environ.get("WEB_READ_TIMEOUT", "").strip()
     return float(int(raw)) if raw else 30.0
+
+
+def read_buffer_bytes() -> int:
+    """WEB_READ_BUFFER_BYTES: the bytes a worker holds at most for the requests it is still
+    reading (serve hands it over as the settings checked it; unset, 64 MiB)."""
+    raw = os.environ.get("WEB_READ_BUFFER_BYTES", "").strip()
+    return int(raw) if raw else 64 * 1024 * 1024
 
 
 def framing(head: bytes) -> tuple[int | None, bool, bool]:
@@ -163,9 +177,10 @@ def _ip(conn) -> str:
 
 class _Reading:
     """A request the main loop is reading: its bytes so far, its deadline, how far its head has
-    been searched, and what its head says once complete."""
+    been searched, what its head says once complete, and the bytes it counts against the
+    worker's budget."""
 
-    __slots__ = ("continued", "data", "deadline", "end", "framing", "scanned")
+    __slots__ = ("charge", "continued", "data", "deadline", "end", "framing", "scanned")
 
     def __init__(self, data: bytes, deadline: float) -> None:
         self.data = bytearray(data)
@@ -174,6 +189,7 @@ class _Reading:
         self.scanned = 0  # the head's end and bare LFs are looked for from here on
         self.end = -1  # where the head's blank line starts, once found
         self.framing: tuple[int | None, bool, bool] = (None, False, False)
+        self.charge = 0
 
 
 def _no_more_bytes(_size_hint=None) -> bytes:
@@ -185,6 +201,8 @@ class JsonErrorThreadWorker(ThreadWorker):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.read_timeout = read_timeout()
+        self.read_budget = read_buffer_bytes()
+        self.held = 0  # the bytes counted against read_budget: the sum of the readings' charges
         self.reading: dict = {}  # connection -> _Reading
         self.lingering: dict = {}  # socket -> [deadline, bytes read]
         self._body_limit: int | None = None
@@ -262,8 +280,11 @@ class JsonErrorThreadWorker(ThreadWorker):
             self.log.warning("Request from ip=%s refused: its body is larger than accepted", _ip(conn))
             self._drop_reading(conn, json_error(*_TOO_LARGE), registered)
             return True
-        if len(data) - (state.end + 4) >= length:
+        whole = state.end + 4 + length
+        if len(data) >= whole:
             self._hand_over(conn, state, registered)
+            return True
+        if not self._charge(conn, state, whole, registered):
             return True
         if expect and not state.continued:
             state.continued = True
@@ -273,7 +294,7 @@ class JsonErrorThreadWorker(ThreadWorker):
 
     def _advance_head(self, conn, state: _Reading, registered: bool) -> bool:
         """A head still without its blank line: refused at once if it cannot become a request
-        the parser accepts."""
+        the parser accepts, or counted against the budget while it grows."""
         data = state.data
         if bare_lf(data, state.scanned):
             # A line ended with a bare LF: the parser refuses it (400) from the bytes it holds.
@@ -288,14 +309,33 @@ class JsonErrorThreadWorker(ThreadWorker):
         elif len(data) > self.max_head:
             too_long = errors.LimitRequestHeaders
         else:
-            return False
+            return not self._charge(conn, state, len(data), registered)
         # As the parser would refuse it, without a thread waiting for more in recv()
         self.log.warning("Invalid request from ip=%s: %s", _ip(conn), too_long.__name__)
         self._drop_reading(conn, json_error(*refusal_of(too_long)), registered)
         return True
 
+    def _charge(self, conn, state: _Reading, size: int, registered: bool) -> bool:
+        """Count `size` bytes for this request against the worker's budget (its whole request
+        once the head has said how long it is). Past the budget it is refused (503) and False,
+        unless no other request holds any: one request of any accepted size always gets read."""
+        extra = size - state.charge
+        if extra <= 0:
+            return True
+        if self.held + extra > self.read_budget and self.held > state.charge:
+            self.log.warning("Request from ip=%s refused: the requests being read hold %d bytes "
+                             "(WEB_READ_BUFFER_BYTES %d)", _ip(conn), self.held, self.read_budget)
+            self._drop_reading(conn, json_error(*_BUSY, retry_after=_BUSY_RETRY_AFTER), registered)
+            return False
+        self.held += extra
+        state.charge = size
+        return True
+
+    def _forget(self, conn) -> None:
+        self.held -= self.reading.pop(conn).charge
+
     def _hand_over(self, conn, state: _Reading, registered: bool) -> None:
-        del self.reading[conn]
+        self._forget(conn)
         if registered:
             self.poller.unregister(conn.sock)
         conn.init()  # the HTTP/1 parser (no I/O without TLS or HTTP/2), once per connection
@@ -308,7 +348,7 @@ class JsonErrorThreadWorker(ThreadWorker):
 
     def _drop_reading(self, conn, answer: bytes | None = None, registered: bool = True) -> None:
         """Close a connection whose request is not complete, with `answer` first if given."""
-        del self.reading[conn]
+        self._forget(conn)
         if registered:
             with contextlib.suppress(KeyError, ValueError, OSError):
                 self.poller.unregister(conn.sock)

@@ -395,6 +395,46 @@ def _item_request(served, content: str, size: int, extra: str = "") -> tuple[byt
     return head, body
 
 
+def test_the_requests_being_read_hold_at_most_the_read_buffer(served, tree):
+    """The bytes a worker holds for requests it is still reading are bounded by
+    WEB_READ_BUFFER_BYTES (an announced body counts in full): a request that would pass it
+    while others hold bytes is answered 503 `server_busy` with Retry-After, before its body is
+    asked for, and closed. The others are read to the end; once they are, the budget is free
+    again, and a request larger than the whole budget still gets through on its own. (Each of
+    a worker's 1,000 connections could hold a whole body: 400 of them took a worker to 1.1 GB.)"""
+    env = {**served["env"], "WEB_CONCURRENCY": "1", "WEB_THREADS": "2", "WEB_READ_BUFFER_BYTES": str(1024 * 1024)}
+    port = free_port()
+    proc = start(env, port)
+    tree.watch(proc.pid, port)
+    head, body = _item_request(served, "within the read buffer", 600_000)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as first:
+        first.sendall(head + body[:1000])
+        time.sleep(1)  # the worker holds the first request now: 600 KB counted
+        busy_head, _busy_body = _item_request(served, "past the read buffer", 600_000, "Expect: 100-continue\r\n")
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as second:
+            second.sendall(busy_head)
+            refused = _answer(second)
+        first.sendall(body[1000:])
+        written = _answer(first)
+    assert refused.startswith(b"HTTP/1.1 503 ") and b"100 Continue" not in refused, refused[:200]
+    _line, headers, document = _document(refused)
+    assert headers["Retry-After"] == "5" and headers["Content-Type"] == "application/json"
+    assert document["code"] == "server_busy"
+    assert written.startswith(b"HTTP/1.1 201 "), written[:200]
+    for size in (600_000, 1_500_000):  # the same again, then one larger than the whole budget
+        head, body = _item_request(served, "within the read buffer", size)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+            client.sendall(head + body)
+            answer = _answer(client)
+        assert answer.startswith(b"HTTP/1.1 201 "), answer[:200]
+    with sqlite3.connect(served["database"]) as db:
+        stored = db.execute("SELECT content, COUNT(*) FROM lifecycle_item WHERE content LIKE '%the read buffer' "
+                            "GROUP BY content").fetchall()
+    assert stored == [("within the read buffer", 3)]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+
+
 @pytest.fixture(scope="module")
 def reading(served):
     """One server for the requests the main loop reads oddly, with a read timeout longer than
