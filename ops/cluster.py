@@ -76,7 +76,7 @@ class Sentinel(q_cluster.Sentinel):
 
     def beat(self) -> None:
         if self.tick is not None:
-            self.tick.get_obj().value = time.time()
+            self.tick.get_obj().value = time.monotonic()
 
     def status(self) -> str:
         self.beat()  # the guard saves the status every cycle
@@ -188,14 +188,14 @@ class Cluster(q_cluster.Cluster):
     def __init__(self, broker=None):
         super().__init__(broker)
         self.stopping = False
-        self.tick = Value("d", time.time())
+        self.tick = Value("d", time.monotonic())
         self.restarts: list[float] = []
         self.generation: list[tuple[int, str]] = []
 
     def start(self) -> int:
         # Starts this module's Sentinel (with its tick) the way django-q2's Cluster starts its own.
         db.connections.close_all()  # a forked connection must not be shared with the sentinel
-        self.tick.get_obj().value = time.time()
+        self.tick.get_obj().value = time.monotonic()
         self.stop_event = Event()
         self.start_event = Event()
         self.sentinel = q_cluster.get_mp_context().Process(
@@ -226,29 +226,34 @@ class Cluster(q_cluster.Cluster):
             if self.stopping:
                 break
             sentinel = self.sentinel
+            reap_zombies(keep=sentinel.pid)  # a killed worker's tool, inherited as their subreaper
             if sentinel.is_alive():
                 self.generation = descendants(sentinel.pid) or self.generation
-                if time.time() - self.tick.get_obj().value < settings.Q_STALL_SECONDS:
+                # (monotonic on both sides: a step of the wall clock is no stall)
+                if time.monotonic() - self.tick.get_obj().value < settings.Q_STALL_SECONDS:
                     continue
                 logger.critical("The job cluster's guard has not moved for %s s: restarting its processes",
                                 int(settings.Q_STALL_SECONDS))
-                kill_all([(sentinel.pid, start_time(sentinel.pid)), *self.generation, *descendants(os.getpid())])
+                kill_all([(sentinel.pid, start_time(sentinel.pid)), *self.generation])
                 sentinel.join()
-                reap_orphans()
             elif sentinel.exitcode != RESTART_EXIT:
                 if sentinel.exitcode is None or sentinel.exitcode >= 0:
                     return  # it stopped by itself: so does this process, as django-q2's does
                 logger.critical("The job cluster's sentinel was killed (signal %s): restarting its processes",
                                 -sentinel.exitcode)
-                kill_all([*self.generation, *descendants(os.getpid())])
-                reap_orphans()
+                kill_all(self.generation)
+            # Whatever the old generation left behind is this process's now (its subreaper): its
+            # processes a killed sentinel had not been seen to start, a job's tool whose worker
+            # was killed. None outlives its generation.
+            kill_all(descendants(os.getpid()))
+            reap_orphans()
             self.generation = []
             self.wait_before_restart()
             if not self.stopping:
                 self.start()
 
     def wait_before_restart(self) -> None:
-        now = time.time()
+        now = time.monotonic()
         self.restarts = [t for t in self.restarts if now - t < BACKOFF_WINDOW][-10:] + [now]
         if len(self.restarts) > 1:
             delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (len(self.restarts) - 2))
@@ -257,7 +262,7 @@ class Cluster(q_cluster.Cluster):
             deadline = time.monotonic() + delay
             while not self.stopping and time.monotonic() < deadline:
                 time.sleep(0.5)
-        self.restarts[-1] = time.time()
+        self.restarts[-1] = time.monotonic()
 
 
 def become_subreaper() -> None:
@@ -284,6 +289,22 @@ def reap_orphans() -> None:
             if not descendants(os.getpid()):
                 return
             time.sleep(0.05)
+
+
+def reap_zombies(keep: int) -> None:
+    """Collect the exit status of this process's children that have ended, but `keep` (the
+    sentinel, whose Process object collects its own)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == keep:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                state, ppid = stat.read().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if state == "Z" and int(ppid) == os.getpid():
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(int(entry), os.WNOHANG)
 
 
 def start_time(pid: int) -> str:

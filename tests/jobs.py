@@ -23,3 +23,18 @@ def pause(seconds: float) -> float:
 
     time.sleep(seconds)
     return seconds
+
+
+def leave_children(pid_file: str, seconds: float) -> float:
+    """Starts two processes it never waits for (one ends in 2 s, one would run 10 minutes),
+    writes their ids to `pid_file`, then keeps its worker busy: as a job whose tool outlives a
+    killed worker."""
+    import subprocess
+    import time
+    from pathlib import Path
+
+    short = subprocess.Popen(["sleep", "2"])
+    long = subprocess.Popen(["sleep", "600"])
+    Path(pid_file).write_text(f"{short.pid} {long.pid}")
+    time.sleep(seconds)
+    return seconds

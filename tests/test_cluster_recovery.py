@@ -186,3 +186,76 @@ def test_it_restarts_its_processes_when_their_guard_stops_moving(stall_seconds, 
         cluster.log.read_text()
     task_id = async_task("tests.jobs.work_on", 13)
     assert completes(task_id), cluster.log.read_text()
+
+
+def gone(pid: int) -> bool:
+    """Ended and collected: no /proc entry at all (a zombie still has one)."""
+    return not Path(f"/proc/{pid}").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_killed_workers_tools_are_collected_and_none_outlives_its_generation(cluster, tmp_path):
+    pid_file = tmp_path / "children"
+    async_task("tests.jobs.leave_children", str(pid_file), 60)
+    assert wait_for(lambda: pid_file.exists() and pid_file.read_text()), cluster.log.read_text()
+    short, long = (int(pid) for pid in pid_file.read_text().split())
+
+    def busy() -> int | None:
+        log = cluster.log.read_text()
+        pids = dict(re.findall(r"(Process-\w+) ready for work at (\d+)", log))
+        names = re.findall(r"(Process-\w+) processing [\w-]+ 'tests.jobs.leave_children'", log)
+        return int(pids[names[0]]) if names and names[0] in pids else None
+
+    worker = wait_for(busy)
+    os.kill(worker, signal.SIGKILL)  # replaced alone; its two children are the main process's now
+    # The one that ends is collected (not left a zombie); the other runs on, for now.
+    assert wait_for(lambda: gone(short), 20), Path(f"/proc/{short}/stat").read_text()
+    assert live(long)
+    # When the generation goes (here its sentinel is killed), what it left behind goes with it.
+    assert wait_for(lambda: sentinel_of(cluster)), cluster.log.read_text()
+    os.kill(sentinel_of(cluster), signal.SIGKILL)
+    assert wait_for(lambda: gone(long), 30), cluster.log.read_text()
+    assert completes(async_task("tests.jobs.work_on", 14)), cluster.log.read_text()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_step_of_the_wall_clock_is_not_a_stalled_guard(engine_home, tmp_path):
+    """NTP stepping the clock, a virtual machine resumed: time.time() jumps (here by 5 minutes,
+    again and again, in every process of the cluster); the guard still ticks and nothing is
+    restarted."""
+    clock = tmp_path / "offset"
+    clock.write_text("0")
+    boot = ("import os, sys, time\n"
+            "real = time.time\n"
+            "def fake():\n"
+            "    try:\n"
+            f"        return real() + float(open({str(clock)!r}).read() or 0)\n"
+            "    except (OSError, ValueError):\n"
+            "        return real()\n"
+            "time.time = fake\n"
+            "sys.argv = ['manage.py', 'qcluster']\n"
+            "from django.core.management import execute_from_command_line\n"
+            "execute_from_command_line(sys.argv)\n")
+    log = tmp_path / "cluster.log"
+    env = {**os.environ, "DATABASE_URL": database_url(), "ENGINE_HOME": str(engine_home), "LOG_FORMAT": "text",
+           "DJANGO_SETTINGS_MODULE": "console.settings_test", "Q_WORKERS": "1"}
+    with log.open("w") as sink:
+        process = subprocess.Popen([sys.executable, "-c", boot], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                   stderr=sink, process_group=0)
+    try:
+        assert wait_for(lambda: "running." in log.read_text()), log.read_text()
+        offset = 0
+        for _step in range(25):
+            offset += 300
+            clock.write_text(str(offset))
+            time.sleep(0.3)
+        time.sleep(2)
+        assert "has not moved" not in log.read_text() and "restarting its processes" not in log.read_text()
+        assert completes(async_task("tests.jobs.work_on", 15)), log.read_text()
+    finally:
+        process.send_signal(signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
