@@ -36,7 +36,14 @@ from pathlib import Path
 
 from django.db import IntegrityError, transaction
 
-from lifecycle.enginefs import EngineHome, UnsafeEnginePath, _fsync_dir, read_regular
+from lifecycle.enginefs import (
+    EngineHome,
+    UnsafeEnginePath,
+    _fsync_dir,
+    opened_folder,
+    read_regular,
+    sync_folder,
+)
 
 MARK_NAME = ".lethe-engine-folder"
 _ID = re.compile(r"[0-9a-f]{32}")
@@ -185,23 +192,24 @@ def _mark(home: EngineHome, *, replace: bool) -> str | None:
     """Write a new mark and return its id; without `replace`, a mark another process wrote
     first stands (never two ids) and its id is returned, None if it holds none."""
     folder_id = secrets.token_hex(16)
-    mark = home.root / MARK_NAME
-    temporary = home.root / f".{MARK_NAME}.{secrets.token_hex(8)}"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.write(fd, (folder_id + "\n").encode("ascii"))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        if replace:
-            os.replace(temporary, mark)
-        else:
-            os.link(temporary, mark)  # fails when a mark is there already: the first one stands
-    except FileExistsError:
-        folder_id = folder_mark(home)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-    _fsync_dir(home.root)
+    temporary = f".{MARK_NAME}.{secrets.token_hex(8)}"
+    # Every step in the folder's descriptor: a folder swapped for a link meanwhile takes nothing out.
+    with opened_folder(home.root) as folder:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=folder)
+        try:
+            os.write(fd, (folder_id + "\n").encode("ascii"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            if replace:
+                os.replace(temporary, MARK_NAME, src_dir_fd=folder, dst_dir_fd=folder)
+            else:  # fails when a mark is there already: the first one stands
+                os.link(temporary, MARK_NAME, src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=False)
+        except FileExistsError:
+            folder_id = folder_mark(home)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary, dir_fd=folder)
+        sync_folder(folder)
     return folder_id

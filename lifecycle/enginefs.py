@@ -33,6 +33,11 @@ person trusts what it reports:
   not in a folder on its way), never waiting on a FIFO, and only if it is a regular file;
   anything else raises `UnsafeEnginePath`, so a link planted at a log, a lock or the fleet
   file cannot make a write land (or a cut happen) outside the engine folder.
+- Folders are reached by descriptor, never by path name: `open_folder` walks from / one name
+  at a time (O_NOFOLLOW each), and every open, mkdir, rename and unlink of an operation is
+  made relative to that one folder descriptor (`dir_fd`). A check that is then followed by a
+  use of the path would leave a window: a folder swapped for a symlink in between (a
+  rename exchange) would take the write outside; a descriptor cannot be redirected so.
 - Walks (`usage`, `conversation_usage`, the sweep) never follow symlinks and skip files and
   folders that vanish under them.
 - Reads that decide anything are strict: `read_fleet` raises UnreadableEngineFile for a
@@ -114,11 +119,95 @@ JSONL_CHECK_BYTES = 4 << 20
 _OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
-def _check_folder(path: Path) -> None:
-    """UnsafeEnginePath unless the folder holding `path` is its own resolved form (every path
-    here starts at the resolved root, so a difference is a symlink on the way)."""
-    if os.path.realpath(path.parent) != str(path.parent):
-        raise UnsafeEnginePath(f"{path} passes through a symlink")
+# Folders are opened only to reach what is in them (O_PATH: no read permission is needed on the
+# folders above the engine folder), and never through a link at their name.
+_FOLDER_FLAGS = os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_PATH", os.O_RDONLY)
+
+
+def _names(folder: Path) -> tuple[str, ...]:
+    """The names from / down to `folder`; every path here is absolute and resolved."""
+    if not folder.is_absolute() or ".." in folder.parts:
+        raise UnsafeEnginePath(f"{folder} is not a resolved path")
+    return folder.parts[1:]
+
+
+def _is_link_at(folder: int, name: str) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def _enter(folder: int, name: str, shown: Path) -> int:
+    try:
+        return os.open(name, _FOLDER_FLAGS, dir_fd=folder)
+    except OSError as error:
+        # A link where a folder should be: ENOTDIR (with O_PATH) or ELOOP. Anything else that
+        # is not a folder (a file) passes through as NotADirectoryError, as a path open would.
+        if error.errno in (errno.ENOTDIR, errno.ELOOP) and _is_link_at(folder, name):
+            raise UnsafeEnginePath(f"{shown} passes through a symlink") from error
+        raise
+
+
+def sync_folder(folder: int) -> None:
+    fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=folder)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def open_folder(folder: Path, create: bool = False) -> int:
+    """A descriptor of `folder`, reached from / one name at a time and never through a symlink
+    (UnsafeEnginePath): what is opened, made, renamed or removed relative to it (`dir_fd`)
+    stays in that folder even if its path is swapped for a link meanwhile. A missing folder
+    raises FileNotFoundError, or with `create` is made (each new one fsynced into its parent).
+    """
+    fd = os.open("/", _FOLDER_FLAGS)
+    try:
+        for name in _names(folder):
+            try:
+                child = _enter(fd, name, folder)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                try:
+                    os.mkdir(name, dir_fd=fd)
+                except FileExistsError:  # another writer made it (and syncs it)
+                    pass
+                else:
+                    sync_folder(fd)
+                child = _enter(fd, name, folder)
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+@contextlib.contextmanager
+def opened_folder(folder: Path, create: bool = False) -> Iterator[int]:
+    fd = open_folder(folder, create)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _exists_at(folder: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _is_regular_at(folder: int, name: str) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
 
 
 def open_regular(path: Path, flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
@@ -128,9 +217,14 @@ def open_regular(path: Path, flags: int = os.O_RDONLY, mode: int = 0o600) -> int
     instead of being followed, waited on or written; FileNotFoundError and other OSErrors
     (permissions) pass through as they are.
     """
-    _check_folder(path)
+    with opened_folder(path.parent) as folder:
+        return _open_at(folder, path, flags, mode)
+
+
+def _open_at(folder: int, path: Path, flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
+    """`open_regular` for `path`'s name in the folder `folder` (a descriptor of `path.parent`)."""
     try:
-        fd = os.open(path, flags | _OPEN_FLAGS, mode)
+        fd = os.open(path.name, flags | _OPEN_FLAGS, mode, dir_fd=folder)
     except OSError as error:
         # ELOOP: a symlink at the name; ENXIO: a FIFO without a reader or a socket (for writing).
         if error.errno in (errno.ELOOP, errno.ENXIO):
@@ -150,6 +244,24 @@ def read_regular(path: Path) -> bytes:
     """The whole of a regular file of the engine folder (see `open_regular`)."""
     with os.fdopen(open_regular(path), "rb") as handle:
         return handle.read()
+
+
+def _read_at(folder: int, path: Path) -> bytes:
+    with os.fdopen(_open_at(folder, path), "rb") as handle:
+        return handle.read()
+
+
+def remove_regular(path: Path) -> bool:
+    """Remove a regular file of the engine folder, through its folder's descriptor (never a
+    link, a folder or a file outside); False when there is no regular file there."""
+    try:
+        with opened_folder(path.parent) as folder:
+            if not _is_regular_at(folder, path.name):
+                return False
+            os.unlink(path.name, dir_fd=folder)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _read_fleet_file(path: Path) -> tuple[bytes, os.stat_result, bool] | None:
@@ -260,20 +372,6 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def _makedirs(folder: Path) -> None:
-    """Create `folder` and its missing parents, fsyncing each new one into its parent."""
-    missing = []
-    while not folder.is_dir():
-        missing.append(folder)
-        if folder.parent == folder:
-            break
-        folder = folder.parent
-    for new in reversed(missing):
-        with contextlib.suppress(FileExistsError):  # another writer made it (and syncs it)
-            os.mkdir(new)
-            _fsync_dir(new.parent)
-
-
 def _is_regular(path: Path) -> bool:
     try:
         return stat.S_ISREG(os.lstat(path).st_mode)
@@ -281,10 +379,10 @@ def _is_regular(path: Path) -> bool:
         return False
 
 
-def _tail_offset(path: Path) -> int | None:
+def _tail_offset(folder: int, path: Path) -> int | None:
     """Where an unterminated last line starts; None when the log ends cleanly or is absent."""
     try:
-        fd = open_regular(path)
+        fd = _open_at(folder, path)
     except FileNotFoundError:
         return None
     try:
@@ -302,14 +400,14 @@ def _tail_offset(path: Path) -> int | None:
         os.close(fd)
 
 
-def _read_from(path: Path, offset: int) -> bytes:
-    with os.fdopen(open_regular(path), "rb") as handle:
+def _read_from(folder: int, path: Path, offset: int) -> bytes:
+    with os.fdopen(_open_at(folder, path), "rb") as handle:
         handle.seek(offset)
         return handle.read()
 
 
-def _truncate(path: Path, size: int) -> None:
-    fd = open_regular(path, os.O_WRONLY)
+def _truncate(folder: int, path: Path, size: int) -> None:
+    fd = _open_at(folder, path, os.O_WRONLY)
     try:
         os.ftruncate(fd, size)
         os.fsync(fd)
@@ -400,14 +498,20 @@ class EngineHome:
 
     @contextlib.contextmanager
     def locked(self, lock_path: Path) -> Iterator[None]:
-        _makedirs(lock_path.parent)
-        with self._lock(lock_path):
+        with opened_folder(lock_path.parent, create=True) as folder, self._lock(folder, lock_path):
             yield
 
     @contextlib.contextmanager
-    def _lock(self, lock_path: Path) -> Iterator[None]:
-        """Hold the lock file in an existing folder (FileNotFoundError when the folder is gone)."""
-        fd = open_regular(lock_path, os.O_RDWR | os.O_CREAT)
+    def guarded(self, path: Path) -> Iterator[int]:
+        """`path`'s folder (made if missing), opened once for the whole operation, with the
+        lock that guards `path` held in it (`lock_for` always names a file of that folder)."""
+        with opened_folder(path.parent, create=True) as folder, self._lock(folder, self.lock_for(path)):
+            yield folder
+
+    @contextlib.contextmanager
+    def _lock(self, folder: int, lock_path: Path) -> Iterator[None]:
+        """Hold the lock file `lock_path`, in the folder `folder` (a descriptor of its parent)."""
+        fd = _open_at(folder, lock_path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
@@ -431,35 +535,34 @@ class EngineHome:
         return path.with_name(path.name + ".lock")
 
     def write_atomic(self, path: Path, data: bytes) -> None:
-        with self.locked(self.lock_for(path)):
-            self._replace(path, data)
+        with self.guarded(path) as folder:
+            self._replace(folder, path, data)
 
-    def _replace(self, path: Path, data: bytes) -> None:
+    def _replace(self, folder: int, path: Path, data: bytes) -> None:
+        """Write `path` whole; `folder` is the descriptor of its folder."""
         if TEMPORARY.fullmatch(path.name):
             raise UnsafeEnginePath(f"a temporary file's name cannot be written: {path.name}")
-        _makedirs(path.parent)
-        tmp = path.with_name(f".{path.name}.lethe-tmp-{secrets.token_hex(8)}")
-        fd = open_regular(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)  # a new file, in a folder of ours
+        tmp = f".{path.name}.lethe-tmp-{secrets.token_hex(8)}"
+        fd = _open_at(folder, path.with_name(tmp), os.O_WRONLY | os.O_CREAT | os.O_EXCL)  # a new file
         try:
             try:
                 _write_all(fd, data)
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            os.replace(tmp, path)
+            os.replace(tmp, path.name, src_dir_fd=folder, dst_dir_fd=folder)
         except BaseException:
             with contextlib.suppress(OSError):
-                os.unlink(tmp)
+                os.unlink(tmp, dir_fd=folder)
             raise
-        _fsync_dir(path.parent)
+        sync_folder(folder)
 
     def append_jsonl(self, path: Path, records: list[dict[str, Any]]) -> None:
         data = jsonl(records)
-        with self.locked(self.lock_for(path)):
-            _makedirs(path.parent)
-            self._isolate_torn_tail(path)  # a new record must never be merged into a torn one
-            created = not os.path.lexists(path)
-            fd = open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        with self.guarded(path) as folder:
+            self._isolate_torn_tail(folder, path)  # a new record must never be merged into a torn one
+            created = not _exists_at(folder, path.name)
+            fd = _open_at(folder, path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
             try:
                 start = os.fstat(fd).st_size
                 try:
@@ -474,7 +577,7 @@ class EngineHome:
             finally:
                 os.close(fd)
             if created:
-                _fsync_dir(path.parent)
+                sync_folder(folder)
 
     def read_jsonl(self, path: Path) -> list[dict[str, Any]]:
         try:
@@ -493,11 +596,11 @@ class EngineHome:
         Returns the torn file written (or finished) by this call, else None. Safe to run
         again after being killed at any point.
         """
-        with self.locked(self.lock_for(path)):
-            return self._isolate_torn_tail(path)
+        with self.guarded(path) as folder:
+            return self._isolate_torn_tail(folder, path)
 
-    def _isolate_torn_tail(self, path: Path) -> Path | None:
-        """The recovery itself; the caller holds the log's lock.
+    def _isolate_torn_tail(self, folder: int, path: Path) -> Path | None:
+        """The recovery itself; the caller holds the log's lock and gives its folder's descriptor.
 
         1. Save the torn bytes as `.<name>.torn-pending` (atomically, fsynced).
         2. Cut the log back to its last whole line (fsynced).
@@ -507,25 +610,25 @@ class EngineHome:
         """
         pending = path.with_name(f".{path.name}.torn-pending")
         finished = None
-        if os.path.lexists(pending):
-            saved = read_regular(pending)
-            cut = _tail_offset(path)
-            if cut is not None and _read_from(path, cut) == saved:
-                _truncate(path, cut)
-            finished = self._promote(path, pending)
-        cut = _tail_offset(path)
+        if _exists_at(folder, pending.name):
+            saved = _read_at(folder, pending)
+            cut = _tail_offset(folder, path)
+            if cut is not None and _read_from(folder, path, cut) == saved:
+                _truncate(folder, path, cut)
+            finished = self._promote(folder, path, pending)
+        cut = _tail_offset(folder, path)
         if cut is None:
             return finished
-        self._replace(pending, _read_from(path, cut))
-        _truncate(path, cut)
-        return self._promote(path, pending)
+        self._replace(folder, pending, _read_from(folder, path, cut))
+        _truncate(folder, path, cut)
+        return self._promote(folder, path, pending)
 
-    def _promote(self, log: Path, pending: Path) -> Path:
+    def _promote(self, folder: int, log: Path, pending: Path) -> Path:
         n = 1
-        while os.path.lexists(torn := log.with_name(f"{log.name}.torn-{n}")):
+        while _exists_at(folder, (torn := log.with_name(f"{log.name}.torn-{n}")).name):
             n += 1
-        os.rename(pending, torn)
-        _fsync_dir(log.parent)
+        os.rename(pending.name, torn.name, src_dir_fd=folder, dst_dir_fd=folder)
+        sync_folder(folder)
         return torn
 
     def read_json(self, path: Path, default: Any) -> Any:
@@ -537,10 +640,13 @@ class EngineHome:
 
     def update_json(self, path: Path, change: Callable[[Any], Any], default: Any) -> Any:
         """Read-modify-write under the path's lock; `change` returns the new document."""
-        with self.locked(self.lock_for(path)):
-            document = self.read_json(path, default)
+        with self.guarded(path) as folder:
+            try:
+                document = json.loads(_read_at(folder, path))
+            except FileNotFoundError:
+                document = default
             updated = change(document)
-            self._replace(path, json.dumps(updated, indent=1, sort_keys=True).encode())
+            self._replace(folder, path, json.dumps(updated, indent=1, sort_keys=True).encode())
             return updated
 
     # Fleet ------------------------------------------------------------------
@@ -566,11 +672,11 @@ class EngineHome:
 
     def update_fleet(self, change: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]) -> list[dict[str, Any]]:
         """Read-modify-write of the fleet under its lock; an unreadable fleet file is never overwritten."""
-        with self.locked(self.fleet_lock):
+        with self.guarded(self.fleet_path) as folder:
             document = _fleet_document(self.fleet_path)
             rows = change(list(document["agents"]))
-            self._replace(self.fleet_path, json.dumps({**document, "version": 1, "agents": rows},
-                                                      indent=1, sort_keys=True).encode())
+            self._replace(folder, self.fleet_path, json.dumps({**document, "version": 1, "agents": rows},
+                                                              indent=1, sort_keys=True).encode())
             return rows
 
     def inspect_jsonl(self, path: Path) -> UnreadableEngineFile | None:
@@ -668,9 +774,10 @@ class EngineHome:
                 continue
             # Never recreate a folder that was deleted meanwhile (an erased conversation's); a
             # lock that is not a regular file (a link, a FIFO) is not taken, its temporary left.
-            with contextlib.suppress(FileNotFoundError, UnsafeEnginePath), self._lock(self.lock_for(target)):
-                if _is_regular(tmp):
-                    os.unlink(tmp)
+            with (contextlib.suppress(FileNotFoundError, UnsafeEnginePath), opened_folder(tmp.parent) as folder,
+                  self._lock(folder, self.lock_for(target))):
+                if _is_regular_at(folder, tmp.name):
+                    os.unlink(tmp.name, dir_fd=folder)
                     removed += 1
         return removed
 

@@ -36,6 +36,7 @@ from lifecycle.enginefs import (
     _fleet_document,
     _fleet_rows,
     _fleet_rows_seen,
+    remove_regular,
 )
 from lifecycle.fence import refusal
 from lifecycle.models import Conversation, ConversationState
@@ -133,11 +134,11 @@ def _without_fenced(rows: list[Row]) -> list[Row]:
 def update_file(home: EngineHome, path: Path, change: Callable[[list[Row]], list[Row]]) -> list[Row]:
     """Read-modify-write of one fleet file under its lock, strictly, with the fence applied."""
 
-    with home.locked(home.lock_for(path)):
+    with home.guarded(path) as folder:
         document = _fleet_document(path)  # strict: an unreadable file is never overwritten
         rows = _without_fenced(change(list(document["agents"])))
         updated = {**document, "version": document.get("version", 1), "agents": rows}
-        home._replace(path, json.dumps(updated, indent=1, sort_keys=True).encode())  # lock held above
+        home._replace(folder, path, json.dumps(updated, indent=1, sort_keys=True).encode())  # lock held above
         return rows
 
 
@@ -188,8 +189,7 @@ def compact(home: EngineHome, path: Path, public_id: str) -> list[Row]:
     # never renamed in, so nothing reads it, but its bytes are there): removed under the lock.
     with home.locked(home.lock_for(path)):
         for stale in home.stale_temporaries(path):
-            with contextlib.suppress(FileNotFoundError):
-                stale.unlink()
+            remove_regular(stale)
     # The fence keeps new rows of this conversation out, so a read that finds none is final.
     if not children(read_rows(path), _Target(public_id)):
         return []

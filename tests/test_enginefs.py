@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import errno
 import fcntl
 import json
@@ -15,7 +17,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from lifecycle.enginefs import EngineHome, InvalidStorageKey, UnreadableEngineFile, UnsafeEnginePath
+from lifecycle.enginefs import (
+    EngineHome,
+    EnginePathError,
+    InvalidStorageKey,
+    UnreadableEngineFile,
+    UnsafeEnginePath,
+)
 
 A = "c_" + "a" * 20
 B = "c_" + "b" * 20
@@ -408,6 +416,99 @@ def test_a_fleet_folder_that_is_a_link_is_never_written_through(tmp_path, never_
     with pytest.raises(UnsafeEnginePath):
         home.update_fleet(lambda rows: [{"agent_id": "sa_1"}])
     assert names(elsewhere) == []  # no lock, no temporary, no fleet file written there
+
+
+def _exchange(a: Path, b: Path) -> None:
+    """renameat2(RENAME_EXCHANGE): one atomic swap of a folder and a symlink."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.renameat2(-100, bytes(a), -100, bytes(b), 2) != 0:
+        raise OSError(ctypes.get_errno(), "renameat2")
+
+
+def _swap_until(stop, started, real: str, link: str) -> None:
+    while not stop.is_set():
+        _exchange(Path(real), Path(link))
+        started.set()
+
+
+@pytest.mark.parametrize("operation", ["append", "write", "recover"])
+def test_nothing_lands_outside_the_engine_folder_while_its_folder_is_swapped_for_a_link(tmp_path, operation):
+    """r6-3. The folder was checked (realpath) and then the file opened by path name: another
+    process swapping the conversation's folder for a link in between had an append (the
+    conversation's text), a whole-file write or a recovery's cut and rename land outside the
+    engine folder. Every step now goes through one folder descriptor, reached without links."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    home = EngineHome(tmp_path / "engine")
+    log = home.events_path(A)
+    home.append_jsonl(log, [{"n": 0}])
+    real = log.parent
+    link = real.with_name(A + ".link")
+    link.symlink_to(outside)
+    # Held open on the log itself, wherever its folder is: adds a torn line before each recovery.
+    writer = os.open(log, os.O_WRONLY | os.O_APPEND)
+    torn = []
+
+    def recover():
+        torn.append(os.write(writer, b'{"torn'))
+        home.recover_torn_tail(real / "events.jsonl")
+
+    run = {"append": lambda: home.append_jsonl(real / "events.jsonl", [{"content": "conversation text"}]),
+           "write": lambda: home.write_atomic(real / "events.jsonl", b'{"content":"conversation text"}\n'),
+           "recover": recover}
+    stop, started = FORK.Event(), FORK.Event()
+    swapper = FORK.Process(target=_swap_until, args=(stop, started, str(real), str(link)), daemon=True)
+    swapper.start()
+    done = 0
+    try:
+        assert started.wait(60)
+        deadline = time.monotonic() + 5  # without the fix something landed outside within a second
+        while time.monotonic() < deadline and not any(outside.iterdir()):
+            with contextlib.suppress(EnginePathError, OSError):
+                run[operation]()
+                done += 1
+    finally:
+        stop.set()
+        swapper.join(10)
+        os.close(writer)
+        if real.is_symlink():
+            _exchange(real, link)
+    assert names(outside) == []
+    assert done > 0 and not real.is_symlink()
+    if operation == "append":  # every append that answered is in the log, whole
+        assert home.read_jsonl(log) == [{"n": 0}] + [{"content": "conversation text"}] * done
+    if operation == "recover":  # every torn line was set aside in the folder, none lost
+        home.recover_torn_tail(log)
+        assert log.read_bytes() == b'{"n":0}\n'
+        aside = sorted(real.glob("events.jsonl.torn-*"), key=lambda p: int(p.name.rsplit("-", 1)[1]))
+        assert b"".join(p.read_bytes() for p in aside) == b'{"torn' * len(torn)
+
+
+def test_the_erasure_never_removes_a_folder_outside_when_a_folder_on_its_way_becomes_a_link(tmp_path, monkeypatch):
+    """The folder was checked and then removed by path name (shutil.rmtree(path)): an area
+    folder swapped for a link in between had the erasure delete the folder of that name
+    outside the engine folder. It is now removed through its parent's descriptor."""
+    from lifecycle.deletion import files
+
+    home = EngineHome(tmp_path / "eng")
+    home.write_atomic(home.artifacts_dir(A) / "out.txt", b"the conversation's")
+    decoy = tmp_path / "outside" / A
+    decoy.mkdir(parents=True)
+    (decoy / "precious.txt").write_bytes(b"not the conversation's")
+    area = home.artifacts_dir(A).parent
+    real_checked = files.checked
+
+    def checked_then_swapped(home, path):
+        found = real_checked(home, path)
+        area.rename(tmp_path / "parked")  # after the check: the area folder moves away
+        area.symlink_to(tmp_path / "outside")  # and a link takes its place
+        return found
+
+    monkeypatch.setattr(files, "checked", checked_then_swapped)
+    with pytest.raises(files.UnsafeFolder):
+        files.remove_folder(home, home.artifacts_dir(A))
+    assert (decoy / "precious.txt").read_bytes() == b"not the conversation's"
+    assert (tmp_path / "parked" / A / "out.txt").read_bytes() == b"the conversation's"
 
 
 @pytest.mark.parametrize("kind", ["link", "fifo"])

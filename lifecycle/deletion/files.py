@@ -2,18 +2,23 @@
 
 Before a folder is removed this module checks, itself, that the path as given is its own
 resolved form (no symlink anywhere between the engine folder and it), that it lies inside
-the resolved ENGINE_HOME, and that it is a real folder. A symlink inside the folder is
-removed as a link, never followed. The parent folder is fsynced after the removal.
+the resolved ENGINE_HOME, and that it is a real folder. The removal and the count then
+reach the folder through its parent's descriptor (`enginefs.opened_folder`, never through a
+link), not by path name again: a folder on the way swapped for a symlink after the check
+cannot turn the removal onto a folder outside. A symlink inside the folder is removed as a
+link, never followed. The parent folder is fsynced after the removal.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
-from lifecycle.enginefs import EngineHome
+from lifecycle.enginefs import EngineHome, UnsafeEnginePath, opened_folder, sync_folder
 
 
 class UnsafeFolder(Exception):
@@ -58,16 +63,28 @@ def usage(home: EngineHome, path: Path) -> tuple[int, int]:
     count = size = 0
     if folder is None:
         return 0, 0
-    for dirpath, _dirs, names in os.walk(folder):
-        for name in names:
-            try:
-                info = os.lstat(os.path.join(dirpath, name))
-            except FileNotFoundError:
-                continue
-            count += 1
-            if stat.S_ISREG(info.st_mode):
-                size += info.st_size
+    with _parent(home, folder) as parent:
+        # fwalk from the parent's descriptor never follows a link (not at the top, not inside).
+        for _dirpath, _dirs, names, at in os.fwalk(folder.name, dir_fd=parent):
+            for name in names:
+                try:
+                    info = os.stat(name, dir_fd=at, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                count += 1
+                if stat.S_ISREG(info.st_mode):
+                    size += info.st_size
     return count, size
+
+
+@contextlib.contextmanager
+def _parent(home: EngineHome, folder: Path) -> Iterator[int]:
+    """A descriptor of the checked folder's parent, reached without following a link."""
+    try:
+        with opened_folder(folder.parent) as parent:
+            yield parent
+    except UnsafeEnginePath:
+        raise UnsafeFolder(_relative(home, folder)) from None
 
 
 def remove_folder(home: EngineHome, path: Path) -> bool:
@@ -75,10 +92,9 @@ def remove_folder(home: EngineHome, path: Path) -> bool:
     folder = checked(home, path)
     if folder is None:
         return False
-    shutil.rmtree(folder)  # removes links inside as links; refuses a symlinked top
-    fd = os.open(folder.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    with _parent(home, folder) as parent:
+        # Relative to the parent's descriptor: removes links inside as links, refuses a
+        # symlinked top, and cannot be redirected by a folder on the way swapped for a link.
+        shutil.rmtree(folder.name, dir_fd=parent)
+        sync_folder(parent)
     return True
