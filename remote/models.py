@@ -129,7 +129,10 @@ class BoundDelete(models.Model):
     completed_at = models.DateTimeField(null=True, blank=True)
     # Completed: this console's copy of the title, gone from its rows, is still in its database's
     # files (pending) until a checkpoint (SQLite) or finish_erasure (PostgreSQL) removes it.
-    physical_state = models.CharField(max_length=8, choices=PhysicalState.choices, default="", blank=True)
+    # A database default too: a server still running older code inserts without it (remote 0005);
+    # a Completed one with "" was acknowledged by such a server and is pending (remote.physical).
+    physical_state = models.CharField(max_length=8, choices=PhysicalState.choices, default="", db_default="",
+                                      blank=True)
     physically_erased_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connection
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from lifecycle.deletion import physical
@@ -42,7 +42,11 @@ def tables() -> list[str]:
 
 
 def waiting() -> QuerySet[BoundDelete]:
-    return BoundDelete.objects.filter(state=BoundDeleteState.COMPLETED, physical_state=PhysicalState.PENDING)
+    """Completed deletes whose copy is still in the files. A Completed one with no physical
+    state was acknowledged by a server still running the code from before remote 0004 (a
+    rolling upgrade; the migration made every earlier one pending): its copy is as pending."""
+    return BoundDelete.objects.filter(Q(physical_state=PhysicalState.PENDING) | Q(physical_state=""),
+                                      state=BoundDeleteState.COMPLETED)
 
 
 def checkpoint() -> int:
@@ -71,9 +75,10 @@ def console_copy(op: BoundDelete) -> dict[str, Any] | None:
     holds it (backups of this console made before the delete, the database's files or log until
     then, the server's WAL files, a WAL archive, the planner's samples where they could not be
     rewritten)."""
-    if op.state != BoundDeleteState.COMPLETED or not op.physical_state:
+    if op.state != BoundDeleteState.COMPLETED:
         return None
     erased = op.physical_state == PhysicalState.ERASED
+    state = PhysicalState.ERASED if erased else PhysicalState.PENDING  # "": acknowledged by older code
     try:
         holders = physical.backups_before(op.completed_at)
     except BackupFolderUnreadable as exc:  # never "no backup": name the folder that cannot be read
@@ -86,5 +91,5 @@ def console_copy(op: BoundDelete) -> dict[str, Any] | None:
             if not may_rewrite_statistics(cursor):
                 holders.append({"kind": "statistics"})
     return {"engine": connection.vendor,
-            "physical": {"state": op.physical_state, "erased_at": iso(op.physically_erased_at)},
+            "physical": {"state": state, "erased_at": iso(op.physically_erased_at)},
             "holders": holders}

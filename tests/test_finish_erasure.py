@@ -269,3 +269,54 @@ def test_on_sqlite_the_minute_sweep_retries_a_bound_deletes_checkpoint_a_reader_
     tasks.sweep()
     op.refresh_from_db()
     assert op.physical_state == m.PhysicalState.ERASED and op.physically_erased_at is not None
+
+
+def test_a_bound_delete_acknowledged_by_older_code_is_physically_pending_until_finish_erasure(capsys, settings):
+    """A rolling upgrade: new code records the request, a server still running the code from
+    before remote 0004 acknowledges it (its UPDATE names no physical_state, which stays ""). The
+    binding and its title are deleted, the title's old rows stay in the files: the delete is
+    physically pending (it was neither, so finish_erasure said no delete was waiting), then
+    erased."""
+    from django.utils import timezone
+
+    from remote import delivery, physical
+    from remote.models import BoundDelete, EngineBinding
+    from tests.scripted_engine import scripted_engine
+
+    title = factories.marker("older-ack-title")[:100]
+    binding = EngineBinding.objects.create(engine_id="c_" + "9" * 20, owner_kind="account", owner_id=1,
+                                           scope="bound", thread_id="t-older-ack", title=title, engine_state="live")
+    with scripted_engine({}) as (url, _seen):
+        settings.ENGINE_URL, settings.ENGINE_TOKEN, settings.ENGINE_RETRIES = url, "t" * 40, 0
+        op = delivery.request_bound_delete(binding, key="older-ack", actor=None)
+    reader = None
+    if connection.vendor == "sqlite":
+        # Keeps the log's frames from being checkpointed meanwhile (the older code tried none).
+        reader = sqlite3.connect(str(connection.settings_dict["NAME"]))
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM remote_enginebinding").fetchone()
+    try:
+        now = timezone.now()
+        BoundDelete.objects.filter(pk=op.pk).update(state="completed", waiting_on="", binding=None,
+                                                    acknowledged_at=now, completed_at=now, receipt={"stores": []})
+        EngineBinding.objects.filter(pk=binding.pk).delete()
+        op.refresh_from_db()
+        assert op.physical_state == ""
+        assert list(physical.waiting()) == [op]
+        copy = physical.console_copy(op)
+        assert copy is not None and copy["physical"] == {"state": "pending", "erased_at": None}
+        assert ("wal" if connection.vendor == "sqlite" else "database_files") in {h["kind"] for h in copy["holders"]}
+        assert title.encode() in _raw_bytes("remote_enginebinding")
+    finally:
+        if reader is not None:
+            reader.rollback()
+            reader.close()
+
+    call_command("finish_erasure", "--json")
+    report = json.loads(capsys.readouterr().out)
+    op.refresh_from_db()
+    assert (report["waiting"], report["erased"], report["still_pending"]) == (1, 1, 0), report
+    assert op.physical_state == m.PhysicalState.ERASED and op.physically_erased_at is not None
+    assert physical.console_copy(op)["physical"]["state"] == "erased"
+    assert title.encode() not in _raw_bytes("remote_enginebinding")
+

@@ -78,3 +78,24 @@ def test_a_measurement_inserted_without_the_engine_problem_columns_gets_their_de
         )
     stored = Measurement.objects.get()
     assert (stored.engine_missing, stored.engine_unreadable) == (False, 0)
+
+
+def test_a_bound_delete_inserted_without_its_physical_columns_gets_their_defaults():
+    """remote 0004 added physical_state (NOT NULL) and physically_erased_at: a server still
+    running older code inserts a bound delete without them."""
+    from remote.models import BoundDelete
+
+    later = {"physical_state", "physically_erased_at"}
+    assert later <= set(_columns(BoundDelete._meta.db_table))
+    op = BoundDelete(key="older-code", binding_ref="b_" + "1" * 20, engine_id="c_" + "1" * 20,
+                     owner_kind="account", owner_id=1, scope="bound", thread_id="t-older", state="pending")
+    fields = [f for f in BoundDelete._meta.concrete_fields if f.column not in later and f.column != "id"]
+    values = [f.get_db_prep_save(f.pre_save(op, True), connection) for f in fields]
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {BoundDelete._meta.db_table} ({', '.join(f.column for f in fields)}) "
+            f"VALUES ({', '.join(['%s'] * len(fields))})",
+            values,
+        )
+    stored = BoundDelete.objects.get(key="older-code")
+    assert (stored.physical_state, stored.physically_erased_at) == ("", None)
