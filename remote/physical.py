@@ -23,7 +23,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
@@ -41,6 +41,11 @@ def tables() -> list[str]:
     return [EngineBinding._meta.db_table]
 
 
+# Pending deletes marked erased per statement after a checkpoint: one SQL variable each, well
+# under SQLite's limit (32,766 on many builds, 999 on old ones).
+ERASED_BATCH = 500
+
+
 def waiting() -> QuerySet[BoundDelete]:
     """Completed deletes whose copy is still in the files. A Completed one with no physical
     state was acknowledged by a server still running the code from before remote 0004 (a
@@ -54,11 +59,17 @@ def checkpoint() -> int:
     erased. Returns how many (0 while a reader keeps it busy: they stay pending)."""
     if connection.vendor != "sqlite":
         return 0
-    pks = list(waiting().values_list("pk", flat=True))
+    # Read before the checkpoint: only these were committed before it (a completion time is
+    # taken before its commit, so no bound on it would tell).
+    pks = list(waiting().order_by("pk").values_list("pk", flat=True))
     if not pks or not physical.checkpoint_sqlite():
         return 0
-    return waiting().filter(pk__in=pks).update(physical_state=PhysicalState.ERASED,
-                                               physically_erased_at=timezone.now())
+    now, erased = timezone.now(), 0
+    with transaction.atomic():
+        for start in range(0, len(pks), ERASED_BATCH):
+            erased += waiting().filter(pk__in=pks[start:start + ERASED_BATCH]).update(
+                physical_state=PhysicalState.ERASED, physically_erased_at=now)
+    return erased
 
 
 def record_compaction(*, started_at: datetime, finished_at: datetime, tables_rewritten) -> int:

@@ -320,3 +320,30 @@ def test_a_bound_delete_acknowledged_by_older_code_is_physically_pending_until_f
     assert physical.console_copy(op)["physical"]["state"] == "erased"
     assert title.encode() not in _raw_bytes("remote_enginebinding")
 
+
+def test_on_sqlite_a_checkpoint_marks_more_pending_bound_deletes_than_sqlite_takes_variables():
+    """remote 0004 made every completed bound delete pending; marking them erased named each in
+    one statement: past 32,766 SQL variables (the default limit of many SQLite builds) every
+    checkpoint failed with "too many SQL variables" and none was ever erased."""
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's variable limit")
+    from django.utils import timezone
+
+    from remote import physical
+    from remote.models import BoundDelete
+
+    now = timezone.now()
+    BoundDelete.objects.bulk_create([
+        BoundDelete(key=f"k-{i}", public_id=f"bd_{i:020x}", binding_ref=f"b_{i:020x}", engine_id=f"c_{i:020x}",
+                    owner_kind="account", owner_id=1, scope="bound", thread_id=f"t{i}", state="completed",
+                    receipt={"stores": []}, acknowledged_at=now, completed_at=now, requested_at=now,
+                    physical_state=m.PhysicalState.PENDING)
+        for i in range(33_000)
+    ], batch_size=500)
+    connection.ensure_connection()
+    saved = connection.connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 32_766)
+    try:
+        assert physical.checkpoint() == 33_000
+    finally:
+        connection.connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, saved)
+    assert BoundDelete.objects.filter(physical_state=m.PhysicalState.ERASED).count() == 33_000
