@@ -16,7 +16,8 @@ on the folder so it never removes the file of a run that is still alive.
 What it does not do: fill the disk. A backup keeps `LETHE_DISK_RESERVE_BYTES` (256 MiB) free
 on the backup folder's disk (where the database often lives too, and a database that cannot
 write its log stops): SQLite checks that what is left to copy fits before it starts and at
-every step, PostgreSQL checks the free space while pg_dump writes; either stops with
+every step, PostgreSQL checks the free space while pg_dump writes and once it has exited;
+both check again once the copy is verified, before it is published. Either stops with
 `no_space` and keeps nothing.
 
 What it is not: incremental, encrypted or copied elsewhere. It holds every conversation as it
@@ -200,17 +201,31 @@ def _folder_lock(directory: Path) -> Iterator[None]:
         os.close(fd)
 
 
+def _no_space(directory: Path, free: int, needed: int, reserve: int) -> BackupError:
+    return BackupError("no_space", Message(gettext_noop(
+        "There is not enough free disk space for the backup in %(folder)s: %(free)s free, %(needed)s more "
+        "needed and %(reserve)s kept free for the database. Nothing was kept. Free some space, or set "
+        "LETHE_BACKUP_DIR to a folder on another disk."
+    ), {"folder": directory, "free": Size(free), "needed": Size(needed), "reserve": Size(reserve)}))
+
+
 def _ensure_room(directory: Path, still_to_write: int = 0) -> None:
     """Raise `no_space` unless the folder's disk holds `still_to_write` more bytes with
     DISK_RESERVE_BYTES left free."""
     short = short_of_room(directory, still_to_write)
     if short is not None:
-        free, reserve = short
-        raise BackupError("no_space", Message(gettext_noop(
-            "There is not enough free disk space for the backup in %(folder)s: %(free)s free, %(needed)s more "
-            "needed and %(reserve)s kept free for the database. Nothing was kept. Free some space, or set "
-            "LETHE_BACKUP_DIR to a folder on another disk."
-        ), {"folder": directory, "free": Size(free), "needed": Size(still_to_write), "reserve": Size(reserve)}))
+        raise _no_space(directory, short[0], still_to_write, short[1])
+
+
+def _ensure_room_kept(copy: Path) -> None:
+    """Raise `no_space` when the disk that holds `copy`, written, is below DISK_RESERVE_BYTES
+    free: a PostgreSQL archive written between two checks (a small database, all of it), or
+    something else that wrote meanwhile. The figures are the disk's without the copy, which the
+    caller discards: free with its size added back, and its size needed."""
+    short = short_of_room(copy.parent, 0)
+    if short is not None:
+        size = copy.stat().st_size
+        raise _no_space(copy.parent, short[0] + size, size, short[1])
 
 
 def _remove_leftovers(directory: Path) -> None:
@@ -372,6 +387,7 @@ def create_backup(*, should_cancel: Callable[[], bool] = lambda: False, progress
             faults.kill_point("tool-backup-copied")  # crash tests: a whole copy, not published
             if should_cancel():
                 raise _Cancelled
+            _ensure_room_kept(temp)  # the disk may have filled up while the copy was verified
             temp.chmod(0o600)
             _fsync_file(temp)
             os.replace(temp, final)
@@ -628,6 +644,7 @@ def _dump_postgresql(temp: Path, should_cancel: Callable[[], bool], progress: Pr
     code, errors = _run(args, env, should_cancel, tick)
     if code != 0:
         raise BackupError("dump_failed", Message(gettext_noop("pg_dump failed: %(error)s"), {"error": errors or code}))
+    _ensure_room_kept(temp)  # written whole between two ticks, or after the last one
 
 
 def _check_postgresql(path: Path, database: str, should_cancel: Callable[[], bool], *, every_table: bool = True) -> None:

@@ -307,6 +307,73 @@ def test_it_does_not_start_without_room_for_the_copy_and_keeps_nothing(folder, s
     assert create_backup().size > 0
 
 
+@pytest.fixture
+def small_disk(folder, monkeypatch):
+    """The backup folder on a disk of its own (the reviewer's idea): `small_disk(capacity)`
+    makes its free space `capacity` less what the folder's files hold, as a real disk would
+    show it while a copy grows there."""
+    import shutil
+
+    real = shutil.disk_usage
+
+    def disk_usage(path):
+        if Path(path).resolve().is_relative_to(folder):
+            used = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+            return real(path)._replace(free=max(0, capacity[0] - used))
+        return real(path)
+
+    capacity = [0]
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
+    return lambda size: capacity.__setitem__(0, size)
+
+
+def test_a_dump_written_whole_between_two_checks_is_not_published_below_the_reserve(folder, settings, small_disk,
+                                                                                    monkeypatch):
+    """r7-5a: pg_dump's room is checked while it runs (every POLL_SECONDS); a small database is
+    dumped whole between two checks, and the disk was then below the reserve. Checked once more
+    once it has exited: nothing kept, no_space with the disk's figures without the copy."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite checks the pages left to copy before it starts and at every step")
+    fill(messages=200, size=2000)
+    folder.mkdir(mode=0o700)
+    small_disk(10_000_000)
+    settings.DISK_RESERVE_BYTES = 10_000_000 - 4096  # 4 KB to spare above it: the archive is larger
+    real_run = backups._run
+    # pg_dump exits before its first check (no check at all while it runs)
+    monkeypatch.setattr(backups, "_run", lambda args, env, should_cancel, on_tick=None: real_run(
+        args, env, should_cancel))
+    verified = []
+    monkeypatch.setattr(backups, "_check_postgresql", lambda *args, **kwargs: verified.append(1))
+    with pytest.raises(BackupError) as caught:
+        create_backup()
+    assert caught.value.code == "no_space"
+    assert caught.value.text.msgid.startswith("There is not enough free disk space for the backup in")
+    params = caught.value.text.params
+    assert params["free"].bytes == 10_000_000 and params["reserve"].bytes == 10_000_000 - 4096
+    assert params["needed"].bytes > 4096
+    assert verified == [], "refused once pg_dump exited, before the archive is read back"
+    assert files_in(folder) == [] and list_backups() == []
+
+
+def test_a_disk_that_fills_up_while_the_copy_is_verified_keeps_nothing(folder, settings, monkeypatch):
+    """r7-5a: something else fills the disk while the copy is read back (a whole database can
+    take a while): checked again before it is published, the copy is discarded."""
+    fill(messages=50)
+    name = "_check_sqlite" if connection.vendor == "sqlite" else "_check_postgresql"
+    check = getattr(backups, name)
+
+    def check_then_fill(*args, **kwargs):
+        check(*args, **kwargs)
+        settings.DISK_RESERVE_BYTES = 2**62  # more than any disk here holds
+
+    monkeypatch.setattr(backups, name, check_then_fill)
+    with pytest.raises(BackupError) as caught:
+        create_backup()
+    assert caught.value.code == "no_space"
+    assert "Nothing was kept." in caught.value.message
+    assert files_in(folder) == [] and list_backups() == []
+
+
 def test_a_folder_that_cannot_be_created_fails_with_io_error_naming_it_and_lists_no_backups(settings, tmp_path):
     """Its parent is a file: NotADirectoryError for every user (chmod stops nobody running as
     root). Creating the folder is part of the backup: the same io_error as a failed write."""
