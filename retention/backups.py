@@ -18,7 +18,8 @@ on the backup folder's disk (where the database often lives too, and a database 
 write its log stops): SQLite checks that what is left to copy fits before it starts and at
 every step, PostgreSQL checks the free space while pg_dump writes and once it has exited;
 both check again once the copy is verified, before it is published. Either stops with
-`no_space` and keeps nothing.
+`no_space` and keeps nothing; so does a disk that fills up anyway (a write fails for lack of
+room: something else wrote meanwhile, or SQLite's side files did not fit).
 
 What it is not: incremental, encrypted or copied elsewhere. It holds every conversation as it
 was, including content that a later cleanup or deletion removes; an operator who restores it
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import fcntl
 import glob
 import hashlib
@@ -62,6 +64,13 @@ SQLITE_STEP_PAGES = 1024
 # Where Debian and Ubuntu install the PostgreSQL client tools of each major version.
 PG_BIN_GLOB = "/usr/lib/postgresql/*/bin"
 POLL_SECONDS = 0.1
+# A write that fails with less than this left free above the reserve failed for lack of room
+# (SQLite says only "disk I/O error" when its -shm file cannot grow, pg_dump the system's text).
+FULL_DISK_SLACK = 1 << 20
+# SQLite's primary result codes (the low byte of an extended code)
+SQLITE_IOERR, SQLITE_FULL = 10, 13
+# How pg_dump ends a write that found no room: strerror(ENOSPC) and strerror(EDQUOT), in the C locale
+NO_ROOM_TEXTS = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
 EXTENSIONS = {"sqlite": ".sqlite3", "postgresql": ".dump"}
 NAME_PATTERN = re.compile(r"^lethe-(sqlite|postgresql)-\d{8}T\d{6}Z-[0-9a-f]{6}\.(sqlite3|dump)$")
 TEMP_PREFIX = ".tmp-"
@@ -73,6 +82,9 @@ NOT_WRITTEN = gettext_noop(
     "The backup could not be written in %(folder)s: %(error)s. Nothing was kept. Check that Lethe can create "
     "that folder and write in it, or set LETHE_BACKUP_DIR to another folder.")
 UNREADABLE = gettext_noop("The backup archive could not be read: %(error)s")
+FILLED_UP = gettext_noop(
+    "The disk that holds %(folder)s filled up while the backup was being written. Nothing was kept. Free some "
+    "space, or set LETHE_BACKUP_DIR to a folder on another disk.")
 
 
 class BackupError(CodedError):
@@ -226,6 +238,21 @@ def _ensure_room_kept(copy: Path) -> None:
     if short is not None:
         size = copy.stat().st_size
         raise _no_space(copy.parent, short[0] + size, size, short[1])
+
+
+def _disk_filled(directory: Path) -> bool:
+    """After a failed write: the folder's disk has less than FULL_DISK_SLACK free above the
+    reserve, so the write failed for lack of room (measured before the copy is discarded)."""
+    try:
+        return short_of_room(directory, FULL_DISK_SLACK) is not None
+    except OSError:
+        return False
+
+
+def _filled_up(directory: Path) -> BackupError:
+    """`no_space` for a write that failed for lack of room (the figures at the check before it
+    showed room: the copy's own side files, or another writer, took it)."""
+    return BackupError("no_space", Message(FILLED_UP, {"folder": directory}))
 
 
 def _remove_leftovers(directory: Path) -> None:
@@ -405,7 +432,10 @@ def create_backup(*, should_cancel: Callable[[], bool] = lambda: False, progress
             _discard(temp, final)
             raise
         except BaseException as exc:
+            filled = isinstance(exc, OSError) and exc.errno in {errno.ENOSPC, errno.EDQUOT}
             _discard(temp, final)
+            if filled:
+                raise _filled_up(directory) from exc
             if isinstance(exc, sqlite3.Error):
                 raise BackupError("copy_failed", Message(gettext_noop(
                     "The database could not be copied: %(error)s"), {"error": exc})) from exc
@@ -523,11 +553,24 @@ def _copy_sqlite(temp: Path, should_cancel: Callable[[], bool], progress: Progre
         source.execute("COMMIT")
         # One self-contained file: no -wal beside the copy.
         target.execute("PRAGMA journal_mode=DELETE").fetchone()
+    except sqlite3.Error as exc:
+        # A full disk: SQLITE_FULL, or an I/O error (an -shm file that cannot grow) with no
+        # room left. Measured now, with the partial copy still on the disk.
+        primary = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+        if primary == SQLITE_FULL or (primary == SQLITE_IOERR and _disk_filled(temp.parent)):
+            raise _filled_up(temp.parent) from exc
+        raise
     finally:
         target.close()
         source.close()
+        _remove_side_files(temp)
+
+
+def _remove_side_files(copy: Path) -> None:
+    """The -wal, -shm and -journal files SQLite made beside a copy (the copy is in DELETE mode
+    once whole, so none belongs to a published backup)."""
     for suffix in ("-wal", "-shm", "-journal"):
-        Path(str(temp) + suffix).unlink(missing_ok=True)
+        Path(str(copy) + suffix).unlink(missing_ok=True)
 
 
 def _check_sqlite(path: Path) -> None:
@@ -643,6 +686,11 @@ def _dump_postgresql(temp: Path, should_cancel: Callable[[], bool], progress: Pr
 
     code, errors = _run(args, env, should_cancel, tick)
     if code != 0:
+        # Its own words for a full disk are the system's, in the server's language: the disk
+        # measured before the archive is discarded tells too. Its text is not logged (it can
+        # quote anything the server said).
+        if any(text in errors for text in NO_ROOM_TEXTS) or _disk_filled(temp.parent):
+            raise _filled_up(temp.parent)
         raise BackupError("dump_failed", Message(gettext_noop("pg_dump failed: %(error)s"), {"error": errors or code}))
     _ensure_room_kept(temp)  # written whole between two ticks, or after the last one
 
@@ -682,6 +730,7 @@ def _discard(temp: Path, final: Path) -> None:
     from lifecycle.deletion.physical import forget_backup
 
     temp.unlink(missing_ok=True)
+    _remove_side_files(temp)
     if not _receipt_path(final).exists():
         final.unlink(missing_ok=True)
         # Deletes that completed while it was being made named it as holding their content

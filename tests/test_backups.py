@@ -374,6 +374,149 @@ def test_a_disk_that_fills_up_while_the_copy_is_verified_keeps_nothing(folder, s
     assert files_in(folder) == [] and list_backups() == []
 
 
+def sqlite_copy_fails_on_a_full_disk(monkeypatch) -> None:
+    """What a real full disk did to a SQLite copy (reviewer r7, a tmpfs with a few KB to spare
+    and a reserve of 0): the pages fit, then `PRAGMA journal_mode=DELETE` opens the copy's WAL
+    and fails with SQLITE_IOERR_SHMSIZE, "disk I/O error"; closing the copy could not fold
+    its WAL back either, so its empty -wal and its -shm stayed beside it."""
+
+    class FullDiskConnection(sqlite3.Connection):
+        failed = False
+
+        def execute(self, sql, *args):
+            if sql.startswith("PRAGMA journal_mode"):
+                self.failed = True
+                error = sqlite3.OperationalError("disk I/O error")
+                error.sqlite_errorcode, error.sqlite_errorname = 4874, "SQLITE_IOERR_SHMSIZE"
+                raise error
+            return super().execute(sql, *args)
+
+        def close(self):
+            name = self.execute("PRAGMA database_list").fetchone()[2]
+            super().close()
+            if self.failed:  # as the tmpfs left them
+                Path(name + "-wal").write_bytes(b"")
+                Path(name + "-shm").write_bytes(b"\0" * 4096)
+
+    connect = sqlite3.connect
+
+    def copy_on_a_full_disk(database, *args, **kwargs):
+        if Path(str(database)).name.startswith(backups.TEMP_PREFIX):
+            kwargs["factory"] = FullDiskConnection
+        return connect(database, *args, **kwargs)
+
+    monkeypatch.setattr(backups.sqlite3, "connect", copy_on_a_full_disk)
+
+
+def pg_dump_fails(settings, tmp_path, error: str) -> None:
+    """pg_dump writes part of the archive, then fails with `error` on its stderr."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for tool in ("pg_dump", "pg_restore"):
+        script = tools / tool
+        script.write_text(
+            "#!/bin/sh\n"
+            f'if [ "$1" = --version ]; then echo "{tool} (PostgreSQL) {connection.pg_version // 10000}"; exit 0; fi\n'
+            'for a in "$@"; do case "$a" in --file=*) head -c 65536 /dev/zero > "${a#--file=}";; esac; done\n'
+            f"echo '{error}' >&2\nexit 1\n")
+        script.chmod(0o755)
+    settings.LETHE_PG_BIN_DIR = tools
+
+
+def sqlite_database_bytes() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA page_count")
+        pages = cursor.fetchone()[0]
+        cursor.execute("PRAGMA page_size")
+        return pages * cursor.fetchone()[0]
+
+
+@pytest.mark.parametrize("disk", ["full", "roomy"])
+def test_a_sqlite_copy_that_fails_leaves_no_side_files_and_a_full_disk_says_no_space(folder, settings, small_disk,
+                                                                                     monkeypatch, disk):
+    """r7-5b: the copy's -wal and -shm files went only after a copy that worked, so a failed one
+    left them until the next backup; and a full backup disk read "The database could not be
+    copied: disk I/O error", as if the database were failing."""
+    if connection.vendor != "sqlite":
+        pytest.skip("pg_dump's failures: test_a_dump_that_fills_its_disk_says_no_space_in_the_readers_words")
+    fill(messages=50)
+    folder.mkdir(mode=0o700)
+    settings.DISK_RESERVE_BYTES = 0
+    small_disk(sqlite_database_bytes() + 8192 if disk == "full" else 2**40)
+    sqlite_copy_fails_on_a_full_disk(monkeypatch)
+    with pytest.raises(BackupError) as caught:
+        create_backup()
+    assert files_in(folder) == [] and list_backups() == []
+    if disk == "full":
+        assert caught.value.code == "no_space"
+        assert caught.value.message == (
+            f"The disk that holds {folder} filled up while the backup was being written. Nothing was kept. Free "
+            "some space, or set LETHE_BACKUP_DIR to a folder on another disk.")
+    else:  # room enough: an I/O error is the database's or the disk's, not a lack of room
+        assert caught.value.code == "copy_failed"
+
+
+@pytest.mark.parametrize(("error", "disk", "code"), [
+    ("pg_dump: error: could not write to output file: No space left on device", "roomy", "no_space"),
+    # the system's words in the server's language: the disk, measured before the archive goes, tells
+    ("pg_dump: error: no se pudo escribir al archivo de salida: No queda espacio en el dispositivo", "full",
+     "no_space"),
+    ("pg_dump: error: connection to server failed", "roomy", "dump_failed"),
+])
+def test_a_dump_that_fills_its_disk_says_no_space_in_the_readers_words(folder, settings, tmp_path, small_disk,
+                                                                        error, disk, code):
+    """r7-6: with a reserve of 0, a dump that filled the disk failed with pg_dump's English text
+    ("pg_dump failed: ... No space left on device"), in any reader's language."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite: test_a_sqlite_copy_that_fails_leaves_no_side_files_and_a_full_disk_says_no_space")
+    fill(messages=5)
+    folder.mkdir(mode=0o700)
+    settings.DISK_RESERVE_BYTES = 0
+    small_disk(65536 + 1000 if disk == "full" else 2**40)
+    pg_dump_fails(settings, tmp_path, error)
+    with pytest.raises(BackupError) as caught:
+        create_backup()
+    assert caught.value.code == code
+    assert files_in(folder) == [] and list_backups() == []
+    if code == "no_space":
+        assert caught.value.text.msgid == backups.FILLED_UP and "pg_dump" not in caught.value.message
+        with translation.override("es"):
+            assert caught.value.message.startswith(f"El disco que contiene {folder} se llenó")
+
+
+def test_a_backup_job_on_a_full_disk_stores_no_space_and_keeps_nothing(admin_user, folder, settings, tmp_path,
+                                                                      small_disk, monkeypatch):
+    """The preparation's backup job on a full backup disk (a reserve of 0): the operation and
+    the preparation store no_space, said in the reader's language, and the folder holds nothing
+    of the copy."""
+    from retention import service
+    from retention.errors import said
+    from retention.models import ToolPayloadOperation, ToolPayloadPolicy
+    from tests.test_tool_payload_jobs import enable, run
+
+    fill(messages=20)
+    folder.mkdir(mode=0o700)
+    settings.DISK_RESERVE_BYTES = 0
+    if connection.vendor == "sqlite":
+        small_disk(sqlite_database_bytes() + 8192)
+        sqlite_copy_fails_on_a_full_disk(monkeypatch)
+    else:
+        small_disk(2**40)
+        pg_dump_fails(settings, tmp_path, "pg_dump: error: could not write to output file: No space left on device")
+    enable(admin_user, choice="create")
+    op = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert (op.kind, op.state, op.error_code) == ("backup", "failed", "no_space")
+    assert json.loads(op.error_message)["msgid"] == backups.FILLED_UP
+    policy = ToolPayloadPolicy.load()
+    assert policy.preparation_state == "failed" and policy.preparation_error == op.error_message
+    with translation.override("es"):
+        assert said(op.error_message) == (
+            f"El disco que contiene {folder} se llenó mientras se escribía la copia de seguridad. No se conservó "
+            "nada. Libere espacio o defina LETHE_BACKUP_DIR con una carpeta en otro disco.")
+    assert files_in(folder) == [] and list_backups() == []
+    assert not ToolPayloadOperation.objects.filter(kind="cleanup").exists()
+
+
 def test_a_folder_that_cannot_be_created_fails_with_io_error_naming_it_and_lists_no_backups(settings, tmp_path):
     """Its parent is a file: NotADirectoryError for every user (chmod stops nobody running as
     root). Creating the folder is part of the backup: the same io_error as a failed write."""
