@@ -55,7 +55,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
 from lifecycle import faults
-from retention.errors import BackupFolderUnreadable, CodedError, Message, Size, os_reason
+from retention.errors import BackupFolderUnreadable, CodedError, Message, os_reason, sizes_short
 from retention.storage import short_of_room
 
 # Pages copied per step of the SQLite online backup: small enough that cancel and progress
@@ -214,11 +214,12 @@ def _folder_lock(directory: Path) -> Iterator[None]:
 
 
 def _no_space(directory: Path, free: int, needed: int, reserve: int) -> BackupError:
+    free_size, needed_size, reserve_size = sizes_short(free, needed, reserve)
     return BackupError("no_space", Message(gettext_noop(
         "There is not enough free disk space for the backup in %(folder)s: %(free)s free, %(needed)s more "
         "needed and %(reserve)s kept free for the database. Nothing was kept. Free some space, or set "
         "LETHE_BACKUP_DIR to a folder on another disk."
-    ), {"folder": directory, "free": Size(free), "needed": Size(needed), "reserve": Size(reserve)}))
+    ), {"folder": directory, "free": free_size, "needed": needed_size, "reserve": reserve_size}))
 
 
 def _ensure_room(directory: Path, still_to_write: int = 0) -> None:

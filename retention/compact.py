@@ -31,7 +31,7 @@ from django.db import OperationalError, connection
 from django.utils.translation import gettext_noop
 
 from lifecycle import faults
-from retention.errors import CodedError, Message, Size
+from retention.errors import CodedError, Message, sizes_short
 from retention.storage import database_size, short_of_room, sqlite_pages
 
 # SQLite's own search order on Unix after its two environment variables (only measured here)
@@ -134,7 +134,8 @@ def _check_free_space(cursor) -> None:
         short = short_of_room(folder, needed)
         if short is not None:
             free, reserve = short
+            free_size, needed_size, reserve_size = sizes_short(free, needed, reserve)
             raise CompactError("no_space", Message(gettext_noop(
                 "Compacting needs about %(needed)s of free space in %(folder)s and %(reserve)s to spare; "
                 "%(free)s is free. Nothing was changed."
-            ), {"needed": Size(needed), "folder": folder, "reserve": Size(reserve), "free": Size(free)}))
+            ), {"needed": needed_size, "folder": folder, "reserve": reserve_size, "free": free_size}))

@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.template.defaultfilters import filesizeformat
-from django.utils.translation import gettext, gettext_noop
+from django.utils.formats import number_format
+from django.utils.html import avoid_wrapping
+from django.utils.translation import gettext, gettext_noop, ngettext
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +30,33 @@ DETAIL_LIMIT = 1000
 
 @dataclass(frozen=True)
 class Size:
-    """A number of bytes, formatted for the reader ("1.5 MB", "1,5 MB")."""
+    """A number of bytes, formatted for the reader ("1.5 MB", "1,5 MB"), or every byte
+    ("1,048,576 bytes") when `exact` (see `sizes_short`)."""
 
     bytes: int
+    exact: bool = False
 
     def __str__(self) -> str:
-        return filesizeformat(self.bytes)
+        if not self.exact:
+            return filesizeformat(self.bytes)
+        grouped = number_format(self.bytes, force_grouping=True)
+        return avoid_wrapping(ngettext("%(size)s byte", "%(size)s bytes", self.bytes) % {"size": grouped})
+
+
+def _as_shown(count: int) -> float:
+    """The figure `filesizeformat` shows for `count` bytes (one decimal of its unit), in bytes."""
+    for unit in (1 << 50, 1 << 40, 1 << 30, 1 << 20, 1 << 10):
+        if count >= unit:
+            return round(count / unit, 1) * unit
+    return count
+
+
+def sizes_short(free: int, needed: int, reserve: int) -> tuple[Size, Size, Size]:
+    """The free, needed and reserve figures of a refusal for lack of room (free < needed +
+    reserve), rounded as usual unless the rounded figures would not show the shortfall (1.0 MB
+    needed, 1.0 MB free): then every byte of each."""
+    exact = _as_shown(needed) + _as_shown(reserve) <= _as_shown(free)
+    return Size(free, exact), Size(needed, exact), Size(reserve, exact)
 
 
 @dataclass(frozen=True)
@@ -86,7 +109,7 @@ def _detail_json(value: Message | Size | int | str) -> Any:
     if isinstance(value, Message):
         return value.as_json()
     if isinstance(value, Size):
-        return {"bytes": value.bytes}
+        return {"bytes": value.bytes, "exact": True} if value.exact else {"bytes": value.bytes}
     return value
 
 
@@ -94,7 +117,7 @@ def _detail_from_json(value: Any) -> Message | Size | int | str:
     if isinstance(value, dict) and "msgid" in value:
         return Message.from_json(value)
     if isinstance(value, dict) and isinstance(value.get("bytes"), int):
-        return Size(value["bytes"])
+        return Size(value["bytes"], value.get("exact") is True)
     if isinstance(value, int | str) and not isinstance(value, bool):
         return value
     raise ValueError("not a stored detail")

@@ -114,6 +114,41 @@ def test_it_does_not_start_without_room_for_its_copies_and_changes_nothing(setti
     assert compact_database().after_reusable_bytes == 0
 
 
+def test_a_refusal_shows_every_byte_when_the_rounded_figures_would_read_alike(settings, monkeypatch):
+    """r7-6: "Compacting needs about 1.0 MB ... 1.0 MB is free" showed no shortfall; figures that
+    round alike are given to the byte, in the reader's language."""
+    import shutil
+
+    from retention import compact
+    from retention.storage import sqlite_pages
+
+    if connection.vendor != "sqlite":
+        pytest.skip("PostgreSQL's plain VACUUM writes no copy: no room is checked")
+    fill(messages=60, size=2000)
+    monkeypatch.setattr(compact, "sqlite_temp_dir", lambda: None)  # one copy: the WAL beside the database
+    with connection.cursor() as cursor:
+        page_size, pages, free_pages = sqlite_pages(cursor)
+    in_use = (pages - free_pages) * page_size  # whole KB: 10 bytes less shows as the same KB
+    settings.DISK_RESERVE_BYTES = 0
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=in_use - 10))
+    with pytest.raises(CompactError) as caught:
+        compact_database()
+    assert caught.value.code == "no_space"
+    home = Path(str(connection.settings_dict["NAME"])).resolve().parent
+    assert caught.value.message == (
+        f"Compacting needs about {in_use:,}\xa0bytes of free space in {home} and 0\xa0bytes to spare; "
+        f"{in_use - 10:,}\xa0bytes is free. Nothing was changed.")
+    from django.utils import translation
+
+    with translation.override("es"):
+        assert f"hay {in_use - 10:,}\xa0bytes libres".replace(",", "\xa0") in caught.value.message
+    settings.DISK_RESERVE_BYTES = 10 * 2**20  # the reserve shows the shortfall: rounded as usual
+    with pytest.raises(CompactError) as caught:
+        compact_database()
+    assert "10.0\xa0MB to spare" in caught.value.message and "bytes" not in caught.value.message
+
+
 def test_sqlite_puts_its_temporary_copy_where_the_check_looks(tmp_path, monkeypatch):
     """The folder the check measures is the one SQLite writes VACUUM's temporary database to:
     SQLITE_TMPDIR first (read by SQLite once per process, so only the rule is checked here),

@@ -11,7 +11,7 @@ import pytest
 from django.utils import translation
 
 from retention import service
-from retention.errors import Message, Size, os_reason, said
+from retention.errors import Message, Size, os_reason, said, sizes_short
 from retention.models import ToolPayloadOperation, ToolPayloadPolicy
 from tests.test_api_tool_payloads import BASE
 from tests.test_tool_payload_jobs import enable, old_conversation, run
@@ -153,6 +153,25 @@ def test_nested_messages_are_translated_at_every_level_and_read_back_as_stored()
                                 "de hacerse: su suma de comprobación ya no coincide.")
     assert said(stored) == OUTER % {"reason": "The backup copy is damaged: " + INNER}
     assert str(Size(2048)) == "2.0\xa0KB"
+
+
+def test_sizes_of_a_refusal_for_lack_of_room_show_the_shortfall():
+    """Rounded as usual while the rounded figures show that free < needed + reserve; every byte
+    of each when they would read alike (1.0 MB needed, 1.0 MB free); kept so when stored."""
+    mb = 1 << 20
+    assert [str(size) for size in sizes_short(mb + 100, mb + 200, 0)] == [
+        "1,048,676\xa0bytes", "1,048,776\xa0bytes", "0\xa0bytes"]
+    assert [str(size) for size in sizes_short(mb - 100, mb, 0)] == ["1023.9\xa0KB", "1.0\xa0MB", "0\xa0bytes"]
+    assert [str(size) for size in sizes_short(mb, mb // 2 + 10, mb // 2)] == [
+        "1,048,576\xa0bytes", "524,298\xa0bytes", "524,288\xa0bytes"]
+    assert [str(size) for size in sizes_short(mb, 2 * mb, 256 * mb)] == ["1.0\xa0MB", "2.0\xa0MB", "256.0\xa0MB"]
+    message = Message("%(free)s free", {"free": sizes_short(mb + 100, mb + 200, 0)[0]})
+    assert Message.from_json(json.loads(message.stored())) == message
+    assert said(message.stored()) == "1,048,676\xa0bytes free"
+    with translation.override("es"):
+        assert str(Size(1_048_476, exact=True)) == "1\xa0048\xa0476\xa0bytes"
+        assert str(Size(1, exact=True)) == "1\xa0byte"
+    assert Message.from_json({"msgid": "%(free)s", "params": {"free": {"bytes": 5}}}).params["free"] == Size(5)
 
 
 @pytest.mark.parametrize(("stored", "english", "spanish"), [
