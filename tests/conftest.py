@@ -129,3 +129,59 @@ def parses(monkeypatch):
     monkeypatch.setattr(enginefs, "_parsed", {})
     monkeypatch.setattr(enginefs, "_parse_fleet", lambda path, data: seen.append(str(path)) or parse(path, data))
     return seen
+
+
+@pytest.fixture
+def unwritable_engine_folder(monkeypatch, engine_home):
+    """`refuse(errno.EROFS)` (a read-only mount) or `refuse(errno.ENOSPC)` (a full disk): from
+    then on every change in the engine folder fails with that errno, as the kernel's would
+    (opening a file for writing or creating it, making, removing or renaming an entry);
+    reads go on. `refuse(None)` makes it writable again. At the os functions themselves, so
+    whichever way the code opens (a path, or a folder's descriptor) meets it."""
+    import errno as errnos
+
+    writing = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC | getattr(os, "O_TMPFILE", 0)
+    root = os.path.realpath(engine_home)
+    refused: dict[str, int | None] = {"errno": None}
+
+    def inside(path, dir_fd=None) -> bool:
+        if isinstance(path, int):  # a descriptor: the file it is
+            path, dir_fd = os.readlink(f"/proc/self/fd/{path}"), None
+        path = os.fsdecode(path)
+        if dir_fd is not None and not os.path.isabs(path):
+            path = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), path)
+        path = os.path.abspath(path)
+        return path == root or path.startswith(root + os.sep)
+
+    def check(path, dir_fd=None) -> None:
+        code = refused["errno"]
+        if code is not None and inside(path, dir_fd):
+            raise OSError(code, os.strerror(code), os.fsdecode(path) if not isinstance(path, int) else None)
+
+    def guard(name: str, folders: tuple[str, ...] = ("dir_fd",)):
+        real = getattr(os, name)
+
+        def changed(*args, **kwargs):
+            for path, folder in zip(args, folders, strict=False):
+                check(path, kwargs.get(folder))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(os, name, changed)
+
+    real_open = os.open
+
+    def opened(path, flags, mode=0o777, *, dir_fd=None):
+        if flags & writing:
+            check(path, dir_fd)
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "open", opened)
+    for name in ("mkdir", "unlink", "remove", "rmdir"):
+        guard(name)
+    for name in ("rename", "replace", "link"):
+        guard(name, ("src_dir_fd", "dst_dir_fd"))
+
+    def refuse(code: int | None = errnos.EROFS) -> None:
+        refused["errno"] = code
+
+    return refuse

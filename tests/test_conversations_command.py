@@ -91,13 +91,17 @@ def test_a_delete_that_stops_on_an_error_says_why_and_exits_3(engine_home):
     assert "subagent state file cannot be read" in text
 
 
-def test_an_engine_folder_that_cannot_be_written_is_one_line_and_records_nothing(admin_user, engine_home):
+def test_an_engine_folder_that_cannot_be_written_is_unavailable_and_records_no_intent(admin_user, engine_home):
     conversation = factories.make_conversation()
     (engine_home / "state").write_text("a file where the fleet's folder belongs")
-    with pytest.raises(CommandError, match=r"^io_error: .*state.*Nothing more was done"):
-        run("delete", conversation.public_id, "--as", admin_user.username)
-    assert not m.DeleteOperation.objects.exists()
-    assert m.Conversation.objects.filter(pk=conversation.pk).exists()
+    out = io.StringIO()
+    with pytest.raises(SystemExit) as caught:
+        call_command("conversations", "delete", conversation.public_id, "--as", admin_user.username, stdout=out)
+    assert caught.value.code == 2
+    assert "  engine_folder_not_writable: Lethe cannot write in the engine folder (a permission, a file where a " \
+           "folder belongs" in out.getvalue()
+    assert m.DeleteOperation.objects.get().state == "unavailable" and not m.DeleteOperation.objects.intents().exists()
+    assert m.Conversation.objects.get(pk=conversation.pk).state == "live"
 
 
 def test_on_a_console_of_a_remote_engine_it_refuses_and_does_nothing(settings, admin_user):

@@ -1,20 +1,32 @@
 """The engine folder this database uses (lifecycle.engine_folder): a missing or replaced folder
-never lets a delete complete against nothing, nor a check report clean."""
+never lets a delete complete against nothing, nor a check report clean; a folder that cannot be
+written (a read-only mount, a full disk) is a refusal that says which, never a 500."""
 
 from __future__ import annotations
 
+import errno
 import io
+import json
+import os
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.test import Client
+from django_q.models import OrmQ
 
-from lifecycle import engine_folder
+from lifecycle import engine_folder, fleet
 from lifecycle import models as m
+from lifecycle.actions.append_log import append_log
+from lifecycle.actions.recover_torn_logs import recover_all_torn_logs
 from lifecycle.actions.request_deletion import request_deletion
+from lifecycle.actions.resolve_subagent import resolve_subagent
+from lifecycle.actions.write_artifact import write_artifact
 from lifecycle.deletion import executor, verify
+from lifecycle.deletion.admission import admit
 from lifecycle.deletion.errors import error_message
 from lifecycle.enginefs import EngineHome
+from lifecycle.errors import ActionRefused
 from ops.health import check_engine_folder
 from tests import factories
 
@@ -350,3 +362,180 @@ def test_a_mark_that_is_a_link_or_a_fifo_is_no_mark_and_is_never_waited_on(engin
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
     assert refused.value.reason == "unmarked"
+
+
+# ---- A folder that cannot be written: a read-only mount, a full disk ------------------------
+
+
+@pytest.mark.parametrize(("errno_", "code", "words"), [
+    (errno.EROFS, "engine_folder_read_only", "The engine folder is on a read-only disk"),
+    (errno.ENOSPC, "engine_folder_full", "The engine folder's disk is full"),
+    (errno.EACCES, "engine_folder_not_writable", "Lethe cannot write in the engine folder"),
+])
+def test_a_delete_in_a_folder_it_cannot_write_is_unavailable_by_its_errno_and_records_no_intent(
+        api, unwritable_engine_folder, errno_, code, words):
+    """The fleet's lock files are opened for writing before admission: a read-only or full
+    engine folder made every Delete a 500 (the OSError reached the view)."""
+    conversation = factories.make_conversation(title="Asked on a read-only disk")
+    unwritable_engine_folder(errno_)
+    api.raise_request_exception = False
+    answer = api.delete(f"/v1/threads/{conversation.public_id}", HTTP_IDEMPOTENCY_KEY=f"k-{code}")
+    assert answer.status_code == 409, answer.content
+    body = answer.json()
+    assert (body["code"], body["outcome"]) == (code, "unavailable") and body["message"].startswith(words)
+    op = m.DeleteOperation.objects.get(public_id=body["operation"])
+    assert (op.state, op.reason, op.reasons) == ("unavailable", code, [code])
+    conversation.refresh_from_db()
+    assert conversation.state == m.ConversationState.LIVE
+    assert not m.DeleteOperation.objects.intents().exists() and not m.DeletionFence.objects.exists()
+    assert not OrmQ.objects.exists()  # no erasure job
+    unwritable_engine_folder(None)  # writable again: a new key asks again
+    assert api.delete(f"/v1/threads/{conversation.public_id}", HTTP_IDEMPOTENCY_KEY="k-again").status_code == 202
+
+
+def test_the_screen_says_why_a_delete_on_a_read_only_folder_cannot_start(admin_user, unwritable_engine_folder):
+    conversation = factories.make_conversation(title="Deleted from the screen")
+    client = Client(raise_request_exception=False)
+    client.force_login(admin_user)
+    page = client.get(f"/conversations/{conversation.public_id}/delete/")
+    key = page.content.decode().split('name="key" value="', 1)[1].split('"', 1)[0]
+    unwritable_engine_folder(errno.EROFS)
+    answer = client.post(f"/conversations/{conversation.public_id}/delete/", {"key": key}, follow=True)
+    assert answer.status_code == 200
+    assert "The engine folder is on a read-only disk" in answer.content.decode()
+    op = m.DeleteOperation.objects.get()
+    assert (op.state, op.reason) == ("unavailable", "engine_folder_read_only")
+    assert m.Conversation.objects.get(pk=conversation.pk).state == m.ConversationState.LIVE
+    # Spanish too, from the stored code
+    client.cookies["django_language"] = "es"
+    shown = client.get(f"/operations/{op.public_id}/", HTTP_ACCEPT_LANGUAGE="es").content.decode()
+    assert "La carpeta del motor está en un disco de solo lectura" in shown
+
+
+def test_a_first_delete_that_cannot_write_the_folders_mark_is_unavailable_too(engine_home, unwritable_engine_folder):
+    """A database from before the mark writes it at its first delete (and the preview's check)."""
+    target = factories.make_conversation(title="First delete")
+    append_log(target, log="events", records=[{"type": "turn.started"}])  # its files are here: taken
+    forget_the_mark(engine_home)
+    unwritable_engine_folder(errno.ENOSPC)
+    assert admit(target).reasons == ["engine_folder_full"]
+    op = request_deletion(target, key="k-no-mark", acting_user=None)
+    assert (op.state, op.reason) == ("unavailable", "engine_folder_full")
+    assert engine_folder.recorded() is None and not (engine_home / engine_folder.MARK_NAME).exists()
+
+
+def test_a_delete_stopped_by_a_read_only_or_full_folder_says_which_and_goes_on_once_it_is_writable(
+        unwritable_engine_folder):
+    target = factories.make_conversation(title="Erased on a full disk")
+    factories.fill_every_store(target)
+    op = request_deletion(target, key="k-stopped", acting_user=None)
+    assert op.state == "pending"
+    for errno_, code, words in ((errno.EROFS, "engine_folder_read_only", "it is on a read-only disk"),
+                                (errno.ENOSPC, "engine_folder_full", "its disk is full")):
+        unwritable_engine_folder(errno_)
+        assert executor.run_erasure(op.pk, force=True) == "pending"
+        op.refresh_from_db()
+        assert op.last_error == code
+        assert error_message(code).startswith(f"The engine folder could not be changed: {words}.")
+        assert files_of(target)  # nothing of the folder was changed
+    unwritable_engine_folder(errno.EIO)  # another errno: as before
+    assert executor.run_erasure(op.pk, force=True) == "pending"
+    op.refresh_from_db()
+    assert op.last_error == "io_error"
+    unwritable_engine_folder(None)
+    assert executor.run_erasure(op.pk, force=True) == "completed"
+    assert files_of(target) == []
+
+
+def test_resolving_a_subagent_row_on_a_full_disk_is_a_refusal_that_says_so(api, admin_user, unwritable_engine_folder):
+    conversation = factories.make_conversation(days_idle=1)
+    fleet.write_snapshot([{"agent_id": "sa_old", "origin": None, "status": "completed", "delivery": "settled",
+                           "started_at": conversation.created_at.isoformat(), "finished_at": None}])
+    before = EngineHome().fleet_path.read_bytes()
+    unwritable_engine_folder(errno.ENOSPC)
+    api.raise_request_exception = False
+    answer = api.post("/v1/subagents/sa_old/resolve", data=json.dumps({"action": "clear"}),
+                      content_type="application/json")
+    assert answer.status_code == 409, answer.content
+    assert answer.json() == {"code": "engine_folder_full", "message": "The engine folder could not be written: no "
+                             "space is left on the disk. Ask again once it can be."}
+    with pytest.raises(CommandError) as refused:
+        call_command("conversations", "resolve-subagent", "sa_old", "--clear", "--as", "alice", stdout=io.StringIO())
+    assert str(refused.value) == ("engine_folder_full: The engine folder could not be written: no space is left "
+                                  "on the disk. Ask again once it can be.")
+    assert "permissions" not in str(refused.value)
+    assert EngineHome().fleet_path.read_bytes() == before
+    assert not m.AuditFact.objects.filter(action__startswith="subagent.").exists()
+
+
+def test_an_attribution_stopped_between_the_two_fleet_files_is_finished_by_its_retry(admin_user, monkeypatch):
+    """The fleet file written, its legacy copy not (the disk filled up in between): the retry
+    finishes the copy instead of refusing the row as one that already names its conversation."""
+    conversation = factories.make_conversation(days_idle=1)
+    row = {"agent_id": "sa_old", "origin": None, "status": "completed", "delivery": "settled",
+           "started_at": conversation.created_at.isoformat(), "finished_at": None}
+    home = EngineHome()
+    fleet.write_snapshot([row])
+    fleet.update_file(home, home.legacy_fleet_path, lambda rows: [*rows, row])
+    update = fleet.update_file
+
+    def full_at_the_copy(home_, path, change):
+        if path == home.legacy_fleet_path:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return update(home_, path, change)
+
+    monkeypatch.setattr(fleet, "update_file", full_at_the_copy)
+    with pytest.raises(ActionRefused) as refused:
+        resolve_subagent("sa_old", action="attribute", conversation=conversation, acting_user=admin_user)
+    assert refused.value.code == "engine_folder_full"
+    assert fleet.origin_of(fleet.read_rows(home.fleet_path)[0]) == conversation.public_id
+    assert fleet.origin_of(fleet.read_rows(home.legacy_fleet_path)[0]) is None
+    monkeypatch.setattr(fleet, "update_file", update)
+    resolve_subagent("sa_old", action="attribute", conversation=conversation, acting_user=admin_user)
+    assert [fleet.origin_of(r) for p in fleet.fleet_files(home) for r in fleet.read_rows(p)] == [
+        conversation.public_id, conversation.public_id]
+    assert m.AuditFact.objects.filter(action="subagent.attributed").count() == 1
+
+
+def test_the_engines_writes_to_a_folder_it_cannot_write_are_refusals(unwritable_engine_folder):
+    conversation = factories.make_conversation(title="Engine writes")
+    home = EngineHome()
+    append_log(conversation, log="events", records=[{"type": "turn.started"}])
+    before = home.events_path(conversation.storage_key).read_bytes()
+    unwritable_engine_folder(errno.EROFS)
+    with pytest.raises(ActionRefused) as refused:
+        append_log(conversation, log="events", records=[{"type": "turn.completed"}])
+    assert (refused.value.code, refused.value.message) == (
+        "engine_folder_read_only", "The engine folder could not be written: the file system is read-only. Ask again "
+        "once it can be.")
+    unwritable_engine_folder(errno.ENOSPC)
+    with pytest.raises(ActionRefused) as refused:
+        write_artifact(conversation, name="output.txt", data=b"x")
+    assert refused.value.code == "engine_folder_full"
+    assert home.events_path(conversation.storage_key).read_bytes() == before
+    assert not (home.artifacts_dir(conversation.storage_key) / "output.txt").exists()
+
+
+def test_torn_logs_in_a_read_only_folder_are_left_and_recovery_goes_on(unwritable_engine_folder):
+    conversation = factories.make_conversation(title="Torn")
+    home = EngineHome()
+    append_log(conversation, log="events", records=[{"type": "turn.started"}])
+    events = home.events_path(conversation.storage_key)
+    with events.open("ab") as log:
+        log.write(b'{"torn')
+    unwritable_engine_folder(errno.EROFS)
+    assert recover_all_torn_logs() == 0
+    assert events.read_bytes().endswith(b'{"torn')
+    unwritable_engine_folder(None)
+    assert recover_all_torn_logs() == 1
+
+
+def test_commands_advise_by_errno():
+    from console.management.cli import io_error
+
+    def advice(code: int) -> str:
+        return str(io_error(OSError(code, os.strerror(code), "/srv/engine/x"), "Nothing was done"))
+
+    assert advice(errno.ENOSPC).endswith("Nothing was done; free space on its disk, then try again.")
+    assert advice(errno.EROFS).endswith("Nothing was done; mount it read-write, then try again.")
+    assert advice(errno.EACCES).endswith("Nothing was done; fix the folder's permissions or mount, then try again.")

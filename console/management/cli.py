@@ -8,6 +8,7 @@ status is the refusal's (1, or 2 where the command says so)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 
@@ -32,11 +33,18 @@ class JsonErrors:
             raise SystemExit(exc.returncode) from None
 
 
+# What to do about a folder that could not be written, by errno (the fix differs).
+_FIX = {errno.EROFS: "mount it read-write", errno.ENOSPC: "free space on its disk",
+        errno.EDQUOT: "free space within its disk quota"}
+
+
 def io_error(exc: OSError, outcome: str, *, returncode: int = 1) -> CommandError:
     """One line, not a traceback, for a file or folder of the engine folder that could not be
-    read or written (a read-only mount, another user's folder); `outcome` says what was not done."""
-    return CommandError(f"io_error: {exc.filename or settings.ENGINE_HOME}: {exc.strerror or exc}. {outcome}; fix "
-                        "the folder's permissions or mount, then try again.", returncode=returncode)
+    read or written (a read-only mount, a full disk, another user's folder); `outcome` says
+    what was not done, and the advice fits the error."""
+    fix = _FIX.get(exc.errno, "fix the folder's permissions or mount")
+    return CommandError(f"io_error: {exc.filename or settings.ENGINE_HOME}: {exc.strerror or exc}. {outcome}; "
+                        f"{fix}, then try again.", returncode=returncode)
 
 
 def require_lethe_tables() -> None:

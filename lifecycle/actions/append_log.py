@@ -5,7 +5,7 @@ from typing import Any
 from django.db import transaction
 
 from lifecycle.enginefs import EngineHome
-from lifecycle.errors import ActionRefused
+from lifecycle.errors import ActionRefused, engine_folder_refusal
 from lifecycle.fence import lock_writable
 from lifecycle.models import Conversation
 
@@ -26,4 +26,7 @@ def append_log(conversation: Conversation, *, log: str, records: list[dict[str, 
         locked = lock_writable(conversation)
         key = locked.storage_key
         path = home.events_path(key) if log == "events" else home.receipts_path(key)
-        home.append_jsonl(path, records)
+        try:
+            home.append_jsonl(path, records)
+        except OSError as error:  # a read-only or full engine folder (the append left no torn line)
+            raise engine_folder_refusal(error) from None

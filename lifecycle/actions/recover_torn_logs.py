@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import errno
+import logging
 import os
 from pathlib import Path
 
@@ -9,6 +11,8 @@ from lifecycle.enginefs import EngineHome, EnginePathError, UnsafeEnginePath, op
 from lifecycle.errors import ActionRefused
 from lifecycle.fence import lock_writable
 from lifecycle.models import Conversation
+
+log = logging.getLogger(__name__)
 
 
 def _logs(home: EngineHome, conversation: Conversation) -> list[Path]:
@@ -55,4 +59,7 @@ def recover_all_torn_logs(*, home: EngineHome | None = None) -> int:
             continue  # a delete intent arrived meanwhile; the erasure owns the folder now
         except EnginePathError:
             continue  # a symlink on the way or a log that is not a regular file: never written through
+        except OSError as error:  # a read-only or full engine folder: the other logs, and recovery, go on
+            log.warning("torn log of %s not set aside: %s", conversation.public_id,
+                        errno.errorcode.get(error.errno, type(error).__name__))
     return recovered

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
 import re
 
 from django.db import IntegrityError, transaction
@@ -15,7 +17,7 @@ from lifecycle.deletion.admission import Admission, admit
 from lifecycle.deletion.plan import step_keys, stores_by_key
 from lifecycle.deletion.stores import measure
 from lifecycle.enginefs import EngineHome
-from lifecycle.errors import ActionRefused
+from lifecycle.errors import ActionRefused, engine_folder_code
 from lifecycle.models import (
     Conversation,
     ConversationState,
@@ -26,6 +28,8 @@ from lifecycle.models import (
     OperationKey,
     StepState,
 )
+
+log = logging.getLogger(__name__)
 
 # Printable ASCII, no spaces: what the API publishes as the Idempotency-Key's pattern too.
 KEY_PATTERN = "^[!-~]{1,200}$"
@@ -106,12 +110,19 @@ def _request(conversation: Conversation, key: str, acting_user, home: EngineHome
     # then guards.
     # Checked before the fleet's locks are taken: taking them makes their folders, and would
     # put an empty engine folder where the database's is missing (lifecycle.engine_folder).
+    # A folder it cannot write (a read-only mount, a full disk: the locks are files, and a
+    # first delete writes the folder's mark) is Unavailable too, by its errno, never a 500.
     try:
         engine_folder.check(home)
-    except engine_folder.EngineFolderUnavailable:
-        admission = Admission(reasons=[reasons.ENGINE_FOLDER_UNAVAILABLE])
-    else:
         held.enter_context(fleet.locked_files(home))
+    except (engine_folder.EngineFolderUnavailable, FileNotFoundError):  # not there (or gone since)
+        admission = Admission(reasons=[reasons.ENGINE_FOLDER_UNAVAILABLE])
+    except OSError as error:
+        # Which file, for the operator (the answer names no path); a lock's name holds no content.
+        log.warning("delete of %s unavailable: %s could not be written (%s)", locked.public_id, error.filename,
+                    errno.errorcode.get(error.errno, type(error).__name__))
+        admission = Admission(reasons=[engine_folder_code(error)])
+    else:
         admission = admit(locked, home)
     if admission.outcome != "admitted":
         operation = DeleteOperation.objects.create(

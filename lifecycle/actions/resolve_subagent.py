@@ -5,7 +5,7 @@ from django.utils.translation import gettext as _
 
 from lifecycle import audit, fleet
 from lifecycle.enginefs import EngineHome
-from lifecycle.errors import ActionRefused
+from lifecycle.errors import ActionRefused, engine_folder_refusal
 from lifecycle.fence import lock_writable
 from lifecycle.models import AuditFact, Conversation
 
@@ -42,7 +42,10 @@ def resolve_subagent(agent_id: str, *, action: str, conversation: Conversation |
             raise ActionRefused("not_found", _("No subagent row has that id."), status=404)
         if action == "attribute" and all(_attributed_to(row, target) for row in found):
             return  # attributed here to this conversation before: nothing to change
-        if any(fleet.origin_of(row) is not None for row in found):
+        # A row this action attributed to this very conversation is no obstacle: a retry after a
+        # write stopped between the two files (a full disk) finishes the other file's rows.
+        if any(fleet.origin_of(row) is not None and not (action == "attribute" and _attributed_to(row, target))
+               for row in found):
             raise ActionRefused(
                 "subagent_not_ambiguous", _("This subagent row already names its conversation; it is not changed here.")
             )
@@ -53,9 +56,12 @@ def resolve_subagent(agent_id: str, *, action: str, conversation: Conversation |
             return [{**r, "origin": {"conversation": target.public_id, "attributed": True}}
                     if r.get("agent_id") == agent_id else r for r in rows]
 
-        for path in fleet.fleet_files(home):
-            if path.exists():
-                fleet.update_file(home, path, change)
+        try:
+            for path in fleet.fleet_files(home):
+                if path.exists():
+                    fleet.update_file(home, path, change)
+        except OSError as error:  # a read-only or full engine folder: a refusal, not a 500
+            raise engine_folder_refusal(error) from None
         audit.record(
             "subagent.attributed" if action == "attribute" else "subagent.cleared",
             actor=acting_user, conversation=target,

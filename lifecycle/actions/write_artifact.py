@@ -6,7 +6,7 @@ from django.db import transaction
 from django.utils.translation import gettext as _
 
 from lifecycle.enginefs import EngineHome
-from lifecycle.errors import ActionRefused
+from lifecycle.errors import ActionRefused, engine_folder_refusal
 from lifecycle.fence import lock_writable
 from lifecycle.models import Conversation
 
@@ -20,4 +20,7 @@ def write_artifact(conversation: Conversation, *, name: str, data: bytes, home: 
     home = home or EngineHome()
     with transaction.atomic():
         locked = lock_writable(conversation)
-        home.write_atomic(home.artifacts_dir(locked.storage_key) / name, data)
+        try:
+            home.write_atomic(home.artifacts_dir(locked.storage_key) / name, data)
+        except OSError as error:  # a read-only or full engine folder (the old file stays whole)
+            raise engine_folder_refusal(error) from None

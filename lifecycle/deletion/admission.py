@@ -8,6 +8,7 @@ from typing import Any
 from lifecycle import engine_folder, fleet
 from lifecycle.deletion import reasons as r
 from lifecycle.enginefs import EngineHome
+from lifecycle.errors import engine_folder_code
 from lifecycle.models import (
     ACTIVE_TURN_STATES,
     ClaimKind,
@@ -61,6 +62,9 @@ def admit(conversation: Conversation, home: EngineHome | None = None, *, cached:
         home = engine_folder.check(home or EngineHome())
     except engine_folder.EngineFolderUnavailable:  # its subagent rows cannot be read: not "none"
         admission.reasons.append(r.ENGINE_FOLDER_UNAVAILABLE)
+        return admission
+    except OSError as error:  # a first use writes the folder's mark: a read-only or full folder
+        admission.reasons.append(engine_folder_code(error))
         return admission
     try:
         rows = [row for _path, row in fleet.all_rows(home, cached=cached)]

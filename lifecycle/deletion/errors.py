@@ -12,6 +12,12 @@ ERRORS = {
         "A folder of this conversation is a symbolic link or leads outside the engine folder, so it was "
         "not removed. The delete stays pending until an operator fixes the folder."),
     "io_error": _("The engine folder could not be changed. The delete stays pending and is retried."),
+    "engine_folder_read_only": _(
+        "The engine folder could not be changed: it is on a read-only disk. The delete stays pending and is "
+        "retried; it goes on once the folder can be written."),
+    "engine_folder_full": _(
+        "The engine folder could not be changed: its disk is full. The delete stays pending and is retried; "
+        "it goes on once that disk has free space."),
     "backup_folder_unreadable": _(
         "The backup folder %(folder)s cannot be read (something that is not a readable folder is at that "
         "path), so the erasure receipt cannot name the backups that still hold this conversation. The delete "

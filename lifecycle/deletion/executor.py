@@ -39,6 +39,7 @@ from lifecycle import audit, engine_folder, faults, fleet
 from lifecycle.deletion import files, fingerprints, physical, plan, stores
 from lifecycle.engine_folder import EngineFolderUnavailable
 from lifecycle.enginefs import EngineHome
+from lifecycle.errors import ENGINE_FOLDER_NOT_WRITABLE, engine_folder_code
 from lifecycle.models import (
     DELETE_TRANSITIONS,
     Conversation,
@@ -174,8 +175,9 @@ def _error_code(exc: BaseException) -> str:
         return "unsafe_path"
     if isinstance(exc, BackupFolderUnreadable):
         return "backup_folder_unreadable"
-    if isinstance(exc, OSError):
-        return "io_error"
+    if isinstance(exc, OSError):  # a read-only or full engine folder says so (what to fix differs)
+        code = engine_folder_code(exc)
+        return "io_error" if code == ENGINE_FOLDER_NOT_WRITABLE else code
     if isinstance(exc, DatabaseError):
         return "database_error"
     return "internal_error"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.utils.translation import gettext_lazy as _
 
+from lifecycle.errors import ENGINE_FOLDER_FULL, ENGINE_FOLDER_NOT_WRITABLE, ENGINE_FOLDER_READ_ONLY
 from lifecycle.models import DeleteState
 
 TURN_ACTIVE = "conversation_turn_active"
@@ -46,6 +47,17 @@ REASONS = {
         "wrong ENGINE_HOME), so this conversation's files and subagent rows cannot be checked. Ask "
         "again once the folder is back, or once an operator who has checked that this is the right folder "
         "confirms it with manage.py engine_folder --adopt.")),
+    # The delete takes the subagent state's locks (files in the engine folder) before anything
+    # is recorded, and erases files there: a folder it cannot write is no place to start.
+    ENGINE_FOLDER_READ_ONLY: (DeleteState.UNAVAILABLE, _(
+        "The engine folder is on a read-only disk, and a delete must change files there, so it cannot "
+        "start. Ask again once the folder can be written.")),
+    ENGINE_FOLDER_FULL: (DeleteState.UNAVAILABLE, _(
+        "The engine folder's disk is full, and a delete must change files there, so it cannot start. "
+        "Ask again once that disk has free space.")),
+    ENGINE_FOLDER_NOT_WRITABLE: (DeleteState.UNAVAILABLE, _(
+        "Lethe cannot write in the engine folder (a permission, a file where a folder belongs, an error of "
+        "its disk), and a delete must change files there, so it cannot start. Ask again once it can.")),
 }
 
 
