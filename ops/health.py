@@ -10,14 +10,18 @@ HTTPS redirect, and `/healthz` never touches the database.
   (else `replaced`: deleted or swapped under the running process, or under the job cluster
   beside it, whose writes would go where nobody reads them), and it, its `-wal` and `-shm` and its
   folder (where WAL makes them) are writable (else `read_only`: a read-only mount, no write
-  permission bit at all, which counts for root too, or none for this process's user).
+  permission bit at all, which counts for root too, or none for this process's user), and
+  that folder's disk has NO_SPACE_BYTES free (else `no_space`: SQLite's writes fail with
+  "database or disk is full" any moment).
   PostgreSQL: not a standby in recovery (`in_recovery`), and new transactions are not
   read-only (`read_only`: `default_transaction_read_only` on in this connection's session,
   from the server, the database or the user, or stored for the database or the user since
   it started, which a connection opened before does not see);
 - engine_folder: a file can be created, written, synced and removed in ENGINE_HOME (an
-  unnamed temporary file, so a probe cut short leaves nothing behind), and it is the folder
-  this database uses (`missing`, `unmarked`, `not_this_folder`: lifecycle.engine_folder);
+  unnamed temporary file, so a probe cut short leaves nothing behind; else `read_only` for a
+  read-only mount or no permission, `no_space` for a full disk, or the errno's name), its disk
+  has NO_SPACE_BYTES free (else `no_space`), and it is the folder this database uses
+  (`missing`, `unmarked`, `not_this_folder`: lifecycle.engine_folder);
 - job_cluster: a job finished on some job cluster within READYZ_HEARTBEAT_SECONDS (every
   cluster runs the `ops-heartbeat` job each minute, so an idle cluster still beats);
 - migrations: none of the project's migrations is unapplied.
@@ -28,7 +32,9 @@ they would open the missing file's path and create an empty database there.
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +47,24 @@ from django.utils import timezone
 from console.sqlite.base import first_identity, first_unwritable
 
 DEFAULT_HEARTBEAT_SECONDS = 300
+# Free bytes under which a disk counts as full: twice what SQLite's -wal grows to between
+# checkpoints (1,000 pages, some 4 MB), so writes fail any moment. Not LETHE_DISK_RESERVE_BYTES
+# (256 MiB), what the jobs that write copies leave free: below that the database still writes,
+# and a server taken out of service for it would answer nothing.
+NO_SPACE_BYTES = 8 * 1024**2
+
+
+def _short_of_space(folder: str | os.PathLike) -> bool:
+    return shutil.disk_usage(folder).free < NO_SPACE_BYTES
+
+
+def _write_error(error: OSError) -> str:
+    """How readiness names a failed write: the fix, not the system's text."""
+    if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return "read_only"
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "no_space"
+    return errno.errorcode.get(error.errno, type(error).__name__) if error.errno else type(error).__name__
 
 
 def check_database() -> dict[str, Any]:
@@ -71,7 +95,9 @@ def _sqlite_file_error() -> str | None:
     for opened in (getattr(connection, "file_identity", None), first_identity(path)):
         if opened is not None and opened != (found.st_dev, found.st_ino):
             return "replaced"
-    return "read_only" if first_unwritable(path) else None
+    if first_unwritable(path):
+        return "read_only"
+    return "no_space" if _short_of_space(os.path.dirname(path)) else None
 
 
 # default_transaction_read_only as stored by ALTER DATABASE / ALTER ROLE ... SET for this
@@ -126,10 +152,15 @@ def check_engine_folder(*, database_ok: bool = True) -> dict[str, Any]:
     root = settings.ENGINE_HOME
     if not os.path.isdir(root):
         return {"ok": False, "error": "missing"}
-    with tempfile.TemporaryFile(dir=root) as probe:
-        probe.write(b"ready")
-        probe.flush()
-        os.fsync(probe.fileno())
+    try:
+        with tempfile.TemporaryFile(dir=root) as probe:
+            probe.write(b"ready")
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as error:
+        return {"ok": False, "error": _write_error(error)}
+    if _short_of_space(root):  # the probe's few bytes fit, the engine's next write may not
+        return {"ok": False, "error": "no_space"}
     # A writable folder that is not the one this database recorded (lifecycle.engine_folder):
     # an empty mount point, another install's folder. Not asked when the database check failed
     # (on SQLite, opening the missing file's path would create an empty database there).

@@ -309,3 +309,53 @@ def test_a_database_made_read_only_is_not_ready_on_connections_opened_before(cli
         other.close()
     assert database_check(client) == (200, {"ok": True})
     assert connection.connection is opened  # all of it on the connection opened before the change
+
+
+def disk_with_free(monkeypatch, folder, free: int) -> None:
+    """The disk holding `folder` has `free` bytes free (others as they are)."""
+    import shutil
+
+    real = shutil.disk_usage
+    folder = os.path.realpath(folder)
+
+    def usage(path):
+        found = real(path)
+        return found._replace(free=free) if os.path.realpath(path) == folder else found
+
+    monkeypatch.setattr(shutil, "disk_usage", usage)
+
+
+@pytest.mark.django_db
+def test_a_sqlite_database_whose_disk_is_full_is_not_ready(client, monkeypatch):
+    """Permissions and read-only mounts were checked, not room: SQLite answers "database or
+    disk is full" to every write while /readyz said ready."""
+    from ops.health import NO_SPACE_BYTES
+
+    sqlite_only()
+    record_run("ops.tasks.heartbeat", success=True, seconds=0.01)
+    folder = Path(connection.settings_dict["NAME"]).parent
+    disk_with_free(monkeypatch, folder, NO_SPACE_BYTES - 1)
+    assert database_check(client) == (503, {"ok": False, "error": "no_space"})
+    disk_with_free(monkeypatch, folder, NO_SPACE_BYTES)
+    assert database_check(client) == (200, {"ok": True})
+
+
+@pytest.mark.django_db
+def test_a_read_only_or_full_engine_folder_is_named_so(client, engine_home, monkeypatch, unwritable_engine_folder):
+    """The write probe's OSError was reported by its class name ("OSError"), the same for a
+    read-only mount and a full disk; and a disk with a few bytes left passed."""
+    import errno
+
+    from ops.health import NO_SPACE_BYTES
+
+    record_run("ops.tasks.heartbeat", success=True, seconds=0.01)
+    for code, error in ((errno.EROFS, "read_only"), (errno.ENOSPC, "no_space"), (errno.EIO, "EIO")):
+        unwritable_engine_folder(code)
+        response = client.get("/readyz")
+        assert response.status_code == 503
+        assert response.json()["checks"]["engine_folder"] == {"ok": False, "error": error}
+    unwritable_engine_folder(None)
+    disk_with_free(monkeypatch, engine_home, NO_SPACE_BYTES - 1)
+    assert client.get("/readyz").json()["checks"]["engine_folder"] == {"ok": False, "error": "no_space"}
+    disk_with_free(monkeypatch, engine_home, NO_SPACE_BYTES)
+    assert client.get("/readyz").status_code == 200
