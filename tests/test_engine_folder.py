@@ -539,3 +539,26 @@ def test_commands_advise_by_errno():
     assert advice(errno.ENOSPC).endswith("Nothing was done; free space on its disk, then try again.")
     assert advice(errno.EROFS).endswith("Nothing was done; mount it read-write, then try again.")
     assert advice(errno.EACCES).endswith("Nothing was done; fix the folder's permissions or mount, then try again.")
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo"])
+def test_a_delete_whose_fleet_lock_is_a_link_or_a_fifo_is_unavailable_not_a_server_error(api, tmp_path, kind):
+    from lifecycle.enginefs import EngineHome
+
+    conversation = factories.make_conversation(title="Odd lock")
+    home = EngineHome()
+    lock = home.lock_for(home.fleet_path)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock.unlink(missing_ok=True)
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"kept")
+    if kind == "link":
+        lock.symlink_to(outside)
+    else:
+        os.mkfifo(lock)
+    api.raise_request_exception = False
+    answer = api.delete(f"/v1/threads/{conversation.public_id}", HTTP_IDEMPOTENCY_KEY=f"k-lock-{kind}")
+    assert answer.status_code == 409, answer.content
+    assert (answer.json()["code"], answer.json()["outcome"]) == ("engine_folder_not_writable", "unavailable")
+    assert not m.DeleteOperation.objects.intents().exists()
+    assert outside.read_bytes() == b"kept"

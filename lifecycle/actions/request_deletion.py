@@ -16,7 +16,7 @@ from lifecycle.deletion import reasons
 from lifecycle.deletion.admission import Admission, admit
 from lifecycle.deletion.plan import step_keys, stores_by_key
 from lifecycle.deletion.stores import measure
-from lifecycle.enginefs import EngineHome
+from lifecycle.enginefs import EngineHome, UnsafeEnginePath
 from lifecycle.errors import ActionRefused, engine_folder_code
 from lifecycle.models import (
     Conversation,
@@ -122,6 +122,10 @@ def _request(conversation: Conversation, key: str, acting_user, home: EngineHome
         log.warning("delete of %s unavailable: %s could not be written (%s)", locked.public_id, error.filename,
                     errno.errorcode.get(error.errno, type(error).__name__))
         admission = Admission(reasons=[engine_folder_code(error)])
+    except UnsafeEnginePath:
+        # A link or a FIFO where a fleet file's lock belongs: never followed nor waited on.
+        log.warning("delete of %s unavailable: a fleet lock is not a regular file", locked.public_id)
+        admission = Admission(reasons=[reasons.ENGINE_FOLDER_NOT_WRITABLE])
     else:
         admission = admit(locked, home)
     if admission.outcome != "admitted":
