@@ -140,7 +140,8 @@ def unwritable_engine_folder(monkeypatch, engine_home):
     whichever way the code opens (a path, or a folder's descriptor) meets it."""
     import errno as errnos
 
-    writing = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC | getattr(os, "O_TMPFILE", 0)
+    writing = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+    tmpfile = getattr(os, "O_TMPFILE", 0)  # (it holds O_DIRECTORY's bit: only the whole of it is a write)
     root = os.path.realpath(engine_home)
     refused: dict[str, int | None] = {"errno": None}
 
@@ -171,7 +172,7 @@ def unwritable_engine_folder(monkeypatch, engine_home):
     real_open = os.open
 
     def opened(path, flags, mode=0o777, *, dir_fd=None):
-        if flags & writing:
+        if flags & writing or (tmpfile and flags & tmpfile == tmpfile):
             check(path, dir_fd)
         return real_open(path, flags, mode, dir_fd=dir_fd)
 
