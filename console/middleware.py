@@ -85,7 +85,7 @@ def trouble_response(request: HttpRequest, exc: BaseException | None) -> HttpRes
     else:  # the plain page, as the 500 page: it renders without the database
         from console.views import plain_page
 
-        response = plain_page("503.html" if code == "database_busy" else "503_full.html", status=503)
+        response = plain_page(code, status=503)
     response["Retry-After"] = str(retry_after)
     return response
 

@@ -72,15 +72,27 @@ def server_error(request: HttpRequest) -> HttpResponse:
         return response
     if is_api_path(request.path):
         return internal_error()
-    return plain_page("500.html", status=500)
+    return plain_page("error", status=500)
 
 
-def plain_page(template: str, *, status: int) -> HttpResponse:
-    """An error page that renders without the database, the session or a signed-in user; its
-    stylesheet is a file (the Content-Security-Policy allows no inline style), left out if
-    even the static files' manifest cannot be read."""
+def plain_page(kind: str, *, status: int) -> HttpResponse:
+    """An error page (`kind`: error, database_busy, database_full) that renders without the
+    database, the session or a signed-in user; its stylesheet is a file (the
+    Content-Security-Policy allows no inline style), left out if even the static files'
+    manifest cannot be read."""
+    heading, message = {
+        "error": (_("Something went wrong"), _(
+            "Lethe could not finish this request. Reload the page to see the current state, then try again.")),
+        "database_busy": (_("The database is busy"), _(
+            "Lethe could not get to the database in time: something holds it, such as a compaction, a backup or "
+            "another long write. Wait a moment, reload the page to see the current state, then try again.")),
+        "database_full": (_("The database's disk is full"), _(
+            "Lethe could not save this: the disk that holds its database is full. An operator must free space on "
+            "that disk; then reload the page to see the current state and try again.")),
+    }[kind]
     try:
         stylesheet = static("css/error.css")
     except Exception:  # noqa: BLE001 (the error page must render whatever broke)
         stylesheet = ""
-    return HttpResponse(loader.get_template(template).render({"stylesheet": stylesheet}), status=status)
+    page = loader.get_template("plain.html").render({"stylesheet": stylesheet, "heading": heading, "message": message})
+    return HttpResponse(page, status=status)

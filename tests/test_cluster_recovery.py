@@ -63,6 +63,14 @@ def worker_pids(cluster) -> list[int]:
     return [int(pid) for pid in re.findall(r"ready for work at (\d+)", cluster.log.read_text())]
 
 
+def busy_worker(cluster, func: str) -> int | None:
+    """The process id of the worker running `func` (from the cluster's log), once one is."""
+    log = cluster.log.read_text()
+    pids = dict(re.findall(r"(Process-\w+) ready for work at (\d+)", log))
+    names = re.findall(rf"(Process-\w+) processing [\w-]+ '{re.escape(func)}'", log)
+    return int(pids[names[0]]) if names and names[0] in pids else None
+
+
 def live(pid: int) -> bool:
     return wchan(pid) != "" and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
@@ -96,13 +104,7 @@ def test_it_takes_jobs_again_after_an_idle_worker_is_killed(cluster):
 def test_it_takes_jobs_again_after_a_busy_worker_is_killed(cluster):
     async_task("tests.jobs.pause", 30)
 
-    def busy() -> int | None:
-        log = cluster.log.read_text()
-        pids = dict(re.findall(r"(Process-\w+) ready for work at (\d+)", log))
-        names = re.findall(r"(Process-\w+) processing [\w-]+ 'tests.jobs.pause'", log)
-        return int(pids[names[0]]) if names and names[0] in pids else None
-
-    pid = wait_for(busy)
+    pid = wait_for(lambda: busy_worker(cluster, "tests.jobs.pause"))
     assert pid, cluster.log.read_text()
     os.kill(pid, signal.SIGKILL)
 
@@ -200,13 +202,7 @@ def test_a_killed_workers_tools_are_collected_and_none_outlives_its_generation(c
     assert wait_for(lambda: pid_file.exists() and pid_file.read_text()), cluster.log.read_text()
     short, long = (int(pid) for pid in pid_file.read_text().split())
 
-    def busy() -> int | None:
-        log = cluster.log.read_text()
-        pids = dict(re.findall(r"(Process-\w+) ready for work at (\d+)", log))
-        names = re.findall(r"(Process-\w+) processing [\w-]+ 'tests.jobs.leave_children'", log)
-        return int(pids[names[0]]) if names and names[0] in pids else None
-
-    worker = wait_for(busy)
+    worker = wait_for(lambda: busy_worker(cluster, "tests.jobs.leave_children"))
     os.kill(worker, signal.SIGKILL)  # replaced alone; its two children are the main process's now
     # The one that ends is collected (not left a zombie); the other runs on, for now.
     assert wait_for(lambda: gone(short), 20), Path(f"/proc/{short}/stat").read_text()

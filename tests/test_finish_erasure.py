@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 from pathlib import Path
@@ -17,6 +18,23 @@ from lifecycle.deletion import executor
 from tests import factories
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@contextlib.contextmanager
+def sqlite_snapshot(table: str):
+    """SQLite: a second connection holds a read snapshot (of `table`) meanwhile, which keeps
+    any checkpoint busy; PostgreSQL: nothing."""
+    if connection.vendor != "sqlite":
+        yield
+        return
+    reader = sqlite3.connect(str(connection.settings_dict["NAME"]))
+    reader.execute("BEGIN")
+    reader.execute(f"SELECT count(*) FROM {table}").fetchone()
+    try:
+        yield
+    finally:
+        reader.rollback()
+        reader.close()
 
 
 def _table_files(table: str) -> list[Path]:
@@ -42,18 +60,9 @@ def test_it_rewrites_the_touched_tables_and_marks_the_receipt_physically_erased(
     factories.add_message(bystander, content=kept)
     op = request_deletion(target, key="finish-1", acting_user=None)
 
-    reader = None
-    if connection.vendor == "sqlite":
-        # A reader's open snapshot keeps the checkpoint busy, so the delete waits for it.
-        reader = sqlite3.connect(str(connection.settings_dict["NAME"]))
-        reader.execute("BEGIN")
-        reader.execute("SELECT count(*) FROM lifecycle_item").fetchone()
-    try:
+    # A reader's open snapshot keeps the checkpoint busy, so the delete waits for it.
+    with sqlite_snapshot("lifecycle_item"):
         assert executor.run_erasure(op.pk) == "completed"
-    finally:
-        if reader is not None:
-            reader.rollback()
-            reader.close()
     op.refresh_from_db()
     assert op.physical_state == m.PhysicalState.PENDING
     assert {h["kind"] for h in op.receipt["holders"]} & {"wal", "database_files"}
@@ -199,18 +208,9 @@ def test_a_bound_delete_keeps_this_consoles_copy_of_the_title_physically_pending
     with scripted_engine({("DELETE", "/v1/threads/"): lambda h: (202, completed)}) as (url, _seen):
         settings.ENGINE_URL, settings.ENGINE_TOKEN, settings.ENGINE_RETRIES = url, "t" * 40, 0
         op = delivery.request_bound_delete(binding, key="console-copy", actor=None)
-        reader = None
-        if connection.vendor == "sqlite":
-            # A reader's open snapshot keeps the acknowledgement's checkpoint busy.
-            reader = sqlite3.connect(str(connection.settings_dict["NAME"]))
-            reader.execute("BEGIN")
-            reader.execute("SELECT count(*) FROM remote_enginebinding").fetchone()
-        try:
+        # A reader's open snapshot keeps the acknowledgement's checkpoint busy.
+        with sqlite_snapshot("remote_enginebinding"):
             assert delivery.deliver(op.pk, budget=5) == "completed"
-        finally:
-            if reader is not None:
-                reader.rollback()
-                reader.close()
     op.refresh_from_db()
     assert not EngineBinding.objects.filter(title=title).exists()
     assert op.physical_state == m.PhysicalState.PENDING and op.physically_erased_at is None
@@ -289,13 +289,8 @@ def test_a_bound_delete_acknowledged_by_older_code_is_physically_pending_until_f
     with scripted_engine({}) as (url, _seen):
         settings.ENGINE_URL, settings.ENGINE_TOKEN, settings.ENGINE_RETRIES = url, "t" * 40, 0
         op = delivery.request_bound_delete(binding, key="older-ack", actor=None)
-    reader = None
-    if connection.vendor == "sqlite":
-        # Keeps the log's frames from being checkpointed meanwhile (the older code tried none).
-        reader = sqlite3.connect(str(connection.settings_dict["NAME"]))
-        reader.execute("BEGIN")
-        reader.execute("SELECT count(*) FROM remote_enginebinding").fetchone()
-    try:
+    # Keeps the log's frames from being checkpointed meanwhile (the older code tried none).
+    with sqlite_snapshot("remote_enginebinding"):
         now = timezone.now()
         BoundDelete.objects.filter(pk=op.pk).update(state="completed", waiting_on="", binding=None,
                                                     acknowledged_at=now, completed_at=now, receipt={"stores": []})
@@ -307,10 +302,6 @@ def test_a_bound_delete_acknowledged_by_older_code_is_physically_pending_until_f
         assert copy is not None and copy["physical"] == {"state": "pending", "erased_at": None}
         assert ("wal" if connection.vendor == "sqlite" else "database_files") in {h["kind"] for h in copy["holders"]}
         assert title.encode() in _raw_bytes("remote_enginebinding")
-    finally:
-        if reader is not None:
-            reader.rollback()
-            reader.close()
 
     call_command("finish_erasure", "--json")
     report = json.loads(capsys.readouterr().out)

@@ -45,6 +45,13 @@ def admin() -> Client:
     return client
 
 
+def answering_with(row: dict) -> dict:
+    """Routes of an engine whose one operation (listed, read, or answering a delete) is `row`."""
+    return {("GET", "/v1/operations/"): lambda h: (200, row),
+            ("GET", "/v1/operations?"): lambda h: (200, {"results": [row], "next": None}),
+            ("DELETE", "/v1/threads/"): lambda h: (202, row)}
+
+
 def html(status: int) -> tuple[int, bytes]:
     return status, b"<html><body>Sign in</body></html>"
 
@@ -192,10 +199,7 @@ def test_an_operation_id_the_console_cannot_link_to_is_a_bad_answer_not_a_server
     """The pages put the engine's operation id in their own addresses: a "/" made no link at all
     (the whole Operations page failed, for everyone), other odd ids are no id this console keeps."""
     row = {**PENDING, "id": op_id}
-    routes = {("GET", "/v1/operations/"): lambda h: (200, row),
-              ("GET", "/v1/operations?"): lambda h: (200, {"results": [row], "next": None}),
-              ("DELETE", "/v1/threads/"): lambda h: (202, row)}
-    with scripted_engine(routes) as (url, _seen):
+    with scripted_engine(answering_with(row)) as (url, _seen):
         point_at(settings, url)
         client = admin()
         pages = [client.get(path, HTTP_HOST="127.0.0.1") for path in ("/operations/", f"/operations/{OP}/")]
@@ -222,10 +226,7 @@ def test_an_operation_with_text_no_page_can_show_or_database_keep_is_a_bad_answe
     """A lone surrogate fails any page that shows it, NUL fails PostgreSQL's writes: on both
     databases the answer is not taken (the pages say so; a bound delete keeps no receipt)."""
     row = {**COMPLETED, **fields}
-    routes = {("GET", "/v1/operations/"): lambda h: (200, row),
-              ("GET", "/v1/operations?"): lambda h: (200, {"results": [row], "next": None}),
-              ("DELETE", "/v1/threads/"): lambda h: (202, row)}
-    with scripted_engine(routes) as (url, _seen):
+    with scripted_engine(answering_with(row)) as (url, _seen):
         point_at(settings, url)
         client = admin()
         pages = [client.get(path, HTTP_HOST="127.0.0.1") for path in ("/operations/", f"/operations/{OP}/")]
