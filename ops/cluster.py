@@ -112,7 +112,9 @@ class Sentinel(q_cluster.Sentinel):
         the task queue's `get()` holding its reader lock, or putting a result). A worker killed
         while running a job (its timer counting down) held none: django-q2 replaces it as
         before, and its job comes back after Q_CLUSTER "retry" (every Lethe job is leased and
-        resumable), without restarting the others."""
+        resumable), without restarting the others. A worker killed between taking a job and
+        starting it (its timer is set only then) counts as idle: every process restarts, which is
+        safe, only heavier."""
         if process is self.monitor or process is self.pusher:
             return True
         return _raw(process.timer) <= 0

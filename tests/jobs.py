@@ -17,10 +17,14 @@ def explode() -> None:
     raise RuntimeError(f"refused the row holding {SECRET}")
 
 
-def pause(seconds: float) -> float:
-    """Keeps a worker busy (the tests kill it mid-job)."""
+def pause(seconds: float, started: str = "") -> float:
+    """Keeps a worker busy (the tests kill it mid-job); writes `started` once it runs (the
+    worker's timer is set by then: it counts as busy)."""
     import time
+    from pathlib import Path
 
+    if started:
+        Path(started).write_text("running")
     time.sleep(seconds)
     return seconds
 
