@@ -50,13 +50,18 @@ def cluster(engine_home, tmp_path, request):
     try:
         yield process
     finally:
-        process.send_signal(signal.SIGINT)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(30)
-        # Whatever a failed test left behind (it would hold the test database).
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        stop(process)
+
+
+def stop(process: subprocess.Popen) -> None:
+    """Stop a cluster as Ctrl-C does, then kill whatever of its group is left (a failed test's
+    processes would hold the test database)."""
+    process.send_signal(signal.SIGINT)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(30)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 def worker_pids(cluster) -> list[int]:
@@ -252,9 +257,4 @@ def test_a_step_of_the_wall_clock_is_not_a_stalled_guard(engine_home, tmp_path):
         assert "has not moved" not in log.read_text() and "restarting its processes" not in log.read_text()
         assert completes(async_task("tests.jobs.work_on", 15)), log.read_text()
     finally:
-        process.send_signal(signal.SIGINT)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(30)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        stop(process)
