@@ -481,14 +481,12 @@ class Soak:
         """Enable tool payload cleanup through the API, start two runs at the same moment, one
         on each web server: exactly one is admitted and the other refused as busy; the admitted
         run removes every eligible payload once."""
-        from django_q.models import Schedule
-
-        from retention.jobs import DAILY
-
         # The daily check the clusters run first thing would start a run of its own once cleanup
-        # is on: wait until it has had its first pass (a day away afterwards).
+        # is on: wait until it has had its first pass (a day away afterwards) and that pass's job
+        # has finished. A check queued at start but run late, behind the erasures, would find the
+        # policy enabled and start a second run after the admitted one (CI saw it once).
         deadline = time.monotonic() + 180
-        while not Schedule.objects.filter(name=DAILY, next_run__gt=_in_hours(1)).exists():
+        while not self.daily_check_done():
             if time.monotonic() > deadline:
                 raise SoakFailed("the clusters' scheduler never ran the daily cleanup check")
             time.sleep(1)
@@ -557,6 +555,17 @@ class Soak:
         self.figures["cleanup"].update(
             state=finished["state"], removed_messages=finished["removed_messages"],
             payload_bytes=finished["payload_bytes"], seconds=round(time.monotonic() - began, 1))
+
+    @staticmethod
+    def daily_check_done() -> bool:
+        """The daily cleanup check's next run is a day away and the job its last pass queued
+        has finished (django-q2 keeps a finished job's row under the id the schedule names)."""
+        from django_q.models import Schedule, Task
+
+        from retention.jobs import DAILY
+
+        schedule = Schedule.objects.filter(name=DAILY, next_run__gt=_in_hours(1)).first()
+        return schedule is not None and bool(schedule.task) and Task.objects.filter(id=schedule.task).exists()
 
     def cleanup_checked(self) -> None:
         from lifecycle.models import Item
