@@ -501,6 +501,26 @@ class EngineHome:
         with opened_folder(lock_path.parent, create=True) as folder, self._lock(folder, lock_path):
             yield
 
+    def check_lock_writable(self, lock_path: Path) -> None:
+        """Raise the OSError that taking `lock_path` (`locked`) would meet on a read-only or
+        full disk, without writing anything (a preview's question): the lock file opened for
+        writing when it is there (that needs no space), else what the disk its nearest existing
+        folder is on says of itself (mounted read-only; no free block or file left for a
+        newcomer to make the lock file with)."""
+        try:
+            with opened_folder(lock_path.parent) as folder:
+                os.close(_open_at(folder, lock_path, os.O_RDWR))
+                return
+        except FileNotFoundError:
+            pass
+        folder = lock_path.parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        disk = os.statvfs(folder)
+        code = errno.EROFS if disk.f_flag & os.ST_RDONLY else errno.ENOSPC if not (disk.f_bavail and disk.f_favail) else 0
+        if code:
+            raise OSError(code, os.strerror(code), str(lock_path))
+
     @contextlib.contextmanager
     def guarded(self, path: Path) -> Iterator[int]:
         """`path`'s folder (made if missing), opened once for the whole operation, with the

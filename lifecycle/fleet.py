@@ -177,6 +177,12 @@ def locked_files(home: EngineHome) -> Iterator[None]:
         yield
 
 
+def check_locks_writable(home: EngineHome) -> None:
+    """Raise the OSError `locked_files` would meet on a read-only disk, writing nothing."""
+    for path in (home.fleet_path, home.legacy_fleet_path):
+        home.check_lock_writable(home.lock_for(path))
+
+
 def compact(home: EngineHome, path: Path, public_id: str) -> list[Row]:
     """Remove this conversation's rows from one fleet file; returns the removed rows."""
     removed: list[Row] = []

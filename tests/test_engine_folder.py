@@ -412,6 +412,40 @@ def test_the_screen_says_why_a_delete_on_a_read_only_folder_cannot_start(admin_u
     assert "La carpeta del motor está en un disco de solo lectura" in shown
 
 
+@pytest.mark.parametrize("locks_there", [False, True], ids=["before-any-delete", "after-one"])
+def test_the_preview_on_a_read_only_disk_says_what_the_request_then_does(
+        api, admin_user, engine_home, unwritable_engine_folder, locks_there):
+    """The preview takes no lock, so a read-only engine folder whose mark was there read as
+    "can be deleted" on the page and in the API, and the request was then Unavailable."""
+    conversation = factories.make_conversation(title="Previewed on a read-only disk")
+    if locks_there:
+        earlier = factories.make_conversation(title="Deleted before")
+        assert request_deletion(earlier, key="k-earlier", acting_user=None).state == "pending"
+    assert (engine_home / "state").exists() == locks_there
+    url = f"/v1/threads/{conversation.public_id}/deletion-preview"
+    assert api.get(url).json()["admission"]["outcome"] == "admitted"
+    unwritable_engine_folder(errno.EROFS)
+    admission = api.get(url).json()["admission"]
+    assert (admission["outcome"], admission["code"]) == ("unavailable", "engine_folder_read_only")
+    assert admission["reasons"][0]["message"].startswith("The engine folder is on a read-only disk")
+    client = Client()
+    client.force_login(admin_user)
+    page = client.get(f"/conversations/{conversation.public_id}/delete/").content.decode()
+    assert "The engine folder is on a read-only disk" in page
+    # what the preview said is what the request does, and it wrote nothing
+    assert (engine_home / "state").exists() == locks_there
+    op = request_deletion(conversation, key="k-read-only", acting_user=None)
+    assert (op.state, op.reason) == ("unavailable", "engine_folder_read_only")
+    # a full disk (here every open for writing fails, as the request's own does): the same
+    unwritable_engine_folder(errno.ENOSPC)
+    admission = api.get(url).json()["admission"]
+    op = request_deletion(conversation, key="k-full", acting_user=None)
+    assert (admission["outcome"], admission["code"]) == (op.state, op.reason) == ("unavailable", "engine_folder_full")
+    unwritable_engine_folder(None)
+    assert api.get(url).json()["admission"]["outcome"] == "admitted"
+    assert request_deletion(conversation, key="k-writable", acting_user=None).state == "pending"
+
+
 def test_a_first_delete_that_cannot_write_the_folders_mark_is_unavailable_too(engine_home, unwritable_engine_folder):
     """A database from before the mark writes it at its first delete (and the preview's check)."""
     target = factories.make_conversation(title="First delete")
@@ -557,6 +591,10 @@ def test_a_delete_whose_fleet_lock_is_a_link_or_a_fifo_is_unavailable_not_a_serv
     else:
         os.mkfifo(lock)
     api.raise_request_exception = False
+    preview = api.get(f"/v1/threads/{conversation.public_id}/deletion-preview")
+    assert preview.status_code == 200, preview.content  # the preview says what the request then does
+    assert (preview.json()["admission"]["code"], preview.json()["admission"]["outcome"]) == (
+        "engine_folder_not_writable", "unavailable")
     answer = api.delete(f"/v1/threads/{conversation.public_id}", HTTP_IDEMPOTENCY_KEY=f"k-lock-{kind}")
     assert answer.status_code == 409, answer.content
     assert (answer.json()["code"], answer.json()["outcome"]) == ("engine_folder_not_writable", "unavailable")

@@ -7,7 +7,7 @@ from typing import Any
 
 from lifecycle import engine_folder, fleet
 from lifecycle.deletion import reasons as r
-from lifecycle.enginefs import EngineHome
+from lifecycle.enginefs import EngineHome, UnsafeEnginePath
 from lifecycle.errors import engine_folder_code
 from lifecycle.models import (
     ACTIVE_TURN_STATES,
@@ -60,8 +60,15 @@ def admit(conversation: Conversation, home: EngineHome | None = None, *, cached:
             admission.reasons.append(code)
     try:
         home = engine_folder.check(home or EngineHome())
+        if cached:
+            # A preview takes no lock; the request will (lifecycle.actions.request_deletion), and
+            # on a read-only disk it cannot: the preview says so rather than "can be deleted".
+            fleet.check_locks_writable(home)
     except engine_folder.EngineFolderUnavailable:  # its subagent rows cannot be read: not "none"
         admission.reasons.append(r.ENGINE_FOLDER_UNAVAILABLE)
+        return admission
+    except UnsafeEnginePath:  # a link or a FIFO where a fleet lock belongs (as the request says)
+        admission.reasons.append(r.ENGINE_FOLDER_NOT_WRITABLE)
         return admission
     except OSError as error:  # a first use writes the folder's mark: a read-only or full folder
         admission.reasons.append(engine_folder_code(error))
