@@ -37,6 +37,7 @@ from django.db.models import Count, Exists, F, Max, OuterRef, Sum
 from django.utils import timezone
 from django.utils.translation import gettext_noop
 
+from console.busy import is_database_busy
 from lifecycle import faults
 from retention.errors import Message, stored
 from retention.models import (
@@ -335,7 +336,7 @@ def run_operation(operation_id: int, wait_for_lease: bool = False) -> str:
     except Exception as exc:
         from console.busy import is_database_full
 
-        if _is_busy(exc):
+        if is_database_busy(exc):
             outcome = "more"
         elif is_database_full(exc):  # said as it is; the run can be started again once there is room
             log.warning("tool payload operation %s stopped: the database's disk is full", operation_id)
@@ -372,12 +373,6 @@ def _fail(op: ToolPayloadOperation, token: str, code: str, message: Message) -> 
             _policy_preparation(PreparationState.FAILED, error=message)
 
 
-def _is_busy(exc: BaseException) -> bool:
-    from console.busy import is_database_busy
-
-    return is_database_busy(exc)
-
-
 def _finish(op: ToolPayloadOperation, token: str, state: str, code: str = "", message: Message | str = "",
             **fields: Any) -> bool:
     """Close the operation (frees the slot) if we still hold its lease."""
@@ -409,7 +404,7 @@ def _with_busy_retries(fn):
         try:
             return fn()
         except OperationalError as exc:
-            if not _is_busy(exc) or attempt == BUSY_RETRIES:
+            if not is_database_busy(exc) or attempt == BUSY_RETRIES:
                 raise
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
