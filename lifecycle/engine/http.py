@@ -1,24 +1,27 @@
 """The remote engine: the same `EngineClient` interface, over HTTP to another Lethe serving `/v1/`.
 
 `ENGINE_URL` names the engine and `ENGINE_TOKEN` is a token made by the engine's
-`manage.py create_api_token` (sent as `Authorization: Bearer`). Every call has a connect and
-a read timeout (`ENGINE_CONNECT_TIMEOUT`, `ENGINE_READ_TIMEOUT`), and the whole call, its
-quick retries included, ends within the connect timeout plus twice the read timeout: a web
-request that asks the engine is never held longer by it. A 2xx answer that is not JSON (or
-nested too deeply to read), is over 4 MB, or (for an operation) lacks its id, target or
-state is `EngineBadAnswer`, handled as the engine being unreachable: nothing is taken from
-it, and it is tried again later. So is a 2xx answer with text that no page can show or one of
-the databases cannot store (a NUL character or a lone surrogate, anywhere in it, checked as the
-console's own API checks bodies), and an operation id that is not one this console can keep
-and link to (`OPERATION_ID`). Calls that are safe to repeat (reads, archive/close with an
-absolute value, a delete with its operation key) are retried a few times with backoff
-(`ENGINE_RETRIES`) when the engine cannot be reached; others are tried once.
+`manage.py create_api_token` (sent as `Authorization: Bearer`). Every call has a connect and a read
+timeout (`ENGINE_CONNECT_TIMEOUT`, `ENGINE_READ_TIMEOUT`), and the whole call, its quick
+retries included, ends within the connect timeout plus twice the read timeout: a web request
+that asks the engine is never held longer by it. The connect timeout bounds resolving the
+engine's name as well as connecting (`resolve`): a resolver that does not answer makes the
+engine unreachable, not a request that waits as long as the resolver likes. A 2xx answer that
+is not JSON (or nested too deeply to read), is over 4 MB, or (for an operation) lacks its id,
+target or state is `EngineBadAnswer`, handled as the engine being unreachable: nothing is
+taken from it, and it is tried again later. So is a 2xx answer with text that no page can
+show or one of the databases cannot store (a NUL character or a lone surrogate, anywhere in
+it, checked as the console's own API checks bodies), and an operation id that is not one this
+console can keep and link to (`OPERATION_ID`). Calls that are safe to repeat (reads,
+archive/close with an absolute value, a delete with its operation key) are retried a few
+times with backoff (`ENGINE_RETRIES`) when the engine cannot be reached; others are tried
+once.
 
 What can go wrong is one of these outcomes, as exceptions the callers already handle:
 
-- `EngineUnreachable` (503 `engine_unreachable`): no connection, a timeout, a dropped
-  answer, a 408, 429 or any 5xx but 501. The request may or may not have been applied; repeat it
-  with the same operation key.
+- `EngineUnreachable` (503 `engine_unreachable`): no connection, a timeout (resolving the
+  name included), a dropped answer, a 408, 429 or any 5xx but 501. The request may or may
+  not have been applied; repeat it with the same operation key.
 - `EngineBadAnswer` (502 `engine_bad_answer`, handled as unreachable): an answer that is not
   the engine's word: a redirect (a proxy or a sign-in page in front of it), or a refusal
   that is not a JSON object (an HTML error page).
@@ -35,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import email.utils
 import http.client
+import ipaddress
 import json
 import re
 import socket
@@ -64,6 +68,11 @@ CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 OPERATION_ID = re.compile(r"[A-Za-z0-9_-]{1,32}")
 # Nesting an answer may have: the engine's answers (its API document included) are far shallower.
 MAX_ANSWER_DEPTH = 64
+# Name resolutions of the engine's host under way at once in this process. A resolver that does
+# not answer holds one thread per lookup until it gives up by itself (often 20-40 s); past this
+# many, a call is answered unreachable at once instead of starting another thread.
+MAX_RESOLVING = 8
+_resolving = threading.BoundedSemaphore(MAX_RESOLVING)
 
 
 class EngineUnreachable(ActionRefused):
@@ -140,20 +149,51 @@ class HttpEngine:
 
     # ---- transport ------------------------------------------------------------------------
 
-    def _connection(self) -> http.client.HTTPConnection:
+    def _connection(self, deadline: float) -> http.client.HTTPConnection:
         kind = http.client.HTTPSConnection if self._parts.scheme == "https" else http.client.HTTPConnection
-        return kind(self._parts.hostname, self._parts.port, timeout=self.connect_timeout)
+        connection = kind(self._parts.hostname, self._parts.port, timeout=self.connect_timeout)
+        # http.client's hook for opening the socket (an instance attribute for that purpose): the
+        # name is resolved and connected to here, within the connect timeout and the deadline;
+        # HTTPS still checks the certificate against the host name (SNI and hostname check).
+        connection._create_connection = lambda address, _timeout, _source=None: self._open(address, deadline)
+        return connection
+
+    def _open(self, address: tuple[str, int], deadline: float) -> socket.socket:
+        """A socket connected to the engine, as socket.create_connection makes it (each address
+        of the name tried in turn), but with the name resolved within the connect timeout, and
+        nothing waited on past the call's deadline."""
+        host, port = address
+        if _ip_literal(host):  # no resolver to ask
+            return socket.create_connection(address, self._connect_wait(deadline))
+        error: OSError | None = None
+        for family, kind, proto, _canonical, sockaddr in resolve(host, port, self._connect_wait(deadline)):
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.settimeout(self._connect_wait(deadline))
+                sock.connect(sockaddr)
+                return sock
+            except OSError as exc:
+                sock.close()
+                error = exc
+        raise error or OSError("the name has no address")
+
+    def _connect_wait(self, deadline: float) -> float:
+        """Seconds a connection step may wait: the connect timeout, never past the deadline."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the call's deadline passed")
+        return min(self.connect_timeout, left)
 
     def _once(self, method: str, path: str, body: dict | None, headers: dict[str, str],
               deadline: float) -> tuple[int, Any, float | None]:
-        connection = self._connection()
+        connection = self._connection(deadline)
         # The read timeout bounds each wait for bytes; the deadline bounds the whole call, so an
         # engine that sends a byte now and then cannot hold a request or a job for as long as it likes.
         watchdog = threading.Timer(max(deadline - time.monotonic(), 0.01), _cut, args=(connection,))
         watchdog.daemon = True
         try:
             watchdog.start()
-            connection.connect()  # under the connect timeout
+            connection.connect()  # name resolution and connection, each under the connect timeout
             connection.sock.settimeout(self.read_timeout)
             data = json.dumps(body).encode() if body is not None else None
             # The engine answers refusals in the language of the person (or job) asking.
@@ -337,6 +377,47 @@ class HttpEngine:
             if not op.is_pending or (deadline is not None and time.monotonic() >= deadline):
                 return op
             time.sleep(0.5)
+
+
+def resolve(host: str, port: int, wait: float) -> list[tuple]:
+    """The addresses of `host`, as socket.create_connection asks for them, waited on for at most
+    `wait` seconds. getaddrinfo takes no timeout and no socket timeout bounds it (a resolver
+    that does not answer is tried per server and per attempt), so it runs in a daemon thread
+    that is given up on: EngineUnreachable, as when MAX_RESOLVING lookups are already under way.
+    Nothing is kept: every call asks again, so a changed name is seen at once."""
+    if not _resolving.acquire(blocking=False):
+        raise EngineUnreachable("name resolution: too many lookups under way")
+    done = threading.Event()
+    found: list[tuple] = []
+    failed: list[Exception] = []
+
+    def lookup() -> None:
+        try:
+            found.extend(socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM))
+        except Exception as exc:  # no such name, say: raised to the caller as before
+            failed.append(exc)
+        finally:
+            _resolving.release()
+            done.set()
+
+    try:
+        threading.Thread(target=lookup, name="engine-resolve", daemon=True).start()
+    except RuntimeError:  # no thread to be had
+        _resolving.release()
+        raise EngineUnreachable("name resolution: no thread") from None
+    if not done.wait(wait):
+        raise EngineUnreachable("name resolution timed out")
+    if failed:
+        raise failed[0]
+    return found
+
+
+def _ip_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _cut(connection: http.client.HTTPConnection) -> None:
