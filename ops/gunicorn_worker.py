@@ -2,9 +2,16 @@
 request gunicorn refuses itself, before Lethe sees it (a request line or a header over its
 limits, a malformed request line or header), is answered with Lethe's JSON error document
 (`{"code", "message"}`, as everything under /v1/ and /api/v1/ answers) instead of gunicorn's
-HTML page. Such a request's path and language are not known (it was not read), so the answer
-is the same for every path, in English. Errors that are the application's or the
-configuration's own are left to gunicorn (a 500).
+HTML page. Such a request's path is not known (it was not read), so the answer is the same
+for every path. Its message is in the language Django would choose for the request (the
+language cookie, then Accept-Language, then LANGUAGE_CODE; Django's own reading of them), from
+the complete Cookie and Accept-Language lines among the bytes received: those of the whole head
+once it is in (a body too large, a timeout or a busy worker while the body comes, a refusal
+the parser raises), those that came before the refusal of a head unfinished or unparseable (too
+long, a bare LF, a timeout); with none, LANGUAGE_CODE. Content-Language names it, as in Django's
+answers. Bounded, since the bytes are the client's: at most limit_request_fields such lines,
+the first 16 KiB of each header. Errors that are the application's or the configuration's own
+are left to gunicorn (a 500).
 
 Slow clients do not hold a thread. gunicorn's threaded worker hands a connection to a thread
 as soon as its first byte arrives, and the thread then waits on the socket for the rest of the
@@ -37,7 +44,9 @@ locked version; recheck them when the lock moves it (tests/test_app_server.py dr
 real slow clients).
 
 Loaded by the gunicorn master before Django: it imports gunicorn and the standard library only
-(Django's settings are read in the worker, once a request needs them).
+(Django's settings and translations are read in the worker, once a request needs them; the
+messages are marked with a gettext_noop of this module's own, which makemessages finds, and
+translated when answered).
 """
 
 from __future__ import annotations
@@ -45,34 +54,43 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import selectors
 import socket
+import threading
 import time
 from functools import partial
 
 from gunicorn import util
 from gunicorn.http import errors
 from gunicorn.http.body import LengthReader
-from gunicorn.http.message import MAX_REQUEST_LINE
+from gunicorn.http.message import MAX_HEADERS, MAX_REQUEST_LINE
 from gunicorn.http2 import negotiation
 from gunicorn.workers.gthread import _DEFER, STOP_KEEPALIVE_LINGER, ThreadWorker
+
+
+def gettext_noop(message: str) -> str:
+    """Marks a message for makemessages, as Django's own (which would import Django in the
+    master); it is translated when a request is answered with it (`localized`)."""
+    return message
 
 # (exception, status, reason phrase, code, message), the first that matches; any other
 # parse error is a 400. Written for Lethe; gunicorn's own table answers the rest.
 _REFUSALS = (
     (errors.LimitRequestLine, 414, "URI Too Long", "request_line_too_long",
-     "The request line (method, path and query) is longer than this server accepts."),
+     gettext_noop("The request line (method, path and query) is longer than this server accepts.")),
     (errors.LimitRequestHeaders, 431, "Request Header Fields Too Large", "headers_too_large",
-     "The request's headers are larger or more numerous than this server accepts."),
+     gettext_noop("The request's headers are larger or more numerous than this server accepts.")),
     (errors.UnsupportedTransferCoding, 501, "Not Implemented", "unsupported_transfer_coding",
-     "The request's Transfer-Encoding is not supported."),
+     gettext_noop("The request's Transfer-Encoding is not supported.")),
     (errors.ExpectationFailed, 417, "Expectation Failed", "expectation_failed",
-     "The request's Expect header cannot be met."),
+     gettext_noop("The request's Expect header cannot be met.")),
     (errors.ForbiddenProxyRequest, 403, "Forbidden", "forbidden",
-     "Requests through this proxy are not accepted."),
+     gettext_noop("Requests through this proxy are not accepted.")),
 )
 # Not the client's fault: gunicorn answers these itself (500).
 _LEFT_TO_GUNICORN = (errors.InvalidResponseHeader, errors.InvalidResponseHeaderName, errors.ConfigurationProblem)
+_MALFORMED = gettext_noop("The request could not be read: it is not valid HTTP.")
 
 
 def refusal(exc: BaseException) -> tuple[int, str, str, str] | None:
@@ -82,7 +100,7 @@ def refusal(exc: BaseException) -> tuple[int, str, str, str] | None:
     for kind, status, reason, code, message in _REFUSALS:
         if isinstance(exc, kind):
             return status, reason, code, message
-    return 400, "Bad Request", "malformed_request", "The request could not be read: it is not valid HTTP."
+    return 400, "Bad Request", "malformed_request", _MALFORMED
 
 
 def refusal_of(kind: type[errors.ParseException]) -> tuple[int, str, str, str]:
@@ -90,19 +108,77 @@ def refusal_of(kind: type[errors.ParseException]) -> tuple[int, str, str, str]:
     return next(row[1:] for row in _REFUSALS if row[0] is kind)
 
 
-def json_error(status: int, reason: str, code: str, message: str, retry_after: int | None = None) -> bytes:
+def json_error(status: int, reason: str, code: str, message: str, retry_after: int | None = None,
+               language: str | None = None) -> bytes:
+    """The whole answer: `message` as given (`localized` translates it), in `language` if named."""
     body = json.dumps({"code": code, "message": message}).encode()
     retry = f"Retry-After: {retry_after}\r\n" if retry_after is not None else ""
+    content_language = f"Content-Language: {language}\r\n" if language else ""
     head = (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nCache-Control: no-store\r\n{retry}\r\n")
+            f"Content-Length: {len(body)}\r\nCache-Control: no-store\r\n{content_language}{retry}\r\n")
     return head.encode("latin-1") + body
 
 
+# A complete header line (one a line end follows) naming the cookies or the accepted languages.
+# Anchored on the line end before it, so the request line never counts.
+_LANGUAGE_LINE = re.compile(rb"\n(cookie|accept-language):([^\r\n]*)\r?(?=\n)", re.IGNORECASE)
+# The most of each header's value read for the language: Django reads only the first 500
+# characters of Accept-Language, and a browser's cookies fit in one line of gunicorn's 8,190
+# bytes; more would only make a refusal slow to answer.
+_LANGUAGE_HEADER_BYTES = 16384
+
+
+def language_headers(data, end: int = -1, fields: int = 100) -> tuple[bytes, bytes]:
+    """(Cookie, Accept-Language) of a request whose bytes so far are `data`, from its complete
+    header lines (up to the head's blank line at `end`, when it has come), empty when absent.
+    Repeated lines are joined with a comma, as gunicorn hands them to Django. Bounded, since the
+    bytes are the client's: at most `fields` such lines are read, and each header's first 16 KiB
+    (the cookies cut after the last whole one)."""
+    found: dict[bytes, list[bytes]] = {b"cookie": [], b"accept-language": []}
+    stop = end + 2 if end >= 0 else len(data)  # the last line's CRLF included
+    for lines, match in enumerate(_LANGUAGE_LINE.finditer(data, 0, stop)):
+        if lines >= fields:
+            break
+        found[match[1].lower()].append(match[2].strip(b" \t"))
+    cookie, accept = (b",".join(found[name]) for name in (b"cookie", b"accept-language"))
+    if len(cookie) > _LANGUAGE_HEADER_BYTES:
+        cookie = cookie[:max(0, cookie.rfind(b";", 0, _LANGUAGE_HEADER_BYTES))]
+    return cookie, accept[:_LANGUAGE_HEADER_BYTES]
+
+
+def request_language(cookie: bytes, accept: bytes) -> str:
+    """The language Django's LocaleMiddleware would choose for a request with these headers:
+    the language cookie, then Accept-Language, then LANGUAGE_CODE (Django's own reading; the
+    worker has loaded Django by the time a request is answered)."""
+    from django.http import HttpRequest
+    from django.http.cookie import parse_cookie
+    from django.utils import translation
+
+    request = HttpRequest()
+    # Decoded as Django decodes them from gunicorn's environ: cookies as UTF-8 with
+    # replacements, other headers as latin-1.
+    request.COOKIES = parse_cookie(cookie.decode("utf-8", "replace"))
+    request.META["HTTP_ACCEPT_LANGUAGE"] = accept.decode("latin-1")
+    return translation.get_language_from_request(request)
+
+
+def localized(row: tuple[int, str, str, str], data=b"", end: int = -1, fields: int = 100,
+              retry_after: int | None = None) -> bytes:
+    """The answer of one refusal (status, reason, code, message) to the request whose bytes so
+    far are `data`, its message in that request's language (`language_headers`)."""
+    from django.utils import translation
+
+    status, reason, code, message = row
+    language = request_language(*language_headers(data, end, fields))
+    with translation.override(language):
+        return json_error(status, reason, code, translation.gettext(message), retry_after, language)
+
+
 _TIMED_OUT = (408, "Request Timeout", "request_timeout",
-              "The request did not arrive in full within the time this server allows.")
-_TOO_LARGE = (413, "Content Too Large", "body_too_large", "The request body is too large.")
+              gettext_noop("The request did not arrive in full within the time this server allows."))
+_TOO_LARGE = (413, "Content Too Large", "body_too_large", gettext_noop("The request body is too large."))
 _BUSY = (503, "Service Unavailable", "server_busy",
-         "The server is holding as many incoming requests as it can; try again shortly.")
+         gettext_noop("The server is holding as many incoming requests as it can; try again shortly."))
 _BUSY_RETRY_AFTER = 5  # seconds, as a database_busy answer (console/busy.py)
 # A Content-Length of more digits than 18 is larger than anything Lethe accepts (and than int()
 # takes from a string of over 4,300 digits): this stands for it.
@@ -213,6 +289,10 @@ class JsonErrorThreadWorker(ThreadWorker):
         line = cfg.limit_request_line
         self.line_limit = MAX_REQUEST_LINE if line < 0 or line >= MAX_REQUEST_LINE else line  # 0: none
         self.max_head = cfg.limit_request_line + 4 + cfg.limit_request_fields * (cfg.limit_request_field_size + 2) + 4
+        fields = cfg.limit_request_fields
+        self.max_fields = fields if 0 < fields <= MAX_HEADERS else MAX_HEADERS  # the parser's reading
+        # The head of the request a thread is handling, for the language of a refusal its parser raises
+        self.handling = threading.local()
 
     def body_limit(self) -> int:
         if self._body_limit is None:
@@ -224,6 +304,15 @@ class JsonErrorThreadWorker(ThreadWorker):
     def _own_reading(self, conn) -> bool:
         return not (self.cfg.is_ssl or conn.is_http2 or negotiation.prior_knowledge_allowed(self.cfg, conn.client)
                     or negotiation.upgrade_allowed(self.cfg, conn.client))
+
+    def refusal_answer(self, row: tuple[int, str, str, str], data=b"", end: int = -1,
+                       retry_after: int | None = None) -> bytes:
+        """`localized`, or the message as written if that fails: a refusal is always answered."""
+        try:
+            return localized(row, data, end, self.max_fields, retry_after)
+        except Exception:
+            self.log.exception("Could not localize the answer %s", row[2])
+            return json_error(*row, retry_after=retry_after)
 
     # ---- reading in the main loop
 
@@ -278,7 +367,7 @@ class JsonErrorThreadWorker(ThreadWorker):
             return True
         if length > self.body_limit():
             self.log.warning("Request from ip=%s refused: its body is larger than accepted", _ip(conn))
-            self._drop_reading(conn, json_error(*_TOO_LARGE), registered)
+            self._drop_reading(conn, self.refusal_answer(_TOO_LARGE, data, state.end), registered)
             return True
         whole = state.end + 4 + length
         if len(data) >= whole:
@@ -312,7 +401,7 @@ class JsonErrorThreadWorker(ThreadWorker):
             return not self._charge(conn, state, len(data), registered)
         # As the parser would refuse it, without a thread waiting for more in recv()
         self.log.warning("Invalid request from ip=%s: %s", _ip(conn), too_long.__name__)
-        self._drop_reading(conn, json_error(*refusal_of(too_long)), registered)
+        self._drop_reading(conn, self.refusal_answer(refusal_of(too_long), data), registered)
         return True
 
     def _charge(self, conn, state: _Reading, size: int, registered: bool) -> bool:
@@ -325,7 +414,8 @@ class JsonErrorThreadWorker(ThreadWorker):
         if self.held + extra > self.read_budget and self.held > state.charge:
             self.log.warning("Request from ip=%s refused: the requests being read hold %d bytes "
                              "(WEB_READ_BUFFER_BYTES %d)", _ip(conn), self.held, self.read_budget)
-            self._drop_reading(conn, json_error(*_BUSY, retry_after=_BUSY_RETRY_AFTER), registered)
+            busy = self.refusal_answer(_BUSY, state.data, state.end, _BUSY_RETRY_AFTER)
+            self._drop_reading(conn, busy, registered)
             return False
         self.held += extra
         state.charge = size
@@ -343,6 +433,8 @@ class JsonErrorThreadWorker(ThreadWorker):
         # The thread's parser never waits on the socket: what is not here yet never comes.
         conn.parser.unreader.chunk = _no_more_bytes
         conn.parser.unreader.unread(bytes(state.data))
+        # The head alone (a refusal's language is read from it), not a body beside it
+        conn.lethe_head = bytes(state.data[:state.end + 2]) if state.end >= 0 else bytes(state.data)
         conn.data_ready = True
         super().enqueue_req(conn)
 
@@ -376,7 +468,7 @@ class JsonErrorThreadWorker(ThreadWorker):
                 if state.data:
                     self.log.warning("Request from ip=%s not received within %d s: closed", _ip(conn),
                                      self.read_timeout)
-                self._drop_reading(conn, json_error(*_TIMED_OUT) if state.data else None)
+                self._drop_reading(conn, self.refusal_answer(_TIMED_OUT, state.data, state.end) if state.data else None)
         for sock, (deadline, _read) in list(self.lingering.items()):
             if deadline <= now:
                 self._close_lingering(sock)
@@ -438,6 +530,14 @@ class JsonErrorThreadWorker(ThreadWorker):
             self.poller.unregister(sock)
         util.close(sock)
 
+    def handle(self, conn):
+        self.handling.head = getattr(conn, "lethe_head", None)
+        conn.lethe_head = None
+        try:
+            return super().handle(conn)
+        finally:
+            self.handling.head = None
+
     def handle_request(self, req, conn):
         if self._own_reading(conn):
             # The request is all here: the main loop sent 100 Continue if it waited for the body
@@ -454,7 +554,7 @@ class JsonErrorThreadWorker(ThreadWorker):
         # which may carry a token or content (logs carry neither).
         self.log.warning("Invalid request from ip=%s: %s", ip, type(exc).__name__)
         try:
-            util.write_nonblock(client, json_error(*answer))
+            util.write_nonblock(client, self.refusal_answer(answer, getattr(self.handling, "head", None) or b""))
         except Exception:  # the client went away; nothing to answer
             self.log.debug("Failed to send error message.")
         return None

@@ -491,3 +491,249 @@ def test_100_continue_is_sent_once_and_only_to_http_1_1(served, reading, version
         stored = db.execute("SELECT COUNT(*) FROM lifecycle_item WHERE content = ?",
                             (f"continued over HTTP/{version}",)).fetchone()
     assert stored == (1,)
+
+
+# ---- the server's own refusals, in the reader's language
+
+# Each refusal's message in English and in Spanish (locale/es/LC_MESSAGES/django.po).
+REFUSED = {
+    "body_too_large": ("The request body is too large.", "El cuerpo de la solicitud es demasiado grande."),
+    "request_timeout": ("The request did not arrive in full within the time this server allows.",
+                        "La solicitud no llegó completa en el tiempo que permite este servidor."),
+    "request_line_too_long": (
+        "The request line (method, path and query) is longer than this server accepts.",
+        "La línea de la solicitud (método, ruta y consulta) es más larga de lo que este servidor acepta."),
+    "headers_too_large": (
+        "The request's headers are larger or more numerous than this server accepts.",
+        "Las cabeceras de la solicitud son más grandes o más numerosas de lo que este servidor acepta."),
+    "malformed_request": ("The request could not be read: it is not valid HTTP.",
+                          "No se pudo leer la solicitud: no es HTTP válido."),
+    "unsupported_transfer_coding": ("The request's Transfer-Encoding is not supported.",
+                                    "No se admite la cabecera Transfer-Encoding de la solicitud."),
+    "expectation_failed": ("The request's Expect header cannot be met.",
+                           "No se puede cumplir la cabecera Expect de la solicitud."),
+    "server_busy": ("The server is holding as many incoming requests as it can; try again shortly.",
+                    "El servidor ya retiene todas las solicitudes entrantes que puede; vuelva a intentarlo en un "
+                    "momento."),
+}
+# The header lines that choose the language, and the language they choose: Accept-Language
+# with q-values (French is not offered), the cookie over Accept-Language, neither.
+LANGUAGE_LINES = {
+    "accept-language": (b"Accept-Language: fr-CH, fr;q=0.9, es-MX;q=0.8, en;q=0.5\r\n", "es"),
+    "cookie": (b"Cookie: csrftoken=abc; django_language=es\r\nAccept-Language: en\r\n", "es"),
+    "default": (b"", "en"),
+}
+REFUSING_BUDGET = 1_500_000  # WEB_READ_BUFFER_BYTES of the `refusing` server
+MAX_HEAD = 4094 + 4 + 100 * (8190 + 2) + 4  # gunicorn's defaults (serve sets none)
+
+
+@pytest.fixture(scope="module")
+def refusing(served, tmp_path_factory):
+    """One server for the refusals: a short read timeout, a small read buffer, and its output
+    kept (a refusal must not leave a traceback there)."""
+    found = Tree()
+    port = free_port()
+    own = tmp_path_factory.mktemp("refusing")
+    log = own / "serve.log"
+    # Beside the `reading` fixture's server: its own metrics folder
+    env = {**served["env"], "WEB_CONCURRENCY": "1", "WEB_THREADS": "2", "WEB_READ_TIMEOUT": "3",
+           "WEB_READ_BUFFER_BYTES": str(REFUSING_BUDGET), "PROMETHEUS_MULTIPROC_DIR": str(own / "prometheus")}
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "manage.py", "serve", f"127.0.0.1:{port}"], cwd=ROOT, env=env,
+                                stdout=out, stderr=out, start_new_session=True)
+    try:
+        found.watch(proc.pid, port)
+        yield {"port": port, "log": log}
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        found.cleanup()
+
+
+def _refusals_at_once(lines: bytes) -> list[tuple[str, bytes, str]]:
+    """(what, request, code) of every refusal answered as soon as its bytes are in, the header
+    `lines` among the request's: after the request line, before whatever makes it refused."""
+    get = b"GET /accounts/login/ HTTP/1.1\r\nHost: 127.0.0.1\r\n" + lines
+    return [
+        ("body announced too large (main loop, whole head)",
+         b"POST /v1/threads HTTP/1.1\r\nHost: 127.0.0.1\r\n" + lines
+         + b"Content-Type: application/json\r\nContent-Length: 999999999\r\n\r\n", "body_too_large"),
+        ("request line too long (the parser, whole head)",
+         b"GET /v1/threads?q=" + b"a" * 5000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n" + lines + b"\r\n",
+         "request_line_too_long"),
+        ("too many headers (the parser, whole head)",
+         get + b"".join(b"X-%d: 1\r\n" % n for n in range(200)) + b"\r\n", "headers_too_large"),
+        ("a head growing past the limit (main loop, unfinished head)",
+         get + b"X-Pad: " + b"a" * (MAX_HEAD - len(get)), "headers_too_large"),
+        ("a bare LF (the parser, unfinished head)", get + b"X-Next: 1\nX-After: 2", "malformed_request"),
+        ("an HTTP version that is none (the parser, whole head)",
+         get.replace(b" HTTP/1.1\r\n", b" HTTP/9.9\r\n", 1) + b"\r\n", "malformed_request"),
+        ("a transfer coding (the parser, whole head)",
+         get.replace(b"GET ", b"POST ", 1) + b"Transfer-Encoding: rot13\r\n\r\n", "unsupported_transfer_coding"),
+        ("an expectation (the parser, whole head)", get + b"Expect: the-impossible\r\n\r\n", "expectation_failed"),
+    ]
+
+
+def _slow_refusals(lines: bytes) -> list[tuple[str, bytes, str]]:
+    """(what, request, code) of the refusals answered once the read timeout passes."""
+    return [
+        ("a head unfinished", b"GET /accounts/login/ HTTP/1.1\r\nHost: 127.0.0.1\r\n" + lines + b"X-Unfinished: 1",
+         "request_timeout"),
+        ("a body unfinished", b"POST /accounts/login/ HTTP/1.1\r\nHost: 127.0.0.1\r\n" + lines
+         + b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\nusername=",
+         "request_timeout"),
+    ]
+
+
+def _exchange(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+        client.sendall(request)
+        return _answer(client)
+
+
+def _assert_in(language: str, what: str, answer: bytes, code: str) -> None:
+    assert answer.startswith(b"HTTP/1.1 "), (what, answer[:200])
+    _line, headers, document = _document(answer)
+    english, spanish = REFUSED[code]
+    assert document == {"code": code, "message": spanish if language == "es" else english}, (what, document)
+    assert headers["Content-Type"] == "application/json" and headers["Content-Language"] == language, what
+
+
+@pytest.mark.parametrize("chosen_by", list(LANGUAGE_LINES))
+def test_the_servers_own_refusals_are_in_the_readers_language(served, refusing, chosen_by):
+    """Every request the server refuses before Lethe sees it is answered in the language Django
+    would choose for it (the language cookie, then Accept-Language with its q-values, then
+    English), read from the head when it came whole and from the complete header lines that
+    came when it did not (always in English before)."""
+    port = refusing["port"]
+    lines, language = LANGUAGE_LINES[chosen_by]
+    # The language Django itself answers this request in (LocaleMiddleware's Content-Language)
+    line, headers, _body = _exchange(port, b"GET /accounts/login/ HTTP/1.1\r\nHost: 127.0.0.1\r\n" + lines
+                                     + b"Connection: close\r\n\r\n").partition(b"\r\n\r\n")
+    assert line.startswith(b"HTTP/1.1 200 ") and f"\r\nContent-Language: {language}\r\n".encode() in line + b"\r\n"
+    slow = []
+    for what, request, code in _slow_refusals(lines):
+        client = socket.create_connection(("127.0.0.1", port), timeout=10)
+        client.sendall(request)
+        slow.append((what, client, code))
+    try:
+        for what, request, code in _refusals_at_once(lines):
+            _assert_in(language, what, _exchange(port, request), code)
+        # The read buffer held by another request: refused before its body is asked for.
+        head, body = _item_request(served, "holds the read buffer", 800_000)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as holder:
+            holder.sendall(head + body[:1000])
+            time.sleep(0.5)  # the worker holds the first request now: 800 KB counted
+            busy = (b"POST /accounts/login/ HTTP/1.1\r\nHost: 127.0.0.1\r\n" + lines
+                    + b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 800000\r\n\r\n")
+            refused = _exchange(port, busy)
+        _assert_in(language, "busy", refused, "server_busy")
+        assert _document(refused)[1]["Retry-After"] == "5"
+        for what, client, code in slow:
+            _assert_in(language, what, _answer(client), code)
+    finally:
+        for _what, client, _code in slow:
+            client.close()
+    with sqlite3.connect(served["database"]) as db:  # the held request was never completed
+        assert db.execute("SELECT COUNT(*) FROM lifecycle_item WHERE content = 'holds the read buffer'").fetchone() == (0,)
+
+
+# Huge or garbage header lines, and the language read from them, at once: none but in the 60 KiB
+# of ranges, read as Django reads it (its first 500 characters, up to the last comma there).
+ODD_LINES = [
+    (b"Accept-Language: " + b"e" * 61440 + b"\r\n", "en"),  # 60 KiB, one range
+    (b"Accept-Language: " + b"es-ES;q=0.9," * 5120 + b"\r\n", "es"),  # 60 KiB of ranges
+    (b"Accept-Language: es\x00\r\n", "en"),
+    (b"Accept-Language: \xff\xfe\xc3(es\r\n", "en"),  # not UTF-8
+    (b"Accept-Language: *;q=NaN, es;q=NaN\r\n", "en"),
+    (b"Accept-Language: " + b"\x00" * 20000 + b"\r\nCookie: " + b"\xff=\x00;" * 20000 + b"\r\n", "en"),
+    (b"Cookie: django_language=es\x00; django_language\r\n", "en"),
+    (b"Cookie: django_language=\xc3\xa9s\xff\r\n", "en"),
+]
+
+
+@pytest.mark.parametrize(("lines", "language"), ODD_LINES, ids=range(len(ODD_LINES)))
+def test_a_refusal_with_a_huge_or_garbage_language_is_answered_at_once(refusing, lines, language):
+    port = refusing["port"]
+    for what, request, _code in _refusals_at_once(lines):
+        started = time.monotonic()
+        answer = _exchange(port, request)
+        elapsed = time.monotonic() - started
+        _line, headers, document = _document(answer)
+        assert document["code"] in REFUSED, (what, answer[:300])
+        # Over 64 KiB, the request line too long may be refused in the first bytes read, before
+        # the language's line is whole: then in English.
+        split = what.startswith("request line too long") and len(request) > 65536
+        assert headers["Content-Language"] in ({language, "en"} if split else {language}), what
+        _assert_in(headers["Content-Language"], what, answer, document["code"])
+        assert elapsed < 2, (what, elapsed)  # well inside the read timeout (3 s): decided at once
+    logged = refusing["log"].read_text(errors="replace")
+    assert "Traceback" not in logged and "Could not localize" not in logged, logged[-3000:]
+
+
+def test_the_worker_module_loads_without_django():
+    """The gunicorn master imports the worker before Django is set up: Django's translation is
+    imported only when a worker answers."""
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    code = ("import sys, ops.gunicorn_worker\n"
+            "assert not [m for m in sys.modules if m.split('.')[0] == 'django'], 'Django was imported'")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True)
+
+
+@pytest.mark.parametrize(("data", "end", "found"), [
+    # Up to the head's blank line only: nothing from the body.
+    (b"POST / HTTP/1.1\r\nCookie: a=1\r\nAccept-Language: es\r\n\r\nCookie: django_language=es\r\n", 49,
+     (b"a=1", b"es")),
+    # Repeated lines joined with a comma (as gunicorn does), names in any case, values trimmed.
+    (b"GET / HTTP/1.1\r\ncookie: a=1\r\nCOOKIE:\tdjango_language=es \r\nAccept-language: es\r\n", -1,
+     (b"a=1,django_language=es", b"es")),
+    (b"GET / HTTP/1.1\r\nAccept-Language: es", -1, (b"", b"")),  # a line not yet ended
+    (b"Cookie: django_language=es\r\n", -1, (b"", b"")),  # the request line is no header
+    (b"\r\nGET / HTTP/1.1\r\nAccept-Language: es\r\n", -1, (b"", b"es")),  # the empty line allowed first
+    (b"GET / HTTP/1.1\nAccept-Language: es\nX: 1", -1, (b"", b"es")),  # a line ended by a bare LF
+    (b"GET / HTTP/1.1\r\nAccept-Language : es\r\nX-Accept-Language: es\r\n", -1, (b"", b"")),
+    (b"GET / HTTP/1.1\r\nAccept-Language: e\rs\r\n", -1, (b"", b"")),  # a CR inside: no line
+])
+def test_the_language_is_read_from_complete_cookie_and_accept_language_lines(data, end, found):
+    from ops.gunicorn_worker import language_headers
+
+    assert end < 0 or data.find(b"\r\n\r\n") == end
+    assert language_headers(data, end) == found
+    assert language_headers(bytearray(data), end) == found  # as the main loop holds them
+
+
+def test_the_language_headers_read_are_bounded():
+    """At most `fields` such lines, and 16 KiB of each header (the cookies cut after a whole
+    one), however the client pads them: and quickly."""
+    from ops.gunicorn_worker import language_headers, request_language
+
+    many = b"GET / HTTP/1.1\r\n" + b"Accept-Language: de\r\n" * 150 + b"Cookie: django_language=es\r\n"
+    assert language_headers(many, fields=100) == (b"", b",".join([b"de"] * 100))
+    assert language_headers(many, fields=200)[0] == b"django_language=es"
+    cookie, accept = language_headers(b"GET / HTTP/1.1\r\nCookie: " + b"a=b; " * 10000 + b"django_language=es\r\n"
+                                      b"Accept-Language: " + b"x" * 100000 + b"\r\n")
+    assert len(cookie) <= 16384 and cookie.endswith(b"a=b") and accept == b"x" * 16384
+    assert request_language(cookie, accept) == "en"
+    # The largest head the main loop holds (about 890 KB), of the worst lines for each step
+    for filler in (b"Cookie: a=b;\r\n" * 68000, b"\n" * 890000, b"Cookie: " + b"a=b;" * 222000 + b"\r\n",
+                   b"Cookie:" + b"a" * 890000):
+        started = time.monotonic()
+        request_language(*language_headers(b"GET / HTTP/1.1\r\n" + filler))
+        assert time.monotonic() - started < 0.25, filler[:20]
+
+
+@pytest.mark.parametrize(("cookie", "accept", "language"), [
+    (b"", b"", "en"),
+    (b"django_language=es", b"en", "es"),  # the cookie first
+    (b"django_language=fr", b"es", "es"),  # a cookie of a language not offered: Accept-Language
+    (b"a=1; django_language=es-mx", b"", "es"),  # a variant of an offered one
+    (b"", b"fr-CH, fr;q=0.9, es;q=0.8, en;q=0.7", "es"),
+    (b"", b"en;q=0.5, es;q=0.9", "es"),  # by q-value, not order
+    (b"", b"es-419", "es"),
+    (b"", b"*;q=NaN", "en"),
+    (b"django_language=\xff\x00", b"\x00\xffes", "en"),
+])
+def test_the_language_is_chosen_as_django_chooses_it(cookie, accept, language):
+    from ops.gunicorn_worker import request_language
+
+    assert request_language(cookie, accept) == language
