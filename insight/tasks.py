@@ -18,7 +18,6 @@ complete snapshot; a second run on the same day replaces that day's totals.
 from __future__ import annotations
 
 import logging
-import os
 from collections import defaultdict
 from datetime import timedelta
 
@@ -36,7 +35,7 @@ from insight.models import (
     ToolKindSize,
 )
 from lifecycle import faults
-from lifecycle.enginefs import CONVERSATION_AREAS, EngineHome, is_storage_key
+from lifecycle.enginefs import CONVERSATION_AREAS, EngineHome
 from lifecycle.functions import OctetLength
 from lifecycle.models import Conversation, ConversationState, Item, Role, Scope
 from ops.logs import os_error
@@ -64,17 +63,9 @@ def tool_kind_sizes() -> list[dict[str, int | str]]:
 def engine_bytes_by_key(home: EngineHome, problems: list[OSError] | None = None) -> dict[str, int]:
     """storage key -> bytes in that conversation's engine folders, for every key found on disk;
     what could not be read goes to `problems`."""
-    keys: set[str] = set()
-    for area in CONVERSATION_AREAS:
-        try:
-            entries = list(os.scandir(home.root / area))
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        except OSError as exc:  # a folder that cannot be listed: counted as unreadable, not empty
-            if problems is not None:
-                problems.append(exc)
-            continue
-        keys.update(e.name for e in entries if is_storage_key(e.name) and e.is_dir(follow_symlinks=False))
+    # An area that cannot be listed (or is behind a link) is counted as unreadable, not empty.
+    unreadable = [] if problems is None else problems
+    keys = {key for area in CONVERSATION_AREAS for key in home.conversation_keys(area, unreadable)}
     return {key: home.conversation_usage(key, problems)[1] for key in sorted(keys)}
 
 

@@ -39,7 +39,7 @@ from django.db import IntegrityError, transaction
 from lifecycle.enginefs import (
     EngineHome,
     UnsafeEnginePath,
-    _fsync_dir,
+    open_folder,
     opened_folder,
     read_regular,
     sync_folder,
@@ -91,25 +91,15 @@ _LOOKUP_BATCH = 500
 def holds_files_of_known_conversations(home: EngineHome) -> bool:
     """Whether the folder holds a conversation folder (threads/, sessions/ or artifacts/<key>)
     of a conversation this database has not deleted. Stops at the first found."""
-    from lifecycle.enginefs import CONVERSATION_AREAS, is_storage_key
+    from lifecycle.enginefs import CONVERSATION_AREAS
     from lifecycle.models import Conversation, ConversationState
 
     undeleted = Conversation.objects.exclude(state=ConversationState.DELETED)
     for area in CONVERSATION_AREAS:
-        try:
-            with os.scandir(home.root / area) as entries:
-                batch: list[str] = []
-                for entry in entries:
-                    if is_storage_key(entry.name) and entry.is_dir(follow_symlinks=False):
-                        batch.append(entry.name)
-                    if len(batch) >= _LOOKUP_BATCH:
-                        if undeleted.filter(public_id__in=batch).exists():
-                            return True
-                        batch = []
-                if batch and undeleted.filter(public_id__in=batch).exists():
-                    return True
-        except (FileNotFoundError, NotADirectoryError):
-            continue
+        keys = home.conversation_keys(area)  # never through a link: one there holds none of them
+        for start in range(0, len(keys), _LOOKUP_BATCH):
+            if undeleted.filter(public_id__in=keys[start:start + _LOOKUP_BATCH]).exists():
+                return True
     return False
 
 
@@ -169,8 +159,10 @@ def adopt(home: EngineHome | None = None, *, force: bool) -> str:
     if not force and (reason := not_adoptable(home)):
         raise EngineFolderUnavailable(home.root, reason)
     if not home.root.is_dir():
-        home.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        _fsync_dir(home.root.parent)
+        try:  # one folder at a time from /, never through a link put on the way since it was resolved
+            os.close(open_folder(home.root, create=True, mode=0o700))
+        except UnsafeEnginePath:
+            raise EngineFolderUnavailable(home.root, "missing") from None
     # A new mark never replaces one another process wrote first (two adopts at once both
     # wrote theirs and recorded each its own: the folder ended up another database's); only a
     # mark file that holds no id is replaced, and only when asked (force).

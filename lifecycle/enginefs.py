@@ -38,8 +38,10 @@ person trusts what it reports:
   made relative to that one folder descriptor (`dir_fd`). A check that is then followed by a
   use of the path would leave a window: a folder swapped for a symlink in between (a
   rename exchange) would take the write outside; a descriptor cannot be redirected so.
-- Walks (`usage`, `conversation_usage`, the sweep) never follow symlinks and skip files and
-  folders that vanish under them.
+- Walks and listings (`walk`, `stale_temporaries`, `conversation_keys`) list each folder through
+  a descriptor of its own, opened in its parent's (O_NOFOLLOW, O_NONBLOCK), never by path
+  name: a folder swapped for a symlink mid-walk is not entered, so nothing outside the engine
+  folder is counted, listed or read. They skip files and folders that vanish under them.
 - Reads that decide anything are strict: `read_fleet` raises UnreadableEngineFile for a
   fleet file that exists but cannot be understood (the erasure executor must never take it
   for an empty fleet), and `update_fleet` never overwrites one. Pages use the tolerant
@@ -157,22 +159,24 @@ def sync_folder(folder: int) -> None:
         os.close(fd)
 
 
-def open_folder(folder: Path, create: bool = False) -> int:
+def open_folder(folder: Path, create: bool = False, mode: int = 0o777) -> int:
     """A descriptor of `folder`, reached from / one name at a time and never through a symlink
     (UnsafeEnginePath): what is opened, made, renamed or removed relative to it (`dir_fd`)
     stays in that folder even if its path is swapped for a link meanwhile. A missing folder
-    raises FileNotFoundError, or with `create` is made (each new one fsynced into its parent).
+    raises FileNotFoundError, or with `create` is made (each new one fsynced into its parent;
+    `folder` itself with `mode`, the ones above it with the default, as `mkdir -p` does).
     """
+    names = _names(folder)
     fd = os.open("/", _FOLDER_FLAGS)
     try:
-        for name in _names(folder):
+        for depth, name in enumerate(names, 1):
             try:
                 child = _enter(fd, name, folder)
             except FileNotFoundError:
                 if not create:
                     raise
                 try:
-                    os.mkdir(name, dir_fd=fd)
+                    os.mkdir(name, mode if depth == len(names) else 0o777, dir_fd=fd)
                 except FileExistsError:  # another writer made it (and syncs it)
                     pass
                 else:
@@ -210,15 +214,18 @@ def _is_regular_at(folder: int, name: str) -> bool:
         return False
 
 
-def open_regular(path: Path, flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
-    """Open a file of the engine folder: a file descriptor, for a regular file only.
+def open_regular(path: Path, flags: int = os.O_RDONLY, mode: int = 0o600, *, folder: int | None = None) -> int:
+    """Open a file of the engine folder: a file descriptor, for a regular file only. With
+    `folder` (a descriptor of `path`'s folder, as `walk` gives), the name is opened in it.
 
     A symlink (at the name or on the way), a FIFO, a socket or a device raises UnsafeEnginePath
     instead of being followed, waited on or written; FileNotFoundError and other OSErrors
     (permissions) pass through as they are.
     """
-    with opened_folder(path.parent) as folder:
+    if folder is not None:
         return _open_at(folder, path, flags, mode)
+    with opened_folder(path.parent) as opened:
+        return _open_at(opened, path, flags, mode)
 
 
 def _open_at(folder: int, path: Path, flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
@@ -364,21 +371,6 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _is_regular(path: Path) -> bool:
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
 def _tail_offset(folder: int, path: Path) -> int | None:
     """Where an unterminated last line starts; None when the log ends cleanly or is absent."""
     try:
@@ -415,29 +407,124 @@ def _truncate(folder: int, path: Path, size: int) -> None:
         os.close(fd)
 
 
-def _walk_files(top: Path, problems: list[OSError] | None = None) -> Iterator[os.stat_result]:
-    """The regular files under `top`, without following symlinks; vanished entries skipped.
-    A folder or file that exists but cannot be read is skipped too, and added to `problems`
-    when given (a measurement then says it is incomplete, never that it found nothing)."""
+# Folders are listed through a descriptor of their own, opened for reading in their parent's:
+# never through a link at their name (ELOOP), never waiting on a FIFO put where a folder was
+# (O_NONBLOCK; O_DIRECTORY then refuses it).
+_LIST_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
-    def unreadable(exc: OSError) -> None:
-        if problems is not None and not isinstance(exc, FileNotFoundError):
-            problems.append(exc)
+# What is in a listed folder besides folders: each name with its own status (never followed).
+Entries = list[tuple[str, os.stat_result]]
 
+
+def _list(parent: int, name: str, onerror: Callable[[OSError], None]) -> tuple[int, Entries, list[str]] | None:
+    """The folder `name` in the folder `parent` (a descriptor; "." for itself), opened for
+    listing: its descriptor (the caller closes it), what is in it but folders and the names of
+    its folders, both sorted by name. None when it is gone or no longer a folder (a link, a
+    file now); what cannot be opened, listed or looked at goes to `onerror`."""
     try:
-        if not stat.S_ISDIR(os.lstat(top).st_mode):
-            return
-    except OSError as exc:
-        unreadable(exc)
+        fd = os.open(name, _LIST_FLAGS, dir_fd=parent)
+    except OSError as error:
+        if error.errno not in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+            onerror(error)
+        return None
+    entries: Entries = []
+    folders: list[str] = []
+    try:
+        with os.scandir(fd) as listing:
+            for entry in listing:
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        folders.append(entry.name)
+                    else:
+                        entries.append((entry.name, os.lstat(entry.name, dir_fd=fd)))
+                except FileNotFoundError:
+                    continue
+                except OSError as error:
+                    onerror(error)
+    except OSError as error:
+        os.close(fd)
+        onerror(error)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, sorted(entries), sorted(folders)
+
+
+def _contents(folder: Path, onerror: Callable[[OSError], None]) -> tuple[Entries, list[str]]:
+    """What is in `folder` (as `_list` gives it), the folder reached from / (`open_folder`: a
+    link on the way raises UnsafeEnginePath, a missing folder FileNotFoundError)."""
+    with opened_folder(folder) as opened:
+        listed = _list(opened, ".", onerror)
+    if listed is None:
+        return [], []
+    os.close(listed[0])
+    return listed[1], listed[2]
+
+
+def _ignore(error: OSError) -> None:
+    pass
+
+
+def _raise(error: OSError) -> None:
+    raise error
+
+
+def walk(top: Path, onerror: Callable[[OSError], None] | None = None) -> Iterator[tuple[Path, int, Entries]]:
+    """Every folder from `top` down, each before the folders in it, by name: its path, a
+    descriptor of it (open until the next step) and what is in it besides folders, each name
+    with its own status (a link's own, never its target's).
+
+    Only through descriptors: `top` is reached from / (`open_folder`), every folder below from
+    its parent's descriptor and never through a link, so a folder swapped for a link while the
+    walk goes on is not entered and nothing outside `top` is listed. A missing `top` (or one that
+    is not a folder) has nothing in it; one behind a link goes to `onerror` as ELOOP. Folders
+    and entries that vanish meanwhile are skipped; what cannot be read goes to `onerror`
+    (ignored when None), and the walk goes on.
+    """
+    onerror = onerror or _ignore
+    try:
+        start = open_folder(top)
+    except UnsafeEnginePath:
+        onerror(OSError(errno.ELOOP, "passes through a symlink", str(top)))
         return
-    # os.walk never descends into symlinks; folders it cannot list go to `unreadable`.
-    for dirpath, _dirs, names in os.walk(top, onerror=unreadable):
-        for name in names:
-            try:
-                info = os.lstat(os.path.join(dirpath, name))
-            except OSError as exc:
-                unreadable(exc)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except OSError as error:
+        onerror(error)
+        return
+    stack: list[tuple[int, Path, Iterator[str]]] = []
+    try:
+        listed = _list(start, ".", onerror)
+        if listed is None:
+            return
+        fd, entries, folders = listed
+        stack.append((fd, top, iter(folders)))
+        yield top, fd, entries
+        while stack:
+            fd, path, pending = stack[-1]
+            name = next(pending, None)
+            if name is None:
+                stack.pop()
+                os.close(fd)
                 continue
+            listed = _list(fd, name, onerror)
+            if listed is not None:
+                child, entries, folders = listed
+                stack.append((child, path / name, iter(folders)))
+                yield path / name, child, entries
+    finally:
+        for fd, _path, _pending in stack:
+            os.close(fd)
+        os.close(start)
+
+
+def _walk_files(top: Path, problems: list[OSError] | None = None) -> Iterator[os.stat_result]:
+    """The regular files under `top` (see `walk`); vanished entries skipped. A folder or file
+    that exists but cannot be read is skipped too, and added to `problems` when given (a
+    measurement then says it is incomplete, never that it found nothing)."""
+    for _folder, _fd, entries in walk(top, None if problems is None else problems.append):
+        for _name, info in entries:
             if stat.S_ISREG(info.st_mode):
                 yield info
 
@@ -455,7 +542,11 @@ class EngineHome:
             raise InvalidStorageKey(f"not a conversation storage key: {key!r}")
         path = self.root / area / key
         # Its own resolved form: no symlink between the engine folder and the conversation.
-        if Path(os.path.realpath(path)) != path:
+        try:
+            resolved = Path(os.path.realpath(path))
+        except OSError as error:  # a link on the way was swapped while it was being read (EINVAL)
+            raise UnsafeEnginePath(f"{area}/{key} passes through a symlink") from error
+        if resolved != path:
             raise UnsafeEnginePath(f"{area}/{key} passes through a symlink")
         return path
 
@@ -764,12 +855,12 @@ class EngineHome:
         files only). Called with the target's lock held, when no writer of it is mid-write:
         every one found was left by a writer that died before its rename."""
         folder = target.parent
-        try:
-            names = sorted(os.listdir(folder))
-        except (FileNotFoundError, NotADirectoryError):
+        try:  # through the folder's descriptor: a link there (or on the way) holds none of them
+            entries, _folders = _contents(folder, _raise)
+        except (FileNotFoundError, NotADirectoryError, UnsafeEnginePath):
             return []
-        return [folder / name for name in names
-                if self._temporary_target(folder, name) == target and _is_regular(folder / name)]
+        return [folder / name for name, info in entries
+                if stat.S_ISREG(info.st_mode) and self._temporary_target(folder, name) == target]
 
     def sweep_temporaries(self) -> int:
         """Remove the temporaries that killed writers left behind; they were never renamed in.
@@ -780,18 +871,13 @@ class EngineHome:
         sweeps may run at once: each file is removed by exactly one of them.
         """
         removed = 0
-        root = self.root
-        if not root.is_dir():
-            return 0
         found = []
-        for dirpath, _dirs, names in os.walk(root):
-            for name in names:
-                target = self._temporary_target(Path(dirpath), name)
-                if target is not None:
-                    found.append((Path(dirpath) / name, target))
+        for folder, _fd, entries in walk(self.root):
+            for name, info in entries:
+                target = self._temporary_target(folder, name)
+                if target is not None and stat.S_ISREG(info.st_mode):
+                    found.append((folder / name, target))
         for tmp, target in found:
-            if not _is_regular(tmp):
-                continue
             # Never recreate a folder that was deleted meanwhile (an erased conversation's); a
             # lock that is not a regular file (a link, a FIFO) is not taken, its temporary left.
             with (contextlib.suppress(FileNotFoundError, UnsafeEnginePath), opened_folder(tmp.parent) as folder,
@@ -800,6 +886,25 @@ class EngineHome:
                     os.unlink(tmp.name, dir_fd=folder)
                     removed += 1
         return removed
+
+    def conversation_keys(self, area: str, problems: list[OSError] | None = None) -> list[str]:
+        """The storage keys that have a folder (never a link) in the area `area`, listed through
+        the area's descriptor, by name; none when the area is missing. An area behind a link is
+        not followed and holds none (ELOOP goes to `problems`); one that cannot be listed goes to
+        `problems`, or is raised when `problems` is None."""
+        unreadable = _raise if problems is None else problems.append
+        try:
+            _entries, folders = _contents(self.root / area, unreadable)
+        except UnsafeEnginePath:
+            if problems is not None:
+                problems.append(OSError(errno.ELOOP, "passes through a symlink", str(self.root / area)))
+            return []
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as error:
+            unreadable(error)
+            return []
+        return [name for name in folders if is_storage_key(name)]
 
     def usage(self, problems: list[OSError] | None = None) -> tuple[int, int]:
         """(files, bytes) under the engine home; what could not be read goes to `problems`."""

@@ -8,6 +8,8 @@ import errno
 import io
 import json
 import os
+import shutil
+import stat
 
 import pytest
 from django.core.management import call_command
@@ -29,6 +31,7 @@ from lifecycle.enginefs import EngineHome
 from lifecycle.errors import ActionRefused
 from ops.health import check_engine_folder
 from tests import factories
+from tests.swapping import attempts_until, swapping
 
 pytestmark = pytest.mark.django_db
 
@@ -362,6 +365,69 @@ def test_a_mark_that_is_a_link_or_a_fifo_is_no_mark_and_is_never_waited_on(engin
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
     assert refused.value.reason == "unmarked"
+
+
+def test_a_new_install_makes_its_folder_one_name_at_a_time_and_never_through_a_link(engine_home, tmp_path, settings):
+    """The folder was made by path (mkdir -p): a link put on the way after ENGINE_HOME was
+    resolved had it made (and the database wait on a folder) elsewhere. It is now made from
+    /, one name at a time and never through a link, as the engine folder's own folders are."""
+    forget_the_mark(engine_home)
+    settings.ENGINE_HOME = tmp_path / "mount" / "lethe" / "engine"
+    home = EngineHome()  # resolved while nothing is there
+    folder_id = engine_folder.adopt(home, force=False)
+    assert engine_folder.folder_mark(home) == folder_id == engine_folder.recorded()
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(home.root.stat().st_mode) == 0o700  # the folder itself; those above it as mkdir -p makes them
+    assert stat.S_IMODE(home.root.parent.stat().st_mode) == 0o777 & ~umask
+
+    m.EngineFolderMark.objects.all().delete()
+    shutil.rmtree(tmp_path / "mount")
+    home = EngineHome()  # resolved; then a link takes the place of a folder on the way
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "mount").symlink_to(outside)
+    with pytest.raises(engine_folder.EngineFolderUnavailable) as missing:
+        engine_folder.adopt(home, force=False)
+    assert missing.value.reason == "missing" and engine_folder.recorded() is None
+    assert list(outside.iterdir()) == []  # nothing made, nothing marked there
+
+
+def _known_outside(engine_home, tmp_path):
+    """A conversation of this database whose folder is outside the engine folder (behind the
+    link `threads.link` in it), a database that has recorded no folder, and in the engine
+    folder's `threads` only folders of conversations it does not know."""
+    known = factories.make_conversation(title="Its folder is elsewhere")
+    forget_the_mark(engine_home)
+    outside = tmp_path / "outside"
+    (outside / known.storage_key).mkdir(parents=True)
+    (engine_home / "threads").mkdir(exist_ok=True)
+    for n in range(3):
+        (engine_home / "threads" / f"c_{n:020d}").mkdir()
+    link = engine_home / "threads.link"
+    link.symlink_to(outside)
+    return EngineHome(), engine_home / "threads", link
+
+
+def test_a_conversation_area_behind_a_link_holds_no_files_of_known_conversations(engine_home, tmp_path):
+    """os.scandir(area) followed a link at the area: another folder's conversations counted as
+    this folder's, and the database took the folder as its own."""
+    home, threads, link = _known_outside(engine_home, tmp_path)
+    shutil.rmtree(threads)
+    threads.symlink_to(link.readlink())  # the area itself a link to the folder outside
+    assert not engine_folder.holds_files_of_known_conversations(home)
+    with pytest.raises(engine_folder.EngineFolderUnavailable) as refused:
+        engine_folder.adopt(home, force=False)
+    assert refused.value.reason == "unmarked" and engine_folder.recorded() is None
+    assert not (engine_home / engine_folder.MARK_NAME).exists()
+
+
+def test_a_conversation_area_swapped_for_a_link_never_counts_the_folders_outside(engine_home, tmp_path):
+    home, threads, link = _known_outside(engine_home, tmp_path)
+    with swapping(threads, link):
+        attempts, seen = attempts_until(lambda: engine_folder.holds_files_of_known_conversations(home))
+    assert not seen, f"a folder outside was taken for this database's after {attempts} attempts"
+    assert attempts > 1 and engine_folder.problem() == "unmarked"
 
 
 # ---- A folder that cannot be written: a read-only mount, a full disk ------------------------

@@ -1,17 +1,17 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import fcntl
 import json
-import multiprocessing
 import os
 import resource
+import secrets
 import signal
 import stat
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,11 +24,10 @@ from lifecycle.enginefs import (
     UnreadableEngineFile,
     UnsafeEnginePath,
 )
+from tests.swapping import FORK, attempts_until, swapping
 
 A = "c_" + "a" * 20
 B = "c_" + "b" * 20
-# A fresh single-threaded server forks the children: other tests may leave threads running here.
-FORK = multiprocessing.get_context("forkserver")
 
 
 def _bump(root: str, times: int) -> None:
@@ -418,19 +417,6 @@ def test_a_fleet_folder_that_is_a_link_is_never_written_through(tmp_path, never_
     assert names(elsewhere) == []  # no lock, no temporary, no fleet file written there
 
 
-def _exchange(a: Path, b: Path) -> None:
-    """renameat2(RENAME_EXCHANGE): one atomic swap of a folder and a symlink."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.renameat2(-100, bytes(a), -100, bytes(b), 2) != 0:
-        raise OSError(ctypes.get_errno(), "renameat2")
-
-
-def _swap_until(stop, started, real: str, link: str) -> None:
-    while not stop.is_set():
-        _exchange(Path(real), Path(link))
-        started.set()
-
-
 @pytest.mark.parametrize("operation", ["append", "write", "recover"])
 def test_nothing_lands_outside_the_engine_folder_while_its_folder_is_swapped_for_a_link(tmp_path, operation):
     """r6-3. The folder was checked (realpath) and then the file opened by path name: another
@@ -456,23 +442,16 @@ def test_nothing_lands_outside_the_engine_folder_while_its_folder_is_swapped_for
     run = {"append": lambda: home.append_jsonl(real / "events.jsonl", [{"content": "conversation text"}]),
            "write": lambda: home.write_atomic(real / "events.jsonl", b'{"content":"conversation text"}\n'),
            "recover": recover}
-    stop, started = FORK.Event(), FORK.Event()
-    swapper = FORK.Process(target=_swap_until, args=(stop, started, str(real), str(link)), daemon=True)
-    swapper.start()
     done = 0
     try:
-        assert started.wait(60)
-        deadline = time.monotonic() + 5  # without the fix something landed outside within a second
-        while time.monotonic() < deadline and not any(outside.iterdir()):
-            with contextlib.suppress(EnginePathError, OSError):
-                run[operation]()
-                done += 1
+        with swapping(real, link):
+            deadline = time.monotonic() + 5  # without the fix something landed outside within a second
+            while time.monotonic() < deadline and not any(outside.iterdir()):
+                with contextlib.suppress(EnginePathError, OSError):
+                    run[operation]()
+                    done += 1
     finally:
-        stop.set()
-        swapper.join(10)
         os.close(writer)
-        if real.is_symlink():
-            _exchange(real, link)
     assert names(outside) == []
     assert done > 0 and not real.is_symlink()
     if operation == "append":  # every append that answered is in the log, whole
@@ -784,3 +763,82 @@ def test_usage_tolerates_files_and_folders_vanishing_during_the_walk(tmp_path):
         stop.set()
         churner.join(10)
     assert churner.exitcode == 0
+
+
+# Listings -------------------------------------------------------------------------------------
+
+OUTSIDE_SIZE = 1 << 30  # sparse: a figure that counts it cannot be mistaken
+
+
+def _planted(tmp_path: Path) -> tuple[EngineHome, SimpleNamespace, Path, Path]:
+    """An engine folder whose conversation A holds a folder `inner` (kept.txt, 4 bytes, and its
+    lock) and beside it `inner.link`, a symlink to a folder outside holding a file of a unique
+    name (a unique marker first, OUTSIDE_SIZE long) and a leftover temporary of that file."""
+    home = EngineHome(tmp_path / "engine")
+    inner = home.artifacts_dir(A) / "inner"
+    home.write_atomic(inner / "kept.txt", b"kept")
+    token = secrets.token_hex(8)
+    out = SimpleNamespace(folder=tmp_path / "outside", name=f"outside-{token}.bin",
+                          marker=f"outside the engine folder {token}".encode())
+    out.temporary = f".{out.name}.lethe-tmp-0123456789abcdef"
+    out.folder.mkdir()
+    with open(out.folder / out.name, "wb") as handle:
+        handle.write(out.marker)
+        handle.truncate(OUTSIDE_SIZE)
+    (out.folder / out.temporary).write_bytes(out.marker)
+    link = inner.with_name("inner.link")
+    link.symlink_to(out.folder)
+    return home, out, inner, link
+
+
+def _leaks(home: EngineHome, out: SimpleNamespace, inner: Path, link: Path) -> dict[str, Callable[[], bool]]:
+    """Each listing of the engine folder, run once: whether it reached the folder outside."""
+    from lifecycle.deletion import fingerprints, verify
+
+    def swept() -> bool:  # removed the outside temporary, or took a lock named after it (in or out)
+        home.sweep_temporaries()
+        lock = out.name + ".lock"
+        return (not (out.folder / out.temporary).exists()
+                or any(os.path.lexists(folder / lock) for folder in (inner, link, out.folder)))
+
+    return {
+        "usage": lambda: home.usage()[1] >= OUTSIDE_SIZE,
+        "conversation usage": lambda: home.conversation_usage(A)[1] >= OUTSIDE_SIZE,
+        "erasure check's files": lambda: any(p.name == out.name for p in verify.engine_files(home)),
+        "fingerprint sample": lambda: any(out.marker in v for v in fingerprints._file_values(home.artifacts_dir(A))),
+        "stale temporaries": lambda: home.stale_temporaries(inner / out.name) != [],
+        "sweep": swept,
+    }
+
+
+def test_no_listing_of_the_engine_folder_follows_a_link_out_of_it_nor_opens_a_fifo(tmp_path, never_blocks):
+    from lifecycle.deletion import fingerprints, verify
+
+    home, out, inner, link = _planted(tmp_path)
+    os.mkfifo(inner / "fifo")
+    for listing, leaked in _leaks(home, out, inner, link).items():
+        assert not leaked(), listing
+    # A temporary's folder that is itself a link: nothing there is the engine folder's.
+    assert home.stale_temporaries(link / out.name) == []
+    # The figures and lists of what is in the folder stay exact: the link and the FIFO count nothing.
+    assert home.usage() == home.conversation_usage(A) == (2, 4)
+    assert verify.engine_files(home) == [inner / "kept.txt", inner / "kept.txt.lock"]
+    assert list(fingerprints._file_values(home.artifacts_dir(A))) == [b"kept", b""]
+    assert sorted(p.name for p in out.folder.iterdir()) == sorted([out.name, out.temporary])
+    assert stat.S_ISFIFO(os.lstat(inner / "fifo").st_mode) and link.is_symlink()
+
+
+@pytest.mark.parametrize("listing", ["usage", "conversation usage", "erasure check's files", "fingerprint sample",
+                                     "stale temporaries", "sweep"])
+def test_no_listing_reaches_outside_while_a_folder_in_it_is_swapped_for_a_link(tmp_path, listing):
+    """The listings went by path (os.walk, os.listdir): a folder checked as a folder and then
+    listed by its name was listed through the link swapped in meanwhile, so figures counted,
+    the erasure's check listed and the fingerprints read a file outside the engine folder.
+    They now list each folder through a descriptor opened from its parent's, never a link."""
+    home, out, inner, link = _planted(tmp_path)
+    leaked = _leaks(home, out, inner, link)[listing]
+    with swapping(inner, link):
+        attempts, seen = attempts_until(leaked)
+    assert not seen, f"{listing} reached the folder outside after {attempts} attempts"
+    assert attempts > 1 and inner.is_dir() and not inner.is_symlink()
+    assert home.usage() == home.conversation_usage(A) == (2, 4)  # exact again on the folder as it is

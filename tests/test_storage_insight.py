@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
 import os
 import re
 import subprocess
@@ -21,11 +24,12 @@ from insight.models import (
     ToolKindSize,
 )
 from insight.schedules import ensure_schedules
-from insight.tasks import measure_storage
+from insight.tasks import engine_bytes_by_key, measure_storage
 from lifecycle.enginefs import EngineHome
 from lifecycle.models import Conversation, Item
 from retention.storage import database_size
 from tests import factories
+from tests.swapping import attempts_until, swapping
 from tests.test_jobs import ROOT, database_url
 
 HOST = {"HTTP_HOST": "127.0.0.1"}
@@ -466,7 +470,7 @@ def test_a_missing_engine_folder_is_said_not_measured_not_empty(admin_client, en
 
 def _beyond_path_max(folder) -> None:
     """A folder nested deeper than the system's path length limit, with a file at the bottom:
-    it exists but cannot be listed by its path (ENAMETOOLONG), even by root."""
+    it cannot be listed by its path (ENAMETOOLONG), only through its parent's descriptor."""
     folder.mkdir(parents=True, exist_ok=True)
     fd = os.open(folder, os.O_RDONLY)
     try:
@@ -482,24 +486,115 @@ def _beyond_path_max(folder) -> None:
         os.close(fd)
 
 
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _capabilities(data=None):
+    """This thread's capability sets (capget), or set them (capset) when `data` is given."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    sets = data if data is not None else (_CapData * 2)()
+    if (libc.capset if data is not None else libc.capget)(ctypes.byref(header), sets) != 0:
+        raise OSError(ctypes.get_errno(), "capset" if data is not None else "capget")
+    return sets
+
+
+@contextlib.contextmanager
+def _unreadable(folder):
+    """`folder` cannot be listed by this thread while the block runs: no permission on it, and
+    for root the capabilities that pass over permissions (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH)
+    taken out of the thread's effective set; the kernel refuses it (EACCES), as it would a
+    process of another user."""
+    mode = folder.stat().st_mode
+    folder.chmod(0)
+    sets = _capabilities() if os.geteuid() == 0 else None
+    saved = sets[0].effective if sets is not None else 0
+    try:
+        if sets is not None:
+            sets[0].effective &= ~((1 << 1) | (1 << 2))
+            _capabilities(sets)
+        yield
+    finally:
+        if sets is not None:
+            sets[0].effective = saved
+            _capabilities(sets)
+        folder.chmod(mode)
+
+
 @pytest.mark.django_db
 def test_what_cannot_be_read_makes_the_measurement_incomplete_not_smaller(admin_client, engine_home):
-    home = EngineHome()
-    conversation = factories.make_conversation(title="Deep")
-    home.write_atomic(home.artifacts_dir(conversation.storage_key) / "seen.bin", b"s" * 5000)
-    _beyond_path_max(home.artifacts_dir(conversation.storage_key) / "deep")
-    result = measure_storage()
-    measurement = Measurement.load()
-    assert result["engine_unreadable"] >= 1 and measurement.engine_unreadable == result["engine_unreadable"]
-    assert ConversationSize.objects.get(conversation_id=conversation.pk).engine_bytes == 5000  # what could be read
-    totals = _totals(admin_client.get(PAGE, **HOST).content.decode())
-    assert "Incomplete:" in totals and "could not be read" in totals
-    # The engine folder size Data & storage and /metrics show is not replaced by a smaller one.
     from retention.models import StorageSnapshot
     from retention.tasks import measure_engine_folder
 
-    assert measure_engine_folder()["unreadable"] >= 1
+    home = EngineHome()
+    conversation = factories.make_conversation(title="Deep")
+    folder = home.artifacts_dir(conversation.storage_key)
+    home.write_atomic(folder / "seen.bin", b"s" * 5000)
+    _beyond_path_max(folder / "deep")  # reached through descriptors: counted
+    home.write_atomic(folder / "locked" / "inside.bin", b"i" * 3000)
+    with _unreadable(folder / "locked"):
+        result = measure_storage()
+        engine_folder_size = measure_engine_folder()
+    measurement = Measurement.load()
+    assert result["engine_unreadable"] >= 1 and measurement.engine_unreadable == result["engine_unreadable"]
+    # What could be read: the file beside it and the one beyond the path length limit.
+    assert ConversationSize.objects.get(conversation_id=conversation.pk).engine_bytes == 5000 + 7000
+    totals = _totals(admin_client.get(PAGE, **HOST).content.decode())
+    assert "Incomplete:" in totals and "could not be read" in totals
+    # The engine folder size Data & storage and /metrics show is not replaced by a smaller one.
+    assert engine_folder_size["unreadable"] >= 1
     assert not StorageSnapshot.objects.filter(engine_bytes__gt=0).exists()
+
+    assert measure_storage()["engine_unreadable"] == 0  # readable again: complete
+    assert ConversationSize.objects.get(conversation_id=conversation.pk).engine_bytes == 5000 + 7000 + 3000
+
+
+OUTSIDE_SIZE = 1 << 30  # sparse: a figure that counts it cannot be mistaken
+KEY, STRANGER = "c_" + "a" * 20, "c_" + "5" * 20
+
+
+def _area_and_link(tmp_path):
+    """An engine folder with one conversation's events (10 bytes) in `threads`, and beside that
+    area `threads.link`, a link to a folder outside holding another conversation's folder
+    (OUTSIDE_SIZE bytes)."""
+    home = EngineHome(tmp_path / "engine")
+    home.write_atomic(home.events_path(KEY), b"e" * 10)
+    outside = tmp_path / "outside"
+    (outside / STRANGER).mkdir(parents=True)
+    with open(outside / STRANGER / "events.jsonl", "wb") as handle:
+        handle.truncate(OUTSIDE_SIZE)
+    link = home.root / "threads.link"
+    link.symlink_to(outside)
+    return home, home.root / "threads", link
+
+
+def test_the_figures_per_conversation_never_list_an_area_behind_a_link(tmp_path):
+    """os.scandir(area) followed a link at the area: the folders outside were listed as the
+    engine folder's conversations."""
+    home, _threads, link = _area_and_link(tmp_path)
+    (home.root / "artifacts").symlink_to(link.readlink())
+    problems: list[OSError] = []
+    assert engine_bytes_by_key(home, problems) == {KEY: 10}
+    assert problems and {p.errno for p in problems} == {errno.ELOOP}  # not followed: the figure says incomplete
+    assert engine_bytes_by_key(home) == {KEY: 10}
+
+
+def test_the_figures_per_conversation_never_count_outside_while_an_area_is_swapped_for_a_link(tmp_path):
+    home, threads, link = _area_and_link(tmp_path)
+
+    def leaked() -> bool:
+        found = engine_bytes_by_key(home, [])
+        return STRANGER in found or sum(found.values()) >= OUTSIDE_SIZE
+
+    with swapping(threads, link):
+        attempts, seen = attempts_until(leaked)
+    assert not seen, f"a folder outside was listed after {attempts} attempts"
+    assert attempts > 1 and engine_bytes_by_key(home) == {KEY: 10}
 
 
 @pytest.mark.django_db

@@ -35,7 +35,7 @@ from django.db import connection
 
 from lifecycle import fleet
 from lifecycle.deletion import files
-from lifecycle.enginefs import EngineHome, UnsafeEnginePath, open_regular
+from lifecycle.enginefs import EngineHome, UnsafeEnginePath, open_regular, walk
 from lifecycle.models import Conversation, ErasureFingerprint
 from lifecycle.registry import RetentionClass, Store, erasure_order
 
@@ -83,23 +83,21 @@ def _table_values(store: Store, conversation_id: int) -> Iterator[bytes]:
 
 
 def _file_values(folder: Path) -> Iterator[bytes]:
-    """The head, middle and tail of every regular file under the folder. Links, FIFOs, sockets
-    and devices are not read (opening a FIFO would wait for a writer for ever), nor are files
-    this process may not read or that vanish meanwhile: the sample only serves the physical
-    check, and the folder's own step removes them all the same."""
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-    for dirpath, _dirs, names in os.walk(folder):
-        for name in sorted(names):
-            path = os.path.join(dirpath, name)
-            try:
-                if not stat.S_ISREG(os.lstat(path).st_mode):
-                    continue
-                fd = os.open(path, flags)  # replaced by a FIFO or a link since: no wait, no follow
-            except OSError:
+    """The head, middle and tail of every regular file under the folder, listed and opened
+    through folder descriptors (`walk`, `open_regular`): never a file outside it, even while a
+    folder in it is swapped for a link. Links, FIFOs, sockets and devices are not read (opening
+    a FIFO would wait for a writer for ever), nor are files this process may not read or that
+    vanish meanwhile: the sample only serves the physical check, and the folder's own step
+    removes them all the same."""
+    for path, at, entries in walk(folder):
+        for name, info in entries:
+            if not stat.S_ISREG(info.st_mode):
+                continue
+            try:  # replaced by a FIFO or a link since: no wait, no follow
+                fd = open_regular(path / name, folder=at)
+            except (OSError, UnsafeEnginePath):
                 continue
             with open(fd, "rb") as handle:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    continue
                 size = os.fstat(fd).st_size
                 if size <= FILE_HEAD * 3:
                     yield handle.read()

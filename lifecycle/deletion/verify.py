@@ -26,7 +26,6 @@ nothing and says so (`no_fingerprints`), recorded as `unscanned` beside the kept
 
 from __future__ import annotations
 
-import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +37,7 @@ from django.utils import timezone
 from lifecycle import engine_folder, fleet
 from lifecycle.deletion import executor, files
 from lifecycle.deletion.fingerprints import Hit, Scanner
-from lifecycle.enginefs import EngineHome, EnginePathError, read_regular
+from lifecycle.enginefs import EngineHome, EnginePathError, read_regular, walk
 from lifecycle.models import (
     Conversation,
     ConversationState,
@@ -184,18 +183,10 @@ def database_files() -> list[Path]:
 
 
 def engine_files(home: EngineHome) -> list[Path]:
-    out = []
-    if not home.root.exists():
-        return out
-    for dirpath, _dirs, names in os.walk(home.root):
-        for name in sorted(names):
-            path = Path(dirpath) / name
-            try:
-                if stat.S_ISREG(os.lstat(path).st_mode):
-                    out.append(path)
-            except FileNotFoundError:
-                continue
-    return out
+    """The regular files of the engine folder, listed through folder descriptors (`walk`):
+    never one outside it, even while a folder in it is swapped for a link."""
+    return [folder / name for folder, _fd, entries in walk(home.root)
+            for name, info in entries if stat.S_ISREG(info.st_mode)]
 
 
 def _explained_in_database(window: bytes) -> bool:
