@@ -30,8 +30,8 @@ def swap_until(stop, started, real: str, link: str) -> None:
 
 @contextlib.contextmanager
 def swapping(real: Path, link: Path) -> Iterator[None]:
-    """`real` (a folder) and `link` (a symlink beside it) swapped over and over by another
-    process while the block runs; afterwards `real` is the folder again."""
+    """`real` (a folder) and `link` (a symlink beside it, or a FIFO) swapped over and over by
+    another process while the block runs; afterwards `real` is the folder again."""
     stop, started = FORK.Event(), FORK.Event()
     swapper = FORK.Process(target=swap_until, args=(stop, started, str(real), str(link)), daemon=True)
     swapper.start()
@@ -41,7 +41,7 @@ def swapping(real: Path, link: Path) -> Iterator[None]:
     finally:
         stop.set()
         swapper.join(10)
-        if real.is_symlink():
+        if real.is_symlink() or not real.is_dir():
             exchange(real, link)
 
 

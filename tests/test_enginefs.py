@@ -490,6 +490,48 @@ def test_the_erasure_never_removes_a_folder_outside_when_a_folder_on_its_way_bec
     assert (tmp_path / "parked" / A / "out.txt").read_bytes() == b"the conversation's"
 
 
+def test_measuring_a_conversation_folder_never_waits_on_a_fifo_swapped_in_for_a_folder_in_it(tmp_path):
+    """files.usage (the delete preview's and the erasure check's figures) walked with os.fwalk,
+    which opens each folder it enters without O_NONBLOCK: a folder swapped for a FIFO between
+    its listing and its opening held the page (or the erasure) until a writer came."""
+    from lifecycle.deletion import files
+
+    home = EngineHome(tmp_path / "eng")
+    home.write_atomic(home.artifacts_dir(A) / "sub" / "out.txt", b"12345")
+    sub = home.artifacts_dir(A) / "sub"
+    fifo = sub.with_name("sub.fifo")
+    os.mkfifo(fifo)
+    before = files.usage(home, home.artifacts_dir(A))  # the file, its lock file and the FIFO
+    assert before == (3, 5)
+    figures: list[tuple[int, int]] = []
+    stop = threading.Event()
+
+    def measure() -> None:
+        while not stop.is_set():
+            figures.append(files.usage(home, home.artifacts_dir(A)))
+
+    measurer = threading.Thread(target=measure, daemon=True)
+    try:
+        with swapping(sub, fifo):
+            measurer.start()
+            measurer.join(5)
+            stop.set()
+            measurer.join(5)
+            waiting = measurer.is_alive()
+    finally:
+        stop.set()
+        if measurer.is_alive():  # an open waiting on the FIFO: a writer lets it go
+            for place in (sub, fifo):
+                with contextlib.suppress(OSError):
+                    os.close(os.open(place, os.O_WRONLY | os.O_NONBLOCK))
+            measurer.join(5)
+    assert not waiting, f"a measurement waited on the FIFO after {len(figures)} measurements"
+    assert len(figures) > 10
+    # mid-swap a figure may miss the file or count a name twice, never bytes from elsewhere
+    assert {size for _count, size in figures} <= {0, 5} and all(1 <= count <= 4 for count, _size in figures)
+    assert files.usage(home, home.artifacts_dir(A)) == before
+
+
 @pytest.mark.parametrize("kind", ["link", "fifo"])
 def test_reading_a_log_that_is_a_link_or_a_fifo_neither_follows_nor_waits(tmp_path, never_blocks, kind):
     home = EngineHome(tmp_path / "eng")

@@ -12,13 +12,14 @@ link, never followed. The parent folder is fsynced after the removal.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from lifecycle.enginefs import EngineHome, UnsafeEnginePath, opened_folder, sync_folder
+from lifecycle.enginefs import EngineHome, UnsafeEnginePath, opened_folder, sync_folder, walk
 
 
 class UnsafeFolder(Exception):
@@ -63,17 +64,18 @@ def usage(home: EngineHome, path: Path) -> tuple[int, int]:
     count = size = 0
     if folder is None:
         return 0, 0
-    with _parent(home, folder) as parent:
-        # fwalk from the parent's descriptor never follows a link (not at the top, not inside).
-        for _dirpath, _dirs, names, at in os.fwalk(folder.name, dir_fd=parent):
-            for name in names:
-                try:
-                    info = os.stat(name, dir_fd=at, follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                count += 1
-                if stat.S_ISREG(info.st_mode):
-                    size += info.st_size
+
+    def unreadable(error: OSError) -> None:  # a link on the way to the folder; other errors: not counted
+        if error.errno == errno.ELOOP:
+            raise UnsafeFolder(_relative(home, folder))
+
+    # Through descriptors (enginefs.walk): never into a link, never waiting on a FIFO put where
+    # a folder was (os.fwalk opens folders without O_NONBLOCK).
+    for _path, _fd, entries in walk(folder, unreadable):
+        for _name, info in entries:
+            count += 1
+            if stat.S_ISREG(info.st_mode):
+                size += info.st_size
     return count, size
 
 
