@@ -228,6 +228,15 @@ def open_regular(path: Path, flags: int = os.O_RDONLY, mode: int = 0o600, *, fol
         return _open_at(opened, path, flags, mode)
 
 
+def _resolved(path: Path) -> str:
+    """os.path.realpath(path); a link on the way swapped for a folder while it is read (readlink's
+    EINVAL, which realpath lets through) is UnsafeEnginePath: no lock or name is chosen from it."""
+    try:
+        return os.path.realpath(path)
+    except OSError as error:
+        raise UnsafeEnginePath(f"{path} changed while it was resolved") from error
+
+
 def _open_at(folder: int, path: Path, flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
     """`open_regular` for `path`'s name in the folder `folder` (a descriptor of `path.parent`)."""
     try:
@@ -542,11 +551,7 @@ class EngineHome:
             raise InvalidStorageKey(f"not a conversation storage key: {key!r}")
         path = self.root / area / key
         # Its own resolved form: no symlink between the engine folder and the conversation.
-        try:
-            resolved = Path(os.path.realpath(path))
-        except OSError as error:  # a link on the way was swapped while it was being read (EINVAL)
-            raise UnsafeEnginePath(f"{area}/{key} passes through a symlink") from error
-        if resolved != path:
+        if Path(_resolved(path)) != path:
             raise UnsafeEnginePath(f"{area}/{key} passes through a symlink")
         return path
 
@@ -638,7 +643,7 @@ class EngineHome:
         The fleet's own lock for the fleet file; the log's lock for its torn-tail files (they
         are written while the log's lock is held); else `<name>.lock` beside the file.
         """
-        if path.name == self.fleet_path.name and os.path.realpath(path.parent) == str(self.root / "state"):
+        if path.name == self.fleet_path.name and _resolved(path.parent) == str(self.root / "state"):
             return self.fleet_lock
         for pattern in (TORN, TORN_PENDING):
             if match := pattern.fullmatch(path.name):
@@ -836,8 +841,8 @@ class EngineHome:
     def _legacy_temporary_target(self, folder: Path, target: str) -> bool:
         """Earlier releases wrote `<name>.tmp-<8 hex>` beside these fixed-name files only."""
         try:
-            area, *rest = Path(os.path.realpath(folder)).relative_to(self.root).parts
-        except ValueError:
+            area, *rest = Path(_resolved(folder)).relative_to(self.root).parts
+        except (ValueError, UnsafeEnginePath):
             return False
         if (area, *rest) in (("state",), ("legacy-state",)):
             return target == "subagents.v1.json"

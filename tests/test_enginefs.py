@@ -490,6 +490,35 @@ def test_the_erasure_never_removes_a_folder_outside_when_a_folder_on_its_way_bec
     assert (tmp_path / "parked" / A / "out.txt").read_bytes() == b"the conversation's"
 
 
+def test_naming_a_lock_while_its_folder_is_swapped_for_a_link_is_a_refusal_not_an_os_error(tmp_path):
+    """lock_for and the sweep's check of old temporaries resolved folders with os.path.realpath,
+    which lets readlink's EINVAL through when a link on the way becomes a folder between its
+    lstat and its readlink: a bare OSError (the sweep stopped; a delete answered 500)."""
+    home = EngineHome(tmp_path / "eng")
+    state = home.fleet_path.parent
+    state.mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    link = state.with_name("state.link")
+    link.symlink_to(outside)
+    refused = []
+
+    def bare_os_error() -> bool:
+        try:
+            home.lock_for(home.fleet_path)
+            home._temporary_target(state, "subagents.v1.json.tmp-0123abcd")
+        except UnsafeEnginePath:
+            refused.append(1)
+        except OSError:
+            return True
+        return False
+
+    with swapping(state, link):
+        attempts, failed = attempts_until(bare_os_error, seconds=5)
+    assert not failed, f"a bare OSError after {attempts} attempts"
+    assert refused and home.lock_for(home.fleet_path) == home.fleet_lock
+
+
 def test_measuring_a_conversation_folder_never_waits_on_a_fifo_swapped_in_for_a_folder_in_it(tmp_path):
     """files.usage (the delete preview's and the erasure check's figures) walked with os.fwalk,
     which opens each folder it enters without O_NONBLOCK: a folder swapped for a FIFO between
