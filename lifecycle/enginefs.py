@@ -598,11 +598,12 @@ class EngineHome:
             yield
 
     def check_lock_writable(self, lock_path: Path) -> None:
-        """Raise the OSError that taking `lock_path` (`locked`) would meet on a read-only or
-        full disk, without writing anything (a preview's question): the lock file opened for
-        writing when it is there (that needs no space), else what the disk its nearest existing
-        folder is on says of itself (mounted read-only; no free block or file left for a
-        newcomer to make the lock file with)."""
+        """Raise the OSError that taking `lock_path` (`locked`) would meet on a read-only disk,
+        without writing anything (a preview's question): the lock file opened for writing when
+        it is there (on a full disk that succeeds, as taking it does), else the read-only flag
+        of the disk its nearest existing folder is on. Whether a full disk has room for a lock
+        file not made yet is not known without making it (free-block figures do not say: btrfs
+        reports no free inodes, tmpfs makes an empty file with no block free): the request says."""
         try:
             with opened_folder(lock_path.parent) as folder:
                 os.close(_open_at(folder, lock_path, os.O_RDWR))
@@ -612,10 +613,8 @@ class EngineHome:
         folder = lock_path.parent
         while not folder.exists() and folder != folder.parent:
             folder = folder.parent
-        disk = os.statvfs(folder)
-        code = errno.EROFS if disk.f_flag & os.ST_RDONLY else errno.ENOSPC if not (disk.f_bavail and disk.f_favail) else 0
-        if code:
-            raise OSError(code, os.strerror(code), str(lock_path))
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(lock_path))
 
     @contextlib.contextmanager
     def guarded(self, path: Path) -> Iterator[int]:

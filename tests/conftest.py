@@ -136,8 +136,7 @@ def unwritable_engine_folder(monkeypatch, engine_home):
     """`refuse(errno.EROFS)` (a read-only mount) or `refuse(errno.ENOSPC)` (a full disk): from
     then on every change in the engine folder fails with that errno, as the kernel's would
     (opening a file for writing or creating it, making, removing or renaming an entry);
-    reads go on, and the folder's disk reads as mounted read-only or with no free block
-    (`os.statvfs`).
+    reads go on, and on EROFS the folder's disk reads as mounted read-only (`os.statvfs`).
     `refuse(None)` makes it writable again. At the os functions themselves, so
     whichever way the code opens (a path, or a folder's descriptor) meets it."""
     import errno as errnos
@@ -186,12 +185,10 @@ def unwritable_engine_folder(monkeypatch, engine_home):
 
     real_statvfs = os.statvfs
 
-    def statvfs(path):  # what a preview asks, writing nothing: a read-only mount's flag, a full disk's free blocks
+    def statvfs(path):  # what a preview asks, writing nothing: a read-only mount's flag
         seen = real_statvfs(path)
         if refused["errno"] == errnos.EROFS and inside(path):
             return os.statvfs_result((*seen[:8], seen.f_flag | os.ST_RDONLY, seen.f_namemax))
-        if refused["errno"] == errnos.ENOSPC and inside(path):
-            return os.statvfs_result((*seen[:3], 0, 0, *seen[5:]))
         return seen
 
     monkeypatch.setattr(os, "statvfs", statvfs)
