@@ -1,7 +1,7 @@
 """The remote engine's name is resolved within the connect timeout: a resolver that does not
 answer (a DNS server down: seconds per try, per server, per attempt) holds no call, no web
 request and no job past ENGINE_CONNECT_TIMEOUT and the call's deadline; hung lookups hold at
-most MAX_RESOLVING threads; HTTPS still checks the certificate against the host name.
+most MAX_RESOLVING threads per name; HTTPS still checks the certificate against the host name.
 
 The resolver is the one part made up here (socket.getaddrinfo replaced: a name hangs, or maps to
 127.0.0.1); the engine is a real server on a loopback port, over real sockets, with real
@@ -132,9 +132,13 @@ def test_hung_lookups_hold_at_most_max_resolving_threads_and_the_others_are_refu
         assert len(lookups()) == MAX_RESOLVING  # the given-up lookups, still hung: no more
         assert Counter(detail for detail, _took in outcomes) == {TIMED_OUT: MAX_RESOLVING, TOO_MANY: 2 * MAX_RESOLVING}
         assert all(took < 1.5 + 2 for _detail, took in outcomes)
-        # An engine named by its address asks no resolver: reached while the lookups are hung.
+        # An engine named by its address asks no resolver: reached while the lookups are hung;
+        # and another engine's name has places of its own (the cap is per name).
         assert HttpEngine(url, "t", connect_timeout=1.5, read_timeout=2, retries=0).operation(OP).id == OP
-        assert len(seen) == 1
+        resolver.names["other.test"] = "127.0.0.1"
+        assert HttpEngine(at(url, "other.test"), "t", connect_timeout=1.5, read_timeout=2,
+                          retries=0).operation(OP).id == OP
+        assert len(seen) == 2
         # Once the resolver answers, the lookups end and their places are free again.
         resolver.released.set()
         for thread in lookups():
@@ -142,7 +146,7 @@ def test_hung_lookups_hold_at_most_max_resolving_threads_and_the_others_are_refu
         assert lookups() == []
         resolver.names["engine.test"] = "127.0.0.1"
         assert engine.operation(OP).id == OP
-    assert len(seen) == 2
+    assert len(seen) == 3
 
 
 # ---- web requests through the engine ---------------------------------------------------------

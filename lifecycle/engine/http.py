@@ -68,11 +68,19 @@ CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 OPERATION_ID = re.compile(r"[A-Za-z0-9_-]{1,32}")
 # Nesting an answer may have: the engine's answers (its API document included) are far shallower.
 MAX_ANSWER_DEPTH = 64
-# Name resolutions of the engine's host under way at once in this process. A resolver that does
+# Name resolutions of one engine host under way at once in this process. A resolver that does
 # not answer holds one thread per lookup until it gives up by itself (often 20-40 s); past this
-# many, a call is answered unreachable at once instead of starting another thread.
+# many, a call to that host is answered unreachable at once instead of starting another thread.
+# Counted per host name: a name that never resolves leaves the other engines' names (the
+# delivery engines of ENGINE_TOKENS) their own places. The names are the configured engines'.
 MAX_RESOLVING = 8
-_resolving = threading.BoundedSemaphore(MAX_RESOLVING)
+_resolving: dict[str, threading.BoundedSemaphore] = {}
+_resolving_guard = threading.Lock()
+
+
+def _places(host: str) -> threading.BoundedSemaphore:
+    with _resolving_guard:
+        return _resolving.setdefault(host.lower(), threading.BoundedSemaphore(MAX_RESOLVING))
 
 
 class EngineUnreachable(ActionRefused):
@@ -383,9 +391,11 @@ def resolve(host: str, port: int, wait: float) -> list[tuple]:
     """The addresses of `host`, as socket.create_connection asks for them, waited on for at most
     `wait` seconds. getaddrinfo takes no timeout and no socket timeout bounds it (a resolver
     that does not answer is tried per server and per attempt), so it runs in a daemon thread
-    that is given up on: EngineUnreachable, as when MAX_RESOLVING lookups are already under way.
+    that is given up on: EngineUnreachable, as when MAX_RESOLVING lookups of `host` are already
+    under way.
     Nothing is kept: every call asks again, so a changed name is seen at once."""
-    if not _resolving.acquire(blocking=False):
+    places = _places(host)
+    if not places.acquire(blocking=False):
         raise EngineUnreachable("name resolution: too many lookups under way")
     done = threading.Event()
     found: list[tuple] = []
@@ -397,13 +407,13 @@ def resolve(host: str, port: int, wait: float) -> list[tuple]:
         except Exception as exc:  # no such name, say: raised to the caller as before
             failed.append(exc)
         finally:
-            _resolving.release()
+            places.release()
             done.set()
 
     try:
         threading.Thread(target=lookup, name="engine-resolve", daemon=True).start()
     except RuntimeError:  # no thread to be had
-        _resolving.release()
+        places.release()
         raise EngineUnreachable("name resolution: no thread") from None
     if not done.wait(wait):
         raise EngineUnreachable("name resolution timed out")
