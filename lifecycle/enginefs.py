@@ -59,7 +59,7 @@ import re
 import secrets
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -422,53 +422,77 @@ def _truncate(folder: int, path: Path, size: int) -> None:
 _LIST_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 # What is in a listed folder besides folders: each name with its own status (never followed).
-Entries = list[tuple[str, os.stat_result]]
+Entries = Iterable[tuple[str, os.stat_result]]
 
 
-def _list(parent: int, name: str, onerror: Callable[[OSError], None]) -> tuple[int, Entries, list[str]] | None:
-    """The folder `name` in the folder `parent` (a descriptor; "." for itself), opened for
-    listing: its descriptor (the caller closes it), what is in it but folders and the names of
-    its folders, both sorted by name. None when it is gone or no longer a folder (a link, a
-    file now); what cannot be opened, listed or looked at goes to `onerror`."""
+def _at(error: OSError, path: Path) -> OSError:
+    """`error` naming `path` in full: an error met through a descriptor names only the last name
+    (or none), and what cannot be read is shown by its place in the engine folder."""
+    return OSError(error.errno, error.strerror, str(path))
+
+
+def _list(parent: int, name: str, path: Path,
+          onerror: Callable[[OSError], None]) -> tuple[int, list[str], list[str]] | None:
+    """The folder `name` in the folder `parent` (a descriptor; "." for itself), whose path is
+    `path`, opened for listing: its descriptor (the caller closes it), the names in it that are
+    not folders and the names of its folders, both sorted. Names only: their status is read as
+    they are used (`_entries`), so a folder of 200,000 files costs its names, no more. None when
+    it is gone or no longer a folder (a link, a file now); what cannot be opened or listed goes
+    to `onerror`."""
     try:
         fd = os.open(name, _LIST_FLAGS, dir_fd=parent)
     except OSError as error:
         if error.errno not in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
-            onerror(error)
+            onerror(_at(error, path))
         return None
-    entries: Entries = []
+    names: list[str] = []
     folders: list[str] = []
     try:
         with os.scandir(fd) as listing:
             for entry in listing:
                 try:
-                    if entry.is_dir(follow_symlinks=False):
-                        folders.append(entry.name)
-                    else:
-                        entries.append((entry.name, os.lstat(entry.name, dir_fd=fd)))
+                    (folders if entry.is_dir(follow_symlinks=False) else names).append(entry.name)
                 except FileNotFoundError:
                     continue
                 except OSError as error:
-                    onerror(error)
+                    onerror(_at(error, path / entry.name))
     except OSError as error:
         os.close(fd)
-        onerror(error)
+        onerror(_at(error, path))
         return None
     except BaseException:
         os.close(fd)
         raise
-    return fd, sorted(entries), sorted(folders)
+    names.sort()
+    folders.sort()
+    return fd, names, folders
 
 
-def _contents(folder: Path, onerror: Callable[[OSError], None]) -> tuple[Entries, list[str]]:
-    """What is in `folder` (as `_list` gives it), the folder reached from / (`open_folder`: a
-    link on the way raises UnsafeEnginePath, a missing folder FileNotFoundError)."""
+def _entries(fd: int, path: Path, names: list[str], onerror: Callable[[OSError], None]) -> Iterator[
+        tuple[str, os.stat_result]]:
+    """Each name of the folder `fd` (at `path`) with its own status, read now (never followed);
+    vanished names skipped, what cannot be looked at goes to `onerror`."""
+    for name in names:
+        try:
+            yield name, os.lstat(name, dir_fd=fd)
+        except FileNotFoundError:
+            continue
+        except OSError as error:
+            onerror(_at(error, path / name))
+
+
+def _contents(folder: Path, onerror: Callable[[OSError], None]) -> tuple[list[tuple[str, os.stat_result]], list[str]]:
+    """What is in `folder` (as `_list` and `_entries` give it), the folder reached from /
+    (`open_folder`: a link on the way raises UnsafeEnginePath, a missing folder FileNotFoundError)."""
     with opened_folder(folder) as opened:
-        listed = _list(opened, ".", onerror)
+        listed = _list(opened, ".", folder, onerror)
     if listed is None:
         return [], []
-    os.close(listed[0])
-    return listed[1], listed[2]
+    fd, names, folders = listed
+    try:
+        return list(_entries(fd, folder, names, onerror)), folders
+    finally:
+        os.close(fd)
 
 
 def _ignore(error: OSError) -> None:
@@ -482,7 +506,8 @@ def _raise(error: OSError) -> None:
 def walk(top: Path, onerror: Callable[[OSError], None] | None = None) -> Iterator[tuple[Path, int, Entries]]:
     """Every folder from `top` down, each before the folders in it, by name: its path, a
     descriptor of it (open until the next step) and what is in it besides folders, each name
-    with its own status (a link's own, never its target's).
+    with its own status (a link's own, never its target's), read as it is used (before the next
+    step). Errors name the full path of what could not be read.
 
     Only through descriptors: `top` is reached from / (`open_folder`), every folder below from
     its parent's descriptor and never through a link, so a folder swapped for a link while the
@@ -500,16 +525,16 @@ def walk(top: Path, onerror: Callable[[OSError], None] | None = None) -> Iterato
     except (FileNotFoundError, NotADirectoryError):
         return
     except OSError as error:
-        onerror(error)
+        onerror(_at(error, top))
         return
     stack: list[tuple[int, Path, Iterator[str]]] = []
     try:
-        listed = _list(start, ".", onerror)
+        listed = _list(start, ".", top, onerror)
         if listed is None:
             return
-        fd, entries, folders = listed
+        fd, names, folders = listed
         stack.append((fd, top, iter(folders)))
-        yield top, fd, entries
+        yield top, fd, _entries(fd, top, names, onerror)
         while stack:
             fd, path, pending = stack[-1]
             name = next(pending, None)
@@ -517,11 +542,11 @@ def walk(top: Path, onerror: Callable[[OSError], None] | None = None) -> Iterato
                 stack.pop()
                 os.close(fd)
                 continue
-            listed = _list(fd, name, onerror)
+            listed = _list(fd, name, path / name, onerror)
             if listed is not None:
-                child, entries, folders = listed
+                child, names, folders = listed
                 stack.append((child, path / name, iter(folders)))
-                yield path / name, child, entries
+                yield path / name, child, _entries(child, path / name, names, onerror)
     finally:
         for fd, _path, _pending in stack:
             os.close(fd)

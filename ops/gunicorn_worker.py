@@ -136,6 +136,11 @@ def language_headers(data, end: int = -1, fields: int = 100) -> tuple[bytes, byt
     (the cookies cut after the last whole one)."""
     found: dict[bytes, list[bytes]] = {b"cookie": [], b"accept-language": []}
     stop = end + 2 if end >= 0 else len(data)  # the last line's CRLF included
+    # Never past the first empty line, whichever line ends it has (a bare LF's head ends there,
+    # and what follows is the next pipelined request's, not this one's)
+    for blank in (b"\n\n", b"\n\r\n"):
+        if (at := data.find(blank, 0, stop)) >= 0:
+            stop = min(stop, at + 1)
     for lines, match in enumerate(_LANGUAGE_LINE.finditer(data, 0, stop)):
         if lines >= fields:
             break

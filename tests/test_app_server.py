@@ -693,6 +693,11 @@ def test_the_worker_module_loads_without_django():
     (b"GET / HTTP/1.1\nAccept-Language: es\nX: 1", -1, (b"", b"es")),  # a line ended by a bare LF
     (b"GET / HTTP/1.1\r\nAccept-Language : es\r\nX-Accept-Language: es\r\n", -1, (b"", b"")),
     (b"GET / HTTP/1.1\r\nAccept-Language: e\rs\r\n", -1, (b"", b"")),  # a CR inside: no line
+    # A head ended by bare LFs, then the next pipelined request's: the first one's lines only.
+    (b"GET / HTTP/1.1\nAccept-Language: en\n\nGET / HTTP/1.1\r\nCookie: django_language=es\r\n\r\n", 78,
+     (b"", b"en")),
+    (b"GET / HTTP/1.1\r\nAccept-Language: en\r\n\nGET / HTTP/1.1\r\nCookie: django_language=es\r\n\r\n", 80,
+     (b"", b"en")),
 ])
 def test_the_language_is_read_from_complete_cookie_and_accept_language_lines(data, end, found):
     from ops.gunicorn_worker import language_headers

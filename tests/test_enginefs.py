@@ -490,6 +490,37 @@ def test_the_erasure_never_removes_a_folder_outside_when_a_folder_on_its_way_bec
     assert (tmp_path / "parked" / A / "out.txt").read_bytes() == b"the conversation's"
 
 
+def test_a_folder_too_deep_for_the_descriptors_left_is_not_counted_as_empty(tmp_path):
+    """A walk holds one descriptor per level: past the open-file limit the folders below could
+    not be opened, and the delete's figures (files.usage) left them out without a word: its
+    step said "done, 0 records" of a folder holding a file. Now that is an error the step shows;
+    the storage figures say they are incomplete."""
+    from lifecycle.deletion import files
+
+    home = EngineHome(tmp_path / "eng")
+    folder = home.artifacts_dir(A)
+    home.write_atomic(folder / "top.txt", b"1234")
+    deep = folder
+    for _ in range(120):
+        deep = deep / "d"
+    deep.mkdir(parents=True)
+    (deep / "bottom.txt").write_bytes(b"123456")
+    assert files.usage(home, folder) == (3, 10)  # top.txt, its lock file, bottom.txt
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    in_use = len(os.listdir("/proc/self/fd"))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + 40, hard))
+    try:
+        with pytest.raises(OSError) as refused:
+            files.usage(home, folder)
+        problems: list[OSError] = []
+        counted = home.conversation_usage(A, problems)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert refused.value.errno == errno.EMFILE and str(folder) in refused.value.filename
+    assert problems and problems[0].errno == errno.EMFILE and counted[1] < 10
+    assert files.usage(home, folder) == (3, 10)
+
+
 def test_naming_a_lock_while_its_folder_is_swapped_for_a_link_is_a_refusal_not_an_os_error(tmp_path):
     """lock_for and the sweep's check of old temporaries resolved folders with os.path.realpath,
     which lets readlink's EINVAL through when a link on the way becomes a folder between its

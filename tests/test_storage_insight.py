@@ -623,3 +623,27 @@ def test_an_older_run_never_overwrites_a_newer_measurement(engine_home):
     measurement = Measurement.load()
     assert (measurement.measured_at, measurement.engine_bytes) == (later, 12345)
     assert not DailySize.objects.exists()
+
+
+@pytest.mark.django_db
+def test_what_cannot_be_read_is_named_by_its_place_in_the_engine_folder(admin_client, engine_home):
+    """Listings through descriptors named an unreadable folder by its last name only ("private")
+    on the conversation page; they name its path in the engine folder, as before; and the
+    delete's figures of that folder say they are not known rather than leave it out."""
+    from lifecycle.deletion import files
+
+    home = EngineHome()
+    conversation = factories.make_conversation(title="Private reports")
+    folder = home.artifacts_dir(conversation.storage_key)
+    home.write_atomic(folder / "reports" / "private" / "inside.bin", b"i" * 3000)
+    place = f"artifacts/{conversation.storage_key}/reports/private"
+    with _unreadable(folder / "reports" / "private"):
+        page = admin_client.get(f"/conversations/{conversation.public_id}/", **HOST).content.decode()
+        with pytest.raises(PermissionError) as refused:
+            files.usage(home, folder)
+        preview = admin_client.get(f"/v1/threads/{conversation.public_id}/deletion-preview", **HOST).json()
+    assert f"<code>{place}</code>" in page
+    assert refused.value.filename == str(folder / "reports" / "private")
+    artifacts = [s for s in preview["stores"] if s["store"] == "artifacts"]
+    assert artifacts and artifacts[0]["records"] is None
+    assert files.usage(home, folder) == (2, 3000)  # readable again: the file and its lock file

@@ -59,15 +59,20 @@ def checked(home: EngineHome, path: Path) -> Path | None:
 
 
 def usage(home: EngineHome, path: Path) -> tuple[int, int]:
-    """(files, bytes) in a conversation folder, without following symlinks."""
+    """(files, bytes) in a conversation folder, without following symlinks; what cannot be
+    read raises its OSError (naming its full path)."""
     folder = checked(home, path)
     count = size = 0
     if folder is None:
         return 0, 0
 
-    def unreadable(error: OSError) -> None:  # a link on the way to the folder; other errors: not counted
+    def unreadable(error: OSError) -> None:
+        """A link on the way to the folder is UnsafeFolder; anything else that cannot be read
+        (a permission, no descriptor left in a deep folder) is raised: a figure that left it
+        out would say fewer files than there are (a step done with 0 records)."""
         if error.errno == errno.ELOOP:
             raise UnsafeFolder(_relative(home, folder))
+        raise error
 
     # Through descriptors (enginefs.walk): never into a link, never waiting on a FIFO put where
     # a folder was (os.fwalk opens folders without O_NONBLOCK).

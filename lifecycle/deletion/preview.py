@@ -27,7 +27,7 @@ def _count(store: Store, conversation: Conversation, home: EngineHome) -> dict[s
                 return {"records": None}
         try:
             count, size = files.usage(home, path)
-        except files.UnsafeFolder:
+        except (files.UnsafeFolder, OSError):  # a link on the way, or what cannot be read: not counted
             return {"records": None}
         return {"records": count, "bytes": size}
     rows = store.rows(conversation)

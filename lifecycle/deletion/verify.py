@@ -147,7 +147,7 @@ def logical_findings(conversation: Conversation, home: EngineHome) -> list[Findi
             try:
                 count, _size = files.usage(home, path)
                 present = files.checked(home, path) is not None
-            except (files.UnsafeFolder, EnginePathError):
+            except (files.UnsafeFolder, EnginePathError, OSError):  # not shown to be gone: a finding
                 out.append(Finding(s.key, "unsafe_folder"))
                 continue
             if present:
