@@ -93,16 +93,22 @@ class BackupReceiptOut(Schema):
     size: int | None
 
 
+FIGURES = (
+    "Counted so far while queued (0) or running. An analysis's result once it succeeded, or partial "
+    "(part of the data); a cancelled or failed analysis has no result, whatever it counted. A cleanup "
+    "that removed anything before it stopped is partial, so a cancelled or failed one removed nothing.")
+
+
 class OperationDoc(Schema):
     id: int
     kind: Literal["analysis", "backup", "cleanup", "compact"]
     state: Literal["queued", "running", "succeeded", "partial", "failed", "cancelled"]
     cutoff: str | None
-    scanned: int
-    eligible_conversations: int
-    eligible_messages: int
-    removed_messages: int
-    payload_bytes: int
+    scanned: int = Field(description=FIGURES)
+    eligible_conversations: int = Field(description=FIGURES)
+    eligible_messages: int = Field(description=FIGURES)
+    removed_messages: int = Field(description=FIGURES)
+    payload_bytes: int = Field(description=FIGURES)
     skipped: dict[str, int] = Field(description=(
         "Items left alone, by reason: the reducer's reasons stored with each item (protected, "
         "too_small, oversize...), `changed` (written meanwhile: the write won) and "

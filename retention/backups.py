@@ -492,37 +492,67 @@ def verify_backup(name: str) -> BackupReceipt:
     return receipt
 
 
-def restore_instructions(vendor: str) -> str:
-    """How an operator restores a backup of this engine (plain text, localized)."""
+@dataclass(frozen=True)
+class RestorePart:
+    """A piece of a restore paragraph: words, or a command to type (`code`)."""
+
+    text: str
+    code: bool = False
+
+    @property
+    def words(self) -> list[str]:
+        """A command's words: a page keeps each whole (a line may break after a hyphen)."""
+        return self.text.split()
+
+
+def _with_commands(sentence: str, **commands: str) -> list[RestorePart]:
+    """A translated sentence with %(name)s places for commands, as words and commands apart."""
+    parts = []
+    for n, piece in enumerate(re.split(r"%\((\w+)\)s", sentence)):
+        if n % 2:
+            parts.append(RestorePart(commands[piece], code=True))
+        elif piece:
+            parts.append(RestorePart(piece))
+    return parts
+
+
+def restore_paragraphs(vendor: str) -> list[list[RestorePart]]:
+    """How an operator restores a backup of this engine, localized: paragraphs of words and
+    commands (a page shows each command as code; `restore_instructions` is the plain text)."""
     warning = _(
         "A restore replaces the whole database with the backup: everything written after the "
         "backup was made is lost, and anything removed since then comes back."
     )
     if vendor == "sqlite":
-        steps = _(
+        steps = [RestorePart(_(
             "Stop the console and the job cluster. Move the current database file aside together "
             "with the files next to it whose names end in -wal and -shm (after an unclean stop they "
             "hold its latest writes), then copy the backup file in its place. Start the console and "
             "the job cluster again."
-        )
+        ))]
     else:
-        steps = _(
+        command = "pg_restore --no-owner --dbname={} {}".format(_("<new database>"), _("<backup file>"))
+        steps = _with_commands(_(
             "Stop the console and the job cluster. Create an empty database, restore the backup "
-            "into it with `pg_restore --no-owner --dbname=<new database> <backup file>`, point "
-            "DATABASE_URL at it, then start the console and the job cluster again."
-        )
-    deletes = _(
+            "into it with %(command)s, point DATABASE_URL at it, then start the console and the "
+            "job cluster again."
+        ), command=command)
+    deletes = _with_commands(_(
         "Conversations deleted after the backup come back too. Before you restore, note the deletes "
         "requested after the backup was made (the Operations page); once restored, delete each of them "
-        "again, then have an operator run manage.py verify_erasure --all. The operations guide gives "
-        "every step."
-    )
+        "again, then have an operator run %(command)s. The operations guide gives every step."
+    ), command="manage.py verify_erasure --all")
     cleanup = _(
         "Tool details removed after the backup come back, and the next cleanup removes them again "
         "while Automatic cleanup is on: to keep them, start the console alone first, turn Automatic "
         "cleanup off, then start the job cluster."
     )
-    return steps + "\n\n" + warning + "\n\n" + deletes + "\n\n" + cleanup
+    return [steps, [RestorePart(warning)], deletes, [RestorePart(cleanup)]]
+
+
+def restore_instructions(vendor: str) -> str:
+    """How an operator restores a backup of this engine (plain text, localized)."""
+    return "\n\n".join("".join(part.text for part in paragraph) for paragraph in restore_paragraphs(vendor))
 
 
 # ---- SQLite -----------------------------------------------------------------------------

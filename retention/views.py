@@ -140,14 +140,15 @@ def _read_status() -> dict | None:
         return None
 
 
-def _restore_text(engine: str) -> str:
+def _restore_paragraphs(engine: str) -> list:
+    """How to restore, as paragraphs of words and commands (the page shows commands as code)."""
     try:
         from retention import backups
 
-        return backups.restore_instructions(engine)
+        return backups.restore_paragraphs(engine)
     except Exception:
         logger.exception("backup restore instructions could not be read")
-        return ""
+        return []
 
 
 def _age_key(age: dict | None) -> str:
@@ -198,6 +199,9 @@ def _card(doc: dict | None, engine: str) -> dict:
         "analysis": analysis,
         "analysis_state": analysis_state,
         "analysis_age_key": _age_key(analysis.get("age") if analysis else None),
+        # What the period field shows when no draft is given: the saved policy's (the page's
+        # note on an estimate for other settings compares with it; the script, with the field)
+        "saved_age_key": _age_key(policy.get("age")),
         "skipped_total": sum((analysis or {}).get("skipped", {}).values()) if analysis else 0,
         "preparation": preparation,
         "prep_state": prep_state,
@@ -214,7 +218,7 @@ def _card(doc: dict | None, engine: str) -> dict:
         "older_backups": doc.get("older_backups") or 0,
         "backup_folder": _backup_folder() if doc.get("older_backups") else "",
         "history": [_op(entry) for entry in (doc.get("history") or [])[:50]],
-        "restore_text": _restore_text(engine) if doc.get("backups") else "",
+        "restore": _restore_paragraphs(engine) if doc.get("backups") else [],
         "poll": POLL_BUSY if busy else (POLL_IDLE if policy["enabled"] else 0),
         # What waits for the job cluster (queued work, a backup, the daily check) while none runs
         "cluster_stopped": cluster_stopped() if busy or policy["enabled"] else None,
@@ -262,14 +266,54 @@ def _backup_folder() -> str:
     return str(configured_backup_dir())
 
 
-def _context(request: HttpRequest, **overrides) -> dict:
+# Without the script, Analyze savings posts the whole cleanup form and the page is loaded
+# afresh: the settings it was pressed with come back once, in the session, so the form shows
+# them as an unsaved draft (saving stays the Save button's).
+DRAFT_KEY = "lethe.tool_draft"
+
+
+def _posted_draft(request: HttpRequest, data: dict) -> dict | None:
+    """The cleanup form's settings a plain post of Analyze savings carried (None from the
+    script, or from a post that is not the whole form)."""
+    if request.htmx or "revision" not in request.POST:
+        return None
+    return {"age_value": data["age_value"], "age_unit": data["age_unit"],
+            "enabled": request.POST.get("enabled") == "on"}
+
+
+def _unsaved(draft: dict | None, policy: ToolPayloadPolicy) -> dict | None:
+    """The draft if it differs from the saved policy."""
+    saved = {"age_value": policy.age_value, "age_unit": policy.age_unit, "enabled": policy.enabled}
+    return draft if draft and draft != saved else None
+
+
+def _draft(request: HttpRequest, policy: ToolPayloadPolicy) -> dict | None:
+    """The draft kept by an analysis without the script, once, if it is one the form can show
+    and differs from the saved policy."""
+    draft = request.session.pop(DRAFT_KEY, None)
+    if not isinstance(draft, dict):
+        return None
+    form = AgeForm({"age_value": str(draft.get("age_value")), "age_unit": draft.get("age_unit")})
+    if not form.is_valid():
+        return None
+    return _unsaved({**form.cleaned_data, "enabled": draft.get("enabled") is True}, policy)
+
+
+def _context(request: HttpRequest, *, draft: dict | None = None, **overrides) -> dict:
     tool_policy = ToolPayloadPolicy.load()
     db = database_size()
+    tool_form = _saved_form(ToolPayloadPolicyForm, tool_policy)
+    if draft:
+        tool_form.initial.update(draft)
     context = {
         "db": db,
         "snapshot": StorageSnapshot.load(),
         "tool_policy": tool_policy,
-        "tool_form": _saved_form(ToolPayloadPolicyForm, tool_policy),
+        "tool_form": tool_form,
+        "draft": draft,
+        "saved_unit_label": _unit_label(tool_policy.age_unit, tool_policy.age_value),
+        # The period the field shows, when it is not the saved one
+        "field_age_key": _age_key({"value": draft["age_value"], "unit": draft["age_unit"]}) if draft else "",
         "facts_form": _saved_form(RetainedFactsForm, RetainedFactsPolicy.load()),
         "can_edit": is_admin(request.user),
     }
@@ -282,7 +326,7 @@ def _context(request: HttpRequest, **overrides) -> dict:
 @login_required
 @require_GET
 def data_storage(request: HttpRequest) -> HttpResponse:
-    return render(request, PAGE, _context(request))
+    return render(request, PAGE, _context(request, draft=_draft(request, ToolPayloadPolicy.load())))
 
 
 class _PolledSize:
@@ -388,21 +432,28 @@ def facts_policy_save(request: HttpRequest) -> HttpResponse:
 
 
 def _action(request: HttpRequest, form_class, call, *, error_key: str = "action_error",
-            policy_saved: dict | None = None, done_text: str = "") -> HttpResponse:
+            policy_saved: dict | None = None, done_text: str = "", keeps_draft: bool = False) -> HttpResponse:
     """Members 403, bad input 400, a refusal with the service's own status and message (in
     error_key's region, beside the button pressed); success answers htmx with the fresh live
     regions and plain forms with a redirect. An action that saved the policy sends the card
-    too (its form shows the saved policy), with policy_saved in its context."""
+    too (its form shows the saved policy), with policy_saved in its context. An action that
+    keeps_draft (Analyze savings) shows the settings it was sent with in the page's form,
+    after a plain post: kept in the session for the page it redirects to, or at once with
+    its refusal."""
     if not is_admin(request.user):
         return _action_error(request, _("Only admins can analyze, run or compact."), 403, error_key)
     form = form_class(request.POST) if form_class else None
     if form is not None and not form.is_valid():
         errors = [str(m) for field_errors in form.errors.values() for m in field_errors]
         return _action_error(request, " ".join(errors), 400, error_key)
+    draft = _posted_draft(request, form.cleaned_data) if keeps_draft and form is not None else None
     try:
         call(form.cleaned_data if form is not None else {})
     except service.CleanupError as exc:
-        return _action_error(request, exc.message, exc.status, error_key)
+        return _action_error(request, exc.message, exc.status, error_key,
+                             draft=_unsaved(draft, ToolPayloadPolicy.load()))
+    if draft is not None:
+        request.session[DRAFT_KEY] = draft
     if not request.htmx:
         if done_text:
             messages.success(request, done_text)
@@ -420,19 +471,20 @@ def _action(request: HttpRequest, form_class, call, *, error_key: str = "action_
     return response
 
 
-def _action_error(request: HttpRequest, message: str, status: int, key: str = "action_error") -> HttpResponse:
+def _action_error(request: HttpRequest, message: str, status: int, key: str = "action_error",
+                  draft: dict | None = None) -> HttpResponse:
     if request.htmx:
         response = render(request, LIVE, {key: message, "only_error": True}, status=status)
         response["HX-Reswap"] = "none"
         return response
-    return render(request, PAGE, _context(request, **{key: message}), status=status)
+    return render(request, PAGE, _context(request, draft=draft, **{key: message}), status=status)
 
 
 @login_required
 @require_POST
 def cleanup_analyze(request: HttpRequest) -> HttpResponse:
     return _action(request, AgeForm, lambda data: service.start_analysis(
-        user=request.user, age_value=data["age_value"], age_unit=data["age_unit"]))
+        user=request.user, age_value=data["age_value"], age_unit=data["age_unit"]), keeps_draft=True)
 
 
 @login_required
