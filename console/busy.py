@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from django.db import OperationalError, connection
+from django.db import OperationalError, connection, transaction
 
 RETRY_AFTER_SECONDS = 5
 FULL_RETRY_AFTER_SECONDS = 60  # until an operator frees space
@@ -25,9 +25,26 @@ def is_database_busy(exc: BaseException) -> bool:
 
 @contextlib.contextmanager
 def waiting_at_most(seconds: float) -> Iterator[None]:
-    """Writes in this block wait at most `seconds` for SQLite's write lock (not the connection's
-    20 s): for bookkeeping a request can do without. PostgreSQL: unchanged (such a write waits
-    only for another write to the same row)."""
+    """Writes in this block wait at most `seconds` for a lock, not the connection's own wait
+    (SQLite: 20 s for the write lock; PostgreSQL: DB_LOCK_WAIT_SECONDS on the web server,
+    console/web_database.py, and no limit elsewhere): for bookkeeping a request can do without.
+    On PostgreSQL the block runs in a transaction (a savepoint inside another one) with
+    `SET LOCAL lock_timeout`; once it ends the connection's own wait is back."""
+    if connection.vendor == "postgresql":
+        from console.web_database import milliseconds
+
+        nested = connection.in_atomic_block
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                if nested:  # SET LOCAL lasts until the outer transaction ends: put it back below
+                    cursor.execute("SELECT current_setting('lock_timeout')")
+                    (saved,) = cursor.fetchone()
+                cursor.execute(f"SET LOCAL lock_timeout = {milliseconds(seconds)}")
+            yield
+            if nested:
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT set_config('lock_timeout', %s, true)", [saved])
+        return
     if connection.vendor != "sqlite":
         yield
         return

@@ -269,6 +269,8 @@ def database_from_url(url: str) -> dict:
             "PASSWORD": unquote(parts.password or ""),
             "HOST": parts.hostname or "",
             "PORT": str(port or ""),
+            # Kept for a minute; a web server's connection keeps the lock wait it was given when
+            # it opened (DB_LOCK_WAIT_SECONDS, console/web_database.py) for its whole life.
             "CONN_MAX_AGE": 60,
             "CONN_HEALTH_CHECKS": True,
             # One test database per test process, as on SQLite: two runs on one server (or a run
@@ -344,6 +346,11 @@ CSRF_TRUSTED_ORIGINS = [
 
 DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'lethe.sqlite3'}"
 DATABASES = {"default": database_from_url(DATABASE_URL)}
+# PostgreSQL: how long a web request waits for a lock (a table another process holds, as an
+# erasure's VACUUM FULL does) before it answers 503 `database_busy`, as SQLite's 20 s wait for
+# its write lock. Set on the web server's connections only (console/web_database.py): jobs and
+# management commands wait as long as the lock is held. SQLite keeps its own 20 s.
+DB_LOCK_WAIT_SECONDS = env_float("DB_LOCK_WAIT_SECONDS", 20, 0.1, 600)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # The engine's data directory: event logs, receipts, artifacts and the subagent fleet file.
