@@ -5,7 +5,10 @@ shown once, in the answer to the POST that made it, and never again.
 Each create form carries a one-time number, stored with the token it creates under a unique
 constraint: sending the same form again (a reload of the answer, Back and Forward, a double
 click whose two requests race) creates nothing and says so, and the token itself is never
-stored anywhere to be shown again."""
+stored anywhere to be shown again. That answer names the token the first sending made (name,
+prefix, when) with its Revoke control: the browser may have shown only the second answer, so
+its value may never have been seen. The page's script also sends the form only once
+(data-submit-once)."""
 
 from __future__ import annotations
 
@@ -86,8 +89,14 @@ def api_tokens(request: HttpRequest) -> HttpResponse:
         token, raw = create_token(request.user, name=form.cleaned_data["name"], days=form.cleaned_data["days"],
                                   acting_user=request.user, form_number=number)
     except IntegrityError:  # this form made a token already
-        return _page(request, TokenForm(initial={"days": settings.API_TOKEN_DAYS}), status=409, resent=_(
-            "This form was already sent: its token was created then and shown once. Nothing was created now."))
+        # Whether the answer that showed it was ever seen, the server cannot know (a double
+        # click shows the second answer only): name the token, so it can be revoked if its
+        # value was not copied. Its value is not kept anywhere, so it is never shown here.
+        first = ApiToken.objects.select_related("user").filter(form_number=number).first()
+        if first is None:  # gone since (its user deleted): nothing stands in the way of a new one
+            return _page(request, form, status=409, resent=_(
+                "This form has expired. Nothing was created; send it again."))
+        return _page(request, TokenForm(initial={"days": settings.API_TOKEN_DAYS}), status=409, resent_token=first)
     return _page(request, TokenForm(initial={"days": settings.API_TOKEN_DAYS}), status=201,
                  created=token, raw_token=raw)
 

@@ -3,6 +3,8 @@ confirmation page (no dialog), members see their own tokens read-only."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from playwright.sync_api import expect
 
@@ -61,3 +63,96 @@ def test_a_member_sees_tokens_read_only(seeded, live_server, open_page, viewport
     expect(page.get_by_role("button", name="Create token")).to_have_count(0)
     expect(page.get_by_role("link", name="Revoke")).to_have_count(0)
     check_layout(page, "api tokens, member")
+
+
+def _create_form(page, live_server, name: str):
+    open_nav(page, "API tokens")
+    page.wait_for_load_state("load")
+    page.get_by_label("Name").fill(name)
+    page.get_by_label("Expires after (days)").fill("30")
+    return page.get_by_role("button", name="Create token")
+
+
+def _middle(locator) -> tuple[float, float]:
+    box = locator.bounding_box()
+    return box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+
+
+def test_a_second_tap_on_create_token_sends_nothing_and_the_token_is_shown(seeded, live_server, open_page):
+    """A slow network: the first POST reached the server (the token exists) but its answer is
+    held. A double click, then another tap while waiting: the page sent the form twice and showed
+    the second answer (a 409), so the token, shown only in the first, was lost."""
+    page = open_page("desktop")
+    log_in(page, live_server.url, *ADMIN)
+    button = _create_form(page, live_server, "Phone app")
+    posts, held = [], []
+
+    def slow(route):
+        if route.request.method != "POST":
+            route.continue_()
+            return
+        posts.append(route.request.post_data)
+        held.append((route, route.fetch()))  # the server answers now; the browser gets it later
+
+    page.route("**/settings/api-tokens/", slow)
+    # The page says when its button turns disabled (asking the page itself would wait for the
+    # navigation under way).
+    said = []
+    page.on("console", lambda message: said.append(message.text))
+    page.evaluate("""() => {
+      const button = document.querySelector("form[data-submit-once] button[type=submit]");
+      new MutationObserver(() => console.log("disabled=" + button.disabled)).observe(button, {attributes: true});
+    }""")
+    x, y = _middle(button)
+    # Taps go by the mouse: a locator waits for the navigation under way to finish.
+    page.mouse.dblclick(x, y)
+    page.wait_for_timeout(500)
+    page.mouse.click(x, y)  # a later tap, the answer still on its way
+    page.wait_for_timeout(500)
+    assert len(posts) == 1 and ApiToken.objects.count() == 1
+    assert "disabled=true" in said
+    route, answer = held[0]
+    route.fulfill(response=answer)
+    shown = page.get_by_label("New API token")
+    expect(shown).to_be_visible()
+    assert ApiToken.objects.get().key_hash == hash_token(shown.input_value())
+    expect(page.get_by_test_id("token-form-resent")).to_have_count(0)
+    # The new page's form sends again (its own number): the guard is per page.
+    expect(page.get_by_role("button", name="Create token")).to_be_enabled()
+    assert len(posts) == 1
+
+
+def test_without_javascript_a_resent_form_names_its_token_and_offers_the_revoke(seeded, live_server, open_page):
+    """Without the page's script a double click sends the form twice. The second answer is
+    the one shown: it names the token the first one made (never its value), says to revoke it
+    if the value was not copied, and the Revoke there works."""
+    page = open_page("desktop", java_script_enabled=False)
+    log_in(page, live_server.url, *ADMIN)
+    button = _create_form(page, live_server, "Phone app")
+    first = []
+
+    def race(route):
+        if route.request.method != "POST":
+            route.continue_()
+        elif not first:
+            first.append((route, route.fetch()))  # made the token; its answer never arrives
+        else:
+            route.continue_()
+
+    page.route("**/settings/api-tokens/", race)
+    x, y = _middle(button)
+    page.mouse.click(x, y)
+    page.wait_for_timeout(500)
+    page.mouse.click(x, y)  # the first answer still on its way
+    notice = page.get_by_test_id("token-form-resent")
+    expect(notice).to_be_visible()
+    token = ApiToken.objects.get()
+    raw = re.search(r'id="new-token"[^>]*value="(lethe_[^"]+)"', first[0][1].text())[1]
+    assert token.key_hash == hash_token(raw)
+    expect(notice).to_contain_text(f"Its first submission created the token “Phone app” ({token.prefix}…) at ")
+    expect(notice).to_contain_text("If you did not copy the value, revoke this token and create a new one.")
+    assert raw not in page.content()
+    notice.get_by_role("link", name="Revoke Phone app").click()
+    page.get_by_role("button", name="Revoke token").click()
+    expect(page.get_by_test_id("token-revoked")).to_contain_text("is revoked")
+    assert ApiToken.objects.get().revoked_at is not None

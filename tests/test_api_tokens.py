@@ -148,7 +148,7 @@ def test_the_same_form_sent_again_creates_nothing_and_says_so(admin_client):
     again = admin_client.post(PAGE, data, **HOST)
     assert again.status_code == 409 and ApiToken.objects.count() == 1
     page = again.content.decode()
-    assert "This form was already sent: its token was created then and shown once." in page
+    assert "This form was already sent, and nothing was created now." in page
     assert 'id="new-token"' not in page and 'role="alert"' in page
     # A form without a number, or with one this session never handed out, creates nothing either
     for number in ("", "made-up"):
@@ -170,14 +170,16 @@ def test_a_form_sent_twice_at_the_same_instant_creates_one_token(admin_user):
     client.force_login(admin_user)
     data = {"name": "Raced", "days": "30", "form_number": form_number(client)}
     start = threading.Barrier(2)
-    codes = []
+    codes, pages = [], []
 
     def send():
         own = Client()
         own.cookies = client.cookies  # the same session, as two requests of one browser tab
         start.wait()
         try:
-            codes.append(own.post(PAGE, data, **HOST).status_code)
+            answer = own.post(PAGE, data, **HOST)
+            codes.append(answer.status_code)
+            pages.append(answer.content.decode())
         finally:
             connection.close()  # this thread's own connection, or the test database stays in use
 
@@ -187,6 +189,64 @@ def test_a_form_sent_twice_at_the_same_instant_creates_one_token(admin_user):
     for thread in threads:
         thread.join(60)
     assert sorted(codes) == [201, 409] and ApiToken.objects.filter(name="Raced").count() == 1
+    # the one that lost names the token the other made
+    raced = ApiToken.objects.get(name="Raced")
+    assert sum(f"({raced.prefix}…)" in page and "Its first submission created the token" in page
+               for page in pages) == 1
+
+
+def resent_notice(page: str) -> str:
+    return re.search(r'<div class="alert alert-warn flash" role="alert" data-testid="token-form-resent">(.*?)</div>',
+                     page, re.S)[1]
+
+
+@pytest.mark.parametrize("lang", ["en", "es"])
+def test_a_double_submit_names_the_token_the_first_one_made_and_offers_its_revoke(admin_client, lang):
+    """A second tap on Create token before the first answer shows: the browser shows only the
+    second answer. It said the token "was shown once", which the person never saw, and gave no
+    way to the token. It now names the token (as the list shows it), never its value, says the
+    value must be revoked and made again if it was not copied, and links to the revoke."""
+    ask = {"HTTP_ACCEPT_LANGUAGE": lang, **HOST}
+    data = {"name": "Phone app", "days": "30", "form_number": form_number(admin_client)}
+    first = admin_client.post(PAGE, data, **ask)
+    second = admin_client.post(PAGE, data, **ask)
+    assert (first.status_code, second.status_code) == (201, 409)
+    token = ApiToken.objects.get()  # one row
+    raw = re.search(r'id="new-token"[^>]*value="(lethe_[^"]+)"', first.content.decode())[1]
+    assert token.key_hash == hash_token(raw) and token.form_number == data["form_number"]
+    page = second.content.decode()
+    assert raw not in page and raw[len(token.prefix):] not in page and 'id="new-token"' not in page
+    notice = resent_notice(page)
+    words = {
+        "en": ["This form was already sent, and nothing was created now.",
+               "Its first submission created the token “<bdi>Phone app</bdi>” (" + token.prefix + "…) at ",
+               "If you did not copy the value, revoke this token and create a new one.", "Revoke"],
+        "es": ["Este formulario ya se envió y ahora no se creó nada.",
+               "Su primer envío creó el token «<bdi>Phone app</bdi>» (" + token.prefix + "…) el ",
+               "Si no copió el valor, revoque este token y cree uno nuevo.", "Revocar"],
+    }[lang]
+    for text in words:
+        assert text in notice, text
+    # the time as the list shows it, and the way to revoke it right there
+    row = re.search(rf'data-testid="token-{token.pk}">(.*?)</li>', page, re.S)[1]
+    user, created = re.findall(r"<dd>([^<]*)</dd>", row)[:2]  # (the first, "Starts with", holds a <code>)
+    assert user == "alice" and f"{token.prefix}…) {'at' if lang == 'en' else 'el'} {created}." in notice
+    assert f'href="/settings/api-tokens/{token.pk}/revoke/"' in notice
+    # later pages never show the value either; the revoke it links to works
+    assert raw not in admin_client.get(PAGE, **ask).content.decode()
+    assert admin_client.post(f"/settings/api-tokens/{token.pk}/revoke/", **ask).status_code == 302
+    assert ApiToken.objects.get().revoked_at is not None and api(raw).status_code == 401
+
+
+def test_a_resent_form_whose_token_is_revoked_says_so_without_a_revoke(admin_client):
+    data = {"name": "Phone app", "days": "30", "form_number": form_number(admin_client)}
+    assert admin_client.post(PAGE, data, **HOST).status_code == 201
+    token = ApiToken.objects.get()
+    ApiToken.objects.filter(pk=token.pk).update(revoked_at=timezone.now())
+    again = admin_client.post(PAGE, data, **HOST)
+    notice = resent_notice(again.content.decode())
+    assert again.status_code == 409 and ApiToken.objects.count() == 1
+    assert f"({token.prefix}…)" in notice and "That token can no longer be used" in notice and "/revoke/" not in notice
 
 
 def test_an_expired_form_keeps_what_was_typed(admin_client):

@@ -115,10 +115,11 @@ def test_it_rejects_invalid_policy_input_and_saves_nothing(admin_client, bad):
     assert AuditFact.objects.count() == 0
 
 
-@pytest.mark.parametrize("spelled", ["1_000", "+365", "365.0", " 365.0", "٣٦٥", "３６５", "3e2", "0x10", "9" * 19])
+@pytest.mark.parametrize("spelled", ["1_000", "+365", "365.0", " 365.0", "٣٦٥", "３６５", "3e2", "0x10"])
 def test_a_number_the_api_refuses_is_refused_by_the_forms_too(admin_client, spelled):
     """The forms take whole numbers in ASCII digits only, as the API does: int() took "1_000",
-    "+365", other scripts' digits, and Django "365.0", and saved them."""
+    "+365", other scripts' digits, and Django "365.0", and saved them. (A whole number out of
+    range, "-3" or 19 nines, gets the range message: tests/test_whole_number_field.py.)"""
     facts = admin_client.post(FACTS, facts_form(audit_days=spelled), **HX)
     tool = admin_client.post(TOOL, tool_form(enabled="on", age_value=spelled), **HX)
     assert (facts.status_code, tool.status_code) == (422, 422)

@@ -44,6 +44,37 @@
   var flash = document.querySelector(".flash");
   if (flash && focusLost()) focusQuiet(flash);
 
+  // ---- A form that must go once: form[data-submit-once] ---------------------------
+  // Its first submit goes; until the page is left, another (a second tap while the first
+  // answer is on its way) is dropped and the submit buttons are disabled. The server still
+  // refuses a form sent twice (its one-time number), and says what the first one made.
+  (function submitOnce() {
+    document.addEventListener("submit", function (event) {
+      var form = event.target;
+      if (!form.matches || !form.matches("form[data-submit-once]") || event.defaultPrevented) return;
+      if (form.dataset.sending === "true") {
+        event.preventDefault();
+        return;
+      }
+      form.dataset.sending = "true";
+      form.setAttribute("aria-busy", "true");
+      // After the browser has taken the form's data (a disabled button is not sent).
+      setTimeout(function () {
+        form.querySelectorAll("button[type=submit], button:not([type])").forEach(function (b) { b.disabled = true; });
+      }, 0);
+    });
+    // Back to a page the browser kept as it was: its form is usable again (a send of the
+    // same one-time number is then answered by the server, which makes nothing twice).
+    window.addEventListener("pageshow", function (event) {
+      if (!event.persisted) return;
+      document.querySelectorAll("form[data-submit-once][data-sending]").forEach(function (form) {
+        delete form.dataset.sending;
+        form.removeAttribute("aria-busy");
+        form.querySelectorAll("button[type=submit], button:not([type])").forEach(function (b) { b.disabled = false; });
+      });
+    });
+  })();
+
   // ---- A delete's status page: a new state in a few words ---------------------
   // The status card is replaced when it changes (its receipt can run to many lines); the
   // live region beside it says only the state and the step, e.g. "Completed" or
