@@ -342,3 +342,109 @@ def test_a_refused_field_and_its_message_show_between_the_top_bar_and_the_save_b
     stored_tool, stored_facts = tool_policy(), facts_policy()
     assert (stored_tool.revision, stored_tool.enabled, stored_tool.age_value) == (tool.revision, tool.enabled, tool.age_value)
     assert (stored_facts.revision, stored_facts.audit_days) == (facts.revision, facts.audit_days)
+
+
+_BOXES = """
+(field) => {
+  const box = (el) => { if (!el) return null; const r = el.getBoundingClientRect(); return [Math.round(r.top), Math.round(r.bottom)]; };
+  const ids = (field.getAttribute("aria-describedby") || "").split(/\\s+/).filter(Boolean);
+  const message = ids.map((id) => document.getElementById(id)).find((el) => el && el.matches(".field-error"));
+  return {
+    top: box(document.querySelector(".topbar"))[1], bar: box(document.getElementById("save-bar")),
+    screen: window.innerHeight, field: box(field), message: box(message),
+  };
+}
+"""
+
+
+def assert_clear_of_the_bars(page: Page, field, *, with_message: bool) -> None:
+    """The field (and its error) between the sticky top bar and the save bar, the bar on screen."""
+    page.wait_for_timeout(300)  # any scrolling done
+    seen = field.evaluate(_BOXES)
+    assert seen["bar"][1] <= seen["screen"], seen
+    shown = [seen["field"]] + ([seen["message"]] if with_message else [])
+    assert not with_message or seen["message"] is not None, seen
+    for top, bottom in shown:
+        assert seen["top"] <= top and bottom <= seen["bar"][0], seen
+
+
+# (English, Spanish): what the bar says in full, and in a few words when it is compact.
+_REFUSED = {"en": ("Some changes were not saved. Check the highlighted card.", "Some changes were not saved."),
+            "es": ("Algunos cambios no se guardaron. Los detalles están en la tarjeta resaltada.",
+                   "Algunos cambios no se guardaron.")}
+_ENDED = {"en": ("Your session ended, so nothing was saved. Your changes are still here: sign in again in a new tab, then press Save.",
+                 "Session ended: nothing was saved."),
+          "es": ("La sesión terminó, así que no se guardó nada. Los cambios siguen aquí: inicie sesión de nuevo en otra "
+                 "pestaña y después pulse Guardar.", "La sesión terminó: no se guardó nada.")}
+
+
+@pytest.mark.parametrize("lang", ["en", "es"])
+@pytest.mark.parametrize("size", [(320, 300), (320, 640), (1280, 800)], ids=["320x300", "320x640", "1280"])
+def test_with_the_keyboard_open_the_save_bar_leaves_the_field_and_its_error_in_view(
+        policies, live_server, open_page, size, lang):
+    """320x300 is a phone with the on-screen keyboard open: an edit, a refused save and a save
+    after the session ended each keep the field being edited (and its error) between the top
+    bar and the save bar, which is compact there; taller screens keep the full bar."""
+    tool, facts = policies
+    page = open_page({"width": size[0], "height": size[1]})
+    log_in(page, live_server.url, *ADMIN)
+    page.context.add_cookies([{"name": "django_language", "value": lang, "url": live_server.url}])
+    page.goto(f"{live_server.url}/settings/system/data-storage/")
+    expect(page.locator("html")).to_have_attribute("lang", lang)
+    page.wait_for_load_state("load")
+    compact = size[1] < 480
+    status, short = bar(page).locator(".save-bar-status"), bar(page).locator(".save-bar-short")
+
+    # 1. An edit: the bar appears under the field.
+    period = page.locator("#id_age_value")
+    period.fill(str(tool.age_value + 1))
+    expect(bar(page)).to_be_visible()
+    expect(period).to_be_focused()
+    assert_clear_of_the_bars(page, period, with_message=False)
+
+    # 2. A refused save: the field and its error, right under it, both in view.
+    period.fill("0")
+    period.press("Enter")
+    full, few = _REFUSED[lang]
+    expect(status).to_have_text(full)
+    expect(period).to_be_focused()
+    expect(period).to_have_attribute("aria-invalid", "true")
+    expect(page.locator("#age-error")).to_be_visible()
+    assert_clear_of_the_bars(page, period, with_message=True)
+    if compact:
+        expect(short).to_have_text(few)
+        expect(short).to_be_visible()
+        expect(bar(page)).to_have_class(re.compile(r"\bis-compact\b"))
+    else:
+        expect(short).to_be_hidden()
+        expect(bar(page).locator(".save-bar-which")).to_be_visible()
+    # The full sentence is what the bar holds for screen readers and what was announced.
+    expect(page.locator("#save-bar-live")).to_have_text(full)
+    period.press("Escape")
+    expect(bar(page)).to_be_hidden()
+
+    # 3. A save after the session ended elsewhere.
+    usage = page.locator("#id_usage_days")
+    usage.fill(str(facts.usage_days + 1))
+    other = page.context.new_page()
+    other.goto(f"{live_server.url}/conversations/")
+    other.locator("form[action='/accounts/logout/'] button").click()
+    expect(other).to_have_url(re.compile(r"/accounts/login/"))
+    other.close()
+    page.bring_to_front()
+    usage.focus()
+    usage.press("Enter")
+    full, few = _ENDED[lang]
+    expect(status).to_have_text(full)
+    expect(usage).to_be_focused()
+    expect(bar(page).locator(".save-bar-signin")).to_be_visible()
+    assert_clear_of_the_bars(page, usage, with_message=False)
+    if compact:
+        expect(short).to_have_text(few)
+        expect(short).to_be_visible()
+    else:
+        expect(status).to_be_visible()
+
+    stored_tool, stored_facts = tool_policy(), facts_policy()
+    assert (stored_tool.revision, stored_tool.age_value) == (tool.revision, tool.age_value)
+    assert (stored_facts.revision, stored_facts.usage_days) == (facts.revision, facts.usage_days)

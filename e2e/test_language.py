@@ -9,6 +9,7 @@ from playwright.sync_api import Page, expect
 
 from e2e.conftest import ADMIN, ALL_VIEWPORTS
 from e2e.helpers import check_layout, log_in
+from lifecycle.models import Conversation
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -68,3 +69,42 @@ def test_a_keyboard_user_keeps_the_focus_on_the_switch_after_the_page_reloads(se
     expect(language_select(page, "desktop")).to_be_focused()
     page.reload()  # only once: a later load starts at the top as usual
     expect(language_select(page, "desktop")).not_to_be_focused()
+
+
+@pytest.mark.parametrize("switch", ["language", "timezone"])
+@pytest.mark.parametrize("after", ["search", "tab"])
+@pytest.mark.parametrize("viewport", ["desktop", "small-phone"], ids=["1280", "320"])
+def test_the_switches_keep_the_list_the_address_names(seeded, live_server, open_page, viewport, after, switch):
+    """The list's search and tabs change the address in place (htmx); switching the language
+    or the time zone afterwards comes back to that list, not to the page as first served."""
+    page = open_page(viewport)
+    log_in(page, live_server.url, *ADMIN)
+    if after == "search":
+        query = "draft"
+        page.get_by_label("Search").press_sequentially(query)
+        expect(page).to_have_url(re.compile(r"[?&]q=draft(&|$)"))
+        named = Conversation.objects.recent().search(query)
+    else:
+        page.locator("label.tab", has_text="Archived").click()
+        expect(page).to_have_url(re.compile(r"[?&]view=archived(&|$)"))
+        named = Conversation.objects.archived()
+    assert 0 < named.count() < Conversation.objects.count()
+    titles = [c.title for c in named.order_by("-last_activity_at", "-pk")]
+    expect(page.locator("#results .conv-title")).to_have_text(titles)
+    address = page.url
+
+    where = ".sidenav" if viewport == "desktop" else ".page-foot"
+    if switch == "language":
+        page.locator(f"{where} select[name=language]").select_option("es")
+        expect(page.locator("html")).to_have_attribute("lang", "es")
+    else:
+        page.locator(f"{where} select[name=timezone]").select_option("Europe/Madrid")
+        expect(page.locator(f"{where} select[name=timezone]")).to_have_value("Europe/Madrid")
+    page.wait_for_load_state("load")
+
+    expect(page).to_have_url(address)
+    expect(page.locator("#results .conv-title")).to_have_text(titles)
+    if after == "search":
+        expect(page.locator("#q")).to_have_value("draft")
+    else:
+        expect(page.locator("label.tab.is-current input")).to_have_value("archived")

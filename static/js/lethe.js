@@ -120,6 +120,7 @@
     if (event.key === "Enter" && select.dataset.pending === "true") {
       event.preventDefault();
       refocusAfterReload(select);
+      backToAddress(select.form);
       select.form.submit();
       return;
     }
@@ -131,9 +132,18 @@
   function refocusAfterReload(control) {
     try { sessionStorage.setItem("lethe-refocus", control.id); } catch (e) { /* storage off */ }
   }
+  // The switch goes back to the page as the address bar names it now: the list's search and
+  // tab change the address without a reload (htmx), after the form's `next` was rendered.
+  // The server still takes only a path on this site.
+  function backToAddress(form) {
+    var next = form.querySelector("input[name=next]");
+    if (next) next.value = location.pathname + location.search;
+  }
   document.addEventListener("submit", function (event) {
     var form = event.target;
-    if (form.matches && form.matches(".language-switch") && form.contains(document.activeElement)) {
+    if (!form.matches || !form.matches(".language-switch")) return;
+    backToAddress(form);
+    if (form.contains(document.activeElement)) {
       refocusAfterReload(form.querySelector("select") || document.activeElement);
     }
   });
@@ -152,6 +162,7 @@
       if (button) button.classList.remove("js-hide");
       return;
     }
+    backToAddress(select.form);
     select.form.submit();
   });
 
@@ -439,6 +450,7 @@
     bar.hidden = dirty.length === 0 && !message;
     var text = message || (sessionEnded ? bar.dataset.sessionEnded : bar.getAttribute("aria-label"));
     bar.querySelector(".save-bar-status").textContent = text;
+    bar.querySelector(".save-bar-short").textContent = shortText(text);
     bar.querySelector(".save-bar-which").textContent = dirty.map(function (f) { return f.dataset.label; }).join(" · ");
     bar.querySelectorAll("button").forEach(function (b) { b.disabled = dirty.length === 0; });
     if (signIn) signIn.hidden = !sessionEnded;
@@ -492,10 +504,22 @@
   // With the on-screen keyboard open only the visual viewport shrinks, and a fixed bar
   // stays at the bottom of the layout viewport, behind the keyboard. So the bar follows
   // the visual viewport's bottom edge, and the focused field is scrolled to sit between
-  // the top bar and the save bar, focus ring included.
+  // the top bar and the save bar, focus ring included. When what shows is short (the
+  // keyboard open on a phone), the bar is compact (lethe.css): its status in a few words
+  // (the whole sentence stays in the bar for screen readers and is announced), no card
+  // names, so the field and its error keep the room.
   var RING = 8; // 3px outline + 2px offset + room to breathe
+  var COMPACT_BELOW = 480; // visible height, CSS px
+  function shortText(text) {
+    var keys = ["failed", "offline", "sessionEnded", "forbidden"];
+    for (var i = 0; i < keys.length; i++) {
+      if (text === bar.dataset[keys[i]]) return bar.dataset[keys[i] + "Short"] || text;
+    }
+    return text;
+  }
   function placeBar() {
     var vv = window.visualViewport;
+    bar.classList.toggle("is-compact", (vv ? vv.height : window.innerHeight) < COMPACT_BELOW);
     var lift = vv ? Math.max(0, window.innerHeight - (vv.offsetTop + vv.height)) : 0;
     bar.style.transform = lift ? "translateY(" + -lift + "px)" : "";
     var root = document.documentElement;
@@ -521,30 +545,36 @@
       window.scrollBy(0, start - RING - area.top);
     }
   }
+  // Where a field and its error messages (what describes it, or its group) are on screen.
+  function fieldSpan(field) {
+    var ids = (field.getAttribute("aria-describedby") || "").split(/\s+/).filter(Boolean);
+    var group = field.closest("fieldset");
+    if (!ids.length && group) ids = (group.getAttribute("aria-describedby") || "").split(/\s+/).filter(Boolean);
+    var box = field.getBoundingClientRect();
+    var span = { start: box.top, end: box.bottom };
+    ids.forEach(function (id) {
+      var message = document.getElementById(id);
+      if (!message || !message.classList.contains("field-error")) return;
+      var r = message.getBoundingClientRect();
+      span.start = Math.min(span.start, r.top);
+      span.end = Math.max(span.end, r.bottom);
+    });
+    return span;
+  }
+  // The field being edited, and its error if it has one.
   function keepFocusClear() {
     var el = document.activeElement;
     if (bar.hidden || !el || el === document.body || bar.contains(el) || !el.closest("form[data-contributor]")) return;
-    var box = el.getBoundingClientRect();
+    var span = fieldSpan(el);
     var area = clearArea();
-    if (box.bottom + RING > area.bottom || box.top - RING < area.top) scrollClear(box.top, box.bottom);
+    if (span.end + RING > area.bottom || span.start - RING < area.top) scrollClear(span.start, span.end);
   }
   // A field refused by a save, with its message: both in the clear area (a card taller than
   // the screen would otherwise put them under the top bar or the save bar).
   function showInvalid(field) {
     field.focus({ preventScroll: true });
-    var ids = (field.getAttribute("aria-describedby") || "").split(/\s+/).filter(Boolean);
-    var group = field.closest("fieldset");
-    if (!ids.length && group) ids = (group.getAttribute("aria-describedby") || "").split(/\s+/).filter(Boolean);
-    var box = field.getBoundingClientRect();
-    var start = box.top, end = box.bottom;
-    ids.forEach(function (id) {
-      var message = document.getElementById(id);
-      if (!message || !message.classList.contains("field-error")) return;
-      var r = message.getBoundingClientRect();
-      start = Math.min(start, r.top);
-      end = Math.max(end, r.bottom);
-    });
-    scrollClear(start, end);
+    var span = fieldSpan(field);
+    scrollClear(span.start, span.end);
   }
   if (window.visualViewport) {
     window.visualViewport.addEventListener("resize", function () { placeBar(); keepFocusClear(); });
