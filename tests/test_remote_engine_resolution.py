@@ -75,6 +75,14 @@ def at(url: str, name: str) -> str:
     return url.replace("127.0.0.1", name)
 
 
+def unreachable(engine: HttpEngine):
+    """The EngineUnreachable an operation call raises, and the seconds it took to."""
+    started = time.monotonic()
+    with pytest.raises(EngineUnreachable) as caught:
+        engine.operation(OP)
+    return caught, time.monotonic() - started
+
+
 # ---- the client ------------------------------------------------------------------------------
 
 
@@ -82,10 +90,7 @@ def test_a_name_that_does_not_resolve_in_time_is_unreachable_within_the_connect_
     resolver.names["engine.test"] = HUNG
     with scripted_engine(ROUTES) as (url, seen):
         engine = HttpEngine(at(url, "engine.test"), "t", connect_timeout=1, read_timeout=2, retries=0)
-        started = time.monotonic()
-        with pytest.raises(EngineUnreachable) as caught:
-            engine.operation(OP)
-        took = time.monotonic() - started
+        caught, took = unreachable(engine)
         assert took < 1 + 2  # the connect timeout, and room for a loaded machine
         assert (caught.value.code, caught.value.status, caught.value.detail) == ("engine_unreachable", 503, TIMED_OUT)
         assert seen == []  # no connection was made
@@ -101,10 +106,7 @@ def test_a_call_whose_retries_all_meet_a_hung_resolver_ends_within_its_deadline(
     resolver.names["engine.test"] = HUNG
     with scripted_engine(ROUTES) as (url, seen):
         engine = HttpEngine(at(url, "engine.test"), "t", connect_timeout=0.5, read_timeout=1, retries=5)
-        started = time.monotonic()
-        with pytest.raises(EngineUnreachable) as caught:
-            engine.operation(OP)
-        took = time.monotonic() - started
+        caught, took = unreachable(engine)
     assert caught.value.detail == TIMED_OUT
     assert took < 0.5 + 2 * 1 + 1  # the call's deadline, and room for a loaded machine
     assert 2 <= resolver.asked.count("engine.test") <= 6  # retried, as a refused connection is
