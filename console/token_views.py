@@ -92,7 +92,7 @@ def api_tokens(request: HttpRequest) -> HttpResponse:
         # Whether the answer that showed it was ever seen, the server cannot know (a double
         # click shows the second answer only): name the token, so it can be revoked if its
         # value was not copied. Its value is not kept anywhere, so it is never shown here.
-        first = ApiToken.objects.select_related("user").filter(form_number=number).first()
+        first = ApiToken.objects.select_related("user").filter(form_number=number, user=request.user).first()
         if first is None:  # gone since (its user deleted): nothing stands in the way of a new one
             return _page(request, form, status=409, resent=_(
                 "This form has expired. Nothing was created; send it again."))
