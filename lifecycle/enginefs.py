@@ -503,6 +503,62 @@ def _raise(error: OSError) -> None:
     raise error
 
 
+# How many folders of a walk's (or a removal's) path stay open at once: the ones nearer the top
+# are closed past this and opened again on the way back up, so a folder nested thousands of
+# levels deep needs no more descriptors than a shallow one.
+OPEN_LEVELS = 16
+
+
+def _identity_of(fd: int) -> tuple[int, int]:
+    info = os.fstat(fd)
+    return info.st_dev, info.st_ino
+
+
+def _back_up(child: int, identity: tuple[int, int], path: Path) -> int:
+    """A descriptor of the folder `child` (a descriptor) is in, opened through its "..", when
+    that folder is still the one that was left (`identity`): a folder moved elsewhere meanwhile
+    raises UnsafeEnginePath (nothing is listed or removed outside the place it was reached from)."""
+    fd = os.open("..", _LIST_FLAGS, dir_fd=child)
+    try:
+        if _identity_of(fd) != identity:
+            raise UnsafeEnginePath(f"{path} was moved while it was read")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class _Level:
+    """One folder on a walk's path: its descriptor (None while closed to spare descriptors),
+    its identity (to open it again safely), its path and the names of its folders still to do."""
+
+    __slots__ = ("fd", "identity", "path", "pending")
+
+    def __init__(self, fd: int, path: Path, pending: Iterator[str]) -> None:
+        self.fd: int | None = fd
+        self.identity = _identity_of(fd)
+        self.path, self.pending = path, pending
+
+
+def _spare(stack: list[_Level]) -> None:
+    """Close the descriptor nearest the top once more than OPEN_LEVELS levels are open."""
+    open_levels = [level for level in stack if level.fd is not None]
+    if len(open_levels) > OPEN_LEVELS:
+        level = open_levels[0]
+        os.close(level.fd)
+        level.fd = None
+
+
+def _leave(stack: list[_Level]) -> None:
+    """Pop the deepest level and close it; the level above is opened again if it was spared."""
+    done = stack.pop()
+    try:
+        if stack and stack[-1].fd is None:
+            stack[-1].fd = _back_up(done.fd, stack[-1].identity, stack[-1].path)
+    finally:
+        os.close(done.fd)
+
+
 def walk(top: Path, onerror: Callable[[OSError], None] | None = None) -> Iterator[tuple[Path, int, Entries]]:
     """Every folder from `top` down, each before the folders in it, by name: its path, a
     descriptor of it (open until the next step) and what is in it besides folders, each name
@@ -514,7 +570,9 @@ def walk(top: Path, onerror: Callable[[OSError], None] | None = None) -> Iterato
     walk goes on is not entered and nothing outside `top` is listed. A missing `top` (or one that
     is not a folder) has nothing in it; one behind a link goes to `onerror` as ELOOP. Folders
     and entries that vanish meanwhile are skipped; what cannot be read goes to `onerror`
-    (ignored when None), and the walk goes on.
+    (ignored when None), and the walk goes on. At most OPEN_LEVELS folders of the path are
+    open at a time (however deep the folders go); a folder moved away while the walk is below
+    it ends the walk, through `onerror`.
     """
     onerror = onerror or _ignore
     try:
@@ -527,30 +585,123 @@ def walk(top: Path, onerror: Callable[[OSError], None] | None = None) -> Iterato
     except OSError as error:
         onerror(_at(error, top))
         return
-    stack: list[tuple[int, Path, Iterator[str]]] = []
+    stack: list[_Level] = []
     try:
         listed = _list(start, ".", top, onerror)
         if listed is None:
             return
         fd, names, folders = listed
-        stack.append((fd, top, iter(folders)))
+        stack.append(_Level(fd, top, iter(folders)))
         yield top, fd, _entries(fd, top, names, onerror)
         while stack:
-            fd, path, pending = stack[-1]
-            name = next(pending, None)
+            level = stack[-1]
+            name = next(level.pending, None)
             if name is None:
-                stack.pop()
-                os.close(fd)
+                try:
+                    _leave(stack)
+                except UnsafeEnginePath as error:
+                    onerror(OSError(errno.ESTALE, str(error), str(level.path)))
+                    return
+                except OSError as error:
+                    onerror(_at(error, level.path))
+                    return
                 continue
-            listed = _list(fd, name, path / name, onerror)
+            listed = _list(level.fd, name, level.path / name, onerror)
             if listed is not None:
                 child, names, folders = listed
-                stack.append((child, path / name, iter(folders)))
-                yield path / name, child, _entries(child, path / name, names, onerror)
+                stack.append(_Level(child, level.path / name, iter(folders)))
+                _spare(stack)
+                yield level.path / name, child, _entries(child, level.path / name, names, onerror)
     finally:
-        for fd, _path, _pending in stack:
-            os.close(fd)
+        for level in stack:
+            if level.fd is not None:
+                os.close(level.fd)
         os.close(start)
+
+
+def remove_tree(parent: int, name: str, path: Path) -> None:
+    """Remove the folder `name` in the folder `parent` (a descriptor) and everything in it; `path`
+    is where it is, for errors. What is in it is removed as it is: a link as a link (never
+    followed), a folder swapped for a link meanwhile removed as a link. No recursion and at most
+    OPEN_LEVELS descriptors of its folders at once, however deep they go; a folder moved away
+    while its contents are removed raises UnsafeEnginePath. Errors are raised (OSError)."""
+
+    def enter(at: int, child: str, shown: Path) -> int | None:
+        """The folder `child` in `at`, opened without following a link; None when it is gone or
+        is not a folder (any more): then it is removed as what it is."""
+        try:
+            return os.open(child, _LIST_FLAGS, dir_fd=at)
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            if error.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise _at(error, shown) from error
+        try:
+            os.unlink(child, dir_fd=at)
+        except FileNotFoundError:
+            pass
+        return None
+
+    def clear(level: _Level) -> None:
+        """Remove what is in the folder besides folders; its folders become its pending names."""
+        folders: list[str] = []
+        others: list[str] = []
+        try:
+            with os.scandir(level.fd) as listing:
+                for entry in listing:
+                    try:
+                        (folders if entry.is_dir(follow_symlinks=False) else others).append(entry.name)
+                    except FileNotFoundError:
+                        continue
+        except OSError as error:
+            raise _at(error, level.path) from error
+        for other in others:
+            try:
+                os.unlink(other, dir_fd=level.fd)
+            except FileNotFoundError:
+                pass
+            except OSError as error:
+                raise _at(error, level.path / other) from error
+        level.pending = iter(folders)
+
+    try:
+        top = os.open(name, _LIST_FLAGS, dir_fd=parent)
+    except FileNotFoundError:
+        return
+    except OSError as error:
+        if error.errno in (errno.ELOOP, errno.ENOTDIR):  # a link (or no folder) where the folder was
+            raise UnsafeEnginePath(f"{path} is not a folder") from error
+        raise _at(error, path) from error
+    stack = [_Level(top, path, iter(()))]
+    try:
+        clear(stack[-1])
+        while stack:
+            level = stack[-1]
+            child = next(level.pending, None)
+            if child is not None:
+                fd = enter(level.fd, child, level.path / child)
+                if fd is not None:
+                    stack.append(_Level(fd, level.path / child, iter(())))
+                    _spare(stack)
+                    clear(stack[-1])
+                continue
+            done_name = level.path.name
+            if len(stack) == 1:
+                os.close(level.fd)
+                stack.pop()
+                os.rmdir(name, dir_fd=parent)
+                return
+            _leave(stack)
+            try:
+                os.rmdir(done_name, dir_fd=stack[-1].fd)
+            except FileNotFoundError:
+                pass
+            except OSError as error:
+                raise _at(error, level.path) from error
+    finally:
+        for level in stack:
+            if level.fd is not None:
+                os.close(level.fd)
 
 
 def _walk_files(top: Path, problems: list[OSError] | None = None) -> Iterator[os.stat_result]:

@@ -490,35 +490,146 @@ def test_the_erasure_never_removes_a_folder_outside_when_a_folder_on_its_way_bec
     assert (tmp_path / "parked" / A / "out.txt").read_bytes() == b"the conversation's"
 
 
-def test_a_folder_too_deep_for_the_descriptors_left_is_not_counted_as_empty(tmp_path):
-    """A walk holds one descriptor per level: past the open-file limit the folders below could
-    not be opened, and the delete's figures (files.usage) left them out without a word: its
-    step said "done, 0 records" of a folder holding a file. Now that is an error the step shows;
-    the storage figures say they are incomplete."""
+def nested(folder: Path, depth: int, bottom: bytes) -> None:
+    """`depth` folders named "d", one in the other, under `folder`, with a file at the bottom;
+    made through descriptors (the path of the bottom is longer than a path may be)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(depth):
+            os.mkdir("d", dir_fd=fd)
+            child = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        out = os.open("bottom.txt", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd)
+        os.write(out, bottom)
+        os.close(out)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def descriptors_left(count: int):
+    """The open-file limit set to what is open now plus `count`."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + count, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_folder_nested_deeper_than_the_descriptors_left_is_counted_and_removed_whole(tmp_path):
+    """A walk held one descriptor per level and the removal recursed once per level: a folder
+    2,500 levels deep (past Python's recursion limit and, under a limit of 40 open files, past
+    the descriptors left) made the delete's count an error and its removal a RecursionError, so
+    the delete stayed Pending for ever. Both now hold at most OPEN_LEVELS descriptors and
+    recurse not at all: the figures count the bottom file and the removal leaves nothing."""
+    from lifecycle import enginefs
     from lifecycle.deletion import files
 
     home = EngineHome(tmp_path / "eng")
     folder = home.artifacts_dir(A)
     home.write_atomic(folder / "top.txt", b"1234")
-    deep = folder
-    for _ in range(120):
-        deep = deep / "d"
-    deep.mkdir(parents=True)
-    (deep / "bottom.txt").write_bytes(b"123456")
-    assert files.usage(home, folder) == (3, 10)  # top.txt, its lock file, bottom.txt
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    in_use = len(os.listdir("/proc/self/fd"))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + 40, hard))
-    try:
+    nested(folder, 2500, b"123456")
+    with descriptors_left(40):
+        assert files.usage(home, folder) == (3, 10)  # top.txt, its lock file, bottom.txt
+        walked = [path for path, _fd, _entries in enginefs.walk(folder, enginefs._raise)]
+        assert len(walked) == 2501 and walked[-1] == folder.joinpath(*["d"] * 2500)
+        assert files.remove_folder(home, folder) is True
+    assert not os.path.lexists(folder) and os.listdir(folder.parent) == []
+
+
+def test_with_no_descriptor_left_a_folder_is_not_counted_as_empty(tmp_path):
+    """What cannot be opened is an error the delete's step shows (it said "done, 0 records" of a
+    folder holding a file); the storage figures say they are incomplete."""
+    from lifecycle.deletion import files
+
+    home = EngineHome(tmp_path / "eng")
+    folder = home.artifacts_dir(A)
+    home.write_atomic(folder / "top.txt", b"1234")
+    nested(folder, 3, b"123456")
+    with descriptors_left(3):
         with pytest.raises(OSError) as refused:
             files.usage(home, folder)
         problems: list[OSError] = []
         counted = home.conversation_usage(A, problems)
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert refused.value.errno == errno.EMFILE and str(folder) in refused.value.filename
     assert problems and problems[0].errno == errno.EMFILE and counted[1] < 10
     assert files.usage(home, folder) == (3, 10)
+
+
+def test_removing_a_folder_leaves_links_inside_as_links_and_what_they_point_at(tmp_path):
+    """Deep inside the folder, a link to a folder outside and a link to a file outside are
+    removed as links: nothing they point at is entered or removed."""
+    from lifecycle.deletion import files
+
+    home = EngineHome(tmp_path / "eng")
+    folder = home.artifacts_dir(A)
+    nested(folder, 40, b"x")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_bytes(b"kept")
+    bottom = folder.joinpath(*["d"] * 40)
+    (bottom / "to-folder").symlink_to(outside)
+    (bottom / "to-file").symlink_to(outside / "keep.txt")
+    assert files.remove_folder(home, folder) is True
+    assert not os.path.lexists(folder)
+    assert (outside / "keep.txt").read_bytes() == b"kept"
+
+
+def test_a_folder_moved_away_while_it_is_removed_is_refused_and_nothing_outside_is_touched(tmp_path, monkeypatch):
+    """The removal goes back up through ".." to folders whose descriptors it closed to spare
+    them; a folder moved elsewhere meanwhile would take it to another parent. It checks that the
+    folder it comes back to is the one it left, and stops with UnsafeFolder otherwise."""
+    from lifecycle import enginefs
+    from lifecycle.deletion import files
+
+    monkeypatch.setattr(enginefs, "OPEN_LEVELS", 2)
+    home = EngineHome(tmp_path / "eng")
+    folder = home.artifacts_dir(A)
+    nested(folder, 6, b"x")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_bytes(b"kept")
+    real_back_up = enginefs._back_up
+    moved = []
+
+    def back_up(child, identity, path):
+        if not moved:  # the first time the removal climbs back: move the folder it is in away
+            os.rename(folder / "d" / "d" / "d", elsewhere / "d")
+            moved.append(True)
+        return real_back_up(child, identity, path)
+
+    monkeypatch.setattr(enginefs, "_back_up", back_up)
+    with pytest.raises(files.UnsafeFolder):
+        files.remove_folder(home, folder)
+    # the moved folder is not removed through the folder it was moved to, nor anything beside it
+    assert moved and os.path.isdir(elsewhere / "d") and (elsewhere / "keep.txt").read_bytes() == b"kept"
+
+
+def test_a_walk_that_comes_back_to_a_folder_moved_away_says_so_and_lists_nothing_there(tmp_path, monkeypatch):
+    """The walk, too, checks the folder it goes back up to: a folder moved elsewhere ends the walk
+    with an error (ESTALE) instead of listing the place it was moved to."""
+    from lifecycle import enginefs
+
+    monkeypatch.setattr(enginefs, "OPEN_LEVELS", 2)
+    top = tmp_path / "top"
+    nested(top, 6, b"x")
+    (top / "z-after").mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "z-after").mkdir()
+    (elsewhere / "z-after" / "outside.txt").write_bytes(b"x")
+    problems: list[OSError] = []
+    seen: list[Path] = []
+    for path, _fd, entries in enginefs.walk(top, problems.append):
+        seen.append(path)
+        list(entries)
+        if len(seen) == 7:  # at the bottom: move the third folder (with what is below it) away
+            os.rename(top / "d" / "d", elsewhere / "d")
+    assert [p.errno for p in problems] == [errno.ESTALE]
+    assert top / "z-after" not in seen and all("outside" not in str(p) for p in seen)
 
 
 def test_naming_a_lock_while_its_folder_is_swapped_for_a_link_is_a_refusal_not_an_os_error(tmp_path):

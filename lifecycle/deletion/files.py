@@ -14,12 +14,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
 import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from lifecycle.enginefs import EngineHome, UnsafeEnginePath, opened_folder, sync_folder, walk
+from lifecycle.enginefs import EngineHome, UnsafeEnginePath, opened_folder, remove_tree, sync_folder, walk
 
 
 class UnsafeFolder(Exception):
@@ -102,6 +101,6 @@ def remove_folder(home: EngineHome, path: Path) -> bool:
     with _parent(home, folder) as parent:
         # Relative to the parent's descriptor: removes links inside as links, refuses a
         # symlinked top, and cannot be redirected by a folder on the way swapped for a link.
-        shutil.rmtree(folder.name, dir_fd=parent)
+        remove_tree(parent, folder.name, folder)
         sync_folder(parent)
     return True
