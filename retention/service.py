@@ -202,9 +202,11 @@ def analysis_view_state(op: ToolPayloadOperation | None) -> str:
         return "stale"
     if op.state == OperationState.SUCCEEDED:
         return "completed" if op.eligible_messages else "empty"
-    if op.state == OperationState.CANCELLED and not op.scanned:
-        return "not_analyzed"  # cancelled before it measured anything: there is no estimate
-    if op.state in (OperationState.PARTIAL, OperationState.CANCELLED):
+    if op.state == OperationState.CANCELLED:
+        # No estimate, whatever it counted before the cancel (as the card, the history and the
+        # figures' description say); its own state, in last_analysis, says it was cancelled.
+        return "not_analyzed"
+    if op.state == OperationState.PARTIAL:
         return "partial"
     return "failed"
 

@@ -286,8 +286,11 @@ def test_an_analysis_cancelled_before_it_measured_anything_is_not_called_partial
     assert "Analysis cancelled." in analysis and "Analyzed" not in analysis and "Cancelled " in analysis
     ToolPayloadOperation.objects.filter(pk=op).update(scanned=1200, eligible_messages=5, payload_bytes=10)
     doc = json_module.loads(admin_client.get("/api/v1/system/tool-payload-retention", **HOST).content)
-    assert doc["analysis_state"] == "partial"  # cancelled part-way: figures for part of the data
-    assert "<dd>1,200</dd>" in region(page(admin_client), "tool-analysis")
+    # cancelled part-way: still no estimate, on the card and in the API alike (the API said
+    # "partial" while the card said "No estimate")
+    assert doc["analysis_state"] == "not_analyzed" and doc["last_analysis"]["state"] == "cancelled"
+    analysis = region(page(admin_client), "tool-analysis")
+    assert "<dd>1,200</dd>" in analysis and "No estimate" in text_of(analysis)
 
 def test_a_run_shows_progress_with_cancel_then_completed_with_its_figures(admin_client, admin_user):
     old_conversation("run")

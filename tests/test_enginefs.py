@@ -9,6 +9,7 @@ import resource
 import secrets
 import signal
 import stat
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -509,6 +510,18 @@ def nested(folder: Path, depth: int, bottom: bytes) -> None:
 
 
 @contextlib.contextmanager
+def nested_deep(folder: Path, depth: int, bottom: bytes):
+    """`nested`, removed again afterwards by `rm -rf` whatever the test did: a folder thousands of
+    levels deep left in a test's temporary folder would make pytest's own clean-up of old
+    temporary folders (a recursive removal) fail a later run."""
+    nested(folder, depth, bottom)
+    try:
+        yield
+    finally:
+        subprocess.run(["rm", "-rf", "--", str(folder / "d")], check=False)
+
+
+@contextlib.contextmanager
 def descriptors_left(count: int):
     """The open-file limit set to what is open now plus `count`."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -531,8 +544,7 @@ def test_a_folder_nested_deeper_than_the_descriptors_left_is_counted_and_removed
     home = EngineHome(tmp_path / "eng")
     folder = home.artifacts_dir(A)
     home.write_atomic(folder / "top.txt", b"1234")
-    nested(folder, 2500, b"123456")
-    with descriptors_left(40):
+    with nested_deep(folder, 2500, b"123456"), descriptors_left(40):
         assert files.usage(home, folder) == (3, 10)  # top.txt, its lock file, bottom.txt
         walked = [path for path, _fd, _entries in enginefs.walk(folder, enginefs._raise)]
         assert len(walked) == 2501 and walked[-1] == folder.joinpath(*["d"] * 2500)

@@ -226,16 +226,16 @@ def test_a_conversation_folder_nested_thousands_of_levels_deep_is_erased_whole()
     """The removal recursed once per folder: 2,500 levels (a tool that unpacked a hostile archive)
     raised RecursionError and the delete stayed Pending. It completes now; the receipt counts
     the bottom file and the folder is gone."""
-    from tests.test_enginefs import nested
+    from tests.test_enginefs import nested_deep
 
     target = factories.make_conversation(title="Deep")
     factories.fill_every_store(target)
     home = EngineHome()
     folder = home.artifacts_dir(target.public_id)
-    nested(folder, 2500, b"at the bottom")
-    expected = expected_figures(target)["artifacts"]
-    op = request_deletion(target, key="deep-folder", acting_user=None)
-    assert executor.run_erasure(op.pk) == "completed"
-    assert not folder.exists()
+    with nested_deep(folder, 2500, b"at the bottom"):
+        expected = expected_figures(target)["artifacts"]
+        op = request_deletion(target, key="deep-folder", acting_user=None)
+        assert executor.run_erasure(op.pk) == "completed"
+        assert not folder.exists()
     step = m.DeleteStep.objects.get(operation=op, key="artifacts")
     assert (step.records, step.bytes) == expected and expected[0] >= 2
