@@ -587,6 +587,9 @@ WEB_SERVER = {
     # A connection that has not delivered its request (head and body) within this long is
     # answered 408 and closed (ops/gunicorn_worker.py).
     "WEB_READ_TIMEOUT": env_int("WEB_READ_TIMEOUT", 30, 1, 3600, "a whole number of seconds"),
+    # A client that has not taken an answer whole within this long is cut off, so a reader that
+    # stops reading does not hold a thread (ops/gunicorn_worker.py).
+    "WEB_WRITE_TIMEOUT": env_int("WEB_WRITE_TIMEOUT", 30, 1, 3600, "a whole number of seconds"),
     # The bytes a worker holds at most for the requests it is still reading (an announced body
     # counts in full); past it a request is answered 503 and closed (ops/gunicorn_worker.py).
     "WEB_READ_BUFFER_BYTES": env_int("WEB_READ_BUFFER_BYTES", 64 * 1024 * 1024, 1024 * 1024, 16 * 1024**3,

@@ -37,6 +37,12 @@ is not drained: the connection closes after the answer. Closing lingers in the m
 gunicorn itself (serve configures neither: a reverse proxy terminates TLS) keep gunicorn's own
 reading.
 
+Slow readers do not hold a thread for ever either: a thread writing an answer gives up once
+the client has not taken it within WEB_WRITE_TIMEOUT seconds (default 30, for the whole
+answer), logs it and closes the connection. Without it a client that asked for a large answer
+(a page of items with big payloads) and did not read it kept that thread until the connection
+died.
+
 The reading overrides parts of gunicorn's threaded worker that are not its public interface
 (`enqueue_req`, `finish_request`, `_keepalive_after`, `murder_pending`, the parser's unreader
 and its limits, the request's `_expected_100_continue`): written against gunicorn 27.0.1, the
@@ -201,6 +207,13 @@ def read_timeout() -> float:
     return float(int(raw)) if raw else 30.0
 
 
+def write_timeout() -> float:
+    """WEB_WRITE_TIMEOUT: the seconds a client has to take an answer, whole (serve hands it over
+    as the settings checked it; unset, 30)."""
+    raw = os.environ.get("WEB_WRITE_TIMEOUT", "").strip()
+    return float(int(raw)) if raw else 30.0
+
+
 def read_buffer_bytes() -> int:
     """WEB_READ_BUFFER_BYTES: the bytes a worker holds at most for the requests it is still
     reading (serve hands it over as the settings checked it; unset, 64 MiB)."""
@@ -282,6 +295,7 @@ class JsonErrorThreadWorker(ThreadWorker):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.read_timeout = read_timeout()
+        self.write_timeout = write_timeout()
         self.read_budget = read_buffer_bytes()
         self.held = 0  # the bytes counted against read_budget: the sum of the readings' charges
         self.reading: dict = {}  # connection -> _Reading
@@ -548,7 +562,15 @@ class JsonErrorThreadWorker(ThreadWorker):
             # The request is all here: the main loop sent 100 Continue if it waited for the body
             # (to an HTTP/1.1 client only), and gunicorn would send another.
             req._expected_100_continue = False
-        return super().handle_request(req, conn)
+        # The thread's socket blocks (gunicorn sets it so); from here its writes are bounded. The
+        # parser does not read it (it has the request's bytes), so only the answer is timed.
+        conn.sock.settimeout(self.write_timeout)
+        try:
+            return super().handle_request(req, conn)
+        except TimeoutError:
+            self.log.warning("Answer to ip=%s not taken within %d s: closed", _ip(conn), self.write_timeout)
+            util.close(conn.sock)
+            raise StopIteration from None  # gunicorn's "close this connection", quietly
 
     def handle_error(self, req, client, addr, exc):
         answer = refusal(exc)

@@ -742,3 +742,54 @@ def test_the_language_is_chosen_as_django_chooses_it(cookie, accept, language):
     from ops.gunicorn_worker import request_language
 
     assert request_language(cookie, accept) == language
+
+
+BIG_ITEMS = """
+import json
+from lifecycle.models import Conversation
+from tests import factories
+conversation = factories.make_conversation(title="Large answers")
+for n in range(6):
+    factories.add_tool(conversation, "shell", {"command": "cat", "stdout": "x" * 1_500_000, "stderr": ""},
+                       tool_call_id=f"big-{n}")
+print(conversation.public_id)
+"""
+
+
+def test_a_client_that_stops_reading_an_answer_holds_its_thread_only_until_the_write_timeout(served, tree, tmp_path):
+    """A client asks for a large answer (a page of items of about 9 MB) and reads none of it. Its
+    thread could not finish writing and held on until the connection died: with one thread, no
+    one else was answered. Now the thread gives up after WEB_WRITE_TIMEOUT, logs it and closes
+    the connection, and the next request is answered."""
+    public_id = subprocess.run([sys.executable, "manage.py", "shell", "-c", BIG_ITEMS], cwd=ROOT, env=served["env"],
+                               check=True, capture_output=True, text=True).stdout.split()[-1]
+    # its own metrics folder: the module's `refusing` server may still run beside it
+    env = {**served["env"], "WEB_CONCURRENCY": "1", "WEB_THREADS": "1", "WEB_WRITE_TIMEOUT": "2",
+           "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "prometheus")}
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "manage.py", "serve", f"127.0.0.1:{port}"], cwd=ROOT,
+                                env=env, stdout=out, stderr=out, start_new_session=True)
+    tree.watch(proc.pid, port)
+    stuck = socket.socket()
+    stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a reader that takes almost nothing
+    stuck.connect(("127.0.0.1", port))
+    stuck.sendall(f"GET /v1/threads/{public_id}/items?limit=100 HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                  f"Authorization: Bearer {served['token']}\r\n\r\n".encode())
+    try:
+        time.sleep(1)  # its one thread is writing the answer by now
+        status, body, _headers = get(port, "/accounts/login/")  # waits for that thread, at most 10 s
+        assert status == 200 and b"<form" in body
+        stuck.settimeout(10)
+        received = b""
+        with contextlib.suppress(OSError):
+            while chunk := stuck.recv(65536):
+                received += chunk
+        # the answer was cut off: far less than the whole page came, then the connection closed
+        assert received.startswith(b"HTTP/1.1 200") and len(received) < 6 * 1_500_000
+    finally:
+        stuck.close()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    assert "Answer to ip=127.0.0.1 not taken within 2 s: closed" in log.read_text(errors="replace")

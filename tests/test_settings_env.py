@@ -28,7 +28,7 @@ READ = ("LETHE_VAR_DIR", "SECRET_KEY", "SECRET_KEY_FILE", "DEBUG", "ALLOWED_HOST
         "LOGIN_ADDRESS_LOCK_AFTER", "LOGIN_LOCK_SECONDS", "LOGIN_FAILURE_WINDOW_SECONDS", "TRUSTED_PROXIES",
         "API_MAX_BODY_BYTES", "API_MAX_JSON_DEPTH", "API_MAX_PAGE_BYTES", "Q_WORKERS", "LOG_FORMAT", "LOG_LEVEL",
         "ACCESS_LOG", "METRICS_TOKEN", "READYZ_HEARTBEAT_SECONDS", "WEB_CONCURRENCY", "WEB_THREADS", "WEB_TIMEOUT",
-        "WEB_GRACEFUL_TIMEOUT", "WEB_READ_TIMEOUT", "WEB_READ_BUFFER_BYTES", "WEB_MAX_REQUESTS",
+        "WEB_GRACEFUL_TIMEOUT", "WEB_READ_TIMEOUT", "WEB_WRITE_TIMEOUT", "WEB_READ_BUFFER_BYTES", "WEB_MAX_REQUESTS",
         "LETHE_TOOL_JOB_LEASE_SECONDS", "LETHE_TOOL_JOB_STEP_SECONDS",
         "LETHE_TOOL_CLEANUP_BATCH", "LETHE_TOOL_CLEANUP_BATCH_BYTES", "LETHE_TOOL_CLEANUP_CONVERSATIONS",
         "LETHE_TOOL_CLEANUP_BATCH_SECONDS", "LETHE_TOOL_CLEANUP_PAUSE",
@@ -71,6 +71,7 @@ def manage(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
     ({"WEB_CONCURRENCY": "abc"}, "WEB_CONCURRENCY must be a whole number from 1 to 64, not 'abc'."),
     ({"WEB_TIMEOUT": "0"}, "WEB_TIMEOUT must be a whole number of seconds from 1 to 3600, not '0'."),
     ({"WEB_READ_TIMEOUT": "0"}, "WEB_READ_TIMEOUT must be a whole number of seconds from 1 to 3600, not '0'."),
+    ({"WEB_WRITE_TIMEOUT": "30s"}, "WEB_WRITE_TIMEOUT must be a whole number of seconds from 1 to 3600, not '30s'."),
     ({"WEB_READ_BUFFER_BYTES": "64MB"}, "WEB_READ_BUFFER_BYTES must be a whole number of bytes from 1048576 to "
                                        "17179869184, not '64MB'."),
     ({"Q_WORKERS": "65"}, "Q_WORKERS must be a whole number from 0 to 64, not '65'."),
