@@ -715,8 +715,8 @@ _ERROR_DESCRIPTIONS = {
     422: "The request conflicts with an earlier one (e.g. an operation key reused).",
     429: "Too many requests with an unknown API token from this address; see Retry-After.",
     431: "The request's headers are larger or more numerous than the web server accepts.",
-    503: "Not available right now: the database was too busy to answer in time (database_busy) or its "
-         "disk is full (database_full), the web server was reading as many requests as it holds "
+    503: "Not available right now: the database was too busy to answer in time (database_busy), its "
+         "disk is full (database_full) or it cannot be reached (database_unavailable), the web server was reading as many requests as it holds "
          "(server_busy), or the engine could not be reached; see Retry-After where given.",
 }
 

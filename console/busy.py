@@ -1,9 +1,10 @@
 """A database that cannot take a request now: too busy to answer in time (SQLite's write lock
 held past the connection's wait, "database is locked", or a PostgreSQL lock or statement
-timeout), or out of room (SQLite's "database or disk is full", PostgreSQL's disk_full, 53100).
+timeout), out of room (SQLite's "database or disk is full", PostgreSQL's disk_full, 53100), or
+not there (a SQLite file moved away under the server, a PostgreSQL server down or restarting).
 Such a request changed nothing it could not finish (its transaction is rolled back), so screens
 and the API answer 503 with Retry-After and a code that says which (`database_busy`,
-`database_full`), never the 500 of an unexpected error."""
+`database_full`, `database_unavailable`), never the 500 of an unexpected error."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from django.db import OperationalError, connection, transaction
 
 RETRY_AFTER_SECONDS = 5
 FULL_RETRY_AFTER_SECONDS = 60  # until an operator frees space
+UNAVAILABLE_RETRY_AFTER_SECONDS = 30  # until an operator puts the database back
 
 
 def is_database_busy(exc: BaseException) -> bool:
@@ -66,10 +68,37 @@ def is_database_full(exc: BaseException | None) -> bool:
     return "database or disk is full" in str(exc).lower()
 
 
+# SQLite: the file cannot be opened (moved or removed under a running server, its folder
+# unreadable) or is not a database (replaced). PostgreSQL: no connection (no SQLSTATE: the
+# server cannot be reached), a connection exception (class 08), or the server shutting down or
+# starting (57P01, 57P02, 57P03).
+_UNAVAILABLE_SQLITE = ("SQLITE_CANTOPEN", "SQLITE_NOTADB")
+_UNAVAILABLE_STATES = ("57P01", "57P02", "57P03")
+
+
+def is_database_unavailable(exc: BaseException | None) -> bool:
+    """The database cannot be reached or opened now (see above): nothing of the request was
+    stored by it, and trying again later may work once an operator has put it back."""
+    if not isinstance(exc, OperationalError):
+        return False
+    from console.sqlite.base import MissingDatabaseFile
+
+    cause = exc.__cause__
+    if isinstance(cause, MissingDatabaseFile) or getattr(cause, "sqlite_errorname", None) in _UNAVAILABLE_SQLITE:
+        return True
+    if cause is None or not type(cause).__module__.startswith("psycopg"):
+        return "unable to open database file" in str(exc).lower()
+    state = getattr(cause, "sqlstate", None)
+    return state is None or state.startswith("08") or state in _UNAVAILABLE_STATES
+
+
 def trouble(exc: BaseException | None) -> tuple[str, int] | None:
-    """(code, Retry-After seconds) when `exc` is the database being busy or full; else None."""
+    """(code, Retry-After seconds) when `exc` is the database being busy, full or unavailable;
+    else None."""
     if is_database_full(exc):
         return "database_full", FULL_RETRY_AFTER_SECONDS
     if exc is not None and is_database_busy(exc):
         return "database_busy", RETRY_AFTER_SECONDS
+    if is_database_unavailable(exc):
+        return "database_unavailable", UNAVAILABLE_RETRY_AFTER_SECONDS
     return None

@@ -54,9 +54,9 @@ class NoStoreMiddleware:
 
 
 class DatabaseBusyMiddleware:
-    """A page whose view found the database busy or full (console.busy) answers 503 with
-    Retry-After and a page that says so, not the 500 of an unexpected error. (The API's
-    dispatcher answers its own: `database_busy`, `database_full`.)"""
+    """A page whose view found the database busy, full or unavailable (console.busy) answers 503
+    with Retry-After and a page that says so, not the 500 of an unexpected error. (The API's
+    dispatcher answers its own: `database_busy`, `database_full`, `database_unavailable`.)"""
 
     def __init__(self, get_response):
         self.get_response = get_response
@@ -69,8 +69,8 @@ class DatabaseBusyMiddleware:
 
 
 def trouble_response(request: HttpRequest, exc: BaseException | None) -> HttpResponse | None:
-    """The 503 for a database that is busy or full (JSON under the API, else the plain page);
-    None for any other error."""
+    """The 503 for a database that is busy, full or unavailable (JSON under the API, else the
+    plain page); None for any other error."""
     import logging
 
     from console.busy import trouble
@@ -93,5 +93,8 @@ def trouble_response(request: HttpRequest, exc: BaseException | None) -> HttpRes
 def trouble_message(code: str) -> str:
     if code == "database_full":
         return _("The database's disk is full. An operator must free space on it; then try again.")
+    if code == "database_unavailable":
+        return _("The database cannot be reached right now. Try again later; if this lasts, an operator must "
+                 "check the database.")
     return _("The database was too busy to answer in time (a compaction, a backup or another long write "
              "holds it). Try again in a moment.")

@@ -76,7 +76,7 @@ def server_error(request: HttpRequest) -> HttpResponse:
 
 
 def plain_page(kind: str, *, status: int) -> HttpResponse:
-    """An error page (`kind`: error, database_busy, database_full) that renders without the
+    """An error page (`kind`: error, database_busy, database_full, database_unavailable) that renders without the
     database, the session or a signed-in user; its stylesheet is a file (the
     Content-Security-Policy allows no inline style), left out if even the static files'
     manifest cannot be read."""
@@ -89,6 +89,9 @@ def plain_page(kind: str, *, status: int) -> HttpResponse:
         "database_full": (_("The database's disk is full"), _(
             "Lethe could not save this: the disk that holds its database is full. An operator must free space on "
             "that disk; then reload the page to see the current state and try again.")),
+        "database_unavailable": (_("The database cannot be reached"), _(
+            "Lethe could not get to its database: it is not where it should be, or its server is down or "
+            "restarting. Reload the page later; if this lasts, an operator must check the database.")),
     }[kind]
     try:
         stylesheet = static("css/error.css")

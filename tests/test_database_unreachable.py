@@ -5,6 +5,8 @@ port where nothing listens; the password is never shown."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -158,3 +160,95 @@ def test_serve_and_the_job_cluster_stop_on_a_database_never_migrated(tmp_path, c
     finally:
         if postgresql:
             drop()
+
+
+def test_a_database_file_moved_away_under_the_web_server_is_503_unavailable_and_no_empty_one_is_made(tmp_path):
+    """The SQLite file moved away while `serve` runs: a worker that had not opened it yet made an
+    empty database in its place and answered 500 internal_error ("part of the request may have
+    been done"). Every worker now knows the file serve opened: the API answers 503
+    database_unavailable with Retry-After, a page the plain 503 page, and no file is made."""
+    import time
+    import urllib.error
+    import urllib.request
+
+    from tests.test_serve import Tree, free_port
+
+    database = tmp_path / "db.sqlite3"
+    env = _env(tmp_path, DATABASE_URL=f"sqlite:///{database}", PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "prom"),
+               WEB_CONCURRENCY="2", STATIC_ROOT=str(tmp_path / "static"))
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=300)
+    token = subprocess.run([sys.executable, "manage.py", "shell", "-c",
+                            "from console.models import ApiToken; from tests import factories; "
+                            "print(ApiToken.issue(factories.make_user('op', admin=True), name='t')[1])"],
+                           cwd=ROOT, env=env, check=True, timeout=120, capture_output=True, text=True).stdout.split()[-1]
+    port = free_port()
+    tree = Tree()
+    proc = subprocess.Popen([sys.executable, "manage.py", "serve", "--only", "web", f"127.0.0.1:{port}"], cwd=ROOT,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    tree.groups.add(os.getpgid(proc.pid))
+    tree.pids.add(proc.pid)
+
+    def get(path: str, **headers: str) -> tuple[int, bytes, dict]:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:  # noqa: S310 (loopback)
+                return answer.status, answer.read(), dict(answer.headers)
+        except urllib.error.HTTPError as refused:
+            return refused.code, refused.read(), dict(refused.headers)
+
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                if get("/accounts/login/")[0] == 200:
+                    break
+            time.sleep(0.3)
+        auth = {"Authorization": f"Bearer {token}"}
+        assert get("/v1/threads", **auth)[0] == 200
+        database.rename(tmp_path / "moved.sqlite3")
+        for _ in range(4):  # both workers, whichever answers
+            status, body, headers = get("/v1/threads", **auth)
+            assert (status, json.loads(body)["code"], headers["Retry-After"]) == (503, "database_unavailable", "30")
+        assert not database.exists()
+    finally:
+        tree.cleanup()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_postgresql_connection_ended_by_the_server_is_503_unavailable_on_pages_and_the_api():
+    """The server ends the web process's connection (a restart, an administrator): the request
+    that finds it gone answers 503 database_unavailable with Retry-After (a page: the plain 503
+    page), not the 500 that says part of the request may have been done; the next one works."""
+    from django.db import connection, connections
+    from django.test import Client
+
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL: a server that ends a connection (SQLite: the test above)")
+    from console.models import ApiToken
+    from tests import factories
+
+    admin = factories.make_user("unavailable-admin", admin=True)
+    _token, raw = ApiToken.issue(admin, name="t")
+    client = Client(raise_request_exception=False)  # as a server answers: through the error handlers
+    client.force_login(admin)
+    for path, headers in (("/settings/system/data-storage/", {}), ("/v1/threads", {"HTTP_AUTHORIZATION": f"Bearer {raw}"})):
+        assert client.get(path, **headers).status_code == 200
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            pid = cursor.fetchone()[0]
+        other = connections.create_connection("default")
+        try:
+            with other.cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+        finally:
+            other.close()
+        try:
+            answer = client.get(path, **headers)
+        finally:
+            connection.close()  # as Django does at the end of a request whose connection broke
+        assert (answer.status_code, answer["Retry-After"]) == (503, "30")
+        if path.startswith("/v1/"):
+            assert answer.json()["code"] == "database_unavailable"
+        else:
+            assert "The database cannot be reached" in answer.content.decode()
+        assert client.get(path, **headers).status_code == 200

@@ -250,6 +250,11 @@ def cannot_write_explained(settings_dict: dict, error: BaseException) -> str | N
     return cannot_write_message(os.path.abspath(name))
 
 
+class MissingDatabaseFile(sqlite3.OperationalError):
+    """The database file this process (or its serve) opened before is not at its path any more:
+    screens and the API answer 503 `database_unavailable` (console/busy.py)."""
+
+
 class DatabaseWrapper(base.DatabaseWrapper):
     file_identity: tuple[int, int] | None = None
 
@@ -263,7 +268,9 @@ class DatabaseWrapper(base.DatabaseWrapper):
 
     def get_new_connection(self, conn_params):
         path = self._file_path()
-        opened_before = path in _OPENED
+        # Opened before by this process, or by the serve that started it (a web worker's first
+        # connection): a file missing now was moved away, and no empty one is made in its place.
+        opened_before = path in _OPENED or path in _FIRST
         if opened_before:
             conn_params = {**conn_params, "database": f"file:{quote(path)}?mode=rw"}
         elif path is not None:
@@ -276,7 +283,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
             raw = super().get_new_connection(conn_params)
         except sqlite3.OperationalError:
             if opened_before and not os.path.exists(path):
-                raise sqlite3.OperationalError(
+                raise MissingDatabaseFile(
                     f"The database file {path} is missing: it was there when this process first opened it. "
                     "It was moved or deleted, and Lethe does not make a new, empty one in its place: put it back "
                     "(to start afresh with an empty database instead, stop Lethe and run `manage.py migrate`)."
