@@ -636,10 +636,8 @@ def remove_tree(parent: int, name: str, path: Path) -> None:
         except OSError as error:
             if error.errno not in (errno.ELOOP, errno.ENOTDIR):
                 raise _at(error, shown) from error
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(child, dir_fd=at)
-        except FileNotFoundError:
-            pass
         return None
 
     def clear(level: _Level) -> None:

@@ -18,7 +18,14 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from lifecycle.enginefs import EngineHome, UnsafeEnginePath, opened_folder, remove_tree, sync_folder, walk
+from lifecycle.enginefs import (
+    EngineHome,
+    UnsafeEnginePath,
+    opened_folder,
+    remove_tree,
+    sync_folder,
+    walk,
+)
 
 
 class UnsafeFolder(Exception):
