@@ -1,0 +1,163 @@
+"""`manage.py users`: the console's people, for operators (there is no user screen).
+
+Two roles: an admin (a staff user, console/auth.py) acts; a member reads everything and
+changes nothing. A new install has no user: `users create NAME --role admin` makes the first.
+Passwords are asked for on a terminal (twice, not echoed) or read from standard input with
+`--password-stdin` (one line), never taken as an argument (it would stay in the shell's history
+and in the process list), and must pass the password rules in settings. The last active admin
+cannot be made a member or deactivated: nobody could act on the console then. Deactivating
+someone ends their sessions and stops their API tokens at once (both check the account on
+each request); activating them again brings back the tokens that have not expired.
+"""
+
+from __future__ import annotations
+
+import getpass
+import sys
+
+from django.contrib.auth import get_user_model, password_validation
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
+
+from console.models import ApiToken
+
+ROLES = ("admin", "member")
+
+
+def _when(moment) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M UTC") if moment else "never"
+
+
+def _role(user) -> str:
+    return "admin" if user.is_staff else "member"
+
+
+class Command(BaseCommand):
+    help = ("List the console's users, create one (the first admin of a new install too), change a role or a "
+            "password, deactivate or activate one. Passwords are asked for, or read from standard input.")
+
+    def add_arguments(self, parser):
+        sub = parser.add_subparsers(dest="action", required=True)
+        sub.add_parser("list", help="Every user with role, state, last sign-in and active API tokens.")
+        create = sub.add_parser("create", help="Make a user (admin acts; member reads only).")
+        create.add_argument("username")
+        create.add_argument("--role", choices=ROLES, required=True)
+        create.add_argument("--password-stdin", action="store_true",
+                            help="Read the password from standard input (one line) instead of asking.")
+        role = sub.add_parser("set-role", help="Make a user an admin or a member.")
+        role.add_argument("username")
+        role.add_argument("role", choices=ROLES)
+        password = sub.add_parser("set-password", help="Give a user a new password (their sessions end).")
+        password.add_argument("username")
+        password.add_argument("--password-stdin", action="store_true",
+                              help="Read the password from standard input (one line) instead of asking.")
+        for name, text in (("deactivate", "Stop a user from signing in; their sessions and API tokens stop now."),
+                           ("activate", "Let a deactivated user sign in again.")):
+            sub.add_parser(name, help=text).add_argument("username")
+
+    def handle(self, *args, action: str, **options):
+        getattr(self, "do_" + action.replace("-", "_"))(**options)
+
+    # ---- actions
+
+    def do_list(self, **options):
+        users = list(get_user_model().objects.order_by("username"))
+        tokens: dict[int, int] = {}
+        for token in ApiToken.objects.filter(user__in=users):
+            if token.state().value == "active":
+                tokens[token.user_id] = tokens.get(token.user_id, 0) + 1
+        lines = [f"{'USERNAME':20}  {'ROLE':6}  {'STATE':11}  {'LAST SIGN-IN':20}  TOKENS"]
+        for user in users:
+            lines.append(f"{user.get_username():20}  {_role(user):6}  {'active' if user.is_active else 'deactivated':11}  "
+                         f"{_when(user.last_login):20}  {tokens.get(user.pk, 0)}")
+        self.stdout.write("\n".join(lines))
+
+    def do_create(self, username: str, role: str, password_stdin: bool, **options):
+        model = get_user_model()
+        field = model._meta.get_field(model.USERNAME_FIELD)
+        try:
+            username = field.clean(username, None)
+        except ValidationError as error:
+            raise CommandError(f"Not a username: {' '.join(error.messages)}") from None
+        if model.objects.filter(username=username).exists():
+            raise CommandError(f"There is already a user named {username!r}.")
+        user = model(username=username, is_staff=role == "admin", is_active=True)
+        user.set_password(self._password(user, password_stdin))
+        with transaction.atomic():
+            if model.objects.select_for_update().filter(username=username).exists():
+                raise CommandError(f"There is already a user named {username!r}.")
+            user.save()
+        self.stdout.write(f"Created {username} ({role}).")
+
+    def do_set_role(self, username: str, role: str, **options):
+        with transaction.atomic():
+            user = self._user(username)
+            if role == "member" and user.is_staff and user.is_active:
+                self._keep_an_admin(user, "make them a member")
+            user.is_staff = role == "admin"
+            user.save(update_fields=["is_staff"])
+        self.stdout.write(f"{username} is now {'an admin' if role == 'admin' else 'a member'}.")
+
+    def do_set_password(self, username: str, password_stdin: bool, **options):
+        user = self._user(username)
+        user.set_password(self._password(user, password_stdin))
+        user.save(update_fields=["password"])
+        self.stdout.write(f"New password set for {username}; their sessions have ended.")
+
+    def do_deactivate(self, username: str, **options):
+        with transaction.atomic():
+            user = self._user(username)
+            if user.is_staff and user.is_active:
+                self._keep_an_admin(user, "deactivate them")
+            user.is_active = False
+            user.save(update_fields=["is_active"])
+        self.stdout.write(f"{username} is deactivated: they cannot sign in, and their API tokens stop working.")
+
+    def do_activate(self, username: str, **options):
+        user = self._user(username)
+        user.is_active = True
+        user.save(update_fields=["is_active"])
+        self.stdout.write(f"{username} can sign in again.")
+
+    # ---- helpers
+
+    def _user(self, username: str):
+        """The user by name; locked until the caller's transaction ends when there is one."""
+        users = get_user_model().objects.filter(username=username)
+        if transaction.get_connection().in_atomic_block:
+            users = users.select_for_update()
+        user = users.first()
+        if user is None:
+            raise CommandError(f"No user named {username!r} (users list shows them).")
+        return user
+
+    def _keep_an_admin(self, user, doing: str) -> None:
+        """Refuse to leave the console without an active admin (the rows are locked: two commands
+        at once cannot each take away one of the last two)."""
+        model = get_user_model()
+        others = list(model.objects.select_for_update().filter(is_staff=True, is_active=True).exclude(pk=user.pk))
+        if not others:
+            raise CommandError(f"{user.get_username()} is the only active admin: make another user an admin "
+                               f"first, then {doing}.")
+
+    def _password(self, user, from_stdin: bool) -> str:
+        if from_stdin:
+            try:
+                line = sys.stdin.readline()
+            except UnicodeDecodeError:
+                raise CommandError("The password on standard input is not text in the terminal's encoding.") from None
+            password = line[:-1] if line.endswith("\n") else line
+            if not password:
+                raise CommandError("No password on standard input.")
+        else:
+            if not sys.stdin.isatty():
+                raise CommandError("Standard input is not a terminal: give the password with --password-stdin.")
+            password = getpass.getpass("Password: ")
+            if getpass.getpass("Password (again): ") != password:
+                raise CommandError("The two passwords differ; nothing was changed.")
+        try:
+            password_validation.validate_password(password, user)
+        except ValidationError as error:
+            raise CommandError(" ".join(error.messages) + " Nothing was changed.") from None
+        return password

@@ -1,0 +1,137 @@
+"""`manage.py users`: the first admin of a new install, members, roles, passwords, and
+deactivation, on the stored users (real processes for the password on standard input)."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from console.models import ApiToken
+from tests import factories
+
+User = get_user_model()
+
+
+def users(*args: str, password: str | None = None) -> str:
+    out = io.StringIO()
+    stdin = sys.stdin
+    if password is not None:
+        sys.stdin = io.StringIO(password + "\n")
+    try:
+        call_command("users", *args, stdout=out)
+    finally:
+        sys.stdin = stdin
+    return out.getvalue()
+
+
+@pytest.mark.django_db
+def test_a_new_install_gets_its_first_admin_and_a_member_who_can_sign_in(client):
+    assert users("create", "ana", "--role", "admin", "--password-stdin", password="a long passphrase 1") == \
+        "Created ana (admin).\n"
+    assert users("create", "bo", "--role", "member", "--password-stdin", password="another passphrase") == \
+        "Created bo (member).\n"
+    ana, bo = User.objects.get(username="ana"), User.objects.get(username="bo")
+    assert (ana.is_staff, ana.is_active, bo.is_staff, bo.is_active) == (True, True, False, True)
+    assert ana.check_password("a long passphrase 1") and not ana.is_superuser
+    assert client.login(username="bo", password="another passphrase")
+    listed = users("list").splitlines()
+    assert listed[0].split() == ["USERNAME", "ROLE", "STATE", "LAST", "SIGN-IN", "TOKENS"]
+    assert listed[1].split()[:3] == ["ana", "admin", "active"] and listed[2].split()[:3] == ["bo", "member", "active"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("args", "password", "message"), [
+    (("create", "ana", "--role", "admin", "--password-stdin"), "short", "This password is too short"),
+    (("create", "an a", "--role", "admin", "--password-stdin"), "a long passphrase 1", "Not a username"),
+    (("create", "x" * 151, "--role", "admin", "--password-stdin"), "a long passphrase 1", "Not a username"),
+    (("create", "ana\x00", "--role", "member", "--password-stdin"), "a long passphrase 1", "Not a username"),
+    (("create", "ana", "--role", "member", "--password-stdin"), "", "No password on standard input."),
+])
+def test_bad_input_is_refused_and_makes_no_user(args, password, message):
+    with pytest.raises(CommandError, match=message):
+        users(*args, password=password)
+    assert not User.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_taken_name_is_refused_and_the_user_kept_as_it_was():
+    factories.make_user("ana", admin=False)
+    with pytest.raises(CommandError, match="There is already a user named 'ana'."):
+        users("create", "ana", "--role", "admin", "--password-stdin", password="a long passphrase 1")
+    assert not User.objects.get(username="ana").is_staff
+
+
+@pytest.mark.django_db
+def test_the_last_active_admin_cannot_be_made_a_member_or_deactivated():
+    factories.make_user("ana", admin=True)
+    factories.make_user("bo", admin=False)
+    for args in (("set-role", "ana", "member"), ("deactivate", "ana")):
+        with pytest.raises(CommandError, match="ana is the only active admin: make another user an admin first"):
+            users(*args)
+    ana = User.objects.get(username="ana")
+    assert (ana.is_staff, ana.is_active) == (True, True)
+    assert users("set-role", "bo", "admin") == "bo is now an admin.\n"
+    assert users("set-role", "ana", "member") == "ana is now a member.\n"
+    assert not User.objects.get(username="ana").is_staff and User.objects.get(username="bo").is_staff
+    with pytest.raises(CommandError, match="No user named 'nobody'"):
+        users("set-role", "nobody", "admin")
+
+
+@pytest.mark.django_db
+def test_deactivating_ends_sessions_and_tokens_at_once_and_activating_brings_them_back(client):
+    factories.make_user("ana", admin=True)
+    bo = factories.make_user("bo", admin=True)
+    bo.set_password("bo's passphrase 1")
+    bo.save()
+    _token, raw = ApiToken.issue(bo, name="script")
+    assert client.login(username="bo", password="bo's passphrase 1")
+    assert client.get("/conversations/").status_code == 200
+    assert client.get("/v1/threads", HTTP_AUTHORIZATION=f"Bearer {raw}").status_code == 200
+    users("deactivate", "bo")
+    assert not User.objects.get(username="bo").is_active
+    assert client.get("/conversations/").status_code == 302  # signed out
+    assert client.get("/v1/threads", HTTP_AUTHORIZATION=f"Bearer {raw}").status_code == 401
+    assert not client.login(username="bo", password="bo's passphrase 1")
+    users("activate", "bo")
+    assert client.get("/v1/threads", HTTP_AUTHORIZATION=f"Bearer {raw}").status_code == 200
+    assert client.login(username="bo", password="bo's passphrase 1")
+
+
+@pytest.mark.django_db
+def test_a_new_password_ends_the_users_sessions(client):
+    factories.make_user("ana", admin=True)
+    bo = factories.make_user("bo", admin=False)
+    bo.set_password("old passphrase 1")
+    bo.save()
+    assert client.login(username="bo", password="old passphrase 1")
+    assert client.get("/conversations/").status_code == 200
+    assert users("set-password", "bo", "--password-stdin", password="new passphrase 2").startswith("New password set")
+    assert client.get("/conversations/").status_code == 302
+    assert client.login(username="bo", password="new passphrase 2")
+
+
+def test_without_a_terminal_or_stdin_flag_it_asks_for_the_flag_and_changes_nothing(tmp_path):
+    """A real process whose standard input is not a terminal: no prompt that waits for ever."""
+    import os
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env.update(DJANGO_SETTINGS_MODULE="console.settings_test", LETHE_VAR_DIR=str(tmp_path / "var"),
+               ENGINE_HOME=str(tmp_path / "engine"), DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite3")
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=root, env=env, check=True, timeout=300)
+    asked = subprocess.run([sys.executable, "manage.py", "users", "create", "ana", "--role", "admin"], cwd=root, env=env,
+                           input="a long passphrase 1\n", capture_output=True, text=True, timeout=120)
+    assert asked.returncode == 1 and "give the password with --password-stdin" in asked.stderr
+    made = subprocess.run([sys.executable, "manage.py", "users", "create", "ana", "--role", "admin", "--password-stdin"],
+                          cwd=root, env=env, input="a long passphrase 1\n", capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0 and made.stdout == "Created ana (admin).\n"
+    listed = subprocess.run([sys.executable, "manage.py", "users", "list"], cwd=root, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert listed.stdout.splitlines()[1].split()[:3] == ["ana", "admin", "active"]
