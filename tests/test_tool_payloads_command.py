@@ -258,3 +258,31 @@ def test_a_queued_operation_with_no_worker_is_taken_to_its_end_by_the_next_comma
     assert (done.state, done.eligible_messages) == ("succeeded", 3)
     assert ToolPayloadOperation.objects.count() == 1  # the second was not started: start it again
     assert "; analysis completed" in command("status").splitlines()[0]
+
+
+def test_queued_cancelled_and_failed_operations_show_their_state_never_0(admin_user):
+    """`--no-wait`, `status` and `cancel` printed "analysis #3: queued; conversations 0, messages
+    0, removed 0, payload bytes 0", and the same once cancelled. As on the screens, figures show
+    only for what finished with them; the --json document keeps its whole numbers."""
+    old_conversation("cli", tools=2)
+    assert command("analyze", "--age", "3", "--as", "alice", "--no-wait") == "analysis #1: queued\n"
+    assert command("cancel", "1", "--as", "alice") == "analysis #1: queued; cancel requested (it stops at its next check)\n"
+    assert command("status").splitlines()[-1] == "analysis #1: queued; cancel requested (it stops at its next check)"
+    # What it counted before the cancel is no result either (the card's "No estimate").
+    ToolPayloadOperation.objects.filter(pk=1).update(eligible_conversations=1, eligible_messages=2, payload_bytes=9)
+    assert command("cancel", "1", "--as", "alice", "--here") == "analysis #1: cancelled\n"
+    assert command("status").splitlines()[-1] == "analysis #1: cancelled"
+    doc = json.loads(command("status", "--json"))["history"][0]
+    assert (doc["state"], doc["eligible_messages"], doc["removed_messages"], doc["payload_bytes"]) == ("cancelled", 2, 0, 9)
+
+    service.save_policy(user=admin_user, enabled=True, age_value=3, age_unit="months",
+                        revision=ToolPayloadPolicy.load().revision, backup_choice="skip")
+    assert command("run", "--as", "alice", "--no-wait") == "cleanup #2: queued\n"
+    assert command("cancel", "2", "--as", "alice", "--here") == (
+        "cleanup #2: cancelled; cancelled: Cancelled. Removals committed before the cancel stay.\n")
+    ToolPayloadOperation.objects.filter(pk=2).update(state="failed", error_code="engine_unavailable",
+                                                     error_message="The engine did not answer.")
+    assert command("status").splitlines()[-2] == "cleanup #2: failed; engine_unavailable: The engine did not answer."
+    doc = json.loads(command("status", "--json"))["history"][0]
+    assert (doc["id"], doc["removed_messages"], doc["eligible_messages"]) == (2, 0, 0)
+

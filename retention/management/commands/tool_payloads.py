@@ -146,26 +146,36 @@ class Command(JsonErrors, BaseCommand):
         if self.as_json:
             self.stdout.write(jsonlib.dumps(_json(doc), sort_keys=True))
             return
+        self.stdout.write(self.line(doc))
+
+    @staticmethod
+    def line(doc: dict) -> str:
+        """One operation as text. Figures only where they are a result, as on the screens: a
+        completed or partial analysis, a completed or partial run (or one that removed anything
+        before it ended), a completed compaction; a queued, running, cancelled or failed one
+        says its state and error, never "0". The --json document keeps every figure."""
         line = f"{doc['kind']} #{doc['id']}: {doc['state']}"
+        state, finished = doc["state"], doc["state"] not in OPEN_STATES
         if doc["kind"] == "compact":
-            if doc["before_bytes"] is not None:
+            if state == "succeeded" and doc["before_bytes"] is not None and doc["after_bytes"] is not None:
                 line += f"; database file {doc['before_bytes']} -> {doc['after_bytes']} bytes"
-            if doc["before_reusable_bytes"] is not None:
-                line += f", reusable {doc['before_reusable_bytes']} -> {doc['after_reusable_bytes']} bytes"
+                if doc["before_reusable_bytes"] is not None and doc["after_reusable_bytes"] is not None:
+                    line += f", reusable {doc['before_reusable_bytes']} -> {doc['after_reusable_bytes']} bytes"
         elif doc["kind"] == "backup":
             if doc["backup"]:
                 line += (f"; {doc['backup']['name']}, {doc['backup']['size']} bytes, "
                          f"SHA-256 {doc['backup']['sha256']}")
-        else:
+        elif state in ("succeeded", "partial") or (
+                doc["kind"] == "cleanup" and finished and doc["removed_messages"]):
             line += (f"; conversations {doc['eligible_conversations']}, messages {doc['eligible_messages']}, "
                      f"removed {doc['removed_messages']}, payload bytes {doc['payload_bytes']}")
-        if doc["skipped"]:
-            line += "; skipped " + ", ".join(f"{k} {v}" for k, v in sorted(doc["skipped"].items()))
+            if doc["skipped"]:
+                line += "; skipped " + ", ".join(f"{k} {v}" for k, v in sorted(doc["skipped"].items()))
         if doc["error"]:
             line += f"; {doc['error']['code']}: {doc['error']['message']}"
-        if doc["cancel_requested"] and doc["state"] in OPEN_STATES:
+        if doc["cancel_requested"] and state in OPEN_STATES:
             line += "; cancel requested (it stops at its next check)"
-        self.stdout.write(line)
+        return line
 
     def show(self, doc: dict) -> None:
         if self.as_json:
