@@ -169,7 +169,7 @@ def test_a_run_interrupted_here_is_continued_here_without_a_job_cluster(admin_us
     run = _interrupted_run(admin_user, monkeypatch)
     out = StringIO()
     call_command("tool_payloads", "run", "--as", "alice", "--here", stdout=out)
-    assert "was left open with no worker on it; continuing it here first" in capsys.readouterr().err
+    assert "was left open with no worker on it; continuing it here (it is the cleanup run asked for)." in capsys.readouterr().err
     done = ToolPayloadOperation.objects.get(pk=run.pk)
     assert done.state == "succeeded" and done.removed_messages == done.eligible_messages == 7  # 6 shell, 1 read
     assert done.progress_done == done.progress_total == 7
@@ -234,7 +234,7 @@ def test_a_run_here_killed_with_sigkill_is_taken_to_its_end_by_the_next_run_here
     time.sleep(2.5)  # no worker on it for twice the lease
     result = manage("tool_payloads", "run", "--as", "op", "--here", "--json", capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "was left open with no worker on it; continuing it here first" in result.stderr
+    assert "was left open with no worker on it; continuing it here (it is the cleanup run asked for)." in result.stderr
     doc = json.loads(result.stdout)
     assert doc["state"] == "succeeded" and doc["removed_messages"] == doc["eligible_messages"] == removed() == 10
     assert doc["progress"] == {"done": 10, "total": 10}
@@ -243,21 +243,107 @@ def test_a_run_here_killed_with_sigkill_is_taken_to_its_end_by_the_next_run_here
 def test_a_queued_operation_with_no_worker_is_taken_to_its_end_by_the_next_command_here(admin_user, capsys):
     """No job cluster: an analysis queued with --no-wait made status say 'analysis running' (its
     line said queued) and `analyze --here` answer busy. Now status says queued and --here runs
-    the queued one first."""
+    the queued one first; the same analysis asked for again is that one, run once."""
     old_conversation("cli", tools=2)
     queued = json.loads(command("analyze", "--age", "3", "--unit", "months", "--as", "alice", "--no-wait", "--json"))
     status = command("status")
     assert "; analysis queued" in status.splitlines()[0]
     assert f"analysis #{queued['id']}: queued" in status
-    out = StringIO()
-    call_command("tool_payloads", "analyze", "--age", "2", "--as", "alice", "--here", stdout=out)  # exit status 0
-    assert f"analysis #{queued['id']}: succeeded" in out.getvalue()
-    assert (f"analysis #{queued['id']} is queued and no worker has taken it; running it here first (start this one "
-            "again afterwards).") in capsys.readouterr().err
-    done = ToolPayloadOperation.objects.get(pk=queued["id"])
-    assert (done.state, done.eligible_messages) == ("succeeded", 3)
-    assert ToolPayloadOperation.objects.count() == 1  # the second was not started: start it again
+    capsys.readouterr()
+    out = command("analyze", "--age", "3", "--unit", "months", "--as", "alice", "--here")  # exit status 0
+    done = ToolPayloadOperation.objects.get()  # nothing else was started
+    assert (done.pk, done.state, done.eligible_messages) == (queued["id"], "succeeded", 3)
+    assert out == (f"analysis #{done.pk}: succeeded; conversations 1, messages 3, removed 0, payload bytes "
+                   f"{done.payload_bytes}; skipped protected 2\n")
+    assert stderr_lines(capsys) == [f"analysis #{done.pk} is queued and no worker has taken it; running it here (it is "
+                                    "the analysis asked for)."]
     assert "; analysis completed" in command("status").splitlines()[0]
+
+
+def stderr_lines(capsys) -> list[str]:
+    """The command's own lines on standard error (the JSON log lines left out)."""
+    return [line for line in capsys.readouterr().err.splitlines() if not line.startswith("{")]
+
+
+def two_periods() -> None:
+    """One conversation idle 200 days (in a 3-month and a 5-week period), one idle 50 days (in
+    the 5-week period only)."""
+    old_conversation("old", tools=2)
+    old_conversation("recent", tools=1, days=50)
+
+
+def analysis_line(op: ToolPayloadOperation) -> str:
+    return (f"analysis #{op.pk}: succeeded; conversations {op.eligible_conversations}, messages "
+            f"{op.eligible_messages}, removed 0, payload bytes {op.payload_bytes}; skipped protected "
+            f"{2 * op.eligible_conversations}")
+
+
+@pytest.mark.parametrize("cancelled", [False, True])
+def test_here_runs_the_operation_left_queued_then_the_one_asked_for_and_prints_that_one(admin_user, capsys,
+                                                                                        cancelled):
+    """The review's case: `analyze --age 5 --unit weeks --here --json` with a 3-month analysis left
+    queued (--no-wait, no job cluster) ran the leftover, printed ITS JSON and exited 0; the 5-week
+    analysis was never queued (a cancelled leftover: exit 3 for the leftover). Now the leftover is
+    taken to its end, then the analysis asked for runs, and its document is the one printed."""
+    two_periods()
+    leftover = json.loads(command("analyze", "--age", "3", "--unit", "months", "--as", "alice", "--no-wait",
+                                  "--json"))["id"]
+    if cancelled:
+        command("cancel", str(leftover), "--as", "alice")
+    capsys.readouterr()
+    out = command("analyze", "--age", "5", "--unit", "weeks", "--as", "alice", "--here", "--json")  # exit status 0
+    first = ToolPayloadOperation.objects.get(pk=leftover)
+    asked = ToolPayloadOperation.objects.exclude(pk=leftover).get()
+    doc = json.loads(out)
+    assert out.count("\n") == 1 and doc["id"] == asked.pk
+    assert (doc["kind"], doc["state"], doc["age"], doc["eligible_conversations"], doc["eligible_messages"]) == (
+        "analysis", "succeeded", {"value": 5, "unit": "weeks"}, 2, 5)
+    assert (first.state, first.eligible_conversations) == (("cancelled", 0) if cancelled else ("succeeded", 1))
+    assert stderr_lines(capsys) == [
+        f"analysis #{leftover} is queued and no worker has taken it; running it here first, then the analysis "
+        "asked for.",
+        f"analysis #{leftover}: cancelled" if cancelled else analysis_line(first)]
+
+
+def test_run_and_compact_here_run_the_analysis_left_queued_first_then_their_own(admin_user, capsys):
+    two_periods()
+    service.save_policy(user=admin_user, enabled=True, age_value=3, age_unit="months", revision=1,
+                        backup_choice="skip")
+    leftover = json.loads(command("analyze", "--age", "5", "--unit", "weeks", "--as", "alice", "--no-wait",
+                                  "--json"))["id"]
+    capsys.readouterr()
+    out = command("run", "--as", "alice", "--here")  # exit status 0
+    first = ToolPayloadOperation.objects.get(pk=leftover)
+    run = ToolPayloadOperation.objects.get(kind="cleanup")
+    assert (first.state, run.state, run.removed_messages) == ("succeeded", "succeeded", 3)
+    assert out == (f"cleanup #{run.pk}: succeeded; conversations 1, messages 3, removed 3, payload bytes "
+                   f"{run.payload_bytes}; skipped protected 2\n")
+    assert stderr_lines(capsys) == [
+        f"analysis #{leftover} is queued and no worker has taken it; running it here first, then the cleanup run "
+        "asked for.", analysis_line(first)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_compact_here_runs_the_analysis_left_queued_first_then_compacts(admin_user, capsys):
+    two_periods()
+    leftover = json.loads(command("analyze", "--age", "5", "--unit", "weeks", "--as", "alice", "--no-wait",
+                                  "--json"))["id"]
+    capsys.readouterr()
+    doc = json.loads(command("compact", "--as", "alice", "--here", "--json"))  # exit status 0
+    compact = ToolPayloadOperation.objects.get(kind="compact")
+    assert (doc["id"], doc["kind"], doc["state"]) == (compact.pk, "compact", "succeeded")
+    assert ToolPayloadOperation.objects.get(pk=leftover).state == "succeeded"
+    assert stderr_lines(capsys)[0] == (f"analysis #{leftover} is queued and no worker has taken it; running it here "
+                                       "first, then the compaction asked for.")
+
+
+def test_here_with_no_wait_leaves_the_queued_operation_and_says_busy(admin_user):
+    """--no-wait runs nothing here: the operation in the way is named by the busy refusal."""
+    leftover = json.loads(command("analyze", "--age", "3", "--as", "alice", "--no-wait", "--json"))["id"]
+    with pytest.raises(SystemExit) as refused:
+        command("analyze", "--age", "5", "--unit", "weeks", "--as", "alice", "--here", "--no-wait", "--json")
+    assert refused.value.code == 1
+    assert ToolPayloadOperation.objects.get().pk == leftover
 
 
 def test_queued_cancelled_and_failed_operations_show_their_state_never_0(admin_user):
@@ -286,3 +372,57 @@ def test_queued_cancelled_and_failed_operations_show_their_state_never_0(admin_u
     doc = json.loads(command("status", "--json"))["history"][0]
     assert (doc["id"], doc["removed_messages"], doc["eligible_messages"]) == (2, 0, 0)
 
+
+def test_a_run_left_queued_and_asked_to_stop_is_not_the_run_asked_for(admin_user, capsys):
+    """A queued run under the same revision is the run asked for, unless it was cancelled: it
+    ends cancelled, and the run asked for is started after it (exit status 0, not 3)."""
+    old_conversation("cli", tools=2)
+    service.save_policy(user=admin_user, enabled=True, age_value=3, age_unit="months", revision=1,
+                        backup_choice="skip")
+    assert command("run", "--as", "alice", "--no-wait") == "cleanup #1: queued\n"
+    command("cancel", "1", "--as", "alice")
+    capsys.readouterr()
+    out = command("run", "--as", "alice", "--here")  # exit status 0
+    run = ToolPayloadOperation.objects.get(pk=2)
+    assert (ToolPayloadOperation.objects.get(pk=1).state, run.state, run.removed_messages) == (
+        "cancelled", "succeeded", 3)
+    assert out == (f"cleanup #2: succeeded; conversations 1, messages 3, removed 3, payload bytes "
+                   f"{run.payload_bytes}; skipped protected 2\n")
+    assert stderr_lines(capsys) == [
+        "cleanup #1 is queued and no worker has taken it; running it here first, then the cleanup run asked for.",
+        "cleanup #1: cancelled; cancelled: Cancelled. Removals committed before the cancel stay."]
+
+
+def test_the_command_here_exits_0_with_the_document_of_the_analysis_asked_for(tmp_path):
+    """A real process, as a script runs it: exit status 0 and one JSON document on standard
+    output, the 5-week analysis's (it printed the 2-week leftover's)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "ENGINE_URL")}
+    env.update(DJANGO_SETTINGS_MODULE="console.settings_test", DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite3",
+               LETHE_VAR_DIR=str(tmp_path / "var"), ENGINE_HOME=str(tmp_path / "engine"))
+
+    def manage(*args: str):
+        return subprocess.run([sys.executable, "manage.py", *args], cwd=root, env=env, timeout=300,
+                              capture_output=True, text=True)
+
+    assert manage("migrate", "-v0").returncode == 0
+    assert manage("shell", "-c", (
+        "from django.contrib.auth import get_user_model; "
+        "from tests.test_tool_payloads_command import two_periods; "
+        "get_user_model().objects.create_user('op', password='pw-op-12345', is_staff=True); "
+        "two_periods()")).returncode == 0
+    queued = manage("tool_payloads", "analyze", "--age", "2", "--unit", "weeks", "--as", "op", "--no-wait")
+    assert (queued.returncode, queued.stdout) == (0, "analysis #1: queued\n")
+    result = manage("tool_payloads", "analyze", "--age", "5", "--unit", "weeks", "--as", "op", "--here", "--json")
+    assert result.returncode == 0, result.stderr[-3000:]
+    doc = json.loads(result.stdout)
+    assert result.stdout.count("\n") == 1
+    assert (doc["id"], doc["state"], doc["age"], doc["eligible_conversations"]) == (
+        2, "succeeded", {"value": 5, "unit": "weeks"}, 2)
+    assert ("analysis #1 is queued and no worker has taken it; running it here first, then the analysis asked "
+            "for.\nanalysis #1: succeeded; conversations 2, ") in result.stderr

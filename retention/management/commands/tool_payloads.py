@@ -13,16 +13,28 @@ from django.core.management.base import BaseCommand, CommandError
 from console.management.cli import JsonErrors
 from retention import jobs, service
 from retention.api import _json
-from retention.models import OPEN_STATES, OperationState, ToolPayloadOperation, ToolPayloadPolicy
+from retention.models import (
+    OPEN_STATES,
+    OperationKind,
+    OperationState,
+    ToolPayloadOperation,
+    ToolPayloadPolicy,
+)
 from retention.views import _unit_label
+
+# What each verb asks for, as the lines about an operation left open name it.
+ASKED = {"analyze": "analysis", "run": "cleanup run", "compact": "compaction"}
 
 
 class Command(JsonErrors, BaseCommand):
     help = ("Tool payload cleanup: show the status, analyze a period, run cleanup now, cancel an operation "
             "or compact the database. Changes need --as ADMIN. Waits for the job (progress bar on a terminal) "
-            "unless --no-wait; --here runs it in this process instead of the job cluster. Exit status: 0 "
-            "succeeded (or queued, with --no-wait), 3 failed or cancelled before it changed anything, 4 stopped "
-            "part-way (partial: what it removed before stays).")
+            "unless --no-wait; --here runs it in this process instead of the job cluster, and first takes to its "
+            "end an operation left open with no worker on it (its line on standard error), then runs the one asked "
+            "for: only that one is printed and sets the exit status. Exit status: 0 succeeded (or queued, with "
+            "--no-wait), 1 refused (not an admin, a bad period, busy: another operation is running, the settings "
+            "changed...; with --json a JSON error document), 2 bad arguments, settings or database, 3 failed or "
+            "cancelled before it changed anything, 4 stopped part-way (partial: what it removed before stays).")
 
     def add_arguments(self, parser):
         verbs = parser.add_subparsers(dest="verb", required=True)
@@ -50,44 +62,76 @@ class Command(JsonErrors, BaseCommand):
         if verb == "status":
             return self.show(service.status_document())
         user = self.admin(options["username"])
-        try:
-            if verb == "analyze":
-                op_id = service.start_analysis(user=user, age_value=options["age"], age_unit=options["unit"])
-            elif verb == "run":
-                revision = options["revision"]
-                if revision is None:  # not given: the current one (0 is a revision nobody read)
-                    revision = ToolPayloadPolicy.load().revision
-                op_id = service.start_run(user=user, revision=revision)
-            elif verb == "compact":
-                op_id = service.start_compact(user=user)
-            else:
+        if verb == "cancel":
+            try:
                 service.cancel(user=user, operation_id=options["operation_id"])
-                if options["here"]:  # the cancel takes effect at the run's next check, here
-                    return self.operation(self.follow(options["operation_id"], here=True))
-                op = ToolPayloadOperation.objects.get(pk=options["operation_id"])
-                return self.operation(service._operation_dict(op))
-        except service.CleanupError as exc:
-            stalled = self.stalled_operation() if exc.code == "busy" and options.get("here") else None
-            if stalled is None:
+            except service.CleanupError as exc:
                 raise CommandError(f"{exc.code}: {exc.message}") from None
+            if options["here"]:  # the cancel takes effect at the run's next check, here
+                return self.operation(self.follow(options["operation_id"], here=True, echo=self.operation))
+            op = ToolPayloadOperation.objects.get(pk=options["operation_id"])
+            return self.operation(service._operation_dict(op))
+        if verb == "run" and options["revision"] is None:
+            # not given: the current one (0 is a revision nobody read)
+            options["revision"] = ToolPayloadPolicy.load().revision
+        try:
+            op_id = self.start(verb, user, options)
+        except CommandError as refused:
+            busy = str(refused).startswith("busy: ")
+            stalled = self.stalled_operation() if busy and options["here"] and not options["no_wait"] else None
+            if stalled is None:
+                raise
             # An operation left open with no worker on it (its process was interrupted, or it
-            # was queued and no job cluster runs): one at a time, so it is the one to take to
-            # its end here first.
-            if stalled.state == OperationState.QUEUED:
-                self.stderr.write(f"{stalled.kind} #{stalled.pk} is queued and no worker has taken it; "
-                                  "running it here first (start this one again afterwards).")
+            # was queued and no job cluster runs): one at a time, so it is taken to its end here
+            # first. When it is the one asked for (same kind and period, or the same policy
+            # revision for a run), its result is this command's; else this command's own
+            # operation is started and run after it, and only that one's result is printed.
+            queued = stalled.state == OperationState.QUEUED
+            left = (f"{stalled.kind} #{stalled.pk} is queued and no worker has taken it; running it here" if queued
+                    else f"{stalled.kind} #{stalled.pk} was left open with no worker on it; continuing it here")
+            if self.is_requested(stalled, verb, options):
+                self.stderr.write(f"{left} (it is the {ASKED[verb]} asked for).")
+                op_id = stalled.pk
             else:
-                self.stderr.write(f"{stalled.kind} #{stalled.pk} was left open with no worker on it; "
-                                  "continuing it here first (start this one again afterwards).")
-            op_id = stalled.pk
+                self.stderr.write(f"{left} first, then the {ASKED[verb]} asked for.")
+                leftover = self.follow(stalled.pk, here=True, echo=lambda doc: self.stderr.write(self.line(doc)))
+                self.stderr.write(self.line(leftover))
+                op_id = self.start(verb, user, options)
         if options["no_wait"]:
             return self.operation(self.doc(op_id))
-        doc = self.follow(op_id, here=options["here"])
+        doc = self.follow(op_id, here=options["here"], echo=self.operation)
         self.operation(doc)
         if doc["state"] in ("failed", "cancelled"):
             raise SystemExit(3)
         if doc["state"] == "partial":
             raise SystemExit(4)
+
+    def start(self, verb: str, user, options: dict) -> int:
+        """Queue the operation `verb` asks for; CommandError for a refusal (busy included)."""
+        try:
+            if verb == "analyze":
+                return service.start_analysis(user=user, age_value=options["age"], age_unit=options["unit"])
+            if verb == "run":
+                return service.start_run(user=user, revision=options["revision"])
+            return service.start_compact(user=user)
+        except service.CleanupError as exc:
+            raise CommandError(f"{exc.code}: {exc.message}") from None
+
+    @staticmethod
+    def is_requested(op: ToolPayloadOperation, verb: str, options: dict) -> bool:
+        """Whether the open operation `op` is the one this command asks for: an analysis of the
+        same period (its cutoff is taken when it starts), a run of the same policy revision (a
+        backup first when it goes on to the cleanup), a compaction; never one asked to stop (it
+        ends cancelled: the operation asked for is started after it)."""
+        if op.cancel_requested:
+            return False
+        if verb == "analyze":
+            return (op.kind == OperationKind.ANALYSIS and op.age_value == options["age"]
+                    and op.age_unit == options["unit"])
+        if verb == "run":
+            runs = op.kind == OperationKind.CLEANUP or (op.kind == OperationKind.BACKUP and op.then_cleanup)
+            return runs and op.policy_revision == options["revision"]
+        return op.kind == OperationKind.COMPACT
 
     def admin(self, username: str):
         user = get_user_model().objects.filter(username=username, is_active=True, is_staff=True).first()
@@ -108,8 +152,9 @@ class Command(JsonErrors, BaseCommand):
     def doc(self, op_id: int) -> dict:
         return service._operation_dict(ToolPayloadOperation.objects.select_related("started_by").get(pk=op_id))
 
-    def follow(self, op_id: int, *, here: bool) -> dict:
-        """Wait for the operation (and a cleanup that follows its backup), drawing progress."""
+    def follow(self, op_id: int, *, here: bool, echo) -> dict:
+        """Wait for the operation (and a cleanup that follows its backup), drawing progress;
+        `echo(doc)` writes the backup's line before its cleanup's."""
         tty = sys.stderr.isatty() and not self.as_json
         hinted = False
         while True:
@@ -137,9 +182,9 @@ class Command(JsonErrors, BaseCommand):
             follow = ToolPayloadOperation.objects.filter(kind="cleanup", pk__gt=op_id).order_by("pk").first()
             if follow is not None:
                 if not self.as_json:
-                    self.operation(doc)
+                    echo(doc)
                 # --json prints one document: the cleanup's, with the backup it waited for
-                return {**self.follow(follow.pk, here=here), "preceded_by": doc}
+                return {**self.follow(follow.pk, here=here, echo=echo), "preceded_by": doc}
         return doc
 
     def operation(self, doc: dict) -> None:
