@@ -399,3 +399,36 @@ def test_all_writes_each_operation_as_it_is_checked_and_parses_the_fleet_once(mo
     assert written_before[0] == "" and ops[0] in written_before[1] and ops[1] in written_before[2]
     assert out.getvalue().count("logical: clean") == 3
     assert parses == [str(home.fleet_path)]  # once for the run, not once per operation
+
+
+def test_json_refusals_are_one_json_document_with_the_same_exit_status(capsys, engine_home):
+    """`verify_erasure --json` printed its refusals as `CommandError: ...` text, where
+    `tool_payloads --json` prints `{"error": {"code", "message"}}`: now the same shape, exit 2 kept."""
+    def refused(*args: str) -> tuple[int, str, str]:
+        with pytest.raises(SystemExit) as caught:
+            call_command("verify_erasure", *args, "--json")
+        out = capsys.readouterr()
+        return caught.value.code, out.out, out.err
+
+    assert refused("c_nope") == (
+        2, '{"error": {"code": "not_found", "message": "No delete operation for c_nope."}}\n', "")
+    pending = request_deletion(factories.make_conversation(), key="verify-json", acting_user=None)
+    assert refused(pending.public_id) == (
+        2, json.dumps({"error": {"code": "not_completed", "message": f"{pending.public_id} is pending; nothing to "
+                                                                    "verify yet."}}, sort_keys=True) + "\n", "")
+    m.DeleteOperation.objects.filter(pk=pending.pk).delete()
+    done = factories.make_conversation()
+    op = request_deletion(done, key="verify-json-2", acting_user=None)
+    assert executor.run_erasure(op.pk) == "completed"
+    engine_home.rename(engine_home.with_name("engine-away"))
+    status, out, err = refused("--all")
+    assert (status, err) == (2, "") and out.count("\n") == 1
+    assert json.loads(out)["error"]["code"] == "engine_folder_unavailable"
+    assert json.loads(out)["error"]["message"].startswith(f"The engine folder {engine_home} is missing, so nothing was "
+                                                           "checked")
+    # Without --json the refusal is the CommandError it was (manage.py prints "CommandError: ...").
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match=r"^No delete operation for c_nope\.$") as caught:
+        call_command("verify_erasure", "c_nope")
+    assert caught.value.returncode == 2

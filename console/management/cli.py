@@ -27,10 +27,20 @@ class JsonErrors:
                 raise
             text = str(exc)
             code, sep, message = text.partition(": ")
-            if not (sep and _CODE.fullmatch(code)):
+            if getattr(exc, "json_code", None):  # its code given apart from its text (refusal())
+                code, message = exc.json_code, text
+            elif not (sep and _CODE.fullmatch(code)):
                 code, message = "refused", text
             self.stdout.write(json.dumps({"error": {"code": code, "message": message}}, sort_keys=True))
             raise SystemExit(exc.returncode) from None
+
+
+def refusal(code: str, message: str, *, returncode: int = 1) -> CommandError:
+    """A refusal whose text stays `message` (`CommandError: message`) and whose --json document
+    carries `code`."""
+    error = CommandError(message, returncode=returncode)
+    error.json_code = code
+    return error
 
 
 # What to do about a folder that could not be written, by errno (the fix differs).

@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand
 from django.db import connection
 
-from console.management.cli import io_error
+from console.management.cli import JsonErrors, io_error, refusal
 from lifecycle.deletion.executor import erase_residue as erase_residue_of
 from lifecycle.deletion.verify import targets, verify
 
@@ -29,10 +29,12 @@ BY_HAND = {
 }
 
 
-class Command(BaseCommand):
+class Command(JsonErrors, BaseCommand):
     help = ("Re-scan every registered store for anything of deleted conversations; with --physical also the "
             "raw bytes of the database (SQLite) and the engine folder; with --erase-residue first erase again what the "
-            "stores hold. Exits 1 when anything is found, 2 when the target is unknown or not deleted yet.")
+            "stores hold. Exits 1 when anything is found, 2 when the target is unknown or not deleted yet (or the engine "
+            "folder cannot be checked); with --json a refusal is a JSON document {\"error\": {\"code\", \"message\"}} "
+            "on standard output.")
 
     def add_arguments(self, parser):
         which = parser.add_mutually_exclusive_group(required=True)
@@ -47,11 +49,11 @@ class Command(BaseCommand):
     def handle(self, *args, target, all, physical, json: bool, erase_residue: bool, **options):
         ops = targets(None if all else target)
         if not all and not ops:
-            raise CommandError(f"No delete operation for {target}.", returncode=2)
+            raise refusal("not_found", f"No delete operation for {target}.", returncode=2)
         unfinished = [op for op in ops if op.state != "completed"]
         if unfinished:
-            raise CommandError(f"{unfinished[0].public_id} is {unfinished[0].state}; nothing to verify yet.",
-                               returncode=2)
+            raise refusal("not_completed", f"{unfinished[0].public_id} is {unfinished[0].state}; nothing to verify "
+                          "yet.", returncode=2)
         from lifecycle.engine_folder import WORDS, EngineFolderUnavailable
 
         # Each operation's lines are written as it is checked (--all over thousands of deletes
@@ -69,9 +71,9 @@ class Command(BaseCommand):
                     self._write(r, erased, physical=physical)
         except EngineFolderUnavailable as exc:
             checked = f"{reports} deleted conversation(s) were checked before it" if reports else "nothing was checked"
-            raise CommandError(
-                f"The engine folder {exc.root} is {WORDS[exc.reason]}, so {checked} (a folder "
-                "that is not there would look clean). Mount it or set ENGINE_HOME, then run this again; if this "
+            raise refusal(
+                "engine_folder_unavailable", f"The engine folder {exc.root} is {WORDS[exc.reason]}, so {checked} (a "
+                "folder that is not there would look clean). Mount it or set ENGINE_HOME, then run this again; if this "
                 "folder is the right one, mark it with manage.py engine_folder --adopt.", returncode=2) from None
         except OSError as exc:  # residue it could not remove (a read-only mount): one line
             raise io_error(exc, "The residue was not all removed", returncode=2) from None
