@@ -252,3 +252,17 @@ def test_a_postgresql_connection_ended_by_the_server_is_503_unavailable_on_pages
         else:
             assert "The database cannot be reached" in answer.content.decode()
         assert client.get(path, **headers).status_code == 200
+
+
+@pytest.mark.parametrize("where", ["unreachable", "not_migrated"])
+def test_api_tokens_list_prints_nothing_on_stdout_when_the_database_cannot_be_read(tmp_path, where):
+    """`api_tokens list` printed its table header on standard output, then failed with "cannot be
+    reached" (exit 2): a script read a header as an empty list. Now standard output is empty."""
+    url = (f"postgres://lethe:s3cret@127.0.0.1:{closed_port()}/lethe" if where == "unreachable"
+           else f"sqlite:///{tmp_path}/missing.sqlite3")
+    result = subprocess.run([sys.executable, "manage.py", "api_tokens", "list"], cwd=ROOT,
+                            env=_env(tmp_path, DATABASE_URL=url), capture_output=True, text=True, timeout=120)
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("{")]
+    assert len(lines) == 1 and lines[0].startswith("Lethe database error: The database ")
+    assert ("cannot be reached" if where == "unreachable" else "has no Lethe tables") in lines[0]

@@ -36,6 +36,9 @@ class Command(BaseCommand):
             if not get_user_model().objects.filter(username=user).exists():
                 raise CommandError(f"No user named {user!r}.")
             tokens = tokens.filter(user__username=user)
+        # Read before the header is written: a database that cannot be read leaves standard
+        # output empty (manage.py's one line on standard error says why), not a table's header.
+        tokens = list(tokens)
         self.stdout.write(f"{'ID':>5}  {'PREFIX':12}  {'STATE':8}  {'USER':16}  {'EXPIRES':20}  {'LAST USED':20}  NAME")
         for t in tokens:
             self.stdout.write(f"{t.pk:>5}  {t.prefix:12}  {t.state().value:8}  {t.user.get_username():16}  "
