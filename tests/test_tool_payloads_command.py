@@ -351,26 +351,31 @@ def test_queued_cancelled_and_failed_operations_show_their_state_never_0(admin_u
     0, removed 0, payload bytes 0", and the same once cancelled. As on the screens, figures show
     only for what finished with them; the --json document keeps its whole numbers."""
     old_conversation("cli", tools=2)
-    assert command("analyze", "--age", "3", "--as", "alice", "--no-wait") == "analysis #1: queued\n"
-    assert command("cancel", "1", "--as", "alice") == "analysis #1: queued; cancel requested (it stops at its next check)\n"
-    assert command("status").splitlines()[-1] == "analysis #1: queued; cancel requested (it stops at its next check)"
+    queued = command("analyze", "--age", "3", "--as", "alice", "--no-wait")
+    a = ToolPayloadOperation.objects.get().pk
+    assert queued == f"analysis #{a}: queued\n"
+    requested = f"analysis #{a}: queued; cancel requested (it stops at its next check)"
+    assert command("cancel", str(a), "--as", "alice") == requested + "\n"
+    assert command("status").splitlines()[-1] == requested
     # What it counted before the cancel is no result either (the card's "No estimate").
-    ToolPayloadOperation.objects.filter(pk=1).update(eligible_conversations=1, eligible_messages=2, payload_bytes=9)
-    assert command("cancel", "1", "--as", "alice", "--here") == "analysis #1: cancelled\n"
-    assert command("status").splitlines()[-1] == "analysis #1: cancelled"
+    ToolPayloadOperation.objects.filter(pk=a).update(eligible_conversations=1, eligible_messages=2, payload_bytes=9)
+    assert command("cancel", str(a), "--as", "alice", "--here") == f"analysis #{a}: cancelled\n"
+    assert command("status").splitlines()[-1] == f"analysis #{a}: cancelled"
     doc = json.loads(command("status", "--json"))["history"][0]
     assert (doc["state"], doc["eligible_messages"], doc["removed_messages"], doc["payload_bytes"]) == ("cancelled", 2, 0, 9)
 
     service.save_policy(user=admin_user, enabled=True, age_value=3, age_unit="months",
                         revision=ToolPayloadPolicy.load().revision, backup_choice="skip")
-    assert command("run", "--as", "alice", "--no-wait") == "cleanup #2: queued\n"
-    assert command("cancel", "2", "--as", "alice", "--here") == (
-        "cleanup #2: cancelled; cancelled: Cancelled. Removals committed before the cancel stay.\n")
-    ToolPayloadOperation.objects.filter(pk=2).update(state="failed", error_code="engine_unavailable",
+    queued = command("run", "--as", "alice", "--no-wait")
+    r = ToolPayloadOperation.objects.get(kind="cleanup").pk
+    assert queued == f"cleanup #{r}: queued\n"
+    assert command("cancel", str(r), "--as", "alice", "--here") == (
+        f"cleanup #{r}: cancelled; cancelled: Cancelled. Removals committed before the cancel stay.\n")
+    ToolPayloadOperation.objects.filter(pk=r).update(state="failed", error_code="engine_unavailable",
                                                      error_message="The engine did not answer.")
-    assert command("status").splitlines()[-2] == "cleanup #2: failed; engine_unavailable: The engine did not answer."
+    assert command("status").splitlines()[-2] == f"cleanup #{r}: failed; engine_unavailable: The engine did not answer."
     doc = json.loads(command("status", "--json"))["history"][0]
-    assert (doc["id"], doc["removed_messages"], doc["eligible_messages"]) == (2, 0, 0)
+    assert (doc["id"], doc["removed_messages"], doc["eligible_messages"]) == (r, 0, 0)
 
 
 def test_a_run_left_queued_and_asked_to_stop_is_not_the_run_asked_for(admin_user, capsys):
@@ -379,18 +384,20 @@ def test_a_run_left_queued_and_asked_to_stop_is_not_the_run_asked_for(admin_user
     old_conversation("cli", tools=2)
     service.save_policy(user=admin_user, enabled=True, age_value=3, age_unit="months", revision=1,
                         backup_choice="skip")
-    assert command("run", "--as", "alice", "--no-wait") == "cleanup #1: queued\n"
-    command("cancel", "1", "--as", "alice")
+    queued = command("run", "--as", "alice", "--no-wait")
+    first = ToolPayloadOperation.objects.get().pk
+    assert queued == f"cleanup #{first}: queued\n"
+    command("cancel", str(first), "--as", "alice")
     capsys.readouterr()
     out = command("run", "--as", "alice", "--here")  # exit status 0
-    run = ToolPayloadOperation.objects.get(pk=2)
-    assert (ToolPayloadOperation.objects.get(pk=1).state, run.state, run.removed_messages) == (
+    run = ToolPayloadOperation.objects.exclude(pk=first).get()
+    assert (ToolPayloadOperation.objects.get(pk=first).state, run.state, run.removed_messages) == (
         "cancelled", "succeeded", 3)
-    assert out == (f"cleanup #2: succeeded; conversations 1, messages 3, removed 3, payload bytes "
+    assert out == (f"cleanup #{run.pk}: succeeded; conversations 1, messages 3, removed 3, payload bytes "
                    f"{run.payload_bytes}; skipped protected 2\n")
     assert stderr_lines(capsys) == [
-        "cleanup #1 is queued and no worker has taken it; running it here first, then the cleanup run asked for.",
-        "cleanup #1: cancelled; cancelled: Cancelled. Removals committed before the cancel stay."]
+        f"cleanup #{first} is queued and no worker has taken it; running it here first, then the cleanup run asked "
+        "for.", f"cleanup #{first}: cancelled; cancelled: Cancelled. Removals committed before the cancel stay."]
 
 
 def test_the_command_here_exits_0_with_the_document_of_the_analysis_asked_for(tmp_path):
