@@ -27,7 +27,13 @@ from console.viewer import back_to
 from lifecycle.deletion import reasons
 from lifecycle.deletion.errors import error_message
 from lifecycle.deletion.executor import changed_totals
-from lifecycle.deletion.presentation import holder_text, moment, preview_groups, receipt_rows
+from lifecycle.deletion.presentation import (
+    holder_text,
+    moment,
+    preview_groups,
+    receipt_rows,
+    removed_backups,
+)
 from lifecycle.engine import OperationView, get_engine
 from lifecycle.engine.http import EngineCredentialsRefused, EngineUnreachable, EngineUnsupported
 from lifecycle.errors import ActionRefused
@@ -272,6 +278,7 @@ def _operation_context(op: OperationView, request: HttpRequest | None = None) ->
         "totals": changed_totals(_part(receipt, "stores", list)),
         "receipt_kept": receipt_rows(_part(receipt, "kept", list)),
         "holders": [holder_text(h) for h in _part(receipt, "holders", list)],
+        "removed_backups": removed_backups(_part(receipt, "removed_backups", list)),
         "ambiguous": _rows_with_times(ambiguous, _typed_back(request, ambiguous)),
         "physical_at": moment(physical.get("erased_at")),
         "verified_at": moment(receipt.get("verified_at")),

@@ -148,6 +148,15 @@ class HolderOut(Schema):
     made_at: str | None = None
 
 
+class RemovedBackupOut(Schema):
+    """A backup the receipt named at completion that is no longer in the backup folder."""
+
+    name: str | None = None
+    made_at: str | None = None
+    removed_at: str | None = Field(default=None, description="When manage.py verify_erasure first found it gone; "
+                                                             "null until a check has.")
+
+
 class PhysicalOut(Schema):
     state: Literal["pending", "erased"] | None
     erased_at: str | None
@@ -188,7 +197,11 @@ class ReceiptOut(Schema):
     engine: Literal["sqlite", "postgresql"]
     stores: list[ReceiptStoreOut]
     kept: list[ReceiptStoreOut]
-    holders: list[HolderOut]
+    holders: list[HolderOut] = Field(description="What still holds the erased bytes now: the backups named are "
+                                                 "read again from the backup folder when the receipt is read.")
+    removed_backups: list[RemovedBackupOut] = Field(
+        default_factory=list, description="Backups the receipt named at completion that have been removed from the "
+                                          "backup folder since: they no longer hold the content.")
     physical: PhysicalOut
     verified_at: str | None
     verified_physical_at: str | None
@@ -273,11 +286,20 @@ class OperationReads:
     def __init__(self) -> None:
         self._policy: RetainedFactsPolicy | None = None
         self._rows: list[dict[str, Any]] | None = None
+        self._backups: tuple[frozenset[str] | None] | None = None
 
     def policy(self) -> RetainedFactsPolicy:
         if self._policy is None:
             self._policy = RetainedFactsPolicy.load()
         return self._policy
+
+    def backups_present(self) -> frozenset[str] | None:
+        """The backup folder's names now (None: it cannot be told), read once for the list."""
+        from lifecycle.deletion.physical import backups_present
+
+        if self._backups is None:
+            self._backups = (backups_present(),)
+        return self._backups[0]
 
     def fleet_rows(self) -> list[dict[str, Any]]:
         """Both fleet files' rows; none when one cannot be read (no way out is offered then)."""
@@ -306,6 +328,7 @@ def operation_json(op: DeleteOperation, reads: OperationReads | None = None) -> 
     from lifecycle.deletion import reasons
     from lifecycle.deletion.errors import error_message
     from lifecycle.deletion.executor import with_current_periods
+    from lifecycle.deletion.physical import holders_now
 
     reads = reads or OperationReads()
     steps = [
@@ -314,8 +337,14 @@ def operation_json(op: DeleteOperation, reads: OperationReads | None = None) -> 
     ] if op.is_intent else []
     receipt = None
     if op.state == DeleteState.COMPLETED:
+        stored = (op.receipt or {}).get("holders", [])
+        # The backups it named as they are now: one removed since no longer holds the content
+        named = any(isinstance(h, dict) and h.get("kind") == "backup" for h in stored or [])
+        holders, removed = holders_now(stored, reads.backups_present() if named else None)
         receipt = {
             **(op.receipt or {}),
+            "holders": holders,
+            "removed_backups": removed,
             "kept": with_current_periods((op.receipt or {}).get("kept", []), reads.policy),
             "physical": {"state": op.physical_state or None, "erased_at": iso(op.physically_erased_at)},
             "verified_at": iso(op.verified_at),

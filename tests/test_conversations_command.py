@@ -118,9 +118,12 @@ def test_on_a_console_of_a_remote_engine_it_refuses_and_does_nothing(settings, a
     assert not m.DeleteOperation.objects.exists()
 
 
-def test_the_report_names_what_still_holds_the_deleted_bytes(engine_home):
+def test_the_report_names_what_still_holds_the_deleted_bytes(engine_home, settings, tmp_path):
     """The restore steps (docs/operations.md) rely on this report: it left out the backup the
     operation page lists as holding the deleted bytes."""
+    settings.LETHE_BACKUP_DIR = tmp_path / "backups"
+    settings.LETHE_BACKUP_DIR.mkdir()
+    (settings.LETHE_BACKUP_DIR / "lethe-sqlite-20261204T214732Z-7c6b87.sqlite3").write_bytes(b"a backup")
     conversation = factories.make_conversation(title="Held in a backup")
     run("delete", conversation.public_id, "--key", "held-1")
     op = m.DeleteOperation.objects.get()

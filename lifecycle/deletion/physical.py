@@ -13,7 +13,10 @@ erased, physically pending" and names that command.
 
 Backups made before the delete still hold the content, whatever the database does; so does
 a WAL archive when `archive_mode` is on, and on PostgreSQL the server's own write-ahead log
-files until it reuses them. The receipt names them and until when.
+files until it reuses them. The receipt names them and until when. The backups it names are
+looked up again whenever it is shown (`holders_now`): one removed from the backup folder since
+is shown as removed, no longer as holding the content, and `verify_erasure` records when it
+first found it gone (`record_removed_backups`).
 """
 
 from __future__ import annotations
@@ -145,6 +148,72 @@ def forget_vanished_backups(operation_id: int) -> None:
         if holder.get("kind") == "backup" and NAME_PATTERN.match(name) and not (folder / name).exists() \
                 and not (folder / (TEMP_PREFIX + name)).exists():
             forget_backup(name)
+
+
+def backups_present() -> frozenset[str] | None:
+    """The backups in the backup folder now, under the names receipts give them (one being made
+    counts under the name it will have); None when that cannot be told: the folder is missing
+    (a disk not mounted looks exactly like a folder emptied) or cannot be read. Nothing is
+    created: this is read whenever a receipt is shown."""
+    from retention.backups import TEMP_PREFIX, configured_backup_dir
+
+    folder = configured_backup_dir()
+    try:
+        if not folder.is_dir():
+            return None
+        return frozenset(path.name.removeprefix(TEMP_PREFIX) for path in folder.iterdir())
+    except OSError:
+        return None
+
+
+def _gone(holder: Any, present: frozenset[str] | None) -> bool:
+    return (isinstance(holder, dict) and holder.get("kind") == "backup" and present is not None
+            and holder.get("name") not in present)
+
+
+def holders_now(holders: Any, present: frozenset[str] | None) -> tuple[list[Any], list[dict[str, Any]]]:
+    """A receipt's holders as they are now, read when it is shown: what still holds the content,
+    and the backups it named that are no longer in the backup folder (each with `removed_at`,
+    when a check first found it gone, or None). The stored receipt keeps every backup it named at
+    completion; a backup is gone only while its file is: one put back holds the content again.
+    When the folder cannot be read (`present` is None) every backup named is taken as there."""
+    held, removed = [], []
+    for holder in holders if isinstance(holders, list) else []:
+        if _gone(holder, present):
+            removed.append({"name": holder.get("name"), "made_at": holder.get("made_at"),
+                            "removed_at": holder.get("removed_at")})
+        else:
+            held.append({k: v for k, v in holder.items() if k != "removed_at"} if isinstance(holder, dict)
+                        else holder)
+    return held, removed
+
+
+def record_removed_backups(operation_id: int, present: frozenset[str] | None, now: datetime) -> bool:
+    """verify_erasure: the stored receipt dates each backup it named that is gone from the
+    backup folder (`removed_at`, the first time a check finds it gone), and forgets that date for
+    one put back. Nothing else of the receipt changes. Returns whether it changed."""
+    from lifecycle.models import DeleteOperation
+
+    if present is None:
+        return False
+    with transaction.atomic():
+        op = DeleteOperation.objects.select_for_update().filter(pk=operation_id).first()
+        receipt = dict(op.receipt or {}) if op else {}
+        holders = receipt.get("holders")
+        if not isinstance(holders, list):
+            return False
+        changed = []
+        for holder in holders:
+            if _gone(holder, present) and not holder.get("removed_at"):
+                holder = {**holder, "removed_at": now.isoformat()}
+            elif isinstance(holder, dict) and "removed_at" in holder and not _gone(holder, present):
+                holder = {k: v for k, v in holder.items() if k != "removed_at"}
+            changed.append(holder)
+        if changed == holders:
+            return False
+        receipt["holders"] = changed
+        DeleteOperation.objects.filter(pk=operation_id).update(receipt=receipt)
+    return True
 
 
 def wal_archive_on() -> bool:

@@ -125,3 +125,20 @@ def holder_text(holder: Any) -> str:
     kind = holder.get("kind")
     words = HOLDER_WORDS.get(kind, HOLDER_WORDS["archive"]) if isinstance(kind, str) else HOLDER_WORDS["archive"]
     return str(words) % {"name": holder.get("name", "")}
+
+
+def removed_backups(entries: Any) -> list[dict[str, Any]]:
+    """A receipt's `removed_backups` (backups it named that are gone from the backup folder), in
+    the shape a page reads them: a name and, when a check recorded it, when it was found gone."""
+    rows = [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+    return [{"name": e.get("name") if isinstance(e.get("name"), str) else "", "removed_on": moment(e.get("removed_at"))}
+            for e in rows]
+
+
+def removed_backup_text(entry: dict[str, Any], when: str = "") -> str:
+    """One removed backup, as `manage.py conversations` says it (the page words it the same)."""
+    if when:
+        return _("Backup %(name)s, made before the delete: removed from the backup folder (found gone on "
+                 "%(when)s), so it no longer holds the content.") % {"name": entry["name"], "when": when}
+    return _("Backup %(name)s, made before the delete: no longer in the backup folder, so it no longer holds "
+             "the content.") % {"name": entry["name"]}

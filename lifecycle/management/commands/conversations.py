@@ -11,7 +11,12 @@ from django.utils.translation import gettext, ngettext
 
 from console.management.cli import JsonErrors, io_error
 from lifecycle.deletion import reasons
-from lifecycle.deletion.presentation import holder_text, receipt_rows
+from lifecycle.deletion.presentation import (
+    holder_text,
+    receipt_rows,
+    removed_backup_text,
+    removed_backups,
+)
 from lifecycle.engine import OperationView, get_engine
 from lifecycle.errors import ActionRefused
 from lifecycle.models import Conversation, DeleteOperation
@@ -170,6 +175,10 @@ class Command(JsonErrors, BaseCommand):
             # steps in docs/operations.md rely on this report)
             for holder in op.receipt.get("holders") or []:
                 lines.append(f"  still held by: {holder_text(holder)}")
+            # Backups it named that were removed from the backup folder since (read now)
+            for entry in removed_backups(op.receipt.get("removed_backups")):
+                when = entry["removed_on"].isoformat() if entry["removed_on"] else ""
+                lines.append(f"  no longer held by: {removed_backup_text(entry, when)}")
         self.stdout.write("\n".join(lines))
 
 

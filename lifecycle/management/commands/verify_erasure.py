@@ -4,10 +4,13 @@ import json
 
 from django.core.management.base import BaseCommand
 from django.db import connection
+from django.utils import timezone
 
 from console.management.cli import JsonErrors, io_error, refusal
 from lifecycle.deletion.executor import erase_residue as erase_residue_of
+from lifecycle.deletion.physical import backups_present, holders_now, record_removed_backups
 from lifecycle.deletion.verify import targets, verify
+from lifecycle.models import DeleteOperation
 
 PHYSICAL_WORDS = {
     "clean": "clean",
@@ -59,16 +62,19 @@ class Command(JsonErrors, BaseCommand):
         # Each operation's lines are written as it is checked (--all over thousands of deletes
         # takes long); --json is one document, written at the end.
         reports, documents, found = 0, [], False
+        present = backups_present()  # the backup folder, read once: what the receipts' backups are now
         try:
             for op in ops:
                 erased = erase_residue_of(op) if erase_residue else []
                 r = verify(op, physical=physical)
+                backups = _backups(op.pk, present)
                 reports += 1
                 found = found or r.found
                 if json:
-                    documents.append({**r.as_dict(), "erased_again": erased})
+                    documents.append({**r.as_dict(), "erased_again": erased, "backups": backups})
                 else:
                     self._write(r, erased, physical=physical)
+                    self._write_backups(backups)
         except EngineFolderUnavailable as exc:
             checked = f"{reports} deleted conversation(s) were checked before it" if reports else "nothing was checked"
             raise refusal(
@@ -107,6 +113,29 @@ class Command(JsonErrors, BaseCommand):
             self.stdout.write(f"    last raw-byte check ({r.last_physical['at']}): {last}, as the receipt "
                               "still records")
         self.stdout.flush()
+
+    def _write_backups(self, backups: dict[str, list]) -> None:
+        for held in backups["held"]:
+            self.stdout.write(f"    backup {held['name']}: made before the delete, still holds its content until it "
+                              "is deleted")
+        for gone in backups["removed"]:
+            self.stdout.write(f"    backup {gone['name']}: removed from the backup folder (found gone on "
+                              f"{gone['removed_at']}), no longer holds its content")
+        self.stdout.flush()
+
+
+def _backups(operation_id: int, present) -> dict[str, list]:
+    """The backups a receipt named at completion as they are now: those still in the backup
+    folder hold the content; one gone from it is dated on the receipt the first time a check
+    finds it gone (`removed_at`), and no surface lists it as holding the content since."""
+    receipt = DeleteOperation.objects.filter(pk=operation_id).values_list("receipt", flat=True).first() or {}
+    named = any(isinstance(h, dict) and h.get("kind") == "backup" for h in receipt.get("holders") or [])
+    if named and record_removed_backups(operation_id, present, timezone.now()):
+        receipt = DeleteOperation.objects.filter(pk=operation_id).values_list("receipt", flat=True).first() or {}
+    held, removed = holders_now(receipt.get("holders"), present)
+    return {"held": [{"name": h.get("name"), "made_at": h.get("made_at")} for h in held
+                     if isinstance(h, dict) and h.get("kind") == "backup"],
+            "removed": removed}
 
 
 def _dumps(value) -> str:

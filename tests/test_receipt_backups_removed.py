@@ -1,0 +1,135 @@
+"""A delete's receipt names the backups made before it as holding its content. Each surface
+that shows the receipt reads the backup folder again: a backup the operator removed since no
+longer holds the content and is not listed as holding it (the operation page, the API, `manage.py
+conversations status`, `verify_erasure`, which dates the removal on the stored receipt); one
+still there is; the stored receipt keeps every backup it named at completion."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import time
+
+import pytest
+from django.core.management import call_command
+
+from lifecycle.actions.request_deletion import request_deletion
+from lifecycle.deletion import executor
+from tests import factories
+
+pytestmark = pytest.mark.django_db(transaction=True)
+HOST = {"HTTP_HOST": "127.0.0.1"}
+GONE = "made before the delete: removed from the backup folder"
+NOT_THERE = "made before the delete: no longer in the backup folder"
+
+
+def _completed_with_backups(settings, tmp_path):
+    """A delete completed after a verified backup and an operator's copy were made."""
+    from retention.backups import create_backup
+
+    settings.LETHE_BACKUP_DIR = tmp_path / "backups"
+    target = factories.make_conversation(title="Held by a backup")
+    made = create_backup()
+    kept = settings.LETHE_BACKUP_DIR / "operator-copy.sqlite3"
+    kept.write_bytes(b"a copy")
+    os.utime(kept, (time.time() - 3600, time.time() - 3600))
+    time.sleep(0.01)
+    op = request_deletion(target, key="held", acting_user=None)
+    assert executor.run_erasure(op.pk) == "completed"
+    op.refresh_from_db()
+    assert sorted(h["name"] for h in op.receipt["holders"] if h["kind"] == "backup") == sorted(
+        [made.name, kept.name])
+    return op, made, kept
+
+
+def _status(op) -> str:
+    out = io.StringIO()
+    call_command("conversations", "status", op.conversation.public_id, stdout=out)
+    return out.getvalue()
+
+
+def _holders_section(page: str) -> str:
+    start = page.index('data-testid="physical"')
+    return page[start:page.index("<h3>", start)]
+
+
+def test_a_removed_backup_is_no_longer_listed_as_holding_the_content(settings, tmp_path, admin_client):
+    op, made, kept = _completed_with_backups(settings, tmp_path)
+    made.path.unlink()  # what docs/operations.md tells the operator to do with old backups
+    made.path.with_name(made.name + ".json").unlink(missing_ok=True)
+
+    api = admin_client.get(f"/v1/operations/{op.public_id}", **HOST).json()["receipt"]
+    assert [h["name"] for h in api["holders"] if h["kind"] == "backup"] == [kept.name]
+    assert [(b["name"], b["removed_at"]) for b in api["removed_backups"]] == [(made.name, None)]
+
+    page = _holders_section(admin_client.get(f"/operations/{op.public_id}/", **HOST).content.decode())
+    held = page[page.index('data-testid="holders"'):page.index('data-testid="removed-backups"')]
+    assert kept.name in held and made.name not in held
+    assert f"Backup {made.name}, {NOT_THERE}" in page
+
+    status = _status(op)
+    assert f"still held by: Backup {kept.name}" in status
+    assert f"still held by: Backup {made.name}" not in status
+    assert f"no longer held by: Backup {made.name}, {NOT_THERE}" in status
+
+    # verify_erasure looks too, and dates the removal on the stored receipt
+    out = io.StringIO()
+    call_command("verify_erasure", "--all", "--json", stdout=out)
+    backups = json.loads(out.getvalue())["reports"][0]["backups"]
+    assert [b["name"] for b in backups["held"]] == [kept.name]
+    assert [b["name"] for b in backups["removed"]] == [made.name] and backups["removed"][0]["removed_at"]
+    op.refresh_from_db()
+    stored = {h["name"]: h for h in op.receipt["holders"] if h["kind"] == "backup"}
+    assert set(stored) == {made.name, kept.name}  # the receipt keeps what it named at completion
+    assert stored[made.name]["removed_at"] == backups["removed"][0]["removed_at"]
+    assert "removed_at" not in stored[kept.name]
+    out = io.StringIO()
+    call_command("verify_erasure", op.public_id, stdout=out)
+    assert f"backup {made.name}: removed from the backup folder (found gone on " in out.getvalue()
+    assert f"backup {kept.name}: made before the delete, still holds its content" in out.getvalue()
+
+    page = _holders_section(admin_client.get(f"/operations/{op.public_id}/", **HOST).content.decode())
+    assert f"Backup {made.name}, {GONE} (found gone on " in page
+    status = _status(op)
+    assert f"no longer held by: Backup {made.name}, {GONE} (found gone on " in status
+    api = admin_client.get(f"/v1/operations/{op.public_id}", **HOST).json()["receipt"]
+    assert api["removed_backups"] == [{"name": made.name, "made_at": stored[made.name]["made_at"],
+                                       "removed_at": stored[made.name]["removed_at"]}]
+    assert all("removed_at" not in h for h in api["holders"])
+
+    # Every backup gone: nothing of the folder holds it any more
+    kept.unlink()
+    api = admin_client.get(f"/v1/operations/{op.public_id}", **HOST).json()["receipt"]
+    assert [h for h in api["holders"] if h["kind"] == "backup"] == []
+    assert "still held by: Backup" not in _status(op)
+
+
+def test_a_backup_put_back_holds_the_content_again(settings, tmp_path, admin_client):
+    op, made, kept = _completed_with_backups(settings, tmp_path)
+    aside = tmp_path / "aside"
+    shutil.move(kept, aside)
+    call_command("verify_erasure", "--all", stdout=io.StringIO())
+    op.refresh_from_db()
+    assert [h.get("removed_at") is not None for h in op.receipt["holders"] if h.get("name") == kept.name] == [True]
+    shutil.move(aside, kept)
+    assert f"still held by: Backup {kept.name}" in _status(op)
+    call_command("verify_erasure", "--all", stdout=io.StringIO())
+    op.refresh_from_db()
+    assert [h for h in op.receipt["holders"] if "removed_at" in h] == []
+
+
+def test_a_backup_folder_that_is_not_there_removes_nothing_from_the_receipt(settings, tmp_path, admin_client):
+    """A disk not mounted looks exactly like a folder emptied: the receipt keeps naming them."""
+    op, made, kept = _completed_with_backups(settings, tmp_path)
+    shutil.move(settings.LETHE_BACKUP_DIR, tmp_path / "unmounted")
+    status = _status(op)
+    assert f"still held by: Backup {made.name}" in status and f"still held by: Backup {kept.name}" in status
+    api = admin_client.get(f"/v1/operations/{op.public_id}", **HOST).json()["receipt"]
+    assert api["removed_backups"] == []
+    out = io.StringIO()
+    call_command("verify_erasure", "--all", stdout=out)
+    op.refresh_from_db()
+    assert [h for h in op.receipt["holders"] if "removed_at" in h] == []
+    assert not settings.LETHE_BACKUP_DIR.exists()  # reading it created nothing
