@@ -23,7 +23,9 @@ no file of it can be elsewhere). It creates a folder only while it holds no conv
 all. Otherwise (a wrong ENGINE_HOME naming an empty or another folder) nothing is recorded:
 the folder counts as `unmarked` (`not_this_folder` when it carries another mark), deletes wait
 and the operator, after checking, marks it with `manage.py engine_folder --adopt`, as one who
-replaced the folder on purpose does.
+replaced the folder on purpose does. A folder marked as another database's is adopted only
+with `--take-from-other-database` too, and then gets a new mark (never two databases in one
+folder).
 """
 
 from __future__ import annotations
@@ -139,7 +141,7 @@ def check(home: EngineHome | None = None) -> EngineHome:
     return home
 
 
-def adopt(home: EngineHome | None = None, *, force: bool) -> str:
+def adopt(home: EngineHome | None = None, *, force: bool, take_from_other: bool = False) -> str:
     """Make ENGINE_HOME this database's engine folder and return its id.
 
     Without `force`, only while the database has recorded no folder, and only a folder that
@@ -147,10 +149,20 @@ def adopt(home: EngineHome | None = None, *, force: bool) -> str:
     else it gets a new one; a missing folder is created only while the database holds no
     conversation (a new install; with conversations, their files must be somewhere else).
     With `force` (an operator's `engine_folder --adopt`), the folder there
-    now becomes the one, marked anew if it has no mark, whatever was recorded."""
+    now becomes the one, marked anew if it has no mark, whatever was recorded; but a folder
+    marked as another database's (`problem` says "not_this_folder") is refused
+    (EngineFolderUnavailable) unless `take_from_other`, and then gets a new mark: copying the
+    other's id would have both databases erase in one folder, while with a new one the other
+    counts it as not its own and its deletes wait."""
     from lifecycle.models import EngineFolderMark
 
     home = home or EngineHome()
+    if force and problem(home) == "not_this_folder":
+        if not take_from_other:
+            raise EngineFolderUnavailable(home.root, "not_this_folder")
+        folder_id = _mark(home, replace=True)
+        EngineFolderMark.objects.update_or_create(pk=1, defaults={"folder_id": folder_id})
+        return folder_id
     if not force and recorded() is not None:
         reason = problem(home)
         if reason:

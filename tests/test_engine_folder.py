@@ -143,9 +143,66 @@ def test_readiness_and_the_command_name_what_is_wrong_and_adopt_marks_a_replacem
     assert check_engine_folder() == {"ok": False, "error": "not_this_folder"}
 
     out = io.StringIO()
+    (engine_home / engine_folder.MARK_NAME).unlink()  # a replacement without a mark
     call_command("engine_folder", "--adopt", stdout=out)  # an operator's choice: this folder is the one now
-    assert "is this database's engine folder now (mark ffffffff" in out.getvalue()
-    assert check_engine_folder() == {"ok": True} and engine_folder.recorded() == "f" * 32
+    assert "is this database's engine folder now (mark " in out.getvalue()
+    assert check_engine_folder() == {"ok": True}
+    assert engine_folder.recorded() == engine_folder.folder_mark(EngineHome()) is not None
+
+
+def test_adopting_another_databases_folder_is_refused_unless_asked_by_name(engine_home):
+    """`--adopt` copied another database's mark into this one: two databases then erased in one
+    folder, unwarned. Now it is refused; --take-from-other-database takes it with a new mark, so
+    the other database no longer counts it as its own."""
+    ours = engine_folder.adopt(force=False)
+    other = "f" * 32
+    (engine_home / engine_folder.MARK_NAME).write_text(other + "\n")  # another database's folder here
+    out = io.StringIO()
+    with pytest.raises(SystemExit) as status:
+        call_command("engine_folder", stdout=out)
+    assert status.value.code == 1 and "another database's engine folder" in out.getvalue()
+    assert "engine_folder --adopt --take-from-other-database." in out.getvalue()
+
+    with pytest.raises(CommandError) as refused:
+        call_command("engine_folder", "--adopt", stdout=io.StringIO())
+    assert refused.value.returncode == 2
+    assert str(refused.value) == (
+        f"{engine_home} is another database's engine folder (mark {other}): adopting it would have two databases "
+        "erase in one folder, so nothing was adopted. If that database no longer uses it, run manage.py "
+        "engine_folder --adopt --take-from-other-database: the folder gets a new mark and that database's "
+        "deletes wait.")
+    assert engine_folder.recorded() == ours and engine_folder.folder_mark(EngineHome()) == other  # nothing changed
+    assert check_engine_folder() == {"ok": False, "error": "not_this_folder"}
+
+    with pytest.raises(CommandError) as alone:  # the flag says nothing without --adopt
+        call_command("engine_folder", "--take-from-other-database", stdout=io.StringIO())
+    assert alone.value.returncode == 2 and "goes with --adopt" in str(alone.value)
+    assert engine_folder.recorded() == ours and engine_folder.folder_mark(EngineHome()) == other
+
+    out = io.StringIO()
+    call_command("engine_folder", "--adopt", "--take-from-other-database", stdout=out)
+    taken = engine_folder.folder_mark(EngineHome())
+    assert taken not in (None, other, ours) and engine_folder.recorded() == taken
+    assert f"is this database's engine folder now (mark {taken})" in out.getvalue()
+    assert check_engine_folder() == {"ok": True}
+    # The other database, which records `other`, no longer finds its mark here: its deletes wait
+    assert engine_folder._reason(EngineHome(), other) == "not_this_folder"
+
+
+def test_a_database_that_recorded_no_folder_is_refused_another_databases_folder_too(engine_home):
+    """A database from before the mark (or restored from a backup made before it) finds the folder
+    marked by another: adopting it needs the flag as well; one that holds its files is its own."""
+    target = factories.make_conversation(title="Not in this folder")
+    forget_the_mark(engine_home)
+    (engine_home / engine_folder.MARK_NAME).write_text("e" * 32 + "\n")
+    assert engine_folder.problem() == "not_this_folder"
+    with pytest.raises(CommandError, match="another database's engine folder"):
+        call_command("engine_folder", "--adopt", stdout=io.StringIO())
+    assert engine_folder.recorded() is None
+    factories.fill_every_store(target)  # its own files are there: it plausibly is its own folder
+    assert engine_folder.problem() is None
+    call_command("engine_folder", "--adopt", stdout=io.StringIO())
+    assert engine_folder.recorded() == "e" * 32
 
 
 def test_serve_never_makes_an_empty_folder_in_place_of_the_databases(engine_home, settings, tmp_path):

@@ -1,34 +1,53 @@
-"""`manage.py engine_folder [--adopt]`: whether ENGINE_HOME is the engine folder this database
-uses (lifecycle.engine_folder), and, with --adopt, make the folder there the one."""
+"""`manage.py engine_folder [--adopt [--take-from-other-database]]`: whether ENGINE_HOME is the
+engine folder this database uses (lifecycle.engine_folder), and, with --adopt, make the folder
+there the one (one marked as another database's only with --take-from-other-database)."""
 
 from __future__ import annotations
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from django.utils.translation import gettext
 
 from console.management.cli import io_error
 from lifecycle import engine_folder
 from lifecycle.enginefs import EngineHome
 
+TAKE = " --take-from-other-database"
+
 
 class Command(BaseCommand):
     help = ("Say whether ENGINE_HOME is the engine folder this database uses. --adopt makes the folder there "
             "the one (marking it if it has no mark): for a folder replaced on purpose, after you checked it "
-            "holds what it should (deletes erase in it, and check it, from then on).")
+            "holds what it should (deletes erase in it, and check it, from then on). A folder marked as another "
+            "database's is refused unless --take-from-other-database is given too.")
 
     def add_arguments(self, parser):
         parser.add_argument("--adopt", action="store_true", help="Make the folder at ENGINE_HOME this database's.")
+        parser.add_argument("--take-from-other-database", action="store_true",
+                            help="With --adopt: adopt it even if it is marked as another database's engine folder. "
+                                 "It gets a new mark, and that database's deletes wait from then on.")
 
-    def handle(self, *args, adopt: bool, **options):
+    def handle(self, *args, adopt: bool, take_from_other_database: bool, **options):
         if settings.ENGINE_URL:
             raise CommandError("This console's engine is remote (ENGINE_URL): it keeps no engine folder.")
+        if take_from_other_database and not adopt:
+            raise CommandError(gettext("--take-from-other-database goes with --adopt; nothing was changed."),
+                               returncode=2)
         home = EngineHome()
         if adopt:
             if home.root.exists() and not home.root.is_dir():
                 raise CommandError(f"ENGINE_HOME ({home.root}) is not a folder.")
             try:
-                folder_id = engine_folder.adopt(home, force=True)
+                folder_id = engine_folder.adopt(home, force=True, take_from_other=take_from_other_database)
             except engine_folder.EngineFolderUnavailable as exc:
+                if exc.reason == "not_this_folder":  # two databases erasing in one folder: never unasked
+                    raise CommandError(gettext(
+                        "%(folder)s is another database's engine folder (mark %(mark)s): adopting it would have two "
+                        "databases erase in one folder, so nothing was adopted. If that database no longer uses it, "
+                        "run manage.py engine_folder --adopt --take-from-other-database: the folder gets a new mark "
+                        "and that database's deletes wait.") % {
+                            "folder": exc.root, "mark": engine_folder.folder_mark(home) or "?"},
+                        returncode=2) from None
                 raise CommandError(f"{exc.root}: {engine_folder.WORDS[exc.reason]}.", returncode=2) from None
             except OSError as exc:  # a read-only mount, a folder of another user: one line
                 raise io_error(exc, "Nothing was adopted", returncode=2) from None
@@ -42,11 +61,13 @@ class Command(BaseCommand):
             self.stdout.write(f"{home.root}: {engine_folder.WORDS[reason]}. This database has recorded no engine folder "
                               f"yet and does not take this one by itself: {why}. Deletes wait. Check that it is the "
                               "right folder (or set ENGINE_HOME to the right one), then run manage.py engine_folder "
-                              "--adopt.")
+                              f"--adopt{TAKE if reason == 'not_this_folder' else ''}.")
             raise SystemExit(1)
         if reason:
             self.stdout.write(f"{home.root}: {engine_folder.WORDS[reason]} (this database's mark is {recorded}). "
-                              "Deletes wait until it is back.")
+                              "Deletes wait until it is back."
+                              + (f" If this database is to use it and the other no longer does, run manage.py "
+                                 f"engine_folder --adopt{TAKE}." if reason == "not_this_folder" else ""))
             raise SystemExit(1)
         if recorded is None:
             self.stdout.write(f"{home.root}: this database has recorded no engine folder yet; the first delete "
