@@ -215,8 +215,13 @@ def database_from_url(url: str) -> dict:
         if parts.netloc:
             # sqlite://var/x.sqlite3 (two slashes) reads "var" as a host, which the path below
             # would drop, putting the database at the project folder's top instead of in var/.
+            # Quoted from the URL without its password.
+            try:
+                host = urlsplit(_without_password(url)).netloc
+            except ValueError:
+                host = "…"
             raise ImproperlyConfigured(
-                f"DATABASE_URL must not name a host in a SQLite URL ({_shown(parts.netloc)} in "
+                f"DATABASE_URL must not name a host in a SQLite URL ({_shown(host)} in "
                 f"{_shown(_without_password(url))}): write sqlite:///relative/path (three slashes, from the "
                 "project folder) or sqlite:////absolute/path (four slashes).")
         # sqlite:///relative/path and sqlite:////absolute/path, like the common convention.

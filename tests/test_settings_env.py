@@ -152,6 +152,16 @@ def test_a_bad_database_url_is_quoted_without_its_password(monkeypatch, tmp_path
     assert f"not '{shown}'." in message and "hunter2" not in message and "ter2" not in message
 
 
+def test_a_password_in_a_sqlite_url_is_not_quoted(monkeypatch, tmp_path):
+    """r12: the host of a SQLite URL was quoted whole, password and all."""
+    for url, host in (("sqlite://lethe:Sup3rS3cretPw@db.internal/lethe", "lethe:***@db.internal"),
+                      ("sqlite://lethe:Sup3r/S3cretPw@db.internal/lethe", "lethe:***@db.internal")):  # "/" in it
+        message = refused(monkeypatch, tmp_path, DATABASE_URL=url)
+        assert message.startswith(f"DATABASE_URL must not name a host in a SQLite URL ('{host}' in "
+                                  "'sqlite://lethe:***@db.internal/lethe'): write sqlite:///relative/path")
+        assert "S3cretPw" not in message and "Sup3r" not in message
+
+
 def test_a_long_or_odd_value_is_quoted_escaped_and_cut(monkeypatch, tmp_path):
     message = refused(monkeypatch, tmp_path, Q_WORKERS="1\n2\x1b[31m" + "9" * 500)
     assert message.startswith("Q_WORKERS must be a whole number from 0 to 64, not '1\\n2\\x1b[31m999")
@@ -305,13 +315,14 @@ def test_a_relative_backup_folder_is_taken_from_the_project_folder(settings, tmp
     ({"DATABASE_URL": "postgres://postgres@127.0.0.1:99999/lethe"}, "not 'postgres://postgres@127.0.0.1:99999/lethe'."),
     ({"SECRET_KEY": "", "SECRET_KEY_FILE": "/"}, "SECRET_KEY_FILE names /, which is not a file"),
     ({"ALLOWED_HOSTS": ""}, "ALLOWED_HOSTS must be the console's host names separated by commas"),
+    ({"DATABASE_URL": "sqlite://lethe:Sup3rS3cretPw@db.internal/lethe"}, "('lethe:***@db.internal' in "),
 ])
 def test_manage_py_prints_one_line_and_exits_2(tmp_path, env, expected):
     result = manage(tmp_path, "check", **env)
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.startswith("Lethe configuration error: ") and result.stderr.count("\n") == 1
     assert expected in result.stderr and "Traceback" not in result.stderr
-    assert result.stdout == ""
+    assert result.stdout == "" and "hunter2" not in result.stderr and "S3cret" not in result.stderr
 
 
 def test_a_sqlite_url_with_two_slashes_is_refused_and_no_database_is_made(tmp_path):
