@@ -345,6 +345,37 @@ def test_migrate_refuses_a_bad_value_before_touching_the_database(tmp_path):
     assert not (tmp_path / "var" / "lethe.sqlite3").exists()
 
 
+# STATIC_ROOT: one line, exit 2 --------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def migrated(tmp_path_factory) -> dict:
+    """serve's environment on a migrated SQLite database (production settings and storage)."""
+    var = tmp_path_factory.mktemp("static-root")
+    env = {"DATABASE_URL": f"sqlite:///{var / 'db.sqlite3'}", "ENGINE_HOME": str(var / "engine"),
+           "PROMETHEUS_MULTIPROC_DIR": str(var / "metrics"), "LETHE_VAR_DIR": str(var / "var")}
+    result = manage(var, "migrate", "-v0", **env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return env
+
+
+@pytest.mark.parametrize(("where", "expected"), [
+    ("file", "STATIC_ROOT names {root}, which is not a folder."),
+    ("under a file", "STATIC_ROOT names {root}, where the static files cannot be written ("),
+    ("/proc", "STATIC_ROOT names {root}, where the static files cannot be written (No such file or directory)."),
+])
+def test_serve_stops_in_one_line_on_a_static_root_it_cannot_use(tmp_path, migrated, where, expected):
+    """r12: an unusable STATIC_ROOT ended serve with a Python traceback (exit status 1), where every
+    other path setting gets one line and exit status 2."""
+    afile = tmp_path / "afile"
+    afile.write_text("not a folder\n")
+    root = {"file": afile, "under a file": afile / "static", "/proc": Path("/proc/lethe-no-such-folder")}[where]
+    result = manage(tmp_path, "serve", "--only", "web", "127.0.0.1:1", **migrated, STATIC_ROOT=str(root))
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.startswith(f"Lethe configuration error: {expected.format(root=root)}")
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert afile.read_text() == "not a folder\n"
+
+
 # The SQLite database: the owner's only --------------------------------------------------------
 
 def mode(path: Path) -> int:
