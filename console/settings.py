@@ -19,6 +19,7 @@ from django.db.backends.signals import connection_created
 from django.utils.csp import CSP
 from django.utils.translation import gettext_lazy as _
 
+from console import libpq
 from ops.logs import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -205,12 +206,16 @@ _DATABASE_URL_FORMS = "sqlite:///path or postgres://user:password@host:port/name
 
 
 def database_from_url(url: str) -> dict:
-    """Turn `sqlite:///path` or `postgres://user:pass@host:port/name` into a Django dict."""
-    refused = ImproperlyConfigured(f"DATABASE_URL must be {_DATABASE_URL_FORMS}, not {_shown(_without_password(url))}.")
+    """Turn `sqlite:///path` or `postgres://user:pass@host:port/name?param=value&...` into a
+    Django dict. A PostgreSQL URL's parameters are the libpq ones console/libpq.py lists."""
+    shown = _shown(_without_password(url))
+    refused = ImproperlyConfigured(f"DATABASE_URL must be {_DATABASE_URL_FORMS}, not {shown}.")
     try:
         parts = urlsplit(url)
     except ValueError:  # e.g. an unclosed [IPv6 address
         raise refused from None
+    if parts.fragment:  # nothing after a "#" would be used (in a file name or password: %23)
+        raise refused
     if parts.scheme == "sqlite":
         if parts.netloc:
             # sqlite://var/x.sqlite3 (two slashes) reads "var" as a host, which the path below
@@ -221,9 +226,14 @@ def database_from_url(url: str) -> dict:
             except ValueError:
                 host = "…"
             raise ImproperlyConfigured(
-                f"DATABASE_URL must not name a host in a SQLite URL ({_shown(host)} in "
-                f"{_shown(_without_password(url))}): write sqlite:///relative/path (three slashes, from the "
-                "project folder) or sqlite:////absolute/path (four slashes).")
+                f"DATABASE_URL must not name a host in a SQLite URL ({_shown(host)} in {shown}): write "
+                "sqlite:///relative/path (three slashes, from the project folder) or sqlite:////absolute/path "
+                "(four slashes).")
+        if parts.query:
+            # Nothing after "?" would be used: SQLite takes no connection parameters.
+            raise ImproperlyConfigured(
+                f"DATABASE_URL must not have a query in a SQLite URL ({_shown('?' + parts.query)} in {shown}): "
+                "SQLite takes no connection parameters (a \"?\" in the file name is written %3F).")
         # sqlite:///relative/path and sqlite:////absolute/path, like the common convention.
         raw = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
         if not raw.strip("/"):
@@ -267,6 +277,17 @@ def database_from_url(url: str) -> dict:
             raise refused from None
         if port == 0:
             raise refused
+        if "@" in url.partition("://")[2][len(parts.netloc):]:
+            # A password holding "/" or "?": its end would be read as the database's name or as
+            # parameters, and quoted in their messages.
+            raise ImproperlyConfigured(
+                f"DATABASE_URL holds an \"@\" past its host ({shown}): write a \"/\", \"?\" or \"@\" in the "
+                "password, the name or a parameter as %2F, %3F or %40.")
+        try:
+            # sslmode, sslrootcert, connect_timeout... to the driver, and to pg_dump (console/libpq)
+            options = libpq.parse_query(parts.query, BASE_DIR) if parts.query else {}
+        except libpq.BadParameter as error:
+            raise ImproperlyConfigured(f"{error}.") from None
         return {
             "ENGINE": "django.db.backends.postgresql",
             "NAME": unquote(parts.path.lstrip("/")) or "lethe",
@@ -274,6 +295,7 @@ def database_from_url(url: str) -> dict:
             "PASSWORD": unquote(parts.password or ""),
             "HOST": parts.hostname or "",
             "PORT": str(port or ""),
+            "OPTIONS": options,
             # Kept for a minute; a web server's connection keeps the lock wait it was given when
             # it opened (DB_LOCK_WAIT_SECONDS, console/web_database.py) for its whole life.
             "CONN_MAX_AGE": 60,

@@ -54,6 +54,7 @@ from django.db import connection
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
+from console import libpq
 from lifecycle import faults
 from retention.errors import BackupFolderUnreadable, CodedError, Message, os_reason, sizes_short
 from retention.storage import short_of_room
@@ -696,10 +697,13 @@ def _run(args: list[str], env: dict | None, should_cancel: Callable[[], bool], o
         return process.returncode, errors.read().decode("utf-8", "replace").strip()
 
 
-def _connection_args(tool: str, parameters: list[str]) -> tuple[list[str], dict | None]:
+def _connection_args(tool: str, parameters: list[str]) -> tuple[list[str], dict]:
+    """The tool's command line and environment to connect as Lethe does: host, port, user and
+    database on the command line, the password and DATABASE_URL's parameters (sslmode,
+    sslrootcert, connect_timeout...) in its environment, never on the command line."""
     args, env = connection.client.settings_to_cmd_args_env(connection.settings_dict, parameters)
     args[0] = tool
-    return args, env
+    return args, {**(env or {}), **libpq.environment(connection.settings_dict["OPTIONS"])}
 
 
 def _dump_postgresql(temp: Path, should_cancel: Callable[[], bool], progress: Progress | None) -> None:

@@ -753,3 +753,56 @@ def test_the_status_lists_the_newest_backups_and_counts_the_older_ones(folder, a
     assert f"1 older backup is not listed here; it is in the backup folder, {folder}." in page
     answer = api.get("/api/v1/system/tool-payload-retention", HTTP_HOST="127.0.0.1").json()
     assert len(answer["backups"]) == 2 and answer["older_backups"] == 1
+
+
+def postgresql_without_tls() -> None:
+    if connection.vendor == "sqlite":
+        pytest.skip("PostgreSQL's connection parameters (SQLite takes none)")
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW ssl")
+        if cursor.fetchone()[0] != "off":
+            pytest.skip("the server here speaks TLS")
+
+
+@pytest.mark.parametrize(("options", "said"), [
+    ({"sslmode": "require"}, "server does not support SSL, but SSL was required"),
+    ({"target_session_attrs": "standby"}, "server is not in hot standby mode"),
+])
+def test_pg_dump_connects_with_the_parameters_of_database_url(folder, monkeypatch, options, said):
+    """r12: DATABASE_URL's parameters (`?sslmode=require`) were dropped, the driver's and pg_dump's
+    alike; now pg_dump gets them too (in its environment), so it refuses what the driver would."""
+    postgresql_without_tls()
+    fill(messages=3)
+    monkeypatch.setitem(connection.settings_dict, "OPTIONS", {**connection.settings_dict["OPTIONS"], **options})
+    with pytest.raises(BackupError) as caught:
+        create_backup()
+    assert caught.value.code == "dump_failed" and said in caught.value.message
+    assert files_in(folder) == [] and list_backups() == []
+
+
+def test_pg_dump_connects_under_the_application_name_of_database_url(folder, monkeypatch):
+    """pg_dump's session is named as DATABASE_URL says (seen in pg_stat_activity while it waits for
+    a lock another session holds), and the password is never on its command line."""
+    postgresql_without_tls()
+    fill(messages=3)
+    monkeypatch.setitem(connection.settings_dict, "OPTIONS", {"application_name": "lethe-backup-probe",
+                                                              "sslmode": "disable", "connect_timeout": 5})
+    args, env = backups._connection_args("pg_dump", ["--no-password"])
+    assert env["PGAPPNAME"] == "lethe-backup-probe" and env["PGSSLMODE"] == "disable"
+    assert env["PGCONNECT_TIMEOUT"] == "5"
+    assert not connection.settings_dict["PASSWORD"] or connection.settings_dict["PASSWORD"] not in " ".join(args)
+    seen = []
+    with pg_admin(connection.settings_dict["NAME"]) as holder, pg_admin() as watcher, holder.transaction():
+        holder.execute("LOCK TABLE lifecycle_item IN ACCESS EXCLUSIVE MODE")  # pg_dump waits for it
+
+        def should_cancel() -> bool:
+            seen.extend(watcher.execute(
+                "SELECT application_name FROM pg_stat_activity WHERE datname = %s AND application_name "
+                "IN ('pg_dump', 'lethe-backup-probe')", [connection.settings_dict["NAME"]]).fetchall())
+            return bool(seen)
+
+        with pytest.raises(BackupError) as caught:
+            create_backup(should_cancel=should_cancel)
+    assert caught.value.code == "cancelled"
+    assert seen == [("lethe-backup-probe",)]
+    assert files_in(folder) == []

@@ -162,6 +162,76 @@ def test_a_password_in_a_sqlite_url_is_not_quoted(monkeypatch, tmp_path):
         assert "S3cretPw" not in message and "Sup3r" not in message
 
 
+# A PostgreSQL URL's connection parameters (console/libpq.py) --------------------------------
+
+PG = "postgres://lethe:hunter2@db.internal:5432/lethe"
+
+
+@pytest.mark.parametrize(("query", "expected"), [
+    # r12: all three were dropped without a word (sslmode=require connected in plain text)
+    ("sslmode=bogus&nonsense=1", "DATABASE_URL's sslmode must be one of disable, allow, prefer, require, "
+                                 "verify-ca or verify-full, not 'bogus'."),
+    ("nonsense=1", "DATABASE_URL names a connection parameter Lethe does not use ('nonsense'); it takes sslmode, "
+                   "sslrootcert, "),
+    ("sslmode=require&sslmode=disable", "DATABASE_URL gives sslmode twice; give each parameter once."),
+    ("SSLMODE=require", "('SSLMODE')"),  # libpq's names are lower case
+    ("sslpassword=x", "('sslpassword')"),  # would reach pg_dump only on its command line
+    ("sslmode", "DATABASE_URL's query must be name=value pairs joined by &, not 'sslmode'."),
+    ("sslmode=require&", "not ''."),
+    ("sslmode=", "DATABASE_URL's sslmode must be one of disable, "),
+    ("connect_timeout=1.5", "DATABASE_URL's connect_timeout must be a whole number of seconds from 0 (no limit) to "
+                            "3600, not '1.5'."),
+    ("connect_timeout=-1", "not '-1'."),
+    ("connect_timeout=3601", "not '3601'."),
+    ("application_name=" + "a" * 64, "DATABASE_URL's application_name must be up to 63 printable ASCII characters"),
+    ("application_name=a%0Ab", "not 'a\\nb'."),
+    ("target_session_attrs=primary-ish", "DATABASE_URL's target_session_attrs must be one of any, read-write, "
+                                         "read-only, primary, standby or prefer-standby, not 'primary-ish'."),
+    ("channel_binding=always", "DATABASE_URL's channel_binding must be one of disable, prefer or require"),
+    ("ssl_min_protocol_version=TLSv1.4", "not 'TLSv1.4'."),
+])
+def test_a_parameter_of_a_postgresql_url_it_cannot_use_is_refused(monkeypatch, tmp_path, query, expected):
+    message = refused(monkeypatch, tmp_path, DATABASE_URL=f"{PG}?{query}")
+    assert expected in message
+    assert "\n" not in message and "hunter2" not in message
+
+
+@pytest.mark.parametrize(("url", "expected"), [
+    # the end of a password holding "?" or "/" would be read as parameters, and quoted
+    ("postgres://lethe:hun?ter2@db.internal/lethe", "not 'postgres://lethe:***@db.internal/lethe'."),
+    ("postgres://lethe:a?sslmode=ter2@db.internal/lethe", "not 'postgres://lethe:***@db.internal/lethe'."),
+    ("postgres://lethe:12/hunter2@db.internal/lethe",
+     "DATABASE_URL holds an \"@\" past its host ('postgres://lethe:***@db.internal/lethe'): write"),
+    ("postgres://lethe:hunter2@db.internal/lethe#ter2", "not 'postgres://lethe:***@db.internal/lethe#ter2'."),
+    # SQLite takes none: a query was dropped
+    ("sqlite:///var/x.sqlite3?mode=ro", "DATABASE_URL must not have a query in a SQLite URL ('?mode=ro' in "
+                                        "'sqlite:///var/x.sqlite3?mode=ro'): SQLite takes no connection parameters"),
+    ("sqlite:///var/x.sqlite3#ter2", "not 'sqlite:///var/x.sqlite3#ter2'."),
+])
+def test_a_query_that_would_be_dropped_or_misread_is_refused_without_the_password(monkeypatch, tmp_path, url,
+                                                                                    expected):
+    message = refused(monkeypatch, tmp_path, DATABASE_URL=url)
+    assert expected in message
+    assert "hunter2" not in message and "hun" not in message.replace("hunter2", "")
+
+
+def test_the_parameters_of_a_postgresql_url_reach_the_driver(monkeypatch, tmp_path):
+    s = load(monkeypatch, tmp_path, DATABASE_URL=(
+        f"{PG}?sslmode=verify-full&sslrootcert=certs/ca.pem&sslcert=%2Fetc%2Flethe%2Fclient.crt"
+        "&sslkey=/etc/lethe/client.key&connect_timeout=5&application_name=lethe+web"
+        "&target_session_attrs=read-write&options=-c%20search_path%3Dlethe&passfile=/etc/lethe/pgpass"))
+    database = s.DATABASES["default"]
+    assert database["OPTIONS"] == {
+        "sslmode": "verify-full", "sslrootcert": str(ROOT / "certs" / "ca.pem"),  # from the project folder
+        "sslcert": "/etc/lethe/client.crt", "sslkey": "/etc/lethe/client.key", "connect_timeout": 5,
+        "application_name": "lethe+web",  # "+" is a plus sign, as libpq reads a URL
+        "target_session_attrs": "read-write", "options": "-c search_path=lethe", "passfile": "/etc/lethe/pgpass"}
+    assert (database["HOST"], database["NAME"], database["PASSWORD"]) == ("db.internal", "lethe", "hunter2")
+    assert load(monkeypatch, tmp_path, DATABASE_URL=f"{PG}?sslrootcert=system&connect_timeout=0").DATABASES[
+        "default"]["OPTIONS"] == {"sslrootcert": "system", "connect_timeout": 0}
+    assert load(monkeypatch, tmp_path, DATABASE_URL=f"{PG}?").DATABASES["default"]["OPTIONS"] == {}
+
+
 def test_a_long_or_odd_value_is_quoted_escaped_and_cut(monkeypatch, tmp_path):
     message = refused(monkeypatch, tmp_path, Q_WORKERS="1\n2\x1b[31m" + "9" * 500)
     assert message.startswith("Q_WORKERS must be a whole number from 0 to 64, not '1\\n2\\x1b[31m999")
@@ -315,6 +385,8 @@ def test_a_relative_backup_folder_is_taken_from_the_project_folder(settings, tmp
     ({"DATABASE_URL": "postgres://postgres@127.0.0.1:99999/lethe"}, "not 'postgres://postgres@127.0.0.1:99999/lethe'."),
     ({"SECRET_KEY": "", "SECRET_KEY_FILE": "/"}, "SECRET_KEY_FILE names /, which is not a file"),
     ({"ALLOWED_HOSTS": ""}, "ALLOWED_HOSTS must be the console's host names separated by commas"),
+    ({"DATABASE_URL": "postgres://postgres:hunter2@127.0.0.1:5432/lethe?sslmode=bogus&nonsense=1"},
+     "DATABASE_URL's sslmode must be one of disable, allow, prefer, require, verify-ca or verify-full, not 'bogus'."),
     ({"DATABASE_URL": "sqlite://lethe:Sup3rS3cretPw@db.internal/lethe"}, "('lethe:***@db.internal' in "),
 ])
 def test_manage_py_prints_one_line_and_exits_2(tmp_path, env, expected):
@@ -343,6 +415,40 @@ def test_migrate_refuses_a_bad_value_before_touching_the_database(tmp_path):
     assert result.stderr == ("Lethe configuration error: API_TOKEN_DAYS must be a whole number of days from 1 to "
                              "3650, not '-1'.\n")
     assert not (tmp_path / "var" / "lethe.sqlite3").exists()
+
+
+def outer_postgresql_url() -> str:
+    """The PostgreSQL database the tests run on (DATABASE_URL), its server's TLS off; else skip."""
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith(("postgres://", "postgresql://", "pgsql://")):
+        pytest.skip("a PostgreSQL server's connection parameters")
+    import psycopg
+
+    with psycopg.connect(url.replace("pgsql://", "postgresql://", 1)) as server:
+        if server.execute("SHOW ssl").fetchone()[0] != "off":
+            pytest.skip("the server here speaks TLS")
+    return url.partition("?")[0]
+
+
+def test_sslmode_require_is_used_not_dropped(tmp_path):
+    """r12: `?sslmode=require` was dropped: Lethe connected in plain text to a server without TLS,
+    where psql refuses. Now the connection fails, in one line saying why; without it, it works."""
+    url = outer_postgresql_url()
+    result = manage(tmp_path, "showmigrations", "lifecycle", DATABASE_URL=f"{url}?sslmode=require")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[-2000:]
+    assert result.stderr.startswith("Lethe database error: The database server ") and "Traceback" not in result.stderr
+    assert "server does not support SSL, but SSL was required" in result.stderr
+    plain = manage(tmp_path, "showmigrations", "lifecycle", DATABASE_URL=f"{url}?sslmode=disable&connect_timeout=5")
+    assert plain.returncode == 0 and plain.stdout.startswith("lifecycle"), plain.stderr[-2000:]
+
+
+def test_application_name_reaches_the_server(tmp_path):
+    url = outer_postgresql_url()
+    result = manage(tmp_path, "shell", "-c", "from django.db import connection as c; cursor = c.cursor(); "
+                    "cursor.execute('SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()'); "
+                    "print(cursor.fetchone()[0])", DATABASE_URL=f"{url}?application_name=lethe-probe%2B1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines()[-1] == "lethe-probe+1"
 
 
 # STATIC_ROOT: one line, exit 2 --------------------------------------------------------------
