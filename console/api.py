@@ -706,7 +706,8 @@ _ERROR_DESCRIPTIONS = {
     404: "Nothing with that id exists here.",
     408: "The request did not arrive in full within the time the web server allows (WEB_READ_TIMEOUT).",
     409: "Refused in the current state (stale revision, busy, being deleted...).",
-    410: "Gone: removed for good.",
+    410: "Gone for good: the details the tool payload cleanup removed (tool_details_removed), or the content of "
+         "a conversation being deleted or deleted (conversation_deletion_pending).",
     411: "A body was sent without a Content-Length (chunked); send its length.",
     413: "The request body is too large.",
     414: "The request line (method, path and query) is longer than the web server accepts.",

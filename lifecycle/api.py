@@ -32,6 +32,7 @@ from lifecycle.actions.request_deletion import KEY_INVALID, KEY_PATTERN
 from lifecycle.actions.update_item import update_item
 from lifecycle.engine import get_engine
 from lifecycle.errors import ActionRefused
+from lifecycle.fence import check_readable
 from lifecycle.functions import OctetLength
 from lifecycle.models import Conversation, Item, ItemStatus, Role, ToolKind
 from lifecycle.paging import Cursor, InvalidCursor, changed_since, snapshot_page
@@ -82,7 +83,7 @@ class ThreadsQuery(QuerySchema):
     view: Literal["recent", "archived", "closed", "pending_delete", "deleted", "all"] | None = None
     owner_kind: Literal["account", "computer"] | None = None
     owner_id: Annotated[WholeNumber, Field(ge=0)] | None = None
-    q: Annotated[str, Field(max_length=200, description="Search in titles and thread ids.")] | None = None
+    q: Annotated[str, Field(max_length=200, description="Search in thread ids, and in the titles of live conversations.")] | None = None
     archived: Flag | None = None
     closed: Flag | None = None
     active: Flag | None = None
@@ -202,12 +203,24 @@ def _item_page(conversation: Conversation, after: int, limit: int) -> tuple[list
     return items, len(sizes) > len(chosen)
 
 
-@endpoint("GET", "/v1/threads/{public_id}/items", query=ItemsQuery, response=ItemPageOut,
+def _readable_thread(public_id: str) -> Conversation:
+    """The conversation whose content is asked for: 410 `conversation_deletion_pending` once its
+    delete intent exists (Pending or Completed), before any item is looked up."""
+    conversation = _thread(public_id)
+    check_readable(conversation)
+    return conversation
+
+
+ERASED = ("410 `conversation_deletion_pending` once the conversation's delete is requested, while it is "
+          "Pending as after it completed: its content is being erased, or is, and is not served.")
+
+
+@endpoint("GET", "/v1/threads/{public_id}/items", query=ItemsQuery, response=ItemPageOut, errors=(410,),
           name="api-thread-items", summary="A page of a conversation's items, in order",
           description="A page holds at most `limit` items and stops early, after at least one item, "
-                      "once the items reach the configured byte budget; follow `next` for the rest.")
+                      "once the items reach the configured byte budget; follow `next` for the rest. " + ERASED)
 def thread_items(request: HttpRequest, public_id: str, query: ItemsQuery) -> dict:
-    items, more = _item_page(_thread(public_id), query.after, query.limit)
+    items, more = _item_page(_readable_thread(public_id), query.after, query.limit)
     return {"results": [item_json(i) for i in items], "next": str(items[-1].seq) if more else None}
 
 
@@ -227,10 +240,10 @@ def thread_items_append(request: HttpRequest, public_id: str, body: ItemIn) -> t
     return (200 if getattr(item, "replayed", False) else 201), item_json(item)
 
 
-@endpoint("GET", "/v1/threads/{public_id}/items/{item_id}", response=ItemOut, name="api-thread-item",
-          summary="One item")
+@endpoint("GET", "/v1/threads/{public_id}/items/{item_id}", response=ItemOut, errors=(410,),
+          name="api-thread-item", summary="One item", description=ERASED)
 def thread_item(request: HttpRequest, public_id: str, item_id: int) -> dict:
-    return item_json(get_object_or_404(Item, conversation=_thread(public_id), pk=item_id))
+    return item_json(get_object_or_404(Item, conversation=_readable_thread(public_id), pk=item_id))
 
 
 class ItemOutputOut(Schema):
@@ -252,9 +265,9 @@ def details_removed(item: Item) -> ActionRefused:
 @endpoint("GET", "/v1/threads/{public_id}/items/{item_id}/output", response=ItemOutputOut, errors=(410,),
           name="api-thread-item-output", summary="The full output of one tool item",
           description="410 `tool_details_removed` with `removed_at` and the kept `summary` when the tool "
-                      "payload cleanup removed the item's details.")
+                      "payload cleanup removed the item's details. " + ERASED)
 def thread_item_output(request: HttpRequest, public_id: str, item_id: int) -> dict:
-    item = get_object_or_404(Item, conversation=_thread(public_id), pk=item_id)
+    item = get_object_or_404(Item, conversation=_readable_thread(public_id), pk=item_id)
     if transcript.removed_at(item) is not None:
         raise details_removed(item)
     return {"id": item.pk, "output": transcript.full_output(item) if item.role == Role.TOOL else item.content}

@@ -1,5 +1,8 @@
 """The write fence: once a delete intent exists, nothing writes the conversation's content.
 
+(Nor reads it: `check_readable` refuses the content reads, items and tool outputs, with the
+same code and 410, from the intent on; the title is not shown either, `Conversation.shown_title`.)
+
 Two layers, one rule:
 
 - In the application, every write path (items, import, resume, archive and close, engine
@@ -46,6 +49,24 @@ def refusal(state: str = ConversationState.PENDING_DELETE) -> ActionRefused:
     if state == ConversationState.DELETED:
         return ActionRefused(CODE, _("This conversation was deleted; it accepts no more writes."))
     return ActionRefused(CODE, _("This conversation is being deleted; it accepts no more writes."))
+
+
+def read_refusal(state: str = ConversationState.PENDING_DELETE) -> ActionRefused:
+    """The refusal of a read of the conversation's content (its items, a tool's full output)
+    once its delete intent exists: the fence's code, with 410 (the content is going or gone for
+    good, as a tool output cleanup removed is), whether the delete is under way or done."""
+    if state == ConversationState.DELETED:
+        return ActionRefused(CODE, _("This conversation was deleted; its content is erased."), status=410)
+    return ActionRefused(CODE, _("This conversation is being deleted; its content is being erased and can no "
+                                 "longer be read."), status=410)
+
+
+def check_readable(conversation: Conversation) -> None:
+    """Refuse a read of the conversation's content unless it is live. A Pending delete can stay
+    Pending for long (no worker, the engine offline, residue found) with its rows still
+    there: they are not served meanwhile, as the screens say."""
+    if conversation.state != ConversationState.LIVE:
+        raise read_refusal(conversation.state)
 
 
 def check_writable(conversation: Conversation) -> None:

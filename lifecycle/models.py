@@ -116,11 +116,16 @@ class ConversationQuerySet(models.QuerySet):
         return self.none()
 
     def search(self, text: str) -> ConversationQuerySet:
-        """Title or thread id contains the text, ignoring case and accents (`lifecycle.search`)."""
+        """Title or thread id contains the text, ignoring case and accents (`lifecycle.search`).
+
+        Only a live conversation's title is searched: from its delete intent on the title is
+        content being erased, not shown (`Conversation.shown_title`), so it finds nothing.
+        """
         folded = fold(text)
         if not folded:
             return self
-        return self.filter(Q(search_title__contains=folded) | Q(search_thread__contains=folded))
+        return self.filter(Q(search_title__contains=folded, state=ConversationState.LIVE)
+                           | Q(search_thread__contains=folded))
 
     # Every write path that can set a title or thread id keeps the folded columns in step:
     # save() on the model, and these three on the queryset (bulk writes skip save()).
@@ -229,7 +234,7 @@ class Conversation(models.Model):
         ]
 
     def __str__(self) -> str:
-        return self.title or self.thread_id
+        return self.shown_title or self.thread_id
 
     def save(self, *args, **kwargs) -> None:
         self.fold_for_search()
@@ -237,6 +242,13 @@ class Conversation(models.Model):
         if update_fields is not None:
             kwargs["update_fields"] = {*update_fields, *(FOLDED[f] for f in FOLDED if f in update_fields)}
         super().save(*args, **kwargs)
+
+    @property
+    def shown_title(self) -> str:
+        """The title, while the conversation is live. From its delete intent on, the title is
+        content being erased ("its content is being erased", the pages say): it is not shown
+        or served, and the conversation goes by its thread id, like its tombstone."""
+        return self.title if self.state == ConversationState.LIVE else ""
 
     def fold_for_search(self) -> None:
         self.search_title, self.search_thread = fold(self.title), fold(self.thread_id)

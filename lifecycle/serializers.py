@@ -35,7 +35,8 @@ class ThreadOut(Schema):
     thread_id: str
     owner: OwnerOut
     scope: Literal["bound", "local"]
-    title: str
+    title: str = Field(description="Empty from the conversation's delete intent on: the title is content, "
+                                   "erased with the rest.")
     archived: bool
     closed: bool
     active: bool
@@ -60,7 +61,7 @@ def thread_json(c: Conversation) -> dict[str, Any]:
         "thread_id": c.thread_id,
         "owner": {"kind": c.owner_kind, "id": c.owner_id},
         "scope": c.scope,
-        "title": c.title,
+        "title": c.shown_title,
         "archived": c.archived_at is not None,
         "closed": c.closed_at is not None,
         "active": bool(getattr(c, "is_active", False)),

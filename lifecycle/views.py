@@ -206,6 +206,8 @@ def conversation_detail(request: HttpRequest, public_id: str) -> HttpResponse:
 def item_output(request: HttpRequest, public_id: str, item_id: int) -> HttpResponse:
     """The full output of one tool call, loaded on demand."""
     conversation = get_object_or_404(Conversation, public_id=public_id)
+    if conversation.state != ConversationState.LIVE:
+        return _content_erased(request, conversation, item_id)
     # Only a tool call has an output to load: a message's address answers 404, not an empty page.
     item = get_object_or_404(Item, conversation=conversation, pk=item_id, role="tool")
     row = item_rows([item], full=True)[0]
@@ -221,3 +223,16 @@ def item_output(request: HttpRequest, public_id: str, item_id: int) -> HttpRespo
         template += "#output"
     # Gone: cleanup removed the details; the page says when and shows what was kept.
     return render(request, template, context, status=410 if row.removed_on else 200)
+
+
+def _content_erased(request: HttpRequest, conversation: Conversation, item_id: int) -> HttpResponse:
+    """410 for a tool output of a conversation whose delete was requested (Pending or done):
+    the page says its content is being erased, or is, and shows none of it (not the item's
+    title either), whatever the item and for admins and members alike. From a transcript
+    still open from before, the answer takes the row's place (lethe.js swaps a 410 in)."""
+    context = {"conversation": conversation, "item_id": item_id}
+    if request.htmx:
+        response = render(request, "lifecycle/item_output.html#erased-row", context, status=410)
+        response["HX-Retarget"], response["HX-Reswap"] = f"#item-{item_id}", "outerHTML"
+        return response
+    return render(request, "lifecycle/item_output.html", context, status=410)
