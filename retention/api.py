@@ -91,6 +91,9 @@ class BackupReceiptOut(Schema):
     name: str
     sha256: str
     size: int | None
+    present: bool | None = Field(None, description=(
+        "Whether the backup folder still lists this backup (an operator may remove old backups; "
+        "Lethe never does). Null when the folder could not be listed."))
 
 
 FIGURES = (

@@ -463,6 +463,19 @@ def clear_leftovers() -> bool:
     return True
 
 
+def still_there(name: str) -> bool | None:
+    """Whether the backup `name` is still in the backup folder, its file and its receipt (an
+    operator may remove old backups; Lethe never does): two stats, nothing read, for pages that
+    list past backups. None when that cannot be told (a folder that cannot be searched)."""
+    if not NAME_PATTERN.match(name):
+        return False
+    archive = configured_backup_dir() / name
+    try:
+        return archive.is_file() and _receipt_path(archive).is_file()
+    except OSError:
+        return None
+
+
 def made_by(operation: int) -> BackupReceipt | None:
     """The listed, unchanged backup whose receipt names that operation, if any: a backup job
     that published its copy and then lost its run (killed before it recorded the success),

@@ -604,7 +604,7 @@ def _cleanup_step(op: ToolPayloadOperation, token: str, *, after_batch=None) -> 
         if ended:
             return "done"
         with _Heartbeat(op.pk, token):  # reading the whole backup can outlast the lease
-            refused = _verify_preparation()
+            refused = _verify_preparation()  # (only until a run under this preparation removed anything)
         if refused:
             with transaction.atomic():
                 if _finish(op, token, OperationState.FAILED, "preparation_required", refused):
@@ -735,13 +735,22 @@ def _checkpoints_beside(pace: _Pace):
 
 
 def _verify_preparation() -> Message | None:
-    """Before the first mutating batch: with "create" chosen, the backup must be ready and
-    its receipt must verify again now (file present, checksum, integrity). None when fine."""
+    """Before the first mutating batch: with "create" chosen, the backup must be ready and,
+    until a cleanup under this preparation has removed anything, its receipt must verify
+    again now (file present, checksum, integrity). None when fine.
+
+    The backup is what the first cleanup after enabling, re-enabling or shortening the period
+    waits for (AC-TPR-002.1/002.2; those saves ask for the choice again and start a new
+    preparation). Once a run under it committed removals, later runs under the same
+    preparation neither need the file nor read it again: an operator may remove an old
+    backup, as docs/operations.md advises, without blocking every later cleanup."""
     policy = ToolPayloadPolicy.load()
     if policy.backup_choice == BackupChoice.SKIP and policy.preparation_state == PreparationState.READY:
         return None
     if policy.backup_choice != BackupChoice.CREATE or policy.preparation_state != PreparationState.READY:
         return Message(gettext_noop("Cleanup waits for the backup. Retry the backup, or change the backup choice."))
+    if preparation_used(policy.backup_receipt_name):
+        return None
     from retention.backups import BackupError, verify_backup
 
     try:
@@ -750,6 +759,21 @@ def _verify_preparation() -> Message | None:
         return Message(gettext_noop("The backup made for this cleanup does not verify: %(reason)s"),
                        {"reason": exc.text})
     return None
+
+
+def preparation_used(receipt_name: str) -> bool:
+    """Whether a cleanup has committed removals under the preparation whose backup is
+    `receipt_name`: one started after the backup operation that made it (one operation runs
+    at a time, so it ran after that backup; a new preparation needs a new backup, whose
+    name, unique, replaces this one on the policy). A database restored from that backup
+    holds no such cleanup, so its next run verifies the backup again."""
+    if not receipt_name:
+        return False
+    made = ToolPayloadOperation.objects.filter(
+        kind=OperationKind.BACKUP, state=OperationState.SUCCEEDED, backup_name=receipt_name
+    ).order_by("pk").values_list("pk", flat=True).first()
+    return made is not None and ToolPayloadOperation.objects.filter(
+        kind=OperationKind.CLEANUP, pk__gt=made, removed_messages__gt=0).exists()
 
 
 class _Planned:

@@ -176,7 +176,7 @@ def _operation_dict(op: ToolPayloadOperation) -> dict[str, Any]:
         "before_reusable_bytes": op.before_reusable_bytes,
         "after_reusable_bytes": op.after_reusable_bytes,
         "backup": (
-            {"name": op.backup_name, "sha256": op.backup_sha256, "size": op.backup_size}
+            {"name": op.backup_name, "sha256": op.backup_sha256, "size": op.backup_size, "present": None}
             if op.backup_name else None
         ),
     }
@@ -227,17 +227,27 @@ def _database() -> dict[str, Any]:
 BACKUPS_SHOWN = 20  # the newest backups the status lists (it is read every second while something runs)
 
 
-def _backups() -> tuple[list[dict[str, Any]], int]:
-    """The newest BACKUPS_SHOWN backups, and how many older ones the backup folder holds."""
+def _backups() -> tuple[list[dict[str, Any]], int, set[str] | None]:
+    """The newest BACKUPS_SHOWN backups, how many older ones the backup folder holds, and the
+    names of all of them (None: the backup primitives are not installed)."""
     try:
         from retention.backups import list_backups
     except ImportError:  # the backup primitives are not installed in this build
-        return [], 0
+        return [], 0, None
     receipts = list_backups()
     return [
         {"name": r.name, "size": r.size, "created_at": r.created_at, "sha256": r.sha256, "changed": r.changed}
         for r in receipts[:BACKUPS_SHOWN]
-    ], max(len(receipts) - BACKUPS_SHOWN, 0)
+    ], max(len(receipts) - BACKUPS_SHOWN, 0), {r.name for r in receipts}
+
+
+def _mark_present(docs: list[dict | None], listed: set[str] | None) -> None:
+    """Each backup operation's `backup.present`: whether the backup folder still lists its
+    file (an operator may remove old backups; Lethe never does). None when the folder could
+    not be listed. From the listing the status makes anyway: nothing more is read."""
+    for doc in docs:
+        if doc and doc.get("backup") is not None:
+            doc["backup"]["present"] = None if listed is None else doc["backup"]["name"] in listed
 
 
 def _newest_of(kind: str) -> tuple[dict | None, ToolPayloadOperation | None]:
@@ -302,10 +312,11 @@ def status_document(*, with_database: bool = True) -> dict:
     if last_compact is None:
         last_compact, _op = _newest_of(OperationKind.COMPACT)
     try:
-        backups, older_backups = _backups()
+        backups, older_backups, listed = _backups()
     except Exception:  # a broken backup folder must not hide the rest of the status
         log.exception("could not list backups")
-        backups, older_backups = [], 0
+        backups, older_backups, listed = [], 0, None
+    _mark_present([*history, last_analysis, last_run, last_compact], listed)
     return {
         "policy": {
             "enabled": policy.enabled,

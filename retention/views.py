@@ -218,6 +218,9 @@ def _card(doc: dict | None, engine: str) -> dict:
         "older_backups": doc.get("older_backups") or 0,
         "backup_folder": _backup_folder() if doc.get("older_backups") else "",
         "history": [_op(entry) for entry in (doc.get("history") or [])[:50]],
+        # A backup was made and is no longer in the folder (removed by an operator)
+        "backups_removed": any((entry.get("backup") or {}).get("present") is False
+                               for entry in doc.get("history") or []),
         "restore": _restore_paragraphs(engine) if doc.get("backups") else [],
         "poll": POLL_BUSY if busy else (POLL_IDLE if policy["enabled"] else 0),
         # What waits for the job cluster (queued work, a backup, the daily check) while none runs

@@ -582,6 +582,42 @@ def test_backups_are_listed_with_size_time_checksum_and_how_to_restore(admin_cli
         "changed"] is True
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_removed_backup_shows_as_removed_and_no_backup_failure(admin_client, admin_user, settings, tmp_path):
+    """The operator removes the backup made for the first cleanup: the next run completes, the
+    card shows no failed backup, and the history says the file is no longer there (English and
+    Spanish; on the Operations page too)."""
+    from tests.test_tool_payload_jobs import remove_backups
+
+    settings.LETHE_BACKUP_DIR = str(tmp_path / "backups")
+    old_conversation("first", tools=2)
+    enable(admin_user, choice="create")
+    backup = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert run(ToolPayloadOperation.objects.get(kind="cleanup").pk).removed_messages == 3
+    history = region(page(admin_client), "cleanup-history")
+    assert backup.backup_name in history and 'data-testid="backup-gone"' not in history
+    assert remove_backups(tmp_path / "backups")
+    old_conversation("second", tools=2)
+    second = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert (second.state, second.removed_messages) == ("succeeded", 3), second.error_message
+    html = page(admin_client)
+    assert "Backup failed" not in html and "Cleanup is blocked" not in html
+    assert state_of(html, "tool-run", "data-prep") == "ready"
+    assert "no longer in the backup folder" in text_of(region(html, "cleanup-history"))
+    assert "the ones made earlier were removed from it" in text_of(region(html, "backups"))
+    assert "No backups yet" not in html
+    spanish = admin_client.get(PAGE, HTTP_HOST="127.0.0.1", HTTP_ACCEPT_LANGUAGE="es").content.decode()
+    assert "ya no está en la carpeta de copias de seguridad" in text_of(region(spanish, "cleanup-history"))
+    listing = admin_client.get("/operations/", HTTP_HOST="127.0.0.1").content.decode()
+    assert backup.backup_name in listing
+    assert 'data-testid="backup-gone"' in listing and "no longer in the backup folder" in listing
+    listing = admin_client.get("/operations/", HTTP_HOST="127.0.0.1", HTTP_ACCEPT_LANGUAGE="es").content.decode()
+    assert "ya no está en la carpeta de copias de seguridad" in listing
+    api = admin_client.get("/api/v1/system/tool-payload-retention", HTTP_HOST="127.0.0.1").json()
+    assert api["preparation"]["state"] == "ready"
+    assert [op["backup"]["present"] for op in api["history"] if op["kind"] == "backup"] == [False]
+
+
 @pytest.mark.parametrize("data", [
     {"age_value": "3", "age_unit": "years", "revision": "1"},
     {"age_value": "3", "age_unit": "months", "revision": "x"},

@@ -1103,6 +1103,71 @@ def test_cleanup_verifies_the_receipt_again_before_its_first_batch(admin_user, b
     assert ToolPayloadPolicy.load().preparation_state == "failed"
 
 
+def remove_backups(folder: Path) -> list[str]:
+    """What an operator does with old backups (docs/operations.md: Lethe never deletes one)."""
+    removed = sorted(p.name for p in folder.iterdir() if p.name.startswith("lethe-"))
+    for name in removed:
+        (folder / name).unlink()
+    return removed
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_backup_removed_after_the_first_cleanup_blocks_no_later_cleanup(admin_user, backup_dir, monkeypatch):
+    """The backup is required before the first cleanup under its preparation (AC-TPR-002.1/002.2),
+    not before every one: once a run under it removed anything, the operator may remove the old
+    backup, and later runs (Run now, the daily check) go on without reading it. A new
+    preparation (re-enabling, shortening the period) needs its own backup again."""
+    from retention.backups import still_there
+
+    old_conversation("first", tools=2)
+    enable(admin_user, choice="create")
+    backup = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert backup.state == "succeeded", backup.error_message
+    first = run(ToolPayloadOperation.objects.get(kind="cleanup").pk)
+    assert (first.state, first.removed_messages) == ("succeeded", 3)
+    assert jobs.preparation_used(backup.backup_name)
+    # A later run, the backup still there, does not read it again (553 MB in a review, each run).
+    import retention.backups as backups
+
+    read = []
+    monkeypatch.setattr(backups, "_sha256", lambda path: read.append(path) or (_ for _ in ()).throw(AssertionError))
+    again = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert (again.kind, again.state, again.removed_messages, read) == ("cleanup", "succeeded", 0, [])
+    monkeypatch.undo()
+    assert remove_backups(backup_dir) == [backup.backup_name, backup.backup_name + ".json"]
+    assert still_there(backup.backup_name) is False
+
+    second_conversation = old_conversation("second", tools=2)
+    second = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert (second.kind, second.state, second.error_code, second.removed_messages) == (
+        "cleanup", "succeeded", "", 3), second.error_message
+    assert Item.objects.filter(conversation=second_conversation, details_removed_at__isnull=False).count() == 3
+    old_conversation("third", tools=1)
+    assert jobs.daily_check().startswith("started")
+    daily = run(ToolPayloadOperation.objects.filter(kind="cleanup").latest("pk").pk)
+    assert (daily.state, daily.removed_messages, daily.started_by) == ("succeeded", 2, None)
+    policy = ToolPayloadPolicy.load()
+    assert (policy.preparation_state, policy.preparation_error) == ("ready", "")
+    doc = service.status_document()
+    assert doc["preparation"]["state"] == "ready" and doc["backups"] == []
+    made = next(op for op in doc["history"] if op["kind"] == "backup")
+    assert made["backup"]["name"] == backup.backup_name and made["backup"]["present"] is False
+
+    # Shortening the period asks for the choice again: a new preparation, whose first run
+    # needs its own backup, verified (removed before that run: the run is refused).
+    enable(admin_user, choice="create", value=1)
+    old_conversation("fourth", tools=1, days=40)
+    before = snapshot()
+    newer = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert newer.kind == "backup" and newer.state == "succeeded" and newer.backup_name != backup.backup_name
+    assert not jobs.preparation_used(newer.backup_name)
+    assert remove_backups(backup_dir) == [newer.backup_name, newer.backup_name + ".json"]
+    refused = run(ToolPayloadOperation.objects.filter(kind="cleanup").latest("pk").pk)
+    assert (refused.state, refused.error_code) == ("failed", "preparation_required")
+    assert "There is no backup with that name." in refused.error_message
+    assert ToolPayloadPolicy.load().preparation_state == "failed" and snapshot() == before
+
+
 @pytest.mark.django_db(transaction=True)
 def test_compact_runs_as_a_job_and_records_the_sizes(admin_user):
     old_conversation("compact", tools=3)
