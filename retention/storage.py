@@ -10,8 +10,10 @@ counts, which cannot see space a VACUUM already freed, and the page says "estima
 
 Measuring reads pages of every table (over a second on a large database that autovacuum has
 not caught up with), so on PostgreSQL pages and status reads never measure: they show the last
-measurement with its time (`StorageSnapshot`, by the `measure-database` job every 15 minutes
-and by each compaction), or the statistics' estimate until there is one.
+measurement with its time (`StorageSnapshot`, by the `measure-database` job every 15 minutes,
+by each compaction and by `finish_erasure` after its rewrite), or the statistics' estimate
+until there is one. A kept measurement larger than the database (made before a rewrite this
+process did not see) is never shown: the estimate stands in until the next measurement.
 """
 
 from __future__ import annotations
@@ -84,7 +86,11 @@ def database_size(*, measure: bool = False) -> DatabaseSize:
         if pgstattuple_installed(cursor):
             if not measure:
                 kept = StorageSnapshot.load()
-                if kept.reusable_measured_at is not None and kept.reusable_bytes is not None:
+                # A kept figure larger than the database is from before a rewrite that gave the
+                # space back (VACUUM FULL run by hand, say; Lethe's own rewrites measure again):
+                # never shown beside a smaller file size, the statistics' estimate stands in.
+                if (kept.reusable_measured_at is not None and kept.reusable_bytes is not None
+                        and kept.reusable_bytes <= total):
                     return DatabaseSize("postgresql", total, kept.reusable_bytes, False, kept.reusable_measured_at)
             else:
                 try:
@@ -98,7 +104,7 @@ def database_size(*, measure: bool = False) -> DatabaseSize:
                     StorageSnapshot.objects.update_or_create(
                         id=1, defaults={"reusable_bytes": reusable, "reusable_measured_at": timezone.now()})
                     return DatabaseSize("postgresql", total, reusable, False)
-        return DatabaseSize("postgresql", total, estimated_reusable(cursor), True)
+        return DatabaseSize("postgresql", total, min(estimated_reusable(cursor), total), True)
 
 
 def measure_database() -> int | None:

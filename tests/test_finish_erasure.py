@@ -338,3 +338,41 @@ def test_on_sqlite_a_checkpoint_marks_more_pending_bound_deletes_than_sqlite_tak
     finally:
         connection.connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, saved)
     assert BoundDelete.objects.filter(physical_state=m.PhysicalState.ERASED).count() == 33_000
+
+
+def test_finish_erasure_measures_the_reusable_space_again_after_its_rewrite(capsys, admin_client):
+    """PostgreSQL: the rewrite hands a large delete's space back to the file system; the figure
+    kept from the last measurement (the 15-minute job) was larger than the whole database
+    after it, and stayed on Data & storage and in the API until that job ran again. SQLite's
+    reusable space is read live from the file at every read (nothing is kept): it is checked
+    against the file's size the same way."""
+    import base64
+    import os
+
+    from retention.models import StorageSnapshot
+    from retention.storage import database_size, measure_database
+
+    target = factories.make_conversation(title="Large")
+    for _ in range(40):  # random text: TOAST cannot compress it, ~40 MB stored
+        factories.add_message(target, content=base64.b64encode(os.urandom(768 * 1024)).decode())
+    op = request_deletion(target, key="reuse-1", acting_user=None)
+    assert executor.run_erasure(op.pk) == "completed"
+    measure_database()  # what the measure-database job does, before the rewrite
+    before = database_size()
+
+    call_command("finish_erasure", "--json")
+    report = json.loads(capsys.readouterr().out)
+    assert report["still_pending"] == 0, report  # (SQLite: the delete's own checkpoint erased it already)
+    after = database_size()
+    assert after.reusable_bytes <= after.file_bytes, after
+    answer = admin_client.get("/api/v1/system/tool-payload-retention", HTTP_HOST="127.0.0.1").json()["database"]
+    assert answer["reusable_bytes"] <= answer["file_bytes"], answer
+    if connection.vendor == "postgresql" and not before.reusable_is_estimate:
+        assert report["erased"] == 1 and "lifecycle_item" in report["tables"], report
+        assert before.reusable_bytes > 30 * 1024 * 1024 > after.file_bytes, (before, after)  # the review's case
+        kept = StorageSnapshot.load()
+        assert kept.reusable_measured_at > before.reusable_measured_at  # measured again by finish_erasure
+        assert (after.reusable_bytes, after.reusable_is_estimate) == (kept.reusable_bytes, False)
+        assert after.reusable_bytes < 5 * 1024 * 1024
+        assert answer["reusable_bytes"] == kept.reusable_bytes
+

@@ -96,3 +96,29 @@ def test_pages_and_status_reads_show_the_last_measurement_and_never_measure(admi
     size = database_size()
     assert (size.reusable_bytes, size.reusable_is_estimate) == (reusable, False)
     assert size.reusable_measured_at is not None
+
+
+@pytest.mark.django_db
+def test_a_kept_measurement_larger_than_the_database_is_never_shown(admin_client):
+    """A measurement made before a rewrite Lethe did not see (VACUUM FULL run by hand) is larger
+    than the database after it: the page and the API never show it beside the smaller size."""
+    from django.utils import timezone
+
+    from retention.models import StorageSnapshot
+
+    if connection.vendor != "postgresql" or not pgstattuple_installed(connection.cursor()):
+        pytest.skip("only PostgreSQL keeps a measurement of reusable space; SQLite reads its free pages live")
+    total = database_size().file_bytes
+    StorageSnapshot.objects.update_or_create(
+        id=1, defaults={"reusable_bytes": 30 * total, "reusable_measured_at": timezone.now()})
+    size = database_size()
+    assert size.reusable_bytes <= size.file_bytes and size.reusable_is_estimate
+    assert size.reusable_measured_at is None
+    html = admin_client.get("/settings/system/data-storage/", HTTP_HOST="127.0.0.1").content.decode()
+    assert "Reusable space (estimated)" in html
+    answer = admin_client.get("/api/v1/system/tool-payload-retention", HTTP_HOST="127.0.0.1").json()["database"]
+    assert answer["reusable_bytes"] <= answer["file_bytes"] and answer["reusable_is_estimate"] is True
+    # A figure within the database's size is the measurement, shown as measured.
+    StorageSnapshot.objects.filter(id=1).update(reusable_bytes=total // 2)
+    assert (database_size().reusable_bytes, database_size().reusable_is_estimate) == (total // 2, False)
+

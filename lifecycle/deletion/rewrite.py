@@ -9,7 +9,8 @@ for the table, its TOAST table and its indexes; the old files are removed; fresh
 statistics), then the statistics catalog `pg_statistic` (whose old rows sampled the deleted
 values) when the database user owns it, then `record_compaction` marks every receipt whose
 tables were all rewritten (and, on a console of a remote engine, `remote.physical` marks its
-own copy of a bound-deleted conversation's title, in the bindings' table). The server's write-ahead log files keep copies until the server
+own copy of a bound-deleted conversation's title, in the bindings' table), and the reusable
+space Data & storage shows is measured again (retention.storage). The server's write-ahead log files keep copies until the server
 reuses them, which Lethe cannot see: every PostgreSQL receipt names them. `VACUUM FULL`
 holds an exclusive lock on one table at a time while it copies it: readers and writers of
 that table wait, so run it when the console is quiet.
@@ -24,11 +25,12 @@ result names how many sessions held it (the next run tries again).
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from lifecycle.actions.record_compaction import record_compaction
@@ -49,6 +51,8 @@ class RewriteResult:
         return {"engine": connection.vendor, "waiting": self.waiting, "tables": self.tables,
                 "erased": self.erased, "still_pending": self.still_pending, "held_by": self.held_by}
 
+
+log = logging.getLogger(__name__)
 
 HORIZON_WAIT_SECONDS = settings.ERASURE_HORIZON_WAIT  # LETHE_ERASURE_HORIZON_WAIT
 
@@ -87,6 +91,18 @@ def may_rewrite_statistics(cursor) -> bool:
     )
     row = cursor.fetchone()
     return bool(row and row[0])
+
+
+def _measure_reusable_again() -> None:
+    """The rewrite gave the tables' reusable space back to the file system: measure it again
+    now, as Compact database does, so Data & storage and the API do not show the figure
+    measured before (larger than the database itself) until the next `measure-database` run."""
+    from retention.storage import measure_database
+
+    try:
+        measure_database()
+    except DatabaseError:  # the erasure is done and recorded; the next scheduled measure corrects it
+        log.exception("could not measure the reusable space after finish_erasure's rewrite")
 
 
 def _waiting():
@@ -133,5 +149,7 @@ def finish_waiting_erasures() -> RewriteResult:
                                               statistics_rewritten=statistics)
             result.erased += console_copies.record_compaction(started_at=started, finished_at=finished,
                                                               tables_rewritten=tables)
+            if tables:
+                _measure_reusable_again()
     result.still_pending = _waiting().count() + console_copies.waiting().count()
     return result
