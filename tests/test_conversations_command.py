@@ -62,7 +62,8 @@ def test_it_records_without_waiting_and_refuses_with_exit_code_2():
     factories.start_turn(busy)
     data = json.loads(run("delete", idle.public_id, "--no-wait", "--json"))
     assert data["state"] == "pending"
-    assert "step 0/" in run("status", data["id"])
+    assert "Preparing: taking keyed fingerprints for the residue check, before anything is erased. Step 0 of " in run(
+        "status", data["id"])
     with pytest.raises(SystemExit) as caught:
         run("delete", busy.public_id)
     assert caught.value.code == 2
@@ -206,3 +207,39 @@ def test_an_unavailable_delete_names_its_subagent_rows_and_resolve_subagent_clea
     assert m.AuditFact.objects.filter(action="subagent.cleared", actor=admin_user.pk).count() == 1
     run("delete", conversation.public_id, "--as", "alice")
     assert m.Conversation.objects.get(pk=conversation.pk).state == "deleted"
+
+
+def test_status_says_a_pending_step_and_a_tombstone_as_the_screens_do(monkeypatch):
+    """A pending delete's step by its store's name and the steps done ("Step 13 of 21 done", not
+    "step 13/21: lifecycle.Item"); a tombstone is said as one, not as an open conversation."""
+    from lifecycle import faults
+    from lifecycle.actions.request_deletion import request_deletion
+    from lifecycle.deletion import executor
+
+    conversation = factories.make_conversation(title="Stopped in messages")
+    factories.fill_every_store(conversation)
+    op = request_deletion(conversation, key="status-words", acting_user=None)
+
+    class Killed(BaseException):
+        pass
+
+    def kill_at(name: str) -> None:
+        if name == "lifecycle.Item":
+            raise Killed(name)
+
+    monkeypatch.setattr(faults, "kill_point", kill_at)
+    with pytest.raises(Killed):
+        executor.run_erasure(op.pk)
+    op.refresh_from_db()
+    done = m.DeleteStep.objects.filter(operation=op, state="done").count()
+    total = m.DeleteStep.objects.filter(operation=op).count()
+    said = run("status", conversation.public_id)
+    assert f"{conversation.public_id}  pending_delete  accepts no writes, its content is being erased  " in said
+    assert f"  Erasing: Messages and tool calls. Step {done} of {total} done." in said
+    assert "lifecycle.Item" not in said and "step " not in said
+
+    monkeypatch.undo()
+    assert executor.run_erasure(op.pk) == "completed"
+    said = run("status", conversation.public_id)
+    assert f"{conversation.public_id}  deleted  content erased, a content-free tombstone remains\n" in said
+    assert " open" not in said

@@ -95,6 +95,10 @@ class Command(JsonErrors, BaseCommand):
         if self.as_json:
             return self.out(data)
         flags = [name for name in ("archived", "closed") if data[name]]
+        if data["state"] == "deleted":  # a tombstone: nothing is open, archived or closed any more
+            return self.out(f"{data['id']}  deleted  content erased, a content-free tombstone remains")
+        if data["state"] == "pending_delete":
+            flags.append("accepts no writes, its content is being erased")
         self.out(f"{data['id']}  {data['state']}  {', '.join(flags) or 'open'}  {data['title']}")
 
     def delete(self, engine, target: str, key: str, actor, *, wait: bool) -> None:
@@ -155,7 +159,14 @@ class Command(JsonErrors, BaseCommand):
                              f"resolve-subagent {row['agent_id']} --attribute <conversation> (or --clear) --as <admin>")
         elif op.is_pending:
             done = sum(1 for s in op.steps if s["state"] == "done")
-            lines.append(f"  step {done}/{len(op.steps)}: {op.step}" + (f"  ({op.error})" if op.error else ""))
+            # As the operation page says it: the store being erased by its name, the steps done.
+            if op.step == "fingerprints":
+                doing = "Preparing: taking keyed fingerprints for the residue check, before anything is erased."
+            elif op.step:
+                doing = f"Erasing: {LABELS.get(op.step, op.step)}."
+            else:
+                doing = "Finishing."
+            lines.append(f"  {doing} Step {done} of {len(op.steps)} done." + (f"  ({op.error})" if op.error else ""))
             if op.error_message:
                 lines.append(f"  {op.error_message}")
         else:
