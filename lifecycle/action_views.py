@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import secrets
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 from django.conf import settings
 from django.contrib import messages
@@ -335,6 +335,8 @@ def operation_list(request: HttpRequest) -> HttpResponse:
     """The engine's delete operations, and this console's own tool payload operations. When
     the engine cannot be reached the page says so where its operations would be (503) and
     still lists the console's own."""
+    if request.htmx and request.GET.get("live"):
+        return _operations_live(request)
     state = request.GET.get("state", "")
     if state not in STATES:
         state = ""
@@ -358,11 +360,71 @@ def operation_list(request: HttpRequest) -> HttpResponse:
         context["engine_error"] = exc.message
         return render(request, "lifecycle/operation_list.html", context, status=503)
     context.update(
-        operations=_listed(page.rows),
+        operations=(listed := _listed(page.rows)),
         page=page,
         paged=position is not None,  # not the first page: an empty one links back to it
+        **_operations_poller([row["op"] for row in listed if row["op"].is_pending], _open_runs()),
     )
     return render(request, "lifecycle/operation_list.html", context)
+
+
+# ---- The Operations list, while something on it is in progress ---------------------------------
+
+LIVE_POLL_SECONDS = 3
+
+
+def _open_runs() -> list[Any]:
+    """The tool payload operations the list shows (its last 50) that are queued or running."""
+    from retention.models import OPEN_STATES, ToolPayloadOperation
+
+    return [run for run in ToolPayloadOperation.objects.only("pk", "state", "progress_done", "removed_messages")[:50]
+            if run.state in OPEN_STATES]
+
+
+def _live_version(ops: list[OperationView], runs: list[Any]) -> str:
+    """What the rows polled show: a delete's state, steps done and error; a run's state and progress."""
+    return ";".join([f"{op.id}:{op.state}:{sum(1 for s in op.steps if s['state'] == 'done')}:{op.error or ''}"
+                     for op in ops] + [f"{run.pk}:{run.state}:{run.progress_done}:{run.removed_messages}"
+                                       for run in runs])
+
+
+def _operations_poller(ops: list[OperationView], runs: list[Any]) -> dict[str, Any]:
+    """The list's poller: it reads the pending deletes and the open cleanup operations shown
+    again (their ids and what the page shows of them in its address); none when there are none."""
+    if not ops and not runs:
+        return {"live_url": ""}
+    query = urlencode([("live", "1"), ("v", _live_version(ops, runs))] + [("op", op.id) for op in ops]
+                      + [("run", run.pk) for run in runs])
+    return {"live_url": f"{reverse('lifecycle:operation-list')}?{query}", "live_poll": LIVE_POLL_SECONDS}
+
+
+def _operations_live(request: HttpRequest) -> HttpResponse:
+    """The list's poll: 204 when what it shows of the polled rows did not change; else those rows
+    again (replaced in place, out of band), the cleanup history when a run moved, a poller for
+    what is still in progress, and what finished in a few words. An engine that cannot answer
+    is a 503: the page keeps what it shows and says the status is unavailable."""
+    from retention.models import OPEN_STATES, ToolPayloadOperation
+    from retention.views import ANALYSIS_STATE_LABELS, KIND_LABELS, STATE_LABELS
+
+    engine = get_engine()
+    try:
+        ops = [engine.operation(op_id) for op_id in request.GET.getlist("op")[:OPERATIONS_PAGE]]
+    except ActionRefused:
+        return HttpResponse(status=503)
+    asked = [int(pk) for pk in request.GET.getlist("run")[:50] if pk.isdigit()]
+    runs = list(ToolPayloadOperation.objects.filter(pk__in=asked).order_by("pk"))
+    runs.sort(key=lambda run: asked.index(run.pk))
+    if _live_version(ops, runs) == request.GET.get("v"):
+        return HttpResponse(status=204)  # nothing changed: no swap, nothing said
+    rows = _listed(ops)
+    said = [f"{row['conversation'].title or row['conversation'].thread_id if row['conversation'] else row['op'].target}: "
+            f"{dict(DeleteState.choices).get(row['op'].state, row['op'].state)}." for row in rows if not row["op"].is_pending]
+    said += [f"{KIND_LABELS.get(run.kind, run.kind)}: "
+             f"{(ANALYSIS_STATE_LABELS if run.kind == 'analysis' else STATE_LABELS).get(run.state, run.state)}."
+             for run in runs if run.state not in OPEN_STATES]
+    context = {"operations": rows, "cleanup": bool(runs), "live_said": " ".join(said),
+               **_operations_poller([op for op in ops if op.is_pending], [run for run in runs if run.state in OPEN_STATES])}
+    return render(request, "lifecycle/_operations_live.html", context)
 
 
 def _listed(ops: list[OperationView]) -> list[dict[str, Any]]:

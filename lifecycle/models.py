@@ -163,9 +163,11 @@ class ConversationQuerySet(models.QuerySet):
         return self.annotate(is_active=Exists(running))
 
     def with_delete_operation(self) -> ConversationQuerySet:
-        """`delete_op`: the public id of the conversation's delete intent, if it has one."""
+        """`delete_op`: the public id of the conversation's delete intent, if it has one;
+        `deleted_at`: when that delete completed (None while it is pending)."""
         intent = DeleteOperation.objects.filter(conversation=OuterRef("pk"), state__in=INTENT_STATES)
-        return self.annotate(delete_op=Subquery(intent.values("public_id")[:1]))
+        return self.annotate(delete_op=Subquery(intent.values("public_id")[:1]),
+                             deleted_at=Subquery(intent.values("completed_at")[:1]))
 
 
 class Conversation(models.Model):

@@ -9,9 +9,10 @@ from urllib.parse import urlencode
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
 from django.utils.cache import patch_vary_headers
+from django.utils.translation import gettext, pgettext_lazy
 from django.utils.translation import gettext_lazy as _
-from django.utils.translation import pgettext_lazy
 from django.views.decorators.http import require_GET
 
 from console.api import is_number
@@ -44,6 +45,8 @@ TRANSCRIPT_PAGE = 50
 # Counts of a conversation's messages stop here: counting a million rows per view took half a
 # second, so past it the page says "more than" this many (true, and cheap to know).
 COUNT_CAP = 10_000
+# Pages that show a pending delete read it again this often (seconds), only while one is shown.
+LIVE_POLL_SECONDS = 3
 
 
 def _capped_count(items) -> tuple[int, bool]:
@@ -80,6 +83,8 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
     view = request.GET.get("view", "recent")
     if view not in VIEWS:
         view = "recent"
+    if request.htmx and request.GET.get("live"):
+        return _list_live(request, view)
     qs = getattr(Conversation.objects, view)()
     owner, kind, owner_id, unknown_owner = _owner_filter(request)
     if owner_id is not None:
@@ -106,6 +111,7 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
         "previous_url": f"?{filters}&cursor={page.previous.encode()}" if page.previous else "",
         "accounts": Account.objects.all(),
         "computers": Computer.objects.all(),
+        **_list_poller(view, [c.public_id for c in page.rows if c.state == ConversationState.PENDING_DELETE]),
     }
     template = "lifecycle/conversation_list.html"
     # htmx's back button, when its history cache misses, asks for the whole page again.
@@ -117,6 +123,31 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
         response["HX-Push-Url"] = "false"
     patch_vary_headers(response, ["HX-Request", "HX-History-Restore-Request"])
     return response
+
+
+def _list_poller(view: str, pending: list[str]) -> dict:
+    """The list's poller: it reads the rows shown as Pending delete again, none when there are none."""
+    if not pending:
+        return {"live_url": ""}
+    query = urlencode([("live", "1"), ("view", view)] + [("c", public_id) for public_id in pending])
+    return {"live_url": f"{reverse('lifecycle:conversation-list')}?{query}", "live_poll": LIVE_POLL_SECONDS}
+
+
+def _list_live(request: HttpRequest, view: str) -> HttpResponse:
+    """The list's poll: 204 while each row it names is still Pending delete; else the rows that
+    changed (replaced in place, out of band), and a poller for the rest."""
+    asked = request.GET.getlist("c")[:PAGE_SIZE]
+    rows = list(Conversation.objects.filter(public_id__in=asked).with_activity().with_delete_operation()
+                .select_related("account", "computer"))
+    changed = [c for c in rows if c.state != ConversationState.PENDING_DELETE]
+    if not changed:
+        return HttpResponse(status=204)  # nothing changed: no swap, nothing said
+    still = [c.public_id for c in rows if c.state == ConversationState.PENDING_DELETE]
+    said = " ".join(gettext("Deleted: %(name)s.") % {"name": c.thread_id} if c.state == ConversationState.DELETED
+                    else gettext("No longer pending delete: %(name)s.") % {"name": c.title or c.thread_id}
+                    for c in changed)
+    context = {"changed": changed, "view": view, "live_said": said, **_list_poller(view, still)}
+    return render(request, "lifecycle/_conversations_live.html", context)
 
 
 def _engine_files(home: enginefs.EngineHome, conversation: Conversation) -> tuple[list[dict], list[EngineProblem]]:
@@ -158,6 +189,8 @@ def _engine_usage(home: enginefs.EngineHome, conversation: Conversation) -> tupl
 @login_required
 @require_GET
 def conversation_detail(request: HttpRequest, public_id: str) -> HttpResponse:
+    if request.htmx and request.GET.get("live"):
+        return _detail_live(request, public_id)
     conversation = get_object_or_404(
         Conversation.objects.with_activity().select_related("account", "computer"), public_id=public_id
     )
@@ -189,6 +222,7 @@ def conversation_detail(request: HttpRequest, public_id: str) -> HttpResponse:
         "engine_files": files,
         "engine_bytes": size,
         "engine_uncounted": bool(uncounted),  # the figures leave out what could not be read
+        **_detail_poller(conversation),
     }
     template = "lifecycle/conversation_detail.html"
     if request.htmx and after_seq:
@@ -199,6 +233,33 @@ def conversation_detail(request: HttpRequest, public_id: str) -> HttpResponse:
         context["earlier_count"], context["earlier_over"] = _capped_count(
             Item.objects.filter(conversation=conversation, seq__lte=after_seq))
     return render(request, template, context)
+
+
+def _detail_poller(conversation: Conversation) -> dict:
+    """The page's poller while its delete is pending: it asks whether the state changed."""
+    if conversation.state != ConversationState.PENDING_DELETE:
+        return {"live_url": ""}
+    query = urlencode({"live": "1", "v": conversation.state})
+    return {"live_url": f"{reverse('lifecycle:conversation-detail', args=[conversation.public_id])}?{query}",
+            "live_poll": LIVE_POLL_SECONDS}
+
+
+def _detail_live(request: HttpRequest, public_id: str) -> HttpResponse:
+    """The page's poll: 204 while the state is the one shown (one small read); else the parts
+    that say the state (the heading, the tombstone note, the lifecycle link) out of band, with a
+    link to reload the page for the rest of it."""
+    conversation = get_object_or_404(Conversation.objects.select_related("account", "computer"), public_id=public_id)
+    if conversation.state == request.GET.get("v"):
+        return HttpResponse(status=204)
+    context = {
+        "conversation": conversation,
+        "intent": DeleteOperation.objects.intents().filter(conversation=conversation).first(),
+        "reload": True,
+        "live_said": (gettext("The delete is complete: this conversation's content is erased.")
+                      if conversation.state == ConversationState.DELETED else ""),
+        **_detail_poller(conversation),
+    }
+    return render(request, "lifecycle/_conversation_live.html", context)
 
 
 @login_required

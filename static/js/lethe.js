@@ -101,6 +101,58 @@
     announce(document.getElementById("op-announce"), words);
   });
 
+  // ---- Pages that show something in progress: their poller ------------------------
+  // The conversation page, the conversation list and the Operations list poll while they show
+  // a pending delete (or a queued or running cleanup): each read answers 204 when nothing
+  // changed, else the changed rows out of band and the next poller (none once nothing is in
+  // progress). What changed is said once, in the poller's few words (data-said); a row that
+  // held the focus gives it back to the same control (by id), else to the row, without
+  // scrolling. A read that fails keeps what is shown and says so, until a read succeeds.
+  var liveFocus = null;
+  document.addEventListener("htmx:oobBeforeSwap", function (event) {
+    var target = event.detail.target;
+    var fresh = event.detail.fragment && event.detail.fragment.firstElementChild;
+    if (!target || !fresh || !target.matches) return;
+    if (target.matches("[data-live-poll]")) {
+      var said = fresh.getAttribute("data-said");
+      if (said) announce(document.getElementById("live-announce"), said);
+    } else if (target.matches("[data-live-row]") && target.contains(document.activeElement)) {
+      liveFocus = { id: document.activeElement.id, row: target.id };
+    }
+  });
+  document.addEventListener("htmx:oobAfterSwap", function () {
+    var wanted = liveFocus;
+    liveFocus = null;
+    if (!wanted || !focusLost()) return;
+    var el = (wanted.id && document.getElementById(wanted.id)) || document.getElementById(wanted.row);
+    if (!el) return;
+    if (!el.matches("a[href], button, input, select, summary") && !el.hasAttribute("tabindex")) el.setAttribute("tabindex", "-1");
+    el.focus({ preventScroll: true });
+  });
+  function livePoll(event) {
+    var elt = event.detail && event.detail.elt;
+    return elt && elt.matches && elt.matches("[data-live-poll]");
+  }
+  function liveUnavailable(show) {
+    var note = document.getElementById("live-unavailable");
+    if (!note) return;
+    if (!show) {
+      if (note.firstChild) note.innerHTML = "";
+      return;
+    }
+    if (note.firstChild) return;  // said once, not again at every failed read
+    var p = document.createElement("p");
+    p.className = "alert alert-error";
+    p.textContent = note.dataset.unavailable || "";
+    note.appendChild(p);
+  }
+  ["htmx:sendError", "htmx:timeout", "htmx:responseError"].forEach(function (name) {
+    document.addEventListener(name, function (event) { if (livePoll(event)) liveUnavailable(true); });
+  });
+  document.addEventListener("htmx:afterRequest", function (event) {
+    if (livePoll(event) && event.detail.successful) liveUnavailable(false);
+  });
+
   // ---- The viewer's time zone -------------------------------------------------
   // The server shows times in the zone the browser reports (unless the person chose one).
   try {

@@ -1,0 +1,101 @@
+"""A delete whose erasure is held (no job cluster runs in these tests): the conversation page,
+the Pending delete tab and the Operations list, opened while it is pending, each turn to its
+completed state by themselves once the erasure runs, without a reload, keeping the focus and
+the scroll, and saying what changed through a polite live region; a status read that fails
+says so and clears itself once a read succeeds."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from playwright.sync_api import expect
+
+from e2e.conftest import ADMIN
+from e2e.helpers import check_layout, log_in, screenshot
+from lifecycle.actions.request_deletion import request_deletion
+from lifecycle.deletion import executor
+from lifecycle.deletion.admission import admit
+from lifecycle.models import Conversation
+
+pytestmark = pytest.mark.django_db(transaction=True)
+WAIT = 15_000  # ms: the pages poll every 3 s
+
+
+def held_delete():
+    """A delete requested and recorded, its erasure not run (it runs when the test says)."""
+    for conversation in Conversation.objects.recent().with_activity().order_by("-last_activity_at", "-pk"):
+        if not conversation.is_active and admit(conversation).outcome == "admitted":
+            op = request_deletion(conversation, key="held-live-pages", acting_user=None)
+            conversation.refresh_from_db()
+            assert conversation.state == "pending_delete" and op.state == "pending"
+            return conversation, op
+    raise AssertionError("the seed has no deletable conversation")
+
+
+@pytest.mark.parametrize("viewport", ["desktop", "small-phone"])
+def test_pages_showing_a_pending_delete_update_themselves_when_it_completes(seeded, live_server, open_page, viewport):
+    conversation, op = held_delete()
+    title = conversation.title
+    first = open_page(viewport)
+    log_in(first, live_server.url, *ADMIN)
+    pages = {"conversation": first, "pending": first.context.new_page(), "operations": first.context.new_page()}
+    pages["conversation"].goto(f"{live_server.url}/conversations/{conversation.public_id}/")
+    pages["pending"].goto(f"{live_server.url}/conversations/?view=pending_delete")
+    pages["operations"].goto(f"{live_server.url}/operations/")
+    for name, page in pages.items():
+        page.wait_for_load_state("load")
+        page.evaluate("window.__notReloaded = true")  # gone if the page were loaded again
+        check_layout(page, f"{name} while pending")
+
+    detail, pending, operations = pages["conversation"], pages["pending"], pages["operations"]
+    expect(detail.get_by_test_id("tombstone")).to_contain_text("its content is being erased")
+    row = pending.locator(f"#conv-row-{conversation.public_id}")
+    expect(row).to_contain_text("See progress")
+    op_row = operations.locator(f"#op-row-{op.public_id}")
+    expect(op_row).to_contain_text("Pending")
+    expect(op_row).to_contain_text("steps done")
+    # The focus on a row's control and the place scrolled to stay where they are.
+    pending.locator(f"#conv-op-{conversation.public_id}").focus()
+    operations.locator(f"#op-link-{op.public_id}").focus()
+    operations.evaluate("window.scrollTo(0, 60)")
+    scrolled = operations.evaluate("window.scrollY")
+
+    # A status read that gets no answer: what is shown stays, and the page says so.
+    unreachable = re.compile(r"/operations/\?live=1")
+    operations.route(unreachable, lambda route: route.abort())
+    note = operations.get_by_test_id("live-unavailable")
+    expect(note).to_contain_text("Current status unavailable", timeout=WAIT)
+    expect(op_row).to_contain_text("Pending")
+    operations.unroute(unreachable)
+    expect(note).to_be_empty(timeout=WAIT)  # the next good read (a 204) clears it
+
+    assert executor.run_erasure(op.pk) == "completed"
+
+    expect(detail.get_by_role("heading", level=1)).to_have_text("Deleted conversation", timeout=WAIT)
+    expect(detail.get_by_test_id("tombstone")).to_contain_text("Deleted on")
+    expect(detail.get_by_role("link", name="Erasure receipt")).to_be_visible()
+    expect(detail.get_by_role("link", name="Reload the page")).to_be_visible()
+    expect(detail.locator("#live-announce")).to_have_text(
+        "The delete is complete: this conversation's content is erased.", timeout=WAIT)
+
+    expect(row).to_have_attribute("data-state", "deleted", timeout=WAIT)
+    expect(row).to_contain_text("Erasure receipt")
+    expect(row).to_contain_text(re.compile(r"Deleted\s(now|\d+\sseconds?\sago)"))
+    expect(row).not_to_contain_text(title)
+    expect(pending.locator("#live-announce")).to_have_text(f"Deleted: {conversation.thread_id}.", timeout=WAIT)
+    assert pending.evaluate("document.activeElement.id") == f"conv-op-{conversation.public_id}"
+
+    expect(op_row).to_have_attribute("data-state", "completed", timeout=WAIT)
+    expect(op_row).to_contain_text("Completed")
+    expect(op_row).not_to_contain_text("steps done")
+    expect(operations.locator("#live-announce")).to_have_text(f"{conversation.thread_id}: Completed.", timeout=WAIT)
+    assert operations.evaluate("document.activeElement.id") == f"op-link-{op.public_id}"
+    assert operations.evaluate("window.scrollY") == scrolled
+
+    for name, page in pages.items():
+        assert page.evaluate("window.__notReloaded") is True, f"{name} was reloaded"
+        # Nothing is in progress any more: no poller asks again.
+        assert page.locator("#live-poll[hx-trigger]").count() == 0, name
+        check_layout(page, f"{name} after the delete completed")
+        screenshot(page, f"live-{name}-completed", full_page=False)

@@ -1,0 +1,138 @@
+"""Pages that show a delete (or a cleanup operation) in progress poll it, only while it is in
+progress: the conversation page, the conversation list and the Operations list. A poll that
+finds nothing changed is a 204; one that does answers the changed parts out of band and stops
+polling once nothing is in progress."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from lifecycle import models as m
+from lifecycle.actions.request_deletion import request_deletion
+from lifecycle.deletion import executor
+from retention.models import ToolPayloadOperation
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+HOST = {"HTTP_HOST": "127.0.0.1"}
+
+
+def get(client, url, **extra):
+    return client.get(url, **HOST, **extra)
+
+
+def poller(content: str) -> str:
+    """The page's poller element (there is one on each of these pages)."""
+    found = re.findall(r'<div id="live-poll"[^>]*>', content)
+    assert len(found) == 1, found
+    return found[0]
+
+
+def poll_url(content: str) -> str:
+    return re.search(r'hx-get="([^"]+)"', poller(content)).group(1).replace("&amp;", "&")
+
+
+@pytest.fixture
+def pending(admin_user):
+    conversation = factories.make_conversation(title="Being erased")
+    factories.add_message(conversation, content="a secret line")
+    op = request_deletion(conversation, key="live-pages", acting_user=admin_user)
+    conversation.refresh_from_db()
+    assert conversation.state == "pending_delete" and op.state == "pending"
+    return conversation, op
+
+
+def test_the_conversation_page_polls_its_pending_delete_and_shows_the_tombstone_once_done(admin_client, pending):
+    conversation, op = pending
+    page = get(admin_client, f"/conversations/{conversation.public_id}/").content.decode()
+    assert 'hx-trigger="every 3s"' in poller(page) and "its content is being erased" in page
+    url = poll_url(page)
+    assert url == f"/conversations/{conversation.public_id}/?live=1&v=pending_delete"
+    assert get(admin_client, url, HTTP_HX_REQUEST="true").status_code == 204  # nothing changed: one small read
+
+    assert executor.run_erasure(op.pk) == "completed"
+    answer = get(admin_client, url, HTTP_HX_REQUEST="true")
+    assert answer.status_code == 200
+    fragment = answer.content.decode()
+    assert '<h1 id="conversation-h" hx-swap-oob="true">Deleted conversation</h1>' in fragment
+    assert re.search(r'<div id="conversation-state" data-live-row hx-swap-oob="true">\s*<p class="alert" role="status" '
+                     r'data-testid="tombstone">Deleted on ', fragment)
+    assert f'href="/conversations/{conversation.public_id}/">Reload the page</a>' in fragment
+    assert re.search(rf'id="conversation-op" href="/operations/{op.public_id}/">Erasure receipt</a>', fragment)
+    said = poller(fragment)
+    assert "hx-trigger" not in said and 'hx-swap-oob="true"' in said  # polling stops
+    assert 'data-said="The delete is complete: this conversation&#x27;s content is erased."' in said
+    assert "Being erased" not in fragment and "a secret line" not in fragment
+    # A page opened now has nothing to poll; a live page never polled.
+    assert "hx-trigger" not in poller(get(admin_client, f"/conversations/{conversation.public_id}/").content.decode())
+    other = factories.make_conversation(title="Still here")
+    assert "hx-trigger" not in poller(get(admin_client, f"/conversations/{other.public_id}/").content.decode())
+
+
+def test_the_pending_tab_polls_its_rows_and_marks_a_finished_one_deleted_in_place(admin_client, pending):
+    conversation, op = pending
+    factories.make_conversation(title="Live one")
+    page = get(admin_client, "/conversations/?view=pending_delete").content.decode()
+    assert "See progress" in page and 'hx-trigger="every 3s"' in poller(page)
+    url = poll_url(page)
+    assert url == f"/conversations/?live=1&view=pending_delete&c={conversation.public_id}"
+    # The list's own htmx read (a search, a tab) brings the poller with the rows.
+    assert "hx-trigger" in poller(get(admin_client, "/conversations/?view=pending_delete", HTTP_HX_REQUEST="true").content.decode())
+    assert get(admin_client, url, HTTP_HX_REQUEST="true").status_code == 204
+    # A tab with no pending delete has nothing to poll.
+    assert "hx-trigger" not in poller(get(admin_client, "/conversations/").content.decode())
+
+    executor.run_erasure(op.pk)
+    fragment = get(admin_client, url, HTTP_HX_REQUEST="true").content.decode()
+    row = re.search(rf'<li class="conv" id="conv-row-{conversation.public_id}" data-live-row data-state="deleted" '
+                    r'hx-swap-oob="true">.*?</li>', fragment, re.S).group(0)
+    assert "Erasure receipt" in row and "See progress" not in row and "Being erased" not in row
+    assert 'data-testid="deleted-at"' in row and "Deleted now" in row and "Active" not in row
+    assert "hx-trigger" not in poller(fragment)
+    assert f'data-said="Deleted: {conversation.thread_id}."' in poller(fragment)
+    assert 'id="live-unavailable"' in fragment  # a good read clears a failed one's note
+    assert "hx-trigger" not in poller(get(admin_client, "/conversations/?view=pending_delete").content.decode())
+
+
+def test_the_operations_list_polls_pending_deletes_and_open_cleanup_operations(admin_client, pending, admin_user):
+    conversation, op = pending
+    run = ToolPayloadOperation.objects.create(kind="cleanup", state="running", started_by=admin_user)
+    page = get(admin_client, "/operations/").content.decode()
+    assert "0 of" in page and 'hx-trigger="every 3s"' in poller(page)
+    url = poll_url(page)
+    assert f"op={op.public_id}" in url and f"run={run.pk}" in url
+    assert get(admin_client, url, HTTP_HX_REQUEST="true").status_code == 204
+
+    executor.run_erasure(op.pk)
+    fragment = get(admin_client, url, HTTP_HX_REQUEST="true").content.decode()
+    row = re.search(rf'<li class="op-row" id="op-row-{op.public_id}" data-live-row data-state="completed" '
+                    r'hx-swap-oob="true">.*?</li>', fragment, re.S).group(0)
+    assert "Completed" in row and "steps done" not in row
+    # The cleanup run still runs: the list keeps polling it, and only it.
+    assert 'id="cleanup-history"' in fragment
+    again = poll_url(fragment)
+    assert f"run={run.pk}" in again and "op=" not in again
+    assert f'data-said="{conversation.thread_id}: Completed."' in poller(fragment)
+    assert get(admin_client, again, HTTP_HX_REQUEST="true").status_code == 204
+
+    ToolPayloadOperation.objects.filter(pk=run.pk).update(state="succeeded", slot=None)
+    done = get(admin_client, again, HTTP_HX_REQUEST="true").content.decode()
+    assert re.search(r'<section aria-labelledby="cleanup-h" id="cleanup-history" data-live-row hx-swap-oob="true">',
+                     done)
+    assert "hx-trigger" not in poller(done) and 'data-said="Cleanup: Completed."' in poller(done)
+    assert "hx-trigger" not in poller(get(admin_client, "/operations/").content.decode())
+
+
+def test_the_deleted_tab_says_when_each_conversation_was_deleted(admin_client, pending):
+    conversation, op = pending
+    executor.run_erasure(op.pk)
+    page = get(admin_client, "/conversations/?view=deleted").content.decode()
+    row = re.search(rf'id="conv-row-{conversation.public_id}".*?</li>', page, re.S).group(0)
+    completed = m.DeleteOperation.objects.get(pk=op.pk).completed_at
+    assert f'<time datetime="{completed.isoformat()}"' in row and "Deleted now" in row
+    assert "Active" not in row
+    spanish = get(admin_client, "/conversations/?view=deleted", HTTP_ACCEPT_LANGUAGE="es").content.decode()
+    row = re.search(rf'id="conv-row-{conversation.public_id}".*?</li>', spanish, re.S).group(0)
+    assert "Eliminada ahora" in row and "Activa" not in row
