@@ -6,6 +6,7 @@ Plain forms that work without JavaScript; htmx only refreshes a pending delete's
 from __future__ import annotations
 
 import secrets
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib import messages
@@ -27,7 +28,7 @@ from lifecycle.deletion.presentation import holder_text, moment, preview_groups,
 from lifecycle.errors import ActionRefused
 from remote.api import bound_delete_json
 from remote.delivery import error_text, request_bound_delete
-from remote.models import BoundDelete, EngineBinding
+from remote.models import BoundDelete, BoundDeleteState, EngineBinding
 from remote.preview import admission_of, engine_preview
 from remote.status import waiting_text
 
@@ -51,6 +52,8 @@ def _owners() -> list[dict]:
 @login_required
 @require_GET
 def binding_list(request: HttpRequest) -> HttpResponse:
+    if request.htmx and request.GET.get("live"):
+        return _bindings_live(request)
     owners = _owners()
     chosen = request.GET.get("owner") or (owners[0]["key"] if owners else "")
     owner = next((o for o in owners if o["key"] == chosen), None)
@@ -74,6 +77,41 @@ def binding_list(request: HttpRequest) -> HttpResponse:
         "owners": owners, "owner": owner, "unknown_owner": unknown_owner, "bindings": bindings, "page": page,
         "deletes": deletes, "deletes_page": deletes_page,
         "engine_url": settings.ENGINE_URL, "is_admin": is_admin(request.user),
+        **_bindings_poller({b.pending_delete.public_id for b in bindings if b.pending_delete}
+                           | {d.public_id for d in deletes if d.state == BoundDeleteState.PENDING}),
+    })
+
+
+LIVE_POLL_SECONDS = 3
+
+
+def _bindings_poller(pending: set[str]) -> dict:
+    """The page's poller: it reads the pending deletes shown again, none when there are none."""
+    if not pending:
+        return {"live_url": ""}
+    query = urlencode([("live", "1")] + [("d", public_id) for public_id in sorted(pending)])
+    return {"live_url": f"{reverse('remote:binding-list')}?{query}", "live_poll": LIVE_POLL_SECONDS}
+
+
+def _bindings_live(request: HttpRequest) -> HttpResponse:
+    """The page's poll: 204 while each delete it names is pending; else, for those that ended,
+    their row in the deletes and their conversation's row (gone from the list once the
+    engine's receipt took its binding away), and a poller for the rest."""
+    asked = request.GET.getlist("d")[:PAGE_SIZE + DELETES_PAGE_SIZE]
+    rows = list(BoundDelete.objects.filter(public_id__in=asked))
+    ended = [d for d in rows if d.state != BoundDeleteState.PENDING]
+    if not ended:
+        return HttpResponse(status=204)  # nothing changed: no swap, nothing said
+    refs = {d.binding_ref for d in ended}
+    bindings = list(EngineBinding.objects.select_related("returned_after").filter(public_id__in=refs))
+    pending = {op.binding_id: op for op in BoundDelete.objects.filter(binding__in=bindings, state="pending")}
+    for b in bindings:
+        b.pending_delete = pending.get(b.pk)
+    said = " ".join(f"{d.thread_id}: {d.get_state_display()}." for d in ended)
+    return render(request, "remote/_bindings_live.html", {
+        "bindings": bindings, "gone_bindings": sorted(refs - {b.public_id for b in bindings}), "deletes": ended,
+        "engine_url": settings.ENGINE_URL, "is_admin": is_admin(request.user), "live_said": said,
+        **_bindings_poller({d.public_id for d in rows if d.state == BoundDeleteState.PENDING}),
     })
 
 

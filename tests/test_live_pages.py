@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from django.utils import timezone
 
 from lifecycle import models as m
 from lifecycle.actions.request_deletion import request_deletion
@@ -129,10 +130,40 @@ def test_the_deleted_tab_says_when_each_conversation_was_deleted(admin_client, p
     conversation, op = pending
     executor.run_erasure(op.pk)
     page = get(admin_client, "/conversations/?view=deleted").content.decode()
-    row = re.search(rf'id="conv-row-{conversation.public_id}".*?</li>', page, re.S).group(0)
+    row = re.search(rf'<li class="conv"(?:(?!</li>).)*?{conversation.thread_id}.*?</li>', page, re.S).group(0)
     completed = m.DeleteOperation.objects.get(pk=op.pk).completed_at
     assert f'<time datetime="{completed.isoformat()}"' in row and "Deleted now" in row
     assert "Active" not in row
     spanish = get(admin_client, "/conversations/?view=deleted", HTTP_ACCEPT_LANGUAGE="es").content.decode()
-    row = re.search(rf'id="conv-row-{conversation.public_id}".*?</li>', spanish, re.S).group(0)
+    row = re.search(rf'<li class="conv"(?:(?!</li>).)*?{conversation.thread_id}.*?</li>', spanish, re.S).group(0)
     assert "Eliminada ahora" in row and "Activa" not in row
+
+
+def test_engine_conversations_poll_their_pending_deletes_and_drop_a_finished_binding(admin_client):
+    from remote.models import BoundDelete, EngineBinding
+
+    binding = EngineBinding.objects.create(engine_id="c_" + "a" * 20, owner_kind="account", owner_id=1, scope="bound",
+                                           thread_id="t-remote", title="Remote plan", engine_state="live")
+    other = EngineBinding.objects.create(engine_id="c_" + "b" * 20, owner_kind="account", owner_id=1, scope="bound",
+                                         thread_id="t-stays", title="Stays", engine_state="live")
+    delete = BoundDelete.objects.create(key="k-remote", binding=binding, binding_ref=binding.public_id,
+                                        engine_id=binding.engine_id, owner_kind="account", owner_id=1, scope="bound",
+                                        thread_id="t-remote", state="pending")
+    page = get(admin_client, "/engine/conversations/").content.decode()
+    assert "See the delete's progress" in page and 'hx-trigger="every 3s"' in poller(page)
+    url = poll_url(page)
+    assert url == f"/engine/conversations/?live=1&d={delete.public_id}"
+    assert get(admin_client, url, HTTP_HX_REQUEST="true").status_code == 204
+
+    # The engine's receipt acknowledged: the delete completed and the binding went (as delivery does).
+    BoundDelete.objects.filter(pk=delete.pk).update(state="completed", binding=None, receipt={"stores": []},
+                                                    receipt_at=timezone.now(), acknowledged_at=timezone.now())
+    binding.delete()
+    fragment = get(admin_client, url, HTTP_HX_REQUEST="true").content.decode()
+    assert f'<li id="binding-row-{binding.public_id}" hx-swap-oob="delete"></li>' in fragment
+    row = re.search(rf'<li id="bound-delete-row-{delete.public_id}" data-live-row data-state="completed" '
+                    r'hx-swap-oob="true">.*?</li>', fragment, re.S).group(0)
+    assert "Completed" in row
+    assert f"binding-row-{other.public_id}" not in fragment  # only what changed
+    assert "hx-trigger" not in poller(fragment) and 'data-said="t-remote: Completed."' in poller(fragment)
+    assert "hx-trigger" not in poller(get(admin_client, "/engine/conversations/").content.decode())
