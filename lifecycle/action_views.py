@@ -407,17 +407,22 @@ def _operations_live(request: HttpRequest) -> HttpResponse:
     from retention.views import ANALYSIS_STATE_LABELS, KIND_LABELS, STATE_LABELS
 
     engine = get_engine()
-    try:
-        ops = [engine.operation(op_id) for op_id in request.GET.getlist("op")[:OPERATIONS_PAGE]]
-    except ActionRefused:
-        return HttpResponse(status=503)
-    asked = [int(pk) for pk in request.GET.getlist("run")[:50] if pk.isdigit()]
+    ops = []
+    for op_id in request.GET.getlist("op")[:OPERATIONS_PAGE]:
+        try:
+            ops.append(engine.operation(op_id))
+        except ActionRefused as refused:
+            if refused.status == 404:  # not an operation (a made-up id): nothing to show for it
+                continue
+            return HttpResponse(status=503)  # the engine cannot answer now
+    # Whole ASCII numbers of at most 18 digits (a bigint): "²" passes isdigit() but not int()
+    asked = [int(pk) for pk in request.GET.getlist("run")[:50] if pk.isascii() and pk.isdigit() and len(pk) <= 18]
     runs = list(ToolPayloadOperation.objects.filter(pk__in=asked).order_by("pk"))
     runs.sort(key=lambda run: asked.index(run.pk))
     if _live_version(ops, runs) == request.GET.get("v"):
         return HttpResponse(status=204)  # nothing changed: no swap, nothing said
     rows = _listed(ops)
-    said = [f"{row['conversation'].title or row['conversation'].thread_id if row['conversation'] else row['op'].target}: "
+    said = [f"{row['conversation'].shown_title or row['conversation'].thread_id if row['conversation'] else row['op'].target}: "
             f"{dict(DeleteState.choices).get(row['op'].state, row['op'].state)}." for row in rows if not row["op"].is_pending]
     said += [f"{KIND_LABELS.get(run.kind, run.kind)}: "
              f"{(ANALYSIS_STATE_LABELS if run.kind == 'analysis' else STATE_LABELS).get(run.state, run.state)}."

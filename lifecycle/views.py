@@ -136,7 +136,10 @@ def _list_poller(view: str, pending: list[str]) -> dict:
 def _list_live(request: HttpRequest, view: str) -> HttpResponse:
     """The list's poll: 204 while each row it names is still Pending delete; else the rows that
     changed (replaced in place, out of band), and a poller for the rest."""
-    asked = request.GET.getlist("c")[:PAGE_SIZE]
+    from lifecycle.item_payload import has_bad_text
+
+    # ids a database can compare (PostgreSQL refuses a NUL in a text parameter): others name nothing
+    asked = [public_id for public_id in request.GET.getlist("c")[:PAGE_SIZE] if not has_bad_text(public_id)]
     rows = list(Conversation.objects.filter(public_id__in=asked).with_activity().with_delete_operation()
                 .select_related("account", "computer"))
     changed = [c for c in rows if c.state != ConversationState.PENDING_DELETE]
@@ -144,7 +147,7 @@ def _list_live(request: HttpRequest, view: str) -> HttpResponse:
         return HttpResponse(status=204)  # nothing changed: no swap, nothing said
     still = [c.public_id for c in rows if c.state == ConversationState.PENDING_DELETE]
     said = " ".join(gettext("Deleted: %(name)s.") % {"name": c.thread_id} if c.state == ConversationState.DELETED
-                    else gettext("No longer pending delete: %(name)s.") % {"name": c.title or c.thread_id}
+                    else gettext("No longer pending delete: %(name)s.") % {"name": c.shown_title or c.thread_id}
                     for c in changed)
     context = {"changed": changed, "view": view, "live_said": said, **_list_poller(view, still)}
     return render(request, "lifecycle/_conversations_live.html", context)

@@ -2,8 +2,8 @@
 
 Threaded workers (gthread; ops/gunicorn_worker.py answers the requests gunicorn refuses
 itself in Lethe's JSON error document, and reads each request in the worker's main loop, so a
-slow client holds no thread and is cut after WEB_READ_TIMEOUT seconds; a client that does not
-take its answer is cut after WEB_WRITE_TIMEOUT): WEB_CONCURRENCY processes (default 2) of WEB_THREADS threads
+slow client holds no thread and is cut after WEB_READ_TIMEOUT seconds; a client that takes none of
+its answer for WEB_WRITE_TIMEOUT is cut off): WEB_CONCURRENCY processes (default 2) of WEB_THREADS threads
 (default 4) each. SIGTERM stops gracefully: the workers take no new connections and finish
 the requests they hold, for up to WEB_GRACEFUL_TIMEOUT seconds (default 10, inside serve's
 own 15 s grace); `serve` turns a SIGINT (Ctrl-C) into that SIGTERM. A worker process that

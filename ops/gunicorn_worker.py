@@ -38,8 +38,8 @@ gunicorn itself (serve configures neither: a reverse proxy terminates TLS) keep 
 reading.
 
 Slow readers do not hold a thread for ever either: a thread writing an answer gives up once
-the client has not taken it within WEB_WRITE_TIMEOUT seconds (default 30, for the whole
-answer), logs it and closes the connection. Without it a client that asked for a large answer
+the client has taken none of it for WEB_WRITE_TIMEOUT seconds (default 30; a client taking a
+large answer slowly but steadily gets all of it), logs it and closes the connection. Without it a client that asked for a large answer
 (a page of items with big payloads) and did not read it kept that thread until the connection
 died.
 
@@ -284,6 +284,22 @@ class _Reading:
         self.end = -1  # where the head's blank line starts, once found
         self.framing: tuple[int | None, bool, bool] = (None, False, False)
         self.charge = 0
+
+
+class _ProgressSocket(socket.socket):
+    """A connection whose `sendall` gives up only when the client has taken nothing for the
+    socket's timeout. Python's own `sendall` counts the timeout for the whole answer, so a
+    client reading a large one steadily over a slow link was cut off part-way. Each `send`
+    here waits at most the timeout for room, then sends what fits; the layout is the plain
+    socket's (no new fields), so a connection's class can be switched to it."""
+
+    __slots__ = ()
+
+    def sendall(self, data, flags: int = 0) -> None:
+        view = memoryview(data).cast("B")
+        while view:
+            sent = self.send(view, flags)
+            view = view[sent:]
 
 
 def _no_more_bytes(_size_hint=None) -> bytes:
@@ -563,12 +579,15 @@ class JsonErrorThreadWorker(ThreadWorker):
             # (to an HTTP/1.1 client only), and gunicorn would send another.
             req._expected_100_continue = False
         # The thread's socket blocks (gunicorn sets it so); from here its writes are bounded. The
-        # parser does not read it (it has the request's bytes), so only the answer is timed.
+        # parser does not read it (it has the request's bytes), so only the answer is timed: by
+        # progress, not in all (a slow link taking a large answer steadily gets all of it).
+        if type(conn.sock) is socket.socket:
+            conn.sock.__class__ = _ProgressSocket
         conn.sock.settimeout(self.write_timeout)
         try:
             return super().handle_request(req, conn)
         except TimeoutError:
-            self.log.warning("Answer to ip=%s not taken within %d s: closed", _ip(conn), self.write_timeout)
+            self.log.warning("Answer to ip=%s: nothing taken for %d s: closed", _ip(conn), self.write_timeout)
             util.close(conn.sock)
             raise StopIteration from None  # gunicorn's "close this connection", quietly
 

@@ -167,3 +167,28 @@ def test_engine_conversations_poll_their_pending_deletes_and_drop_a_finished_bin
     assert f"binding-row-{other.public_id}" not in fragment  # only what changed
     assert "hx-trigger" not in poller(fragment) and 'data-said="t-remote: Completed."' in poller(fragment)
     assert "hx-trigger" not in poller(get(admin_client, "/engine/conversations/").content.decode())
+
+
+@pytest.mark.parametrize("query", [
+    "run=%C2%B2",  # "²" passes str.isdigit() but not int(): a 500
+    "run=99999999999999999999999",  # past a bigint: a 500 (OverflowError)
+    "op=x",  # no such operation: it answered 503, "status unavailable", and logged an error
+    "op=op_%ED%A0%80",  # a lone surrogate
+])
+def test_the_operations_poll_takes_odd_ids_as_naming_nothing(member_client, pending, query):
+    """A poll's ids are the client's: one that names nothing is left out, never a 500 or a 503
+    (which says the status cannot be read); the pending delete it also names is still polled."""
+    _conversation, op = pending
+    answer = get(member_client, f"/operations/?live=1&op={op.public_id}&{query}", HTTP_HX_REQUEST="true")
+    assert answer.status_code == 200 and op.public_id in answer.content.decode()
+
+
+def test_the_list_poll_takes_an_id_a_database_cannot_compare_as_naming_nothing(member_client, pending):
+    """An asked id that names nothing (bytes that are not UTF-8, read as U+FFFD) is left out;
+    the poll answers for the rest. A NUL in a query is refused before any view: 400."""
+    conversation, _op = pending
+    answer = get(member_client, f"/conversations/?live=1&view=pending_delete&c={conversation.public_id}&c=%ED%A0%80",
+                 HTTP_HX_REQUEST="true")
+    assert answer.status_code == 204
+    assert get(member_client, "/conversations/?live=1&view=pending_delete&c=c_%00x",
+               HTTP_HX_REQUEST="true").status_code == 400

@@ -18,11 +18,14 @@ from tests import factories
 User = get_user_model()
 
 
-def users(*args: str, password: str | None = None) -> str:
+def users(*args: str, password: str | bytes | None = None) -> str:
+    """The command run here; `password` (text: one line, a newline added; bytes: as they are)
+    on its standard input."""
     out = io.StringIO()
     stdin = sys.stdin
     if password is not None:
-        sys.stdin = io.StringIO(password + "\n")
+        raw = password if isinstance(password, bytes) else (password + "\n").encode()
+        sys.stdin = io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8", errors="surrogateescape")
     try:
         call_command("users", *args, stdout=out)
     finally:
@@ -52,6 +55,11 @@ def test_a_new_install_gets_its_first_admin_and_a_member_who_can_sign_in(client)
     (("create", "x" * 151, "--role", "admin", "--password-stdin"), "a long passphrase 1", "Not a username"),
     (("create", "ana\x00", "--role", "member", "--password-stdin"), "a long passphrase 1", "Not a username"),
     (("create", "ana", "--role", "member", "--password-stdin"), "", "No password on standard input."),
+    # not UTF-8 (it ended in a traceback), a NUL or a tab inside (no one could sign in with it)
+    (("create", "ana", "--role", "member", "--password-stdin"), b"\xff\xfeLongenough-pass-123\n",
+     "not UTF-8 text; nothing was changed"),
+    (("create", "ana", "--role", "member", "--password-stdin"), "Longenough-\x00pass-123", "control character"),
+    (("create", "ana", "--role", "member", "--password-stdin"), "Longenough-\tpass-123", "control character"),
 ])
 def test_bad_input_is_refused_and_makes_no_user(args, password, message):
     with pytest.raises(CommandError, match=message):
@@ -135,3 +143,13 @@ def test_without_a_terminal_or_stdin_flag_it_asks_for_the_flag_and_changes_nothi
     listed = subprocess.run([sys.executable, "manage.py", "users", "list"], cwd=root, env=env, capture_output=True,
                             text=True, timeout=120)
     assert listed.stdout.splitlines()[1].split()[:3] == ["ana", "admin", "active"]
+
+
+@pytest.mark.django_db
+def test_a_password_line_ending_in_crlf_is_the_password_without_it(client):
+    """A password file written on Windows ends its line in CR LF: the CR was kept, and the
+    password typed at sign-in never matched."""
+    users("create", "ana", "--role", "admin", "--password-stdin", password=b"Longenough-pass-123\r\n")
+    assert client.login(username="ana", password="Longenough-pass-123")
+    users("set-password", "ana", "--password-stdin", password=b"Another-pass-456\r\n")
+    assert client.login(username="ana", password="Another-pass-456")

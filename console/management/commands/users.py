@@ -143,11 +143,15 @@ class Command(BaseCommand):
 
     def _password(self, user, from_stdin: bool) -> str:
         if from_stdin:
+            # One line of UTF-8, read as bytes (the text layer would pass undecodable bytes on as
+            # surrogates); its line ending, LF or CRLF (a file written on Windows), is not part of it.
+            raw = getattr(sys.stdin, "buffer", None)
+            line = raw.readline() if raw is not None else sys.stdin.readline().encode("utf-8", "surrogateescape")
             try:
-                line = sys.stdin.readline()
+                password = line.decode("utf-8")
             except UnicodeDecodeError:
-                raise CommandError("The password on standard input is not text in the terminal's encoding.") from None
-            password = line[:-1] if line.endswith("\n") else line
+                raise CommandError("The password on standard input is not UTF-8 text; nothing was changed.") from None
+            password = password.removesuffix("\n").removesuffix("\r")
             if not password:
                 raise CommandError("No password on standard input.")
         else:
@@ -156,6 +160,10 @@ class Command(BaseCommand):
             password = getpass.getpass("Password: ")
             if getpass.getpass("Password (again): ") != password:
                 raise CommandError("The two passwords differ; nothing was changed.")
+        if any(ord(c) < 32 or ord(c) == 127 or 0xD800 <= ord(c) <= 0xDFFF for c in password):
+            # A NUL, a tab, a stray carriage return...: the sign-in form could never send it
+            raise CommandError("The password holds a control character, which cannot be typed at sign-in; nothing "
+                               "was changed.")
         try:
             password_validation.validate_password(password, user)
         except ValidationError as error:
