@@ -153,3 +153,4 @@ def test_a_password_line_ending_in_crlf_is_the_password_without_it(client):
     assert client.login(username="ana", password="Longenough-pass-123")
     users("set-password", "ana", "--password-stdin", password=b"Another-pass-456\r\n")
     assert client.login(username="ana", password="Another-pass-456")
+

@@ -92,6 +92,7 @@ class Command(BaseCommand):
 
     def do_set_role(self, username: str, role: str, **options):
         with transaction.atomic():
+            self._lock_admins()
             user = self._user(username)
             if role == "member" and user.is_staff and user.is_active:
                 self._keep_an_admin(user, "make them a member")
@@ -107,6 +108,7 @@ class Command(BaseCommand):
 
     def do_deactivate(self, username: str, **options):
         with transaction.atomic():
+            self._lock_admins()
             user = self._user(username)
             if user.is_staff and user.is_active:
                 self._keep_an_admin(user, "deactivate them")
@@ -131,6 +133,14 @@ class Command(BaseCommand):
         if user is None:
             raise CommandError(f"No user named {username!r} (users list shows them).")
         return user
+
+    @staticmethod
+    def _lock_admins() -> None:
+        """Lock the active admins' rows, in one order, before anything else: two commands at once
+        (each taking away one of the last two admins) then wait for each other instead of each
+        locking one row and deadlocking on the other."""
+        list(get_user_model().objects.select_for_update().filter(is_staff=True, is_active=True)
+             .order_by("pk").values_list("pk", flat=True))
 
     def _keep_an_admin(self, user, doing: str) -> None:
         """Refuse to leave the console without an active admin (the rows are locked: two commands
