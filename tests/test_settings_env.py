@@ -418,16 +418,18 @@ def test_migrate_refuses_a_bad_value_before_touching_the_database(tmp_path):
 
 
 def outer_postgresql_url() -> str:
-    """The PostgreSQL database the tests run on (DATABASE_URL), its server's TLS off; else skip."""
+    """The server the tests run on (DATABASE_URL), its TLS off, as the URL of its `postgres`
+    database (the one named in DATABASE_URL need not exist: the tests make their own); else skip."""
     url = os.environ.get("DATABASE_URL", "")
     if not url.startswith(("postgres://", "postgresql://", "pgsql://")):
         pytest.skip("a PostgreSQL server's connection parameters")
     import psycopg
 
+    url = url.partition("?")[0].rsplit("/", 1)[0] + "/postgres"
     with psycopg.connect(url.replace("pgsql://", "postgresql://", 1)) as server:
         if server.execute("SHOW ssl").fetchone()[0] != "off":
             pytest.skip("the server here speaks TLS")
-    return url.partition("?")[0]
+    return url
 
 
 def test_sslmode_require_is_used_not_dropped(tmp_path):
