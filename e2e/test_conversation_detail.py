@@ -108,3 +108,40 @@ def test_a_full_output_removed_since_the_page_was_shown_turns_the_row_into_its_r
     expect(page.locator(f"#item-{tool_item.pk}")).to_have_count(1)  # replaced, not nested
     expect(page.locator(f"#item-{tool_item.pk}")).to_be_focused()
     check_layout(page)
+
+
+@pytest.mark.parametrize("viewport", ["desktop", "small-phone"])
+def test_a_full_output_asked_for_after_the_delete_began_gives_the_focus_to_the_notice(
+        seeded, live_server, open_page, viewport):
+    """The transcript was shown, then a delete was requested: "Show full output" answers 410 and
+    a notice that the content is being erased takes the row's place; the focus went to <body>
+    (a keyboard or screen-reader user lost their place), it goes to the notice now."""
+    from lifecycle.actions.request_deletion import request_deletion
+    from lifecycle.deletion.admission import admit
+    from lifecycle.models import Conversation
+
+    def deletable_with_long_output():
+        for conversation in Conversation.objects.recent().with_activity().order_by("-last_activity_at", "-pk"):
+            if conversation.is_active or admit(conversation).outcome != "admitted":
+                continue
+            for item in conversation.items.filter(role=Role.TOOL).order_by("seq"):
+                if item_rows([item])[0].truncated:
+                    return conversation, item
+        raise AssertionError("the seed has no deletable conversation with a cut-short output")
+
+    conversation, tool_item = deletable_with_long_output()
+    page = open_page(viewport)
+    log_in(page, live_server.url, *ADMIN)
+    open_from_list(page, conversation)
+    row = page.locator(f"#item-{tool_item.pk}")
+    button = row.get_by_role("link", name=re.compile(r"^Show full output \(.+\)$"))
+    expect(button).to_be_visible()
+    assert request_deletion(conversation, key="output-after-delete", acting_user=None).state == "pending"
+    with page.expect_response(lambda r: f"/items/{tool_item.pk}/output/" in r.url) as answered:
+        button.focus()
+        page.keyboard.press("Enter")
+    assert answered.value.status == 410
+    notice = page.locator(f"#item-{tool_item.pk}")
+    expect(notice).to_contain_text("This conversation is being deleted")
+    expect(notice).to_be_focused()
+    check_layout(page)

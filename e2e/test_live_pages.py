@@ -99,3 +99,29 @@ def test_pages_showing_a_pending_delete_update_themselves_when_it_completes(seed
         assert page.locator("#live-poll[hx-trigger]").count() == 0, name
         check_layout(page, f"{name} after the delete completed")
         screenshot(page, f"live-{name}-completed", full_page=False)
+
+
+def test_the_focus_kept_through_the_update_is_not_left_under_the_sticky_bar(seeded, live_server, open_page):
+    """On a phone, the control that had the focus sat just under the sticky top bar when the
+    delete completed: the update added text above it and the focus, given back without
+    scrolling, ended hidden under the bar. Now the least scroll that shows it is made."""
+    conversation, op = held_delete()
+    page = open_page("small-phone")
+    log_in(page, live_server.url, *ADMIN)
+    page.goto(f"{live_server.url}/conversations/{conversation.public_id}/")
+    control = page.locator("#conversation-op")
+    control.focus()
+    # the control just under the bar (56 px), as a reader who scrolled down to it has it (room
+    # below the page's end so a short page can scroll that far)
+    page.evaluate("document.body.style.paddingBottom = '1200px'")
+    page.evaluate("window.scrollBy(0, document.getElementById('conversation-op').getBoundingClientRect().top - 60)")
+    assert abs(page.evaluate("document.getElementById('conversation-op').getBoundingClientRect().top") - 60) < 2
+
+    assert executor.run_erasure(op.pk) == "completed"
+    expect(page.get_by_role("heading", level=1)).to_have_text("Deleted conversation", timeout=WAIT)
+    expect(control).to_have_text("Erasure receipt")
+    expect(control).to_be_focused()
+    bar = page.evaluate("document.querySelector('.topbar').getBoundingClientRect().bottom")
+    box = page.evaluate("(() => { const r = document.activeElement.getBoundingClientRect(); "
+                        "return [r.top, r.bottom, innerHeight]; })()")
+    assert box[0] >= bar - 1 and box[1] <= box[2], (box, bar)

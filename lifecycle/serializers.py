@@ -202,7 +202,8 @@ class ReceiptOut(Schema):
                                                  "read again from the backup folder when the receipt is read.")
     removed_backups: list[RemovedBackupOut] = Field(
         default_factory=list, description="Backups the receipt named at completion that have been removed from the "
-                                          "backup folder since: they no longer hold the content.")
+                                          "backup folder since. Lethe sees only that folder: a copy moved elsewhere still holds the "
+                                          "content.")
     physical: PhysicalOut
     verified_at: str | None
     verified_physical_at: str | None

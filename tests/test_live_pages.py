@@ -133,10 +133,11 @@ def test_the_deleted_tab_says_when_each_conversation_was_deleted(admin_client, p
     row = re.search(rf'<li class="conv"(?:(?!</li>).)*?{conversation.thread_id}.*?</li>', page, re.S).group(0)
     completed = m.DeleteOperation.objects.get(pk=op.pk).completed_at
     assert f'<time datetime="{completed.isoformat()}"' in row and "Deleted now" in row
-    assert "Active" not in row
+    # and its last activity, which the list is ordered by (the order read as random without it)
+    assert "Active" not in row and "Last active" in row
     spanish = get(admin_client, "/conversations/?view=deleted", HTTP_ACCEPT_LANGUAGE="es").content.decode()
     row = re.search(rf'<li class="conv"(?:(?!</li>).)*?{conversation.thread_id}.*?</li>', spanish, re.S).group(0)
-    assert "Eliminada ahora" in row and "Activa" not in row
+    assert "Eliminada ahora" in row and "Activa" not in row and "Última actividad" in row
 
 
 def test_engine_conversations_poll_their_pending_deletes_and_drop_a_finished_binding(admin_client):

@@ -72,7 +72,7 @@ def test_a_removed_backup_is_no_longer_listed_as_holding_the_content(settings, t
     status = _status(op)
     assert f"still held by: Backup {kept.name}" in status
     assert f"still held by: Backup {made.name}" not in status
-    assert f"no longer held by: Backup {made.name}, {NOT_THERE}" in status
+    assert f"not in the backup folder any more: Backup {made.name}, {NOT_THERE}" in status
 
     # verify_erasure looks too, and dates the removal on the stored receipt
     out = io.StringIO()
@@ -93,7 +93,7 @@ def test_a_removed_backup_is_no_longer_listed_as_holding_the_content(settings, t
     page = _holders_section(admin_client.get(f"/operations/{op.public_id}/", **HOST).content.decode())
     assert f"Backup {made.name}, {GONE} (found gone on " in page
     status = _status(op)
-    assert f"no longer held by: Backup {made.name}, {GONE} (found gone on " in status
+    assert f"not in the backup folder any more: Backup {made.name}, {GONE} (found gone on " in status
     api = admin_client.get(f"/v1/operations/{op.public_id}", **HOST).json()["receipt"]
     assert api["removed_backups"] == [{"name": made.name, "made_at": stored[made.name]["made_at"],
                                        "removed_at": stored[made.name]["removed_at"]}]

@@ -139,6 +139,5 @@ def removed_backup_text(entry: dict[str, Any], when: str = "") -> str:
     """One removed backup, as `manage.py conversations` says it (the page words it the same)."""
     if when:
         return _("Backup %(name)s, made before the delete: removed from the backup folder (found gone on "
-                 "%(when)s), so it no longer holds the content.") % {"name": entry["name"], "when": when}
-    return _("Backup %(name)s, made before the delete: no longer in the backup folder, so it no longer holds "
-             "the content.") % {"name": entry["name"]}
+                 "%(when)s).") % {"name": entry["name"], "when": when}
+    return _("Backup %(name)s, made before the delete: no longer in the backup folder.") % {"name": entry["name"]}

@@ -128,6 +128,12 @@
     if (!el) return;
     if (!el.matches("a[href], button, input, select, summary") && !el.hasAttribute("tabindex")) el.setAttribute("tabindex", "-1");
     el.focus({ preventScroll: true });
+    // What came in above it can push it under the sticky bar or off the screen: bring it back
+    // into view, the least scroll that does (the page's scroll-padding keeps the bar clear).
+    var box = el.getBoundingClientRect();
+    var top = parseFloat(getComputedStyle(document.documentElement).scrollPaddingTop) || 0;
+    var room = window.innerHeight || document.documentElement.clientHeight;
+    if (box.top < top || box.bottom > room) el.scrollIntoView({ block: "nearest" });
   });
   function livePoll(event) {
     var elt = event.detail && event.detail.elt;
@@ -242,7 +248,8 @@
     // move to what was loaded.
     if (fresh.classList && fresh.classList.contains("output")) {
       focusQuiet(fresh.querySelector("pre") || fresh);
-    } else if (fresh.classList && fresh.classList.contains("msg")) {
+    } else if (fresh.classList && (fresh.classList.contains("msg") || fresh.classList.contains("alert"))) {
+      // a loaded message, or the notice that took the row's place (a conversation being deleted)
       focusQuiet(fresh);
     }
   });

@@ -186,10 +186,11 @@ class Command(JsonErrors, BaseCommand):
             # steps in docs/operations.md rely on this report)
             for holder in op.receipt.get("holders") or []:
                 lines.append(f"  still held by: {holder_text(holder)}")
-            # Backups it named that were removed from the backup folder since (read now)
+            # Backups it named that are no longer in the backup folder (read now): Lethe sees only
+            # that folder, so a copy moved elsewhere still holds the content
             for entry in removed_backups(op.receipt.get("removed_backups")):
                 when = entry["removed_on"].isoformat() if entry["removed_on"] else ""
-                lines.append(f"  no longer held by: {removed_backup_text(entry, when)}")
+                lines.append(f"  not in the backup folder any more: {removed_backup_text(entry, when)}")
         self.stdout.write("\n".join(lines))
 
 
