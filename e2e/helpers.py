@@ -147,9 +147,14 @@ def assert_save_bar_covers_nothing(page: Page) -> None:
     assert covered == [], "controls hidden under the save bar:\n" + "\n".join(covered)
 
 
-def conversation_with_long_output() -> tuple[Conversation, Item]:
-    """The newest recent conversation that has a tool row whose output is cut short."""
-    for conversation in Conversation.objects.recent().order_by("-last_activity_at", "-pk"):
+def conversation_with_long_output(*, deletable: bool = False) -> tuple[Conversation, Item]:
+    """The newest recent conversation that has a tool row whose output is cut short (with
+    `deletable`, one a delete request would admit now)."""
+    from lifecycle.deletion.admission import admit
+
+    for conversation in Conversation.objects.recent().with_activity().order_by("-last_activity_at", "-pk"):
+        if deletable and (conversation.is_active or admit(conversation).outcome != "admitted"):
+            continue
         for item in conversation.items.filter(role=Role.TOOL).order_by("seq"):
             if item_rows([item])[0].truncated:
                 return conversation, item

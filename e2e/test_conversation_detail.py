@@ -89,13 +89,7 @@ def test_a_full_output_removed_since_the_page_was_shown_turns_the_row_into_its_r
     answers 410 with the row as it now reads ("Tool details removed on <date>", the kept
     summary), swapped in place of the stale preview, and the focus goes to that row; the row
     in the database is the reduced one, and nothing else on the page moves."""
-    conversation, tool_item = conversation_with_long_output()
-    page = open_page(viewport)
-    log_in(page, live_server.url, *ADMIN)
-    open_from_list(page, conversation)
-    row = page.locator(f"#item-{tool_item.pk}")
-    button = row.get_by_role("link", name=re.compile(r"^Show full output \(.+\)$"))
-    expect(button).to_be_visible()
+    page, conversation, tool_item, row, button = shown_with_output_button(open_page, live_server, viewport)
     reduced = reduce_tool_item(tool_item)  # the cleanup, after the page was shown
     assert reduced.details_removed_at is not None and reduced.removable_bytes == 0
     with page.expect_response(lambda r: f"/items/{tool_item.pk}/output/" in r.url) as answered:
@@ -117,25 +111,9 @@ def test_a_full_output_asked_for_after_the_delete_began_gives_the_focus_to_the_n
     a notice that the content is being erased takes the row's place; the focus went to <body>
     (a keyboard or screen-reader user lost their place), it goes to the notice now."""
     from lifecycle.actions.request_deletion import request_deletion
-    from lifecycle.deletion.admission import admit
-    from lifecycle.models import Conversation
 
-    def deletable_with_long_output():
-        for conversation in Conversation.objects.recent().with_activity().order_by("-last_activity_at", "-pk"):
-            if conversation.is_active or admit(conversation).outcome != "admitted":
-                continue
-            for item in conversation.items.filter(role=Role.TOOL).order_by("seq"):
-                if item_rows([item])[0].truncated:
-                    return conversation, item
-        raise AssertionError("the seed has no deletable conversation with a cut-short output")
-
-    conversation, tool_item = deletable_with_long_output()
-    page = open_page(viewport)
-    log_in(page, live_server.url, *ADMIN)
-    open_from_list(page, conversation)
-    row = page.locator(f"#item-{tool_item.pk}")
-    button = row.get_by_role("link", name=re.compile(r"^Show full output \(.+\)$"))
-    expect(button).to_be_visible()
+    page, conversation, tool_item, _row, button = shown_with_output_button(open_page, live_server, viewport,
+                                                                            deletable=True)
     assert request_deletion(conversation, key="output-after-delete", acting_user=None).state == "pending"
     with page.expect_response(lambda r: f"/items/{tool_item.pk}/output/" in r.url) as answered:
         button.focus()
@@ -145,3 +123,17 @@ def test_a_full_output_asked_for_after_the_delete_began_gives_the_focus_to_the_n
     expect(notice).to_contain_text("This conversation is being deleted")
     expect(notice).to_be_focused()
     check_layout(page)
+
+
+def shown_with_output_button(open_page, live_server, viewport, *, deletable: bool = False):
+    """An admin's page showing a conversation with a cut-short tool output (`deletable`: one a
+    delete would admit), opened from the list: (page, conversation, item, its row, its "Show
+    full output" link, visible)."""
+    conversation, tool_item = conversation_with_long_output(deletable=deletable)
+    page = open_page(viewport)
+    log_in(page, live_server.url, *ADMIN)
+    open_from_list(page, conversation)
+    row = page.locator(f"#item-{tool_item.pk}")
+    button = row.get_by_role("link", name=re.compile(r"^Show full output \(.+\)$"))
+    expect(button).to_be_visible()
+    return page, conversation, tool_item, row, button

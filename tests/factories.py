@@ -140,3 +140,30 @@ def _home():
     from lifecycle.enginefs import EngineHome
 
     return EngineHome()
+
+
+def erasure_stopped_in(conversation, step: str, *, key: str, monkeypatch):
+    """A delete of `conversation` requested, and its erasure run until the job dies at the start
+    of `step` (a store key: the kill point fires there, as a SIGKILL would end it), the step's
+    transaction rolled back. Returns the operation (Pending); `monkeypatch.undo()` lets a later
+    run go on."""
+    import pytest
+
+    from lifecycle import faults
+    from lifecycle.actions.request_deletion import request_deletion
+    from lifecycle.deletion import executor
+
+    op = request_deletion(conversation, key=key, acting_user=None)
+
+    class Killed(BaseException):
+        pass
+
+    def kill_at(name: str) -> None:
+        if name == step:
+            raise Killed(name)
+
+    monkeypatch.setattr(faults, "kill_point", kill_at)
+    with pytest.raises(Killed):
+        executor.run_erasure(op.pk)
+    op.refresh_from_db()
+    return op

@@ -212,25 +212,11 @@ def test_an_unavailable_delete_names_its_subagent_rows_and_resolve_subagent_clea
 def test_status_says_a_pending_step_and_a_tombstone_as_the_screens_do(monkeypatch):
     """A pending delete's step by its store's name and the steps done ("Step 13 of 21 done", not
     "step 13/21: lifecycle.Item"); a tombstone is said as one, not as an open conversation."""
-    from lifecycle import faults
-    from lifecycle.actions.request_deletion import request_deletion
     from lifecycle.deletion import executor
 
     conversation = factories.make_conversation(title="Stopped in messages")
     factories.fill_every_store(conversation)
-    op = request_deletion(conversation, key="status-words", acting_user=None)
-
-    class Killed(BaseException):
-        pass
-
-    def kill_at(name: str) -> None:
-        if name == "lifecycle.Item":
-            raise Killed(name)
-
-    monkeypatch.setattr(faults, "kill_point", kill_at)
-    with pytest.raises(Killed):
-        executor.run_erasure(op.pk)
-    op.refresh_from_db()
+    op = factories.erasure_stopped_in(conversation, "lifecycle.Item", key="status-words", monkeypatch=monkeypatch)
     done = m.DeleteStep.objects.filter(operation=op, state="done").count()
     total = m.DeleteStep.objects.filter(operation=op).count()
     said = run("status", conversation.public_id)

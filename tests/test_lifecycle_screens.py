@@ -168,24 +168,11 @@ def test_a_pending_delete_names_the_step_it_died_in_and_says_when_no_job_cluster
     its page said "Preparing" while messages were being erased), and while no job finishes on
     any cluster (the readiness check's rule) the page says the job cluster seems stopped and
     the delete goes on once it runs; a heartbeat within the limit takes the note away."""
-    from lifecycle import faults
     from ops.models import JobStat
 
     conversation = factories.make_conversation(title="Died erasing messages")
     factories.fill_every_store(conversation)
-    op = request_deletion(conversation, key="died-in-items", acting_user=None)
-
-    class Killed(BaseException):
-        pass
-
-    def kill_at(name: str) -> None:
-        if name == "lifecycle.Item":
-            raise Killed(name)
-
-    monkeypatch.setattr(faults, "kill_point", kill_at)
-    with pytest.raises(Killed):
-        executor.run_erasure(op.pk)
-    op.refresh_from_db()
+    op = factories.erasure_stopped_in(conversation, "lifecycle.Item", key="died-in-items", monkeypatch=monkeypatch)
     assert (op.state, op.step) == ("pending", "lifecycle.Item")
     assert m.DeleteStep.objects.get(operation=op, key="lifecycle.Item").state == "pending"  # rolled back
     settings.READYZ_HEARTBEAT_SECONDS = 300
@@ -202,7 +189,7 @@ def test_a_pending_delete_names_the_step_it_died_in_and_says_when_no_job_cluster
     JobStat.objects.filter(pk=beat.pk).update(last_finished_at=m.timezone.now())
     assert 'data-testid="cluster-stopped"' not in page(admin_client, f"/operations/{op.public_id}/")
     # A completed delete says nothing of the cluster.
-    monkeypatch.setattr(faults, "kill_point", lambda name: None)
+    monkeypatch.undo()  # the job runs to its end now
     JobStat.objects.all().delete()
     m.DeleteOperation.objects.filter(pk=op.pk).update(lease_holder="", lease_expires_at=None)
     assert executor.run_erasure(op.pk) == "completed"
