@@ -57,10 +57,12 @@ log = logging.getLogger(__name__)
 HORIZON_WAIT_SECONDS = settings.ERASURE_HORIZON_WAIT  # LETHE_ERASURE_HORIZON_WAIT
 
 # Sessions, prepared transactions and replication slots holding a transaction id or a snapshot
-# at least as old as %(xid)s: while one exists, VACUUM FULL keeps the rows it could see.
+# at least as old as %(xid)s: while one exists, VACUUM FULL keeps the rows it could see. An
+# autovacuum worker counts only while it analyzes (a lazy vacuum holds back no horizon; an
+# ANALYZE samples rows under a snapshot, and the statistics rows it replaces stay visible to it).
 _HOLDERS_SQL = """
 SELECT (SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid()
-            AND backend_type <> 'autovacuum worker' AND (  -- a lazy vacuum holds back no horizon
+            AND (backend_type <> 'autovacuum worker' OR query ILIKE '%%analyze%%') AND (
             (backend_xid IS NOT NULL AND age(backend_xid) >= age(%(xid)s::text::xid))
             OR (backend_xmin IS NOT NULL AND age(backend_xmin) >= age(%(xid)s::text::xid))))
      + (SELECT count(*) FROM pg_prepared_xacts WHERE age(transaction) >= age(%(xid)s::text::xid))
@@ -140,6 +142,11 @@ def finish_waiting_erasures() -> RewriteResult:
                 # until that catalog is rewritten too; only its owner (the database owner
                 # or a superuser) may.
                 statistics = may_rewrite_statistics(cursor)
+                # An ANALYZE (autovacuum's) that began before the tables' own finished can still
+                # see the statistics rows they replaced: wait for it, else the receipt keeps
+                # naming the statistics as a holder (record_compaction).
+                if statistics and _old_snapshot_holders(cursor, wait=HORIZON_WAIT_SECONDS):
+                    statistics = False
                 if statistics:
                     cursor.execute("VACUUM FULL pg_catalog.pg_statistic")
         if not result.held_by:
