@@ -104,7 +104,9 @@ def test_it_runs_the_workers_the_environment_asks_for_and_adds_up_their_figures(
         assert get(port, "/accounts/login/")[0] == 200
     files = list((Path(served["var"]) / "prometheus").glob("counter_*.db"))
     assert len({re.sub(r"\D", "", f.name) for f in files}) >= 6  # 30 requests, 5 per worker
-    assert len(children_of(master)) == 3  # replaced, never fewer
+    # replaced: a worker that reached its 5 requests has just left, and its replacement may
+    # still be starting on a busy machine (CI saw 2 for a moment)
+    assert wait_until(lambda: len(children_of(master)) == 3, 30)
     for _ in range(4):  # whichever worker answers, it reports every worker's requests
         status, body, _headers = get(port, "/metrics", Authorization=f"Bearer {METRICS_TOKEN}")
         assert status == 200 and login_count(body.decode()) == before + 30
