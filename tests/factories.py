@@ -144,8 +144,8 @@ def _home():
 
 def erasure_stopped_in(conversation, step: str, *, key: str, monkeypatch):
     """A delete of `conversation` requested, and its erasure run until the job dies at the start
-    of `step` (a store key: the kill point fires there, as a SIGKILL would end it), the step's
-    transaction rolled back. Returns the operation (Pending); `monkeypatch.undo()` lets a later
+    of `step` (a kill point's name, such as a store key: it fires there, as a SIGKILL would end
+    the job), what that step had not committed rolled back. Returns the operation (Pending); `monkeypatch.undo()` lets a later
     run go on."""
     import pytest
 

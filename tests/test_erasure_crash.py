@@ -72,16 +72,7 @@ def test_it_resumes_after_a_crash_at_every_step_with_an_exact_receipt(point, mon
     twin = factories.make_conversation(factories.make_computer(), thread_id=target.thread_id)
     factories.fill_every_store(twin)
     expected = expected_receipt(target)
-    op = request_deletion(target, key="crash", acting_user=None)
-
-    def crash_at(name: str) -> None:
-        if name == point:
-            raise Crash(name)
-
-    monkeypatch.setattr(faults, "kill_point", crash_at)
-    with pytest.raises(Crash):
-        executor.run_erasure(op.pk)
-    op.refresh_from_db()
+    op = factories.erasure_stopped_in(target, point, key="crash", monkeypatch=monkeypatch)
     # Whatever happened before the crash stays done; the operation is still an intent.
     target.refresh_from_db()
     assert target.state in ("pending_delete", "deleted")
