@@ -406,15 +406,10 @@ def _operations_live(request: HttpRequest) -> HttpResponse:
     from retention.models import OPEN_STATES, ToolPayloadOperation
     from retention.views import ANALYSIS_STATE_LABELS, KIND_LABELS, STATE_LABELS
 
-    engine = get_engine()
-    ops = []
-    for op_id in request.GET.getlist("op")[:OPERATIONS_PAGE]:
-        try:
-            ops.append(engine.operation(op_id))
-        except ActionRefused as refused:
-            if refused.status == 404:  # not an operation (a made-up id): nothing to show for it
-                continue
-            return HttpResponse(status=503)  # the engine cannot answer now
+    try:
+        ops = get_engine().operations_named(request.GET.getlist("op")[:OPERATIONS_PAGE])
+    except ActionRefused:
+        return HttpResponse(status=503)  # the engine cannot answer now
     # Whole ASCII numbers of at most 18 digits (a bigint): "²" passes isdigit() but not int()
     asked = [int(pk) for pk in request.GET.getlist("run")[:50] if pk.isascii() and pk.isdigit() and len(pk) <= 18]
     runs = list(ToolPayloadOperation.objects.filter(pk__in=asked).order_by("pk"))

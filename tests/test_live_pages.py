@@ -174,7 +174,7 @@ def test_engine_conversations_poll_their_pending_deletes_and_drop_a_finished_bin
     "run=%C2%B2",  # "²" passes str.isdigit() but not int(): a 500
     "run=99999999999999999999999",  # past a bigint: a 500 (OverflowError)
     "op=x",  # no such operation: it answered 503, "status unavailable", and logged an error
-    "op=op_%ED%A0%80",  # a lone surrogate
+    "op=op_%ED%A0%80",  # bytes that are not UTF-8 (read as U+FFFD): no such operation either
 ])
 def test_the_operations_poll_takes_odd_ids_as_naming_nothing(member_client, pending, query):
     """A poll's ids are the client's: one that names nothing is left out, never a 500 or a 503
@@ -184,7 +184,7 @@ def test_the_operations_poll_takes_odd_ids_as_naming_nothing(member_client, pend
     assert answer.status_code == 200 and op.public_id in answer.content.decode()
 
 
-def test_the_list_poll_takes_an_id_a_database_cannot_compare_as_naming_nothing(member_client, pending):
+def test_the_list_poll_takes_an_id_that_names_nothing_as_naming_nothing(member_client, pending):
     """An asked id that names nothing (bytes that are not UTF-8, read as U+FFFD) is left out;
     the poll answers for the rest. A NUL in a query is refused before any view: 400."""
     conversation, _op = pending

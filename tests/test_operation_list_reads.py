@@ -58,3 +58,22 @@ def test_it_lists_completed_operations_in_a_constant_number_of_queries(api):
     assert all(len(r["steps"]) == 2 and r["steps"][0]["store"] == "lifecycle.Item" for r in body["results"])
     assert all(r["receipt"]["kept"][0]["days"] != 1 for r in body["results"])  # the period in force now
     assert _queries(api, "state=completed&limit=200") == few
+
+
+def _polled(client, ids: list[str]) -> int:
+    query = "&".join(f"op={op_id}" for op_id in ids)
+    with CaptureQueriesContext(connection) as captured:
+        answer = client.get(f"/operations/?live=1&{query}", HTTP_HX_REQUEST="true", HTTP_HOST="127.0.0.1")
+    assert answer.status_code in (200, 204)
+    return len(captured.captured_queries)
+
+
+def test_the_operations_poll_reads_its_rows_in_a_constant_number_of_queries(admin_client):
+    """The Operations list polls its pending deletes every few seconds: it read each one apart
+    (its row, its steps, the policy and the fleet files, per operation)."""
+    _completed(2)
+    ids = list(DeleteOperation.objects.values_list("public_id", flat=True))
+    few = _polled(admin_client, ids)
+    _completed(18)
+    ids = list(DeleteOperation.objects.values_list("public_id", flat=True))
+    assert len(ids) == 20 and _polled(admin_client, ids) == few

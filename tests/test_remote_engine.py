@@ -169,6 +169,9 @@ def test_both_engines_answer_the_same_way(any_engine):
     assert done.state == "completed"
     assert figures(done.receipt)["lifecycle.Item"][0] == 2
     assert client.operation(op.id).receipt["stores"] == done.receipt["stores"]
+    # several by id, in the order asked; an id that names none is left out
+    named = client.operations_named(["op_" + "0" * 20, op.id, "not an id"])
+    assert [view.id for view in named] == [op.id] and named[0].state == "completed"
 
 
 # ---- the HTTP client's own outcomes -----------------------------------------------------------

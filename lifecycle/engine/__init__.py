@@ -108,6 +108,10 @@ class EngineClient(Protocol):
 
     def operation(self, operation_id: str) -> OperationView: ...
 
+    def operations_named(self, operation_ids: list[str]) -> list[OperationView]:
+        """The operations with these ids, in the order asked; an id that names none is left out."""
+        ...
+
     def operations(self, *, state: str | None = None, limit: int = 50, position: str | None = None) -> OperationPage:
         """`position`: a page's `next` or `previous`, or a number of rows to skip (the old
         contract); an unusable one is ActionRefused("invalid_cursor", status=400)."""

@@ -349,6 +349,17 @@ class HttpEngine:
     def operation(self, operation_id: str) -> OperationView:
         return self._view(self.call("GET", "/v1/operations/" + quote(operation_id, safe=""))[1])
 
+    def operations_named(self, operation_ids: list[str]) -> list[OperationView]:
+        """One call per id (the engine API reads operations one at a time or by page)."""
+        views = []
+        for operation_id in operation_ids:
+            try:
+                views.append(self.operation(operation_id))
+            except ActionRefused as refused:
+                if refused.status != 404:  # not an operation (a made-up id): nothing to show for it
+                    raise
+        return views
+
     def operations(self, *, state: str | None = None, limit: int = 50, position: str | None = None) -> OperationPage:
         # The position travels as `offset`, which every engine version takes: an older one
         # hands out whole numbers there, a newer one keys (and takes either).
