@@ -297,10 +297,10 @@ class OperationReads:
 
     def backups_present(self) -> frozenset[str] | None:
         """The backup folder's names now (None: it cannot be told), read once for the list."""
-        from lifecycle.deletion.physical import backups_present
+        from retention.backups import names_in_folder
 
         if self._backups is None:
-            self._backups = (backups_present(),)
+            self._backups = (names_in_folder(),)
         return self._backups[0]
 
     def fleet_rows(self) -> list[dict[str, Any]]:

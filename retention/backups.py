@@ -463,17 +463,27 @@ def clear_leftovers() -> bool:
     return True
 
 
-def still_there(name: str) -> bool | None:
-    """Whether the backup `name` is still in the backup folder, its file and its receipt (an
-    operator may remove old backups; Lethe never does): two stats, nothing read, for pages that
-    list past backups. None when that cannot be told (a folder that cannot be searched)."""
-    if not NAME_PATTERN.match(name):
-        return False
-    archive = configured_backup_dir() / name
+def names_in_folder() -> frozenset[str] | None:
+    """The names in the backup folder now, one listing (a backup being made counts under the
+    name it will have), for pages and receipts that say whether past backups are still there (an
+    operator may remove old ones; Lethe never does). None when that cannot be told: the folder is
+    missing (a disk not mounted looks exactly like a folder emptied) or cannot be read. Nothing is
+    created."""
+    folder = configured_backup_dir()
     try:
-        return archive.is_file() and _receipt_path(archive).is_file()
+        if not folder.is_dir():
+            return None
+        return frozenset(path.name.removeprefix(TEMP_PREFIX) for path in folder.iterdir())
     except OSError:
         return None
+
+
+def still_there(name: str, names: frozenset[str] | None) -> bool | None:
+    """Whether the backup `name`, its file and its receipt, is among `names` (names_in_folder);
+    None when the folder could not be read."""
+    if names is None:
+        return None
+    return name in names and _receipt_path(Path(name)).name in names
 
 
 def made_by(operation: int) -> BackupReceipt | None:

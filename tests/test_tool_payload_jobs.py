@@ -1117,7 +1117,7 @@ def test_a_backup_removed_after_the_first_cleanup_blocks_no_later_cleanup(admin_
     not before every one: once a run under it removed anything, the operator may remove the old
     backup, and later runs (Run now, the daily check) go on without reading it. A new
     preparation (re-enabling, shortening the period) needs its own backup again."""
-    from retention.backups import still_there
+    from retention.backups import names_in_folder, still_there
 
     old_conversation("first", tools=2)
     enable(admin_user, choice="create")
@@ -1135,7 +1135,7 @@ def test_a_backup_removed_after_the_first_cleanup_blocks_no_later_cleanup(admin_
     assert (again.kind, again.state, again.removed_messages, read) == ("cleanup", "succeeded", 0, [])
     monkeypatch.undo()
     assert remove_backups(backup_dir) == [backup.backup_name, backup.backup_name + ".json"]
-    assert still_there(backup.backup_name) is False
+    assert still_there(backup.backup_name, names_in_folder()) is False
 
     second_conversation = old_conversation("second", tools=2)
     second = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))

@@ -15,8 +15,8 @@ Backups made before the delete still hold the content, whatever the database doe
 a WAL archive when `archive_mode` is on, and on PostgreSQL the server's own write-ahead log
 files until it reuses them. The receipt names them and until when. The backups it names are
 looked up again whenever it is shown (`holders_now`): one removed from the backup folder since
-is shown as removed, no longer as holding the content, and `verify_erasure` records when it
-first found it gone (`record_removed_backups`).
+is shown as removed, no longer as holding the content (retention.backups.names_in_folder), and
+`verify_erasure` records when it first found it gone (`record_removed_backups`).
 """
 
 from __future__ import annotations
@@ -148,22 +148,6 @@ def forget_vanished_backups(operation_id: int) -> None:
         if holder.get("kind") == "backup" and NAME_PATTERN.match(name) and not (folder / name).exists() \
                 and not (folder / (TEMP_PREFIX + name)).exists():
             forget_backup(name)
-
-
-def backups_present() -> frozenset[str] | None:
-    """The backups in the backup folder now, under the names receipts give them (one being made
-    counts under the name it will have); None when that cannot be told: the folder is missing
-    (a disk not mounted looks exactly like a folder emptied) or cannot be read. Nothing is
-    created: this is read whenever a receipt is shown."""
-    from retention.backups import TEMP_PREFIX, configured_backup_dir
-
-    folder = configured_backup_dir()
-    try:
-        if not folder.is_dir():
-            return None
-        return frozenset(path.name.removeprefix(TEMP_PREFIX) for path in folder.iterdir())
-    except OSError:
-        return None
 
 
 def _gone(holder: Any, present: frozenset[str] | None) -> bool:

@@ -19,8 +19,9 @@ def cleanup_history(limit: int = 50) -> list[dict]:
     """The last operations (analysis, backup, cleanup, compaction), newest first, with who
     started each (None for the daily schedule), its badge style, its error in the reader's
     language and, for a backup made, whether its file is still in the backup folder (a stat)."""
-    from retention.backups import still_there
+    from retention.backups import names_in_folder, still_there
 
+    names = names_in_folder()  # one listing for the page, not two stats a row
     rows = []
     for op in ToolPayloadOperation.objects.select_related("started_by")[:limit]:
         rows.append({
@@ -29,6 +30,6 @@ def cleanup_history(limit: int = 50) -> list[dict]:
             "by": None if op.by_schedule else op.starter,
             "when": op.started_at or op.created_at,
             "error": said(op.error_message),
-            "backup_present": still_there(op.backup_name) if op.backup_name else None,
+            "backup_present": still_there(op.backup_name, names) if op.backup_name else None,
         })
     return rows

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from console.management.cli import JsonErrors, io_error, refusal
 from lifecycle.deletion.executor import erase_residue as erase_residue_of
-from lifecycle.deletion.physical import backups_present, holders_now, record_removed_backups
+from lifecycle.deletion.physical import holders_now, record_removed_backups
 from lifecycle.deletion.verify import targets, verify
 from lifecycle.models import DeleteOperation
 
@@ -62,7 +62,9 @@ class Command(JsonErrors, BaseCommand):
         # Each operation's lines are written as it is checked (--all over thousands of deletes
         # takes long); --json is one document, written at the end.
         reports, documents, found = 0, [], False
-        present = backups_present()  # the backup folder, read once: what the receipts' backups are now
+        from retention.backups import names_in_folder
+
+        present = names_in_folder()  # the backup folder, read once: what the receipts' backups are now
         try:
             for op in ops:
                 erased = erase_residue_of(op) if erase_residue else []
