@@ -31,7 +31,12 @@
     el.focus({ preventScroll: true });
     var box = el.getBoundingClientRect();
     var room = window.innerHeight || document.documentElement.clientHeight;
-    if (box.top < 0 || box.top > room * 0.8) el.scrollIntoView({ block: "start" });
+    if (box.top < barClearance() || box.top > room * 0.8) el.scrollIntoView({ block: "start" });
+  }
+  // How far down the page's sticky top bar reaches: what starts above it is hidden (the page's
+  // scroll-padding, which scrollIntoView keeps clear).
+  function barClearance() {
+    return parseFloat(getComputedStyle(document.documentElement).scrollPaddingTop) || 0;
   }
   function focusLost() {
     return !document.activeElement || document.activeElement === document.body;
@@ -131,9 +136,8 @@
     // What came in above it can push it under the sticky bar or off the screen: bring it back
     // into view, the least scroll that does (the page's scroll-padding keeps the bar clear).
     var box = el.getBoundingClientRect();
-    var top = parseFloat(getComputedStyle(document.documentElement).scrollPaddingTop) || 0;
     var room = window.innerHeight || document.documentElement.clientHeight;
-    if (box.top < top || box.bottom > room) el.scrollIntoView({ block: "nearest" });
+    if (box.top < barClearance() || box.bottom > room) el.scrollIntoView({ block: "nearest" });
   });
   function livePoll(event) {
     var elt = event.detail && event.detail.elt;
