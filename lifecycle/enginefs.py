@@ -66,6 +66,8 @@ from typing import Any
 
 from django.conf import settings
 
+from lifecycle import faults
+
 FLEET_FILE = "state/subagents.v1.json"
 FLEET_LOCK = "state/subagents.v1.lock"
 LEGACY_FLEET_FILE = "legacy-state/subagents.v1.json"
@@ -507,6 +509,8 @@ def _raise(error: OSError) -> None:
 # are closed past this and opened again on the way back up, so a folder nested thousands of
 # levels deep needs no more descriptors than a shallow one.
 OPEN_LEVELS = 16
+# The kill point crash tests stop a removal at: each folder's files removed, its folders not yet.
+REMOVAL_KILL_POINT = "engine-folder-removal"
 
 
 def _identity_of(fd: int) -> tuple[int, int]:
@@ -661,6 +665,7 @@ def remove_tree(parent: int, name: str, path: Path) -> None:
             except OSError as error:
                 raise _at(error, level.path / other) from error
         level.pending = iter(folders)
+        faults.kill_point(REMOVAL_KILL_POINT)  # crash tests: a folder half removed
 
     try:
         top = os.open(name, _LIST_FLAGS, dir_fd=parent)

@@ -21,7 +21,8 @@ from lifecycle.enginefs import EngineHome
 from tests import factories
 from tests.test_jobs import ROOT, database_url
 
-KILL_POINTS = [*step_keys(), "complete", "checkpoint"]
+# the steps, a folder half removed (lifecycle.enginefs.REMOVAL_KILL_POINT), completion, checkpoint
+KILL_POINTS = [*step_keys(), "engine-folder-removal", "complete", "checkpoint"]
 
 
 class Crash(BaseException):
