@@ -99,7 +99,11 @@ def parse_query(query: str, base: Path) -> dict[str, object]:
     found: dict[str, object] = {}
     for field in query.split("&"):
         raw_name, equals, raw_value = field.partition("=")
-        name, value = unquote(raw_name), unquote(raw_value)
+        try:  # percent-escapes must spell UTF-8: libpq would get other bytes than the ones written
+            name, value = unquote(raw_name, errors="strict"), unquote(raw_value, errors="strict")
+        except UnicodeDecodeError:
+            raise BadParameter(f"DATABASE_URL's query holds percent-escapes that are not UTF-8 text: "
+                               f"{_shown(field)}") from None
         if not equals or not name:
             raise BadParameter(f"DATABASE_URL's query must be name=value pairs joined by &, not {_shown(field)}")
         if name not in PARAMETERS:

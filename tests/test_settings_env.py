@@ -189,6 +189,8 @@ PG = "postgres://lethe:hunter2@db.internal:5432/lethe"
                                          "read-only, primary, standby or prefer-standby, not 'primary-ish'."),
     ("channel_binding=always", "DATABASE_URL's channel_binding must be one of disable, prefer or require"),
     ("ssl_min_protocol_version=TLSv1.4", "not 'TLSv1.4'."),
+    # an escape that is not UTF-8 was read as U+FFFD: another value than the one written
+    ("options=%ff", "DATABASE_URL's query holds percent-escapes that are not UTF-8 text: 'options=%ff'."),
 ])
 def test_a_parameter_of_a_postgresql_url_it_cannot_use_is_refused(monkeypatch, tmp_path, query, expected):
     message = refused(monkeypatch, tmp_path, DATABASE_URL=f"{PG}?{query}")
