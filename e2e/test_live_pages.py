@@ -52,6 +52,7 @@ def test_pages_showing_a_pending_delete_update_themselves_when_it_completes(seed
     expect(detail.get_by_test_id("tombstone")).to_contain_text("its content is being erased")
     row = pending.locator(f"#conv-row-{conversation.public_id}")
     expect(row).to_contain_text("See progress")
+    expect(pending.locator("#results-count")).to_have_text("1 conversation")
     op_row = operations.locator(f"#op-row-{op.public_id}")
     expect(op_row).to_contain_text("Pending")
     expect(op_row).to_contain_text("steps done")
@@ -83,6 +84,7 @@ def test_pages_showing_a_pending_delete_update_themselves_when_it_completes(seed
     expect(row).to_contain_text("Erasure receipt")
     expect(row).to_contain_text(re.compile(r"Deleted\s(now|\d+\sseconds?\sago)"))
     expect(row).not_to_contain_text(title)
+    expect(pending.locator("#results-count")).to_have_text("0 conversations")  # no longer on this tab
     expect(pending.locator("#live-announce")).to_have_text(f"Deleted: {conversation.thread_id}.", timeout=WAIT)
     assert pending.evaluate("document.activeElement.id") == f"conv-op-{conversation.public_id}"
 

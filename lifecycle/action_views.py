@@ -430,7 +430,8 @@ def _operations_live(request: HttpRequest) -> HttpResponse:
 def _listed(ops: list[OperationView]) -> list[dict[str, Any]]:
     """The page's rows, with their conversations read in one query."""
     conversations = {c.public_id: c for c in Conversation.objects.filter(public_id__in={op.target for op in ops})
-                     .only("public_id", "thread_id", "title", "state")}
+                     .select_related("account", "computer")
+                     .only("public_id", "thread_id", "title", "state", "scope", "account__name", "computer__name")}
     return [{
         "op": op,
         "conversation": conversations.get(op.target),

@@ -23,6 +23,7 @@ from lifecycle.models import (
     Account,
     Computer,
     Conversation,
+    ConversationQuerySet,
     ConversationState,
     DeleteOperation,
     Item,
@@ -85,12 +86,9 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
         view = "recent"
     if request.htmx and request.GET.get("live"):
         return _list_live(request, view)
-    qs = getattr(Conversation.objects, view)()
-    owner, kind, owner_id, unknown_owner = _owner_filter(request)
-    if owner_id is not None:
-        qs = qs.owned_by(kind, owner_id)
+    owner, _kind, _owner_id, unknown_owner = _owner_filter(request)
     query = request.GET.get("q", "").strip()[:200]
-    qs = qs.search(query).with_activity().with_delete_operation().select_related("account", "computer")
+    qs = _filtered(view, request).with_activity().with_delete_operation().select_related("account", "computer")
     page = snapshot_page(qs, _cursor(request), PAGE_SIZE, changed_sample=CHANGED_SAMPLE)
     filters = urlencode({"view": view, "owner": owner, "q": query})
     context = {
@@ -111,7 +109,8 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
         "previous_url": f"?{filters}&cursor={page.previous.encode()}" if page.previous else "",
         "accounts": Account.objects.all(),
         "computers": Computer.objects.all(),
-        **_list_poller(view, [c.public_id for c in page.rows if c.state == ConversationState.PENDING_DELETE]),
+        **_list_poller(view, [c.public_id for c in page.rows if c.state == ConversationState.PENDING_DELETE],
+                       owner, query),
     }
     template = "lifecycle/conversation_list.html"
     # htmx's back button, when its history cache misses, asks for the whole page again.
@@ -125,12 +124,23 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
     return response
 
 
-def _list_poller(view: str, pending: list[str]) -> dict:
-    """The list's poller: it reads the rows shown as Pending delete again, none when there are none."""
+def _filtered(view: str, request: HttpRequest) -> ConversationQuerySet:
+    """The list's conversations: its tab, its owner and its search, in no order."""
+    qs = getattr(Conversation.objects, view)()
+    _owner, kind, owner_id, _unknown = _owner_filter(request)
+    if owner_id is not None:
+        qs = qs.owned_by(kind, owner_id)
+    return qs.search(request.GET.get("q", "").strip()[:200])
+
+
+def _list_poller(view: str, pending: list[str], owner: str = "", query: str = "") -> dict:
+    """The list's poller: it reads the rows shown as Pending delete again, none when there are
+    none. It carries the list's filters, so the count it sends back counts the same list."""
     if not pending:
         return {"live_url": ""}
-    query = urlencode([("live", "1"), ("view", view)] + [("c", public_id) for public_id in pending])
-    return {"live_url": f"{reverse('lifecycle:conversation-list')}?{query}", "live_poll": LIVE_POLL_SECONDS}
+    filters = [("owner", owner)] * bool(owner) + [("q", query)] * bool(query)
+    query_string = urlencode([("live", "1"), ("view", view), *filters] + [("c", public_id) for public_id in pending])
+    return {"live_url": f"{reverse('lifecycle:conversation-list')}?{query_string}", "live_poll": LIVE_POLL_SECONDS}
 
 
 def _list_live(request: HttpRequest, view: str) -> HttpResponse:
@@ -143,10 +153,14 @@ def _list_live(request: HttpRequest, view: str) -> HttpResponse:
     if not changed:
         return HttpResponse(status=204)  # nothing changed: no swap, nothing said
     still = [c.public_id for c in rows if c.state == ConversationState.PENDING_DELETE]
+    owner, _kind, _owner_id, _unknown = _owner_filter(request)
+    query = request.GET.get("q", "").strip()[:200]
     said = " ".join(gettext("Deleted: %(name)s.") % {"name": c.thread_id} if c.state == ConversationState.DELETED
                     else gettext("No longer pending delete: %(name)s.") % {"name": c.shown_title or c.thread_id}
                     for c in changed)
-    context = {"changed": changed, "view": view, "live_said": said, **_list_poller(view, still)}
+    # The list's count too: a row that left its tab (deleted, on Pending delete) is no longer counted.
+    context = {"changed": changed, "view": view, "live_said": said, "page": {"total": _filtered(view, request).count()},
+               **_list_poller(view, still, owner, query)}
     return render(request, "lifecycle/_conversations_live.html", context)
 
 

@@ -477,6 +477,22 @@ def test_the_operations_page_lists_deletes_with_their_states(admin_client, membe
     assert 'href="/operations/" aria-current="page"' in nav
 
 
+def test_deletes_of_two_owners_conversations_with_one_thread_id_say_whose_each_is(member_client):
+    """Two owners may each have a conversation with the same raw thread id; deleted, neither
+    has a title left, so the Operations list and each operation's page name the owner."""
+    ours = factories.make_conversation(factories.make_account("Northwind"), thread_id="th-shared", title="One")
+    theirs = factories.make_conversation(factories.make_computer("lab-mac"), thread_id="th-shared", title="Two")
+    ops = []
+    for conversation in (ours, theirs):
+        ops.append(request_deletion(conversation, key=f"twin-{conversation.pk}", acting_user=None))
+        executor.run_erasure(ops[-1].pk)
+    listed = page(member_client, "/operations/")
+    rows = {op.public_id: listed.split(f'id="op-row-{op.public_id}"', 1)[1].split("</li>", 1)[0] for op in ops}
+    assert "Account · <bdi>Northwind</bdi>" in rows[ops[0].public_id] and "lab-mac" not in rows[ops[0].public_id]
+    assert "Local · <bdi>lab-mac</bdi>" in rows[ops[1].public_id] and "Northwind" not in rows[ops[1].public_id]
+    assert "Local · <bdi>lab-mac</bdi>" in page(member_client, f"/operations/{ops[1].public_id}/")
+
+
 def test_a_stalled_delete_offers_admins_a_retry(admin_client, member_client):
     conversation = factories.make_conversation()
     op = request_deletion(conversation, key="stall", acting_user=None)

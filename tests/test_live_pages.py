@@ -97,6 +97,31 @@ def test_the_pending_tab_polls_its_rows_and_marks_a_finished_one_deleted_in_plac
     assert "hx-trigger" not in poller(get(admin_client, "/conversations/?view=pending_delete").content.decode())
 
 
+def test_the_list_poll_counts_the_list_anew_with_its_owner_and_search(admin_client, admin_user):
+    """A row that turns Deleted leaves the Pending delete tab: the "N conversations" line says
+    so at once, counted with the list's own owner and search, not the count of the first read."""
+    owner = factories.make_account("Poll owner")
+    ops = {}
+    # Each pending: the search then matches thread ids only (titles are content being erased).
+    for thread_id, who in (("th-1", owner), ("th-2", owner), ("th-3", owner), ("zz-4", owner),
+                           ("th-5", factories.make_account("Someone else"))):
+        conversation = factories.make_conversation(who, thread_id=thread_id, title=f"Plan {thread_id}")
+        ops[thread_id] = request_deletion(conversation, key=f"count-{thread_id}", acting_user=admin_user)
+    page = get(admin_client, f"/conversations/?view=pending_delete&owner={owner.owner_key}&q=th-").content.decode()
+    assert re.search(r'id="results-count" tabindex="-1" data-live-row>3 conversations</p>', page)
+    url = poll_url(page)
+    assert f"owner={owner.owner_key.replace(':', '%3A')}" in url and "q=th-" in url
+    assert get(admin_client, url, HTTP_HX_REQUEST="true").status_code == 204  # nothing changed yet
+    executor.run_erasure(ops["th-1"].pk)
+    fragment = get(admin_client, url, HTTP_HX_REQUEST="true").content.decode()
+    assert re.search(r'<p class="muted count" id="results-count" tabindex="-1" data-live-row hx-swap-oob="true">2 conversations</p>',
+                     fragment)
+    executor.run_erasure(ops["th-5"].pk)  # another owner's: not this list's
+    executor.run_erasure(ops["th-2"].pk)
+    fragment = get(admin_client, poll_url(fragment), HTTP_HX_REQUEST="true").content.decode()
+    assert re.search(r'id="results-count" tabindex="-1" data-live-row hx-swap-oob="true">1 conversation</p>', fragment)
+
+
 def test_the_operations_list_polls_pending_deletes_and_open_cleanup_operations(admin_client, pending, admin_user):
     conversation, op = pending
     run = ToolPayloadOperation.objects.create(kind="cleanup", state="running", started_by=admin_user)
