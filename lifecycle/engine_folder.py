@@ -19,7 +19,7 @@ is there and carries that id. What depends on it:
 A database that has recorded no folder yet (a new install, or one from before the mark) takes
 the folder it finds only when that folder plausibly is its own: it holds the files of at least
 one conversation this database has not deleted, or the database has no such conversation (so
-no file of it can be elsewhere). It creates a folder only while it holds no conversation at
+no file of it can be elsewhere) and the folder carries no other database's mark. It creates a folder only while it holds no conversation at
 all. Otherwise (a wrong ENGINE_HOME naming an empty or another folder) nothing is recorded:
 the folder counts as `unmarked` (`not_this_folder` when it carries another mark), deletes wait
 and the operator, after checking, marks it with `manage.py engine_folder --adopt`, as one who
@@ -116,8 +116,12 @@ def not_adoptable(home: EngineHome) -> str | None:
     mark = folder_mark(home)
     if mark is None and os.path.lexists(home.root / MARK_NAME):
         return "unmarked"  # a mark file that holds no id: not ours to overwrite unasked
-    if (not Conversation.objects.exclude(state=ConversationState.DELETED).exists()
-            or holds_files_of_known_conversations(home)):
+    if not Conversation.objects.exclude(state=ConversationState.DELETED).exists():
+        # No file of its can be elsewhere, but a folder another database marked holds that
+        # one's files and its fleet rows: taken with that mark, both would erase and resolve
+        # subagent rows in one folder.
+        return None if mark is None else "not_this_folder"
+    if holds_files_of_known_conversations(home):
         return None
     return "unmarked" if mark is None else "not_this_folder"
 

@@ -205,6 +205,27 @@ def test_a_database_that_recorded_no_folder_is_refused_another_databases_folder_
     assert engine_folder.recorded() == "e" * 32
 
 
+def test_a_database_without_conversations_does_not_take_a_folder_another_database_marked(engine_home, capsys):
+    """A new install (or one whose conversations are all deleted) pointed at a folder another
+    database marked: taken with that mark, both would erase and resolve subagent rows in one
+    folder. It waits for the operator, who may take it only by name (and it is marked anew)."""
+    from console.management.commands.serve import Command
+
+    forget_the_mark(engine_home)
+    other = "f" * 32
+    (engine_home / engine_folder.MARK_NAME).write_text(other + "\n")
+    assert engine_folder.problem() == "not_this_folder"
+    Command().prepare_engine_folder()  # serve starts, says why, records nothing
+    assert engine_folder.recorded() is None and check_engine_folder() == {"ok": False, "error": "not_this_folder"}
+    conversation = factories.make_conversation(title="First of this database")  # no files anywhere yet
+    assert admit(conversation).outcome == "unavailable"
+    assert engine_folder.recorded() is None and engine_folder.folder_mark(EngineHome()) == other
+    call_command("engine_folder", "--adopt", "--take-from-other-database", stdout=io.StringIO())
+    taken = engine_folder.recorded()
+    assert taken not in (None, other) and engine_folder.folder_mark(EngineHome()) == taken
+    assert admit(conversation).outcome == "admitted"
+
+
 def test_serve_never_makes_an_empty_folder_in_place_of_the_databases(engine_home, settings, tmp_path):
     from console.management.commands.serve import Command
 
