@@ -455,6 +455,18 @@ def test_application_name_reaches_the_server(tmp_path):
     assert result.stdout.splitlines()[-1] == "lethe-probe+1"
 
 
+def test_dbshell_gives_psql_every_parameter_of_the_url(tmp_path):
+    """Django's dbshell handed psql only sslmode, the certificate files and passfile: psql
+    connected with another application_name, timeout and server options than Lethe does."""
+    url = outer_postgresql_url()
+    result = manage(tmp_path, "dbshell", "--", "-At", "-c",
+                    "SELECT current_setting('application_name') || '|' || current_setting('search_path')",
+                    DATABASE_URL=f"{url}?application_name=lethe-shell&options=-c%20search_path%3Dlethe_probe"
+                                 "&connect_timeout=5")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "lethe-shell|lethe_probe"
+
+
 # STATIC_ROOT: one line, exit 2 --------------------------------------------------------------
 
 @pytest.fixture(scope="module")
