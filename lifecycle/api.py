@@ -35,7 +35,7 @@ from lifecycle.errors import ActionRefused
 from lifecycle.fence import check_readable
 from lifecycle.functions import OctetLength
 from lifecycle.models import Conversation, Item, ItemStatus, Role, ToolKind
-from lifecycle.paging import Cursor, InvalidCursor, changed_since, snapshot_page
+from lifecycle.paging import Cursor, InvalidCursor, changed_since, listing, snapshot_page
 from lifecycle.serializers import (
     ItemOut,
     ItemPageOut,
@@ -122,8 +122,9 @@ def filtered_threads(query: ThreadsQuery):
               "is at or before `as_of`, after the previous page's last row: each exactly once, however "
               "the conversations change meanwhile. A conversation whose activity is after `as_of` (it "
               "changed, or is new, since the first page), or that came into the view after it "
-              "(unarchived, resumed), is left out of later pages and counted in `changed_since_start`; "
-              "ask for the first page again, without a cursor, to see it in its new place."
+              "(unarchived, resumed, deleted), is left out of later pages and counted in "
+              "`changed_since_start`; ask for the first page again, without a cursor, to see it in its "
+              "new place. `view=deleted` lists tombstones newest deletion first instead."
           ))
 def thread_list(request: HttpRequest, query: ThreadsQuery) -> dict:
     qs = filtered_threads(query).select_related("account", "computer")
@@ -135,7 +136,8 @@ def thread_list(request: HttpRequest, query: ThreadsQuery) -> dict:
             raise ApiError(400, "invalid_cursor", _("The cursor is not valid.")) from None
         if cursor.backward:
             raise ApiError(400, "invalid_cursor", _("The cursor is not valid."))
-    page = snapshot_page(qs, cursor, query.limit, count=False)
+    qs, key = listing(qs, query.view)
+    page = snapshot_page(qs, cursor, query.limit, count=False, key=key)
     return {
         "results": [thread_json(c) for c in page.rows],
         "next": page.next.encode() if page.next else None,

@@ -9,7 +9,9 @@ snapshot:
   activity stored if that is later). Every later page carries it in its cursor.
 - A page lists the conversations whose activity is at or before `as_of`, in activity
   order, after (or, going back, before) the cursor's key `(last_activity_at, pk)`. Their
-  order cannot change while the reader pages, so each is listed exactly once.
+  order cannot change while the reader pages, so each is listed exactly once. The Deleted
+  tab (`view=deleted`) lists tombstones by when they were deleted instead (`listing`): the
+  moment a tombstone entered the tab, which no later change moves either.
 - Conversations whose activity is after `as_of` (they changed or are new since the reading
   started), and those that moved between the list's tabs after it (unarchived, resumed:
   `view_changed_at`), are left out of the pages and reported apart: their count and the
@@ -28,13 +30,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from django.db.models import Max, Q, QuerySet
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from lifecycle.models import Conversation
 
 MAX_CURSOR_CHARS = 200
-ORDER = ("-last_activity_at", "-pk")
+ACTIVITY = "last_activity_at"
+DELETION = "listed_at"  # the Deleted tab's key: when the conversation entered it (`listing`)
 
 
 class InvalidCursor(ValueError):
@@ -43,7 +47,8 @@ class InvalidCursor(ValueError):
 
 @dataclass(frozen=True)
 class Cursor:
-    """Where a page starts: the snapshot moment and the key of the row next to the page.
+    """Where a page starts: the snapshot moment and the key of the row next to the page
+    (`activity`: the row's moment in the list's order, its last activity or its deletion).
 
     `backward` means the page lists the rows just before the key (the Previous page)."""
 
@@ -112,20 +117,21 @@ class SnapshotPage:
     after: int = 0  # snapshot rows behind it
     changed: int = 0  # matching rows whose activity is after as_of
     changed_rows: list[Conversation] = field(default_factory=list)
+    key: str = ACTIVITY  # the rows' order: newest first by this moment, then by pk
 
     @property
     def next(self) -> Cursor | None:
         if not self.after or not self.rows:
             return None
         last = self.rows[-1]
-        return Cursor(self.as_of, last.last_activity_at, last.pk)
+        return Cursor(self.as_of, getattr(last, self.key), last.pk)
 
     @property
     def previous(self) -> Cursor | None:
         if not self.before or not self.rows:
             return None
         first = self.rows[0]
-        return Cursor(self.as_of, first.last_activity_at, first.pk, backward=True)
+        return Cursor(self.as_of, getattr(first, self.key), first.pk, backward=True)
 
     @property
     def number(self) -> int:
@@ -145,12 +151,25 @@ class SnapshotPage:
         return self.before + len(self.rows) + self.after + self.changed
 
 
-def _newer(key: tuple[datetime, int]) -> Q:
-    return Q(last_activity_at__gt=key[0]) | Q(last_activity_at=key[0], pk__gt=key[1])
+def listing(queryset: QuerySet[Conversation], view: str | None) -> tuple[QuerySet[Conversation], str]:
+    """The list's rows and the moment they are ordered by (newest first): the Deleted tab's
+    tombstones by when each was deleted (the completion sets `view_changed_at`; one deleted
+    before that column existed by its last activity), every other list by last activity."""
+    if view == "deleted":
+        return queryset.annotate(**{DELETION: Coalesce("view_changed_at", "last_activity_at")}), DELETION
+    return queryset, ACTIVITY
 
 
-def _older(key: tuple[datetime, int]) -> Q:
-    return Q(last_activity_at__lt=key[0]) | Q(last_activity_at=key[0], pk__lt=key[1])
+def _order(key: str) -> tuple[str, str]:
+    return f"-{key}", "-pk"
+
+
+def _newer(field: str, key: tuple[datetime, int]) -> Q:
+    return Q(**{f"{field}__gt": key[0]}) | Q(**{field: key[0], "pk__gt": key[1]})
+
+
+def _older(field: str, key: tuple[datetime, int]) -> Q:
+    return Q(**{f"{field}__lt": key[0]}) | Q(**{field: key[0], "pk__lt": key[1]})
 
 
 def snapshot_moment() -> datetime:
@@ -175,23 +194,26 @@ def snapshot_page(
     *,
     count: bool = True,
     changed_sample: int = 0,
+    key: str = ACTIVITY,
 ) -> SnapshotPage:
-    """One page of `queryset` (already filtered) against the cursor's snapshot.
+    """One page of `queryset` (already filtered) against the cursor's snapshot, newest first
+    by `key` (a moment each row has: its last activity, or as `listing` names it).
 
     With `count=False` only what the next cursor needs is computed (the API); otherwise the
     counts for "page N of M" and the changed-since notice as well (the console)."""
     as_of = cursor.as_of if cursor else snapshot_moment()
     snapshot = _in_snapshot(queryset, as_of)
+    order = _order(key)
     if cursor is None:
-        rows = list(snapshot.order_by(*ORDER)[: size + 1])
+        rows = list(snapshot.order_by(*order)[: size + 1])
     elif cursor.backward:
-        rows = list(snapshot.filter(_newer((cursor.activity, cursor.pk))).order_by("last_activity_at", "pk")[: size + 1])
+        rows = list(snapshot.filter(_newer(key, (cursor.activity, cursor.pk))).order_by(key, "pk")[: size + 1])
         rows.reverse()
     else:
-        rows = list(snapshot.filter(_older((cursor.activity, cursor.pk))).order_by(*ORDER)[: size + 1])
+        rows = list(snapshot.filter(_older(key, (cursor.activity, cursor.pk))).order_by(*order)[: size + 1])
     backward = cursor is not None and cursor.backward
     more = len(rows) > size
-    page = SnapshotPage(rows=rows[-size:] if backward else rows[:size], as_of=as_of, size=size)
+    page = SnapshotPage(rows=rows[-size:] if backward else rows[:size], as_of=as_of, size=size, key=key)
     if not count:
         # Without counts, `before` and `after` only say whether there is anything there.
         page.before, page.after = (int(more), 1) if backward else (int(cursor is not None), int(more))
@@ -202,25 +224,25 @@ def snapshot_page(
         # its last going forward, its first going back, so the reader is never left on an
         # empty page with rows still behind it and nothing to reach them by.
         if backward:
-            page.rows = list(snapshot.order_by(*ORDER)[:size])
+            page.rows = list(snapshot.order_by(*order)[:size])
         else:
-            page.rows = list(snapshot.order_by("last_activity_at", "pk")[:size])[::-1]
+            page.rows = list(snapshot.order_by(key, "pk")[:size])[::-1]
     if page.rows:
-        first = (page.rows[0].last_activity_at, page.rows[0].pk)
-        last = (page.rows[-1].last_activity_at, page.rows[-1].pk)
+        first = (getattr(page.rows[0], key), page.rows[0].pk)
+        last = (getattr(page.rows[-1], key), page.rows[-1].pk)
     elif cursor is not None:
         first = last = (cursor.activity, cursor.pk)
     else:
         first = last = None
     if first is not None:
         # The first page has nothing ahead of it, and nothing newer than the moment it fixed.
-        page.before = snapshot.filter(_newer(first)).count() if cursor else 0
-        page.after = snapshot.filter(_older(last)).count()
+        page.before = snapshot.filter(_newer(key, first)).count() if cursor else 0
+        page.after = snapshot.filter(_older(key, last)).count()
     if cursor is None:
         return page
     page.changed = changed_since(queryset, as_of)
     if page.changed and changed_sample:
-        page.changed_rows = list(_changed_after(queryset, as_of).order_by(*ORDER)[:changed_sample])
+        page.changed_rows = list(_changed_after(queryset, as_of).order_by(*order)[:changed_sample])
     return page
 
 

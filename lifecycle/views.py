@@ -28,7 +28,7 @@ from lifecycle.models import (
     DeleteOperation,
     Item,
 )
-from lifecycle.paging import Cursor, InvalidCursor, snapshot_page
+from lifecycle.paging import Cursor, InvalidCursor, listing, snapshot_page
 from lifecycle.transcript import item_rows
 
 VIEWS = ("recent", "archived", "closed", "pending_delete", "deleted")
@@ -88,8 +88,9 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
         return _list_live(request, view)
     owner, _kind, _owner_id, unknown_owner = _owner_filter(request)
     query = request.GET.get("q", "").strip()[:200]
-    qs = _filtered(view, request).with_activity().with_delete_operation().select_related("account", "computer")
-    page = snapshot_page(qs, _cursor(request), PAGE_SIZE, changed_sample=CHANGED_SAMPLE)
+    qs, key = listing(_filtered(view, request).with_activity().with_delete_operation()
+                      .select_related("account", "computer"), view)
+    page = snapshot_page(qs, _cursor(request), PAGE_SIZE, changed_sample=CHANGED_SAMPLE, key=key)
     filters = urlencode({"view": view, "owner": owner, "q": query})
     context = {
         "view": view,

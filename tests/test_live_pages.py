@@ -158,7 +158,7 @@ def test_the_deleted_tab_says_when_each_conversation_was_deleted(admin_client, p
     row = re.search(rf'<li class="conv"(?:(?!</li>).)*?{conversation.thread_id}.*?</li>', page, re.S).group(0)
     completed = m.DeleteOperation.objects.get(pk=op.pk).completed_at
     assert f'<time datetime="{completed.isoformat()}"' in row and "Deleted now" in row
-    # and its last activity, which the list is ordered by (the order read as random without it)
+    # and its last activity (from before the delete)
     assert "Active" not in row and "Last active" in row
     spanish = get(admin_client, "/conversations/?view=deleted", HTTP_ACCEPT_LANGUAGE="es").content.decode()
     row = re.search(rf'<li class="conv"(?:(?!</li>).)*?{conversation.thread_id}.*?</li>', spanish, re.S).group(0)

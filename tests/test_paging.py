@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 
 from lifecycle import views
-from lifecycle.models import Conversation
+from lifecycle.models import Conversation, DeleteOperation
 from lifecycle.paging import Cursor, InvalidCursor, snapshot_page
 from tests import factories
 
@@ -269,3 +269,55 @@ def test_a_conversation_that_comes_back_into_the_tab_mid_way_is_counted_not_lost
         cursor, changed = page["next"], page["changed_since_start"]
     assert changed == 1 and found.count(back.title) <= 1
     assert set(found) | {back.title} == {c.title for c in listed}
+
+
+def test_the_deleted_tab_lists_tombstones_newest_deletion_first_each_once(member_client, monkeypatch, admin_user):
+    """The Deleted tab was ordered by each tombstone's last activity (from before its delete):
+    the delete just done could be on the last page. It lists by deletion now, newest first, in
+    pages (console and API), and a tombstone deleted after the list was opened is counted apart."""
+    from lifecycle.actions.request_deletion import request_deletion
+    from lifecycle.deletion import executor
+
+    monkeypatch.setattr(views, "PAGE_SIZE", 2)
+    account = factories.make_account()
+    # Deleted in the reverse of their activity order: the most idle one deleted last.
+    conversations = [factories.make_conversation(account, thread_id=f"t-{n}", days_idle=n + 1) for n in range(5)]
+    base = timezone.now() - timedelta(hours=1)
+    for n, conversation in enumerate(conversations):
+        op = request_deletion(conversation, key=f"order-{n}", acting_user=admin_user)
+        assert executor.run_erasure(op.pk) == "completed"
+        # the completions one minute apart, t-0 first (the completion sets both moments)
+        moment = base + timedelta(minutes=n)
+        Conversation.objects.filter(pk=conversation.pk).update(view_changed_at=moment)
+        DeleteOperation.objects.filter(pk=op.pk).update(completed_at=moment)
+    newest_first = ["t-4", "t-3", "t-2", "t-1", "t-0"]
+
+    def tids(page: str) -> list[str]:
+        return re.findall(r'<span class="conv-title"><bdi>(t-\d)</bdi></span>', page)
+
+    first = get(member_client, "?view=deleted")
+    pages = [tids(first)]
+    page = first
+    while link(page, "next"):
+        page = get(member_client, link(page, "next"))
+        pages.append(tids(page))
+    assert pages == [["t-4", "t-3"], ["t-2", "t-1"], ["t-0"]]
+    assert tids(get(member_client, link(page, "previous"))) == ["t-2", "t-1"]
+
+    listed, cursor = [], ""
+    while True:
+        answer = member_client.get(f"/v1/threads?view=deleted&limit=2{cursor}", **HOST).json()
+        listed += [r["thread_id"] for r in answer["results"]]
+        if not answer["next"]:
+            break
+        if len(listed) == 2:  # one more deleted mid-way: counted apart, never listed twice
+            late = factories.make_conversation(account, thread_id="t-late", days_idle=30)
+            op = request_deletion(late, key="order-late", acting_user=admin_user)
+            assert executor.run_erasure(op.pk) == "completed"
+        cursor = f"&cursor={answer['next']}"
+    assert listed == newest_first and answer["changed_since_start"] == 1
+    assert [r["thread_id"] for r in member_client.get("/v1/threads?view=deleted&limit=2", **HOST).json()["results"]] \
+        == ["t-late", "t-4"]
+    # Every other list keeps activity order (the least idle first).
+    assert [r["thread_id"] for r in member_client.get("/v1/threads?view=all&limit=10", **HOST).json()["results"]] \
+        == ["t-0", "t-1", "t-2", "t-3", "t-4", "t-late"]
