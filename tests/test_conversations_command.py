@@ -147,6 +147,28 @@ def test_the_report_says_1_record_not_1_records(engine_home):
     assert "  erased            2 records          274 bytes  Messages and tool calls\n" in out
 
 
+def test_the_report_counts_files_says_the_shared_copies_left_and_the_verification(engine_home):
+    """r17: the text receipt printed `revoked 0 records` where the page says a shared copy
+    remains, counted files as records, and never said what the store check found."""
+    conversation = factories.make_conversation(title="Shared and filed")
+    factories.fill_every_store(conversation)
+    m.SharedLink.objects.filter(conversation=conversation).update(publisher_supports_revoke=False)
+    run("delete", conversation.public_id, "--key", "shared-1")
+    op = m.DeleteOperation.objects.get()
+    out = run("status", op.public_id)
+    shared = next(line for line in out.splitlines() if line.endswith("Shared links and published copies")
+                  or "Shared links and published copies ·" in line)
+    remaining = next(e["remaining"] for e in op.receipt["stores"] if e["store"] == "lifecycle.SharedLink")
+    assert remaining >= 1 and f"· {remaining} shared cop" in shared
+    files = next(e for e in op.receipt["stores"] if e["store"] == "artifacts")
+    assert files["records"] >= 1
+    artifacts = next(line for line in out.splitlines() if line.endswith("Large outputs and tool artifacts"))
+    assert f" {files['records']} file" in artifacts and "record" not in artifacts
+    tombstone = next(line for line in out.splitlines() if "title erased; the record stays as the tombstone" in line)
+    assert tombstone.startswith("  erased")
+    assert f"  verification: every store re-checked on {op.verified_at.isoformat().replace('+00:00', 'Z')}: clean" in out
+
+
 def test_the_report_states_the_kept_facts_and_when_they_expired_as_the_operation_page_does():
     """The report listed the erased and compacted stores only: the kept usage, billing and
     audit facts (and once expired, when they were removed), which the operation page and

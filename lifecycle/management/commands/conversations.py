@@ -170,11 +170,21 @@ class Command(JsonErrors, BaseCommand):
             if op.error_message:
                 lines.append(f"  {op.error_message}")
         else:
-            for entry in op.receipt["stores"]:
-                records = ngettext("%(shown)s record", "%(shown)s records", entry["records"] or 0) % {
-                    "shown": entry["records"] or 0}
-                lines.append(f"  {entry['action']:<10} {records:>16} {entry['bytes'] or 0:>12} bytes  "
-                             f"{LABELS.get(entry['store'], entry['store'])}")
+            # Each store as the operation page words it: files counted as files, the tombstone
+            # said, and the shared copies a publisher could not revoke
+            for entry in receipt_rows(op.receipt["stores"]):
+                count = entry["records"] or 0
+                figures = (ngettext("%(shown)s file", "%(shown)s files", count) if entry["files"]
+                           else ngettext("%(shown)s record", "%(shown)s records", count)) % {"shown": count}
+                notes = [gettext("title erased; the record stays as the tombstone")] if (
+                    entry["tombstone"] and entry["action"] == "erased") else []
+                if entry["remaining"]:
+                    notes.append(ngettext("%(shown)s shared copy remains", "%(shown)s shared copies remain",
+                                          entry["remaining"]) % {"shown": entry["remaining"]})
+                if entry.get("erased_again") is True:  # written again during the delete (the store check)
+                    notes.append("erased once more before completing")
+                lines.append(f"  {entry['action']:<10} {figures:>16} {entry['bytes'] or 0:>12} bytes  {entry['label']}"
+                             + "".join(f" · {note}" for note in notes))
             # The kept facts as the operation page words them, with their period
             kept = receipt_rows(op.receipt.get("kept"))
             if kept:
@@ -182,6 +192,7 @@ class Command(JsonErrors, BaseCommand):
             lines += [f"    {entry['label']}: {kept_text(entry)}" for entry in kept]
             physical = op.receipt["physical"]
             lines.append(f"  physical erasure: {physical['state']}" + (f" at {physical['erased_at']}" if physical["erased_at"] else ""))
+            lines += [f"  verification: {line}" for line in verification_lines(op)]
             # What still holds the deleted bytes, as the operation page lists it (the restore
             # steps in docs/operations.md rely on this report)
             for holder in op.receipt.get("holders") or []:
@@ -192,6 +203,29 @@ class Command(JsonErrors, BaseCommand):
                 when = entry["removed_on"].isoformat() if entry["removed_on"] else ""
                 lines.append(f"  not in the backup folder any more: {removed_backup_text(entry, when)}")
         self.stdout.write("\n".join(lines))
+
+
+def verification_lines(op: OperationView) -> list[str]:
+    """What the receipt's last checks found, as the operation page says it (with the command
+    that acts on it): traces written or restored after the delete, content in raw bytes, or
+    clean and when; not yet verified."""
+    receipt = op.receipt or {}
+    verification = receipt.get("verification") if isinstance(receipt.get("verification"), dict) else {}
+    lines = []
+    if verification.get("logical") == "found":
+        found = verification.get("logical_findings", verification.get("findings")) or 1
+        lines.append(f"found {found} trace(s) of this conversation written or restored after its delete, on "
+                     f"{verification.get('at')}; erase them with: manage.py verify_erasure --erase-residue {op.id}")
+    if verification.get("physical") == "found":
+        lines.append(f"the raw-byte check found some of its content, on {verification.get('physical_at') or verification.get('at')}; "
+                     f"manage.py verify_erasure --physical {op.id} names each file")
+    if lines:
+        return lines
+    if receipt.get("verified_physical_at"):
+        return [f"clean, raw bytes included, on {receipt['verified_physical_at']}"]
+    if receipt.get("verified_at"):
+        return [f"every store re-checked on {receipt['verified_at']}: clean"]
+    return [f"not verified yet: check with manage.py verify_erasure {op.id}"]
 
 
 def kept_text(entry: dict) -> str:
