@@ -443,6 +443,9 @@ def test_pending_and_deleted_tabs_and_the_tombstone(admin_client):
     tombstone = page(admin_client, f"/conversations/{gone.public_id}/")
     assert "Deleted conversation" in tombstone and 'data-testid="tombstone"' in tombstone
     assert "old words" not in tombstone and "/archive/" not in tombstone
+    # its state says Deleted (r17: "Idle" beside "Deleted conversation"); a pending one says so too
+    assert 'data-testid="runtime-state">Deleted</span>' in tombstone and ">Idle<" not in tombstone
+    assert 'data-testid="runtime-state">Pending delete</span>' in page(admin_client, f"/conversations/{pending.public_id}/")
     assert f"/operations/{op.public_id}/" in tombstone
     banner = tombstone.split('data-testid="tombstone"', 1)[1].split("</p>", 1)[0]
     # It says what stays elsewhere by design and where that is listed, never "only ... remain".
