@@ -374,7 +374,8 @@ def _query_error(exc: ValidationError, model: type[QuerySchema]) -> ApiError:
         rule = first.get("ctx", {}).get("error")
         message = str(rule) if isinstance(rule, QueryRule) else _("These filters do not go together.")
         return ApiError(400, model.default_error_code, message)
-    name = _field_name(first["loc"][:1])
+    # A query parameter's name is the client's own, whatever it looks like (`limit[]`, `int`)
+    name = _field_name(first["loc"][:1], client_key=True)
     if first["type"] == "extra_forbidden":
         return ApiError(400, "unknown_filter", _("Unknown filter: %(name)s.") % {"name": name})
     code = model.error_codes.get(name, model.default_error_code)

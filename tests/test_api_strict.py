@@ -289,6 +289,11 @@ def test_a_chunked_body_is_refused_with_411_not_read_as_empty(runtime, conversat
 def test_an_unknown_filter_is_named_safely_and_a_bad_limit_says_its_range(member_client, conversation):
     response = member_client.get("/v1/threads?%E2%80%AEx=1", **HOST)
     assert response.json()["message"] == "Unknown filter: \\u202ex."
+    # r16: a name with "[" or spelled like a type ("int") was named "body"
+    for sent in ("limit[]", "int", "dict", "a[b]"):
+        for path in ("/v1/threads", "/v1/operations", f"/v1/threads/{conversation.public_id}/items"):
+            answer = member_client.get(f"{path}?{sent}=1", **HOST).json()
+            assert answer == {"code": "unknown_filter", "message": f"Unknown filter: {sent}."}, (path, answer)
     response = member_client.get("/v1/threads?limit=0", **HOST)
     assert response.json()["message"] == "The value of limit is not valid; expected a whole number from 1 to 200."
 
