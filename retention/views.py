@@ -155,6 +155,21 @@ def _age_key(age: dict | None) -> str:
     return f"{age['value']}-{age['unit']}" if age else ""
 
 
+# Why Run cleanup now waits, by the operation under way (one runs at a time).
+QUEUED_BLOCKS = {
+    "analysis": gettext_lazy("An analysis is waiting to start; one operation runs at a time."),
+    "backup": gettext_lazy("The backup for cleanup is waiting to start; cleanup can run once it is verified."),
+    "cleanup": gettext_lazy("A cleanup is waiting to start."),
+    "compact": gettext_lazy("Compact database is waiting to start; one operation runs at a time."),
+}
+RUNNING_BLOCKS = {
+    "analysis": gettext_lazy("An analysis is running; one operation runs at a time."),
+    "backup": gettext_lazy("The backup for cleanup is being made; cleanup can run once it is verified."),
+    "cleanup": gettext_lazy("A cleanup is running."),
+    "compact": gettext_lazy("Compact database is running; one operation runs at a time."),
+}
+
+
 def _card(doc: dict | None, engine: str) -> dict:
     """What the card's templates need, derived from the status document in one place."""
     if doc is None:
@@ -183,10 +198,12 @@ def _card(doc: dict | None, engine: str) -> dict:
         blocked = _("Cleanup is not available on this database.")
     elif not policy["enabled"]:
         blocked = _("Turn on automatic cleanup and save to run it.")
-    elif running and running.get("state") == "queued":
-        blocked = _("Another operation is waiting to start; one runs at a time.")
     elif running:
-        blocked = _("Another operation is running; one runs at a time.")
+        # What holds the button, by name: the operation may be the admin's own (the backup a
+        # run asked for, the run itself), never "another" one (r15)
+        blocked = (QUEUED_BLOCKS if running.get("state") == "queued" else RUNNING_BLOCKS).get(
+            running.get("kind"), _("An operation is under way; one runs at a time."))
+        blocked = str(blocked)
     elif prep_state in ("failed", "cancelled"):
         blocked = _("The backup is not ready: retry it or cancel it first.")
     return {

@@ -96,6 +96,18 @@ def test_it_analyzes_the_unsaved_draft_without_saving_it(admin_client):
     assert 'hx-trigger="every 1s"' in html  # something runs: read the status every second
 
 
+def test_the_estimate_counts_one_conversation_as_one_in_english_and_spanish(admin_client, admin_user):
+    """r15: each count has its own plural ("across 1 conversations" / "en 1 conversaciones")."""
+    old_conversation("only")
+    op = run(service.start_analysis(user=admin_user, age_value=3, age_unit="months"))
+    assert op.state == "succeeded" and op.eligible_conversations == 1 and op.eligible_messages == 4
+    analysis = region(page(admin_client), "tool-analysis")
+    assert "4 tool messages across 1 conversation<" in analysis and "1 conversations" not in analysis
+    assert analysis.count("4 tool messages across 1 conversation") == 2  # shown, and said by the live region
+    spanish = region(admin_client.get(PAGE, **HOST, HTTP_ACCEPT_LANGUAGE="es").content.decode(), "tool-analysis")
+    assert "4 mensajes de herramienta en 1 conversación<" in spanish and "conversaciones" not in spanish
+
+
 def test_a_completed_analysis_shows_the_exact_estimate_counts_and_cutoff(admin_client, admin_user):
     old_conversation("one")
     old_conversation("two")
@@ -202,6 +214,13 @@ def test_run_now_with_a_backup_shows_preparing_then_a_failed_backup_with_retry_a
     assert response.status_code == 202
     assert ToolPayloadOperation.objects.filter(kind="backup", state="queued").count() == 1
     assert ToolPayloadPolicy.load().preparation_state == "preparing"
+    # Run cleanup now waits for that backup, named (r15: it said "another operation")
+    run_region = text_of(region(page(admin_client), "tool-run"))
+    assert "The backup for cleanup is waiting to start; cleanup can run once it is verified." in run_region
+    assert "Another operation" not in run_region
+    ToolPayloadOperation.objects.filter(kind="backup").update(state="running")
+    assert "The backup for cleanup is being made; cleanup can run once it is verified." in text_of(
+        region(page(admin_client), "tool-run"))
 
 
 def test_cancel_after_a_failed_backup_turns_cleanup_off_and_removes_nothing(admin_client, admin_user):
@@ -387,8 +406,8 @@ def test_a_queued_compaction_says_queued_not_compacting(admin_client, admin_user
         assert ("No job has run yet: the job cluster seems to be stopped. Queued work, backups and the daily "
                 "check start once it runs again.") in html
     shown = page(admin_client)
-    assert "Another operation is waiting to start; one runs at a time." in shown
-    assert "Another operation is running" not in shown
+    assert "Compact database is waiting to start; one operation runs at a time." in shown
+    assert "Another operation" not in shown and "is running" not in text_of(region(shown, "tool-run"))
     spanish = admin_client.get(PAGE, HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode()
     assert 'data-testid="cluster-stopped"' in spanish and "No job has run" not in spanish
     # A cluster that runs (a job finished within the limit): the plain wording, no note
