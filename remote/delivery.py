@@ -48,7 +48,15 @@ from lifecycle.engine.http import (
 from lifecycle.errors import ActionRefused
 from lifecycle.models import PhysicalState
 from remote import physical, receipts
-from remote.models import BoundDelete, BoundDeleteKey, BoundDeleteState, EngineBinding, WaitingOn
+from remote.models import (
+    BoundDelete,
+    BoundDeleteKey,
+    BoundDeleteState,
+    EngineBinding,
+    WaitingOn,
+    engine_key_for,
+    new_bound_delete_id,
+)
 
 RUN_BUDGET = 240  # seconds per job run, well under the queue's retry
 ENGINE_STATES = frozenset(BoundDeleteState.values)  # what an engine operation can be
@@ -174,8 +182,9 @@ def request_bound_delete(binding: EngineBinding, *, key: str | None, actor) -> B
         exc.extra = {"outcome": BoundDeleteState.UNAVAILABLE}
         raise exc
     now = timezone.now()
+    public_id = new_bound_delete_id()
     fields = {
-        "key": key, "binding_ref": binding.public_id, "engine_url": binding.engine_url, "engine_id": binding.engine_id,
+        "public_id": public_id, "key": key, "engine_key": engine_key_for(public_id), "binding_ref": binding.public_id, "engine_url": binding.engine_url, "engine_id": binding.engine_id,
         "owner_kind": binding.owner_kind, "owner_id": binding.owner_id, "scope": binding.scope,
         "thread_id": binding.thread_id, "requested_by": actor if getattr(actor, "is_authenticated", False) else None,
         "requested_at": now,
@@ -322,7 +331,7 @@ def _attempt(op: BoundDelete, engine: HttpEngine) -> str:
             view = engine.operation(op.engine_operation)  # following an erasure the engine runs
         else:
             _update(op, attempts=op.attempts + 1)  # counted before the call: a killed run counts too
-            view = engine.request_delete(op.engine_id, key=op.key, actor=None)
+            view = engine.request_delete(op.engine_id, key=op.engine_key or op.key, actor=None)
     except (EngineUnreachable, EngineCredentialsRefused) as exc:
         waiting = WaitingOn.CONSOLE if isinstance(exc, EngineCredentialsRefused) else WaitingOn.ENGINE
         _update(op, last_error=exc.code, last_error_at=now, waiting_on=waiting,
@@ -344,9 +353,10 @@ def _attempt(op: BoundDelete, engine: HttpEngine) -> str:
             return "retry"
         if unsupported:
             _finish(op, BoundDeleteState.UNAVAILABLE, "engine_unsupported")
-            return "unavailable"
-        code = {404: "engine_thread_unknown", 422: "engine_key_conflict"}.get(exc.status, exc.code)
-        _finish(op, BoundDeleteState.UNAVAILABLE, code)
+        else:
+            _finish(op, BoundDeleteState.UNAVAILABLE,
+                    {404: "engine_thread_unknown", 422: "engine_key_conflict"}.get(exc.status, exc.code))
+        _title_back(op, engine)  # the conversation stays, as after the engine's own refusal (r16)
         return "unavailable"
     problem = _answer_problem(op, view)
     if problem:  # about another conversation or operation, or a receipt that cannot be kept

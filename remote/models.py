@@ -39,6 +39,12 @@ def new_bound_delete_id() -> str:
     return "bd_" + secrets.token_hex(10)
 
 
+def engine_key_for(public_id: str) -> str:
+    """The operation key a bound delete calls the engine with: named by this console's delete
+    (random, so no other console's and no client's), the same on every retry."""
+    return f"lethe-console-{public_id}"
+
+
 class OwnerKind(models.TextChoices):
     ACCOUNT = "account", _("Account")
     COMPUTER = "computer", _("Computer")
@@ -94,6 +100,11 @@ class WaitingOn(models.TextChoices):
 class BoundDelete(models.Model):
     public_id = models.CharField(max_length=32, unique=True, default=new_bound_delete_id, editable=False)
     key = models.CharField(max_length=200, unique=True)
+    # The operation key the engine is called with: this console's own (`engine_key_for`), never
+    # a client's key, which the engine may know for another conversation (asked of it directly,
+    # or through another console). "" on a delete recorded before it existed (or by a server
+    # still running older code: hence the database default), which sends `key` as it did.
+    engine_key = models.CharField(max_length=200, blank=True, default="", db_default="")
     binding = models.ForeignKey(EngineBinding, null=True, blank=True, on_delete=models.PROTECT,
                                 related_name="deletes")
     # The binding's identity, kept after the binding is released (content-free).
@@ -165,8 +176,8 @@ class BoundDelete(models.Model):
 
 
 class BoundDeleteKey(models.Model):
-    """Every operation key a bound delete answers to: the first one (also the key the engine is
-    called with) and any later request's key for the same conversation."""
+    """Every operation key a bound delete answers to: the first one and any later request's key
+    for the same conversation (the engine is called with the delete's own `engine_key`)."""
 
     key = models.CharField(max_length=200, unique=True)
     delete = models.ForeignKey(BoundDelete, on_delete=models.CASCADE, related_name="keys")

@@ -66,6 +66,9 @@ THREADS = {
     "iface-other": {"thread_id": "t-iface-other"},
     "status": {"thread_id": "t-status"},
     "member": {"thread_id": "t-member"},
+    "clash": {"thread_id": "t-clash", "title": "Clash title"},
+    "clash-other": {"thread_id": "t-clash-other"},
+    "legacy": {"thread_id": "t-legacy", "title": "Legacy title"},
 }
 
 
@@ -441,6 +444,33 @@ def test_an_engine_refusal_is_refused_here_and_keeps_everything(remote):
     assert (op.state, op.binding_id, op.binding_ref) == ("refused", None, b.public_id)
     assert not EngineBinding.objects.filter(pk=b.pk).exists()
     deleted_once(remote, "running")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_key_the_engine_knows_for_another_conversation_does_not_stop_a_console_delete(remote):
+    """r16: the console forwarded the client's key, so a key the engine had used (asked of it
+    directly, or by another console) for another conversation ended this console's delete
+    Unavailable (engine_key_conflict), with the binding's title left blank. The engine is
+    called with the console delete's own key now; a delete recorded before (it sends the
+    client's key) that ends Unavailable gets its title back."""
+    refresh("")
+    direct = HttpEngine(remote.url, remote.token)
+    direct.request_delete(thread(remote, "clash-other"), key="clash-key-1", actor=None)
+    b = binding(remote, "clash")
+    op = delivery.request_bound_delete(b, key="clash-key-1", actor=None)
+    assert op.engine_key == f"lethe-console-{op.public_id}"
+    assert delivery.deliver(op.pk, budget=60) == "completed"
+    deleted_once(remote, "clash")
+    # A delete recorded before engine_key existed sends its key, as a lost request did
+    legacy = binding(remote, "legacy")
+    direct.request_delete(thread(remote, "clash-other"), key="clash-key-2", actor=None)
+    old = delivery.request_bound_delete(legacy, key="clash-key-2", actor=None)
+    BoundDelete.objects.filter(pk=old.pk).update(engine_key="")
+    assert delivery.deliver(old.pk, budget=30) == "unavailable"
+    old.refresh_from_db()
+    assert (old.state, old.code) == ("unavailable", "engine_key_conflict")
+    assert EngineBinding.objects.get(pk=legacy.pk).title == "Legacy title"  # back, as after a refusal
+    assert remote.conversation(thread(remote, "legacy"))["state"] == "live"
 
 
 @pytest.mark.django_db(transaction=True)
