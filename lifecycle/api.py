@@ -35,7 +35,14 @@ from lifecycle.errors import ActionRefused
 from lifecycle.fence import check_readable
 from lifecycle.functions import OctetLength
 from lifecycle.models import Conversation, Item, ItemStatus, Role, ToolKind
-from lifecycle.paging import Cursor, InvalidCursor, changed_since, listing, snapshot_page
+from lifecycle.paging import (
+    Cursor,
+    InvalidCursor,
+    changed_since,
+    list_scope,
+    listing,
+    snapshot_page,
+)
 from lifecycle.serializers import (
     ItemOut,
     ItemPageOut,
@@ -129,15 +136,19 @@ def filtered_threads(query: ThreadsQuery):
 def thread_list(request: HttpRequest, query: ThreadsQuery) -> dict:
     qs = filtered_threads(query).select_related("account", "computer")
     cursor = None
+    # A cursor is of one list: these filters (another list's would skip rows of this one)
+    scope = list_scope("api", query.view, query.owner_kind, query.owner_id, query.q, query.archived, query.closed,
+                       query.active)
     if query.cursor:
         try:
-            cursor = Cursor.decode(query.cursor)
+            cursor = Cursor.decode(query.cursor, scope)
         except InvalidCursor:
-            raise ApiError(400, "invalid_cursor", _("The cursor is not valid.")) from None
+            raise ApiError(400, "invalid_cursor", _("The cursor is not valid for this list: it was handed out "
+                                                    "for other filters, or it is damaged.")) from None
         if cursor.backward:
             raise ApiError(400, "invalid_cursor", _("The cursor is not valid."))
     qs, key = listing(qs, query.view)
-    page = snapshot_page(qs, cursor, query.limit, count=False, key=key)
+    page = snapshot_page(qs, cursor, query.limit, count=False, key=key, scope=scope)
     return {
         "results": [thread_json(c) for c in page.rows],
         "next": page.next.encode() if page.next else None,

@@ -22,6 +22,7 @@ from lifecycle.paging import (
     MAX_CURSOR_CHARS,
     InvalidCursor,
     encode_token,
+    list_scope,
     token_fields,
     token_moment,
     token_pk,
@@ -38,20 +39,29 @@ class OperationCursor:
     requested_at: datetime
     pk: int
     backward: bool = False
+    scope: str = ""  # the list it was handed out by: its state filter (`scope_of`)
 
     def encode(self) -> str:
-        return encode_token("o1", "b" if self.backward else "f", self.requested_at.isoformat(), str(self.pk))
+        return encode_token("o2", self.scope, "b" if self.backward else "f", self.requested_at.isoformat(),
+                            str(self.pk))
 
     @classmethod
-    def decode(cls, token: str) -> OperationCursor:
-        version, direction, moment, pk = token_fields(token, 4)
-        if version != "o1" or direction not in ("f", "b"):
+    def decode(cls, token: str, scope: str) -> OperationCursor:
+        """The cursor, if it was handed out by the list `scope` names (a cursor of another
+        state's list would skip rows of this one); else InvalidCursor."""
+        version, given, direction, moment, pk = token_fields(token, 5)
+        if version != "o2" or direction not in ("f", "b") or given != scope:
             raise InvalidCursor(token)
-        return cls(requested_at=token_moment(moment), pk=token_pk(pk), backward=direction == "b")
+        return cls(requested_at=token_moment(moment), pk=token_pk(pk), backward=direction == "b", scope=scope)
 
 
-def parse_position(position: str | None) -> OperationCursor | int:
-    """A cursor, or a legacy offset (digits only); anything else is InvalidCursor."""
+def scope_of(state: str | None) -> str:
+    """The operations list's `list_scope`: its state filter."""
+    return list_scope("operations", state or "")
+
+
+def parse_position(position: str | None, scope: str) -> OperationCursor | int:
+    """A cursor of this list, or a legacy offset (digits only); anything else is InvalidCursor."""
     if position is None or position == "":
         return 0
     if not position.isascii() or len(position) > MAX_CURSOR_CHARS:
@@ -61,7 +71,7 @@ def parse_position(position: str | None) -> OperationCursor | int:
         if offset > MAX_OFFSET:
             raise InvalidCursor(position)
         return offset
-    return OperationCursor.decode(position)
+    return OperationCursor.decode(position, scope)
 
 
 @dataclass
@@ -79,8 +89,9 @@ def _older(row) -> Q:
     return Q(requested_at__lt=row.requested_at) | Q(requested_at=row.requested_at, pk__lt=row.pk)
 
 
-def operation_slice(queryset: QuerySet, position: OperationCursor | int, size: int) -> OperationSlice:
-    """One page of `queryset` (already filtered), with the positions of its neighbours."""
+def operation_slice(queryset: QuerySet, position: OperationCursor | int, size: int, scope: str) -> OperationSlice:
+    """One page of `queryset` (already filtered; `scope` says by what), with the positions of
+    its neighbours."""
     if isinstance(position, int):
         rows = list(queryset.order_by(*ORDER)[position:position + size + 1])
         more_older, rows = len(rows) > size, rows[:size]
@@ -100,6 +111,7 @@ def operation_slice(queryset: QuerySet, position: OperationCursor | int, size: i
     first, last = rows[0], rows[-1]
     return OperationSlice(
         rows=rows,
-        next=OperationCursor(last.requested_at, last.pk).encode() if more_older else None,
-        previous=OperationCursor(first.requested_at, first.pk, backward=True).encode() if more_newer else None,
+        next=OperationCursor(last.requested_at, last.pk, scope=scope).encode() if more_older else None,
+        previous=(OperationCursor(first.requested_at, first.pk, backward=True, scope=scope).encode()
+                  if more_newer else None),
     )

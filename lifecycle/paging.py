@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -45,6 +46,14 @@ class InvalidCursor(ValueError):
     pass
 
 
+def list_scope(*filters: object) -> str:
+    """A short digest of what a list lists (its kind and filters), carried by its cursors: a
+    cursor from another list (another tab, state, owner or search) positions between that
+    list's rows and would skip some of this one's, so it is refused (r16)."""
+    text = "\x1f".join("" if part is None else str(part) for part in filters)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 @dataclass(frozen=True)
 class Cursor:
     """Where a page starts: the snapshot moment and the key of the row next to the page
@@ -56,18 +65,20 @@ class Cursor:
     activity: datetime
     pk: int
     backward: bool = False
+    scope: str = ""  # the list it was handed out by (`list_scope`)
 
     def encode(self) -> str:
-        return encode_token("v2", self.as_of.isoformat(), "b" if self.backward else "f", self.activity.isoformat(),
-                            str(self.pk))
+        return encode_token("v3", self.scope, self.as_of.isoformat(), "b" if self.backward else "f",
+                            self.activity.isoformat(), str(self.pk))
 
     @classmethod
-    def decode(cls, token: str) -> Cursor:
-        version, as_of, direction, activity, pk = token_fields(token, 5)
-        if version != "v2" or direction not in ("f", "b"):
+    def decode(cls, token: str, scope: str) -> Cursor:
+        """The cursor, if it was handed out by the list `scope` names; else InvalidCursor."""
+        version, given, as_of, direction, activity, pk = token_fields(token, 6)
+        if version != "v3" or direction not in ("f", "b") or given != scope:
             raise InvalidCursor(token)
         return cls(as_of=token_moment(as_of), activity=token_moment(activity), pk=token_pk(pk),
-                   backward=direction == "b")
+                   backward=direction == "b", scope=scope)
 
 
 def encode_token(*fields: str) -> str:
@@ -118,20 +129,21 @@ class SnapshotPage:
     changed: int = 0  # matching rows whose activity is after as_of
     changed_rows: list[Conversation] = field(default_factory=list)
     key: str = ACTIVITY  # the rows' order: newest first by this moment, then by pk
+    scope: str = ""  # the list's `list_scope`, carried by its cursors
 
     @property
     def next(self) -> Cursor | None:
         if not self.after or not self.rows:
             return None
         last = self.rows[-1]
-        return Cursor(self.as_of, getattr(last, self.key), last.pk)
+        return Cursor(self.as_of, getattr(last, self.key), last.pk, scope=self.scope)
 
     @property
     def previous(self) -> Cursor | None:
         if not self.before or not self.rows:
             return None
         first = self.rows[0]
-        return Cursor(self.as_of, getattr(first, self.key), first.pk, backward=True)
+        return Cursor(self.as_of, getattr(first, self.key), first.pk, backward=True, scope=self.scope)
 
     @property
     def number(self) -> int:
@@ -195,6 +207,7 @@ def snapshot_page(
     count: bool = True,
     changed_sample: int = 0,
     key: str = ACTIVITY,
+    scope: str = "",
 ) -> SnapshotPage:
     """One page of `queryset` (already filtered) against the cursor's snapshot, newest first
     by `key` (a moment each row has: its last activity, or as `listing` names it).
@@ -213,7 +226,8 @@ def snapshot_page(
         rows = list(snapshot.filter(_older(key, (cursor.activity, cursor.pk))).order_by(*order)[: size + 1])
     backward = cursor is not None and cursor.backward
     more = len(rows) > size
-    page = SnapshotPage(rows=rows[-size:] if backward else rows[:size], as_of=as_of, size=size, key=key)
+    page = SnapshotPage(rows=rows[-size:] if backward else rows[:size], as_of=as_of, size=size, key=key,
+                        scope=scope)
     if not count:
         # Without counts, `before` and `after` only say whether there is anything there.
         page.before, page.after = (int(more), 1) if backward else (int(cursor is not None), int(more))

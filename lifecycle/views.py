@@ -28,7 +28,7 @@ from lifecycle.models import (
     DeleteOperation,
     Item,
 )
-from lifecycle.paging import Cursor, InvalidCursor, listing, snapshot_page
+from lifecycle.paging import Cursor, InvalidCursor, list_scope, listing, snapshot_page
 from lifecycle.transcript import item_rows
 
 VIEWS = ("recent", "archived", "closed", "pending_delete", "deleted")
@@ -70,10 +70,16 @@ def _owner_filter(request: HttpRequest) -> tuple[str, str, int | None, bool]:
     return "", "", None, bool(raw)
 
 
-def _cursor(request: HttpRequest) -> Cursor | None:
-    """The page's cursor; a malformed or stale one just starts again from the top."""
+def list_scope_of(view: str, owner: str, query: str) -> str:
+    """The console list's `list_scope`: its tab, owner and search."""
+    return list_scope("console", view, owner, query)
+
+
+def _cursor(request: HttpRequest, scope: str) -> Cursor | None:
+    """The page's cursor; a malformed or stale one, or one of another list (another tab, owner
+    or search), just starts again from the top."""
     try:
-        return Cursor.decode(request.GET.get("cursor", "")) if request.GET.get("cursor") else None
+        return Cursor.decode(request.GET.get("cursor", ""), scope) if request.GET.get("cursor") else None
     except InvalidCursor:
         return None
 
@@ -90,7 +96,8 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
     query = request.GET.get("q", "").strip()[:200]
     qs, key = listing(_filtered(view, request).with_activity().with_delete_operation()
                       .select_related("account", "computer"), view)
-    page = snapshot_page(qs, _cursor(request), PAGE_SIZE, changed_sample=CHANGED_SAMPLE, key=key)
+    scope = list_scope_of(view, owner, query)
+    page = snapshot_page(qs, _cursor(request, scope), PAGE_SIZE, changed_sample=CHANGED_SAMPLE, key=key, scope=scope)
     filters = urlencode({"view": view, "owner": owner, "q": query})
     context = {
         "view": view,

@@ -153,7 +153,14 @@ DELETE_ID = r"bd_[0-9a-f]{20}"
                       "next page.")
 def binding_list(request: HttpRequest, query: BindingsQuery) -> dict:
     kind, owner_id = query.owner_kind, query.owner_id
-    after = _cursor_place(query.cursor) if query.cursor else None  # a bad one is 400 on an empty list too
+    after = None
+    if query.cursor:  # a bad one is 400 on an empty list too
+        cursor_kind, cursor_owner, after = _cursor_place(query.cursor)
+        if kind is None:  # the owner the pages before listed (the first one then)
+            kind, owner_id = cursor_kind, cursor_owner
+        elif (kind, owner_id) != (cursor_kind, cursor_owner):  # another owner's list: it would skip rows
+            raise ApiError(400, "invalid_cursor", _("The cursor is not valid for this list: it was handed out "
+                                                    "for other filters, or it is damaged."))
     if kind is None:
         first = EngineBinding.objects.order_by("owner_kind", "owner_id").values_list("owner_kind", "owner_id").first()
         if first is None:
@@ -167,17 +174,17 @@ def binding_list(request: HttpRequest, query: BindingsQuery) -> dict:
     rows = rows[: query.limit]
     current = current_deletes(rows)
     return {"owner": {"kind": kind, "id": owner_id}, "results": [binding_json(b, current.get(b.pk)) for b in rows],
-            "next": encode_token("b1", str(rows[-1].pk)) if more else None}
+            "next": encode_token("b2", kind, str(owner_id), str(rows[-1].pk)) if more else None}
 
 
-def _cursor_place(token: str) -> int:
-    """The place a `next` of this list stands for (the last binding of the page before, which
-    may be gone since: its delete completed)."""
+def _cursor_place(token: str) -> tuple[str, int, int]:
+    """The owner whose list a `next` was handed out by, and the place it stands for (the last
+    binding of the page before, which may be gone since: its delete completed)."""
     try:
-        version, place = token_fields(token, 2)
-        if version != "b1":
+        version, kind, owner_id, place = token_fields(token, 4)
+        if version != "b2" or kind not in ("account", "computer"):
             raise InvalidCursor(token)
-        return token_pk(place)
+        return kind, token_pk(owner_id), token_pk(place)
     except InvalidCursor:
         raise ApiError(400, "invalid_cursor", _("The cursor is not valid.")) from None
 

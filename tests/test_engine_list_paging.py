@@ -96,3 +96,19 @@ def test_the_api_refuses_a_cursor_it_did_not_give_also_while_no_binding_exists(a
         answer = admin_client.get(f"/api/v1/bindings?{query}", **HOST)
         assert (answer.status_code, answer.json()["code"]) == (400, "invalid_cursor"), query
     assert admin_client.get("/api/v1/bindings", **HOST).json() == {"owner": None, "results": [], "next": None}
+
+
+def test_a_cursor_of_another_owners_list_is_refused_and_an_omitted_owner_is_the_cursors(admin_client):
+    """r16: a `next` of one owner's list used on another's skipped that owner's bindings."""
+    EngineBinding.objects.bulk_create([
+        EngineBinding(engine_id=f"c_{owner}{n:019d}", owner_kind=kind, owner_id=owner, scope="bound",
+                      thread_id=f"{kind}{owner}-{n}", engine_state="live")
+        for kind, owner in (("account", 1), ("account", 2)) for n in range(3)
+    ])
+    foreign = admin_client.get("/api/v1/bindings?owner_kind=account&owner_id=2&limit=1", **HOST).json()["next"]
+    answer = admin_client.get(f"/api/v1/bindings?owner_kind=account&owner_id=1&cursor={foreign}", **HOST)
+    assert (answer.status_code, answer.json()["code"]) == (400, "invalid_cursor")
+    # Without an owner, the pages go on with the owner the cursor was handed out for
+    body = admin_client.get(f"/api/v1/bindings?cursor={foreign}", **HOST).json()
+    assert body["owner"] == {"kind": "account", "id": 2}
+    assert [b["thread_id"] for b in body["results"]] == ["account2-1", "account2-2"]

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from lifecycle.engine.http import HttpEngine
 from lifecycle.models import DeleteOperation
-from lifecycle.operation_paging import OperationCursor
+from lifecycle.operation_paging import OperationCursor, scope_of
 from tests import factories
 from tests.scripted_engine import scripted_engine
 
@@ -140,7 +140,8 @@ def test_the_operations_page_pages_by_key_and_a_bad_link_shows_the_first_page(ad
 
 def test_a_page_whose_rows_all_changed_says_so_and_links_to_the_newest(admin_client):
     ids = make_ops(3, state="pending")
-    after_newest = OperationCursor(T0 + timedelta(minutes=2), DeleteOperation.objects.get(public_id=ids[2]).pk)
+    after_newest = OperationCursor(T0 + timedelta(minutes=2), DeleteOperation.objects.get(public_id=ids[2]).pk,
+                                   scope=scope_of("pending"))
     DeleteOperation.objects.filter(public_id__in=ids[:2]).update(state="completed")
     content = admin_client.get(f"/operations/?state=pending&cursor={after_newest.encode()}", **HOST).content.decode()
     assert "they changed since the list was read" in content
@@ -180,3 +181,14 @@ def test_the_http_engine_refuses_a_page_position_it_cannot_pass_on(settings, bad
         settings.ENGINE_URL, settings.ENGINE_TOKEN, settings.ENGINE_RETRIES = url, "t" * 40, 0
         with pytest.raises(EngineBadAnswer):
             HttpEngine().operations()
+
+
+def test_a_cursor_of_another_states_list_is_refused(api):
+    """r16: a `next` of the Refused list used on the Completed one skipped completed rows."""
+    make_ops(3, state="refused")
+    make_ops(3, state="completed", start=3)
+    foreign = api.get("/v1/operations?state=refused&limit=1").json()["next"]
+    for query in ("state=completed", ""):
+        answer = api.get(f"/v1/operations?{query}&limit=200&cursor={foreign}")
+        assert (answer.status_code, answer.json()["code"]) == (400, "invalid_cursor"), query
+    assert len(api.get(f"/v1/operations?state=refused&limit=200&cursor={foreign}").json()["results"]) == 2

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from lifecycle import views
 from lifecycle.models import Conversation, DeleteOperation
-from lifecycle.paging import Cursor, InvalidCursor, snapshot_page
+from lifecycle.paging import Cursor, InvalidCursor, list_scope, snapshot_page
 from tests import factories
 
 pytestmark = pytest.mark.django_db
@@ -146,8 +146,10 @@ def test_a_damaged_cursor_starts_again_from_the_top(member_client, listed):
 
 def test_the_cursor_round_trips_and_refuses_anything_else():
     now = timezone.now()
-    cursor = Cursor(as_of=now, activity=now - timedelta(hours=1), pk=42, backward=True)
-    assert Cursor.decode(cursor.encode()) == cursor
+    cursor = Cursor(as_of=now, activity=now - timedelta(hours=1), pk=42, backward=True, scope="abc")
+    assert Cursor.decode(cursor.encode(), "abc") == cursor
+    with pytest.raises(InvalidCursor):  # handed out by another list
+        Cursor.decode(cursor.encode(), "abd")
     import base64
 
     def forged(raw: str) -> str:
@@ -155,16 +157,16 @@ def test_the_cursor_round_trips_and_refuses_anything_else():
 
     for bad in (
         "", "not base64 at all", "x" * 300,
-        forged("v1|2026-01-01T00:00:00+00:00|f|2026-01-01T00:00:00+00:00|1"),
-        forged("v2|2026-01-01T00:00:00|f|2026-01-01T00:00:00+00:00|1"),  # naive moment
-        forged("v2|2026-01-01T00:00:00+00:00|x|2026-01-01T00:00:00+00:00|1"),
-        forged("v2|2026-01-01T00:00:00+00:00|f|2026-01-01T00:00:00+00:00|²"),
-        forged("v2|2026-01-01T00:00:00+00:00|f|2026-01-01T00:00:00+00:00|" + "9" * 30),
-        forged("v2|yesterday|f|2026-01-01T00:00:00+00:00|1"),
-        forged("v2|a|b"),
+        forged("v2|2026-01-01T00:00:00+00:00|f|2026-01-01T00:00:00+00:00|1"),  # before lists were named
+        forged("v3|s|2026-01-01T00:00:00|f|2026-01-01T00:00:00+00:00|1"),  # naive moment
+        forged("v3|s|2026-01-01T00:00:00+00:00|x|2026-01-01T00:00:00+00:00|1"),
+        forged("v3|s|2026-01-01T00:00:00+00:00|f|2026-01-01T00:00:00+00:00|²"),
+        forged("v3|s|2026-01-01T00:00:00+00:00|f|2026-01-01T00:00:00+00:00|" + "9" * 30),
+        forged("v3|s|yesterday|f|2026-01-01T00:00:00+00:00|1"),
+        forged("v3|s|a|b"),
     ):
         with pytest.raises(InvalidCursor):
-            Cursor.decode(bad)
+            Cursor.decode(bad, "s")
 
 
 def test_the_api_form_needs_no_counts(listed):
@@ -230,7 +232,8 @@ def test_a_cursor_with_a_time_outside_the_years_a_database_holds_is_invalid(admi
     import base64
 
     factories.make_conversation(title="Only")
-    token = base64.urlsafe_b64encode("|".join(("v2", as_of, "f", activity, "1")).encode()).decode().rstrip("=")
+    scope = list_scope("api", None, None, None, None, None, None, None)
+    token = base64.urlsafe_b64encode("|".join(("v3", scope, as_of, "f", activity, "1")).encode()).decode().rstrip("=")
     api = member_client.get(f"/v1/threads?cursor={token}", HTTP_HOST="127.0.0.1")
     assert api.status_code == 400 and api.json()["code"] == "invalid_cursor"
     page = admin_client.get(f"/conversations/?cursor={token}", HTTP_HOST="127.0.0.1")
@@ -321,3 +324,33 @@ def test_the_deleted_tab_lists_tombstones_newest_deletion_first_each_once(member
     # Every other list keeps activity order (the least idle first).
     assert [r["thread_id"] for r in member_client.get("/v1/threads?view=all&limit=10", **HOST).json()["results"]] \
         == ["t-0", "t-1", "t-2", "t-3", "t-4", "t-late"]
+
+
+def test_a_cursor_of_another_list_is_refused_not_used_to_skip_rows(member_client, listed):
+    """r16: a `next` from one tab, owner or search used on another positioned that list between
+    its own rows: rows were silently skipped. The API refuses it; the console starts again."""
+    pending = factories.make_conversation(title="Pending one", days_idle=0.5)
+    from lifecycle.actions.request_deletion import request_deletion
+
+    request_deletion(pending, key="foreign-cursor", acting_user=None)
+    factories.make_conversation(title="Also pending", days_idle=0.6)
+    request_deletion(Conversation.objects.get(title="Also pending"), key="foreign-cursor-2", acting_user=None)
+    foreign = member_client.get("/v1/threads?view=pending_delete&limit=1", **HOST).json()["next"]
+    assert foreign
+    for query in ("view=recent", "", "view=pending_delete&q=x", "view=pending_delete&archived=false"):
+        answer = member_client.get(f"/v1/threads?{query}&limit=200&cursor={foreign}", **HOST)
+        assert (answer.status_code, answer.json()["code"]) == (400, "invalid_cursor"), query
+        assert "handed out for other filters" in answer.json()["message"]
+        spanish = member_client.get(f"/v1/threads?{query}&limit=200&cursor={foreign}", **HOST,
+                                    HTTP_ACCEPT_LANGUAGE="es").json()["message"]
+        assert spanish != answer.json()["message"]
+    same = member_client.get(f"/v1/threads?view=pending_delete&limit=1&cursor={foreign}", **HOST)
+    assert same.status_code == 200 and len(same.json()["results"]) == 1
+    # The console: a cursor of the Pending delete tab on Recent lists Recent from the top.
+    console_next = link(get(member_client, "?view=pending_delete"), "next")
+    assert console_next is None  # one page there; take the Recent tab's own second page instead
+    recent_next = link(get(member_client, ""), "next")
+    cursor = recent_next.split("cursor=", 1)[1]
+    assert titles(get(member_client, f"?view=archived&cursor={cursor}")) == []
+    assert titles(get(member_client, f"?cursor={cursor}")) == [c.title for c in listed[5:10]]
+    assert titles(get(member_client, f"?q=Conv&cursor={cursor}")) == [c.title for c in listed[:5]]

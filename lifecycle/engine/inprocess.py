@@ -17,7 +17,7 @@ from lifecycle.engine import OperationPage, OperationView
 from lifecycle.errors import ActionRefused
 from lifecycle.item_payload import has_bad_text
 from lifecycle.models import Conversation, DeleteOperation
-from lifecycle.operation_paging import operation_slice, parse_position
+from lifecycle.operation_paging import operation_slice, parse_position, scope_of
 from lifecycle.paging import InvalidCursor
 from lifecycle.serializers import OperationReads, operation_json, thread_json, with_steps
 
@@ -78,13 +78,13 @@ class InProcessEngine:
 
     def operations(self, *, state: str | None = None, limit: int = 50, position: str | None = None) -> OperationPage:
         try:
-            start = parse_position(position)
+            start = parse_position(position, scope_of(state))
         except InvalidCursor:
             raise ActionRefused("invalid_cursor", _("The cursor is not valid."), status=400) from None
         qs = with_steps(DeleteOperation.objects.all())
         if state:
             qs = qs.filter(state=state)
-        page = operation_slice(qs, start, limit)
+        page = operation_slice(qs, start, limit, scope_of(state))
         reads = OperationReads()  # the policy and the fleet files, read once for the page
         rows = [OperationView.from_json(operation_json(op, reads)) for op in page.rows]
         return OperationPage(rows=rows, next=page.next, previous=page.previous)

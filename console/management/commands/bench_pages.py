@@ -11,7 +11,7 @@ from django.test import Client
 
 from lifecycle.models import Conversation, Item
 from lifecycle.paging import snapshot_page
-from lifecycle.views import PAGE_SIZE
+from lifecycle.views import PAGE_SIZE, list_scope_of
 from ops.static import ensure_static_files
 
 
@@ -71,7 +71,7 @@ class Command(BaseCommand):
         qs = Conversation.objects.recent()
         cursor = None
         for _ in range(2):
-            cursor = snapshot_page(qs, cursor, PAGE_SIZE, count=False).next
+            cursor = snapshot_page(qs, cursor, PAGE_SIZE, count=False, scope=list_scope_of("recent", "", "")).next
             if cursor is None:
                 return "/conversations/"
         return f"/conversations/?cursor={cursor.encode()}"
