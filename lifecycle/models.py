@@ -12,7 +12,8 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import models, transaction
-from django.db.models import Exists, OuterRef, Q, Subquery
+from django.db.models import Exists, F, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import pgettext_lazy
@@ -233,6 +234,10 @@ class Conversation(models.Model):
         indexes = [
             models.Index(fields=["state", "-last_activity_at", "-id"], name="conv_state_activity_idx"),
             models.Index(fields=["last_activity_at"], name="conv_activity_idx"),
+            # The Deleted tab's order, newest deletion first (lifecycle.paging.listing): without it
+            # every page sorted every tombstone, and tombstones only pile up (r18).
+            models.Index(Coalesce("view_changed_at", "last_activity_at").desc(), F("id").desc(),
+                         condition=Q(state="deleted"), name="conv_deleted_order_idx"),
         ]
 
     def __str__(self) -> str:

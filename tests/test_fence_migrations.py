@@ -74,3 +74,34 @@ def test_migrating_back_to_0017_still_refuses_bringing_a_deleted_conversation_ba
     assert len(on_conversation) == 2
     assert fence.is_fence_error(refused.value)
     assert Conversation.objects.get(pk=target.pk).state == "deleted"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_tombstones_from_before_view_changed_at_get_their_deletion_moment():
+    """0023: the Deleted tab lists newest deletion first; a tombstone made before 0018 had no
+    view_changed_at and sorted by its last activity (r18). Its delete's completion fills it
+    (its last activity when no completed delete is recorded); a set one is left alone."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from lifecycle.models import DeleteOperation
+
+    now = timezone.now()
+    with_op, without_op, recent = (factories.make_conversation(thread_id=f"t-{n}", days_idle=300) for n in range(3))
+    for conversation in (with_op, without_op, recent):
+        DeletionFence.objects.create(conversation_id=conversation.pk, operation_id=0)
+    DeleteOperation.objects.create(conversation=with_op, state="completed", completed_at=now - timedelta(days=2))
+    Conversation.objects.filter(pk__in=[with_op.pk, without_op.pk]).update(state="deleted", view_changed_at=None)
+    Conversation.objects.filter(pk=recent.pk).update(state="deleted", view_changed_at=now - timedelta(hours=1))
+    latest = MigrationExecutor(connection).loader.graph.leaf_nodes()
+    _migrate([("lifecycle", "0022_step_detail_without_agent_ids")])
+    try:
+        _migrate([("lifecycle", "0023_deleted_order")])
+    finally:
+        _migrate(latest)
+    moments = dict(Conversation.objects.values_list("pk", "view_changed_at"))
+    assert moments[with_op.pk] == now - timedelta(days=2)
+    assert moments[without_op.pk] == Conversation.objects.get(pk=without_op.pk).last_activity_at
+    assert moments[recent.pk] == now - timedelta(hours=1)
+    assert fence.installed_triggers(connection) == fence.trigger_names(connection)
