@@ -71,9 +71,11 @@ def test_pages_showing_a_pending_delete_update_themselves_when_it_completes(seed
     operations.unroute(unreachable)
     expect(note).to_be_empty(timeout=WAIT)  # the next good read (a 204) clears it
 
+    expect(detail.get_by_test_id("runtime-state")).to_have_text("Pending delete")
     assert executor.run_erasure(op.pk) == "completed"
 
     expect(detail.get_by_role("heading", level=1)).to_have_text("Deleted conversation", timeout=WAIT)
+    expect(detail.get_by_test_id("runtime-state")).to_have_text("Deleted")
     expect(detail.get_by_test_id("tombstone")).to_contain_text("Deleted on")
     expect(detail.get_by_role("link", name="Erasure receipt")).to_be_visible()
     expect(detail.get_by_role("link", name="Reload the page")).to_be_visible()

@@ -61,6 +61,9 @@ def test_the_conversation_page_polls_its_pending_delete_and_shows_the_tombstone_
     assert re.search(r'<div id="conversation-state" data-live-row hx-swap-oob="true">\s*<p class="alert" role="status" '
                      r'data-testid="tombstone">Deleted on ', fragment)
     assert f'href="/conversations/{conversation.public_id}/">Reload the page</a>' in fragment
+    # the State fact too (r18: it kept saying Pending delete under "Deleted conversation")
+    assert ('<span class="badge badge-deleted" id="runtime-state" data-testid="runtime-state" '
+            'hx-swap-oob="true">Deleted</span>') in fragment
     assert re.search(rf'id="conversation-op" href="/operations/{op.public_id}/">Erasure receipt</a>', fragment)
     said = poller(fragment)
     assert "hx-trigger" not in said and 'hx-swap-oob="true"' in said  # polling stops
