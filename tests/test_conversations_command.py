@@ -169,6 +169,31 @@ def test_the_report_counts_files_says_the_shared_copies_left_and_the_verificatio
     assert f"  verification: every store re-checked on {op.verified_at.isoformat().replace('+00:00', 'Z')}: clean" in out
 
 
+@pytest.mark.parametrize("engine", ["sqlite", "postgresql"])
+def test_the_reports_verification_says_which_raw_bytes_were_checked(engine_home, engine):
+    """r18: "clean, raw bytes included" on PostgreSQL, whose server files are never read; and a
+    raw-byte finding dropped the stores' clean re-check the page still shows."""
+    from django.utils import timezone
+
+    conversation = factories.make_conversation(title="Checked")
+    run("delete", conversation.public_id, "--key", f"checked-{engine}")
+    op = m.DeleteOperation.objects.get()
+    at = timezone.now()
+    m.DeleteOperation.objects.filter(pk=op.pk).update(verified_physical_at=at, receipt={**op.receipt, "engine": engine})
+    out = run("status", op.public_id)
+    line = next(line for line in out.splitlines() if line.startswith("  verification: clean on "))
+    if engine == "postgresql":
+        assert "the raw bytes of the engine folder's files hold none" in line and "cannot be read from here" in line
+    else:
+        assert "the raw bytes of the database and the engine folder hold none" in line
+    found = {**op.receipt, "engine": engine, "verification": {**op.receipt["verification"], "physical": "found",
+                                                              "physical_at": at.isoformat()}}
+    m.DeleteOperation.objects.filter(pk=op.pk).update(receipt=found)
+    out = run("status", op.public_id)
+    assert "  verification: the raw-byte check found some of its content" in out
+    assert "  verification: every store re-checked on " in out and ": clean\n" in out
+
+
 def test_the_report_states_the_kept_facts_and_when_they_expired_as_the_operation_page_does():
     """The report listed the erased and compacted stores only: the kept usage, billing and
     audit facts (and once expired, when they were removed), which the operation page and

@@ -208,24 +208,39 @@ class Command(JsonErrors, BaseCommand):
 def verification_lines(op: OperationView) -> list[str]:
     """What the receipt's last checks found, as the operation page says it (with the command
     that acts on it): traces written or restored after the delete, content in raw bytes, or
-    clean and when; not yet verified."""
+    clean and when (on PostgreSQL the raw bytes checked are the engine folder's only: the
+    server's files cannot be read from here); not yet verified."""
     receipt = op.receipt or {}
     verification = receipt.get("verification") if isinstance(receipt.get("verification"), dict) else {}
+    logical = verification.get("logical") == "found"
+    physical = verification.get("physical") == "found"
     lines = []
-    if verification.get("logical") == "found":
+    if logical:
         found = verification.get("logical_findings", verification.get("findings")) or 1
         lines.append(f"found {found} trace(s) of this conversation written or restored after its delete, on "
                      f"{verification.get('at')}; erase them with: manage.py verify_erasure --erase-residue {op.id}")
-    if verification.get("physical") == "found":
+    if physical:
         lines.append(f"the raw-byte check found some of its content, on {verification.get('physical_at') or verification.get('at')}; "
                      f"manage.py verify_erasure --physical {op.id} names each file")
-    if lines:
+    if logical:
         return lines
-    if receipt.get("verified_physical_at"):
-        return [f"clean, raw bytes included, on {receipt['verified_physical_at']}"]
-    if receipt.get("verified_at"):
-        return [f"every store re-checked on {receipt['verified_at']}: clean"]
-    return [f"not verified yet: check with manage.py verify_erasure {op.id}"]
+    if physical:
+        lines.append(f"every store re-checked on {receipt.get('verified_at')}: clean")
+    elif receipt.get("verified_physical_at") and receipt.get("engine") == "postgresql":
+        lines.append(f"clean on {receipt['verified_physical_at']}; the raw bytes of the engine folder's files hold none "
+                     "of the samples taken of its content (the database server's own files cannot be read from here)")
+    elif receipt.get("verified_physical_at"):
+        lines.append(f"clean on {receipt['verified_physical_at']}; the raw bytes of the database and the engine folder "
+                     "hold none of the samples taken of its content")
+    elif receipt.get("verified_at"):
+        lines.append(f"every store re-checked on {receipt['verified_at']}: clean")
+    else:
+        lines.append(f"not verified yet: check with manage.py verify_erasure {op.id}")
+    unscanned = verification.get("unscanned") if isinstance(verification.get("unscanned"), dict) else {}
+    if unscanned.get("reason") == "no_fingerprints":
+        lines.append(f"a raw-byte check on {unscanned.get('at')} scanned nothing: no fingerprints of its content are "
+                     "kept (they are dropped after a clean raw-byte check, and a week after the delete)")
+    return lines
 
 
 def kept_text(entry: dict) -> str:
