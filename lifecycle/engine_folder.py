@@ -105,18 +105,26 @@ def holds_files_of_known_conversations(home: EngineHome) -> bool:
     return False
 
 
+def holds_undeleted_conversations() -> bool:
+    """Whether this database holds a conversation it has not deleted (whose files must be in
+    its engine folder)."""
+    from lifecycle.models import Conversation, ConversationState
+
+    return Conversation.objects.exclude(state=ConversationState.DELETED).exists()
+
+
 def not_adoptable(home: EngineHome) -> str | None:
     """For a database that has recorded no folder: why it must not take the folder at
     ENGINE_HOME by itself ("missing", "unmarked", "not_this_folder"), None when it may. A wrong
     ENGINE_HOME taken here would have every file of the real folder counted as already gone."""
-    from lifecycle.models import Conversation, ConversationState
+    from lifecycle.models import Conversation
 
     if not home.root.is_dir():
         return "missing" if Conversation.objects.exists() else None
     mark = folder_mark(home)
     if mark is None and os.path.lexists(home.root / MARK_NAME):
         return "unmarked"  # a mark file that holds no id: not ours to overwrite unasked
-    if not Conversation.objects.exclude(state=ConversationState.DELETED).exists():
+    if not holds_undeleted_conversations():
         # No file of its can be elsewhere, but a folder another database marked holds that
         # one's files and its fleet rows: taken with that mark, both would erase and resolve
         # subagent rows in one folder.

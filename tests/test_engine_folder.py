@@ -215,8 +215,28 @@ def test_a_database_without_conversations_does_not_take_a_folder_another_databas
     other = "f" * 32
     (engine_home / engine_folder.MARK_NAME).write_text(other + "\n")
     assert engine_folder.problem() == "not_this_folder"
-    Command().prepare_engine_folder()  # serve starts, says why, records nothing
+    Command().prepare_engine_folder()  # serve starts, says why (and the command that helps), records nothing
+    said = capsys.readouterr().err
+    assert "another database's engine folder" in said and "--adopt --take-from-other-database" in said
+    assert "until it is back" not in said
     assert engine_folder.recorded() is None and check_engine_folder() == {"ok": False, "error": "not_this_folder"}
+    # seed_demo writes nothing into it (r18: it wrote its files and subagent rows there, replaced
+    # the legacy subagent file, and serve then took the folder, the other's mark and all)
+    (engine_home / "state").mkdir(exist_ok=True)
+    (engine_home / "state" / "subagents.v1.json").write_text('{"version": 1, "agents": [{"agent_id": "sa_theirs"}]}')
+    before = sorted((p.relative_to(engine_home), p.read_bytes() if p.is_file() else b"") for p in engine_home.rglob("*"))
+    with pytest.raises(CommandError, match="Nothing was seeded: the engine folder .* is another database's engine "
+                                           "folder. If no other database uses it any more") as refused:
+        call_command("seed_demo", "--conversations", "2", "--messages", "2", "--no-users", stdout=io.StringIO())
+    assert refused.value.returncode == 2
+    assert not m.Conversation.objects.exists() and engine_folder.recorded() is None
+    assert sorted((p.relative_to(engine_home), p.read_bytes() if p.is_file() else b"")
+                  for p in engine_home.rglob("*")) == before
+    out = io.StringIO()
+    with pytest.raises(SystemExit):
+        call_command("engine_folder", stdout=out)
+    assert "it carries another database's mark" in out.getvalue()
+    (engine_home / "state" / "subagents.v1.json").unlink()  # the other's row: of no conversation here
     conversation = factories.make_conversation(title="First of this database")  # no files anywhere yet
     assert admit(conversation).outcome == "unavailable"
     assert engine_folder.recorded() is None and engine_folder.folder_mark(EngineHome()) == other

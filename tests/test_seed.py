@@ -47,6 +47,7 @@ def wipe(home: EngineHome) -> None:
     m.Conversation.objects.all().delete()
     m.Computer.objects.all().delete()
     m.Account.objects.all().delete()
+    m.EngineFolderMark.objects.all().delete()  # a new install: the folder it records goes too
     shutil.rmtree(home.root)
 
 

@@ -210,10 +210,16 @@ class Command(BaseCommand):
         try:
             engine_folder.adopt(force=False)
         except engine_folder.EngineFolderUnavailable as exc:
-            self.stderr.write(
-                f"The engine folder {exc.root} is {engine_folder.WORDS[exc.reason]}: deletes wait and /readyz says "
-                "not ready until it is back. Mount it or set ENGINE_HOME; if the folder there is the right one, "
-                "mark it with manage.py engine_folder --adopt.")
+            if exc.reason == "not_this_folder":  # (r18: --adopt alone refuses such a folder)
+                self.stderr.write(
+                    f"The engine folder {exc.root} is {engine_folder.WORDS[exc.reason]}: deletes wait and /readyz says "
+                    "not ready. Set ENGINE_HOME to this database's folder; if no other database uses this one any "
+                    "more, mark it with manage.py engine_folder --adopt --take-from-other-database.")
+            else:
+                self.stderr.write(
+                    f"The engine folder {exc.root} is {engine_folder.WORDS[exc.reason]}: deletes wait and /readyz says "
+                    "not ready until it is back. Mount it or set ENGINE_HOME; if the folder there is the right one, "
+                    "mark it with manage.py engine_folder --adopt.")
         except DatabaseError:  # no tables yet (migrate comes first): a new install
             root.mkdir(parents=True, exist_ok=True)
 

@@ -57,6 +57,8 @@ class Command(BaseCommand):
         recorded = engine_folder.recorded()
         if reason and recorded is None:
             why = ("it holds conversations, whose files must be somewhere" if reason == "missing"
+                   else "it carries another database's mark" if reason == "not_this_folder"
+                   and not engine_folder.holds_undeleted_conversations()
                    else "it holds none of the files of this database's conversations")
             self.stdout.write(f"{home.root}: {engine_folder.WORDS[reason]}. This database has recorded no engine folder "
                               f"yet and does not take this one by itself: {why}. Deletes wait. Check that it is the "

@@ -10,6 +10,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
+from lifecycle import engine_folder
 from lifecycle.enginefs import EngineHome
 from lifecycle.models import Conversation
 from lifecycle.seeding import Seeder
@@ -40,8 +41,20 @@ class Command(BaseCommand):
             return
         if Conversation.objects.exists():
             raise CommandError("Conversations already exist; seed into an empty database.")
+        home = EngineHome()
+        try:  # a new database takes (or makes) its engine folder here: never another database's
+            engine_folder.check(home)
+        except engine_folder.EngineFolderUnavailable as exc:
+            # (r18: seeding wrote this database's files and subagent rows into another's folder,
+            # replaced its legacy subagent file, and then took the folder as its own)
+            advice = (" If no other database uses it any more (the one it was made with is gone), run manage.py "
+                      "engine_folder --adopt --take-from-other-database, then seed again; otherwise set "
+                      "ENGINE_HOME to another folder." if exc.reason == "not_this_folder" else
+                      " Set ENGINE_HOME to this database's folder, or check it and run manage.py engine_folder --adopt.")
+            raise CommandError(f"Nothing was seeded: the engine folder {exc.root} is {engine_folder.WORDS[exc.reason]}."
+                               + advice, returncode=2) from None
         started = time.perf_counter()
-        seeder = Seeder(seed=seed, anchor=anchor or timezone.now(), messages=messages, home=EngineHome())
+        seeder = Seeder(seed=seed, anchor=anchor or timezone.now(), messages=messages, home=home)
         report = seeder.run(conversations)
         elapsed = time.perf_counter() - started
         self.stdout.write(
