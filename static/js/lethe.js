@@ -539,13 +539,20 @@
   }
   function remember(form) { saved[form.dataset.contributor] = snapshot(form); }
   // What the server rendered, from the fields' default state: a person who typed before
-  // this script ran (a slow phone) still gets the bar for that change.
+  // this script ran (a slow phone) still gets the bar for that change. A field the server
+  // rendered with an unsaved draft in it (an analysis sent before this script ran) says what is
+  // saved in data-saved-value (data-saved-checked for a checkbox): the draft is then unsaved
+  // from the start, and Discard goes back to what is saved.
   function served(form) {
     var params = new URLSearchParams();
     Array.prototype.forEach.call(form.elements, function (el) {
       if (!el.name || el.disabled || el.name === "csrfmiddlewaretoken" || el.name === "revision") return;
       var tag = el.tagName;
       if (tag === "BUTTON" || tag === "FIELDSET" || tag === "OBJECT" || tag === "OUTPUT") return;
+      if (el.hasAttribute("data-saved-value")) {
+        params.append(el.name, el.getAttribute("data-saved-value"));
+        return;
+      }
       if (tag === "SELECT") {
         var picked = Array.prototype.filter.call(el.options, function (o) { return o.defaultSelected; });
         if (!picked.length && !el.multiple && el.options.length) picked = [el.options[0]];
@@ -555,7 +562,8 @@
       var type = (el.type || "").toLowerCase();
       if (type === "submit" || type === "button" || type === "reset" || type === "image" || type === "file") return;
       if (type === "checkbox" || type === "radio") {
-        if (el.defaultChecked) params.append(el.name, el.value || "on");
+        var was = el.hasAttribute("data-saved-checked") ? el.getAttribute("data-saved-checked") === "true" : el.defaultChecked;
+        if (was) params.append(el.name, el.value || "on");
         return;
       }
       params.append(el.name, el.defaultValue);
