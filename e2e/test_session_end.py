@@ -78,7 +78,8 @@ def test_a_draft_survives_the_end_of_the_session_and_saves_after_signing_in(
     page.bring_to_front()
     bar(page).get_by_role("button", name="Save").click()
     expect(bar(page)).to_be_hidden()
-    expect(page.locator("#save-bar-live")).to_have_text("Changes saved.")
+    # The focus went from the bar to the first card's confirmation, which is what is read
+    expect(page.locator(".card [role=status]").first).to_be_focused()
     stored = RetainedFactsPolicy.load()
     assert (stored.audit_days, stored.revision) == (500, before.revision + 1)
     from retention.models import ToolPayloadPolicy

@@ -417,8 +417,12 @@
     // A card replaced by the action pressed in it starts at that action's confirmation.
     var confirmation = fresh.querySelector('[role=status][data-announce-for="' + fresh.id + '"][id]');
     if (focusAfterSwap && confirmation) focusAfterSwap.id = confirmation.id;
+    // Said once: when the focus is to move onto the action's confirmation, moving it reads the
+    // confirmation's words, so the live region does not say them too (r19: heard twice).
     var said = announcement(fresh);
-    if (said && said !== announcement(target)) announce(document.getElementById("cleanup-live"), said);
+    if (said && said !== announcement(target) && !(focusAfterSwap && confirmation)) {
+      announce(document.getElementById("cleanup-live"), said);
+    }
   });
   document.addEventListener("htmx:oobAfterSwap", function () {
     var wanted = focusAfterSwap;
@@ -751,10 +755,15 @@
         return;
       }
       refresh();
-      announce(live, bar.dataset.saved);
-      if (focusLost() || barHadFocus) {
-        // The bar hid with the focus on it: move to the result, the first confirmation.
-        focusQuiet(document.querySelector(".card [role=status]"));
+      var confirmations = document.querySelectorAll(".card [role=status]");
+      if ((focusLost() || barHadFocus) && confirmations.length) {
+        // The bar hid with the focus on it: move to the result, the first confirmation, which
+        // is then what is read (with the bar's "Changes saved." as well it was said twice, r19);
+        // the bar's words only when more than one card was saved.
+        focusQuiet(confirmations[0]);
+        if (confirmations.length > 1) announce(live, bar.dataset.saved);
+      } else {
+        announce(live, bar.dataset.saved);
       }
     });
   }
