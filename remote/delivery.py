@@ -330,7 +330,10 @@ def _attempt(op: BoundDelete, engine: HttpEngine) -> str:
         if following:
             view = engine.operation(op.engine_operation)  # following an erasure the engine runs
         else:
-            _update(op, attempts=op.attempts + 1)  # counted before the call: a killed run counts too
+            fields = {"attempts": op.attempts + 1}  # counted before the call: a killed run counts too
+            if not op.engine_key and not op.attempts:  # recorded by older code, never sent: its own key
+                fields["engine_key"] = engine_key_for(op.public_id)
+            _update(op, **fields)
             view = engine.request_delete(op.engine_id, key=op.engine_key or op.key, actor=None)
     except (EngineUnreachable, EngineCredentialsRefused) as exc:
         waiting = WaitingOn.CONSOLE if isinstance(exc, EngineCredentialsRefused) else WaitingOn.ENGINE
@@ -350,6 +353,13 @@ def _attempt(op: BoundDelete, engine: HttpEngine) -> str:
             _update(op, last_error="engine_bad_answer" if unsupported else "engine_error", last_error_at=now,
                     waiting_on=WaitingOn.ENGINE, next_attempt_at=now + retry_delay(max(op.attempts, 1)),
                     **({"engine_operation": "", "engine_state": "", "engine_step": ""} if forget else {}))
+            return "retry"
+        if exc.status == 422 and not op.engine_key:
+            # A delete recorded before engine_key (or by a server still on older code) sent the
+            # client's key, which the engine used for another conversation: that proves the
+            # engine never applied this request, so it goes on with a key of this console's own
+            # (r20: it ended Unavailable, and asking again with the same key did too).
+            _update(op, engine_key=engine_key_for(op.public_id), next_attempt_at=now)
             return "retry"
         if unsupported:
             _finish(op, BoundDeleteState.UNAVAILABLE, "engine_unsupported")

@@ -69,6 +69,7 @@ THREADS = {
     "clash": {"thread_id": "t-clash", "title": "Clash title"},
     "clash-other": {"thread_id": "t-clash-other"},
     "legacy": {"thread_id": "t-legacy", "title": "Legacy title"},
+    "unsent": {"thread_id": "t-unsent"},
 }
 
 
@@ -451,8 +452,7 @@ def test_a_key_the_engine_knows_for_another_conversation_does_not_stop_a_console
     """r16: the console forwarded the client's key, so a key the engine had used (asked of it
     directly, or by another console) for another conversation ended this console's delete
     Unavailable (engine_key_conflict), with the binding's title left blank. The engine is
-    called with the console delete's own key now; a delete recorded before (it sends the
-    client's key) that ends Unavailable gets its title back."""
+    called with the console delete's own key now."""
     refresh("")
     direct = HttpEngine(remote.url, remote.token)
     direct.request_delete(thread(remote, "clash-other"), key="clash-key-1", actor=None)
@@ -461,16 +461,26 @@ def test_a_key_the_engine_knows_for_another_conversation_does_not_stop_a_console
     assert op.engine_key == f"lethe-console-{op.public_id}"
     assert delivery.deliver(op.pk, budget=60) == "completed"
     deleted_once(remote, "clash")
-    # A delete recorded before engine_key existed sends its key, as a lost request did
+    # A delete recorded before engine_key existed (or by a server still on older code) and
+    # already sent once goes on with its key, as a lost request did; the engine's 422 (that key
+    # is another conversation's) proves it never applied it: it goes on with its own (r20: it
+    # ended Unavailable, engine_key_conflict, and asking again did too).
     legacy = binding(remote, "legacy")
     direct.request_delete(thread(remote, "clash-other"), key="clash-key-2", actor=None)
     old = delivery.request_bound_delete(legacy, key="clash-key-2", actor=None)
-    BoundDelete.objects.filter(pk=old.pk).update(engine_key="")
-    assert delivery.deliver(old.pk, budget=30) == "unavailable"
+    BoundDelete.objects.filter(pk=old.pk).update(engine_key="", attempts=1)
+    assert delivery.deliver(old.pk, budget=60) == "completed"
     old.refresh_from_db()
-    assert (old.state, old.code) == ("unavailable", "engine_key_conflict")
-    assert EngineBinding.objects.get(pk=legacy.pk).title == "Legacy title"  # back, as after a refusal
-    assert remote.conversation(thread(remote, "legacy"))["state"] == "live"
+    assert (old.state, old.engine_key) == ("completed", f"lethe-console-{old.public_id}")
+    deleted_once(remote, "legacy")
+    # One recorded by older code and never sent takes its own key before the first call.
+    unsent = binding(remote, "unsent")
+    fresh = delivery.request_bound_delete(unsent, key="unsent-key-1", actor=None)
+    BoundDelete.objects.filter(pk=fresh.pk).update(engine_key="")
+    assert delivery.deliver(fresh.pk, budget=60) == "completed"
+    fresh.refresh_from_db()
+    assert (fresh.engine_key, fresh.attempts) == (f"lethe-console-{fresh.public_id}", 1)
+    deleted_once(remote, "unsent")
 
 
 @pytest.mark.django_db(transaction=True)
