@@ -86,8 +86,8 @@ def test_the_restore_commands_fit_a_320_px_phone_as_code(data, live_server, open
         assert box["x"] >= card["x"] and box["x"] + box["width"] <= card["x"] + card["width"]
 
 
-def test_a_draft_analyzed_before_the_script_ran_is_unsaved_at_once_and_discard_goes_back(  # noqa: F811
-        data, live_server, open_page):
+def test_a_draft_analyzed_before_the_script_ran_is_unsaved_at_once_and_discard_goes_back(
+        data, live_server, open_page):  # noqa: F811
     """Analyze pressed before the page's script loaded (a slow phone) leaves a draft in the
     fields: the Save/Discard bar showed only after a further edit, since the draft was what the
     server rendered. It is unsaved from the start now, and Discard brings back what is saved."""

@@ -547,20 +547,23 @@ def restore_paragraphs(vendor: str) -> list[list[RestorePart]]:
         "A restore replaces the whole database with the backup: everything written after the "
         "backup was made is lost, and anything removed since then comes back."
     )
+    # migrate: a backup made before an upgrade has the older schema (r20: the console's pages
+    # then failed until someone ran it)
     if vendor == "sqlite":
-        steps = [RestorePart(_(
+        steps = _with_commands(_(
             "Stop the console and the job cluster. Move the current database file aside together "
             "with the files next to it whose names end in -wal and -shm (after an unclean stop they "
-            "hold its latest writes), then copy the backup file in its place. Start the console and "
-            "the job cluster again."
-        ))]
+            "hold its latest writes), then copy the backup file in its place and run %(migrate)s (a "
+            "backup made before an upgrade has an older schema). Start the console and the job "
+            "cluster again."
+        ), migrate="manage.py migrate")
     else:
         command = "pg_restore --no-owner --dbname={} {}".format(_("<new database>"), _("<backup file>"))
         steps = _with_commands(_(
             "Stop the console and the job cluster. Create an empty database, restore the backup "
-            "into it with %(command)s, point DATABASE_URL at it, then start the console and the "
-            "job cluster again."
-        ), command=command)
+            "into it with %(command)s, point DATABASE_URL at it and run %(migrate)s (a backup made "
+            "before an upgrade has an older schema), then start the console and the job cluster again."
+        ), command=command, migrate="manage.py migrate")
     deletes = _with_commands(_(
         "Conversations deleted after the backup come back too. Before you restore, note the deletes "
         "requested after the backup was made (the Operations page); once restored, delete each of them "

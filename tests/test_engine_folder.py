@@ -227,8 +227,11 @@ def test_a_database_without_conversations_does_not_take_a_folder_another_databas
     before = sorted((p.relative_to(engine_home), p.read_bytes() if p.is_file() else b"") for p in engine_home.rglob("*"))
     with pytest.raises(CommandError, match="Nothing was seeded: the engine folder .* is another database's engine "
                                            "folder. If no other database uses it any more") as refused:
-        call_command("seed_demo", "--conversations", "2", "--messages", "2", "--no-users", stdout=io.StringIO())
+        call_command("seed_demo", "--conversations", "2", "--messages", "2", stdout=io.StringIO())
     assert refused.value.returncode == 2
+    from django.contrib.auth import get_user_model
+
+    assert not get_user_model().objects.filter(username__in=["admin", "member"]).exists()  # r20: no users either
     assert not m.Conversation.objects.exists() and engine_folder.recorded() is None
     assert sorted((p.relative_to(engine_home), p.read_bytes() if p.is_file() else b"")
                   for p in engine_home.rglob("*")) == before

@@ -34,9 +34,9 @@ class Command(BaseCommand):
         if not 2 <= conversations <= 1_000_000 or not 1 <= messages <= 10_000:
             # (a typo's 20-digit count ran until killed)
             raise CommandError("Seed 2 to 1,000,000 conversations with 1 to 10,000 messages each.")
-        if not no_users:
-            self.users()
         if if_empty and Conversation.objects.exists():
+            if not no_users:
+                self.users()
             self.stdout.write("Demo data already present; not seeding again.")
             return
         if Conversation.objects.exists():
@@ -53,6 +53,8 @@ class Command(BaseCommand):
                       " Set ENGINE_HOME to this database's folder, or check it and run manage.py engine_folder --adopt.")
             raise CommandError(f"Nothing was seeded: the engine folder {exc.root} is {engine_folder.WORDS[exc.reason]}."
                                + advice, returncode=2) from None
+        if not no_users:  # after the folder check: a refused seed creates no users either (r20)
+            self.users()
         started = time.perf_counter()
         seeder = Seeder(seed=seed, anchor=anchor or timezone.now(), messages=messages, home=home)
         report = seeder.run(conversations)
