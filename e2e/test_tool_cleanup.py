@@ -481,7 +481,7 @@ def test_each_run_and_compaction_state_is_said_in_the_live_region(data, live_ser
     drain()
     compact = ToolPayloadOperation.objects.get(kind="compact")
     assert compact.state == "succeeded" and compact.after_bytes is not None
-    wait_said(page, "the file went from")
+    wait_said(page, "its size on disk went from")
 
 
 def test_a_failed_backup_and_its_cancel_are_said_and_the_cancel_is_shown(data, live_server, open_page, settings, tmp_path):

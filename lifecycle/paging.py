@@ -191,7 +191,12 @@ def snapshot_moment() -> datetime:
     return max([timezone.now(), *(moment for moment in newest.values() if moment is not None)])
 
 
-def _in_snapshot(queryset: QuerySet[Conversation], as_of: datetime) -> QuerySet[Conversation]:
+def _in_snapshot(queryset: QuerySet[Conversation], as_of: datetime, key: str = ACTIVITY) -> QuerySet[Conversation]:
+    if key == DELETION:
+        # A tombstone's moment is its deletion, after its last activity: the same rows, by the
+        # expression the Deleted tab's index holds (r20: SQLite sorted every tombstone by
+        # another index when the filter named last_activity_at)
+        return queryset.filter(**{f"{DELETION}__lte": as_of})
     return queryset.filter(last_activity_at__lte=as_of).exclude(view_changed_at__gt=as_of)
 
 
@@ -215,7 +220,7 @@ def snapshot_page(
     With `count=False` only what the next cursor needs is computed (the API); otherwise the
     counts for "page N of M" and the changed-since notice as well (the console)."""
     as_of = cursor.as_of if cursor else snapshot_moment()
-    snapshot = _in_snapshot(queryset, as_of)
+    snapshot = _in_snapshot(queryset, as_of, key)
     order = _order(key)
     if cursor is None:
         rows = list(snapshot.order_by(*order)[: size + 1])

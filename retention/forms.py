@@ -41,7 +41,7 @@ class ToolPayloadPolicyForm(AgeForm):
     # Never preselected: the service says when the choice is required (enabling, re-enabling,
     # shortening the period) and refuses the save without it.
     backup_choice = forms.ChoiceField(
-        label=_("Before the first cleanup"), choices=BackupChoice.choices, required=False,
+        label=_("Before the next cleanup"), choices=BackupChoice.choices, required=False,
         widget=forms.RadioSelect,
     )
     revision = WholeNumberField(widget=forms.HiddenInput, min_value=1)

@@ -427,7 +427,7 @@ def test_compact_database_runs_as_a_job_with_before_and_after_sizes(admin_client
     op = run(ToolPayloadOperation.objects.get(kind="compact").pk)
     assert op.state == "succeeded" and op.after_bytes is not None
     compact = region(page(admin_client), "db-compact")
-    assert "Last compacted" in compact and "the file went from" in compact
+    assert "Last compacted" in compact and "its size on disk went from" in compact
     # The status read that shows the result carries the database's figures read again, so
     # they do not stay at their size before the compaction beside it.
     from retention.storage import database_size
