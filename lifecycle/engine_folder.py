@@ -19,8 +19,8 @@ is there and carries that id. What depends on it:
 A database that has recorded no folder yet (a new install, or one from before the mark) takes
 the folder it finds only when that folder plausibly is its own: it holds the files of at least
 one conversation this database has not deleted, or the database has no such conversation (so
-no file of it can be elsewhere) and the folder carries no other database's mark. It creates a folder only while it holds no conversation at
-all. Otherwise (a wrong ENGINE_HOME naming an empty or another folder) nothing is recorded:
+no file of it can be elsewhere) and the folder carries no other database's mark. It creates a
+folder only while it holds no conversation at all. Otherwise (a wrong ENGINE_HOME naming an empty or another folder) nothing is recorded:
 the folder counts as `unmarked` (`not_this_folder` when it carries another mark), deletes wait
 and the operator, after checking, marks it with `manage.py engine_folder --adopt`, as one who
 replaced the folder on purpose does. A folder marked as another database's is adopted only

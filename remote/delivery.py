@@ -184,7 +184,8 @@ def request_bound_delete(binding: EngineBinding, *, key: str | None, actor) -> B
     now = timezone.now()
     public_id = new_bound_delete_id()
     fields = {
-        "public_id": public_id, "key": key, "engine_key": engine_key_for(public_id), "binding_ref": binding.public_id, "engine_url": binding.engine_url, "engine_id": binding.engine_id,
+        "public_id": public_id, "key": key, "engine_key": engine_key_for(public_id),
+        "binding_ref": binding.public_id, "engine_url": binding.engine_url, "engine_id": binding.engine_id,
         "owner_kind": binding.owner_kind, "owner_id": binding.owner_id, "scope": binding.scope,
         "thread_id": binding.thread_id, "requested_by": actor if getattr(actor, "is_authenticated", False) else None,
         "requested_at": now,
