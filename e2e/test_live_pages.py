@@ -129,3 +129,45 @@ def test_the_focus_kept_through_the_update_is_not_left_under_the_sticky_bar(seed
     box = page.evaluate("(() => { const r = document.activeElement.getBoundingClientRect(); "
                         "return [r.top, r.bottom, innerHeight]; })()")
     assert box[0] >= bar - 1 and box[1] <= box[2], (box, bar)
+
+
+@pytest.mark.parametrize("viewport", ["desktop", "small-phone"])
+def test_engine_conversations_update_themselves_when_a_bound_delete_completes(live_server, open_page, viewport):
+    """Engine conversations (a console of a remote engine) polls its pending bound deletes: once
+    the engine's receipt is acknowledged, the conversation's row goes and its delete's row says
+    Completed, without a reload, said once (it had server tests only)."""
+    from django.contrib.auth import get_user_model
+    from django.utils import timezone
+
+    from remote.models import BoundDelete, EngineBinding
+
+    get_user_model().objects.create_user(ADMIN[0], password=ADMIN[1], is_staff=True)
+    binding = EngineBinding.objects.create(engine_id="c_" + "a" * 20, owner_kind="account", owner_id=1, scope="bound",
+                                           thread_id="t-remote", title="", engine_state="live")
+    stays = EngineBinding.objects.create(engine_id="c_" + "b" * 20, owner_kind="account", owner_id=1, scope="bound",
+                                         thread_id="t-stays", title="Stays", engine_state="live")
+    delete = BoundDelete.objects.create(key="k-remote-e2e", binding=binding, binding_ref=binding.public_id,
+                                        engine_id=binding.engine_id, owner_kind="account", owner_id=1, scope="bound",
+                                        thread_id="t-remote", state="pending", waiting_on="engine")
+    page = open_page(viewport)
+    log_in(page, live_server.url, *ADMIN)
+    page.goto(f"{live_server.url}/engine/conversations/")
+    page.evaluate("window.__notReloaded = true")
+    expect(page.locator(f"#binding-row-{binding.public_id}")).to_be_visible()
+    expect(page.locator(f"#bound-delete-row-{delete.public_id}")).to_have_attribute("data-state", "pending")
+    check_layout(page, "engine conversations while pending")
+
+    # The engine's receipt acknowledged: the delete completed and the binding went (as delivery does).
+    BoundDelete.objects.filter(pk=delete.pk).update(state="completed", binding=None, receipt={"stores": []},
+                                                    receipt_at=timezone.now(), acknowledged_at=timezone.now(),
+                                                    completed_at=timezone.now(), waiting_on="")
+    binding.delete()
+    expect(page.locator(f"#bound-delete-row-{delete.public_id}")).to_have_attribute("data-state", "completed",
+                                                                                    timeout=WAIT)
+    expect(page.locator(f"#bound-delete-row-{delete.public_id}")).to_contain_text("Completed")
+    expect(page.locator(f"#binding-row-{binding.public_id}")).to_have_count(0)
+    expect(page.locator(f"#binding-row-{stays.public_id}")).to_be_visible()
+    expect(page.locator("#live-announce")).to_have_text("t-remote: Completed.", timeout=WAIT)
+    assert page.evaluate("window.__notReloaded") is True
+    assert page.locator("#live-poll[hx-trigger]").count() == 0
+    check_layout(page, "engine conversations after the delete completed")
