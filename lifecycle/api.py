@@ -143,8 +143,9 @@ def thread_list(request: HttpRequest, query: ThreadsQuery) -> dict:
         try:
             cursor = Cursor.decode(query.cursor, scope)
         except InvalidCursor:
-            raise ApiError(400, "invalid_cursor", _("The cursor is not valid for this list: it was handed out "
-                                                    "for other filters, or it is damaged.")) from None
+            raise ApiError(400, "invalid_cursor", _("The cursor is not valid for this list: it was handed out for other "
+                                                    "filters or by an earlier version, or it is damaged. Ask for the first page "
+                                                    "again, without a cursor.")) from None
         if cursor.backward:
             raise ApiError(400, "invalid_cursor", _("The cursor is not valid."))
     qs, key = listing(qs, query.view)

@@ -159,8 +159,9 @@ def binding_list(request: HttpRequest, query: BindingsQuery) -> dict:
         if kind is None:  # the owner the pages before listed (the first one then)
             kind, owner_id = cursor_kind, cursor_owner
         elif (kind, owner_id) != (cursor_kind, cursor_owner):  # another owner's list: it would skip rows
-            raise ApiError(400, "invalid_cursor", _("The cursor is not valid for this list: it was handed out "
-                                                    "for other filters, or it is damaged."))
+            raise ApiError(400, "invalid_cursor", _("The cursor is not valid for this list: it was handed out for other "
+                                                    "filters or by an earlier version, or it is damaged. Ask for the first page "
+                                                    "again, without a cursor."))
     if kind is None:
         first = EngineBinding.objects.order_by("owner_kind", "owner_id").values_list("owner_kind", "owner_id").first()
         if first is None:
