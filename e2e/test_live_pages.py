@@ -137,18 +137,11 @@ def test_engine_conversations_update_themselves_when_a_bound_delete_completes(li
     the engine's receipt is acknowledged, the conversation's row goes and its delete's row says
     Completed, without a reload, said once (it had server tests only)."""
     from django.contrib.auth import get_user_model
-    from django.utils import timezone
 
-    from remote.models import BoundDelete, EngineBinding
+    from tests.test_live_pages import acknowledged, pending_bound_delete
 
     get_user_model().objects.create_user(ADMIN[0], password=ADMIN[1], is_staff=True)
-    binding = EngineBinding.objects.create(engine_id="c_" + "a" * 20, owner_kind="account", owner_id=1, scope="bound",
-                                           thread_id="t-remote", title="", engine_state="live")
-    stays = EngineBinding.objects.create(engine_id="c_" + "b" * 20, owner_kind="account", owner_id=1, scope="bound",
-                                         thread_id="t-stays", title="Stays", engine_state="live")
-    delete = BoundDelete.objects.create(key="k-remote-e2e", binding=binding, binding_ref=binding.public_id,
-                                        engine_id=binding.engine_id, owner_kind="account", owner_id=1, scope="bound",
-                                        thread_id="t-remote", state="pending", waiting_on="engine")
+    binding, stays, delete = pending_bound_delete(title="")
     page = open_page(viewport)
     log_in(page, live_server.url, *ADMIN)
     page.goto(f"{live_server.url}/engine/conversations/")
@@ -157,11 +150,7 @@ def test_engine_conversations_update_themselves_when_a_bound_delete_completes(li
     expect(page.locator(f"#bound-delete-row-{delete.public_id}")).to_have_attribute("data-state", "pending")
     check_layout(page, "engine conversations while pending")
 
-    # The engine's receipt acknowledged: the delete completed and the binding went (as delivery does).
-    BoundDelete.objects.filter(pk=delete.pk).update(state="completed", binding=None, receipt={"stores": []},
-                                                    receipt_at=timezone.now(), acknowledged_at=timezone.now(),
-                                                    completed_at=timezone.now(), waiting_on="")
-    binding.delete()
+    acknowledged(delete, binding)
     expect(page.locator(f"#bound-delete-row-{delete.public_id}")).to_have_attribute("data-state", "completed",
                                                                                     timeout=WAIT)
     expect(page.locator(f"#bound-delete-row-{delete.public_id}")).to_contain_text("Completed")

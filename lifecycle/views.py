@@ -92,9 +92,9 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
         view = "recent"
     if request.htmx and request.GET.get("live"):
         return _list_live(request, view)
-    owner, _kind, _owner_id, unknown_owner = _owner_filter(request)
+    owner, kind, owner_id, unknown_owner = _owner_filter(request)
     query = request.GET.get("q", "").strip()[:200]
-    qs, key = listing(_filtered(view, request).with_activity().with_delete_operation()
+    qs, key = listing(_filtered(view, kind, owner_id, query).with_activity().with_delete_operation()
                       .select_related("account", "computer"), view)
     scope = list_scope_of(view, owner, query)
     page = snapshot_page(qs, _cursor(request, scope), PAGE_SIZE, changed_sample=CHANGED_SAMPLE, key=key, scope=scope)
@@ -132,13 +132,12 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
     return response
 
 
-def _filtered(view: str, request: HttpRequest) -> ConversationQuerySet:
-    """The list's conversations: its tab, its owner and its search, in no order."""
+def _filtered(view: str, kind: str, owner_id: int | None, query: str) -> ConversationQuerySet:
+    """The list's conversations: its tab, its owner (`_owner_filter`) and its search, in no order."""
     qs = getattr(Conversation.objects, view)()
-    _owner, kind, owner_id, _unknown = _owner_filter(request)
     if owner_id is not None:
         qs = qs.owned_by(kind, owner_id)
-    return qs.search(request.GET.get("q", "").strip()[:200])
+    return qs.search(query)
 
 
 def _list_poller(view: str, pending: list[str], owner: str = "", query: str = "") -> dict:
@@ -161,13 +160,13 @@ def _list_live(request: HttpRequest, view: str) -> HttpResponse:
     if not changed:
         return HttpResponse(status=204)  # nothing changed: no swap, nothing said
     still = [c.public_id for c in rows if c.state == ConversationState.PENDING_DELETE]
-    owner, _kind, _owner_id, _unknown = _owner_filter(request)
+    owner, kind, owner_id, _unknown = _owner_filter(request)
     query = request.GET.get("q", "").strip()[:200]
     said = " ".join(gettext("Deleted: %(name)s.") % {"name": c.thread_id} if c.state == ConversationState.DELETED
                     else gettext("No longer pending delete: %(name)s.") % {"name": c.shown_title or c.thread_id}
                     for c in changed)
     # The list's count too: a row that left its tab (deleted, on Pending delete) is no longer counted.
-    context = {"changed": changed, "view": view, "live_said": said, "page": {"total": _filtered(view, request).count()},
+    context = {"changed": changed, "view": view, "live_said": said, "page": {"total": _filtered(view, kind, owner_id, query).count()},
                **_list_poller(view, still, owner, query)}
     return render(request, "lifecycle/_conversations_live.html", context)
 

@@ -168,26 +168,39 @@ def test_the_deleted_tab_says_when_each_conversation_was_deleted(admin_client, p
     assert "Eliminada ahora" in row and "Activa" not in row and "Última actividad" in row
 
 
-def test_engine_conversations_poll_their_pending_deletes_and_drop_a_finished_binding(admin_client):
+def pending_bound_delete(title: str = "Remote plan"):
+    """(binding, another binding, its pending bound delete) on Engine conversations' first owner."""
     from remote.models import BoundDelete, EngineBinding
 
     binding = EngineBinding.objects.create(engine_id="c_" + "a" * 20, owner_kind="account", owner_id=1, scope="bound",
-                                           thread_id="t-remote", title="Remote plan", engine_state="live")
+                                           thread_id="t-remote", title=title, engine_state="live")
     other = EngineBinding.objects.create(engine_id="c_" + "b" * 20, owner_kind="account", owner_id=1, scope="bound",
                                          thread_id="t-stays", title="Stays", engine_state="live")
     delete = BoundDelete.objects.create(key="k-remote", binding=binding, binding_ref=binding.public_id,
                                         engine_id=binding.engine_id, owner_kind="account", owner_id=1, scope="bound",
-                                        thread_id="t-remote", state="pending")
+                                        thread_id="t-remote", state="pending", waiting_on="engine")
+    return binding, other, delete
+
+
+def acknowledged(delete, binding) -> None:
+    """The engine's receipt acknowledged: the delete completed and the binding went (as delivery does)."""
+    from remote.models import BoundDelete
+
+    now = timezone.now()
+    BoundDelete.objects.filter(pk=delete.pk).update(state="completed", binding=None, receipt={"stores": []},
+                                                    receipt_at=now, acknowledged_at=now, completed_at=now, waiting_on="")
+    binding.delete()
+
+
+def test_engine_conversations_poll_their_pending_deletes_and_drop_a_finished_binding(admin_client):
+    binding, other, delete = pending_bound_delete()
     page = get(admin_client, "/engine/conversations/").content.decode()
     assert "See the delete's progress" in page and 'hx-trigger="every 3s"' in poller(page)
     url = poll_url(page)
     assert url == f"/engine/conversations/?live=1&d={delete.public_id}"
     assert get(admin_client, url, HTTP_HX_REQUEST="true").status_code == 204
 
-    # The engine's receipt acknowledged: the delete completed and the binding went (as delivery does).
-    BoundDelete.objects.filter(pk=delete.pk).update(state="completed", binding=None, receipt={"stores": []},
-                                                    receipt_at=timezone.now(), acknowledged_at=timezone.now())
-    binding.delete()
+    acknowledged(delete, binding)
     fragment = get(admin_client, url, HTTP_HX_REQUEST="true").content.decode()
     assert f'<li id="binding-row-{binding.public_id}" hx-swap-oob="delete"></li>' in fragment
     row = re.search(rf'<li id="bound-delete-row-{delete.public_id}" data-live-row data-state="completed" '
