@@ -398,6 +398,14 @@
     return el ? el.textContent.replace(/\s+/g, " ").trim() : "";
   }
   var focusAfterSwap = null;
+  // The control pressed whose region then lost it (Retry backup gives way to the backup's
+  // progress): the focus waits on the region, and goes back to that control when a later read
+  // brings it back (the backup failed again), rather than the whole region being read out
+  // again beside the live region's words (r19: heard twice). Forgotten once the focus moves on.
+  var pressedAway = null;
+  document.addEventListener("focusin", function (event) {
+    if (pressedAway && event.target.id !== pressedAway.region) pressedAway = null;
+  });
   document.addEventListener("htmx:oobBeforeSwap", function (event) {
     var target = event.detail.target;
     var fresh = event.detail.fragment && event.detail.fragment.firstElementChild;
@@ -414,6 +422,8 @@
     }
     var active = document.activeElement;
     focusAfterSwap = target.contains(active) ? { id: active.id, region: target.id } : null;
+    if (focusAfterSwap && pressedAway && active === target && pressedAway.region === target.id &&
+        fresh.querySelector("#" + pressedAway.id)) focusAfterSwap.id = pressedAway.id;
     // A card replaced by the action pressed in it starts at that action's confirmation.
     var confirmation = fresh.querySelector('[role=status][data-announce-for="' + fresh.id + '"][id]');
     if (focusAfterSwap && confirmation) focusAfterSwap.id = confirmation.id;
@@ -432,7 +442,10 @@
     var el = wanted.id && document.getElementById(wanted.id);
     if (el && !el.disabled && el.matches("button, a, input, select, summary")) el.focus({ preventScroll: true });
     else if (el && el.matches(".cleanup-region, #backups, #cleanup-history, [role=status]")) focusQuiet(el);  // a region that had it, a confirmation
-    else focusQuiet(document.getElementById(wanted.region));
+    else {
+      focusQuiet(document.getElementById(wanted.region));
+      if (wanted.id && !el) pressedAway = { id: wanted.id, region: wanted.region };
+    }
   });
 
   // The backup choice shows when the draft needs it: turning cleanup on (again) or
