@@ -33,6 +33,8 @@ from lifecycle.deletion.presentation import (
     preview_groups,
     receipt_rows,
     removed_backups,
+    residue,
+    unscanned_at,
 )
 from lifecycle.engine import OperationView, get_engine
 from lifecycle.engine.http import EngineCredentialsRefused, EngineUnreachable, EngineUnsupported
@@ -201,43 +203,6 @@ def _rows_with_times(rows: list[dict[str, Any]], typed: dict[str, Any] | None = 
             for row in rows]
 
 
-def _residue(verification: dict[str, Any]) -> dict[str, Any] | None:
-    """What the receipt's checks found, by what removes it (None when nothing): traces in the
-    conversation's stores (the last check's, which --erase-residue erases), and files whose raw
-    bytes held its content at the last raw-byte check: its own files (--erase-residue removes
-    them), other files in the engine folder and the database file (it does not; the page says
-    what the operator does). A receipt recorded before files were told apart gives no breakdown
-    (`unknown`)."""
-    logical = verification.get("logical") == "found"
-    physical = verification.get("physical") == "found"
-    if not (logical or physical):
-        return None
-    residue: dict[str, Any] = {
-        "at": moment(verification.get("at")),
-        "logical": (_count(verification.get("logical_findings", verification.get("findings"))) or 1) if logical else 0,
-    }
-    if physical:
-        files = verification.get("physical_files")
-        residue["physical_at"] = moment(verification.get("physical_at") or verification.get("at"))
-        if isinstance(files, dict):
-            residue.update({kind: _count(files.get(kind)) for kind in ("erasable", "engine_folder", "database")})
-        else:
-            residue["unknown"] = True
-    return residue
-
-
-def _count(value: Any) -> int:
-    """A whole, non-negative count from a receipt, else 0."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-
-def _unscanned(verification: dict[str, Any]) -> Any:
-    """When the last raw-byte check could scan nothing because no fingerprints are kept (else
-    None): the page says so beside the last result that did scan."""
-    unscanned = _part(verification, "unscanned", dict)
-    return moment(unscanned.get("at")) if unscanned.get("reason") == "no_fingerprints" else None
-
-
 def _cluster_stopped(op: OperationView) -> dict[str, Any] | None:
     """For a pending delete of this console's own engine: whether the job clusters seem stopped
     (ops.health.cluster_stopped); nothing moves the delete on until one runs. (A remote
@@ -282,8 +247,8 @@ def _operation_context(op: OperationView, request: HttpRequest | None = None) ->
         "ambiguous": _rows_with_times(ambiguous, _typed_back(request, ambiguous)),
         "physical_at": moment(physical.get("erased_at")),
         "verified_at": moment(receipt.get("verified_at")),
-        "residue": _residue(verification),
-        "unscanned": _unscanned(verification),
+        "residue": residue(verification),
+        "unscanned": unscanned_at(verification),
         "verified_physical_at": moment(receipt.get("verified_physical_at")),
         "poll": POLL_SECONDS if op.is_pending else None,
         "cluster_stopped": (stopped := _cluster_stopped(op)),

@@ -190,8 +190,42 @@ def test_the_reports_verification_says_which_raw_bytes_were_checked(engine_home,
                                                               "physical_at": at.isoformat()}}
     m.DeleteOperation.objects.filter(pk=op.pk).update(receipt=found)
     out = run("status", op.public_id)
-    assert "  verification: the raw-byte check found some of its content" in out
+    stamp = at.isoformat().replace("+00:00", "Z")
+    assert f"  verification: on {stamp} the raw-byte check found some of its content; manage.py verify_erasure --physical {op.public_id} names each file" in out
     assert "  verification: every store re-checked on " in out and ": clean\n" in out
+
+
+def test_the_reports_verification_names_each_kind_of_residue_and_its_remedy_as_the_page_does(engine_home):
+    """The report said only "the raw-byte check found some of its content" where the operation
+    page tells the conversation's own files (--erase-residue removes them), other files of the
+    engine folder (by hand) and the database file (Compact database) apart, with the command
+    for each; and it read the receipt by its own rules, not the page's."""
+    from django.utils import timezone
+
+    conversation = factories.make_conversation(title="Found again")
+    run("delete", conversation.public_id, "--key", "found-1")
+    op = m.DeleteOperation.objects.get()
+    at = timezone.now().replace(microsecond=0)
+    stamp = at.isoformat().replace("+00:00", "Z")
+    found = {**op.receipt, "verification": {**op.receipt["verification"], "physical": "found", "physical_at": at.isoformat(),
+                                           "physical_files": {"erasable": 2, "engine_folder": 1, "database": 1}}}
+    m.DeleteOperation.objects.filter(pk=op.pk).update(receipt=found)
+    lines = [line for line in run("status", op.public_id).splitlines() if line.startswith("  verification: ")]
+    assert lines[0] == (f"  verification: on {stamp} the raw-byte check found its content in 2 of this conversation's own "
+                        f"file(s); remove them and check again with: manage.py verify_erasure --erase-residue --physical {op.public_id}")
+    assert lines[1].startswith(f"  verification: on {stamp} the raw-byte check found copies of its content in 1 file(s) of the engine folder")
+    assert "--erase-residue does not remove them" in lines[1]
+    assert lines[2].startswith(f"  verification: on {stamp} the raw-byte check found some of its content in the database file")
+    assert "Compact database" in lines[2]
+    assert lines[3].startswith("  verification: every store re-checked on ") and len(lines) == 4
+
+    # Traces written after the delete: the clean line is not given (the page gives none either)
+    traced = {**found, "verification": {**found["verification"], "logical": "found", "logical_findings": 3, "at": at.isoformat()}}
+    m.DeleteOperation.objects.filter(pk=op.pk).update(receipt=traced)
+    lines = [line for line in run("status", op.public_id).splitlines() if line.startswith("  verification: ")]
+    assert lines[0] == (f"  verification: on {stamp} found 3 trace(s) of this conversation written or restored after its "
+                        f"delete; erase them with: manage.py verify_erasure --erase-residue {op.public_id}")
+    assert len(lines) == 4 and not any("clean" in line for line in lines)
 
 
 def test_the_report_states_the_kept_facts_and_when_they_expired_as_the_operation_page_does():

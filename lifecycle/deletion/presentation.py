@@ -141,3 +141,40 @@ def removed_backup_text(entry: dict[str, Any], when: str = "") -> str:
         return _("Backup %(name)s, made before the delete: removed from the backup folder (found gone on "
                  "%(when)s).") % {"name": entry["name"], "when": when}
     return _("Backup %(name)s, made before the delete: no longer in the backup folder.") % {"name": entry["name"]}
+
+
+def residue(verification: dict[str, Any]) -> dict[str, Any] | None:
+    """What the receipt's checks found, by what removes it (None when nothing): traces in the
+    conversation's stores (the last check's, which --erase-residue erases), and files whose raw
+    bytes held its content at the last raw-byte check: its own files (--erase-residue removes
+    them), other files in the engine folder and the database file (it does not; the page says
+    what the operator does). A receipt recorded before files were told apart gives no breakdown
+    (`unknown`). The operation page and `manage.py conversations status` both word this."""
+    logical = verification.get("logical") == "found"
+    physical = verification.get("physical") == "found"
+    if not (logical or physical):
+        return None
+    found: dict[str, Any] = {
+        "at": moment(verification.get("at")),
+        "logical": (_count(verification.get("logical_findings", verification.get("findings"))) or 1) if logical else 0,
+    }
+    if physical:
+        files = verification.get("physical_files")
+        found["physical_at"] = moment(verification.get("physical_at") or verification.get("at"))
+        if isinstance(files, dict):
+            found.update({kind: _count(files.get(kind)) for kind in ("erasable", "engine_folder", "database")})
+        else:
+            found["unknown"] = True
+    return found
+
+
+def _count(value: Any) -> int:
+    """A whole, non-negative count from a receipt, else 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def unscanned_at(verification: dict[str, Any]) -> Any:
+    """When the last raw-byte check could scan nothing because no fingerprints are kept (else
+    None): the page says so beside the last result that did scan."""
+    unscanned = verification.get("unscanned") if isinstance(verification.get("unscanned"), dict) else {}
+    return moment(unscanned.get("at")) if unscanned.get("reason") == "no_fingerprints" else None

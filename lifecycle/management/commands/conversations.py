@@ -16,6 +16,8 @@ from lifecycle.deletion.presentation import (
     receipt_rows,
     removed_backup_text,
     removed_backups,
+    residue,
+    unscanned_at,
 )
 from lifecycle.engine import OperationView, get_engine
 from lifecycle.errors import ActionRefused
@@ -206,41 +208,61 @@ class Command(JsonErrors, BaseCommand):
 
 
 def verification_lines(op: OperationView) -> list[str]:
-    """What the receipt's last checks found, as the operation page says it (with the command
-    that acts on it): traces written or restored after the delete, content in raw bytes, or
-    clean and when (on PostgreSQL the raw bytes checked are the engine folder's only: the
-    server's files cannot be read from here); not yet verified."""
+    """What the receipt's last checks found, in the order and with the commands the operation
+    page gives (templates/lifecycle/operation_detail.html; the facts from the same
+    presentation.residue): traces written or restored after the delete, content in raw bytes by
+    what removes it, else clean and when (on PostgreSQL the raw bytes checked are the engine
+    folder's only: the server's files cannot be read from here); not yet verified."""
     receipt = op.receipt or {}
     verification = receipt.get("verification") if isinstance(receipt.get("verification"), dict) else {}
-    logical = verification.get("logical") == "found"
-    physical = verification.get("physical") == "found"
+    found = residue(verification) or {}
     lines = []
-    if logical:
-        found = verification.get("logical_findings", verification.get("findings")) or 1
-        lines.append(f"found {found} trace(s) of this conversation written or restored after its delete, on "
-                     f"{verification.get('at')}; erase them with: manage.py verify_erasure --erase-residue {op.id}")
-    if physical:
-        lines.append(f"the raw-byte check found some of its content, on {verification.get('physical_at') or verification.get('at')}; "
-                     f"manage.py verify_erasure --physical {op.id} names each file")
-    if logical:
-        return lines
-    if physical:
-        lines.append(f"every store re-checked on {receipt.get('verified_at')}: clean")
-    elif receipt.get("verified_physical_at") and receipt.get("engine") == "postgresql":
-        lines.append(f"clean on {receipt['verified_physical_at']}; the raw bytes of the engine folder's files hold none "
-                     "of the samples taken of its content (the database server's own files cannot be read from here)")
-    elif receipt.get("verified_physical_at"):
-        lines.append(f"clean on {receipt['verified_physical_at']}; the raw bytes of the database and the engine folder "
-                     "hold none of the samples taken of its content")
-    elif receipt.get("verified_at"):
-        lines.append(f"every store re-checked on {receipt['verified_at']}: clean")
-    else:
-        lines.append(f"not verified yet: check with manage.py verify_erasure {op.id}")
-    unscanned = verification.get("unscanned") if isinstance(verification.get("unscanned"), dict) else {}
-    if unscanned.get("reason") == "no_fingerprints":
-        lines.append(f"a raw-byte check on {unscanned.get('at')} scanned nothing: no fingerprints of its content are "
+    if found.get("logical"):
+        lines.append(f"on {_when(found['at'])} found {found['logical']} trace(s) of this conversation written or "
+                     f"restored after its delete; erase them with: manage.py verify_erasure --erase-residue {op.id}")
+    at = _when(found.get("physical_at"))
+    if found.get("erasable"):
+        lines.append(f"on {at} the raw-byte check found its content in {found['erasable']} of this conversation's own "
+                     f"file(s); remove them and check again with: manage.py verify_erasure --erase-residue --physical {op.id}")
+    if found.get("engine_folder"):
+        lines.append(f"on {at} the raw-byte check found copies of its content in {found['engine_folder']} file(s) of the "
+                     "engine folder that are not this conversation's own; --erase-residue does not remove them: find "
+                     f"them with manage.py verify_erasure --physical {op.id}, delete them or the copied content by hand, "
+                     "then run it again")
+    if found.get("database"):
+        lines.append(f"on {at} the raw-byte check found some of its content in the database file; --erase-residue does "
+                     "not rewrite it: run Compact database (Data & storage, or manage.py tool_payloads compact --as ADMIN), then "
+                     f"check again with: manage.py verify_erasure --physical {op.id}")
+    if found.get("unknown"):
+        lines.append(f"on {at} the raw-byte check found some of its content; manage.py verify_erasure --physical "
+                     f"{op.id} names each file (with --erase-residue it also removes this conversation's own files)")
+    if not found.get("logical"):
+        lines.append(_clean_line(op, receipt, found))
+    if unscanned := unscanned_at(verification):
+        lines.append(f"a raw-byte check on {_when(unscanned)} scanned nothing: no fingerprints of its content are "
                      "kept (they are dropped after a clean raw-byte check, and a week after the delete)")
     return lines
+
+
+def _clean_line(op: OperationView, receipt: dict, found: dict) -> str:
+    """The stores' clean re-check beside raw-byte findings, else the last clean check and what it
+    read, else that none ran yet."""
+    if found:
+        return f"every store re-checked on {receipt.get('verified_at')}: clean"
+    if receipt.get("verified_physical_at") and receipt.get("engine") == "postgresql":
+        return (f"clean on {receipt['verified_physical_at']}; the raw bytes of the engine folder's files hold none "
+                "of the samples taken of its content (the database server's own files cannot be read from here)")
+    if receipt.get("verified_physical_at"):
+        return (f"clean on {receipt['verified_physical_at']}; the raw bytes of the database and the engine folder "
+                "hold none of the samples taken of its content")
+    if receipt.get("verified_at"):
+        return f"every store re-checked on {receipt['verified_at']}: clean"
+    return f"not verified yet: check with manage.py verify_erasure {op.id}"
+
+
+def _when(moment) -> str:
+    """A receipt's time as the receipt writes it (UTC, with Z), or "an unrecorded time"."""
+    return moment.isoformat().replace("+00:00", "Z") if moment else "an unrecorded time"
 
 
 def kept_text(entry: dict) -> str:
