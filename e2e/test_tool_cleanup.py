@@ -484,7 +484,9 @@ def test_each_run_and_compaction_state_is_said_in_the_live_region(data, live_ser
     wait_said(page, "its size on disk went from")
 
 
-def test_a_failed_backup_and_its_cancel_are_said_and_the_cancel_is_shown(data, live_server, open_page, settings, tmp_path):
+def failed_backup(live_server, open_page, settings, tmp_path) -> Page:
+    """The card on a phone after Run cleanup now's backup failed (its folder is a file), with
+    what the live region says recorded from the start."""
     from django.contrib.auth import get_user_model
 
     from retention import service
@@ -497,11 +499,15 @@ def test_a_failed_backup_and_its_cancel_are_said_and_the_cancel_is_shown(data, l
     page = open_page("phone")
     open_card(page, live_server.url)
     page.evaluate(_RECORD_SAID)
-
     page.get_by_role("button", name="Run cleanup now").click()
     wait_said(page, "Preparing backup:")
     drain()
     wait_said(page, "Backup failed:")
+    return page
+
+
+def test_a_failed_backup_and_its_cancel_are_said_and_the_cancel_is_shown(data, live_server, open_page, settings, tmp_path):
+    page = failed_backup(live_server, open_page, settings, tmp_path)
     page.get_by_role("button", name="Cancel", exact=True).click()
 
     done = "Backup preparation cancelled: automatic cleanup is off and nothing was removed."
@@ -515,22 +521,7 @@ def test_a_failed_backup_and_its_cancel_are_said_and_the_cancel_is_shown(data, l
 
 
 def test_a_retried_backup_that_fails_again_gives_the_focus_back_to_retry_and_is_said_once(data, live_server, open_page, settings, tmp_path):
-    from django.contrib.auth import get_user_model
-
-    from retention import service
-
-    blocked = tmp_path / "not-a-folder"
-    blocked.write_text("a file where the backups folder should be")
-    settings.LETHE_BACKUP_DIR = blocked
-    admin = get_user_model().objects.get(username=ADMIN[0])
-    service.save_policy(user=admin, enabled=True, age_value=3, age_unit="months", revision=1, backup_choice="create")
-    page = open_page("phone")
-    open_card(page, live_server.url)
-    page.evaluate(_RECORD_SAID)
-    page.get_by_role("button", name="Run cleanup now").click()
-    wait_said(page, "Preparing backup:")
-    drain()
-    wait_said(page, "Backup failed:")
+    page = failed_backup(live_server, open_page, settings, tmp_path)
 
     page.evaluate("window.__said = []")
     retry = page.get_by_role("button", name="Retry backup")
