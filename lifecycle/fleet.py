@@ -39,6 +39,7 @@ from lifecycle.enginefs import (
     remove_regular,
 )
 from lifecycle.fence import refusal
+from lifecycle.item_payload import has_bad_text
 from lifecycle.models import Conversation, ConversationState
 
 Row = dict[str, Any]
@@ -68,12 +69,26 @@ def origin_of(row: Row) -> str | None:
     return None
 
 
+# The longest agent id a row can be named by: it goes in an address (the API's, a remote
+# engine's), percent-encoded, and a server takes request lines of about 4 KB (256 characters of
+# four UTF-8 bytes each, encoded, take 3 KB).
+AGENT_ID_MAX = 256
+
+
 def resolvable_id(value: Any) -> bool:
     """Whether a row's agent id can be named to resolve the row (on a form, in an address): a
     text of printable characters, not empty (an address has no room for nothing: the API and a
-    console of a remote engine could not name it). A row whose id is missing, empty, not text,
-    or holds a control character is a row the state file does not describe usably."""
-    return isinstance(value, str) and value != "" and value.isprintable()
+    console of a remote engine could not name it), of at most AGENT_ID_MAX characters. A row
+    whose id is missing, empty, not text, too long or holds a control character is a row the
+    state file does not describe usably."""
+    return namable_id(value) and value.isprintable()
+
+
+def namable_id(value: Any) -> bool:
+    """Whether an id sent to resolve a row can be any row's (looked up, put in an address): not
+    empty, at most AGENT_ID_MAX characters, no NUL or lone surrogate (a row written before
+    resolvable_id was checked may hold other characters, such as a direction mark)."""
+    return isinstance(value, str) and 0 < len(value) <= AGENT_ID_MAX and not has_bad_text(value)
 
 
 def is_unsettled(row: Row) -> bool:

@@ -349,7 +349,7 @@ def test_rows_whose_ids_hold_any_text_are_shown_and_resolved(admin_client):
     assert request_deletion(conversation, key="screen-any-ids-2", acting_user=None).state == "pending"
 
 
-@pytest.mark.parametrize("agent_id", [None, 123, "", "sa\nx", "sa\x00x"])
+@pytest.mark.parametrize("agent_id", [None, 123, "", "sa\nx", "sa\x00x", "sa_" + "\u00e9" * 254])
 def test_a_row_whose_id_cannot_be_named_makes_the_state_file_need_repair(admin_client, agent_id):
     """No form or address can name such a row, so no way out on the page would work: the delete
     says the subagent state file needs repair instead of offering one."""
@@ -361,6 +361,30 @@ def test_a_row_whose_id_cannot_be_named_makes_the_state_file_need_repair(admin_c
     assert (op.state, op.reason) == ("unavailable", "conversation_child_state_unreadable")
     status = page(admin_client, f"/operations/{op.public_id}/")
     assert "Repair or restore the file" in status and 'name="agent_id"' not in status
+
+@pytest.mark.parametrize("remote", [False, True], ids=["built-in", "remote"])
+@pytest.mark.parametrize("agent_id", ["sa\x00x", "", "sa_" + "x" * 5000, "sa_" + "\u00e9" * 254])
+@pytest.mark.parametrize("action", ["clear", "attribute"])
+def test_an_agent_id_no_row_can_have_is_refused_as_unknown_and_changes_nothing(admin_client, settings, agent_id,
+                                                                                action, remote):
+    """r23: a NUL answered 500 on PostgreSQL (the cleared-before lookup in jsonb), and a console of
+    a remote engine passed on the engine's words about the address ("The address has a NUL
+    character", "The request line ... is longer") where the built-in engine says the row is
+    unknown. Refused before any lookup, the engine not called (here unreachable)."""
+    if remote:
+        settings.ENGINE_URL, settings.ENGINE_TOKEN, settings.ENGINE_RETRIES = "http://127.0.0.1:9/", "t" * 40, 0
+    conversation = factories.make_conversation(days_idle=1, title="Ambiguous")
+    fleet.write_snapshot([{"agent_id": "sa_a", "origin": None, "status": "completed", "delivery": "settled",
+                           "started_at": conversation.created_at.isoformat()}])
+    before = fleet.EngineHome().fleet_path.read_bytes()
+    back = "/settings/api-tokens/"  # (a page of the console's own, served without the engine)
+    response = admin_client.post("/subagents/resolve/", {"agent_id": agent_id, "action": action, "next": back,
+                                                          "conversation": conversation.public_id}, **HOST)
+    assert (response.status_code, response["Location"]) == (302, back)
+    assert "No subagent row has that id." in page(admin_client, back)
+    assert fleet.EngineHome().fleet_path.read_bytes() == before
+    assert not m.AuditFact.objects.filter(action__startswith="subagent.").exists()
+
 
 def test_a_refused_attribution_to_another_conversation_keeps_what_was_typed(admin_client):
     conversation = factories.make_conversation(days_idle=1, title="Ambiguous")

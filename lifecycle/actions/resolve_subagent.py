@@ -25,6 +25,8 @@ def resolve_subagent(agent_id: str, *, action: str, conversation: Conversation |
         raise ActionRefused("invalid_action", _("Choose attribute or clear."), status=400)
     if action == "attribute" and conversation is None:
         raise ActionRefused("missing_conversation", _("Name the conversation to attribute the row to."), status=400)
+    if not fleet.namable_id(agent_id):  # (no row has such an id; a NUL cannot be looked up in jsonb)
+        raise ActionRefused("not_found", _("No subagent row has that id."), status=404)
     home = home or EngineHome()
     with transaction.atomic():
         target = lock_writable(conversation) if action == "attribute" else None
