@@ -207,8 +207,10 @@ def status(request: HttpRequest) -> dict:
 
 @endpoint("PUT", BASE, body=PolicyIn, response=StatusOut, admin=True, errors=(409,),
           name="api-tool-payloads-save", summary="Save the cleanup policy",
-          description="400 `invalid_age` or `backup_choice_required`; 409 `stale_revision`. Every save "
-                      "that changes something bumps the revision and marks analyses of other settings stale.")
+          description="400 `invalid_age` or `backup_choice_required`; 409 `stale_revision` when the values "
+                      "differ from the stored ones. Every save that changes something bumps the revision and "
+                      "marks analyses of other settings stale; one that changes nothing keeps the revision and "
+                      "is no refusal, whatever revision it was read at (a request sent twice).")
 def save(request: HttpRequest, body: PolicyIn) -> dict:
     _call(service.save_policy, user=request.user, enabled=body.enabled, age_value=body.age.value,
           age_unit=body.age.unit, revision=body.revision, backup_choice=body.backup_choice)
@@ -289,7 +291,8 @@ def facts_policy(request: HttpRequest) -> dict:
           name="api-retained-facts-save", summary="Save the retention periods of content-free facts",
           description="Counted from each delete's completion; a shorter period removes the facts it no "
                       "longer covers at the next hourly run. 400 `invalid_value` outside 1-3650 days; 409 "
-                      "`stale_revision`. A save that changes nothing keeps the revision.")
+                      "`stale_revision` when the values differ from the stored ones. A save that changes nothing "
+                      "keeps the revision and is no refusal, whatever revision it was read at.")
 def facts_policy_save(request: HttpRequest, body: FactsPolicyIn) -> dict:
     values = {name: getattr(body, name) for name in FACT_FIELDS}
     return _facts(save_facts_policy(values=values, revision=body.revision, acting_user=request.user))

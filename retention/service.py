@@ -368,7 +368,7 @@ def save_policy(*, user, enabled: bool, age_value: int, age_unit: str, revision:
     Raises CleanupError forbidden/invalid_age/invalid_backup_choice/backup_choice_required/
     stale_revision/state_unreadable.
     """
-    from retention.actions.save_policy import save_tool_payload_policy
+    from retention.actions.save_policy import policy_fields, save_tool_payload_policy
 
     _require_admin(user)
     _check_age(age_value, age_unit)
@@ -377,6 +377,9 @@ def save_policy(*, user, enabled: bool, age_value: int, age_unit: str, revision:
     if backup_choice not in (None, *BackupChoice.values):
         raise CleanupError("invalid_backup_choice", _("Choose Create backup or Continue without backup."))
     policy = _load_checked_policy()
+    fields = policy_fields(enabled=enabled, age_value=age_value, age_unit=age_unit, backup_choice=backup_choice)
+    if all(getattr(policy, name) == value for name, value in fields.items()):
+        return policy  # changes nothing, whatever revision it was read at (a form sent twice: r23)
     if revision != policy.revision:
         # First: whether a choice is needed depends on settings this client has not seen.
         # (The save checks the revision again under its row lock.)

@@ -73,6 +73,9 @@ def test_a_stale_revision_is_409_and_a_member_403(api, member_api):
     assert refused.status_code == 403
     assert member_api.get(URL).status_code == 200  # members read
     assert stored() == (30, 60, 3650, 2)
+    # The same values again, read at revision 1 (a client that lost the first answer): no change, no refusal
+    again = put(api, {**GOOD, "revision": 1})
+    assert again.status_code == 200 and stored() == (30, 60, 3650, 2)
 
 
 def test_the_published_description_names_the_expirys_real_interval(client):

@@ -150,6 +150,26 @@ def test_it_changes_nothing_when_saved_twice_with_the_same_values(admin_client):
     assert AuditFact.objects.filter(action="retained_facts_policy.saved").count() == 1
 
 
+@pytest.mark.parametrize("card", ["facts", "tool"])
+def test_a_form_sent_twice_without_the_script_is_one_save_and_no_error(admin_client, card):
+    """r23: the second of two identical posts (a double click without the page's script) read
+    revision 1 like the first: it answered 409 "Someone else saved these settings meanwhile",
+    the answer the browser shows, after a save that worked. Equal values are no change and no
+    refusal, whatever revision they were read at; different ones still are refused."""
+    url, form = (FACTS, facts_form(audit_days="100")) if card == "facts" else (
+        TOOL, tool_form(enabled="on", backup_choice="skip"))
+    first, second = admin_client.post(url, form, **HOST), admin_client.post(url, form, **HOST)
+    assert (first.status_code, second.status_code) == (302, 302)
+    assert "Someone else saved" not in admin_client.get(PAGE, **HOST).content.decode()
+    model, action = ((RetainedFactsPolicy, "retained_facts_policy.saved") if card == "facts"
+                     else (ToolPayloadPolicy, "tool_payload_policy.saved"))
+    assert model.load().revision == 2
+    assert AuditFact.objects.filter(action=action).count() == 1
+    changed = {**form, "audit_days": "200"} if card == "facts" else {**form, "age_value": "4"}
+    assert admin_client.post(url, changed, **HX).status_code == 409
+    assert model.load().revision == 2
+
+
 def test_it_saves_each_card_independently(admin_client):
     bad = admin_client.post(TOOL, tool_form(age_value="0"), **HX)
     good = admin_client.post(FACTS, facts_form(billing_days="3000"), **HX)

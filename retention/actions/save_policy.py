@@ -14,6 +14,18 @@ def save_tool_payload_policy(
     chose to continue without a backup), "create" asks for a new verified backup before the
     next cleanup. Whether a choice is required is `retention.service.save_policy`'s rule.
     """
+    return save_revisioned(
+        ToolPayloadPolicy,
+        new=policy_fields(enabled=enabled, age_value=age_value, age_unit=age_unit, backup_choice=backup_choice),
+        revision=revision,
+        acting_user=acting_user,
+        action="tool_payload_policy.saved",
+        extra={"updated_by": acting_user},
+    )
+
+
+def policy_fields(*, enabled: bool, age_value: int, age_unit: str, backup_choice: str | None) -> dict:
+    """The policy's fields as a save with these values leaves them."""
     new = {"enabled": enabled, "age_value": age_value, "age_unit": age_unit}
     if backup_choice is not None:
         new.update(
@@ -24,11 +36,4 @@ def save_tool_payload_policy(
             backup_receipt_name="",
             preparation_error="",
         )
-    return save_revisioned(
-        ToolPayloadPolicy,
-        new=new,
-        revision=revision,
-        acting_user=acting_user,
-        action="tool_payload_policy.saved",
-        extra={"updated_by": acting_user},
-    )
+    return new
