@@ -511,9 +511,18 @@ def cancel_preparation(*, user, revision: int) -> ToolPayloadPolicy:
     _require_admin(user)
     with transaction.atomic():
         policy = ToolPayloadPolicy.objects.select_for_update().filter(id=1).first()
-        if policy is None or policy.preparation_state not in (PreparationState.FAILED, PreparationState.CANCELLED):
+        state = policy.preparation_state if policy else PreparationState.NONE
+        if state == PreparationState.PREPARING:
             raise CleanupError("preparation_changed",
                                _("The backup was started again meanwhile. Reload to see it; it can be cancelled there."))
+        if state not in (PreparationState.FAILED, PreparationState.CANCELLED):
+            if policy is None or not policy.enabled:
+                # Cancelled already (the form sent twice, r23): cleanup is off and nothing was
+                # removed, as this cancel asks.
+                return policy or ToolPayloadPolicy.load()
+            raise CleanupError("preparation_changed",
+                               _("No backup waits to be cancelled any more: the settings were saved again "
+                                 "meanwhile. Reload to see them."))
         return save_policy(user=user, enabled=False, age_value=policy.age_value, age_unit=policy.age_unit,
                            revision=revision, backup_choice=policy.backup_choice or BackupChoice.CREATE)
 

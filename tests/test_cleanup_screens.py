@@ -235,6 +235,30 @@ def test_cancel_after_a_failed_backup_turns_cleanup_off_and_removes_nothing(admi
     assert not Item.objects.filter(details_removed_at__isnull=False).exists()
 
 
+def test_cancel_sent_twice_says_cancelled_twice_and_a_cancel_after_a_new_save_is_refused(admin_client, admin_user):
+    """r23: the second of two Cancel posts (a double click without the page's script) said "The
+    backup was started again meanwhile", and nothing had been started. It finds cleanup off as
+    the first left it: the same answer. Once the settings were saved on again meanwhile there
+    is nothing left to cancel, and it says so."""
+    old_conversation("prep")
+    enable(admin_user, choice="create")
+    ToolPayloadPolicy.objects.filter(id=1).update(preparation_state="failed", preparation_error="Disk full.")
+    shown = {"revision": str(ToolPayloadPolicy.load().revision)}
+    first, second = admin_client.post(CANCEL_PREP, shown, **HOST), admin_client.post(CANCEL_PREP, shown, **HOST)
+    assert (first.status_code, second.status_code) == (302, 302)
+    html = page(admin_client)
+    assert "started again" not in html and "Backup preparation cancelled: automatic cleanup is off" in html
+    policy = ToolPayloadPolicy.load()
+    assert (policy.enabled, policy.preparation_state, policy.revision) == (False, "none", int(shown["revision"]) + 1)
+    assert ToolPayloadOperation.objects.count() == 0
+
+    enable(admin_user, choice="create")  # saved on again by someone: a new choice, nothing failed
+    refused = admin_client.post(CANCEL_PREP, shown, **HX)
+    assert refused.status_code == 409
+    assert "No backup waits to be cancelled any more: the settings were saved again meanwhile." in refused.content.decode()
+    assert ToolPayloadPolicy.load().enabled is True
+    assert not Item.objects.filter(details_removed_at__isnull=False).exists()
+
 
 def test_cancel_from_a_page_shown_before_another_admins_retry_leaves_the_backup_being_made(admin_client, admin_user):
     """Admin A retried the failed backup; admin B's page still offered Cancel for the failure.
