@@ -30,7 +30,7 @@ class RejectNulMiddleware:
         if _has_nul(request):
             if is_api_path(request.path):
                 return error(400, "invalid_text", _("The address has a NUL character."))
-            return render(request, "400.html", status=400)
+            return render(request, "400.html", {"reason": "address"}, status=400)
         return self.get_response(request)
 
 

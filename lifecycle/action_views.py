@@ -25,6 +25,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from console.auth import is_admin
 from console.viewer import back_to
 from lifecycle import fleet
+from lifecycle.actions.request_deletion import form_message
 from lifecycle.deletion import reasons
 from lifecycle.deletion.errors import error_message
 from lifecycle.deletion.executor import changed_totals
@@ -167,7 +168,7 @@ def conversation_delete(request: HttpRequest, public_id: str) -> HttpResponse:
     except ActionRefused as exc:
         if exc.status == 404:
             raise Http404 from None
-        return _render_preview(request, conversation, status=exc.status, error=exc.message)
+        return _render_preview(request, conversation, status=exc.status, error=form_message(exc))
     return redirect("lifecycle:operation-detail", operation_id=op.id)
 
 

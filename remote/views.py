@@ -23,6 +23,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from console.api import is_number
 from console.auth import is_admin
 from console.viewer import back_to
+from lifecycle.actions.request_deletion import form_message
 from lifecycle.deletion.executor import changed_totals
 from lifecycle.deletion.presentation import holder_text, moment, preview_groups, receipt_rows
 from lifecycle.errors import ActionRefused
@@ -173,7 +174,7 @@ def binding_delete(request: HttpRequest, binding_id: str) -> HttpResponse:
     except ActionRefused as exc:
         if exc.status == 404:
             raise Http404 from None
-        context["error"] = error_text(exc.code) if exc.code.startswith("engine_") else exc.message
+        context["error"] = error_text(exc.code) if exc.code.startswith("engine_") else form_message(exc)
         return render(request, "remote/binding_delete.html", context, status=exc.status)
     return redirect("remote:bound-delete", delete_id=op.public_id)
 

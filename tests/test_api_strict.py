@@ -251,6 +251,30 @@ def test_it_refuses_nul_in_page_addresses(member_client, path):
     response = member_client.get(path, **HOST)
     assert response.status_code == 400
     assert response["Content-Type"].startswith("text/html")
+    assert "This address has characters that are not allowed." in response.content.decode()
+
+
+@pytest.mark.parametrize("language", ["en", "es"])
+@pytest.mark.parametrize("sent", ["too many fields", "no boundary"])
+def test_a_form_the_server_cannot_read_is_not_said_to_be_about_the_address(admin_client, sent, language):
+    """r23: every 400 page said the address had characters that are not allowed, also for a form
+    of 1,200 fields (over the server's limit) or a multipart body without its boundary."""
+    from lifecycle.models import RetainedFactsPolicy
+
+    admin_client.cookies["django_language"] = language
+    url = "/settings/system/data-storage/retained-facts/"
+    if sent == "too many fields":
+        response = admin_client.post(url, "&".join(f"f{n}=1" for n in range(1200)),
+                                     content_type="application/x-www-form-urlencoded", **HOST)
+    else:
+        response = admin_client.post(url, "audit_days=30", content_type="multipart/form-data", **HOST)
+    assert response.status_code == 400
+    page = response.content.decode()
+    assert "address" not in page and "dirección" not in page
+    expected = ("Lethe could not read what was sent" if language == "en"
+                else "Lethe no pudo leer lo que se envió")
+    assert expected in page
+    assert RetainedFactsPolicy.load().revision == 1
 
 
 @pytest.mark.parametrize("path", ["/v1/threads?q=a%00b", "/v1/threads/c_x%00y", "/v1/threads?%00=1"])

@@ -162,6 +162,20 @@ def test_cancel_leaves_everything_and_confirm_starts_the_delete(admin_client):
     assert "Physical erasure" in done
 
 
+@pytest.mark.parametrize("key", [None, "", "has space", "x" * 201])
+def test_a_delete_form_without_its_key_says_so_in_the_forms_words_and_deletes_nothing(admin_client, key):
+    """r23: a form without its hidden key said "Send an Idempotency-Key header", the API's words."""
+    conversation = factories.make_conversation(days_idle=1, title="Kept")
+    response = admin_client.post(f"/conversations/{conversation.public_id}/delete/",
+                                 {} if key is None else {"key": key}, **HOST)
+    assert response.status_code == 400
+    page = response.content.decode()
+    assert "The form arrived incomplete or altered, so nothing was deleted." in page and "Idempotency" not in page
+    assert not m.DeleteOperation.objects.exists()
+    conversation.refresh_from_db()
+    assert (conversation.state, conversation.title) == ("live", "Kept")
+
+
 def test_a_pending_delete_names_the_step_it_died_in_and_says_when_no_job_cluster_runs(admin_client, settings,
                                                                                         monkeypatch):
     """A worker killed inside a step leaves the operation on that step (not the one before:

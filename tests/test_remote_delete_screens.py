@@ -440,3 +440,19 @@ def test_an_engine_that_cannot_be_reached_is_said_once_on_the_delete_page(admin_
     BoundDelete.objects.filter(pk=op.pk).update(last_error="engine_bad_answer")
     page = text(admin_client.get(f"/engine/deletes/{op.public_id}/", **HOST).content.decode())
     assert "could not be used" in page  # other errors are still said in their own words
+
+
+@pytest.mark.parametrize("key", [None, "", "has space"])
+def test_a_delete_form_without_its_key_says_so_in_the_forms_words_and_sends_nothing(settings, admin_client, key):
+    """r23: a form without its hidden key said "Send an Idempotency-Key header", the API's words."""
+    b = bound()
+    with scripted_engine({("GET", "/v1/threads/"): lambda h: (200, preview()),
+                          ("DELETE", "/v1/threads/"): lambda h: (202, {})}) as (url, seen):
+        point_at(settings, url)
+        response = admin_client.post(f"/engine/conversations/{b.public_id}/delete/",
+                                     {} if key is None else {"key": key}, **HOST)
+    assert response.status_code == 400
+    page = response.content.decode()
+    assert "The form arrived incomplete or altered, so nothing was deleted." in page and "Idempotency" not in page
+    assert not [request for request in seen if request[0] == "DELETE"]
+    assert not BoundDelete.objects.exists()

@@ -50,6 +50,18 @@ def _step(operation: DeleteOperation, key: str, position: int, conversation: Con
 KEY_INVALID = gettext_lazy("The Idempotency-Key must be 1 to 200 printable ASCII characters without spaces.")
 
 
+# A console form carries its key in a hidden field (no header): a key missing or broken there is
+# a form sent incomplete or altered, said in the form's own words (r23).
+FORM_KEY_BROKEN = gettext_lazy("The form arrived incomplete or altered, so nothing was deleted. "
+                               "Reload the page and confirm again.")
+KEY_CODES = ("idempotency_key_missing", "idempotency_key_invalid")
+
+
+def form_message(exc: ActionRefused) -> str:
+    """A delete refusal as a console form says it."""
+    return str(FORM_KEY_BROKEN) if exc.code in KEY_CODES else str(exc.message)
+
+
 def check_key(key: str | None) -> str:
     if key is None or key == "":
         raise ActionRefused("idempotency_key_missing", _("Send an Idempotency-Key header."), status=400)
