@@ -77,12 +77,23 @@ def _archive_message(archived: bool, *, closed: bool) -> str:
     return _("Unarchived: back under Closed.") if closed else _("Back in Recent.")
 
 
+def _switch(request: HttpRequest, name: str) -> bool:
+    """The one value a form's switch sends: "1" on, "0" off. Anything else (missing, sent twice,
+    another word) is a form sent incomplete or altered, refused: it once meant "off", and
+    unarchived or resumed the conversation (r23)."""
+    values = request.POST.getlist(name)
+    if values not in (["1"], ["0"]):
+        raise ActionRefused("invalid_form", _("The form arrived incomplete or altered, so nothing was changed. "
+                                              "Reload the page and try again."), status=400)
+    return values == ["1"]
+
+
 @login_required
 @require_POST
 def conversation_archive(request: HttpRequest, public_id: str) -> HttpResponse:
     _admin_only(request)
-    archived = request.POST.get("archived") == "1"
     try:
+        archived = _switch(request, "archived")
         answer = get_engine().set_archived(public_id, archived, actor=request.user)
         messages.success(request, _archive_message(archived, closed=bool(answer.get("closed"))))
     except ActionRefused as exc:
@@ -94,8 +105,8 @@ def conversation_archive(request: HttpRequest, public_id: str) -> HttpResponse:
 @require_POST
 def conversation_close(request: HttpRequest, public_id: str) -> HttpResponse:
     _admin_only(request)
-    closed = request.POST.get("closed") == "1"
     try:
+        closed = _switch(request, "closed")
         get_engine().set_closed(public_id, closed, actor=request.user)
         # Said whether or not turns were running: Close leaves none running and no process lease.
         messages.success(request, _("Closed: no turn runs in it and no process holds it until it is resumed.")

@@ -75,6 +75,25 @@ def test_archive_and_close_messages_say_where_the_conversation_is_listed_now(adm
     assert closed.new_value == {"closed": True, "interrupted_turns": 0, "resolved_claims": 0, "released_lease": 0}
 
 
+@pytest.mark.parametrize("action", ["archive", "close"])
+@pytest.mark.parametrize("sent", [{}, {"v": "true"}, {"v": "1\x00"}, {"v": ["0", "1"]}, {"v": ""}])
+def test_a_switch_sent_without_its_value_changes_nothing(admin_client, action, sent):
+    """r23: any value but "1" meant the reverse action: an archived conversation posted to with
+    no value, "true" or "1\x00" was unarchived and told "Back in Recent"."""
+    conversation = factories.make_conversation(title="Stays put")
+    field = "archived" if action == "archive" else "closed"
+    admin_client.post(f"/conversations/{conversation.public_id}/{action}/", {field: "1"}, **HOST)
+    before = m.Conversation.objects.values("archived_at", "closed_at").get(pk=conversation.pk)
+    facts = m.AuditFact.objects.count()
+    body = {field: sent["v"]} if sent else {}
+    answer = admin_client.post(f"/conversations/{conversation.public_id}/{action}/", {**body, "next": "/conversations/"},
+                               **HOST)
+    assert answer.status_code == 302
+    assert "The form arrived incomplete or altered, so nothing was changed." in page(admin_client, "/conversations/")
+    assert m.Conversation.objects.values("archived_at", "closed_at").get(pk=conversation.pk) == before
+    assert m.AuditFact.objects.count() == facts
+
+
 @pytest.mark.parametrize("target", ["conversations", "-1", "NaN", "a\x00b", "http://evil.example/", "//evil.example/",
                                     "/\\evil.example/"])
 def test_a_return_address_that_is_not_a_path_here_goes_to_the_default(admin_client, target):
