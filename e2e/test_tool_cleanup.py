@@ -258,16 +258,16 @@ def test_a_failed_status_read_is_said_kept_apart_from_an_action_error_and_clears
     expect(analysis).to_have_attribute("data-state", "running")  # the last status read stays shown
     # An action meanwhile: refused (one operation at a time), its error in its own region.
     page.get_by_role("button", name="Analyze savings").click()
-    expect(errors).to_contain_text("Another cleanup operation is running")
+    expect(errors).to_contain_text("one operation runs at a time, so nothing new was started")
     page.wait_for_timeout(2_500)  # more failed reads: the action error stays
-    expect(errors).to_contain_text("Another cleanup operation is running")
+    expect(errors).to_contain_text("one operation runs at a time, so nothing new was started")
     expect(note).to_contain_text("Current status unavailable")
     page.screenshot(path=f"{SHOTS}/cleanup-status-unavailable-390.png", full_page=False)
     page.unroute(status_url)
     drain()
     expect(analysis).to_have_attribute("data-state", "completed", timeout=10_000)
     expect(note).to_have_text("")
-    expect(errors).to_contain_text("Another cleanup operation is running")  # only an action clears it
+    expect(errors).to_contain_text("one operation runs at a time, so nothing new was started")  # only an action clears it
     expect(page.get_by_test_id("estimate-bytes")).to_have_attribute("data-bytes", str(removable(old)))
     check_layout(page, "after the status came back")
 
@@ -565,7 +565,7 @@ def test_a_compact_database_error_is_shown_beside_its_button(data, live_server, 
     expect(button).to_be_disabled()
     page.evaluate("document.getElementById('compact-now').disabled = false")  # pressed before the status read
     button.click()
-    expect(error).to_contain_text("Another cleanup operation is running")
+    expect(error).to_contain_text("one operation runs at a time, so nothing new was started")
     expect(error).to_be_in_viewport()
     expect(page.get_by_test_id("action-error")).to_have_text("")
     assert not ToolPayloadOperation.objects.filter(kind="compact").exists()

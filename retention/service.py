@@ -23,6 +23,7 @@ from typing import Any
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
 from console.auth import is_admin
 from lifecycle.errors import ActionRefused
@@ -140,8 +141,36 @@ def _load_checked_policy() -> ToolPayloadPolicy:
     return policy
 
 
+_BUSY_QUEUED = {
+    OperationKind.ANALYSIS: gettext_lazy("An analysis is waiting to start; one operation runs at a time, so nothing "
+                                         "new was started."),
+    OperationKind.BACKUP: gettext_lazy("The backup for cleanup is waiting to start; one operation runs at a time, "
+                                       "so nothing new was started."),
+    OperationKind.CLEANUP: gettext_lazy("A cleanup is waiting to start; one operation runs at a time, so nothing new "
+                                        "was started."),
+    OperationKind.COMPACT: gettext_lazy("Compact database is waiting to start; one operation runs at a time, so "
+                                        "nothing new was started."),
+}
+_BUSY_RUNNING = {
+    OperationKind.ANALYSIS: gettext_lazy("An analysis is running; one operation runs at a time, so nothing new was "
+                                         "started."),
+    OperationKind.BACKUP: gettext_lazy("The backup for cleanup is being made; one operation runs at a time, so "
+                                       "nothing new was started."),
+    OperationKind.CLEANUP: gettext_lazy("A cleanup is running; one operation runs at a time, so nothing new was "
+                                        "started."),
+    OperationKind.COMPACT: gettext_lazy("Compact database is running; one operation runs at a time, so nothing new "
+                                        "was started."),
+}
+
+
 def _busy() -> CleanupError:
-    return CleanupError("busy", _("Another cleanup operation is running. Wait for it to finish or cancel it."))
+    """`busy`, naming the operation in the way and whether it runs or waits (r22, r23: a queued
+    analysis, or the admin's own compaction sent twice, was "another cleanup operation ... running",
+    to wait for or cancel; a compaction has no Cancel)."""
+    blocking = ToolPayloadOperation.objects.filter(state__in=OPEN_STATES).order_by("pk").first()
+    words = blocking and (_BUSY_QUEUED if blocking.state == OperationState.QUEUED else _BUSY_RUNNING).get(blocking.kind)
+    return CleanupError("busy", str(words or _("Another cleanup operation is under way; one operation runs at a "
+                                               "time, so nothing new was started.")))
 
 
 # ---- Operation documents --------------------------------------------------------------------

@@ -215,7 +215,7 @@ def test_analyze_with_the_script_or_refused_keeps_no_draft_for_later(admin_clien
     refused = admin_client.post(ANALYZE, {**sent, "age_value": "6"}, **HOST)
     assert refused.status_code == 409
     html = refused.content.decode()
-    assert "Another cleanup operation is running" in html and tool_field(html) == ("6", "weeks")
+    assert "one operation runs at a time, so nothing new was started" in html and tool_field(html) == ("6", "weeks")
     assert "Not saved:" in html
     assert tool_field(page(admin_client)) == ("3", "months")
     assert ToolPayloadOperation.objects.count() == 1 and ToolPayloadPolicy.load().revision == 1

@@ -512,7 +512,9 @@ def test_an_action_error_has_its_own_region_with_the_service_message(admin_clien
 def test_a_busy_refusal_and_bad_input_change_nothing(admin_client, admin_user):
     service.start_analysis(user=admin_user, age_value=3, age_unit="months")
     response = admin_client.post(ANALYZE, {"age_value": "3", "age_unit": "months"}, **HX)
-    assert response.status_code == 409 and "Another cleanup operation is running" in response.content.decode()
+    assert response.status_code == 409
+    assert "An analysis is waiting to start; one operation runs at a time, so nothing new was started." in \
+        response.content.decode()
     for bad in ({"age_value": "0", "age_unit": "months"}, {"age_value": "121", "age_unit": "months"},
                 {"age_value": "x", "age_unit": "weeks"}, {"age_value": "3", "age_unit": "days"}):
         assert admin_client.post(ANALYZE, bad, **HX).status_code == 400
@@ -521,13 +523,27 @@ def test_a_busy_refusal_and_bad_input_change_nothing(admin_client, admin_user):
     assert ToolPayloadOperation.objects.count() == 1
 
 
+def test_compact_database_sent_twice_names_the_compaction_in_the_way(admin_client):
+    """r23: the second of two Compact database posts said "Another cleanup operation is running.
+    Wait for it to finish or cancel it": it was the admin's own compaction, which has no Cancel."""
+    assert admin_client.post(COMPACT, {}, **HOST).status_code == 302
+    second = admin_client.post(COMPACT, {}, **HX)
+    assert second.status_code == 409
+    said = second.content.decode()
+    assert "Compact database is waiting to start; one operation runs at a time, so nothing new was started." in said
+    ToolPayloadOperation.objects.filter(kind="compact").update(state="running")
+    third = admin_client.post(COMPACT, {}, **HX)
+    assert "Compact database is running; one operation runs at a time" in third.content.decode()
+    assert ToolPayloadOperation.objects.filter(kind="compact").count() == 1
+
+
 def test_plain_form_posts_work_without_javascript(admin_client, admin_user):
     response = admin_client.post(ANALYZE, {"age_value": "4", "age_unit": "weeks"}, **HOST)
     assert response.status_code == 302 and response["Location"] == PAGE
     response = admin_client.post(ANALYZE, {"age_value": "4", "age_unit": "weeks"}, **HOST)
     assert response.status_code == 409
-    assert "Another cleanup operation is running" in region(response.content.decode(), "tool-action-error") or \
-        "Another cleanup operation is running" in response.content.decode()
+    assert "one operation runs at a time, so nothing new was started" in region(response.content.decode(), "tool-action-error") or \
+        "one operation runs at a time, so nothing new was started" in response.content.decode()
 
 
 def test_cancel_asks_the_running_operation_to_stop(admin_client, admin_user):
