@@ -264,6 +264,36 @@ def test_it_never_prints_a_kept_password_an_account_no_longer_has(monkeypatch, s
     assert f"member / {kept}" in out.getvalue()
 
 
+def test_make_runs_seed_on_an_install_with_accounts_of_its_own_adds_and_changes_no_user(monkeypatch, settings,
+                                                                                        tmp_path):
+    """r22: `seed_demo --if-empty` (what `make run` does) on a database set up with its own admin
+    created the demo `admin` (an admin account with a printed password) and `member`; with
+    LETHE_DEMO_PASSWORD it also reset the passwords of accounts with those names."""
+    settings.VAR_DIR = tmp_path
+    monkeypatch.setenv("LETHE_DEMO_PASSWORD", "chosen-pass-789")
+    users = get_user_model().objects
+    users.create_user("boss", password="Boss-pass-123", is_staff=True)
+    call_command("seed_demo", "--conversations", "2", "--messages", "2", "--no-users", stdout=io.StringIO())
+    out = io.StringIO()
+    call_command("seed_demo", "--if-empty", stdout=out)
+    assert "accounts of its own: no demo users were created or changed" in out.getvalue()
+    assert "Demo logins" not in out.getvalue() and "chosen-pass-789" not in out.getvalue()
+    assert list(users.values_list("username", flat=True)) == ["boss"]
+    assert not (tmp_path / "demo-credentials.txt").exists()
+
+
+def test_the_demo_seed_refuses_a_console_of_a_remote_engine(settings):
+    """r22: with ENGINE_URL set it seeded local conversations and an engine folder on a console
+    that keeps none."""
+    from django.core.management.base import CommandError
+
+    settings.ENGINE_URL, settings.ENGINE_TOKEN = "http://127.0.0.1:9/", "t" * 40
+    with pytest.raises(CommandError, match="reaches a remote engine") as refused:
+        call_command("seed_demo", "--conversations", "2", "--messages", "2", stdout=io.StringIO())
+    assert refused.value.returncode == 2
+    assert not m.Conversation.objects.exists() and not get_user_model().objects.exists()
+
+
 @pytest.mark.parametrize("args", [("--conversations", "99999999999999999999"), ("--messages", "10001"),
                                   ("--conversations", "1")])
 def test_the_demo_seed_refuses_counts_out_of_range_and_seeds_nothing(args):

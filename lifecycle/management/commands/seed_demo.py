@@ -16,6 +16,7 @@ from lifecycle.models import Conversation
 from lifecycle.seeding import Seeder
 
 CREDENTIALS_FILE = "demo-credentials.txt"
+DEMO_USERS = ("admin", "member")
 
 
 class Command(BaseCommand):
@@ -27,15 +28,27 @@ class Command(BaseCommand):
         parser.add_argument("--seed", type=int, default=1)
         parser.add_argument("--anchor", type=date.fromisoformat, default=None,
                             help="The day the data is 'now' for (YYYY-MM-DD, its noon UTC), for identical output; default the current moment.")
-        parser.add_argument("--if-empty", action="store_true", help="Do nothing when conversations exist.")
+        parser.add_argument("--if-empty", action="store_true",
+                            help="Seed nothing when conversations exist (the demo users are still created, "
+                                 "unless the database has other accounts).")
         parser.add_argument("--no-users", action="store_true")
 
     def handle(self, *args, conversations, messages, seed, anchor, if_empty, no_users, **options):
         if not 2 <= conversations <= 1_000_000 or not 1 <= messages <= 10_000:
             # (a typo's 20-digit count ran until killed)
             raise CommandError("Seed 2 to 1,000,000 conversations with 1 to 10,000 messages each.")
+        if settings.ENGINE_URL:  # (r22: it seeded local conversations and an engine folder here)
+            raise CommandError(
+                "Nothing was seeded: this console reaches a remote engine (ENGINE_URL) and keeps no "
+                "conversations of its own. Run seed_demo on the engine's host.", returncode=2)
         if if_empty and Conversation.objects.exists():
-            if not no_users:
+            if no_users:
+                pass
+            elif get_user_model().objects.exclude(username__in=DEMO_USERS).exists():
+                # An install with accounts of its own (r22: `make run` on it added an admin
+                # account, and with LETHE_DEMO_PASSWORD reset the demo names' passwords)
+                self.stdout.write("This database has accounts of its own: no demo users were created or changed.")
+            else:
                 self.users()
             self.stdout.write("Demo data already present; not seeding again.")
             return
@@ -79,7 +92,7 @@ class Command(BaseCommand):
         if generated:
             password = secrets.token_urlsafe(9)
         demo = []
-        for username, staff in (("admin", True), ("member", False)):
+        for username, staff in zip(DEMO_USERS, (True, False), strict=True):
             user, created = User.objects.get_or_create(username=username, defaults={"is_staff": staff})
             if created or chosen:
                 user.set_password(password)
