@@ -514,12 +514,15 @@ SECURE_REFERRER_POLICY = "same-origin"
 
 # HTTPS=true: Lethe is served over HTTPS (usually behind a proxy that terminates TLS and
 # sets X-Forwarded-Proto). Secure cookies, HSTS and the redirect to https:// all follow.
+# Whether a request came over https is the web server's answer (gunicorn believes
+# X-Forwarded-Proto only from FORWARDED_ALLOW_IPS, 127.0.0.1 by default), not the header's:
+# with SECURE_PROXY_SSL_HEADER any client reaching the server directly could claim https and
+# skip the redirect (r22).
 HTTPS = env_bool("HTTPS", False)
 if HTTPS:
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_SSL_REDIRECT = True
-    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     # 0 turns HSTS off; two years is the longest anyone recommends.
     SECURE_HSTS_SECONDS = env_int("HSTS_SECONDS", 365 * 24 * 3600, 0, 2 * 365 * 24 * 3600, "a whole number of seconds")
     SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("HSTS_INCLUDE_SUBDOMAINS", True)

@@ -145,6 +145,36 @@ def test_it_finishes_a_request_in_flight_when_told_to_stop(served, tree):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
 
 
+@pytest.mark.parametrize("trusted", [True, False], ids=["from-the-proxy", "from-anyone-else"])
+def test_the_forwarded_scheme_is_believed_only_from_the_trusted_proxy(served, tree, trusted):
+    """r22: with HTTPS=true Django believed X-Forwarded-Proto from any client, so one reaching the
+    server directly skipped the redirect to https (FORWARDED_ALLOW_IPS changed nothing). The
+    scheme is now gunicorn's, which believes the header only from FORWARDED_ALLOW_IPS."""
+    port = free_port()
+    env = {**served["env"], "HTTPS": "true", "SECRET_KEY": "k" * 60, "ALLOWED_HOSTS": "lethe.example.org",
+           "FORWARDED_ALLOW_IPS": "127.0.0.1" if trusted else "192.0.2.1"}
+    proc = start(env, port, "--only", "web")
+    tree.pids.add(proc.pid)
+    tree.groups.add(proc.pid)  # (its own session)
+    request = (b"GET /accounts/login/ HTTP/1.1\r\nHost: lethe.example.org\r\nX-Forwarded-Proto: https\r\n"
+               b"Connection: close\r\n\r\n")
+    answers = []
+
+    def answered() -> bool:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            answers.append(_raw(port, request))
+        return bool(answers)
+
+    assert wait_until(answered, 60)
+    status, headers, _body = answers[0]
+    if trusted:
+        assert status == 200 and "Secure" in headers.get("Set-Cookie", "")
+    else:
+        assert (status, headers["Location"]) == (301, "https://lethe.example.org/accounts/login/")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+
+
 @pytest.mark.parametrize("server", ["prod", "dev"])
 def test_it_measures_the_same_api_load_on_either_server(served, server):
     env = {**served["env"], "DJANGO_SETTINGS_MODULE": "console.settings_test"}
