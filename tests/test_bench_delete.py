@@ -16,6 +16,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_it_prints_erase_raw_and_append_figures_at_small_size(engine_home):
+    from django_q.models import OrmQ
+    from django_q.tasks import async_task
+
+    async_task("lifecycle.tasks.erase", 424242, q_options={"ack_failure": True})  # someone else's job: kept
     out = io.StringIO()
     call_command("bench_delete", "--sizes", "30,120", "--appends", "40", "--repeat", "2", stdout=out)
     result = json.loads(out.getvalue())
@@ -32,3 +36,5 @@ def test_it_prints_erase_raw_and_append_figures_at_small_size(engine_home):
     assert not m.DeleteOperation.objects.exists() and not m.Item.objects.exists()
     assert not any(engine_home.rglob("*.jsonl"))
     assert fence.installed_triggers(connection) == fence.trigger_names(connection)
+    # Its erase jobs too (r22: left queued for a cluster), and no other
+    assert [job.task["args"] for job in OrmQ.objects.all()] == [(424242,)]

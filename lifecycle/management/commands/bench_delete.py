@@ -196,7 +196,15 @@ class Command(BaseCommand):
         mine = m.Conversation.objects.filter(account=self.account)
         ids = list(mine.values_list("pk", flat=True))
         public_ids = list(mine.values_list("public_id", flat=True))
+        ops = set(m.DeleteOperation.objects.filter(conversation_id__in=ids).values_list("pk", flat=True))
         with transaction.atomic():
+            # The erase jobs each delete queued (run here, in the command, instead; r22: they were
+            # left in the queue for a cluster to pick up)
+            from django_q.models import OrmQ
+
+            OrmQ.objects.filter(pk__in=[job.pk for job in OrmQ.objects.all() if job.task.get("func") ==
+                                        "lifecycle.tasks.erase" and tuple(job.task.get("args") or ())[:1]
+                                        in {(pk,) for pk in ops}]).delete()
             m.DeleteOperation.objects.filter(conversation_id__in=ids).delete()
             m.AuditFact.objects.filter(conversation_id__in=ids).delete()
             for s in STORES:
