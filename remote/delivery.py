@@ -78,9 +78,8 @@ ERRORS = {
     "engine_bad_answer": gettext_lazy("The engine's answer could not be used (not about this conversation, or "
                                       "not in the form expected). Nothing was taken from it; it is retried by "
                                       "itself."),
-    "engine_not_configured": gettext_lazy("This console has no address for this conversation's engine "
-                                          "(ENGINE_URL, or ENGINE_TOKENS for another engine), so nothing can "
-                                          "be deleted there."),
+    "engine_not_configured": gettext_lazy("This console has no address and token for that engine (ENGINE_URL, "
+                                          "or ENGINE_TOKENS for another engine), so nothing was sent to it."),
 }
 
 log = logging.getLogger(__name__)

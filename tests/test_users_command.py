@@ -106,9 +106,11 @@ def test_deactivating_ends_sessions_and_tokens_at_once_and_activating_brings_the
     assert client.get("/conversations/").status_code == 302  # signed out
     assert client.get("/v1/threads", HTTP_AUTHORIZATION=f"Bearer {raw}").status_code == 401
     assert not client.login(username="bo", password="bo's passphrase 1")
-    users("activate", "bo")
+    assert "bo can sign in again." in users("activate", "bo")
     assert client.get("/v1/threads", HTTP_AUTHORIZATION=f"Bearer {raw}").status_code == 200
     assert client.login(username="bo", password="bo's passphrase 1")
+    # Once more: said as it is (r22: "can sign in again" of a user who never stopped)
+    assert "bo is active already: nothing changed." in users("activate", "bo")
 
 
 @pytest.mark.django_db

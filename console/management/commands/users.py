@@ -118,6 +118,9 @@ class Command(BaseCommand):
 
     def do_activate(self, username: str, **options):
         user = self._user(username)
+        if user.is_active:  # (r22: "can sign in again" of a user never deactivated)
+            self.stdout.write(f"{username} is active already: nothing changed.")
+            return
         user.is_active = True
         user.save(update_fields=["is_active"])
         self.stdout.write(f"{username} can sign in again.")
