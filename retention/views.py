@@ -504,26 +504,30 @@ def _action_error(request: HttpRequest, message: str, status: int, key: str = "a
 @require_POST
 def cleanup_analyze(request: HttpRequest) -> HttpResponse:
     return _action(request, AgeForm, lambda data: service.start_analysis(
-        user=request.user, age_value=data["age_value"], age_unit=data["age_unit"]), keeps_draft=True)
+        user=request.user, age_value=data["age_value"], age_unit=data["age_unit"]), keeps_draft=True,
+        done_text=_("Analysis requested: it runs in the background. Reload this page to follow it."))
 
 
 @login_required
 @require_POST
 def cleanup_run(request: HttpRequest) -> HttpResponse:
-    return _action(request, RunForm, lambda data: service.start_run(user=request.user, revision=data["revision"]))
+    return _action(request, RunForm, lambda data: service.start_run(user=request.user, revision=data["revision"]),
+                   done_text=_("Cleanup requested: it runs in the background. Reload this page to follow it."))
 
 
 @login_required
 @require_POST
 def cleanup_cancel(request: HttpRequest) -> HttpResponse:
     return _action(request, CancelForm, lambda data: service.cancel(
-        user=request.user, operation_id=data["operation_id"]))
+        user=request.user, operation_id=data["operation_id"]),
+        done_text=_("Cancel requested: the operation stops at its next check. Reload this page to see it stopped."))
 
 
 @login_required
 @require_POST
 def cleanup_retry(request: HttpRequest) -> HttpResponse:
-    return _action(request, None, lambda data: service.retry_preparation(user=request.user))
+    return _action(request, None, lambda data: service.retry_preparation(user=request.user),
+                   done_text=_("Backup requested again: it runs in the background. Reload this page to follow it."))
 
 
 @login_required
@@ -540,4 +544,6 @@ def cleanup_cancel_preparation(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def database_compact(request: HttpRequest) -> HttpResponse:
-    return _action(request, None, lambda data: service.start_compact(user=request.user), error_key="compact_error")
+    return _action(request, None, lambda data: service.start_compact(user=request.user), error_key="compact_error",
+                   done_text=_("Compact database requested: it runs in the background. Reload this page to follow "
+                               "it."))

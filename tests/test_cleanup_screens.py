@@ -546,6 +546,31 @@ def test_plain_form_posts_work_without_javascript(admin_client, admin_user):
         "one operation runs at a time, so nothing new was started" in response.content.decode()
 
 
+def test_each_plain_form_action_says_what_it_started(admin_client, admin_user):
+    """r23: without the page's script, Analyze, Run, Cancel, Retry and Compact redirected back
+    with no word: only the page's state, read later, told whether anything happened."""
+    old_conversation("said")
+    said = lambda response: [str(m) for m in admin_client.get(response["Location"], **HOST).context["messages"]]  # noqa: E731
+    analysis = admin_client.post(ANALYZE, {"age_value": "4", "age_unit": "weeks"}, **HOST)
+    assert said(analysis) == ["Analysis requested: it runs in the background. Reload this page to follow it."]
+    op = ToolPayloadOperation.objects.get(kind="analysis")
+    cancel = admin_client.post(CANCEL, {"operation_id": str(op.pk)}, **HOST)
+    assert said(cancel) == ["Cancel requested: the operation stops at its next check. Reload this page to see it "
+                            "stopped."]
+    ToolPayloadOperation.objects.filter(pk=op.pk).update(state="cancelled", slot=None)  # as its job ends it
+    compact = admin_client.post(COMPACT, {}, **HOST)
+    assert said(compact) == ["Compact database requested: it runs in the background. Reload this page to follow it."]
+    ToolPayloadOperation.objects.filter(kind="compact").update(state="succeeded", slot=None)
+    enable(admin_user, choice="create")
+    run = admin_client.post(RUN, {"revision": str(ToolPayloadPolicy.load().revision)}, **HOST)
+    assert said(run) == ["Cleanup requested: it runs in the background. Reload this page to follow it."]
+    ToolPayloadOperation.objects.filter(kind="backup").update(state="failed", slot=None)
+    ToolPayloadPolicy.objects.filter(id=1).update(preparation_state="failed")
+    retry = admin_client.post(RETRY, {}, **HOST)
+    assert said(retry) == ["Backup requested again: it runs in the background. Reload this page to follow it."]
+    assert ToolPayloadOperation.objects.filter(kind="backup").count() == 2
+
+
 def test_cancel_asks_the_running_operation_to_stop(admin_client, admin_user):
     op_id = service.start_analysis(user=admin_user, age_value=3, age_unit="months")
     response = admin_client.post(CANCEL, {"operation_id": str(op_id)}, **HX)
