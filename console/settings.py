@@ -405,6 +405,13 @@ REMOTE_RETRY_MAX_SECONDS = env_float("REMOTE_RETRY_MAX_SECONDS", max(300, REMOTE
 # docs/operations.md). None: the job's own default for the engine in use.
 TOOL_JOB_LEASE_SECONDS = env_float("LETHE_TOOL_JOB_LEASE_SECONDS", 30, 1, 86400)
 TOOL_JOB_STEP_SECONDS = env_float("LETHE_TOOL_JOB_STEP_SECONDS", 60, 1, 86400)
+# How long a job of one piece may run: a backup (pg_dump or SQLite's copy, then its check), a
+# Compact database (VACUUM), a cleanup's first step (it reads the whole backup back). The
+# cluster's own limit (JOB_TIMEOUT_SECONDS) would end them at 10 minutes, every time: a
+# database that takes longer to copy could never be backed up (r21). Their lease's heartbeat
+# keeps a second delivery of the same job (after `retry`) from running beside them.
+TOOL_JOB_LONG_TIMEOUT_SECONDS = env_int("LETHE_TOOL_JOB_LONG_TIMEOUT_SECONDS", 86400, 60, 7 * 86400,
+                                        "a whole number of seconds")
 TOOL_CLEANUP_BATCH = env_int("LETHE_TOOL_CLEANUP_BATCH", None, 1, 100_000, "a whole number of items")
 TOOL_CLEANUP_BATCH_BYTES = env_int("LETHE_TOOL_CLEANUP_BATCH_BYTES", 64_000_000, 1, 1024**3, "a whole number of bytes")
 TOOL_CLEANUP_CONVERSATIONS = env_int("LETHE_TOOL_CLEANUP_CONVERSATIONS", 200, 1, 10_000,
@@ -577,11 +584,14 @@ API_MAX_PAGE_BYTES = env_int("API_MAX_PAGE_BYTES", 4 * 1024 * 1024, 1024, 1024**
 # life for this long (ops/cluster.py; the guard ticks every 0.5 s).
 Q_STALL_SECONDS = env_float("Q_STALL_SECONDS", 120.0, 5, 3600)
 
+# The longest a job may run unless it says otherwise (TOOL_JOB_LONG_TIMEOUT_SECONDS); a job
+# not acknowledged by then plus a minute is delivered again.
+JOB_TIMEOUT_SECONDS = env_int("LETHE_JOB_TIMEOUT_SECONDS", 600, 2, 86400, "a whole number of seconds")
 Q_CLUSTER = {
     "name": "lethe",
     "workers": env_int("Q_WORKERS", 2, 0, 64),  # 0: one per CPU (django-q's default)
-    "timeout": 600,
-    "retry": 660,
+    "timeout": JOB_TIMEOUT_SECONDS,
+    "retry": JOB_TIMEOUT_SECONDS + 60,
     "max_attempts": 3,
     "catch_up": False,
     "orm": "default",

@@ -149,13 +149,25 @@ def eligible_conversations(cutoff: datetime, *, as_of: datetime | None = None):
 
 
 def enqueue(operation_id: int, *, wait_for_lease: bool = False) -> None:
-    """Queue a run of the operation (inside the caller's transaction: both commit or neither)."""
+    """Queue a run of the operation (inside the caller's transaction: both commit or neither).
+    A run that does its work in one piece (a backup, a compaction, a cleanup's first step,
+    which checks the backup) gets TOOL_JOB_LONG_TIMEOUT_SECONDS, not the cluster's limit."""
     from django_q.tasks import async_task
 
-    async_task(
-        TASK, operation_id, wait_for_lease,
-        q_options={"task_name": f"tool-payloads-{operation_id}-{uuid.uuid4().hex[:8]}", "ack_failure": True},
-    )
+    options = {"task_name": f"tool-payloads-{operation_id}-{uuid.uuid4().hex[:8]}", "ack_failure": True}
+    if one_piece(operation_id):
+        options["timeout"] = settings.TOOL_JOB_LONG_TIMEOUT_SECONDS
+    async_task(TASK, operation_id, wait_for_lease, q_options=options)
+
+
+def one_piece(operation_id: int) -> bool:
+    """Whether the operation's next run may take long in one piece (see enqueue)."""
+    row = ToolPayloadOperation.objects.filter(pk=operation_id).values_list("kind", "cutoff", "removed_messages").first()
+    if row is None:
+        return False
+    kind, cutoff, removed = row
+    return kind in (OperationKind.BACKUP, OperationKind.COMPACT) or (
+        kind == OperationKind.CLEANUP and cutoff is None and not removed)
 
 
 def enqueue_soon(operation_id: int) -> None:

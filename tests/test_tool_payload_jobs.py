@@ -1998,3 +1998,30 @@ def test_a_run_interrupted_after_it_removed_details_is_partial_not_failed(admin_
     op = ToolPayloadOperation.objects.get(pk=op_id)
     assert (op.state, op.error_code, op.removed_messages) == ("partial", "interrupted", 1)
     assert Item.objects.filter(details_removed_at__isnull=False).count() == 1  # what it removed stays
+
+
+@pytest.mark.django_db
+def test_runs_done_in_one_piece_are_queued_with_the_long_time_limit(admin_user, settings):
+    """A backup, a compaction and a cleanup's first step (it reads the backup back) are queued
+    with LETHE_TOOL_JOB_LONG_TIMEOUT_SECONDS (r21: under the cluster's 10 minutes a large
+    database's backup could never finish); an analysis and later cleanup steps keep the
+    cluster's limit (tests/test_compact.py runs one on a real cluster)."""
+    from django_q.models import OrmQ
+
+    def queued_timeouts() -> dict[int, object]:
+        return {job.task["args"][0]: job.task.get("timeout") for job in OrmQ.objects.all()}
+
+    old_conversation("limits")
+    analysis = service.start_analysis(user=admin_user, age_value=3, age_unit="months")
+    assert queued_timeouts() == {analysis: None}
+    ToolPayloadOperation.objects.filter(pk=analysis).update(state="succeeded", slot=None)
+    enable(admin_user, choice="create")
+    service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
+    backup = ToolPayloadOperation.objects.get(kind="backup")
+    assert queued_timeouts()[backup.pk] == settings.TOOL_JOB_LONG_TIMEOUT_SECONDS
+    cleanup = ToolPayloadOperation.objects.create(kind="cleanup", policy_revision=1, age_value=3, age_unit="months",
+                                                  slot=None)
+    assert jobs.one_piece(cleanup.pk)
+    ToolPayloadOperation.objects.filter(pk=cleanup.pk).update(removed_messages=3, cutoff=timezone.now())
+    assert not jobs.one_piece(cleanup.pk)
+    assert not jobs.one_piece(analysis) and not jobs.one_piece(10**9)
