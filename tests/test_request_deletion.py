@@ -581,6 +581,58 @@ def test_content_written_again_after_its_step_is_erased_again_before_the_delete_
     assert op.receipt["verification"]["logical"] == "clean" and op.verified_at is not None
 
 
+@pytest.mark.parametrize("crash", ["after-the-erase", "before-the-erase"])
+def test_a_crash_while_residue_is_erased_again_loses_none_of_its_figures_and_counts_none_twice(monkeypatch, crash):
+    """r21: killed after erasing a store again and before adding its figures, the resumed delete
+    completed with the store's own figures only and no "erased once more" note: a file was
+    erased with no record of it. Its figures are recorded as pending before the erase, and
+    added once by whichever run finds the store empty."""
+    from lifecycle import faults
+
+    target = factories.make_conversation()
+    factories.fill_every_store(target)
+    written = _rewrites_events_after(monkeypatch, target, times=1)
+    op = delete(target)
+
+    class Killed(BaseException):
+        pass
+
+    def kill_at(name: str) -> None:
+        if name == "residue-erased":
+            raise Killed(name)
+
+    if crash == "before-the-erase":
+        from lifecycle.deletion import stores
+
+        erase = stores.erase
+
+        def erase_or_die(store, *args, **kwargs):
+            if store.key == "events" and m.DeleteStep.objects.filter(operation=op, key="events",
+                                                                      detail__has_key="again_pending").exists():
+                raise Killed("before the erase")
+            return erase(store, *args, **kwargs)
+
+        monkeypatch.setattr(stores, "erase", erase_or_die)
+    else:
+        monkeypatch.setattr(faults, "kill_point", kill_at)
+    with pytest.raises(Killed):
+        executor.run_erasure(op.pk)
+    assert written
+    size = len(b'{"text": "written again"}\n')
+    step = m.DeleteStep.objects.get(operation=op, key="events")
+    assert step.detail["again_pending"] == {"records": 1, "bytes": size} and "again" not in step.detail
+    monkeypatch.undo()
+    m.DeleteOperation.objects.filter(pk=op.pk).update(lease_expires_at=None)
+    assert executor.run_erasure(op.pk, force=True) == "completed"
+    step.refresh_from_db()
+    assert step.detail["again"] == {"records": 1, "bytes": size} and "again_pending" not in step.detail
+    op.refresh_from_db()
+    events = next(e for e in op.receipt["stores"] if e["store"] == "events")
+    assert events["erased_again"] is True
+    assert (events["records"], events["bytes"]) == (step.records + 1, step.bytes + size)
+    assert not EngineHome().thread_dir(target.storage_key).exists()
+
+
 def test_content_written_again_and_again_keeps_the_delete_pending_never_completed(monkeypatch, admin_client):
     target = factories.make_conversation()
     factories.fill_every_store(target)

@@ -268,6 +268,7 @@ def _clear_residue(op: DeleteOperation, conversation: Conversation, home: Engine
 
     for attempt in range(2):
         findings = logical_findings(conversation, home)
+        _count_erased_again(op, {f.store for f in findings})
         if not findings:
             return timezone.now()
         if attempt:
@@ -278,18 +279,36 @@ def _clear_residue(op: DeleteOperation, conversation: Conversation, home: Engine
                 break
             renew(op, step=key)
             figures = _residue_figures(store, conversation, home, [f for f in findings if f.store == key])
-            stores.erase(store, conversation, home, renew=lambda: renew(op, every=lease_seconds() / 8),
-                         checkpoint=lambda: None)
-            # Added once erased, to what earlier rounds erased again: a crash between the two
-            # loses this round's figures, never counts anything twice.
+            # Measured, then recorded as pending before anything is erased, and added to what
+            # earlier rounds erased again once it is: a crash in between leaves the pending
+            # figures, which the next run adds once it finds the store empty (r21: they were lost,
+            # with the note that something was erased again), or keeps while it erases again.
             with stores.erasure_transaction():
                 step = DeleteStep.objects.select_for_update().get(operation=op, key=key)
-                again = step.detail.get("again") or {"records": 0, "bytes": 0}
-                step.detail = {**step.detail, "again": {"records": again["records"] + figures.records,
-                                                        "bytes": again["bytes"] + figures.bytes}}
+                pending = step.detail.get("again_pending") or {"records": 0, "bytes": 0}
+                step.detail = {**step.detail, "again_pending": {
+                    "records": max(pending["records"], figures.records), "bytes": max(pending["bytes"], figures.bytes)}}
                 step.save(update_fields=["detail"])
+            stores.erase(store, conversation, home, renew=lambda: renew(op, every=lease_seconds() / 8),
+                         checkpoint=lambda: None)
+            faults.kill_point("residue-erased")
+            _count_erased_again(op, set(), key)
     log.error("erasure of %s found residue in %s", op.public_id, ", ".join(sorted({f.store for f in findings})))
     raise ResidueFound(op.public_id)
+
+
+def _count_erased_again(op: DeleteOperation, holding: set[str], key: str | None = None) -> None:
+    """Add each step's pending figures of residue erased again (`key`'s, or every step's whose
+    store holds nothing now: erased before a crash) to what earlier rounds erased again."""
+    with stores.erasure_transaction():
+        steps = DeleteStep.objects.select_for_update().filter(operation=op, detail__has_key="again_pending")
+        for step in steps.filter(key=key) if key else steps.exclude(key__in=holding):
+            pending = step.detail["again_pending"]
+            again = step.detail.get("again") or {"records": 0, "bytes": 0}
+            step.detail = {**{k: v for k, v in step.detail.items() if k != "again_pending"},
+                           "again": {"records": again["records"] + pending["records"],
+                                     "bytes": again["bytes"] + pending["bytes"]}}
+            step.save(update_fields=["detail"])
 
 
 def _residue_figures(store, conversation: Conversation, home: EngineHome, findings) -> stores.Measure:
