@@ -787,6 +787,26 @@ def test_the_startup_recovery_skips_logs_that_are_links_or_fifos_and_recovers_th
     assert names(tmp_path / "outside") == ["outside.txt"]
 
 
+@pytest.mark.django_db
+def test_the_startup_recovery_finishes_a_set_aside_killed_after_the_log_was_cut(tmp_path, never_blocks):
+    """r21: killed after saving the torn tail and cutting the log, before naming the saved tail:
+    the log no longer looked torn, so the start-up recovery passed it by and the tail stayed in
+    a hidden pending file until that conversation's next append (never, for an idle one)."""
+    from lifecycle.actions.recover_torn_logs import recover_all_torn_logs
+    from tests import factories
+
+    idle = factories.make_conversation()
+    home = EngineHome()
+    log = home.events_path(idle.storage_key)
+    home.write_atomic(log, b'{"a":1}\n')  # already cut
+    home.write_atomic(log.with_name(".events.jsonl.torn-pending"), b'{"torn')
+    assert recover_all_torn_logs() == 1
+    assert log.read_bytes() == b'{"a":1}\n'
+    assert log.with_name("events.jsonl.torn-1").read_bytes() == b'{"torn'
+    assert not log.with_name(".events.jsonl.torn-pending").exists()
+    assert recover_all_torn_logs() == 0
+
+
 # The temporary-file sweep -------------------------------------------------------------------
 
 def test_the_sweep_removes_only_temporaries_its_writers_create(tmp_path):

@@ -31,6 +31,13 @@ def _torn(path: Path) -> bool:
         return False
 
 
+def _set_aside_unfinished(path: Path) -> bool:
+    """Whether a recovery of the log was killed after saving its torn tail aside (its pending
+    file is there): the log may already be cut, so it no longer looks torn (r21: such a tail
+    stayed hidden until the conversation's next append)."""
+    return os.path.lexists(path.with_name(f".{path.name}.torn-pending"))
+
+
 def recover_torn_logs(conversation: Conversation, *, home: EngineHome | None = None) -> int:
     """The engine's crash recovery for one conversation: set torn last lines of its logs aside.
 
@@ -53,7 +60,7 @@ def recover_all_torn_logs(*, home: EngineHome | None = None) -> int:
     recovered = 0
     for conversation in Conversation.objects.live().only("pk", "public_id", "state").iterator():
         try:
-            if any(_torn(p) for p in _logs(home, conversation)):
+            if any(_torn(p) or _set_aside_unfinished(p) for p in _logs(home, conversation)):
                 recovered += recover_torn_logs(conversation, home=home)
         except ActionRefused:
             continue  # a delete intent arrived meanwhile; the erasure owns the folder now
