@@ -419,6 +419,78 @@ def test_an_agent_id_no_row_can_have_is_refused_as_unknown_and_changes_nothing(a
     assert not m.AuditFact.objects.filter(action__startswith="subagent.").exists()
 
 
+@pytest.mark.parametrize("action", ["clear", "attribute"])
+@pytest.mark.parametrize("then", ["retry", "recovery"])
+def test_a_resolution_killed_before_its_audit_fact_is_recorded_by_the_retry_or_the_recovery(admin_user, monkeypatch,
+                                                                                          action, then):
+    """r21: killed after the subagent files changed and before the audit fact was committed, a
+    row was cleared (or attributed) with no record, and the retry of the clear answered that
+    no row had that id. The intent written first is settled by the retry or by the lifecycle's
+    recovery: one audit fact, with its actor, and the retry answers as the first would have."""
+    from lifecycle import faults
+    from lifecycle.actions import resolve_subagent as resolving
+    from lifecycle.tasks import recover
+
+    conversation = factories.make_conversation(days_idle=1, title="Ambiguous")
+    fleet.write_snapshot([{"agent_id": "sa_k", "origin": None, "status": "completed", "delivery": "settled",
+                           "started_at": conversation.created_at.isoformat()}])
+
+    class Killed(BaseException):
+        pass
+
+    def kill_at(name: str) -> None:
+        if name == "subagent-files-written":
+            raise Killed(name)
+
+    monkeypatch.setattr(faults, "kill_point", kill_at)
+    target = conversation if action == "attribute" else None
+    with pytest.raises(Killed):
+        resolving.resolve_subagent("sa_k", action=action, conversation=target, acting_user=admin_user)
+    monkeypatch.undo()
+    rows = fleet.read_rows(fleet.EngineHome().fleet_path)
+    assert rows == [] if action == "clear" else [fleet.origin_of(r) for r in rows] == [conversation.public_id]
+    assert not m.AuditFact.objects.filter(action__startswith="subagent.").exists()  # the gap r21 found
+    intent = resolving._intent_path(fleet.EngineHome())
+    assert intent.exists()
+    assert resolving.settle_interrupted() is False  # moments old: as if still under way, left alone
+    monkeypatch.setattr(resolving, "SETTLE_AFTER_SECONDS", 0)
+    if then == "retry":
+        resolving.resolve_subagent("sa_k", action=action, conversation=target, acting_user=admin_user)
+    else:
+        assert recover()["resolutions"] == 1
+    facts = m.AuditFact.objects.filter(action__startswith="subagent.")
+    assert [(f.action, f.actor_id, f.new_value["agent_id"]) for f in facts] == [
+        ("subagent.cleared" if action == "clear" else "subagent.attributed", admin_user.pk, "sa_k")]
+    assert not intent.exists()
+    resolving.resolve_subagent("sa_k", action=action, conversation=target, acting_user=admin_user)  # again: no-op
+    assert facts.count() == 1
+
+
+def test_a_resolution_that_never_changed_the_files_is_forgotten_without_a_record(admin_user, monkeypatch):
+    """Killed after writing its intent and before the files changed: nothing to record."""
+    from lifecycle.actions import resolve_subagent as resolving
+
+    conversation = factories.make_conversation(days_idle=1, title="Ambiguous")
+    fleet.write_snapshot([{"agent_id": "sa_n", "origin": None, "status": "completed", "delivery": "settled",
+                           "started_at": conversation.created_at.isoformat()}])
+
+    class Killed(BaseException):
+        pass
+
+    def die(*args, **kwargs):
+        raise Killed("before the files")
+
+    monkeypatch.setattr(fleet, "update_file", die)
+    with pytest.raises(Killed):
+        resolving.resolve_subagent("sa_n", action="clear", acting_user=admin_user)
+    monkeypatch.undo()
+    monkeypatch.setattr(resolving, "SETTLE_AFTER_SECONDS", 0)
+    assert resolving.settle_interrupted() is False
+    assert [r["agent_id"] for r in fleet.read_rows(fleet.EngineHome().fleet_path)] == ["sa_n"]
+    assert not m.AuditFact.objects.filter(action__startswith="subagent.").exists()
+    assert not resolving._intent_path(fleet.EngineHome()).exists()
+
+
 def test_a_refused_attribution_to_another_conversation_keeps_what_was_typed(admin_client):
     conversation = factories.make_conversation(days_idle=1, title="Ambiguous")
     fleet.write_snapshot([{"agent_id": "sa_a", "origin": None, "status": "completed", "delivery": "settled",
