@@ -76,6 +76,18 @@ def test_it_cuts_the_error_text_from_the_job_clusters_failure_lines(captured):
     assert "secret" not in captured.text
 
 
+@pytest.mark.django_db
+def test_a_refused_suspicious_request_is_logged_by_kind_never_by_what_it_sent(client, captured):
+    """r22: Django's security lines quoted what the client sent ("Invalid HTTP_HOST header:
+    '<the header>'...") where the docs say errors are logged by kind, never by message."""
+    answer = client.get("/accounts/login/", HTTP_HOST="attacker-chosen.example")
+    assert answer.status_code == 400
+    lines = [line for line in captured.lines() if line["logger"].startswith("django.security")]
+    assert [line["message"] for line in lines] == [
+        "refused a suspicious request: DisallowedHost (what it sent is not logged)"]
+    assert "attacker-chosen" not in captured.text
+
+
 def test_it_writes_the_same_fields_as_text():
     record = logging.LogRecord("lethe.request", logging.INFO, __file__, 1, "GET %s", ("x",), None)
     record.status = 200
