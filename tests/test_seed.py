@@ -273,13 +273,17 @@ def test_make_runs_seed_on_an_install_with_accounts_of_its_own_adds_and_changes_
     monkeypatch.setenv("LETHE_DEMO_PASSWORD", "chosen-pass-789")
     users = get_user_model().objects
     users.create_user("boss", password="Boss-pass-123", is_staff=True)
-    call_command("seed_demo", "--conversations", "2", "--messages", "2", "--no-users", stdout=io.StringIO())
-    out = io.StringIO()
-    call_command("seed_demo", "--if-empty", stdout=out)
-    assert "accounts of its own: no demo users were created or changed" in out.getvalue()
-    assert "Demo logins" not in out.getvalue() and "chosen-pass-789" not in out.getvalue()
-    assert list(users.values_list("username", flat=True)) == ["boss"]
-    assert not (tmp_path / "demo-credentials.txt").exists()
+    # A new install before its first conversation (r24), then one with conversations
+    for _ in range(2):
+        out = io.StringIO()
+        call_command("seed_demo", "--if-empty", stdout=out)
+        assert "accounts of its own: no demo data or users were added or changed" in out.getvalue()
+        assert "Demo logins" not in out.getvalue() and "chosen-pass-789" not in out.getvalue()
+        assert list(users.values_list("username", flat=True)) == ["boss"]
+        assert not (tmp_path / "demo-credentials.txt").exists()
+        assert m.Conversation.objects.count() == (0 if _ == 0 else 2)
+        if _ == 0:
+            call_command("seed_demo", "--conversations", "2", "--messages", "2", "--no-users", stdout=io.StringIO())
 
 
 def test_the_demo_seed_refuses_a_console_of_a_remote_engine(settings):
@@ -291,6 +295,10 @@ def test_the_demo_seed_refuses_a_console_of_a_remote_engine(settings):
     with pytest.raises(CommandError, match="reaches a remote engine") as refused:
         call_command("seed_demo", "--conversations", "2", "--messages", "2", stdout=io.StringIO())
     assert refused.value.returncode == 2
+    # make run's --if-empty says so and lets the console start (r24: make run stopped there)
+    out = io.StringIO()
+    call_command("seed_demo", "--if-empty", stdout=out)
+    assert "reaches a remote engine" in out.getvalue()
     assert not m.Conversation.objects.exists() and not get_user_model().objects.exists()
 
 

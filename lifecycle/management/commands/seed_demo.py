@@ -29,8 +29,8 @@ class Command(BaseCommand):
         parser.add_argument("--anchor", type=date.fromisoformat, default=None,
                             help="The day the data is 'now' for (YYYY-MM-DD, its noon UTC), for identical output; default the current moment.")
         parser.add_argument("--if-empty", action="store_true",
-                            help="Seed nothing when conversations exist (the demo users are still created, "
-                                 "unless the database has other accounts).")
+                            help="Seed only a new install: nothing when the database has accounts other than "
+                                 "the demo ones; when conversations exist, only the demo users.")
         parser.add_argument("--no-users", action="store_true")
 
     def handle(self, *args, conversations, messages, seed, anchor, if_empty, no_users, **options):
@@ -38,17 +38,19 @@ class Command(BaseCommand):
             # (a typo's 20-digit count ran until killed)
             raise CommandError("Seed 2 to 1,000,000 conversations with 1 to 10,000 messages each.")
         if settings.ENGINE_URL:  # (r22: it seeded local conversations and an engine folder here)
-            raise CommandError(
-                "Nothing was seeded: this console reaches a remote engine (ENGINE_URL) and keeps no "
-                "conversations of its own. Run seed_demo on the engine's host.", returncode=2)
+            words = ("Nothing was seeded: this console reaches a remote engine (ENGINE_URL) and keeps no "
+                     "conversations of its own. Run seed_demo on the engine's host.")
+            if if_empty:  # (make run: the console still starts)
+                self.stdout.write(words)
+                return
+            raise CommandError(words, returncode=2)
+        if if_empty and get_user_model().objects.exclude(username__in=DEMO_USERS).exists():
+            # An install with accounts of its own, with or without conversations yet (r22, r24:
+            # `make run` on it added a known-password admin account and demo conversations)
+            self.stdout.write("This database has accounts of its own: no demo data or users were added or changed.")
+            return
         if if_empty and Conversation.objects.exists():
-            if no_users:
-                pass
-            elif get_user_model().objects.exclude(username__in=DEMO_USERS).exists():
-                # An install with accounts of its own (r22: `make run` on it added an admin
-                # account, and with LETHE_DEMO_PASSWORD reset the demo names' passwords)
-                self.stdout.write("This database has accounts of its own: no demo users were created or changed.")
-            else:
+            if not no_users:
                 self.users()
             self.stdout.write("Demo data already present; not seeding again.")
             return
