@@ -407,8 +407,12 @@ def save_policy(*, user, enabled: bool, age_value: int, age_unit: str, revision:
         raise CleanupError("invalid_backup_choice", _("Choose Create backup or Continue without backup."))
     policy = _load_checked_policy()
     fields = policy_fields(enabled=enabled, age_value=age_value, age_unit=age_unit, backup_choice=backup_choice)
-    if all(getattr(policy, name) == value for name, value in fields.items()):
-        return policy  # changes nothing, whatever revision it was read at (a form sent twice: r23)
+    # Changes nothing, whatever revision it was read at (a form sent twice: r23), unless it
+    # turns cleanup on without a backup choice: at the revision it read, that may have needed
+    # one, which another admin's save made since must not answer for it (r24).
+    if all(getattr(policy, name) == value for name, value in fields.items()) and (
+            revision == policy.revision or backup_choice is not None or not enabled):
+        return policy
     if revision != policy.revision:
         # First: whether a choice is needed depends on settings this client has not seen.
         # (The save checks the revision again under its row lock.)

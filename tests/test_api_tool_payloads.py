@@ -165,6 +165,22 @@ def test_a_stale_revision_is_said_before_a_missing_backup_choice(api):
     assert (policy.age_value, policy.revision) == (3, 2)
 
 
+def test_a_stale_save_turning_cleanup_on_without_a_choice_is_refused_even_when_the_values_match(api):
+    """r24: A read revision 1 (cleanup off) and sent "on" without a backup choice; B meanwhile
+    saved it on with "skip". A's request matched the stored values and answered 200: a choice A
+    never made or saw answered for it. Refused as stale; the same request with a choice, or a
+    form sent twice with its choice, still succeeds without a change."""
+    on = {"enabled": True, "age": {"value": 3, "unit": "months"}}
+    assert send(api, "put", "", {**on, "revision": 1}).json()["code"] == "backup_choice_required"
+    assert send(api, "put", "", {**on, "revision": 1, "backup_choice": "skip"}).status_code == 200  # B
+    stale = send(api, "put", "", {**on, "revision": 1})
+    assert (stale.status_code, stale.json()["code"]) == (409, "stale_revision")
+    again = send(api, "put", "", {**on, "revision": 1, "backup_choice": "skip"})  # B's request sent twice
+    assert again.status_code == 200
+    policy = ToolPayloadPolicy.load()
+    assert (policy.enabled, policy.backup_choice, policy.revision) == (True, "skip", 2)
+
+
 def test_a_jobs_stored_outcome_is_read_in_the_readers_language(api):
     old_conversation("lang", tools=2)
     send(api, "put", "", {"enabled": True, "age": {"value": 3, "unit": "months"}, "revision": 1,
