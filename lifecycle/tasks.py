@@ -34,12 +34,6 @@ def recover() -> dict[str, int]:
             done["operations"] += 1
     for pk in executor.unfinished_physical():
         done["physical"] += int(executor.finish_physical(pk))
-    try:  # a subagent resolution interrupted before its audit fact: recorded now
-        from lifecycle.actions.resolve_subagent import settle_interrupted
-
-        done["resolutions"] = int(settle_interrupted())
-    except Exception:
-        log.exception("could not settle an interrupted subagent resolution")
     return done
 
 
