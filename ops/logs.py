@@ -48,9 +48,11 @@ class ContextFilter(logging.Filter):
             message = record.getMessage()
             if match := _Q_FAILURE.match(message):
                 record.msg, record.args = match.group(1) + " (the error is kept in the task's result)", None
-        elif record.name.startswith("django.security."):
+        elif record.name.startswith("django.security.") and record.name != "django.security.csrf":
             # A refused request's text quotes what the client sent (a Host header, a field
-            # count...): logged by kind only, as exceptions are (r22).
+            # count...): logged by kind only, as exceptions are (r22). CSRF refusals keep their
+            # reason ("Origin checking failed", "CSRF cookie not set"): without it a proxy that
+            # drops the Host header cannot be found (r24).
             kind = record.name.rsplit(".", 1)[1]
             record.msg, record.args = f"refused a suspicious request: {kind} (what it sent is not logged)", None
             record.exc_info = record.exc_text = None

@@ -554,8 +554,8 @@ def cancel_preparation(*, user, revision: int) -> ToolPayloadPolicy:
                 # removed, as this cancel asks.
                 return policy or ToolPayloadPolicy.load()
             raise CleanupError("preparation_changed",
-                               _("No backup waits to be cancelled any more: the settings were saved again "
-                                 "meanwhile. Reload to see them."))
+                               _("No failed backup waits to be cancelled any more: it was retried, or the "
+                                 "settings were saved, meanwhile. Reload to see where cleanup stands."))
         return save_policy(user=user, enabled=False, age_value=policy.age_value, age_unit=policy.age_unit,
                            revision=revision, backup_choice=policy.backup_choice or BackupChoice.CREATE)
 

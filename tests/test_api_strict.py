@@ -270,9 +270,9 @@ def test_a_form_the_server_cannot_read_is_not_said_to_be_about_the_address(admin
         response = admin_client.post(url, "audit_days=30", content_type="multipart/form-data", **HOST)
     assert response.status_code == 400
     page = response.content.decode()
-    assert "address" not in page and "dirección" not in page
-    expected = ("Lethe could not read what was sent" if language == "en"
-                else "Lethe no pudo leer lo que se envió")
+    assert "characters that are not allowed" not in page and "caracteres no permitidos" not in page
+    expected = ("Lethe could not accept this request" if language == "en"
+                else "Lethe no pudo aceptar esta solicitud")
     assert expected in page
     assert RetainedFactsPolicy.load().revision == 1
 

@@ -88,6 +88,17 @@ def test_a_refused_suspicious_request_is_logged_by_kind_never_by_what_it_sent(cl
     assert "attacker-chosen" not in captured.text
 
 
+@pytest.mark.django_db
+def test_a_csrf_refusal_keeps_its_reason_for_the_operator(captured):
+    """r24: the reason is what tells a misconfigured proxy apart from an expired form."""
+    from django.test import Client
+
+    answer = Client(enforce_csrf_checks=True).post("/accounts/login/", {"username": "x"}, HTTP_HOST="127.0.0.1")
+    assert answer.status_code == 403
+    lines = [line for line in captured.lines() if line["logger"] == "django.security.csrf"]
+    assert lines and "CSRF" in lines[0]["message"] and "refused a suspicious request" not in lines[0]["message"]
+
+
 def test_it_writes_the_same_fields_as_text():
     record = logging.LogRecord("lethe.request", logging.INFO, __file__, 1, "GET %s", ("x",), None)
     record.status = 200
