@@ -227,14 +227,11 @@ def test_a_compaction_longer_than_the_clusters_job_limit_finishes_on_a_real_clus
     database too large to copy within the limit could never be backed up. Such runs get their
     own limit (LETHE_TOOL_JOB_LONG_TIMEOUT_SECONDS). Here the cluster's limit is 2 s, and the
     compaction takes 9 s (a pause where it has measured the sizes before)."""
-    import signal
-    import subprocess
-    import sys
     import time
 
     from retention import jobs, service
     from retention.models import ToolPayloadOperation
-    from tests.test_jobs import ROOT, database_url
+    from tests.test_jobs import database_url, running_cluster
 
     fill(messages=200, size=2000)
     op_id = service.start_compact(user=factories.make_user("compacting", admin=True))
@@ -242,21 +239,12 @@ def test_a_compaction_longer_than_the_clusters_job_limit_finishes_on_a_real_clus
     env = {**os.environ, "DATABASE_URL": database_url(), "ENGINE_HOME": str(engine_home), "LOG_FORMAT": "text",
            "DJANGO_SETTINGS_MODULE": "console.settings_test", "Q_WORKERS": "1", "LETHE_JOB_TIMEOUT_SECONDS": "2",
            "LETHE_TEST_PAUSE_AT": "tool-compact-measured=9"}
-    cluster = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=ROOT, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)
-    try:
+    with running_cluster(env):
         deadline = time.monotonic() + 90
         while (ToolPayloadOperation.objects.get(pk=op_id).state in ("queued", "running")
                and time.monotonic() < deadline):
             time.sleep(0.2)
-        op = ToolPayloadOperation.objects.get(pk=op_id)
-        assert (op.state, op.attempts, op.error_code) == ("succeeded", 0, "")
-        assert op.before_bytes and op.after_bytes is not None
-        assert (op.finished_at - op.started_at).total_seconds() >= 9
-    finally:
-        cluster.send_signal(signal.SIGINT)
-        try:
-            cluster.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(cluster.pid, signal.SIGKILL)
-            cluster.wait()
+    op = ToolPayloadOperation.objects.get(pk=op_id)
+    assert (op.state, op.attempts, op.error_code) == ("succeeded", 0, "")
+    assert op.before_bytes and op.after_bytes is not None
+    assert (op.finished_at - op.started_at).total_seconds() >= 9

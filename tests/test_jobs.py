@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,23 @@ def database_url() -> str:
         return f"sqlite:///{db['NAME']}"
     user = f"{db['USER']}:{db['PASSWORD']}" if db.get("PASSWORD") else db["USER"]
     return f"postgres://{user}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+@contextlib.contextmanager
+def running_cluster(env: dict) -> Iterator[subprocess.Popen]:
+    """A real `qcluster` with this environment, in its own process group; stopped as Ctrl-C
+    stops it, and whatever of its group is left after 30 s killed."""
+    cluster = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=ROOT, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)
+    try:
+        yield cluster
+    finally:
+        cluster.send_signal(signal.SIGINT)
+        try:
+            cluster.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(cluster.pid, signal.SIGKILL)
+            cluster.wait()
 
 
 @pytest.mark.django_db

@@ -11,7 +11,6 @@ import contextlib
 import http.client
 import json
 import os
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from django_q.tasks import async_task
 from console.models import ApiToken
 from lifecycle import models as m
 from tests import factories
-from tests.test_jobs import database_url
+from tests.test_jobs import database_url, running_cluster
 from tests.test_serve import ROOT, Tree, children_of, free_port, wait_until
 from tests.test_settings_env import load, refused
 
@@ -190,20 +189,11 @@ def test_the_job_cluster_and_management_commands_keep_waiting_as_long_as_a_lock_
     assert shell.returncode == 0, shell.stderr[-2000:]
     assert shell.stdout.split()[-1] == expected
     task_id = async_task("tests.test_web_lock_wait.the_lock_wait")
-    cluster = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=ROOT, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
+    with running_cluster(env):
         assert wait_until(lambda: Task.objects.filter(id=task_id).exists(), 90), "the job did not run"
-        task = Task.objects.get(id=task_id)
-        assert task.success, task.result
-        assert task.result == expected
-    finally:
-        cluster.send_signal(signal.SIGINT)
-        try:
-            cluster.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(cluster.pid, signal.SIGKILL)
-            cluster.wait()
+    task = Task.objects.get(id=task_id)
+    assert task.success, task.result
+    assert task.result == expected
 
 
 @pytest.mark.django_db(transaction=True)
