@@ -648,6 +648,21 @@ class EngineFolderMark(models.Model):
         return f"engine folder {self.folder_id}"
 
 
+class SubagentResolution(models.Model):
+    """A resolution of a subagent row under way (lifecycle.actions.resolve_subagent): committed
+    before the fleet files change, removed in the commit that records its audit fact. One left
+    behind is a resolution cut short (a killed process) after the files may have changed: the
+    retry and the every-minute recovery finish it and record its fact. Holds no content: the
+    row's agent id, the action, the conversation's public id and who asked."""
+
+    agent_id = models.CharField(max_length=256, unique=True)
+    action = models.CharField(max_length=16)
+    conversation_public_id = models.CharField(max_length=32, blank=True)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                              related_name="+")
+    made_at = models.DateTimeField(default=timezone.now)
+
+
 class RetainedFactsPolicy(models.Model):
     """How long content-free facts are kept after a delete (a singleton, id 1)."""
 

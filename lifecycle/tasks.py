@@ -19,10 +19,10 @@ def erase(operation_id: int) -> str:
 
 
 def recover() -> dict[str, int]:
-    """Finish outstanding delete intents, and checkpoints still pending (every minute, and at
-    worker start). First, every schedule's next run is brought to at most one interval away."""
+    """Finish outstanding delete intents, checkpoints still pending and subagent resolutions cut
+    short (every minute, and at worker start). First, every schedule's next run is brought to at most one interval away."""
     started = time.monotonic()
-    done = {"operations": 0, "physical": 0}
+    done = {"operations": 0, "physical": 0, "subagents": 0}
     try:
         pull_in_far_runs()
     except Exception:  # the recovery of deletes goes on regardless
@@ -34,6 +34,12 @@ def recover() -> dict[str, int]:
             done["operations"] += 1
     for pk in executor.unfinished_physical():
         done["physical"] += int(executor.finish_physical(pk))
+    try:
+        from lifecycle.actions.resolve_subagent import settle_resolutions
+
+        done["subagents"] = settle_resolutions()
+    except Exception:  # the recovery of deletes is not held up by the fleet files
+        log.exception("could not settle the subagent resolutions cut short")
     return done
 
 

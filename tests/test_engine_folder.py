@@ -672,6 +672,7 @@ def test_resolving_a_subagent_row_on_a_full_disk_is_a_refusal_that_says_so(api, 
     assert "permissions" not in str(refused.value)
     assert EngineHome().fleet_path.read_bytes() == before
     assert not m.AuditFact.objects.filter(action__startswith="subagent.").exists()
+    assert not m.SubagentResolution.objects.exists()  # refused: nothing left for recovery to carry out
 
 
 def test_an_attribution_stopped_between_the_two_fleet_files_is_finished_by_its_retry(admin_user, monkeypatch):
@@ -696,6 +697,7 @@ def test_an_attribution_stopped_between_the_two_fleet_files_is_finished_by_its_r
     assert refused.value.code == "engine_folder_full"
     assert fleet.origin_of(fleet.read_rows(home.fleet_path)[0]) == conversation.public_id
     assert fleet.origin_of(fleet.read_rows(home.legacy_fleet_path)[0]) is None
+    assert not m.SubagentResolution.objects.exists()
     monkeypatch.setattr(fleet, "update_file", update)
     resolve_subagent("sa_old", action="attribute", conversation=conversation, acting_user=admin_user)
     assert [fleet.origin_of(r) for p in fleet.fleet_files(home) for r in fleet.read_rows(p)] == [

@@ -151,7 +151,7 @@ def test_recovery_finishes_outstanding_intents_and_skips_held_ones():
     op_b = request_deletion(b, key="rec-b", acting_user=None)
     m.DeleteOperation.objects.filter(pk=op_b.pk).update(
         lease_holder="another-host:1", lease_expires_at=timezone.now() + timedelta(minutes=1))
-    assert recover() == {"operations": 1, "physical": 0}
+    assert recover() == {"operations": 1, "physical": 0, "subagents": 0}
     op_a.refresh_from_db()
     op_b.refresh_from_db()
     assert (op_a.state, op_b.state) == ("completed", "pending")

@@ -204,3 +204,143 @@ def test_a_legacy_row_with_a_time_that_is_not_one_counts_as_unknown(admin_user, 
     page = Client(HTTP_HOST="127.0.0.1")
     page.force_login(admin_user)
     assert page.get(f"/conversations/{conversation.public_id}/delete/").status_code == 200
+
+
+def _resolve_in_a_process_killed_after_the_files(tmp_path, engine_home, user, call: str) -> None:
+    """Run `resolve_subagent(<call>)` in its own process, SIGKILLed once the fleet files changed
+    and before its audit fact commits."""
+    import os
+    import signal
+    import sys
+
+    from lifecycle.actions.resolve_subagent import FILES_CHANGED
+    from tests.test_jobs import database_url
+
+    kills = tmp_path / "kills"
+    kills.mkdir(exist_ok=True)
+    for marker in kills.iterdir():
+        marker.unlink()
+    env = {**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "console.settings_test",
+           "ENGINE_HOME": str(engine_home), "LETHE_TEST_KILL_AT": FILES_CHANGED, "LETHE_TEST_KILL_DIR": str(kills)}
+    code = ("from django.contrib.auth import get_user_model\n"
+            "from lifecycle.models import Conversation\n"
+            "from lifecycle.actions.resolve_subagent import resolve_subagent\n"
+            f"user = get_user_model().objects.get(pk={user.pk})\n"
+            f"resolve_subagent({call}, acting_user=user)\n")
+    run = subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == -signal.SIGKILL, run.stderr[-2000:]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_resolution_killed_after_the_files_changed_is_recorded_by_its_retry_and_by_recovery(
+        tmp_path, engine_home, admin_user):
+    from lifecycle import tasks
+
+    target = factories.make_conversation()
+    fleet.write_snapshot([row("sa_a", None), row("sa_c", None), row("sa_kept", None)])
+
+    _resolve_in_a_process_killed_after_the_files(tmp_path, engine_home, admin_user, '"sa_c", action="clear"')
+    assert [r["agent_id"] for r in fleet.read_rows(EngineHome().fleet_path)] == ["sa_a", "sa_kept"]
+    assert not m.AuditFact.objects.exists()  # rolled back with the process
+    assert list(m.SubagentResolution.objects.values_list("agent_id", "action")) == [("sa_c", "clear")]
+    # The admin's retry (the first answer never came) succeeds and the clear is recorded, once.
+    resolve_subagent("sa_c", action="clear", acting_user=admin_user)
+    cleared = m.AuditFact.objects.get(action="subagent.cleared")
+    assert cleared.actor == admin_user and cleared.new_value == {"agent_id": "sa_c", "origin": None, "cleared": True}
+    assert not m.SubagentResolution.objects.exists()
+
+    _resolve_in_a_process_killed_after_the_files(
+        tmp_path, engine_home, admin_user,
+        f'"sa_a", action="attribute", conversation=Conversation.objects.get(pk={target.pk})')
+    assert [fleet.origin_of(r) for r in fleet.read_rows(EngineHome().fleet_path)] == [target.public_id, None]
+    assert not m.AuditFact.objects.filter(action="subagent.attributed").exists()
+    # Nobody retries: the every-minute recovery records it, as its admin's.
+    assert tasks.recover()["subagents"] == 1
+    attributed = m.AuditFact.objects.get(action="subagent.attributed")
+    assert attributed.actor == admin_user and attributed.conversation == target
+    assert attributed.new_value == {"agent_id": "sa_a", "origin": target.public_id, "cleared": False}
+    assert not m.SubagentResolution.objects.exists()
+    assert tasks.recover()["subagents"] == 0
+    assert m.AuditFact.objects.filter(action__startswith="subagent.").count() == 2
+    assert [r["agent_id"] for r in fleet.read_rows(EngineHome().fleet_path)] == ["sa_a", "sa_kept"]
+
+
+@pytest.mark.django_db
+def test_a_resolution_cut_short_is_finished_from_its_record_or_dropped_when_it_can_no_longer_be(
+        admin_user, engine_home):
+    """What recovery does with a resolution a killed process left before its files changed: it
+    carries it out (the admin's request was written down); one whose conversation can no
+    longer take it, or whose row now names a conversation, is dropped without a fact; while
+    the fleet file cannot be read it is kept for later."""
+    from lifecycle.actions.resolve_subagent import settle_resolutions
+
+    live, leaving, owner = (factories.make_conversation() for _ in range(3))
+    m.Conversation.objects.filter(pk=leaving.pk).update(state=m.ConversationState.PENDING_DELETE)
+    fleet.write_snapshot([row("sa_1", None), row("sa_2", None), row("sa_3", owner)])
+    for agent_id, action, conversation in (("sa_1", "attribute", live), ("sa_2", "attribute", leaving),
+                                           ("sa_3", "clear", None)):
+        m.SubagentResolution.objects.create(agent_id=agent_id, action=action, actor=admin_user,
+                                            conversation_public_id=conversation.public_id if conversation else "")
+    home = EngineHome()
+    good = home.fleet_path.read_bytes()
+    home.fleet_path.write_bytes(b"{not json")
+    assert settle_resolutions() == 1  # the conversation's own refusal needs no file
+    assert sorted(m.SubagentResolution.objects.values_list("agent_id", flat=True)) == ["sa_1", "sa_3"]
+    home.fleet_path.write_bytes(good)
+    assert settle_resolutions() == 2 and not m.SubagentResolution.objects.exists()
+    assert [fleet.origin_of(r) for r in fleet.read_rows(home.fleet_path)] == [live.public_id, None, owner.public_id]
+    assert list(m.AuditFact.objects.values_list("action", "conversation")) == [("subagent.attributed", live.pk)]
+
+
+@pytest.mark.django_db
+def test_a_resolution_that_recovery_finished_first_is_answered_as_done(admin_user, engine_home, monkeypatch):
+    """Recovery runs between the commit of the record and the request's own change: the
+    request answers as its retry would (done), with one fact."""
+    from lifecycle.actions import resolve_subagent as action
+
+    fleet.write_snapshot([row("sa_c", None)])
+    carry_out = action._carry_out
+
+    def recovery_first(pk, home, *, settling):
+        monkeypatch.setattr(action, "_carry_out", carry_out)
+        assert action.settle_resolutions() == 1
+        return carry_out(pk, home, settling=settling)
+
+    monkeypatch.setattr(action, "_carry_out", recovery_first)
+    resolve_subagent("sa_c", action="clear", acting_user=admin_user)
+    assert fleet.read_rows(EngineHome().fleet_path) == []
+    assert m.AuditFact.objects.filter(action="subagent.cleared").count() == 1
+    assert not m.SubagentResolution.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_second_resolution_of_a_row_under_way_is_refused_as_busy(admin_user, engine_home, monkeypatch):
+    """Another request's resolution of the row is under way: its record is committed and locked
+    by that request (PostgreSQL: a real second connection holds the lock, and the settle passes
+    it over; SQLite's one write lock keeps two requests apart, so there the record alone stands
+    for it)."""
+    import psycopg
+
+    from lifecycle.actions import resolve_subagent as action
+    from tests.test_jobs import database_url
+
+    fleet.write_snapshot([row("sa_c", None)])
+    pending = m.SubagentResolution.objects.create(agent_id="sa_c", action="clear", actor=admin_user)
+    holder = None
+    if connection.vendor == "postgresql":
+        holder = psycopg.connect(database_url())
+        holder.execute("SELECT id FROM lifecycle_subagentresolution WHERE id = %s FOR UPDATE", [pending.pk])
+    else:
+        monkeypatch.setattr(action, "settle_resolutions", lambda home=None, agent_id=None: 0)
+    try:
+        with pytest.raises(ActionRefused) as caught:
+            resolve_subagent("sa_c", action="clear", acting_user=admin_user)
+    finally:
+        if holder is not None:
+            holder.rollback()
+            holder.close()
+    assert caught.value.code == "busy" and caught.value.status == 409
+    assert [r["agent_id"] for r in fleet.read_rows(EngineHome().fleet_path)] == ["sa_c"]
+    assert not m.AuditFact.objects.exists()
+    assert list(m.SubagentResolution.objects.values_list("pk", flat=True)) == [pending.pk]

@@ -1,15 +1,29 @@
 from __future__ import annotations
 
-from django.db import transaction
+import logging
+
+from django.db import IntegrityError, transaction
 from django.utils.translation import gettext as _
 
-from lifecycle import audit, fleet
+from lifecycle import audit, faults, fleet
 from lifecycle.enginefs import EngineHome
-from lifecycle.errors import ActionRefused, engine_folder_refusal
+from lifecycle.errors import (
+    ENGINE_FOLDER_FULL,
+    ENGINE_FOLDER_NOT_WRITABLE,
+    ENGINE_FOLDER_READ_ONLY,
+    ActionRefused,
+    engine_folder_refusal,
+)
 from lifecycle.fence import lock_writable
-from lifecycle.models import AuditFact, Conversation
+from lifecycle.models import AuditFact, Conversation, SubagentResolution
 
+log = logging.getLogger(__name__)
 ACTIONS = ("attribute", "clear")
+# Where a crash test kills a resolution: the fleet files changed, the audit fact not committed.
+FILES_CHANGED = "subagent-files-changed"
+ABSENT, DONE, CHANGE = "absent", "done", "change"
+# Refusals a settle keeps its resolution for (the engine folder may be readable or writable later).
+KEPT_FOR_LATER = {"fleet_unreadable", ENGINE_FOLDER_READ_ONLY, ENGINE_FOLDER_FULL, ENGINE_FOLDER_NOT_WRITABLE}
 
 
 def resolve_subagent(agent_id: str, *, action: str, conversation: Conversation | None = None,
@@ -20,7 +34,13 @@ def resolve_subagent(agent_id: str, *, action: str, conversation: Conversation |
 
     A retry of a resolution already made (a client that lost the first answer) does nothing
     and answers as the first did: the row attributed here to that very conversation, or a
-    cleared row gone while its audit fact is kept."""
+    cleared row gone while its audit fact is kept.
+
+    The files cannot change in the database's transaction, so the resolution is first written
+    down (a SubagentResolution row, committed), then the files change and its audit fact is
+    recorded in the commit that removes that row. A process killed between the two leaves the
+    row: the retry (here, first thing) and the every-minute recovery finish the resolution from
+    it and record its fact, so no change of the files goes unrecorded."""
     if action not in ACTIONS:
         raise ActionRefused("invalid_action", _("Choose attribute or clear."), status=400)
     if action == "attribute" and conversation is None:
@@ -28,48 +48,152 @@ def resolve_subagent(agent_id: str, *, action: str, conversation: Conversation |
     if not fleet.namable_id(agent_id):  # (no row has such an id; a NUL cannot be looked up in jsonb)
         raise ActionRefused("not_found", _("No subagent row has that id."), status=404)
     home = home or EngineHome()
+    settle_resolutions(home, agent_id=agent_id)
     with transaction.atomic():
         target = lock_writable(conversation) if action == "attribute" else None
+        if _answered(_state(_rows(home), agent_id, action, target), agent_id, action):
+            return
         try:
-            rows = fleet.all_rows(home)
-        except fleet.FleetUnreadable:
+            with transaction.atomic():
+                intent = SubagentResolution.objects.create(
+                    agent_id=agent_id, action=action, actor=acting_user,
+                    conversation_public_id=target.public_id if target else "")
+        except IntegrityError:  # another request resolves this row right now (its own row)
             raise ActionRefused(
-                "fleet_unreadable", _("The subagent state file cannot be read. Repair or restore it first.")
-            ) from None
-        found = [row for _path, row in rows if row.get("agent_id") == agent_id]
-        if not found:
-            if action == "clear" and AuditFact.objects.filter(action="subagent.cleared",
-                                                             new_value__agent_id=agent_id).exists():
-                return  # cleared before: the retry's answer is the first one's
-            raise ActionRefused("not_found", _("No subagent row has that id."), status=404)
-        if action == "attribute" and all(_attributed_to(row, target) for row in found):
-            return  # attributed here to this conversation before: nothing to change
-        # A row this action attributed to this very conversation is no obstacle: a retry after a
-        # write stopped between the two files (a full disk) finishes the other file's rows.
-        if any(fleet.origin_of(row) is not None and not (action == "attribute" and _attributed_to(row, target))
-               for row in found):
-            raise ActionRefused(
-                "subagent_not_ambiguous", _("This subagent row already names its conversation; it is not changed here.")
+                "busy", _("Another resolution of this subagent row is under way. Try again in a moment."),
+                status=409) from None
+    if not _carry_out(intent.pk, home, settling=False):
+        # Recovery took the resolution over between the two commits and has settled it: the
+        # files now answer as a retry's would.
+        with transaction.atomic():
+            target = lock_writable(conversation) if action == "attribute" else None
+            if not _answered(_state(_rows(home), agent_id, action, target), agent_id, action):
+                raise ActionRefused(
+                    "busy", _("Another resolution of this subagent row is under way. Try again in a moment."),
+                    status=409)
+
+
+def settle_resolutions(home: EngineHome | None = None, *, agent_id: str | None = None) -> int:
+    """Finish the resolutions a killed process left (every minute, and before a resolution of the
+    same row). One under way in a live request is locked by it and passed over (PostgreSQL);
+    SQLite's one write lock keeps its transaction and this one apart. Returns how many ended."""
+    pending = SubagentResolution.objects.order_by("pk")
+    if agent_id is not None:
+        pending = pending.filter(agent_id=agent_id)
+    pks = list(pending.values_list("pk", flat=True)[:100])
+    if not pks:
+        return 0
+    home = home or EngineHome()
+    settled = 0
+    for pk in pks:
+        try:
+            settled += int(_carry_out(pk, home, settling=True))
+        except ActionRefused as refusal:  # the files cannot be read or written now: next time
+            log.warning("subagent resolution %s not settled: %s", pk, refusal.code)
+    return settled
+
+
+def _carry_out(pk: int, home: EngineHome, *, settling: bool) -> bool:
+    """Change the files as the written-down resolution says and record its fact, in the commit
+    that removes it. False when it is gone (settled by another) or, settling, locked by the
+    request making it. A refusal that the files or the conversation give removes the resolution
+    and is raised (settling: kept, if the engine folder cannot be read or written, for later)."""
+    refusal = None
+    with transaction.atomic():
+        pending = SubagentResolution.objects.all()
+        if settling:
+            pending = pending.select_for_update(skip_locked=True)
+        else:
+            pending = pending.select_for_update()
+        intent = pending.filter(pk=pk).first()
+        if intent is None:
+            return False
+        agent_id, action = intent.agent_id, intent.action
+        try:
+            target = None
+            if action == "attribute":
+                conversation = Conversation.objects.filter(public_id=intent.conversation_public_id).first()
+                if conversation is None:
+                    raise ActionRefused("not_found", _("Conversation not found."), status=404)
+                target = lock_writable(conversation)
+            state = _state(_rows(home), agent_id, action, target)
+            if state == ABSENT and action == "attribute":  # the row went away meanwhile
+                raise ActionRefused("not_found", _("No subagent row has that id."), status=404)
+            if state != ABSENT or action == "attribute":  # (a clear that finds no row: done before the kill)
+                _change_files(home, agent_id, action, target)
+        except ActionRefused as refused:
+            if settling and refused.code in KEPT_FOR_LATER:
+                raise
+            refusal = refused
+        else:
+            faults.kill_point(FILES_CHANGED)
+            audit.record(
+                "subagent.attributed" if action == "attribute" else "subagent.cleared",
+                actor=intent.actor, conversation=target,
+                old={"agent_id": agent_id, "origin": None},
+                new={"agent_id": agent_id, "origin": target.public_id if target else None,
+                     "cleared": action == "clear"},
             )
+        intent.delete()
+    if refusal is not None:
+        if settling:
+            log.info("subagent resolution %s dropped: %s", pk, refusal.code)
+            return True
+        raise refusal
+    return True
 
-        def change(rows: list[dict]) -> list[dict]:
-            if action == "clear":
-                return [r for r in rows if r.get("agent_id") != agent_id]
-            return [{**r, "origin": {"conversation": target.public_id, "attributed": True}}
-                    if r.get("agent_id") == agent_id else r for r in rows]
 
-        try:
-            for path in fleet.fleet_files(home):
-                if path.exists():
-                    fleet.update_file(home, path, change)
-        except OSError as error:  # a read-only or full engine folder: a refusal, not a 500
-            raise engine_folder_refusal(error) from None
-        audit.record(
-            "subagent.attributed" if action == "attribute" else "subagent.cleared",
-            actor=acting_user, conversation=target,
-            old={"agent_id": agent_id, "origin": None},
-            new={"agent_id": agent_id, "origin": target.public_id if target else None, "cleared": action == "clear"},
+def _rows(home: EngineHome) -> list:
+    try:
+        return fleet.all_rows(home)
+    except fleet.FleetUnreadable:
+        raise ActionRefused(
+            "fleet_unreadable", _("The subagent state file cannot be read. Repair or restore it first.")
+        ) from None
+
+
+def _state(rows: list, agent_id: str, action: str, target: Conversation | None) -> str:
+    """ABSENT: no row has the id; DONE: every row is attributed here to the target; CHANGE: the
+    files are to change. Refuses a row that names its conversation itself."""
+    found = [row for _path, row in rows if row.get("agent_id") == agent_id]
+    if not found:
+        return ABSENT
+    if action == "attribute" and all(_attributed_to(row, target) for row in found):
+        return DONE
+    # A row this action attributed to this very conversation is no obstacle: a retry after a
+    # write stopped between the two files (a full disk) finishes the other file's rows.
+    if any(fleet.origin_of(row) is not None and not (action == "attribute" and _attributed_to(row, target))
+           for row in found):
+        raise ActionRefused(
+            "subagent_not_ambiguous", _("This subagent row already names its conversation; it is not changed here.")
         )
+    return CHANGE
+
+
+def _answered(state: str, agent_id: str, action: str) -> bool:
+    """Whether the files already answer the request (a retry of one made), raising when no row has
+    the id and no clear of it is recorded."""
+    if state == ABSENT:
+        if action == "clear" and AuditFact.objects.filter(action="subagent.cleared",
+                                                         new_value__agent_id=agent_id).exists():
+            return True  # cleared before: the retry's answer is the first one's
+        raise ActionRefused("not_found", _("No subagent row has that id."), status=404)
+    return state == DONE  # attributed here to this conversation before: nothing to change
+
+
+def _change_files(home: EngineHome, agent_id: str, action: str, target: Conversation | None) -> None:
+    def change(rows: list[dict]) -> list[dict]:
+        if action == "clear":
+            return [r for r in rows if r.get("agent_id") != agent_id]
+        return [{**r, "origin": {"conversation": target.public_id, "attributed": True}}
+                if r.get("agent_id") == agent_id else r for r in rows]
+
+    try:
+        for path in fleet.fleet_files(home):
+            if path.exists():
+                fleet.update_file(home, path, change)
+    except OSError as error:  # a read-only or full engine folder: a refusal, not a 500
+        raise engine_folder_refusal(error) from None
 
 
 def _attributed_to(row: dict, conversation: Conversation) -> bool:
