@@ -26,6 +26,7 @@ from console.auth import is_admin
 from console.viewer import back_to
 from lifecycle import fleet
 from lifecycle.actions.request_deletion import form_message
+from lifecycle.actions.resolve_subagent import unnamable_refusal
 from lifecycle.deletion import reasons
 from lifecycle.deletion.errors import error_message
 from lifecycle.deletion.executor import changed_totals
@@ -435,7 +436,7 @@ def subagent_resolve(request: HttpRequest) -> HttpResponse:
     try:
         if not fleet.namable_id(agent_id):  # answered here, as the built-in engine does: a remote
             # engine's answer to an id no address can hold would be about the address
-            raise ActionRefused("not_found", _("No subagent row has that id."), status=404)
+            raise unnamable_refusal()
         get_engine().resolve_subagent(agent_id, action=action, conversation_id=conversation_id, actor=request.user)
         messages.success(request, _("The subagent row was attributed.") if action == "attribute"
                          else _("The subagent row was cleared."))

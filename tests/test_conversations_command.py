@@ -38,6 +38,15 @@ def test_it_archives_closes_and_undoes_both(admin_user):
     assert actors[0] == ("conversation.archived", admin_user.pk) and len(actors) == 4
 
 
+def test_status_takes_no_actor_since_it_records_nothing(admin_user):
+    conversation = factories.make_conversation(title="Ops")
+    with pytest.raises(CommandError) as refused:
+        run("status", conversation.public_id, "--as", "alice")
+    assert "unrecognized arguments: --as" in str(refused.value)
+    assert "Ops" in run("status", conversation.public_id)
+    assert not m.AuditFact.objects.exists()
+
+
 def test_it_deletes_and_waits_with_a_progress_bar_on_a_terminal(monkeypatch):
     conversation = factories.make_conversation(title="Erase from the shell")
     factories.fill_every_store(conversation)
@@ -112,7 +121,7 @@ def test_on_a_console_of_a_remote_engine_it_refuses_and_does_nothing(settings, a
     conversation = factories.make_conversation()
     for verb in ("archive", "close", "delete", "status"):
         with pytest.raises(CommandError, match="engine_remote: this console reaches a remote engine") as caught:
-            run(verb, conversation.public_id, "--as", admin_user.username)
+            run(verb, conversation.public_id, *(("--as", admin_user.username) if verb != "status" else ()))
         assert caught.value.returncode == 2
     conversation.refresh_from_db()
     assert (conversation.archived_at, conversation.closed_at, conversation.state) == (None, None, "live")

@@ -414,7 +414,8 @@ def test_an_agent_id_no_row_can_have_is_refused_as_unknown_and_changes_nothing(a
     response = admin_client.post("/subagents/resolve/", {"agent_id": agent_id, "action": action, "next": back,
                                                           "conversation": conversation.public_id}, **HOST)
     assert (response.status_code, response["Location"]) == (302, back)
-    assert "No subagent row has that id." in page(admin_client, back)
+    assert "No subagent row can be named by that id: an id has 1 to 256 characters and no NUL." in page(
+        admin_client, back)
     assert fleet.EngineHome().fleet_path.read_bytes() == before
     assert not m.AuditFact.objects.filter(action__startswith="subagent.").exists()
 

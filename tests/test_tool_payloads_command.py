@@ -433,3 +433,16 @@ def test_the_command_here_exits_0_with_the_document_of_the_analysis_asked_for(tm
         2, "succeeded", {"value": 5, "unit": "weeks"}, 2)
     assert ("analysis #1 is queued and no worker has taken it; running it here first, then the analysis asked "
             "for.\nanalysis #1: succeeded; conversations 2, ") in result.stderr
+
+
+def test_busy_behind_an_operation_no_worker_has_taken_points_to_here(admin_user):
+    """No job cluster runs and an analysis is queued: the next command (without --here) said only
+    busy; it now says no worker has taken that one and that --here runs it."""
+    leftover = json.loads(command("analyze", "--age", "3", "--as", "alice", "--no-wait", "--json"))["id"]
+    with pytest.raises(CommandError) as refused:
+        command("compact", "--as", "alice")
+    assert str(refused.value).startswith("busy: ")
+    assert str(refused.value).endswith(
+        f"No worker has taken analysis #{leftover} or shown progress for a while: is the job cluster running? "
+        "(--here runs it in this process, then the one asked for.)")
+    assert list(ToolPayloadOperation.objects.values_list("pk", "state")) == [(leftover, "queued")]

@@ -45,8 +45,8 @@ def resolve_subagent(agent_id: str, *, action: str, conversation: Conversation |
         raise ActionRefused("invalid_action", _("Choose attribute or clear."), status=400)
     if action == "attribute" and conversation is None:
         raise ActionRefused("missing_conversation", _("Name the conversation to attribute the row to."), status=400)
-    if not fleet.namable_id(agent_id):  # (no row has such an id; a NUL cannot be looked up in jsonb)
-        raise ActionRefused("not_found", _("No subagent row has that id."), status=404)
+    if not fleet.namable_id(agent_id):  # (a NUL cannot be looked up in jsonb)
+        raise unnamable_refusal()
     home = home or EngineHome()
     settle_resolutions(home, agent_id=agent_id)
     with transaction.atomic():
@@ -71,6 +71,16 @@ def resolve_subagent(agent_id: str, *, action: str, conversation: Conversation |
                 raise ActionRefused(
                     "busy", _("Another resolution of this subagent row is under way. Try again in a moment."),
                     status=409)
+
+
+def unnamable_refusal() -> ActionRefused:
+    """The answer to an id that no row can be named by (empty, too long, a NUL or a lone
+    surrogate): unknown, before any lookup. A row whose id is such one makes the delete preview
+    ask for the state file's repair, so the answer points there too."""
+    return ActionRefused("not_found", _(
+        "No subagent row can be named by that id: an id has 1 to %(max)d characters and no NUL. A row whose "
+        "id is not one makes the subagent state file need repair; repair or restore it.")
+        % {"max": fleet.AGENT_ID_MAX}, status=404)
 
 
 def settle_resolutions(home: EngineHome | None = None, *, agent_id: str | None = None) -> int:

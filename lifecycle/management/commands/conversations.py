@@ -52,9 +52,10 @@ class Command(JsonErrors, BaseCommand):
             sub.add_argument("target", help="A conversation id (c_...), or for status also an operation id; for "
                                             "resolve-subagent the subagent row's id.")
             sub.add_argument("--json", action="store_true")
+        for sub in (archive, close, delete, resolve):  # (status changes nothing: no actor to record)
             sub.add_argument("--as", dest="username", help="Record this admin as the actor.")
 
-    def handle(self, *args, verb: str, target: str, json: bool, username: str | None, **options):
+    def handle(self, *args, verb: str, target: str, json: bool, username: str | None = None, **options):
         self.as_json = json
         if settings.ENGINE_URL:
             # The conversations are the engine's: run it on the engine's host. (Here it read this

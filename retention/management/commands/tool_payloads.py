@@ -78,7 +78,11 @@ class Command(JsonErrors, BaseCommand):
             op_id = self.start(verb, user, options)
         except CommandError as refused:
             busy = str(refused).startswith("busy: ")
-            stalled = self.stalled_operation() if busy and options["here"] and not options["no_wait"] else None
+            stalled = self.stalled_operation() if busy and not options["no_wait"] else None
+            if stalled is not None and not options["here"]:
+                raise CommandError(f"{refused} No worker has taken {stalled.kind} #{stalled.pk} or shown progress "
+                                   "for a while: is the job cluster running? (--here runs it in this process, "
+                                   "then the one asked for.)", returncode=refused.returncode) from None
             if stalled is None:
                 raise
             # An operation left open with no worker on it (its process was interrupted, or it
