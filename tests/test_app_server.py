@@ -210,7 +210,7 @@ def test_it_runs_only_the_web_server_or_only_the_job_cluster(fresh, tree, only, 
     # Started from another folder, as a supervisor may do.
     proc = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "serve", f"127.0.0.1:{port}", "--only", only],
                             cwd="/", env={**fresh["env"], "ENGINE_HOME": str(engine)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     tree.pids.add(proc.pid)
     tree.groups.add(proc.pid)
     assert wait_until(lambda: len(children_of(proc.pid)) == 1, 30)
@@ -224,8 +224,11 @@ def test_it_runs_only_the_web_server_or_only_the_job_cluster(fresh, tree, only, 
     if only == "web":
         assert wait_until(lambda: _answers(port), 60)
     proc.send_signal(signal.SIGTERM)
-    out, _err = proc.communicate(timeout=30)
-    assert proc.returncode == 0 and stopped in out
+    out, err = proc.communicate(timeout=30)
+    # LOG_FORMAT=json: serve's own line is a log record among the others on standard error
+    records = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and out == ""
+    assert {"level": "INFO", "logger": "lethe.serve", "message": stopped}.items() <= records[-1].items()
     assert wait_until(tree.everything_stopped, 10)
 
 

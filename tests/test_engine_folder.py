@@ -249,16 +249,24 @@ def test_a_database_without_conversations_does_not_take_a_folder_another_databas
     assert admit(conversation).outcome == "admitted"
 
 
-def test_serve_never_makes_an_empty_folder_in_place_of_the_databases(engine_home, settings, tmp_path):
+def test_serve_never_makes_an_empty_folder_in_place_of_the_databases(engine_home, settings, tmp_path, caplog):
     from console.management.commands.serve import Command
 
     engine_folder.adopt(force=False)
     engine_home.rename(engine_home.with_name("engine-away"))
+    settings.LOG_FORMAT = "text"
     err = io.StringIO()
     command = Command(stdout=io.StringIO(), stderr=err)
     command.prepare_engine_folder()
     assert not engine_home.exists()
     assert "is missing: deletes wait and /readyz says not ready" in err.getvalue()
+    # Under JSON logs (a deployment's), the line is a warning record as every other line there.
+    settings.LOG_FORMAT = "json"
+    err = io.StringIO()
+    Command(stdout=io.StringIO(), stderr=err).prepare_engine_folder()
+    assert err.getvalue() == "" and not engine_home.exists()
+    [record] = [r for r in caplog.records if r.name == "lethe.serve"]
+    assert record.levelname == "WARNING" and "is missing: deletes wait and /readyz says not ready" in record.getMessage()
 
     settings.ENGINE_HOME = tmp_path / "a-file"
     settings.ENGINE_HOME.write_text("not a folder")

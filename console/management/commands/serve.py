@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import ctypes
 import fcntl
+import logging
 import os
 import re
 import signal
@@ -50,6 +51,8 @@ from ops.static import ensure_static_files
 
 PR_SET_PDEATHSIG = 1
 GRACE_SECONDS = 15
+
+log = logging.getLogger("lethe.serve")
 
 
 @dataclass(frozen=True)
@@ -211,15 +214,15 @@ class Command(BaseCommand):
             engine_folder.adopt(force=False)
         except engine_folder.EngineFolderUnavailable as exc:
             if exc.reason == "not_this_folder":  # (r18: --adopt alone refuses such a folder)
-                self.stderr.write(
+                self.say(
                     f"The engine folder {exc.root} is {engine_folder.WORDS[exc.reason]}: deletes wait and /readyz says "
                     "not ready. Set ENGINE_HOME to this database's folder; if no other database uses this one any "
                     "more, mark it with manage.py engine_folder --adopt --take-from-other-database.")
             else:
-                self.stderr.write(
+                self.say(
                     f"The engine folder {exc.root} is {engine_folder.WORDS[exc.reason]}: deletes wait and /readyz says "
                     "not ready until it is back. Mount it or set ENGINE_HOME; if the folder there is the right one, "
-                    "mark it with manage.py engine_folder --adopt.")
+                    "mark it with manage.py engine_folder --adopt.", error=True)
         except DatabaseError:  # no tables yet (migrate comes first): a new install
             root.mkdir(parents=True, exist_ok=True)
 
@@ -247,7 +250,7 @@ class Command(BaseCommand):
         # Clear what a killed writer left behind (lock-safe, so a live writer is untouched).
         EngineHome().sweep_temporaries()
         if ensure_static_files():
-            self.stdout.write("Collected the static files.")
+            self.say("Collected the static files.")
 
         def stop(signum, frame):
             raise Stop
@@ -280,11 +283,19 @@ class Command(BaseCommand):
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             self.stop_all(children, children_to_start)
         if failed:
-            self.stderr.write(f"The {failed} exited; stopped the other." if len(children_to_start) > 1
-                              else f"The {failed} exited.")
+            self.say(f"The {failed} exited; stopped the other." if len(children_to_start) > 1
+                     else f"The {failed} exited.", error=True)
             sys.exit(1)
-        self.stdout.write("Stopped the web server and the job cluster." if len(children_to_start) > 1
-                          else f"Stopped the {next(iter(children_to_start))}.")
+        self.say("Stopped the web server and the job cluster." if len(children_to_start) > 1
+                 else f"Stopped the {next(iter(children_to_start))}.")
+
+    def say(self, text: str, *, error: bool = False) -> None:
+        """serve's own lines while it runs: under LOG_FORMAT=json a log record on standard error,
+        as every other line there, so a log collector reads them as well; else plain text."""
+        if settings.LOG_FORMAT == "json":
+            log.log(logging.WARNING if error else logging.INFO, text)
+        else:
+            (self.stderr if error else self.stdout).write(text)
 
     def stop_all(self, children: dict[str, subprocess.Popen], specs: dict[str, Child]) -> None:
         for name, child in children.items():
