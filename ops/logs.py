@@ -44,7 +44,13 @@ class ContextFilter(logging.Filter):
             setattr(record, name, None)
         for name, value in context.current().items():
             setattr(record, name, value)
-        if record.name == "django-q" and record.levelno >= logging.ERROR:
+        if record.name == "django-q" and record.levelno == logging.INFO and str(record.msg).startswith("Enqueued "):
+            # Every job queued (by a request, a command, a schedule) said so on a line of its own,
+            # amid a command's output too (r22): a debug line now; the cluster logs the job's run.
+            if not logging.getLogger().isEnabledFor(logging.DEBUG):
+                return False
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        elif record.name == "django-q" and record.levelno >= logging.ERROR:
             message = record.getMessage()
             if match := _Q_FAILURE.match(message):
                 record.msg, record.args = match.group(1) + " (the error is kept in the task's result)", None

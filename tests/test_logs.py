@@ -76,6 +76,22 @@ def test_it_cuts_the_error_text_from_the_job_clusters_failure_lines(captured):
     assert "secret" not in captured.text
 
 
+def test_a_job_queued_is_a_debug_line_only(captured):
+    """r22: every command that queues a job printed django-q's "Enqueued [lethe] 12" amid its
+    own output (and every request that queued one logged it): a line at LOG_LEVEL=DEBUG only."""
+    q, root = logging.getLogger("django-q"), logging.getLogger()
+    q.info("Enqueued [lethe] 12")
+    q.info("Process-1 processing 'lifecycle.tasks.erase'")
+    assert [line["message"] for line in captured.lines()] == ["Process-1 processing 'lifecycle.tasks.erase'"]
+    level = root.level
+    root.setLevel(logging.DEBUG)
+    try:
+        q.info("Enqueued [lethe] 13")
+    finally:
+        root.setLevel(level)
+    assert {"level": "DEBUG", "message": "Enqueued [lethe] 13"}.items() <= captured.lines()[-1].items()
+
+
 @pytest.mark.django_db
 def test_a_refused_suspicious_request_is_logged_by_kind_never_by_what_it_sent(client, captured):
     """r22: Django's security lines quoted what the client sent ("Invalid HTTP_HOST header:
