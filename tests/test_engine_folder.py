@@ -205,7 +205,8 @@ def test_a_database_that_recorded_no_folder_is_refused_another_databases_folder_
     assert engine_folder.recorded() == "e" * 32
 
 
-def test_a_database_without_conversations_does_not_take_a_folder_another_database_marked(engine_home, capsys):
+def test_a_database_without_conversations_does_not_take_a_folder_another_database_marked(engine_home, capsys,
+                                                                                           settings):
     """A new install (or one whose conversations are all deleted) pointed at a folder another
     database marked: taken with that mark, both would erase and resolve subagent rows in one
     folder. It waits for the operator, who may take it only by name (and it is marked anew)."""
@@ -215,6 +216,7 @@ def test_a_database_without_conversations_does_not_take_a_folder_another_databas
     other = "f" * 32
     (engine_home / engine_folder.MARK_NAME).write_text(other + "\n")
     assert engine_folder.problem() == "not_this_folder"
+    settings.LOG_FORMAT = "text"  # (under JSON logs it is a warning record: test_serve_never_makes_an_empty_folder...)
     Command().prepare_engine_folder()  # serve starts, says why (and the command that helps), records nothing
     said = capsys.readouterr().err
     assert "another database's engine folder" in said and "--adopt --take-from-other-database" in said
@@ -289,7 +291,7 @@ def test_adopting_writes_the_mark_alone_and_never_replaces_another(engine_home):
     assert unmarked.value.reason == "unmarked" and engine_folder.recorded() is None
 
 
-def test_a_database_from_before_the_mark_does_not_take_a_wrong_folder_by_itself(engine_home):
+def test_a_database_from_before_the_mark_does_not_take_a_wrong_folder_by_itself(engine_home, settings):
     """A wrong ENGINE_HOME (an empty folder, another database's) at the first delete of a
     database from before the mark: nothing is erased or counted as gone, nothing is recorded, and
     the operator is told to check and adopt; the real folder is taken once it is there."""
@@ -328,6 +330,7 @@ def test_a_database_from_before_the_mark_does_not_take_a_wrong_folder_by_itself(
         "manage.py engine_folder --adopt.\n")
     from console.management.commands.serve import Command
 
+    settings.LOG_FORMAT = "text"
     err = io.StringIO()
     Command(stdout=io.StringIO(), stderr=err).prepare_engine_folder()
     assert "not marked as this database's engine folder" in err.getvalue()
@@ -703,14 +706,83 @@ def test_an_attribution_stopped_between_the_two_fleet_files_is_finished_by_its_r
     with pytest.raises(ActionRefused) as refused:
         resolve_subagent("sa_old", action="attribute", conversation=conversation, acting_user=admin_user)
     assert refused.value.code == "engine_folder_full"
+    assert refused.value.message.endswith("Part of the change was written already: the rest is written and recorded "
+                                          "by itself once that is fixed.")
     assert fleet.origin_of(fleet.read_rows(home.fleet_path)[0]) == conversation.public_id
     assert fleet.origin_of(fleet.read_rows(home.legacy_fleet_path)[0]) is None
-    assert not m.SubagentResolution.objects.exists()
+    # kept for the rest (r25: dropped, the first file's change was never recorded)
+    assert m.SubagentResolution.objects.count() == 1 and not m.AuditFact.objects.exists()
     monkeypatch.setattr(fleet, "update_file", update)
     resolve_subagent("sa_old", action="attribute", conversation=conversation, acting_user=admin_user)
     assert [fleet.origin_of(r) for p in fleet.fleet_files(home) for r in fleet.read_rows(p)] == [
         conversation.public_id, conversation.public_id]
     assert m.AuditFact.objects.filter(action="subagent.attributed").count() == 1
+
+
+def test_a_clear_stopped_between_the_two_fleet_files_is_finished_and_recorded_by_recovery(admin_user, monkeypatch):
+    """r25: the state file's row removed, the legacy copy's not (a full disk), and nothing kept:
+    no fact ever, and a later attribution of the row recorded only that. Now recovery
+    finishes the clear and records it, and the later request is answered after it."""
+    from lifecycle import tasks
+
+    conversation = factories.make_conversation(days_idle=1)
+    row = {"agent_id": "sa_p", "origin": None, "status": "completed", "delivery": "settled",
+           "started_at": conversation.created_at.isoformat(), "finished_at": None}
+    home = EngineHome()
+    fleet.write_snapshot([row])
+    fleet.update_file(home, home.legacy_fleet_path, lambda rows: [*rows, row])
+    update = fleet.update_file
+
+    def full_at_the_copy(home_, path, change):
+        if path == home.legacy_fleet_path:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return update(home_, path, change)
+
+    monkeypatch.setattr(fleet, "update_file", full_at_the_copy)
+    with pytest.raises(ActionRefused) as refused:
+        resolve_subagent("sa_p", action="clear", acting_user=admin_user)
+    assert refused.value.code == "engine_folder_full" and "Part of the change was written" in refused.value.message
+    assert tasks.recover()["subagents"] == 0  # still full: kept
+    with pytest.raises(ActionRefused) as again:  # another request for the row meanwhile: the same refusal
+        resolve_subagent("sa_p", action="attribute", conversation=conversation, acting_user=admin_user)
+    assert again.value.code == "engine_folder_full"
+    assert fleet.read_rows(home.fleet_path) == [] and len(fleet.read_rows(home.legacy_fleet_path)) == 1
+    monkeypatch.setattr(fleet, "update_file", update)
+    assert tasks.recover()["subagents"] == 1
+    assert fleet.read_rows(home.fleet_path) == fleet.read_rows(home.legacy_fleet_path) == []
+    assert list(m.AuditFact.objects.values_list("action", "actor")) == [("subagent.cleared", admin_user.pk)]
+    with pytest.raises(ActionRefused) as gone:
+        resolve_subagent("sa_p", action="attribute", conversation=conversation, acting_user=admin_user)
+    assert gone.value.code == "not_found" and not m.SubagentResolution.objects.exists()
+
+
+def test_a_fleet_lock_that_is_not_a_regular_file_is_a_refusal_never_a_500(api, admin_user, tmp_path):
+    """r25: a link in place of the legacy copy's lock made every resolution of the row a 500 (the
+    state file changed already), and stopped recovery's settling of every other row."""
+    from lifecycle import tasks
+
+    conversation = factories.make_conversation(days_idle=1)
+    row = {"agent_id": "sa_s", "origin": None, "status": "completed", "delivery": "settled",
+           "started_at": conversation.created_at.isoformat(), "finished_at": None}
+    home = EngineHome()
+    fleet.write_snapshot([row])
+    fleet.update_file(home, home.legacy_fleet_path, lambda rows: [*rows, row])
+    lock = home.lock_for(home.legacy_fleet_path)
+    lock.unlink(missing_ok=True)
+    lock.symlink_to(tmp_path / "elsewhere.lock")
+    api.raise_request_exception = False
+    for _ in range(2):
+        answer = api.post("/v1/subagents/sa_s/resolve", data=json.dumps({"action": "clear"}),
+                          content_type="application/json")
+        assert answer.status_code == 409, answer.content
+        assert answer.json()["code"] == "engine_folder_not_writable"
+        assert answer.json()["message"].startswith("A subagent state file or its lock is not a regular file")
+    assert fleet.read_rows(home.fleet_path) == [] and len(fleet.read_rows(home.legacy_fleet_path)) == 1
+    assert tasks.recover()["subagents"] == 0 and m.SubagentResolution.objects.count() == 1
+    lock.unlink()
+    assert tasks.recover()["subagents"] == 1
+    assert fleet.read_rows(home.legacy_fleet_path) == []
+    assert m.AuditFact.objects.filter(action="subagent.cleared").count() == 1
 
 
 def test_the_engines_writes_to_a_folder_it_cannot_write_are_refusals(unwritable_engine_folder):

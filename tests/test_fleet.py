@@ -270,9 +270,9 @@ def test_a_resolution_killed_after_the_files_changed_is_recorded_by_its_retry_an
 def test_a_resolution_cut_short_is_finished_from_its_record_or_dropped_when_it_can_no_longer_be(
         admin_user, engine_home):
     """What recovery does with a resolution a killed process left before its files changed: it
-    carries it out (the admin's request was written down); one whose conversation can no
-    longer take it, or whose row now names a conversation, is dropped without a fact; while
-    the fleet file cannot be read it is kept for later."""
+    carries it out (the admin's request was written down); one whose conversation is being
+    deleted (its row never attributed), or whose row now names a conversation, is dropped
+    without a fact; while the fleet file cannot be read every one is kept for later."""
     from lifecycle.actions.resolve_subagent import settle_resolutions
 
     live, leaving, owner = (factories.make_conversation() for _ in range(3))
@@ -285,12 +285,44 @@ def test_a_resolution_cut_short_is_finished_from_its_record_or_dropped_when_it_c
     home = EngineHome()
     good = home.fleet_path.read_bytes()
     home.fleet_path.write_bytes(b"{not json")
-    assert settle_resolutions() == 1  # the conversation's own refusal needs no file
-    assert sorted(m.SubagentResolution.objects.values_list("agent_id", flat=True)) == ["sa_1", "sa_3"]
+    assert settle_resolutions() == 0 and m.SubagentResolution.objects.count() == 3
     home.fleet_path.write_bytes(good)
-    assert settle_resolutions() == 2 and not m.SubagentResolution.objects.exists()
+    assert settle_resolutions() == 3 and not m.SubagentResolution.objects.exists()
     assert [fleet.origin_of(r) for r in fleet.read_rows(home.fleet_path)] == [live.public_id, None, owner.public_id]
     assert list(m.AuditFact.objects.values_list("action", "conversation")) == [("subagent.attributed", live.pk)]
+
+
+@pytest.mark.django_db
+def test_an_attribution_cut_short_is_on_record_before_its_conversation_is_deleted(admin_user, engine_home):
+    """r25: the attribution's files changed, its process killed, the admin then deleted the
+    conversation (now admitted: the row is its own) and recovery dropped the attribution, so
+    nothing recorded who made the row erasable with it. The delete's admission records it first."""
+    from lifecycle.actions.resolve_subagent import settle_resolutions
+
+    target = factories.make_conversation()
+    attributed = {**row("sa_d", None), "origin": {"conversation": target.public_id, "attributed": True}}
+    fleet.write_snapshot([attributed])  # as the killed process left the files
+    m.SubagentResolution.objects.create(agent_id="sa_d", action="attribute", actor=admin_user,
+                                        conversation_public_id=target.public_id)
+    op = request_deletion(target, key="after-cut", acting_user=admin_user)
+    assert op.state == "pending" and not m.SubagentResolution.objects.exists()
+    fact = m.AuditFact.objects.get(action="subagent.attributed")
+    assert (fact.actor, fact.conversation, fact.new_value["origin"]) == (admin_user, target, target.public_id)
+    # Recovery coming after a delete admitted meanwhile (the resolution's lock was the only
+    # thing in the delete's way): its rows attributed there, or gone with the delete, are what
+    # the attribution made, on record; a row never attributed is left as it was, with no fact.
+    others = [factories.make_conversation() for _ in range(3)]
+    fleet.write_snapshot([{**row("sa_e", None), "origin": {"conversation": others[0].public_id, "attributed": True}},
+                          row("sa_g", None)])
+    for agent_id, conversation in (("sa_e", others[0]), ("sa_f", others[1]), ("sa_g", others[2])):
+        m.Conversation.objects.filter(pk=conversation.pk).update(state=m.ConversationState.PENDING_DELETE)
+        m.SubagentResolution.objects.create(agent_id=agent_id, action="attribute", actor=admin_user,
+                                            conversation_public_id=conversation.public_id)
+    assert settle_resolutions() == 3 and not m.SubagentResolution.objects.exists()
+    assert sorted(m.AuditFact.objects.filter(action="subagent.attributed").values_list("new_value__agent_id",
+                                                                                      flat=True)) == [
+        "sa_d", "sa_e", "sa_f"]
+    assert [fleet.origin_of(r) for r in fleet.read_rows(EngineHome().fleet_path)] == [others[0].public_id, None]
 
 
 @pytest.mark.django_db
@@ -325,14 +357,18 @@ def test_a_second_resolution_of_a_row_under_way_is_refused_as_busy(admin_user, e
     from lifecycle.actions import resolve_subagent as action
     from tests.test_jobs import database_url
 
-    fleet.write_snapshot([row("sa_c", None)])
+    # The request under way has changed the files already: the row is gone, its fact not yet
+    # committed (r25: the second request answered "No subagent row has that id").
+    fleet.write_snapshot([])
     pending = m.SubagentResolution.objects.create(agent_id="sa_c", action="clear", actor=admin_user)
     holder = None
     if connection.vendor == "postgresql":
         holder = psycopg.connect(database_url())
         holder.execute("SELECT id FROM lifecycle_subagentresolution WHERE id = %s FOR UPDATE", [pending.pk])
     else:
-        monkeypatch.setattr(action, "settle_resolutions", lambda home=None, agent_id=None: 0)
+        carry_out = action._carry_out
+        monkeypatch.setattr(action, "_carry_out", lambda pk, home, *, settling: (
+            False if settling else carry_out(pk, home, settling=settling)))
     try:
         with pytest.raises(ActionRefused) as caught:
             resolve_subagent("sa_c", action="clear", acting_user=admin_user)
@@ -341,6 +377,6 @@ def test_a_second_resolution_of_a_row_under_way_is_refused_as_busy(admin_user, e
             holder.rollback()
             holder.close()
     assert caught.value.code == "busy" and caught.value.status == 409
-    assert [r["agent_id"] for r in fleet.read_rows(EngineHome().fleet_path)] == ["sa_c"]
+    assert fleet.read_rows(EngineHome().fleet_path) == []
     assert not m.AuditFact.objects.exists()
     assert list(m.SubagentResolution.objects.values_list("pk", flat=True)) == [pending.pk]

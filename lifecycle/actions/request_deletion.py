@@ -12,6 +12,7 @@ from django.utils.translation import gettext_lazy
 from django_q.tasks import async_task
 
 from lifecycle import audit, engine_folder, fleet
+from lifecycle.actions.resolve_subagent import settle_resolutions
 from lifecycle.deletion import reasons
 from lifecycle.deletion.admission import Admission, admit
 from lifecycle.deletion.plan import step_keys, stores_by_key
@@ -84,6 +85,10 @@ def request_deletion(conversation: Conversation, *, key: str, acting_user) -> De
     """
     check_key(key)
     home = EngineHome()
+    # A subagent resolution cut short may have changed the fleet files without its audit fact:
+    # it is finished and recorded before admission reads them (an attribution that makes a row
+    # this conversation's must be on record before the delete erases the row).
+    settle_resolutions(home)
     held = contextlib.ExitStack()
     try:
         with held, transaction.atomic():

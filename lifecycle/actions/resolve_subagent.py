@@ -6,7 +6,7 @@ from django.db import IntegrityError, transaction
 from django.utils.translation import gettext as _
 
 from lifecycle import audit, faults, fleet
-from lifecycle.enginefs import EngineHome
+from lifecycle.enginefs import EngineHome, UnsafeEnginePath
 from lifecycle.errors import (
     ENGINE_FOLDER_FULL,
     ENGINE_FOLDER_NOT_WRITABLE,
@@ -14,7 +14,7 @@ from lifecycle.errors import (
     ActionRefused,
     engine_folder_refusal,
 )
-from lifecycle.fence import lock_writable
+from lifecycle.fence import check_writable, lock_writable
 from lifecycle.models import AuditFact, Conversation, SubagentResolution
 
 log = logging.getLogger(__name__)
@@ -48,9 +48,13 @@ def resolve_subagent(agent_id: str, *, action: str, conversation: Conversation |
     if not fleet.namable_id(agent_id):  # (a NUL cannot be looked up in jsonb)
         raise unnamable_refusal()
     home = home or EngineHome()
-    settle_resolutions(home, agent_id=agent_id)
+    # A resolution of this row cut short is finished first (a refusal of the files' is this one's).
+    for pk in SubagentResolution.objects.filter(agent_id=agent_id).values_list("pk", flat=True):
+        _carry_out(pk, home, settling=True)
     with transaction.atomic():
         target = lock_writable(conversation) if action == "attribute" else None
+        if SubagentResolution.objects.filter(agent_id=agent_id).exists():
+            raise _busy()  # passed over above: locked by a request under way (PostgreSQL)
         if _answered(_state(_rows(home), agent_id, action, target), agent_id, action):
             return
         try:
@@ -59,18 +63,19 @@ def resolve_subagent(agent_id: str, *, action: str, conversation: Conversation |
                     agent_id=agent_id, action=action, actor=acting_user,
                     conversation_public_id=target.public_id if target else "")
         except IntegrityError:  # another request resolves this row right now (its own row)
-            raise ActionRefused(
-                "busy", _("Another resolution of this subagent row is under way. Try again in a moment."),
-                status=409) from None
+            raise _busy() from None
     if not _carry_out(intent.pk, home, settling=False):
         # Recovery took the resolution over between the two commits and has settled it: the
         # files now answer as a retry's would.
         with transaction.atomic():
             target = lock_writable(conversation) if action == "attribute" else None
             if not _answered(_state(_rows(home), agent_id, action, target), agent_id, action):
-                raise ActionRefused(
-                    "busy", _("Another resolution of this subagent row is under way. Try again in a moment."),
-                    status=409)
+                raise _busy()
+
+
+def _busy() -> ActionRefused:
+    return ActionRefused("busy", _("Another resolution of this subagent row is under way. Try again in a moment."),
+                         status=409)
 
 
 def unnamable_refusal() -> ActionRefused:
@@ -83,14 +88,11 @@ def unnamable_refusal() -> ActionRefused:
         % {"max": fleet.AGENT_ID_MAX}, status=404)
 
 
-def settle_resolutions(home: EngineHome | None = None, *, agent_id: str | None = None) -> int:
-    """Finish the resolutions a killed process left (every minute, and before a resolution of the
-    same row). One under way in a live request is locked by it and passed over (PostgreSQL);
+def settle_resolutions(home: EngineHome | None = None) -> int:
+    """Finish the resolutions a killed process left (every minute, and before a delete is
+    admitted). One under way in a live request is locked by it and passed over (PostgreSQL);
     SQLite's one write lock keeps its transaction and this one apart. Returns how many ended."""
-    pending = SubagentResolution.objects.order_by("pk")
-    if agent_id is not None:
-        pending = pending.filter(agent_id=agent_id)
-    pks = list(pending.values_list("pk", flat=True)[:100])
+    pks = list(SubagentResolution.objects.order_by("pk").values_list("pk", flat=True)[:100])
     if not pks:
         return 0
     home = home or EngineHome()
@@ -100,14 +102,23 @@ def settle_resolutions(home: EngineHome | None = None, *, agent_id: str | None =
             settled += int(_carry_out(pk, home, settling=True))
         except ActionRefused as refusal:  # the files cannot be read or written now: next time
             log.warning("subagent resolution %s not settled: %s", pk, refusal.code)
+        except Exception:  # one that cannot be settled keeps none of the others waiting
+            log.exception("subagent resolution %s not settled", pk)
     return settled
 
 
 def _carry_out(pk: int, home: EngineHome, *, settling: bool) -> bool:
     """Change the files as the written-down resolution says and record its fact, in the commit
     that removes it. False when it is gone (settled by another) or, settling, locked by the
-    request making it. A refusal that the files or the conversation give removes the resolution
-    and is raised (settling: kept, if the engine folder cannot be read or written, for later)."""
+    request making it.
+
+    A refusal removes the resolution and is raised (settling: logged), except while the engine
+    folder cannot be read or written: then a settle keeps it for later, and so does a request
+    whose change was written to one fleet file and not the other (what was written is recorded
+    once the rest is). An attribution whose conversation has since been deleted, or is being
+    deleted, changes nothing more; it is recorded when the files show it was made (the rows
+    attributed there, or gone with the conversation's delete, which admits no row of unknown
+    origin), else dropped."""
     refusal = None
     with transaction.atomic():
         pending = SubagentResolution.objects.all()
@@ -122,17 +133,24 @@ def _carry_out(pk: int, home: EngineHome, *, settling: bool) -> bool:
         try:
             target = None
             if action == "attribute":
-                conversation = Conversation.objects.filter(public_id=intent.conversation_public_id).first()
-                if conversation is None:
+                target = Conversation.objects.select_for_update().filter(
+                    public_id=intent.conversation_public_id).first()
+                if target is None:
                     raise ActionRefused("not_found", _("Conversation not found."), status=404)
-                target = lock_writable(conversation)
-            state = _state(_rows(home), agent_id, action, target)
-            if state == ABSENT and action == "attribute":  # the row went away meanwhile
-                raise ActionRefused("not_found", _("No subagent row has that id."), status=404)
-            if state != ABSENT or action == "attribute":  # (a clear that finds no row: done before the kill)
-                _change_files(home, agent_id, action, target)
+                try:
+                    check_writable(target)
+                except ActionRefused:
+                    if _state(_rows(home), agent_id, action, target, strict=False) == CHANGE:
+                        raise  # never made: nothing to record
+                else:
+                    state = _state(_rows(home), agent_id, action, target)
+                    if state == ABSENT:  # the row went away meanwhile
+                        raise ActionRefused("not_found", _("No subagent row has that id."), status=404)
+                    _change_files(home, agent_id, action, target, keep=not settling)
+            elif _state(_rows(home), agent_id, action, target) != ABSENT:  # (none left: cleared before the kill)
+                _change_files(home, agent_id, action, target, keep=not settling)
         except ActionRefused as refused:
-            if settling and refused.code in KEPT_FOR_LATER:
+            if (settling and refused.code in KEPT_FOR_LATER) or getattr(refused, "kept", False):
                 raise
             refusal = refused
         else:
@@ -160,11 +178,20 @@ def _rows(home: EngineHome) -> list:
         raise ActionRefused(
             "fleet_unreadable", _("The subagent state file cannot be read. Repair or restore it first.")
         ) from None
+    except UnsafeEnginePath:
+        raise _unsafe_refusal() from None
 
 
-def _state(rows: list, agent_id: str, action: str, target: Conversation | None) -> str:
+def _unsafe_refusal() -> ActionRefused:
+    # A link, a FIFO or a device where a fleet file or its lock belongs: never followed nor waited on.
+    return ActionRefused(ENGINE_FOLDER_NOT_WRITABLE, _(
+        "A subagent state file or its lock is not a regular file (a link, for one), so it was not read or "
+        "changed. An operator must put it right; then ask again."))
+
+
+def _state(rows: list, agent_id: str, action: str, target: Conversation | None, *, strict: bool = True) -> str:
     """ABSENT: no row has the id; DONE: every row is attributed here to the target; CHANGE: the
-    files are to change. Refuses a row that names its conversation itself."""
+    files are to change. Refuses a row that names its conversation itself (not `strict`: CHANGE)."""
     found = [row for _path, row in rows if row.get("agent_id") == agent_id]
     if not found:
         return ABSENT
@@ -172,8 +199,8 @@ def _state(rows: list, agent_id: str, action: str, target: Conversation | None) 
         return DONE
     # A row this action attributed to this very conversation is no obstacle: a retry after a
     # write stopped between the two files (a full disk) finishes the other file's rows.
-    if any(fleet.origin_of(row) is not None and not (action == "attribute" and _attributed_to(row, target))
-           for row in found):
+    if strict and any(fleet.origin_of(row) is not None and not (action == "attribute" and _attributed_to(row, target))
+                      for row in found):
         raise ActionRefused(
             "subagent_not_ambiguous", _("This subagent row already names its conversation; it is not changed here.")
         )
@@ -191,19 +218,40 @@ def _answered(state: str, agent_id: str, action: str) -> bool:
     return state == DONE  # attributed here to this conversation before: nothing to change
 
 
-def _change_files(home: EngineHome, agent_id: str, action: str, target: Conversation | None) -> None:
+def _change_files(home: EngineHome, agent_id: str, action: str, target: Conversation | None, *,
+                  keep: bool) -> None:
+    """Write the change to each fleet file. A write that fails (a read-only or full engine folder,
+    a file or lock that is not a regular file, a file broken meanwhile) is a refusal, never a
+    500; once a file was written, the refusal of a request (`keep`) keeps the resolution
+    (`kept`), so recovery finishes the rest and records the whole, and says so."""
+
     def change(rows: list[dict]) -> list[dict]:
         if action == "clear":
             return [r for r in rows if r.get("agent_id") != agent_id]
         return [{**r, "origin": {"conversation": target.public_id, "attributed": True}}
                 if r.get("agent_id") == agent_id else r for r in rows]
 
+    written = 0
     try:
         for path in fleet.fleet_files(home):
             if path.exists():
                 fleet.update_file(home, path, change)
-    except OSError as error:  # a read-only or full engine folder: a refusal, not a 500
-        raise engine_folder_refusal(error) from None
+                written += 1
+    except OSError as error:
+        refusal = engine_folder_refusal(error)
+    except UnsafeEnginePath:
+        refusal = _unsafe_refusal()
+    except fleet.FleetUnreadable:
+        refusal = ActionRefused(
+            "fleet_unreadable", _("The subagent state file cannot be read. Repair or restore it first."))
+    else:
+        return
+    if written and keep:
+        refusal.kept = True
+        written_part = _("Part of the change was written already: the rest is written and recorded by itself "
+                         "once that is fixed.")
+        refusal.message = f"{refusal.message} {written_part}"
+    raise refusal
 
 
 def _attributed_to(row: dict, conversation: Conversation) -> bool:

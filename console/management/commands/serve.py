@@ -217,7 +217,7 @@ class Command(BaseCommand):
                 self.say(
                     f"The engine folder {exc.root} is {engine_folder.WORDS[exc.reason]}: deletes wait and /readyz says "
                     "not ready. Set ENGINE_HOME to this database's folder; if no other database uses this one any "
-                    "more, mark it with manage.py engine_folder --adopt --take-from-other-database.")
+                    "more, mark it with manage.py engine_folder --adopt --take-from-other-database.", error=True)
             else:
                 self.say(
                     f"The engine folder {exc.root} is {engine_folder.WORDS[exc.reason]}: deletes wait and /readyz says "
