@@ -345,6 +345,23 @@ def test_a_resolution_that_recovery_finished_first_is_answered_as_done(admin_use
     assert m.AuditFact.objects.filter(action="subagent.cleared").count() == 1
     assert not m.SubagentResolution.objects.exists()
 
+    # A delete of the conversation asked for in between: its admission settles the attribution
+    # (the row becomes the conversation's, so the delete is admitted). The request answers done,
+    # not that the conversation is being deleted.
+    target = factories.make_conversation()
+    fleet.write_snapshot([row("sa_a", None)])
+    deleted: list = []
+
+    def delete_first(pk, home, *, settling):
+        monkeypatch.setattr(action, "_carry_out", carry_out)
+        deleted.append(request_deletion(target, key="between", acting_user=admin_user))
+        return carry_out(pk, home, settling=settling)
+
+    monkeypatch.setattr(action, "_carry_out", delete_first)
+    resolve_subagent("sa_a", action="attribute", conversation=target, acting_user=admin_user)
+    assert deleted[0].state == "pending" and not m.SubagentResolution.objects.exists()
+    assert m.AuditFact.objects.get(action="subagent.attributed").conversation == target
+
 
 @pytest.mark.django_db(transaction=True)
 def test_a_second_resolution_of_a_row_under_way_is_refused_as_busy(admin_user, engine_home, monkeypatch):

@@ -22,6 +22,7 @@ ACTIONS = ("attribute", "clear")
 # Where a crash test kills a resolution: the fleet files changed, the audit fact not committed.
 FILES_CHANGED = "subagent-files-changed"
 ABSENT, DONE, CHANGE = "absent", "done", "change"
+FACTS = {"attribute": "subagent.attributed", "clear": "subagent.cleared"}
 # Refusals a settle keeps its resolution for (the engine folder may be readable or writable later).
 KEPT_FOR_LATER = {"fleet_unreadable", ENGINE_FOLDER_READ_ONLY, ENGINE_FOLDER_FULL, ENGINE_FOLDER_NOT_WRITABLE}
 
@@ -65,12 +66,12 @@ def resolve_subagent(agent_id: str, *, action: str, conversation: Conversation |
         except IntegrityError:  # another request resolves this row right now (its own row)
             raise _busy() from None
     if not _carry_out(intent.pk, home, settling=False):
-        # Recovery took the resolution over between the two commits and has settled it: the
-        # files now answer as a retry's would.
-        with transaction.atomic():
-            target = lock_writable(conversation) if action == "attribute" else None
-            if not _answered(_state(_rows(home), agent_id, action, target), agent_id, action):
-                raise _busy()
+        # Settled between the two commits by recovery or a delete's admission (which may have
+        # erased the row since, the conversation's delete admitted on it): done when its fact
+        # is on record; else it was dropped, and a retry gets the reason.
+        facts = AuditFact.objects.filter(action=FACTS[action], new_value__agent_id=agent_id)
+        if not (facts.filter(conversation=target) if target else facts).exists():
+            raise _busy()
 
 
 def _busy() -> ActionRefused:
@@ -156,8 +157,7 @@ def _carry_out(pk: int, home: EngineHome, *, settling: bool) -> bool:
         else:
             faults.kill_point(FILES_CHANGED)
             audit.record(
-                "subagent.attributed" if action == "attribute" else "subagent.cleared",
-                actor=intent.actor, conversation=target,
+                FACTS[action], actor=intent.actor, conversation=target,
                 old={"agent_id": agent_id, "origin": None},
                 new={"agent_id": agent_id, "origin": target.public_id if target else None,
                      "cleared": action == "clear"},
@@ -211,7 +211,7 @@ def _answered(state: str, agent_id: str, action: str) -> bool:
     """Whether the files already answer the request (a retry of one made), raising when no row has
     the id and no clear of it is recorded."""
     if state == ABSENT:
-        if action == "clear" and AuditFact.objects.filter(action="subagent.cleared",
+        if action == "clear" and AuditFact.objects.filter(action=FACTS["clear"],
                                                          new_value__agent_id=agent_id).exists():
             return True  # cleared before: the retry's answer is the first one's
         raise ActionRefused("not_found", _("No subagent row has that id."), status=404)
