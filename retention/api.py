@@ -132,8 +132,10 @@ class OperationDoc(Schema):
         "for one no worker has taken yet, when it was queued). Null once it finished."))
     stalled: bool = Field(description=(
         "Queued or running with no progress for twice the job lease (60 s by default): no worker "
-        "is working on it now (the job cluster may be stopped). It goes on where it stopped once "
-        "one takes it."))
+        "is working on it now (the job cluster may be stopped). Once one takes it, a queued one "
+        "starts, an analysis or a cleanup goes on from its last batch, a compaction starts over, "
+        "and a backup cut short is marked failed (unless its copy was already written and "
+        "verified)."))
     age: AgeOut | None
     policy_revision: int
     before_bytes: int | None

@@ -224,7 +224,10 @@ def _card(doc: dict | None, engine: str) -> dict:
         "prep_state": prep_state,
         "prep_operation_id": _preparation_operation(doc),
         "last_run": last_run,
-        "run_remaining": _remaining(last_run),
+        # What the last run left of its work, while the policy it ran under is still the saved
+        # one (one turned off or changed since leaves none of that work: r26)
+        "run_remaining": _remaining(last_run) if last_run and last_run.get("policy_revision") == policy.get(
+            "revision") else None,
         "next_check_at": doc.get("next_check_at"),
         # Past its time by more than a minute: the job cluster has not run it (stopped, or busy)
         "next_check_due": jobs.check_is_due(doc.get("next_check_at")),

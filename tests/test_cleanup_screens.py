@@ -304,7 +304,18 @@ def test_an_operation_no_worker_moves_is_said_to_have_stalled(admin_client, admi
     html = page(admin_client)
     note = region(html, "tool-status-note")
     assert 'data-testid="operation-stalled"' in note and "Cleanup: no worker has shown progress since" in note
+    assert "It goes on where it stopped once a worker takes it." in note
     assert 'data-testid="cluster-stopped"' not in html
+    # r26: a backup cut short does not go on (the run that takes it over marks it failed), a
+    # compaction starts over, and one never taken starts: each note says its own.
+    for kind, state, said in (
+            ("backup", "running", "A backup cut short does not go on: once a worker takes it, it is marked failed"),
+            ("compact", "running", "Once a worker takes it, the compaction starts over and finishes."),
+            ("cleanup", "queued", "queued since")):
+        ToolPayloadOperation.objects.filter(pk=run.pk).update(kind=kind, state=state)
+        note = region(page(admin_client), "tool-status-note")
+        assert said in note and "It goes on where it stopped" not in note, kind
+    ToolPayloadOperation.objects.filter(pk=run.pk).update(kind="cleanup", state="running")
     doc = json_module.loads(admin_client.get("/api/v1/system/tool-payload-retention", **HOST).content)
     assert doc["operation"]["stalled"] is True and doc["operation"]["last_progress_at"]
     assert doc["history"][0]["stalled"] is True
@@ -335,6 +346,14 @@ def test_an_analysis_cancelled_before_it_measured_anything_is_not_called_partial
     assert doc["analysis_state"] == "not_analyzed" and doc["last_analysis"]["state"] == "cancelled"
     analysis = region(page(admin_client), "tool-analysis")
     assert "<dd>1,200</dd>" in analysis and "No estimate" in text_of(analysis)
+    # r26: no figure, and nothing calling it an estimate, for what gave none
+    ToolPayloadOperation.objects.filter(pk=op).update(stale=True, skipped_json='{"protected": 7}')
+    for state in ("cancelled", "failed"):
+        ToolPayloadOperation.objects.filter(pk=op).update(state=state)
+        analysis = text_of(region(page(admin_client), "tool-analysis"))
+        for claim in ("Payload bytes, exact", "Stale:", "This estimate is", "skipped", "Estimated payload savings"):
+            assert claim not in analysis, (state, claim)
+        assert "Conversations scanned 1,200" in analysis, analysis
 
 def test_a_run_shows_progress_with_cancel_then_completed_with_its_figures(admin_client, admin_user):
     old_conversation("run")
@@ -371,6 +390,12 @@ def test_partial_failed_and_pending_runs_are_never_shown_as_completed(admin_clie
     assert label in run_region and "Completed" not in run_region
     if finished:
         assert "Stopped after 2 batches." in run_region and "5 remaining" in run_region
+        # r26: the period saved since (the run ended policy_changed) leaves none of that work
+        # under the saved policy: no "remaining" for it
+        policy = ToolPayloadPolicy.load()
+        ToolPayloadPolicy.objects.filter(pk=policy.pk).update(revision=policy.revision + 1, age_value=6)
+        run_region = region(page(admin_client), "tool-run")
+        assert label in run_region and "remaining" not in run_region
 
 
 def test_an_enabled_policy_shows_the_next_check(admin_client, admin_user):
