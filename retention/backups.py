@@ -57,6 +57,7 @@ from django.utils.translation import gettext_noop
 from console import libpq
 from lifecycle import faults
 from retention.errors import BackupFolderUnreadable, CodedError, Message, os_reason, sizes_short
+from retention.models import DatabaseIdentity
 from retention.storage import short_of_room
 
 # Pages copied per step of the SQLite online backup: small enough that cancel and progress
@@ -106,6 +107,9 @@ class BackupReceipt:
     mtime_ns: int | None = None
     # The cleanup operation (its id) that made it, when a job made it (receipts since 2026-12-04).
     operation: int | None = None
+    # The key of the database it was made from (retention.models.DatabaseIdentity; receipts
+    # since 2026-12-05): a folder may hold another installation's backups too.
+    database_key: str | None = None
     # Listing only: the file on disk no longer has the receipt's size or modification time.
     changed: bool = False
 
@@ -122,6 +126,8 @@ class BackupReceipt:
             data["mtime_ns"] = self.mtime_ns
         if self.operation is not None:
             data["operation"] = self.operation
+        if self.database_key is not None:
+            data["database_key"] = self.database_key
         return data
 
 
@@ -330,6 +336,7 @@ def _read_receipt(archive: Path) -> BackupReceipt | None:
             database=str(data["database"]),
             mtime_ns=int(data["mtime_ns"]) if data.get("mtime_ns") is not None else None,
             operation=int(data["operation"]) if data.get("operation") is not None else None,
+            database_key=str(data["database_key"]) if data.get("database_key") is not None else None,
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -348,15 +355,31 @@ def _configured_database() -> str:
 
 
 def list_backups() -> list[BackupReceipt]:
-    """Backups with a readable receipt, newest first. Temp files and archives without a
-    receipt are never listed. A file whose size or modification time is no longer the
-    receipt's is listed as `changed` (its checksum is not read here: the status is read every
-    second while something runs; verify_backup reads it). A folder that is missing and cannot
-    be created holds no backups: the status reads on, and the backup that tries to write
-    there says why it cannot."""
+    """This database's backups with a readable receipt, newest first. Temp files, archives
+    without a receipt and another database's backups (`foreign_backups`) are never listed. A
+    file whose size or modification time is no longer the receipt's is listed as `changed` (its
+    checksum is not read here: the status is read every second while something runs;
+    verify_backup reads it). A folder that is missing and cannot be created holds no backups:
+    the status reads on, and the backup that tries to write there says why it cannot."""
+    ours, _foreign = _receipts()
+    return ours
+
+
+def foreign_backups() -> frozenset[str]:
+    """The names of the backups in the folder whose receipt says another database made them
+    (another installation sharing the folder): not this database's to list, restore, or name as
+    holding its deleted content."""
+    return frozenset(receipt.name for receipt in _receipts()[1])
+
+
+def _receipts() -> tuple[list[BackupReceipt], list[BackupReceipt]]:
+    """The backups with a readable receipt, this database's and other databases', newest first.
+    A receipt from before the key was written is this database's when its engine and database
+    name are this one's."""
     directory = readable_backup_dir()
     if directory is None:
-        return []
+        return [], []
+    key, vendor, database = DatabaseIdentity.current(), connection.vendor, _configured_database()
     receipts = []
     for path in list_backup_folder(directory):
         if NAME_PATTERN.match(path.name) and path.is_file() and (receipt := _read_receipt(path)):
@@ -367,7 +390,10 @@ def list_backups() -> list[BackupReceipt]:
             changed = found.st_size != receipt.size or (
                 receipt.mtime_ns is not None and found.st_mtime_ns != receipt.mtime_ns)
             receipts.append(replace(receipt, changed=changed) if changed else receipt)
-    return sorted(receipts, key=lambda r: (r.created_at, r.name), reverse=True)
+    receipts.sort(key=lambda r: (r.created_at, r.name), reverse=True)
+    ours = [r for r in receipts if (r.database_key == key if r.database_key is not None
+                                    else (r.vendor, r.database) == (vendor, database))]
+    return ours, [r for r in receipts if r not in ours]
 
 
 def create_backup(*, should_cancel: Callable[[], bool] = lambda: False, progress: Progress | None = None,
@@ -422,7 +448,8 @@ def create_backup(*, should_cancel: Callable[[], bool] = lambda: False, progress
             os.replace(temp, final)
             _fsync_dir(directory)
             receipt = BackupReceipt(name, final, size, sha256, created_at, vendor, _configured_database(),
-                                    mtime_ns=final.stat().st_mtime_ns, operation=operation)
+                                    mtime_ns=final.stat().st_mtime_ns, operation=operation,
+                                    database_key=DatabaseIdentity.current())
             _write_receipt(receipt)
             faults.kill_point("tool-backup-published")  # crash tests: published, its job not told
             return receipt

@@ -806,3 +806,39 @@ def test_pg_dump_connects_under_the_application_name_of_database_url(folder, mon
     assert caught.value.code == "cancelled"
     assert seen == [("lethe-backup-probe",)]
     assert files_in(folder) == []
+
+
+def test_only_this_databases_backups_are_listed_and_named_as_holders_of_its_deletes(folder):
+    """r26: two installations sharing one backup folder (the same var/, or one LETHE_BACKUP_DIR)
+    each listed the other's backups with their restore steps, and named them on delete receipts
+    as holding content they never held. Only this database's are its own: by the key on the
+    receipt, or, for a receipt from before the key, by its engine and database name."""
+    from dataclasses import replace
+
+    from lifecycle.actions.request_deletion import request_deletion
+    from lifecycle.deletion import executor
+    from retention import service
+
+    conversation = fill(5)
+    ours = create_backup()
+    extension = backups.EXTENSIONS[connection.vendor]
+
+    def planted(hexpart: str, **fields) -> str:
+        name = f"lethe-{connection.vendor}-20261201T000000Z-{hexpart}{extension}"
+        (folder / name).write_bytes(ours.path.read_bytes())
+        receipt = replace(ours, name=name, path=folder / name, mtime_ns=(folder / name).stat().st_mtime_ns, **fields)
+        backups._write_receipt(receipt)
+        return name
+
+    other = planted("0000aa", database_key="f" * 32)  # another installation's
+    older_other = planted("0000bb", database_key=None, database="another.sqlite3")  # from before the key
+    older_ours = planted("0000cc", database_key=None)  # this database's, from before the key
+    assert [r.name for r in list_backups()] == [ours.name, older_ours]
+    assert backups.foreign_backups() == {other, older_other}
+    assert [b["name"] for b in service.status_document()["backups"]] == [ours.name, older_ours]
+
+    op = request_deletion(conversation, key="shared-folder", acting_user=None)
+    assert executor.run_erasure(op.pk) == "completed"
+    op.refresh_from_db()
+    named = sorted(h["name"] for h in op.receipt["holders"] if h.get("kind") == "backup")
+    assert named == sorted([ours.name, older_ours])

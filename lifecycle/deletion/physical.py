@@ -75,6 +75,7 @@ def backups_before(moment: datetime) -> list[dict[str, Any]]:
     from retention.backups import (
         NAME_PATTERN,
         TEMP_PREFIX,
+        foreign_backups,
         list_backup_folder,
         list_backups,
         readable_backup_dir,
@@ -84,9 +85,12 @@ def backups_before(moment: datetime) -> list[dict[str, Any]]:
     if folder is None:
         return []
     verified = {receipt.name: receipt.created_at.timestamp() for receipt in list_backups()}
+    foreign = foreign_backups()  # another installation's, in a folder it shares: not this content
     out = []
     for path in list_backup_folder(folder):
         name = path.name.removeprefix(TEMP_PREFIX)
+        if name in foreign or (path.suffix == ".json" and path.with_suffix("").name in foreign):
+            continue
         ours = bool(NAME_PATTERN.match(name))
         being_made = ours and path.name.startswith(TEMP_PREFIX)
         if not path.is_file() or (path.name.startswith(".") and not being_made):
