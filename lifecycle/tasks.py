@@ -19,14 +19,23 @@ def erase(operation_id: int) -> str:
 
 
 def recover() -> dict[str, int]:
-    """Finish outstanding delete intents, checkpoints still pending and subagent resolutions cut
-    short (every minute, and at worker start). First, every schedule's next run is brought to at most one interval away."""
+    """Finish subagent resolutions cut short, outstanding delete intents and checkpoints still
+    pending (every minute, and at worker start). First, every schedule's next run is brought to
+    at most one interval away."""
     started = time.monotonic()
     done = {"operations": 0, "physical": 0, "subagents": 0}
     try:
         pull_in_far_runs()
     except Exception:  # the recovery of deletes goes on regardless
         log.exception("could not bring the schedules' next runs in")
+    # Subagent resolutions cut short first: one may have made rows a conversation's whose
+    # delete is outstanding, and its fact is to come before that delete's erasure.
+    try:
+        from lifecycle.actions.resolve_subagent import settle_resolutions
+
+        done["subagents"] = settle_resolutions()
+    except Exception:  # the recovery of deletes is not held up by the fleet files
+        log.exception("could not settle the subagent resolutions cut short")
     for pk in executor.outstanding():
         if time.monotonic() - started > RECOVERY_BUDGET:
             break
@@ -34,12 +43,6 @@ def recover() -> dict[str, int]:
             done["operations"] += 1
     for pk in executor.unfinished_physical():
         done["physical"] += int(executor.finish_physical(pk))
-    try:
-        from lifecycle.actions.resolve_subagent import settle_resolutions
-
-        done["subagents"] = settle_resolutions()
-    except Exception:  # the recovery of deletes is not held up by the fleet files
-        log.exception("could not settle the subagent resolutions cut short")
     return done
 
 

@@ -706,8 +706,9 @@ def test_an_attribution_stopped_between_the_two_fleet_files_is_finished_by_its_r
     with pytest.raises(ActionRefused) as refused:
         resolve_subagent("sa_old", action="attribute", conversation=conversation, acting_user=admin_user)
     assert refused.value.code == "engine_folder_full"
-    assert refused.value.message.endswith("Part of the change was written already: the rest is written and recorded "
-                                          "by itself once that is fixed.")
+    assert refused.value.message == (
+        "The engine folder could not be written: no space is left on the disk. Part of the change was written "
+        "already: the rest is written and recorded by itself once the folder can be written.")
     assert fleet.origin_of(fleet.read_rows(home.fleet_path)[0]) == conversation.public_id
     assert fleet.origin_of(fleet.read_rows(home.legacy_fleet_path)[0]) is None
     # kept for the rest (r25: dropped, the first file's change was never recorded)
@@ -743,6 +744,11 @@ def test_a_clear_stopped_between_the_two_fleet_files_is_finished_and_recorded_by
         resolve_subagent("sa_p", action="clear", acting_user=admin_user)
     assert refused.value.code == "engine_folder_full" and "Part of the change was written" in refused.value.message
     assert tasks.recover()["subagents"] == 0  # still full: kept
+    # r27: no delete is admitted meanwhile (it would erase rows the admin's change is not yet
+    # on record for), in the preview and the request alike
+    assert admit(conversation, cached=True).reasons[0] == "subagent_resolution_pending"
+    op = request_deletion(conversation, key="while-kept", acting_user=admin_user)
+    assert (op.state, op.reason) == ("unavailable", "subagent_resolution_pending")
     with pytest.raises(ActionRefused) as again:  # another request for the row meanwhile: the same refusal
         resolve_subagent("sa_p", action="attribute", conversation=conversation, acting_user=admin_user)
     assert again.value.code == "engine_folder_full"
@@ -777,6 +783,8 @@ def test_a_fleet_lock_that_is_not_a_regular_file_is_a_refusal_never_a_500(api, a
         assert answer.status_code == 409, answer.content
         assert answer.json()["code"] == "engine_folder_not_writable"
         assert answer.json()["message"].startswith("A subagent state file or its lock is not a regular file")
+        assert ("Part of the change was written already" in answer.json()["message"]) == (_ == 0)
+        assert "so it was not read or changed" not in answer.json()["message"] or _ == 1
     assert fleet.read_rows(home.fleet_path) == [] and len(fleet.read_rows(home.legacy_fleet_path)) == 1
     assert tasks.recover()["subagents"] == 0 and m.SubagentResolution.objects.count() == 1
     lock.unlink()

@@ -397,3 +397,24 @@ def test_a_second_resolution_of_a_row_under_way_is_refused_as_busy(admin_user, e
     assert fleet.read_rows(EngineHome().fleet_path) == []
     assert not m.AuditFact.objects.exists()
     assert list(m.SubagentResolution.objects.values_list("pk", flat=True)) == [pending.pk]
+
+
+@pytest.mark.django_db
+def test_a_delete_settles_every_resolution_cut_short_before_its_admission(admin_user, engine_home):
+    """r27: with more than 100 left, the delete's admission settled the first 100 only, and the
+    conversation's attribution was recorded after its erasure. Now every one is settled first,
+    and recovery settles them before it erases."""
+    target = factories.make_conversation()
+    others = [row(f"sa_{n:03d}", None) for n in range(101)]
+    fleet.write_snapshot([*others, {**row("sa_t", None), "origin": {"conversation": target.public_id,
+                                                                   "attributed": True}}])
+    m.SubagentResolution.objects.bulk_create(
+        [m.SubagentResolution(agent_id=r["agent_id"], action="clear", actor=admin_user) for r in others]
+        + [m.SubagentResolution(agent_id="sa_t", action="attribute", actor=admin_user,
+                                conversation_public_id=target.public_id)])
+    op = request_deletion(target, key="after-many", acting_user=admin_user)
+    assert op.state == "pending" and not m.SubagentResolution.objects.exists()
+    facts = list(m.AuditFact.objects.order_by("pk").values_list("action", flat=True))
+    assert facts.count("subagent.cleared") == 101
+    assert facts.index("subagent.attributed") < facts.index("conversation.delete_requested")
+    assert [r["agent_id"] for r in fleet.read_rows(EngineHome().fleet_path)] == ["sa_t"]

@@ -16,6 +16,7 @@ from lifecycle.errors import (
 )
 from lifecycle.fence import check_writable, lock_writable
 from lifecycle.models import AuditFact, Conversation, SubagentResolution
+from retention.errors import os_reason
 
 log = logging.getLogger(__name__)
 ACTIONS = ("attribute", "clear")
@@ -91,20 +92,21 @@ def unnamable_refusal() -> ActionRefused:
 
 def settle_resolutions(home: EngineHome | None = None) -> int:
     """Finish the resolutions a killed process left (every minute, and before a delete is
-    admitted). One under way in a live request is locked by it and passed over (PostgreSQL);
-    SQLite's one write lock keeps its transaction and this one apart. Returns how many ended."""
-    pks = list(SubagentResolution.objects.order_by("pk").values_list("pk", flat=True)[:100])
-    if not pks:
-        return 0
-    home = home or EngineHome()
-    settled = 0
-    for pk in pks:
-        try:
-            settled += int(_carry_out(pk, home, settling=True))
-        except ActionRefused as refusal:  # the files cannot be read or written now: next time
-            log.warning("subagent resolution %s not settled: %s", pk, refusal.code)
-        except Exception:  # one that cannot be settled keeps none of the others waiting
-            log.exception("subagent resolution %s not settled", pk)
+    admitted), every one of them, a page at a time. One under way in a live request is locked by
+    it and passed over (PostgreSQL); SQLite's one write lock keeps its transaction and this one
+    apart. Returns how many ended."""
+    settled, after = 0, 0
+    while pks := list(SubagentResolution.objects.filter(pk__gt=after).order_by("pk")
+                      .values_list("pk", flat=True)[:100]):
+        home = home or EngineHome()
+        for pk in pks:
+            try:
+                settled += int(_carry_out(pk, home, settling=True))
+            except ActionRefused as refusal:  # the files cannot be read or written now: next time
+                log.warning("subagent resolution %s not settled: %s", pk, refusal.code)
+            except Exception:  # one that cannot be settled keeps none of the others waiting
+                log.exception("subagent resolution %s not settled", pk)
+        after = pks[-1]
     return settled
 
 
@@ -116,10 +118,11 @@ def _carry_out(pk: int, home: EngineHome, *, settling: bool) -> bool:
     A refusal removes the resolution and is raised (settling: logged), except while the engine
     folder cannot be read or written: then a settle keeps it for later, and so does a request
     whose change was written to one fleet file and not the other (what was written is recorded
-    once the rest is). An attribution whose conversation has since been deleted, or is being
-    deleted, changes nothing more; it is recorded when the files show it was made (the rows
-    attributed there, or gone with the conversation's delete, which admits no row of unknown
-    origin), else dropped."""
+    once the rest is). While one is kept no delete is admitted (admission's
+    `subagent_resolution_pending`). An attribution whose conversation is being deleted or was
+    deleted (written down before this check existed, or by an older version) changes nothing
+    more; it is recorded when the files show it was made, in one file or both (or the rows are
+    gone with the conversation's delete), else dropped."""
     refusal = None
     with transaction.atomic():
         pending = SubagentResolution.objects.all()
@@ -141,7 +144,8 @@ def _carry_out(pk: int, home: EngineHome, *, settling: bool) -> bool:
                 try:
                     check_writable(target)
                 except ActionRefused:
-                    if _state(_rows(home), agent_id, action, target, strict=False) == CHANGE:
+                    found = [row for _path, row in _rows(home) if row.get("agent_id") == agent_id]
+                    if found and not any(_attributed_to(row, target) for row in found):
                         raise  # never made: nothing to record
                 else:
                     state = _state(_rows(home), agent_id, action, target)
@@ -239,18 +243,26 @@ def _change_files(home: EngineHome, agent_id: str, action: str, target: Conversa
                 written += 1
     except OSError as error:
         refusal = engine_folder_refusal(error)
+        if written and keep:
+            refusal.message = _(
+                "The engine folder could not be written: %(reason)s. Part of the change was written already: the "
+                "rest is written and recorded by itself once the folder can be written.") % {"reason": os_reason(error)}
     except UnsafeEnginePath:
         refusal = _unsafe_refusal()
+        if written and keep:
+            refusal.message = _(
+                "A subagent state file or its lock is not a regular file (a link, for one). Part of the change was "
+                "written already: the rest is written and recorded by itself once an operator puts it right.")
     except fleet.FleetUnreadable:
         refusal = ActionRefused(
             "fleet_unreadable", _("The subagent state file cannot be read. Repair or restore it first."))
+        if written and keep:
+            refusal.message = _(
+                "The subagent state file cannot be read. Part of the change was written already: the rest is "
+                "written and recorded by itself once the file is repaired or restored.")
     else:
         return
-    if written and keep:
-        refusal.kept = True
-        written_part = _("Part of the change was written already: the rest is written and recorded by itself "
-                         "once that is fixed.")
-        refusal.message = f"{refusal.message} {written_part}"
+    refusal.kept = bool(written and keep)
     raise refusal
 
 

@@ -15,6 +15,7 @@ from lifecycle.models import (
     Conversation,
     DeleteState,
     RuntimeClaim,
+    SubagentResolution,
     Turn,
 )
 
@@ -73,6 +74,8 @@ def admit(conversation: Conversation, home: EngineHome | None = None, *, cached:
     except OSError as error:  # a first use writes the folder's mark: a read-only or full folder
         admission.reasons.append(engine_folder_code(error))
         return admission
+    if SubagentResolution.objects.exists():  # (the request settles what it can first)
+        admission.reasons.append(r.RESOLUTION_PENDING)
     try:
         rows = [row for _path, row in fleet.all_rows(home, cached=cached)]
     except fleet.FleetUnreadable:

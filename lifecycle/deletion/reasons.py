@@ -17,6 +17,7 @@ CHILD_CUSTODY = "conversation_child_content_custody_unavailable"
 CHILD_AMBIGUOUS = "conversation_child_ownership_ambiguous"
 CHILD_STATE_UNREADABLE = "conversation_child_state_unreadable"
 ENGINE_FOLDER_UNAVAILABLE = "engine_folder_unavailable"
+RESOLUTION_PENDING = "subagent_resolution_pending"
 
 # In the order admission checks them; the first that applies is the operation's code.
 REASONS = {
@@ -58,6 +59,13 @@ REASONS = {
     ENGINE_FOLDER_NOT_WRITABLE: (DeleteState.UNAVAILABLE, _(
         "Lethe cannot write in the engine folder (a permission, a file where a folder belongs, an error of "
         "its disk), and a delete must change files there, so it cannot start. Ask again once it can.")),
+    # A resolution of a subagent row (attribute or clear) is written down and its files are not
+    # all changed yet: under way, or stopped part-way (lifecycle.actions.resolve_subagent). The
+    # rows admission would read are not yet what the admin decided, nor on record.
+    RESOLUTION_PENDING: (DeleteState.UNAVAILABLE, _(
+        "A subagent row is being attributed or cleared, or that stopped part-way and is not finished, so "
+        "the subagent rows cannot be checked yet. It finishes by itself (within a minute, or once the "
+        "engine folder can be written again); then ask again.")),
 }
 
 
