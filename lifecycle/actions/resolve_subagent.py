@@ -241,28 +241,24 @@ def _change_files(home: EngineHome, agent_id: str, action: str, target: Conversa
             if path.exists():
                 fleet.update_file(home, path, change)
                 written += 1
+        return
     except OSError as error:
         refusal = engine_folder_refusal(error)
-        if written and keep:
-            refusal.message = _(
-                "The engine folder could not be written: %(reason)s. Part of the change was written already: the "
-                "rest is written and recorded by itself once the folder can be written.") % {"reason": os_reason(error)}
+        partly = _("The engine folder could not be written: %(reason)s. Part of the change was written already: the "
+                   "rest is written and recorded by itself once the folder can be written.") % {
+                       "reason": os_reason(error)}
     except UnsafeEnginePath:
         refusal = _unsafe_refusal()
-        if written and keep:
-            refusal.message = _(
-                "A subagent state file or its lock is not a regular file (a link, for one). Part of the change was "
-                "written already: the rest is written and recorded by itself once an operator puts it right.")
+        partly = _("A subagent state file or its lock is not a regular file (a link, for one). Part of the change "
+                   "was written already: the rest is written and recorded by itself once an operator puts it right.")
     except fleet.FleetUnreadable:
         refusal = ActionRefused(
             "fleet_unreadable", _("The subagent state file cannot be read. Repair or restore it first."))
-        if written and keep:
-            refusal.message = _(
-                "The subagent state file cannot be read. Part of the change was written already: the rest is "
-                "written and recorded by itself once the file is repaired or restored.")
-    else:
-        return
-    refusal.kept = bool(written and keep)
+        partly = _("The subagent state file cannot be read. Part of the change was written already: the rest is "
+                   "written and recorded by itself once the file is repaired or restored.")
+    if written and keep:  # kept: a refusal that says the rest follows, never to ask again
+        refusal = ActionRefused(refusal.code, partly, status=refusal.status)
+        refusal.kept = True
     raise refusal
 
 
