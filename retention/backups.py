@@ -282,6 +282,33 @@ def _receipt_path(archive: Path) -> Path:
     return archive.with_name(archive.name + ".json")
 
 
+def _owner_path(directory: Path, name: str) -> Path:
+    """Beside a backup being made: the temporary name its receipt is written under."""
+    return directory / (TEMP_PREFIX + name + ".json")
+
+
+def _write_owner(directory: Path, name: str) -> None:
+    fd = os.open(_owner_path(directory, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump({"name": name, "database_key": DatabaseIdentity.current()}, handle)
+
+
+def being_made_elsewhere(directory: Path, name: str) -> bool:
+    """Whether the backup `name`, being made (its copy still under its temporary name), is
+    another database's: another engine's by its name, or another database's by the key
+    written beside it when it started."""
+    match = NAME_PATTERN.match(name)
+    if match is None:
+        return False
+    if match.group(1) != connection.vendor:
+        return True
+    try:
+        owner = json.loads(_owner_path(directory, name).read_text(encoding="utf-8")).get("database_key")
+    except (OSError, ValueError, AttributeError):
+        return False  # (a copy started before owners were written: counted, as it may be this one's)
+    return isinstance(owner, str) and owner != DatabaseIdentity.current()
+
+
 def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -430,6 +457,10 @@ def create_backup(*, should_cancel: Callable[[], bool] = lambda: False, progress
         final = directory / name
         temp = directory / (TEMP_PREFIX + name)
         try:
+            # Whose backup is being made, before there is a copy (the receipt's own temporary
+            # name; the receipt itself replaces it): a delete of another database sharing this
+            # folder does not name this copy as holding its content (lifecycle.deletion.physical).
+            _write_owner(directory, name)
             if should_cancel():
                 raise _Cancelled
             if vendor == "sqlite":
@@ -819,6 +850,7 @@ def _discard(temp: Path, final: Path) -> None:
 
     temp.unlink(missing_ok=True)
     _remove_side_files(temp)
+    _owner_path(final.parent, final.name).unlink(missing_ok=True)
     if not _receipt_path(final).exists():
         final.unlink(missing_ok=True)
         # Deletes that completed while it was being made named it as holding their content

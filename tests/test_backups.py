@@ -349,7 +349,9 @@ def test_a_dump_written_whole_between_two_checks_is_not_published_below_the_rese
     assert caught.value.code == "no_space"
     assert caught.value.text.msgid.startswith("There is not enough free disk space for the backup in")
     params = caught.value.text.params
-    assert params["free"].bytes == 10_000_000 and params["reserve"].bytes == 10_000_000 - 4096
+    # (less the note of whose backup is being made, written beside it before the copy)
+    owner = len(json.dumps({"name": "lethe-postgresql-20261205T000000Z-000000.dump", "database_key": "0" * 32}))
+    assert params["free"].bytes == 10_000_000 - owner and params["reserve"].bytes == 10_000_000 - 4096
     assert params["needed"].bytes > 4096
     assert verified == [], "refused once pg_dump exited, before the archive is read back"
     assert files_in(folder) == [] and list_backups() == []
@@ -837,8 +839,19 @@ def test_only_this_databases_backups_are_listed_and_named_as_holders_of_its_dele
     assert backups.foreign_backups() == {other, older_other}
     assert [b["name"] for b in service.status_document()["backups"]] == [ours.name, older_ours]
 
+    # Backups being made meanwhile (r28): another database's (its key written beside its copy
+    # when it started), one of another engine, and this database's own
+    other_vendor = "postgresql" if connection.vendor == "sqlite" else "sqlite"
+    making = {hexpart: f"lethe-{vendor}-20261202T000000Z-{hexpart}{backups.EXTENSIONS[vendor]}"
+              for hexpart, vendor in (("0000dd", connection.vendor), ("0000ee", other_vendor),
+                                      ("0000ff", connection.vendor))}
+    for name in making.values():
+        (folder / (backups.TEMP_PREFIX + name)).write_bytes(b"part of a copy")
+    (folder / (backups.TEMP_PREFIX + making["0000dd"] + ".json")).write_text(json.dumps({"database_key": "e" * 32}))
+    backups._write_owner(folder, making["0000ff"])
+
     op = request_deletion(conversation, key="shared-folder", acting_user=None)
     assert executor.run_erasure(op.pk) == "completed"
     op.refresh_from_db()
     named = sorted(h["name"] for h in op.receipt["holders"] if h.get("kind") == "backup")
-    assert named == sorted([ours.name, older_ours])
+    assert named == sorted([ours.name, older_ours, making["0000ff"]])

@@ -485,8 +485,13 @@ def test_a_backup_a_killed_run_left_is_taken_off_the_receipts_once_it_is_cleared
 
     settings.LETHE_BACKUP_DIR = tmp_path / "backups"
     settings.LETHE_BACKUP_DIR.mkdir(mode=0o700)
-    left = "lethe-sqlite-20200101T000000Z-abcdef.sqlite3"
-    (settings.LETHE_BACKUP_DIR / f".tmp-{left}").write_bytes(b"half a copy")  # a run killed mid-copy
+    from django.db import connection
+
+    from retention.backups import EXTENSIONS
+
+    # a run of this database's engine killed mid-copy (one of another engine's is not this content)
+    left = f"lethe-{connection.vendor}-20200101T000000Z-abcdef{EXTENSIONS[connection.vendor]}"
+    (settings.LETHE_BACKUP_DIR / f".tmp-{left}").write_bytes(b"half a copy")
     target = factories.make_conversation()
     op = delete(target)
     assert executor.run_erasure(op.pk) == "completed"

@@ -66,6 +66,9 @@ def backups_before(moment: datetime) -> list[dict[str, Any]]:
 
     A backup still being made counts too, under the name it will have: its copy was started
     (its file exists before the copy reads the database) while the content was still there.
+    Another database's backups (a folder shared with another installation) do not: by the key
+    on their receipt, or, while being made, by the key written beside the copy when it started
+    (or another engine in their name).
     Lethe's backups are dated by the time in their name until their receipt is written; one
     that then fails or is cancelled is taken off the receipts again (`forget_backup`).
 
@@ -75,6 +78,7 @@ def backups_before(moment: datetime) -> list[dict[str, Any]]:
     from retention.backups import (
         NAME_PATTERN,
         TEMP_PREFIX,
+        being_made_elsewhere,
         foreign_backups,
         list_backup_folder,
         list_backups,
@@ -95,6 +99,8 @@ def backups_before(moment: datetime) -> list[dict[str, Any]]:
         being_made = ours and path.name.startswith(TEMP_PREFIX)
         if not path.is_file() or (path.name.startswith(".") and not being_made):
             continue
+        if ours and name not in verified and being_made_elsewhere(folder, name):
+            continue  # another database's, being made (or of another engine): not this content
         if path.suffix == ".json" and path.with_suffix("").name in verified:
             continue
         made = verified.get(name) or (_named_time(name) if ours else None) or path.stat().st_mtime
