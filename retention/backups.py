@@ -57,7 +57,6 @@ from django.utils.translation import gettext_noop
 from console import libpq
 from lifecycle import faults
 from retention.errors import BackupFolderUnreadable, CodedError, Message, os_reason, sizes_short
-from retention.models import DatabaseIdentity
 from retention.storage import short_of_room
 
 # Pages copied per step of the SQLite online backup: small enough that cancel and progress
@@ -107,8 +106,8 @@ class BackupReceipt:
     mtime_ns: int | None = None
     # The cleanup operation (its id) that made it, when a job made it (receipts since 2026-12-04).
     operation: int | None = None
-    # The key of the database it was made from (retention.models.DatabaseIdentity; receipts
-    # since 2026-12-05): a folder may hold another installation's backups too.
+    # Where the database it was made from is, as a key (`database_key`; receipts since
+    # 2026-12-05): a folder may hold another installation's backups too.
     database_key: str | None = None
     # Listing only: the file on disk no longer has the receipt's size or modification time.
     changed: bool = False
@@ -287,10 +286,41 @@ def _owner_path(directory: Path, name: str) -> Path:
     return directory / (TEMP_PREFIX + name + ".json")
 
 
+def database_key() -> str:
+    """Where this database is, as a key: its engine and the SQLite file's absolute path, or the
+    PostgreSQL server and database name. No two installations have the same; a database restored
+    in place (the file copied back, or the dump restored into the same database) keeps it, and
+    one restored elsewhere is another database, as verify_backup says. Nothing stored: a key
+    kept in the database itself would be lost with a restore of a backup made before it."""
+    settings_dict = connection.settings_dict
+    if connection.vendor == "sqlite":
+        where = str(Path(str(settings_dict["NAME"])).resolve())
+    else:
+        where = f"{settings_dict.get('HOST') or 'localhost'}:{settings_dict.get('PORT') or 5432}/{settings_dict['NAME']}"
+    return hashlib.sha256(f"{connection.vendor}\0{where}".encode()).hexdigest()[:32]
+
+
+# A receipt (or the note beside a backup being made) larger than this is not one Lethe wrote.
+SIDECAR_MAX_BYTES = 64 * 1024
+
+
+def _read_sidecar(path: Path) -> object:
+    """A sidecar's JSON, or None when it is missing, too large or not JSON (another installation
+    or anyone who can write in the folder may have put anything there: never an error here)."""
+    try:
+        with path.open("rb") as handle:
+            raw = handle.read(SIDECAR_MAX_BYTES + 1)
+        if len(raw) > SIDECAR_MAX_BYTES:
+            return None
+        return json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
 def _write_owner(directory: Path, name: str) -> None:
     fd = os.open(_owner_path(directory, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump({"name": name, "database_key": DatabaseIdentity.current()}, handle)
+        json.dump({"name": name, "database_key": database_key()}, handle)
 
 
 def being_made_elsewhere(directory: Path, name: str) -> bool:
@@ -302,11 +332,11 @@ def being_made_elsewhere(directory: Path, name: str) -> bool:
         return False
     if match.group(1) != connection.vendor:
         return True
-    try:
-        owner = json.loads(_owner_path(directory, name).read_text(encoding="utf-8")).get("database_key")
-    except (OSError, ValueError, AttributeError):
+    owner = _read_sidecar(_owner_path(directory, name))
+    if not isinstance(owner, dict):
         return False  # (a copy started before owners were written: counted, as it may be this one's)
-    return isinstance(owner, str) and owner != DatabaseIdentity.current()
+    key = owner.get("database_key")
+    return isinstance(key, str) and key != database_key()
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -350,8 +380,8 @@ def _write_receipt(receipt: BackupReceipt) -> None:
 
 def _read_receipt(archive: Path) -> BackupReceipt | None:
     """The receipt beside `archive`, or None when it is missing or does not describe it."""
+    data = _read_sidecar(_receipt_path(archive))
     try:
-        data = json.loads(_receipt_path(archive).read_text(encoding="utf-8"))
         created_at = datetime.fromisoformat(data["created_at"])
         receipt = BackupReceipt(
             name=str(data["name"]),
@@ -365,7 +395,7 @@ def _read_receipt(archive: Path) -> BackupReceipt | None:
             operation=int(data["operation"]) if data.get("operation") is not None else None,
             database_key=str(data["database_key"]) if data.get("database_key") is not None else None,
         )
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, OverflowError):  # (a size of Infinity, say)
         return None
     if receipt.name != archive.name or created_at.tzinfo is None or not re.fullmatch(r"[0-9a-f]{64}", receipt.sha256):
         return None
@@ -406,7 +436,7 @@ def _receipts() -> tuple[list[BackupReceipt], list[BackupReceipt]]:
     directory = readable_backup_dir()
     if directory is None:
         return [], []
-    key, vendor, database = DatabaseIdentity.current(), connection.vendor, _configured_database()
+    key, vendor, database = database_key(), connection.vendor, _configured_database()
     receipts = []
     for path in list_backup_folder(directory):
         if NAME_PATTERN.match(path.name) and path.is_file() and (receipt := _read_receipt(path)):
@@ -480,7 +510,7 @@ def create_backup(*, should_cancel: Callable[[], bool] = lambda: False, progress
             _fsync_dir(directory)
             receipt = BackupReceipt(name, final, size, sha256, created_at, vendor, _configured_database(),
                                     mtime_ns=final.stat().st_mtime_ns, operation=operation,
-                                    database_key=DatabaseIdentity.current())
+                                    database_key=database_key())
             _write_receipt(receipt)
             faults.kill_point("tool-backup-published")  # crash tests: published, its job not told
             return receipt

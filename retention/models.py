@@ -195,22 +195,3 @@ class ToolPayloadOperation(models.Model):
         """Started by the daily schedule, not by a user (one whose username is "schedule" too)."""
         return not self.started_by_id and not self.started_by_name
 
-
-def new_database_key() -> str:
-    import secrets
-
-    return secrets.token_hex(16)
-
-
-class DatabaseIdentity(models.Model):
-    """A random key of this database (a singleton, id 1), written on each backup's receipt: the
-    backup folder may be shared with another installation (the same var/ folder, or one
-    LETHE_BACKUP_DIR), and only this database's backups are listed, offered for restore and named
-    as holders on its delete receipts. A restored backup carries the key of the database it was
-    made from, so its earlier backups stay its own."""
-
-    key = models.CharField(max_length=32, default=new_database_key)
-
-    @classmethod
-    def current(cls) -> str:
-        return cls.objects.get_or_create(pk=1)[0].key

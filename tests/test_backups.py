@@ -814,7 +814,8 @@ def test_only_this_databases_backups_are_listed_and_named_as_holders_of_its_dele
     """r26: two installations sharing one backup folder (the same var/, or one LETHE_BACKUP_DIR)
     each listed the other's backups with their restore steps, and named them on delete receipts
     as holding content they never held. Only this database's are its own: by the key on the
-    receipt, or, for a receipt from before the key, by its engine and database name."""
+    receipt (where the database is), or, for a receipt from before the key, by its engine and
+    database name."""
     from dataclasses import replace
 
     from lifecycle.actions.request_deletion import request_deletion
@@ -849,9 +850,24 @@ def test_only_this_databases_backups_are_listed_and_named_as_holders_of_its_dele
         (folder / (backups.TEMP_PREFIX + name)).write_bytes(b"part of a copy")
     (folder / (backups.TEMP_PREFIX + making["0000dd"] + ".json")).write_text(json.dumps({"database_key": "e" * 32}))
     backups._write_owner(folder, making["0000ff"])
+    # Sidecars anyone who can write in the folder may put there (r29: a size of Infinity, or deep
+    # nesting, raised out of every listing and stopped every delete): not receipts, never errors
+    deep = "[" * 200_000 + "]" * 200_000
+    for hexpart, text, temp in (("0000a1", '{"size": Infinity, "name": "x"}', ""), ("0000a2", deep, ""),
+                                ("0000a3", deep, backups.TEMP_PREFIX)):
+        name = f"lethe-{connection.vendor}-20261203T000000Z-{hexpart}{extension}"
+        (folder / (temp + name)).write_bytes(b"a file of the folder")
+        (folder / (temp + name + ".json")).write_text(text)
+    assert [r.name for r in list_backups()] == [ours.name, older_ours]
 
     op = request_deletion(conversation, key="shared-folder", acting_user=None)
     assert executor.run_erasure(op.pk) == "completed"
     op.refresh_from_db()
     named = sorted(h["name"] for h in op.receipt["holders"] if h.get("kind") == "backup")
-    assert named == sorted([ours.name, older_ours, making["0000ff"]])
+    # (those with broken sidecars, and those sidecars, are files of the folder that may hold it:
+    # named, as any file there is)
+    broken = [f"lethe-{connection.vendor}-20261203T000000Z-{h}{extension}" for h in ("0000a1", "0000a2", "0000a3")]
+    assert named == sorted([ours.name, older_ours, making["0000ff"], *broken, broken[0] + ".json",
+                            broken[1] + ".json"])
+    # The key is where the database is: computed, never stored (a restore keeps it)
+    assert ours.database_key == backups.database_key() and len(ours.database_key) == 32
