@@ -179,11 +179,13 @@ def _rows(home: EngineHome) -> list:
     try:
         return fleet.all_rows(home)
     except fleet.FleetUnreadable:
-        raise ActionRefused(
-            "fleet_unreadable", _("The subagent state file cannot be read. Repair or restore it first.")
-        ) from None
+        raise _unreadable_refusal() from None
     except UnsafeEnginePath:
         raise _unsafe_refusal() from None
+
+
+def _unreadable_refusal() -> ActionRefused:
+    return ActionRefused("fleet_unreadable", _("The subagent state file cannot be read. Repair or restore it first."))
 
 
 def _unsafe_refusal() -> ActionRefused:
@@ -193,9 +195,9 @@ def _unsafe_refusal() -> ActionRefused:
         "changed. An operator must put it right; then ask again."))
 
 
-def _state(rows: list, agent_id: str, action: str, target: Conversation | None, *, strict: bool = True) -> str:
+def _state(rows: list, agent_id: str, action: str, target: Conversation | None) -> str:
     """ABSENT: no row has the id; DONE: every row is attributed here to the target; CHANGE: the
-    files are to change. Refuses a row that names its conversation itself (not `strict`: CHANGE)."""
+    files are to change. Refuses a row that names its conversation itself."""
     found = [row for _path, row in rows if row.get("agent_id") == agent_id]
     if not found:
         return ABSENT
@@ -203,8 +205,8 @@ def _state(rows: list, agent_id: str, action: str, target: Conversation | None, 
         return DONE
     # A row this action attributed to this very conversation is no obstacle: a retry after a
     # write stopped between the two files (a full disk) finishes the other file's rows.
-    if strict and any(fleet.origin_of(row) is not None and not (action == "attribute" and _attributed_to(row, target))
-                      for row in found):
+    if any(fleet.origin_of(row) is not None and not (action == "attribute" and _attributed_to(row, target))
+           for row in found):
         raise ActionRefused(
             "subagent_not_ambiguous", _("This subagent row already names its conversation; it is not changed here.")
         )
@@ -252,8 +254,7 @@ def _change_files(home: EngineHome, agent_id: str, action: str, target: Conversa
         partly = _("A subagent state file or its lock is not a regular file (a link, for one). Part of the change "
                    "was written already: the rest is written and recorded by itself once an operator puts it right.")
     except fleet.FleetUnreadable:
-        refusal = ActionRefused(
-            "fleet_unreadable", _("The subagent state file cannot be read. Repair or restore it first."))
+        refusal = _unreadable_refusal()
         partly = _("The subagent state file cannot be read. Part of the change was written already: the rest is "
                    "written and recorded by itself once the file is repaired or restored.")
     if written and keep:  # kept: a refusal that says the rest follows, never to ask again
