@@ -686,15 +686,21 @@ def test_resolving_a_subagent_row_on_a_full_disk_is_a_refusal_that_says_so(api, 
     assert not m.SubagentResolution.objects.exists()  # refused: nothing left for recovery to carry out
 
 
-def test_an_attribution_stopped_between_the_two_fleet_files_is_finished_by_its_retry(admin_user, monkeypatch):
-    """The fleet file written, its legacy copy not (the disk filled up in between): the retry
-    finishes the copy instead of refusing the row as one that already names its conversation."""
+def in_both_fleet_files(agent_id: str) -> tuple[m.Conversation, EngineHome]:
+    """A conversation, and a row of unknown origin overlapping its lifetime in the fleet file and
+    in its legacy copy."""
     conversation = factories.make_conversation(days_idle=1)
-    row = {"agent_id": "sa_old", "origin": None, "status": "completed", "delivery": "settled",
+    row = {"agent_id": agent_id, "origin": None, "status": "completed", "delivery": "settled",
            "started_at": conversation.created_at.isoformat(), "finished_at": None}
     home = EngineHome()
     fleet.write_snapshot([row])
     fleet.update_file(home, home.legacy_fleet_path, lambda rows: [*rows, row])
+    return conversation, home
+
+
+def full_at_the_legacy_copy(monkeypatch, home: EngineHome):
+    """From now on the legacy copy's disk is full (the fleet file's is not); returns the real
+    update_file, to set back."""
     update = fleet.update_file
 
     def full_at_the_copy(home_, path, change):
@@ -703,6 +709,14 @@ def test_an_attribution_stopped_between_the_two_fleet_files_is_finished_by_its_r
         return update(home_, path, change)
 
     monkeypatch.setattr(fleet, "update_file", full_at_the_copy)
+    return update
+
+
+def test_an_attribution_stopped_between_the_two_fleet_files_is_finished_by_its_retry(admin_user, monkeypatch):
+    """The fleet file written, its legacy copy not (the disk filled up in between): the retry
+    finishes the copy instead of refusing the row as one that already names its conversation."""
+    conversation, home = in_both_fleet_files("sa_old")
+    update = full_at_the_legacy_copy(monkeypatch, home)
     with pytest.raises(ActionRefused) as refused:
         resolve_subagent("sa_old", action="attribute", conversation=conversation, acting_user=admin_user)
     assert refused.value.code == "engine_folder_full"
@@ -726,20 +740,8 @@ def test_a_clear_stopped_between_the_two_fleet_files_is_finished_and_recorded_by
     finishes the clear and records it, and the later request is answered after it."""
     from lifecycle import tasks
 
-    conversation = factories.make_conversation(days_idle=1)
-    row = {"agent_id": "sa_p", "origin": None, "status": "completed", "delivery": "settled",
-           "started_at": conversation.created_at.isoformat(), "finished_at": None}
-    home = EngineHome()
-    fleet.write_snapshot([row])
-    fleet.update_file(home, home.legacy_fleet_path, lambda rows: [*rows, row])
-    update = fleet.update_file
-
-    def full_at_the_copy(home_, path, change):
-        if path == home.legacy_fleet_path:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-        return update(home_, path, change)
-
-    monkeypatch.setattr(fleet, "update_file", full_at_the_copy)
+    conversation, home = in_both_fleet_files("sa_p")
+    update = full_at_the_legacy_copy(monkeypatch, home)
     with pytest.raises(ActionRefused) as refused:
         resolve_subagent("sa_p", action="clear", acting_user=admin_user)
     assert refused.value.code == "engine_folder_full" and "Part of the change was written" in refused.value.message
@@ -767,24 +769,22 @@ def test_a_fleet_lock_that_is_not_a_regular_file_is_a_refusal_never_a_500(api, a
     state file changed already), and stopped recovery's settling of every other row."""
     from lifecycle import tasks
 
-    conversation = factories.make_conversation(days_idle=1)
-    row = {"agent_id": "sa_s", "origin": None, "status": "completed", "delivery": "settled",
-           "started_at": conversation.created_at.isoformat(), "finished_at": None}
-    home = EngineHome()
-    fleet.write_snapshot([row])
-    fleet.update_file(home, home.legacy_fleet_path, lambda rows: [*rows, row])
+    conversation, home = in_both_fleet_files("sa_s")
     lock = home.lock_for(home.legacy_fleet_path)
     lock.unlink(missing_ok=True)
     lock.symlink_to(tmp_path / "elsewhere.lock")
     api.raise_request_exception = False
+    said = []
     for _ in range(2):
         answer = api.post("/v1/subagents/sa_s/resolve", data=json.dumps({"action": "clear"}),
                           content_type="application/json")
         assert answer.status_code == 409, answer.content
         assert answer.json()["code"] == "engine_folder_not_writable"
         assert answer.json()["message"].startswith("A subagent state file or its lock is not a regular file")
-        assert ("Part of the change was written already" in answer.json()["message"]) == (_ == 0)
-        assert "so it was not read or changed" not in answer.json()["message"] or _ == 1
+        said.append(answer.json()["message"])
+    # the first wrote the state file and says the rest follows; the second (its settle) changed nothing
+    assert "Part of the change was written already" in said[0] and "so it was not read or changed" not in said[0]
+    assert "Part of the change was written already" not in said[1]
     assert fleet.read_rows(home.fleet_path) == [] and len(fleet.read_rows(home.legacy_fleet_path)) == 1
     assert tasks.recover()["subagents"] == 0 and m.SubagentResolution.objects.count() == 1
     lock.unlink()
