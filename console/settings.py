@@ -267,7 +267,8 @@ def database_from_url(url: str) -> dict:
                     "PRAGMA secure_delete=ON;"
                 ),
             },
-            # One file per test process, so parallel runs never share a test database.
+            # One file per test process, so parallel runs never share a test database (the test
+            # suites put it in a folder of the process's own: tests/database_folder.py).
             "TEST": {"NAME": str(VAR_DIR / f"test-db-{os.getpid()}.sqlite3")},
         }
     if parts.scheme in {"postgres", "postgresql", "pgsql"}:

@@ -148,7 +148,10 @@ def test_a_sqlite_file_that_cannot_be_written_is_not_ready(client):
     finally:
         path.chmod(mode)
     assert client.get("/readyz").status_code == 200
-    # Its folder, where WAL creates the -wal and -shm files, counts as much.
+    # Its folder, where WAL creates the -wal and -shm files, counts as much. The folder is this
+    # process's own (tests/database_folder.py): a folder shared with the other suites' databases
+    # made their connections opened meanwhile read-only for the rest of their run.
+    assert {p.name for p in path.parent.iterdir()} <= {path.name, f"{path.name}-wal", f"{path.name}-shm"}
     folder_mode = path.parent.stat().st_mode
     path.parent.chmod(0o555)
     try:
