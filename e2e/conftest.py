@@ -51,16 +51,13 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
-    """The browser suite's SQLite test database in a folder of its own (tests/database_folder.py)."""
+    """The browser suite's own folder for its test database and backups (tests/database_folder.py)."""
     from django.conf import settings
     from django.db import connections
 
-    from tests.database_folder import own_test_database
+    from tests.database_folder import own_test_folder
 
-    if settings.DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-        yield
-        return
-    with own_test_database(connections["default"].settings_dict, settings.VAR_DIR):
+    with own_test_folder(connections["default"].settings_dict, settings.VAR_DIR):
         yield
 
 

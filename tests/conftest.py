@@ -12,28 +12,26 @@ from tests import factories
 
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix, django_db_blocker):
-    """Before the test database is made (pytest-django's hook, kept as it was): on SQLite, the
-    test database goes in a folder of this process's own (tests/database_folder.py); on
+    """Before the test database is made (pytest-django's hook, kept as it was): this process's
+    own folder for a SQLite test database and for backups (tests/database_folder.py); on
     PostgreSQL, drop the test databases of earlier runs on this machine whose process is gone
     (a killed run leaves its `test_<name>_<pid>` behind); a running one's is kept."""
     from django.conf import settings
     from django.db import connections
 
-    from tests.database_folder import own_test_database
+    from tests.database_folder import own_test_folder
 
     db = settings.DATABASES["default"]
-    if db["ENGINE"] != "django.db.backends.postgresql":
-        with own_test_database(connections["default"].settings_dict, settings.VAR_DIR):
-            yield
-        return
-    ours = re.compile(rf"test_{re.escape(db['NAME'])}_(\d+)")
-    with django_db_blocker.unblock(), connections["default"]._nodb_cursor() as cursor:
-        cursor.execute("SELECT datname FROM pg_database WHERE datname LIKE 'test\\_%%'")
-        for (name,) in cursor.fetchall():
-            match = ours.fullmatch(name)
-            if match and int(match[1]) != os.getpid() and not os.path.exists(f"/proc/{match[1]}"):
-                cursor.execute(f'DROP DATABASE IF EXISTS "{name}"')
-    yield
+    if db["ENGINE"] == "django.db.backends.postgresql":
+        ours = re.compile(rf"test_{re.escape(db['NAME'])}_(\d+)")
+        with django_db_blocker.unblock(), connections["default"]._nodb_cursor() as cursor:
+            cursor.execute("SELECT datname FROM pg_database WHERE datname LIKE 'test\\_%%'")
+            for (name,) in cursor.fetchall():
+                match = ours.fullmatch(name)
+                if match and int(match[1]) != os.getpid() and not os.path.exists(f"/proc/{match[1]}"):
+                    cursor.execute(f'DROP DATABASE IF EXISTS "{name}"')
+    with own_test_folder(connections["default"].settings_dict, settings.VAR_DIR):
+        yield
 
 
 @pytest.fixture(autouse=True)
