@@ -164,6 +164,16 @@ OS_REASONS = {
     errno.ENOSPC: gettext_noop("no space is left on the disk"),
     errno.EROFS: gettext_noop("the file system is read-only"),
     errno.ENOENT: gettext_noop("not found"),
+    errno.EISDIR: gettext_noop("that path is a folder"),
+    errno.ENOTEMPTY: gettext_noop("the folder is not empty"),
+    errno.EIO: gettext_noop("the disk reported a read or write error"),
+    errno.EDQUOT: gettext_noop("the disk quota is used up"),
+    errno.ELOOP: gettext_noop("a link is in the way (links are not followed)"),
+    errno.ENAMETOOLONG: gettext_noop("a name in that path is too long"),
+    errno.EBUSY: gettext_noop("the file or folder is in use"),
+    errno.EMFILE: gettext_noop("too many files are open"),
+    errno.ENFILE: gettext_noop("too many files are open"),
+    errno.EXDEV: gettext_noop("that path is on another disk"),
 }
 
 

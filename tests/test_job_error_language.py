@@ -209,7 +209,17 @@ def test_an_operation_stored_with_old_text_shows_it_on_both_pages(admin_client, 
     (errno.ENOSPC, "no space is left on the disk", "no queda espacio en el disco"),
     (errno.EROFS, "the file system is read-only", "el sistema de archivos es de solo lectura"),
     (errno.ENOENT, "not found", "no se encuentra"),
-    (errno.EIO, "EIO", "EIO"),  # no description of its own: the errno's name, never English prose
+    (errno.EISDIR, "that path is a folder", "esa ruta es una carpeta"),
+    (errno.ENOTEMPTY, "the folder is not empty", "la carpeta no está vacía"),
+    (errno.EIO, "the disk reported a read or write error", "el disco informó de un error de lectura o escritura"),
+    (errno.EDQUOT, "the disk quota is used up", "se agotó la cuota de disco"),
+    (errno.ELOOP, "a link is in the way (links are not followed)",
+     "hay un enlace en el camino (los enlaces no se siguen)"),
+    (errno.ENAMETOOLONG, "a name in that path is too long", "un nombre de esa ruta es demasiado largo"),
+    (errno.EBUSY, "the file or folder is in use", "el archivo o la carpeta está en uso"),
+    (errno.EMFILE, "too many files are open", "hay demasiados archivos abiertos"),
+    (errno.EXDEV, "that path is on another disk", "esa ruta está en otro disco"),
+    (errno.ENXIO, "ENXIO", "ENXIO"),  # no description of its own: the errno's name, never English prose
 ])
 def test_an_os_error_is_said_in_the_readers_language(number, english, spanish):
     reason = os_reason(OSError(number, os.strerror(number)))
