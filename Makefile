@@ -88,12 +88,12 @@ lint:
 
 test-sqlite:
 	@echo "== Test suite on SQLite"
-	env -u DATABASE_URL $(PY) -m pytest -q
+	env -u DATABASE_URL $(PY) -m pytest -q --durations=10
 
 test-postgres:
 	@echo "== Test suite on PostgreSQL"
 	@if $(PY) -c "import psycopg,sys; psycopg.connect('$(PG_URL)'.rsplit('/',1)[0] + '/postgres', connect_timeout=3).close()" 2>/dev/null; then \
-		DATABASE_URL=$(PG_URL) $(PY) -m pytest -q; \
+		DATABASE_URL=$(PG_URL) $(PY) -m pytest -q --durations=10; \
 	elif [ "$$CI" = "true" ]; then \
 		echo "PostgreSQL is unreachable at $(PG_URL); under CI that is a failure."; exit 1; \
 	else \
@@ -102,7 +102,7 @@ test-postgres:
 
 test-e2e:
 	@echo "== Browser tests in Chromium"
-	env -u DATABASE_URL $(PY) -m pytest -q e2e
+	env -u DATABASE_URL $(PY) -m pytest -q --durations=10 e2e
 
 ## bench-seed: how long seeding 100,000 items takes, in a scratch database (prints the figure).
 BENCH_ITEMS ?= 100000
