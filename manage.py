@@ -40,6 +40,20 @@ def not_migrated(database: dict, error: Exception) -> str | None:
             "migrated, or DATABASE_URL names another database. Run manage.py migrate, or correct DATABASE_URL.")
 
 
+def locked(database: dict, error: Exception) -> str | None:
+    """One line for a SQLite database whose write lock another process held for longer than
+    this command waits (a compaction, a backup, an operator's sqlite3 shell); None for any other
+    error."""
+    cause = getattr(error, "__cause__", None) or error
+    code = getattr(cause, "sqlite_errorcode", None)
+    if not ((code is not None and code & 0xFF == 5) or str(error).startswith("database is locked")):
+        return None
+    waited = database.get("OPTIONS", {}).get("timeout", 5)
+    return (f"The database {database.get('NAME')} is busy: another process held its write lock for the {waited:g} s "
+            "this command waited (a compaction, a backup or an open sqlite3 shell can). The step it was taking was "
+            "not written; what it finished before stays. Run it again once the other process is done.")
+
+
 def watch_database_file(connection):
     """For the job cluster on SQLite: a watch on the database file it opened (None otherwise)."""
     if connection.vendor != "sqlite" or connection.is_in_memory_db():
@@ -120,7 +134,7 @@ def main() -> None:
 
         database = settings.DATABASES["default"]
         if database["ENGINE"] == "console.sqlite":
-            explained = cannot_write_explained(database, error)
+            explained = cannot_write_explained(database, error) or locked(database, error)
         else:
             explained = unreachable(database, error)
         explained = explained or not_migrated(database, error)

@@ -6,6 +6,7 @@ own (`unshare -m`); those tests are skipped where the machine does not allow one
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -192,3 +193,35 @@ def test_a_database_file_that_grants_nobody_writing_stays_read_only_for_every_co
         "files in it writable by the user Lethe runs as (or mount the disk read-write), then start again.")
     with sqlite3.connect(database) as db:
         assert db.execute("SELECT archived_at FROM lifecycle_conversation WHERE public_id = ?", [public_id]).fetchone() == (None,)
+
+
+@pytest.mark.skipif(os.environ.get("DATABASE_URL", "").startswith("postgres"),
+                    reason="its own SQLite install either way: run once, in the SQLite suite (it waits 20 s)")
+def test_a_write_lock_held_elsewhere_is_one_line_and_a_read_does_not_wait_for_it(tmp_path):
+    """r30: while another process held the write lock (a compaction, a backup, an sqlite3
+    shell), every command waited 20 s on Django's "has SQLite JSON?" question and stopped on
+    false system-check errors (exit 1, "SQLite does not support JSONFields"): a read now goes on,
+    and a write that waited as long as it waits says why in one line, exit 2."""
+    import sqlite3
+
+    env, var, database = sqlite_install(tmp_path)
+    holder = sqlite3.connect(database, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        read = manage(env, "verify_erasure", "--all", "--json")
+        assert read.returncode == 0, read.stderr[-2000:]
+        assert json.loads(read.stdout) == {"found": False, "reports": []}
+        argv = [sys.executable, str(ROOT / "manage.py"), "users", "create", "carol", "--role", "member",
+                "--password-stdin"]
+        write = subprocess.run(argv, cwd=ROOT, env=env, input="Long-pass-phrase-9876\n", capture_output=True,
+                               text=True, timeout=120)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert write.returncode == 2
+    assert one_line(write) == (
+        f"Lethe database error: The database {database} is busy: another process held its write lock for the 20 s "
+        "this command waited (a compaction, a backup or an open sqlite3 shell can). The step it was taking was not "
+        "written; what it finished before stays. Run it again once the other process is done.")
+    with sqlite3.connect(database) as reader:
+        assert reader.execute("SELECT count(*) FROM auth_user WHERE username = 'carol'").fetchone() == (0,)

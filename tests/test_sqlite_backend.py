@@ -140,3 +140,21 @@ def test_a_write_outside_a_transaction_that_fails_changes_nothing_and_leaves_no_
         Account.objects.filter(pk=second.pk).update(id=first.pk)  # the key is taken
     assert not connection.connection.in_transaction
     assert sorted(Account.objects.values_list("name", flat=True)) == ["one", "two"]
+
+
+def test_asking_whether_sqlite_has_json_takes_no_write_lock():
+    """r30: Django's question ran in a transaction (BEGIN IMMEDIATE here): while another
+    connection held the write lock, every command waited for it, took the failure for "no
+    JSON" and stopped on false system-check errors ("SQLite does not support JSONFields")."""
+    connection.ensure_connection()
+    connection.features.__dict__.pop("supports_json_field", None)  # asked again, as a new process does
+    taken = threading.Event()
+    holder = hold_write_lock(3, taken)
+    assert taken.wait(10)
+    connection.lock_wait = 0.5  # without the change: waits this long, then answers False
+    try:
+        assert begins_while(lambda: connection.features.supports_json_field) == 0
+        assert connection.features.supports_json_field is True
+    finally:
+        connection.lock_wait = None
+        holder.join()
