@@ -80,8 +80,15 @@ def test_it_records_without_waiting_and_refuses_with_exit_code_2():
     assert busy.state == "live"
     with pytest.raises(CommandError, match="not_found"):
         run("status", "c_00000000000000000000")
-    with pytest.raises(CommandError, match="No active admin"):
+    with pytest.raises(CommandError, match="No active admin") as archive:
         run("archive", idle.public_id, "--as", "nobody")
+    assert archive.value.returncode == 1
+    # r30: a delete refused before it was asked (not an admin, an unknown id) exited 1 where the
+    # help and the README say a refused delete exits 2
+    for args in (("delete", idle.public_id, "--as", "nobody"), ("delete", "c_00000000000000000000")):
+        with pytest.raises(CommandError) as refused:
+            run(*args)
+        assert refused.value.returncode == 2
 
 
 def test_a_delete_that_stops_on_an_error_says_why_and_exits_3(engine_home):

@@ -57,6 +57,9 @@ class Command(JsonErrors, BaseCommand):
 
     def handle(self, *args, verb: str, target: str, json: bool, username: str | None = None, **options):
         self.as_json = json
+        # A delete refused for any reason (an unknown id, an actor who is not an active admin)
+        # exits 2, as the help and the README say; the other verbs' refusals exit 1.
+        self.refused_status = 2 if verb == "delete" else 1
         if settings.ENGINE_URL:
             # The conversations are the engine's: run it on the engine's host. (Here it read this
             # console's own table for status and deleted on the engine without the console's
@@ -79,7 +82,7 @@ class Command(JsonErrors, BaseCommand):
                 return self.resolve(engine, target, options["attribute"], actor)
             return self.status(engine, target)
         except ActionRefused as exc:
-            raise CommandError(f"{exc.code}: {exc.message}") from None
+            raise CommandError(f"{exc.code}: {exc.message}", returncode=self.refused_status) from None
         except OSError as exc:  # the engine folder (its locks, its files): one line, not a traceback
             raise io_error(exc, "Nothing more was done") from None
 
@@ -88,7 +91,7 @@ class Command(JsonErrors, BaseCommand):
             return None
         user = get_user_model().objects.filter(username=username, is_active=True, is_staff=True).first()
         if user is None:
-            raise CommandError(f"No active admin named {username}.")
+            raise CommandError(f"No active admin named {username}.", returncode=self.refused_status)
         return user
 
     def out(self, value) -> None:
