@@ -26,6 +26,13 @@ and the operator, after checking, marks it with `manage.py engine_folder --adopt
 replaced the folder on purpose does. A folder marked as another database's is adopted only
 with `--take-from-other-database` too, and then gets a new mark (never two databases in one
 folder).
+
+The database also records where it was when it recorded the mark (`database_key`: the SQLite
+file's path, or the PostgreSQL server and database). A copy of it elsewhere (a backup restored
+into another database, the file copied or moved) carries the same row: for the copy the folder
+is another database's (the original's, which may still erase in it) until the copy takes it
+over with `--take-from-other-database`, keeping the original's key among its origins (whose
+backups hold its content: retention.backups.own_keys).
 """
 
 from __future__ import annotations
@@ -76,6 +83,37 @@ def recorded() -> str | None:
     from lifecycle.models import EngineFolderMark
 
     return EngineFolderMark.objects.filter(pk=1).values_list("folder_id", flat=True).first()
+
+
+def _here() -> str:
+    from retention.backups import database_key
+
+    return database_key()
+
+
+def is_copy() -> bool:
+    """Whether this database is a copy of the one that recorded its mark: the mark was recorded
+    by a database at another location (this one restored from its backup into another database,
+    or its file moved or copied). The folder is then the original's, which may still erase in it,
+    until this one takes it over (`adopt` with `take_from_other`: a new mark)."""
+    from lifecycle.models import EngineFolderMark
+
+    key = EngineFolderMark.objects.filter(pk=1).values_list("database_key", flat=True).first()
+    return bool(key) and key != _here()
+
+
+def _record(folder_id: str) -> None:
+    """Record `folder_id` as this database's, made here; the key of a database this one was
+    copied from is kept among its origins (its backups hold this one's content too)."""
+    from lifecycle.models import EngineFolderMark
+
+    here = _here()
+    before = EngineFolderMark.objects.filter(pk=1).values_list("database_key", "origin_keys").first()
+    origins = list(before[1] or []) if before else []
+    if before and before[0] and before[0] != here and before[0] not in origins:
+        origins.append(before[0])
+    EngineFolderMark.objects.update_or_create(pk=1, defaults={
+        "folder_id": folder_id, "database_key": here, "origin_keys": origins})
 
 
 def problem(home: EngineHome | None = None) -> str | None:
@@ -140,7 +178,9 @@ def _reason(home: EngineHome, expected: str) -> str | None:
     found = folder_mark(home)
     if found is None:
         return "unmarked"
-    return None if found == expected else "not_this_folder"
+    # A copy of the database that marked it (restored elsewhere, moved) carries the same id:
+    # the folder is the original's until the copy takes it over (r30: both erased in it).
+    return None if found == expected and not is_copy() else "not_this_folder"
 
 
 def check(home: EngineHome | None = None) -> EngineHome:
@@ -173,7 +213,7 @@ def adopt(home: EngineHome | None = None, *, force: bool, take_from_other: bool 
         if not take_from_other:
             raise EngineFolderUnavailable(home.root, "not_this_folder")
         folder_id = _mark(home, replace=True)
-        EngineFolderMark.objects.update_or_create(pk=1, defaults={"folder_id": folder_id})
+        _record(folder_id)
         return folder_id
     if not force and recorded() is not None:
         reason = problem(home)
@@ -194,11 +234,11 @@ def adopt(home: EngineHome | None = None, *, force: bool, take_from_other: bool 
     if folder_id is None:  # a mark file there that holds no id: not ours to overwrite unasked
         raise EngineFolderUnavailable(home.root, "unmarked")
     if force:
-        EngineFolderMark.objects.update_or_create(pk=1, defaults={"folder_id": folder_id})
+        _record(folder_id)
         return folder_id
     try:
         with transaction.atomic():
-            EngineFolderMark.objects.create(pk=1, folder_id=folder_id)
+            EngineFolderMark.objects.create(pk=1, folder_id=folder_id, database_key=_here())
     except IntegrityError:  # another process recorded one first: theirs stands
         pass
     return recorded()

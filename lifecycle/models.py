@@ -643,6 +643,13 @@ class EngineFolderMark(models.Model):
 
     folder_id = models.CharField(max_length=32)
     marked_at = models.DateTimeField(default=timezone.now)
+    # Where the database that recorded the mark was (retention.backups.database_key): a copy of
+    # it elsewhere (restored into another database, the file moved) carries the same row, and
+    # must not take the folder for its own while the original may still erase in it.
+    database_key = models.CharField(max_length=32, blank=True, default="")
+    # The keys this database had before (a copy that took the folder over keeps its original's):
+    # their backups hold its content too (retention.backups.own_keys).
+    origin_keys = models.JSONField(default=list, blank=True)
 
     def __str__(self) -> str:
         return f"engine folder {self.folder_id}"

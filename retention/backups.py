@@ -286,18 +286,33 @@ def _owner_path(directory: Path, name: str) -> Path:
     return directory / (TEMP_PREFIX + name + ".json")
 
 
-def database_key() -> str:
+def database_key(of=None) -> str:
     """Where this database is, as a key: its engine and the SQLite file's absolute path, or the
     PostgreSQL server and database name. No two installations have the same; a database restored
     in place (the file copied back, or the dump restored into the same database) keeps it, and
     one restored elsewhere is another database, as verify_backup says. Nothing stored: a key
     kept in the database itself would be lost with a restore of a backup made before it."""
-    settings_dict = connection.settings_dict
-    if connection.vendor == "sqlite":
+    of = of or connection  # (a migration's own connection)
+    settings_dict = of.settings_dict
+    if of.vendor == "sqlite":
         where = str(Path(str(settings_dict["NAME"])).resolve())
     else:
         where = f"{settings_dict.get('HOST') or 'localhost'}:{settings_dict.get('PORT') or 5432}/{settings_dict['NAME']}"
-    return hashlib.sha256(f"{connection.vendor}\0{where}".encode()).hexdigest()[:32]
+    return hashlib.sha256(f"{of.vendor}\0{where}".encode()).hexdigest()[:32]
+
+
+def own_keys() -> frozenset[str]:
+    """The keys whose backups hold this database's content: its own (`database_key`), and those
+    of the database it is a copy of (restored from its backup into another database, or moved),
+    as recorded with the engine folder's mark (lifecycle.engine_folder), even once it took the
+    folder over. A backup of the original holds everything the copy had when it was made."""
+    from lifecycle.models import EngineFolderMark
+
+    keys = {database_key()}
+    found = EngineFolderMark.objects.filter(pk=1).values_list("database_key", "origin_keys").first()
+    if found:
+        keys.update(key for key in [found[0], *(found[1] or [])] if isinstance(key, str) and key)
+    return frozenset(keys)
 
 
 # A receipt (or the note beside a backup being made) larger than this is not one Lethe wrote.
@@ -336,7 +351,7 @@ def being_made_elsewhere(directory: Path, name: str) -> bool:
     if not isinstance(owner, dict):
         return False  # (a copy started before owners were written: counted, as it may be this one's)
     key = owner.get("database_key")
-    return isinstance(key, str) and key != database_key()
+    return isinstance(key, str) and key not in own_keys()
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -436,7 +451,7 @@ def _receipts() -> tuple[list[BackupReceipt], list[BackupReceipt]]:
     directory = readable_backup_dir()
     if directory is None:
         return [], []
-    key, vendor, database = database_key(), connection.vendor, _configured_database()
+    keys, vendor, database = own_keys(), connection.vendor, _configured_database()
     receipts = []
     for path in list_backup_folder(directory):
         if NAME_PATTERN.match(path.name) and path.is_file() and (receipt := _read_receipt(path)):
@@ -448,7 +463,7 @@ def _receipts() -> tuple[list[BackupReceipt], list[BackupReceipt]]:
                 receipt.mtime_ns is not None and found.st_mtime_ns != receipt.mtime_ns)
             receipts.append(replace(receipt, changed=changed) if changed else receipt)
     receipts.sort(key=lambda r: (r.created_at, r.name), reverse=True)
-    ours = [r for r in receipts if (r.database_key == key if r.database_key is not None
+    ours = [r for r in receipts if (r.database_key in keys if r.database_key is not None
                                     else (r.vendor, r.database) == (vendor, database))]
     return ours, [r for r in receipts if r not in ours]
 
@@ -647,11 +662,16 @@ def restore_paragraphs(vendor: str) -> list[list[RestorePart]]:
         ), migrate="manage.py migrate")
     else:
         command = "pg_restore --no-owner --dbname={} {}".format(_("<new database>"), _("<backup file>"))
+        # adopt: the restored database is a copy, which must take the engine folder from the
+        # one set aside (r30: both said it was theirs, and both erased in it)
         steps = _with_commands(_(
             "Stop the console and the job cluster. Create an empty database, restore the backup "
             "into it with %(command)s, point DATABASE_URL at it and run %(migrate)s (a backup made "
-            "before an upgrade has an older schema), then start the console and the job cluster again."
-        ), command=command, migrate="manage.py migrate")
+            "before an upgrade has an older schema), then %(adopt)s: the engine folder becomes the "
+            "restored database's, and the database set aside no longer erases in it. Then start the "
+            "console and the job cluster again."
+        ), command=command, migrate="manage.py migrate",
+            adopt="manage.py engine_folder --adopt --take-from-other-database")
     deletes = _with_commands(_(
         "Conversations deleted after the backup come back too. Before you restore, note the deletes "
         "requested after the backup was made (the Operations page); once restored, delete each of them "

@@ -702,6 +702,9 @@ def test_it_explains_how_to_restore_in_both_languages():
             spanish = restore_instructions(vendor)
         assert spanish != english and "base de datos" in spanish
     assert "pg_restore" in restore_instructions("postgresql")
+    # r30: a restore into a new database is a copy, which must take the engine folder over
+    assert "manage.py engine_folder --adopt --take-from-other-database" in restore_instructions("postgresql")
+    assert "engine_folder" not in restore_instructions("sqlite")  # restored at its own path: nothing to do
     assert "-wal" in restore_instructions("sqlite")
 
 
@@ -871,3 +874,38 @@ def test_only_this_databases_backups_are_listed_and_named_as_holders_of_its_dele
                             broken[1] + ".json"])
     # The key is where the database is: computed, never stored (a restore keeps it)
     assert ours.database_key == backups.database_key() and len(ours.database_key) == 32
+
+
+def test_a_copy_of_the_database_counts_its_originals_backups_as_holding_its_content(folder):
+    """r30: restored from its backup into another database (PostgreSQL's restore steps), the
+    copy has another key, and neither listed the original's backups nor named them on its delete
+    receipts, though every one of them holds what the copy held. The key of the database the
+    copy came from is recorded with the engine folder's mark (which the copy carries), and kept
+    once the copy takes the folder over."""
+    from dataclasses import replace
+
+    from lifecycle import engine_folder
+    from lifecycle.actions.request_deletion import request_deletion
+    from lifecycle.deletion import executor
+    from lifecycle.enginefs import EngineHome
+    from lifecycle.models import EngineFolderMark
+
+    conversation = fill(5)
+    original = "a" * 32  # where the original is: the key its mark was recorded with
+    made = create_backup()
+    name = f"lethe-{connection.vendor}-20261201T000000Z-0000ab{backups.EXTENSIONS[connection.vendor]}"
+    (folder / name).write_bytes(made.path.read_bytes())
+    backups._write_receipt(replace(made, name=name, path=folder / name, mtime_ns=(folder / name).stat().st_mtime_ns,
+                                   database_key=original))
+    assert backups.foreign_backups() == {name}  # this database's own key only
+    EngineFolderMark.objects.filter(pk=1).update(database_key=original)  # the row as the copy has it
+    assert engine_folder.is_copy() and engine_folder.problem() == "not_this_folder"
+    assert {r.name for r in list_backups()} == {made.name, name} and backups.foreign_backups() == set()
+    engine_folder.adopt(EngineHome(), force=True, take_from_other=True)  # the copy takes the folder over
+    assert not engine_folder.is_copy() and engine_folder.problem() is None
+    assert EngineFolderMark.objects.get().origin_keys == [original]
+    assert {r.name for r in list_backups()} == {made.name, name}
+    op = request_deletion(conversation, key="copy", acting_user=None)
+    assert executor.run_erasure(op.pk) == "completed"
+    op.refresh_from_db()
+    assert sorted(h["name"] for h in op.receipt["holders"] if h.get("kind") == "backup") == sorted([made.name, name])

@@ -65,6 +65,14 @@ class Command(BaseCommand):
                               "right folder (or set ENGINE_HOME to the right one), then run manage.py engine_folder "
                               f"--adopt{TAKE if reason == 'not_this_folder' else ''}.")
             raise SystemExit(1)
+        if reason == "not_this_folder" and engine_folder.is_copy():
+            self.stdout.write(
+                f"{home.root}: another database's engine folder. This database is a copy of the one that marked it "
+                f"(mark {recorded}): that one was elsewhere (this one was restored from its backup into another "
+                "database, or its file was moved or copied), and it may still erase in the folder. Deletes wait. If "
+                f"this copy is the one to use the folder from now on, run manage.py engine_folder --adopt{TAKE}: the "
+                "folder gets a new mark and the other's deletes wait.")
+            raise SystemExit(1)
         if reason:
             self.stdout.write(f"{home.root}: {engine_folder.WORDS[reason]} (this database's mark is {recorded}). "
                               "Deletes wait until it is back."

@@ -1,0 +1,66 @@
+"""A copy of the database (restored from its backup into another database, or its file copied
+or moved) and the original, pointed at one engine folder: only one of them erases in it. Real
+processes on real files (r30: after the documented restore both said "is this database's engine
+folder", and a delete through the set-aside original erased a live conversation's files in the
+restored one)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CLEAR = ("DATABASE_URL", "LETHE_VAR_DIR", "ENGINE_HOME", "PROMETHEUS_MULTIPROC_DIR", "SECRET_KEY", "SECRET_KEY_FILE",
+         "ENGINE_URL", "STATIC_ROOT")
+
+pytestmark = pytest.mark.skipif(os.environ.get("DATABASE_URL", "").startswith("postgres"),
+                                reason="its own SQLite installs either way: run once, in the SQLite suite")
+
+
+def manage(database: Path, engine: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in CLEAR}
+    env.update(DJANGO_SETTINGS_MODULE="console.settings", SECRET_KEY="lethe-copy-tests-" + "k" * 40,
+               LETHE_VAR_DIR=str(database.parent), DATABASE_URL=f"sqlite:///{database}", ENGINE_HOME=str(engine))
+    return subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+KEYS = ("from lifecycle.models import EngineFolderMark as M; from retention.backups import database_key, own_keys; "
+        "m = M.objects.get(); print(m.folder_id, m.database_key, database_key(), ','.join(sorted(own_keys())))")
+
+
+def test_a_copy_of_the_database_waits_until_it_takes_the_folder_and_then_the_original_waits(tmp_path):
+    engine = tmp_path / "engine"
+    original = tmp_path / "var" / "lethe.sqlite3"
+    assert manage(original, engine, "migrate", "-v0").returncode == 0
+    adopted = manage(original, engine, "engine_folder", "--adopt")
+    assert adopted.returncode == 0, adopted.stderr[-2000:]
+    mark, recorded_key, original_key, _ = manage(original, engine, "shell", "-v0", "-c", KEYS).stdout.split()
+    assert recorded_key == original_key
+
+    copy = tmp_path / "restored" / "lethe.sqlite3"  # the restore of a backup, somewhere else
+    copy.parent.mkdir()
+    shutil.copyfile(original, copy)
+    said = manage(copy, engine, "engine_folder")
+    assert said.returncode == 1
+    assert said.stdout.startswith(f"{engine}: another database's engine folder. This database is a copy of the one "
+                                  f"that marked it (mark {mark})")
+    refused = manage(copy, engine, "engine_folder", "--adopt")  # never two databases in one folder unasked
+    assert refused.returncode == 2 and "--take-from-other-database" in refused.stderr
+    assert manage(original, engine, "engine_folder").returncode == 0  # still the original's
+
+    taken = manage(copy, engine, "engine_folder", "--adopt", "--take-from-other-database")
+    assert taken.returncode == 0, taken.stderr[-2000:]
+    new_mark, copy_recorded, copy_key, owned = manage(copy, engine, "shell", "-v0", "-c", KEYS).stdout.split()
+    assert new_mark != mark and copy_recorded == copy_key != original_key
+    assert (engine / ".lethe-engine-folder").read_text().strip() == new_mark
+    # the original's backups hold the copy's content: still its own
+    assert set(owned.split(",")) == {copy_key, original_key}
+    assert manage(copy, engine, "engine_folder").returncode == 0
+    now_other = manage(original, engine, "engine_folder")
+    assert now_other.returncode == 1 and "another database's engine folder" in now_other.stdout
