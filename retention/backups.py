@@ -50,7 +50,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection, transaction
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
@@ -287,12 +287,40 @@ def _owner_path(directory: Path, name: str) -> Path:
 
 
 def database_key(of=None) -> str:
-    """Where this database is, as a key: its engine and the SQLite file's absolute path, or the
-    PostgreSQL server and database name. No two installations have the same; a database restored
+    """Which database this is, as a key: its engine and the SQLite file's absolute path, or the
+    PostgreSQL server's own identifier (set when its cluster was made, the same however a host
+    reaches it) and the database name. No two installations have the same; a database restored
     in place (the file copied back, or the dump restored into the same database) keeps it, and
     one restored elsewhere is another database, as verify_backup says. Nothing stored: a key
     kept in the database itself would be lost with a restore of a backup made before it."""
     of = of or connection  # (a migration's own connection)
+    if of.vendor == "sqlite":
+        return location_key(of)
+    settings_dict = of.settings_dict
+    cached = (settings_dict.get("HOST"), settings_dict.get("PORT"), settings_dict["NAME"])
+    if cached not in _SERVER_IDS:
+        try:
+            with transaction.atomic(using=of.alias), of.cursor() as cursor:  # (a savepoint inside another)
+                cursor.execute("SELECT system_identifier::text FROM pg_control_system()")
+                _SERVER_IDS[cached] = str(cursor.fetchone()[0])
+        except DatabaseError:  # a server that does not say (a hosted one may not): where it is reached
+            _SERVER_IDS[cached] = None
+    server = _SERVER_IDS[cached]
+    if server is None:
+        return location_key(of)
+    return hashlib.sha256(f"{of.vendor}\0server {server}/{settings_dict['NAME']}".encode()).hexdigest()[:32]
+
+
+# The PostgreSQL server's identifier by (host, port, database) as settings name them, read once
+# per process; None where the server does not say.
+_SERVER_IDS: dict[tuple, str | None] = {}
+
+
+def location_key(of=None) -> str:
+    """Where the database is reached, as a key: the SQLite file's absolute path, or the
+    PostgreSQL host, port and database name as DATABASE_URL gives them. PostgreSQL receipts
+    written before `database_key` read the server's identifier bear this one."""
+    of = of or connection
     settings_dict = of.settings_dict
     if of.vendor == "sqlite":
         where = str(Path(str(settings_dict["NAME"])).resolve())
@@ -308,7 +336,7 @@ def own_keys() -> frozenset[str]:
     folder over. A backup of the original holds everything the copy had when it was made."""
     from lifecycle.models import EngineFolderMark
 
-    keys = {database_key()}
+    keys = {database_key(), location_key()}
     found = EngineFolderMark.objects.filter(pk=1).values_list("database_key", "origin_keys").first()
     if found:
         keys.update(key for key in [found[0], *(found[1] or [])] if isinstance(key, str) and key)

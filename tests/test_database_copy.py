@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CLEAR = ("DATABASE_URL", "LETHE_VAR_DIR", "ENGINE_HOME", "PROMETHEUS_MULTIPROC_DIR", "SECRET_KEY", "SECRET_KEY_FILE",
          "ENGINE_URL", "STATIC_ROOT")
 
-pytestmark = pytest.mark.skipif(os.environ.get("DATABASE_URL", "").startswith("postgres"),
-                                reason="its own SQLite installs either way: run once, in the SQLite suite")
+sqlite_suite_only = pytest.mark.skipif(os.environ.get("DATABASE_URL", "").startswith("postgres"),
+                                       reason="its own SQLite installs either way: run once, in the SQLite suite")
 
 
 def manage(database: Path, engine: Path, *args: str) -> subprocess.CompletedProcess:
@@ -34,6 +34,7 @@ KEYS = ("from lifecycle.models import EngineFolderMark as M; from retention.back
         "m = M.objects.get(); print(m.folder_id, m.database_key, database_key(), ','.join(sorted(own_keys())))")
 
 
+@sqlite_suite_only
 def test_a_copy_of_the_database_waits_until_it_takes_the_folder_and_then_the_original_waits(tmp_path):
     engine = tmp_path / "engine"
     original = tmp_path / "var" / "lethe.sqlite3"
@@ -64,3 +65,32 @@ def test_a_copy_of_the_database_waits_until_it_takes_the_folder_and_then_the_ori
     assert manage(copy, engine, "engine_folder").returncode == 0
     now_other = manage(original, engine, "engine_folder")
     assert now_other.returncode == 1 and "another database's engine folder" in now_other.stdout
+
+
+KEY = "from retention.backups import database_key, location_key; print(database_key(), location_key())"
+
+
+@pytest.mark.django_db
+def test_a_postgresql_database_has_one_key_however_its_server_is_reached():
+    """The key the engine folder's mark records, compared on every delete: hosts that reach
+    one PostgreSQL server under different names (an address, localhost) must agree, or the
+    deletes of some would wait as a copy's do. Another database on that server is another."""
+    from django.db import connection
+
+    url = os.environ.get("DATABASE_URL", "")
+    if connection.vendor != "postgresql" or not url:
+        pytest.skip("a PostgreSQL server's identifier")
+    name = connection.settings_dict["NAME"]
+    env = {k: v for k, v in os.environ.items() if k not in CLEAR}
+    env.update(DJANGO_SETTINGS_MODULE="console.settings", SECRET_KEY="lethe-copy-tests-" + "k" * 40)
+    port = connection.settings_dict.get("PORT") or 5432
+    keys = {}
+    for host, database in (("127.0.0.1", name), ("localhost", name), ("127.0.0.1", "postgres")):
+        shown = subprocess.run([sys.executable, str(ROOT / "manage.py"), "shell", "-v0", "-c", KEY], cwd=ROOT,
+                               env={**env, "DATABASE_URL": f"postgres://postgres@{host}:{port}/{database}"},
+                               capture_output=True, text=True, timeout=120)
+        assert shown.returncode == 0, shown.stderr[-2000:]
+        keys[host, database] = shown.stdout.split()
+    assert keys["127.0.0.1", name][0] == keys["localhost", name][0]
+    assert keys["127.0.0.1", name][1] != keys["localhost", name][1]  # (where it is reached: not the same)
+    assert keys["127.0.0.1", "postgres"][0] != keys["127.0.0.1", name][0]
