@@ -25,6 +25,21 @@ def not_migrated(database: dict, error: Exception) -> str | None:
     cause = getattr(error, "__cause__", None)
     text = str(error)
     missing = text.startswith("no such table:") or getattr(cause, "sqlstate", None) == "42P01"
+    if text.startswith("no such column:") or getattr(cause, "sqlstate", None) == "42703":
+        # A column this release added: the database is one migrate behind (a backup restored
+        # from before an upgrade, r32), if any migration is unapplied; else not this one's words.
+        try:
+            from django.db import connection
+            from django.db.migrations.executor import MigrationExecutor
+
+            executor = MigrationExecutor(connection)
+            behind = bool(executor.migration_plan(executor.loader.graph.leaf_nodes()))
+        except Exception:  # noqa: BLE001 (only whether to explain depends on it)
+            behind = False
+        if behind:
+            return (f"The database {database.get('NAME')} lacks a column this release uses ({text.splitlines()[0]}): "
+                    "its migrations are not all applied. Run manage.py migrate.")
+        return None
     if not missing:
         return None
     try:

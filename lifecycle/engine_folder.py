@@ -102,18 +102,26 @@ def is_copy() -> bool:
     return bool(key) and key != _here()
 
 
-def _record(folder_id: str) -> None:
-    """Record `folder_id` as this database's, made here; the key of a database this one was
-    copied from is kept among its origins (its backups hold this one's content too)."""
-    from lifecycle.models import EngineFolderMark
+def lineage_keys(before: tuple[str, list] | None = None) -> list[str]:
+    """The keys this database's backups may bear, to keep with its mark: its earlier keys
+    (retention.backups.earlier_keys), and those recorded with the mark before (`before`: the
+    row's key and origins, a database this one was copied from included). A copy made from a
+    backup carries them, so it counts its original's backups as holding its content."""
+    from retention.backups import earlier_keys
 
     here = _here()
+    keys = [*((before[1] or []) if before else []), *([before[0]] if before and before[0] else []),
+            *sorted(earlier_keys())]
+    return list(dict.fromkeys(key for key in keys if isinstance(key, str) and key and key != here))
+
+
+def _record(folder_id: str) -> None:
+    """Record `folder_id` as this database's, made here, with the keys of its lineage."""
+    from lifecycle.models import EngineFolderMark
+
     before = EngineFolderMark.objects.filter(pk=1).values_list("database_key", "origin_keys").first()
-    origins = list(before[1] or []) if before else []
-    if before and before[0] and before[0] != here and before[0] not in origins:
-        origins.append(before[0])
     EngineFolderMark.objects.update_or_create(pk=1, defaults={
-        "folder_id": folder_id, "database_key": here, "origin_keys": origins})
+        "folder_id": folder_id, "database_key": _here(), "origin_keys": lineage_keys(before)})
 
 
 def problem(home: EngineHome | None = None) -> str | None:
@@ -209,9 +217,13 @@ def adopt(home: EngineHome | None = None, *, force: bool, take_from_other: bool 
     from lifecycle.models import EngineFolderMark
 
     home = home or EngineHome()
-    if force and problem(home) == "not_this_folder":
-        if not take_from_other:
-            raise EngineFolderUnavailable(home.root, "not_this_folder")
+    reason = problem(home) if force else None
+    if reason == "not_this_folder" and not take_from_other:
+        raise EngineFolderUnavailable(home.root, "not_this_folder")
+    if force and take_from_other and home.root.is_dir():
+        # Always a new mark, even where this database says the folder is its own: a copy made
+        # from a backup older than the key (r32) carries the original's mark and, migrated, its
+        # own key; a new mark is what makes the original's deletes wait.
         folder_id = _mark(home, replace=True)
         _record(folder_id)
         return folder_id
@@ -238,7 +250,8 @@ def adopt(home: EngineHome | None = None, *, force: bool, take_from_other: bool 
         return folder_id
     try:
         with transaction.atomic():
-            EngineFolderMark.objects.create(pk=1, folder_id=folder_id, database_key=_here())
+            EngineFolderMark.objects.create(pk=1, folder_id=folder_id, database_key=_here(),
+                                            origin_keys=lineage_keys())
     except IntegrityError:  # another process recorded one first: theirs stands
         pass
     return recorded()

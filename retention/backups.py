@@ -317,16 +317,30 @@ _SERVER_IDS: dict[tuple, str | None] = {}
 
 
 def location_key(of=None) -> str:
-    """Where the database is reached, as a key: the SQLite file's absolute path, or the
-    PostgreSQL host, port and database name as DATABASE_URL gives them. PostgreSQL receipts
-    written before `database_key` read the server's identifier bear this one."""
+    """Where the database is reached, as a key: the SQLite file's absolute path (its folder's
+    links resolved, not the file's own: the restore steps move the name aside, and a link there
+    goes with it, r32), or the PostgreSQL host, port and database name as DATABASE_URL gives
+    them. PostgreSQL receipts written before `database_key` read the server's identifier bear
+    this one."""
     of = of or connection
     settings_dict = of.settings_dict
     if of.vendor == "sqlite":
-        where = str(Path(str(settings_dict["NAME"])).resolve())
+        named = Path(str(settings_dict["NAME"]))
+        where = str(named.absolute().parent.resolve() / named.name)
     else:
         where = f"{settings_dict.get('HOST') or 'localhost'}:{settings_dict.get('PORT') or 5432}/{settings_dict['NAME']}"
     return hashlib.sha256(f"{of.vendor}\0{where}".encode()).hexdigest()[:32]
+
+
+def earlier_keys(of=None) -> set[str]:
+    """The keys this database's receipts may bear from earlier releases: its location's, and for
+    a SQLite file reached through a link, the link's target's (keys once resolved it)."""
+    of = of or connection
+    keys = {location_key(of)}
+    if of.vendor == "sqlite":
+        target = str(Path(str(of.settings_dict["NAME"])).resolve())
+        keys.add(hashlib.sha256(f"sqlite\0{target}".encode()).hexdigest()[:32])
+    return keys
 
 
 def own_keys() -> frozenset[str]:
@@ -336,7 +350,7 @@ def own_keys() -> frozenset[str]:
     folder over. A backup of the original holds everything the copy had when it was made."""
     from lifecycle.models import EngineFolderMark
 
-    keys = {database_key(), location_key()}
+    keys = {database_key(), *earlier_keys()}
     found = EngineFolderMark.objects.filter(pk=1).values_list("database_key", "origin_keys").first()
     if found:
         keys.update(key for key in [found[0], *(found[1] or [])] if isinstance(key, str) and key)

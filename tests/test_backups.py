@@ -892,20 +892,27 @@ def test_a_copy_of_the_database_counts_its_originals_backups_as_holding_its_cont
 
     conversation = fill(5)
     original = "a" * 32  # where the original is: the key its mark was recorded with
+    earlier = "b" * 32  # the original's key in an earlier release (r32: PostgreSQL's host and port)
     made = create_backup()
-    name = f"lethe-{connection.vendor}-20261201T000000Z-0000ab{backups.EXTENSIONS[connection.vendor]}"
-    (folder / name).write_bytes(made.path.read_bytes())
-    backups._write_receipt(replace(made, name=name, path=folder / name, mtime_ns=(folder / name).stat().st_mtime_ns,
-                                   database_key=original))
-    assert backups.foreign_backups() == {name}  # this database's own key only
-    EngineFolderMark.objects.filter(pk=1).update(database_key=original)  # the row as the copy has it
+
+    def planted(hexpart: str, key: str) -> str:
+        name = f"lethe-{connection.vendor}-20261201T000000Z-{hexpart}{backups.EXTENSIONS[connection.vendor]}"
+        (folder / name).write_bytes(made.path.read_bytes())
+        backups._write_receipt(replace(made, name=name, path=folder / name,
+                                       mtime_ns=(folder / name).stat().st_mtime_ns, database_key=key))
+        return name
+
+    names = {planted("0000ab", original), planted("0000bc", earlier)}
+    assert backups.foreign_backups() == names  # this database's own key only
+    # the row as the copy has it, from the original
+    EngineFolderMark.objects.filter(pk=1).update(database_key=original, origin_keys=[earlier])
     assert engine_folder.is_copy() and engine_folder.problem() == "not_this_folder"
-    assert {r.name for r in list_backups()} == {made.name, name} and backups.foreign_backups() == set()
+    assert {r.name for r in list_backups()} == {made.name, *names} and backups.foreign_backups() == set()
     engine_folder.adopt(EngineHome(), force=True, take_from_other=True)  # the copy takes the folder over
     assert not engine_folder.is_copy() and engine_folder.problem() is None
-    assert EngineFolderMark.objects.get().origin_keys == [original]
-    assert {r.name for r in list_backups()} == {made.name, name}
+    assert {original, earlier} <= set(EngineFolderMark.objects.get().origin_keys)
+    assert {r.name for r in list_backups()} == {made.name, *names}
     op = request_deletion(conversation, key="copy", acting_user=None)
     assert executor.run_erasure(op.pk) == "completed"
     op.refresh_from_db()
-    assert sorted(h["name"] for h in op.receipt["holders"] if h.get("kind") == "backup") == sorted([made.name, name])
+    assert sorted(h["name"] for h in op.receipt["holders"] if h.get("kind") == "backup") == sorted([made.name, *names])

@@ -94,3 +94,52 @@ def test_a_postgresql_database_has_one_key_however_its_server_is_reached():
     assert keys["127.0.0.1", name][0] == keys["localhost", name][0]
     assert keys["127.0.0.1", name][1] != keys["localhost", name][1]  # (where it is reached: not the same)
     assert keys["127.0.0.1", "postgres"][0] != keys["127.0.0.1", name][0]
+
+
+@sqlite_suite_only
+def test_the_take_over_gives_a_new_mark_even_where_the_copy_cannot_be_told(tmp_path):
+    """r32: a copy made from a backup older than the key, migrated, recorded its own key and so
+    took the folder for its own; the restore steps' take-over then kept the mark, and both
+    databases erased in the folder. The take-over always writes a new mark."""
+    engine = tmp_path / "engine"
+    original = tmp_path / "var" / "lethe.sqlite3"
+    assert manage(original, engine, "migrate", "-v0").returncode == 0
+    assert manage(original, engine, "engine_folder", "--adopt").returncode == 0
+    mark = manage(original, engine, "shell", "-v0", "-c", KEYS).stdout.split()[0]
+    copy = tmp_path / "restored" / "lethe.sqlite3"
+    copy.parent.mkdir()
+    shutil.copyfile(original, copy)
+    stamped = ("from lifecycle.models import EngineFolderMark as M; from retention.backups import database_key; "
+               "M.objects.update(database_key=database_key(), origin_keys=[])")  # as migrate stamps a pre-key row
+    assert manage(copy, engine, "shell", "-v0", "-c", stamped).returncode == 0
+    assert manage(copy, engine, "engine_folder").returncode == 0  # cannot be told: the restore steps take over
+    assert manage(copy, engine, "engine_folder", "--adopt", "--take-from-other-database").returncode == 0
+    assert (engine / ".lethe-engine-folder").read_text().strip() != mark
+    assert manage(copy, engine, "engine_folder").returncode == 0
+    assert manage(original, engine, "engine_folder").returncode == 1  # its deletes wait
+
+
+@sqlite_suite_only
+def test_a_database_file_reached_through_a_link_restored_as_the_steps_say(tmp_path):
+    """r32: with var/lethe.sqlite3 a link to the real file, the restore steps' move took the
+    link, and with it the key (the link's target), to the set-aside name: the restored file
+    counted as a copy and the set-aside one erased in the folder. The key is the path as named."""
+    engine = tmp_path / "engine"
+    (tmp_path / "data").mkdir()
+    (tmp_path / "var").mkdir()
+    real = tmp_path / "data" / "real.sqlite3"
+    named = tmp_path / "var" / "lethe.sqlite3"
+    real.touch()
+    named.symlink_to(real)
+    assert manage(named, engine, "migrate", "-v0").returncode == 0
+    assert manage(named, engine, "engine_folder", "--adopt").returncode == 0
+    backup = tmp_path / "backup.sqlite3"
+    shutil.copyfile(real, backup)
+    aside = tmp_path / "var" / "aside.sqlite3"
+    named.rename(aside)  # "move the current database file aside", as the steps say
+    shutil.copyfile(backup, named)  # "copy the backup in its place"
+    assert manage(named, engine, "migrate", "-v0").returncode == 0
+    restored = manage(named, engine, "engine_folder")
+    assert restored.returncode == 0 and "is this database's engine folder" in restored.stdout
+    set_aside = manage(aside, engine, "engine_folder")
+    assert set_aside.returncode == 1 and "This database is a copy" in set_aside.stdout

@@ -110,6 +110,20 @@ def test_a_database_missing_one_table_says_to_migrate_not_that_it_has_none(tmp_p
                      "manage.py migrate."]
 
 
+def test_a_database_one_migration_behind_says_to_migrate_for_a_missing_column(tmp_path):
+    """r32: a backup from before an upgrade, restored and not migrated yet (the restore steps
+    once had `engine_folder` run before `migrate`): a column this release added was a traceback."""
+    env = _env(tmp_path, DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite3")
+    for args in (("migrate", "-v0"), ("engine_folder", "--adopt"), ("migrate", "lifecycle", "0024", "-v0")):
+        subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, check=True, timeout=300)
+    result = subprocess.run([sys.executable, "manage.py", "engine_folder"], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert [line for line in result.stderr.splitlines() if not line.startswith("{")] == [
+        f"Lethe database error: The database {tmp_path}/db.sqlite3 lacks a column this release uses (no such column: "
+        "lifecycle_enginefoldermark.database_key): its migrations are not all applied. Run manage.py migrate."]
+
+
 def _postgresql_database_never_migrated(name: str):
     """An empty PostgreSQL database beside the one the tests run on (its URL, and a function
     that drops it); None when the tests run on SQLite."""

@@ -24,10 +24,11 @@ ERRORS = {
         "stays pending and is retried; it goes on once that path is a folder Lethe can read, or "
         "LETHE_BACKUP_DIR names another folder."),
     "engine_folder_unavailable": _(
-        "The engine folder is missing or is not the one this database uses (a disk not mounted, or a wrong "
-        "ENGINE_HOME), so nothing in it was erased or counted as gone. The delete stays pending and is "
-        "retried; it goes on once the folder is back, or once an operator who has checked that this is the "
-        "right folder confirms it with manage.py engine_folder --adopt."),
+        "The engine folder is missing or is not the one this database uses (a disk not mounted, a wrong "
+        "ENGINE_HOME, a folder another database uses, or this database is a copy of the one that uses it), so "
+        "nothing in it was erased or counted as gone. The delete stays pending and is retried; it goes on once "
+        "the folder is back, or once an operator has made it this database's: manage.py engine_folder says "
+        "which it is and what to run."),
     "database_error": _("The database refused a step. The delete stays pending and is retried."),
     "internal_error": _("An unexpected error stopped the erasure. The delete stays pending and is retried."),
     "residue_found": _(

@@ -44,10 +44,11 @@ REASONS = {
         "The subagent state file cannot be read, so this conversation's subagent rows cannot be "
         "checked. Repair or restore the file, then ask again.")),
     ENGINE_FOLDER_UNAVAILABLE: (DeleteState.UNAVAILABLE, _(
-        "The engine folder is missing or is not the one this database uses (a disk not mounted, or a "
-        "wrong ENGINE_HOME), so this conversation's files and subagent rows cannot be checked. Ask "
-        "again once the folder is back, or once an operator who has checked that this is the right folder "
-        "confirms it with manage.py engine_folder --adopt.")),
+        "The engine folder is missing or is not the one this database uses (a disk not mounted, a wrong "
+        "ENGINE_HOME, a folder another database uses, or this database is a copy of the one that uses it), "
+        "so this conversation's files and subagent rows cannot be checked. Ask again once the folder is "
+        "back, or once an operator has made it this database's: manage.py engine_folder says which it is "
+        "and what to run.")),
     # The delete takes the subagent state's locks (files in the engine folder) before anything
     # is recorded, and erases files there: a folder it cannot write is no place to start.
     ENGINE_FOLDER_READ_ONLY: (DeleteState.UNAVAILABLE, _(

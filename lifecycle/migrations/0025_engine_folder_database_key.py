@@ -6,10 +6,12 @@ from django.db import migrations, models
 
 
 def record_key(apps, schema_editor):
-    from retention.backups import database_key
+    from retention.backups import database_key, earlier_keys
 
+    here = database_key(schema_editor.connection)
     apps.get_model("lifecycle", "EngineFolderMark").objects.using(schema_editor.connection.alias).filter(
-        database_key="").update(database_key=database_key(schema_editor.connection))
+        database_key="").update(database_key=here, origin_keys=sorted(
+            earlier_keys(schema_editor.connection) - {here}))
 
 
 class Migration(migrations.Migration):
