@@ -115,11 +115,20 @@ def lineage_keys(before: tuple[str, list] | None = None) -> list[str]:
     return list(dict.fromkeys(key for key in keys if isinstance(key, str) and key and key != here))
 
 
-def _record(folder_id: str) -> None:
-    """Record `folder_id` as this database's, made here, with the keys of its lineage."""
+def _recorded_keys() -> tuple[str, list] | None:
+    """The key and origins recorded with the mark (None: no mark recorded). Read before the
+    folder's mark is changed: a database one migration behind (a restore not migrated yet) fails
+    here, with nothing changed (r33: it failed only after the folder's mark was replaced)."""
     from lifecycle.models import EngineFolderMark
 
-    before = EngineFolderMark.objects.filter(pk=1).values_list("database_key", "origin_keys").first()
+    return EngineFolderMark.objects.filter(pk=1).values_list("database_key", "origin_keys").first()
+
+
+def _record(folder_id: str, before: tuple[str, list] | None) -> None:
+    """Record `folder_id` as this database's, made here, with the keys of its lineage (`before`:
+    `_recorded_keys()` read before the folder was marked)."""
+    from lifecycle.models import EngineFolderMark
+
     EngineFolderMark.objects.update_or_create(pk=1, defaults={
         "folder_id": folder_id, "database_key": _here(), "origin_keys": lineage_keys(before)})
 
@@ -217,6 +226,7 @@ def adopt(home: EngineHome | None = None, *, force: bool, take_from_other: bool 
     from lifecycle.models import EngineFolderMark
 
     home = home or EngineHome()
+    before = _recorded_keys() if force else None  # (nothing changed yet if the schema is behind)
     reason = problem(home) if force else None
     if reason == "not_this_folder" and not take_from_other:
         raise EngineFolderUnavailable(home.root, "not_this_folder")
@@ -225,7 +235,7 @@ def adopt(home: EngineHome | None = None, *, force: bool, take_from_other: bool 
         # from a backup older than the key (r32) carries the original's mark and, migrated, its
         # own key; a new mark is what makes the original's deletes wait.
         folder_id = _mark(home, replace=True)
-        _record(folder_id)
+        _record(folder_id, before)
         return folder_id
     if not force and recorded() is not None:
         reason = problem(home)
@@ -246,7 +256,7 @@ def adopt(home: EngineHome | None = None, *, force: bool, take_from_other: bool 
     if folder_id is None:  # a mark file there that holds no id: not ours to overwrite unasked
         raise EngineFolderUnavailable(home.root, "unmarked")
     if force:
-        _record(folder_id)
+        _record(folder_id, before)
         return folder_id
     try:
         with transaction.atomic():

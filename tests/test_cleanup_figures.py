@@ -236,6 +236,8 @@ def test_restore_instructions_give_commands_apart_without_backticks(vendor, lang
         placeholders = ("<new database>", "<backup file>") if language == "en" else (
             "<base de datos nueva>", "<archivo de la copia>")
         expected.insert(0, "pg_restore --no-owner --dbname={} {}".format(*placeholders))
+        # a restore into a new database is a copy, which takes the engine folder over (r30)
+        expected.insert(2, "manage.py engine_folder --adopt --take-from-other-database")
     assert commands == expected
     assert "`" not in plain and all(command in plain for command in commands)
     assert not any("%(" in part.text for paragraph in paragraphs for part in paragraph)

@@ -122,6 +122,15 @@ def test_a_database_one_migration_behind_says_to_migrate_for_a_missing_column(tm
     assert [line for line in result.stderr.splitlines() if not line.startswith("{")] == [
         f"Lethe database error: The database {tmp_path}/db.sqlite3 lacks a column this release uses (no such column: "
         "lifecycle_enginefoldermark.database_key): its migrations are not all applied. Run manage.py migrate."]
+    # r33: the take-over refused the same way had replaced the folder's mark first (the live
+    # database's deletes waited): refused, it changes nothing
+    # the folder as the live database marked it (this restore's row names the mark of its backup)
+    (tmp_path / "lethe-engine" / ".lethe-engine-folder").write_text("ab" * 16 + "\n")
+    mark = (tmp_path / "lethe-engine" / ".lethe-engine-folder").read_bytes()
+    taken = subprocess.run([sys.executable, "manage.py", "engine_folder", "--adopt", "--take-from-other-database"],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert taken.returncode == 2 and "Traceback" not in taken.stderr and "Run manage.py migrate." in taken.stderr
+    assert (tmp_path / "lethe-engine" / ".lethe-engine-folder").read_bytes() == mark
 
 
 def _postgresql_database_never_migrated(name: str):
