@@ -96,10 +96,8 @@ def is_copy() -> bool:
     by a database at another location (this one restored from its backup into another database,
     or its file moved or copied). The folder is then the original's, which may still erase in it,
     until this one takes it over (`adopt` with `take_from_other`: a new mark)."""
-    from lifecycle.models import EngineFolderMark
-
-    key = EngineFolderMark.objects.filter(pk=1).values_list("database_key", flat=True).first()
-    return bool(key) and key != _here()
+    found = recorded_keys()
+    return bool(found and found[0]) and found[0] != _here()
 
 
 def lineage_keys(before: tuple[str, list] | None = None) -> list[str]:
@@ -115,7 +113,7 @@ def lineage_keys(before: tuple[str, list] | None = None) -> list[str]:
     return list(dict.fromkeys(key for key in keys if isinstance(key, str) and key and key != here))
 
 
-def _recorded_keys() -> tuple[str, list] | None:
+def recorded_keys() -> tuple[str, list] | None:
     """The key and origins recorded with the mark (None: no mark recorded). Read before the
     folder's mark is changed: a database one migration behind (a restore not migrated yet) fails
     here, with nothing changed (r33: it failed only after the folder's mark was replaced)."""
@@ -126,7 +124,7 @@ def _recorded_keys() -> tuple[str, list] | None:
 
 def _record(folder_id: str, before: tuple[str, list] | None) -> None:
     """Record `folder_id` as this database's, made here, with the keys of its lineage (`before`:
-    `_recorded_keys()` read before the folder was marked)."""
+    `recorded_keys()` read before the folder was marked)."""
     from lifecycle.models import EngineFolderMark
 
     EngineFolderMark.objects.update_or_create(pk=1, defaults={
@@ -226,7 +224,7 @@ def adopt(home: EngineHome | None = None, *, force: bool, take_from_other: bool 
     from lifecycle.models import EngineFolderMark
 
     home = home or EngineHome()
-    before = _recorded_keys() if force else None  # (nothing changed yet if the schema is behind)
+    before = recorded_keys() if force else None  # (nothing changed yet if the schema is behind)
     reason = problem(home) if force else None
     if reason == "not_this_folder" and not take_from_other:
         raise EngineFolderUnavailable(home.root, "not_this_folder")

@@ -348,11 +348,10 @@ def own_keys() -> frozenset[str]:
     of the database it is a copy of (restored from its backup into another database, or moved),
     as recorded with the engine folder's mark (lifecycle.engine_folder), even once it took the
     folder over. A backup of the original holds everything the copy had when it was made."""
-    from lifecycle.models import EngineFolderMark
+    from lifecycle.engine_folder import recorded_keys
 
     keys = {database_key(), *earlier_keys()}
-    found = EngineFolderMark.objects.filter(pk=1).values_list("database_key", "origin_keys").first()
-    if found:
+    if found := recorded_keys():
         keys.update(key for key in [found[0], *(found[1] or [])] if isinstance(key, str) and key)
     return frozenset(keys)
 
