@@ -291,7 +291,8 @@ def database_key(of=None) -> str:
     PostgreSQL server's own identifier (set when its cluster was made, the same however a host
     reaches it) and the database name. No two installations have the same; a database restored
     in place (the file copied back, or the dump restored into the same database) keeps it, and
-    one restored elsewhere is another database, as verify_backup says. Nothing stored: a key
+    one restored elsewhere is another database (which counts its original's backups as its own
+    through the engine folder's mark: `own_keys`). Nothing stored: a key
     kept in the database itself would be lost with a restore of a backup made before it."""
     of = of or connection  # (a migration's own connection)
     if of.vendor == "sqlite":
@@ -504,9 +505,21 @@ def _receipts() -> tuple[list[BackupReceipt], list[BackupReceipt]]:
                 receipt.mtime_ns is not None and found.st_mtime_ns != receipt.mtime_ns)
             receipts.append(replace(receipt, changed=changed) if changed else receipt)
     receipts.sort(key=lambda r: (r.created_at, r.name), reverse=True)
-    ours = [r for r in receipts if (r.database_key in keys if r.database_key is not None
-                                    else (r.vendor, r.database) == (vendor, database))]
+    ours = [r for r in receipts if _is_ours(r, keys, vendor, database)]
     return ours, [r for r in receipts if r not in ours]
+
+
+def _is_ours(receipt: BackupReceipt, keys: frozenset[str], vendor: str, database: str) -> bool:
+    """A backup is this database's when its receipt bears one of its keys (its own, its
+    earlier releases', or, for a copy, its original's: a PostgreSQL copy has another database
+    name), or, on a receipt from before the key, when its engine and database name are this one's."""
+    if receipt.database_key is None:
+        return (receipt.vendor, receipt.database) == (vendor, database)
+    if receipt.database_key not in keys:
+        return False
+    # This database's own keys name its database too: a receipt with one of them that names
+    # another database is not one Lethe wrote (a copy's original had a name of its own).
+    return receipt.database == database or receipt.database_key not in {database_key(), *earlier_keys()}
 
 
 def create_backup(*, should_cancel: Callable[[], bool] = lambda: False, progress: Progress | None = None,
@@ -647,7 +660,8 @@ def verify_backup(name: str) -> BackupReceipt:
     receipt = _read_receipt(archive) if archive.is_file() else None
     if receipt is None:
         raise BackupError("not_found", Message(gettext_noop("There is no backup with that name.")))
-    if receipt.database != _configured_database() or receipt.vendor != connection.vendor:
+    if receipt.vendor != connection.vendor or not _is_ours(receipt, own_keys(), connection.vendor,
+                                                            _configured_database()):
         raise BackupError("wrong_database", Message(gettext_noop("This backup was made from another database.")))
     sha256, size = _sha256(archive)
     if (sha256, size) != (receipt.sha256, receipt.size):

@@ -916,3 +916,58 @@ def test_a_copy_of_the_database_counts_its_originals_backups_as_holding_its_cont
     assert executor.run_erasure(op.pk) == "completed"
     op.refresh_from_db()
     assert sorted(h["name"] for h in op.receipt["holders"] if h.get("kind") == "backup") == sorted([made.name, *names])
+
+
+def test_a_copy_verifies_its_originals_backups_and_refuses_another_databases(folder):
+    """A PostgreSQL backup restored into a new database (the restore steps) has another database
+    name: the copy listed its original's backups as its own, yet verify_backup refused them as
+    another database's (it compared the receipt's database name with the configured one). The
+    archive still names the database it was made from, and is checked against its receipt."""
+    from dataclasses import replace
+
+    from lifecycle.models import EngineFolderMark
+
+    fill(5)
+    made = create_backup()
+    original_key, stranger_key = "c" * 32, "d" * 32
+    if connection.vendor == "postgresql":  # a real archive of a database with another name
+        with pg_admin() as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{OTHER_DB}"')
+            admin.execute(f'CREATE DATABASE "{OTHER_DB}"')
+        try:
+            with pg_admin(OTHER_DB) as other:
+                other.execute("CREATE TABLE lifecycle_item (id int)")
+                other.execute("INSERT INTO lifecycle_item VALUES (1)")
+            dump, _ = backups._pg_tools()
+            subprocess.run([dump, "--format=custom", f"--file={made.path}", OTHER_DB], check=True,
+                           env=pg_cli_env(), capture_output=True)
+        finally:
+            with pg_admin() as admin:
+                admin.execute(f'DROP DATABASE IF EXISTS "{OTHER_DB}"')
+        original_name = OTHER_DB
+    else:
+        original_name = "original.sqlite3"
+    content = made.path.read_bytes()
+    original = replace(made, database=original_name, database_key=original_key, sha256=hashlib.sha256(content).hexdigest(),
+                       size=len(content), mtime_ns=made.path.stat().st_mtime_ns)
+    backups._write_receipt(original)
+    # Not (yet) a copy of that database: the backup is another database's, listed nowhere
+    with pytest.raises(BackupError) as caught:
+        verify_backup(made.name)
+    assert caught.value.code == "wrong_database"
+    assert made.name in backups.foreign_backups()
+    # The copy: the engine folder's mark names the original's key
+    EngineFolderMark.objects.filter(pk=1).update(database_key=original_key, origin_keys=[])
+    assert made.name in {r.name for r in list_backups()}
+    assert verify_backup(made.name).database == original_name
+    # A receipt claiming the original's key over another database's archive is still refused
+    if connection.vendor == "postgresql":
+        backups._write_receipt(replace(original, database="someone_else"))
+        with pytest.raises(BackupError) as caught:
+            verify_backup(made.name)
+        assert caught.value.code == "wrong_database" and OTHER_DB in caught.value.message
+    # Another key than the original's: refused as before
+    backups._write_receipt(replace(original, database_key=stranger_key))
+    with pytest.raises(BackupError) as caught:
+        verify_backup(made.name)
+    assert caught.value.code == "wrong_database"
