@@ -126,7 +126,8 @@ def test_a_row_removed_before_the_delete_is_erased_from_the_table_files_too(caps
 
 def test_an_old_transaction_anywhere_on_the_server_keeps_the_rewrite_from_claiming_erasure(monkeypatch):
     """VACUUM FULL copies deleted rows another transaction could still see; transaction ids are
-    shared by every database of the server. The rewrite waits for them, else claims nothing."""
+    shared by every database of the server (a write transaction's id is in every snapshot taken
+    while it runs, the rewrite's own too). The rewrite waits for them, else claims nothing."""
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL only: SQLite's physical erasure is the WAL checkpoint")
     import psycopg
@@ -376,3 +377,44 @@ def test_finish_erasure_measures_the_reusable_space_again_after_its_rewrite(caps
         assert after.reusable_bytes < 5 * 1024 * 1024
         assert answer["reusable_bytes"] == kept.reusable_bytes
 
+
+
+def test_a_read_held_in_another_database_does_not_keep_the_rewrite_from_erasing(monkeypatch):
+    """r35: a long read in another database of the server (another application, a pg_dump of
+    it) kept every receipt pending ("3 sessions still hold snapshots"), though since PostgreSQL
+    14 only this database's snapshots keep VACUUM FULL from dropping its deleted rows. The
+    rewrite now goes ahead, and the rows are gone from the table's files."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL only: SQLite's physical erasure is the WAL checkpoint")
+    import psycopg
+
+    from lifecycle.deletion import rewrite
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('server_version_num')::int")
+        if cursor.fetchone()[0] < 140000:
+            pytest.skip("before PostgreSQL 14 every session's snapshot holds every database back")
+    monkeypatch.setattr(rewrite, "HORIZON_WAIT_SECONDS", 5)  # other test runs' short writes may end
+    settings_dict = connection.settings_dict
+    target = factories.make_conversation(title="Erase me too")
+    secret = factories.marker("read-elsewhere-secret")
+    factories.add_message(target, content=secret)
+    reader = psycopg.connect(host=settings_dict["HOST"] or "127.0.0.1", port=settings_dict["PORT"] or 5432,
+                             user=settings_dict["USER"], dbname="postgres")
+    try:
+        reader.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        reader.execute("SELECT count(*) FROM pg_class").fetchone()  # a snapshot from before the delete, no writes
+        op = request_deletion(target, key="read-elsewhere", acting_user=None)
+        assert executor.run_erasure(op.pk) == "completed"
+        with connection.cursor() as cursor:  # the reader's snapshot is older than the delete
+            cursor.execute("SELECT backend_xmin IS NOT NULL FROM pg_stat_activity WHERE pid = %s",
+                           [reader.info.backend_pid])
+            assert cursor.fetchone()[0]
+        done = rewrite.finish_waiting_erasures()
+        op.refresh_from_db()
+        assert (done.held_by, done.erased) == (0, 1) and op.physical_state == m.PhysicalState.ERASED
+        raw = b"".join(path.read_bytes() for path in _table_files("lifecycle_item"))
+        assert secret.encode() not in raw  # rewritten while the reader still held its snapshot
+    finally:
+        reader.rollback()
+        reader.close()

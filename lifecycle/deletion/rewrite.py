@@ -60,11 +60,20 @@ HORIZON_WAIT_SECONDS = settings.ERASURE_HORIZON_WAIT  # LETHE_ERASURE_HORIZON_WA
 # at least as old as %(xid)s: while one exists, VACUUM FULL keeps the rows it could see. An
 # autovacuum worker counts only while it analyzes (a lazy vacuum holds back no horizon; an
 # ANALYZE samples rows under a snapshot, and the statistics rows it replaces stay visible to it).
+# What keeps VACUUM FULL from dropping rows deleted before `xid`: a transaction anywhere on
+# the server that began writing before it (its id is in every snapshot taken while it runs, the
+# rewrite's own too), and a snapshot older than it in this database. Since PostgreSQL 14 a
+# snapshot held in another database (a long read there, a pg_dump of it) holds back only that
+# database's and the shared catalogs' horizon, not this one's (r35: three sessions of other
+# databases kept every receipt pending); a walsender (no database, or a logical one) holds
+# back every database's, as before 14 every session did.
 _HOLDERS_SQL = """
 SELECT (SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid()
             AND (backend_type <> 'autovacuum worker' OR query ILIKE '%%analyze%%') AND (
             (backend_xid IS NOT NULL AND age(backend_xid) >= age(%(xid)s::text::xid))
-            OR (backend_xmin IS NOT NULL AND age(backend_xmin) >= age(%(xid)s::text::xid))))
+            OR (backend_xmin IS NOT NULL AND age(backend_xmin) >= age(%(xid)s::text::xid)
+                AND (datname IS NULL OR datname = current_database() OR backend_type = 'walsender'
+                     OR current_setting('server_version_num')::int < 140000))))
      + (SELECT count(*) FROM pg_prepared_xacts WHERE age(transaction) >= age(%(xid)s::text::xid))
      + (SELECT count(*) FROM pg_replication_slots WHERE xmin IS NOT NULL AND age(xmin) >= age(%(xid)s::text::xid))
 """
