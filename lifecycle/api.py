@@ -32,7 +32,7 @@ from lifecycle.actions.request_deletion import KEY_INVALID, KEY_PATTERN
 from lifecycle.actions.update_item import update_item
 from lifecycle.engine import get_engine
 from lifecycle.errors import ActionRefused
-from lifecycle.fence import check_readable
+from lifecycle.fence import check_readable, check_writable
 from lifecycle.functions import OctetLength
 from lifecycle.models import Conversation, Item, ItemStatus, Role, ToolKind
 from lifecycle.paging import (
@@ -291,9 +291,15 @@ def thread_item_output(request: HttpRequest, public_id: str, item_id: int) -> di
           errors=(409,), name="api-thread-item-update",
           summary="Change an item's status, title or payload (only the fields sent)",
           description="On an item whose tool details cleanup removed, status and title apply and the payload "
-                      "fields cleanup removes are dropped from the update; the removal marker stays.")
+                      "fields cleanup removes are dropped from the update; the removal marker stays. A "
+                      "conversation being deleted, or deleted, refuses with 409 `conversation_deletion_pending` "
+                      "before the item is looked up.")
 def thread_item_update(request: HttpRequest, public_id: str, item_id: int, body: ItemPatchIn) -> dict:
-    item = get_object_or_404(Item, conversation=_thread(public_id), pk=item_id)
+    conversation = _thread(public_id)
+    # The fence first, as appends and reads: once the delete is requested the items go, and a
+    # runtime told 404 would take its item id for a wrong one (r36).
+    check_writable(conversation)
+    item = get_object_or_404(Item, conversation=conversation, pk=item_id)
     sent = body.model_dump(include=body.model_fields_set)
     revision = sent.pop("revision", None)
     return item_json(update_item(item, revision=revision, **sent))

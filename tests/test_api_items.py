@@ -163,9 +163,17 @@ def test_it_refuses_writes_to_a_conversation_being_deleted(runtime, conversation
     appended = post(runtime, conversation, {"role": "user", "content": "late"})
     assert (appended.status_code, appended.json()["code"]) == (409, "conversation_deletion_pending")
     patched = patch(runtime, conversation, item, {"title": "late"})
-    assert patched.status_code == 409
+    assert (patched.status_code, patched.json()["code"]) == (409, "conversation_deletion_pending")
     assert Item.objects.filter(conversation=conversation).count() == 1
     assert Item.objects.get(pk=item.pk).title == ""
+    # r36: once the erasure took the item rows (Pending or Completed), a runtime's change was
+    # told 404 "nothing with that id", as if it had sent a wrong id; it is the fence's refusal
+    Item.objects.filter(pk=item.pk).delete()
+    for state in ("pending_delete", "deleted"):
+        Conversation.objects.filter(pk=conversation.pk).update(state=state)
+        for target in (item, type("I", (), {"pk": item.pk + 1000})()):
+            patched = patch(runtime, conversation, target, {"status": "completed"})
+            assert (patched.status_code, patched.json()["code"]) == (409, "conversation_deletion_pending")
 
 
 def test_it_refuses_a_non_positive_revision(runtime, conversation):
