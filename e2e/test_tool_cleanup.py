@@ -328,6 +328,36 @@ def test_the_card_works_from_the_keyboard_and_keeps_the_place_across_status_read
     expect(page.locator("#analysis-details")).to_contain_text(f"{removable(old):,}")  # grouped as English writes it
 
 
+def test_the_page_asks_for_the_choice_when_a_change_of_unit_can_shorten_the_period(data, live_server, open_page):
+    """r34: the page counted a month as 30.44 days, the service by the calendar: from 13 weeks
+    to 3 months (89 to 92 days) the page hid the choice, and the save was refused for want of
+    it. Both now count a period shorter on some day as shorter."""
+    policy = ToolPayloadPolicy.load()
+    ToolPayloadPolicy.objects.filter(pk=policy.pk).update(enabled=True, age_value=13, age_unit="weeks",
+                                                          backup_choice="skip", preparation_state="ready")
+    page = open_page("desktop")
+    open_card(page, live_server.url)
+    choices = page.locator("#backup-choice")
+    expect(choices).to_be_hidden()
+    page.get_by_label("Unit").select_option("months")
+    page.get_by_label("Number").fill("3")
+    expect(choices).to_be_visible()  # 3 months are 89 days from 1 May
+    page.get_by_label("Number").fill("4")
+    expect(choices).to_be_hidden()  # never fewer than 120
+    page.get_by_label("Number").fill("3")
+    page.get_by_label("Continue without backup").check()
+    page.locator("#save-bar").get_by_role("button", name="Save").click()
+    expect(page.get_by_role("status").filter(has_text="Cleanup policy saved.")).to_be_visible()
+    saved = ToolPayloadPolicy.load()
+    assert (saved.age_value, saved.age_unit, saved.backup_choice) == (3, "months", "skip")
+    # Back to weeks: 13 weeks may be shorter than 3 months (91 against 92 days), 14 never
+    page.get_by_label("Unit").select_option("weeks")
+    page.get_by_label("Number").fill("13")
+    expect(choices).to_be_visible()
+    page.get_by_label("Number").fill("14")
+    expect(choices).to_be_hidden()
+
+
 def test_the_backup_choice_is_asked_afresh_and_the_form_follows_a_cancelled_preparation(data, live_server, open_page):
     page = open_page("desktop")
     open_card(page, live_server.url)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import calendar
 import contextlib
+import functools
 import json
 import logging
 import threading
@@ -114,6 +115,27 @@ def cutoff_for(now: datetime, value: int, unit: str) -> datetime:
     month += 1
     day = min(now.day, calendar.monthrange(year, month)[1])
     return now.replace(year=year, month=month, day=day)
+
+
+@functools.cache
+def period_days(value: int, unit: str) -> tuple[int, int]:
+    """The fewest and the most days the period spans, whatever day it is counted back from
+    (`cutoff_for`): weeks exactly, months by the calendar (1 month is 28 to 31 days). Eight
+    years of days hold every case of month lengths and leap years."""
+    if unit == "weeks":
+        return 7 * value, 7 * value
+    first = datetime(2024, 1, 1, tzinfo=timezone.UTC)
+    spans = [((now := first + timedelta(days=n)) - cutoff_for(now, value, unit)).days for n in range(8 * 366)]
+    return min(spans), max(spans)
+
+
+def may_be_shorter(value: int, unit: str, than_value: int, than_unit: str) -> bool:
+    """Whether the period counts back fewer days than the other on some day: in one unit, a
+    smaller number; across units, when its fewest days are fewer than the other's most (4 weeks
+    against 1 month: shorter from 29 to 31 days into a month, never 1 month against 4 weeks)."""
+    if unit == than_unit:
+        return value < than_value
+    return period_days(value, unit)[0] < period_days(than_value, than_unit)[1]
 
 
 def eligible_conversations(cutoff: datetime, *, as_of: datetime | None = None):

@@ -136,6 +136,37 @@ def test_enabling_re_enabling_and_shortening_need_the_backup_choice(admin_user):
     assert (saved.enabled, saved.backup_choice, saved.preparation_state) == (True, "skip", "ready")
 
 
+def test_a_period_spans_its_fewest_and_most_days_and_is_shorter_if_it_is_on_some_day():
+    assert jobs.period_days(4, "weeks") == (28, 28)
+    assert jobs.period_days(1, "months") == (28, 31)
+    assert jobs.period_days(3, "months") == (89, 92)
+    assert jobs.period_days(12, "months") == (365, 366)
+    assert jobs.may_be_shorter(4, "weeks", 1, "months")  # from the 29th of most months
+    assert not jobs.may_be_shorter(1, "months", 4, "weeks")  # never fewer than 28 days
+    assert jobs.may_be_shorter(13, "weeks", 3, "months") and jobs.may_be_shorter(3, "months", 13, "weeks")
+    assert not jobs.may_be_shorter(14, "weeks", 3, "months") and not jobs.may_be_shorter(3, "months", 3, "months")
+    assert jobs.may_be_shorter(2, "months", 3, "months") and not jobs.may_be_shorter(4, "months", 3, "months")
+
+
+@pytest.mark.django_db
+def test_a_change_of_unit_that_can_shorten_the_period_needs_the_choice_whatever_the_day(admin_user, monkeypatch):
+    """r34: saved on 10 March 2027, 1 month to 4 weeks needed no backup choice (that day 4 weeks
+    reach back further than 1 month), though from the 29th of most months 4 weeks remove
+    what 1 month keeps; whether the choice was asked depended on the day of the save."""
+    monkeypatch.setattr(timezone, "now", lambda: datetime(2027, 3, 10, 12, tzinfo=UTC))
+    saved = enable(admin_user, value=1, unit="months")
+    with pytest.raises(CleanupError) as refused:
+        service.save_policy(user=admin_user, enabled=True, age_value=4, age_unit="weeks",
+                            revision=saved.revision, backup_choice=None)
+    assert refused.value.code == "backup_choice_required"
+    assert (ToolPayloadPolicy.load().age_value, ToolPayloadPolicy.load().age_unit) == (1, "months")
+    saved = enable(admin_user, value=4, unit="weeks")
+    # 4 weeks to 1 month never removes more: no choice asked
+    saved = service.save_policy(user=admin_user, enabled=True, age_value=1, age_unit="months",
+                                revision=saved.revision, backup_choice=None)
+    assert (saved.age_value, saved.age_unit) == (1, "months")
+
+
 @pytest.mark.django_db
 @pytest.mark.parametrize(("value", "unit"), [(0, "months"), (121, "months"), (521, "weeks"), (3, "days"),
                                              (True, "weeks"), ("3", "months")])

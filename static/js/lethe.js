@@ -449,17 +449,40 @@
   });
 
   // The backup choice shows when the draft needs it: turning cleanup on (again) or
-  // shortening the period. The service decides for sure and refuses a save without it.
-  var DAYS = { weeks: 7, months: 30.44 };
+  // shortening the period. The service decides for sure and refuses a save without it, by the
+  // same rule (retention.jobs.may_be_shorter): a period shorter on some day is shorter.
+  var spans = {};
+  function periodDays(value, unit) {  // [fewest, most] days it counts back, whatever the day
+    if (unit === "weeks") return [7 * value, 7 * value];
+    if (unit !== "months") return null;
+    if (spans[value]) return spans[value];
+    var fewest = Infinity, most = 0, first = Date.UTC(2024, 0, 1);
+    for (var n = 0; n < 8 * 366; n++) {  // eight years hold every case of month lengths and leap years
+      var now = new Date(first + n * 86400000);
+      var months = now.getUTCFullYear() * 12 + now.getUTCMonth() - value;
+      var year = Math.floor(months / 12), month = months - year * 12;
+      var monthEnd = new Date(Date.UTC(year, month + 1, 0)).getUTCDate();
+      var days = Math.round((now.getTime() - Date.UTC(year, month, Math.min(now.getUTCDate(), monthEnd))) / 86400000);
+      fewest = Math.min(fewest, days);
+      most = Math.max(most, days);
+    }
+    return (spans[value] = [fewest, most]);
+  }
+  function mayBeShorter(value, unit, thanValue, thanUnit) {
+    if (unit === thanUnit) return value < thanValue;
+    var draft = periodDays(value, unit), saved = periodDays(thanValue, thanUnit);
+    return !!draft && !!saved && draft[0] < saved[1];
+  }
   function syncCleanupDraft() {
     var choice = document.getElementById("backup-choice");
     var enabled = document.getElementById("id_enabled");
     var value = document.getElementById("id_age_value");
     var unit = document.getElementById("id_age_unit");
     if (choice && enabled && value && unit) {
-      var savedDays = Number(choice.dataset.savedAge) * DAYS[choice.dataset.savedUnit];
-      var draftDays = Number(value.value) * (DAYS[unit.value] || 0);
-      var needed = enabled.checked && (choice.dataset.savedEnabled !== "true" || (draftDays > 0 && draftDays < savedDays));
+      var draft = Number(value.value), saved = Number(choice.dataset.savedAge);
+      var shorter = Number.isInteger(draft) && draft > 0 && draft <= 520 &&
+        mayBeShorter(draft, unit.value, saved, choice.dataset.savedUnit);
+      var needed = enabled.checked && (choice.dataset.savedEnabled !== "true" || shorter);
       var hasError = !!choice.querySelector(".field-error");
       choice.hidden = !(needed || hasError);
       choice.querySelectorAll("input").forEach(function (radio) { radio.disabled = choice.hidden; });
