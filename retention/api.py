@@ -107,7 +107,10 @@ class OperationDoc(Schema):
     kind: Literal["analysis", "backup", "cleanup", "compact"]
     state: Literal["queued", "running", "succeeded", "partial", "failed", "cancelled"]
     cutoff: str | None
-    scanned: int = Field(description=FIGURES)
+    scanned: int = Field(description=FIGURES + (
+        " An analysis counts the conversations it has read; a cleanup, those it counted at its start and "
+        "has finished cleaning, and once it succeeded all of them (those found active again included, "
+        "left alone: `skipped.recent_activity`)."))
     eligible_conversations: int = Field(description=FIGURES)
     eligible_messages: int = Field(description=FIGURES)
     removed_messages: int = Field(description=FIGURES)

@@ -1083,6 +1083,10 @@ def _cleanup_batch(op: ToolPayloadOperation, token: str, *, pace: _Pace | None =
                     skipped_json=_merge(fresh.skipped_json, Counter(recent_activity=left + unreached)),
                     progress_done=F("progress_done") + left + unreached,
                 )
+            # Every conversation counted at the start is gone through: cleaned, or left alone
+            # as active again (the batches count only those they finished cleaning; r34: a run
+            # said it had scanned 0 of 7 conversations when it succeeded)
+            ToolPayloadOperation.objects.filter(pk=op.pk).update(scanned=F("eligible_conversations"))
             _close_locked(op, OperationState.SUCCEEDED)
             return "succeeded"
         touched = read.conversations

@@ -382,6 +382,10 @@ def test_a_foreground_write_between_batches_protects_its_conversation(admin_user
     assert Item.objects.filter(conversation=busy, removable_bytes__gt=0).count() == 5
     assert skipped_for_activity(op) == {"recent_activity": 5}
     assert op.removed_messages == 5
+    # r34: it went through both conversations it counted (one left alone as active again);
+    # it said it had scanned 1 of 2 while it said it had succeeded
+    assert op.scanned == op.eligible_conversations == 2
+    assert service.status_document()["last_run"]["scanned"] == 2
 
 
 
