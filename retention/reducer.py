@@ -8,7 +8,9 @@ UTC, seconds), every removed field name (in key order) and the byte size of the 
 removed text or a hash of it.
 
 Sizes are the canonical form (`encode`: compact, sorted keys, UTF-8, no escapes), which is
-also what the database stores (see `lifecycle.models.CanonicalJSONField`). A reduction is
+also what the database stores (see `lifecycle.models.CanonicalJSONField`), but for one
+order: on SQLite cleanup writes the marker as the reduced payload's last key (as json_set
+adds a key; r34), the same bytes, so every size holds, and the next write sorts it. A reduction is
 the canonical size before minus the canonical size after, marker included; when that is not
 positive the item is skipped as `too_small`. One function, `plan`, serves the write path (to
 store `removable_bytes` and `payload_skip` when an item is written, so analysis is a sum)
