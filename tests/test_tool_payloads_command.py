@@ -446,3 +446,45 @@ def test_busy_behind_an_operation_no_worker_has_taken_points_to_here(admin_user)
         f"No worker has taken analysis #{leftover} or shown progress for a while: is the job cluster running? "
         "(--here runs it in this process, then the one asked for.)")
     assert list(ToolPayloadOperation.objects.values_list("pk", "state")) == [(leftover, "queued")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_backup_is_shown_with_its_reason_and_retried_or_cancelled_from_the_command_line(
+        admin_user, settings, tmp_path):
+    """r34: after a failed backup `run` answered "Retry the backup, or change the backup choice",
+    but the command had no way to do either, and `status` said only "preparation failed"."""
+    import fcntl
+    import os
+
+    backup_chosen(admin_user, settings, tmp_path)
+    folder = tmp_path / "backups"
+    folder.mkdir(mode=0o700)
+    holder = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # another backup holds the folder: this one fails for real
+    try:
+        with pytest.raises(SystemExit) as failed:
+            command("run", "--as", "alice", "--here")
+    finally:
+        os.close(holder)
+    assert failed.value.code == 3
+    policy = ToolPayloadPolicy.load()
+    assert policy.preparation_state == "failed" and policy.preparation_error
+    status = command("status")
+    assert f"backup failed: {service.status_document()['preparation']['error']}" in status
+    assert "tool_payloads retry --as ADMIN" in status and "tool_payloads cancel-preparation --as ADMIN" in status
+
+    # Retry: the backup again, then the cleanup it was for
+    doc = json.loads(command("retry", "--as", "alice", "--here", "--json"))
+    assert (doc["kind"], doc["state"], doc["removed_messages"]) == ("cleanup", "succeeded", 3)
+    assert (doc["preceded_by"]["kind"], doc["preceded_by"]["state"]) == ("backup", "succeeded")
+    assert ToolPayloadPolicy.load().preparation_state == "ready"
+    assert Item.objects.filter(details_removed_at__isnull=False).count() == 3
+    with pytest.raises(CommandError, match="nothing_to_retry"):
+        command("retry", "--as", "alice", "--here")
+
+    # Cancel instead: cleanup off, nothing removed by it
+    ToolPayloadPolicy.objects.filter(id=1).update(preparation_state="failed", preparation_error="x")
+    with pytest.raises(CommandError, match="forbidden|admin"):
+        command("cancel-preparation", "--as", "nobody")
+    text = command("cancel-preparation", "--as", "alice")
+    assert text.startswith("cleanup off,") and ToolPayloadPolicy.load().enabled is False

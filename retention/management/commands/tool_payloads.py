@@ -1,4 +1,4 @@
-"""`manage.py tool_payloads status|analyze|run|cancel|compact`: the operator's view of the
+"""`manage.py tool_payloads status|analyze|run|retry|cancel|cancel-preparation|compact`: the operator's view of the
 tool payload cleanup, with the same rules as the screens and the API (retention.service)."""
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ from retention.models import (
 from retention.views import _unit_label
 
 # What each verb asks for, as the lines about an operation left open name it.
-ASKED = {"analyze": "analysis", "run": "cleanup run", "compact": "compaction"}
+ASKED = {"analyze": "analysis", "run": "cleanup run", "retry": "backup", "compact": "compaction"}
 
 
 class Command(JsonErrors, BaseCommand):
-    help = ("Tool payload cleanup: show the status, analyze a period, run cleanup now, cancel an operation "
+    help = ("Tool payload cleanup: show the status, analyze a period, run cleanup now, retry a failed or "
+            "cancelled backup (or turn cleanup off instead: cancel-preparation), cancel an operation "
             "or compact the database. Changes need --as ADMIN. Waits for the job (progress bar on a terminal) "
             "unless --no-wait; --here runs it in this process instead of the job cluster, and first takes to its "
             "end an operation left open with no worker on it (its line on standard error), then runs the one asked "
@@ -44,16 +45,23 @@ class Command(JsonErrors, BaseCommand):
         analyze.add_argument("--unit", choices=["weeks", "months"], default="months")
         run = verbs.add_parser("run", help="Run cleanup now under the saved, enabled policy.")
         run.add_argument("--revision", type=int, help="The policy revision you read (default: the current one).")
+        retry = verbs.add_parser("retry", help="Make the backup again after it failed or was cancelled; the "
+                                 "cleanup follows it when cleanup is on.")
+        cancel_preparation = verbs.add_parser(
+            "cancel-preparation", help="After a failed or cancelled backup: turn cleanup off instead (nothing was "
+                                       "removed; saving a backup choice turns it on again).")
+        cancel_preparation.add_argument("--revision", type=int,
+                                        help="The policy revision you read (default: the current one).")
         cancel = verbs.add_parser("cancel", help="Stop an operation after its current batch.")
         cancel.add_argument("operation_id", type=int)
         cancel.add_argument("--here", action="store_true",
                             help="Then take the operation to its end in this process (no job cluster running).")
         compact = verbs.add_parser("compact", help="Compact the database (VACUUM).")
-        for sub in (status, analyze, run, cancel, compact):
+        for sub in (status, analyze, run, retry, cancel_preparation, cancel, compact):
             sub.add_argument("--json", action="store_true", help="Print JSON.")
-        for sub in (analyze, run, cancel, compact):
+        for sub in (analyze, run, retry, cancel_preparation, cancel, compact):
             sub.add_argument("--as", dest="username", required=True, help="The admin acting.")
-        for sub in (analyze, run, compact):
+        for sub in (analyze, run, retry, compact):
             sub.add_argument("--no-wait", action="store_true", help="Queue the job and return.")
             sub.add_argument("--here", action="store_true", help="Run the job in this process.")
 
@@ -62,6 +70,13 @@ class Command(JsonErrors, BaseCommand):
         if verb == "status":
             return self.show(service.status_document())
         user = self.admin(options["username"])
+        if verb == "cancel-preparation":
+            revision = options["revision"] if options["revision"] is not None else ToolPayloadPolicy.load().revision
+            try:
+                service.cancel_preparation(user=user, revision=revision)
+            except service.CleanupError as exc:
+                raise CommandError(f"{exc.code}: {exc.message}") from None
+            return self.show(service.status_document())
         if verb == "cancel":
             try:
                 service.cancel(user=user, operation_id=options["operation_id"])
@@ -117,6 +132,8 @@ class Command(JsonErrors, BaseCommand):
                 return service.start_analysis(user=user, age_value=options["age"], age_unit=options["unit"])
             if verb == "run":
                 return service.start_run(user=user, revision=options["revision"])
+            if verb == "retry":
+                return service.retry_preparation(user=user)
             return service.start_compact(user=user)
         except service.CleanupError as exc:
             raise CommandError(f"{exc.code}: {exc.message}") from None
@@ -135,6 +152,8 @@ class Command(JsonErrors, BaseCommand):
         if verb == "run":
             runs = op.kind == OperationKind.CLEANUP or (op.kind == OperationKind.BACKUP and op.then_cleanup)
             return runs and op.policy_revision == options["revision"]
+        if verb == "retry":
+            return op.kind == OperationKind.BACKUP
         return op.kind == OperationKind.COMPACT
 
     def admin(self, username: str):
@@ -242,6 +261,14 @@ class Command(JsonErrors, BaseCommand):
         )
         if doc["error"]:
             self.stdout.write(f"error {doc['error']['code']}: {doc['error']['message']}")
+        preparation = doc["preparation"]
+        if preparation["state"] in ("failed", "cancelled") and preparation["choice"] == "create":
+            # what the card shows with its Retry and Cancel (r34: the command said only "failed")
+            said = f"backup {preparation['state']}"
+            if preparation["error"]:
+                said += f": {preparation['error']}"
+            self.stdout.write(f"{said} (tool_payloads retry --as ADMIN makes it again; tool_payloads "
+                              "cancel-preparation --as ADMIN turns cleanup off)")
         if doc["next_check_at"]:
             self.stdout.write(f"next check {doc['next_check_at'].isoformat()}"
                               + (" (due: it runs when the job cluster next runs)"
