@@ -35,6 +35,7 @@ import fcntl
 import glob
 import hashlib
 import json
+import logging
 import os
 import re
 import secrets
@@ -58,6 +59,8 @@ from console import libpq
 from lifecycle import faults
 from retention.errors import BackupFolderUnreadable, CodedError, Message, os_reason, sizes_short
 from retention.storage import short_of_room
+
+log = logging.getLogger(__name__)
 
 # Pages copied per step of the SQLite online backup: small enough that cancel and progress
 # answer within a fraction of a second, large enough that steps cost nothing noticeable.
@@ -109,6 +112,10 @@ class BackupReceipt:
     # Where the database it was made from is, as a key (`database_key`; receipts since
     # 2026-12-05): a folder may hold another installation's backups too.
     database_key: str | None = None
+    # The highest conversation id the database had given out once the copy was made (receipts
+    # since 2026-12-06): a conversation with a higher id is not in it (its delete receipt does
+    # not name this backup as holding its content).
+    conversations_up_to: int | None = None
     # Listing only: the file on disk no longer has the receipt's size or modification time.
     changed: bool = False
 
@@ -127,6 +134,8 @@ class BackupReceipt:
             data["operation"] = self.operation
         if self.database_key is not None:
             data["database_key"] = self.database_key
+        if self.conversations_up_to is not None:
+            data["conversations_up_to"] = self.conversations_up_to
         return data
 
 
@@ -451,6 +460,8 @@ def _read_receipt(archive: Path) -> BackupReceipt | None:
             mtime_ns=int(data["mtime_ns"]) if data.get("mtime_ns") is not None else None,
             operation=int(data["operation"]) if data.get("operation") is not None else None,
             database_key=str(data["database_key"]) if data.get("database_key") is not None else None,
+            conversations_up_to=(int(data["conversations_up_to"]) if data.get("conversations_up_to") is not None
+                                 else None),
         )
     except (ValueError, KeyError, TypeError, OverflowError):  # (a size of Infinity, say)
         return None
@@ -568,6 +579,7 @@ def create_backup(*, should_cancel: Callable[[], bool] = lambda: False, progress
             else:
                 _dump_postgresql(temp, should_cancel, progress)
                 _check_postgresql(temp, _configured_database(), should_cancel)
+            given_out = _conversations_given_out()  # read after the copy: every one in it is at most this
             sha256, size = _sha256(temp)
             faults.kill_point("tool-backup-copied")  # crash tests: a whole copy, not published
             if should_cancel():
@@ -579,7 +591,7 @@ def create_backup(*, should_cancel: Callable[[], bool] = lambda: False, progress
             _fsync_dir(directory)
             receipt = BackupReceipt(name, final, size, sha256, created_at, vendor, _configured_database(),
                                     mtime_ns=final.stat().st_mtime_ns, operation=operation,
-                                    database_key=database_key())
+                                    database_key=database_key(), conversations_up_to=given_out)
             _write_receipt(receipt)
             faults.kill_point("tool-backup-published")  # crash tests: published, its job not told
             return receipt
@@ -601,6 +613,30 @@ def create_backup(*, should_cancel: Callable[[], bool] = lambda: False, progress
             if isinstance(exc, OSError):
                 raise _not_written(directory, exc) from exc
             raise
+
+
+def _conversations_given_out() -> int | None:
+    """The highest conversation id the database has given out so far (its id sequence, which
+    never goes back, unlike the highest id still there), or None when it cannot say."""
+    from lifecycle.models import Conversation
+
+    table = Conversation._meta.db_table
+    try:
+        with connection.cursor() as cursor:
+            if connection.vendor == "sqlite":
+                cursor.execute("SELECT seq FROM sqlite_sequence WHERE name = %s", [table])
+                row = cursor.fetchone()
+                return int(row[0]) if row else 0
+            cursor.execute("SELECT pg_get_serial_sequence(%s, 'id')", [table])
+            sequence = cursor.fetchone()[0]
+            if sequence is None:
+                return None
+            cursor.execute(f"SELECT last_value, is_called FROM {sequence}")  # noqa: S608 (the catalog's own name)
+            last, called = cursor.fetchone()
+            return int(last) if called else int(last) - 1
+    except DatabaseError:
+        log.warning("the conversation id sequence could not be read; the backup is taken to hold every one")
+        return None
 
 
 def clear_leftovers() -> bool:

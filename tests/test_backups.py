@@ -971,3 +971,35 @@ def test_a_copy_verifies_its_originals_backups_and_refuses_another_databases(fol
     with pytest.raises(BackupError) as caught:
         verify_backup(made.name)
     assert caught.value.code == "wrong_database"
+
+
+def test_a_delete_receipt_names_only_the_backups_made_after_its_conversation_was(folder):
+    """r35: every backup made before a delete completed was named as still holding the deleted
+    content, those made before the conversation existed too (they cannot hold it). A receipt
+    says how far the database had given out conversation ids when the copy was made."""
+    from dataclasses import replace
+
+    from lifecycle.actions.request_deletion import request_deletion
+    from lifecycle.deletion import executor
+
+    older = fill(5)
+    before = create_backup()
+    assert before.conversations_up_to is not None and before.conversations_up_to >= older.pk
+    newer = fill(5)
+    assert newer.pk > before.conversations_up_to
+    after = create_backup()
+    assert after.conversations_up_to >= newer.pk
+    # a receipt from before this change says nothing about ids: it is named for every delete
+    name = f"lethe-{connection.vendor}-20261201T000000Z-0000cd{backups.EXTENSIONS[connection.vendor]}"
+    (folder / name).write_bytes(before.path.read_bytes())
+    backups._write_receipt(replace(before, name=name, path=folder / name, conversations_up_to=None,
+                                   mtime_ns=(folder / name).stat().st_mtime_ns))
+
+    def named(conversation) -> set[str]:
+        op = request_deletion(conversation, key=f"ids-{conversation.pk}", acting_user=None)
+        assert executor.run_erasure(op.pk) == "completed"
+        op.refresh_from_db()
+        return {h["name"] for h in op.receipt["holders"] if h.get("kind") == "backup"}
+
+    assert named(newer) == {after.name, name}  # not the backup made before it existed
+    assert named(older) == {before.name, after.name, name}

@@ -549,7 +549,7 @@ def _complete(op: DeleteOperation, checked_at: datetime) -> None:
             new={"state": ConversationState.DELETED, "operation": locked.public_id},
         )
         receipt = receipt_of(locked, steps)
-        receipt["holders"] = physical.holders(now, physically_erased=False)
+        receipt["holders"] = physical.holders(now, physically_erased=False, conversation_id=locked.conversation_id)
         receipt["verification"] = {"at": checked_at.isoformat(), "logical": "clean", "physical": "not_checked",
                                    "findings": 0}
         Conversation.objects.filter(pk=locked.conversation_id).update(state=ConversationState.DELETED,

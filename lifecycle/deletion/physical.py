@@ -57,9 +57,11 @@ def checkpoint_sqlite(tries: int = CHECKPOINT_TRIES) -> bool:
     return False
 
 
-def backups_before(moment: datetime) -> list[dict[str, Any]]:
+def backups_before(moment: datetime, *, conversation_id: int | None = None) -> list[dict[str, Any]]:
     """Files in the backup folder made before `moment`: they hold the content until they are
-    deleted. The folder is the one backups are made in (`retention.backups.backup_dir`);
+    deleted. With `conversation_id`, a verified backup whose receipt says the database had not
+    given out that id yet when it was made does not hold it and is not named (r35: a delete's
+    receipt named backups made before its conversation existed); any other file is. The folder is the one backups are made in (`retention.backups.backup_dir`);
     besides verified backups it may hold copies an operator put there, which hold content
     as much. A backup's receipt sidecar holds no content and is not named; a verified
     backup is dated by its receipt, any other file by its modification time.
@@ -88,7 +90,10 @@ def backups_before(moment: datetime) -> list[dict[str, Any]]:
     folder = readable_backup_dir()
     if folder is None:
         return []
-    verified = {receipt.name: receipt.created_at.timestamp() for receipt in list_backups()}
+    listed = list_backups()
+    verified = {receipt.name: receipt.created_at.timestamp() for receipt in listed}
+    before_it = {receipt.name for receipt in listed if conversation_id is not None
+                 and receipt.conversations_up_to is not None and conversation_id > receipt.conversations_up_to}
     foreign = foreign_backups()  # another installation's, in a folder it shares: not this content
     out = []
     for path in list_backup_folder(folder):
@@ -101,7 +106,7 @@ def backups_before(moment: datetime) -> list[dict[str, Any]]:
             continue
         if ours and name not in verified and being_made_elsewhere(folder, name):
             continue  # another database's, being made (or of another engine): not this content
-        if path.suffix == ".json" and path.with_suffix("").name in verified:
+        if (path.suffix == ".json" and path.with_suffix("").name in verified) or name in before_it:
             continue
         made = verified.get(name) or (_named_time(name) if ours else None) or path.stat().st_mtime
         if made < moment.timestamp():
@@ -218,9 +223,10 @@ def wal_archive_on() -> bool:
         return cursor.fetchone()[0] in ("on", "always")
 
 
-def holders(moment: datetime, *, physically_erased: bool) -> list[dict[str, Any]]:
-    """What still holds the erased bytes at `moment`, each with what ends it."""
-    return backups_before(moment) + database_holders(physically_erased=physically_erased)
+def holders(moment: datetime, *, physically_erased: bool, conversation_id: int | None = None) -> list[dict[str, Any]]:
+    """What still holds the erased bytes (of that conversation) at `moment`, each with what ends it."""
+    return (backups_before(moment, conversation_id=conversation_id)
+            + database_holders(physically_erased=physically_erased))
 
 
 def database_holders(*, physically_erased: bool) -> list[dict[str, Any]]:
