@@ -187,7 +187,13 @@ def engine_checks(receipt: dict) -> dict:
     state = physical.get("state") if physical.get("state") in ("erased", "pending") else ""
     verification = receipt.get("verification") if isinstance(receipt.get("verification"), dict) else {}
     logical = verification.get("logical") if verification.get("logical") in ("clean", "found") else ""
-    return {"engine_physical": state,
+    # What still held the erased bytes on the engine when it sent the receipt: its backups made
+    # before the delete above all (r35: the page named none of them, and said of this console's
+    # copy "No earlier backup or archive holds them"). Its database files go once it says erased.
+    held = receipt.get("holders") if isinstance(receipt.get("holders"), list) else []
+    gone = {"database_files", "wal", "statistics"} if state == "erased" else set()
+    holders = [holder_text(h) for h in held if isinstance(h, dict) and h.get("kind") not in gone]
+    return {"engine_physical": state, "engine_holders": holders,
             "engine_verified": {"logical": logical, "at": moment(verification.get("at"))} if logical else None}
 
 

@@ -8,6 +8,7 @@ pages in tests/test_remote_engine.py."""
 
 from __future__ import annotations
 
+import html
 import re
 from datetime import timedelta
 
@@ -456,3 +457,31 @@ def test_a_delete_form_without_its_key_says_so_in_the_forms_words_and_sends_noth
     assert "The form arrived incomplete or altered, so nothing was deleted." in page and "Idempotency" not in page
     assert not [request for request in seen if request[0] == "DELETE"]
     assert not BoundDelete.objects.exists()
+
+
+
+HELD = [{"kind": "backup", "name": "lethe-sqlite-20261206T013337Z-abc123.sqlite3"},
+        {"kind": "database_files"}, {"kind": "wal"}, "not a holder"]
+BACKUP_WORDS = "Backup lethe-sqlite-20261206T013337Z-abc123.sqlite3, made before the delete: until that backup is deleted."
+
+
+@pytest.mark.parametrize(("extra", "shown"), [
+    ({"holders": HELD, "physical": {"state": "pending"}}, [
+        BACKUP_WORDS, "The database's table files: until an operator runs manage.py finish_erasure.",
+        "The database's write-ahead log: until the next successful checkpoint."]),
+    # erased on the engine: its database no longer holds them, its backups still do
+    ({"holders": HELD, "physical": {"state": "erased"}}, [BACKUP_WORDS]),
+    ({}, None),  # an engine that names nothing: no list
+])
+def test_the_page_names_what_still_holds_the_deleted_bytes_on_the_engine(admin_client, extra, shown):
+    """r35: the engine's receipt named its backups made before the delete, the console stored
+    them and showed none, while its own copy's section said "No earlier backup or archive
+    holds them"."""
+    op = completed({**RECEIPT, **extra})
+    page = admin_client.get(f"/engine/deletes/{op.public_id}/", **HOST).content.decode()
+    if shown is None:
+        assert 'data-testid="engine-holders"' not in page
+        return
+    assert [html.unescape(row) for row in items(page, "engine-holders")] == shown
+    spanish = admin_client.get(f"/engine/deletes/{op.public_id}/", HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode()
+    assert "Qué conserva todavía los bytes eliminados en el motor:" in text(spanish)
