@@ -626,7 +626,7 @@ def _conversations_given_out() -> int | None:
             if connection.vendor == "sqlite":
                 cursor.execute("SELECT seq FROM sqlite_sequence WHERE name = %s", [table])
                 row = cursor.fetchone()
-                return int(row[0]) if row else 0
+                return int(row[0]) if row else None  # no id given out yet, or none counted: every one
             cursor.execute("SELECT pg_get_serial_sequence(%s, 'id')", [table])
             sequence = cursor.fetchone()[0]
             if sequence is None:
