@@ -27,7 +27,7 @@ from django.utils.translation import gettext_lazy
 from console.auth import is_admin
 from lifecycle.errors import ActionRefused
 from retention import jobs
-from retention.errors import said
+from retention.errors import BackupFolderUnreadable, said
 from retention.models import (
     AGE_LIMITS,
     OPEN_STATES,
@@ -341,6 +341,9 @@ def status_document(*, with_database: bool = True) -> dict:
         last_compact, _op = _newest_of(OperationKind.COMPACT)
     try:
         backups, older_backups, listed = _backups()
+    except BackupFolderUnreadable as exc:  # said where backups are listed; no fault of Lethe's (r37)
+        log.warning("the backup folder cannot be read: %s", exc)
+        backups, older_backups, listed = [], 0, None
     except Exception:  # a broken backup folder must not hide the rest of the status
         log.exception("could not list backups")
         backups, older_backups, listed = [], 0, None

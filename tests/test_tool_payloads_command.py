@@ -65,8 +65,10 @@ def test_run_with_revision_zero_is_stale_not_the_current_one(admin_user):
                         backup_choice="skip")
     assert ToolPayloadPolicy.load().revision == 2
     for read in ("0", "1"):
-        with pytest.raises(CommandError, match="stale_revision"):
+        with pytest.raises(CommandError, match="stale_revision") as stale:
             command("run", "--revision", read, "--as", "alice", "--no-wait")
+        # a terminal has no page to reload (r37)
+        assert "Reload" not in str(stale.value) and "tool_payloads status" in str(stale.value)
     assert ToolPayloadOperation.objects.count() == 0
     queued = json.loads(command("run", "--revision", "2", "--as", "alice", "--no-wait", "--json"))
     assert queued["kind"] == "cleanup" and queued["state"] == "queued"
@@ -488,3 +490,24 @@ def test_a_failed_backup_is_shown_with_its_reason_and_retried_or_cancelled_from_
         command("cancel-preparation", "--as", "nobody")
     text = command("cancel-preparation", "--as", "alice")
     assert text.startswith("cleanup off,") and ToolPayloadPolicy.load().enabled is False
+    service.save_policy(user=admin_user, enabled=True, age_value=3, age_unit="months",
+                        revision=ToolPayloadPolicy.load().revision, backup_choice="skip")
+    with pytest.raises(CommandError) as nothing_failed:  # nothing to cancel any more (r37: "Reload to see")
+        command("cancel-preparation", "--as", "alice")
+    assert str(nothing_failed.value).startswith("preparation_changed: ") and "Reload" not in str(nothing_failed.value)
+    assert "tool_payloads status" in str(nothing_failed.value)
+
+
+def test_status_with_an_unreadable_backup_folder_logs_a_warning_without_a_stack(admin_user, settings, tmp_path, caplog):
+    """r37: a backup folder that cannot be read (a file where it should be) is said by the
+    status, yet it was logged as an error with the exception's stack, as if Lethe had failed."""
+    import logging
+
+    (tmp_path / "backups").write_text("not a folder")
+    settings.LETHE_BACKUP_DIR = str(tmp_path / "backups")
+    with caplog.at_level(logging.WARNING, logger="retention.service"):
+        status = json.loads(command("status", "--json"))
+    assert status["backups"] == []
+    records = [r for r in caplog.records if r.name == "retention.service"]
+    assert [r.levelname for r in records] == ["WARNING"] and records[0].exc_info is None
+    assert "backup folder cannot be read" in records[0].getMessage()

@@ -26,6 +26,19 @@ from retention.views import _unit_label
 ASKED = {"analyze": "analysis", "run": "cleanup run", "retry": "backup", "compact": "compaction"}
 
 
+# The service's words for a page ("Reload to see them") said for a terminal (r37).
+TERMINAL_WORDS = {
+    "stale_revision": "The settings changed meanwhile (another admin saved them, or the revision given is not the "
+                      "current one). Run tool_payloads status to see them.",
+    "preparation_changed": "The backup preparation changed meanwhile (it was retried, or the settings were saved). "
+                           "Run tool_payloads status to see where cleanup stands.",
+}
+
+
+def terminal_error(exc: service.CleanupError) -> CommandError:
+    return CommandError(f"{exc.code}: {TERMINAL_WORDS.get(exc.code, exc.message)}")
+
+
 class Command(JsonErrors, BaseCommand):
     help = ("Tool payload cleanup: show the status, analyze a period, run cleanup now, retry a failed or "
             "cancelled backup (or turn cleanup off instead: cancel-preparation), cancel an operation "
@@ -75,13 +88,13 @@ class Command(JsonErrors, BaseCommand):
             try:
                 service.cancel_preparation(user=user, revision=revision)
             except service.CleanupError as exc:
-                raise CommandError(f"{exc.code}: {exc.message}") from None
+                raise terminal_error(exc) from None
             return self.show(service.status_document())
         if verb == "cancel":
             try:
                 service.cancel(user=user, operation_id=options["operation_id"])
             except service.CleanupError as exc:
-                raise CommandError(f"{exc.code}: {exc.message}") from None
+                raise terminal_error(exc) from None
             if options["here"]:  # the cancel takes effect at the run's next check, here
                 return self.operation(self.follow(options["operation_id"], here=True, echo=self.operation))
             op = ToolPayloadOperation.objects.get(pk=options["operation_id"])
@@ -136,7 +149,7 @@ class Command(JsonErrors, BaseCommand):
                 return service.retry_preparation(user=user)
             return service.start_compact(user=user)
         except service.CleanupError as exc:
-            raise CommandError(f"{exc.code}: {exc.message}") from None
+            raise terminal_error(exc) from None
 
     @staticmethod
     def is_requested(op: ToolPayloadOperation, verb: str, options: dict) -> bool:
