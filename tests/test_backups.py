@@ -150,6 +150,24 @@ def test_it_copies_committed_rows_while_another_connection_writes(folder):
     assert verify_backup(receipt.name) == receipt
 
 
+def dump_other_database(path: Path) -> None:
+    """PostgreSQL: an archive at `path` of another database (OTHER_DB, one small table), made
+    as a backup is, the database dropped after."""
+    with pg_admin() as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{OTHER_DB}"')
+        admin.execute(f'CREATE DATABASE "{OTHER_DB}"')
+    try:
+        with pg_admin(OTHER_DB) as other:
+            other.execute("CREATE TABLE lifecycle_item (id int)")
+            other.execute("INSERT INTO lifecycle_item VALUES (1)")
+        dump, _ = backups._pg_tools()
+        subprocess.run([dump, "--format=custom", f"--file={path}", OTHER_DB], check=True,
+                       env=pg_cli_env(), capture_output=True)
+    finally:
+        with pg_admin() as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{OTHER_DB}"')
+
+
 def write_receipt(receipt, **changes) -> None:
     data = {**receipt.as_json(), **changes}
     (receipt.path.parent / (receipt.name + ".json")).write_text(json.dumps(data))
@@ -225,18 +243,7 @@ def test_it_refuses_a_backup_of_another_database(folder):
 
     if connection.vendor == "postgresql":
         # A real archive of another database, with a receipt that claims it is ours.
-        with pg_admin() as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{OTHER_DB}"')
-            admin.execute(f'CREATE DATABASE "{OTHER_DB}"')
-        try:
-            with pg_admin(OTHER_DB) as other:
-                other.execute("CREATE TABLE lifecycle_item (id int)")
-            dump, _ = backups._pg_tools()
-            subprocess.run([dump, "--format=custom", f"--file={receipt.path}", OTHER_DB], check=True,
-                           env=pg_cli_env(), capture_output=True)
-        finally:
-            with pg_admin() as admin:
-                admin.execute(f'DROP DATABASE IF EXISTS "{OTHER_DB}"')
+        dump_other_database(receipt.path)
         foreign = receipt.path.read_bytes()
         write_receipt(receipt, sha256=hashlib.sha256(foreign).hexdigest(), size=len(foreign))
         with pytest.raises(BackupError) as caught:
@@ -931,19 +938,7 @@ def test_a_copy_verifies_its_originals_backups_and_refuses_another_databases(fol
     made = create_backup()
     original_key, stranger_key = "c" * 32, "d" * 32
     if connection.vendor == "postgresql":  # a real archive of a database with another name
-        with pg_admin() as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{OTHER_DB}"')
-            admin.execute(f'CREATE DATABASE "{OTHER_DB}"')
-        try:
-            with pg_admin(OTHER_DB) as other:
-                other.execute("CREATE TABLE lifecycle_item (id int)")
-                other.execute("INSERT INTO lifecycle_item VALUES (1)")
-            dump, _ = backups._pg_tools()
-            subprocess.run([dump, "--format=custom", f"--file={made.path}", OTHER_DB], check=True,
-                           env=pg_cli_env(), capture_output=True)
-        finally:
-            with pg_admin() as admin:
-                admin.execute(f'DROP DATABASE IF EXISTS "{OTHER_DB}"')
+        dump_other_database(made.path)
         original_name = OTHER_DB
     else:
         original_name = "original.sqlite3"
