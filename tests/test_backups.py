@@ -253,6 +253,7 @@ def test_it_refuses_a_backup_of_another_database(folder):
 
         # An archive of our database without the data of one table is not a backup.
         partial = folder / "partial.dump"
+        dump, _ = backups._pg_tools()
         subprocess.run([dump, "--format=custom", f"--file={partial}", "--exclude-table-data=lifecycle_item",
                         connection.settings_dict["NAME"]], check=True, env=pg_cli_env(), capture_output=True)
         with pytest.raises(BackupError) as caught:
