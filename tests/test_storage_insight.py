@@ -291,6 +291,8 @@ def test_figures_follow_the_viewers_locale_and_coordinates_stay_numbers(admin_cl
         assert re.fullmatch(r"[0-9]+(\.[0-9])?", value), value
     for value in re.findall(r'points="([^"]*)"', svg):
         assert re.fullmatch(r"[0-9.]+,[0-9.]+( [0-9.]+,[0-9.]+)*", value), value
+    # every line of the scale with its unit, the bottom one too (r38: "línea inferior 0.")
+    assert re.search(r"Línea superior [0-9,]+ \w+, línea central [0-9,]+ \w+, línea inferior 0 bytes\.", page)
 
 
 @pytest.mark.django_db
