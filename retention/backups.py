@@ -460,8 +460,10 @@ def _read_receipt(archive: Path) -> BackupReceipt | None:
             mtime_ns=int(data["mtime_ns"]) if data.get("mtime_ns") is not None else None,
             operation=int(data["operation"]) if data.get("operation") is not None else None,
             database_key=str(data["database_key"]) if data.get("database_key") is not None else None,
-            conversations_up_to=(int(data["conversations_up_to"]) if data.get("conversations_up_to") is not None
-                                 else None),
+            # Only a whole number Lethe could have written: anything else (true, a float, text, a
+            # negative) says nothing, and the backup is taken to hold every conversation.
+            conversations_up_to=(data["conversations_up_to"] if type(data.get("conversations_up_to")) is int
+                                 and data["conversations_up_to"] >= 0 else None),
         )
     except (ValueError, KeyError, TypeError, OverflowError):  # (a size of Infinity, say)
         return None
@@ -504,7 +506,7 @@ def _receipts() -> tuple[list[BackupReceipt], list[BackupReceipt]]:
     directory = readable_backup_dir()
     if directory is None:
         return [], []
-    keys, vendor, database = own_keys(), connection.vendor, _configured_database()
+    is_ours = _ownership()
     receipts = []
     for path in list_backup_folder(directory):
         if NAME_PATTERN.match(path.name) and path.is_file() and (receipt := _read_receipt(path)):
@@ -516,21 +518,29 @@ def _receipts() -> tuple[list[BackupReceipt], list[BackupReceipt]]:
                 receipt.mtime_ns is not None and found.st_mtime_ns != receipt.mtime_ns)
             receipts.append(replace(receipt, changed=changed) if changed else receipt)
     receipts.sort(key=lambda r: (r.created_at, r.name), reverse=True)
-    ours = [r for r in receipts if _is_ours(r, keys, vendor, database)]
+    ours = [r for r in receipts if is_ours(r)]
     return ours, [r for r in receipts if r not in ours]
 
 
-def _is_ours(receipt: BackupReceipt, keys: frozenset[str], vendor: str, database: str) -> bool:
-    """A backup is this database's when its receipt bears one of its keys (its own, its
-    earlier releases', or, for a copy, its original's: a PostgreSQL copy has another database
-    name), or, on a receipt from before the key, when its engine and database name are this one's."""
-    if receipt.database_key is None:
-        return (receipt.vendor, receipt.database) == (vendor, database)
-    if receipt.database_key not in keys:
-        return False
-    # This database's own keys name its database too: a receipt with one of them that names
-    # another database is not one Lethe wrote (a copy's original had a name of its own).
-    return receipt.database == database or receipt.database_key not in {database_key(), *earlier_keys()}
+def _ownership() -> Callable[[BackupReceipt], bool]:
+    """Whether a receipt is this database's, the keys read once (a listing asks it of every
+    receipt; verify_backup of one). A backup is this database's when its receipt bears one of
+    its keys (its own, its earlier releases', or, for a copy, its original's: a PostgreSQL copy
+    has another database name), or, on a receipt from before the key, when its engine and
+    database name are this one's."""
+    keys, vendor, database = own_keys(), connection.vendor, _configured_database()
+    direct = {database_key(), *earlier_keys()}
+
+    def is_ours(receipt: BackupReceipt) -> bool:
+        if receipt.vendor != vendor:
+            return False
+        if receipt.database_key is None:
+            return receipt.database == database
+        # This database's own keys name its database too: a receipt with one of them that
+        # names another database is not one Lethe wrote (a copy's original had its own name).
+        return receipt.database_key in keys and (receipt.database == database or receipt.database_key not in direct)
+
+    return is_ours
 
 
 def create_backup(*, should_cancel: Callable[[], bool] = lambda: False, progress: Progress | None = None,
@@ -696,8 +706,7 @@ def verify_backup(name: str) -> BackupReceipt:
     receipt = _read_receipt(archive) if archive.is_file() else None
     if receipt is None:
         raise BackupError("not_found", Message(gettext_noop("There is no backup with that name.")))
-    if receipt.vendor != connection.vendor or not _is_ours(receipt, own_keys(), connection.vendor,
-                                                            _configured_database()):
+    if not _ownership()(receipt):
         raise BackupError("wrong_database", Message(gettext_noop("This backup was made from another database.")))
     sha256, size = _sha256(archive)
     if (sha256, size) != (receipt.sha256, receipt.size):

@@ -991,11 +991,24 @@ def test_a_delete_receipt_names_only_the_backups_made_after_its_conversation_was
     backups._write_receipt(replace(before, name=name, path=folder / name, conversations_up_to=None,
                                    mtime_ns=(folder / name).stat().st_mtime_ns))
 
-    def named(conversation) -> set[str]:
+    def backups_named(conversation) -> list[dict]:
         op = request_deletion(conversation, key=f"ids-{conversation.pk}", acting_user=None)
         assert executor.run_erasure(op.pk) == "completed"
         op.refresh_from_db()
-        return {h["name"] for h in op.receipt["holders"] if h.get("kind") == "backup"}
+        return [h for h in op.receipt["holders"] if h.get("kind") == "backup"]
+
+    def named(conversation) -> set[str]:
+        return {h["name"] for h in backups_named(conversation)}
 
     assert named(newer) == {after.name, name}  # not the backup made before it existed
     assert named(older) == {before.name, after.name, name}
+
+    # A receipt whose figure is not a whole number Lethe wrote says nothing: named for every delete
+    newest = fill(5)
+    assert newest.pk > after.conversations_up_to
+    receipt_path = folder / (after.name + ".json")
+    for broken in (True, 1.5, -1, "1", None, float("nan")):
+        data = json.loads(receipt_path.read_text())
+        receipt_path.write_text(json.dumps({**data, "conversations_up_to": broken}))
+        assert backups._read_receipt(after.path).conversations_up_to is None
+    assert after.name in {h["name"] for h in backups_named(newest)}
