@@ -896,6 +896,7 @@ def test_a_cleanup_killed_with_sigkill_resumes_on_a_real_cluster_with_exact_tota
     # three takeovers of a dead run's lease, each followed by a batch: none counts against the run
     assert (final.state, final.attempts) == ("succeeded", 0), final.error_message
     assert final.removed_messages == analysis.eligible_messages == 28  # nothing counted twice
+    assert final.scanned == final.eligible_conversations == analysis.eligible_conversations  # nor conversations
     assert final.payload_bytes == analysis.payload_bytes
     assert stored_before - Item.objects.aggregate(s=Sum("payload_bytes"))["s"] == analysis.payload_bytes
     # What the run left alone counted once across the kills (the plans and todos, as the
