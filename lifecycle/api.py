@@ -424,7 +424,8 @@ class SubagentResolveOut(Schema):
 @endpoint("POST", "/v1/subagents/{agent_id}/resolve", body=SubagentResolveIn, response=SubagentResolveOut,
           admin=True, errors=(409,), name="api-subagent-resolve",
           summary="Attribute a subagent row of unknown origin to a conversation, or clear it",
-          description="The way out of a delete that is Unavailable with `conversation_child_ownership_ambiguous`. "
+          description="The way out of a delete not admitted with `conversation_child_ownership_ambiguous` among its "
+                      "reasons (Unavailable, or Refused for another reason besides). "
                       "Recorded as an audit fact (agent id and origin only). A retry of a resolution "
                       "already made answers 200 again and changes nothing.")
 def subagent_resolve(request: HttpRequest, agent_id: AnyText, body: SubagentResolveIn) -> dict:

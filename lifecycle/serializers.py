@@ -353,7 +353,8 @@ def operation_json(op: DeleteOperation, reads: OperationReads | None = None) -> 
             "verified_physical_at": iso(op.verified_physical_at),
         }
     way_out = None
-    if op.reason == reasons.CHILD_AMBIGUOUS:
+    # Also when it was refused for another reason besides: asked again later, it would need it.
+    if reasons.CHILD_AMBIGUOUS in {op.reason, *(op.reasons or [])}:
         conversation = op.conversation
         rows = reads.fleet_rows() if conversation.state == "live" else []
         ambiguous = fleet.ambiguous(rows, conversation)

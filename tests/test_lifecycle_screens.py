@@ -602,3 +602,22 @@ def test_a_refused_delete_names_the_actions_this_viewer_has_for_this_state(admin
     m.Conversation.objects.filter(pk=conversation.pk).update(closed_at=None, archived_at=m.timezone.now())
     assert note.search(page(admin_client, address)).group(1) == (
         "Nothing was changed. Unarchive and Close stay available on the conversation's page.")
+
+
+def test_a_refused_delete_with_rows_of_unknown_origin_besides_shows_their_way_out(admin_client):
+    """Refused for a running turn, and unknown-origin rows overlap it too: asked again after the
+    turn, it would be Unavailable for them, so its page offers their way out as the preview does."""
+    conversation = factories.make_conversation(days_idle=1, title="Busy and ambiguous")
+    factories.start_turn(conversation)
+    fleet.write_snapshot([{"agent_id": "sa_busy", "origin": None, "status": "completed", "delivery": "settled",
+                           "started_at": conversation.created_at.isoformat()}])
+    op = request_deletion(conversation, key="screen-refused-ambiguous", acting_user=None)
+    assert op.state == "refused" and "conversation_child_ownership_ambiguous" in op.reasons
+    status = page(admin_client, f"/operations/{op.public_id}/")
+    assert "Refused" in status and "Subagent rows of unknown origin" in status
+    assert status.count('name="agent_id" value="sa_busy"') == 3
+    back = f"/operations/{op.public_id}/"
+    admin_client.post("/subagents/resolve/", {"agent_id": "sa_busy", "action": "attribute",
+                                              "conversation": conversation.public_id, "next": back}, **HOST)
+    assert [fleet.origin_of(r) for r in fleet.read_rows(fleet.EngineHome().fleet_path)] == [conversation.public_id]
+    assert 'name="agent_id"' not in page(admin_client, back)  # none left to resolve
