@@ -15,6 +15,7 @@ from e2e.conftest import ADMIN, ALL_VIEWPORTS, MEMBER
 from e2e.helpers import conversation_with_long_output, log_in, open_from_list, open_nav
 from lifecycle.models import Account, Conversation, RetainedFactsPolicy, Scope
 from lifecycle.transcript import item_rows
+from retention.models import ToolPayloadPolicy
 from tests.factories import add_message
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -102,6 +103,42 @@ def test_save_and_discard_keep_the_focus_and_are_announced(seeded, live_server, 
     expect(page.locator("#save-bar-live")).to_have_text("Changes saved.")
     expect(page.get_by_label("Audit facts, days")).to_be_focused()
     assert RetainedFactsPolicy.load().audit_days == 404
+
+
+@pytest.mark.parametrize("size", ["desktop", "phone"])
+def test_a_key_pressed_in_one_card_saves_or_discards_that_card_only(seeded, live_server, open_page, size):
+    """Enter in a card saves that card, Escape in it discards that card: the other card's draft
+    stays a draft (r39: Enter in a retention period also saved the cleanup card's draft, which
+    switched cleanup on without a backup). The bar's own Save and Discard act on every card."""
+    page = open_page(size)
+    open_data_storage(page, live_server.url)
+    tool, facts = ToolPayloadPolicy.load(), RetainedFactsPolicy.load()
+    number, audit = page.get_by_label("Number"), page.get_by_label("Audit facts, days")
+    number.fill(str(tool.age_value + 1))
+    audit.fill(str(facts.audit_days + 1))
+    audit.press("Enter")
+    expect(page.locator("#facts-card [role=status]")).to_have_text(re.compile(r"saved", re.I))
+    assert RetainedFactsPolicy.load().audit_days == facts.audit_days + 1
+    stored = ToolPayloadPolicy.load()
+    assert (stored.age_value, stored.revision) == (tool.age_value, tool.revision)  # not saved
+    expect(number).to_have_value(str(tool.age_value + 1))  # still the draft, the bar still up
+    expect(page.locator("#save-bar")).to_be_visible()
+
+    audit = page.get_by_label("Audit facts, days")
+    audit.fill(str(facts.audit_days + 2))
+    number.press("Escape")  # the cleanup card only
+    expect(number).to_have_value(str(tool.age_value))
+    expect(audit).to_have_value(str(facts.audit_days + 2))
+    expect(page.locator("#save-bar")).to_be_visible()
+    number.fill(str(tool.age_value + 3))
+    audit.press("Escape")  # the facts card only
+    expect(audit).to_have_value(str(facts.audit_days + 1))
+    expect(number).to_have_value(str(tool.age_value + 3))
+    number.press("Enter")
+    expect(page.locator("#save-bar")).to_be_hidden()
+    stored = ToolPayloadPolicy.load()
+    assert (stored.age_value, stored.revision) == (tool.age_value + 3, tool.revision + 1)
+    assert RetainedFactsPolicy.load().audit_days == facts.audit_days + 1
 
 
 def test_a_failed_card_is_announced_and_its_outline_clears_on_discard(seeded, live_server, open_page):

@@ -750,8 +750,11 @@
     }).catch(function () { return "offline"; });
   }
 
-  function saveAll() {
-    var dirty = dirtyForms();
+  // The bar's Save saves every card with changes; a key pressed in a card (Enter) saves only
+  // that card (`only`), as the browser does without this script: one card's draft is never
+  // saved by a keystroke in the other (r39: Enter in a period switched cleanup on).
+  function saveAll(only) {
+    var dirty = dirtyForms().filter(function (f) { return !only || f === only; });
     if (!dirty.length || busy) return Promise.resolve();
     busy = true;
     bar.classList.add("is-busy");
@@ -804,11 +807,12 @@
     });
   }
 
-  function discard() {
+  // Discard on the bar: every card; Escape in a card: that card only (`only`).
+  function discard(only) {
     var barHadFocus = bar.contains(document.activeElement);
-    var card = lastField && lastField.closest("section");
-    dirtyForms().forEach(function (f) { restore(f, saved[f.dataset.contributor]); });
-    document.querySelectorAll(".card.has-error").forEach(function (c) { c.classList.remove("has-error"); });
+    var card = only ? only.closest("section") : lastField && lastField.closest("section");
+    dirtyForms().forEach(function (f) { if (!only || f === only) restore(f, saved[f.dataset.contributor]); });
+    if (!only) document.querySelectorAll(".card.has-error").forEach(function (c) { c.classList.remove("has-error"); });
     syncCleanupDraft(); // what depends on the fields (the backup choice, the estimate's mark)
     sessionEnded = false;
     refresh();
@@ -861,7 +865,7 @@
   document.addEventListener("submit", function (event) {
     if (event.target.matches("form[data-contributor]")) {
       event.preventDefault();
-      saveAll();
+      saveAll(event.target);
     }
   });
   document.addEventListener("keydown", function (event) {
@@ -870,17 +874,19 @@
     var el = event.target;
     if (event.key !== "Enter" || busy || event.defaultPrevented || !el.matches ||
         !el.matches("form[data-contributor] input[type=checkbox], form[data-contributor] input[type=radio]")) return;
-    if (!dirtyForms().length) return;
+    var form = el.closest("form[data-contributor]");
+    if (dirtyForms().indexOf(form) === -1) return;
     event.preventDefault();
-    saveAll();
+    saveAll(form);
   });
   document.addEventListener("keydown", function (event) {
     // Escape in a card being edited, or on the bar, discards like the Discard button.
     if (event.key !== "Escape" || bar.hidden || busy || event.defaultPrevented) return;
-    var inside = bar.contains(event.target) || (event.target.closest && event.target.closest("form[data-contributor]"));
-    if (!inside || !dirtyForms().length) return;
+    var form = !bar.contains(event.target) && event.target.closest && event.target.closest("form[data-contributor]");
+    if (!form && !bar.contains(event.target)) return;
+    if (form ? dirtyForms().indexOf(form) === -1 : !dirtyForms().length) return;
     event.preventDefault();
-    discard();
+    discard(form || undefined);
   });
   bar.addEventListener("click", function (event) {
     var action = event.target.closest("[data-save-bar]");
