@@ -150,6 +150,24 @@ def test_the_preview_lists_every_store_from_the_registry_with_counts(admin_clien
     assert not m.DeleteOperation.objects.exists()  # looking changes nothing
 
 
+def test_the_preview_says_the_delete_adds_records_of_its_own_to_what_is_kept(admin_client):
+    """The Kept figures are those of now; the receipt then counts the delete's own audit records
+    and fingerprints as well (r39): the preview says so, and it is so."""
+    conversation = factories.make_conversation(title="Kept figures")
+    factories.fill_every_store(conversation)
+    m.AuditFact.objects.create(conversation=conversation, action="conversation.archived")
+    preview = page(admin_client, f"/conversations/{conversation.public_id}/delete/")
+    audit = re.search(r"Audit</span> <span class=\"store-count\">(\d+) records?", preview)
+    prints = re.search(r"Erasure check fingerprints</span> <span class=\"store-count\">(\d+) records?", preview)
+    assert audit and prints and (int(audit.group(1)), int(prints.group(1))) == (1, 0)
+    assert ("The delete adds records of its own: its request and its completion to the audit facts, and "
+            "fingerprints of the content for its erasure check.") in preview
+    op = request_deletion(conversation, key="kept-figures", acting_user=None)
+    executor.run_erasure(op.pk)
+    kept = {e["store"]: e.get("records") for e in m.DeleteOperation.objects.get(pk=op.pk).receipt["kept"]}
+    assert kept["lifecycle.AuditFact"] == 1 + 2 and kept["lifecycle.ErasureFingerprint"] >= 1
+
+
 def test_cancel_leaves_everything_and_confirm_starts_the_delete(admin_client):
     conversation = factories.make_conversation(title="Confirm me")
     factories.add_message(conversation)
