@@ -162,14 +162,16 @@ def check_engine_folder(*, database_ok: bool = True) -> dict[str, Any]:
     if _short_of_space(root):  # the probe's few bytes fit, the engine's next write may not
         return {"ok": False, "error": "no_space"}
     # A writable folder that is not the one this database recorded (lifecycle.engine_folder):
-    # an empty mount point, another install's folder. Not asked when the database check failed
-    # (on SQLite, opening the missing file's path would create an empty database there).
+    # an empty mount point, another install's folder. Not asked when the database cannot be read
+    # (on SQLite, opening the missing file's path would create an empty database there); then
+    # whether it is the folder is not known, and never said to be so (r42: a copy's folder read
+    # ok while its disk was full).
     if not database_ok:
-        return {"ok": True}
+        return {"ok": False, "error": "database"}
     try:
         reason = _folder_problem()
     except DatabaseError:  # the database check says why
-        return {"ok": True}
+        return {"ok": False, "error": "database"}
     return {"ok": False, "error": reason} if reason else {"ok": True}
 
 
@@ -258,6 +260,14 @@ CHECKS: dict[str, Callable[[], dict[str, Any]]] = {
 READ_DATABASE = {"job_cluster", "migrations"}
 
 
+# Database failures that leave it readable: the engine folder's mark is still compared.
+READABLE_FAILURES = {"replaced", "read_only", "no_space", "in_recovery"}
+
+
+def _readable(database: dict[str, Any]) -> bool:
+    return database["ok"] or database.get("error") in READABLE_FAILURES
+
+
 def run_checks() -> dict[str, dict[str, Any]]:
     results = {}
     for name, check in CHECKS.items():
@@ -266,7 +276,7 @@ def run_checks() -> dict[str, dict[str, Any]]:
             continue
         try:
             if name == "engine_folder":  # its mark is compared with the database's only when that reads
-                results[name] = check_engine_folder(database_ok=results["database"]["ok"])
+                results[name] = check_engine_folder(database_ok=_readable(results["database"]))
             else:
                 results[name] = check()
         except Exception as exc:  # a probe reports, it never raises

@@ -291,6 +291,41 @@ def test_adopting_writes_the_mark_alone_and_never_replaces_another(engine_home):
     assert unmarked.value.reason == "unmarked" and engine_folder.recorded() is None
 
 
+def test_adopt_refuses_a_path_that_is_not_there_and_notes_a_folder_without_its_files(engine_home, settings):
+    """A misspelt ENGINE_HOME given to --adopt was created empty and marked; every check then
+    said clean while the real folder held residue (r42). It is refused now, changing nothing,
+    and an empty folder adopted on purpose is said to hold none of the conversations' files."""
+    target = factories.make_conversation(title="Files in the real folder")
+    factories.fill_every_store(target)
+    done = factories.make_conversation(title="Deleted")
+    factories.fill_every_store(done)
+    assert executor.run_erasure(request_deletion(done, key="k-r42", acting_user=None).pk) == "completed"
+    recorded = engine_folder.recorded()
+    wrong = engine_home.with_name("engnie")
+    settings.ENGINE_HOME = str(wrong)
+    with pytest.raises(CommandError) as refused:
+        call_command("engine_folder", "--adopt", stdout=io.StringIO())
+    assert refused.value.returncode == 2 and "does not exist, so nothing was adopted" in str(refused.value)
+    assert not wrong.exists() and engine_folder.recorded() == recorded
+    with pytest.raises(CommandError) as check:
+        call_command("verify_erasure", "--all", stdout=io.StringIO())
+    assert "is missing" in str(check.value) and "--adopt" not in str(check.value)  # not advised for a missing one
+    out = io.StringIO()
+    with pytest.raises(SystemExit):
+        call_command("engine_folder", stdout=out)
+    assert "--adopt" not in out.getvalue()
+
+    wrong.mkdir()  # made on purpose (the real folder lost for good): adopted, with a note
+    out = io.StringIO()
+    call_command("engine_folder", "--adopt", stdout=out)
+    assert "is this database's engine folder now" in out.getvalue()
+    assert "Note: it holds no file of any conversation this database has not deleted." in out.getvalue()
+    settings.ENGINE_HOME = str(engine_home)  # the real one, adopted again: no note
+    out = io.StringIO()
+    call_command("engine_folder", "--adopt", "--take-from-other-database", stdout=out)
+    assert "is this database's engine folder now" in out.getvalue() and "Note:" not in out.getvalue()
+
+
 def test_a_database_from_before_the_mark_does_not_take_a_wrong_folder_by_itself(engine_home, settings):
     """A wrong ENGINE_HOME (an empty folder, another database's) at the first delete of a
     database from before the mark: nothing is erased or counted as gone, nothing is recorded, and

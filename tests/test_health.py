@@ -106,7 +106,7 @@ def test_it_stays_healthy_but_not_ready_when_the_database_is_unreachable(tmp_pat
     assert (health_status, health) == (200, {"status": "ok"})
     assert ready_status == 503
     assert ready["checks"]["database"] == {"ok": False, "error": "OperationalError"}
-    assert ready["checks"]["engine_folder"] == {"ok": True}
+    assert ready["checks"]["engine_folder"] == {"ok": False, "error": "database"}  # written to, mark not compared
     assert ready["checks"]["job_cluster"]["ok"] is False
     assert ready["checks"]["migrations"]["ok"] is False
 
@@ -362,3 +362,20 @@ def test_a_read_only_or_full_engine_folder_is_named_so(client, engine_home, monk
     assert client.get("/readyz").json()["checks"]["engine_folder"] == {"ok": False, "error": "no_space"}
     disk_with_free(monkeypatch, engine_home, NO_SPACE_BYTES)
     assert client.get("/readyz").status_code == 200
+
+
+@pytest.mark.django_db
+def test_the_engine_folder_is_never_said_ok_unchecked_while_the_database_fails(client, engine_home, monkeypatch):
+    """A copy's folder read ok whenever the database check failed (r42: a full disk): the mark
+    is compared when the database can still be read, and otherwise the check says it could not."""
+    from lifecycle import engine_folder
+    from ops.health import NO_SPACE_BYTES, check_engine_folder
+
+    sqlite_only()
+    record_run("ops.tasks.heartbeat", success=True, seconds=0.01)
+    (engine_home / engine_folder.MARK_NAME).write_text("f" * 32 + "\n")  # another database's folder
+    disk_with_free(monkeypatch, Path(connection.settings_dict["NAME"]).parent, NO_SPACE_BYTES - 1)
+    checks = client.get("/readyz").json()["checks"]
+    assert checks["database"] == {"ok": False, "error": "no_space"}
+    assert checks["engine_folder"] == {"ok": False, "error": "not_this_folder"}
+    assert check_engine_folder(database_ok=False) == {"ok": False, "error": "database"}

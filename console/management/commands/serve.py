@@ -221,8 +221,9 @@ class Command(BaseCommand):
             else:
                 self.say(
                     f"The engine folder {exc.root} is {engine_folder.WORDS[exc.reason]}: deletes wait and /readyz says "
-                    "not ready until it is back. Mount it or set ENGINE_HOME; if the folder there is the right one, "
-                    "mark it with manage.py engine_folder --adopt.", error=True)
+                    "not ready until it is back. Mount it or set ENGINE_HOME"
+                    + ("." if exc.reason == "missing" else "; if the folder there is the right one, mark it with "
+                       "manage.py engine_folder --adopt."), error=True)
         except DatabaseError:  # no tables yet (migrate comes first): a new install
             root.mkdir(parents=True, exist_ok=True)
 

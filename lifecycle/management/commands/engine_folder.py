@@ -37,6 +37,12 @@ class Command(BaseCommand):
         if adopt:
             if home.root.exists() and not home.root.is_dir():
                 raise CommandError(f"ENGINE_HOME ({home.root}) is not a folder.")
+            if not home.root.exists():  # (r42: a misspelt path was made and taken as an empty folder)
+                raise CommandError(gettext(
+                    "%(folder)s does not exist, so nothing was adopted: a wrong ENGINE_HOME taken as an empty folder "
+                    "would have the files of this database's conversations counted as gone. Set ENGINE_HOME to the "
+                    "folder that holds them. If that folder was lost for good, create an empty one there (mkdir) and "
+                    "run this again.") % {"folder": home.root}, returncode=2)
             try:
                 folder_id = engine_folder.adopt(home, force=True, take_from_other=take_from_other_database)
             except engine_folder.EngineFolderUnavailable as exc:
@@ -52,6 +58,12 @@ class Command(BaseCommand):
             except OSError as exc:  # a read-only mount, a folder of another user: one line
                 raise io_error(exc, "Nothing was adopted", returncode=2) from None
             self.stdout.write(f"{home.root} is this database's engine folder now (mark {folder_id}).")
+            if engine_folder.holds_undeleted_conversations() and not engine_folder.holds_files_of_known_conversations(
+                    home):
+                self.stdout.write(gettext(
+                    "Note: it holds no file of any conversation this database has not deleted. If their files are "
+                    "in another folder, set ENGINE_HOME to that one and run this again there: deletes erase in "
+                    "the folder adopted last, and their checks look in it."))
             return
         reason = engine_folder.problem(home)
         recorded = engine_folder.recorded()
@@ -60,10 +72,11 @@ class Command(BaseCommand):
                    else "it carries another database's mark" if reason == "not_this_folder"
                    and not engine_folder.holds_undeleted_conversations()
                    else "it holds none of the files of this database's conversations")
+            then = ("Set ENGINE_HOME to the folder that holds their files (or mount it)." if reason == "missing" else
+                    "Check that it is the right folder (or set ENGINE_HOME to the right one), then run manage.py "
+                    f"engine_folder --adopt{TAKE if reason == 'not_this_folder' else ''}.")
             self.stdout.write(f"{home.root}: {engine_folder.WORDS[reason]}. This database has recorded no engine folder "
-                              f"yet and does not take this one by itself: {why}. Deletes wait. Check that it is the "
-                              "right folder (or set ENGINE_HOME to the right one), then run manage.py engine_folder "
-                              f"--adopt{TAKE if reason == 'not_this_folder' else ''}.")
+                              f"yet and does not take this one by itself: {why}. Deletes wait. {then}")
             raise SystemExit(1)
         if reason == "not_this_folder" and engine_folder.is_copy():
             self.stdout.write(

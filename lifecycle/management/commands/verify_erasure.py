@@ -81,8 +81,9 @@ class Command(JsonErrors, BaseCommand):
             checked = f"{reports} deleted conversation(s) were checked before it" if reports else "nothing was checked"
             raise refusal(
                 "engine_folder_unavailable", f"The engine folder {exc.root} is {WORDS[exc.reason]}, so {checked} (a "
-                "folder that is not there would look clean). Mount it or set ENGINE_HOME, then run this again; if this "
-                "folder is the right one, mark it with manage.py engine_folder --adopt.", returncode=2) from None
+                "folder that is not there would look clean). Mount it or set ENGINE_HOME, then run this again"
+                + ("." if exc.reason == "missing" else "; if this folder is the right one, mark it with manage.py "
+                   "engine_folder --adopt."), returncode=2) from None
         except OSError as exc:  # residue it could not remove (a read-only mount): one line
             raise io_error(exc, "The residue was not all removed", returncode=2) from None
         if json:
