@@ -147,7 +147,9 @@ def _probe(binding: EngineBinding) -> str:
         return "ok" if engine.supports_delete() else "unsupported"
     except EngineUnsupported:
         return "unsupported"
-    except (EngineUnreachable, EngineCredentialsRefused):
+    except EngineCredentialsRefused:  # reached, and it said so: not "cannot be reached" (r40)
+        return "credentials"
+    except EngineUnreachable:
         return "unreachable"
     except ActionRefused:  # a refusal of the API document itself: the delete's own answer decides
         return "ok"
@@ -199,11 +201,11 @@ def request_bound_delete(binding: EngineBinding, *, key: str | None, actor) -> B
                 op = BoundDelete.objects.create(**fields, state=BoundDeleteState.UNAVAILABLE, code=code,
                                                 completed_at=now)
             else:
+                error = {"unreachable": "engine_unreachable", "credentials": "engine_credentials_refused"}.get(probe, "")
                 op = BoundDelete.objects.create(
-                    **fields, binding=held, state=BoundDeleteState.PENDING, waiting_on=WaitingOn.ENGINE,
-                    last_error="engine_unreachable" if probe == "unreachable" else "",
-                    last_error_at=now if probe == "unreachable" else None,
-                    next_attempt_at=now,
+                    **fields, binding=held, state=BoundDeleteState.PENDING,
+                    waiting_on=WaitingOn.CONSOLE if probe == "credentials" else WaitingOn.ENGINE,
+                    last_error=error, last_error_at=now if error else None, next_attempt_at=now,
                 )
                 # The request is content-free; the list's copy of the title goes now.
                 EngineBinding.objects.filter(pk=held.pk).update(title="")
@@ -407,22 +409,26 @@ def _answer_problem(op: BoundDelete, view) -> str:
 
 
 def receipt_is_usable(receipt) -> bool:
-    """A receipt the console can store and show: an object whose `stores` (when present) are
-    objects with text names and actions and whole, non-negative record and byte counts."""
+    """A receipt the console can store and show: an object whose `stores` and `kept` (when
+    present) are objects with text names and actions and whole, non-negative record and byte
+    counts, each kept fact's period (`days`) one this console can date."""
     if not isinstance(receipt, dict) or not receipt:
         return False
-    stores = receipt.get("stores", [])
-    if not isinstance(stores, list):
-        return False
-    for entry in stores:
-        if not isinstance(entry, dict):
+    for part in ("stores", "kept"):
+        entries = receipt.get(part, [])
+        if not isinstance(entries, list):
             return False
-        for key in ("records", "bytes"):
-            value = entry.get(key)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        for entry in entries:
+            if not isinstance(entry, dict):
                 return False
-        if any(key in entry and not isinstance(entry[key], str) for key in ("store", "action")):
-            return False
+            for key in ("records", "bytes"):
+                value = entry.get(key)
+                if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                    return False
+            if any(key in entry and not isinstance(entry[key], str) for key in ("store", "action")):
+                return False
+            if part == "kept" and entry.get("days") is not None and receipts.period_days(entry["days"]) is None:
+                return False
     return True
 
 

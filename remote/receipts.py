@@ -67,6 +67,17 @@ def expiring(receipt: Any) -> list[dict[str, Any]]:
     return [row for row in receipt_rows(kept) if row["action"] == "kept" and row["expires"] and row["records"] != 0]
 
 
+# The longest retention period a receipt may state (a hundred years; Lethe's own are at most ten):
+# a longer one cannot be dated (r40: 999,999,999 days overflowed every read of the receipt).
+LONGEST_PERIOD_DAYS = 36500
+
+
+def period_days(value: Any) -> int | None:
+    """A receipt's period in days as this console can date it, or None (not given, or not one)."""
+    days = figure(value)
+    return days if days is not None and days <= LONGEST_PERIOD_DAYS else None
+
+
 def _wait(since: timedelta) -> timedelta:
     return min(max(since, FIRST_WAIT), LONGEST_WAIT)
 
@@ -79,7 +90,7 @@ def next_read(receipt: Any, completed_at: datetime, now: datetime, *, last: date
         return None
     times = []
     for row in rows:
-        days = figure(row.get("days"))
+        days = period_days(row.get("days"))
         expected = completed_at + timedelta(days=days) + SLACK if days else None
         if expected is not None and expected > now:
             times.append(min(expected, now + LONGEST_WAIT))  # a period may have been shortened since
@@ -109,7 +120,7 @@ def later_receipt(stored: Any, answered: Any) -> bool:
         expired = new.get("action") == "expired" and isinstance(new.get("expired_at"), str)
         if new.get("action") != "kept" and not expired:
             return False
-        if figure(new.get("days")) is None and "days" in new:
+        if period_days(new.get("days")) is None and "days" in new:
             return False
         moved = ("action", "expired_at", "days", "after_check")
         if {k: v for k, v in new.items() if k not in moved} != {k: v for k, v in old.items() if k not in moved}:

@@ -379,3 +379,93 @@ def test_a_throttling_engine_is_not_asked_again_sooner_than_it_said(settings, st
     assert before + timedelta(seconds=at_least - 1) <= op.next_attempt_at <= timezone.now() + timedelta(seconds=at_most)
     # Asked to wait, the call is not retried within itself; without a usable Retry-After it is.
     assert len([path for method, path in seen if method == "DELETE"]) == (3 if wait == "soon" else 1)
+
+
+# ---- r40: answers the retries, the database or the calendar could not take ----------------------
+
+
+@pytest.mark.parametrize("answer", [html(200), (200, b"x" * 10), (200, DEEP), (200, b'{"a": NaN}'),
+                                    (200, b'{"a": "\\ud800"}')])
+def test_a_bad_answer_with_retries_left_is_a_bad_answer_not_a_server_error(settings, answer):
+    """With retries (the default: ENGINE_RETRIES=2) an unusable 2xx answer raised AttributeError
+    in the retry loop: 500 on the Operations page, the sync API and the delete's job (r40)."""
+    with scripted_engine({("GET", "/v1/operations"): lambda h: answer,
+                          ("GET", "/v1/threads"): lambda h: answer}) as (url, _seen):
+        point_at(settings, url)
+        settings.ENGINE_RETRIES = 2
+        with pytest.raises(EngineBadAnswer):
+            HttpEngine(url, "t", retries=2).operation(OP)
+        assert admin().get("/operations/", HTTP_HOST="127.0.0.1").status_code == 503
+        _token, raw = ApiToken.issue(factories.make_user("adm3", admin=True))
+        synced = Client(HTTP_AUTHORIZATION=f"Bearer {raw}").post(
+            "/api/v1/bindings-sync", HTTP_HOST="127.0.0.1", content_type="application/json")
+        assert synced.status_code in (502, 503) and synced.json()["code"] == "engine_bad_answer"
+
+
+@pytest.mark.parametrize("receipt", [
+    b'{"stores": [], "verification": {"logical": "clean", "findings": NaN}}',
+    {"stores": [], "kept": [{"store": "lifecycle.AuditFact", "action": "kept", "records": 3, "days": 999999999}]},
+    {"stores": [], "kept": [{"store": "lifecycle.AuditFact", "action": "kept", "records": -1}]},
+    {"stores": [], "kept": "all"},
+], ids=["nan", "endless-period", "negative", "not-a-list"])
+def test_a_receipt_the_console_cannot_keep_leaves_the_delete_pending_without_a_crash(settings, receipt):
+    """A receipt with NaN failed every store (the JSON column refuses it), and a period of a billion
+    days every dating of its next read: each run stopped on an unexpected error, for ever (r40).
+    Now it is a bad answer: Pending, said so, and it completes once the engine answers well."""
+    if isinstance(receipt, bytes):
+        body = (b'{"id": "%s", "target": "%s", "state": "completed", "code": null, "requested_at": '
+                b'"2026-01-01T00:00:00Z", "completed_at": "2026-01-01T00:00:01Z", "receipt": %s}'
+                % (OP.encode(), TARGET.encode(), receipt))
+    else:
+        body = {**COMPLETED, "receipt": receipt}
+    answers = [(202, body)]
+    routes = {("DELETE", "/v1/threads/"): lambda h: answers[-1], ("GET", "/v1/operations/"): lambda h: answers[-1]}
+    with scripted_engine(routes) as (url, _seen):
+        point_at(settings, url)
+        op = delivery.request_bound_delete(binding(), key="k-receipt", actor=None)
+        delivery.deliver(op.pk, budget=0.5)
+        op.refresh_from_db()
+        assert (op.state, op.last_error) == ("pending", "engine_bad_answer")
+        assert EngineBinding.objects.filter(engine_id=TARGET).exists()  # still needed
+        answers.append((200, COMPLETED))
+        BoundDelete.objects.filter(pk=op.pk).update(lease_holder="", lease_expires_at=None)
+        delivery.deliver(op.pk, budget=0.5)
+    op.refresh_from_db()
+    assert op.state == "completed" and op.receipt == RECEIPT
+
+
+def test_a_later_receipt_with_a_period_no_calendar_holds_is_not_taken():
+    kept = {"store": "lifecycle.AuditFact", "action": "kept", "records": 3, "days": 365}
+    stored = {"stores": [], "kept": [kept]}
+    assert receipts.later_receipt(stored, {"stores": [], "kept": [{**kept, "days": 400}]})
+    assert not receipts.later_receipt(stored, {"stores": [], "kept": [{**kept, "days": 999999999}]})
+
+
+def test_a_refused_token_is_said_so_from_the_request_on_not_cannot_be_reached(settings):
+    """The first answer said "cannot be reached" for a token the engine refused, and only the
+    job said what it was (r40); with offline deletes refused it was refused as offline."""
+    # A server that answers 401 to everything, the API document too.
+    import http.server
+    import threading
+
+    class Refusing(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self):  # noqa: N802 (the handler's name)
+            self.send_response(401)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        do_DELETE = do_GET
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        point_at(settings, f"http://127.0.0.1:{server.server_port}")
+        settings.LIFECYCLE_OFFLINE_DELETE = "refuse"
+        op = delivery.request_bound_delete(binding(), key="k-token", actor=None)
+    finally:
+        server.shutdown()
+    assert (op.state, op.last_error, op.waiting_on) == ("pending", "engine_credentials_refused", "console")

@@ -118,6 +118,13 @@ class EngineBadAnswer(EngineUnreachable):
     def __init__(self, detail: str = "") -> None:
         ActionRefused.__init__(self, "engine_bad_answer", _("The engine's answer could not be used."), status=502)
         self.detail = detail
+        self.retry_after = None  # (r40: the retry loop read it, unset: AttributeError, a 500 on every page)
+
+
+def _not_a_number(name: str) -> Any:
+    """NaN and Infinity: Python's reader takes them, JSON has none, and a database's JSON column
+    refuses them (r40: a receipt holding NaN failed every store, the delete Pending for ever)."""
+    raise ValueError(f"{name} is not JSON")
 
 
 class EngineUnsupported(ActionRefused):
@@ -225,8 +232,8 @@ class HttpEngine:
                 raise EngineBadAnswer("too large")
             raw = b""
         try:
-            answer = json.loads(raw) if raw else None
-        except (ValueError, RecursionError):  # not JSON, or nested deeper than this process reads
+            answer = json.loads(raw, parse_constant=_not_a_number) if raw else None
+        except (ValueError, RecursionError):  # not JSON (NaN too), or nested deeper than this process reads
             if 200 <= status < 300:
                 raise EngineBadAnswer("not JSON") from None
             answer = None
