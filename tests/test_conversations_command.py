@@ -135,6 +135,20 @@ def test_on_a_console_of_a_remote_engine_it_refuses_and_does_nothing(settings, a
     assert not m.DeleteOperation.objects.exists()
 
 
+def test_verify_erasure_on_a_console_of_a_remote_engine_refuses_instead_of_a_clean_nothing(settings):
+    """It said "0 deleted conversation(s) checked." and exited 0: a clean bill that scanned
+    nothing (r42). The deletes are the engine's."""
+    settings.ENGINE_URL, settings.ENGINE_TOKEN = "http://127.0.0.1:9/", "t" * 40
+    for args in (("--all",), ("--all", "--physical"), ("op_" + "1" * 20,)):
+        with pytest.raises(CommandError, match="remote engine") as caught:
+            call_command("verify_erasure", *args, stdout=io.StringIO())
+        assert caught.value.returncode == 2
+    out = io.StringIO()
+    with pytest.raises(SystemExit) as caught:
+        call_command("verify_erasure", "--all", "--json", stdout=out)
+    assert caught.value.code == 2 and json.loads(out.getvalue())["error"]["code"] == "engine_remote"
+
+
 def test_the_report_names_what_still_holds_the_deleted_bytes(engine_home, settings, tmp_path):
     """The restore steps (docs/operations.md) rely on this report: it left out the backup the
     operation page lists as holding the deleted bytes."""

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 
+from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import connection
 from django.utils import timezone
@@ -50,6 +51,10 @@ class Command(JsonErrors, BaseCommand):
                                  "(written after the delete by a process outside Lethe, or restored), then check.")
 
     def handle(self, *args, target, all, physical, json: bool, erase_residue: bool, **options):
+        if settings.ENGINE_URL:  # (r42: "0 deleted conversation(s) checked.", exit 0, having checked nothing)
+            raise refusal("engine_remote", "This console reaches a remote engine (ENGINE_URL): the deletes, their "
+                          "stores and files are the engine's. Run manage.py verify_erasure on the engine's host. "
+                          "Nothing was checked.", returncode=2)
         ops = targets(None if all else target)
         if not all and not ops:
             raise refusal("not_found", f"No delete operation for {target}.", returncode=2)
