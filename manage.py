@@ -157,6 +157,11 @@ def main() -> None:
             raise
         print(f"Lethe database error: {explained}", file=sys.stderr)
         sys.exit(2)
+    except BrokenPipeError:
+        # The reader went away (`manage.py tool_payloads status | head -3`): no traceback. What is
+        # still buffered goes nowhere, so the exit does not fail on it again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
     except KeyboardInterrupt:
         # Ctrl-C: one line, not a traceback (each command commits its work in steps; what it
         # committed before stays, and running it again goes on from there).

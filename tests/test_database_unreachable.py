@@ -88,6 +88,19 @@ def test_ctrl_c_ends_a_command_with_one_line_not_a_traceback(tmp_path):
     assert [line for line in err.splitlines() if line.strip() and not line.startswith("{")][-1] == "Interrupted."
 
 
+def test_a_reader_that_goes_away_ends_a_command_without_a_traceback(tmp_path):
+    """`manage.py tool_payloads status | head -3` printed a BrokenPipeError traceback (r42)."""
+    env = _env(tmp_path, DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite3")
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=300)
+    process = subprocess.Popen([sys.executable, "manage.py", "shell", "-v0", "-c", "for n in range(10**6): print(n)"],
+                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout.readline() == b"0\n"
+    process.stdout.close()  # as `head -1` does once it has its line
+    err = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 1
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err[-3000:]
+
+
 def test_an_argument_that_is_not_utf8_is_one_line(tmp_path):
     env = _env(tmp_path, DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite3")
     result = subprocess.run([sys.executable.encode(), b"manage.py", b"conversations", b"status", b"c_a\xff"],
