@@ -58,7 +58,13 @@ from remote.models import (
     new_bound_delete_id,
 )
 
-RUN_BUDGET = 240  # seconds per job run, well under the queue's retry
+# Seconds a job run follows the engine's erasure (or waits for a retry due soon) before it
+# leaves the delete to the minute sweep: a job worker is never held for minutes by an engine that
+# erases slowly or whose own job cluster is down (r40: two such deletes took both workers for
+# 240 s at a time, and every other job of the console queued behind them).
+RUN_BUDGET = 20
+# What the minute sweep gives each due delete: about one look at the engine's operation.
+SWEEP_EACH = 1
 ENGINE_STATES = frozenset(BoundDeleteState.values)  # what an engine operation can be
 SLEEP_WITHIN_RUN = 30  # a retry due sooner than this waits inside the run
 

@@ -24,7 +24,7 @@ def sweep() -> int:
         if remaining <= 0:
             break
         try:
-            if delivery.deliver(pk, budget=remaining) != "busy":
+            if delivery.deliver(pk, budget=min(remaining, delivery.SWEEP_EACH)) != "busy":
                 ran += 1
         except Exception:  # one delete that fails never keeps the later ones from their turn
             log.exception("bound delete %s: the run stopped on an unexpected error", pk)

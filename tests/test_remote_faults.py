@@ -469,3 +469,36 @@ def test_a_refused_token_is_said_so_from_the_request_on_not_cannot_be_reached(se
     finally:
         server.shutdown()
     assert (op.state, op.last_error, op.waiting_on) == ("pending", "engine_credentials_refused", "console")
+
+
+def test_an_engine_erasing_slowly_does_not_hold_a_job_worker(settings):
+    """An engine whose own job cluster is down keeps every operation pending. Each run followed
+    it for 240 s, and the minute sweep gave each due delete the same: two such deletes took both
+    workers and every other job of the console queued behind them (r40). The request's run now
+    follows it for RUN_BUDGET seconds, the sweep looks at each delete about once."""
+    from remote import tasks
+
+    ops = ["op_" + str(n) * 20 for n in range(1, 4)]
+    targets = ["c_" + letter * 20 for letter in "def"]
+
+    def answering(handler):
+        index = next(i for i, target in enumerate(targets) if target in handler.path or ops[i] in handler.path)
+        return (202 if handler.command == "DELETE" else 200), {**PENDING, "id": ops[index], "target": targets[index]}
+
+    with scripted_engine({("DELETE", "/v1/threads/"): answering, ("GET", "/v1/operations/"): answering}) as (url, seen):
+        point_at(settings, url)
+        bindings = [EngineBinding.objects.create(engine_id=target, owner_kind="account", owner_id=1, scope="bound",
+                                                 thread_id=f"t-{target}", title="T", engine_state="live")
+                    for target in targets]
+        deletes = [delivery.request_bound_delete(made, key=f"k-slow-{made.engine_id}", actor=None)
+                   for made in bindings]
+        for op in deletes:  # the first request of each (as its queued job sends it), then the sweep
+            delivery.deliver(op.pk, budget=0)
+        assert all(BoundDelete.objects.get(pk=op.pk).engine_operation for op in deletes)
+        before = len(seen)
+        tasks.sweep()
+        looks = [path for _method, path in seen[before:] if path.startswith("/v1/operations/")]
+    assert sorted(set(looks)) == sorted(f"/v1/operations/{op}" for op in ops)  # each looked at
+    assert len(looks) <= 2 * len(ops)  # about once each, not for minutes
+    assert all(BoundDelete.objects.get(pk=op.pk).state == "pending" for op in deletes)
+    assert delivery.RUN_BUDGET <= 30
