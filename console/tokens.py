@@ -37,7 +37,7 @@ def create_token(user, *, name: str, days: int | None = None, acting_user=None,
     """A new token for `user`; the raw token is returned once and never stored."""
     form = TokenForm({"name": name, "days": days if days is not None else settings.API_TOKEN_DAYS})
     if not form.is_valid():
-        raise forms.ValidationError([e for errors in form.errors.values() for e in errors])
+        raise forms.ValidationError({field: list(errors) for field, errors in form.errors.items()})
     with transaction.atomic():
         token, raw = ApiToken.issue(user, name=form.cleaned_data["name"], days=form.cleaned_data["days"],
                                     form_number=form_number)

@@ -102,3 +102,16 @@ def test_bench_pages_refuses_fewer_than_one_request(requests):
     with pytest.raises(CommandError, match=r"^--requests must be from 1 to 100000 \(requests per page\); got "):
         run("bench_pages", "--requests", requests)
     assert not get_user_model().objects.filter(username__startswith="bench-reader").exists()
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (("--days", "0"), "--days: Ensure this value is greater than or equal to 1."),
+    (("--days", "100000"), "--days: Ensure this value is less than or equal to"),
+    (("--days", "5", "--name", " "), "--name: This field is required."),
+])
+def test_a_refused_new_token_names_the_option_the_rule_is_about(admin_user, args, said):
+    """"--days 0" answered only "Ensure this value is greater than or equal to 1." (r42)."""
+    with pytest.raises(CommandError) as refused:
+        run("api_tokens", "create", admin_user.username, "--name", "Script", *args)
+    assert str(refused.value).startswith(said)
+    assert not ApiToken.objects.exists()

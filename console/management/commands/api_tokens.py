@@ -84,8 +84,9 @@ def issue(username: str, *, name: str, days: int | None) -> str:
         raise CommandError(f"The user {username!r} is inactive: a token of theirs would be refused. Nothing was made.")
     try:
         _token, raw = create_token(user, name=name, days=days)
-    except ValidationError as error:
-        raise CommandError(" ".join(error.messages)) from error
+    except ValidationError as error:  # each message with what it is about (r42: "--days 0" said only its rule)
+        raise CommandError(" ".join(f"--{field}: {message}" if field in ("name", "days") else message
+                                    for field, messages in error.message_dict.items() for message in messages)) from error
     return raw
 
 
