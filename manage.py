@@ -158,10 +158,7 @@ def main() -> None:
         print(f"Lethe database error: {explained}", file=sys.stderr)
         sys.exit(2)
     except BrokenPipeError:
-        # The reader went away (`manage.py tool_payloads status | head -3`): no traceback. What is
-        # still buffered goes nowhere, so the exit does not fail on it again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(1)
+        quiet_broken_pipe()
     except KeyboardInterrupt:
         # Ctrl-C: one line, not a traceback (each command commits its work in steps; what it
         # committed before stays, and running it again goes on from there).
@@ -171,5 +168,18 @@ def main() -> None:
         sys.exit(130)
 
 
+def quiet_broken_pipe() -> None:
+    """The reader of the output went away (`manage.py ... | head -1`): status 1, no traceback,
+    and what is still buffered goes nowhere, so the exit does not fail on it again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(1)
+
+
 if __name__ == "__main__":
-    main()
+    try:
+        try:
+            main()
+        finally:  # output a command left buffered, written while the reader may still be there
+            sys.stdout.flush()
+    except BrokenPipeError:
+        quiet_broken_pipe()

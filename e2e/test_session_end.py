@@ -87,6 +87,44 @@ def test_a_draft_survives_the_end_of_the_session_and_saves_after_signing_in(
     assert ToolPayloadPolicy.load().enabled is True
 
 
+def test_after_the_session_ended_a_key_in_one_card_keeps_the_other_waiting_and_saves_after_signing_in(
+    seeded, live_server, open_page
+):
+    """Enter and Escape act on one card. Escape in one card hid the sign-in link while the
+    other's draft still could not be saved, and the next save, after signing in again, was
+    refused; a card saved then left the bar saying the session had ended (r43)."""
+    from retention.models import ToolPayloadPolicy
+
+    page = open_page("desktop")
+    log_in(page, live_server.url, *ADMIN)
+    open_nav(page, "Data & storage")
+    facts, tool = RetainedFactsPolicy.load(), ToolPayloadPolicy.load()
+    audit, number = page.get_by_label("Audit facts, days"), page.get_by_label("Number")
+    audit.fill("371")
+    number.fill(str(tool.age_value + 1))
+    Session.objects.all().delete()
+    audit.press("Enter")
+    expect(bar(page).locator(".save-bar-status")).to_have_text(ENDED)
+    number.press("Escape")  # the cleanup card's draft goes; the facts draft still waits
+    expect(number).to_have_value(str(tool.age_value))
+    expect(bar(page).locator(".save-bar-status")).to_have_text(ENDED)
+    expect(bar(page).get_by_role("link", name="Sign in again (new tab)")).to_be_visible()
+
+    other = page.context.new_page()
+    log_in(other, live_server.url, *ADMIN)
+    other.close()
+    page.bring_to_front()
+    number.fill(str(tool.age_value + 2))
+    audit.press("Enter")  # saves the facts card, on the first try
+    expect(page.locator("#facts-card [role=status]")).to_have_text(re.compile("saved", re.I))
+    assert (RetainedFactsPolicy.load().audit_days, RetainedFactsPolicy.load().revision) == (371, facts.revision + 1)
+    # The bar, up for the cleanup card's draft, no longer says the session ended.
+    expect(bar(page)).to_be_visible()
+    expect(bar(page).locator(".save-bar-status")).not_to_have_text(ENDED)
+    expect(bar(page).get_by_role("link", name="Sign in again (new tab)")).to_be_hidden()
+    assert ToolPayloadPolicy.load().revision == tool.revision
+
+
 def test_signing_in_as_someone_else_still_saves_nothing(seeded, live_server, open_page):
     """The other tab signs in as a member: the admin's draft stays unsaved and explained."""
     page = open_page("desktop")

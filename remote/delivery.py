@@ -411,6 +411,9 @@ def _answer_problem(op: BoundDelete, view) -> str:
         return f"state {view.state[:20]!r}"
     if view.state == BoundDeleteState.COMPLETED and not receipt_is_usable(view.data.get("receipt")):
         return "receipt"
+    if view.state == BoundDeleteState.COMPLETED and view.completed_at is not None and (
+            view.completed_at > timezone.now() + timedelta(days=1)):  # (r43: year 9999 overflowed its dating)
+        return "completed in the future"
     return ""
 
 

@@ -91,7 +91,10 @@ def next_read(receipt: Any, completed_at: datetime, now: datetime, *, last: date
     times = []
     for row in rows:
         days = period_days(row.get("days"))
-        expected = completed_at + timedelta(days=days) + SLACK if days else None
+        try:
+            expected = completed_at + timedelta(days=days) + SLACK if days else None
+        except OverflowError:  # past any calendar: read again as for a period not given
+            expected = None
         if expected is not None and expected > now:
             times.append(min(expected, now + LONGEST_WAIT))  # a period may have been shortened since
         else:  # no period given, or past it and still kept: wait longer each time

@@ -101,6 +101,24 @@ def test_a_reader_that_goes_away_ends_a_command_without_a_traceback(tmp_path):
     assert "Traceback" not in err and "BrokenPipeError" not in err, err[-3000:]
 
 
+@pytest.mark.parametrize("args", [("dumpdata", "lifecycle.retainedfactspolicy"), ("conversations", "status", "c_nope")])
+def test_a_reader_gone_before_the_output_ends_a_command_without_blame_or_traceback(tmp_path, args):
+    """Output left buffered at the end (Django's dumpdata) failed at exit with "Exception
+    ignored ... BrokenPipeError"; a command's folder-error handler took the broken pipe for an
+    engine folder that could not be written (r43)."""
+    from console.management.cli import io_error
+
+    assert isinstance(io_error(BrokenPipeError(32, "Broken pipe"), "Nothing more was done"), BrokenPipeError)
+    env = _env(tmp_path, DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite3")
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=300)
+    process = subprocess.Popen([sys.executable, "manage.py", *args], cwd=ROOT, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()  # gone before the command writes anything
+    err = process.stderr.read().decode()
+    process.wait(timeout=120)
+    assert "Traceback" not in err and "Exception ignored" not in err and "io_error" not in err, err[-3000:]
+
+
 def test_an_argument_that_is_not_utf8_is_one_line(tmp_path):
     env = _env(tmp_path, DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite3")
     result = subprocess.run([sys.executable.encode(), b"manage.py", b"conversations", b"status", b"c_a\xff"],

@@ -326,6 +326,16 @@ def test_adopt_refuses_a_path_that_is_not_there_and_notes_a_folder_without_its_f
     assert "is this database's engine folder now" in out.getvalue() and "Note:" not in out.getvalue()
 
 
+def test_seeding_into_a_missing_folder_does_not_advise_adopting_it(engine_home, settings):
+    """(r43) --adopt refuses a path that is not there; seed_demo advised it for one."""
+    engine_folder.adopt(force=False)  # this database's folder, recorded
+    settings.ENGINE_HOME = str(engine_home.with_name("engine-typo"))
+    with pytest.raises(CommandError) as seeding:
+        call_command("seed_demo", stdout=io.StringIO())
+    assert "is missing" in str(seeding.value) and "--adopt" not in str(seeding.value)
+    assert not engine_home.with_name("engine-typo").exists() and not m.Conversation.objects.exists()
+
+
 def test_a_database_from_before_the_mark_does_not_take_a_wrong_folder_by_itself(engine_home, settings):
     """A wrong ENGINE_HOME (an empty folder, another database's) at the first delete of a
     database from before the mark: nothing is erased or counted as gone, nothing is recorded, and

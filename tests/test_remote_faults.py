@@ -404,10 +404,11 @@ def test_a_bad_answer_with_retries_left_is_a_bad_answer_not_a_server_error(setti
 
 @pytest.mark.parametrize("receipt", [
     b'{"stores": [], "verification": {"logical": "clean", "findings": NaN}}',
+    b'{"stores": [], "verification": {"logical": "clean", "findings": 1e999}}',
     {"stores": [], "kept": [{"store": "lifecycle.AuditFact", "action": "kept", "records": 3, "days": 999999999}]},
     {"stores": [], "kept": [{"store": "lifecycle.AuditFact", "action": "kept", "records": -1}]},
     {"stores": [], "kept": "all"},
-], ids=["nan", "endless-period", "negative", "not-a-list"])
+], ids=["nan", "too-large-a-float", "endless-period", "negative", "not-a-list"])
 def test_a_receipt_the_console_cannot_keep_leaves_the_delete_pending_without_a_crash(settings, receipt):
     """A receipt with NaN failed every store (the JSON column refuses it), and a period of a billion
     days every dating of its next read: each run stopped on an unexpected error, for ever (r40).
@@ -502,3 +503,35 @@ def test_an_engine_erasing_slowly_does_not_hold_a_job_worker(settings):
     assert len(looks) <= 2 * len(ops)  # about once each, not for minutes
     assert all(BoundDelete.objects.get(pk=op.pk).state == "pending" for op in deletes)
     assert delivery.RUN_BUDGET <= 30
+
+
+@pytest.mark.parametrize("completed_at", ["9999-12-31T00:00:00Z", "2999-01-01T00:00:00+00:00"])
+def test_a_delete_completed_in_the_future_is_a_bad_answer_not_a_crash(settings, completed_at):
+    """Year 9999 plus a 400-day period overflowed the dating of the receipt's next read: the
+    run stopped on an unexpected error until the sweep's catch-all put it back (r43)."""
+    kept = {"stores": [], "kept": [{"store": "lifecycle.UsageFact", "action": "kept", "records": 1, "days": 400}]}
+    answers = [(202, {**COMPLETED, "completed_at": completed_at, "receipt": kept})]
+    routes = {("DELETE", "/v1/threads/"): lambda h: answers[-1], ("GET", "/v1/operations/"): lambda h: answers[-1]}
+    with scripted_engine(routes) as (url, _seen):
+        point_at(settings, url)
+        op = delivery.request_bound_delete(binding(), key="k-future", actor=None)
+        delivery.deliver(op.pk, budget=0.5)
+        op.refresh_from_db()
+        assert (op.state, op.last_error, op.receipt) == ("pending", "engine_bad_answer", None)
+        answers.append((200, {**COMPLETED, "receipt": kept}))
+        BoundDelete.objects.filter(pk=op.pk).update(lease_holder="", lease_expires_at=None, next_attempt_at=None)
+        delivery.deliver(op.pk, budget=0.5)
+    op.refresh_from_db()
+    assert op.state == "completed" and op.receipt_next_read_at is not None
+
+
+def test_a_time_without_a_zone_is_read_as_utc_and_the_dating_never_overflows():
+    from datetime import UTC, datetime
+
+    from lifecycle.engine import OperationView
+
+    view = OperationView.from_json({**COMPLETED, "completed_at": "2026-01-01T00:00:01"})
+    assert view.completed_at == datetime(2026, 1, 1, 0, 0, 1, tzinfo=UTC)
+    latest = datetime.max.replace(tzinfo=UTC) - receipts.SLACK
+    rows = {"kept": [{"store": "lifecycle.UsageFact", "action": "kept", "records": 1, "days": 400}]}
+    assert receipts.next_read(rows, latest, latest - receipts.LONGEST_WAIT, last=latest) is not None

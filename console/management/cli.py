@@ -48,10 +48,14 @@ _FIX = {errno.EROFS: "mount it read-write", errno.ENOSPC: "free space on its dis
         errno.EDQUOT: "free space within its disk quota"}
 
 
-def io_error(exc: OSError, outcome: str, *, returncode: int = 1) -> CommandError:
+def io_error(exc: OSError, outcome: str, *, returncode: int = 1) -> CommandError | BrokenPipeError:
     """One line, not a traceback, for a file or folder of the engine folder that could not be
     read or written (a read-only mount, a full disk, another user's folder); `outcome` says
-    what was not done, and the advice fits the error."""
+    what was not done, and the advice fits the error. A reader of the output that went away
+    (`| head -1`) is no folder's fault: that error is given back as it is, for manage.py to end
+    the command quietly (r43: it blamed the engine folder, for a delete that had completed)."""
+    if isinstance(exc, BrokenPipeError):
+        return exc
     fix = _FIX.get(exc.errno, "fix the folder's permissions or mount")
     return CommandError(f"io_error: {exc.filename or settings.ENGINE_HOME}: {exc.strerror or exc}. {outcome}; "
                         f"{fix}, then try again.", returncode=returncode)

@@ -40,6 +40,7 @@ import email.utils
 import http.client
 import ipaddress
 import json
+import math
 import re
 import socket
 import threading
@@ -125,6 +126,14 @@ def _not_a_number(name: str) -> Any:
     """NaN and Infinity: Python's reader takes them, JSON has none, and a database's JSON column
     refuses them (r40: a receipt holding NaN failed every store, the delete Pending for ever)."""
     raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    """A number too large for a float (1e999) reads as infinity: refused as NaN is (r43)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:20]} is too large")
+    return value
 
 
 class EngineUnsupported(ActionRefused):
@@ -232,7 +241,7 @@ class HttpEngine:
                 raise EngineBadAnswer("too large")
             raw = b""
         try:
-            answer = json.loads(raw, parse_constant=_not_a_number) if raw else None
+            answer = json.loads(raw, parse_constant=_not_a_number, parse_float=_finite) if raw else None
         except (ValueError, RecursionError):  # not JSON (NaN too), or nested deeper than this process reads
             if 200 <= status < 300:
                 raise EngineBadAnswer("not JSON") from None

@@ -765,6 +765,9 @@
     }).then(function (results) {
       busy = false;
       bar.classList.remove("is-busy");
+      // A save that reached the server proves the session good (r43: after one card saved, the
+      // bar, up for the other card, still said the session had ended and nothing was saved).
+      if (results.indexOf("session") === -1) sessionEnded = false;
       if (results.indexOf("session") !== -1) {
         sessionEnded = true;
         refresh();
@@ -814,7 +817,10 @@
     dirtyForms().forEach(function (f) { if (!only || f === only) restore(f, saved[f.dataset.contributor]); });
     if (!only) document.querySelectorAll(".card.has-error").forEach(function (c) { c.classList.remove("has-error"); });
     syncCleanupDraft(); // what depends on the fields (the backup choice, the estimate's mark)
-    sessionEnded = false;
+    // One card discarded: the other's draft still waits for a sign-in, and the next save must
+    // renew the page's token first (r43: Escape in one card hid the sign-in link, and the save
+    // after signing in again was refused). refresh() forgets it once nothing is left to save.
+    if (!only) sessionEnded = false;
     refresh();
     announce(live, bar.dataset.discarded);
     if (barHadFocus || focusLost()) focusQuiet(card);

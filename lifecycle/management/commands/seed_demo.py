@@ -65,6 +65,7 @@ class Command(BaseCommand):
             advice = (" If no other database uses it any more (the one it was made with is gone), run manage.py "
                       "engine_folder --adopt --take-from-other-database, then seed again; otherwise set "
                       "ENGINE_HOME to another folder." if exc.reason == "not_this_folder" else
+                      " Set ENGINE_HOME to this database's folder (or mount it)." if exc.reason == "missing" else
                       " Set ENGINE_HOME to this database's folder, or check it and run manage.py engine_folder --adopt.")
             raise CommandError(f"Nothing was seeded: the engine folder {exc.root} is {engine_folder.WORDS[exc.reason]}."
                                + advice, returncode=2) from None
