@@ -158,6 +158,14 @@ def holds_files_of_known_conversations(home: EngineHome) -> bool:
     return False
 
 
+def holds_conversations() -> bool:
+    """Whether this database holds any conversation, deleted ones too (their residue would be
+    looked for in its engine folder)."""
+    from lifecycle.models import Conversation
+
+    return Conversation.objects.exists()
+
+
 def holds_undeleted_conversations() -> bool:
     """Whether this database holds a conversation it has not deleted (whose files must be in
     its engine folder)."""
@@ -170,10 +178,9 @@ def not_adoptable(home: EngineHome) -> str | None:
     """For a database that has recorded no folder: why it must not take the folder at
     ENGINE_HOME by itself ("missing", "unmarked", "not_this_folder"), None when it may. A wrong
     ENGINE_HOME taken here would have every file of the real folder counted as already gone."""
-    from lifecycle.models import Conversation
 
     if not home.root.is_dir():
-        return "missing" if Conversation.objects.exists() else None
+        return "missing" if holds_conversations() else None
     mark = folder_mark(home)
     if mark is None and os.path.lexists(home.root / MARK_NAME):
         return "unmarked"  # a mark file that holds no id: not ours to overwrite unasked

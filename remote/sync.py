@@ -8,10 +8,10 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Case, Exists, OuterRef, Q, Value, When
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext_lazy
 
 from lifecycle.engine.http import EngineBadAnswer
+from lifecycle.moments import read_moment
 from remote.delivery import engine_for
 from remote.models import BoundDelete, BoundDeleteState, EngineBinding
 
@@ -61,7 +61,7 @@ def _row(row) -> dict:
             "thread_id": row["thread_id"], "engine_state": row["state"], "title": row.get("title") or "",
         }
         activity = row.get("last_activity_at")
-        fields["last_activity_at"] = parse_datetime(activity) if activity else None
+        fields["last_activity_at"] = read_moment(activity) if activity else None
     except (KeyError, TypeError, ValueError):
         raise EngineBadAnswer("not a conversation") from None
     texts = ("engine_id", "scope", "thread_id", "engine_state", "title")
@@ -70,7 +70,7 @@ def _row(row) -> dict:
             or not isinstance(fields["owner_id"], int) or not 0 <= fields["owner_id"] < 2**63
             or len(fields["scope"]) > 8 or len(fields["engine_state"]) > 16 or len(fields["title"]) > 300
             or len(fields["thread_id"]) > 128 or len(fields["engine_id"]) > 32
-            or (activity and (fields["last_activity_at"] is None or fields["last_activity_at"].tzinfo is None))):
+            or (activity and fields["last_activity_at"] is None)):
         raise EngineBadAnswer("not a conversation")
     return fields
 

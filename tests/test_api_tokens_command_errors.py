@@ -115,3 +115,12 @@ def test_a_refused_new_token_names_the_option_the_rule_is_about(admin_user, args
         run("api_tokens", "create", admin_user.username, "--name", "Script", *args)
     assert str(refused.value).startswith(said)
     assert not ApiToken.objects.exists()
+
+
+def test_the_default_name_of_a_long_username_is_not_refused_as_if_given():
+    """create_api_token names the token "<user> token"; for a long username that passed the
+    name's limit and was refused as "--name: ...", an option the operator never gave (r45)."""
+    user = get_user_model().objects.create_user("u" * 150, password="pw-long-user-1")
+    raw = run("create_api_token", user.username).strip()
+    token = ApiToken.objects.get(user=user)
+    assert raw.startswith(token.prefix) and len(token.name) <= 120 and token.name.endswith("… token")

@@ -101,22 +101,29 @@ def test_a_reader_that_goes_away_ends_a_command_without_a_traceback(tmp_path):
     assert "Traceback" not in err and "BrokenPipeError" not in err, err[-3000:]
 
 
-@pytest.mark.parametrize("args", [("dumpdata", "lifecycle.retainedfactspolicy"), ("conversations", "status", "c_nope")])
-def test_a_reader_gone_before_the_output_ends_a_command_without_blame_or_traceback(tmp_path, args):
-    """Output left buffered at the end (Django's dumpdata) failed at exit with "Exception
-    ignored ... BrokenPipeError"; a command's folder-error handler took the broken pipe for an
-    engine folder that could not be written (r43)."""
+def test_a_reader_gone_before_the_output_ends_a_command_without_blame_or_traceback(tmp_path):
+    """Output left buffered at the end failed at exit with "Exception ignored ... BrokenPipeError"
+    (`api_tokens list`); a command's folder-error handler took the broken pipe for an engine folder
+    that could not be written (`conversations status`: "io_error: ...: Broken pipe", r43)."""
     from console.management.cli import io_error
 
     assert isinstance(io_error(BrokenPipeError(32, "Broken pipe"), "Nothing more was done"), BrokenPipeError)
-    env = _env(tmp_path, DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite3")
+    env = _env(tmp_path, DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite3", LETHE_DEMO_PASSWORD="pw-pipe-123")
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=300)
-    process = subprocess.Popen([sys.executable, "manage.py", *args], cwd=ROOT, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    process.stdout.close()  # gone before the command writes anything
-    err = process.stderr.read().decode()
-    process.wait(timeout=120)
-    assert "Traceback" not in err and "Exception ignored" not in err and "io_error" not in err, err[-3000:]
+    subprocess.run([sys.executable, "manage.py", "seed_demo", "--conversations", "2", "--messages", "2"], cwd=ROOT,
+                   env=env, check=True, timeout=300, capture_output=True)
+    conversation = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-v0", "-c",
+         "from lifecycle.models import Conversation; print(Conversation.objects.first().public_id)"],
+        cwd=ROOT, env=env, check=True, timeout=120, capture_output=True, text=True).stdout.strip()
+    for args in (("api_tokens", "list"), ("conversations", "status", conversation)):
+        process = subprocess.Popen([sys.executable, "manage.py", *args], cwd=ROOT, env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        process.stdout.close()  # gone before the command writes anything
+        err = process.stderr.read().decode()
+        assert process.wait(timeout=120) == 1, (args, err[-3000:])
+        assert "Traceback" not in err and "Exception ignored" not in err and "io_error" not in err, (args, err[-3000:])
+        assert "Broken pipe" not in err, (args, err[-3000:])
 
 
 def test_an_argument_that_is_not_utf8_is_one_line(tmp_path):

@@ -326,6 +326,13 @@ def test_adopt_refuses_a_path_that_is_not_there_and_notes_a_folder_without_its_f
     assert "is this database's engine folder now" in out.getvalue() and "Note:" not in out.getvalue()
 
 
+def test_adopt_makes_the_folder_of_a_new_install_that_holds_no_conversation(engine_home, settings):
+    made = engine_home.with_name("engine-new")
+    settings.ENGINE_HOME = str(made)
+    call_command("engine_folder", "--adopt", stdout=io.StringIO())
+    assert made.is_dir() and engine_folder.recorded() == engine_folder.folder_mark(EngineHome())
+
+
 def test_seeding_into_a_missing_folder_does_not_advise_adopting_it(engine_home, settings):
     """(r43) --adopt refuses a path that is not there; seed_demo advised it for one."""
     engine_folder.adopt(force=False)  # this database's folder, recorded

@@ -485,3 +485,15 @@ def test_the_page_names_what_still_holds_the_deleted_bytes_on_the_engine(admin_c
     assert [html.unescape(row) for row in items(page, "engine-holders")] == shown
     spanish = admin_client.get(f"/engine/deletes/{op.public_id}/", HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode()
     assert "Qué conserva todavía los bytes eliminados en el motor:" in text(spanish)
+
+
+@pytest.mark.parametrize("zone", ["Asia/Tokyo", "America/New_York", "Pacific/Kiritimati"])
+@pytest.mark.parametrize("expired_at", ["9999-12-31T23:00:00Z", "0001-01-01T00:00:00", "2026-02-30T00:00:00Z"])
+def test_a_receipt_time_at_the_calendars_end_is_shown_without_a_time_not_a_server_error(admin_client, zone,
+                                                                                          expired_at):
+    """An expired fact's time of year 9999 answered 500 in every zone east of UTC (r45)."""
+    op = completed({"stores": [], "kept": [{"store": "lifecycle.UsageFact", "class": "retain_facts",
+                                             "action": "expired", "records": 1, "expired_at": expired_at}]})
+    admin_client.cookies["lethe_timezone"] = zone
+    response = admin_client.get(f"/engine/deletes/{op.public_id}/", **HOST)
+    assert response.status_code == 200

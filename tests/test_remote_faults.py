@@ -505,7 +505,8 @@ def test_an_engine_erasing_slowly_does_not_hold_a_job_worker(settings):
     assert delivery.RUN_BUDGET <= 30
 
 
-@pytest.mark.parametrize("completed_at", ["9999-12-31T00:00:00Z", "2999-01-01T00:00:00+00:00"])
+@pytest.mark.parametrize("completed_at", ["9999-12-31T00:00:00Z", "2999-01-01T00:00:00+00:00",
+                                          "0001-01-01T00:30:00+01:00", "1969-12-31T23:59:59Z"])
 def test_a_delete_completed_in_the_future_is_a_bad_answer_not_a_crash(settings, completed_at):
     """Year 9999 plus a 400-day period overflowed the dating of the receipt's next read: the
     run stopped on an unexpected error until the sweep's catch-all put it back (r43)."""
@@ -535,3 +536,41 @@ def test_a_time_without_a_zone_is_read_as_utc_and_the_dating_never_overflows():
     latest = datetime.max.replace(tzinfo=UTC) - receipts.SLACK
     rows = {"kept": [{"store": "lifecycle.UsageFact", "action": "kept", "records": 1, "days": 400}]}
     assert receipts.next_read(rows, latest, latest - receipts.LONGEST_WAIT, last=latest) is not None
+
+
+@pytest.mark.parametrize("when", ["0001-01-01T00:00:00", "9999-12-31T23:00:00Z", "0001-01-01T00:30:00+01:00"])
+def test_engine_times_at_the_calendars_ends_are_bad_answers_on_every_page_and_in_the_sync(settings, when):
+    """Year 1 and year 9999, with or without a zone: the Operations pages answered 500 in zones
+    where they overflowed, and the sync and its API too (r45). Now such a row is a bad answer."""
+    row = {**COMPLETED, "requested_at": when, "completed_at": when}
+    conversation = {"id": TARGET, "owner": {"kind": "account", "id": 1}, "scope": "bound", "thread_id": "t1",
+                    "state": "live", "title": "T", "last_activity_at": when}
+    routes = {**answering_with(row), ("GET", "/v1/threads"): lambda h: (200, {"results": [conversation],
+                                                                              "next": None})}
+    with scripted_engine(routes) as (url, _seen):
+        point_at(settings, url)
+        client = admin()
+        client.cookies["lethe_timezone"] = "Asia/Tokyo" if when.endswith("Z") else "America/New_York"
+        for path in ("/operations/", f"/operations/{OP}/"):
+            assert client.get(path, HTTP_HOST="127.0.0.1").status_code in (200, 503), path
+        with pytest.raises(EngineBadAnswer):
+            HttpEngine(url, "t", retries=0).operation(OP)
+        with pytest.raises(EngineBadAnswer):
+            sync.refresh(url)
+        _token, raw = ApiToken.issue(factories.make_user("adm4", admin=True))
+        synced = Client(HTTP_AUTHORIZATION=f"Bearer {raw}").post(
+            "/api/v1/bindings-sync", HTTP_HOST="127.0.0.1", content_type="application/json")
+        assert synced.status_code in (502, 503) and synced.json()["code"] == "engine_bad_answer"
+    assert not EngineBinding.objects.exists()
+
+
+def test_a_synced_time_without_a_zone_is_read_as_utc_as_operation_times_are(settings):
+    from datetime import UTC, datetime
+
+    conversation = {"id": TARGET, "owner": {"kind": "account", "id": 1}, "scope": "bound", "thread_id": "t1",
+                    "state": "live", "title": "T", "last_activity_at": "2026-01-01T00:00:01"}
+    with scripted_engine({("GET", "/v1/threads"): lambda h: (200, {"results": [conversation], "next": None})}) as (
+            url, _seen):
+        point_at(settings, url)
+        sync.refresh(url)
+    assert EngineBinding.objects.get().last_activity_at == datetime(2026, 1, 1, 0, 0, 1, tzinfo=UTC)

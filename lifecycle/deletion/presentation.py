@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext_lazy as _
 
 from lifecycle.deletion.executor import STORES_BY_KEY, counts_files, figure, is_tombstone
+from lifecycle.moments import read_moment
 from lifecycle.registry import FACTS_KEPT, STORES, RetentionClass, Store
 
 OTHER_LABEL = _("Other data on the engine")
@@ -39,8 +39,8 @@ _PLACE = {s.key: n for n, s in enumerate(STORES)}
 def moment(value: Any):
     """The time an entry gives, or None when it gives none it can (shown without a time)."""
     try:
-        return parse_datetime(value) if isinstance(value, str) and value else None
-    except ValueError:
+        return read_moment(value) if isinstance(value, str) and value else None
+    except ValueError:  # no such date, or one outside the calendar a page can show (lifecycle.moments)
         return None
 
 

@@ -24,17 +24,15 @@ receipt is acknowledged) is one more class here and nothing else changes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Protocol
 
-from django.utils.dateparse import parse_datetime
+from lifecycle.moments import read_moment
 
 
 def _moment(value: str | None) -> datetime | None:
-    """A time of the engine's answer; one without a zone is taken as UTC (the engine's API
-    gives every time in UTC), so it compares with this console's times."""
-    moment = parse_datetime(value) if value else None
-    return moment.replace(tzinfo=UTC) if moment is not None and moment.tzinfo is None else moment
+    """A time of the engine's answer (lifecycle.moments): ValueError outside the calendar."""
+    return read_moment(value)
 
 
 def _text(value: Any) -> str | None:

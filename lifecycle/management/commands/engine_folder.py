@@ -37,7 +37,9 @@ class Command(BaseCommand):
         if adopt:
             if home.root.exists() and not home.root.is_dir():
                 raise CommandError(f"ENGINE_HOME ({home.root}) is not a folder.")
-            if not home.root.exists():  # (r42: a misspelt path was made and taken as an empty folder)
+            # (r42: a misspelt path was made and taken as an empty folder; a new install, with no
+            # conversation whose files could be elsewhere, still gets its folder made)
+            if not home.root.exists() and engine_folder.holds_conversations():
                 raise CommandError(gettext(
                     "%(folder)s does not exist, so nothing was adopted: a wrong ENGINE_HOME taken as an empty folder "
                     "would have the files of this database's conversations counted as gone. Set ENGINE_HOME to the "
