@@ -106,6 +106,16 @@ def _moment(value: Any) -> datetime | None:
     return moment if moment is not None and moment.tzinfo is not None else None
 
 
+def shown_row(row: Row) -> dict[str, Any]:
+    """A row of unknown origin as the API and the pages give it: its id, and its status and
+    times where they are text; anything else there (a number, NaN, an object: a runtime wrote the
+    file) is left out, so the engine API never sends what is not JSON (r46: a NaN status went out
+    as is, and a console of this engine refused its whole Operations list)."""
+    return {"agent_id": row.get("agent_id"),
+            **{key: row.get(key) if isinstance(row.get(key), str) else None
+               for key in ("status", "started_at", "finished_at")}}
+
+
 def overlaps(row: Row, conversation: Conversation) -> bool:
     """Whether a row's lifetime overlaps the conversation's (its creation to its last activity:
     a child is started while its conversation is active). An unknown start overlaps."""

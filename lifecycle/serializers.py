@@ -360,9 +360,7 @@ def operation_json(op: DeleteOperation, reads: OperationReads | None = None) -> 
         ambiguous = fleet.ambiguous(rows, conversation)
         seen: dict[str, dict[str, Any]] = {}
         for row in ambiguous:
-            seen.setdefault(str(row.get("agent_id", "")), {
-                k: row.get(k) for k in ("agent_id", "status", "started_at", "finished_at")
-            })
+            seen.setdefault(str(row.get("agent_id", "")), fleet.shown_row(row))
         way_out = {"ambiguous": list(seen.values())}
     return {
         "id": op.public_id,

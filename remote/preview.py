@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from lifecycle.deletion.executor import figure
 from lifecycle.errors import ActionRefused
 from remote.delivery import engine_for
 from remote.models import EngineBinding
@@ -45,7 +46,7 @@ def preview_is_usable(answer: Any, target: str) -> bool:
             return False
         for key in FIGURES:
             value = entry.get(key)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            if value is not None and figure(value) is None:
                 return False
     return True
 

@@ -57,6 +57,7 @@ from django.utils.translation import gettext_noop
 
 from console import libpq
 from lifecycle import faults
+from lifecycle.moments import EARLIEST, LATEST
 from retention.errors import BackupFolderUnreadable, CodedError, Message, os_reason, sizes_short
 from retention.storage import short_of_room
 
@@ -468,6 +469,8 @@ def _read_receipt(archive: Path) -> BackupReceipt | None:
     except (ValueError, KeyError, TypeError, OverflowError):  # (a size of Infinity, say)
         return None
     if receipt.name != archive.name or created_at.tzinfo is None or not re.fullmatch(r"[0-9a-f]{64}", receipt.sha256):
+        return None
+    if not EARLIEST <= created_at <= LATEST:  # (r46: year 1 or 9999 failed the page in far time zones)
         return None
     return receipt
 

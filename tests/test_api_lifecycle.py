@@ -142,6 +142,24 @@ def test_delete_unavailable_shows_the_way_out_and_the_resolve_endpoint_takes_it(
 
 
 
+def test_a_fleet_rows_values_that_are_not_text_never_leave_as_invalid_json(api):
+    """A runtime wrote the fleet file: a NaN status or a number as a start went out in way_out as
+    is, NaN included (not JSON), and a console of this engine refused its whole Operations list (r46)."""
+    conversation = factories.make_conversation(days_idle=1)
+    fleet.write_snapshot([{"agent_id": "sa_odd", "origin": None, "status": float("nan"), "delivery": "settled",
+                           "started_at": 10**400, "finished_at": {"at": 1}}])
+    answer = delete(api, conversation.public_id, key="nan-1")
+    assert answer.json()["code"] == "conversation_child_ownership_ambiguous"
+    for path in (f"/v1/operations/{answer.json()['operation']}", "/v1/operations?limit=50",
+                 f"/v1/threads/{conversation.public_id}/deletion-preview"):
+        raw = api.get(path).content.decode()
+        json.loads(raw, parse_constant=lambda name, at=path: pytest.fail(f"{name} in {at}"))
+        assert "sa_odd" in raw and "10000000000" not in raw, path
+    op = api.get(f"/v1/operations/{answer.json()['operation']}").json()
+    assert op["way_out"] == {"ambiguous": [{"agent_id": "sa_odd", "status": None, "started_at": None,
+                                            "finished_at": None}]}
+
+
 def test_the_resolve_endpoint_takes_an_id_with_a_slash(api):
     conversation = factories.make_conversation(days_idle=1)
     fleet.write_snapshot([{"agent_id": "team/sa 1", "origin": None, "status": "completed", "delivery": "settled",

@@ -1012,3 +1012,19 @@ def test_a_delete_receipt_names_only_the_backups_made_after_its_conversation_was
         receipt_path.write_text(json.dumps({**data, "conversations_up_to": broken}))
         assert backups._read_receipt(after.path).conversations_up_to is None
     assert after.name in {h["name"] for h in backups_named(newest)}
+
+
+@pytest.mark.parametrize(("created_at", "zone"), [("0001-01-01T00:00:00+00:00", "Etc/GMT+12"),
+                                                  ("9999-12-31T23:00:00+00:00", "Pacific/Kiritimati")])
+def test_a_receipt_at_the_calendars_end_is_no_receipt_and_the_page_stands_in_every_zone(folder, admin_client,
+                                                                                      created_at, zone):
+    """The backup folder is the operator's: a receipt dated year 1 or 9999 failed Data & storage
+    with a 500 in far time zones (r46). Such a receipt does not describe its backup."""
+    fill(messages=3)
+    receipt = create_backup()
+    path = folder / (receipt.name + ".json")
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "created_at": created_at}))
+    assert [b.name for b in list_backups() if b.created_at is not None and b.sha256 == receipt.sha256] == []
+    admin_client.cookies["lethe_timezone"] = zone
+    assert admin_client.get("/settings/system/data-storage/", HTTP_HOST="127.0.0.1").status_code == 200

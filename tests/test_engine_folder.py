@@ -333,6 +333,17 @@ def test_adopt_makes_the_folder_of_a_new_install_that_holds_no_conversation(engi
     assert made.is_dir() and engine_folder.recorded() == engine_folder.folder_mark(EngineHome())
 
 
+def test_adopt_names_the_whole_path_it_could_not_make(engine_home, settings, tmp_path):
+    """It named one step of the path ("hostname: Not a directory"), not the folder (r46)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    settings.ENGINE_HOME = str(blocker / "engine")
+    with pytest.raises(CommandError) as refused:
+        call_command("engine_folder", "--adopt", stdout=io.StringIO())
+    assert str(refused.value).startswith(f"io_error: {blocker / 'engine'}: Not a directory. Nothing was adopted; "
+                                         "a file stands where a folder of its path belongs")
+
+
 def test_seeding_into_a_missing_folder_does_not_advise_adopting_it(engine_home, settings):
     """(r43) --adopt refuses a path that is not there; seed_demo advised it for one."""
     engine_folder.adopt(force=False)  # this database's folder, recorded

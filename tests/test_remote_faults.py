@@ -574,3 +574,27 @@ def test_a_synced_time_without_a_zone_is_read_as_utc_as_operation_times_are(sett
         point_at(settings, url)
         sync.refresh(url)
     assert EngineBinding.objects.get().last_activity_at == datetime(2026, 1, 1, 0, 0, 1, tzinfo=UTC)
+
+
+def test_a_figure_no_database_holds_is_a_bad_answer_not_a_page_that_fails(settings):
+    """A receipt of 10**330 bytes was stored, and every page showing it (the bound delete, the
+    Operations list and page) failed with a 500 for good (r46); a preview of such figures failed
+    the delete confirmation."""
+    from remote.preview import preview_is_usable
+
+    huge = {"stores": [{"store": "lifecycle.Item", "action": "erased", "records": 2, "bytes": 10**330}]}
+    assert not delivery.receipt_is_usable(huge)
+    assert not delivery.receipt_is_usable({"stores": [{"store": "lifecycle.Item", "records": 2**63}]})
+    assert delivery.receipt_is_usable({"stores": [{"store": "lifecycle.Item", "records": 2**63 - 1}]})
+    assert not preview_is_usable({"target": TARGET, "stores": [{"store": "events", "bytes": 10**330}]}, TARGET)
+    answers = [(202, {**COMPLETED, "receipt": huge})]
+    routes = {**answering_with(answers[-1][1]), ("DELETE", "/v1/threads/"): lambda h: answers[-1]}
+    with scripted_engine(routes) as (url, _seen):
+        point_at(settings, url)
+        op = delivery.request_bound_delete(binding(), key="k-huge", actor=None)
+        delivery.deliver(op.pk, budget=0.5)
+        op.refresh_from_db()
+        assert (op.state, op.last_error, op.receipt) == ("pending", "engine_bad_answer", None)
+        client = admin()
+        assert [client.get(path, HTTP_HOST="127.0.0.1").status_code
+                for path in ("/operations/", f"/operations/{OP}/", f"/engine/deletes/{op.public_id}/")] == [200] * 3

@@ -45,7 +45,8 @@ def refusal(code: str, message: str, *, returncode: int = 1) -> CommandError:
 
 # What to do about a folder that could not be written, by errno (the fix differs).
 _FIX = {errno.EROFS: "mount it read-write", errno.ENOSPC: "free space on its disk",
-        errno.EDQUOT: "free space within its disk quota"}
+        errno.EDQUOT: "free space within its disk quota",
+        errno.ENOTDIR: "a file stands where a folder of its path belongs: move it, or set ENGINE_HOME"}
 
 
 def io_error(exc: OSError, outcome: str, *, returncode: int = 1) -> CommandError | BrokenPipeError:

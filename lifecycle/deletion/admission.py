@@ -91,9 +91,7 @@ def admit(conversation: Conversation, home: EngineHome | None = None, *, cached:
             unusable = True  # no way to name it: the file needs repair, as an unreadable one does
         elif agent not in seen:
             seen.add(agent)
-            admission.ambiguous.append(
-                {k: row.get(k) for k in ("agent_id", "status", "started_at", "finished_at")}
-            )
+            admission.ambiguous.append(fleet.shown_row(row))
     if admission.ambiguous:
         admission.reasons.append(r.CHILD_AMBIGUOUS)
     if unusable:

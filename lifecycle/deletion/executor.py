@@ -509,9 +509,14 @@ def counts_files(store_key: Any) -> bool:
     return store is not None and store.kind == "file" and not store.shared_file
 
 
+# The largest count a figure may be: what a database integer holds. A larger one is no count of
+# anything stored (r46: 10**330 bytes from an engine failed every page that showed it in KB or MB).
+MAX_FIGURE = 2**63 - 1
+
+
 def figure(value: Any) -> int | None:
     """A whole, non-negative count as an engine gave it, or None (not given, or not a count)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_FIGURE else None
 
 
 def changed_totals(entries: Any) -> dict[str, int | bool]:

@@ -4,6 +4,8 @@ there the one (one marked as another database's only with --take-from-other-data
 
 from __future__ import annotations
 
+import os
+
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.utils.translation import gettext
@@ -58,6 +60,8 @@ class Command(BaseCommand):
                         returncode=2) from None
                 raise CommandError(f"{exc.root}: {engine_folder.WORDS[exc.reason]}.", returncode=2) from None
             except OSError as exc:  # a read-only mount, a folder of another user: one line
+                if not os.path.isabs(str(exc.filename or "")):  # the folder, not one step of its path (r46)
+                    exc.filename = str(home.root)
                 raise io_error(exc, "Nothing was adopted", returncode=2) from None
             self.stdout.write(f"{home.root} is this database's engine folder now (mark {folder_id}).")
             if engine_folder.holds_undeleted_conversations() and not engine_folder.holds_files_of_known_conversations(
