@@ -886,7 +886,7 @@
     saveAll(form);
   });
   document.addEventListener("keydown", function (event) {
-    // Escape in a card being edited, or on the bar, discards like the Discard button.
+    // Escape in a card being edited discards that card; on the bar, every card (as its Discard).
     if (event.key !== "Escape" || bar.hidden || busy || event.defaultPrevented) return;
     var form = !bar.contains(event.target) && event.target.closest && event.target.closest("form[data-contributor]");
     if (!form && !bar.contains(event.target)) return;
