@@ -157,8 +157,6 @@ def main() -> None:
             raise
         print(f"Lethe database error: {explained}", file=sys.stderr)
         sys.exit(2)
-    except BrokenPipeError:
-        quiet_broken_pipe()
     except KeyboardInterrupt:
         # Ctrl-C: one line, not a traceback (each command commits its work in steps; what it
         # committed before stays, and running it again goes on from there).

@@ -409,11 +409,11 @@ def _answer_problem(op: BoundDelete, view) -> str:
         return f"operation {view.id!r}"
     if view.state not in ENGINE_STATES:
         return f"state {view.state[:20]!r}"
-    if view.state == BoundDeleteState.COMPLETED and not receipt_is_usable(view.data.get("receipt")):
-        return "receipt"
-    if view.state == BoundDeleteState.COMPLETED and view.completed_at is not None and (
-            view.completed_at > timezone.now() + timedelta(days=1)):  # (r43: year 9999 overflowed its dating)
-        return "completed in the future"
+    if view.state == BoundDeleteState.COMPLETED:
+        if not receipt_is_usable(view.data.get("receipt")):
+            return "receipt"
+        if view.completed_at is not None and view.completed_at > timezone.now() + timedelta(days=1):
+            return "completed in the future"  # (r43: year 9999 overflowed its dating)
     return ""
 
 

@@ -90,11 +90,8 @@ def next_read(receipt: Any, completed_at: datetime, now: datetime, *, last: date
         return None
     times = []
     for row in rows:
-        days = period_days(row.get("days"))
-        try:
-            expected = completed_at + timedelta(days=days) + SLACK if days else None
-        except OverflowError:  # past any calendar: read again as for a period not given
-            expected = None
+        days = period_days(row.get("days"))  # (with engine times up to moments.LATEST: never past the calendar)
+        expected = completed_at + timedelta(days=days) + SLACK if days else None
         if expected is not None and expected > now:
             times.append(min(expected, now + LONGEST_WAIT))  # a period may have been shortened since
         else:  # no period given, or past it and still kept: wait longer each time

@@ -527,15 +527,18 @@ def test_a_delete_completed_in_the_future_is_a_bad_answer_not_a_crash(settings, 
 
 
 def test_a_time_without_a_zone_is_read_as_utc_and_the_dating_never_overflows():
+    """The latest time an engine may give plus the longest period a receipt may state still
+    has a date: the bounds of lifecycle.moments and remote.receipts keep next_read in the calendar."""
     from datetime import UTC, datetime
 
     from lifecycle.engine import OperationView
+    from lifecycle.moments import LATEST
 
     view = OperationView.from_json({**COMPLETED, "completed_at": "2026-01-01T00:00:01"})
     assert view.completed_at == datetime(2026, 1, 1, 0, 0, 1, tzinfo=UTC)
-    latest = datetime.max.replace(tzinfo=UTC) - receipts.SLACK
-    rows = {"kept": [{"store": "lifecycle.UsageFact", "action": "kept", "records": 1, "days": 400}]}
-    assert receipts.next_read(rows, latest, latest - receipts.LONGEST_WAIT, last=latest) is not None
+    rows = {"kept": [{"store": "lifecycle.UsageFact", "action": "kept", "records": 1,
+                      "days": receipts.LONGEST_PERIOD_DAYS}]}
+    assert receipts.next_read(rows, LATEST, LATEST, last=LATEST) == LATEST + receipts.LONGEST_WAIT
 
 
 @pytest.mark.parametrize("when", ["0001-01-01T00:00:00", "9999-12-31T23:00:00Z", "0001-01-01T00:30:00+01:00"])

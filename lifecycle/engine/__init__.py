@@ -30,11 +30,6 @@ from typing import Any, Protocol
 from lifecycle.moments import read_moment
 
 
-def _moment(value: str | None) -> datetime | None:
-    """A time of the engine's answer (lifecycle.moments): ValueError outside the calendar."""
-    return read_moment(value)
-
-
 def _text(value: Any) -> str | None:
     """A text field of an engine's answer, or None when it is not text (left out, as the
     docstring below says of every part a page reads)."""
@@ -75,7 +70,7 @@ class OperationView:
             message=_text(data.get("message")), step=_text(data.get("step")),
             attempts=attempts if isinstance(attempts, int) and not isinstance(attempts, bool) else 0,
             error=_text(data.get("error")), error_message=_text(data.get("error_message")),
-            requested_at=_moment(data.get("requested_at")), completed_at=_moment(data.get("completed_at")),
+            requested_at=read_moment(data.get("requested_at")), completed_at=read_moment(data.get("completed_at")),
             reasons=[r for r in reasons if isinstance(r, str)] if isinstance(reasons, list) else [],
             steps=[s for s in steps if isinstance(s, dict) and isinstance(s.get("store"), str)
                    and isinstance(s.get("state"), str)] if isinstance(steps, list) else [],
