@@ -402,6 +402,36 @@ def test_a_bad_answer_with_retries_left_is_a_bad_answer_not_a_server_error(setti
         assert synced.status_code in (502, 503) and synced.json()["code"] == "engine_bad_answer"
 
 
+def answered_badly_then_well(settings, bad: dict | bytes, good: dict, *, meanwhile=None) -> BoundDelete:
+    """A bound delete whose engine answers `bad` (to the delete, its operation and the list of
+    operations), then `good`. After the bad answer the delete is Pending as engine_bad_answer,
+    nothing of the answer stored, its binding kept (`meanwhile(op)` runs then, the engine still
+    answering badly); it is returned after the next run, once the engine answered well."""
+    answers = [bad]
+
+    def listed(_handler):
+        last = answers[-1]
+        return 200, (b'{"results": [%s], "next": null}' % last if isinstance(last, bytes)
+                     else {"results": [last], "next": None})
+
+    routes = {("DELETE", "/v1/threads/"): lambda h: (202, answers[-1]),
+              ("GET", "/v1/operations/"): lambda h: (200, answers[-1]), ("GET", "/v1/operations?"): listed}
+    with scripted_engine(routes) as (url, _seen):
+        point_at(settings, url)
+        op = delivery.request_bound_delete(binding(), key="k-bad-then-good", actor=None)
+        delivery.deliver(op.pk, budget=0.5)
+        op.refresh_from_db()
+        assert (op.state, op.last_error, op.receipt, op.receipt_at) == ("pending", "engine_bad_answer", None, None)
+        assert EngineBinding.objects.filter(engine_id=TARGET).exists()  # still needed
+        if meanwhile is not None:
+            meanwhile(op)
+        answers.append(good)
+        BoundDelete.objects.filter(pk=op.pk).update(lease_holder="", lease_expires_at=None, next_attempt_at=None)
+        delivery.deliver(op.pk, budget=0.5)
+    op.refresh_from_db()
+    return op
+
+
 @pytest.mark.parametrize("receipt", [
     b'{"stores": [], "verification": {"logical": "clean", "findings": NaN}}',
     b'{"stores": [], "verification": {"logical": "clean", "findings": 1e999}}',
@@ -419,19 +449,7 @@ def test_a_receipt_the_console_cannot_keep_leaves_the_delete_pending_without_a_c
                 % (OP.encode(), TARGET.encode(), receipt))
     else:
         body = {**COMPLETED, "receipt": receipt}
-    answers = [(202, body)]
-    routes = {("DELETE", "/v1/threads/"): lambda h: answers[-1], ("GET", "/v1/operations/"): lambda h: answers[-1]}
-    with scripted_engine(routes) as (url, _seen):
-        point_at(settings, url)
-        op = delivery.request_bound_delete(binding(), key="k-receipt", actor=None)
-        delivery.deliver(op.pk, budget=0.5)
-        op.refresh_from_db()
-        assert (op.state, op.last_error) == ("pending", "engine_bad_answer")
-        assert EngineBinding.objects.filter(engine_id=TARGET).exists()  # still needed
-        answers.append((200, COMPLETED))
-        BoundDelete.objects.filter(pk=op.pk).update(lease_holder="", lease_expires_at=None)
-        delivery.deliver(op.pk, budget=0.5)
-    op.refresh_from_db()
+    op = answered_badly_then_well(settings, body, COMPLETED)
     assert op.state == "completed" and op.receipt == RECEIPT
 
 
@@ -511,18 +529,8 @@ def test_a_delete_completed_in_the_future_is_a_bad_answer_not_a_crash(settings, 
     """Year 9999 plus a 400-day period overflowed the dating of the receipt's next read: the
     run stopped on an unexpected error until the sweep's catch-all put it back (r43)."""
     kept = {"stores": [], "kept": [{"store": "lifecycle.UsageFact", "action": "kept", "records": 1, "days": 400}]}
-    answers = [(202, {**COMPLETED, "completed_at": completed_at, "receipt": kept})]
-    routes = {("DELETE", "/v1/threads/"): lambda h: answers[-1], ("GET", "/v1/operations/"): lambda h: answers[-1]}
-    with scripted_engine(routes) as (url, _seen):
-        point_at(settings, url)
-        op = delivery.request_bound_delete(binding(), key="k-future", actor=None)
-        delivery.deliver(op.pk, budget=0.5)
-        op.refresh_from_db()
-        assert (op.state, op.last_error, op.receipt) == ("pending", "engine_bad_answer", None)
-        answers.append((200, {**COMPLETED, "receipt": kept}))
-        BoundDelete.objects.filter(pk=op.pk).update(lease_holder="", lease_expires_at=None, next_attempt_at=None)
-        delivery.deliver(op.pk, budget=0.5)
-    op.refresh_from_db()
+    op = answered_badly_then_well(settings, {**COMPLETED, "completed_at": completed_at, "receipt": kept},
+                                  {**COMPLETED, "receipt": kept})
     assert op.state == "completed" and op.receipt_next_read_at is not None
 
 
@@ -590,14 +598,11 @@ def test_a_figure_no_database_holds_is_a_bad_answer_not_a_page_that_fails(settin
     assert not delivery.receipt_is_usable({"stores": [{"store": "lifecycle.Item", "records": 2**63}]})
     assert delivery.receipt_is_usable({"stores": [{"store": "lifecycle.Item", "records": 2**63 - 1}]})
     assert not preview_is_usable({"target": TARGET, "stores": [{"store": "events", "bytes": 10**330}]}, TARGET)
-    answers = [(202, {**COMPLETED, "receipt": huge})]
-    routes = {**answering_with(answers[-1][1]), ("DELETE", "/v1/threads/"): lambda h: answers[-1]}
-    with scripted_engine(routes) as (url, _seen):
-        point_at(settings, url)
-        op = delivery.request_bound_delete(binding(), key="k-huge", actor=None)
-        delivery.deliver(op.pk, budget=0.5)
-        op.refresh_from_db()
-        assert (op.state, op.last_error, op.receipt) == ("pending", "engine_bad_answer", None)
+
+    def pages_stand(op: BoundDelete) -> None:
         client = admin()
         assert [client.get(path, HTTP_HOST="127.0.0.1").status_code
                 for path in ("/operations/", f"/operations/{OP}/", f"/engine/deletes/{op.public_id}/")] == [200] * 3
+
+    op = answered_badly_then_well(settings, {**COMPLETED, "receipt": huge}, COMPLETED, meanwhile=pages_stand)
+    assert op.state == "completed" and op.receipt == RECEIPT
