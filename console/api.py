@@ -546,7 +546,11 @@ def _dispatcher(by_method: dict[str, Endpoint]) -> Callable:
                 logger.exception("Unexpected error in %s %s", request.method, request.path)
                 response = internal_error()
         if request.method == "HEAD":
+            # No body, and the length the GET's body has (RFC 9110 8.6): emptying the content
+            # alone made the length 0.
+            length = len(response.content)
             response.content = b""
+            response["Content-Length"] = str(length)
         return response
 
     return view

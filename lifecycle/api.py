@@ -322,7 +322,9 @@ class ThreadPatchIn(Schema):
                       "changes of one request are made together or not at all.")
 def thread_update(request: HttpRequest, public_id: str, body: ThreadPatchIn) -> dict:
     engine = get_engine()
-    _thread(public_id)
+    conversation = _thread(public_id)
+    if body.archived is None and body.closed is None:
+        check_writable(conversation)  # a change of nothing is refused too once a delete has begun
     # One transaction: a delete requested between the two changes left the first one made
     # under the second one's refusal (this route answers for the embedded engine only).
     with transaction.atomic():

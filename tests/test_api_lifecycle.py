@@ -251,9 +251,14 @@ def test_late_item_writes_through_the_api_are_refused(api):
     update = api.patch(f"/v1/threads/{conversation.public_id}/items/{item.pk}", data=json.dumps({"title": "x"}),
                        content_type="application/json")
     resume = patch(api, conversation, {"closed": False})
-    for response in (append, update, resume):
+    nothing, nulls = patch(api, conversation, {}), patch(api, conversation, {"archived": None, "closed": None})
+    for response in (append, update, resume, nothing, nulls):
         assert (response.status_code, response.json()["code"]) == (409, "conversation_deletion_pending")
     assert m.Item.objects.filter(conversation=conversation).count() == 1
+    executor.run_erasure(m.DeleteOperation.objects.get().pk)
+    for body in ({}, {"archived": None}):  # the delete completed: a change of nothing is still refused
+        response = patch(api, conversation, body)
+        assert (response.status_code, response.json()["code"]) == (409, "conversation_deletion_pending")
 
 
 @pytest.mark.django_db(transaction=True)

@@ -217,6 +217,7 @@ def test_head_works_wherever_get_does(runtime, conversation):
         get, head = runtime.get(path), runtime.head(path)
         assert (get.status_code, head.status_code) == (200, 200), path
         assert head.content == b"" and head["Content-Type"] == get["Content-Type"]
+        assert head["Content-Length"] == str(len(get.content)), path  # the GET's length, not 0 (RFC 9110 8.6)
     assert runtime.head("/v1/threads/c_unknown").status_code == 404
 
 
