@@ -79,8 +79,8 @@ ITEM_KEY = Header(
     "Idempotency-Key", required=False, pattern=KEY_PATTERN, invalid_code="idempotency_key_invalid",
     invalid_message=KEY_INVALID,
     description="Optional: 1 to 200 printable ASCII characters without spaces, unique per item the runtime "
-                "appends to this conversation. A retry with the same key answers with that item instead of "
-                "appending it again.",
+                "appends to this conversation. A retry of the same request with the same key answers with that "
+                "item instead of appending it again.",
 )
 
 
@@ -243,8 +243,9 @@ def thread_items(request: HttpRequest, public_id: str, query: ItemsQuery) -> dic
           summary="Append an item (the runtime's write path)",
           description="201 with the new item. A tool item reusing the `tool_call_id` of an item whose details the "
                       "tool payload cleanup removed is refused with 409 `tool_details_removed`. With an "
-                      "`Idempotency-Key`, a retry answers 200 with the item that key appended, as it is now, and "
-                      "appends nothing; the key of another item is refused with 422 `idempotency_key_reused`.")
+                      "`Idempotency-Key`, a retry of the same request answers 200 with the item that key appended, as "
+                      "it is now, and appends nothing; the key sent with another request is refused with 422 "
+                      "`idempotency_key_reused`.")
 def thread_items_append(request: HttpRequest, public_id: str, body: ItemIn) -> tuple[int, dict]:
     conversation = _thread(public_id)
     if body.role == Role.TOOL and not body.tool_kind:

@@ -395,6 +395,12 @@ class Item(models.Model):
     # The Idempotency-Key the runtime appended it with, if any: a retry with the same key
     # answers with this item instead of appending it twice (lifecycle.actions.append_item).
     client_key = models.CharField(max_length=200, null=True, blank=True, editable=False)
+    # A digest of the append the key came with (its role, kind, call id, status, title, text and
+    # payload as sent): a retry must send the same request; later updates do not change it. ""
+    # when no key was sent, for items appended before it was kept, and once cleanup removed the
+    # item's details (no trace of the removed payload stays); then the retry is compared with
+    # what the item still holds (role, kind, call id, text).
+    client_key_digest = models.CharField(max_length=64, blank=True, default="", db_default="", editable=False)
 
     class Meta:
         ordering = ["conversation", "seq"]

@@ -1341,9 +1341,11 @@ def _lock_conversations(ids: list[int]) -> None:
 
 _STATEMENTS: dict[tuple[str, ...], str] = {}  # SQL built once per engine and shape
 # What every cleanup UPDATE sets besides the payload ({p}: the table's alias and a dot, or
-# nothing); its parameters: the skip reason, details_removed_at, updated_at.
+# nothing); its parameters: the skip reason, details_removed_at, updated_at. The digest of the
+# append's request goes too: it was taken over the payload removed now.
 _REDUCED_SETS = ("payload_bytes = {p}payload_bytes - {p}removable_bytes, removable_bytes = 0, removal_plan = NULL, "
-                 "payload_skip = %s, details_removed_at = %s, revision = {p}revision + 1, updated_at = %s")
+                 "payload_skip = %s, details_removed_at = %s, revision = {p}revision + 1, updated_at = %s, "
+                 "client_key_digest = ''")
 
 
 # ---- PostgreSQL: a batch's span, read and written by SQL ------------------------------------

@@ -314,6 +314,7 @@ def reduce_item_row(item: Any, *, removed_at: datetime) -> dict[str, Any] | None
         "details_removed_at": removed_at,
         "revision": item.revision + 1,
         "updated_at": removed_at,
+        "client_key_digest": "",  # taken over the payload removed now (lifecycle.models.Item)
     }
 
 

@@ -254,6 +254,45 @@ def test_an_append_retried_with_its_idempotency_key_answers_with_the_same_item(r
     assert Item.objects.filter(conversation=conversation).count() == 3
 
 
+def test_a_key_sent_again_with_another_request_is_refused_and_stores_nothing(runtime, conversation):
+    """A retry is the same request: the key with another payload, status or title (or a body
+    refused without a key) is 422 `idempotency_key_reused`, never the first item as if the
+    second had been stored (r49: 200 with the first payload, the new one dropped)."""
+    body = {"role": "tool", "tool_kind": "shell", "tool_call_id": "call_1", "status": "running", "title": "Run tests",
+            "payload": {"command": "ls", "stdout": "a"}}
+    first = post(runtime, conversation, body, HTTP_IDEMPOTENCY_KEY="idem-tool-1")
+    assert first.status_code == 201
+    said = post(runtime, conversation, {"role": "user", "content": "hi"}, HTTP_IDEMPOTENCY_KEY="idem-u")
+    assert said.status_code == 201
+    stored = list(Item.objects.order_by("id").values())
+    for key, other in (
+            ("idem-tool-1", {**body, "payload": {"command": "rm -rf /", "stdout": "zzz"}}),
+            ("idem-tool-1", {**body, "status": "failed"}),
+            ("idem-tool-1", {**body, "title": "Different"}),
+            ("idem-tool-1", {k: v for k, v in body.items() if k != "title"}),
+            ("idem-u", {"role": "user", "content": "hi", "tool_kind": "shell", "payload": [1]}),
+            ("idem-u", {"role": "user", "content": "hi", "title": "A title"})):
+        response = post(runtime, conversation, other, HTTP_IDEMPOTENCY_KEY=key)
+        assert (response.status_code, response.json()["code"]) == (422, "idempotency_key_reused"), other
+    assert list(Item.objects.order_by("id").values()) == stored
+    # The same request again is still the retry it always was, and the keys are unchanged.
+    assert post(runtime, conversation, body, HTTP_IDEMPOTENCY_KEY="idem-tool-1").json() == first.json()
+    assert post(runtime, conversation, {"role": "user", "content": "hi"}, HTTP_IDEMPOTENCY_KEY="idem-u").status_code == 200
+    assert Item.objects.filter(conversation=conversation).count() == 2
+
+
+def test_an_item_keyed_before_request_digests_were_kept_is_compared_by_what_it_holds(runtime, conversation):
+    body = {"role": "tool", "tool_kind": "shell", "tool_call_id": "call_old", "status": "running",
+            "payload": {"command": "ls", "stdout": "a"}}
+    first = post(runtime, conversation, body, HTTP_IDEMPOTENCY_KEY="older")
+    assert Item.objects.get(pk=first.json()["id"]).client_key_digest  # kept now
+    Item.objects.filter(pk=first.json()["id"]).update(client_key_digest="")  # as migration 0026 left older rows
+    assert post(runtime, conversation, {**body, "status": "completed"}, HTTP_IDEMPOTENCY_KEY="older").status_code == 200
+    other = post(runtime, conversation, {**body, "tool_call_id": "call_new"}, HTTP_IDEMPOTENCY_KEY="older")
+    assert (other.status_code, other.json()["code"]) == (422, "idempotency_key_reused")
+    assert Item.objects.filter(conversation=conversation).count() == 1
+
+
 def test_a_retried_append_is_refused_as_any_write_once_a_delete_is_under_way(runtime, conversation):
     """The retry's answer does not change with the delete's progress: refused while the delete
     is pending (it answered 200 with the item's content) as after it completed."""

@@ -304,6 +304,32 @@ def test_cleanup_keeps_titles_order_statuses_summaries_prose_plans_and_todos(adm
     assert reduced.payload["path"] == "/w/a.py" and "content" not in reduced.payload
 
 
+@pytest.mark.django_db
+def test_cleanup_keeps_no_digest_of_a_removed_payload_and_a_later_retry_still_replays(admin_user):
+    """An append's Idempotency-Key digest is taken over its payload: cleanup removes it with the
+    details (SQL and Python rewrites alike), and the retry is then compared with what the item
+    holds, as for items older than the digests."""
+    conversation = old_conversation("keyed", tools=0)
+    sent = {"shell": shell(7), "read_file": {"path": "/w/b.py", "content": "print(2)\n" * 300, "line_count": 300},
+            "plan": {"steps": ["kept"]}}
+    keyed = {kind: append_item(conversation, role="tool", tool_kind=kind, tool_call_id=f"key-{kind}", status="completed",
+                               title=kind, payload=payload, client_key=f"key-{kind}")
+             for kind, payload in sent.items()}
+    age(conversation, OLD)
+    assert all(Item.objects.get(pk=item.pk).client_key_digest for item in keyed.values())
+    enable(admin_user)
+    op = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert op.state == OperationState.SUCCEEDED, op.error_message
+    for kind in ("shell", "read_file"):
+        item = Item.objects.get(pk=keyed[kind].pk)
+        assert item.payload_skip == "already_removed" and item.client_key_digest == "", kind
+        again = append_item(conversation, role="tool", tool_kind=kind, tool_call_id=f"key-{kind}", status="completed",
+                            title=kind, payload=sent[kind], client_key=f"key-{kind}")
+        assert again.pk == item.pk and again.replayed
+    assert Item.objects.get(pk=keyed["plan"].pk).client_key_digest  # a plan is not reduced: its digest stays
+    assert Item.objects.filter(conversation=conversation, client_key__isnull=False).count() == 3
+
+
 # ---- Guards between batches -----------------------------------------------------------------
 
 

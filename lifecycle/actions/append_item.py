@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -47,36 +49,52 @@ def append_item(
     as a tool item or as a message.
 
     `client_key` (the request's Idempotency-Key): an append retried with the key of an item
-    already appended to this conversation answers with that item as it is now (`replayed`
-    set on it), appending nothing and leaving the conversation's activity alone; the key of
-    another item (another role, kind, call id or text) is refused with 422
+    already appended to this conversation, with the same request, answers with that item as
+    it is now (`replayed` set on it), appending nothing and leaving the conversation's
+    activity alone; the key sent with another request (any field of the append other than
+    sent first: role, kind, call id, status, title, text or payload) is refused with 422
     `idempotency_key_reused`. Two appends racing with one key make one item. A retry is
     refused as any write is once a delete is under way or done (it answered with the item's
     content while the delete was pending, then refused once it completed).
     """
+    digest = request_digest(role, tool_kind, tool_call_id, status, title, content, payload) if client_key else ""
     if client_key is not None:
         check_writable(Conversation.objects.only("state").get(pk=conversation.pk))
-        earlier = _keyed(conversation.pk, client_key, role, tool_kind, tool_call_id, content)
+        earlier = _keyed(conversation.pk, client_key, digest, role, tool_kind, tool_call_id, content)
         if earlier is not None:
             return earlier
     try:
         return _append(conversation, role=role, content=content, tool_kind=tool_kind, tool_call_id=tool_call_id,
-                       status=status, title=title, payload=payload, client_key=client_key)
+                       status=status, title=title, payload=payload, client_key=client_key, digest=digest)
     except IntegrityError:
         # Another append with this key committed between the check and this one's insert.
-        earlier = _keyed(conversation.pk, client_key, role, tool_kind, tool_call_id, content) if client_key else None
+        earlier = (_keyed(conversation.pk, client_key, digest, role, tool_kind, tool_call_id, content)
+                   if client_key else None)
         if earlier is None:
             raise
         return earlier
 
 
-def _keyed(conversation_id: int, key: str, role: str, tool_kind: str, tool_call_id: str, content: str) -> Item | None:
-    """The item appended under this key, marked replayed, if the retry asks for the same item."""
+def request_digest(role: str, tool_kind: str, tool_call_id: str, status: str, title: str, content: str,
+                   payload: Any) -> str:
+    """SHA-256 of an append as sent (ASCII JSON: a lone surrogate has a form too)."""
+    sent = json.dumps([role, tool_kind, tool_call_id, status, title, content, payload], ensure_ascii=True,
+                      sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(sent.encode()).hexdigest()
+
+
+def _keyed(conversation_id: int, key: str, digest: str, role: str, tool_kind: str, tool_call_id: str,
+           content: str) -> Item | None:
+    """The item appended under this key, marked replayed, if the retry is the same request."""
     item = Item.objects.filter(conversation_id=conversation_id, client_key=key).first()
     if item is None:
         return None
-    if (item.role, item.tool_kind, item.tool_call_id, item.content) != (
-            role, tool_kind if role == Role.TOOL else "", tool_call_id, content):
+    if item.client_key_digest:
+        same = item.client_key_digest == digest
+    else:  # appended before digests were kept, or its details were removed since
+        same = (item.role, item.tool_kind, item.tool_call_id, item.content) == (
+            role, tool_kind if role == Role.TOOL else "", tool_call_id, content)
+    if not same:
         raise ActionRefused("idempotency_key_reused", _("This Idempotency-Key was used for another item of this "
                                                         "conversation."), status=422)
     item.replayed = True
@@ -84,7 +102,7 @@ def _keyed(conversation_id: int, key: str, role: str, tool_kind: str, tool_call_
 
 
 def _append(conversation: Conversation, *, role: str, content: str, tool_kind: str, tool_call_id: str, status: str,
-            title: str, payload: Any, client_key: str | None) -> Item:
+            title: str, payload: Any, client_key: str | None, digest: str) -> Item:
     if role != Role.TOOL and (tool_kind or payload is not None):
         raise ActionRefused(
             "invalid_item", _("Only tool items have a tool kind or a payload."), status=400
@@ -126,6 +144,7 @@ def _append(conversation: Conversation, *, role: str, content: str, tool_kind: s
             title=title,
             **columns,
             client_key=client_key,
+            client_key_digest=digest,
             created_at=now,
             updated_at=now,
         )
