@@ -119,7 +119,9 @@ class OperationDoc(Schema):
         "Items left alone, by reason: the reducer's reasons stored with each item (protected, "
         "too_small, oversize...), `changed` (written meanwhile: the write won) and "
         "`recent_activity` (its conversation was no longer eligible when the run came to it: "
-        "active again, or being deleted)."))
+        "active again, or being deleted). A cleanup counts the reducer's reasons for all of its "
+        "conversations when it starts: one that stopped before its end went through `scanned` of "
+        "`eligible_conversations`."))
     created_at: str
     started_at: str | None
     finished_at: str | None

@@ -398,6 +398,45 @@ def test_partial_failed_and_pending_runs_are_never_shown_as_completed(admin_clie
         assert label in run_region and "remaining" not in run_region
 
 
+def test_a_run_that_stopped_part_way_says_how_far_it_went_and_what_it_counted_at_its_start(
+        admin_client, admin_user, monkeypatch):
+    """r47: a run disabled after its first conversation listed all of its conversations and
+    the protected items of all of them as if it had gone through them."""
+    from retention import jobs
+
+    monkeypatch.setattr(jobs, "CONVERSATIONS_PER_BATCH", 1)
+    for n in range(3):
+        old_conversation(f"part-{n}")
+    enable(admin_user, choice="skip")
+    op_id = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
+    op = jobs._claim(op_id, "t")
+    assert jobs._cleanup_batch(op, "t") == "next"
+    policy = ToolPayloadPolicy.load()
+    service.save_policy(user=admin_user, enabled=False, age_value=3, age_unit="months", revision=policy.revision,
+                        backup_choice=None)
+    assert jobs._cleanup_batch(op, "t") == "disabled"
+    op.refresh_from_db()
+    assert (op.state, op.scanned, op.eligible_conversations) == ("partial", 1, 3)
+    note = region(page(admin_client), "run-details")
+    assert "It stopped before its end: it went through 1 of its 3 conversations." in text_of(note)
+    spanish = admin_client.get(PAGE, HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode()
+    assert "recorrió 1 de sus 3 conversaciones" in text_of(region(spanish, "run-details"))
+    ToolPayloadOperation.objects.filter(pk=op.pk).update(state="succeeded", scanned=3)  # a finished run: no note
+    assert 'data-testid="run-unfinished"' not in page(admin_client)
+
+
+def test_unreadable_stored_state_promises_no_next_check(admin_client, admin_user):
+    """r47: the card said nothing runs, and below it "Next check: When the job cluster next runs"."""
+    enable(admin_user, choice="skip")
+    ToolPayloadPolicy.objects.filter(id=1).update(preparation_state="weird")
+    html = page(admin_client)
+    next_check = re.search(r'data-testid="next-check">([^<]*)<', html).group(1)
+    assert next_check == "None until the stored state can be read"
+    spanish = admin_client.get(PAGE, HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode()
+    assert re.search(r'data-testid="next-check">([^<]*)<', spanish).group(1) == (
+        "Ninguna hasta que se pueda leer el estado guardado")
+
+
 def test_an_enabled_policy_shows_the_next_check(admin_client, admin_user):
     from datetime import timedelta
 
