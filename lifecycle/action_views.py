@@ -266,8 +266,10 @@ def _operation_context(op: OperationView, request: HttpRequest | None = None) ->
         "verified_physical_at": moment(receipt.get("verified_physical_at")),
         "poll": POLL_SECONDS if op.is_pending else None,
         "cluster_stopped": (stopped := _cluster_stopped(op)),
-        "version": f"{op.state}:{done}:{op.step or ''}:{op.error or ''}:{'stopped' if stopped else ''}",
-        "stalled": op.error == "stalled",
+        "version": (f"{op.state}:{done}:{op.step or ''}:{op.error or ''}:{'stopped' if stopped else ''}:"
+                    f"{'stalled' if op.stalled else ''}"),
+        "stalled": op.stalled,
+        "stalled_text": error_message("stalled"),
         # A request that was not admitted: the delete asked for since, if any (its own page)
         "later_intent": (_intent(conversation) if conversation and op.state in ("refused", "unavailable")
                          and conversation.state != "live" else None),
@@ -406,6 +408,14 @@ def _operations_live(request: HttpRequest) -> HttpResponse:
     return render(request, "lifecycle/_operations_live.html", context)
 
 
+def _pending_error(op: OperationView) -> str:
+    """What stopped a pending delete's last run, and that it is no longer retried by itself."""
+    said = [error_message(op.error)]
+    if op.stalled and op.error != "stalled":
+        said.append(error_message("stalled"))
+    return " ".join(text for text in said if text)
+
+
 def _listed(ops: list[OperationView]) -> list[dict[str, Any]]:
     """The page's rows, with their conversations read in one query."""
     conversations = {c.public_id: c for c in Conversation.objects.filter(public_id__in={op.target for op in ops})
@@ -417,7 +427,7 @@ def _listed(ops: list[OperationView]) -> list[dict[str, Any]]:
         "totals": changed_totals((op.receipt or {}).get("stores", [])),
         "done": sum(1 for s in op.steps if s["state"] == "done"),
         "total": len(op.steps),
-        "error_text": error_message(op.error) if op.is_pending else "",
+        "error_text": _pending_error(op) if op.is_pending else "",
         "reason": reasons.message(op.code) if op.code else "",
     } for op in ops]
 

@@ -237,6 +237,9 @@ class OperationOut(Schema):
     attempts: int
     error: str | None = Field(description="What stopped the last run, while pending.")
     error_message: str | None
+    stalled: bool = Field(description="Pending and no longer retried by itself: its last runs stopped without "
+                                       "progress (`error` says on what). POST /v1/operations/{id}/retry starts "
+                                       "it again.")
     requested_at: str
     completed_at: str | None
     receipt: ReceiptOut | None
@@ -329,7 +332,7 @@ def operation_json(op: DeleteOperation, reads: OperationReads | None = None) -> 
     from lifecycle import fleet
     from lifecycle.deletion import reasons
     from lifecycle.deletion.errors import error_message
-    from lifecycle.deletion.executor import with_current_periods
+    from lifecycle.deletion.executor import stalled, with_current_periods
     from lifecycle.deletion.physical import holders_now
 
     reads = reads or OperationReads()
@@ -376,6 +379,7 @@ def operation_json(op: DeleteOperation, reads: OperationReads | None = None) -> 
         "attempts": op.attempts,
         "error": op.last_error or None,
         "error_message": error_message(op.last_error) or None,
+        "stalled": stalled(op),
         "requested_at": iso(op.requested_at),
         "completed_at": iso(op.completed_at),
         "receipt": receipt,

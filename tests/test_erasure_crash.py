@@ -115,7 +115,9 @@ def test_it_leaves_a_live_lease_alone_and_stops_looping_on_a_step_without_progre
         m.DeleteOperation.objects.filter(pk=op.pk).update(next_attempt_at=None)
     assert executor.run_erasure(op.pk) == "busy"
     op.refresh_from_db()
-    assert (op.state, op.last_error, op.attempts) == ("pending", "stalled", executor.MAX_STALLED)
+    # killed each time: no error recorded, and stalled for an admin's retry
+    assert (op.state, op.last_error, op.attempts) == ("pending", "", executor.MAX_STALLED)
+    assert executor.stalled(op) and op.pk not in executor.outstanding()
     # An admin's retry runs it again (and here, without the fault, to the end).
     monkeypatch.setattr(faults, "kill_point", lambda name: None)
     executor.retry(op.pk)

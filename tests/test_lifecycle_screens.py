@@ -572,6 +572,47 @@ def test_deletes_of_two_owners_conversations_with_one_thread_id_say_whose_each_i
     assert "Local · <bdi>lab-mac</bdi>" in page(member_client, f"/operations/{ops[1].public_id}/")
 
 
+def test_a_delete_that_stopped_on_the_same_error_until_it_stalled_says_both_and_offers_a_retry(
+        admin_client, member_client, api):
+    """r48: a conversation folder replaced by a file stopped every run with unsafe_path; past
+    MAX_STALLED nothing retried it, yet the page said only the error, with no Retry, and the
+    API said nothing of it: the flag was set only when something tried to take the lease."""
+    from lifecycle.enginefs import EngineHome
+
+    conversation = factories.make_conversation()
+    factories.fill_every_store(conversation)
+    folder = EngineHome().artifacts_dir(conversation.storage_key)
+    for child in folder.iterdir():
+        child.unlink()
+    folder.rmdir()
+    folder.write_bytes(b"a file where the folder was")
+    op = request_deletion(conversation, key="stall-on-file", acting_user=None)
+    runs = 0
+    while op.pk in executor.outstanding():  # retried by itself (the first run erases the stores before)
+        assert executor.run_erasure(op.pk) == "pending"
+        m.DeleteOperation.objects.filter(pk=op.pk).update(next_attempt_at=None)  # its back-off, passed
+        runs += 1
+        assert runs <= executor.MAX_STALLED + 1
+    op.refresh_from_db()
+    assert (op.state, op.last_error, op.stalled_attempts) == ("pending", "unsafe_path", executor.MAX_STALLED)
+    assert op.pk not in executor.outstanding()  # the recovery job leaves it alone now
+    shown = api.get(f"/v1/operations/{op.public_id}").json()
+    assert (shown["state"], shown["error"], shown["stalled"]) == ("pending", "unsafe_path", True)
+    content = page(admin_client, f"/operations/{op.public_id}/")
+    assert 'data-testid="op-stalled"' in content and "no longer retried by itself" in content
+    assert "Retry now" in content
+    listed = page(admin_client, "/operations/")
+    assert "no longer retried by itself" in listed
+    spanish = page(admin_client, f"/operations/{op.public_id}/", HTTP_ACCEPT_LANGUAGE="es")
+    assert "Reintentar ahora" in spanish
+    folder.unlink()  # the operator fixes the folder, then retries
+    admin_client.post(f"/operations/{op.public_id}/retry/", **HOST)
+    op.refresh_from_db()
+    assert (op.stalled_attempts, op.last_error, executor.stalled(op)) == (0, "", False)
+    assert executor.run_erasure(op.pk) == "completed"
+    assert api.get(f"/v1/operations/{op.public_id}").json()["stalled"] is False
+
+
 def test_a_stalled_delete_offers_admins_a_retry(admin_client, member_client):
     conversation = factories.make_conversation()
     op = request_deletion(conversation, key="stall", acting_user=None)

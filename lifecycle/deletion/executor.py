@@ -100,11 +100,24 @@ def _backoff(stalled: int) -> timedelta:
     return timedelta(seconds=BACKOFF_SECONDS[min(stalled, len(BACKOFF_SECONDS)) - 1] if stalled else 0)
 
 
+def _held(op: DeleteOperation, now) -> bool:
+    return bool(op.lease_holder and op.lease_expires_at and op.lease_expires_at > now and holder_alive(op.lease_holder))
+
+
+def stalled(op: DeleteOperation, now=None) -> bool:
+    """Pending and no longer retried by itself: MAX_STALLED runs in a row ended without a step
+    done (on an error, or killed), and none runs now. `last_error` keeps what stopped the last
+    one; an admin's retry starts it again (r48: the flag was set only when something tried to
+    take the lease, which nothing did, so no page offered Retry)."""
+    return (op.state == DeleteState.PENDING and op.stalled_attempts >= MAX_STALLED
+            and not _held(op, now or timezone.now()))
+
+
 def eligible(op: DeleteOperation, now=None, *, force: bool = False) -> bool:
     now = now or timezone.now()
     if op.state != DeleteState.PENDING:
         return False
-    if op.lease_holder and op.lease_expires_at and op.lease_expires_at > now and holder_alive(op.lease_holder):
+    if _held(op, now):
         return False
     if force:
         return True
@@ -118,9 +131,6 @@ def take_lease(operation_id: int, *, force: bool = False) -> DeleteOperation | N
         op = DeleteOperation.objects.select_for_update().filter(pk=operation_id).first()
         now = timezone.now()
         if op is None or not eligible(op, now, force=force):
-            if op is not None and op.state == DeleteState.PENDING and op.stalled_attempts >= MAX_STALLED \
-                    and op.last_error != "stalled" and not force:
-                DeleteOperation.objects.filter(pk=op.pk).update(last_error="stalled")
             return None
         op.attempts += 1
         op.stalled_attempts = 1 if force else op.stalled_attempts + 1

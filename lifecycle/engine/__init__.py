@@ -55,6 +55,7 @@ class OperationView:
     steps: list[dict[str, Any]] = field(default_factory=list)
     receipt: dict[str, Any] | None = None
     way_out: dict[str, Any] | None = None
+    stalled: bool = False
     data: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -75,7 +76,9 @@ class OperationView:
             steps=[s for s in steps if isinstance(s, dict) and isinstance(s.get("store"), str)
                    and isinstance(s.get("state"), str)] if isinstance(steps, list) else [],
             receipt=receipt if isinstance(receipt, dict) else None,
-            way_out=way_out if isinstance(way_out, dict) else None, data=data,
+            way_out=way_out if isinstance(way_out, dict) else None,
+            # an engine from before the flag said "stalled" as its error
+            stalled=data.get("stalled") is True or data.get("error") == "stalled", data=data,
         )
 
     @property

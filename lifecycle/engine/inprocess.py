@@ -117,7 +117,7 @@ class InProcessEngine:
             if outcome == "pending" and op.last_error:
                 break  # stopped on an error: report it; the recovery job retries
             if outcome == "busy":
-                if op.last_error == "stalled":
+                if executor.stalled(op):
                     break
                 time.sleep(0.5)  # another worker holds it: wait for it to finish
         return self.operation(operation_id)

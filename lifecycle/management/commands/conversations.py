@@ -11,6 +11,7 @@ from django.utils.translation import gettext, ngettext
 
 from console.management.cli import JsonErrors, io_error
 from lifecycle.deletion import reasons
+from lifecycle.deletion.errors import error_message
 from lifecycle.deletion.presentation import (
     holder_text,
     receipt_rows,
@@ -119,7 +120,7 @@ class Command(JsonErrors, BaseCommand):
             if sys.stderr.isatty() and not self.as_json:
                 sys.stderr.write("\n")
         self.report(op)
-        if wait and op.is_pending and op.error:
+        if wait and op.is_pending and (op.error or op.stalled):
             raise SystemExit(3)  # stopped on an error; it stays pending and the recovery job retries
 
     def resolve(self, engine, agent_id: str, conversation_id: str | None, actor) -> None:
@@ -175,6 +176,8 @@ class Command(JsonErrors, BaseCommand):
             lines.append(f"  {doing} Step {done} of {len(op.steps)} done." + (f"  ({op.error})" if op.error else ""))
             if op.error_message:
                 lines.append(f"  {op.error_message}")
+            if op.stalled and op.error != "stalled":
+                lines.append(f"  {error_message('stalled')}")
         else:
             # Each store as the operation page words it: files counted as files, the tombstone
             # said, and the shared copies a publisher could not revoke
