@@ -369,6 +369,37 @@ def test_an_area_folder_turned_into_a_symlink_is_a_finding_not_a_crash(tmp_path,
     assert list(elsewhere.iterdir()) == []  # nothing was written or removed through the link
 
 
+def test_erase_residue_refuses_a_conversation_folder_come_back_as_a_link_and_touches_nothing_behind_it(
+        tmp_path, capsys):
+    """r48: after a completed delete something outside Lethe made the conversation's folder a
+    link; --erase-residue ended in a traceback with exit 1 (which means "found") and, with
+    --json, no document at all."""
+    target = factories.make_conversation()
+    factories.fill_every_store(target)
+    op = request_deletion(target, key="verify-link-back", acting_user=None)
+    assert executor.run_erasure(op.pk) == "completed"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_bytes(b"not Lethe's")
+    link = EngineHome().thread_dir(target.storage_key)
+    link.symlink_to(outside, target_is_directory=True)
+    with pytest.raises(SystemExit) as caught:
+        call_command("verify_erasure", op.public_id, "--erase-residue", "--json")
+    out = capsys.readouterr().out
+    assert caught.value.code == 2 and out.count("\n") == 1
+    error = json.loads(out)["error"]
+    assert error["code"] == "unsafe_path"
+    assert error["message"].startswith(f"The residue of {op.public_id} was not all removed: ")
+    assert link.is_symlink() and (outside / "keep.txt").read_bytes() == b"not Lethe's"
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="nothing was checked. Move it aside, then run this again.") as refused:
+        call_command("verify_erasure", "--all", "--erase-residue")
+    assert refused.value.returncode == 2
+    link.unlink()  # moved aside: the check is clean again
+    call_command("verify_erasure", op.public_id, "--erase-residue")
+
+
 def test_all_writes_each_operation_as_it_is_checked_and_parses_the_fleet_once(monkeypatch):
     from io import StringIO
 

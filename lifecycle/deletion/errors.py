@@ -9,8 +9,9 @@ ERRORS = {
         "The subagent state file cannot be read, so its rows of this conversation cannot be removed. "
         "The delete stays pending and finishes once the file is repaired or restored."),
     "unsafe_path": _(
-        "A folder of this conversation is a symbolic link or leads outside the engine folder, so it was "
-        "not removed. The delete stays pending until an operator fixes the folder."),
+        "Where a folder of this conversation should be there is a symbolic link, a file or a path leading "
+        "outside the engine folder, so nothing there was removed. The delete stays pending until an operator "
+        "moves it aside."),
     "io_error": _("The engine folder could not be changed. The delete stays pending and is retried."),
     "engine_folder_read_only": _(
         "The engine folder could not be changed: it is on a read-only disk. The delete stays pending and is "

@@ -67,12 +67,25 @@ class Command(JsonErrors, BaseCommand):
         # Each operation's lines are written as it is checked (--all over thousands of deletes
         # takes long); --json is one document, written at the end.
         reports, documents, found = 0, [], False
+        from lifecycle.deletion.files import UnsafeFolder
+        from lifecycle.enginefs import UnsafeEnginePath
         from retention.backups import names_in_folder
 
         present = names_in_folder()  # the backup folder, read once: what the receipts' backups are now
         try:
             for op in ops:
-                erased = erase_residue_of(op) if erase_residue else []
+                try:
+                    erased = erase_residue_of(op) if erase_residue else []
+                except (UnsafeEnginePath, UnsafeFolder) as exc:
+                    # r48: a traceback, exit 1 ("found") and no --json document
+                    where = (f"{exc.relative} in the engine folder is a symbolic link, a file or a path outside it"
+                             if isinstance(exc, UnsafeFolder) else f"{exc} in the engine folder")
+                    checked = (f"{reports} deleted conversation(s) were checked before it" if reports
+                               else "nothing was checked")
+                    raise refusal(
+                        "unsafe_path", f"The residue of {op.public_id} was not all removed: {where}, where a folder "
+                        "of the conversation would be. Lethe never follows a link or removes what is not a folder "
+                        f"of its own, so {checked}. Move it aside, then run this again.", returncode=2) from None
                 r = verify(op, physical=physical)
                 backups = _backups(op.pk, present)
                 reports += 1
