@@ -530,6 +530,9 @@ HTTPS = env_bool("HTTPS", False)
 if HTTPS:
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
+    # The language and time zone cookies too (console/views.py; lethe.js sets the browser's
+    # zone with "secure" on https pages)
+    LANGUAGE_COOKIE_SECURE = True
     SECURE_SSL_REDIRECT = True
     # 0 turns HSTS off; two years is the longest anyone recommends.
     SECURE_HSTS_SECONDS = env_int("HSTS_SECONDS", 365 * 24 * 3600, 0, 2 * 365 * 24 * 3600, "a whole number of seconds")

@@ -22,7 +22,8 @@ def set_language(request: HttpRequest) -> HttpResponse:
     if code in dict(settings.LANGUAGES):
         translation.activate(code)
         response.set_cookie(
-            settings.LANGUAGE_COOKIE_NAME, code, max_age=365 * 24 * 3600, samesite="Lax"
+            settings.LANGUAGE_COOKIE_NAME, code, max_age=365 * 24 * 3600, samesite="Lax",
+            secure=settings.LANGUAGE_COOKIE_SECURE,
         )
     return response
 
@@ -37,7 +38,8 @@ def set_timezone(request: HttpRequest) -> HttpResponse:
     if name == "":
         response.delete_cookie(CHOSEN_COOKIE, samesite="Lax")
     elif valid_zone(name):
-        response.set_cookie(CHOSEN_COOKIE, name, max_age=365 * 24 * 3600, samesite="Lax")
+        response.set_cookie(CHOSEN_COOKIE, name, max_age=365 * 24 * 3600, samesite="Lax",
+                            secure=settings.LANGUAGE_COOKIE_SECURE)  # a preference, as the language
     return response
 
 

@@ -125,11 +125,20 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
     if request.htmx and not request.htmx.boosted and not request.htmx.history_restore_request:
         template += "#results"
     response = render(request, template, context)
-    if request.htmx and request.htmx.current_url_abs_path == request.get_full_path():
+    if request.htmx and _current_path(request) == request.get_full_path():
         # The same search again (typing, then Enter): one history entry, not two.
         response["HX-Push-Url"] = "false"
     patch_vary_headers(response, ["HX-Request", "HX-History-Restore-Request"])
     return response
+
+
+def _current_path(request: HttpRequest) -> str | None:
+    """The page's address htmx sent (HX-Current-URL), as a path; None when it cannot be read
+    (r51: "http://[" failed the list with a 500)."""
+    try:
+        return request.htmx.current_url_abs_path
+    except ValueError:
+        return None
 
 
 def _filtered(view: str, kind: str, owner_id: int | None, query: str) -> ConversationQuerySet:

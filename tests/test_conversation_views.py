@@ -199,6 +199,10 @@ def test_the_same_search_again_adds_no_history_entry(member_client, conversation
     assert again["HX-Push-Url"] == "false"
     new = member_client.get(url, HTTP_HX_CURRENT_URL="http://127.0.0.1/conversations/", **HX)
     assert "HX-Push-Url" not in new
+    for unreadable in ("http://[", "http://[::1", "http://127.0.0.1:99999999/"):  # r51: a 500
+        answer = member_client.get(url, HTTP_HX_CURRENT_URL=unreadable, **HX)
+        assert answer.status_code == 200 and "HX-Push-Url" not in answer, unreadable
+        assert 'id="results"' in answer.content.decode()
 
 
 def test_titles_are_shown_isolated_with_their_invisible_characters_written_out(admin_client):

@@ -65,10 +65,11 @@ def test_the_https_switch_makes_the_deploy_check_clean(tmp_path):
     assert "no issues" in https.stdout
     shown = manage(tmp_path, "shell", "-v0", "-c",
                    "from django.conf import settings as s; print(s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE, "
-                   "s.SECURE_SSL_REDIRECT, s.SECURE_HSTS_SECONDS > 0, s.SECURE_PROXY_SSL_HEADER)",
+                   "s.SECURE_SSL_REDIRECT, s.SECURE_HSTS_SECONDS > 0, s.SECURE_PROXY_SSL_HEADER, "
+                   "s.LANGUAGE_COOKIE_SECURE)",
                    SECRET_KEY=key, HTTPS="true")
     # (the scheme is the web server's: tests/test_app_server.py, the forwarded scheme)
-    assert shown.stdout.split("\n")[0] == "True True True True None"
+    assert shown.stdout.split("\n")[0] == "True True True True None True"
 
 
 @pytest.mark.django_db

@@ -96,3 +96,14 @@ def test_every_page_with_an_absolute_time_names_its_zone(admin_client, admin_use
         # times are now's, so any of them may come up.
         times = re.findall(r"(?:\d{1,2}(?::\d\d)? [ap]\.m\.|noon|midnight)(?: [A-Z]{2,5})?", page)
         assert times and all(t.endswith((" EST", " EDT")) for t in times), (url, times)
+
+
+@pytest.mark.parametrize("secure", [False, True])
+def test_the_preference_cookies_are_secure_when_the_console_is_served_over_https(member_client, settings, secure):
+    """r51: with HTTPS=true the session and CSRF cookies were Secure, the language and time zone
+    cookies were not (settings.py sets LANGUAGE_COOKIE_SECURE with HTTPS)."""
+    settings.LANGUAGE_COOKIE_SECURE = secure
+    zone = member_client.post("/i18n/settz/", {"timezone": "Asia/Tokyo", "next": "/conversations/"}, **HOST)
+    language = member_client.post("/i18n/setlang/", {"language": "es", "next": "/conversations/"}, **HOST)
+    assert bool(zone.cookies[CHOSEN_COOKIE]["secure"]) is secure
+    assert bool(language.cookies[settings.LANGUAGE_COOKIE_NAME]["secure"]) is secure

@@ -168,7 +168,8 @@
   try {
     var zone = Intl.DateTimeFormat().resolvedOptions().timeZone;
     if (zone && /^[A-Za-z0-9_+\-/]{1,64}$/.test(zone) && cookie("lethe_browser_timezone") !== zone) {
-      document.cookie = "lethe_browser_timezone=" + zone + "; path=/; max-age=31536000; samesite=lax";
+      document.cookie = "lethe_browser_timezone=" + zone + "; path=/; max-age=31536000; samesite=lax" +
+        (location.protocol === "https:" ? "; secure" : "");
     }
   } catch (e) { /* no Intl: times stay in the server's zone, and say which */ }
 
