@@ -81,6 +81,9 @@ ERRORS = {
     "engine_offline": gettext_lazy("The engine cannot be reached, and this console is set to refuse deletes "
                                    "while it is offline. Nothing was recorded; try again when the engine is back."),
     "engine_error": gettext_lazy("The engine answered with an error."),
+    "engine_stalled": gettext_lazy("The engine's erasure stopped several times without progress and is no "
+                                   "longer retried by itself there: the engine's operator can retry it on the "
+                                   "engine's page for this delete. This console keeps following it."),
     "engine_bad_answer": gettext_lazy("The engine's answer could not be used (not about this conversation, or "
                                       "not in the form expected). Nothing was taken from it; it is retried by "
                                       "itself."),
@@ -383,8 +386,11 @@ def _attempt(op: BoundDelete, engine: HttpEngine) -> str:
                 next_attempt_at=now + retry_delay(max(op.attempts, 1)))
         return "retry"
     step = view.step if isinstance(view.step, str) and len(view.step) <= 64 else ""
-    _update(op, engine_operation=view.id, engine_state=view.state, engine_step=step, last_error="",
-            waiting_on=WaitingOn.ENGINE, next_attempt_at=None)
+    # An engine's delete that stopped retrying itself waits for the engine's operator, not for
+    # this console: said as such (it read "it is erasing the conversation").
+    stalled = view.state == BoundDeleteState.PENDING and view.stalled
+    _update(op, engine_operation=view.id, engine_state=view.state, engine_step=step,
+            last_error="engine_stalled" if stalled else "", waiting_on=WaitingOn.ENGINE, next_attempt_at=None)
     if view.state in (BoundDeleteState.REFUSED, BoundDeleteState.UNAVAILABLE):
         code = view.code if isinstance(view.code, str) and CODE.fullmatch(view.code) else "engine_error"
         _finish(op, view.state, code)

@@ -34,6 +34,9 @@ def waiting_text(op: BoundDelete) -> str:
             "bad_answer": _("Waiting for the engine: its last answer could not be used (next retry: %(when)s)."),
             "error": _("Waiting for the engine: it answered with an error (next retry: %(when)s)."),
         }[kind] % {"when": when}
+    if op.last_error == "engine_stalled":
+        return _("Waiting for the engine: its erasure stopped retrying by itself; the engine's operator can "
+                 "retry it there.")
     if op.engine_operation:
         return _("Waiting for the engine: it is erasing the conversation.")
     return _("Waiting for the engine: the request is being sent.")

@@ -209,7 +209,7 @@ def bound_delete_detail(request: HttpRequest, delete_id: str) -> HttpResponse:
     context = {
         # An engine that cannot be reached is said once, by the waiting line (with the next retry).
         "op": op, "data": data, "waiting": waiting_text(op),
-        "error_text": "" if op.last_error == "engine_unreachable" else error_text(op.last_error),
+        "error_text": "" if op.last_error in ("engine_unreachable", "engine_stalled") else error_text(op.last_error),
         "code_text": error_text(op.code), "version": version, "poll": POLL_SECONDS if op.state == "pending" else 0,
         "receipt_stores": receipt_rows(stores),
         "receipt_kept": receipt_rows(receipt.get("kept")),

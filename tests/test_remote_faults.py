@@ -93,6 +93,34 @@ def test_an_answer_met_while_following_the_erasure_keeps_the_delete_pending_and_
     assert len(deletes) == (2 if answer == (404, {"code": "not_found"}) else 1)
 
 
+def test_an_engine_delete_that_stopped_retrying_itself_is_said_to_wait_for_the_engines_operator(settings):
+    """The engine's erasure stalled (its own page offers its admin a Retry): the console said
+    "it is erasing the conversation" for as long as that lasted. It says who can move it, keeps
+    following, and completes once the engine's operator retried it."""
+    from remote.status import waiting_text
+
+    state = {"answer": {**PENDING, "error": "unsafe_path", "stalled": True}}
+    routes = {("DELETE", "/v1/threads/"): lambda h: (202, PENDING),
+              ("GET", "/v1/operations/"): lambda h: (200, state["answer"])}
+    with scripted_engine(routes) as (url, _seen):
+        point_at(settings, url)
+        op = delivery.request_bound_delete(binding(), key="k-stalled", actor=None)
+        assert delivery.deliver(op.pk, budget=0.5) == "pending"
+        assert delivery.deliver(op.pk, budget=0.5) == "pending"
+        op.refresh_from_db()
+        assert (op.state, op.last_error, op.engine_state) == ("pending", "engine_stalled", "pending")
+        assert waiting_text(op) == ("Waiting for the engine: its erasure stopped retrying by itself; the engine's "
+                                    "operator can retry it there.")
+        page = admin().get(f"/engine/deletes/{op.public_id}/", HTTP_HOST="127.0.0.1").content.decode()
+        assert "stopped retrying by itself" in page and "it is erasing the conversation" not in page
+        state["answer"] = {**PENDING, "stalled": False}  # retried there: erasing again
+        assert delivery.deliver(op.pk, budget=0.5) == "pending"
+        op.refresh_from_db()
+        assert op.last_error == "" and waiting_text(op) == "Waiting for the engine: it is erasing the conversation."
+        state["answer"] = COMPLETED
+        assert delivery.deliver(op.pk, budget=5) == "completed"
+
+
 @pytest.mark.parametrize("answer", [(302, b""), html(400), html(410), (408, b"")])
 def test_a_redirect_or_an_error_page_at_the_delete_itself_is_retried_not_unavailable(settings, answer):
     with scripted_engine({("DELETE", "/v1/threads/"): lambda h: answer}) as (url, _seen):
