@@ -61,6 +61,11 @@ WORDS = {"missing": "missing", "unmarked": "not marked as this database's engine
          "not_this_folder": "another database's engine folder"}
 
 
+def described(root: Path, reason: str) -> str:
+    """The reason in words: "missing" for a path that holds a file is "not a folder" (r50)."""
+    return "not a folder" if reason == "missing" and os.path.lexists(root) else WORDS[reason]
+
+
 class EngineFolderUnavailable(Exception):  # noqa: N818 (a state of the folder, not a programming error)
     """ENGINE_HOME is not the engine folder this database uses. `reason`: "missing" (no folder
     there), "unmarked" (a folder without the mark) or "not_this_folder" (another one's mark)."""

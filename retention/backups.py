@@ -775,17 +775,25 @@ def restore_paragraphs(vendor: str) -> list[list[RestorePart]]:
             "console and the job cluster again."
         ), command=command, migrate="manage.py migrate",
             adopt="manage.py engine_folder --adopt --take-from-other-database")
+    # r50: the card named the deletes only, and a token revoked since worked again after a
+    # restore made by it; the database set aside holds every conversation and no receipt names it
     deletes = _with_commands(_(
-        "Conversations deleted after the backup come back too. Before you restore, note the deletes "
-        "requested after the backup was made (the Operations page); once restored, delete each of them "
-        "again, then have an operator run %(command)s. The operations guide gives every step."
+        "Conversations deleted after the backup come back too, and so do API tokens revoked, users "
+        "deactivated and passwords changed since. Before you restore, note the deletes requested after "
+        "the backup was made (the Operations page) and those account and token changes; once restored, "
+        "redo the changes before anyone signs in, delete each conversation again, then have an operator "
+        "run %(command)s. The operations guide gives every step."
     ), command="manage.py verify_erasure --all")
+    set_aside = _(
+        "The database you set aside still holds every conversation as it was, and no later deletion "
+        "receipt names it: remove it once you no longer need its receipts."
+    )
     cleanup = _(
         "Tool details removed after the backup come back, and the next cleanup removes them again "
         "while Automatic cleanup is on: to keep them, start the console alone first, turn Automatic "
         "cleanup off, then start the job cluster."
     )
-    return [steps, [RestorePart(warning)], deletes, [RestorePart(cleanup)]]
+    return [steps, [RestorePart(warning)], deletes, [RestorePart(set_aside)], [RestorePart(cleanup)]]
 
 
 def restore_instructions(vendor: str) -> str:

@@ -714,6 +714,10 @@ def test_it_explains_how_to_restore_in_both_languages():
     assert "manage.py engine_folder --adopt --take-from-other-database" in restore_instructions("postgresql")
     assert "engine_folder" not in restore_instructions("sqlite")  # restored at its own path: nothing to do
     assert "-wal" in restore_instructions("sqlite")
+    for vendor in ("sqlite", "postgresql"):  # r50: what comes back besides conversations, and what to remove
+        said = restore_instructions(vendor)
+        assert "API tokens revoked, users deactivated and passwords changed since" in said
+        assert "The database you set aside still holds every conversation as it was" in said
 
 
 def test_a_backup_changed_after_it_was_made_is_listed_as_changed(folder):

@@ -272,7 +272,9 @@ def test_serve_never_makes_an_empty_folder_in_place_of_the_databases(engine_home
 
     settings.ENGINE_HOME = tmp_path / "a-file"
     settings.ENGINE_HOME.write_text("not a folder")
-    with pytest.raises(CommandError, match="is not a folder"):
+    from django.core.exceptions import ImproperlyConfigured
+
+    with pytest.raises(ImproperlyConfigured, match="is not a folder"):  # exit 2 from manage.py (test_settings_env)
         command.prepare_engine_folder()
 
 

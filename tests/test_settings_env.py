@@ -498,6 +498,18 @@ def test_serve_stops_in_one_line_on_a_static_root_it_cannot_use(tmp_path, migrat
     assert afile.read_text() == "not a folder\n"
 
 
+def test_serve_stops_in_one_line_with_exit_2_on_an_engine_home_that_is_a_file(tmp_path, migrated):
+    """r50: a CommandError with exit status 1, which a supervisor takes for a child that died
+    and restarts, where every other path setting gets one line and exit status 2."""
+    afile = tmp_path / "afile"
+    afile.write_text("not a folder\n")
+    result = manage(tmp_path, "serve", "--only", "web", "127.0.0.1:1", **{**migrated, "ENGINE_HOME": str(afile)})
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr == (f"Lethe configuration error: ENGINE_HOME ({afile}) is not a folder. Set ENGINE_HOME to a "
+                             "folder, or to a path where one can be made.\n")
+    assert afile.read_text() == "not a folder\n"
+
+
 # The SQLite database: the owner's only --------------------------------------------------------
 
 def mode(path: Path) -> int:

@@ -457,6 +457,11 @@ def test_json_refusals_are_one_json_document_with_the_same_exit_status(capsys, e
     assert json.loads(out)["error"]["code"] == "engine_folder_unavailable"
     assert json.loads(out)["error"]["message"].startswith(f"The engine folder {engine_home} is missing, so nothing was "
                                                            "checked")
+    engine_home.write_text("a file where the folder was")  # r50: said "is missing" of a file that is there
+    status, out, err = refused("--all")
+    assert json.loads(out)["error"]["message"].startswith(f"The engine folder {engine_home} is not a folder, so nothing "
+                                                           "was checked")
+    engine_home.unlink()
     # Without --json the refusal is the CommandError it was (manage.py prints "CommandError: ...").
     from django.core.management.base import CommandError
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from console.management.cli import require_lethe_tables
@@ -209,18 +210,21 @@ class Command(BaseCommand):
 
         root = Path(settings.ENGINE_HOME)
         if root.exists() and not root.is_dir():
-            raise CommandError(f"ENGINE_HOME ({root}) is not a folder.")
+            # A setting to fix, as any other: exit 2 (exit 1 is a child that died, which a
+            # supervisor restarts; r50: it looped on this)
+            raise ImproperlyConfigured(f"ENGINE_HOME ({root}) is not a folder. Set ENGINE_HOME to a folder, or to a "
+                                       "path where one can be made.")
         try:
             engine_folder.adopt(force=False)
         except engine_folder.EngineFolderUnavailable as exc:
             if exc.reason == "not_this_folder":  # (r18: --adopt alone refuses such a folder)
                 self.say(
-                    f"The engine folder {exc.root} is {engine_folder.WORDS[exc.reason]}: deletes wait and /readyz says "
+                    f"The engine folder {exc.root} is {engine_folder.described(exc.root, exc.reason)}: deletes wait and /readyz says "
                     "not ready. Set ENGINE_HOME to this database's folder; if no other database uses this one any "
                     "more, mark it with manage.py engine_folder --adopt --take-from-other-database.", error=True)
             else:
                 self.say(
-                    f"The engine folder {exc.root} is {engine_folder.WORDS[exc.reason]}: deletes wait and /readyz says "
+                    f"The engine folder {exc.root} is {engine_folder.described(exc.root, exc.reason)}: deletes wait and /readyz says "
                     "not ready until it is back. Mount it or set ENGINE_HOME"
                     + ("." if exc.reason == "missing" else "; if the folder there is the right one, mark it with "
                        "manage.py engine_folder --adopt."), error=True)

@@ -38,7 +38,7 @@ class Command(BaseCommand):
         home = EngineHome()
         if adopt:
             if home.root.exists() and not home.root.is_dir():
-                raise CommandError(f"ENGINE_HOME ({home.root}) is not a folder.")
+                raise CommandError(f"ENGINE_HOME ({home.root}) is not a folder.", returncode=2)
             # (r42: a misspelt path was made and taken as an empty folder; a new install, with no
             # conversation whose files could be elsewhere, still gets its folder made)
             if not home.root.exists() and engine_folder.holds_conversations():
@@ -58,7 +58,7 @@ class Command(BaseCommand):
                         "and that database's deletes wait.") % {
                             "folder": exc.root, "mark": engine_folder.folder_mark(home) or "?"},
                         returncode=2) from None
-                raise CommandError(f"{exc.root}: {engine_folder.WORDS[exc.reason]}.", returncode=2) from None
+                raise CommandError(f"{exc.root}: {engine_folder.described(exc.root, exc.reason)}.", returncode=2) from None
             except OSError as exc:  # a read-only mount, a folder of another user: one line
                 if not os.path.isabs(str(exc.filename or "")):  # the folder, not one step of its path (r46)
                     exc.filename = str(home.root)
@@ -81,7 +81,7 @@ class Command(BaseCommand):
             then = ("Set ENGINE_HOME to the folder that holds their files (or mount it)." if reason == "missing" else
                     "Check that it is the right folder (or set ENGINE_HOME to the right one), then run manage.py "
                     f"engine_folder --adopt{TAKE if reason == 'not_this_folder' else ''}.")
-            self.stdout.write(f"{home.root}: {engine_folder.WORDS[reason]}. This database has recorded no engine folder "
+            self.stdout.write(f"{home.root}: {engine_folder.described(home.root, reason)}. This database has recorded no engine folder "
                               f"yet and does not take this one by itself: {why}. Deletes wait. {then}")
             raise SystemExit(1)
         if reason == "not_this_folder" and engine_folder.is_copy():
@@ -93,7 +93,7 @@ class Command(BaseCommand):
                 "folder gets a new mark and the other's deletes wait.")
             raise SystemExit(1)
         if reason:
-            self.stdout.write(f"{home.root}: {engine_folder.WORDS[reason]} (this database's mark is {recorded}). "
+            self.stdout.write(f"{home.root}: {engine_folder.described(home.root, reason)} (this database's mark is {recorded}). "
                               "Deletes wait until it is back."
                               + (f" If this database is to use it and the other no longer does, run manage.py "
                                  f"engine_folder --adopt{TAKE}." if reason == "not_this_folder" else ""))

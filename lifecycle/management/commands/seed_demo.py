@@ -67,7 +67,7 @@ class Command(BaseCommand):
                       "ENGINE_HOME to another folder." if exc.reason == "not_this_folder" else
                       " Set ENGINE_HOME to this database's folder (or mount it)." if exc.reason == "missing" else
                       " Set ENGINE_HOME to this database's folder, or check it and run manage.py engine_folder --adopt.")
-            raise CommandError(f"Nothing was seeded: the engine folder {exc.root} is {engine_folder.WORDS[exc.reason]}."
+            raise CommandError(f"Nothing was seeded: the engine folder {exc.root} is {engine_folder.described(exc.root, exc.reason)}."
                                + advice, returncode=2) from None
         if not no_users:  # after the folder check: a refused seed creates no users either (r20)
             self.users()

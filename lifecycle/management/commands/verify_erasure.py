@@ -62,7 +62,7 @@ class Command(JsonErrors, BaseCommand):
         if unfinished:
             raise refusal("not_completed", f"{unfinished[0].public_id} is {unfinished[0].state}; nothing to verify "
                           "yet.", returncode=2)
-        from lifecycle.engine_folder import WORDS, EngineFolderUnavailable
+        from lifecycle.engine_folder import EngineFolderUnavailable, described
 
         # Each operation's lines are written as it is checked (--all over thousands of deletes
         # takes long); --json is one document, written at the end.
@@ -98,7 +98,7 @@ class Command(JsonErrors, BaseCommand):
         except EngineFolderUnavailable as exc:
             checked = f"{reports} deleted conversation(s) were checked before it" if reports else "nothing was checked"
             raise refusal(
-                "engine_folder_unavailable", f"The engine folder {exc.root} is {WORDS[exc.reason]}, so {checked} (a "
+                "engine_folder_unavailable", f"The engine folder {exc.root} is {described(exc.root, exc.reason)}, so {checked} (a "
                 "folder that is not there would look clean). Mount it or set ENGINE_HOME, then run this again"
                 + ("." if exc.reason == "missing" else "; if this folder is the right one, mark it with manage.py "
                    "engine_folder --adopt."), returncode=2) from None
