@@ -265,7 +265,8 @@ def _operation_context(op: OperationView, request: HttpRequest | None = None) ->
         "unscanned": unscanned_at(verification),
         "verified_physical_at": moment(receipt.get("verified_physical_at")),
         "poll": POLL_SECONDS if op.is_pending else None,
-        "cluster_stopped": (stopped := _cluster_stopped(op)),
+        # A stalled delete does not go on when the cluster runs again (r52: the page said it would)
+        "cluster_stopped": (stopped := None if op.stalled else _cluster_stopped(op)),
         "version": (f"{op.state}:{done}:{op.step or ''}:{op.error or ''}:{'stopped' if stopped else ''}:"
                     f"{'stalled' if op.stalled else ''}"),
         "stalled": op.stalled,

@@ -389,8 +389,9 @@ def _attempt(op: BoundDelete, engine: HttpEngine) -> str:
     # An engine's delete that stopped retrying itself waits for the engine's operator, not for
     # this console: said as such (it read "it is erasing the conversation").
     stalled = view.state == BoundDeleteState.PENDING and view.stalled
+    since = {"last_error_at": now} if stalled and op.last_error != "engine_stalled" else {}  # first seen
     _update(op, engine_operation=view.id, engine_state=view.state, engine_step=step,
-            last_error="engine_stalled" if stalled else "", waiting_on=WaitingOn.ENGINE, next_attempt_at=None)
+            last_error="engine_stalled" if stalled else "", waiting_on=WaitingOn.ENGINE, next_attempt_at=None, **since)
     if view.state in (BoundDeleteState.REFUSED, BoundDeleteState.UNAVAILABLE):
         code = view.code if isinstance(view.code, str) and CODE.fullmatch(view.code) else "engine_error"
         _finish(op, view.state, code)

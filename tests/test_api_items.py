@@ -281,6 +281,23 @@ def test_a_key_sent_again_with_another_request_is_refused_and_stores_nothing(run
     assert Item.objects.filter(conversation=conversation).count() == 2
 
 
+def test_a_retry_whose_numbers_are_written_as_the_stored_item_has_them_is_the_same_request(runtime, conversation):
+    """r52: the digest was taken over the numbers as parsed; the database keeps 1e16 as
+    10000000000000000 and -0.0 as 0.0, so the payload an answer gave back was refused."""
+    sent = '{"role": "tool", "tool_kind": "shell", "tool_call_id": "f1", "payload": {"command": "ls", "n": 1e16, "z": -0.0}}'
+    first = post(runtime, conversation, sent, HTTP_IDEMPOTENCY_KEY="f1")
+    assert first.status_code == 201, first.content
+    answered = first.json()["payload"]
+    assert answered == {"command": "ls", "n": 10000000000000000, "z": 0.0}
+    for again in (sent, {"role": "tool", "tool_kind": "shell", "tool_call_id": "f1", "payload": answered},
+                  sent.replace("1e16", "1E+16").replace("-0.0", "0.0")):
+        response = post(runtime, conversation, again, HTTP_IDEMPOTENCY_KEY="f1")
+        assert (response.status_code, response.json()["id"]) == (200, first.json()["id"]), again
+    other = post(runtime, conversation, sent.replace("1e16", "2e16"), HTTP_IDEMPOTENCY_KEY="f1")
+    assert (other.status_code, other.json()["code"]) == (422, "idempotency_key_reused")
+    assert Item.objects.filter(conversation=conversation).count() == 1
+
+
 def test_an_item_keyed_before_request_digests_were_kept_is_compared_by_what_it_holds(runtime, conversation):
     body = {"role": "tool", "tool_kind": "shell", "tool_call_id": "call_old", "status": "running",
             "payload": {"command": "ls", "stdout": "a"}}

@@ -109,6 +109,11 @@ def test_an_engine_delete_that_stopped_retrying_itself_is_said_to_wait_for_the_e
         assert delivery.deliver(op.pk, budget=0.5) == "pending"
         op.refresh_from_db()
         assert (op.state, op.last_error, op.engine_state) == ("pending", "engine_stalled", "pending")
+        seen_at = op.last_error_at  # r52: the time of an earlier error, or none
+        assert seen_at is not None and seen_at >= op.requested_at
+        assert delivery.deliver(op.pk, budget=0.5) == "pending"  # still stalled: the time it was first seen
+        op.refresh_from_db()
+        assert op.last_error_at == seen_at
         assert waiting_text(op) == ("Waiting for the engine: its erasure stopped retrying by itself; the engine's "
                                     "operator can retry it there.")
         page = admin().get(f"/engine/deletes/{op.public_id}/", HTTP_HOST="127.0.0.1").content.decode()

@@ -14,7 +14,7 @@ from lifecycle.errors import ActionRefused
 from lifecycle.fence import check_writable, lock_writable, refusal
 from lifecycle.item_payload import has_bad_text, payload_columns
 from lifecycle.models import Conversation, ConversationState, Item, Role
-from retention.reducer import MARKER_KEY, Skip, is_marker
+from retention.reducer import MARKER_KEY, Skip, is_marker, normalize
 
 
 def last_seq(conversation_id: int):
@@ -77,8 +77,10 @@ def append_item(
 
 def request_digest(role: str, tool_kind: str, tool_call_id: str, status: str, title: str, content: str,
                    payload: Any) -> str:
-    """SHA-256 of an append as sent (ASCII JSON: a lone surrogate has a form too)."""
-    sent = json.dumps([role, tool_kind, tool_call_id, status, title, content, payload], ensure_ascii=True,
+    """SHA-256 of an append as it is stored (ASCII JSON: a lone surrogate has a form too): the
+    payload's numbers in the form the database keeps, so 1e16 and 10000000000000000, which make
+    the same item, are the same request (r52: the payload an answer gave back was refused)."""
+    sent = json.dumps([role, tool_kind, tool_call_id, status, title, content, normalize(payload)], ensure_ascii=True,
                       sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(sent.encode()).hexdigest()
 
