@@ -18,6 +18,7 @@ process did not see) is never shown: the estimate stands in until the next measu
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass
 from datetime import datetime
@@ -73,10 +74,11 @@ def database_size(*, measure: bool = False) -> DatabaseSize:
     with connection.cursor() as cursor:
         if connection.vendor == "sqlite":
             page_size, pages, free = sqlite_pages(cursor)
+            # The files as they are on disk: page_count already counts the pages that are in
+            # the -wal file only, so it and the -wal's size counted them twice (r53).
             name = str(connection.settings_dict["NAME"])
-            wal = Path(name + "-wal")
-            wal_bytes = wal.stat().st_size if wal.exists() else 0
-            return DatabaseSize("sqlite", pages * page_size + wal_bytes, free * page_size, False)
+            on_disk = sum(os.stat(name + suffix).st_size for suffix in ("", "-wal") if os.path.exists(name + suffix))
+            return DatabaseSize("sqlite", on_disk, min(free * page_size, on_disk), False)
         if connection.pg_version >= 150000:
             # This connection's row counts reach the statistics views at most once a second
             # (and at the end of a transaction); flush them so rows it just deleted count.
