@@ -702,6 +702,8 @@ def test_members_see_the_status_read_only_with_the_admins_only_note(member_clien
     for action in ("Analyze savings", "Run cleanup now", "Compact database</button>", "Cancel run", "Retry"):
         assert action not in html, action
     assert 'id="save-bar"' not in html
+    # r53: where Compact database would be, the note says why (DESIGN 7)
+    assert 'data-testid="compact-admins-only"' in html and "Admins only. An admin can compact the database." in html
     response = member_client.get(STATUS, **HX)
     assert response.status_code == 200 and "Run cleanup now" not in response.content.decode()
 

@@ -252,6 +252,29 @@ def test_the_section_lists_the_largest_with_delete_and_cleanup_links(admin_clien
 
 
 @pytest.mark.django_db
+def test_a_conversation_deleted_after_the_measurement_leaves_its_owners_figures_at_once(admin_client, engine_home):
+    """r53: the conversation list dropped it at once, its account kept counting it (and an owner
+    all of whose conversations were deleted stayed listed) until the next measurement."""
+    from insight.templatetags.insight import _owners
+    from lifecycle.models import Account, Computer
+
+    fleet = build_fleet()
+    measure_storage()
+    sizes = {c.pk: ConversationSize.objects.get(conversation_id=c.pk) for c in (fleet["big"], fleet["small"])}
+    north = OwnerSize.objects.get(kind="account", owner_id=fleet["north"].pk)
+    Conversation.objects.filter(pk__in=[fleet["small"].pk, fleet["local"].pk]).update(state="deleted", title="")
+    [shown] = [row.size for row in _owners("account", Account) if row.size.owner_id == fleet["north"].pk]
+    assert (shown.conversations, shown.db_bytes, shown.engine_bytes, shown.total_bytes) == (
+        1, north.db_bytes - sizes[fleet["small"].pk].db_bytes, north.engine_bytes - sizes[fleet["small"].pk].engine_bytes,
+        sizes[fleet["big"].pk].total_bytes)
+    assert _owners("computer", Computer) == []  # its one conversation is deleted
+    page = admin_client.get(PAGE, **HOST).content.decode()
+    accounts = page[page.index('data-testid="account-sizes"'):page.index('data-testid="computer-sizes"')]
+    assert "Northwind<" in accounts.replace("</bdi>", "<") and "· 1 conversation<" in accounts
+    assert "No computer has conversations." in page
+
+
+@pytest.mark.django_db
 def test_the_chart_has_a_point_for_each_day_in_each_series(admin_client, engine_home):
     today = timezone.now().date()
     DailySize.objects.bulk_create([DailySize(day=today - timedelta(days=n), measured_at=timezone.now(),
@@ -301,6 +324,7 @@ def test_a_member_sees_it_read_only_and_cannot_measure(member_client, engine_hom
     measure_storage()
     page = member_client.get(PAGE, **HOST).content.decode()
     assert 'data-testid="largest-conversations"' in page and "Measure now" not in page
+    assert 'data-testid="measure-admins-only"' in page  # r53: the note where the action would be
     response = member_client.post(MEASURE, **HOST)
     assert response.status_code == 403
     assert OrmQ.objects.count() == 0 and Measurement.load().requested_at is None
@@ -610,6 +634,8 @@ def test_a_request_that_did_not_finish_is_not_shown_as_waiting_for_ever(admin_cl
                                             measured_at=now - timedelta(hours=7))
     page = admin_client.get(PAGE, **HOST).content.decode()
     assert "did not finish" in page and "is waiting for the background job" not in page
+    spanish = admin_client.get(PAGE, HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode()
+    assert "Se solicitó una medición el " in spanish and "medición a las" not in spanish  # r53: "a las 6 de diciembre"
     assert admin_client.post(MEASURE, **HOST).status_code == 302  # queued again
     assert "is waiting for the background job" in admin_client.get(PAGE, **HOST).content.decode()
 

@@ -22,7 +22,7 @@ from insight.models import (
     OwnerSize,
     ToolKindSize,
 )
-from lifecycle.models import Account, Computer, Conversation, ConversationState, ToolKind
+from lifecycle.models import Account, Computer, Conversation, ConversationState, Scope, ToolKind
 
 register = template.Library()
 TOP = 20
@@ -34,8 +34,29 @@ class Row:
     size: Any
 
 
+def _deleted_since(kind: str) -> dict[int, list[ConversationSize]]:
+    """owner id -> the measured sizes of its conversations deleted since the measurement."""
+    deleted = Conversation.objects.filter(state=ConversationState.DELETED)
+    gone = {s.conversation_id: s for s in ConversationSize.objects.filter(conversation_id__in=deleted.values("pk"))}
+    scope, field = ((Scope.BOUND, "account_id") if kind == OwnerKind.ACCOUNT else (Scope.LOCAL, "computer_id"))
+    owned: dict[int, list[ConversationSize]] = {}
+    for pk, owner_id in deleted.filter(pk__in=list(gone), scope=scope).values_list("pk", field):
+        owned.setdefault(owner_id, []).append(gone[pk])
+    return owned
+
+
 def _owners(kind: str, model) -> list[Row]:
-    sizes = list(OwnerSize.objects.filter(kind=kind).order_by("-total_bytes", "owner_id")[:TOP])
+    """The largest owners, without the conversations deleted since the measurement (r53: the
+    conversation list dropped a deleted conversation at once, its owner's figures kept it)."""
+    deleted = _deleted_since(kind)
+    sizes = list(OwnerSize.objects.filter(kind=kind).order_by("-total_bytes", "owner_id")[:TOP + len(deleted)])
+    for size in sizes:
+        for gone in deleted.get(size.owner_id, ()):
+            size.conversations = max(size.conversations - 1, 0)
+            size.db_bytes = max(size.db_bytes - gone.db_bytes, 0)
+            size.engine_bytes = max(size.engine_bytes - gone.engine_bytes, 0)
+            size.total_bytes = max(size.total_bytes - gone.total_bytes, 0)
+    sizes = sorted((s for s in sizes if s.conversations), key=lambda s: (-s.total_bytes, s.owner_id))[:TOP]
     names = model.objects.in_bulk([s.owner_id for s in sizes])
     return [Row(names[s.owner_id], s) for s in sizes if s.owner_id in names]
 
