@@ -272,6 +272,10 @@ def test_a_conversation_deleted_after_the_measurement_leaves_its_owners_figures_
     accounts = page[page.index('data-testid="account-sizes"'):page.index('data-testid="computer-sizes"')]
     assert "Northwind<" in accounts.replace("</bdi>", "<") and "· 1 conversation<" in accounts
     assert "No computer has conversations." in page
+    # r55: the tool kinds' figures are the whole measurement's, and say they still count them
+    assert "As measured: 2 conversations deleted since are still counted in these figures" in page
+    measure_storage()
+    assert 'data-testid="tool-kinds-deleted-since"' not in admin_client.get(PAGE, **HOST).content.decode()
 
 
 @pytest.mark.django_db

@@ -98,6 +98,10 @@ def storage_insight(context) -> dict[str, Any]:
         computers=_owners(OwnerKind.COMPUTER, Computer),
         tool_kinds=[Row(labels.get(k.tool_kind, k.tool_kind), k)
                     for k in ToolKindSize.objects.order_by("-payload_bytes", "tool_kind")],
+        # The tool kinds' figures are the whole measurement's (no per-conversation split is
+        # kept): a conversation deleted since is still in them, and the list says so (r55)
+        deleted_since=ConversationSize.objects.filter(
+            conversation_id__in=Conversation.objects.filter(state=ConversationState.DELETED).values("pk")).count(),
         chart_html=_chart_html(measurement),
     )
     return insight
