@@ -181,14 +181,16 @@ def test_focus_rings_and_field_borders_reach_three_to_one_in_light_mode(seeded, 
 
 _IN_VIEW = """(id) => {
   const box = document.getElementById(id).getBoundingClientRect();
+  const label = document.querySelector(`label[for="${id}"]`);  // its label too (r56: half under the bar)
+  const first = label ? Math.min(label.getBoundingClientRect().top, box.top) : box.top;
   const top = document.querySelector(".topbar").getBoundingClientRect();
   const vv = window.visualViewport, bottom = vv ? vv.offsetTop + vv.height : innerHeight;
-  return box.top - 5 >= top.bottom - 0.5 && box.bottom + 5 <= bottom + 0.5;
+  return first - 5 >= top.bottom - 0.5 && box.bottom + 5 <= bottom + 0.5;
 }"""
 
 
 def in_view_soon(page: Page, field: str, seconds: float = 5.0) -> None:
-    """The field and its focus ring between the top bar and the visible area's bottom edge,
+    """The field with its label and focus ring between the top bar and the visible area's bottom edge,
     checked after each frame until it holds (the resize's scroll comes a frame or two later)."""
     deadline = time.monotonic() + seconds
     while not page.evaluate(_IN_VIEW, field):

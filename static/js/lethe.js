@@ -516,8 +516,10 @@
     var el = document.activeElement;
     var saveBar = document.getElementById("save-bar");
     if (!typingField(el) || (saveBar && !saveBar.hidden)) return;
-    // A search field goes to the top of what is visible, so its results show under it.
-    el.scrollIntoView({ block: el.type === "search" ? "start" : "nearest" });
+    // A search field goes to the top of what is visible, so its results show under it: with
+    // its label (its .field), which the field alone at the top left under the top bar.
+    if (el.type === "search") (el.closest(".field") || el).scrollIntoView({ block: "start" });
+    else el.scrollIntoView({ block: "nearest" });
   }
   if (window.visualViewport) window.visualViewport.addEventListener("resize", typingFieldInView);
   window.addEventListener("resize", typingFieldInView);
