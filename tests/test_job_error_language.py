@@ -21,7 +21,7 @@ PAGE = "/settings/system/data-storage/"
 OUTER = "The backup made for this cleanup does not verify: %(reason)s"
 INNER = "The backup file changed since it was made: its checksum no longer matches."
 ENGLISH = OUTER % {"reason": INNER}
-SPANISH = ("La copia de seguridad hecha para esta limpieza no se puede verificar: El archivo de la copia de "
+SPANISH = ("La copia de seguridad hecha para esta limpieza no supera la verificación: El archivo de la copia de "
            "seguridad cambió después de hacerse: su suma de comprobación ya no coincide.")
 # Words of the English messages that no Spanish rendering of them has
 ENGLISH_WORDS = ("backup", "verify", "checksum", "changed", "cleanup", "space", "needed", "free", "kept")
@@ -148,7 +148,7 @@ def test_nested_messages_are_translated_at_every_level_and_read_back_as_stored()
     stored = message.stored()
     assert Message.from_json(json.loads(stored)) == message
     with translation.override("es"):
-        assert said(stored) == ("La copia de seguridad hecha para esta limpieza no se puede verificar: La copia "
+        assert said(stored) == ("La copia de seguridad hecha para esta limpieza no supera la verificación: La copia "
                                 "de seguridad está dañada: El archivo de la copia de seguridad cambió después "
                                 "de hacerse: su suma de comprobación ya no coincide.")
     assert said(stored) == OUTER % {"reason": "The backup copy is damaged: " + INNER}
