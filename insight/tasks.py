@@ -103,9 +103,10 @@ def measure_storage() -> dict[str, int]:
         owner[0] += 1
         owner[1] += text + payload
         owner[2] += engine
-        if text + payload + engine:
-            conversation_rows.append(ConversationSize(conversation_id=pk, db_bytes=text + payload,
-                                                      engine_bytes=engine, total_bytes=text + payload + engine))
+        # A row for each conversation measured, empty ones too: a delete since takes it off its
+        # owner's figures by this row (r58: an empty one stayed counted)
+        conversation_rows.append(ConversationSize(conversation_id=pk, db_bytes=text + payload,
+                                                  engine_bytes=engine, total_bytes=text + payload + engine))
     owner_rows = [OwnerSize(kind=kind, owner_id=owner_id, conversations=n, db_bytes=db, engine_bytes=engine,
                             total_bytes=db + engine)
                   for (kind, owner_id), (n, db, engine) in per_owner.items()]

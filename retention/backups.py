@@ -782,7 +782,7 @@ def restore_paragraphs(vendor: str) -> list[list[RestorePart]]:
         "deactivated and passwords changed since. Before you restore, note the deletes requested after "
         "the backup was made (the Operations page) and those account and token changes; once restored, "
         "redo the changes before anyone signs in, delete each conversation again, then have an operator "
-        "run %(command)s. The operations guide gives every step."
+        "run this (the operations guide gives every step): %(command)s"
     ), command="manage.py verify_erasure --all")
     set_aside = _(
         "The database you set aside still holds every conversation as it was, and no later deletion "

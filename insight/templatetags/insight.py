@@ -63,7 +63,7 @@ def _owners(kind: str, model) -> list[Row]:
 
 def _conversations() -> list[Row]:
     shown = Conversation.objects.exclude(state=ConversationState.DELETED).values("pk")
-    sizes = list(ConversationSize.objects.filter(conversation_id__in=shown)
+    sizes = list(ConversationSize.objects.filter(conversation_id__in=shown, total_bytes__gt=0)
                  .order_by("-total_bytes", "conversation_id")[:TOP])
     found = Conversation.objects.select_related("account", "computer").in_bulk([s.conversation_id for s in sizes])
     return [Row(found[s.conversation_id], s) for s in sizes if s.conversation_id in found]
@@ -99,7 +99,7 @@ def storage_insight(context) -> dict[str, Any]:
         tool_kinds=[Row(labels.get(k.tool_kind, k.tool_kind), k)
                     for k in ToolKindSize.objects.order_by("-payload_bytes", "tool_kind")],
         # The tool kinds' figures are the whole measurement's (no per-conversation split is
-        # kept): a conversation deleted since is still in them, and the list says so (r55)
+        # kept): they do not follow a delete made since, and the list says so (r55)
         deleted_since=ConversationSize.objects.filter(
             conversation_id__in=Conversation.objects.filter(state=ConversationState.DELETED).values("pk")).count(),
         chart_html=_chart_html(measurement),
