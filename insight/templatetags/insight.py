@@ -34,21 +34,24 @@ class Row:
     size: Any
 
 
-def _deleted_since(kind: str) -> dict[int, list[ConversationSize]]:
-    """owner id -> the measured sizes of its conversations deleted since the measurement."""
+def _deleted_since() -> dict[tuple[str, int], list[ConversationSize]]:
+    """(owner kind, owner id) -> the measured sizes of its conversations deleted since the
+    measurement (one read for both kinds, and for the tool kinds' note)."""
     deleted = Conversation.objects.filter(state=ConversationState.DELETED)
     gone = {s.conversation_id: s for s in ConversationSize.objects.filter(conversation_id__in=deleted.values("pk"))}
-    scope, field = ((Scope.BOUND, "account_id") if kind == OwnerKind.ACCOUNT else (Scope.LOCAL, "computer_id"))
-    owned: dict[int, list[ConversationSize]] = {}
-    for pk, owner_id in deleted.filter(pk__in=list(gone), scope=scope).values_list("pk", field):
-        owned.setdefault(owner_id, []).append(gone[pk])
+    owned: dict[tuple[str, int], list[ConversationSize]] = {}
+    rows = deleted.filter(pk__in=list(gone)).values_list("pk", "scope", "account_id", "computer_id")
+    for pk, scope, account_id, computer_id in rows:
+        owner = (OwnerKind.ACCOUNT, account_id) if scope == Scope.BOUND else (OwnerKind.COMPUTER, computer_id)
+        owned.setdefault(owner, []).append(gone[pk])
     return owned
 
 
-def _owners(kind: str, model) -> list[Row]:
+def _owners(kind: str, model, deleted: dict[tuple[str, int], list[ConversationSize]] | None = None) -> list[Row]:
     """The largest owners, without the conversations deleted since the measurement (r53: the
     conversation list dropped a deleted conversation at once, its owner's figures kept it)."""
-    deleted = _deleted_since(kind)
+    deleted = {owner_id: sizes for (owner_kind, owner_id), sizes in
+               (_deleted_since() if deleted is None else deleted).items() if owner_kind == kind}
     sizes = list(OwnerSize.objects.filter(kind=kind).order_by("-total_bytes", "owner_id")[:TOP + len(deleted)])
     for size in sizes:
         for gone in deleted.get(size.owner_id, ()):
@@ -92,16 +95,16 @@ def storage_insight(context) -> dict[str, Any]:
     }
     if measurement.measured_at is None:
         return insight
+    deleted = _deleted_since()
     insight.update(
         conversations=_conversations(),
-        accounts=_owners(OwnerKind.ACCOUNT, Account),
-        computers=_owners(OwnerKind.COMPUTER, Computer),
+        accounts=_owners(OwnerKind.ACCOUNT, Account, deleted),
+        computers=_owners(OwnerKind.COMPUTER, Computer, deleted),
         tool_kinds=[Row(labels.get(k.tool_kind, k.tool_kind), k)
                     for k in ToolKindSize.objects.order_by("-payload_bytes", "tool_kind")],
         # The tool kinds' figures are the whole measurement's (no per-conversation split is
         # kept): they do not follow a delete made since, and the list says so (r55)
-        deleted_since=ConversationSize.objects.filter(
-            conversation_id__in=Conversation.objects.filter(state=ConversationState.DELETED).values("pk")).count(),
+        deleted_since=sum(len(sizes) for sizes in deleted.values()),
         chart_html=_chart_html(measurement),
     )
     return insight
