@@ -117,12 +117,21 @@ def open_nav(page: Page, name: str) -> None:
     """Go to a main page the way a person would. On phones the bottom bar has one Settings
     entry (it opens Data & storage); the settings pages link to each other."""
     if page.viewport_size["width"] < 768 and name in SETTINGS_PAGES:
-        nav_link(page, "Settings").click()
+        _follow(page, nav_link(page, "Settings"))
         expect(page.get_by_role("heading", level=1)).to_have_text("Data & storage")
         if name != "Data & storage":
-            page.get_by_role("navigation", name="Settings pages").get_by_role("link", name=name).click()
+            _follow(page, page.get_by_role("navigation", name="Settings pages").get_by_role("link", name=name))
         return
-    nav_link(page, name).click()
+    _follow(page, nav_link(page, name))
+
+
+def _follow(page: Page, link) -> None:
+    """Click a link and return once the new page's scripts have run. The fields are on screen
+    before the deferred page script is, so a key pressed at once on a loaded machine went to
+    the browser's own form submission (a CI failure: Enter posted the form without the page's
+    handling of an ended session)."""
+    with page.expect_navigation(wait_until="domcontentloaded"):
+        link.click()
 
 
 _COVERED_BY_BAR = """
