@@ -77,3 +77,25 @@ def test_the_operations_poll_reads_its_rows_in_a_constant_number_of_queries(admi
     _completed(18)
     ids = list(DeleteOperation.objects.values_list("public_id", flat=True))
     assert len(ids) == 20 and _polled(admin_client, ids) == few
+
+
+@pytest.mark.parametrize(("lang", "empty", "other"), [
+    ("en", "No delete operations were refused.", "No delete operations yet."),
+    ("es", "No se ha rechazado ninguna operación de eliminación.", "Todavía no hay operaciones de eliminación."),
+])
+def test_an_empty_tab_says_no_operation_has_its_state_while_other_tabs_list_some(admin_client, lang, empty, other):
+    """With completed deletes listed under All, the Refused tab said there were no delete
+    operations yet (r59)."""
+    import html
+
+    _completed(3)
+
+    def page(query: str) -> str:
+        return html.unescape(admin_client.get(f"/operations/{query}", HTTP_ACCEPT_LANGUAGE=lang,
+                                              HTTP_HOST="127.0.0.1").content.decode())
+
+    refused, everything = page("?state=refused"), page("")
+    assert empty in refused and other not in refused
+    assert everything.count('class="op-row"') == 3 and empty not in everything and other not in everything
+    DeleteOperation.objects.all().delete()
+    assert other in page("")
