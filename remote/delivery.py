@@ -348,8 +348,8 @@ def _attempt(op: BoundDelete, engine: HttpEngine) -> str:
             view = engine.request_delete(op.engine_id, key=op.engine_key or op.key, actor=None)
     except (EngineUnreachable, EngineCredentialsRefused) as exc:
         waiting = WaitingOn.CONSOLE if isinstance(exc, EngineCredentialsRefused) else WaitingOn.ENGINE
-        _update(op, last_error=exc.code, last_error_at=now, waiting_on=waiting,
-                next_attempt_at=now + retry_delay(max(op.attempts, 1), asked=getattr(exc, "retry_after", None)))
+        _update(op, last_error=exc.code, last_error_at=now, waiting_on=waiting, failures=op.failures + 1,
+                next_attempt_at=now + retry_delay(op.failures + 1, asked=getattr(exc, "retry_after", None)))
         return "retry"
     except ActionRefused as exc:
         # Only the engine's own refusal of the delete itself, to a request no earlier one of
@@ -359,10 +359,13 @@ def _attempt(op: BoundDelete, engine: HttpEngine) -> str:
         # operation's own state ends it (DESIGN 4.2: after the intent, Pending, never an end
         # state), and the same key is sent again.
         unsupported = isinstance(exc, EngineUnsupported)
-        if following or exc.status >= 500 or (unsupported and op.attempts > 1):
+        # Sent before: in an earlier run, or within this call (its answer lost, then sent again, r60).
+        sent_before = op.attempts > 1 or getattr(exc, "resent", False)
+        if following or exc.status >= 500 or (unsupported and sent_before):
             forget = following and exc.status == 404 and not unsupported  # the engine does not know that operation
             _update(op, last_error="engine_bad_answer" if unsupported else "engine_error", last_error_at=now,
-                    waiting_on=WaitingOn.ENGINE, next_attempt_at=now + retry_delay(max(op.attempts, 1)),
+                    waiting_on=WaitingOn.ENGINE, failures=op.failures + 1,
+                    next_attempt_at=now + retry_delay(op.failures + 1),
                     **({"engine_operation": "", "engine_state": "", "engine_step": ""} if forget else {}))
             return "retry"
         if exc.status == 422 and not op.engine_key:
@@ -383,7 +386,7 @@ def _attempt(op: BoundDelete, engine: HttpEngine) -> str:
     if problem:  # about another conversation or operation, or a receipt that cannot be kept
         log.warning("bound delete %s: the engine's answer was not used (%s)", op.public_id, problem)
         _update(op, last_error="engine_bad_answer", last_error_at=now, waiting_on=WaitingOn.ENGINE,
-                next_attempt_at=now + retry_delay(max(op.attempts, 1)))
+                failures=op.failures + 1, next_attempt_at=now + retry_delay(op.failures + 1))
         return "retry"
     step = view.step if isinstance(view.step, str) and len(view.step) <= 64 else ""
     # An engine's delete that stopped retrying itself waits for the engine's operator, not for
@@ -391,7 +394,8 @@ def _attempt(op: BoundDelete, engine: HttpEngine) -> str:
     stalled = view.state == BoundDeleteState.PENDING and view.stalled
     since = {"last_error_at": now} if stalled and op.last_error != "engine_stalled" else {}  # first seen
     _update(op, engine_operation=view.id, engine_state=view.state, engine_step=step,
-            last_error="engine_stalled" if stalled else "", waiting_on=WaitingOn.ENGINE, next_attempt_at=None, **since)
+            last_error="engine_stalled" if stalled else "", waiting_on=WaitingOn.ENGINE, next_attempt_at=None,
+            failures=0, **since)
     if view.state in (BoundDeleteState.REFUSED, BoundDeleteState.UNAVAILABLE):
         code = view.code if isinstance(view.code, str) and CODE.fullmatch(view.code) else "engine_error"
         _finish(op, view.state, code)
@@ -495,4 +499,4 @@ def postpone(pk: int) -> None:
         return
     BoundDelete.objects.filter(pk=pk, state=BoundDeleteState.PENDING).update(
         last_error="engine_bad_answer", last_error_at=now, lease_holder="", lease_expires_at=None,
-        next_attempt_at=now + retry_delay(max(op.attempts, 1)))
+        failures=op.failures + 1, next_attempt_at=now + retry_delay(op.failures + 1))

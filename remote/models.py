@@ -122,6 +122,11 @@ class BoundDelete(models.Model):
     code = models.CharField(max_length=64, blank=True)
     waiting_on = models.CharField(max_length=8, choices=WaitingOn.choices, blank=True)
     attempts = models.PositiveIntegerField(default=0)
+    # Calls in a row that met no usable answer (no answer, one not used, an error): the wait
+    # before the next doubles with them, and the engine's usable answer resets them. `attempts`
+    # counts only the delete's own requests, so following an accepted erasure never waited
+    # longer (r60). A database default too, for a server still running older code.
+    failures = models.PositiveIntegerField(default=0, db_default=0)
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     last_error = models.CharField(max_length=64, blank=True)
     last_error_at = models.DateTimeField(null=True, blank=True)

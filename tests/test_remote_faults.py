@@ -165,6 +165,70 @@ def test_not_offered_after_an_earlier_request_may_have_reached_the_engine_stays_
     assert (op.state, op.attempts, op.last_error) == ("pending", 2, "engine_bad_answer")
 
 
+@pytest.mark.parametrize("then", [html(404), (501, b""), (405, b"")])
+def test_not_offered_after_a_lost_answer_within_the_same_call_stays_pending_and_completes(settings, then):
+    """The first DELETE reached the engine and its answer was lost; the call's own quick retry
+    met an error page from something in front of the engine: the delete ended Unavailable,
+    "nothing was deleted", while the engine had erased the conversation (r60)."""
+    from lifecycle.models import AuditFact
+
+    sends = []
+
+    def delete(handler):
+        sends.append(handler.path)
+        if len(sends) == 1:  # applied, then the connection is dropped before any answer
+            handler.close_connection = True
+            return None
+        return then if len(sends) == 2 else (202, COMPLETED)  # the engine's word on the key
+
+    with scripted_engine({("DELETE", "/v1/threads/"): delete}) as (url, _seen):
+        point_at(settings, url)
+        settings.ENGINE_RETRIES = 2
+        made = binding()
+        op = delivery.request_bound_delete(made, key="k-lost", actor=None)
+        assert delivery.deliver(op.pk, budget=0.5) == "pending"
+        op.refresh_from_db()
+        assert (op.state, op.code, op.attempts, op.last_error) == ("pending", "", 1, "engine_bad_answer")
+        assert EngineBinding.objects.filter(pk=made.pk).exists() and len(sends) == 2
+        assert not AuditFact.objects.filter(action="conversation.delete_ended").exists()
+        BoundDelete.objects.filter(pk=op.pk).update(next_attempt_at=None)
+        assert delivery.deliver(op.pk, budget=5) == "completed"
+    op.refresh_from_db()
+    assert (op.state, op.receipt) == ("completed", RECEIPT)
+    assert not EngineBinding.objects.filter(pk=made.pk).exists()
+
+
+def test_the_wait_doubles_while_following_an_accepted_erasure_that_cannot_be_read(settings):
+    """The engine accepted the delete, then its operation could not be read: every retry came
+    at the first wait (REMOTE_RETRY_SECONDS) for ever, as the back-off counted only the delete's
+    own requests (r60). It doubles up to the cap, and a usable answer starts it again."""
+    state = {"answer": (503, b"")}
+    routes = {("DELETE", "/v1/threads/"): lambda h: (202, PENDING), ("GET", "/v1/operations/"): lambda h: state["answer"]}
+    with scripted_engine(routes) as (url, _seen):
+        point_at(settings, url)  # 60 s doubling, 300 s cap
+        op = delivery.request_bound_delete(binding(), key="k-backoff", actor=None)
+        assert delivery.deliver(op.pk, budget=0.5) == "pending"  # admitted: an operation to follow
+        waits = []
+        for answer in [(503, b""), (200, {**PENDING, "target": OTHER}), (503, b""), (503, b""), (503, b"")]:
+            state["answer"] = answer
+            BoundDelete.objects.filter(pk=op.pk).update(next_attempt_at=None)
+            assert delivery.deliver(op.pk, budget=0.5) == "pending"
+            op.refresh_from_db()
+            waits.append((op.next_attempt_at - op.last_error_at).total_seconds())
+        assert waits == [60, 120, 240, 300, 300]
+        assert (op.attempts, op.failures) == (1, 5)
+        state["answer"] = (200, PENDING)  # read again: the wait starts over
+        BoundDelete.objects.filter(pk=op.pk).update(next_attempt_at=None)
+        delivery.deliver(op.pk, budget=0.5)
+        op.refresh_from_db()
+        assert op.failures == 0
+        state["answer"] = (503, b"")
+        BoundDelete.objects.filter(pk=op.pk).update(next_attempt_at=None)
+        delivery.deliver(op.pk, budget=0.5)
+        op.refresh_from_db()
+        assert (op.next_attempt_at - op.last_error_at).total_seconds() == 60
+
+
 @pytest.mark.parametrize("bad", [{"id": "op_" + "9" * 40}, {"state": "erasing"}, {"state": ["pending"]},
                                  {"step": {"a": 1}}, {"code": ["x"], "state": "refused"}])
 def test_an_operation_this_console_cannot_keep_is_not_taken_and_nothing_fails(settings, bad):

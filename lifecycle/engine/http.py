@@ -257,10 +257,23 @@ class HttpEngine:
 
     def call(self, method: str, path: str, *, body: dict | None = None, headers: dict[str, str] | None = None,
              idempotent: bool = True) -> tuple[int, Any]:
-        """(status, JSON) of a 2xx answer; otherwise one of the outcomes above, raised."""
+        """(status, JSON) of a 2xx answer; otherwise one of the outcomes above, raised. A
+        refusal raised for a request sent more than once carries `resent = True`: an earlier
+        send whose answer was lost may have been applied (the caller of a delete must not
+        then take "not offered" for "nothing was done", r60)."""
+        sends: list[int] = []
+        try:
+            return self._call(method, path, body, headers, idempotent, sends)
+        except ActionRefused as exc:
+            exc.resent = len(sends) > 1
+            raise
+
+    def _call(self, method: str, path: str, body: dict | None, headers: dict[str, str] | None,
+              idempotent: bool, sends: list[int]) -> tuple[int, Any]:
         attempts = 1 + (self.retries if idempotent else 0)
         deadline = time.monotonic() + self.connect_timeout + 2 * self.read_timeout
         for attempt in range(attempts):
+            sends.append(attempt)
             try:
                 status, answer, wait = self._once(method, path, body, headers or {}, deadline)
                 if status in TRANSIENT_STATUSES or (status >= 500 and status not in UNSUPPORTED_STATUSES):
