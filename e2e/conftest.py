@@ -99,6 +99,23 @@ def seeded(settings, tmp_path) -> Seeded:
     return Seeded(conversations=report.conversations, items=report.items)
 
 
+# Every text a live region (aria-live) was given, as [its id, the text], in window.__said: a
+# region clears itself 6 s after it speaks (lethe.js), which a check on a loaded machine could
+# come after (r61); e2e.helpers.expect_said reads this record instead.
+RECORD_SAID = """
+(() => {
+  window.__said = [];
+  new MutationObserver((records) => {
+    for (const record of records) {
+      const node = record.target.nodeType === 1 ? record.target : record.target.parentElement;
+      const region = node && node.closest ? node.closest("[aria-live]") : null;
+      if (region && region.textContent) window.__said.push([region.id, region.textContent]);
+    }
+  }).observe(document, {childList: true, characterData: true, subtree: true});
+})();
+"""
+
+
 @pytest.fixture
 def open_page(browser: Browser) -> Iterator[Callable[..., Page]]:
     """open_page("phone") -> a page in a fresh context at that viewport (or at a size given as
@@ -111,6 +128,7 @@ def open_page(browser: Browser) -> Iterator[Callable[..., Page]]:
         # hide exactly the horizontal overflow the phone checks look for.
         size = VIEWPORTS[viewport] if isinstance(viewport, str) else viewport
         context = browser.new_context(viewport=size, locale="en-US", **options)
+        context.add_init_script(RECORD_SAID)
         contexts.append(context)
         return context.new_page()
 

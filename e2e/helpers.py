@@ -190,3 +190,13 @@ def reduce_tool_item(item: Item, removed_at=None) -> Item:
     assert row is not None, f"item {item.pk} has nothing to remove"
     assert Item.objects.filter(pk=item.pk, revision=item.revision).update(**row) == 1
     return Item.objects.get(pk=item.pk)
+
+
+def expect_said(page: Page, region_id: str, text: str, timeout: float = 10_000) -> None:
+    """The live region `region_id` said `text` at some time since the page loaded (from the record
+    e2e.conftest keeps: the region itself is cleared 6 s after it speaks)."""
+    page.wait_for_function(
+        "([id, text]) => (window.__said || []).some(([said_in, said]) =>"
+        " said_in === id && said.replace(/\\s+/g, ' ').trim() === text)",
+        arg=[region_id, text], timeout=timeout)
+

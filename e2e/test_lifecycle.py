@@ -11,7 +11,7 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from e2e.conftest import ADMIN, MEMBER
-from e2e.helpers import check_layout, log_in, open_from_list, open_nav, screenshot
+from e2e.helpers import check_layout, expect_said, log_in, open_from_list, open_nav, screenshot
 from lifecycle.deletion import executor
 from lifecycle.deletion.admission import admit
 from lifecycle.models import Conversation, DeleteOperation
@@ -72,7 +72,7 @@ def test_it_previews_cancels_confirms_and_shows_pending_then_completed(seeded, l
     expect(status).to_have_attribute("data-state", "completed", timeout=15_000)
     expect(status).to_contain_text("Completed")
     # Said in a few words: the live region beside the card, not the card with its whole receipt
-    expect(page.locator("#op-announce")).to_have_text("Completed")
+    expect_said(page, "op-announce", "Completed")
     assert page.locator("[aria-live] [data-testid=receipt]").count() == 0
     expect(page.get_by_test_id("receipt")).to_contain_text("Messages and tool calls")
     expect(page.get_by_test_id("physical")).to_contain_text("Physically erased")

@@ -12,7 +12,7 @@ import pytest
 from playwright.sync_api import expect
 
 from e2e.conftest import ADMIN
-from e2e.helpers import check_layout, log_in, screenshot
+from e2e.helpers import check_layout, expect_said, log_in, screenshot
 from lifecycle.actions.request_deletion import request_deletion
 from lifecycle.deletion import executor
 from lifecycle.deletion.admission import admit
@@ -79,8 +79,8 @@ def test_pages_showing_a_pending_delete_update_themselves_when_it_completes(seed
     expect(detail.get_by_test_id("tombstone")).to_contain_text("Deleted on")
     expect(detail.get_by_role("link", name="Erasure receipt")).to_be_visible()
     expect(detail.get_by_role("link", name="Reload the page")).to_be_visible()
-    expect(detail.locator("#live-announce")).to_have_text(
-        "The delete is complete: this conversation's content is erased.", timeout=WAIT)
+    expect_said(detail, "live-announce", "The delete is complete: this conversation's content is erased.",
+                timeout=WAIT)
 
     expect(row).to_have_attribute("data-state", "deleted", timeout=WAIT)
     expect(row).to_contain_text("Erasure receipt")
@@ -88,13 +88,13 @@ def test_pages_showing_a_pending_delete_update_themselves_when_it_completes(seed
     expect(row).to_contain_text(re.compile(r"Deleted\s(now|a\ssecond\sago|\d+\sseconds?\sago)"))
     expect(row).not_to_contain_text(title)
     expect(pending.locator("#results-count")).to_have_text("0 conversations")  # no longer on this tab
-    expect(pending.locator("#live-announce")).to_have_text(f"Deleted: {conversation.thread_id}.", timeout=WAIT)
+    expect_said(pending, "live-announce", f"Deleted: {conversation.thread_id}.", timeout=WAIT)
     assert pending.evaluate("document.activeElement.id") == f"conv-op-{conversation.public_id}"
 
     expect(op_row).to_have_attribute("data-state", "completed", timeout=WAIT)
     expect(op_row).to_contain_text("Completed")
     expect(op_row).not_to_contain_text("steps done")
-    expect(operations.locator("#live-announce")).to_have_text(f"{conversation.thread_id}: Completed.", timeout=WAIT)
+    expect_said(operations, "live-announce", f"{conversation.thread_id}: Completed.", timeout=WAIT)
     assert operations.evaluate("document.activeElement.id") == f"op-link-{op.public_id}"
     assert operations.evaluate("window.scrollY") == scrolled
 
@@ -157,7 +157,7 @@ def test_engine_conversations_update_themselves_when_a_bound_delete_completes(li
     expect(page.locator(f"#bound-delete-row-{delete.public_id}")).to_contain_text("Completed")
     expect(page.locator(f"#binding-row-{binding.public_id}")).to_have_count(0)
     expect(page.locator(f"#binding-row-{stays.public_id}")).to_be_visible()
-    expect(page.locator("#live-announce")).to_have_text("t-remote: Completed.", timeout=WAIT)
+    expect_said(page, "live-announce", "t-remote: Completed.", timeout=WAIT)
     assert page.evaluate("window.__notReloaded") is True
     assert page.locator("#live-poll[hx-trigger]").count() == 0
     check_layout(page, "engine conversations after the delete completed")

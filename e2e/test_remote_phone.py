@@ -19,7 +19,7 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from e2e.conftest import ADMIN
-from e2e.helpers import check_layout, log_in, screenshot
+from e2e.helpers import check_layout, expect_said, log_in, screenshot
 from remote.models import BoundDelete, EngineBinding
 from remote.sync import refresh
 from tests.remote_engine import ROOT, running_engine
@@ -96,7 +96,7 @@ def test_a_bound_delete_on_a_phone_is_pending_while_the_engine_is_down_then_comp
         # the engine's own cluster starts and erases, then this console's next sweep reads it
         expect(status).to_have_attribute("data-state", "completed", timeout=240_000)
         expect(page.get_by_test_id("op-state")).to_have_text("Completed")
-        expect(page.locator("#op-announce")).to_have_text("Completed")
+        expect_said(page, "op-announce", "Completed")
         expect(page.get_by_test_id("receipt")).to_contain_text("Messages and tool calls")
         expect(page.get_by_test_id("receipt")).not_to_contain_text("lifecycle.")
         check_layout(page, "bound delete completed")
