@@ -5,11 +5,12 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Case, Exists, OuterRef, Q, Value, When
 from django.utils import timezone
 from django.utils.translation import gettext_lazy
 
+from console.api import MAX_WHOLE_NUMBER
 from lifecycle.engine.http import EngineBadAnswer
 from lifecycle.moments import read_moment
 from remote.delivery import engine_for
@@ -67,7 +68,8 @@ def _row(row) -> dict:
     texts = ("engine_id", "scope", "thread_id", "engine_state", "title")
     if (not all(isinstance(fields[name], str) for name in texts) or not fields["engine_id"]
             or fields["owner_kind"] not in OWNER_KINDS or isinstance(fields["owner_id"], bool)
-            or not isinstance(fields["owner_id"], int) or not 0 <= fields["owner_id"] < 2**63
+            # (an owner id the API can filter on: a larger one was stored and could not be listed, r62)
+            or not isinstance(fields["owner_id"], int) or not 0 <= fields["owner_id"] <= MAX_WHOLE_NUMBER
             or len(fields["scope"]) > 8 or len(fields["engine_state"]) > 16 or len(fields["title"]) > 300
             or len(fields["thread_id"]) > 128 or len(fields["engine_id"]) > 32
             or (activity and fields["last_activity_at"] is None)):
@@ -125,36 +127,14 @@ def _one_pass(engine, engine_url: str, now, counts: dict[str, int], made: set[st
         if not isinstance(results, list):
             raise EngineBadAnswer("not a page of conversations")
         rows = [_row(row) for row in results]
-        with transaction.atomic():
-            for fields in rows:
-                engine_id = fields.pop("engine_id")
-                title = "" if fields["engine_state"] != "live" else fields.pop("title")
-                fields.pop("title", None)
-                pending = BoundDelete.objects.filter(engine_url=engine_url, engine_id=OuterRef("engine_id"),
-                                                     state=BoundDeleteState.PENDING)
-                untitled = Q(Exists(pending)) | Q(returned_after__isnull=False)
-                if EngineBinding.objects.filter(engine_url=engine_url, engine_id=engine_id).update(
-                    **fields, synced_at=now, title=Case(When(untitled, then=Value("")), default=Value(title)),
-                ):
-                    if engine_id not in made:
-                        updated.add(engine_id)
-                elif fields["engine_state"] == "live":
-                    # No binding: never had one, or its delete let it go (read after this
-                    # statement's update found none, so an acknowledgement is seen here).
-                    deletes = BoundDelete.objects.filter(engine_url=engine_url, engine_id=engine_id)
-                    if deletes.filter(state=BoundDeleteState.PENDING).exists():
-                        continue
-                    last = deletes.filter(state=BoundDeleteState.COMPLETED).order_by("-acknowledged_at", "-pk").first()
-                    if last is None:
-                        EngineBinding.objects.create(engine_url=engine_url, engine_id=engine_id, title=title,
-                                                     synced_at=now, **fields)
-                        made.add(engine_id)
-                        counts["created"] += 1
-                    elif last.acknowledged_at < asked_at - CLOCK_MARGIN:
-                        EngineBinding.objects.create(engine_url=engine_url, engine_id=engine_id, title="",
-                                                     synced_at=now, returned_after=last, **fields)
-                        made.add(engine_id)
-                        counts["returned"] += 1
+        try:
+            _write_page(rows, engine_url, now, asked_at, counts, made, updated)
+        except IntegrityError:
+            # One owner's thread id under two of the engine's conversations (on this page, or
+            # against a binding kept from before: an engine rebuilt with new ids, or another engine
+            # at ENGINE_URL): a 500 every time the engine listed it (r62). Nothing of the page is
+            # written; the pages before it are kept.
+            raise EngineBadAnswer("one owner's thread id under two conversations") from None
         cursor = page.get("next")
         if not cursor:
             changed = page.get("changed_since_start")
@@ -166,3 +146,38 @@ def _one_pass(engine, engine_url: str, now, counts: dict[str, int], made: set[st
             raise EngineBadAnswer("empty pages without end")
         seen.add(cursor)
     raise EngineBadAnswer("a list without end")
+
+
+def _write_page(rows: list[dict], engine_url: str, now, asked_at, counts: dict[str, int], made: set[str],
+                updated: set[str]) -> None:
+    """One page of the engine's list into the bindings, in one transaction."""
+    with transaction.atomic():
+        for fields in rows:
+            engine_id = fields.pop("engine_id")
+            title = "" if fields["engine_state"] != "live" else fields.pop("title")
+            fields.pop("title", None)
+            pending = BoundDelete.objects.filter(engine_url=engine_url, engine_id=OuterRef("engine_id"),
+                                                 state=BoundDeleteState.PENDING)
+            untitled = Q(Exists(pending)) | Q(returned_after__isnull=False)
+            if EngineBinding.objects.filter(engine_url=engine_url, engine_id=engine_id).update(
+                **fields, synced_at=now, title=Case(When(untitled, then=Value("")), default=Value(title)),
+            ):
+                if engine_id not in made:
+                    updated.add(engine_id)
+            elif fields["engine_state"] == "live":
+                # No binding: never had one, or its delete let it go (read after this
+                # statement's update found none, so an acknowledgement is seen here).
+                deletes = BoundDelete.objects.filter(engine_url=engine_url, engine_id=engine_id)
+                if deletes.filter(state=BoundDeleteState.PENDING).exists():
+                    continue
+                last = deletes.filter(state=BoundDeleteState.COMPLETED).order_by("-acknowledged_at", "-pk").first()
+                if last is None:
+                    EngineBinding.objects.create(engine_url=engine_url, engine_id=engine_id, title=title,
+                                                 synced_at=now, **fields)
+                    made.add(engine_id)
+                    counts["created"] += 1
+                elif last.acknowledged_at < asked_at - CLOCK_MARGIN:
+                    EngineBinding.objects.create(engine_url=engine_url, engine_id=engine_id, title="",
+                                                 synced_at=now, returned_after=last, **fields)
+                    made.add(engine_id)
+                    counts["returned"] += 1

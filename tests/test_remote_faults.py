@@ -706,3 +706,53 @@ def test_a_figure_no_database_holds_is_a_bad_answer_not_a_page_that_fails(settin
 
     op = answered_badly_then_well(settings, {**COMPLETED, "receipt": huge}, COMPLETED, meanwhile=pages_stand)
     assert op.state == "completed" and op.receipt == RECEIPT
+
+
+def _listed(engine_id: str, thread_id: str, owner_id: int = 5) -> dict:
+    return {"id": engine_id, "owner": {"kind": "account", "id": owner_id}, "scope": "bound", "thread_id": thread_id,
+            "state": "live", "title": "T " + engine_id}
+
+
+@pytest.mark.parametrize("where", ["on one page", "against a kept binding"])
+def test_one_owners_thread_id_under_two_conversations_is_a_bad_answer_not_a_500(settings, where):
+    """An engine rebuilt with new ids (or another engine at ENGINE_URL) lists a thread id an
+    owner already has under another conversation: the sync, its API and its button answered 500
+    every time (an IntegrityError), r62. Nothing of that page is written."""
+    if where == "on one page":
+        rows = [_listed("c_twin_one", "twin"), _listed("c_twin_two", "twin")]
+    else:
+        EngineBinding.objects.create(engine_id="c_old_id", owner_kind="account", owner_id=5, scope="bound",
+                                     thread_id="twin", title="Kept", engine_state="live")
+        rows = [_listed("c_new_one", "fresh"), _listed("c_new_id", "twin")]
+    kept = set(EngineBinding.objects.values_list("engine_id", flat=True))
+    routes = {("GET", "/v1/threads"): lambda h: (200, {"results": rows, "next": None})}
+    with scripted_engine(routes) as (url, _seen):
+        point_at(settings, url)
+        with pytest.raises(EngineBadAnswer):
+            sync.refresh("")
+        _token, raw = ApiToken.issue(factories.make_user("adm5", admin=True))
+        answer = Client(HTTP_AUTHORIZATION=f"Bearer {raw}").post(
+            "/api/v1/bindings-sync", HTTP_HOST="127.0.0.1", content_type="application/json")
+        assert answer.status_code == 502 and answer.json()["code"] == "engine_bad_answer"
+        page = admin().post("/engine/conversations/sync/", HTTP_HOST="127.0.0.1", follow=True)
+        assert page.status_code == 200
+        assert "could not be used" in " ".join(str(m) for m in get_messages(page.wsgi_request))
+    assert set(EngineBinding.objects.values_list("engine_id", flat=True)) == kept
+
+
+def test_an_owner_id_the_bindings_api_cannot_filter_on_is_not_stored(settings):
+    """A synced owner id past the API's whole-number bound was stored, and that owner's
+    conversations could not be listed through the API (400 invalid_filter), r62."""
+    from console.api import MAX_WHOLE_NUMBER
+
+    rows = {"results": [_listed("c_big_owner", "t", owner_id=MAX_WHOLE_NUMBER + 8)], "next": None}
+    with scripted_engine({("GET", "/v1/threads"): lambda h: (200, rows)}) as (url, _seen):
+        point_at(settings, url)
+        with pytest.raises(EngineBadAnswer):
+            sync.refresh("")
+        rows["results"][0]["owner"]["id"] = MAX_WHOLE_NUMBER
+        assert sync.refresh("")["created"] == 1
+    _token, raw = ApiToken.issue(factories.make_user("adm6", admin=True))
+    listed = Client(HTTP_AUTHORIZATION=f"Bearer {raw}").get(
+        f"/api/v1/bindings?owner_kind=account&owner_id={MAX_WHOLE_NUMBER}", HTTP_HOST="127.0.0.1")
+    assert listed.status_code == 200 and [r["engine_id"] for r in listed.json()["results"]] == ["c_big_owner"]
