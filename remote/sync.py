@@ -12,6 +12,7 @@ from django.utils.translation import gettext_lazy
 
 from console.api import MAX_WHOLE_NUMBER
 from lifecycle.engine.http import EngineBadAnswer
+from lifecycle.errors import ActionRefused
 from lifecycle.moments import read_moment
 from remote.delivery import engine_for
 from remote.models import BoundDelete, BoundDeleteState, EngineBinding
@@ -33,23 +34,34 @@ CLOCK_MARGIN = timedelta(seconds=60)
 # retried by itself: an admin (Read from the engine) or an operator (sync_bindings) asks again.
 READ_ERRORS = {
     "engine_unreachable": gettext_lazy("The engine cannot be reached (no connection, a timeout, or its answer "
-                                       "was lost). Nothing was read; read again when it is back."),
-    "engine_credentials_refused": gettext_lazy("The engine refused this console's token. Nothing was read; an "
-                                               "operator must set a valid ENGINE_TOKEN, then read again."),
-    "engine_bad_answer": gettext_lazy("The engine's answer could not be used (not in the form expected). Nothing "
-                                      "was taken from it; read again later."),
-    "engine_error": gettext_lazy("The engine answered with an error. Nothing was read; read again later."),
+                                       "was lost). Read again when it is back."),
+    "engine_credentials_refused": gettext_lazy("The engine refused this console's token. An operator must set a "
+                                               "valid ENGINE_TOKEN, then read again."),
+    "engine_bad_answer": gettext_lazy("The engine's answer could not be used (not in the form expected, or one "
+                                      "owner's thread listed under two conversations). Nothing was taken from "
+                                      "that answer; read again later."),
+    "engine_error": gettext_lazy("The engine answered with an error. Read again later."),
     "engine_unsupported": gettext_lazy("The engine does not offer the list of conversations at this address (an "
-                                       "older engine, or ENGINE_URL with a wrong path). Nothing was read."),
+                                       "older engine, or ENGINE_URL with a wrong path)."),
 }
 EMPTY_PAGES = 3  # pages in a row with no conversation but a next cursor: a list that never ends
 
 
-def read_error_text(code: str) -> str:
-    """The words for a failed read of the engine's conversations (a delete's words otherwise)."""
+def read_error_text(code: str, kept: dict[str, int] | None = None) -> str:
+    """The words for a failed read of the engine's conversations (a delete's words otherwise),
+    and what the pages read before the failure wrote, which is kept (`kept`, the counts that
+    `refresh` puts on its error): "nothing was read" was said after earlier pages were written (r63)."""
+    from django.utils.translation import gettext
+
     from remote.delivery import error_text
 
-    return str(READ_ERRORS[code]) if code in READ_ERRORS else error_text(code)
+    words = str(READ_ERRORS[code]) if code in READ_ERRORS else error_text(code)
+    if kept is None:
+        return words
+    if not any(kept.values()):
+        return words + " " + gettext("Nothing was read.")
+    return words + " " + gettext("The pages read before it are kept (%(created)s new conversations, %(updated)s "
+                                 "brought up to date, %(returned)s back after a completed delete).") % kept
 
 
 def _row(row) -> dict:
@@ -107,9 +119,13 @@ def refresh(engine_url: str = "") -> dict[str, int]:
     made: set[str] = set()  # engine ids given a binding by this sync
     updated: set[str] = set()  # engine ids whose binding this sync brought up to date
     now = timezone.now()
-    for _pass in range(PASSES):
-        if not _one_pass(engine, engine_url, now, counts, made, updated):
-            break
+    try:
+        for _pass in range(PASSES):
+            if not _one_pass(engine, engine_url, now, counts, made, updated):
+                break
+    except ActionRefused as exc:
+        exc.kept = {**counts, "updated": len(updated)}  # what the pages before the failure wrote
+        raise
     counts["updated"] = len(updated)
     return counts
 
@@ -127,14 +143,25 @@ def _one_pass(engine, engine_url: str, now, counts: dict[str, int], made: set[st
         if not isinstance(results, list):
             raise EngineBadAnswer("not a page of conversations")
         rows = [_row(row) for row in results]
-        try:
-            _write_page(rows, engine_url, now, asked_at, counts, made, updated)
-        except IntegrityError:
-            # One owner's thread id under two of the engine's conversations (on this page, or
-            # against a binding kept from before: an engine rebuilt with new ids, or another engine
-            # at ENGINE_URL): a 500 every time the engine listed it (r62). Nothing of the page is
-            # written; the pages before it are kept.
-            raise EngineBadAnswer("one owner's thread id under two conversations") from None
+        for again in (False, True):
+            before = dict(counts), set(made), set(updated)
+            try:
+                _write_page(rows, engine_url, now, asked_at, counts, made, updated)
+                break
+            except IntegrityError:
+                counts.clear()  # the page wrote nothing: neither do its counts
+                counts.update(before[0])
+                made.intersection_update(before[1])
+                updated.intersection_update(before[2])
+                if _twins(rows, engine_url):
+                    # One owner's thread id under two of the engine's conversations (on this page,
+                    # or against a binding kept from before: an engine rebuilt with new ids, or
+                    # another engine at ENGINE_URL): a 500 every time the engine listed it (r62).
+                    raise EngineBadAnswer("one owner's thread id under two conversations") from None
+                if again:
+                    raise
+                # Another sync wrote the same conversations meanwhile (r63: that was blamed on the
+                # engine): this page once more, over what it wrote.
         cursor = page.get("next")
         if not cursor:
             changed = page.get("changed_since_start")
@@ -152,7 +179,7 @@ def _write_page(rows: list[dict], engine_url: str, now, asked_at, counts: dict[s
                 updated: set[str]) -> None:
     """One page of the engine's list into the bindings, in one transaction."""
     with transaction.atomic():
-        for fields in rows:
+        for fields in map(dict, rows):  # (copies: a page is written again after a concurrent sync)
             engine_id = fields.pop("engine_id")
             title = "" if fields["engine_state"] != "live" else fields.pop("title")
             fields.pop("title", None)
@@ -181,3 +208,17 @@ def _write_page(rows: list[dict], engine_url: str, now, asked_at, counts: dict[s
                                                  synced_at=now, returned_after=last, **fields)
                     made.add(engine_id)
                     counts["returned"] += 1
+
+
+def _twins(rows: list[dict], engine_url: str) -> bool:
+    """Whether the page puts one owner's thread id under two conversations, on the page itself or
+    against a binding of another conversation kept from before."""
+    firsts: dict[tuple, str] = {}
+    for row in rows:
+        key = (row["owner_kind"], row["owner_id"], row["thread_id"])
+        if firsts.setdefault(key, row["engine_id"]) != row["engine_id"]:
+            return True
+    return any(EngineBinding.objects.filter(engine_url=engine_url, owner_kind=kind, owner_id=owner_id,
+                                            thread_id=thread_id).exclude(engine_id=engine_id).exists()
+               for (kind, owner_id, thread_id), engine_id in firsts.items())
+

@@ -135,7 +135,8 @@ def bindings_sync(request: HttpRequest) -> HttpResponse:
         try:
             counts = refresh("")
         except ActionRefused as exc:
-            messages.error(request, read_error_text(exc.code) if exc.code.startswith("engine_") else exc.message)
+            messages.error(request, read_error_text(exc.code, getattr(exc, "kept", None)) if exc.code.startswith("engine_")
+                           else exc.message)
         else:
             messages.success(request, _("Read the engine's conversations: %(created)s new, %(updated)s already "
                                         "listed and brought up to date.") % counts)

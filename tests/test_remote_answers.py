@@ -341,7 +341,7 @@ def test_a_failed_read_of_the_engine_says_nothing_was_read_and_promises_no_retry
     assert response.status_code == 302
     said = [str(m) for m in admin_client.get("/engine/conversations/").context["messages"]]
     assert said == ["The engine cannot be reached (no connection, a timeout, or its answer was lost). "
-                    "Nothing was read; read again when it is back."]
+                    "Read again when it is back. Nothing was read."]
     admin_client.post("/engine/conversations/sync/", HTTP_ACCEPT_LANGUAGE="es")
     spanish = admin_client.get("/engine/conversations/", HTTP_ACCEPT_LANGUAGE="es").content.decode()
     assert "No se leyó nada" in spanish and "automáticamente" not in spanish

@@ -756,3 +756,77 @@ def test_an_owner_id_the_bindings_api_cannot_filter_on_is_not_stored(settings):
     listed = Client(HTTP_AUTHORIZATION=f"Bearer {raw}").get(
         f"/api/v1/bindings?owner_kind=account&owner_id={MAX_WHOLE_NUMBER}", HTTP_HOST="127.0.0.1")
     assert listed.status_code == 200 and [r["engine_id"] for r in listed.json()["results"]] == ["c_big_owner"]
+
+
+def test_a_sync_that_fails_on_a_later_page_says_the_pages_before_are_kept(settings, admin_client):
+    """The failing page writes nothing and the pages before it stay written; the message said
+    "Nothing was taken from it" all the same (r63)."""
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    pages = {None: {"results": [_listed("c_a1", "t1"), _listed("c_a2", "twin")], "next": "p2"},
+             "p2": {"results": [_listed("c_b1", "t3"), _listed("c_b2", "twin")], "next": None}}
+
+    def threads(handler):
+        cursor = next((part[7:] for part in handler.path.split("?", 1)[1].split("&") if part.startswith("cursor=")),
+                      None)
+        return 200, pages[cursor]
+
+    with scripted_engine({("GET", "/v1/threads"): threads}) as (url, _seen):
+        point_at(settings, url)
+        admin_client.post("/engine/conversations/sync/", HTTP_HOST="127.0.0.1")
+        said = [str(m) for m in admin_client.get("/engine/conversations/", HTTP_HOST="127.0.0.1").context["messages"]]
+        assert said == ["The engine's answer could not be used (not in the form expected, or one owner's thread "
+                        "listed under two conversations). Nothing was taken from that answer; read again later. The "
+                        "pages read before it are kept (2 new conversations, 0 brought up to date, 0 back after a "
+                        "completed delete)."]
+        assert set(EngineBinding.objects.values_list("engine_id", flat=True)) == {"c_a1", "c_a2"}
+        admin_client.post("/engine/conversations/sync/", HTTP_HOST="127.0.0.1", HTTP_ACCEPT_LANGUAGE="es")
+        spanish = admin_client.get("/engine/conversations/", HTTP_HOST="127.0.0.1",
+                                   HTTP_ACCEPT_LANGUAGE="es").content.decode()
+        assert "Se conservan las páginas leídas antes (0 conversaciones nuevas, 2 actualizadas" in spanish
+        from django.utils import translation
+
+        translation.deactivate()
+        with pytest.raises(CommandError, match=r"engine_bad_answer: .*The pages read before it are kept \(0 new "
+                                               r"conversations, 2 brought up to date"):
+            call_command("sync_bindings")
+    assert set(EngineBinding.objects.values_list("engine_id", flat=True)) == {"c_a1", "c_a2"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_syncs_at_once_both_end_and_make_one_binding_each(settings):
+    """Two admins pressing Read from the engine together: on PostgreSQL the second sync's insert
+    met the first's and it was blamed on the engine (engine_bad_answer), r63. It writes its page
+    again over what the other wrote."""
+    import threading
+
+    from django.db import connection
+
+    rows = {"results": [_listed(f"c_same_{n}", f"t{n}") for n in range(20)], "next": None}
+
+    def slow(_handler):
+        time.sleep(0.5)  # both syncs asked before either writes
+        return 200, rows
+
+    outcomes = []
+
+    def one_sync():
+        try:
+            outcomes.append(sync.refresh(""))
+        except Exception as exc:  # what the test is about: none expected
+            outcomes.append(exc)
+        finally:
+            connection.close()
+
+    with scripted_engine({("GET", "/v1/threads"): slow}) as (url, _seen):
+        point_at(settings, url)
+        threads = [threading.Thread(target=one_sync) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    assert all(isinstance(outcome, dict) for outcome in outcomes), outcomes
+    assert sorted(outcome["created"] + outcome["updated"] for outcome in outcomes) == [20, 20]
+    assert sum(outcome["created"] for outcome in outcomes) == 20
+    assert EngineBinding.objects.count() == 20

@@ -22,7 +22,8 @@ class Command(BaseCommand):
         except ActionRefused as exc:
             from remote.sync import read_error_text
 
-            words = read_error_text(exc.code) if exc.code.startswith("engine_") else exc.message
+            words = (read_error_text(exc.code, getattr(exc, "kept", None)) if exc.code.startswith("engine_")
+                     else exc.message)
             raise CommandError(f"{exc.code}: {words}") from None
         self.stdout.write(f"{counts['created']} created, {counts['updated']} updated"
                           + (f", {counts['returned']} back after a completed delete (delete them again)"
