@@ -99,17 +99,26 @@ def seeded(settings, tmp_path) -> Seeded:
     return Seeded(conversations=report.conversations, items=report.items)
 
 
-# Every text a live region (aria-live) was given, as [its id, the text], in window.__said: a
-# region clears itself 6 s after it speaks (lethe.js), which a check on a loaded machine could
-# come after (r61); e2e.helpers.expect_said reads this record instead.
+# Every text a live region (aria-live polite or assertive, not hidden) was given, as [its id,
+# the text], in window.__said: a region clears itself 6 s after it speaks (lethe.js), which a
+# check on a loaded machine could come after (r61); e2e.helpers.expect_said reads this record.
 RECORD_SAID = """
 (() => {
   window.__said = [];
+  // Only what a screen reader would read out: a polite or assertive region, not hidden (r63: a
+  // region set to aria-live="off", or hidden, passed as if it had spoken).
+  const heard = (region) => {
+    if (!["polite", "assertive"].includes(region.getAttribute("aria-live"))) return false;
+    if (region.closest("[hidden], [aria-hidden=true]")) return false;
+    const style = getComputedStyle(region);
+    return style.display !== "none" && style.visibility !== "hidden";
+  };
   new MutationObserver((records) => {
     for (const record of records) {
       const node = record.target.nodeType === 1 ? record.target : record.target.parentElement;
       const region = node && node.closest ? node.closest("[aria-live]") : null;
-      if (region && region.textContent) window.__said.push([region.id, region.textContent]);
+      if (!region || !region.textContent || !heard(region)) continue;
+      window.__said.push([region.id, region.textContent]);
     }
   }).observe(document, {childList: true, characterData: true, subtree: true});
 })();
