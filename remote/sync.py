@@ -47,15 +47,22 @@ READ_ERRORS = {
 EMPTY_PAGES = 3  # pages in a row with no conversation but a next cursor: a list that never ends
 
 
-def read_error_text(code: str, kept: dict[str, int] | None = None) -> str:
-    """The words for a failed read of the engine's conversations (a delete's words otherwise),
-    and what the pages read before the failure wrote, which is kept (`kept`, the counts that
-    `refresh` puts on its error): "nothing was read" was said after earlier pages were written (r63)."""
-    from django.utils.translation import gettext
-
+def read_error_text(code: str) -> str:
+    """The words for a failed read of the engine's conversations (a delete's words otherwise)."""
     from remote.delivery import error_text
 
-    words = str(READ_ERRORS[code]) if code in READ_ERRORS else error_text(code)
+    return str(READ_ERRORS[code]) if code in READ_ERRORS else error_text(code)
+
+
+def failed_read_text(exc: ActionRefused) -> str:
+    """What the button and sync_bindings say of a failed read: why (the engine's own words for a
+    refusal of its own), then what the pages read before it wrote, which is kept (the counts that
+    `refresh` puts on its error): "nothing was read" was said after earlier pages were written (r63),
+    and an engine's own refusal of a later page said nothing of them (r64)."""
+    from django.utils.translation import gettext
+
+    words = read_error_text(exc.code) if exc.code.startswith("engine_") else exc.message
+    kept = getattr(exc, "kept", None)
     if kept is None:
         return words
     if not any(kept.values()):
@@ -143,6 +150,19 @@ def _one_pass(engine, engine_url: str, now, counts: dict[str, int], made: set[st
         if not isinstance(results, list):
             raise EngineBadAnswer("not a page of conversations")
         rows = [_row(row) for row in results]
+        # The page's cursor checked before any of the page is written, as its rows are: a failed
+        # read says nothing was taken from the answer that failed it (r64: a repeated cursor's page
+        # was written and counted first).
+        cursor = page.get("next")
+        if cursor:
+            if not isinstance(cursor, str) or cursor in seen:
+                raise EngineBadAnswer("a repeated cursor")
+            empty = 0 if rows else empty + 1
+            if empty >= EMPTY_PAGES:  # new cursors with nothing on them: it would go on for MAX_PAGES
+                raise EngineBadAnswer("empty pages without end")
+            if _page == MAX_PAGES - 1:
+                raise EngineBadAnswer("a list without end")
+            seen.add(cursor)
         for again in (False, True):
             before = dict(counts), set(made), set(updated)
             try:
@@ -162,16 +182,9 @@ def _one_pass(engine, engine_url: str, now, counts: dict[str, int], made: set[st
                     raise
                 # Another sync wrote the same conversations meanwhile (r63: that was blamed on the
                 # engine): this page once more, over what it wrote.
-        cursor = page.get("next")
         if not cursor:
             changed = page.get("changed_since_start")
             return changed if isinstance(changed, int) and not isinstance(changed, bool) and changed > 0 else 0
-        if not isinstance(cursor, str) or cursor in seen:
-            raise EngineBadAnswer("a repeated cursor")
-        empty = 0 if rows else empty + 1
-        if empty >= EMPTY_PAGES:  # new cursors with nothing on them: it would go on for MAX_PAGES
-            raise EngineBadAnswer("empty pages without end")
-        seen.add(cursor)
     raise EngineBadAnswer("a list without end")
 
 

@@ -127,7 +127,7 @@ def _page(request: HttpRequest, name: str = "page") -> int:
 def bindings_sync(request: HttpRequest) -> HttpResponse:
     if not is_admin(request.user):
         raise PermissionDenied
-    from remote.sync import read_error_text, refresh
+    from remote.sync import failed_read_text, refresh
 
     if not settings.ENGINE_URL:
         messages.error(request, _("This console uses its embedded engine; there is nothing to read."))
@@ -135,8 +135,7 @@ def bindings_sync(request: HttpRequest) -> HttpResponse:
         try:
             counts = refresh("")
         except ActionRefused as exc:
-            messages.error(request, read_error_text(exc.code, getattr(exc, "kept", None)) if exc.code.startswith("engine_")
-                           else exc.message)
+            messages.error(request, failed_read_text(exc))
         else:
             messages.success(request, _("Read the engine's conversations: %(created)s new, %(updated)s already "
                                         "listed and brought up to date.") % counts)

@@ -830,3 +830,38 @@ def test_two_syncs_at_once_both_end_and_make_one_binding_each(settings):
     assert sorted(outcome["created"] + outcome["updated"] for outcome in outcomes) == [20, 20]
     assert sum(outcome["created"] for outcome in outcomes) == 20
     assert EngineBinding.objects.count() == 20
+
+
+@pytest.mark.parametrize("second", ["refused", "repeated cursor"])
+def test_a_later_page_refused_or_with_a_repeated_cursor_writes_nothing_of_it_and_names_the_pages_kept(
+        settings, admin_client, second):
+    """r64: the engine's own refusal of a later page (422 invalid_cursor) was said without the
+    pages kept before it; a page whose cursor repeated was written and counted, then said to have
+    given nothing."""
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+    from django.utils import translation
+
+    pages = {None: (200, {"results": [_listed("c_1", "t1"), _listed("c_2", "t2")], "next": "p2"}),
+             "p2": ((422, {"code": "invalid_cursor", "message": "Cursor expired."}) if second == "refused" else
+                    (200, {"results": [_listed("c_3", "t3")], "next": "p2"}))}
+
+    def threads(handler):
+        cursor = next((part[7:] for part in handler.path.split("?", 1)[1].split("&") if part.startswith("cursor=")),
+                      None)
+        return pages[cursor]
+
+    why = ("Cursor expired." if second == "refused" else
+           "The engine's answer could not be used (not in the form expected, or one owner's thread listed under two "
+           "conversations). Nothing was taken from that answer; read again later.")
+    with scripted_engine({("GET", "/v1/threads"): threads}) as (url, _seen):
+        point_at(settings, url)
+        admin_client.post("/engine/conversations/sync/", HTTP_HOST="127.0.0.1")
+        said = [str(m) for m in admin_client.get("/engine/conversations/", HTTP_HOST="127.0.0.1").context["messages"]]
+        assert said == [why + " The pages read before it are kept (2 new conversations, 0 brought up to date, 0 back "
+                              "after a completed delete)."]
+        assert set(EngineBinding.objects.values_list("engine_id", flat=True)) == {"c_1", "c_2"}
+        translation.deactivate()
+        with pytest.raises(CommandError, match=r"The pages read before it are kept \(0 new conversations, 2 brought"):
+            call_command("sync_bindings")
+    assert set(EngineBinding.objects.values_list("engine_id", flat=True)) == {"c_1", "c_2"}

@@ -20,11 +20,9 @@ class Command(BaseCommand):
         try:
             counts = refresh(engine_url.rstrip("/"))
         except ActionRefused as exc:
-            from remote.sync import read_error_text
+            from remote.sync import failed_read_text
 
-            words = (read_error_text(exc.code, getattr(exc, "kept", None)) if exc.code.startswith("engine_")
-                     else exc.message)
-            raise CommandError(f"{exc.code}: {words}") from None
+            raise CommandError(f"{exc.code}: {failed_read_text(exc)}") from None
         self.stdout.write(f"{counts['created']} created, {counts['updated']} updated"
                           + (f", {counts['returned']} back after a completed delete (delete them again)"
                              if counts["returned"] else ""))
