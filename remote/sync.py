@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import timedelta
 
 from django.conf import settings
@@ -143,7 +144,7 @@ def _one_pass(engine, engine_url: str, now, counts: dict[str, int], made: set[st
     cursor = None
     seen: set[str] = set()
     empty = 0
-    for _page in range(MAX_PAGES):
+    for pages_read in itertools.count(1):
         asked_at = timezone.now()
         page = engine.threads(view="all", limit=PAGE, cursor=cursor)
         results = page.get("results") if isinstance(page, dict) else None
@@ -160,7 +161,7 @@ def _one_pass(engine, engine_url: str, now, counts: dict[str, int], made: set[st
             empty = 0 if rows else empty + 1
             if empty >= EMPTY_PAGES:  # new cursors with nothing on them: it would go on for MAX_PAGES
                 raise EngineBadAnswer("empty pages without end")
-            if _page == MAX_PAGES - 1:
+            if pages_read >= MAX_PAGES:
                 raise EngineBadAnswer("a list without end")
             seen.add(cursor)
         for again in (False, True):
@@ -169,8 +170,7 @@ def _one_pass(engine, engine_url: str, now, counts: dict[str, int], made: set[st
                 _write_page(rows, engine_url, now, asked_at, counts, made, updated)
                 break
             except IntegrityError:
-                counts.clear()  # the page wrote nothing: neither do its counts
-                counts.update(before[0])
+                counts.update(before[0])  # the page wrote nothing: neither do its counts
                 made.intersection_update(before[1])
                 updated.intersection_update(before[2])
                 if _twins(rows, engine_url):
@@ -185,7 +185,6 @@ def _one_pass(engine, engine_url: str, now, counts: dict[str, int], made: set[st
         if not cursor:
             changed = page.get("changed_since_start")
             return changed if isinstance(changed, int) and not isinstance(changed, bool) and changed > 0 else 0
-    raise EngineBadAnswer("a list without end")
 
 
 def _write_page(rows: list[dict], engine_url: str, now, asked_at, counts: dict[str, int], made: set[str],

@@ -255,7 +255,7 @@ def test_the_section_lists_the_largest_with_delete_and_cleanup_links(admin_clien
 def test_a_conversation_deleted_after_the_measurement_leaves_its_owners_figures_at_once(admin_client, engine_home):
     """r53: the conversation list dropped it at once, its account kept counting it (and an owner
     all of whose conversations were deleted stayed listed) until the next measurement."""
-    from insight.templatetags.insight import _owners
+    from insight.templatetags.insight import _deleted_since, _owners
     from lifecycle.models import Account, Computer
 
     fleet = build_fleet()
@@ -263,13 +263,13 @@ def test_a_conversation_deleted_after_the_measurement_leaves_its_owners_figures_
     sizes = {c.pk: ConversationSize.objects.get(conversation_id=c.pk) for c in (fleet["big"], fleet["small"])}
     north = OwnerSize.objects.get(kind="account", owner_id=fleet["north"].pk)
     Conversation.objects.filter(pk__in=[fleet["small"].pk, fleet["local"].pk]).update(state="deleted", title="")
-    [shown] = [row.size for row in _owners("account", Account) if row.size.owner_id == fleet["north"].pk]
+    [shown] = [row.size for row in _owners("account", Account, _deleted_since()) if row.size.owner_id == fleet["north"].pk]
     assert (shown.conversations, shown.db_bytes, shown.engine_bytes, shown.total_bytes) == (
         1, north.db_bytes - sizes[fleet["small"].pk].db_bytes, north.engine_bytes - sizes[fleet["small"].pk].engine_bytes,
         sizes[fleet["big"].pk].total_bytes)
-    assert _owners("computer", Computer) == []  # its one conversation is deleted
+    assert _owners("computer", Computer, _deleted_since()) == []  # its one conversation is deleted
     Conversation.objects.filter(pk=fleet["empty"].pk).update(state="deleted", title="")  # r58: measured empty
-    assert [row.size.owner_id for row in _owners("account", Account)] == [fleet["north"].pk]
+    assert [row.size.owner_id for row in _owners("account", Account, _deleted_since())] == [fleet["north"].pk]
     page = admin_client.get(PAGE, **HOST).content.decode()
     accounts = page[page.index('data-testid="account-sizes"'):page.index('data-testid="computer-sizes"')]
     assert "Northwind<" in accounts.replace("</bdi>", "<") and "· 1 conversation<" in accounts

@@ -47,11 +47,10 @@ def _deleted_since() -> dict[tuple[str, int], list[ConversationSize]]:
     return owned
 
 
-def _owners(kind: str, model, deleted: dict[tuple[str, int], list[ConversationSize]] | None = None) -> list[Row]:
+def _owners(kind: str, model, deleted: dict[tuple[str, int], list[ConversationSize]]) -> list[Row]:
     """The largest owners, without the conversations deleted since the measurement (r53: the
     conversation list dropped a deleted conversation at once, its owner's figures kept it)."""
-    deleted = {owner_id: sizes for (owner_kind, owner_id), sizes in
-               (_deleted_since() if deleted is None else deleted).items() if owner_kind == kind}
+    deleted = {owner_id: sizes for (owner_kind, owner_id), sizes in deleted.items() if owner_kind == kind}
     sizes = list(OwnerSize.objects.filter(kind=kind).order_by("-total_bytes", "owner_id")[:TOP + len(deleted)])
     for size in sizes:
         for gone in deleted.get(size.owner_id, ()):
