@@ -32,7 +32,11 @@ def _lane() -> range:
     """`make test` runs the SQLite, PostgreSQL and browser suites side by side, each starting
     and restarting engines: a stopped engine's port must never be taken by another suite's
     engine (its console would then talk to a stranger with the wrong token), so each suite
-    has its own ports."""
+    has its own ports. `LETHE_TEST_PORTS=first-last` gives a run ports of its own (a second
+    checkout's tests on the same machine)."""
+    if ports := os.environ.get("LETHE_TEST_PORTS"):
+        first, _, last = ports.partition("-")
+        return range(int(first), int(last) + 1)
     if os.environ.get("LETHE_TEST_PORT_LANE") == "e2e":
         return range(8164, 8170)
     if os.environ.get("DATABASE_URL", "").startswith("postgres"):
