@@ -65,6 +65,38 @@ def test_a_member_sees_tokens_read_only(seeded, live_server, open_page, viewport
     check_layout(page, "api tokens, member")
 
 
+def test_with_the_keyboard_open_the_focused_outcome_shows_above_the_bottom_bar(seeded, live_server, open_page):
+    """320x300 (a phone with its keyboard open), in Spanish, keyboard only: the token created and
+    the token revoked have the focus, and their first lines show above the fixed bottom
+    navigation (r66: the revoked message was focused 11 px above it, its text hidden under it)."""
+    page = open_page({"width": 320, "height": 300})
+    log_in(page, live_server.url, *ADMIN)
+    page.context.add_cookies([{"name": "django_language", "value": "es", "url": live_server.url}])
+    page.goto(f"{live_server.url}/settings/api-tokens/")
+    page.get_by_label("Nombre").focus()
+    page.keyboard.type("Exportación nocturna")
+    page.keyboard.press("Tab")
+    page.keyboard.type("30")
+    with page.expect_navigation(wait_until="load"):
+        page.keyboard.press("Enter")
+
+    def clear_of_the_bar(focused) -> None:
+        expect(focused).to_be_focused()
+        page.evaluate("() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))")
+        box, bar = focused.bounding_box(), page.locator(".phonenav").bounding_box()
+        assert box["y"] >= 0 and box["y"] + min(box["height"], 40) <= bar["y"], (box, bar)
+
+    clear_of_the_bar(page.locator("section.token-once"))
+    page.get_by_role("link", name="Revocar Exportación nocturna").focus()
+    with page.expect_navigation(wait_until="load"):
+        page.keyboard.press("Enter")
+    page.get_by_role("button", name="Revocar token").focus()
+    with page.expect_navigation(wait_until="load"):
+        page.keyboard.press("Enter")
+    clear_of_the_bar(page.get_by_test_id("token-revoked"))
+    assert ApiToken.objects.get().revoked_at is not None
+
+
 def _create_form(page, live_server, name: str):
     open_nav(page, "API tokens")
     page.wait_for_load_state("load")

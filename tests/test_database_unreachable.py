@@ -78,8 +78,11 @@ def test_ctrl_c_ends_a_command_with_one_line_not_a_traceback(tmp_path):
                     "get_user_model().objects.create_user('op', password='pw-op-12345', is_staff=True)"],
                    cwd=ROOT, env=env, check=True, timeout=120, capture_output=True)
     # No job cluster runs: the analysis waits in the queue until interrupted.
+    # As from a terminal, where Ctrl-C is not ignored (a suite started in the background by a
+    # non-interactive shell ignores SIGINT, and its children would inherit that).
     process = subprocess.Popen([sys.executable, "manage.py", "tool_payloads", "analyze", "--age", "2", "--as", "op"],
-                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(4)
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=60)

@@ -339,7 +339,7 @@ def test_a_member_sees_it_read_only_and_cannot_measure(member_client, engine_hom
 @pytest.mark.django_db
 def test_an_admin_queues_one_measurement_and_sees_it_pending(admin_client, engine_home):
     response = admin_client.post(MEASURE, **HOST)
-    assert response.status_code == 302 and response["Location"].endswith("/data-storage/#storage-insight")
+    assert response.status_code == 302 and response["Location"].endswith("/data-storage/")
     assert OrmQ.objects.count() == 1 and Measurement.load().pending
     admin_client.post(MEASURE, **HOST)  # a second press while one waits queues nothing more
     assert OrmQ.objects.count() == 1

@@ -31,12 +31,18 @@
     el.focus({ preventScroll: true });
     var box = el.getBoundingClientRect();
     var room = window.innerHeight || document.documentElement.clientHeight;
-    if (box.top < barClearance() || box.top > room * 0.8) el.scrollIntoView({ block: "start" });
+    // Its first lines must show above the phone's fixed bottom bar too: on a short screen (the
+    // on-screen keyboard open) a fifth of the height is less than the bar (r66).
+    var shown = room - bottomClearance() - Math.min(box.height, 88);
+    if (box.top < barClearance() || box.top > Math.min(room * 0.8, shown)) el.scrollIntoView({ block: "start" });
   }
-  // How far down the page's sticky top bar reaches: what starts above it is hidden (the page's
-  // scroll-padding, which scrollIntoView keeps clear).
+  // How far down the page's sticky top bar reaches, and how far up a fixed bottom bar does:
+  // what lies under them is hidden (the page's scroll-padding, which scrollIntoView keeps clear).
   function barClearance() {
     return parseFloat(getComputedStyle(document.documentElement).scrollPaddingTop) || 0;
+  }
+  function bottomClearance() {
+    return parseFloat(getComputedStyle(document.documentElement).scrollPaddingBottom) || 0;
   }
   function focusLost() {
     return !document.activeElement || document.activeElement === document.body;
