@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from tests.migrated import migrate
+
 ROOT = Path(__file__).resolve().parent.parent
 
 def _lane() -> range:
@@ -129,7 +131,7 @@ class EngineProcess:
 
     def prepare(self, threads: dict[str, dict]) -> dict:
         """Migrate, then an engine admin with a token, an account, a computer and the threads."""
-        self.manage("migrate", "--noinput")
+        migrate(self.env())
         # As a new install's first serve does before any conversation exists (lifecycle.engine_folder).
         self.manage("engine_folder", "--adopt")
         out = self.manage("shell", "-c", SEED.format(names=json.dumps(threads)))

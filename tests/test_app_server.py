@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.migrated import migrate
 from tests.test_serve import ROOT, Tree, children_of, free_port, start, wait_until
 
 METRICS_TOKEN = "t" * 40
@@ -43,7 +44,7 @@ def served(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     env.update(LETHE_VAR_DIR=str(var), ENGINE_HOME=str(var / "engine"), DJANGO_SETTINGS_MODULE="console.settings_test",
                Q_WORKERS="1", METRICS_TOKEN=METRICS_TOKEN, LOG_FORMAT="json", STATIC_ROOT=str(var / "static"))
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
+    migrate(env)
     subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v0"], cwd=ROOT, env=env, check=True)
     out = subprocess.run([sys.executable, "manage.py", "shell", "-c", SETUP], cwd=ROOT, env=env, check=True,
                          capture_output=True, text=True).stdout
@@ -59,7 +60,7 @@ def fresh(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     env.update(LETHE_VAR_DIR=str(var), DJANGO_SETTINGS_MODULE="console.settings_test", Q_WORKERS="1",
                LOG_FORMAT="json", STATIC_ROOT=str(var / "static"), ENGINE_HOME=str(var / "engine"))
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
+    migrate(env)
     subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v0"], cwd=ROOT, env=env, check=True)
     return {"env": env, "var": var, "database": next(var.glob("*.sqlite3"))}
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.migrated import migrate
+
 ROOT = Path(__file__).resolve().parent.parent
 CLEAR = ("DATABASE_URL", "LETHE_VAR_DIR", "ENGINE_HOME", "PROMETHEUS_MULTIPROC_DIR", "SECRET_KEY", "SECRET_KEY_FILE",
          "ENGINE_URL", "STATIC_ROOT")
@@ -38,7 +40,7 @@ KEYS = ("from lifecycle.models import EngineFolderMark as M; from retention.back
 def test_a_copy_of_the_database_waits_until_it_takes_the_folder_and_then_the_original_waits(tmp_path):
     engine = tmp_path / "engine"
     original = tmp_path / "var" / "lethe.sqlite3"
-    assert manage(original, engine, "migrate", "-v0").returncode == 0
+    migrate({"DATABASE_URL": f"sqlite:///{original}"})
     adopted = manage(original, engine, "engine_folder", "--adopt")
     assert adopted.returncode == 0, adopted.stderr[-2000:]
     mark, recorded_key, original_key, _ = manage(original, engine, "shell", "-v0", "-c", KEYS).stdout.split()
@@ -103,7 +105,7 @@ def test_the_take_over_gives_a_new_mark_even_where_the_copy_cannot_be_told(tmp_p
     databases erased in the folder. The take-over always writes a new mark."""
     engine = tmp_path / "engine"
     original = tmp_path / "var" / "lethe.sqlite3"
-    assert manage(original, engine, "migrate", "-v0").returncode == 0
+    migrate({"DATABASE_URL": f"sqlite:///{original}"})
     assert manage(original, engine, "engine_folder", "--adopt").returncode == 0
     mark = manage(original, engine, "shell", "-v0", "-c", KEYS).stdout.split()[0]
     copy = tmp_path / "restored" / "lethe.sqlite3"

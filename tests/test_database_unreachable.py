@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.migrated import migrate
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -72,7 +74,7 @@ def test_ctrl_c_ends_a_command_with_one_line_not_a_traceback(tmp_path):
     import time
 
     env = _env(tmp_path, DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite3")
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=300)
+    migrate(env)
     subprocess.run([sys.executable, "manage.py", "shell", "-c",
                     "from django.contrib.auth import get_user_model; "
                     "get_user_model().objects.create_user('op', password='pw-op-12345', is_staff=True)"],
@@ -94,7 +96,7 @@ def test_ctrl_c_ends_a_command_with_one_line_not_a_traceback(tmp_path):
 def test_a_reader_that_goes_away_ends_a_command_without_a_traceback(tmp_path):
     """`manage.py tool_payloads status | head -3` printed a BrokenPipeError traceback (r42)."""
     env = _env(tmp_path, DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite3")
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=300)
+    migrate(env)
     process = subprocess.Popen([sys.executable, "manage.py", "shell", "-v0", "-c", "for n in range(10**6): print(n)"],
                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert process.stdout.readline() == b"0\n"
@@ -112,7 +114,7 @@ def test_a_reader_gone_before_the_output_ends_a_command_without_blame_or_traceba
 
     assert isinstance(io_error(BrokenPipeError(32, "Broken pipe"), "Nothing more was done"), BrokenPipeError)
     env = _env(tmp_path, DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite3", LETHE_DEMO_PASSWORD="pw-pipe-123")
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=300)
+    migrate(env)
     subprocess.run([sys.executable, "manage.py", "seed_demo", "--conversations", "2", "--messages", "2"], cwd=ROOT,
                    env=env, check=True, timeout=300, capture_output=True)
     conversation = subprocess.run(
@@ -143,7 +145,7 @@ def test_a_database_missing_one_table_says_to_migrate_not_that_it_has_none(tmp_p
     import sqlite3
 
     env = _env(tmp_path, DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite3")
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=300)
+    migrate(env)
     with sqlite3.connect(tmp_path / "db.sqlite3") as db:  # as an upgrade whose migrate has not run
         db.execute("DROP TABLE retention_toolpayloadoperation")
     assert _one_line_error(env) == [f"Lethe database error: The database {tmp_path}/db.sqlite3 lacks a table this release uses "
@@ -240,7 +242,7 @@ def test_a_database_file_moved_away_under_the_web_server_is_503_unavailable_and_
     database = tmp_path / "db.sqlite3"
     env = _env(tmp_path, DATABASE_URL=f"sqlite:///{database}", PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "prom"),
                WEB_CONCURRENCY="2", STATIC_ROOT=str(tmp_path / "static"))
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=300)
+    migrate(env)
     token = subprocess.run([sys.executable, "manage.py", "shell", "-c",
                             "from console.models import ApiToken; from tests import factories; "
                             "print(ApiToken.issue(factories.make_user('op', admin=True), name='t')[1])"],

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from ops.jobs import record_run
 from ops.models import JobStat
+from tests.migrated import migrate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -215,7 +216,7 @@ def test_the_job_cluster_stops_when_its_sqlite_file_is_swapped(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "ENGINE_URL")}
     env.update(DATABASE_URL=f"sqlite:///{database}", DJANGO_SETTINGS_MODULE="console.settings_test",
                ENGINE_HOME=str(tmp_path / "engine"), LETHE_VAR_DIR=str(tmp_path / "var"), Q_WORKERS="1")
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=300)
+    migrate(env)
     cluster = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.migrated import migrate
+
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "lethe-read-only-tests-" + "k" * 40
 CLEAR = ("DATABASE_URL", "LETHE_VAR_DIR", "ENGINE_HOME", "PROMETHEUS_MULTIPROC_DIR", "SECRET_KEY", "SECRET_KEY_FILE",
@@ -66,10 +68,8 @@ def sqlite_install(tmp_path: Path) -> tuple[dict[str, str], Path, Path]:
     """A migrated SQLite install under tmp_path/var, closed (no -wal or -shm left)."""
     var = tmp_path / "var"
     env = environment(var)
-    migrated = manage(env, "migrate", "-v0")
-    assert migrated.returncode == 0, migrated.stderr[-2000:]
-    database = var / "lethe.sqlite3"
-    assert database.is_file() and not Path(f"{database}-wal").exists()
+    database = migrate(env)
+    assert database == var / "lethe.sqlite3" and not Path(f"{database}-wal").exists()
     return env, var, database
 
 
@@ -132,8 +132,7 @@ def outer_database(tmp_path: Path) -> str:
     the run's DATABASE_URL names a database that only exists under pytest's test name)."""
     (tmp_path / "db").mkdir()
     url = f"sqlite:///{tmp_path / 'db' / 'lethe.sqlite3'}"
-    migrated = manage(environment(tmp_path / "db" / "var", DATABASE_URL=url), "migrate", "-v0")
-    assert migrated.returncode == 0, migrated.stderr[-2000:]
+    migrate(environment(tmp_path / "db" / "var", DATABASE_URL=url))
     return url
 
 

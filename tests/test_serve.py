@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.migrated import migrate
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -73,7 +75,7 @@ def env(tmp_path_factory):
     environment = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     environment.update(LETHE_VAR_DIR=str(var), ENGINE_HOME=str(var / "engine"),
                        DJANGO_SETTINGS_MODULE="console.settings_test", Q_WORKERS="1")
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=environment, check=True)
+    migrate(environment)
     return environment
 
 

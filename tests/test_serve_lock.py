@@ -12,6 +12,7 @@ import sys
 import urllib.error
 import urllib.request
 
+from tests.migrated import migrate
 from tests.test_serve import ROOT, Tree, children_of, free_port, wait_until
 
 
@@ -27,7 +28,7 @@ def test_a_second_serve_on_the_same_metrics_folder_refuses_and_empties_nothing(t
     env.update(LETHE_VAR_DIR=str(tmp_path / "var"), ENGINE_HOME=str(tmp_path / "engine"),
                DJANGO_SETTINGS_MODULE="console.settings_test", PROMETHEUS_MULTIPROC_DIR=str(metrics),
                WEB_CONCURRENCY="1", WEB_THREADS="2")
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=300)
+    migrate(env)
     port = free_port()
     tree = Tree()
     try:

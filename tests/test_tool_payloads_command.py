@@ -12,6 +12,7 @@ from django.core.management.base import CommandError
 from lifecycle.models import Item
 from retention import service
 from retention.models import ToolPayloadOperation, ToolPayloadPolicy
+from tests.migrated import migrate
 from tests.test_tool_payload_jobs import old_conversation
 
 pytestmark = pytest.mark.django_db
@@ -210,7 +211,7 @@ def test_a_run_here_killed_with_sigkill_is_taken_to_its_end_by_the_next_run_here
     def manage(*args: str, **kwargs):
         return subprocess.run([sys.executable, "manage.py", *args], cwd=root, env=env, timeout=300, **kwargs)
 
-    manage("migrate", "-v0", check=True)
+    migrate(env)
     manage("shell", "-c", (
         "from django.contrib.auth import get_user_model; from retention import service; "
         "from retention.models import ToolPayloadPolicy; "
@@ -419,7 +420,7 @@ def test_the_command_here_exits_0_with_the_document_of_the_analysis_asked_for(tm
         return subprocess.run([sys.executable, "manage.py", *args], cwd=root, env=env, timeout=300,
                               capture_output=True, text=True)
 
-    assert manage("migrate", "-v0").returncode == 0
+    migrate(env)
     assert manage("shell", "-c", (
         "from django.contrib.auth import get_user_model; "
         "from tests.test_tool_payloads_command import two_periods; "

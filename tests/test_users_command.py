@@ -14,6 +14,7 @@ from django.core.management.base import CommandError
 
 from console.models import ApiToken
 from tests import factories
+from tests.migrated import migrate
 
 User = get_user_model()
 
@@ -135,7 +136,7 @@ def test_without_a_terminal_or_stdin_flag_it_asks_for_the_flag_and_changes_nothi
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     env.update(DJANGO_SETTINGS_MODULE="console.settings_test", LETHE_VAR_DIR=str(tmp_path / "var"),
                ENGINE_HOME=str(tmp_path / "engine"), DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite3")
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=root, env=env, check=True, timeout=300)
+    migrate(env)
     asked = subprocess.run([sys.executable, "manage.py", "users", "create", "ana", "--role", "admin"], cwd=root, env=env,
                            input="a long passphrase 1\n", capture_output=True, text=True, timeout=120)
     assert asked.returncode == 1 and "give the password with --password-stdin" in asked.stderr
