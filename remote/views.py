@@ -13,6 +13,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
+from django.db.models import Min
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -61,13 +62,17 @@ def binding_list(request: HttpRequest) -> HttpResponse:
     unknown_owner = owner is None and bool(owners)  # an old or edited link: the first owner, said so
     if unknown_owner:
         owner = owners[0]
-    bindings, deletes, page, deletes_page = [], [], None, None
+    bindings, deletes, page, deletes_page, read_at = [], [], None, None, None
     if owner is not None:
         # Every conversation of the owner is reachable: pages of PAGE_SIZE (an owner may have
         # thousands; a cut without paging left the rest unlisted and undeletable from here).
         page = Paginator(EngineBinding.objects.select_related("returned_after")
                          .filter(owner_kind=owner["kind"], owner_id=owner["id"]), PAGE_SIZE).get_page(_page(request))
         bindings = list(page.object_list)
+        # The list is the engine's as last read, not as it is now (r67: a conversation deleted
+        # on the engine since was listed, with its title and a Delete, and no time said).
+        read_at = EngineBinding.objects.filter(owner_kind=owner["kind"], owner_id=owner["id"]).aggregate(
+            at=Min("synced_at"))["at"]
         pending = {op.binding_id: op for op in BoundDelete.objects.filter(binding__in=bindings, state="pending")}
         for b in bindings:
             b.pending_delete = pending.get(b.pk)
@@ -76,7 +81,7 @@ def binding_list(request: HttpRequest) -> HttpResponse:
         deletes = list(deletes_page.object_list)
     return render(request, "remote/binding_list.html", {
         "owners": owners, "owner": owner, "unknown_owner": unknown_owner, "bindings": bindings, "page": page,
-        "deletes": deletes, "deletes_page": deletes_page,
+        "deletes": deletes, "deletes_page": deletes_page, "read_at": read_at,
         "engine_url": settings.ENGINE_URL, "is_admin": is_admin(request.user),
         **_bindings_poller({b.pending_delete.public_id for b in bindings if b.pending_delete}
                            | {d.public_id for d in deletes if d.state == BoundDeleteState.PENDING}),

@@ -108,6 +108,25 @@ def test_the_estimate_counts_one_conversation_as_one_in_english_and_spanish(admi
     assert "4 mensajes de herramienta en 1 conversación<" in spanish and "conversaciones" not in spanish
 
 
+@pytest.mark.parametrize("kind", ["analysis", "cleanup"])
+def test_progress_counts_one_as_one_in_english_and_spanish(admin_client, admin_user, kind):
+    """r67: "0 of 1 conversations scanned" / "0 de 1 conversaciones revisadas" while running."""
+    old_conversation("only")
+    if kind == "analysis":
+        op_id = service.start_analysis(user=admin_user, age_value=3, age_unit="months")
+        shown, spanish_shown = "0 of 1 conversation scanned.", "0 de 1 conversación revisada."
+    else:
+        enable(admin_user, choice="skip")
+        op_id = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
+        shown, spanish_shown = "0 of 1 message processed.", "0 de 1 mensaje procesado."
+    ToolPayloadOperation.objects.filter(pk=op_id).update(state="running", progress_total=1, progress_done=0)
+    english = text_of(page(admin_client))
+    assert shown in english and shown.replace("conversation ", "conversations ").replace("message ", "messages ") \
+        not in english
+    spanish = text_of(admin_client.get(PAGE, **HOST, HTTP_ACCEPT_LANGUAGE="es").content.decode())
+    assert spanish_shown in spanish
+
+
 def test_a_completed_analysis_shows_the_exact_estimate_counts_and_cutoff(admin_client, admin_user):
     old_conversation("one")
     old_conversation("two")

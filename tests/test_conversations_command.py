@@ -195,7 +195,7 @@ def test_the_report_counts_files_says_the_shared_copies_left_and_the_verificatio
     artifacts = next(line for line in out.splitlines() if line.endswith("Large outputs and tool artifacts"))
     assert f" {files['records']} file" in artifacts and "record" not in artifacts
     tombstone = next(line for line in out.splitlines() if "title erased; the record stays as the tombstone" in line)
-    assert tombstone.startswith("  erased")
+    assert tombstone.startswith("  erased") and "record " not in tombstone.split("Conversation record")[0]
     assert f"  verification: every store re-checked on {op.verified_at.isoformat().replace('+00:00', 'Z')}: clean" in out
 
 

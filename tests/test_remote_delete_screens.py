@@ -329,6 +329,30 @@ def test_the_list_says_which_conversations_the_engine_has_deleted_or_is_deleting
         assert not any(w in rows["t-live"] for w in words.values())
 
 
+def test_the_list_says_when_the_engine_listed_its_conversations(settings, admin_client, member_client):
+    """r67: the list is the engine's as the last read found it; it said nothing of when, and
+    showed a conversation deleted on the engine since, with its title and a Delete. It gives the
+    oldest read of the owner's rows shown (in the viewer's zone), for admins and members."""
+    point_at(settings, "http://127.0.0.1:9")
+    read = timezone.now() - timedelta(days=3)
+    EngineBinding.objects.create(engine_id="c_old", owner_kind="account", owner_id=1, scope="bound",
+                                 thread_id="t-old", title="Old", synced_at=read)
+    EngineBinding.objects.create(engine_id="c_new", owner_kind="account", owner_id=1, scope="bound",
+                                 thread_id="t-new", title="New")
+    EngineBinding.objects.create(engine_id="c_other", owner_kind="account", owner_id=2, scope="bound",
+                                 thread_id="t-other", title="Other", synced_at=read - timedelta(days=30))
+    for client, language, words in ((admin_client, "en", "As the engine listed them 3"),
+                                    (member_client, "es", "Tal como el motor las listó hace 3")):
+        page = client.get("/engine/conversations/?owner=account:1", HTTP_ACCEPT_LANGUAGE=language,
+                          **HOST).content.decode()
+        said = text(re.search(r'data-testid="bindings-read-at">(.*?)</p>', page, re.S).group(1))
+        assert said.startswith(words), said
+        with translation.override(language):
+            from django.utils import formats
+
+            assert formats.date_format(timezone.localtime(read), "DATETIME_FORMAT") in said
+
+
 @pytest.mark.parametrize("state", ["deleted", "pending_delete"])
 def test_the_confirmation_says_when_the_engine_already_deleted_or_is_deleting_it(settings, admin_client, state):
     """A conversation its engine deleted by other means (or is deleting) is not previewed as a

@@ -304,6 +304,21 @@ def test_the_chart_has_a_point_for_each_day_in_each_series(admin_client, engine_
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("days", [1, 2])
+def test_the_charts_days_are_said_to_be_utc_days_with_one_day_measured_too(admin_client, engine_home, days):
+    """r67: with one day measured the caption gave the day alone, under a measured time shown
+    in the viewer's zone (+14: the 7th above, the 6th below)."""
+    today = timezone.now().date()
+    if days == 2:
+        DailySize.objects.create(day=today - timedelta(days=1), measured_at=timezone.now(), database_bytes=1)
+    measure_storage()
+    page = admin_client.get(PAGE, **HOST).content.decode()
+    caption = page[page.index('<figcaption class="chart-scale'):]
+    caption = " ".join(caption[:caption.index("</figcaption>")].split())
+    assert ("(a day in UTC)" if days == 1 else "(days in UTC)") in caption
+
+
+@pytest.mark.django_db
 def test_figures_follow_the_viewers_locale_and_coordinates_stay_numbers(admin_client, engine_home):
     build_fleet()
     today = timezone.now().date()

@@ -185,8 +185,11 @@ class Command(JsonErrors, BaseCommand):
                 count = entry["records"] or 0
                 figures = (ngettext("%(shown)s file", "%(shown)s files", count) if entry["files"]
                            else ngettext("%(shown)s record", "%(shown)s records", count)) % {"shown": count}
-                notes = [gettext("title erased; the record stays as the tombstone")] if (
-                    entry["tombstone"] and entry["action"] == "erased") else []
+                notes = []
+                if entry["tombstone"] and entry["action"] == "erased":
+                    # Its title erased, the record itself kept, as the page says (r67: "erased 1
+                    # record" for the one record that stays)
+                    figures, notes = "", [gettext("title erased; the record stays as the tombstone")]
                 if entry["remaining"]:
                     notes.append(ngettext("%(shown)s shared copy remains", "%(shown)s shared copies remain",
                                           entry["remaining"]) % {"shown": entry["remaining"]})
