@@ -48,21 +48,20 @@ READ_ERRORS = {
 EMPTY_PAGES = 3  # pages in a row with no conversation but a next cursor: a list that never ends
 
 
-def read_error_text(code: str) -> str:
-    """The words for a failed read of the engine's conversations (a delete's words otherwise)."""
-    from remote.delivery import error_text
-
-    return str(READ_ERRORS[code]) if code in READ_ERRORS else error_text(code)
-
-
 def failed_read_text(exc: ActionRefused) -> str:
-    """What the button and sync_bindings say of a failed read: why (the engine's own words for a
+    """What the button and sync_bindings say of a failed read: why (a read's words for the
+    engine's failures, a delete's for the other engine_ codes, the engine's own words for a
     refusal of its own), then what the pages read before it wrote, which is kept (the counts that
     `refresh` puts on its error): "nothing was read" was said after earlier pages were written (r63),
     and an engine's own refusal of a later page said nothing of them (r64)."""
     from django.utils.translation import gettext
 
-    words = read_error_text(exc.code) if exc.code.startswith("engine_") else exc.message
+    from remote.delivery import error_text
+
+    if exc.code.startswith("engine_"):
+        words = str(READ_ERRORS[exc.code]) if exc.code in READ_ERRORS else error_text(exc.code)
+    else:
+        words = exc.message
     kept = getattr(exc, "kept", None)
     if kept is None:
         return words
@@ -165,14 +164,14 @@ def _one_pass(engine, engine_url: str, now, counts: dict[str, int], made: set[st
                 raise EngineBadAnswer("a list without end")
             seen.add(cursor)
         for again in (False, True):
-            before = dict(counts), set(made), set(updated)
+            counts_before, made_before, updated_before = dict(counts), set(made), set(updated)
             try:
                 _write_page(rows, engine_url, now, asked_at, counts, made, updated)
                 break
             except IntegrityError:
-                counts.update(before[0])  # the page wrote nothing: neither do its counts
-                made.intersection_update(before[1])
-                updated.intersection_update(before[2])
+                counts.update(counts_before)  # the page wrote nothing: neither do its counts
+                made.intersection_update(made_before)
+                updated.intersection_update(updated_before)
                 if _twins(rows, engine_url):
                     # One owner's thread id under two of the engine's conversations (on this page,
                     # or against a binding kept from before: an engine rebuilt with new ids, or
