@@ -187,3 +187,27 @@ class BoundDeleteKey(models.Model):
     key = models.CharField(max_length=200, unique=True)
     delete = models.ForeignKey(BoundDelete, on_delete=models.CASCADE, related_name="keys")
     created_at = models.DateTimeField(default=timezone.now)
+
+
+class EngineRead(models.Model):
+    """The last reads of one engine's list of conversations (`remote.sync.refresh`: the hourly
+    job, Read from the engine, `sync_bindings`, the API), so the list can say that the latest
+    read failed and why, rather than only how old its rows are. One row per engine, written at
+    the end of each read; content-free (an engine's own refusal words, cut to 500 characters)."""
+
+    # Blank: the engine at ENGINE_URL, as a binding's engine_url.
+    engine_url = models.CharField(max_length=300, blank=True, unique=True)
+    # When the last read that went through the whole list began (its bindings' synced_at).
+    read_at = models.DateTimeField(null=True, blank=True)
+    # When the last failed read began, and why: an engine_ code, or the engine's own refusal
+    # (its code and words). Shown while no whole read began after it.
+    failed_at = models.DateTimeField(null=True, blank=True)
+    error_code = models.CharField(max_length=64, blank=True)
+    error_message = models.CharField(max_length=500, blank=True)
+
+    def __str__(self) -> str:
+        return self.engine_url or "ENGINE_URL"
+
+    @property
+    def failing(self) -> bool:
+        return self.failed_at is not None and (self.read_at is None or self.failed_at > self.read_at)

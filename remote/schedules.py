@@ -10,6 +10,8 @@ SCHEDULES = {
     # The engine's receipts that keep facts that expire, read again (remote.receipts), and
     # the requesters of bound deletes forgotten after the audit period.
     "remote-hourly": {"func": "remote.tasks.hourly", "minutes": 60},
+    # Each configured engine's list of conversations, read into the bindings (remote.sync).
+    "remote-read-engines": {"func": "remote.tasks.read_engines", "minutes": 60},
 }
 
 

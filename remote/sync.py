@@ -16,7 +16,7 @@ from lifecycle.engine.http import EngineBadAnswer
 from lifecycle.errors import ActionRefused
 from lifecycle.moments import read_moment
 from remote.delivery import engine_for
-from remote.models import BoundDelete, BoundDeleteState, EngineBinding
+from remote.models import BoundDelete, BoundDeleteState, EngineBinding, EngineRead
 
 PAGE = 200
 
@@ -31,8 +31,9 @@ OWNER_KINDS = ("account", "computer")
 # the engine wrote the page (the page is stale, not a restore); covers clocks of other hosts.
 CLOCK_MARGIN = timedelta(seconds=60)
 
-# Why a read of the engine's conversations failed. Unlike a bound delete, a read is not
-# retried by itself: an admin (Read from the engine) or an operator (sync_bindings) asks again.
+# Why a read of the engine's conversations failed. A read is not retried on its own: the
+# hourly job (remote.tasks.read_engines) reads again, or an admin (Read from the engine) or an
+# operator (sync_bindings) asks sooner.
 READ_ERRORS = {
     "engine_unreachable": gettext_lazy("The engine cannot be reached (no connection, a timeout, or its answer "
                                        "was lost). Read again when it is back."),
@@ -49,19 +50,13 @@ EMPTY_PAGES = 3  # pages in a row with no conversation but a next cursor: a list
 
 
 def failed_read_text(exc: ActionRefused) -> str:
-    """What the button and sync_bindings say of a failed read: why (a read's words for the
-    engine's failures, a delete's for the other engine_ codes, the engine's own words for a
-    refusal of its own), then what the pages read before it wrote, which is kept (the counts that
-    `refresh` puts on its error): "nothing was read" was said after earlier pages were written (r63),
-    and an engine's own refusal of a later page said nothing of them (r64)."""
+    """What the button and sync_bindings say of a failed read: why (`failure_words`), then what
+    the pages read before it wrote, which is kept (the counts that `refresh` puts on its error):
+    "nothing was read" was said after earlier pages were written (r63), and an engine's own
+    refusal of a later page said nothing of them (r64)."""
     from django.utils.translation import gettext
 
-    from remote.delivery import error_text
-
-    if exc.code.startswith("engine_"):
-        words = str(READ_ERRORS[exc.code]) if exc.code in READ_ERRORS else error_text(exc.code)
-    else:
-        words = exc.message
+    words = failure_words(exc.code, exc.message)
     kept = getattr(exc, "kept", None)
     if kept is None:
         return words
@@ -69,6 +64,16 @@ def failed_read_text(exc: ActionRefused) -> str:
         return words + " " + gettext("Nothing was read.")
     return words + " " + gettext("The pages read before it are kept (%(created)s new conversations, %(updated)s "
                                  "brought up to date, %(returned)s back after a completed delete).") % kept
+
+
+def failure_words(code: str, message: str) -> str:
+    """Why a read failed: a read's words for the engine's failures, a delete's for the other
+    engine_ codes, the engine's own words for a refusal of its own."""
+    from remote.delivery import error_text
+
+    if code.startswith("engine_"):
+        return str(READ_ERRORS[code]) if code in READ_ERRORS else error_text(code)
+    return message
 
 
 def _row(row) -> dict:
@@ -132,9 +137,26 @@ def refresh(engine_url: str = "") -> dict[str, int]:
                 break
     except ActionRefused as exc:
         exc.kept = {**counts, "updated": len(updated)}  # what the pages before the failure wrote
+        _record(engine_url, now, exc)
         raise
+    _record(engine_url, now)
     counts["updated"] = len(updated)
     return counts
+
+
+def _record(engine_url: str, began, failure: ActionRefused | None = None) -> None:
+    """The read that began at `began` into the engine's EngineRead row; a read that began before
+    the one recorded (two at once) changes nothing of it."""
+    with transaction.atomic():
+        row, _made = EngineRead.objects.select_for_update().get_or_create(engine_url=engine_url)
+        if failure is None:
+            if row.read_at is None or began > row.read_at:
+                row.read_at = began
+                row.save(update_fields=["read_at"])
+        elif row.failed_at is None or began > row.failed_at:
+            row.failed_at, row.error_code = began, failure.code
+            row.error_message = "" if failure.code.startswith("engine_") else str(failure.message)[:500]
+            row.save(update_fields=["failed_at", "error_code", "error_message"])
 
 
 def _one_pass(engine, engine_url: str, now, counts: dict[str, int], made: set[str], updated: set[str]) -> int:

@@ -30,7 +30,7 @@ from lifecycle.deletion.presentation import holder_text, moment, preview_groups,
 from lifecycle.errors import ActionRefused
 from remote.api import bound_delete_json
 from remote.delivery import error_text, request_bound_delete
-from remote.models import BoundDelete, BoundDeleteState, EngineBinding
+from remote.models import BoundDelete, BoundDeleteState, EngineBinding, EngineRead
 from remote.preview import admission_of, engine_preview
 from remote.status import waiting_text
 
@@ -81,11 +81,24 @@ def binding_list(request: HttpRequest) -> HttpResponse:
         deletes = list(deletes_page.object_list)
     return render(request, "remote/binding_list.html", {
         "owners": owners, "owner": owner, "unknown_owner": unknown_owner, "bindings": bindings, "page": page,
-        "deletes": deletes, "deletes_page": deletes_page, "read_at": read_at,
+        "deletes": deletes, "deletes_page": deletes_page, "read_at": read_at, "failed_reads": _failed_reads(),
         "engine_url": settings.ENGINE_URL, "is_admin": is_admin(request.user),
         **_bindings_poller({b.pending_delete.public_id for b in bindings if b.pending_delete}
                            | {d.public_id for d in deletes if d.state == BoundDeleteState.PENDING}),
     })
+
+
+def _failed_reads() -> list[EngineRead]:
+    """The configured engines whose latest read failed (no whole read began after it), with why:
+    the hourly read that fails would otherwise show only in the age of the list."""
+    from remote.sync import failure_words
+
+    configured = ({""} if settings.ENGINE_URL else set()) | set(settings.ENGINE_TOKENS)
+    failed = [read for read in EngineRead.objects.filter(failed_at__isnull=False).order_by("engine_url")
+              if read.failing and read.engine_url in configured]
+    for read in failed:
+        read.words = failure_words(read.error_code, read.error_message)
+    return failed
 
 
 LIVE_POLL_SECONDS = 3

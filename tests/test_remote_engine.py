@@ -34,7 +34,7 @@ from lifecycle.engine.inprocess import InProcessEngine
 from lifecycle.errors import ActionRefused
 from lifecycle.models import AuditFact, RetainedFactsPolicy
 from remote import delivery
-from remote.models import BoundDelete, BoundDeleteKey, EngineBinding
+from remote.models import BoundDelete, BoundDeleteKey, EngineBinding, EngineRead
 from remote.sync import refresh
 from tests import factories
 from tests.remote_engine import (
@@ -589,6 +589,72 @@ def test_the_status_page_says_whose_step_it_is(remote, client, admin_user, setti
     assert "lifecycle.Item" not in page and "approval_receipts" not in page
     body = json.loads(client.get(f"/api/v1/bound-deletes/{op.public_id}").content)
     assert body["attempts"] == 2 and body["waiting_on"] is None and body["receipt"] is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_job_cluster_reads_the_engine_by_itself_and_records_the_read(remote, own_dir):
+    """No one presses Read from the engine: the cluster's hourly read (remote-read-engines, due
+    at the first start after migrate) lists the engine's conversations and records the read."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+    from django_q.models import Schedule
+
+    read = Schedule.objects.get(name="remote-read-engines")
+    assert (read.func, read.minutes, read.repeats) == ("remote.tasks.read_engines", 60, -1)
+    Schedule.objects.exclude(pk=read.pk).delete()  # the cluster does this job alone
+    Schedule.objects.filter(pk=read.pk).update(next_run=timezone.now())
+    env = {**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "console.settings_test",
+           "Q_WORKERS": "1", "ENGINE_URL": remote.url, "ENGINE_TOKEN": remote.token,
+           "ENGINE_HOME": str(own_dir / "console-engine")}
+    (own_dir / "console-engine").mkdir()
+    cluster = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=ROOT, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not EngineRead.objects.filter(read_at__isnull=False).exists():
+            time.sleep(0.3)
+    finally:
+        stop_group(cluster)
+    record = EngineRead.objects.get()
+    assert record.engine_url == "" and record.read_at is not None and not record.failing
+    live = {row[0] for row in remote.query("SELECT public_id FROM lifecycle_conversation WHERE state = 'live'")}
+    assert set(EngineBinding.objects.values_list("engine_id", flat=True)) == live and live
+    assert set(EngineBinding.objects.values_list("synced_at", flat=True)) == {record.read_at}
+    assert Schedule.objects.get(pk=read.pk).next_run >= record.read_at + timedelta(minutes=59)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_engine_that_fails_its_read_never_keeps_another_from_its_own_and_the_list_says_so(remote, settings):
+    """The hourly read goes through every configured engine: ENGINE_URL unreachable is recorded
+    (and said on the list, to admins and members, in English and Spanish) while the engine in
+    ENGINE_TOKENS is read whole; the next read that goes through takes the line away."""
+    from remote import tasks
+
+    live = remote.query("SELECT count(*) FROM lifecycle_conversation WHERE state = 'live'")[0][0]
+    settings.ENGINE_TOKENS = {remote.url: remote.token}
+    settings.ENGINE_URL = f"http://127.0.0.1:{free_port({remote.port})}"  # nothing listens there
+    assert tasks.read_engines() == {"ENGINE_URL": "engine_unreachable",
+                                    remote.url: {"created": live, "updated": 0, "returned": 0}}
+    assert EngineBinding.objects.filter(engine_url=remote.url).count() == live
+    assert not EngineBinding.objects.filter(engine_url="").exists()
+    failed, other = EngineRead.objects.get(engine_url=""), EngineRead.objects.get(engine_url=remote.url)
+    assert (failed.failing, failed.read_at, failed.error_code, failed.error_message) == (
+        True, None, "engine_unreachable", "")
+    assert not other.failing and other.read_at is not None
+    member = factories.make_user(admin=False)
+    for who, language, words in ((factories.make_user(admin=True), "en", "The engine cannot be reached"),
+                                 (member, "es", "No se puede contactar con el motor")):
+        viewer = Client(**HOST)
+        viewer.force_login(who)
+        page = viewer.get("/engine/conversations/", HTTP_ACCEPT_LANGUAGE=language).content.decode()
+        assert page.count('data-testid="read-failed"') == 1  # the engine in ENGINE_TOKENS read fine
+        assert words in page.split('data-testid="read-failed"', 1)[1].split("</p>", 1)[0]
+    settings.ENGINE_URL = remote.url
+    assert tasks.read_engines() == {"ENGINE_URL": {"created": live, "updated": 0, "returned": 0}}
+    viewer = Client(**HOST)
+    viewer.force_login(member)
+    assert 'data-testid="read-failed"' not in viewer.get("/engine/conversations/").content.decode()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -865,3 +865,55 @@ def test_a_later_page_refused_or_with_a_repeated_cursor_writes_nothing_of_it_and
         with pytest.raises(CommandError, match=r"The pages read before it are kept \(0 new conversations, 2 brought"):
             call_command("sync_bindings")
     assert set(EngineBinding.objects.values_list("engine_id", flat=True)) == {"c_1", "c_2"}
+
+
+def test_a_read_the_engine_refuses_is_recorded_and_shown_until_a_read_begun_later_goes_through(settings):
+    """The hourly read (remote.tasks.read_engines) has no one to tell but the list: the engine's
+    own refusal, in its own words (escaped), stays on the list until a read begun after it goes
+    through; a read begun before it (two at once) does not take it off."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from remote import tasks
+    from remote.models import EngineRead
+
+    answer = {"refuse": True}
+
+    def threads(_handler):
+        if answer["refuse"]:
+            return 422, {"code": "invalid_cursor", "message": "<b>Cursor</b> expired."}
+        return 200, {"results": [_listed("c_1", "t1")], "next": None}
+
+    with scripted_engine({("GET", "/v1/threads"): threads}) as (url, _seen):
+        point_at(settings, url)
+        settings.ENGINE_TOKENS = {}
+        before = timezone.now()
+        assert tasks.read_engines() == {"ENGINE_URL": "invalid_cursor"}
+        read = EngineRead.objects.get()
+        assert (read.engine_url, read.read_at, read.error_code, read.error_message) == (
+            "", None, "invalid_cursor", "<b>Cursor</b> expired.")
+        assert read.failing and before <= read.failed_at <= timezone.now()
+        assert not EngineBinding.objects.exists()
+        for who, language, words in (("adm-read", "en", "The last read of the engine, begun "),
+                                     ("mem-read", "es", "La última lectura del motor, iniciada ")):
+            client = Client()
+            client.force_login(factories.make_user(who, admin=who == "adm-read"))
+            page = client.get("/engine/conversations/", HTTP_HOST="127.0.0.1",
+                              HTTP_ACCEPT_LANGUAGE=language).content.decode()
+            line = page.split('data-testid="read-failed">', 1)[1].split("</p>", 1)[0]
+            assert line.startswith(words) and "&lt;b&gt;Cursor&lt;/b&gt; expired." in line and "<b>" not in line
+        sync._record("", read.failed_at - timedelta(seconds=1))  # a whole read begun before the refused one
+        assert EngineRead.objects.get().failing
+        answer["refuse"] = False
+        assert tasks.read_engines() == {"ENGINE_URL": {"created": 1, "updated": 0, "returned": 0}}
+        read = EngineRead.objects.get()
+        assert not read.failing and read.read_at > read.failed_at
+        assert EngineBinding.objects.get().synced_at == read.read_at
+        # Two reads at once: one begun earlier that ends later changes nothing of the record.
+        sync._record("", read.read_at - timedelta(seconds=2))
+        sync._record("", read.read_at - timedelta(seconds=1), sync.ActionRefused("engine_error", "x"))
+        again = EngineRead.objects.get()
+        assert (again.read_at, again.failed_at, again.error_code) == (read.read_at, read.failed_at, "invalid_cursor")
+        page = admin().get("/engine/conversations/", HTTP_HOST="127.0.0.1").content.decode()
+        assert 'data-testid="read-failed"' not in page and 'data-testid="bindings-read-at"' in page
