@@ -36,12 +36,25 @@ class BindingOut(Schema):
     returned_after: str | None = Field(
         description="The completed bound delete after which the engine listed this conversation again "
                     "(restored there from a backup): its title is not copied here; delete it again.")
+    synced_at: str = Field(description="When the read of the engine's list that last listed it here began.")
+
+
+class EngineReadOut(Schema):
+    engine: str = Field(description="The engine read; empty for the one at ENGINE_URL.")
+    read_at: str | None = Field(description="When the last read that went through the engine's whole list began.")
+    failed_at: str | None = Field(description="When the last read that failed began.")
+    failing: bool = Field(description="Whether the latest read failed: no whole read began after `failed_at`. "
+                                      "The bindings are then as earlier reads left them.")
+    error: str | None = Field(description="Why the latest read failed (a code), while `failing`.")
+    error_message: str | None
 
 
 class BindingPageOut(Schema):
     owner: OwnerOut | None = Field(description="Whose conversations these are (one owner at a time).")
     results: list[BindingOut]
     next: str | None = Field(None, description="The `cursor` of the next page; null on the last page.")
+    reads: list[EngineReadOut] = Field(description="Each configured engine's last reads of its list of "
+                                                   "conversations (every hour, and when an admin asks).")
 
 
 class ConsoleCopyOut(Schema):
@@ -99,7 +112,14 @@ def binding_json(b: EngineBinding, current: BoundDelete | None = None) -> dict[s
         "title": b.title, "engine_state": b.engine_state, "last_activity_at": iso(b.last_activity_at),
         "delete": current.public_id if current else None, "delete_state": current.state if current else None,
         "returned_after": b.returned_after.public_id if b.returned_after_id else None,
+        "synced_at": iso(b.synced_at),
     }
+
+
+def engine_read_json(read) -> dict[str, Any]:
+    return {"engine": read.engine_url, "read_at": iso(read.read_at), "failed_at": iso(read.failed_at),
+            "failing": read.failing, "error": read.error_code if read.failing else None,
+            "error_message": read.words or None}
 
 
 def bound_delete_json(op: BoundDelete) -> dict[str, Any]:
@@ -162,10 +182,13 @@ def binding_list(request: HttpRequest, query: BindingsQuery) -> dict:
             raise ApiError(400, "invalid_cursor", _("The cursor is not valid for this list: it was handed out for other "
                                                     "filters or by an earlier version, or it is damaged. Ask for the first page "
                                                     "again, without a cursor."))
+    from remote.sync import configured_reads
+
+    reads = [engine_read_json(read) for read in configured_reads()]
     if kind is None:
         first = EngineBinding.objects.order_by("owner_kind", "owner_id").values_list("owner_kind", "owner_id").first()
         if first is None:
-            return {"owner": None, "results": [], "next": None}
+            return {"owner": None, "results": [], "next": None, "reads": reads}
         kind, owner_id = first
     rows = EngineBinding.objects.select_related("returned_after").filter(owner_kind=kind, owner_id=owner_id)
     if after is not None:
@@ -175,7 +198,7 @@ def binding_list(request: HttpRequest, query: BindingsQuery) -> dict:
     rows = rows[: query.limit]
     current = current_deletes(rows)
     return {"owner": {"kind": kind, "id": owner_id}, "results": [binding_json(b, current.get(b.pk)) for b in rows],
-            "next": encode_token("b2", kind, str(owner_id), str(rows[-1].pk)) if more else None}
+            "next": encode_token("b2", kind, str(owner_id), str(rows[-1].pk)) if more else None, "reads": reads}
 
 
 def _cursor_place(token: str) -> tuple[str, int, int]:

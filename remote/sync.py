@@ -76,6 +76,18 @@ def failure_words(code: str, message: str) -> str:
     return message
 
 
+def configured_reads() -> list[EngineRead]:
+    """The read record of each configured engine (ENGINE_URL's first, then ENGINE_TOKENS' by
+    URL), an unsaved empty one for an engine not read yet; a failing one has `words`, why."""
+    urls = ([""] if settings.ENGINE_URL else []) + sorted(
+        url for url in settings.ENGINE_TOKENS if url != settings.ENGINE_URL.rstrip("/"))
+    stored = {read.engine_url: read for read in EngineRead.objects.filter(engine_url__in=urls)}
+    reads = [stored.get(url) or EngineRead(engine_url=url) for url in urls]
+    for read in reads:
+        read.words = failure_words(read.error_code, read.error_message) if read.failing else ""
+    return reads
+
+
 def _row(row) -> dict:
     """The fields a binding takes from one of the engine's rows, checked; EngineBadAnswer when
     the row is not one (nothing of the page is written then)."""

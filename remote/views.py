@@ -91,14 +91,9 @@ def binding_list(request: HttpRequest) -> HttpResponse:
 def _failed_reads() -> list[EngineRead]:
     """The configured engines whose latest read failed (no whole read began after it), with why:
     the hourly read that fails would otherwise show only in the age of the list."""
-    from remote.sync import failure_words
+    from remote.sync import configured_reads
 
-    configured = ({""} if settings.ENGINE_URL else set()) | set(settings.ENGINE_TOKENS)
-    failed = [read for read in EngineRead.objects.filter(failed_at__isnull=False).order_by("engine_url")
-              if read.failing and read.engine_url in configured]
-    for read in failed:
-        read.words = failure_words(read.error_code, read.error_message)
-    return failed
+    return [read for read in configured_reads() if read.failing]
 
 
 LIVE_POLL_SECONDS = 3

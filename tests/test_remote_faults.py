@@ -903,6 +903,11 @@ def test_a_read_the_engine_refuses_is_recorded_and_shown_until_a_read_begun_late
                               HTTP_ACCEPT_LANGUAGE=language).content.decode()
             line = page.split('data-testid="read-failed">', 1)[1].split("</p>", 1)[0]
             assert line.startswith(words) and "&lt;b&gt;Cursor&lt;/b&gt; expired." in line and "<b>" not in line
+        boss = admin()
+        api = boss.get("/api/v1/bindings", HTTP_HOST="127.0.0.1").json()
+        assert api == {"owner": None, "results": [], "next": None, "reads": [{
+            "engine": "", "read_at": None, "failed_at": read.failed_at.isoformat().replace("+00:00", "Z"),
+            "failing": True, "error": "invalid_cursor", "error_message": "<b>Cursor</b> expired."}]}
         sync._record("", read.failed_at - timedelta(seconds=1))  # a whole read begun before the refused one
         assert EngineRead.objects.get().failing
         answer["refuse"] = False
@@ -915,5 +920,10 @@ def test_a_read_the_engine_refuses_is_recorded_and_shown_until_a_read_begun_late
         sync._record("", read.read_at - timedelta(seconds=1), sync.ActionRefused("engine_error", "x"))
         again = EngineRead.objects.get()
         assert (again.read_at, again.failed_at, again.error_code) == (read.read_at, read.failed_at, "invalid_cursor")
-        page = admin().get("/engine/conversations/", HTTP_HOST="127.0.0.1").content.decode()
+        page = boss.get("/engine/conversations/", HTTP_HOST="127.0.0.1").content.decode()
         assert 'data-testid="read-failed"' not in page and 'data-testid="bindings-read-at"' in page
+        api = boss.get("/api/v1/bindings", HTTP_HOST="127.0.0.1").json()
+        assert api["reads"] == [{"engine": "", "read_at": api["results"][0]["synced_at"],
+                                 "failed_at": api["reads"][0]["failed_at"], "failing": False, "error": None,
+                                 "error_message": None}]
+        assert api["results"][0]["synced_at"] and api["reads"][0]["failed_at"] < api["results"][0]["synced_at"]
