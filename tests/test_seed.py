@@ -310,3 +310,29 @@ def test_the_demo_seed_refuses_counts_out_of_range_and_seeds_nothing(args):
     with pytest.raises(CommandError, match="Seed 2 to 1,000,000 conversations"):
         call_command("seed_demo", *args, "--no-users", stdout=io.StringIO())
     assert not m.Conversation.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("if_empty", [False, True])
+def test_two_seeds_started_together_seed_once_and_the_other_says_why(tmp_path, if_empty):
+    """r70: both passed the check for an empty database before either committed, so both seeded
+    (twice the demo data, each run saying it seeded) or one died on a duplicate id. Each pauses
+    after that first check here, so both have passed it before either seeds."""
+    from tests.test_jobs import database_url
+
+    env = {**os.environ, "DATABASE_URL": database_url(), "ENGINE_HOME": str(tmp_path / "engine"),
+           "DJANGO_SETTINGS_MODULE": "console.settings_test", "LETHE_TEST_PAUSE_AT": "seed.checked=3"}
+    command = [sys.executable, "manage.py", "seed_demo", "--conversations", "40", "--messages", "10", "--anchor",
+               ANCHOR.isoformat(), "--no-users", *(["--if-empty"] if if_empty else [])]
+    runs = [subprocess.Popen([*command, "--seed", seed_value], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for seed_value in ("7", "8")]
+    ended = sorted((run.wait(120), *run.communicate()) for run in runs)
+    seeded = [out for code, out, _err in ended if code == 0 and out.startswith("Seeded 40 conversations")]
+    assert len(seeded) == 1, ended
+    if if_empty:
+        assert [(code, out, err) for code, out, err in ended if out not in seeded] == [
+            (0, "Demo data already present; not seeding again.\n", "")]
+    else:
+        assert ended[1][0] == 1 and ended[1][2].strip() == "CommandError: Conversations already exist; seed into an "\
+                                                            "empty database.", ended
+    assert (m.Conversation.objects.count(), m.Account.objects.count(), m.Computer.objects.count()) == (40, 2, 2)

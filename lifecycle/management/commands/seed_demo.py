@@ -8,15 +8,18 @@ from datetime import date
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
+from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
 from lifecycle import engine_folder
 from lifecycle.enginefs import EngineHome
+from lifecycle.faults import kill_point
 from lifecycle.models import Conversation
 from lifecycle.seeding import Seeder
 
 CREDENTIALS_FILE = "demo-credentials.txt"
 DEMO_USERS = ("admin", "member")
+SEED_LOCK = 0x4C455345  # "LESE": the advisory lock one seed holds while it checks and seeds (PostgreSQL)
 
 
 class Command(BaseCommand):
@@ -73,7 +76,25 @@ class Command(BaseCommand):
             self.users()
         started = time.perf_counter()
         seeder = Seeder(seed=seed, anchor=anchor or timezone.now(), messages=messages, home=home)
-        report = seeder.run(conversations)
+        kill_point("seed.checked")
+        try:
+            with transaction.atomic():
+                # The check again, under a lock that a second seed started meanwhile waits for:
+                # both passed the check above and both seeded, or one failed on a duplicate id (r70).
+                if connection.vendor == "postgresql":  # (SQLite's IMMEDIATE BEGIN took the write lock)
+                    with connection.cursor() as cursor:
+                        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [SEED_LOCK])
+                if Conversation.objects.exists():
+                    if if_empty:
+                        self.stdout.write("Demo data already present; not seeding again.")
+                        return
+                    raise CommandError("Conversations already exist; seed into an empty database.")
+                report = seeder.run(conversations)
+        except OperationalError as exc:
+            if "locked" not in str(exc):
+                raise
+            raise CommandError("Nothing was seeded: another process held the database's write lock for more than "
+                               "its wait (another seed?). Run seed_demo again when it ends.") from None
         elapsed = time.perf_counter() - started
         self.stdout.write(
             f"Seeded {report.conversations} conversations, {report.items} items and "
