@@ -486,6 +486,10 @@ def _start_cleanup_or_preparation(*, user, policy: ToolPayloadPolicy) -> ToolPay
             op = _create_operation(kind=OperationKind.BACKUP, then_cleanup=True, **common)
             _mark_preparing(policy, PreparationState.NONE)
         return op
+    if policy.backup_choice == BackupChoice.CREATE and policy.preparation_state == PreparationState.PREPARING:
+        # Another operation is under way (r70: "Retry the backup" was said of a backup being made,
+        # which refuses a retry, and `run --here` did not take over a backup left with no worker).
+        raise CleanupError("busy", _("The backup is being made; the cleanup follows it once it is verified."))
     raise CleanupError(
         "preparation_required",
         _("Cleanup waits for the backup. Retry the backup, or change the backup choice."),

@@ -512,3 +512,62 @@ def test_status_with_an_unreadable_backup_folder_logs_a_warning_without_a_stack(
     records = [r for r in caplog.records if r.name == "retention.service"]
     assert [r.levelname for r in records] == ["WARNING"] and records[0].exc_info is None
     assert "backup folder cannot be read" in records[0].getMessage()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("verb", ["retry", "run"])
+def test_a_backup_interrupted_here_is_never_taken_for_the_one_asked_for(admin_user, monkeypatch, capsys, settings,
+                                                                        tmp_path, verb):
+    """r70: `run --here` stopped mid-backup. While that backup was open, `run` said "Retry the
+    backup" (which a retry then refused as busy), and the next `run --here` did not take it
+    over; `retry --here` took it for the backup asked for, ended "failed: interrupted" and made
+    no backup. Now `run` is busy while a backup is open; `--here` takes the left one to its end
+    first (it can only end interrupted), then `retry` makes a backup and the cleanup follows."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from retention import backups
+
+    settings.LETHE_BACKUP_DIR = str(tmp_path / "backups")
+    old_conversation("halted-backup", tools=2)
+    service.save_policy(user=admin_user, enabled=True, age_value=3, age_unit="months",
+                        revision=ToolPayloadPolicy.load().revision, backup_choice="create")
+    real = backups.faults.kill_point
+
+    def interrupted(name: str) -> None:
+        if name == "tool-backup-copied":
+            raise KeyboardInterrupt
+        real(name)
+
+    monkeypatch.setattr(backups.faults, "kill_point", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        command("run", "--as", "alice", "--here")
+    monkeypatch.setattr(backups.faults, "kill_point", real)
+    left = ToolPayloadOperation.objects.get()
+    assert (left.kind, left.state, bool(left.lease)) == ("backup", "running", True)
+    with pytest.raises(CommandError, match=r"^busy: The backup is being made; the cleanup follows it once it is "
+                                           r"verified\.$"):
+        command("run", "--as", "alice", "--no-wait")  # its holder's lease has not run out yet
+    ToolPayloadOperation.objects.filter(pk=left.pk).update(heartbeat_at=timezone.now() - timedelta(minutes=5))
+    capsys.readouterr()
+    if verb == "retry":
+        out = command("retry", "--as", "alice", "--here")
+    else:
+        with pytest.raises(CommandError, match=r"^preparation_required: Cleanup waits for the backup\. Retry the "
+                                               r"backup"):
+            command("run", "--as", "alice", "--here")
+    asked = "backup" if verb == "retry" else "cleanup run"
+    assert (f"backup #{left.pk} was left open with no worker on it; continuing it here first, then the {asked} "
+            "asked for.") in capsys.readouterr().err
+    left.refresh_from_db()
+    assert (left.state, left.error_code) == ("failed", "interrupted")
+    removed = Item.objects.filter(details_removed_at__isnull=False).count()
+    if verb == "run":  # nothing runs before an admin retries the backup or changes the choice
+        assert ToolPayloadOperation.objects.count() == 1 and removed == 0
+        assert ToolPayloadPolicy.load().preparation_state == "failed"
+        return
+    made = ToolPayloadOperation.objects.get(kind="backup", state="succeeded")
+    assert (tmp_path / "backups" / made.backup_name).is_file() and f"backup #{made.pk}: succeeded" in out
+    cleanup = ToolPayloadOperation.objects.get(kind="cleanup")
+    assert cleanup.state == "succeeded" and removed == cleanup.removed_messages == 3

@@ -156,8 +156,10 @@ class Command(JsonErrors, BaseCommand):
         """Whether the open operation `op` is the one this command asks for: an analysis of the
         same period (its cutoff is taken when it starts), a run of the same policy revision (a
         backup first when it goes on to the cleanup), a compaction; never one asked to stop (it
-        ends cancelled: the operation asked for is started after it)."""
-        if op.cancel_requested:
+        ends cancelled: the operation asked for is started after it), nor a backup a run already
+        held (a backup is not continued: it ends interrupted, and `retry` then makes the backup
+        asked for, r70; `run` says the backup must be retried)."""
+        if op.cancel_requested or (op.kind == OperationKind.BACKUP and op.lease):
             return False
         if verb == "analyze":
             return (op.kind == OperationKind.ANALYSIS and op.age_value == options["age"]
