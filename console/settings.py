@@ -562,8 +562,8 @@ SECURE_CSP = {
 API_TOKEN_DAYS = env_int("API_TOKEN_DAYS", 90, 1, 3650, "a whole number of days")
 
 # Failed sign-ins, per username and per client address (and bad API tokens, per address):
-# after LOGIN_FREE_FAILURES failures each further attempt waits LOGIN_DELAY_SECONDS, doubling
-# up to 60 s; at LOCK_AFTER failures the key is locked for LOGIN_LOCK_SECONDS. Failures older
+# the first LOGIN_FREE_FAILURES failures cost no wait; each failure after them makes the next
+# attempt wait LOGIN_DELAY_SECONDS, doubling up to 60 s; at LOCK_AFTER failures the key is locked for LOGIN_LOCK_SECONDS. Failures older
 # than LOGIN_FAILURE_WINDOW_SECONDS are forgotten. See docs/operations.md.
 LOGIN_THROTTLE = {
     "free_failures": env_int("LOGIN_FREE_FAILURES", 3, 0, 1000),
