@@ -12,7 +12,7 @@ from pydantic import Field, JsonValue, model_validator
 from console.api import OWNER_PAIR, ApiError, QueryRule, QuerySchema, Schema, endpoint
 from lifecycle.api import DEFAULT_LIMIT, IDEMPOTENCY_KEY, Limit, WholeNumber
 from lifecycle.paging import InvalidCursor, encode_token, token_fields, token_pk
-from lifecycle.serializers import HolderOut, OwnerOut, PhysicalOut, iso
+from lifecycle.serializers import HolderOut, OwnerOut, PhysicalOut, WayOutOut, iso
 from remote.delivery import error_text, request_bound_delete
 from remote.models import BoundDelete, EngineBinding
 from remote.physical import console_copy
@@ -76,6 +76,10 @@ class BoundDeleteOut(Schema):
     outcome: State
     code: str | None = Field(description="Why it was refused or is unavailable.")
     message: str | None
+    way_out: WayOutOut | None = Field(
+        description="Unavailable because subagent rows of unknown origin on the engine overlap the conversation: "
+                    "those rows, as the engine named them. Resolve each on the engine (POST "
+                    "/v1/subagents/{agent_id}/resolve there), then delete again with a new key.")
     waiting_on: Literal["engine", "console"] | None = Field(
         description="While pending: whose next step it is (the engine erasing or unreachable, or this "
                     "console acknowledging).")
@@ -128,7 +132,7 @@ def bound_delete_json(op: BoundDelete) -> dict[str, Any]:
         "id": op.public_id, "kind": "bound_delete", "binding": op.binding.public_id if op.binding_id else None,
         "engine_id": op.engine_id, "engine": op.engine_url, "owner": {"kind": op.owner_kind, "id": op.owner_id},
         "scope": op.scope, "thread_id": op.thread_id, "state": op.state, "outcome": op.state,
-        "code": op.code or None, "message": error_text(op.code) or None,
+        "code": op.code or None, "message": error_text(op.code) or None, "way_out": op.way_out,
         "waiting_on": (op.waiting_on or None) if pending else None,
         "waiting_message": waiting_text(op) or None,
         "attempts": op.attempts, "next_attempt_at": iso(op.next_attempt_at) if pending else None,

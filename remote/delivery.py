@@ -46,6 +46,7 @@ from lifecycle.engine.http import (
     HttpEngine,
 )
 from lifecycle.errors import ActionRefused
+from lifecycle.item_payload import has_bad_text
 from lifecycle.models import PhysicalState
 from remote import physical, receipts
 from remote.models import (
@@ -280,14 +281,36 @@ def _audit_ids(op: BoundDelete) -> dict[str, str]:
     return {"engine_conversation": op.engine_id, "delete": op.public_id}
 
 
-def _finish(op: BoundDelete, state: str, code: str) -> None:
+def _finish(op: BoundDelete, state: str, code: str, way_out: dict | None = None) -> None:
     """Refused or Unavailable on the engine's word: the binding stays, the conversation too.
     An error met on the way (a retry's reason) is no longer current."""
     with transaction.atomic():
         _update(op, state=state, code=code, waiting_on=WaitingOn.NONE, completed_at=timezone.now(),
-                next_attempt_at=None, lease_holder="", lease_expires_at=None, last_error="")
+                next_attempt_at=None, lease_holder="", lease_expires_at=None, last_error="", way_out=way_out)
         audit.record("conversation.delete_ended", old={"state": "pending_delete"},
                      new={"state": "live", "outcome": state, "code": code, **_audit_ids(op)})
+
+
+WAY_OUT_ROWS = 100
+
+
+def way_out(answer) -> dict | None:
+    """The subagent rows of unknown origin an engine names in a way out, as this console keeps
+    them: each with an id of text (at most 128 characters, no NUL), and its status and times
+    where they are short text; at most WAY_OUT_ROWS. None when it names none (an engine's answer
+    is not trusted to have the shape)."""
+    rows = answer.get("ambiguous") if isinstance(answer, dict) else None
+    kept = []
+    for row in rows if isinstance(rows, list) else []:
+        agent_id = row.get("agent_id") if isinstance(row, dict) else None
+        if not (isinstance(agent_id, str) and 0 < len(agent_id) <= 128 and not has_bad_text(agent_id)):
+            continue
+        kept.append({"agent_id": agent_id, **{
+            key: row[key] if isinstance(row.get(key), str) and len(row[key]) <= 64 and not has_bad_text(row[key])
+            else None for key in ("status", "started_at", "finished_at")}})
+        if len(kept) == WAY_OUT_ROWS:
+            break
+    return {"ambiguous": kept} if kept else None
 
 
 def _title_back(op: BoundDelete, engine: HttpEngine) -> None:
@@ -398,7 +421,7 @@ def _attempt(op: BoundDelete, engine: HttpEngine) -> str:
             failures=0, **since)
     if view.state in (BoundDeleteState.REFUSED, BoundDeleteState.UNAVAILABLE):
         code = view.code if isinstance(view.code, str) and CODE.fullmatch(view.code) else "engine_error"
-        _finish(op, view.state, code)
+        _finish(op, view.state, code, way_out(view.way_out))
         _title_back(op, engine)
         return view.state
     if view.state != BoundDeleteState.COMPLETED:

@@ -150,6 +150,10 @@ class BoundDelete(models.Model):
     physical_state = models.CharField(max_length=8, choices=PhysicalState.choices, default="", db_default="",
                                       blank=True)
     physically_erased_at = models.DateTimeField(null=True, blank=True)
+    # Unavailable because subagent rows of unknown origin on the engine overlap the conversation:
+    # those rows as the engine named them ({"ambiguous": [{agent_id, status, started_at,
+    # finished_at}]}, checked: remote.delivery.way_out), so the page can say which to resolve there.
+    way_out = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["-requested_at", "-id"]

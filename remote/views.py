@@ -210,6 +210,14 @@ def engine_checks(receipt: dict) -> dict:
             "engine_verified": {"logical": logical, "at": moment(verification.get("at"))} if logical else None}
 
 
+def _ambiguous_rows(op: BoundDelete) -> list[dict]:
+    """The subagent rows of unknown origin the engine named (kept by remote.delivery.way_out),
+    with their times read."""
+    rows = (op.way_out or {}).get("ambiguous", []) if op.state == BoundDeleteState.UNAVAILABLE else []
+    return [{"agent_id": row["agent_id"], "started": moment(row.get("started_at")),
+             "finished": moment(row.get("finished_at"))} for row in rows]
+
+
 @login_required
 @require_GET
 def bound_delete_detail(request: HttpRequest, delete_id: str) -> HttpResponse:
@@ -223,7 +231,7 @@ def bound_delete_detail(request: HttpRequest, delete_id: str) -> HttpResponse:
         # An engine that cannot be reached is said once, by the waiting line (with the next retry).
         "op": op, "data": data, "waiting": waiting_text(op),
         "error_text": "" if op.last_error in ("engine_unreachable", "engine_stalled") else error_text(op.last_error),
-        "code_text": error_text(op.code), "version": version, "poll": POLL_SECONDS if op.state == "pending" else 0,
+        "code_text": error_text(op.code), "ambiguous": _ambiguous_rows(op), "version": version, "poll": POLL_SECONDS if op.state == "pending" else 0,
         "receipt_stores": receipt_rows(stores),
         "receipt_kept": receipt_rows(receipt.get("kept")),
         "totals": changed_totals(stores),

@@ -657,6 +657,55 @@ def test_an_engine_that_fails_its_read_never_keeps_another_from_its_own_and_the_
     assert 'data-testid="read-failed"' not in viewer.get("/engine/conversations/").content.decode()
 
 
+ORPHAN_ROW = """
+from lifecycle import fleet
+from lifecycle.enginefs import EngineHome
+row = {"agent_id": "sa_legacy_0rphan", "origin": None, "legacy": True, "status": "completed", "delivery": "settled",
+       "started_at": "2020-01-01T00:00:00+00:00", "finished_at": None, "prompt": "p", "result": "r"}
+fleet.update_fleet(home=EngineHome(), change=lambda rows: rows + [row])
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_delete_the_engine_cannot_attribute_names_the_subagent_rows_to_resolve_there(settings):
+    """r69: the README says a bound delete blocked by a subagent row of unknown origin names it;
+    the console said only that such rows exist (the engine's operation named them). Now the page
+    and the API name each row; resolved on the engine, a new delete completes."""
+    with running_engine({"blocked": {"thread_id": "t-blocked"}}, "lethe-way-out-") as engine:
+        engine.manage("shell", "-c", ORPHAN_ROW)
+        use_engine(settings, engine)
+        refresh("")
+        b = EngineBinding.objects.get()
+        answer = api_delete(admin_api(), b.public_id, "way-out-1")
+        op = BoundDelete.objects.get()
+        delivery.deliver(op.pk, budget=5)
+        op.refresh_from_db()
+        assert (op.state, op.code) == ("unavailable", "conversation_child_ownership_ambiguous"), answer.content
+        assert op.way_out == {"ambiguous": [{"agent_id": "sa_legacy_0rphan", "status": "completed",
+                                             "started_at": "2020-01-01T00:00:00+00:00", "finished_at": None}]}
+        body = admin_api().get(f"/api/v1/bound-deletes/{op.public_id}").json()
+        assert body["way_out"] == op.way_out
+        viewer = Client(**HOST)
+        viewer.force_login(factories.make_user(admin=False))
+        for language, words in (("en", "Subagent rows of unknown origin on the engine"),
+                                ("es", "Filas de subagentes de origen desconocido en el motor")):
+            page = viewer.get(f"/engine/deletes/{op.public_id}/", HTTP_ACCEPT_LANGUAGE=language).content.decode()
+            part = page.split('data-testid="way-out"', 1)[1].split("</div>", 1)[0]
+            assert words in part and "<code><bdi>sa_legacy_0rphan</bdi></code>" in part
+        # Resolved on the engine (its own API), a new delete of the same conversation completes.
+        resolved = HttpEngine(engine.url, engine.token).call(
+            "POST", "/v1/subagents/sa_legacy_0rphan/resolve", body={"action": "clear"})
+        assert resolved[0] == 200
+        again = api_delete(admin_api(), b.public_id, "way-out-2")
+        assert again.status_code == 202
+        second = BoundDelete.objects.exclude(pk=op.pk).get()
+        deadline = time.monotonic() + 60
+        while second.state == "pending" and time.monotonic() < deadline:
+            delivery.deliver(second.pk, budget=5)
+            second.refresh_from_db()
+        assert (second.state, second.way_out) == ("completed", None)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_sync_bindings_reads_the_engine_as_a_command_and_members_cannot_delete(remote):
     env = {**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "console.settings_test",
