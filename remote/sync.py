@@ -76,11 +76,17 @@ def failure_words(code: str, message: str) -> str:
     return message
 
 
-def configured_reads() -> list[EngineRead]:
-    """The read record of each configured engine (ENGINE_URL's first, then ENGINE_TOKENS' by
-    URL), an unsaved empty one for an engine not read yet; a failing one has `words`, why."""
-    urls = ([""] if settings.ENGINE_URL else []) + sorted(
+def configured_engines() -> list[str]:
+    """The engines this console reads: ENGINE_URL's (stored as ""), then each other one in
+    ENGINE_TOKENS, by URL."""
+    return ([""] if settings.ENGINE_URL else []) + sorted(
         url for url in settings.ENGINE_TOKENS if url != settings.ENGINE_URL.rstrip("/"))
+
+
+def configured_reads() -> list[EngineRead]:
+    """The read record of each configured engine, an unsaved empty one for an engine not read
+    yet; a failing one has `words`, why."""
+    urls = configured_engines()
     stored = {read.engine_url: read for read in EngineRead.objects.filter(engine_url__in=urls)}
     reads = [stored.get(url) or EngineRead(engine_url=url) for url in urls]
     for read in reads:

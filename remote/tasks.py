@@ -58,19 +58,15 @@ def hourly() -> dict[str, int]:
 def read_engines() -> dict[str, object]:
     """Every hour (and at the first cluster start after migrate): read each configured engine's
     list of conversations into the bindings (ENGINE_URL, then each engine in ENGINE_TOKENS), so
-    the Engine conversations list is never older than about an hour while the engines answer.
+    Engine conversations follows the engines within the hour while they answer.
     Each read is recorded (remote.models.EngineRead) and shown there when it failed; one engine
     that fails never keeps the others from their read, and a failure is not retried before the
     next hour (an admin reads sooner with Read from the engine)."""
-    from django.conf import settings
-
     from lifecycle.errors import ActionRefused
-    from remote.sync import refresh
+    from remote.sync import configured_engines, refresh
 
-    engines = ([""] if settings.ENGINE_URL else []) + [
-        url for url in settings.ENGINE_TOKENS if url.rstrip("/") != settings.ENGINE_URL.rstrip("/")]
     outcome: dict[str, object] = {}
-    for url in engines:
+    for url in configured_engines():
         try:
             outcome[url or "ENGINE_URL"] = refresh(url)
         except ActionRefused as exc:

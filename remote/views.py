@@ -30,9 +30,10 @@ from lifecycle.deletion.presentation import holder_text, moment, preview_groups,
 from lifecycle.errors import ActionRefused
 from remote.api import bound_delete_json
 from remote.delivery import error_text, request_bound_delete
-from remote.models import BoundDelete, BoundDeleteState, EngineBinding, EngineRead
+from remote.models import BoundDelete, BoundDeleteState, EngineBinding
 from remote.preview import admission_of, engine_preview
 from remote.status import waiting_text
+from remote.sync import configured_reads
 
 POLL_SECONDS = 2
 PAGE_SIZE = 100  # an owner's conversations per page
@@ -81,19 +82,13 @@ def binding_list(request: HttpRequest) -> HttpResponse:
         deletes = list(deletes_page.object_list)
     return render(request, "remote/binding_list.html", {
         "owners": owners, "owner": owner, "unknown_owner": unknown_owner, "bindings": bindings, "page": page,
-        "deletes": deletes, "deletes_page": deletes_page, "read_at": read_at, "failed_reads": _failed_reads(),
+        "deletes": deletes, "deletes_page": deletes_page, "read_at": read_at,
+        # The engines whose latest read failed: the hourly read has no one else to tell.
+        "failed_reads": [read for read in configured_reads() if read.failing],
         "engine_url": settings.ENGINE_URL, "is_admin": is_admin(request.user),
         **_bindings_poller({b.pending_delete.public_id for b in bindings if b.pending_delete}
                            | {d.public_id for d in deletes if d.state == BoundDeleteState.PENDING}),
     })
-
-
-def _failed_reads() -> list[EngineRead]:
-    """The configured engines whose latest read failed (no whole read began after it), with why:
-    the hourly read that fails would otherwise show only in the age of the list."""
-    from remote.sync import configured_reads
-
-    return [read for read in configured_reads() if read.failing]
 
 
 LIVE_POLL_SECONDS = 3
