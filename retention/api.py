@@ -250,7 +250,8 @@ def retry(request: HttpRequest) -> tuple[int, dict]:
 @endpoint("POST", BASE + "/cancel", body=CancelIn, response={202: StartedOut}, admin=True, errors=(404, 409),
           name="api-tool-payloads-cancel", summary="Stop an operation after its current batch",
           description="Answers the operation's id; the operation ends after its current batch "
-                      "(follow it in the status document).")
+                      "(follow it in the status document). A compaction stops only while queued (it then "
+                      "ends without compacting); once it runs, 409 `not_cancellable`, as for a finished one.")
 def cancel(request: HttpRequest, body: CancelIn) -> tuple[int, dict]:
     _call(service.cancel, user=request.user, operation_id=body.operation_id)
     return 202, {"operation_id": body.operation_id}

@@ -226,17 +226,15 @@ def analysis_view_state(op: ToolPayloadOperation | None) -> str:
         return "not_analyzed"
     if op.state in OPEN_STATES:
         return "running"
-    if op.stale:
-        return "stale"
-    if op.state == OperationState.SUCCEEDED:
-        return "completed" if op.eligible_messages else "empty"
     if op.state == OperationState.CANCELLED:
         # No estimate, whatever it counted before the cancel (as the card, the history and the
         # figures' description say); its own state, in last_analysis, says it was cancelled.
         return "not_analyzed"
-    if op.state == OperationState.PARTIAL:
-        return "partial"
-    return "failed"
+    if op.state not in (OperationState.SUCCEEDED, OperationState.PARTIAL):
+        return "failed"  # no estimate either: never "stale" (r72: the card says failed, or cancelled)
+    if op.stale:
+        return "stale"
+    return "partial" if op.state == OperationState.PARTIAL else "completed" if op.eligible_messages else "empty"
 
 
 def _database() -> dict[str, Any]:
@@ -591,6 +589,12 @@ def cancel(*, user, operation_id: int) -> None:
                         preparation_state=PreparationState.CANCELLED)):
                 return
             raise CleanupError("not_cancellable", _("This operation has already finished."))
+        if op.kind == OperationKind.COMPACT and op.state == OperationState.RUNNING:
+            # VACUUM cannot stop half-way; its run honours only a cancel that came before it
+            # started (r72: a cancel here was 202 and the compaction went on; one that took over
+            # after a kill would have said "cancelled before the database was compacted").
+            raise CleanupError("not_cancellable", _("Compact database cannot be stopped once it has started; it "
+                                                    "runs to its end."))
         op.cancel_requested = True
         op.save(update_fields=["cancel_requested"])
     jobs.enqueue_soon(operation_id)

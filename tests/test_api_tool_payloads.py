@@ -223,3 +223,44 @@ def test_cancel_names_the_failed_backup_not_any_finished_one(api, admin_user):
     assert ToolPayloadPolicy.load().preparation_state == "failed"
     answer = send(api, "post", "/cancel", {"operation_id": failed.pk})
     assert answer.status_code == 202 and ToolPayloadPolicy.load().preparation_state == "cancelled"
+
+
+@pytest.mark.parametrize("ending", ["cancelled", "failed"])
+def test_an_analysis_with_no_estimate_is_never_called_stale(api, ending):
+    """r72: a cancelled (or failed) analysis became "stale" in the API after a save of another
+    period, an estimate out of date where none exists; the card says cancelled (or failed)."""
+    op_id = send(api, "post", "/analyze", {"age": {"value": 2, "unit": "weeks"}}).json()["operation_id"]
+    if ending == "cancelled":
+        assert send(api, "post", "/cancel", {"operation_id": op_id}).status_code == 202
+        finish(op_id)
+    else:
+        ToolPayloadOperation.objects.filter(pk=op_id).update(state="failed", error_code="unexpected")
+    assert api.get(BASE).json()["analysis_state"] == {"cancelled": "not_analyzed", "failed": "failed"}[ending]
+    saved = send(api, "put", "", {"enabled": False, "age": {"value": 4, "unit": "months"}, "revision": 1})
+    assert ToolPayloadOperation.objects.get(pk=op_id).stale  # marked, as any analysis of other settings
+    assert saved.json()["analysis_state"] == {"cancelled": "not_analyzed", "failed": "failed"}[ending]
+    assert saved.json()["last_analysis"]["state"] == ending
+
+
+def test_a_queued_compaction_can_be_cancelled_and_says_so_a_running_one_cannot(api, admin_client, member_client):
+    """r72: a cancel of a queued compaction was 202 while the card went on saying it starts when a
+    worker is free (it ended cancelled); one of a running compaction was 202 too, and VACUUM went
+    on (a run taking over after a kill would have said "cancelled before it was compacted")."""
+    op_id = send(api, "post", "/compact").json()["operation_id"]
+    assert send(api, "post", "/cancel", {"operation_id": op_id}).status_code == 202
+    assert api.get(BASE).json()["operation"]["cancel_requested"] is True
+    for client, language, words in ((admin_client, "en", "Compaction cancelled: it ends without compacting when "
+                                                         "a worker takes it."),
+                                    (member_client, "es", "Compactación cancelada: termina sin compactar cuando un "
+                                                          "proceso en segundo plano la tome.")):
+        page = client.get("/settings/system/data-storage/", HTTP_ACCEPT_LANGUAGE=language).content.decode()
+        state = page.split('data-testid="compact-state"', 1)[1].split("</p>", 1)[0]
+        assert words in state and "Compaction queued" not in state and "Compactación en cola" not in state
+    done = finish(op_id)
+    assert (done.state, done.error_code, done.before_bytes) == ("cancelled", "cancelled", None)  # not compacted
+
+    second = send(api, "post", "/compact").json()["operation_id"]
+    ToolPayloadOperation.objects.filter(pk=second).update(state="running", lease="a-worker")
+    refused = send(api, "post", "/cancel", {"operation_id": second})
+    assert refused.status_code == 409 and refused.json()["code"] == "not_cancellable"
+    assert not ToolPayloadOperation.objects.get(pk=second).cancel_requested

@@ -24,6 +24,23 @@ def command(*args) -> str:
     return out.getvalue()
 
 
+def interrupted_at(monkeypatch, point: str, *args: str) -> None:
+    """The command `args` stopped by Ctrl-C at the fault point `point`."""
+    from lifecycle import faults
+
+    real = faults.kill_point
+
+    def interrupted(name: str) -> None:
+        if name == point:
+            raise KeyboardInterrupt
+        real(name)
+
+    monkeypatch.setattr(faults, "kill_point", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        command(*args)
+    monkeypatch.setattr(faults, "kill_point", real)
+
+
 def test_status_analyze_run_and_compact_from_the_command_line(admin_user):
     conversation = old_conversation("cli", tools=2)
     status = json.loads(command("status", "--json"))
@@ -148,17 +165,7 @@ def _interrupted_run(admin_user, monkeypatch, tools: int = 6) -> ToolPayloadOper
     old_conversation("cli", tools=tools)
     service.save_policy(user=admin_user, enabled=True, age_value=3, age_unit="months", revision=1,
                         backup_choice="skip")
-    real = jobs.faults.kill_point
-
-    def interrupted(name: str) -> None:
-        if name == "tool-cleanup-after-batch":
-            raise KeyboardInterrupt
-        real(name)
-
-    monkeypatch.setattr(jobs.faults, "kill_point", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        command("run", "--as", "alice", "--here")
-    monkeypatch.setattr(jobs.faults, "kill_point", real)
+    interrupted_at(monkeypatch, "tool-cleanup-after-batch", "run", "--as", "alice", "--here")
     run = ToolPayloadOperation.objects.get(kind="cleanup")
     assert run.state == "running" and run.lease and 0 < run.removed_messages < run.eligible_messages
     ToolPayloadOperation.objects.filter(pk=run.pk).update(heartbeat_at=timezone.now() - timedelta(minutes=5))
@@ -527,23 +534,11 @@ def test_a_backup_interrupted_here_is_never_taken_for_the_one_asked_for(admin_us
 
     from django.utils import timezone
 
-    from retention import backups
-
     settings.LETHE_BACKUP_DIR = str(tmp_path / "backups")
     old_conversation("halted-backup", tools=2)
     service.save_policy(user=admin_user, enabled=True, age_value=3, age_unit="months",
                         revision=ToolPayloadPolicy.load().revision, backup_choice="create")
-    real = backups.faults.kill_point
-
-    def interrupted(name: str) -> None:
-        if name == "tool-backup-copied":
-            raise KeyboardInterrupt
-        real(name)
-
-    monkeypatch.setattr(backups.faults, "kill_point", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        command("run", "--as", "alice", "--here")
-    monkeypatch.setattr(backups.faults, "kill_point", real)
+    interrupted_at(monkeypatch, "tool-backup-copied", "run", "--as", "alice", "--here")
     left = ToolPayloadOperation.objects.get()
     assert (left.kind, left.state, bool(left.lease)) == ("backup", "running", True)
     with pytest.raises(CommandError, match=r"^busy: The backup is being made; the cleanup follows it once it is "
