@@ -134,7 +134,7 @@ def filtered_threads(query: ThreadsQuery):
               "new place. `view=deleted` lists tombstones newest deletion first instead."
           ))
 def thread_list(request: HttpRequest, query: ThreadsQuery) -> dict:
-    qs = filtered_threads(query).select_related("account", "computer")
+    qs = filtered_threads(query).select_related("account", "computer").with_delete_operation()
     cursor = None
     # A cursor is of one list: these filters (another list's would skip rows of this one)
     scope = list_scope("api", query.view, query.owner_kind, query.owner_id, query.q, query.archived, query.closed,
@@ -159,7 +159,7 @@ def thread_list(request: HttpRequest, query: ThreadsQuery) -> dict:
 
 
 def _thread(public_id: str) -> Conversation:
-    return get_object_or_404(Conversation.objects.with_activity(), public_id=public_id)
+    return get_object_or_404(Conversation.objects.with_activity().with_delete_operation(), public_id=public_id)
 
 
 @endpoint("GET", "/v1/threads/{public_id}", response=ThreadOut, name="api-thread-detail",

@@ -43,6 +43,9 @@ class ThreadOut(Schema):
     last_activity_at: str
     created_at: str
     state: Literal["live", "pending_delete", "deleted"]
+    delete: str | None = Field(description="From its delete intent on: that delete operation's id "
+                                           "(GET /v1/operations/{id}: its progress, or its erasure receipt).")
+    deleted_at: str | None = Field(description="When that delete completed.")
 
 
 class ThreadPageOut(Schema):
@@ -68,7 +71,21 @@ def thread_json(c: Conversation) -> dict[str, Any]:
         "last_activity_at": iso(c.last_activity_at),
         "created_at": iso(c.created_at),
         "state": c.state,
+        **_delete_of(c),
     }
+
+
+def _delete_of(c: Conversation) -> dict[str, Any]:
+    """The conversation's delete intent, as the list's Erasure receipt link gives it: read from
+    `with_delete_operation()` when the rows were read with it, else asked for (a live
+    conversation has none)."""
+    if c.state == "live":
+        return {"delete": None, "deleted_at": None}
+    if not hasattr(c, "delete_op"):
+        c.delete_op, c.deleted_at = DeleteOperation.objects.filter(
+            conversation=c, state__in=(DeleteState.PENDING, DeleteState.COMPLETED)).values_list(
+            "public_id", "completed_at").first() or (None, None)
+    return {"delete": c.delete_op, "deleted_at": iso(c.deleted_at)}
 
 
 Payload = dict[str, JsonValue] | list[JsonValue] | str | int | float | None

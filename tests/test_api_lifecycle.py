@@ -97,6 +97,25 @@ def test_delete_answers_202_pending_then_the_same_operation_completed_ever_after
     assert preview["state"] == "deleted" and counts["lifecycle.Conversation"] == 0 and counts["lifecycle.Item"] == 0
 
 
+def test_a_conversation_names_its_delete_and_when_it_completed_as_the_list_links_its_receipt(api):
+    """r72: the Deleted tab says when each was deleted and links its Erasure receipt; the API's
+    conversation gave neither (a client had to page through every operation to find it)."""
+    conversation, other = factories.make_conversation(), factories.make_conversation(thread_id="t-live")
+    live = api.get(f"/v1/threads/{other.public_id}").json()
+    assert (live["state"], live["delete"], live["deleted_at"]) == ("live", None, None)
+    op_id = delete(api, conversation.public_id).json()["id"]
+    pending = api.get(f"/v1/threads/{conversation.public_id}").json()
+    assert (pending["state"], pending["delete"], pending["deleted_at"]) == ("pending_delete", op_id, None)
+    executor.run_erasure(m.DeleteOperation.objects.get(public_id=op_id).pk)
+    completed = m.DeleteOperation.objects.get(public_id=op_id).completed_at
+    shown = completed.isoformat().replace("+00:00", "Z")
+    listed = api.get("/v1/threads?view=deleted").json()["results"]
+    assert [(t["id"], t["delete"], t["deleted_at"]) for t in listed] == [(conversation.public_id, op_id, shown)]
+    detail = api.get(f"/v1/threads/{conversation.public_id}").json()
+    assert (detail["state"], detail["delete"], detail["deleted_at"]) == ("deleted", op_id, shown)
+    assert api.get(f"/v1/operations/{detail['delete']}").json()["receipt"] is not None
+
+
 def test_delete_refusals_are_409_with_code_and_outcome_and_remembered(api):
     conversation = factories.make_conversation()
     factories.start_turn(conversation)

@@ -34,7 +34,7 @@ def test_it_lists_threads_with_the_documented_shape(member_client):
     assert row == {
         "id": conv.public_id, "thread_id": "thr_same", "owner": {"kind": "account", "id": account.pk},
         "scope": "bound", "title": "Shape", "archived": False, "closed": False, "active": True,
-        "last_activity_at": row["last_activity_at"], "created_at": row["created_at"], "state": "live",
+        "last_activity_at": row["last_activity_at"], "created_at": row["created_at"], "state": "live", "delete": None, "deleted_at": None,
     }
     assert response.json()["next"] is None
 

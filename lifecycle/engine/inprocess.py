@@ -36,7 +36,7 @@ class InProcessEngine:
     def _conversation(self, public_id: str, actor=None) -> Conversation:
         if has_bad_text(public_id):  # no id holds a NUL or a lone surrogate (PostgreSQL cannot compare one)
             raise not_found()
-        conversation = visible_conversations(actor).with_activity().filter(public_id=public_id).first()
+        conversation = visible_conversations(actor).with_activity().with_delete_operation().filter(public_id=public_id).first()
         if conversation is None:
             raise not_found()
         return conversation
