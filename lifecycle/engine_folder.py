@@ -45,6 +45,7 @@ from pathlib import Path
 
 from django.db import IntegrityError, transaction
 
+from lifecycle import faults
 from lifecycle.enginefs import (
     EngineHome,
     UnsafeEnginePath,
@@ -268,6 +269,7 @@ def adopt(home: EngineHome | None = None, *, force: bool, take_from_other: bool 
     if force:
         _record(folder_id, before)
         return folder_id
+    faults.kill_point("engine-folder.marked")  # crash tests: the folder marked, the mark not recorded
     try:
         with transaction.atomic():
             EngineFolderMark.objects.create(pk=1, folder_id=folder_id, database_key=_here(),

@@ -316,16 +316,23 @@ def test_the_demo_seed_refuses_counts_out_of_range_and_seeds_nothing(args):
 @pytest.mark.parametrize("if_empty", [False, True])
 def test_two_seeds_started_together_seed_once_and_the_other_says_why(tmp_path, if_empty):
     """r70: both passed the check for an empty database before either committed, so both seeded
-    (twice the demo data, each run saying it seeded) or one died on a duplicate id. Each pauses
-    after that first check here, so both have passed it before either seeds."""
+    (twice the demo data, each run saying it seeded) or one died on a duplicate id; r71: one's
+    check of the new engine folder met the other's mark not yet recorded, and said the folder was
+    another database's. Each pauses after that first check, so both have passed it before either
+    goes on, and after marking the folder before recording the mark."""
     from tests.test_jobs import database_url
 
+    m.EngineFolderMark.objects.all().delete()  # a new install: no folder taken yet, none there
+    shutil.rmtree(tmp_path / "engine")
     env = {**os.environ, "DATABASE_URL": database_url(), "ENGINE_HOME": str(tmp_path / "engine"),
-           "DJANGO_SETTINGS_MODULE": "console.settings_test", "LETHE_TEST_PAUSE_AT": "seed.checked=3"}
+           "DJANGO_SETTINGS_MODULE": "console.settings_test"}
     command = [sys.executable, "manage.py", "seed_demo", "--conversations", "40", "--messages", "10", "--anchor",
                ANCHOR.isoformat(), "--no-users", *(["--if-empty"] if if_empty else [])]
-    runs = [subprocess.Popen([*command, "--seed", seed_value], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True) for seed_value in ("7", "8")]
+    # The second comes to the folder while the first, having marked it, waits to record its mark.
+    runs = [subprocess.Popen([*command, "--seed", seed_value], cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True,
+                             env={**env, "LETHE_TEST_PAUSE_AT": f"seed.checked={wait},engine-folder.marked=4"})
+            for seed_value, wait in (("7", 1), ("8", 3))]
     ended = sorted((run.wait(120), *run.communicate()) for run in runs)
     seeded = [out for code, out, _err in ended if code == 0 and out.startswith("Seeded 40 conversations")]
     assert len(seeded) == 1, ended

@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
+from contextlib import contextmanager
 from datetime import date
 
 from django.conf import settings
@@ -20,6 +21,17 @@ from lifecycle.seeding import Seeder
 CREDENTIALS_FILE = "demo-credentials.txt"
 DEMO_USERS = ("admin", "member")
 SEED_LOCK = 0x4C455345  # "LESE": the advisory lock one seed holds while it checks and seeds (PostgreSQL)
+
+
+@contextmanager
+def alone():
+    """A transaction a second seed's waits for: on SQLite its IMMEDIATE BEGIN takes the write
+    lock; on PostgreSQL an advisory lock held to its end."""
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [SEED_LOCK])
+        yield
 
 
 class Command(BaseCommand):
@@ -52,15 +64,55 @@ class Command(BaseCommand):
             # `make run` on it added a known-password admin account and demo conversations)
             self.stdout.write("This database has accounts of its own: no demo data or users were added or changed.")
             return
-        if if_empty and Conversation.objects.exists():
-            if not no_users:
-                self.users()
-            self.stdout.write("Demo data already present; not seeding again.")
+        if self.seeded_already(if_empty, no_users):  # (no wait behind a seed running now, see below)
             return
-        if Conversation.objects.exists():
-            raise CommandError("Conversations already exist; seed into an empty database.")
         home = EngineHome()
-        try:  # a new database takes (or makes) its engine folder here: never another database's
+        started = time.perf_counter()
+        kill_point("seed.checked")
+        try:
+            # Each step again under a lock a second seed started meanwhile waits for (r70: both
+            # passed the check above and both seeded, or one died on a duplicate id; r71: one's
+            # folder check met the other's half-made mark): the folder check (its mark committed
+            # before the seed, so a seed killed later is run again into the same folder), then the
+            # seed.
+            with alone():
+                if self.seeded_already(if_empty, no_users):
+                    return
+                self.check_folder(home)
+            if not no_users:  # after the folder check: a refused seed creates no users either (r20)
+                self.users()
+            with alone():
+                if self.seeded_already(if_empty, no_users):
+                    return
+                report = Seeder(seed=seed, anchor=anchor or timezone.now(), messages=messages, home=home).run(
+                    conversations)
+        except OperationalError as exc:
+            if "locked" not in str(exc):
+                raise
+            raise CommandError("Nothing was seeded: another process held the database's write lock for more than "
+                               "its wait (another seed?). Run seed_demo again when it ends.") from None
+        elapsed = time.perf_counter() - started
+        self.stdout.write(
+            f"Seeded {report.conversations} conversations, {report.items} items and "
+            f"{report.files} engine files in {elapsed:.1f} s."
+        )
+
+    def seeded_already(self, if_empty: bool, no_users: bool) -> bool:
+        """Whether conversations exist: said (with --if-empty, the demo users made all the same),
+        or refused."""
+        if not Conversation.objects.exists():
+            return False
+        if not if_empty:
+            raise CommandError("Conversations already exist; seed into an empty database.")
+        if not no_users:
+            self.users()
+        self.stdout.write("Demo data already present; not seeding again.")
+        return True
+
+    @staticmethod
+    def check_folder(home: EngineHome) -> None:
+        """A new database takes (or makes) its engine folder here: never another database's."""
+        try:
             engine_folder.check(home)
         except engine_folder.EngineFolderUnavailable as exc:
             # (r18: seeding wrote this database's files and subagent rows into another's folder,
@@ -72,34 +124,6 @@ class Command(BaseCommand):
                       " Set ENGINE_HOME to this database's folder, or check it and run manage.py engine_folder --adopt.")
             raise CommandError(f"Nothing was seeded: the engine folder {exc.root} is {engine_folder.described(exc.root, exc.reason)}."
                                + advice, returncode=2) from None
-        if not no_users:  # after the folder check: a refused seed creates no users either (r20)
-            self.users()
-        started = time.perf_counter()
-        seeder = Seeder(seed=seed, anchor=anchor or timezone.now(), messages=messages, home=home)
-        kill_point("seed.checked")
-        try:
-            with transaction.atomic():
-                # The check again, under a lock that a second seed started meanwhile waits for:
-                # both passed the check above and both seeded, or one failed on a duplicate id (r70).
-                if connection.vendor == "postgresql":  # (SQLite's IMMEDIATE BEGIN took the write lock)
-                    with connection.cursor() as cursor:
-                        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [SEED_LOCK])
-                if Conversation.objects.exists():
-                    if if_empty:
-                        self.stdout.write("Demo data already present; not seeding again.")
-                        return
-                    raise CommandError("Conversations already exist; seed into an empty database.")
-                report = seeder.run(conversations)
-        except OperationalError as exc:
-            if "locked" not in str(exc):
-                raise
-            raise CommandError("Nothing was seeded: another process held the database's write lock for more than "
-                               "its wait (another seed?). Run seed_demo again when it ends.") from None
-        elapsed = time.perf_counter() - started
-        self.stdout.write(
-            f"Seeded {report.conversations} conversations, {report.items} items and "
-            f"{report.files} engine files in {elapsed:.1f} s."
-        )
 
     def users(self) -> None:
         """Create the demo users, and print only a password that signs them in.
