@@ -41,11 +41,17 @@ class BindingOut(Schema):
 
 class EngineReadOut(Schema):
     engine: str = Field(description="The engine read; empty for the one at ENGINE_URL.")
+    state: Literal["never", "ok", "reading", "failed", "unfinished"] = Field(
+        description="How the latest read went: none began yet; it went through the whole list; it is under way; "
+                    "it failed (`error`); it began longer ago than any read may take and never ended (its job's "
+                    "time limit, or its process ended).")
+    started_at: str | None = Field(description="When the latest read began.")
     read_at: str | None = Field(description="When the last read that went through the engine's whole list began.")
     failed_at: str | None = Field(description="When the last read that failed began.")
-    failing: bool = Field(description="Whether the latest read failed: no whole read began after `failed_at`. "
-                                      "The bindings are then as earlier reads left them.")
-    error: str | None = Field(description="Why the latest read failed (a code), while `failing`.")
+    failing: bool = Field(description="Whether the latest read failed or never ended. The pages it read before "
+                                      "are kept; the rest of the bindings are as earlier reads left them.")
+    error: str | None = Field(description="Why, while `failing` (a code; `read_unfinished` for a read that never "
+                                          "ended).")
     error_message: str | None
 
 
@@ -77,9 +83,9 @@ class BoundDeleteOut(Schema):
     code: str | None = Field(description="Why it was refused or is unavailable.")
     message: str | None
     way_out: WayOutOut | None = Field(
-        description="Unavailable because subagent rows of unknown origin on the engine overlap the conversation: "
-                    "those rows, as the engine named them. Resolve each on the engine (POST "
-                    "/v1/subagents/{agent_id}/resolve there), then delete again with a new key.")
+        description="Refused or unavailable while subagent rows of unknown origin on the engine overlap the "
+                    "conversation (among its reasons): those rows, as the engine named them. Resolve each on the "
+                    "engine (POST /v1/subagents/{agent_id}/resolve there), then delete again with a new key.")
     waiting_on: Literal["engine", "console"] | None = Field(
         description="While pending: whose next step it is (the engine erasing or unreachable, or this "
                     "console acknowledging).")
@@ -121,9 +127,10 @@ def binding_json(b: EngineBinding, current: BoundDelete | None = None) -> dict[s
 
 
 def engine_read_json(read) -> dict[str, Any]:
-    return {"engine": read.engine_url, "read_at": iso(read.read_at), "failed_at": iso(read.failed_at),
-            "failing": read.failing, "error": read.error_code if read.failing else None,
-            "error_message": read.words or None}
+    """One of `remote.sync.configured_reads()`, as the list shows it."""
+    return {"engine": read.engine_url, "state": read.shown_state, "started_at": iso(read.started_at),
+            "read_at": iso(read.read_at), "failed_at": iso(read.failed_at), "failing": bool(read.shown_code),
+            "error": read.shown_code or None, "error_message": read.words or None}
 
 
 def bound_delete_json(op: BoundDelete) -> dict[str, Any]:

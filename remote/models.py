@@ -150,7 +150,7 @@ class BoundDelete(models.Model):
     physical_state = models.CharField(max_length=8, choices=PhysicalState.choices, default="", db_default="",
                                       blank=True)
     physically_erased_at = models.DateTimeField(null=True, blank=True)
-    # Unavailable because subagent rows of unknown origin on the engine overlap the conversation:
+    # Refused or Unavailable while subagent rows of unknown origin on the engine overlap the conversation:
     # those rows as the engine named them ({"ambiguous": [{agent_id, status, started_at,
     # finished_at}]}, checked: remote.delivery.way_out), so the page can say which to resolve there.
     way_out = models.JSONField(null=True, blank=True)
@@ -196,11 +196,15 @@ class BoundDeleteKey(models.Model):
 class EngineRead(models.Model):
     """The last reads of one engine's list of conversations (`remote.sync.refresh`: the hourly
     job, Read from the engine, `sync_bindings`, the API), so the list can say that the latest
-    read failed and why, rather than only how old its rows are. One row per engine, written at
-    the end of each read; content-free (an engine's own refusal words, cut to 500 characters)."""
+    read failed and why, rather than only how old its rows are. One row per engine, written when
+    a read begins and when it ends; content-free (an engine's own refusal words, at most 500
+    characters)."""
 
     # Blank: the engine at ENGINE_URL, as a binding's engine_url.
     engine_url = models.CharField(max_length=300, blank=True, unique=True)
+    # When the latest read began: one that began and never ended (its job's time limit, a kill)
+    # is told apart from one still running by read_limit() (r71: such a read was not recorded).
+    started_at = models.DateTimeField(null=True, blank=True)
     # When the last read that went through the whole list began (its bindings' synced_at).
     read_at = models.DateTimeField(null=True, blank=True)
     # When the last failed read began, and why: an engine_ code, or the engine's own refusal
@@ -213,5 +217,25 @@ class EngineRead(models.Model):
         return self.engine_url or "ENGINE_URL"
 
     @property
+    def state(self) -> str:
+        """How the latest read went: never (none began), ok, failed, reading (under way), or
+        unfinished (it began longer ago than any read may take, and never ended)."""
+        latest = max(filter(None, (self.started_at, self.read_at, self.failed_at)), default=None)
+        if latest is None:
+            return "never"
+        if self.read_at == latest:
+            return "ok"
+        if self.failed_at == latest:
+            return "failed"
+        return "reading" if latest > timezone.now() - read_limit() else "unfinished"
+
+    @property
     def failing(self) -> bool:
-        return self.failed_at is not None and (self.read_at is None or self.failed_at > self.read_at)
+        return self.state in ("failed", "unfinished")
+
+
+def read_limit():
+    """Longer than any read runs (read when asked: tests change the setting): the job's time limit (a web request's is shorter), and a margin."""
+    from datetime import timedelta
+
+    return timedelta(seconds=settings.JOB_TIMEOUT_SECONDS + 120)

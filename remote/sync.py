@@ -12,7 +12,8 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy
 
 from console.api import MAX_WHOLE_NUMBER
-from lifecycle.engine.http import EngineBadAnswer
+from lifecycle import faults
+from lifecycle.engine.http import EngineBadAnswer, engine_text
 from lifecycle.errors import ActionRefused
 from lifecycle.moments import read_moment
 from remote.delivery import engine_for
@@ -68,12 +69,20 @@ def failed_read_text(exc: ActionRefused) -> str:
 
 def failure_words(code: str, message: str) -> str:
     """Why a read failed: a read's words for the engine's failures, a delete's for the other
-    engine_ codes, the engine's own words for a refusal of its own."""
+    engine_ codes, the engine's own words for a refusal of its own (or, when it gave none, words
+    of this console's, in the reader's language: r71, they were stored in the reader's)."""
     from remote.delivery import error_text
 
+    if code == UNFINISHED:
+        return str(_UNFINISHED_WORDS)
     if code.startswith("engine_"):
         return str(READ_ERRORS[code]) if code in READ_ERRORS else error_text(code)
-    return message
+    return message or engine_text("")
+
+
+UNFINISHED = "read_unfinished"
+_UNFINISHED_WORDS = gettext_lazy("It was stopped before the end of the engine's list (its job's time limit, or "
+                                 "its process ended).")
 
 
 def configured_engines() -> list[str]:
@@ -90,7 +99,11 @@ def configured_reads() -> list[EngineRead]:
     stored = {read.engine_url: read for read in EngineRead.objects.filter(engine_url__in=urls)}
     reads = [stored.get(url) or EngineRead(engine_url=url) for url in urls]
     for read in reads:
-        read.words = failure_words(read.error_code, read.error_message) if read.failing else ""
+        read.shown_state = read.state
+        read.shown_code = (read.error_code if read.shown_state == "failed" else
+                           UNFINISHED if read.shown_state == "unfinished" else "")
+        read.shown_at = read.failed_at if read.shown_state == "failed" else read.started_at
+        read.words = failure_words(read.shown_code, read.error_message) if read.shown_code else ""
     return reads
 
 
@@ -149,6 +162,7 @@ def refresh(engine_url: str = "") -> dict[str, int]:
     made: set[str] = set()  # engine ids given a binding by this sync
     updated: set[str] = set()  # engine ids whose binding this sync brought up to date
     now = timezone.now()
+    _record(engine_url, now, began=True)  # a read stopped before its end is known by this (r71)
     try:
         for _pass in range(PASSES):
             if not _one_pass(engine, engine_url, now, counts, made, updated):
@@ -162,18 +176,26 @@ def refresh(engine_url: str = "") -> dict[str, int]:
     return counts
 
 
-def _record(engine_url: str, began, failure: ActionRefused | None = None) -> None:
-    """The read that began at `began` into the engine's EngineRead row; a read that began before
-    the one recorded (two at once) changes nothing of it."""
+def _record(engine_url: str, at, failure: ActionRefused | None = None, *, began: bool = False) -> None:
+    """The read that began at `at` into the engine's EngineRead row: its start (`began`), then
+    its end, whole or failed; what a read that began before the one recorded (two at once) says
+    changes nothing of it."""
     with transaction.atomic():
         row, _made = EngineRead.objects.select_for_update().get_or_create(engine_url=engine_url)
-        if failure is None:
-            if row.read_at is None or began > row.read_at:
-                row.read_at = began
+        if began:
+            if row.started_at is None or at > row.started_at:
+                row.started_at = at
+                row.save(update_fields=["started_at"])
+        elif failure is None:
+            if row.read_at is None or at > row.read_at:
+                row.read_at = at
                 row.save(update_fields=["read_at"])
-        elif row.failed_at is None or began > row.failed_at:
-            row.failed_at, row.error_code = began, failure.code
-            row.error_message = "" if failure.code.startswith("engine_") else str(failure.message)[:500]
+        elif row.failed_at is None or at > row.failed_at:
+            row.failed_at, row.error_code = at, failure.code
+            # The engine's own words, when it gave some (not this console's placeholder for none)
+            said = (getattr(failure, "answer", None) or {}).get("message") if not failure.code.startswith(
+                "engine_") else None
+            row.error_message = engine_text(said)[:500] if isinstance(said, str) and said.strip() else ""
             row.save(update_fields=["failed_at", "error_code", "error_message"])
 
 
@@ -207,6 +229,7 @@ def _one_pass(engine, engine_url: str, now, counts: dict[str, int], made: set[st
             counts_before, made_before, updated_before = dict(counts), set(made), set(updated)
             try:
                 _write_page(rows, engine_url, now, asked_at, counts, made, updated)
+                faults.kill_point("remote.read-page")  # crash tests: a page written, the read not ended
                 break
             except IntegrityError:
                 counts.update(counts_before)  # the page wrote nothing: neither do its counts

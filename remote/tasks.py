@@ -55,27 +55,34 @@ def hourly() -> dict[str, int]:
     return {**read_again(now), "requesters_forgotten": forgotten}
 
 
-def read_engines() -> dict[str, object]:
-    """Every hour (and at the first cluster start after migrate): read each configured engine's
-    list of conversations into the bindings (ENGINE_URL, then each engine in ENGINE_TOKENS), so
-    Engine conversations follows the engines within the hour while they answer.
-    Each read is recorded (remote.models.EngineRead) and shown there when it failed; one engine
-    that fails never keeps the others from their read, and a failure is not retried before the
-    next hour (an admin reads sooner with Read from the engine)."""
-    from lifecycle.errors import ActionRefused
-    from remote.sync import configured_engines, refresh
+def read_engines() -> dict[str, str]:
+    """Every hour (and at the first cluster start after migrate): queue a read of each configured
+    engine's list of conversations (ENGINE_URL, then each engine in ENGINE_TOKENS), each its own
+    job under its own time limit, so one slow or endless list never keeps the others from their
+    read (r71: one job read them all, and one that used the job's time starved the rest).
+    Returns the queued jobs' ids by engine."""
+    from django_q.tasks import async_task
 
-    outcome: dict[str, object] = {}
-    for url in configured_engines():
-        try:
-            outcome[url or "ENGINE_URL"] = refresh(url)
-        except ActionRefused as exc:
-            log.warning("the read of the engine %s failed: %s", url or "at ENGINE_URL", exc.code)
-            outcome[url or "ENGINE_URL"] = exc.code
-        except Exception:
-            log.exception("the read of the engine %s stopped on an unexpected error", url or "at ENGINE_URL")
-            outcome[url or "ENGINE_URL"] = "error"
-    return outcome
+    from remote.sync import configured_engines
+
+    # ack_failure: a read stopped by its time limit is not run again before the next hour (it is
+    # recorded as unfinished: remote.models.EngineRead)
+    return {url or "ENGINE_URL": async_task("remote.tasks.read_engine", url,
+                                            q_options={"ack_failure": True, "task_name": f"remote-read-{n}"})
+            for n, url in enumerate(configured_engines())}
+
+
+def read_engine(url: str) -> dict[str, int] | str:
+    """Read one engine's list of conversations into the bindings (remote.sync.refresh, which
+    records the read); a failure is logged and waits for the next hour (or Read from the engine)."""
+    from lifecycle.errors import ActionRefused
+    from remote.sync import refresh
+
+    try:
+        return refresh(url)
+    except ActionRefused as exc:
+        log.warning("the read of the engine %s failed: %s", url or "at ENGINE_URL", exc.code)
+        return exc.code
 
 
 def on_worker_spawn(sender=None, proc_name: str = "", **kwargs) -> None:

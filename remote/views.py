@@ -33,7 +33,7 @@ from remote.delivery import error_text, request_bound_delete
 from remote.models import BoundDelete, BoundDeleteState, EngineBinding
 from remote.preview import admission_of, engine_preview
 from remote.status import waiting_text
-from remote.sync import configured_reads
+from remote.sync import configured_engines, configured_reads
 
 POLL_SECONDS = 2
 PAGE_SIZE = 100  # an owner's conversations per page
@@ -84,8 +84,8 @@ def binding_list(request: HttpRequest) -> HttpResponse:
         "owners": owners, "owner": owner, "unknown_owner": unknown_owner, "bindings": bindings, "page": page,
         "deletes": deletes, "deletes_page": deletes_page, "read_at": read_at,
         # The engines whose latest read failed: the hourly read has no one else to tell.
-        "failed_reads": [read for read in configured_reads() if read.failing],
-        "engine_url": settings.ENGINE_URL, "is_admin": is_admin(request.user),
+        "failed_reads": [read for read in configured_reads() if read.shown_state in ("failed", "unfinished")],
+        "engine_url": settings.ENGINE_URL, "can_read": bool(configured_engines()), "is_admin": is_admin(request.user),
         **_bindings_poller({b.pending_delete.public_id for b in bindings if b.pending_delete}
                            | {d.public_id for d in deletes if d.state == BoundDeleteState.PENDING}),
     })
@@ -119,7 +119,7 @@ def _bindings_live(request: HttpRequest) -> HttpResponse:
     said = " ".join(f"{d.thread_id}: {d.get_state_display()}." for d in ended)
     return render(request, "remote/_bindings_live.html", {
         "bindings": bindings, "gone_bindings": sorted(refs - {b.public_id for b in bindings}), "deletes": ended,
-        "engine_url": settings.ENGINE_URL, "is_admin": is_admin(request.user), "live_said": said,
+        "engine_url": settings.ENGINE_URL, "can_read": bool(configured_engines()), "is_admin": is_admin(request.user), "live_said": said,
         **_bindings_poller({d.public_id for d in rows if d.state == BoundDeleteState.PENDING}),
     })
 
@@ -137,24 +137,26 @@ def bindings_sync(request: HttpRequest) -> HttpResponse:
         raise PermissionDenied
     from remote.sync import failed_read_text, refresh
 
-    if not settings.ENGINE_URL:
+    engines = configured_engines()
+    if not engines:
         messages.error(request, _("This console uses its embedded engine; there is nothing to read."))
-    else:
+    for url in engines:  # every engine the list shows (r71: an ENGINE_TOKENS engine was never read here)
+        which = _("The engine at %(url)s:") % {"url": url} + " " if url else ""
         try:
-            counts = refresh("")
+            counts = refresh(url)
         except ActionRefused as exc:
-            messages.error(request, failed_read_text(exc))
-        else:
-            messages.success(request, _("Read the engine's conversations: %(created)s new, %(updated)s already "
-                                        "listed and brought up to date.") % counts)
-            if counts["returned"]:
-                messages.warning(request, ngettext(
-                    "%(returned)s conversation is on the engine again after its delete was completed here, as "
-                    "after a restore of the engine from a backup. It is listed without its title; delete it again.",
-                    "%(returned)s conversations are on the engine again after their deletes were completed here, "
-                    "as after a restore of the engine from a backup. They are listed without their titles; delete "
-                    "them again.",
-                    counts["returned"]) % counts)
+            messages.error(request, which + failed_read_text(exc))
+            continue
+        messages.success(request, which + _("Read the engine's conversations: %(created)s new, %(updated)s already "
+                                            "listed and brought up to date.") % counts)
+        if counts["returned"]:
+            messages.warning(request, which + ngettext(
+                "%(returned)s conversation is on the engine again after its delete was completed here, as "
+                "after a restore of the engine from a backup. It is listed without its title; delete it again.",
+                "%(returned)s conversations are on the engine again after their deletes were completed here, "
+                "as after a restore of the engine from a backup. They are listed without their titles; delete "
+                "them again.",
+                counts["returned"]) % counts)
     return redirect(back_to(request, reverse("remote:binding-list"), under="/engine/"))
 
 
@@ -208,7 +210,7 @@ def engine_checks(receipt: dict) -> dict:
 def _ambiguous_rows(op: BoundDelete) -> list[dict]:
     """The subagent rows of unknown origin the engine named (kept by remote.delivery.way_out),
     with their times read."""
-    rows = (op.way_out or {}).get("ambiguous", []) if op.state == BoundDeleteState.UNAVAILABLE else []
+    rows = (op.way_out or {}).get("ambiguous", [])  # refused for another reason too, it needs them later (r71)
     return [{"agent_id": row["agent_id"], "started": moment(row.get("started_at")),
              "finished": moment(row.get("finished_at"))} for row in rows]
 

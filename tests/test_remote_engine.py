@@ -626,22 +626,33 @@ def test_the_job_cluster_reads_the_engine_by_itself_and_records_the_read(remote,
 
 @pytest.mark.django_db(transaction=True)
 def test_an_engine_that_fails_its_read_never_keeps_another_from_its_own_and_the_list_says_so(remote, settings):
-    """The hourly read goes through every configured engine: ENGINE_URL unreachable is recorded
-    (and said on the list, to admins and members, in English and Spanish) while the engine in
-    ENGINE_TOKENS is read whole; the next read that goes through takes the line away."""
+    """The hourly read queues one job per configured engine, each under its own time limit (r71:
+    one job read them all, and one engine that used its time starved the others): ENGINE_URL
+    unreachable is recorded (and said on the list, to admins and members, in English and
+    Spanish) while the engine in ENGINE_TOKENS is read whole; the next read that goes through
+    takes the line away. Read from the engine reads an ENGINE_TOKENS engine too (r71: only
+    ENGINE_URL's, and no button without one)."""
+    from django_q.models import OrmQ
+
     from remote import tasks
 
     live = remote.query("SELECT count(*) FROM lifecycle_conversation WHERE state = 'live'")[0][0]
     settings.ENGINE_TOKENS = {remote.url: remote.token}
     settings.ENGINE_URL = f"http://127.0.0.1:{free_port({remote.port})}"  # nothing listens there
-    assert tasks.read_engines() == {"ENGINE_URL": "engine_unreachable",
-                                    remote.url: {"created": live, "updated": 0, "returned": 0}}
+    OrmQ.objects.all().delete()
+    queued = tasks.read_engines()
+    jobs = [row.task for row in OrmQ.objects.order_by("id")]
+    assert set(queued) == {"ENGINE_URL", remote.url} and [job["id"] for job in jobs] == list(queued.values())
+    assert [(job["func"], job["args"], job["ack_failure"]) for job in jobs] == [
+        ("remote.tasks.read_engine", ("",), True), ("remote.tasks.read_engine", (remote.url,), True)]
+    assert [tasks.read_engine(*job["args"]) for job in jobs] == [
+        "engine_unreachable", {"created": live, "updated": 0, "returned": 0}]
     assert EngineBinding.objects.filter(engine_url=remote.url).count() == live
     assert not EngineBinding.objects.filter(engine_url="").exists()
     failed, other = EngineRead.objects.get(engine_url=""), EngineRead.objects.get(engine_url=remote.url)
-    assert (failed.failing, failed.read_at, failed.error_code, failed.error_message) == (
-        True, None, "engine_unreachable", "")
-    assert not other.failing and other.read_at is not None
+    assert (failed.state, failed.read_at, failed.error_code, failed.error_message) == (
+        "failed", None, "engine_unreachable", "")
+    assert other.state == "ok" and other.read_at is not None
     member = factories.make_user(admin=False)
     for who, language, words in ((factories.make_user(admin=True), "en", "The engine cannot be reached"),
                                  (member, "es", "No se puede contactar con el motor")):
@@ -651,10 +662,21 @@ def test_an_engine_that_fails_its_read_never_keeps_another_from_its_own_and_the_
         assert page.count('data-testid="read-failed"') == 1  # the engine in ENGINE_TOKENS read fine
         assert words in page.split('data-testid="read-failed"', 1)[1].split("</p>", 1)[0]
     settings.ENGINE_URL = remote.url
-    assert tasks.read_engines() == {"ENGINE_URL": {"created": live, "updated": 0, "returned": 0}}
+    assert tasks.read_engine("") == {"created": live, "updated": 0, "returned": 0}
     viewer = Client(**HOST)
     viewer.force_login(member)
     assert 'data-testid="read-failed"' not in viewer.get("/engine/conversations/").content.decode()
+    # Only an engine in ENGINE_TOKENS: the button is there, and reads it.
+    settings.ENGINE_URL = ""
+    boss = Client(**HOST)
+    boss.force_login(factories.make_user(admin=True))
+    assert 'action="/engine/conversations/sync/"' in boss.get("/engine/conversations/").content.decode()
+    before = EngineRead.objects.get(engine_url=remote.url).read_at
+    answer = boss.post("/engine/conversations/sync/", follow=True)
+    said = [str(message) for message in answer.context["messages"]]
+    assert said == [f"The engine at {remote.url}: Read the engine's conversations: 0 new, {live} already listed "
+                    "and brought up to date."]
+    assert EngineRead.objects.get(engine_url=remote.url).read_at > before
 
 
 ORPHAN_ROW = """

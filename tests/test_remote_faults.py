@@ -868,7 +868,7 @@ def test_a_later_page_refused_or_with_a_repeated_cursor_writes_nothing_of_it_and
 
 
 def test_a_read_the_engine_refuses_is_recorded_and_shown_until_a_read_begun_later_goes_through(settings):
-    """The hourly read (remote.tasks.read_engines) has no one to tell but the list: the engine's
+    """The hourly read (remote.tasks.read_engine) has no one to tell but the list: the engine's
     own refusal, in its own words (escaped), stays on the list until a read begun after it goes
     through; a read begun before it (two at once) does not take it off."""
     from datetime import timedelta
@@ -889,7 +889,7 @@ def test_a_read_the_engine_refuses_is_recorded_and_shown_until_a_read_begun_late
         point_at(settings, url)
         settings.ENGINE_TOKENS = {}
         before = timezone.now()
-        assert tasks.read_engines() == {"ENGINE_URL": "invalid_cursor"}
+        assert tasks.read_engine("") == "invalid_cursor"
         read = EngineRead.objects.get()
         assert (read.engine_url, read.read_at, read.error_code, read.error_message) == (
             "", None, "invalid_cursor", "<b>Cursor</b> expired.")
@@ -901,17 +901,18 @@ def test_a_read_the_engine_refuses_is_recorded_and_shown_until_a_read_begun_late
             client.force_login(factories.make_user(who, admin=who == "adm-read"))
             page = client.get("/engine/conversations/", HTTP_HOST="127.0.0.1",
                               HTTP_ACCEPT_LANGUAGE=language).content.decode()
-            line = page.split('data-testid="read-failed">', 1)[1].split("</p>", 1)[0]
+            line = page.split('data-testid="read-failed" data-state="failed">', 1)[1].split("</p>", 1)[0]
             assert line.startswith(words) and "&lt;b&gt;Cursor&lt;/b&gt; expired." in line and "<b>" not in line
         boss = admin()
         api = boss.get("/api/v1/bindings", HTTP_HOST="127.0.0.1").json()
+        failed_at = read.failed_at.isoformat().replace("+00:00", "Z")
         assert api == {"owner": None, "results": [], "next": None, "reads": [{
-            "engine": "", "read_at": None, "failed_at": read.failed_at.isoformat().replace("+00:00", "Z"),
+            "engine": "", "state": "failed", "started_at": failed_at, "read_at": None, "failed_at": failed_at,
             "failing": True, "error": "invalid_cursor", "error_message": "<b>Cursor</b> expired."}]}
         sync._record("", read.failed_at - timedelta(seconds=1))  # a whole read begun before the refused one
         assert EngineRead.objects.get().failing
         answer["refuse"] = False
-        assert tasks.read_engines() == {"ENGINE_URL": {"created": 1, "updated": 0, "returned": 0}}
+        assert tasks.read_engine("") == {"created": 1, "updated": 0, "returned": 0}
         read = EngineRead.objects.get()
         assert not read.failing and read.read_at > read.failed_at
         assert EngineBinding.objects.get().synced_at == read.read_at
@@ -923,9 +924,9 @@ def test_a_read_the_engine_refuses_is_recorded_and_shown_until_a_read_begun_late
         page = boss.get("/engine/conversations/", HTTP_HOST="127.0.0.1").content.decode()
         assert 'data-testid="read-failed"' not in page and 'data-testid="bindings-read-at"' in page
         api = boss.get("/api/v1/bindings", HTTP_HOST="127.0.0.1").json()
-        assert api["reads"] == [{"engine": "", "read_at": api["results"][0]["synced_at"],
-                                 "failed_at": api["reads"][0]["failed_at"], "failing": False, "error": None,
-                                 "error_message": None}]
+        synced = api["results"][0]["synced_at"]
+        assert api["reads"] == [{"engine": "", "state": "ok", "started_at": synced, "read_at": synced,
+                                 "failed_at": failed_at, "failing": False, "error": None, "error_message": None}]
         assert api["results"][0]["synced_at"] and api["reads"][0]["failed_at"] < api["results"][0]["synced_at"]
 
 
@@ -944,3 +945,88 @@ def test_a_way_out_is_kept_only_in_the_shape_the_page_reads():
     assert len(many["ambiguous"]) == delivery.WAY_OUT_ROWS
     for nothing in (None, [], {"ambiguous": "sa_1"}, {"ambiguous": [1, None]}, {"other": []}):
         assert delivery.way_out(nothing) is None
+
+
+def _two_pages(handler):
+    """The engine's list in two pages, the second asked for with the first's cursor."""
+    cursor = next((part[7:] for part in handler.path.split("?", 1)[1].split("&") if part.startswith("cursor=")), None)
+    return 200, {"results": [_listed("c_1", "t1")], "next": "p2"} if cursor is None else \
+        {"results": [_listed("c_2", "t2")], "next": None}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_read_killed_after_a_page_is_said_not_to_have_gone_through_once_it_cannot_still_run(settings, tmp_path):
+    """r71: a read stopped by its job's time limit or a kill recorded nothing, so the list went on
+    showing an earlier whole read as the latest. A real process killed with SIGKILL after its
+    first page: the read is under way (nothing said) while one may still run, then said to have
+    stopped before the end of the list, with the page it wrote kept."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from datetime import timedelta
+
+    from django.db.models import F
+
+    from remote.models import EngineRead
+    from tests.remote_engine import ROOT
+    from tests.test_jobs import database_url
+
+    with scripted_engine({("GET", "/v1/threads"): _two_pages}) as (url, _seen):
+        point_at(settings, url)
+        env = {**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "console.settings_test",
+               "ENGINE_URL": url, "ENGINE_TOKEN": "t" * 40, "LETHE_TEST_KILL_AT": "remote.read-page",
+               "LETHE_TEST_KILL_DIR": str(tmp_path)}
+        done = subprocess.run([sys.executable, "manage.py", "sync_bindings"], cwd=ROOT, env=env,
+                              capture_output=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    read = EngineRead.objects.get()
+    assert read.started_at is not None and (read.read_at, read.failed_at, read.state) == (None, None, "reading")
+    assert list(EngineBinding.objects.values_list("engine_id", flat=True)) == ["c_1"]  # its one page, kept
+    boss = admin()
+    assert 'data-testid="read-failed"' not in boss.get("/engine/conversations/", HTTP_HOST="127.0.0.1").content.decode()
+    settings.JOB_TIMEOUT_SECONDS = 10
+    EngineRead.objects.update(started_at=F("started_at") - timedelta(seconds=131))  # past any read's time
+    for language, words in (("en", "did not go through: It was stopped before the end of the engine"),
+                            ("es", "no se completó: Se detuvo antes del final de la lista del motor")):
+        page = boss.get("/engine/conversations/", HTTP_HOST="127.0.0.1", HTTP_ACCEPT_LANGUAGE=language)
+        line = page.content.decode().split('data-testid="read-failed" data-state="unfinished">', 1)[1]
+        assert words in line.split("</p>", 1)[0]
+    reads = boss.get("/api/v1/bindings", HTTP_HOST="127.0.0.1").json()["reads"]
+    assert [(r["state"], r["failing"], r["error"]) for r in reads] == [("unfinished", True, "read_unfinished")]
+
+
+def test_a_refusal_without_words_is_shown_in_each_readers_language(settings, admin_client):
+    """r71: the placeholder for an engine's refusal without words was stored as the engine's own
+    words, in the language of whoever read, and shown so to everyone."""
+    from remote.models import EngineRead
+
+    with scripted_engine({("GET", "/v1/threads"): lambda h: (409, {"code": "nope"})}) as (url, _seen):
+        point_at(settings, url)
+        admin_client.post("/engine/conversations/sync/", HTTP_HOST="127.0.0.1", HTTP_ACCEPT_LANGUAGE="es")
+    read = EngineRead.objects.get()
+    assert (read.state, read.error_code, read.error_message) == ("failed", "nope", "")
+    for language, words in (("en", "The engine refused the request and gave no reason."),
+                            ("es", "El motor rechazó la solicitud sin indicar el motivo.")):
+        page = admin_client.get("/engine/conversations/", HTTP_HOST="127.0.0.1", HTTP_ACCEPT_LANGUAGE=language)
+        assert words in page.content.decode().split('data-testid="read-failed"', 1)[1].split("</p>", 1)[0]
+
+
+def test_a_refused_delete_names_the_subagent_rows_the_engine_gave_too(settings, admin_client):
+    """r71: the rows were kept for a Refused delete (refused for a running turn, and the rows
+    among its reasons) and given by the API, but its page showed them only when Unavailable."""
+    refused = {"id": OP, "target": TARGET, "state": "refused", "code": "conversation_turn_active",
+               "reasons": ["conversation_turn_active", "conversation_child_ownership_ambiguous"],
+               "way_out": {"ambiguous": [{"agent_id": "sa_refused1", "status": "running",
+                                          "started_at": "2026-01-01T00:00:00Z", "finished_at": None}]}}
+    routes = {("DELETE", "/v1/threads/"): lambda h: (409, {"code": "conversation_turn_active", "message": "Busy.",
+                                                           "outcome": "refused", "operation": OP}),
+              ("GET", "/v1/operations/"): lambda h: (200, refused)}
+    with scripted_engine(routes) as (url, _seen):
+        point_at(settings, url)
+        op = delivery.request_bound_delete(binding(), key="k-refused-rows", actor=None)
+        delivery.deliver(op.pk, budget=0.5)
+    op.refresh_from_db()
+    assert (op.state, op.way_out["ambiguous"][0]["agent_id"]) == ("refused", "sa_refused1")
+    page = admin_client.get(f"/engine/deletes/{op.public_id}/", HTTP_HOST="127.0.0.1").content.decode()
+    assert "<code><bdi>sa_refused1</bdi></code>" in page.split('data-testid="way-out"', 1)[1]
