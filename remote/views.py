@@ -85,7 +85,7 @@ def binding_list(request: HttpRequest) -> HttpResponse:
         "deletes": deletes, "deletes_page": deletes_page, "read_at": read_at,
         # The engines whose latest read failed: the hourly read has no one else to tell.
         "failed_reads": [read for read in configured_reads() if read.shown_state in ("failed", "unfinished")],
-        "engine_url": settings.ENGINE_URL, "can_read": bool(configured_engines()), "is_admin": is_admin(request.user),
+        "can_read": bool(configured_engines()), "is_admin": is_admin(request.user),
         **_bindings_poller({b.pending_delete.public_id for b in bindings if b.pending_delete}
                            | {d.public_id for d in deletes if d.state == BoundDeleteState.PENDING}),
     })
@@ -119,7 +119,7 @@ def _bindings_live(request: HttpRequest) -> HttpResponse:
     said = " ".join(f"{d.thread_id}: {d.get_state_display()}." for d in ended)
     return render(request, "remote/_bindings_live.html", {
         "bindings": bindings, "gone_bindings": sorted(refs - {b.public_id for b in bindings}), "deletes": ended,
-        "engine_url": settings.ENGINE_URL, "can_read": bool(configured_engines()), "is_admin": is_admin(request.user), "live_said": said,
+        "engine_url": settings.ENGINE_URL, "is_admin": is_admin(request.user), "live_said": said,
         **_bindings_poller({d.public_id for d in rows if d.state == BoundDeleteState.PENDING}),
     })
 
