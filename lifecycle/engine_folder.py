@@ -56,6 +56,10 @@ from lifecycle.enginefs import (
 )
 
 MARK_NAME = ".lethe-engine-folder"
+# Written (with this database's key) before a database that has recorded no folder marks one, and
+# removed once the mark is recorded: a run killed in between (r73) finds the folder marked by
+# itself, not by another database.
+CLAIM_NAME = MARK_NAME + ".claim"
 _ID = re.compile(r"[0-9a-f]{32}")
 # How operator commands name each reason (English, as their other output).
 WORDS = {"missing": "missing", "unmarked": "not marked as this database's engine folder",
@@ -193,8 +197,8 @@ def not_adoptable(home: EngineHome) -> str | None:
     if not holds_undeleted_conversations():
         # No file of its can be elsewhere, but a folder another database marked holds that
         # one's files and its fleet rows: taken with that mark, both would erase and resolve
-        # subagent rows in one folder.
-        return None if mark is None else "not_this_folder"
+        # subagent rows in one folder. One this database marked itself (its claim) is its own.
+        return None if mark is None or _claimed_here(home) else "not_this_folder"
     if holds_files_of_known_conversations(home):
         return None
     return "unmarked" if mark is None else "not_this_folder"
@@ -263,6 +267,8 @@ def adopt(home: EngineHome | None = None, *, force: bool, take_from_other: bool 
     # A new mark never replaces one another process wrote first (two adopts at once both
     # wrote theirs and recorded each its own: the folder ended up another database's); only a
     # mark file that holds no id is replaced, and only when asked (force).
+    if not force:
+        _claim(home)
     folder_id = folder_mark(home) or _mark(home, replace=False) or (_mark(home, replace=True) if force else None)
     if folder_id is None:  # a mark file there that holds no id: not ours to overwrite unasked
         raise EngineFolderUnavailable(home.root, "unmarked")
@@ -276,7 +282,37 @@ def adopt(home: EngineHome | None = None, *, force: bool, take_from_other: bool 
                                             origin_keys=lineage_keys())
     except IntegrityError:  # another process recorded one first: theirs stands
         pass
+    _unclaim(home)
     return recorded()
+
+
+def _claim(home: EngineHome) -> None:
+    """This database's key in the folder before it marks it (a claim there already stands)."""
+    with opened_folder(home.root) as folder:
+        try:
+            fd = os.open(CLAIM_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=folder)
+        except FileExistsError:
+            return
+        try:
+            os.write(fd, (_here() + "\n").encode("ascii"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        sync_folder(folder)
+
+
+def _claimed_here(home: EngineHome) -> bool:
+    try:
+        return read_regular(home.root / CLAIM_NAME).decode("ascii").strip() == _here()
+    except (OSError, UnicodeDecodeError, UnsafeEnginePath):
+        return False
+
+
+def _unclaim(home: EngineHome) -> None:
+    """The claim removed, once the mark is recorded (only this database's)."""
+    if _claimed_here(home):
+        with opened_folder(home.root) as folder, contextlib.suppress(FileNotFoundError):
+            os.unlink(CLAIM_NAME, dir_fd=folder)
 
 
 def _mark(home: EngineHome, *, replace: bool) -> str | None:

@@ -343,3 +343,27 @@ def test_two_seeds_started_together_seed_once_and_the_other_says_why(tmp_path, i
         assert ended[1][0] == 1 and ended[1][2].strip() == "CommandError: Conversations already exist; seed into an "\
                                                             "empty database.", ended
     assert (m.Conversation.objects.count(), m.Account.objects.count(), m.Computer.objects.count()) == (40, 2, 2)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_seed_killed_between_marking_its_new_folder_and_recording_the_mark_seeds_on_the_next_run(tmp_path):
+    """r73: killed there, the next run found the folder marked and unrecorded, and called it
+    another database's. The folder carries this database's claim until the mark is recorded."""
+    from lifecycle import engine_folder
+    from tests.test_jobs import database_url
+
+    m.EngineFolderMark.objects.all().delete()  # a new install: no folder taken yet, none there
+    shutil.rmtree(tmp_path / "engine")
+    env = {**os.environ, "DATABASE_URL": database_url(), "ENGINE_HOME": str(tmp_path / "engine"),
+           "DJANGO_SETTINGS_MODULE": "console.settings_test"}
+    command = [sys.executable, "manage.py", "seed_demo", "--conversations", "4", "--messages", "4", "--no-users"]
+    killed = subprocess.run(command, cwd=ROOT, env={**env, "LETHE_TEST_KILL_AT": "engine-folder.marked",
+                                                    "LETHE_TEST_KILL_DIR": str(tmp_path)}, capture_output=True)
+    assert killed.returncode == -signal.SIGKILL
+    folder = tmp_path / "engine"
+    assert sorted(p.name for p in folder.iterdir()) == [engine_folder.MARK_NAME, engine_folder.CLAIM_NAME]
+    assert not m.EngineFolderMark.objects.exists()
+    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert again.returncode == 0 and again.stdout.startswith("Seeded 4 conversations"), again.stderr[-2000:]
+    assert m.EngineFolderMark.objects.get().folder_id == (folder / engine_folder.MARK_NAME).read_text().strip()
+    assert not (folder / engine_folder.CLAIM_NAME).exists() and m.Conversation.objects.count() == 4

@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 from django.utils import timezone
 
-from lifecycle.engine_folder import MARK_NAME
+from lifecycle.engine_folder import CLAIM_NAME, MARK_NAME
 from lifecycle.enginefs import EngineHome
 from lifecycle.models import Conversation
 from lifecycle.seeding import Seeder
@@ -23,7 +23,7 @@ class Command(BaseCommand):
         if Conversation.objects.exists():
             raise CommandError("Run the benchmark on an empty database (make bench-seed does).")
         home = EngineHome()
-        if home.root.exists() and any(entry.name != MARK_NAME for entry in home.root.iterdir()):
+        if home.root.exists() and any(entry.name not in (MARK_NAME, CLAIM_NAME) for entry in home.root.iterdir()):
             # It writes conversations' files and the subagent state file: never into a folder in use.
             raise CommandError(f"Run the benchmark with an empty engine folder ({home.root} holds files; "
                                "make bench-seed uses one of its own).")
