@@ -43,8 +43,8 @@ class EngineReadOut(Schema):
     engine: str = Field(description="The engine read; empty for the one at ENGINE_URL.")
     state: Literal["never", "ok", "reading", "failed", "unfinished"] = Field(
         description="How the latest read went: none began yet; it went through the whole list; it is under way; "
-                    "it failed (`error`); it began longer ago than any read may take and never ended (its job's "
-                    "time limit, or its process ended).")
+                    "it failed (`error`); it never ended, and no read has shown a sign of life (a page read) for "
+                    "longer than one page may take (its job's time limit, or its process ended).")
     started_at: str | None = Field(description="When the latest read began.")
     read_at: str | None = Field(description="When the last read that went through the engine's whole list began.")
     failed_at: str | None = Field(description="When the last read that failed began.")

@@ -202,9 +202,12 @@ class EngineRead(models.Model):
 
     # Blank: the engine at ENGINE_URL, as a binding's engine_url.
     engine_url = models.CharField(max_length=300, blank=True, unique=True)
-    # When the latest read began: one that began and never ended (its job's time limit, a kill)
-    # is told apart from one still running by read_limit() (r71: such a read was not recorded).
+    # When the latest read began, and the last sign of life of a read under way (its start, each
+    # page it wrote): one that began and never ended (its job's time limit, a kill) is told apart
+    # from one still running by how long it has been quiet (r71: such a read was not recorded;
+    # r73: a long read started by the button was said to have stopped while it ran).
     started_at = models.DateTimeField(null=True, blank=True)
+    active_at = models.DateTimeField(null=True, blank=True)
     # When the last read that went through the whole list began (its bindings' synced_at).
     read_at = models.DateTimeField(null=True, blank=True)
     # When the last failed read began, and why: an engine_ code, or the engine's own refusal
@@ -219,7 +222,8 @@ class EngineRead(models.Model):
     @property
     def state(self) -> str:
         """How the latest read went: never (none began), ok, failed, reading (under way), or
-        unfinished (it began longer ago than any read may take, and never ended)."""
+        unfinished (it never ended, and no read has shown a sign of life for longer than reading
+        one page may take)."""
         latest = max(filter(None, (self.started_at, self.read_at, self.failed_at)), default=None)
         if latest is None:
             return "never"
@@ -227,15 +231,19 @@ class EngineRead(models.Model):
             return "ok"
         if self.failed_at == latest:
             return "failed"
-        return "reading" if latest > timezone.now() - read_limit() else "unfinished"
+        alive = max(filter(None, (self.active_at, latest)))
+        return "reading" if alive > timezone.now() - quiet_limit() else "unfinished"
 
     @property
     def failing(self) -> bool:
         return self.state in ("failed", "unfinished")
 
 
-def read_limit():
-    """Longer than any read runs (read when asked: tests change the setting): the job's time limit (a web request's is shorter), and a margin."""
+def quiet_limit():
+    """Longer than a read under way goes without a sign of life: the longest one page of the
+    engine's list may take (each try's connect and read time limits), and a margin. Read when
+    asked (tests change the settings)."""
     from datetime import timedelta
 
-    return timedelta(seconds=settings.JOB_TIMEOUT_SECONDS + 120)
+    page = (settings.ENGINE_CONNECT_TIMEOUT + settings.ENGINE_READ_TIMEOUT) * (settings.ENGINE_RETRIES + 1)
+    return timedelta(seconds=page + 60)

@@ -184,8 +184,8 @@ def _record(engine_url: str, at, failure: ActionRefused | None = None, *, began:
         row, _made = EngineRead.objects.select_for_update().get_or_create(engine_url=engine_url)
         if began:
             if row.started_at is None or at > row.started_at:
-                row.started_at = at
-                row.save(update_fields=["started_at"])
+                row.started_at = row.active_at = at
+                row.save(update_fields=["started_at", "active_at"])
         elif failure is None:
             if row.read_at is None or at > row.read_at:
                 row.read_at = at
@@ -229,6 +229,8 @@ def _one_pass(engine, engine_url: str, now, counts: dict[str, int], made: set[st
             counts_before, made_before, updated_before = dict(counts), set(made), set(updated)
             try:
                 _write_page(rows, engine_url, now, asked_at, counts, made, updated)
+                # a sign of life: a long read is not taken for one that stopped (EngineRead.state)
+                EngineRead.objects.filter(engine_url=engine_url).update(active_at=timezone.now())
                 faults.kill_point("remote.read-page")  # crash tests: a page written, the read not ended
                 break
             except IntegrityError:

@@ -955,11 +955,12 @@ def _two_pages(handler):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_read_killed_after_a_page_is_said_not_to_have_gone_through_once_it_cannot_still_run(settings, tmp_path):
+def test_a_read_killed_after_a_page_is_said_not_to_have_gone_through_once_it_has_been_quiet_too_long(settings,
+                                                                                                   tmp_path):
     """r71: a read stopped by its job's time limit or a kill recorded nothing, so the list went on
     showing an earlier whole read as the latest. A real process killed with SIGKILL after its
-    first page: the read is under way (nothing said) while one may still run, then said to have
-    stopped before the end of the list, with the page it wrote kept."""
+    first page: the read is under way (nothing said) while it may still be reading a page, then
+    said to have stopped before the end of the list, with the page it wrote kept."""
     import os
     import signal
     import subprocess
@@ -985,8 +986,11 @@ def test_a_read_killed_after_a_page_is_said_not_to_have_gone_through_once_it_can
     assert list(EngineBinding.objects.values_list("engine_id", flat=True)) == ["c_1"]  # its one page, kept
     boss = admin()
     assert 'data-testid="read-failed"' not in boss.get("/engine/conversations/", HTTP_HOST="127.0.0.1").content.decode()
-    settings.JOB_TIMEOUT_SECONDS = 10
-    EngineRead.objects.update(started_at=F("started_at") - timedelta(seconds=131))  # past any read's time
+    # A long read that still writes pages is under way, however long ago it began (r73).
+    EngineRead.objects.update(started_at=F("started_at") - timedelta(hours=2))
+    assert EngineRead.objects.get().state == "reading"
+    # Quiet for longer than one page may take (point_at: 2 s a try, no retry; and a margin): stopped.
+    EngineRead.objects.update(active_at=F("active_at") - timedelta(seconds=66))
     for language, words in (("en", "did not go through: It was stopped before the end of the engine"),
                             ("es", "no se completó: Se detuvo antes del final de la lista del motor")):
         page = boss.get("/engine/conversations/", HTTP_HOST="127.0.0.1", HTTP_ACCEPT_LANGUAGE=language)

@@ -16,6 +16,7 @@ class Migration(migrations.Migration):
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('engine_url', models.CharField(blank=True, max_length=300, unique=True)),
                 ('started_at', models.DateTimeField(blank=True, null=True)),
+                ('active_at', models.DateTimeField(blank=True, null=True)),
                 ('read_at', models.DateTimeField(blank=True, null=True)),
                 ('failed_at', models.DateTimeField(blank=True, null=True)),
                 ('error_code', models.CharField(blank=True, max_length=64)),
