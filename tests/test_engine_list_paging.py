@@ -95,7 +95,7 @@ def test_the_api_refuses_a_cursor_it_did_not_give_also_while_no_binding_exists(a
     for query in ("cursor=zzz", "cursor=YjF8eA", "owner_kind=account&owner_id=1&cursor=zzz"):
         answer = admin_client.get(f"/api/v1/bindings?{query}", **HOST)
         assert (answer.status_code, answer.json()["code"]) == (400, "invalid_cursor"), query
-    assert admin_client.get("/api/v1/bindings", **HOST).json() == {"owner": None, "results": [], "next": None}
+    assert admin_client.get("/api/v1/bindings", **HOST).json() == {"owner": None, "results": [], "next": None, "reads": []}
 
 
 def test_a_cursor_of_another_owners_list_is_refused_and_an_omitted_owner_is_the_cursors(admin_client):
