@@ -159,7 +159,8 @@ def thread_list(request: HttpRequest, query: ThreadsQuery) -> dict:
 
 
 def _thread(public_id: str) -> Conversation:
-    return get_object_or_404(Conversation.objects.with_activity().with_delete_operation(), public_id=public_id)
+    return get_object_or_404(Conversation.objects.with_activity().with_delete_operation().select_related(
+        "account", "computer"), public_id=public_id)
 
 
 @endpoint("GET", "/v1/threads/{public_id}", response=ThreadOut, name="api-thread-detail",

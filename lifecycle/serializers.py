@@ -30,10 +30,14 @@ class OwnerOut(Schema):
     id: int
 
 
+class ThreadOwnerOut(OwnerOut):
+    name: str = Field(description="The account's or computer's name, as the screens show it.")
+
+
 class ThreadOut(Schema):
     id: str
     thread_id: str
-    owner: OwnerOut
+    owner: ThreadOwnerOut
     scope: Literal["bound", "local"]
     title: str = Field(description="Empty from the conversation's delete intent on: the title is content, "
                                    "erased with the rest.")
@@ -62,7 +66,7 @@ def thread_json(c: Conversation) -> dict[str, Any]:
     return {
         "id": c.public_id,
         "thread_id": c.thread_id,
-        "owner": {"kind": c.owner_kind, "id": c.owner_id},
+        "owner": {"kind": c.owner_kind, "id": c.owner_id, "name": c.owner.name},  # (r72: a client had no name)
         "scope": c.scope,
         "title": c.shown_title,
         "archived": c.archived_at is not None,

@@ -32,11 +32,17 @@ def test_it_lists_threads_with_the_documented_shape(member_client):
     assert response.status_code == 200
     row = response.json()["results"][0]
     assert row == {
-        "id": conv.public_id, "thread_id": "thr_same", "owner": {"kind": "account", "id": account.pk},
+        "id": conv.public_id, "thread_id": "thr_same", "owner": {"kind": "account", "id": account.pk, "name": "Acme"},
         "scope": "bound", "title": "Shape", "archived": False, "closed": False, "active": True,
-        "last_activity_at": row["last_activity_at"], "created_at": row["created_at"], "state": "live", "delete": None, "deleted_at": None,
+        "last_activity_at": row["last_activity_at"], "created_at": row["created_at"], "state": "live",
+        "delete": None, "deleted_at": None,
     }
     assert response.json()["next"] is None
+    # A computer's own conversation names the computer, as the screens do (r72: no name was given).
+    computer = factories.make_computer("build-box")
+    local = factories.make_conversation(computer, thread_id="thr_local")
+    assert member_client.get(f"/v1/threads/{local.public_id}", **HOST).json()["owner"] == {
+        "kind": "computer", "id": computer.pk, "name": "build-box"}
 
 
 def test_it_keeps_equal_raw_ids_under_different_owners_apart(member_client):
