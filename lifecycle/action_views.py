@@ -153,7 +153,7 @@ def _render_preview(request: HttpRequest, conversation: Conversation, *, status:
     admission = preview["admission"]
     typed = _typed_back(request, admission["ambiguous"] if admission else [])
     if admission:
-        admission = {**admission, "ambiguous": _rows_with_times(admission["ambiguous"], typed)}
+        admission = {**admission, "ambiguous": rows_with_times(admission["ambiguous"], typed)}
     context = {
         "conversation": conversation,
         "preview": preview,
@@ -205,7 +205,7 @@ def _typed_back(request: HttpRequest | None, rows: list[dict[str, Any]]) -> dict
     return typed
 
 
-def _rows_with_times(rows: list[dict[str, Any]], typed: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def rows_with_times(rows: list[dict[str, Any]], typed: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Fleet rows as written by the engine: their times parsed where they are times; the row
     whose "another conversation" form was just refused gets back what was typed there and why
     (see _typed_back and subagent_resolve)."""
@@ -258,7 +258,7 @@ def _operation_context(op: OperationView, request: HttpRequest | None = None) ->
         "receipt_kept": receipt_rows(_part(receipt, "kept", list)),
         "holders": [holder_text(h) for h in _part(receipt, "holders", list)],
         "removed_backups": removed_backups(_part(receipt, "removed_backups", list)),
-        "ambiguous": _rows_with_times(ambiguous, _typed_back(request, ambiguous)),
+        "ambiguous": rows_with_times(ambiguous, _typed_back(request, ambiguous)),
         "physical_at": moment(physical.get("erased_at")),
         "verified_at": moment(receipt.get("verified_at")),
         "residue": residue(verification),

@@ -12,6 +12,7 @@ from pydantic import Field, JsonValue
 
 from console.api import Schema
 from lifecycle.models import (
+    INTENT_STATES,
     Conversation,
     DeleteOperation,
     DeleteState,
@@ -87,7 +88,7 @@ def _delete_of(c: Conversation) -> dict[str, Any]:
         return {"delete": None, "deleted_at": None}
     if not hasattr(c, "delete_op"):
         c.delete_op, c.deleted_at = DeleteOperation.objects.filter(
-            conversation=c, state__in=(DeleteState.PENDING, DeleteState.COMPLETED)).values_list(
+            conversation=c, state__in=INTENT_STATES).values_list(
             "public_id", "completed_at").first() or (None, None)
     return {"delete": c.delete_op, "deleted_at": iso(c.deleted_at)}
 

@@ -234,10 +234,6 @@ class EngineRead(models.Model):
         alive = max(filter(None, (self.active_at, latest)))
         return "reading" if alive > timezone.now() - quiet_limit() else "unfinished"
 
-    @property
-    def failing(self) -> bool:
-        return self.state in ("failed", "unfinished")
-
 
 def quiet_limit():
     """Longer than a read under way goes without a sign of life: the longest one page of the

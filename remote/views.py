@@ -24,6 +24,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from console.api import is_number
 from console.auth import is_admin
 from console.viewer import back_to
+from lifecycle.action_views import rows_with_times
 from lifecycle.actions.request_deletion import form_message
 from lifecycle.deletion.executor import changed_totals
 from lifecycle.deletion.presentation import holder_text, moment, preview_groups, receipt_rows
@@ -84,7 +85,7 @@ def binding_list(request: HttpRequest) -> HttpResponse:
         "owners": owners, "owner": owner, "unknown_owner": unknown_owner, "bindings": bindings, "page": page,
         "deletes": deletes, "deletes_page": deletes_page, "read_at": read_at,
         # The engines whose latest read failed: the hourly read has no one else to tell.
-        "failed_reads": [read for read in configured_reads() if read.shown_state in ("failed", "unfinished")],
+        "failed_reads": [read for read in configured_reads() if read.shown_code],
         "can_read": bool(configured_engines()), "is_admin": is_admin(request.user),
         **_bindings_poller({b.pending_delete.public_id for b in bindings if b.pending_delete}
                            | {d.public_id for d in deletes if d.state == BoundDeleteState.PENDING}),
@@ -207,14 +208,6 @@ def engine_checks(receipt: dict) -> dict:
             "engine_verified": {"logical": logical, "at": moment(verification.get("at"))} if logical else None}
 
 
-def _ambiguous_rows(op: BoundDelete) -> list[dict]:
-    """The subagent rows of unknown origin the engine named (kept by remote.delivery.way_out),
-    with their times read."""
-    rows = (op.way_out or {}).get("ambiguous", [])  # refused for another reason too, it needs them later (r71)
-    return [{"agent_id": row["agent_id"], "started": moment(row.get("started_at")),
-             "finished": moment(row.get("finished_at"))} for row in rows]
-
-
 @login_required
 @require_GET
 def bound_delete_detail(request: HttpRequest, delete_id: str) -> HttpResponse:
@@ -228,7 +221,8 @@ def bound_delete_detail(request: HttpRequest, delete_id: str) -> HttpResponse:
         # An engine that cannot be reached is said once, by the waiting line (with the next retry).
         "op": op, "data": data, "waiting": waiting_text(op),
         "error_text": "" if op.last_error in ("engine_unreachable", "engine_stalled") else error_text(op.last_error),
-        "code_text": error_text(op.code), "ambiguous": _ambiguous_rows(op), "version": version, "poll": POLL_SECONDS if op.state == "pending" else 0,
+        "code_text": error_text(op.code), "ambiguous": rows_with_times((op.way_out or {}).get("ambiguous", [])),
+        "version": version, "poll": POLL_SECONDS if op.state == "pending" else 0,
         "receipt_stores": receipt_rows(stores),
         "receipt_kept": receipt_rows(receipt.get("kept")),
         "totals": changed_totals(stores),

@@ -893,7 +893,7 @@ def test_a_read_the_engine_refuses_is_recorded_and_shown_until_a_read_begun_late
         read = EngineRead.objects.get()
         assert (read.engine_url, read.read_at, read.error_code, read.error_message) == (
             "", None, "invalid_cursor", "<b>Cursor</b> expired.")
-        assert read.failing and before <= read.failed_at <= timezone.now()
+        assert read.state == "failed" and before <= read.failed_at <= timezone.now()
         assert not EngineBinding.objects.exists()
         for who, language, words in (("adm-read", "en", "The last read of the engine, begun "),
                                      ("mem-read", "es", "La última lectura del motor, iniciada ")):
@@ -910,11 +910,11 @@ def test_a_read_the_engine_refuses_is_recorded_and_shown_until_a_read_begun_late
             "engine": "", "state": "failed", "started_at": failed_at, "read_at": None, "failed_at": failed_at,
             "failing": True, "error": "invalid_cursor", "error_message": "<b>Cursor</b> expired."}]}
         sync._record("", read.failed_at - timedelta(seconds=1))  # a whole read begun before the refused one
-        assert EngineRead.objects.get().failing
+        assert EngineRead.objects.get().state == "failed"
         answer["refuse"] = False
         assert tasks.read_engine("") == {"created": 1, "updated": 0, "returned": 0}
         read = EngineRead.objects.get()
-        assert not read.failing and read.read_at > read.failed_at
+        assert read.state == "ok" and read.read_at > read.failed_at
         assert EngineBinding.objects.get().synced_at == read.read_at
         # Two reads at once: one begun earlier that ends later changes nothing of the record.
         sync._record("", read.read_at - timedelta(seconds=2))
