@@ -306,6 +306,9 @@ def operation_retry(request: HttpRequest, operation_id: str) -> HttpResponse:
         op = get_engine().operation(operation_id)
         if op.is_pending:
             get_engine().retry_operation(operation_id, actor=request.user)
+        else:  # a page older than the delete's end: nothing to retry, and said so (as the API's 409)
+            messages.info(request, _("Nothing was retried: this delete is no longer pending (%(state)s).")
+                          % {"state": dict(DeleteState.choices).get(op.state, op.state)})
     except ActionRefused as exc:
         _refused(request, exc)
     return redirect("lifecycle:operation-detail", operation_id=operation_id)

@@ -630,6 +630,23 @@ def test_a_stalled_delete_offers_admins_a_retry(admin_client, member_client):
     assert (op.stalled_attempts, op.last_error) == (0, "")
 
 
+def test_a_retry_from_a_page_older_than_the_deletes_end_says_nothing_was_retried(admin_client):
+    """A stale page's Retry now on a delete that completed since changes nothing and says so
+    (it redirected to the delete's page in silence)."""
+    conversation = factories.make_conversation()
+    op = request_deletion(conversation, key="stale-retry", acting_user=None)
+    assert executor.run_erasure(op.pk) == "completed"
+    op.refresh_from_db()
+    before = (op.state, op.attempts, op.stalled_attempts, op.completed_at)
+    for language, words in (("en", "Nothing was retried: this delete is no longer pending (Completed)."),
+                            ("es", "No se reintentó nada: esta eliminación ya no está pendiente (Completada).")):
+        response = admin_client.post(f"/operations/{op.public_id}/retry/", follow=True,
+                                     HTTP_ACCEPT_LANGUAGE=language, **HOST)
+        assert response.status_code == 200 and words in response.content.decode()
+    op.refresh_from_db()
+    assert (op.state, op.attempts, op.stalled_attempts, op.completed_at) == before
+
+
 @pytest.mark.parametrize("bad", ["/conversations/\x00", "/conversations/\x07x", "/conversations/\u2028",
                                  "https://evil.example/", "conversation-list"])
 def test_a_form_sends_back_only_to_a_printable_path_of_this_site(admin_client, settings, bad):
