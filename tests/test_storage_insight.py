@@ -255,7 +255,7 @@ def test_the_section_lists_the_largest_with_delete_and_cleanup_links(admin_clien
 def test_a_conversation_deleted_after_the_measurement_leaves_its_owners_figures_at_once(admin_client, engine_home):
     """r53: the conversation list dropped it at once, its account kept counting it (and an owner
     all of whose conversations were deleted stayed listed) until the next measurement."""
-    from insight.templatetags.insight import _deleted_since, _owners
+    from insight.figures import _deleted_since, _owners
     from lifecycle.models import Account, Computer
 
     fleet = build_fleet()
