@@ -34,7 +34,7 @@ from lifecycle.engine import get_engine
 from lifecycle.errors import ActionRefused
 from lifecycle.fence import check_readable, check_writable
 from lifecycle.functions import OctetLength
-from lifecycle.models import Conversation, Item, ItemStatus, Role, ToolKind
+from lifecycle.models import Account, Computer, Conversation, Item, ItemStatus, Role, ToolKind
 from lifecycle.paging import (
     Cursor,
     InvalidCursor,
@@ -156,6 +156,28 @@ def thread_list(request: HttpRequest, query: ThreadsQuery) -> dict:
         "as_of": iso(page.as_of),
         "changed_since_start": changed_since(qs, page.as_of) if cursor else 0,
     }
+
+
+class OwnerListedOut(Schema):
+    kind: Literal["account", "computer"]
+    id: int = Field(description="The `owner_id` of `GET /v1/threads?owner_kind=&owner_id=`.")
+    name: str
+    account_id: int | None = Field(description="A computer's account, when it has one (always null for an account).")
+
+
+class OwnersOut(Schema):
+    results: list[OwnerListedOut]
+
+
+@endpoint("GET", "/v1/owners", response=OwnersOut, name="api-owners",
+          summary="The accounts and computers conversations belong to",
+          description="Every account, then every computer, each by name: the owners the conversation list's "
+                      "owner filter offers (accounts own synced conversations, computers local ones).")
+def owner_list(request: HttpRequest) -> dict:
+    return {"results": [{"kind": "account", "id": a.pk, "name": a.name, "account_id": None}
+                        for a in Account.objects.all()]
+            + [{"kind": "computer", "id": c.pk, "name": c.name, "account_id": c.account_id}
+               for c in Computer.objects.all()]}
 
 
 def _thread(public_id: str) -> Conversation:

@@ -45,6 +45,27 @@ def test_it_lists_threads_with_the_documented_shape(member_client):
         "kind": "computer", "id": computer.pk, "name": "build-box"}
 
 
+def test_it_lists_the_owners_a_list_can_be_filtered_by(member_client, client):
+    """The owner filter's choices, as the conversation list offers them (a client had only the
+    owners of the conversations it had already read)."""
+    zeta, acme = factories.make_account("Zeta"), factories.make_account("Acme")
+    box = factories.make_computer("build-box")
+    box.account = zeta
+    box.save()
+    spare = factories.make_computer("spare")
+    assert member_client.get("/v1/owners", **HOST).json() == {"results": [
+        {"kind": "account", "id": acme.pk, "name": "Acme", "account_id": None},
+        {"kind": "account", "id": zeta.pk, "name": "Zeta", "account_id": None},
+        {"kind": "computer", "id": box.pk, "name": "build-box", "account_id": zeta.pk},
+        {"kind": "computer", "id": spare.pk, "name": "spare", "account_id": None},
+    ]}
+    local = factories.make_conversation(box, thread_id="thr_box")
+    listed = member_client.get(f"/v1/threads?owner_kind=computer&owner_id={box.pk}", **HOST).json()["results"]
+    assert [r["id"] for r in listed] == [local.public_id]
+    assert client.get("/v1/owners", **HOST).status_code == 401
+    assert member_client.post("/v1/owners", data="{}", content_type="application/json", **HOST).status_code == 405
+
+
 def test_it_keeps_equal_raw_ids_under_different_owners_apart(member_client):
     a = factories.make_conversation(factories.make_account(), thread_id="thr_dup")
     b = factories.make_conversation(factories.make_computer(), thread_id="thr_dup")
