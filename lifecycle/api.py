@@ -26,15 +26,26 @@ from console.api import (
     endpoint,
     is_number,
 )
+from lifecycle import runtime_status as runtime
 from lifecycle import transcript
 from lifecycle.actions.append_item import append_item
 from lifecycle.actions.request_deletion import KEY_INVALID, KEY_PATTERN
 from lifecycle.actions.update_item import update_item
 from lifecycle.engine import get_engine
+from lifecycle.engine_health import REASONS
 from lifecycle.errors import ActionRefused
 from lifecycle.fence import check_readable, check_writable
 from lifecycle.functions import OctetLength
-from lifecycle.models import Account, Computer, Conversation, Item, ItemStatus, Role, ToolKind
+from lifecycle.models import (
+    Account,
+    ClaimKind,
+    Computer,
+    Conversation,
+    Item,
+    ItemStatus,
+    Role,
+    ToolKind,
+)
 from lifecycle.paging import (
     Cursor,
     InvalidCursor,
@@ -336,6 +347,54 @@ def thread_item_update(request: HttpRequest, public_id: str, item_id: int, body:
 class ThreadPatchIn(Schema):
     archived: bool | None = None
     closed: bool | None = None
+
+
+class ClaimOut(Schema):
+    kind: Literal[tuple(ClaimKind.values)]  # type: ignore[valid-type]
+    label: str
+    opened_at: str
+
+
+class SubagentOut(Schema):
+    agent_id: str
+    status: Literal[(*runtime.CHILD_STATUS, "unknown")]  # type: ignore[valid-type]
+
+
+class EngineProblemOut(Schema):
+    path: str = Field(description="Relative to the engine folder.")
+    code: Literal[tuple(REASONS)]  # type: ignore[valid-type]
+    message: str
+
+
+class RuntimeOut(Schema):
+    messages: int = Field(description=f"Counted up to {runtime.COUNT_CAP:,}; `messages_over` says there are more.")
+    messages_over: bool
+    turns: int = Field(description="Running or queued turns.")
+    claims: list[ClaimOut] = Field(description="Open runtime work, oldest first.")
+    subagents: list[SubagentOut] | None = Field(description="Null when the fleet file cannot be read: unknown, "
+                                                            "not none.")
+    engine_files: int
+    engine_bytes: int
+    engine_complete: bool = Field(description="False when some of the conversation's engine files or folders "
+                                              "could not be read: the figures are then at least these.")
+    engine_problems: list[EngineProblemOut] = Field(description="Engine files that could not be read, and why.")
+
+
+@endpoint("GET", "/v1/threads/{public_id}/runtime", response=RuntimeOut, name="api-thread-runtime",
+          summary="A conversation's runtime status, as its page shows it",
+          description="Messages, running or queued turns, open runtime work, subagents and engine files. Engine "
+                      "files are read, never guessed at: one that cannot be read is named with why.")
+def thread_runtime(request: HttpRequest, public_id: str) -> dict:
+    status = runtime.runtime_status(get_object_or_404(Conversation, public_id=public_id))
+    return {
+        "messages": status.messages, "messages_over": status.messages_over, "turns": status.turns,
+        "claims": [{"kind": c.kind, "label": c.label, "opened_at": iso(c.opened_at)} for c in status.claims],
+        "subagents": None if status.fleet_unreadable else [{"agent_id": s.agent_id, "status": s.status}
+                                                           for s in status.subagents],
+        "engine_files": status.engine_files, "engine_bytes": status.engine_bytes,
+        "engine_complete": not status.engine_uncounted,
+        "engine_problems": [{"path": p.path, "code": p.code, "message": p.reason} for p in status.engine_problems],
+    }
 
 
 @endpoint("PATCH", "/v1/threads/{public_id}", body=ThreadPatchIn, response=ThreadOut, admin=True,

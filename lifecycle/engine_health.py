@@ -21,14 +21,19 @@ REASONS = {
 @dataclass(frozen=True)
 class EngineProblem:
     path: str  # relative to the engine folder
-    reason: str
+    code: str  # a key of REASONS
+
+    @property
+    def reason(self) -> str:
+        """In the reader's language."""
+        return str(REASONS[self.code])
 
 
 def describe(home: EngineHome, problem: UnreadableEngineFile) -> EngineProblem:
     path = problem.path
     if path.is_relative_to(home.root):
         path = path.relative_to(home.root)
-    return EngineProblem(str(path), str(REASONS.get(problem.reason, REASONS["unreadable"])))
+    return EngineProblem(str(path), problem.reason if problem.reason in REASONS else "unreadable")
 
 
 def fleet_health(home: EngineHome) -> list[EngineProblem]:

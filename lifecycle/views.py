@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import errno
-from pathlib import Path
 from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
@@ -12,14 +10,11 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils.cache import patch_vary_headers
 from django.utils.translation import gettext, pgettext_lazy
-from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_GET
 
 from console.api import is_number
-from lifecycle import enginefs
-from lifecycle.engine_health import REASONS, EngineProblem, describe
+from lifecycle import runtime_status as runtime
 from lifecycle.models import (
-    ACTIVE_TURN_STATES,
     Account,
     Computer,
     Conversation,
@@ -32,28 +27,11 @@ from lifecycle.paging import Cursor, InvalidCursor, list_scope, listing, snapsho
 from lifecycle.transcript import item_rows
 
 VIEWS = ("recent", "archived", "closed", "pending_delete", "deleted")
-CHILD_STATUS = {
-    "queued": _("Queued"),
-    "running": _("Running"),
-    "completed": _("Completed"),
-    "failed": _("Failed"),
-    "interrupted": _("Interrupted"),
-    "cancelled": _("Cancelled"),
-}
 PAGE_SIZE = 25
 CHANGED_SAMPLE = 5
 TRANSCRIPT_PAGE = 50
-# Counts of a conversation's messages stop here: counting a million rows per view took half a
-# second, so past it the page says "more than" this many (true, and cheap to know).
-COUNT_CAP = 10_000
 # Pages that show a pending delete read it again this often (seconds), only while one is shown.
 LIVE_POLL_SECONDS = 3
-
-
-def _capped_count(items) -> tuple[int, bool]:
-    """(count, over): the number of rows up to COUNT_CAP, and whether there are more."""
-    count = items.order_by()[: COUNT_CAP + 1].count()
-    return min(count, COUNT_CAP), count > COUNT_CAP
 
 
 def _owner_filter(request: HttpRequest) -> tuple[str, str, int | None, bool]:
@@ -180,42 +158,6 @@ def _list_live(request: HttpRequest, view: str) -> HttpResponse:
     return render(request, "lifecycle/_conversations_live.html", context)
 
 
-def _engine_files(home: enginefs.EngineHome, conversation: Conversation) -> tuple[list[dict], list[EngineProblem]]:
-    """This conversation's subagents, and the engine files that could not be read.
-
-    An unreadable file is reported, never taken as empty, and never fails the page.
-    """
-    fleet = home.try_read_fleet()
-    problems = [describe(home, fleet.problem)] if fleet.problem else []
-    children = []
-    for row in fleet.rows:
-        origin = row.get("origin")
-        if isinstance(origin, dict) and origin.get("conversation") == conversation.public_id:
-            status = row.get("status")
-            label = CHILD_STATUS.get(status, _("Unknown")) if isinstance(status, str) else _("Unknown")
-            children.append({"agent_id": str(row.get("agent_id", "")), "status": label})
-    key = conversation.storage_key
-    try:
-        logs = [home.events_path(key), home.receipts_path(key)]
-    except enginefs.UnsafeEnginePath:
-        logs = []  # its folder is reported by the count of its files (_engine_usage)
-    problems += [describe(home, problem) for problem in map(home.inspect_jsonl, logs) if problem]
-    return children, problems
-
-
-def _engine_usage(home: enginefs.EngineHome, conversation: Conversation) -> tuple[int, int, list[EngineProblem]]:
-    """(files, bytes) in the conversation's engine folders, and what they could not count: a
-    folder behind a symbolic link (not followed) or a file or folder that cannot be read."""
-    unread: list[OSError] = []
-    files, size = home.conversation_usage(conversation.storage_key, unread)
-    problems = []
-    for exc in unread:
-        path = Path(exc.filename or "")
-        shown = str(path.relative_to(home.root)) if path.is_relative_to(home.root) else str(path)
-        problems.append(EngineProblem(shown, str(REASONS["unsafe" if exc.errno == errno.ELOOP else "unreadable"])))
-    return files, size, problems
-
-
 @login_required
 @require_GET
 def conversation_detail(request: HttpRequest, public_id: str) -> HttpResponse:
@@ -231,27 +173,14 @@ def conversation_detail(request: HttpRequest, public_id: str) -> HttpResponse:
     ) if conversation.state == ConversationState.LIVE else []
     more = len(items) > TRANSCRIPT_PAGE
     items = items[:TRANSCRIPT_PAGE]
-    item_count, item_count_over = _capped_count(Item.objects.filter(conversation=conversation))
-    home = enginefs.EngineHome()
-    children, engine_problems = _engine_files(home, conversation)
-    files, size, uncounted = _engine_usage(home, conversation)
-    engine_problems += uncounted
+    status = runtime.runtime_status(conversation)
     context = {
         "conversation": conversation,
         "intent": DeleteOperation.objects.intents().filter(conversation=conversation).first(),
         "rows": item_rows(items),
         "next_after": items[-1].seq if more else None,
-        "item_count": item_count,
-        "item_count_over": item_count_over,
-        "count_cap": COUNT_CAP,
-        "turns": conversation.turns.filter(state__in=ACTIVE_TURN_STATES).count(),
-        "claims": conversation.runtime_claims.open().order_by("opened_at"),
-        "children": children,
-        "engine_problems": engine_problems,
-        "fleet_unreadable": any(p.path == enginefs.FLEET_FILE for p in engine_problems),
-        "engine_files": files,
-        "engine_bytes": size,
-        "engine_uncounted": bool(uncounted),  # the figures leave out what could not be read
+        "status": status,
+        "count_cap": runtime.COUNT_CAP,
         **_detail_poller(conversation),
     }
     template = "lifecycle/conversation_detail.html"
@@ -260,7 +189,7 @@ def conversation_detail(request: HttpRequest, public_id: str) -> HttpResponse:
     elif after_seq and items:
         # A whole page that starts later (the link followed without the script): it says what
         # it leaves out, with the way back to the start.
-        context["earlier_count"], context["earlier_over"] = _capped_count(
+        context["earlier_count"], context["earlier_over"] = runtime.capped_count(
             Item.objects.filter(conversation=conversation, seq__lte=after_seq))
     return render(request, template, context)
 

@@ -258,9 +258,9 @@ def test_it_counts_a_long_transcript_only_up_to_a_cap_and_says_more_than(member_
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from lifecycle import views
+    from lifecycle import runtime_status
 
-    monkeypatch.setattr(views, "COUNT_CAP", 5)
+    monkeypatch.setattr(runtime_status, "COUNT_CAP", 5)
     for n in range(4):
         factories.add_message(conversation, content=f"message number {n}.")
     url = f"/conversations/{conversation.public_id}/"
