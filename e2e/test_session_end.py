@@ -125,6 +125,96 @@ def test_after_the_session_ended_a_key_in_one_card_keeps_the_other_waiting_and_s
     assert ToolPayloadPolicy.load().revision == tool.revision
 
 
+ACTION_ENDED = ("Your session ended, so nothing was done. Your changes are still here: sign in again in a new tab, "
+                "then press the button again.")
+
+
+def analyses():
+    from retention.models import ToolPayloadOperation
+
+    return list(ToolPayloadOperation.objects.filter(kind="analysis").values_list("age_value", "age_unit"))
+
+
+def test_analyze_after_the_session_ended_keeps_the_draft_and_says_nothing_was_done(seeded, live_server, open_page):
+    """r76: Analyze savings sends the period being edited. Signed out, its 401 sent the page to
+    the login page: the browser's leave-page prompt, then the saved period on the way back (or,
+    staying, nothing said at all). Now the page stays, says why beside the button, keeps the
+    draft, and after signing in again in a new tab the same press analyzes the draft."""
+    page = open_page("small-phone")
+    dialogs = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.type), dialog.dismiss()))
+    log_in(page, live_server.url, *ADMIN)
+    open_nav(page, "Data & storage")
+    page.get_by_label("Number").fill("5")
+    page.get_by_label("Unit").select_option("weeks")
+    other = page.context.new_page()
+    other.goto(f"{live_server.url}/conversations/")
+    other.get_by_role("button", name="Sign out").click()
+    expect(other).to_have_url(re.compile(r"/accounts/login/"))
+    other.close()
+
+    page.get_by_role("button", name="Analyze savings").click()
+
+    error = page.locator("#tool-action-error")
+    expect(error).to_contain_text(ACTION_ENDED)
+    expect(page).to_have_url(f"{live_server.url}/settings/system/data-storage/")
+    expect(page.get_by_label("Number")).to_have_value("5")
+    expect(page.get_by_label("Unit")).to_have_value("weeks")
+    assert dialogs == [] and analyses() == []
+    sign_in = error.get_by_role("link", name="Sign in again (new tab)")
+    expect(sign_in).to_have_attribute("target", "_blank")
+    check_layout(page)
+
+    with page.context.expect_page() as opened:
+        sign_in.click()
+    login = opened.value
+    login.get_by_label("Username").fill(ADMIN[0])
+    login.get_by_label("Password").fill(ADMIN[1])
+    login.get_by_role("button", name="Sign in").click()
+    expect(login.get_by_role("heading", level=1)).to_have_text("Data & storage")
+    login.close()
+
+    page.bring_to_front()
+    page.get_by_role("button", name="Analyze savings").click()  # the page's token is renewed first
+    expect(page.locator("#tool-analysis")).not_to_have_attribute("data-state", "not_analyzed")
+    expect(error).not_to_contain_text(ACTION_ENDED)
+    for _ in range(50):
+        if analyses():
+            break
+        page.wait_for_timeout(100)
+    assert analyses() == [(5, "weeks")] and dialogs == []
+    expect(page.get_by_label("Number")).to_have_value("5")
+
+
+def test_an_action_pressed_after_signing_in_again_elsewhere_says_so_then_works(seeded, live_server, open_page):
+    """Signed out and in again in another tab before pressing: the page's token is the old
+    session's and is refused (403). It said 'Lethe could not be reached', and every press
+    failed the same way until a reload lost the draft."""
+    page = open_page("desktop")
+    log_in(page, live_server.url, *ADMIN)
+    open_nav(page, "Data & storage")
+    page.get_by_label("Number").fill("7")
+    page.get_by_label("Unit").select_option("weeks")
+    Session.objects.all().delete()
+    other = page.context.new_page()
+    log_in(other, live_server.url, *ADMIN)
+    other.close()
+    page.bring_to_front()
+
+    page.get_by_role("button", name="Analyze savings").click()
+    error = page.locator("#tool-action-error")
+    expect(error).to_have_text("You signed in again since this page was loaded, so nothing was done. "
+                               "Press the button again.")
+    assert analyses() == []
+    page.get_by_role("button", name="Analyze savings").click()
+    expect(error).to_have_text("")
+    for _ in range(50):
+        if analyses():
+            break
+        page.wait_for_timeout(100)
+    assert analyses() == [(7, "weeks")]
+
+
 def test_signing_in_as_someone_else_still_saves_nothing(seeded, live_server, open_page):
     """The other tab signs in as a member: the admin's draft stays unsaved and explained."""
     page = open_page("desktop")

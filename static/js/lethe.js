@@ -541,6 +541,9 @@
   var known = new WeakSet(); // the contributor forms whose saved state is recorded
   var lastField = null; // the contributor field the person last used
   var sessionEnded = false;
+  // The page's CSRF token went with a session that ended (an action was answered 401): the
+  // next save or action fetches a fresh one first, with or without a draft waiting.
+  var tokenStale = false;
   var busy = false;
 
   function forms() {
@@ -727,6 +730,15 @@
     }).catch(function () { return false; });
   }
 
+  // True once the page's token is good for the session: renewed first after a session ended.
+  function fresh() {
+    if (!sessionEnded && !tokenStale) return Promise.resolve(true);
+    return renewToken().then(function (ok) {
+      if (ok) tokenStale = false;
+      return ok;
+    });
+  }
+
   function saveOne(form) {
     var card = form.closest("section") || form;
     var key = form.dataset.contributor;
@@ -768,7 +780,7 @@
     busy = true;
     bar.classList.add("is-busy");
     var barHadFocus = bar.contains(document.activeElement);
-    var ready = sessionEnded ? renewToken() : Promise.resolve(true);
+    var ready = fresh();
     return ready.then(function (ok) {
       return ok ? Promise.all(dirty.map(saveOne)) : ["session"];
     }).then(function (results) {
@@ -908,6 +920,70 @@
     if (!action) return;
     if (action.dataset.saveBar === "save") saveAll();
     else discard();
+  });
+  // ---- The cleanup card's in-place actions and status reads after the session ended --------
+  // They are answered 401 with the way to the login page (console/viewer.py). Followed, it
+  // left the page and the unsaved draft the action was pressed with (Analyze savings sends the
+  // period being edited): the browser's leave-page prompt, then the saved settings on the way
+  // back (r76). Instead an action says beside its button that nothing was done, with the way
+  // to sign in in a new tab; a status read while a draft waits says so beside the status. The
+  // draft stays, and the next action (or save) renews the page's token first.
+  function saySignedOut(region) {
+    if (!region) return;
+    region.innerHTML = "";
+    var p = document.createElement("p");
+    p.className = "alert alert-error";
+    p.textContent = region.dataset.sessionEnded + " ";
+    if (signIn) {
+      var link = signIn.cloneNode(true);
+      link.hidden = false;
+      link.classList.remove("save-bar-signin");
+      link.classList.add("btn-small");
+      p.appendChild(link);
+    }
+    region.appendChild(p);
+  }
+  function actionRegion(elt) {
+    return document.getElementById(elt.closest("#db-compact") ? "compact-error" : "tool-action-error");
+  }
+  document.addEventListener("htmx:beforeOnLoad", function (event) {
+    var elt = event.detail.elt;
+    var xhr = event.detail.xhr;
+    if (!elt || !elt.closest) return;
+    var action = elt.closest("[data-cleanup-action]");
+    if (xhr.status === 401 && (action || (elt.id === "tool-poll" && dirtyForms().length))) {
+      event.preventDefault();
+      tokenStale = true; // said beside the action, once: the bar keeps saying what is unsaved
+      saySignedOut(action ? actionRegion(elt) : document.getElementById("tool-status-note"));
+    } else if (action && xhr.status === 403 && !xhr.getResponseHeader("X-Lethe-Refused") &&
+               (xhr.responseText || "").indexOf("hx-swap-oob") === -1) {
+      // The page's token was refused: signed in again in another tab since it was loaded (a new
+      // session has a new token). Nothing was done; the next press renews the token first.
+      event.preventDefault();
+      tokenStale = true;
+      var region = actionRegion(elt);
+      if (region) {
+        region.innerHTML = "";
+        var p = document.createElement("p");
+        p.className = "alert alert-error";
+        p.textContent = region.dataset.tokenExpired;
+        region.appendChild(p);
+      }
+    }
+  });
+  document.addEventListener("htmx:confirm", function (event) {
+    var elt = event.detail.elt;
+    if (!(sessionEnded || tokenStale) || !elt || !elt.closest || !elt.closest("[data-cleanup-action]")) return;
+    event.preventDefault();
+    fresh().then(function (ok) {
+      if (ok) {
+        sessionEnded = false;
+        refresh();
+        event.detail.issueRequest(true);
+      } else {
+        saySignedOut(actionRegion(elt));
+      }
+    });
   });
   window.addEventListener("beforeunload", function (event) {
     if (dirtyForms().length) {
