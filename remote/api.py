@@ -37,6 +37,11 @@ class BindingOut(Schema):
         description="The completed bound delete after which the engine listed this conversation again "
                     "(restored there from a backup): its title is not copied here; delete it again.")
     synced_at: str = Field(description="When the read of the engine's list that last listed it here began.")
+    title_copy_pending_since: str | None = Field(
+        description="When a read found it deleted on the engine by other means (another console, the engine "
+                    "itself) and cleared the title copied here: the old title is still in this console's database "
+                    "files until a checkpoint (SQLite, tried every minute) or manage.py finish_erasure "
+                    "(PostgreSQL). Null once erased, and when no title was cleared that way.")
 
 
 class EngineReadOut(Schema):
@@ -122,7 +127,7 @@ def binding_json(b: EngineBinding, current: BoundDelete | None = None) -> dict[s
         "title": b.title, "engine_state": b.engine_state, "last_activity_at": iso(b.last_activity_at),
         "delete": current.public_id if current else None, "delete_state": current.state if current else None,
         "returned_after": b.returned_after.public_id if b.returned_after_id else None,
-        "synced_at": iso(b.synced_at),
+        "synced_at": iso(b.synced_at), "title_copy_pending_since": iso(b.copy_pending_since),
     }
 
 

@@ -69,6 +69,11 @@ class EngineBinding(models.Model):
     # restored there): no title is copied, and a delete of it is a new one.
     returned_after = models.ForeignKey("BoundDelete", null=True, blank=True, on_delete=models.SET_NULL,
                                        related_name="+")
+    # When a read found the conversation deleted on the engine by other means (another console,
+    # the engine itself) and cleared the title copied here: the old title is still in this
+    # database's files until a checkpoint (SQLite) or finish_erasure (PostgreSQL); then None
+    # again (remote.physical). A delete made through this console is followed by its BoundDelete.
+    copy_pending_since = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-last_activity_at", "-id"]

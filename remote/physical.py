@@ -15,6 +15,11 @@ row versions are still in the database's files, as after a delete on the embedde
 
 Until then a completed bound delete is "physically pending"; its page and API say so and
 name what still holds the copy (`console_copy`), as an embedded delete's receipt does.
+
+A conversation deleted on the engine by other means (another console, the engine's own API)
+is found deleted by a read of the engine's list, which clears the title here: its old bytes
+are in the same files, so the binding is marked (`EngineBinding.copy_pending_since`) and
+erased by the same checkpoint or rewrite, and Engine conversations says so until then.
 """
 
 from __future__ import annotations
@@ -54,31 +59,43 @@ def waiting() -> QuerySet[BoundDelete]:
                                       state=BoundDeleteState.COMPLETED)
 
 
+def cleared_titles() -> QuerySet[EngineBinding]:
+    """Bindings whose title a read cleared (deleted on the engine by other means), still in the files."""
+    return EngineBinding.objects.filter(copy_pending_since__isnull=False)
+
+
 def checkpoint() -> int:
-    """SQLite: checkpoint the write-ahead log; the deletes completed before it are physically
-    erased. Returns how many (0 while a reader keeps it busy: they stay pending)."""
+    """SQLite: checkpoint the write-ahead log; the deletes completed before it (and the titles
+    cleared before it) are physically erased. Returns how many (0 while a reader keeps it busy:
+    they stay pending)."""
     if connection.vendor != "sqlite":
         return 0
     # Read before the checkpoint: only these were committed before it (a completion time is
     # taken before its commit, so no bound on it would tell).
     pks = list(waiting().order_by("pk").values_list("pk", flat=True))
-    if not pks or not physical.checkpoint_sqlite():
+    titles = list(cleared_titles().order_by("pk").values_list("pk", flat=True))
+    if not (pks or titles) or not physical.checkpoint_sqlite():
         return 0
     now, erased = timezone.now(), 0
     with transaction.atomic():
         for start in range(0, len(pks), ERASED_BATCH):
             erased += waiting().filter(pk__in=pks[start:start + ERASED_BATCH]).update(
                 physical_state=PhysicalState.ERASED, physically_erased_at=now)
+        for start in range(0, len(titles), ERASED_BATCH):
+            erased += cleared_titles().filter(pk__in=titles[start:start + ERASED_BATCH]).update(
+                copy_pending_since=None)
     return erased
 
 
 def record_compaction(*, started_at: datetime, finished_at: datetime, tables_rewritten) -> int:
     """PostgreSQL: `tables_rewritten` were rewritten between `started_at` and `finished_at`
-    (finish_erasure): the deletes completed before it started are physically erased."""
+    (finish_erasure): the deletes completed (and the titles cleared) before it started are
+    physically erased."""
     if not set(tables()) <= set(tables_rewritten):
         return 0
-    return waiting().filter(completed_at__lt=started_at).update(physical_state=PhysicalState.ERASED,
-                                                                physically_erased_at=finished_at)
+    return (waiting().filter(completed_at__lt=started_at).update(physical_state=PhysicalState.ERASED,
+                                                                 physically_erased_at=finished_at)
+            + cleared_titles().filter(copy_pending_since__lt=started_at).update(copy_pending_since=None))
 
 
 def console_copy(op: BoundDelete) -> dict[str, Any] | None:

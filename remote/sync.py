@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Case, Exists, OuterRef, Q, Value, When
+from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 from django.utils import timezone
 from django.utils.translation import gettext_lazy
 
@@ -262,8 +262,13 @@ def _write_page(rows: list[dict], engine_url: str, now, asked_at, counts: dict[s
             pending = BoundDelete.objects.filter(engine_url=engine_url, engine_id=OuterRef("engine_id"),
                                                  state=BoundDeleteState.PENDING)
             untitled = Q(Exists(pending)) | Q(returned_after__isnull=False)
+            # A title this statement clears (deleted on the engine by other means): its old bytes
+            # stay in the database's files until they are erased (remote.physical). The
+            # conditions read the row as it was before the statement.
+            clears = ~Q(title="") if not title else ~Q(title="") & untitled
             if EngineBinding.objects.filter(engine_url=engine_url, engine_id=engine_id).update(
                 **fields, synced_at=now, title=Case(When(untitled, then=Value("")), default=Value(title)),
+                copy_pending_since=Case(When(clears, then=Value(now)), default=F("copy_pending_since")),
             ):
                 if engine_id not in made:
                     updated.add(engine_id)

@@ -13,6 +13,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
+from django.db import connection
 from django.db.models import Min
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -87,6 +88,7 @@ def binding_list(request: HttpRequest) -> HttpResponse:
         # The engines whose latest read failed: the hourly read has no one else to tell.
         "failed_reads": [read for read in configured_reads() if read.shown_code],
         "can_read": bool(configured_engines()), "is_admin": is_admin(request.user),
+        "db_sqlite": connection.vendor == "sqlite",  # what still holds a cleared title (remote.physical)
         **_bindings_poller({b.pending_delete.public_id for b in bindings if b.pending_delete}
                            | {d.public_id for d in deletes if d.state == BoundDeleteState.PENDING}),
     })
@@ -121,6 +123,7 @@ def _bindings_live(request: HttpRequest) -> HttpResponse:
     return render(request, "remote/_bindings_live.html", {
         "bindings": bindings, "gone_bindings": sorted(refs - {b.public_id for b in bindings}), "deletes": ended,
         "engine_url": settings.ENGINE_URL, "is_admin": is_admin(request.user), "live_said": said,
+        "db_sqlite": connection.vendor == "sqlite",
         **_bindings_poller({d.public_id for d in rows if d.state == BoundDeleteState.PENDING}),
     })
 

@@ -246,6 +246,79 @@ def test_a_bound_delete_keeps_this_consoles_copy_of_the_title_physically_pending
     assert "No delete is waiting" in capsys.readouterr().out
 
 
+def test_a_title_cleared_by_a_read_that_found_it_deleted_elsewhere_is_erased_from_the_files_and_said(
+        capsys, settings):
+    """r74: a conversation deleted on the engine by other means (another console, the engine's
+    own API) had its title cleared here by the next read of the engine's list, but the old
+    title stayed in this console's files (PostgreSQL's table files and planner samples;
+    SQLite's write-ahead log) with no delete to follow it: finish_erasure found nothing waiting
+    and nothing said so. The binding now waits for the same checkpoint or rewrite, and Engine
+    conversations and the API say so until then."""
+    from django.test import Client
+
+    from console.models import ApiToken
+    from remote import physical, tasks
+    from remote.models import EngineBinding
+    from remote.sync import refresh
+    from tests.scripted_engine import scripted_engine
+
+    title = factories.marker("elsewhere-title")[:100]
+    target = "c_" + "e" * 20
+    listed = {"id": target, "owner": {"kind": "account", "id": 1}, "scope": "bound", "thread_id": "t-elsewhere",
+              "state": "live", "title": title, "last_activity_at": "2026-01-01T00:00:00Z"}
+    state = {"row": listed}
+    with scripted_engine({("GET", "/v1/threads"): lambda h: (200, {"results": [state["row"]], "next": None})}) as (
+            url, _seen):
+        settings.ENGINE_URL, settings.ENGINE_TOKEN, settings.ENGINE_RETRIES = url, "t" * 40, 0
+        refresh("")
+        binding = EngineBinding.objects.get(engine_id=target)
+        assert binding.title == title and binding.copy_pending_since is None
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("ANALYZE remote_enginebinding")  # the planner samples the title
+        state["row"] = {**listed, "state": "deleted", "title": ""}  # deleted on the engine by other means
+        with sqlite_snapshot("remote_enginebinding"):  # a reader keeps a checkpoint busy meanwhile
+            refresh("")
+            binding.refresh_from_db()
+            assert (binding.title, binding.engine_state) == ("", "deleted") and binding.copy_pending_since
+            assert tasks.sweep() == 0 and EngineBinding.objects.get(pk=binding.pk).copy_pending_since
+        refresh("")  # read again: still pending, since the same moment
+        assert EngineBinding.objects.get(pk=binding.pk).copy_pending_since == binding.copy_pending_since
+    assert title.encode() in _raw_bytes("remote_enginebinding")
+
+    _token, raw = ApiToken.issue(factories.make_user(admin=True))
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {raw}", HTTP_HOST="127.0.0.1")
+    [shown] = api.get("/api/v1/bindings?owner_kind=account&owner_id=1").json()["results"]
+    assert shown["title"] == "" and shown["title_copy_pending_since"]
+    admin = Client(HTTP_HOST="127.0.0.1")
+    admin.force_login(factories.make_user(admin=True))
+    page = admin.get("/engine/conversations/?owner=account:1").content.decode()
+    assert 'data-testid="title-copy-pending"' in page and title not in page
+    words = ("its write-ahead log still holds it until a checkpoint" if connection.vendor == "sqlite"
+             else "its table files still hold it until an operator runs manage.py finish_erasure")
+    assert words in page
+    spanish = admin.get("/engine/conversations/?owner=account:1", HTTP_ACCEPT_LANGUAGE="es").content.decode()
+    assert 'data-testid="title-copy-pending"' in spanish and words not in spanish
+
+    if connection.vendor == "sqlite":
+        assert tasks.sweep() == 0  # the minute sweep's checkpoint, no reader now
+    else:
+        call_command("finish_erasure", "--json")
+        report = json.loads(capsys.readouterr().out)
+        assert (report["waiting"], report["erased"], report["still_pending"], report["tables"]) == (
+            1, 1, 0, ["remote_enginebinding"]), report
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stats WHERE tablename = 'remote_enginebinding' "
+                           "AND most_common_vals::text LIKE %s", [f"%{title[:40]}%"])
+            assert cursor.fetchone()[0] == 0
+    assert EngineBinding.objects.get(pk=binding.pk).copy_pending_since is None
+    assert not physical.cleared_titles().exists()
+    assert title.encode() not in _raw_bytes("remote_enginebinding")
+    assert 'data-testid="title-copy-pending"' not in admin.get("/engine/conversations/?owner=account:1").content.decode()
+    assert api.get("/api/v1/bindings?owner_kind=account&owner_id=1").json()["results"][0][
+        "title_copy_pending_since"] is None
+
+
 def test_on_sqlite_the_minute_sweep_retries_a_bound_deletes_checkpoint_a_reader_kept_busy():
     if connection.vendor != "sqlite":
         pytest.skip("PostgreSQL: only finish_erasure erases the copy physically")

@@ -124,7 +124,8 @@ def finish_waiting_erasures() -> RewriteResult:
     # A console of a remote engine: its own copy of a bound-deleted conversation's title.
     from remote import physical as console_copies
 
-    result = RewriteResult(waiting=_waiting().count() + console_copies.waiting().count())
+    result = RewriteResult(waiting=_waiting().count() + console_copies.waiting().count()
+                           + console_copies.cleared_titles().count())
     if connection.vendor == "sqlite":
         result.erased = sum(1 for pk in unfinished_physical() if finish_physical(pk)) + console_copies.checkpoint()
     elif result.waiting:
@@ -135,7 +136,7 @@ def finish_waiting_erasures() -> RewriteResult:
         if _waiting().exists():
             # The receipts of earlier releases list only the tables their delete found rows in.
             wanted |= {*content_tables(), *(t for op in _waiting() for t in op.touched_tables)}
-        if console_copies.waiting().exists():
+        if console_copies.waiting().exists() or console_copies.cleared_titles().exists():
             wanted |= set(console_copies.tables())
         tables = sorted(t for t in wanted if t in known)
         started = timezone.now()
@@ -167,5 +168,6 @@ def finish_waiting_erasures() -> RewriteResult:
                                                               tables_rewritten=tables)
             if tables:
                 _measure_reusable_again()
-    result.still_pending = _waiting().count() + console_copies.waiting().count()
+    result.still_pending = (_waiting().count() + console_copies.waiting().count()
+                            + console_copies.cleared_titles().count())
     return result
