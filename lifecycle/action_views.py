@@ -33,6 +33,7 @@ from lifecycle.deletion.executor import changed_totals
 from lifecycle.deletion.presentation import (
     holder_text,
     moment,
+    preview_backups,
     preview_groups,
     receipt_rows,
     removed_backups,
@@ -159,6 +160,7 @@ def _render_preview(request: HttpRequest, conversation: Conversation, *, status:
         "preview": preview,
         "admission": admission,
         "groups": preview_groups(preview["stores"]),
+        "backups": preview_backups(preview),
         "key": secrets.token_hex(16),
         "intent": _intent(conversation),
         "error": error,

@@ -304,6 +304,11 @@ class PreviewOut(Schema):
     admission: AdmissionOut | None = Field(description="None once a delete is under way.")
     stores: list[PreviewStoreOut]
     shared_copy_remains: int
+    backups: list[HolderOut] = Field(
+        default_factory=list,
+        description="Backups in the backup folder that hold the conversation now (`backup`), or a folder that "
+                    "cannot be read (`backup_folder`): a delete leaves them as they are, and restoring one brings "
+                    "the conversation back. Empty once a delete is under way.")
 
 
 class OperationReads:

@@ -28,7 +28,13 @@ from console.viewer import back_to
 from lifecycle.action_views import rows_with_times
 from lifecycle.actions.request_deletion import form_message
 from lifecycle.deletion.executor import changed_totals
-from lifecycle.deletion.presentation import holder_text, moment, preview_groups, receipt_rows
+from lifecycle.deletion.presentation import (
+    holder_text,
+    moment,
+    preview_backups,
+    preview_groups,
+    receipt_rows,
+)
 from lifecycle.errors import ActionRefused
 from remote.api import bound_delete_json
 from remote.delivery import error_text, request_bound_delete
@@ -177,6 +183,7 @@ def binding_delete(request: HttpRequest, binding_id: str) -> HttpResponse:
         # and its facts' periods run from that delete, so no delete to come is previewed.
         state = preview.get("state") if preview else binding.engine_state
         context.update(groups=preview_groups(preview["stores"] if preview else []), rules_only=preview is None,
+                       backups=preview_backups(preview),
                        engine_deleting=state if state in ("deleted", "pending_delete") else "",
                        not_admitted=admission_of(preview) if state == "live" else None)
     if request.method == "GET":

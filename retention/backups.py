@@ -475,6 +475,13 @@ def _read_receipt(archive: Path) -> BackupReceipt | None:
     return receipt
 
 
+def is_receipt_sidecar(path: Path) -> bool:
+    """Whether `path` is a readable receipt of a Lethe backup (a sidecar, which holds no content),
+    whether or not its backup is still beside it."""
+    archive = path.with_suffix("")
+    return path.suffix == ".json" and bool(NAME_PATTERN.match(archive.name)) and _read_receipt(archive) is not None
+
+
 def _configured_database() -> str:
     if connection.vendor == "sqlite":
         return Path(str(connection.settings_dict["NAME"])).name

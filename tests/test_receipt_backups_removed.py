@@ -133,3 +133,57 @@ def test_a_backup_folder_that_is_not_there_removes_nothing_from_the_receipt(sett
     op.refresh_from_db()
     assert [h for h in op.receipt["holders"] if "removed_at" in h] == []
     assert not settings.LETHE_BACKUP_DIR.exists()  # reading it created nothing
+
+
+def test_the_confirmation_names_the_backups_that_hold_the_conversation_before_the_delete(settings, tmp_path,
+                                                                                           admin_client, api):
+    """r74: the confirmation said "Erased for good" and "cannot be undone" and named no backup,
+    while the receipt, once the delete completed, named the backup made before it (restoring it
+    brings the conversation back). The page and the API's preview name them before the delete;
+    a backup made before the conversation existed holds nothing of it and is not named."""
+    from retention.backups import create_backup
+
+    settings.LETHE_BACKUP_DIR = tmp_path / "backups"
+    older = create_backup()  # before the conversation existed
+    time.sleep(0.01)
+    target = factories.make_conversation(title="Held by a backup")
+    made = create_backup()
+    url = f"/conversations/{target.public_id}/delete/"
+    section = _preview_backups(admin_client.get(url, **HOST).content.decode())
+    assert made.name in section and older.name not in section
+    assert "restoring one brings it back" in section
+    spanish = _preview_backups(admin_client.get(url, HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode())
+    assert "Todavía en copias de seguridad" in spanish and made.name in spanish
+    preview = api.get(f"/v1/threads/{target.public_id}/deletion-preview").json()
+    assert [(b["kind"], b["name"]) for b in preview["backups"]] == [("backup", made.name)]
+    assert preview["backups"][0]["made_at"].endswith("Z")
+    # The receipt then names the same backup
+    op = request_deletion(target, key="held-preview", acting_user=None)
+    assert executor.run_erasure(op.pk) == "completed"
+    op.refresh_from_db()
+    assert [h["name"] for h in op.receipt["holders"] if h["kind"] == "backup"] == [made.name]
+    # No backup, nothing said
+    other = factories.make_conversation(title="In no backup")
+    made.path.unlink()
+    assert 'data-testid="preview-backups"' not in admin_client.get(
+        f"/conversations/{other.public_id}/delete/", **HOST).content.decode()
+    assert api.get(f"/v1/threads/{other.public_id}/deletion-preview").json()["backups"] == []
+
+
+def test_a_backup_folder_that_cannot_be_read_is_named_at_confirmation(settings, tmp_path, admin_client):
+    if os.geteuid() == 0:
+        folder = tmp_path / "backups"
+        folder.write_bytes(b"a file where the folder should be")  # unreadable as a folder, even as root
+    else:
+        folder = tmp_path / "backups"
+        folder.mkdir()
+        folder.chmod(0)
+    settings.LETHE_BACKUP_DIR = folder
+    target = factories.make_conversation(title="Folder unreadable")
+    page = admin_client.get(f"/conversations/{target.public_id}/delete/", **HOST).content.decode()
+    assert "which cannot be read now" in _preview_backups(page)
+
+
+def _preview_backups(page: str) -> str:
+    start = page.index('data-testid="preview-backups"')
+    return page[start:page.index("</section>", start)]

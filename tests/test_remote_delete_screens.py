@@ -73,6 +73,27 @@ def label(key: str, language: str = "en") -> str:
         return str(store(key).label)
 
 
+def test_it_names_the_engines_backups_that_hold_the_conversation_and_ignores_what_is_not_one(settings,
+                                                                                             admin_client):
+    """r74: the engine's preview names its backups that hold the conversation (a delete leaves
+    them as they are); the confirmation says so before the delete, as the receipt does after."""
+    held = [{"kind": "backup", "name": "lethe-sqlite-20260101T000000Z-abcdef.sqlite3", "made_at": "2026-01-01T00:00:00Z"},
+            {"kind": "backup_folder", "name": "/srv/backups"},
+            {"kind": "backup", "name": "bad\nname"}, {"kind": "backup", "name": "x" * 301}, {"kind": "server_wal"}, "not an object", {"kind": 5}]
+    b = bound()
+    with scripted_engine({("GET", "/v1/threads/"): lambda h: (200, preview(backups=held))}) as (url, _seen):
+        point_at(settings, url)
+        page = admin_client.get(f"/engine/conversations/{b.public_id}/delete/", **HOST).content.decode()
+    assert items(page, "preview-backups") == [
+        "Backup lethe-sqlite-20260101T000000Z-abcdef.sqlite3, made before the delete: until that backup is deleted.",
+        "Any backup made before the delete in the backup folder /srv/backups, which cannot be read now: until those "
+        "backups are deleted."]
+    with scripted_engine({("GET", "/v1/threads/"): lambda h: (200, preview(backups="junk"))}) as (url, _seen):
+        point_at(settings, url)
+        page = admin_client.get(f"/engine/conversations/{b.public_id}/delete/", **HOST).content.decode()
+    assert 'data-testid="preview-backups"' not in page and "Delete for good" in page
+
+
 def test_it_shows_what_the_engine_says_a_delete_erases_and_keeps(settings, admin_client):
     RetainedFactsPolicy.objects.filter(pk=RetainedFactsPolicy.load().pk).update(usage_days=11)  # not the engine's
     b = bound()

@@ -82,6 +82,7 @@ def backups_before(moment: datetime, *, conversation_id: int | None = None) -> l
         TEMP_PREFIX,
         being_made_elsewhere,
         foreign_backups,
+        is_receipt_sidecar,
         list_backup_folder,
         list_backups,
         readable_backup_dir,
@@ -106,7 +107,9 @@ def backups_before(moment: datetime, *, conversation_id: int | None = None) -> l
             continue
         if ours and name not in verified and being_made_elsewhere(folder, name):
             continue  # another database's, being made (or of another engine): not this content
-        if (path.suffix == ".json" and path.with_suffix("").name in verified) or name in before_it:
+        if path.suffix == ".json" and (path.with_suffix("").name in verified or is_receipt_sidecar(path)):
+            continue  # a backup's receipt holds no content (also once its backup was removed: r74)
+        if name in before_it:
             continue
         made = verified.get(name) or (_named_time(name) if ours else None) or path.stat().st_mtime
         if made < moment.timestamp():

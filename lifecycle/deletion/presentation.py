@@ -127,6 +127,16 @@ def holder_text(holder: Any) -> str:
     return str(words) % {"name": holder.get("name", "")}
 
 
+def preview_backups(preview: Any, limit: int = 50) -> list[str]:
+    """A deletion preview's backups that hold the conversation, in words (a remote engine's
+    preview may carry anything: only backups and an unreadable backup folder named by text)."""
+    entries = preview.get("backups") if isinstance(preview, dict) else None
+    rows = [e for e in entries if isinstance(e, dict) and e.get("kind") in ("backup", "backup_folder")
+            and isinstance(e.get("name", ""), str) and e.get("name", "").isprintable()
+            and len(e.get("name", "")) <= 300] if isinstance(entries, list) else []
+    return [holder_text(e) for e in rows[:limit]]
+
+
 def removed_backups(entries: Any) -> list[dict[str, Any]]:
     """A receipt's `removed_backups` (backups it named that are gone from the backup folder), in
     the shape a page reads them: a name and, when a check recorded it, when it was found gone."""

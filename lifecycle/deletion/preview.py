@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.utils import timezone
+
 from lifecycle import fleet
 from lifecycle.deletion import files, reasons
 from lifecycle.deletion.admission import admit
@@ -45,6 +47,20 @@ def _count(store: Store, conversation: Conversation, home: EngineHome) -> dict[s
     return {"records": rows.count()}
 
 
+def _backups(conversation: Conversation) -> list[dict[str, Any]]:
+    """The backups that hold the conversation now and that a delete leaves as they are (r74: the
+    confirmation said "Erased for good" and named none; the receipt named them after). A folder
+    that cannot be read is named, never taken as empty."""
+    from lifecycle.deletion.physical import backups_before
+    from retention.errors import BackupFolderUnreadable
+
+    try:
+        return [{**b, "made_at": b["made_at"].replace("+00:00", "Z")}  # as every other time the API gives
+                for b in backups_before(timezone.now(), conversation_id=conversation.pk)]
+    except BackupFolderUnreadable as exc:
+        return [{"kind": "backup_folder", "name": exc.filename or ""}]
+
+
 def preview(conversation: Conversation, home: EngineHome | None = None) -> dict[str, Any]:
     home = home or EngineHome()
     live = conversation.state == ConversationState.LIVE
@@ -58,6 +74,7 @@ def preview(conversation: Conversation, home: EngineHome | None = None) -> dict[
                        **period})
     shared = next((e for e in stores if e["class"] == RetentionClass.SHARED), {})
     return {
+        "backups": _backups(conversation) if live else [],
         "target": conversation.public_id,
         "state": conversation.state,
         "admission": None if admission is None else {
