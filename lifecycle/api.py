@@ -468,7 +468,8 @@ class OperationsQuery(QuerySchema):
     limit: Limit = DEFAULT_LIMIT
     cursor: Annotated[str, Field(max_length=200, description="The `next` or `previous` of a page.")] | None = None
     offset: Annotated[str, Field(
-        max_length=200, description="Deprecated name of `cursor`; a whole number here skips that many rows.",
+        max_length=200, description="Deprecated name of `cursor`; a whole number here skips that many rows, at "
+                                    "most 1,000,000 (beyond: 400 invalid_cursor; follow `next` instead).",
     )] | None = None
 
     @model_validator(mode="after")

@@ -55,6 +55,10 @@ class OperationCursor:
         return cls(requested_at=token_moment(moment), pk=token_pk(pk), backward=direction == "b", scope=scope)
 
 
+class OffsetTooLarge(InvalidCursor):
+    """A legacy offset past MAX_OFFSET (published with the parameter): pages go on by `next`."""
+
+
 def scope_of(state: str | None) -> str:
     """The operations list's `list_scope`: its state filter."""
     return list_scope("operations", state or "")
@@ -69,7 +73,7 @@ def parse_position(position: str | None, scope: str) -> OperationCursor | int:
     if position.isdigit():
         offset = int(position)
         if offset > MAX_OFFSET:
-            raise InvalidCursor(position)
+            raise OffsetTooLarge(position)
         return offset
     return OperationCursor.decode(position, scope)
 

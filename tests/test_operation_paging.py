@@ -118,6 +118,19 @@ def test_a_position_that_cannot_be_used_is_refused(api, query):
     assert (answer.status_code, answer.json()["code"]) == (400, "invalid_cursor")
 
 
+def test_an_offset_past_the_published_bound_says_so(api):
+    """r75: it answered "The cursor is not valid." to a client that sent no cursor, for a bound
+    published nowhere; the parameter's description now gives it, and the refusal says it."""
+    make_ops(2)
+    answer = api.get("/v1/operations?offset=2147483647")
+    assert (answer.status_code, answer.json()["code"]) == (400, "invalid_cursor")
+    assert answer.json()["message"] == "An offset skips at most 1,000,000 rows: follow the pages' next instead."
+    assert api.get("/v1/operations?offset=1000000").json() == {"results": [], "next": None, "previous": None}
+    schema = api.get("/v1/openapi.json").json()
+    [offset] = [p for p in schema["paths"]["/v1/operations"]["get"]["parameters"] if p["name"] == "offset"]
+    assert "at most 1,000,000" in offset["schema"]["anyOf"][0]["description"]
+
+
 def test_a_cursor_and_an_offset_together_are_refused(api):
     make_ops(2)
     answer = api.get("/v1/operations?offset=0&cursor=" + OperationCursor(T0, 1).encode())

@@ -17,7 +17,13 @@ from lifecycle.engine import OperationPage, OperationView
 from lifecycle.errors import ActionRefused
 from lifecycle.item_payload import has_bad_text
 from lifecycle.models import Conversation, DeleteOperation
-from lifecycle.operation_paging import operation_slice, parse_position, scope_of
+from lifecycle.operation_paging import (
+    MAX_OFFSET,
+    OffsetTooLarge,
+    operation_slice,
+    parse_position,
+    scope_of,
+)
 from lifecycle.paging import InvalidCursor
 from lifecycle.serializers import OperationReads, operation_json, thread_json, with_steps
 
@@ -79,6 +85,9 @@ class InProcessEngine:
     def operations(self, *, state: str | None = None, limit: int = 50, position: str | None = None) -> OperationPage:
         try:
             start = parse_position(position, scope_of(state))
+        except OffsetTooLarge:
+            raise ActionRefused("invalid_cursor", _("An offset skips at most %(max)s rows: follow the pages' next "
+                                                    "instead.") % {"max": f"{MAX_OFFSET:,}"}, status=400) from None
         except InvalidCursor:
             raise ActionRefused("invalid_cursor", _("The cursor is not valid."), status=400) from None
         qs = with_steps(DeleteOperation.objects.all())
