@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Iterable, Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -111,9 +111,16 @@ def shown_row(row: Row) -> dict[str, Any]:
     times where they are text; anything else there (a number, NaN, an object: a runtime wrote the
     file) is left out, so the engine API never sends what is not JSON (r46: a NaN status went out
     as is, and a console of this engine refused its whole Operations list)."""
-    return {"agent_id": row.get("agent_id"),
-            **{key: row.get(key) if isinstance(row.get(key), str) else None
-               for key in ("status", "started_at", "finished_at")}}
+    return {"agent_id": row.get("agent_id"), "status": row.get("status") if isinstance(row.get("status"), str) else None,
+            **{key: _shown_time(row.get(key)) for key in ("started_at", "finished_at")}}
+
+
+def _shown_time(value: Any) -> str | None:
+    """A row's time as every time the API gives (UTC, "Z") when it is one; other text as written."""
+    moment = _moment(value)
+    if moment is not None:
+        return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    return value if isinstance(value, str) else None
 
 
 def overlaps(row: Row, conversation: Conversation) -> bool:

@@ -233,10 +233,11 @@ class ReceiptOut(Schema):
 
 
 class AmbiguousRowOut(Schema):
-    agent_id: JsonValue
-    status: JsonValue
-    started_at: JsonValue
-    finished_at: JsonValue
+    agent_id: JsonValue = Field(description="Text as a rule: the fleet file's value as a runtime wrote it.")
+    status: str | None = Field(description="As the fleet file has it; null when it is not text.")
+    started_at: str | None = Field(description="A time (UTC, as every time here) when the file has one; other "
+                                               "text as written; null when it is not text.")
+    finished_at: str | None = Field(description="As started_at.")
 
 
 class WayOutOut(Schema):

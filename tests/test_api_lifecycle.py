@@ -144,7 +144,7 @@ def test_delete_unavailable_shows_the_way_out_and_the_resolve_endpoint_takes_it(
     assert answer.json()["code"] == "conversation_child_ownership_ambiguous"
     op = api.get(f"/v1/operations/{answer.json()['operation']}").json()
     assert op["way_out"] == {"ambiguous": [{"agent_id": "sa_old", "status": "completed",
-                                            "started_at": legacy["started_at"], "finished_at": None}]}
+                                            "started_at": legacy["started_at"].replace("+00:00", "Z"), "finished_at": None}]}
     assert "secret" not in json.dumps(op)
     resolve = api.post("/v1/subagents/sa_old/resolve", data=json.dumps({"action": "attribute",
                                                                         "conversation": conversation.public_id}),

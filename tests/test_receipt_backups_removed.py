@@ -162,6 +162,9 @@ def test_the_confirmation_names_the_backups_that_hold_the_conversation_before_th
     assert executor.run_erasure(op.pk) == "completed"
     op.refresh_from_db()
     assert [h["name"] for h in op.receipt["holders"] if h["kind"] == "backup"] == [made.name]
+    # r75: the receipt's times read as every other time the API gives (UTC, "Z")
+    assert all(h["made_at"].endswith("Z") for h in op.receipt["holders"] if h["kind"] == "backup")
+    assert op.receipt["verification"]["at"].endswith("Z")
     # No backup, nothing said
     other = factories.make_conversation(title="In no backup")
     made.path.unlink()

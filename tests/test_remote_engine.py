@@ -704,7 +704,7 @@ def test_a_delete_the_engine_cannot_attribute_names_the_subagent_rows_to_resolve
         op.refresh_from_db()
         assert (op.state, op.code) == ("unavailable", "conversation_child_ownership_ambiguous"), answer.content
         assert op.way_out == {"ambiguous": [{"agent_id": "sa_legacy_0rphan", "status": "completed",
-                                             "started_at": "2020-01-01T00:00:00+00:00", "finished_at": None}]}
+                                             "started_at": "2020-01-01T00:00:00Z", "finished_at": None}]}  # (r75: UTC "Z")
         body = admin_api().get(f"/api/v1/bound-deletes/{op.public_id}").json()
         assert body["way_out"] == op.way_out
         viewer = Client(**HOST)

@@ -52,6 +52,7 @@ from lifecycle.models import (
     StepState,
 )
 from lifecycle.registry import STORES, RetentionClass, content_tables
+from lifecycle.serializers import iso
 from retention.errors import BackupFolderUnreadable
 
 log = logging.getLogger(__name__)
@@ -565,7 +566,7 @@ def _complete(op: DeleteOperation, checked_at: datetime) -> None:
         )
         receipt = receipt_of(locked, steps)
         receipt["holders"] = physical.holders(now, physically_erased=False, conversation_id=locked.conversation_id)
-        receipt["verification"] = {"at": checked_at.isoformat(), "logical": "clean", "physical": "not_checked",
+        receipt["verification"] = {"at": iso(checked_at), "logical": "clean", "physical": "not_checked",
                                    "findings": 0}
         Conversation.objects.filter(pk=locked.conversation_id).update(state=ConversationState.DELETED,
                                                                       view_changed_at=now)

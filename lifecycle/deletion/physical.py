@@ -114,7 +114,7 @@ def backups_before(moment: datetime, *, conversation_id: int | None = None) -> l
         made = verified.get(name) or (_named_time(name) if ours else None) or path.stat().st_mtime
         if made < moment.timestamp():
             out.append({"kind": "backup", "name": name,
-                        "made_at": datetime.fromtimestamp(made, tz=moment.tzinfo).isoformat()})
+                        "made_at": datetime.fromtimestamp(made, tz=moment.tzinfo).isoformat().replace("+00:00", "Z")})
     return out
 
 
@@ -207,7 +207,7 @@ def record_removed_backups(operation_id: int, present: frozenset[str] | None, no
         changed = []
         for holder in holders:
             if _gone(holder, present) and not holder.get("removed_at"):
-                holder = {**holder, "removed_at": now.isoformat()}
+                holder = {**holder, "removed_at": now.isoformat().replace("+00:00", "Z")}
             elif isinstance(holder, dict) and "removed_at" in holder and not _gone(holder, present):
                 holder = {k: v for k, v in holder.items() if k != "removed_at"}
             changed.append(holder)

@@ -55,8 +55,7 @@ def _backups(conversation: Conversation) -> list[dict[str, Any]]:
     from retention.errors import BackupFolderUnreadable
 
     try:
-        return [{**b, "made_at": b["made_at"].replace("+00:00", "Z")}  # as every other time the API gives
-                for b in backups_before(timezone.now(), conversation_id=conversation.pk)]
+        return backups_before(timezone.now(), conversation_id=conversation.pk)
     except BackupFolderUnreadable as exc:
         return [{"kind": "backup_folder", "name": exc.filename or ""}]
 

@@ -47,6 +47,7 @@ from lifecycle.models import (
     PhysicalState,
 )
 from lifecycle.registry import FINGERPRINTS_STORE, STORES, RetentionClass, Store
+from lifecycle.serializers import iso
 
 # Physical results of a check that scanned raw bytes; the others (not_checked,
 # no_fingerprints, no_samples) looked at none.
@@ -336,11 +337,11 @@ def _record(op: DeleteOperation, report: Report) -> None:
         locked = DeleteOperation.objects.select_for_update().get(pk=op.pk)
         receipt = dict(locked.receipt or {})
         earlier = receipt.get("verification") or {}
-        verification: dict[str, Any] = {"at": now.isoformat(), "logical": "found" if report.logical else "clean",
+        verification: dict[str, Any] = {"at": iso(now), "logical": "found" if report.logical else "clean",
                                         "logical_findings": len(report.logical)}
         unscanned = None
         if report.physical in SCANNED:
-            physical = {"result": report.physical, "at": now.isoformat(),
+            physical = {"result": report.physical, "at": iso(now),
                         "files": physical_files(report.physical_findings)}
         else:
             physical = last_physical(receipt)
@@ -348,7 +349,7 @@ def _record(op: DeleteOperation, report: Report) -> None:
                 physical = {"result": earlier["physical"], "at": earlier.get("physical_at"), "files": None}
             physical = physical or {"result": report.physical, "at": None, "files": None}
             unscanned = earlier.get("unscanned") if report.physical == "not_checked" else {
-                "at": now.isoformat(), "reason": report.physical}
+                "at": iso(now), "reason": report.physical}
         files = physical["files"] or {}
         verification.update(physical=physical["result"], physical_at=physical["at"], physical_files=physical["files"],
                             findings=len(report.logical) + sum(files.values()))
@@ -363,7 +364,7 @@ def _record(op: DeleteOperation, report: Report) -> None:
             if ErasureFingerprint.objects.filter(operation=locked).delete()[0]:
                 # The receipt stops saying they are kept: removed now, before their period ran out.
                 receipt["kept"] = [
-                    {**e, "action": "expired", "expired_at": now.isoformat(), "after_check": True}
+                    {**e, "action": "expired", "expired_at": iso(now), "after_check": True}
                     if isinstance(e, dict) and e.get("store") == FINGERPRINTS_STORE and e.get("action") == "kept"
                     else e
                     for e in receipt.get("kept", [])
