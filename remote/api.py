@@ -97,9 +97,11 @@ class BoundDeleteOut(Schema):
     waiting_message: str | None
     attempts: int = Field(description="Calls made to the engine's delete.")
     next_attempt_at: str | None = Field(description="When the engine is tried again, while it is unreachable.")
-    last_error: str | None
-    last_error_message: str | None
-    last_error_at: str | None
+    last_error: str | None = Field(description="What keeps a pending delete from going on now (a code); null "
+                                               "once it goes on, and once it ended.")
+    last_error_message: str | None = Field(description="last_error in words, in the request's language.")
+    last_error_at: str | None = Field(description="When last_error was met (for engine_stalled, first seen); null "
+                                                  "whenever last_error is.")
     engine_operation: str | None = Field(description="The engine's operation id.")
     engine_state: str | None
     engine_step: str | None
@@ -111,7 +113,8 @@ class BoundDeleteOut(Schema):
         description="When the receipt was last read again from the engine (null: as given at completion).")
     acknowledged_at: str | None
     requested_at: str
-    completed_at: str | None
+    completed_at: str | None = Field(description="When it ended: Completed, Refused or Unavailable (the engine's "
+                                                 "own operation gives a time only for Completed).")
     console_copy: ConsoleCopyOut | None = Field(
         description="Completed: this console's own copy of the conversation's title (its binding's), cleared at "
                     "the request and deleted with the binding. `physical` is pending while this console's "

@@ -286,7 +286,8 @@ def _finish(op: BoundDelete, state: str, code: str, way_out: dict | None = None)
     An error met on the way (a retry's reason) is no longer current."""
     with transaction.atomic():
         _update(op, state=state, code=code, waiting_on=WaitingOn.NONE, completed_at=timezone.now(),
-                next_attempt_at=None, lease_holder="", lease_expires_at=None, last_error="", way_out=way_out)
+                next_attempt_at=None, lease_holder="", lease_expires_at=None, last_error="", last_error_at=None,
+                way_out=way_out)
         audit.record("conversation.delete_ended", old={"state": "pending_delete"},
                      new={"state": "live", "outcome": state, "code": code, **_audit_ids(op)})
 
@@ -341,7 +342,7 @@ def acknowledge(op: BoundDelete) -> None:
         BoundDelete.objects.filter(pk=op.pk).update(
             state=BoundDeleteState.COMPLETED, waiting_on=WaitingOn.NONE, binding=None, acknowledged_at=now,
             completed_at=now, next_attempt_at=None, lease_holder="", lease_expires_at=None, last_error="",
-            receipt_next_read_at=receipts.first_read_at(held.receipt, held.receipt_at or now, now),
+            last_error_at=None, receipt_next_read_at=receipts.first_read_at(held.receipt, held.receipt_at or now, now),
             physical_state=PhysicalState.PENDING,
         )
         audit.record("conversation.deleted", old={"state": "pending_delete"},
@@ -415,7 +416,8 @@ def _attempt(op: BoundDelete, engine: HttpEngine) -> str:
     # An engine's delete that stopped retrying itself waits for the engine's operator, not for
     # this console: said as such (it read "it is erasing the conversation").
     stalled = view.state == BoundDeleteState.PENDING and view.stalled
-    since = {"last_error_at": now} if stalled and op.last_error != "engine_stalled" else {}  # first seen
+    # When it was first seen stalled; no error, no time (r75: a time was given beside no error)
+    since = ({"last_error_at": now} if op.last_error != "engine_stalled" else {}) if stalled else {"last_error_at": None}
     _update(op, engine_operation=view.id, engine_state=view.state, engine_step=step,
             last_error="engine_stalled" if stalled else "", waiting_on=WaitingOn.ENGINE, next_attempt_at=None,
             failures=0, **since)

@@ -38,6 +38,26 @@ def point_at(settings, url: str) -> None:
     settings.ENGINE_READ_TIMEOUT, settings.REMOTE_RETRY_SECONDS, settings.REMOTE_RETRY_MAX_SECONDS = 2, 60, 300
 
 
+@pytest.mark.parametrize("outcome", ["refused", "unavailable", "completed"])
+def test_an_error_met_on_the_way_leaves_no_time_behind_once_the_delete_ends(settings, api, outcome):
+    """r75: unreachable first, then the engine's answer: last_error was cleared, its time kept
+    (a client saw an error time with no error)."""
+    answer = operation(state=outcome, code=None if outcome == "completed" else "conversation_has_active_turn",
+                       completed_at=NOW if outcome == "completed" else None,
+                       receipt=RECEIPT if outcome == "completed" else None)
+    with scripted_engine({("DELETE", "/v1/threads/"): lambda h: (202, answer),
+                          ("GET", "/v1/threads/"): lambda h: (404, {"code": "not_found"})}) as (url, seen):
+        point_at(settings, url)
+        op = delivery.request_bound_delete(binding(), key="k-ended", actor=None)
+        BoundDelete.objects.filter(pk=op.pk).update(last_error="engine_unreachable", last_error_at=timezone.now())
+        assert delivery.deliver(op.pk, budget=2) == outcome
+    op.refresh_from_db()
+    assert (op.state, op.last_error, op.last_error_at) == (outcome, "", None)
+    shown = api.get(f"/api/v1/bound-deletes/{op.public_id}").json()
+    assert (shown["last_error"], shown["last_error_message"], shown["last_error_at"]) == (None, None, None)
+    assert shown["completed_at"] is not None  # when it ended, whatever the outcome
+
+
 @pytest.mark.parametrize("answer", [
     operation(target=OTHER),  # a receipt for another conversation
     operation(receipt=["not", "a", "receipt"]),
