@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import re
+import sys
 import typing
 import unicodedata
 from collections.abc import Callable, Iterable
@@ -238,11 +239,20 @@ def _float(text: str) -> float:
     return value
 
 
+# The largest whole number a double holds: one beyond it overflows to Infinity wherever JSON
+# numbers are read as doubles (a browser, SQLite's json_extract), as 1e400 does (r75: only the
+# written-out form of such a number was taken).
+_LARGEST = int(sys.float_info.max)
+
+
 def _int(text: str) -> int:
     try:
-        return int(text)
+        value = int(text)
     except ValueError:  # more digits than Python converts
         raise _Refused("invalid_number") from None
+    if abs(value) > _LARGEST:
+        raise _Refused("invalid_number")
+    return value
 
 
 

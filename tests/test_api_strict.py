@@ -36,6 +36,9 @@ def post_raw(client: Client, conversation, raw: bytes):
         (b'{"role":"tool","tool_kind":"generic","payload":{"x":-Infinity}}', "invalid_number"),
         (b'{"role":"tool","tool_kind":"generic","payload":{"x":1e400}}', "invalid_number"),
         (b'{"role":"tool","tool_kind":"generic","payload":{"x":' + b"9" * 5000 + b"}}", "invalid_number"),
+        # r75: the written-out form of a number past the largest double, as 1e400 (-1 and 400 zeros too)
+        (b'{"role":"tool","tool_kind":"generic","payload":{"x":1' + b"0" * 400 + b"}}", "invalid_number"),
+        (b'{"role":"tool","tool_kind":"generic","payload":{"x":-1' + b"0" * 400 + b"}}", "invalid_number"),
         (b'{"role":"user","content":"\\ud800"}', "invalid_text"),
         (b'{"role":"user","content":"a\\udfffb"}', "invalid_text"),
         (b'{"role":"user","content":"a\\u0000b"}', "invalid_text"),
@@ -56,6 +59,19 @@ def test_it_refuses_hostile_bodies_with_a_stable_code_and_stores_nothing(runtime
     assert (response.status_code, response.json()["code"]) == (400, code), response.content[:300]
     assert response["Content-Type"] == "application/json"
     assert Item.objects.count() == 0
+
+
+def test_a_whole_number_a_double_holds_is_kept_to_the_last_digit(runtime, conversation):
+    import sys
+
+    largest = int(sys.float_info.max)
+    for n in (2**64 + 1, largest, -largest):
+        body = b'{"role":"tool","tool_kind":"generic","payload":{"x":' + str(n).encode() + b"}}"
+        response = post_raw(runtime, conversation, body)
+        assert response.status_code == 201, response.content[:200]
+        assert Item.objects.get(pk=Item.objects.latest("pk").pk).payload["x"] == n
+    assert post_raw(runtime, conversation, b'{"role":"tool","tool_kind":"generic","payload":{"x":'
+                    + str(largest + 1).encode() + b"}}").status_code == 400
 
 
 def test_it_refuses_hostile_patches_and_changes_nothing(runtime, conversation):
