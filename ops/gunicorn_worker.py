@@ -342,12 +342,16 @@ class JsonErrorThreadWorker(ThreadWorker):
 
     def refusal_answer(self, row: tuple[int, str, str, str], data=b"", end: int = -1,
                        retry_after: int | None = None) -> bytes:
-        """`localized`, or the message as written if that fails: a refusal is always answered."""
+        """`localized`, or the message as written if that fails: a refusal is always answered. To
+        a HEAD request, without its body (RFC 9110 section 9.3.2: r75)."""
         try:
-            return localized(row, data, end, self.max_fields, retry_after)
+            answer = localized(row, data, end, self.max_fields, retry_after)
         except Exception:
             self.log.exception("Could not localize the answer %s", row[2])
-            return json_error(*row, retry_after=retry_after)
+            answer = json_error(*row, retry_after=retry_after)
+        if bytes(data[:5]) == b"HEAD ":
+            answer = answer[:answer.index(b"\r\n\r\n") + 4]
+        return answer
 
     # ---- reading in the main loop
 

@@ -487,6 +487,31 @@ def reading(served):
         found.cleanup()
 
 
+def test_the_servers_own_refusals_of_a_head_request_carry_no_body(served, reading):
+    """r75: a HEAD refused by the worker (413, 414, 431, 400) was answered with its JSON body;
+    RFC 9110 section 9.3.2 says a HEAD answer carries none. The head says what a GET's would."""
+    auth = f"Authorization: Bearer {served['token']}\r\n"
+    cases = [
+        (f"HEAD /v1/threads HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\n"
+         "Content-Length: 3000000\r\n\r\n", 413),
+        (f"HEAD /v1/threads?q={'a' * 5000} HTTP/1.1\r\nHost: x\r\n{auth}\r\n", 414),
+        ("HEAD /v1/threads HTTP/1.1\r\nHost: x\r\n" + "".join(f"X-{n}: 1\r\n" for n in range(200)) + "\r\n", 431),
+        ("HEAD /v1/threads HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", 400),
+    ]
+    for request, status in cases:
+        with socket.create_connection(("127.0.0.1", reading), timeout=10) as client:
+            client.sendall(request.encode())
+            client.shutdown(socket.SHUT_WR)
+            answer = _read_all(client)
+        head, _sep, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(f"HTTP/1.1 {status} ".encode()) and body == b"", answer[:300]
+        assert b"Content-Type: application/json" in head and b"Content-Length: " in head
+    with socket.create_connection(("127.0.0.1", reading), timeout=10) as client:  # a GET still gets it
+        client.sendall(f"GET /v1/threads?q={'a' * 5000} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        client.shutdown(socket.SHUT_WR)
+        assert b'"code": "request_line_too_long"' in _read_all(client)
+
+
 def test_a_content_length_of_thousands_of_digits_is_too_large(served, reading):
     """More digits than any accepted length has is a 413 (int() refused a string of over 4,300
     digits, and the connection closed unanswered)."""
