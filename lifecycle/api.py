@@ -50,9 +50,12 @@ from lifecycle.paging import (
     Cursor,
     InvalidCursor,
     changed_since,
+    encode_token,
     list_scope,
     listing,
     snapshot_page,
+    token_fields,
+    token_pk,
 )
 from lifecycle.serializers import (
     ItemOut,
@@ -178,17 +181,47 @@ class OwnerListedOut(Schema):
 
 class OwnersOut(Schema):
     results: list[OwnerListedOut]
+    next: str | None = Field(description="The `cursor` of the next page; null on the last.")
 
 
-@endpoint("GET", "/v1/owners", response=OwnersOut, name="api-owners",
+class OwnersQuery(QuerySchema):
+    error_codes = {"limit": "invalid_limit", "cursor": "invalid_cursor"}
+
+    kind: Literal["account", "computer"] | None = None
+    limit: Limit = DEFAULT_LIMIT
+    cursor: Annotated[str, Field(max_length=200, description="The `next` of the previous page.")] | None = None
+
+
+@endpoint("GET", "/v1/owners", query=OwnersQuery, response=OwnersOut, name="api-owners",
           summary="The accounts and computers conversations belong to",
-          description="Every account, then every computer, each by name: the owners the conversation list's "
-                      "owner filter offers (accounts own synced conversations, computers local ones).")
-def owner_list(request: HttpRequest) -> dict:
-    return {"results": [{"kind": "account", "id": a.pk, "name": a.name, "account_id": None}
-                        for a in Account.objects.all()]
-            + [{"kind": "computer", "id": c.pk, "name": c.name, "account_id": c.account_id}
-               for c in Computer.objects.all()]}
+          description="Accounts, then computers (or only the `kind` asked for), each in the order they were "
+                      "added, in pages of up to `limit`: the owners the conversation list's owner filter offers "
+                      "(accounts own synced conversations, computers local ones). One added meanwhile comes on a "
+                      "later page, never on one already read.")
+def owner_list(request: HttpRequest, query: OwnersQuery) -> dict:
+    kinds = [query.kind] if query.kind else ["account", "computer"]
+    after_kind, after = kinds[0], 0
+    if query.cursor:
+        try:
+            version, after_kind, place = token_fields(query.cursor, 3)
+            after = token_pk(place)
+            if version != "w1" or after_kind not in kinds:
+                raise InvalidCursor(query.cursor)
+        except InvalidCursor:
+            raise ApiError(400, "invalid_cursor", _("The cursor is not valid for this list: it was handed out for other "
+                                                    "filters or by an earlier version, or it is damaged. Ask for the first page "
+                                                    "again, without a cursor.")) from None
+    rows: list[dict[str, Any]] = []
+    for kind in kinds[kinds.index(after_kind):]:
+        model = Account if kind == "account" else Computer
+        found = model.objects.filter(pk__gt=after if kind == after_kind else 0).order_by("pk")
+        rows += [{"kind": kind, "id": o.pk, "name": o.name, "account_id": getattr(o, "account_id", None)}
+                 for o in found[: query.limit + 1 - len(rows)]]
+        if len(rows) > query.limit:
+            break
+    more = len(rows) > query.limit
+    rows = rows[: query.limit]
+    return {"results": rows, "next": encode_token("w1", rows[-1]["kind"], str(rows[-1]["id"])) if more else None}
 
 
 def _thread(public_id: str) -> Conversation:

@@ -47,23 +47,60 @@ def test_it_lists_threads_with_the_documented_shape(member_client):
 
 def test_it_lists_the_owners_a_list_can_be_filtered_by(member_client, client):
     """The owner filter's choices, as the conversation list offers them (a client had only the
-    owners of the conversations it had already read)."""
+    owners of the conversations it had already read), in pages."""
     zeta, acme = factories.make_account("Zeta"), factories.make_account("Acme")
     box = factories.make_computer("build-box")
     box.account = zeta
     box.save()
     spare = factories.make_computer("spare")
-    assert member_client.get("/v1/owners", **HOST).json() == {"results": [
-        {"kind": "account", "id": acme.pk, "name": "Acme", "account_id": None},
+    everyone = [
         {"kind": "account", "id": zeta.pk, "name": "Zeta", "account_id": None},
+        {"kind": "account", "id": acme.pk, "name": "Acme", "account_id": None},
         {"kind": "computer", "id": box.pk, "name": "build-box", "account_id": zeta.pk},
         {"kind": "computer", "id": spare.pk, "name": "spare", "account_id": None},
-    ]}
+    ]
+    assert member_client.get("/v1/owners", **HOST).json() == {"results": everyone, "next": None}
+    # Pages of `limit`, across the kinds, each owner once; one added meanwhile comes later
+    seen, cursor = [], None
+    while True:
+        page = member_client.get("/v1/owners?limit=1" + (f"&cursor={cursor}" if cursor else ""), **HOST).json()
+        seen += page["results"]
+        if len(seen) == 1:
+            late = factories.make_account("Late")
+        if not (cursor := page["next"]):
+            break
+    assert seen == [*everyone[:2], {"kind": "account", "id": late.pk, "name": "Late", "account_id": None},
+                    *everyone[2:]]
+    computers = member_client.get("/v1/owners?kind=computer&limit=1", **HOST).json()
+    assert computers["results"] == [everyone[2]] and computers["next"]
+    # A cursor that stands among the accounts is not one of the computers' list
+    among_accounts = member_client.get("/v1/owners?limit=1", **HOST).json()["next"]
+    refused = member_client.get(f"/v1/owners?kind=computer&cursor={among_accounts}", **HOST)
+    assert (refused.status_code, refused.json()["code"]) == (400, "invalid_cursor")
+    for bad in ("cursor=nonsense", "limit=0", "limit=201", "kind=robot"):
+        refused = member_client.get(f"/v1/owners?{bad}", **HOST)
+        assert refused.status_code == 400, bad
     local = factories.make_conversation(box, thread_id="thr_box")
     listed = member_client.get(f"/v1/threads?owner_kind=computer&owner_id={box.pk}", **HOST).json()["results"]
     assert [r["id"] for r in listed] == [local.public_id]
     assert client.get("/v1/owners", **HOST).status_code == 401
     assert member_client.post("/v1/owners", data="{}", content_type="application/json", **HOST).status_code == 405
+
+
+def test_listing_the_owners_takes_the_same_queries_however_many_there_are(member_client):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    for n in range(3):
+        factories.make_account(f"a{n}")
+    with CaptureQueriesContext(connection) as few:
+        member_client.get("/v1/owners?limit=200", **HOST)
+    for n in range(60):
+        factories.make_account(f"b{n}")
+        factories.make_computer(f"c{n}")
+    with CaptureQueriesContext(connection) as many:
+        assert len(member_client.get("/v1/owners?limit=200", **HOST).json()["results"]) == 123
+    assert len(many.captured_queries) == len(few.captured_queries)  # one query per kind, whatever the count
 
 
 def test_it_keeps_equal_raw_ids_under_different_owners_apart(member_client):
