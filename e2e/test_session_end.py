@@ -18,6 +18,19 @@ pytestmark = pytest.mark.django_db(transaction=True)
 ENDED = "Your session ended, so nothing was saved. Your changes are still here: sign in again in a new tab, then press Save."
 
 
+def sign_in_in_the_new_tab(page: Page, link) -> None:
+    """Follow the page's "Sign in again (new tab)" link and sign in there as the admin; the new
+    tab comes back to Data & storage and is closed."""
+    with page.context.expect_page() as opened:
+        link.click()
+    login = opened.value
+    login.get_by_label("Username").fill(ADMIN[0])
+    login.get_by_label("Password").fill(ADMIN[1])
+    login.get_by_role("button", name="Sign in").click()
+    expect(login.get_by_role("heading", level=1)).to_have_text("Data & storage")
+    login.close()
+
+
 def bar(page: Page):
     return page.locator("#save-bar")
 
@@ -65,14 +78,7 @@ def test_a_draft_survives_the_end_of_the_session_and_saves_after_signing_in(
     assert_save_bar_covers_nothing(page)
 
     # Sign in again in a new tab, as the link offers ...
-    with page.context.expect_page() as opened:
-        sign_in.click()
-    login = opened.value
-    login.get_by_label("Username").fill(ADMIN[0])
-    login.get_by_label("Password").fill(ADMIN[1])
-    login.get_by_role("button", name="Sign in").click()
-    expect(login.get_by_role("heading", level=1)).to_have_text("Data & storage")
-    login.close()
+    sign_in_in_the_new_tab(page, sign_in)
 
     # ... and Save in the first tab saves the draft that was kept.
     page.bring_to_front()
@@ -165,14 +171,7 @@ def test_analyze_after_the_session_ended_keeps_the_draft_and_says_nothing_was_do
     expect(sign_in).to_have_attribute("target", "_blank")
     check_layout(page)
 
-    with page.context.expect_page() as opened:
-        sign_in.click()
-    login = opened.value
-    login.get_by_label("Username").fill(ADMIN[0])
-    login.get_by_label("Password").fill(ADMIN[1])
-    login.get_by_role("button", name="Sign in").click()
-    expect(login.get_by_role("heading", level=1)).to_have_text("Data & storage")
-    login.close()
+    sign_in_in_the_new_tab(page, sign_in)
 
     page.bring_to_front()
     page.get_by_role("button", name="Analyze savings").click()  # the page's token is renewed first

@@ -118,6 +118,13 @@ class ThreadsQuery(QuerySchema):
         return self
 
 
+def cursor_of_another_list() -> ApiError:
+    """A cursor handed out for other filters, by an earlier version, or damaged: 400."""
+    return ApiError(400, "invalid_cursor", _("The cursor is not valid for this list: it was handed out for other "
+                                             "filters or by an earlier version, or it is damaged. Ask for the first "
+                                             "page again, without a cursor."))
+
+
 def filtered_threads(query: ThreadsQuery):
     qs = Conversation.objects.with_activity()
     if query.view is not None:
@@ -157,9 +164,7 @@ def thread_list(request: HttpRequest, query: ThreadsQuery) -> dict:
         try:
             cursor = Cursor.decode(query.cursor, scope)
         except InvalidCursor:
-            raise ApiError(400, "invalid_cursor", _("The cursor is not valid for this list: it was handed out for other "
-                                                    "filters or by an earlier version, or it is damaged. Ask for the first page "
-                                                    "again, without a cursor.")) from None
+            raise cursor_of_another_list() from None
         if cursor.backward:
             raise ApiError(400, "invalid_cursor", _("The cursor is not valid."))
     qs, key = listing(qs, query.view)
@@ -208,9 +213,7 @@ def owner_list(request: HttpRequest, query: OwnersQuery) -> dict:
             if version != "w1" or after_kind not in kinds:
                 raise InvalidCursor(query.cursor)
         except InvalidCursor:
-            raise ApiError(400, "invalid_cursor", _("The cursor is not valid for this list: it was handed out for other "
-                                                    "filters or by an earlier version, or it is damaged. Ask for the first page "
-                                                    "again, without a cursor.")) from None
+            raise cursor_of_another_list() from None
     rows: list[dict[str, Any]] = []
     for kind in kinds[kinds.index(after_kind):]:
         model = Account if kind == "account" else Computer

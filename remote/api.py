@@ -10,7 +10,7 @@ from django.utils.translation import gettext as _
 from pydantic import Field, JsonValue, model_validator
 
 from console.api import OWNER_PAIR, ApiError, QueryRule, QuerySchema, Schema, endpoint
-from lifecycle.api import DEFAULT_LIMIT, IDEMPOTENCY_KEY, Limit, WholeNumber
+from lifecycle.api import DEFAULT_LIMIT, IDEMPOTENCY_KEY, Limit, WholeNumber, cursor_of_another_list
 from lifecycle.paging import InvalidCursor, encode_token, token_fields, token_pk
 from lifecycle.serializers import HolderOut, OwnerOut, PhysicalOut, WayOutOut, iso
 from remote.delivery import error_text, request_bound_delete
@@ -198,9 +198,7 @@ def binding_list(request: HttpRequest, query: BindingsQuery) -> dict:
         if kind is None:  # the owner the pages before listed (the first one then)
             kind, owner_id = cursor_kind, cursor_owner
         elif (kind, owner_id) != (cursor_kind, cursor_owner):  # another owner's list: it would skip rows
-            raise ApiError(400, "invalid_cursor", _("The cursor is not valid for this list: it was handed out for other "
-                                                    "filters or by an earlier version, or it is damaged. Ask for the first page "
-                                                    "again, without a cursor."))
+            raise cursor_of_another_list()
     from remote.sync import configured_reads
 
     reads = [engine_read_json(read) for read in configured_reads()]
