@@ -937,8 +937,7 @@
     if (signIn) {
       var link = signIn.cloneNode(true);
       link.hidden = false;
-      link.classList.remove("save-bar-signin");
-      link.classList.add("btn-small");
+      link.classList.remove("save-bar-signin"); // (a whole button: a 44 px target on a phone)
       p.appendChild(link);
     }
     region.appendChild(p);
