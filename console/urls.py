@@ -12,7 +12,7 @@ from console.login import LoginView
 
 # Modules that declare JSON endpoints with `console.api.endpoint`; importing them registers
 # the endpoints, and the URL patterns and the OpenAPI document are built from the registry.
-API_MODULES = ("console.endpoints", "lifecycle.api", "retention.api", "insight.api", "remote.api")
+API_MODULES = ("console.endpoints", "console.token_api", "lifecycle.api", "retention.api", "insight.api", "remote.api")
 for module in API_MODULES:
     import_module(module)
 
