@@ -50,8 +50,10 @@ DELETES_PAGE_SIZE = 50  # the owner's deletes per page, the most recent first
 
 def _owners() -> list[dict]:
     """Every owner with conversations on an engine: accounts first, then computers."""
-    pairs = EngineBinding.objects.values_list("owner_kind", "owner_id").distinct()
-    pairs = sorted(set(pairs) | set(BoundDelete.objects.values_list("owner_kind", "owner_id").distinct()))
+    # .order_by(): the models' default orderings would put their columns in the DISTINCT (one
+    # row per binding, every binding read on every page load: r78)
+    pairs = EngineBinding.objects.order_by().values_list("owner_kind", "owner_id").distinct()
+    pairs = sorted(set(pairs) | set(BoundDelete.objects.order_by().values_list("owner_kind", "owner_id").distinct()))
     owners = []
     for kind, pk in pairs:
         # The engine's owner ids: this console's own accounts and computers are other records.
