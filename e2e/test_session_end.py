@@ -215,6 +215,55 @@ def test_an_action_pressed_after_signing_in_again_elsewhere_says_so_then_works(s
     assert analyses() == [(7, "weeks")]
 
 
+def test_after_the_session_ended_the_status_poll_is_no_action_and_a_double_press_sends_one(
+        seeded, live_server, open_page):
+    """r77: the card's status poll was taken for an action: every poll renewed the token and
+    wrote the alert again (focus on its sign-in link lost every second); and two presses while
+    the token renewed sent two analyses, the second refused "nothing new was started"."""
+    page = open_page("small-phone")
+    log_in(page, live_server.url, *ADMIN)
+    open_nav(page, "Data & storage")
+    page.get_by_label("Number").fill("5")
+    page.get_by_label("Unit").select_option("weeks")
+    page.get_by_role("button", name="Analyze savings").click()  # queued (no job cluster here): the card polls
+    for _ in range(50):
+        if analyses():
+            break
+        page.wait_for_timeout(100)
+    assert analyses() == [(5, "weeks")]
+    page.get_by_label("Number").fill("6")  # a draft again
+    Session.objects.all().delete()
+    page.get_by_role("button", name="Analyze savings").click()
+    error = page.locator("#tool-action-error")
+    expect(error).to_contain_text(ACTION_ENDED)
+    page.evaluate("""() => { window.__writes = 0; new MutationObserver(() => window.__writes++)
+        .observe(document.getElementById('tool-action-error'), {childList: true, subtree: true}); }""")
+    sign_in = error.get_by_role("link", name="Sign in again (new tab)")
+    sign_in.focus()
+    page.wait_for_timeout(3500)  # several polls
+    expect(sign_in).to_be_focused()
+    assert page.evaluate("window.__writes") == 0
+    from django.utils import timezone
+
+    from retention.models import ToolPayloadOperation
+
+    # The first analysis ends (as a worker would end it): one operation at a time lets the next in
+    ToolPayloadOperation.objects.filter(kind="analysis").update(state="cancelled", finished_at=timezone.now(), slot=None)
+    asked = []
+    page.on("request", lambda r: asked.append(r.url) if r.method == "POST" and "/analyze/" in r.url else None)
+    sign_in_in_the_new_tab(page, sign_in)
+    page.bring_to_front()
+    page.get_by_role("button", name="Analyze savings").evaluate("b => { b.click(); setTimeout(() => b.click(), 30); }")
+    for _ in range(50):
+        if len(analyses()) == 2:
+            break
+        page.wait_for_timeout(100)
+    page.wait_for_timeout(500)
+    assert sorted(analyses()) == [(5, "weeks"), (6, "weeks")] and len(asked) == 1, (asked, error.inner_text(), page.locator("#tool-status-note").inner_text())
+    expect(error).not_to_contain_text("nothing new was started")
+    expect(error).not_to_contain_text(ACTION_ENDED)
+
+
 def test_signing_in_as_someone_else_still_saves_nothing(seeded, live_server, open_page):
     """The other tab signs in as a member: the admin's draft stays unsaved and explained."""
     page = open_page("desktop")

@@ -25,6 +25,7 @@ erased by the same checkpoint or rewrite, and Engine conversations says so until
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -87,15 +88,39 @@ def checkpoint() -> int:
     return erased
 
 
-def record_compaction(*, started_at: datetime, finished_at: datetime, tables_rewritten) -> int:
-    """PostgreSQL: `tables_rewritten` were rewritten between `started_at` and `finished_at`
-    (finish_erasure): the deletes completed (and the titles cleared) before it started are
-    physically erased."""
+@dataclass(frozen=True)
+class Waiting:
+    """What waited, read before a rewrite begins: only these were committed before it (r77: a
+    title a read cleared while the rewrite ran was marked erased by a time taken when the read
+    began, its old row in the new table file)."""
+
+    deletes: tuple[int, ...]
+    titles: tuple[tuple[int, datetime], ...]  # (binding, when its title was cleared)
+
+    def __bool__(self) -> bool:
+        return bool(self.deletes or self.titles)
+
+
+def waiting_now() -> Waiting:
+    return Waiting(tuple(waiting().order_by("pk").values_list("pk", flat=True)),
+                   tuple(cleared_titles().order_by("pk").values_list("pk", "copy_pending_since")))
+
+
+def record_compaction(*, before: Waiting, finished_at: datetime, tables_rewritten) -> int:
+    """PostgreSQL: `tables_rewritten` were rewritten (finish_erasure) after `before` was read:
+    the deletes and cleared titles it names are physically erased (a title cleared again since,
+    by a later read, is not)."""
     if not set(tables()) <= set(tables_rewritten):
         return 0
-    return (waiting().filter(completed_at__lt=started_at).update(physical_state=PhysicalState.ERASED,
-                                                                 physically_erased_at=finished_at)
-            + cleared_titles().filter(copy_pending_since__lt=started_at).update(copy_pending_since=None))
+    erased = 0
+    with transaction.atomic():
+        deletes = list(before.deletes)
+        for start in range(0, len(deletes), ERASED_BATCH):
+            erased += waiting().filter(pk__in=deletes[start:start + ERASED_BATCH]).update(
+                physical_state=PhysicalState.ERASED, physically_erased_at=finished_at)
+        for pk, since in before.titles:
+            erased += cleared_titles().filter(pk=pk, copy_pending_since=since).update(copy_pending_since=None)
+    return erased
 
 
 def console_copy(op: BoundDelete) -> dict[str, Any] | None:

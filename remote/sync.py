@@ -262,13 +262,16 @@ def _write_page(rows: list[dict], engine_url: str, now, asked_at, counts: dict[s
             pending = BoundDelete.objects.filter(engine_url=engine_url, engine_id=OuterRef("engine_id"),
                                                  state=BoundDeleteState.PENDING)
             untitled = Q(Exists(pending)) | Q(returned_after__isnull=False)
-            # A title this statement clears (deleted on the engine by other means): its old bytes
-            # stay in the database's files until they are erased (remote.physical). The
-            # conditions read the row as it was before the statement.
-            clears = ~Q(title="") if not title else ~Q(title="") & untitled
+            # Deleted on the engine by other means: the title this statement clears keeps its old
+            # bytes in the database's files until they are erased (remote.physical). (A live
+            # conversation whose title is now empty was not deleted: nothing is said of it, r77.)
+            # The condition reads the row as it was before the statement.
+            pending_since = F("copy_pending_since")
+            if fields["engine_state"] != "live":
+                pending_since = Case(When(~Q(title=""), then=Value(timezone.now())), default=F("copy_pending_since"))
             if EngineBinding.objects.filter(engine_url=engine_url, engine_id=engine_id).update(
                 **fields, synced_at=now, title=Case(When(untitled, then=Value("")), default=Value(title)),
-                copy_pending_since=Case(When(clears, then=Value(now)), default=F("copy_pending_since")),
+                copy_pending_since=pending_since,
             ):
                 if engine_id not in made:
                     updated.add(engine_id)

@@ -319,6 +319,35 @@ def test_a_title_cleared_by_a_read_that_found_it_deleted_elsewhere_is_erased_fro
         "title_copy_pending_since"] is None
 
 
+def test_a_rewrite_marks_erased_only_the_copies_that_waited_before_it_began():
+    """r77: the mark compared the time a read began with the rewrite's start, so a title a read
+    cleared while the rewrite ran (its old row copied into the new table file) was marked erased.
+    Only what waited when the rewrite began is now: a title cleared since, or cleared again since
+    (a new time), stays pending."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from remote import physical
+    from remote.models import EngineBinding
+
+    def cleared(n: int, at):
+        return EngineBinding.objects.create(engine_id=f"c_{n:020d}", owner_kind="account", owner_id=1, scope="bound",
+                                            thread_id=f"t{n}", engine_state="deleted", copy_pending_since=at)
+
+    long_ago = timezone.now() - timedelta(hours=1)
+    waited, again = cleared(1, long_ago), cleared(2, long_ago)
+    before = physical.waiting_now()
+    late = cleared(3, long_ago)  # cleared while the rewrite ran, with a time older than its start
+    EngineBinding.objects.filter(pk=again.pk).update(copy_pending_since=timezone.now())  # cleared again
+    assert physical.record_compaction(before=before, finished_at=timezone.now(),
+                                      tables_rewritten=physical.tables()) == 1
+    assert set(physical.cleared_titles().values_list("pk", flat=True)) == {again.pk, late.pk}
+    assert EngineBinding.objects.get(pk=waited.pk).copy_pending_since is None
+    assert physical.record_compaction(before=physical.waiting_now(), finished_at=timezone.now(),
+                                      tables_rewritten=["another_table"]) == 0  # not its table: nothing
+
+
 def test_on_sqlite_the_minute_sweep_retries_a_bound_deletes_checkpoint_a_reader_kept_busy():
     if connection.vendor != "sqlite":
         pytest.skip("PostgreSQL: only finish_erasure erases the copy physically")

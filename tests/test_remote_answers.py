@@ -135,6 +135,26 @@ def row(n: int, **fields) -> dict:
             "thread_id": f"t{n}", "state": "live", "title": f"Title {n}", "last_activity_at": NOW, **fields}
 
 
+def test_only_a_conversation_deleted_on_the_engine_is_said_to_leave_its_title_in_the_files(settings):
+    """r77: a live conversation whose title became empty was said "deleted on the engine by other
+    means"; only one the engine lists deleted (or being deleted) is."""
+    listed = {"row": row(1)}
+    with scripted_engine({("GET", "/v1/threads"): lambda h: (200, {"results": [listed["row"]], "next": None})}) as (
+            url, _seen):
+        point_at(settings, url)
+        refresh("")
+        listed["row"] = row(1, title="")
+        refresh("")
+        b = EngineBinding.objects.get()
+        assert (b.title, b.engine_state, b.copy_pending_since) == ("", "live", None)
+        listed["row"] = row(1, title="Titled again")
+        refresh("")
+        listed["row"] = row(1, state="pending_delete")
+        refresh("")
+        b.refresh_from_db()
+        assert (b.title, b.engine_state) == ("", "pending_delete") and b.copy_pending_since is not None
+
+
 def test_sync_stops_on_a_repeated_cursor(settings):
     asked = []
 

@@ -139,6 +139,7 @@ def finish_waiting_erasures() -> RewriteResult:
         if console_copies.waiting().exists() or console_copies.cleared_titles().exists():
             wanted |= set(console_copies.tables())
         tables = sorted(t for t in wanted if t in known)
+        copies_before = console_copies.waiting_now()  # read before the rewrite: only these are erased by it
         started = timezone.now()
         quote = connection.ops.quote_name
         with connection.cursor() as cursor:
@@ -164,7 +165,7 @@ def finish_waiting_erasures() -> RewriteResult:
             finished = timezone.now()
             result.erased = record_compaction(started_at=started, finished_at=finished, tables=tables,
                                               statistics_rewritten=statistics)
-            result.erased += console_copies.record_compaction(started_at=started, finished_at=finished,
+            result.erased += console_copies.record_compaction(before=copies_before, finished_at=finished,
                                                               tables_rewritten=tables)
             if tables:
                 _measure_reusable_again()

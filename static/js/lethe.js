@@ -929,10 +929,11 @@
   // to sign in in a new tab; a status read while a draft waits says so beside the status. The
   // draft stays, and the next action (or save) renews the page's token first.
   function saySignedOut(region) {
-    if (!region) return;
+    if (!region || region.querySelector("[data-said-session-ended]")) return; // said once, its link kept
     region.innerHTML = "";
     var p = document.createElement("p");
     p.className = "alert alert-error";
+    p.setAttribute("data-said-session-ended", "");
     p.textContent = region.dataset.sessionEnded + " ";
     if (signIn) {
       var link = signIn.cloneNode(true);
@@ -949,7 +950,8 @@
     var elt = event.detail.elt;
     var xhr = event.detail.xhr;
     if (!elt || !elt.closest) return;
-    var action = elt.closest("[data-cleanup-action]");
+    // (the card's status poll carries data-cleanup-action too, for its error answers: it is no action)
+    var action = elt.id !== "tool-poll" && elt.closest("[data-cleanup-action]");
     if (xhr.status === 401 && (action || (elt.id === "tool-poll" && dirtyForms().length))) {
       event.preventDefault();
       tokenStale = true; // said beside the action, once: the bar keeps saying what is unsaved
@@ -970,17 +972,28 @@
       }
     }
   });
+  var renewing = false;
   document.addEventListener("htmx:confirm", function (event) {
     var elt = event.detail.elt;
-    if (!(sessionEnded || tokenStale) || !elt || !elt.closest || !elt.closest("[data-cleanup-action]")) return;
+    if (!(sessionEnded || tokenStale) || !elt || !elt.closest || elt.id === "tool-poll" ||
+        !elt.closest("[data-cleanup-action]")) return;
     event.preventDefault();
+    if (renewing) return; // a second press while the token renews is dropped, as hx-sync drops it (r77)
+    renewing = true;
     fresh().then(function (ok) {
+      renewing = false;
       if (ok) {
         sessionEnded = false;
         refresh();
+        ["tool-action-error", "compact-error", "tool-status-note"].forEach(function (id) {
+          var region = document.getElementById(id);
+          if (region && region.querySelector("[data-said-session-ended]")) region.innerHTML = "";
+        });
         event.detail.issueRequest(true);
       } else {
-        saySignedOut(actionRegion(elt));
+        var region = actionRegion(elt);
+        if (region) region.innerHTML = ""; // said again: this press did nothing either
+        saySignedOut(region);
       }
     });
   });
