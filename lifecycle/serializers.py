@@ -5,6 +5,7 @@ The `*Out` models are the published schema (OpenAPI); tests check every answer a
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from django.db.models import Prefetch, QuerySet
@@ -24,6 +25,21 @@ from lifecycle.models import (
 
 def iso(value) -> str | None:
     return value.isoformat().replace("+00:00", "Z") if value else None
+
+
+_UTC_OFFSET_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?\+00:00")
+
+
+def utc_times(value: Any) -> Any:
+    """A stored document's UTC times as every time the API gives (Z): receipts written before
+    r75 keep "+00:00" in the database (r77: they were served so)."""
+    if isinstance(value, dict):
+        return {k: utc_times(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [utc_times(v) for v in value]
+    if isinstance(value, str) and _UTC_OFFSET_TIME.fullmatch(value):
+        return value[:-6] + "Z"
+    return value
 
 
 class OwnerOut(Schema):
@@ -374,7 +390,7 @@ def operation_json(op: DeleteOperation, reads: OperationReads | None = None) -> 
         # The backups it named as they are now: one removed since no longer holds the content
         named = any(isinstance(h, dict) and h.get("kind") == "backup" for h in stored or [])
         holders, removed = holders_now(stored, reads.backups_present() if named else None)
-        receipt = {
+        receipt = utc_times({
             **(op.receipt or {}),
             "holders": holders,
             "removed_backups": removed,
@@ -382,7 +398,7 @@ def operation_json(op: DeleteOperation, reads: OperationReads | None = None) -> 
             "physical": {"state": op.physical_state or None, "erased_at": iso(op.physically_erased_at)},
             "verified_at": iso(op.verified_at),
             "verified_physical_at": iso(op.verified_physical_at),
-        }
+        })
     way_out = None
     # Also when it was refused for another reason besides: asked again later, it would need it.
     if reasons.CHILD_AMBIGUOUS in {op.reason, *(op.reasons or [])}:

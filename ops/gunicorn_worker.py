@@ -349,7 +349,7 @@ class JsonErrorThreadWorker(ThreadWorker):
         except Exception:
             self.log.exception("Could not localize the answer %s", row[2])
             answer = json_error(*row, retry_after=retry_after)
-        if bytes(data[:5]) == b"HEAD ":
+        if bytes(data[:64]).lstrip(b"\r\n")[:5] == b"HEAD ":  # (empty lines before a request line are skipped)
             answer = answer[:answer.index(b"\r\n\r\n") + 4]
         return answer
 

@@ -152,7 +152,8 @@ def bound_delete_json(op: BoundDelete) -> dict[str, Any]:
         "waiting_message": waiting_text(op) or None,
         "attempts": op.attempts, "next_attempt_at": iso(op.next_attempt_at) if pending else None,
         "last_error": op.last_error or None, "last_error_message": error_text(op.last_error) or None,
-        "last_error_at": iso(op.last_error_at), "engine_operation": op.engine_operation or None,
+        # (a delete ended by code from before r75 kept the time of an error it no longer had)
+        "last_error_at": iso(op.last_error_at) if op.last_error else None, "engine_operation": op.engine_operation or None,
         "engine_state": op.engine_state or None, "engine_step": op.engine_step or None,
         "receipt": op.receipt if op.state == "completed" else None, "receipt_at": iso(op.receipt_at),
         "receipt_read_at": iso(op.receipt_read_at), "acknowledged_at": iso(op.acknowledged_at), "requested_at": iso(op.requested_at),

@@ -497,6 +497,7 @@ def test_the_servers_own_refusals_of_a_head_request_carry_no_body(served, readin
         (f"HEAD /v1/threads?q={'a' * 5000} HTTP/1.1\r\nHost: x\r\n{auth}\r\n", 414),
         ("HEAD /v1/threads HTTP/1.1\r\nHost: x\r\n" + "".join(f"X-{n}: 1\r\n" for n in range(200)) + "\r\n", 431),
         ("HEAD /v1/threads HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", 400),
+        (f"\r\nHEAD /v1/threads?q={'a' * 5000} HTTP/1.1\r\nHost: x\r\n\r\n", 414),  # r77: an empty line first
     ]
     for request, status in cases:
         with socket.create_connection(("127.0.0.1", reading), timeout=10) as client:

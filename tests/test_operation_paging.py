@@ -125,6 +125,8 @@ def test_an_offset_past_the_published_bound_says_so(api):
     answer = api.get("/v1/operations?offset=2147483647")
     assert (answer.status_code, answer.json()["code"]) == (400, "invalid_cursor")
     assert answer.json()["message"] == "An offset skips at most 1,000,000 rows: follow the pages' next instead."
+    spanish = api.get("/v1/operations?offset=1000001", HTTP_ACCEPT_LANGUAGE="es").json()["message"]
+    assert "1\xa0000\xa0000 filas" in spanish  # r77: "1,000,000", the English way; as Spanish pages write it now
     assert api.get("/v1/operations?offset=1000000").json() == {"results": [], "next": None, "previous": None}
     schema = api.get("/v1/openapi.json").json()
     [offset] = [p for p in schema["paths"]["/v1/operations"]["get"]["parameters"] if p["name"] == "offset"]

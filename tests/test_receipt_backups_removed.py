@@ -173,6 +173,23 @@ def test_the_confirmation_names_the_backups_that_hold_the_conversation_before_th
     assert api.get(f"/v1/threads/{other.public_id}/deletion-preview").json()["backups"] == []
 
 
+def test_the_confirmation_names_every_backup_the_preview_names(settings, tmp_path, admin_client, api):
+    """r77: names with a control character, and any past the 50th, were left off the page while
+    the API's preview and the receipt named them."""
+    settings.LETHE_BACKUP_DIR = folder = tmp_path / "backups"
+    folder.mkdir()
+    target = factories.make_conversation(title="Many copies")
+    hour_ago = time.time() - 3600
+    names = ["nightly\tcopy.sqlite3", *(f"copy-{n:02d}.sqlite3" for n in range(60))]
+    for name in names:
+        (folder / name).write_bytes(b"a copy")
+        os.utime(folder / name, (hour_ago, hour_ago))
+    preview = api.get(f"/v1/threads/{target.public_id}/deletion-preview").json()
+    assert sorted(b["name"] for b in preview["backups"]) == sorted(names)
+    section = _preview_backups(admin_client.get(f"/conversations/{target.public_id}/delete/", **HOST).content.decode())
+    assert section.count("<li>") == 61 and "nightly\tcopy.sqlite3" in section and "copy-59.sqlite3" in section
+
+
 def test_a_backup_folder_that_cannot_be_read_is_named_at_confirmation(settings, tmp_path, admin_client):
     if os.geteuid() == 0:
         folder = tmp_path / "backups"
@@ -190,3 +207,18 @@ def test_a_backup_folder_that_cannot_be_read_is_named_at_confirmation(settings, 
 def _preview_backups(page: str) -> str:
     start = page.index('data-testid="preview-backups"')
     return page[start:page.index("</section>", start)]
+
+
+def test_a_receipt_stored_before_times_ended_in_z_is_served_with_them(settings, tmp_path, api):
+    """r77: receipts written before r75 keep "+00:00" times in the database and were served so."""
+    from lifecycle import models as m
+
+    op, made, _kept = _completed_with_backups(settings, tmp_path)
+    old = {**op.receipt, "verification": {**op.receipt.get("verification", {}), "at": "2026-12-06T20:36:07.395077+00:00"},
+           "holders": [{**h, "made_at": "2026-12-06T19:36:07.293901+00:00"} if h.get("kind") == "backup" else h
+                       for h in op.receipt["holders"]]}
+    m.DeleteOperation.objects.filter(pk=op.pk).update(receipt=old)
+    receipt = api.get(f"/v1/operations/{op.public_id}").json()["receipt"]
+    assert receipt["verification"]["at"] == "2026-12-06T20:36:07.395077Z"
+    assert {h["made_at"] for h in receipt["holders"] if h["kind"] == "backup"} == {"2026-12-06T19:36:07.293901Z"}
+    assert "+00:00" not in str(receipt)

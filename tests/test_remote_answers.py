@@ -58,6 +58,14 @@ def test_an_error_met_on_the_way_leaves_no_time_behind_once_the_delete_ends(sett
     assert shown["completed_at"] is not None  # when it ended, whatever the outcome
 
 
+def test_a_delete_ended_by_earlier_code_gives_no_time_of_an_error_it_no_longer_has(api):
+    op = BoundDelete.objects.create(binding=binding(), engine_id=TARGET, owner_kind="account", owner_id=1,
+                                    thread_id="t1", scope="bound", state="refused", code="conversation_has_active_turn",
+                                    last_error="", last_error_at=timezone.now(), completed_at=timezone.now())
+    shown = api.get(f"/api/v1/bound-deletes/{op.public_id}").json()
+    assert (shown["last_error"], shown["last_error_at"]) == (None, None)
+
+
 @pytest.mark.parametrize("answer", [
     operation(target=OTHER),  # a receipt for another conversation
     operation(receipt=["not", "a", "receipt"]),

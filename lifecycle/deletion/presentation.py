@@ -127,14 +127,17 @@ def holder_text(holder: Any) -> str:
     return str(words) % {"name": holder.get("name", "")}
 
 
-def preview_backups(preview: Any, limit: int = 50) -> list[str]:
-    """A deletion preview's backups that hold the conversation, in words (a remote engine's
-    preview may carry anything: only backups and an unreadable backup folder named by text)."""
+def preview_backups(preview: Any) -> list[str]:
+    """A deletion preview's backups that hold the conversation, in words, every one the preview
+    names (r77: names with a control character were left out, and past 50 the rest, while the
+    API and the receipt name them): a name's invisible characters written out. (A remote
+    engine's preview may carry anything: entries that are no backup are not read.)"""
+    from console.templatetags.lethe import visible_controls
+
     entries = preview.get("backups") if isinstance(preview, dict) else None
     rows = [e for e in entries if isinstance(e, dict) and e.get("kind") in ("backup", "backup_folder")
-            and isinstance(e.get("name", ""), str) and e.get("name", "").isprintable()
-            and len(e.get("name", "")) <= 300] if isinstance(entries, list) else []
-    return [holder_text(e) for e in rows[:limit]]
+            and isinstance(e.get("name", ""), str)] if isinstance(entries, list) else []
+    return [holder_text({**e, "name": visible_controls(e.get("name", ""))}) for e in rows]
 
 
 def removed_backups(entries: Any) -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from django.utils.formats import number_format
 from django.utils.translation import gettext as _
 
 from lifecycle.actions.request_deletion import request_deletion
@@ -87,7 +88,8 @@ class InProcessEngine:
             start = parse_position(position, scope_of(state))
         except OffsetTooLarge:
             raise ActionRefused("invalid_cursor", _("An offset skips at most %(max)s rows: follow the pages' next "
-                                                    "instead.") % {"max": f"{MAX_OFFSET:,}"}, status=400) from None
+                                                    "instead.") % {"max": number_format(MAX_OFFSET, force_grouping=True)},
+                                status=400) from None
         except InvalidCursor:
             raise ActionRefused("invalid_cursor", _("The cursor is not valid."), status=400) from None
         qs = with_steps(DeleteOperation.objects.all())
