@@ -160,6 +160,6 @@ def _mark_expired(op: DeleteOperation, key: str, now: datetime, days: int) -> No
     kept = [dict(entry) for entry in receipt.get("kept", [])]
     changed = [e for e in kept if e.get("store") == key and e.get("action") == "kept"]
     for entry in changed:
-        entry.update(action="expired", expired_at=now.isoformat(), days=days)
+        entry.update(action="expired", expired_at=now.isoformat().replace("+00:00", "Z"), days=days)  # (as every time the API gives)
     if changed:
         DeleteOperation.objects.filter(pk=op.pk).update(receipt={**receipt, "kept": kept})
