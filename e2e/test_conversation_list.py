@@ -266,3 +266,29 @@ def test_a_list_request_that_fails_says_so_and_enter_asks_again(seeded, live_ser
     box.press("Enter")  # the same query: asked again, since it was never shown
     expect(count).to_have_text(count_text(everything.search("test").count()))
     expect(error).to_be_hidden()
+
+
+def test_past_a_hundred_owners_an_owner_is_found_by_typing_part_of_its_name(seeded, live_server, open_page,
+                                                                             monkeypatch):
+    """r78: every owner was an option of the Owner list; past OWNER_CHOICES, "Find an owner"
+    narrows it as a name is typed, by keyboard, on a 320 px phone with the keyboard open."""
+    from lifecycle import views
+
+    monkeypatch.setattr(views, "OWNER_CHOICES", 3)
+    page = open_page({"width": 320, "height": 420})
+    log_in(page, live_server.url, *ADMIN)
+    owner = Computer.objects.get(name="build-box")
+    theirs = Conversation.objects.recent().owned_by("computer", owner.pk)
+    finder = page.get_by_label("Find an owner")
+    expect(page.locator("#owner option:not([value=''])")).to_have_count(3)
+    finder.focus()
+    page.keyboard.type("BUILD")
+    expect(page.locator("#owner option:not([value=''])")).to_have_text(["build-box"])
+    expect(page.locator("#owner-find-note")).to_have_text("1 owner has “BUILD” in its name.")
+    expect(page.locator("#results .count")).to_have_text(count_text(Conversation.objects.recent().count()))  # not yet
+    page.keyboard.press("Shift+Tab")  # back to the Owner list, and pick it by keyboard
+    expect(page.get_by_label("Owner", exact=True)).to_be_focused()
+    page.get_by_label("Owner", exact=True).select_option(label="build-box")
+    expect_listed(page, theirs)
+    expect(page.get_by_label("Owner", exact=True)).to_have_value(f"computer:{owner.pk}")
+    check_layout(page)

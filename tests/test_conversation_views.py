@@ -277,3 +277,51 @@ def test_it_counts_a_long_transcript_only_up_to_a_cap_and_says_more_than(member_
     assert "More than 5 earlier messages are not shown on this page." in later and "message number 50." in later
     few = member_client.get(f"{url}?after=3", **HOST).content.decode()
     assert "The first 3 messages are not shown on this page." in few
+
+
+def test_past_a_hundred_owners_the_owner_list_is_narrowed_by_name(member_client, monkeypatch):
+    """r78: every account and computer was an option (536 KB of a 625 KB page at 8,000 owners).
+    Past OWNER_CHOICES the list offers that many, a "Find an owner" field narrows it by name (as
+    it is typed, or with Apply), and the chosen owner is always among the options."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from lifecycle import views
+
+    monkeypatch.setattr(views, "OWNER_CHOICES", 3)
+    accounts = [factories.make_account(f"Acct {n}") for n in range(4)]
+    north = factories.make_computer("north-box")
+    chosen = accounts[3]
+    factories.make_conversation(chosen, title="Chosen one's")
+
+    def options(page: str) -> list[str]:
+        start = page.index('<select id="owner"')
+        select = page[start:page.index("</select>", start)]
+        return re.findall(r'<option value="([^"]+)"', select)
+
+    page = member_client.get("/conversations/", **HOST).content.decode()
+    assert options(page) == [a.owner_key for a in accounts[:3]]
+    assert 'id="owner-find"' in page and "Listing 3 of 5 owners: type part of a name to find the others." in page
+    narrowed = member_client.get("/conversations/?owner_find=NORTH", **HOST).content.decode()  # Apply
+    assert options(narrowed) == [north.owner_key] and "1 owner has “NORTH” in its name." in narrowed
+    # The chosen owner is always an option, selected, and its conversations listed
+    page = member_client.get(f"/conversations/?owner={chosen.owner_key}&owner_find=north", **HOST).content.decode()
+    assert options(page) == [chosen.owner_key, north.owner_key] and "Chosen one&#x27;s" in page
+    assert f'<option value="{chosen.owner_key}" selected>' in page
+    # As it is typed: the options alone, with the note out of band; a query per kind, whatever the count
+    with CaptureQueriesContext(connection) as seen:
+        part = member_client.get("/conversations/?owner_options=1&owner_find=acct", HTTP_HX_REQUEST="true",
+                                 **HOST).content.decode()
+    assert options("<select id=\"owner\">" + part + "</select>") == [a.owner_key for a in accounts[:3]]
+    assert 'id="owner-find-note" hx-swap-oob="true"' in part and "Listing the first 3 owners with “acct”" in part
+    assert "<form" not in part and len([q for q in seen.captured_queries if "lifecycle_" in q["sql"]]) <= 5
+    none = member_client.get("/conversations/?owner_options=1&owner_find=zzz", HTTP_HX_REQUEST="true", **HOST)
+    assert "No owner has “zzz” in its name." in none.content.decode()
+    spanish = member_client.get("/conversations/", HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode()
+    assert "Buscar un propietario" in spanish and "Se muestran 3 de 5 propietarios" in spanish
+
+
+def test_a_few_owners_are_all_offered_without_a_finder(member_client):
+    owners = [factories.make_account(f"A{n}") for n in range(3)]
+    page = member_client.get("/conversations/", **HOST).content.decode()
+    assert 'id="owner-find"' not in page and all(f'value="{o.owner_key}"' in page for o in owners)
