@@ -128,14 +128,15 @@ def owner_choices(find: str, chosen: str) -> dict:
     shown_accounts = list(accounts[:OWNER_CHOICES])
     room = OWNER_CHOICES - len(shown_accounts)
     shown_computers = list(computers[:room]) if room else []
+    matched = len(shown_accounts) + len(shown_computers)  # (r79: the chosen owner added below was counted)
     kind, _sep, ident = chosen.partition(":")
     if chosen and chosen not in {o.owner_key for o in [*shown_accounts, *shown_computers]}:
         found = (Account if kind == "account" else Computer).objects.filter(pk=int(ident)).first()
         if found is not None:
             (shown_accounts if kind == "account" else shown_computers).insert(0, found)
-    shown = len(shown_accounts) + len(shown_computers)
-    return {"accounts": shown_accounts, "computers": shown_computers, "owners_total": total, "owners_shown": shown,
-            "owners_finder": total > OWNER_CHOICES, "owners_capped": shown >= OWNER_CHOICES,
+    return {"accounts": shown_accounts, "computers": shown_computers, "owners_total": total,
+            "owners_shown": len(shown_accounts) + len(shown_computers), "owners_matched": matched,
+            "owners_finder": total > OWNER_CHOICES, "owners_capped": matched >= OWNER_CHOICES,
             "owner_choices_max": OWNER_CHOICES, "owner_find": find, "owner": chosen}
 
 

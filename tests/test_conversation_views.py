@@ -308,6 +308,9 @@ def test_past_a_hundred_owners_the_owner_list_is_narrowed_by_name(member_client,
     page = member_client.get(f"/conversations/?owner={chosen.owner_key}&owner_find=north", **HOST).content.decode()
     assert options(page) == [chosen.owner_key, north.owner_key] and "Chosen one&#x27;s" in page
     assert f'<option value="{chosen.owner_key}" selected>' in page
+    assert "1 owner has “north” in its name." in page  # r79: the chosen owner, offered, was counted a match
+    nothing = member_client.get(f"/conversations/?owner={chosen.owner_key}&owner_find=zzz", **HOST).content.decode()
+    assert options(nothing) == [chosen.owner_key] and "No owner has “zzz” in its name." in nothing
     # As it is typed: the options alone, with the note out of band; a query per kind, whatever the count
     with CaptureQueriesContext(connection) as seen:
         part = member_client.get("/conversations/?owner_options=1&owner_find=acct", HTTP_HX_REQUEST="true",
