@@ -44,6 +44,7 @@ from remote.status import waiting_text
 from remote.sync import configured_engines, configured_reads
 
 POLL_SECONDS = 2
+OWNER_CHOICES = 100  # owners the Owner list offers at once; past it, "Find an owner" narrows it
 PAGE_SIZE = 100  # an owner's conversations per page
 DELETES_PAGE_SIZE = 50  # the owner's deletes per page, the most recent first
 
@@ -62,6 +63,18 @@ def _owners() -> list[dict]:
     return owners
 
 
+def _owner_finder(owners: list[dict], find: str, chosen: dict | None) -> dict:
+    """The Owner list's options: every owner while there are at most OWNER_CHOICES; past that
+    (r78: 1,500 owners made a 170 KB page), the first OWNER_CHOICES of those whose number holds
+    `find` (of all, without it), the chosen owner always among them."""
+    matching = [o for o in owners if find in str(o["id"])] if find and len(owners) > OWNER_CHOICES else owners
+    offered = matching[:OWNER_CHOICES]
+    if chosen is not None and chosen not in offered:
+        offered.insert(0, chosen)
+    return {"owners": offered, "owners_total": len(owners), "owners_matched": len(matching),
+            "owners_finder": len(owners) > OWNER_CHOICES, "owner_find": find, "owner_choices_max": OWNER_CHOICES}
+
+
 @login_required
 @require_GET
 def binding_list(request: HttpRequest) -> HttpResponse:
@@ -73,6 +86,7 @@ def binding_list(request: HttpRequest) -> HttpResponse:
     unknown_owner = owner is None and bool(owners)  # an old or edited link: the first owner, said so
     if unknown_owner:
         owner = owners[0]
+    finder = _owner_finder(owners, request.GET.get("owner_find", "").strip()[:20], owner)
     bindings, deletes, page, deletes_page, read_at = [], [], None, None, None
     if owner is not None:
         # Every conversation of the owner is reachable: pages of PAGE_SIZE (an owner may have
@@ -91,7 +105,7 @@ def binding_list(request: HttpRequest) -> HttpResponse:
                                  DELETES_PAGE_SIZE).get_page(_page(request, "deletes"))
         deletes = list(deletes_page.object_list)
     return render(request, "remote/binding_list.html", {
-        "owners": owners, "owner": owner, "unknown_owner": unknown_owner, "bindings": bindings, "page": page,
+        **finder, "owner": owner, "unknown_owner": unknown_owner, "bindings": bindings, "page": page,
         "deletes": deletes, "deletes_page": deletes_page, "read_at": read_at,
         # The engines whose latest read failed: the hourly read has no one else to tell.
         "failed_reads": [read for read in configured_reads() if read.shown_code],

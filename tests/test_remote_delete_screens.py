@@ -566,3 +566,27 @@ def test_the_owner_list_reads_one_row_per_owner_not_per_binding(settings, admin_
         cursor.execute(distinct[0])
         assert len(cursor.fetchall()) == 3  # one row per owner
     assert page.count('<option value="account:') == 3
+
+
+def test_past_a_hundred_owners_an_engine_owner_is_found_by_its_number(settings, admin_client, monkeypatch):
+    """r78: every engine owner was an option (1,500 owners: a 170 KB page)."""
+    from remote import views
+
+    monkeypatch.setattr(views, "OWNER_CHOICES", 3)
+    settings.ENGINE_URL, settings.ENGINE_TOKEN = "http://127.0.0.1:9", "t" * 40
+    for n, owner_id in enumerate((7, 12, 31, 45, 120)):
+        EngineBinding.objects.create(engine_id=f"c_{n:020d}", owner_kind="account", owner_id=owner_id, scope="bound",
+                                     thread_id=f"t{n}", engine_state="live")
+
+    def offered(page: str) -> list[str]:
+        start = page.index('<select id="owner"')
+        return re.findall(r'<option value="([^"]+)"', page[start:page.index("</select>", start)])
+
+    page = admin_client.get("/engine/conversations/", **HOST).content.decode()
+    assert offered(page) == ["account:7", "account:12", "account:31"]
+    assert "The list offers 3 of 5 owners: type part of an owner's number, then Show." in page
+    found = admin_client.get("/engine/conversations/?owner=account:7&owner_find=12", **HOST).content.decode()
+    assert offered(found) == ["account:7", "account:12", "account:120"]  # the one shown, then the two that match
+    assert "2 owners' numbers hold “12”" in found
+    spanish = admin_client.get("/engine/conversations/", HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode()
+    assert 'id="owner-find"' in spanish and "The list offers" not in spanish
