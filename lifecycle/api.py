@@ -518,7 +518,14 @@ class OperationsQuery(QuerySchema):
 @endpoint("GET", "/v1/operations", query=OperationsQuery, response=OperationPageOut, name="api-operations",
           summary="Delete operations, newest first, paged by `next` and `previous`")
 def operation_list(request: HttpRequest, query: OperationsQuery) -> dict:
-    page = get_engine().operations(state=query.state, limit=query.limit, position=query.cursor or query.offset)
+    try:
+        page = get_engine().operations(state=query.state, limit=query.limit, position=query.cursor or query.offset)
+    except ActionRefused as exc:
+        if exc.code != "invalid_cursor" or query.offset is None or (query.offset.isascii() and query.offset.isdigit()):
+            raise  # (a whole number fails only past the bound, which the engine's words say)
+        # (r80: "The cursor is not valid." to a client that sent an offset and no cursor)
+        raise ApiError(400, "invalid_cursor", _("The offset is neither a whole number of rows nor a cursor a page "
+                                                "handed out.")) from None
     return {"results": [op.data for op in page.rows], "next": page.next, "previous": page.previous}
 
 

@@ -125,6 +125,10 @@ def test_an_offset_past_the_published_bound_says_so(api):
     answer = api.get("/v1/operations?offset=2147483647")
     assert (answer.status_code, answer.json()["code"]) == (400, "invalid_cursor")
     assert answer.json()["message"] == "An offset skips at most 1,000,000 rows: follow the pages' next instead."
+    for bad in ("-1", "1e3", "abc"):  # r80: no cursor was sent
+        answer = api.get(f"/v1/operations?offset={bad}").json()
+        assert (answer["code"], answer["message"]) == (
+            "invalid_cursor", "The offset is neither a whole number of rows nor a cursor a page handed out."), bad
     spanish = api.get("/v1/operations?offset=1000001", HTTP_ACCEPT_LANGUAGE="es").json()["message"]
     assert "1\xa0000\xa0000 filas" in spanish  # r77: "1,000,000", the English way; as Spanish pages write it now
     assert api.get("/v1/operations?offset=1000000").json() == {"results": [], "next": None, "previous": None}

@@ -928,7 +928,7 @@
   // back (r76). Instead an action says beside its button that nothing was done, with the way
   // to sign in in a new tab; a status read while a draft waits says so beside the status. The
   // draft stays, and the next action (or save) renews the page's token first.
-  function saySignedOut(region) {
+  function saySignedOut(region, focus) {
     if (!region || region.querySelector("[data-said-session-ended]")) return; // said once, its link kept
     region.innerHTML = "";
     var p = document.createElement("p");
@@ -942,6 +942,9 @@
       p.appendChild(link);
     }
     region.appendChild(p);
+    // The way on, for the button pressed: it is earlier in the page than that button (r80: 35
+    // presses of Tab away), so the focus goes to it, as the save bar's does.
+    if (focus && p.querySelector("a")) p.querySelector("a").focus();
   }
   function actionRegion(elt) {
     return document.getElementById(elt.closest("#db-compact") ? "compact-error" : "tool-action-error");
@@ -955,7 +958,8 @@
     if (xhr.status === 401 && (action || (elt.id === "tool-poll" && dirtyForms().length))) {
       event.preventDefault();
       tokenStale = true; // said beside the action, once: the bar keeps saying what is unsaved
-      saySignedOut(action ? actionRegion(elt) : document.getElementById("tool-status-note"));
+      saySignedOut(action ? actionRegion(elt) : document.getElementById("tool-status-note"),
+                   action && elt.contains(document.activeElement));
     } else if (action && xhr.status === 403 && !xhr.getResponseHeader("X-Lethe-Refused") &&
                (xhr.responseText || "").indexOf("hx-swap-oob") === -1) {
       // The page's token was refused: signed in again in another tab since it was loaded (a new
@@ -993,7 +997,7 @@
       } else {
         var region = actionRegion(elt);
         if (region) region.innerHTML = ""; // said again: this press did nothing either
-        saySignedOut(region);
+        saySignedOut(region, elt.contains(document.activeElement));
       }
     });
   });
