@@ -13,7 +13,7 @@ from console.api import Schema, endpoint
 from insight import figures
 from insight.actions import request_measurement
 from insight.models import DailySize, Measurement
-from lifecycle.serializers import ThreadOwnerOut, iso
+from lifecycle.serializers import ThreadOwnerOut, iso, owner_json
 
 BASE = "/api/v1/system/storage"
 
@@ -114,11 +114,10 @@ def storage_document() -> dict:
                 "engine_files": None if no_folder else m.engine_files, "engine_unreadable": m.engine_unreadable,
                 "unattributed_engine_bytes": None if no_folder else m.unattributed_engine_bytes,
                 "text_bytes": m.text_bytes, "payload_bytes": m.payload_bytes, "removable_bytes": m.removable_bytes},
-        conversations=[{"id": c.public_id, "thread_id": c.thread_id, "title": c.shown_title,
-                        "owner": {"kind": c.owner_kind, "id": c.owner_id, "name": c.owner.name},
-                        "db_bytes": row.size.db_bytes, "engine_bytes": row.size.engine_bytes,
-                        "total_bytes": row.size.total_bytes}
-                       for row in lists["conversations"] for c in (row.name,)],
+        conversations=[{"id": row.name.public_id, "thread_id": row.name.thread_id, "title": row.name.shown_title,
+                        "owner": owner_json(row.name), "db_bytes": row.size.db_bytes,
+                        "engine_bytes": row.size.engine_bytes, "total_bytes": row.size.total_bytes}
+                       for row in lists["conversations"]],
         accounts=[_owner(row) for row in lists["accounts"]],
         computers=[_owner(row) for row in lists["computers"]],
         tool_kinds=[{"kind": row.name, "items": row.size.items, "payload_bytes": row.size.payload_bytes,

@@ -79,11 +79,16 @@ class ThreadPageOut(Schema):
     )
 
 
+def owner_json(c: Conversation) -> dict[str, Any]:
+    """A conversation's owner as the API names it (r72: with its name, as the screens say it)."""
+    return {"kind": c.owner_kind, "id": c.owner_id, "name": c.owner.name}
+
+
 def thread_json(c: Conversation) -> dict[str, Any]:
     return {
         "id": c.public_id,
         "thread_id": c.thread_id,
-        "owner": {"kind": c.owner_kind, "id": c.owner_id, "name": c.owner.name},  # (r72: a client had no name)
+        "owner": owner_json(c),
         "scope": c.scope,
         "title": c.shown_title,
         "archived": c.archived_at is not None,

@@ -167,3 +167,16 @@ def erasure_stopped_in(conversation, step: str, *, key: str, monkeypatch):
         executor.run_erasure(op.pk)
     op.refresh_from_db()
     return op
+
+
+def folder_behind_a_link(conversation: Conversation, tmp_path) -> None:
+    """The conversation's thread folder as a symbolic link to a folder outside the engine
+    folder, holding a 5,000-byte events file (what no count or erasure may follow)."""
+    from lifecycle.enginefs import EngineHome
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "events.jsonl").write_bytes(b"x" * 5000)
+    threads = EngineHome().root / "threads"
+    threads.mkdir()
+    (threads / conversation.storage_key).symlink_to(outside)

@@ -69,12 +69,7 @@ def test_an_unreadable_fleet_file_makes_the_subagents_unknown_not_none(member_cl
 
 
 def test_a_folder_behind_a_link_is_left_out_and_said(member_client, conversation, tmp_path):
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    (outside / "events.jsonl").write_bytes(b"x" * 5000)
-    threads = EngineHome().root / "threads"
-    threads.mkdir()
-    (threads / conversation.storage_key).symlink_to(outside)
+    factories.folder_behind_a_link(conversation, tmp_path)
     shown = runtime(member_client, conversation)
     assert (shown["engine_files"], shown["engine_bytes"], shown["engine_complete"]) == (0, 0, False)
     assert [p["code"] for p in shown["engine_problems"]] == ["unsafe"]

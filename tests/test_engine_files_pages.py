@@ -101,12 +101,7 @@ def test_the_detail_page_reports_a_log_that_cannot_be_opened(member_client, conv
 
 
 def test_the_detail_page_does_not_follow_a_symlinked_conversation_folder(member_client, conversation, tmp_path):
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    (outside / "events.jsonl").write_bytes(b"x" * 5000)
-    threads = EngineHome().root / "threads"
-    threads.mkdir()
-    (threads / conversation.storage_key).symlink_to(outside)
+    factories.folder_behind_a_link(conversation, tmp_path)
     response = member_client.get(f"/conversations/{conversation.public_id}/", **HOST)
     page = response.content.decode()
     assert response.status_code == 200
