@@ -97,9 +97,6 @@ class Waiting:
     deletes: tuple[int, ...]
     titles: tuple[tuple[int, datetime], ...]  # (binding, when its title was cleared)
 
-    def __bool__(self) -> bool:
-        return bool(self.deletes or self.titles)
-
 
 def waiting_now() -> Waiting:
     return Waiting(tuple(waiting().order_by("pk").values_list("pk", flat=True)),

@@ -928,23 +928,32 @@
   // back (r76). Instead an action says beside its button that nothing was done, with the way
   // to sign in in a new tab; a status read while a draft waits says so beside the status. The
   // draft stays, and the next action (or save) renews the page's token first.
-  function saySignedOut(region, focus) {
-    if (!region || region.querySelector("[data-said-session-ended]")) return; // said once, its link kept
+  function sayAlert(region, text) {
     region.innerHTML = "";
     var p = document.createElement("p");
     p.className = "alert alert-error";
+    p.textContent = text;
+    region.appendChild(p);
+    return p;
+  }
+  function saySignedOut(region, focus) {
+    if (!region || region.querySelector("[data-said-session-ended]")) return; // said once, its link kept
+    var p = sayAlert(region, region.dataset.sessionEnded + " ");
     p.setAttribute("data-said-session-ended", "");
-    p.textContent = region.dataset.sessionEnded + " ";
     if (signIn) {
       var link = signIn.cloneNode(true);
       link.hidden = false;
       link.classList.remove("save-bar-signin"); // (a whole button: a 44 px target on a phone)
       p.appendChild(link);
     }
-    region.appendChild(p);
     // The way on, for the button pressed: it is earlier in the page than that button (r80: 35
     // presses of Tab away), so the focus goes to it, as the save bar's does.
     if (focus && p.querySelector("a")) p.querySelector("a").focus();
+  }
+  // The cleanup card's action a request came from (its status poll carries data-cleanup-action
+  // too, for its error answers: it is no action).
+  function cleanupAction(elt) {
+    return elt && elt.closest && elt.id !== "tool-poll" ? elt.closest("[data-cleanup-action]") : null;
   }
   function actionRegion(elt) {
     return document.getElementById(elt.closest("#db-compact") ? "compact-error" : "tool-action-error");
@@ -952,10 +961,8 @@
   document.addEventListener("htmx:beforeOnLoad", function (event) {
     var elt = event.detail.elt;
     var xhr = event.detail.xhr;
-    if (!elt || !elt.closest) return;
-    // (the card's status poll carries data-cleanup-action too, for its error answers: it is no action)
-    var action = elt.id !== "tool-poll" && elt.closest("[data-cleanup-action]");
-    if (xhr.status === 401 && (action || (elt.id === "tool-poll" && dirtyForms().length))) {
+    var action = cleanupAction(elt);
+    if (xhr.status === 401 && (action || (elt && elt.id === "tool-poll" && dirtyForms().length))) {
       event.preventDefault();
       tokenStale = true; // said beside the action, once: the bar keeps saying what is unsaved
       saySignedOut(action ? actionRegion(elt) : document.getElementById("tool-status-note"),
@@ -967,20 +974,13 @@
       event.preventDefault();
       tokenStale = true;
       var region = actionRegion(elt);
-      if (region) {
-        region.innerHTML = "";
-        var p = document.createElement("p");
-        p.className = "alert alert-error";
-        p.textContent = region.dataset.tokenExpired;
-        region.appendChild(p);
-      }
+      if (region) sayAlert(region, region.dataset.tokenExpired);
     }
   });
   var renewing = false;
   document.addEventListener("htmx:confirm", function (event) {
     var elt = event.detail.elt;
-    if (!(sessionEnded || tokenStale) || !elt || !elt.closest || elt.id === "tool-poll" ||
-        !elt.closest("[data-cleanup-action]")) return;
+    if (!(sessionEnded || tokenStale) || !cleanupAction(elt)) return;
     event.preventDefault();
     if (renewing) return; // a second press while the token renews is dropped, as hx-sync drops it (r77)
     renewing = true;
