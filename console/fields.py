@@ -6,6 +6,7 @@ import re
 
 from django import forms
 from django.core.exceptions import ValidationError
+from django.utils.translation import gettext_lazy as _
 
 from console.api import MAX_WHOLE_NUMBER
 
@@ -64,3 +65,45 @@ def whole_number(text: str) -> int:
     if number is None:
         raise ValueError(text)
     return number
+
+
+# A form's checkbox sends "on" when ticked and nothing when not (an empty value reads as not
+# ticked too). Anything else is a form altered or sent by hand: Django's BooleanField reads
+# "off", "no" and any other word as ticked, which turned automatic cleanup on (r82).
+_ALTERED = object()
+
+
+class _SwitchInput(forms.CheckboxInput):
+    def value_from_datadict(self, data, files, name):
+        if name not in data:
+            return False
+        values = data.getlist(name) if hasattr(data, "getlist") else [data[name]]
+        if values == ["on"]:
+            return True
+        return False if values == [""] else _ALTERED
+
+
+class SwitchField(forms.BooleanField):
+    """A checkbox that is on only when the form's checkbox says so, refused when altered."""
+
+    widget = _SwitchInput
+    default_error_messages = {
+        "altered": _("The form arrived incomplete or altered, so nothing was changed. Reload the page and try again."),
+    }
+
+    def to_python(self, value):
+        if value is _ALTERED:
+            raise ValidationError(self.error_messages["altered"], code="altered")
+        return super().to_python(value)
+
+    def bound_data(self, data, initial):
+        return False if data is _ALTERED else super().bound_data(data, initial)  # shown unticked
+
+
+class OfferedChoiceField(forms.ChoiceField):
+    """A choice whose refusal names the choices, never the value sent: Django's own message
+    repeats it (a megabyte sent came back whole, control and direction characters included)."""
+
+    def __init__(self, *, invalid_choice, **kwargs):
+        super().__init__(**kwargs)
+        self.error_messages["invalid_choice"] = invalid_choice

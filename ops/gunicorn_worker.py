@@ -2,8 +2,9 @@
 request gunicorn refuses itself, before Lethe sees it (a request line or a header over its
 limits, a malformed request line or header), is answered with Lethe's JSON error document
 (`{"code", "message"}`, as everything under /v1/ and /api/v1/ answers) instead of gunicorn's
-HTML page. Such a request's path is not known (it was not read), so the answer is the same
-for every path. Its message is in the language Django would choose for the request (the
+HTML page; a browser loading a page (`Sec-Fetch-Dest: document`) gets a page of its own with
+the same words and a link back instead (`page_error`). Such a request's path may not be known
+(it was not read), so the answer is the same for every path. Its message is in the language Django would choose for the request (the
 language cookie, then Accept-Language, then LANGUAGE_CODE; Django's own reading of them), from
 the complete Cookie and Accept-Language lines among the bytes received: those of the whole head
 once it is in (a body too large, a timeout or a busy worker while the body comes, a refusal
@@ -134,6 +135,30 @@ _LANGUAGE_LINE = re.compile(rb"\n(cookie|accept-language):([^\r\n]*)\r?(?=\n)", 
 _LANGUAGE_HEADER_BYTES = 16384
 
 
+def _head_stop(data, end: int) -> int:
+    """Where the head of a request whose bytes so far are `data` stops for reading its header
+    lines: after the blank line at `end` when it has come (the last line's CRLF included), and
+    never past the first empty line, whichever line end it has (a bare LF's head ends there, and
+    what follows is the next pipelined request's, not this one's)."""
+    stop = end + 2 if end >= 0 else len(data)
+    for blank in (b"\n\n", b"\n\r\n"):
+        if (at := data.find(blank, 0, stop)) >= 0:
+            stop = min(stop, at + 1)
+    return stop
+
+
+# Browsers say a request loads a page with this header (and only browsers send it).
+_PAGE_LOAD = re.compile(rb"\nsec-fetch-dest:[ \t]*document[ \t]*\r?\n", re.IGNORECASE)
+
+
+def loads_a_page(data, end: int = -1) -> bool:
+    """Whether the request is a browser loading a page (a form sent, a link followed, an address
+    typed) from its complete header lines: it is answered with a page, not the JSON document a
+    program reads (r82: a search too long for the request line showed the raw JSON, its Spanish
+    letters escaped)."""
+    return _PAGE_LOAD.search(data, 0, _head_stop(data, end)) is not None
+
+
 def language_headers(data, end: int = -1, fields: int = 100) -> tuple[bytes, bytes]:
     """(Cookie, Accept-Language) of a request whose bytes so far are `data`, from its complete
     header lines (up to the head's blank line at `end`, when it has come), empty when absent.
@@ -141,13 +166,7 @@ def language_headers(data, end: int = -1, fields: int = 100) -> tuple[bytes, byt
     bytes are the client's: at most `fields` such lines are read, and each header's first 16 KiB
     (the cookies cut after the last whole one)."""
     found: dict[bytes, list[bytes]] = {b"cookie": [], b"accept-language": []}
-    stop = end + 2 if end >= 0 else len(data)  # the last line's CRLF included
-    # Never past the first empty line, whichever line ends it has (a bare LF's head ends there,
-    # and what follows is the next pipelined request's, not this one's)
-    for blank in (b"\n\n", b"\n\r\n"):
-        if (at := data.find(blank, 0, stop)) >= 0:
-            stop = min(stop, at + 1)
-    for lines, match in enumerate(_LANGUAGE_LINE.finditer(data, 0, stop)):
+    for lines, match in enumerate(_LANGUAGE_LINE.finditer(data, 0, _head_stop(data, end))):
         if lines >= fields:
             break
         found[match[1].lower()].append(match[2].strip(b" \t"))
@@ -182,7 +201,31 @@ def localized(row: tuple[int, str, str, str], data=b"", end: int = -1, fields: i
     status, reason, code, message = row
     language = request_language(*language_headers(data, end, fields))
     with translation.override(language):
+        if loads_a_page(data, end):
+            return page_error(status, reason, translation.gettext(_PAGE_TITLE), translation.gettext(message),
+                              translation.gettext(_PAGE_BACK), retry_after, language)
         return json_error(status, reason, code, translation.gettext(message), retry_after, language)
+
+
+_PAGE_TITLE = gettext_noop("Lethe could not take this request")
+_PAGE_BACK = gettext_noop("Back to Lethe")
+
+
+def page_error(status: int, reason: str, title: str, message: str, back: str, retry_after: int | None = None,
+               language: str = "en") -> bytes:
+    """The whole answer as a page for a browser: the refusal's words and a way back, nothing else
+    (no script, no style, nothing loaded: the policy allows none)."""
+    from html import escape
+
+    body = (f'<!DOCTYPE html>\n<html lang="{escape(language)}"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{escape(title)}</title></head>'
+            f'<body><h1>{escape(title)}</h1><p>{escape(message)}</p><p><a href="/">{escape(back)}</a></p></body></html>\n'
+            ).encode()
+    retry = f"Retry-After: {retry_after}\r\n" if retry_after is not None else ""
+    head = (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: text/html; charset=utf-8\r\n"
+            f"Content-Length: {len(body)}\r\nCache-Control: no-store\r\nContent-Language: {language}\r\n"
+            f"Content-Security-Policy: default-src 'none'\r\nX-Content-Type-Options: nosniff\r\n{retry}\r\n")
+    return head.encode("latin-1") + body
 
 
 _TIMED_OUT = (408, "Request Timeout", "request_timeout",

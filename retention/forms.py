@@ -4,7 +4,7 @@ from django import forms
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-from console.fields import WholeNumberField
+from console.fields import OfferedChoiceField, SwitchField, WholeNumberField
 from lifecycle.models import RetainedFactsPolicy
 from retention.models import AGE_LIMITS, AgeUnit
 
@@ -19,7 +19,8 @@ class AgeForm(forms.Form):
 
     # The range depends on the unit, so clean() checks it and says it in those words.
     age_value = WholeNumberField(label=_("Conversations inactive for"))
-    age_unit = forms.ChoiceField(label=_("Unit"), choices=AgeUnit.choices)
+    age_unit = OfferedChoiceField(label=_("Unit"), choices=AgeUnit.choices,
+                                  invalid_choice=_("Choose weeks or months."))
 
     def clean(self):
         data = super().clean()
@@ -37,12 +38,13 @@ class AgeForm(forms.Form):
 
 
 class ToolPayloadPolicyForm(AgeForm):
-    enabled = forms.BooleanField(label=_("Automatic cleanup"), required=False)
+    enabled = SwitchField(label=_("Automatic cleanup"), required=False)
     # Never preselected: the service says when the choice is required (enabling, re-enabling,
     # shortening the period) and refuses the save without it.
-    backup_choice = forms.ChoiceField(
+    backup_choice = OfferedChoiceField(
         label=_("Before the next cleanup"), choices=BackupChoice.choices, required=False,
         widget=forms.RadioSelect,
+        invalid_choice=_("Choose Create backup or Continue without backup."),
     )
     revision = WholeNumberField(widget=forms.HiddenInput, min_value=1)
 

@@ -281,6 +281,23 @@ def test_requests_the_server_refuses_before_lethe_sees_them_get_the_json_error(s
         assert (answered, headers["Content-Type"]) == (status, "application/json"), (request[:60], body[:200])
         document = json.loads(body)
         assert document["code"] == code and document["message"], document
+    # r82: a browser loading a page (a search too long, a form too large) gets a page in its
+    # language with a way back, not the JSON document with its letters escaped.
+    page_load = "Sec-Fetch-Dest: document\r\nCookie: django_language=es\r\nAccept: text/html\r\n"
+    for request, status in (
+        (f"GET /conversations/?q={'a' * 5000} HTTP/1.1\r\nHost: x\r\n{page_load}\r\n", 414),
+        (f"POST /settings/system/data-storage/retained-facts/ HTTP/1.1\r\nHost: x\r\n{page_load}"
+         f"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 999999999\r\n\r\n", 413),
+    ):
+        answered, headers, body = _raw(port, request.encode())
+        assert (answered, headers["Content-Type"], headers["Content-Language"]) == (
+            status, "text/html; charset=utf-8", "es"), body[:200]
+        assert headers["Content-Security-Policy"] == "default-src 'none'"
+        page = body.decode()
+        assert '<html lang="es">' in page and "Lethe no pudo atender esta solicitud" in page
+        assert '<a href="/">Volver a Lethe</a>' in page and "aaaaaaaaaa" not in page
+    assert "es más larga de lo que este servidor acepta" in _raw(port, cases[0][0].replace(
+        "Host: x", "Host: x\r\nSec-Fetch-Dest: document\r\nAccept-Language: es").encode())[2].decode()
     # A request inside the limits still reaches Lethe: an over-long query is its own 400.
     answered, headers, body = _raw(port, f"GET /v1/threads?q={'a' * 300} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}"
                                          f"Connection: close\r\n\r\n".encode())

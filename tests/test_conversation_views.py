@@ -55,6 +55,10 @@ def test_it_filters_by_tab_owner_and_search(member_client):
     assert titles("q=deploy") == {"Recent deploy"}
     assert titles("view=nonsense&owner=planet:x") == {"Recent deploy", "Local notes"}
     assert titles("owner=account:%C2%B2") == {"Recent deploy", "Local notes"}
+    # r82: the box takes what the list searches for (200 characters), not a paste the server cuts
+    # without a word or the server refuses as a request line too long.
+    page = member_client.get("/conversations/", **HOST).content.decode()
+    assert re.search(r'<input id="q" type="search" name="q" value="" maxlength="200"', page)
 
 
 def test_a_link_to_an_owner_that_is_not_here_lists_every_owner_and_says_so(member_client):

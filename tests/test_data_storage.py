@@ -115,6 +115,46 @@ def test_it_rejects_invalid_policy_input_and_saves_nothing(admin_client, bad):
     assert AuditFact.objects.count() == 0
 
 
+@pytest.mark.parametrize("sent", [["off"], ["no"], ["false"], ["a\x00b"], ["on", "on"], ["on", ""], ["1"]])
+def test_the_automatic_cleanup_switch_is_on_only_as_the_checkbox_sends_it(admin_client, sent):
+    """r82: the switch took any word but "false" and "0" for on ("off" turned cleanup on)."""
+    body = {**tool_form(backup_choice="skip"), "enabled": sent}
+    response = admin_client.post(TOOL, body, **HX)
+    assert response.status_code == 422
+    html = response.content.decode()
+    assert "The form arrived incomplete or altered, so nothing was changed." in html
+    assert 'id="id_enabled">' in html  # shown as saved: off, not as the altered form had it
+    policy = ToolPayloadPolicy.load()
+    assert (policy.enabled, policy.revision) == (False, 1) and AuditFact.objects.count() == 0
+
+
+def test_the_switch_is_on_when_ticked_and_off_when_absent_or_empty(admin_client):
+    assert admin_client.post(TOOL, tool_form(enabled="on", backup_choice="skip"), **HX).status_code == 200
+    assert ToolPayloadPolicy.load().enabled is True
+    assert admin_client.post(TOOL, tool_form(revision="2"), **HX).status_code == 200
+    assert ToolPayloadPolicy.load().enabled is False
+    assert admin_client.post(TOOL, tool_form(enabled="", revision="3", age_value="4"), **HX).status_code == 200
+    assert (ToolPayloadPolicy.load().enabled, ToolPayloadPolicy.load().age_value) == (False, 4)
+
+
+@pytest.mark.parametrize("field", ["age_unit", "backup_choice"])
+@pytest.mark.parametrize("language", ["en", "es"])
+def test_a_choice_not_offered_is_refused_without_repeating_it(admin_client, field, language):
+    """r82: Django's message repeated the value sent: a megabyte came back whole, NUL and
+    direction characters included."""
+    admin_client.cookies["django_language"] = language
+    sent = "a\x00b<i>x</i>\u202eRTL" + "A" * 1_000_000
+    response = admin_client.post(TOOL, {**tool_form(enabled="on", backup_choice="skip"), field: sent}, **HX)
+    assert response.status_code == 422
+    html = response.content.decode()
+    assert len(html) < 100_000 and "AAAA" not in html and "\u202e" not in html and "\x00" not in html
+    said = {("age_unit", "en"): "Choose weeks or months.", ("age_unit", "es"): "Elija semanas o meses.",
+            ("backup_choice", "en"): "Choose Create backup or Continue without backup.",
+            ("backup_choice", "es"): "Elija Crear copia de seguridad o Continuar sin copia de seguridad."}
+    assert said[field, language] in html
+    assert (ToolPayloadPolicy.load().enabled, ToolPayloadPolicy.load().revision) == (False, 1)
+
+
 @pytest.mark.parametrize("spelled", ["1_000", "+365", "365.0", " 365.0", "٣٦٥", "３６５", "3e2", "0x10"])
 def test_a_number_the_api_refuses_is_refused_by_the_forms_too(admin_client, spelled):
     """The forms take whole numbers in ASCII digits only, as the API does: int() took "1_000",
