@@ -78,6 +78,39 @@ def test_a_delete_waits_while_its_engine_folder_is_unmounted_and_finishes_once_i
     assert not verify.verify(op).logical
 
 
+def test_a_folder_gone_during_a_delete_stops_it_before_any_file_step_counts_it_gone(engine_home):
+    """r81: the folder was checked once, when the run began. Unmounted during the messages'
+    step, every file step then read it as holding nothing and the residue check found nothing:
+    the delete completed, its receipt clean, with the conversation's files still on the disk
+    (and the fleet step made lock files in a new, unmarked folder at ENGINE_HOME)."""
+    target = factories.make_conversation(title="Unmounted midway")
+    factories.fill_every_store(target)
+    before = files_of(target)
+    assert before
+    op = request_deletion(target, key="k-midway", acting_user=None)
+    away = engine_home.with_name("engine-away")
+
+    def unmount(_op, step, _n, _total):
+        if step.key == "lifecycle.Item" and engine_home.exists():
+            engine_home.rename(away)  # the disk goes while the messages are erased
+
+    assert executor.run_erasure(op.pk, progress=unmount) == "pending"
+    op.refresh_from_db()
+    assert (op.state, op.last_error) == ("pending", "engine_folder_unavailable")
+    assert not engine_home.exists()  # nothing made in its place
+    file_steps = {"events", "approval_receipts", "artifacts", "subagents", "legacy_subagents"}
+    assert not op.steps.filter(key__in=file_steps, state="done").exists()
+    assert not m.Item.objects.filter(conversation=target).exists()  # the step before it went on
+
+    away.rename(engine_home)  # mounted again: the files are all there, and the delete finishes
+    assert files_of(target) == before
+    assert executor.run_erasure(op.pk, force=True) == "completed"
+    op.refresh_from_db()
+    assert files_of(target) == [] and not verify.verify(op).logical
+    erased_files = sum(step.records for step in op.steps.filter(key__in={"events", "approval_receipts", "artifacts"}))
+    assert erased_files == len(before)
+
+
 def test_no_new_delete_is_admitted_and_no_check_reports_clean_without_the_folder(engine_home):
     done = factories.make_conversation(title="Deleted before")
     factories.fill_every_store(done)

@@ -279,6 +279,7 @@ def _clear_residue(op: DeleteOperation, conversation: Conversation, home: Engine
 
     for attempt in range(2):
         findings = logical_findings(conversation, home)
+        engine_folder.check(home)  # none found in a folder that is no longer this database's is no finding (r81)
         _count_erased_again(op, {f.store for f in findings})
         if not findings:
             return timezone.now()
@@ -408,11 +409,24 @@ def _run_step(op: DeleteOperation, step: DeleteStep, store, conversation: Conver
     is marked done; a crash in between redoes the (idempotent) file change.
     """
     kill = lambda: faults.kill_point(step.key)  # noqa: E731
+    in_folder = step.key == plan.FINGERPRINTS or store.kind == "file"
+    if in_folder:
+        # The folder is checked once more before a step that reads or changes it, and again
+        # before the step is marked done: a folder gone meanwhile (a disk unmounted during the
+        # messages' step) read as holding nothing, so the delete completed with its files still
+        # on the disk and a clean receipt (r81). The step waits for its folder instead.
+        engine_folder.check(home)
+
+    def done(figures: stores.Measure | None = None) -> None:
+        if in_folder:
+            engine_folder.check(home)
+        _step_done(op, step, figures)
+
     if step.key == plan.FINGERPRINTS:
         renew(op, step=step.key)
         fingerprints.record(op, fingerprints.sample(conversation, home))
         kill()
-        _step_done(op, step)
+        done()
         return
     if step.state != StepState.PENDING:
         renew(op, step=step.key)
@@ -434,7 +448,7 @@ def _run_step(op: DeleteOperation, step: DeleteStep, store, conversation: Conver
             else:
                 figures = stores.measure(store, conversation, home)
             if not figures.records and not figures.detail.get("remaining"):
-                _step_done(op, step, figures)  # nothing there: measured and done at once
+                done(figures)  # nothing there: measured and done at once
                 return
             if store.kind == "table" and figures.records <= stores.one_transaction_rows():
                 stores.erase(store, conversation, home, renew=lambda: None, checkpoint=kill, whole=True)
@@ -444,7 +458,7 @@ def _run_step(op: DeleteOperation, step: DeleteStep, store, conversation: Conver
                 state=StepState.MEASURED, records=figures.records, bytes=figures.bytes, detail=figures.detail
             )
     stores.erase(store, conversation, home, renew=lambda: renew(op, every=lease_seconds() / 8), checkpoint=kill)
-    _step_done(op, step)
+    done()
 
 
 def receipt_of(op: DeleteOperation, steps: list[DeleteStep] | None = None) -> dict:
