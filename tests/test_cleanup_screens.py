@@ -512,13 +512,13 @@ def test_a_queued_compaction_says_queued_not_compacting(admin_client, admin_user
         assert 'data-testid="compact-state" data-state="queued"' in compact
         assert "Compaction queued: it starts once the job cluster runs again." in text_of(compact)
         assert "Compacting the database" not in compact
-        assert ("No job has run yet: the job cluster seems to be stopped. Queued work, backups and the daily "
+        assert ("No job has finished yet: the job cluster seems to be stopped. Queued work, backups and the daily "
                 "check start once it runs again.") in html
     shown = page(admin_client)
     assert "Compact database is waiting to start; one operation runs at a time." in shown
     assert "Another operation" not in shown and "is running" not in text_of(region(shown, "tool-run"))
     spanish = admin_client.get(PAGE, HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode()
-    assert 'data-testid="cluster-stopped"' in spanish and "No job has run" not in spanish
+    assert 'data-testid="cluster-stopped"' in spanish and "No job has finished" not in spanish
     # A cluster that runs (a job finished within the limit): the plain wording, no note
     JobStat.objects.create(func="ops.jobs.heartbeat", runs=1, last_finished_at=timezone.now())
     shown = page(admin_client)
@@ -800,7 +800,7 @@ def test_a_refused_save_says_why_whatever_field_was_wrong(admin_client, data):
     response = admin_client.post("/settings/system/data-storage/tool-payload-cleanup/", data, HTTP_HOST="127.0.0.1")
     assert response.status_code == 422
     html = response.content.decode()
-    assert any(text in html for text in ("Select a valid choice", "Enter a whole number", "This field is required"))
+    assert any(text in html for text in ("Choose weeks or months.", "Enter a whole number", "This field is required"))
     assert ToolPayloadPolicy.load().revision == 1
 
 

@@ -113,7 +113,7 @@ def test_a_return_address_that_is_not_a_path_here_goes_to_the_default(admin_clie
     assert m.AuditFact.objects.filter(action__in=["conversation.archived", "conversation.closed"]).count() == 2
 
 
-def test_members_see_the_admins_only_note_and_cannot_post(member_client):
+def test_members_see_the_admins_only_note_and_cannot_post(member_client, admin_client):
     conversation = factories.make_conversation(title="Read only")
     content = page(member_client, "/conversations/")
     assert "Archive, Close and Delete: admins only." in content
@@ -128,6 +128,9 @@ def test_members_see_the_admins_only_note_and_cannot_post(member_client):
     preview = page(member_client, f"/conversations/{conversation.public_id}/delete/")
     assert "Erased for good" in preview and "Deleting is for admins only." in preview
     assert 'name="key"' not in preview
+    # r81: nothing to confirm, so nothing tells a member to confirm
+    assert "before you confirm" not in preview and "only an admin can delete." in preview
+    assert "before you confirm" in page(admin_client, f"/conversations/{conversation.public_id}/delete/")
     detail = page(member_client, f"/conversations/{conversation.public_id}/")
     assert "Lifecycle actions are for admins only." in detail
 
@@ -148,6 +151,17 @@ def test_the_preview_lists_every_store_from_the_registry_with_counts(admin_clien
     assert re.search(r"Messages and tool calls</span> <span class=\"store-count\">2 records", content)
     assert "Delete for good" in content and "Cancel" in content
     assert not m.DeleteOperation.objects.exists()  # looking changes nothing
+
+
+@pytest.mark.parametrize(("language", "shown"), [("en", "1,200 records"), ("es", "1\u00a0200 registros")])
+def test_the_preview_groups_the_digits_of_its_counts_as_the_receipt_does(admin_client, language, shown):
+    """r81: the preview said "200007 records" where the receipt said "200,007 records erased"."""
+    conversation = factories.make_conversation(title="Many")
+    m.Item.objects.bulk_create([m.Item(conversation=conversation, seq=n, role="user", content="x")
+                                for n in range(1, 1201)])
+    admin_client.cookies["django_language"] = language
+    content = page(admin_client, f"/conversations/{conversation.public_id}/delete/")
+    assert re.search(r"<span class=\"store-count\">" + shown + r"\s*<", content), shown
 
 
 def test_the_preview_says_the_delete_adds_records_of_its_own_to_what_is_kept(admin_client):
@@ -229,13 +243,13 @@ def test_a_pending_delete_names_the_step_it_died_in_and_says_when_no_job_cluster
     settings.READYZ_HEARTBEAT_SECONDS = 300
     status = page(admin_client, f"/operations/{op.public_id}/")
     assert "Erasing: Messages and tool calls." in status and "Preparing" not in status
-    assert ("No job has run yet: the job cluster seems to be stopped. This delete goes on where it stopped "
+    assert ("No job has finished yet: the job cluster seems to be stopped. This delete goes on where it stopped "
             "once the cluster runs again.") in status
     beat = JobStat.objects.create(func="ops.jobs.heartbeat", runs=1, last_finished_at=m.timezone.now()
                                   - m.timezone.timedelta(minutes=20))
     status = page(admin_client, f"/operations/{op.public_id}/")
     # (20 minutes ago: "1:05 p.m.", or at the hour "1 p.m.", or "noon", "midnight")
-    assert re.search(r"No job has run since [^<:]+, (?:\d+(?::\d\d)? [ap]\.m\.|noon|midnight) UTC: the job cluster "
+    assert re.search(r"No job has finished since [^<:]+, (?:\d+(?::\d\d)? [ap]\.m\.|noon|midnight) UTC: the job cluster "
                      r"seems to be stopped\.", status)
     JobStat.objects.filter(pk=beat.pk).update(last_finished_at=m.timezone.now())
     assert 'data-testid="cluster-stopped"' not in page(admin_client, f"/operations/{op.public_id}/")
@@ -679,6 +693,11 @@ def test_a_refused_delete_names_the_actions_this_viewer_has_for_this_state(admin
     assert note.search(page(admin_client, address)).group(1) == (
         "Nothing was changed. Archive and Resume stay available on the conversation's page.")
     assert note.search(page(member_client, address)).group(1) == "Nothing was changed."
+    # r81: the way out's instructions are an admin's; a member reads who can take it
+    told = "Attribute each to the conversation it belongs to, or clear it"
+    assert told in page(admin_client, address)
+    seen = page(member_client, address)
+    assert told not in seen and "An admin can attribute each to the conversation it belongs to" in seen
     m.Conversation.objects.filter(pk=conversation.pk).update(closed_at=None, archived_at=m.timezone.now())
     assert note.search(page(admin_client, address)).group(1) == (
         "Nothing was changed. Unarchive and Close stay available on the conversation's page.")
