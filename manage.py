@@ -69,6 +69,15 @@ def locked(database: dict, error: Exception) -> str | None:
             "not written; what it finished before stays. Run it again once the other process is done.")
 
 
+def missing_file(error: Exception) -> str | None:
+    """The words of a SQLite database file missing from its path (console/sqlite/base.py says
+    why and what to do); None for any other error."""
+    from console.sqlite.base import MissingDatabaseFile
+
+    cause = getattr(error, "__cause__", None) or error
+    return " ".join(str(cause).split()) if isinstance(cause, MissingDatabaseFile) else None
+
+
 def watch_database_file(connection):
     """For the job cluster on SQLite: a watch on the database file it opened (None otherwise)."""
     if connection.vendor != "sqlite" or connection.is_in_memory_db():
@@ -149,7 +158,7 @@ def main() -> None:
 
         database = settings.DATABASES["default"]
         if database["ENGINE"] == "console.sqlite":
-            explained = cannot_write_explained(database, error) or locked(database, error)
+            explained = cannot_write_explained(database, error) or locked(database, error) or missing_file(error)
         else:
             explained = unreachable(database, error)
         explained = explained or not_migrated(database, error)

@@ -96,3 +96,65 @@ def test_a_file_deleted_under_the_process_is_refused_by_name_and_nothing_is_writ
     with pytest.raises(OperationalError, match="put it back"):
         again.ensure_connection()
     assert os.listdir(folder) == []
+
+
+def test_a_new_process_makes_no_file_beside_the_log_of_one_moved_away_and_its_last_writes_stay(tmp_path):
+    """r83: the file moved while its -wal stayed (the last committed writes in it); the restarted
+    serve's first connection made a new file at the path, SQLite took the log for the new file's
+    and dropped it, and the moved file, put back, had lost those writes."""
+    from console.sqlite import base
+
+    folder = tmp_path / "db"
+    folder.mkdir()
+    path, aside = folder / "lethe.sqlite3", folder / "moved.sqlite3"
+    first = open_database(path)
+    try:
+        first.ensure_connection()
+        with first.cursor() as cursor:
+            cursor.execute("CREATE TABLE kept (value TEXT)")
+            cursor.execute("INSERT INTO kept VALUES ('committed, in the log')")
+        assert os.path.getsize(f"{path}-wal") > 0
+        os.rename(path, aside)  # the file alone: its -wal and -shm stay at the path
+
+        base._OPENED.discard(str(path))  # a new process: it never opened this path
+        base._FIRST.pop(str(path), None)
+        restarted = open_database(path)
+        with pytest.raises(OperationalError, match=r"is missing, but .*-wal is there: .* put the file back"):
+            restarted.ensure_connection()
+        assert not path.exists() and os.path.getsize(f"{path}-wal") > 0
+        os.rename(aside, path)  # put back, with Lethe stopped
+    finally:
+        first.close()
+    again = open_database(path)
+    try:
+        with again.cursor() as cursor:
+            cursor.execute("SELECT value FROM kept")
+            assert cursor.fetchall() == [("committed, in the log",)]
+    finally:
+        again.close()
+
+
+def test_serve_started_beside_such_a_log_stops_with_one_line_and_makes_no_file(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.remote_engine import ROOT
+
+    folder = tmp_path / "db"
+    folder.mkdir()
+    path = folder / "lethe.sqlite3"
+    Path(f"{path}-wal").write_bytes(b"left by the file moved away")
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "ENGINE_URL")}
+    env.update(DATABASE_URL=f"sqlite:///{path}", DJANGO_SETTINGS_MODULE="console.settings_test",
+               ENGINE_HOME=str(tmp_path / "engine"), LETHE_VAR_DIR=str(tmp_path / "var"),
+               PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "prometheus"))
+    done = subprocess.run([sys.executable, "manage.py", "serve", "127.0.0.1:1"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("{")]
+    assert lines == [f"Lethe database error: The database file {path} is missing, but {path}-wal is there: the "
+                     "file was moved or deleted and its latest writes are still in that log. Lethe does not make a "
+                     "new database beside it, which would discard them: put the file back (with Lethe stopped) and "
+                     "start Lethe again."]
+    assert sorted(os.listdir(folder)) == ["lethe.sqlite3-wal"]
+    assert Path(f"{path}-wal").read_bytes() == b"left by the file moved away"

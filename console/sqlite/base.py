@@ -28,7 +28,8 @@ cluster stops (manage.py) rather than write into a file nobody reads (ops/health
 
 A process creates its database file at most once: on its first connection, when the file is
 not there yet (a fresh install's `migrate`), made owner-only (0600) before SQLite writes
-anything in it. Every later connection opens the file read-write without creating it
+anything in it; never beside a -wal or -shm left by a file moved or deleted (SQLite would
+take that log for the new file's and drop it, with the moved file's last writes). Every later connection opens the file read-write without creating it
 (`mode=rw`): a file moved or deleted under a running process is not silently replaced by a
 new, empty and world-readable one, which /readyz would then find in place with every
 migration unapplied. Such a connection fails with an error naming the path until the file is
@@ -177,6 +178,11 @@ class CursorWrapper(base.SQLiteCursorWrapper):
         return result
 
 
+def _log_without_file(path: str) -> str | None:
+    """The write-ahead log or shared-memory file of a database at `path`, when one is there."""
+    return next((name for name in (f"{path}-wal", f"{path}-shm") if os.path.exists(name)), None)
+
+
 def _create_private(path: str) -> None:
     """An empty file at `path`, owner-only, unless there is one: SQLite would create it with
     0644 (less the umask), readable by every user until settings' first-open chmod. An empty
@@ -292,6 +298,15 @@ class DatabaseWrapper(base.DatabaseWrapper):
         opened_before = path in _OPENED or path in _FIRST
         if opened_before:
             conn_params = {**conn_params, "database": f"file:{quote(path)}?mode=rw"}
+        elif path is not None and not os.path.exists(path) and (left := _log_without_file(path)):
+            # A -wal or -shm with no database file beside it: the file was moved or deleted and
+            # its log stayed. A new file here would take that log as its own and SQLite would
+            # drop it, with the moved file's last committed writes (r83: a restarted serve did).
+            raise MissingDatabaseFile(
+                f"The database file {path} is missing, but {left} is there: the file was moved or deleted "
+                "and its latest writes are still in that log. Lethe does not make a new database beside it, "
+                "which would discard them: put the file back (with Lethe stopped) and start Lethe again."
+            )
         elif path is not None:
             _create_private(path)
         if path is not None and grants_nobody_writing(path):
