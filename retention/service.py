@@ -276,6 +276,21 @@ def _mark_present(docs: list[dict | None], listed: set[str] | None) -> None:
             doc["backup"]["present"] = None if listed is None else doc["backup"]["name"] in listed
 
 
+def operation_document(op: ToolPayloadOperation) -> dict:
+    """One operation as the status shows it, asked about alone (the command's documents): its
+    backup's `present` read from the backup folder, as the status reads it (r83: always null
+    here, which the schema says means the folder could not be listed)."""
+    doc = _operation_dict(op)
+    if doc["backup"] is not None:
+        try:
+            listed = _backups()[2]
+        except Exception as exc:  # said as the status says it: not known
+            log.warning("the backup folder cannot be read: %s", type(exc).__name__)
+            listed = None
+        _mark_present([doc], listed)
+    return doc
+
+
 def _newest_of(kind: str) -> tuple[dict | None, ToolPayloadOperation | None]:
     """The newest readable operation of a kind, as the history shows it (an unreadable one is
     skipped, as in the history)."""

@@ -106,6 +106,8 @@ def test_json_is_one_document_when_the_backup_runs_before_the_cleanup(admin_user
     doc = json.loads(command("run", "--as", "alice", "--here", "--json"))
     assert (doc["kind"], doc["state"], doc["removed_messages"]) == ("cleanup", "succeeded", 3)
     assert (doc["preceded_by"]["kind"], doc["preceded_by"]["state"]) == ("backup", "succeeded")
+    # r83: the backup is in the folder, and the document says so (it said null: "not listed")
+    assert doc["preceded_by"]["backup"]["present"] is True
     assert [(op.kind, op.state) for op in ToolPayloadOperation.objects.order_by("pk")] == [
         ("backup", "succeeded"), ("cleanup", "succeeded")]
 

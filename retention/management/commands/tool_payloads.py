@@ -98,7 +98,7 @@ class Command(JsonErrors, BaseCommand):
             if options["here"]:  # the cancel takes effect at the run's next check, here
                 return self.operation(self.follow(options["operation_id"], here=True, echo=self.operation))
             op = ToolPayloadOperation.objects.get(pk=options["operation_id"])
-            return self.operation(service._operation_dict(op))
+            return self.operation(service.operation_document(op))
         if verb == "run" and options["revision"] is None:
             # not given: the current one (0 is a revision nobody read)
             options["revision"] = ToolPayloadPolicy.load().revision
@@ -188,7 +188,7 @@ class Command(JsonErrors, BaseCommand):
         return op if never_taken or service._progress_signs(op)["stalled"] else None
 
     def doc(self, op_id: int) -> dict:
-        return service._operation_dict(ToolPayloadOperation.objects.select_related("started_by").get(pk=op_id))
+        return service.operation_document(ToolPayloadOperation.objects.select_related("started_by").get(pk=op_id))
 
     def follow(self, op_id: int, *, here: bool, echo) -> dict:
         """Wait for the operation (and a cleanup that follows its backup), drawing progress;
