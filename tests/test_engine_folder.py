@@ -111,6 +111,39 @@ def test_a_folder_gone_during_a_delete_stops_it_before_any_file_step_counts_it_g
     assert erased_files == len(before)
 
 
+@pytest.mark.parametrize("during", ["logical_findings", "physical_check"])
+def test_a_check_during_which_the_folder_goes_records_nothing(engine_home, monkeypatch, during):
+    """r84: the check looked at the folder once, before reading it: unmounted during the read
+    (a long raw-byte scan reads the database first), it found nothing and recorded clean."""
+    target = factories.make_conversation(title="Checked while it goes")
+    factories.fill_every_store(target)
+    kept = engine_home.with_name("engine-copy")
+    shutil.copytree(engine_home, kept)
+    op = request_deletion(target, key="k-check-goes", acting_user=None)
+    assert executor.run_erasure(op.pk) == "completed"
+    shutil.rmtree(engine_home)
+    kept.rename(engine_home)  # brought back by a restore: residue in the folder
+    op.refresh_from_db()
+    assert verify.verify(op, record=False).logical
+    recorded = (op.receipt or {}).get("verification")
+    away = engine_home.with_name("engine-away")
+    reading = getattr(verify, during)
+
+    def unmounted_meanwhile(*args, **kwargs):
+        found = reading(*args, **kwargs) if during == "physical_check" else None
+        engine_home.rename(away)
+        return found if during == "physical_check" else reading(*args, **kwargs)
+
+    monkeypatch.setattr(verify, during, unmounted_meanwhile)
+    with pytest.raises(engine_folder.EngineFolderUnavailable):
+        verify.verify(op, physical=True, record=True)
+    op.refresh_from_db()
+    assert (op.receipt or {}).get("verification") == recorded  # nothing recorded
+    away.rename(engine_home)
+    monkeypatch.undo()
+    assert verify.verify(op, record=False).logical  # the files were there all along
+
+
 def test_no_new_delete_is_admitted_and_no_check_reports_clean_without_the_folder(engine_home):
     done = factories.make_conversation(title="Deleted before")
     factories.fill_every_store(done)

@@ -298,6 +298,9 @@ def verify(op: DeleteOperation, *, physical: bool = False, record: bool = True,
     report.logical = logical_findings(conversation, home)
     if physical:
         physical_check(op, report, home)
+    # Read from the folder only while it was still this database's: gone meanwhile (a disk
+    # unmounted during a long raw-byte scan), it read as clean, and the receipt said so (r84).
+    engine_folder.check(home)
     if report.physical not in SCANNED:
         report.last_physical = last_physical(op.receipt)
     if record and op.state == DeleteState.COMPLETED:
