@@ -22,8 +22,10 @@ gets the request only once it is all in memory, or once nothing more is needed t
 head that cannot be accepted, a body Lethe does not read. The thread's parser reads only those
 bytes, never the socket, so it cannot wait on a client. A connection that has not delivered its
 request within WEB_READ_TIMEOUT seconds (default 30) is answered 408 `request_timeout` and
-closed. Refused at once in the main loop: a request line that grows past its limit (414
-`request_line_too_long`) or a head past the largest the parser accepts (431
+closed. Refused in the main loop: a request line that grows past its limit (414
+`request_line_too_long`; the rest of the line is dropped as it comes, and the answer waits for
+the header lines after it, up to the head's blank line or 2 s, since a browser's page load and
+languages are read from them), and at once a head past the largest the parser accepts (431
 `headers_too_large`) before its blank line comes; a line ended by a bare LF (the parser's 400);
 a body announced larger than anything Lethe accepts (the larger of API_MAX_BODY_BYTES and
 Django's DATA_UPLOAD_MAX_MEMORY_SIZE for forms, or a Content-Length of more than 18 digits),
@@ -234,6 +236,9 @@ _TOO_LARGE = (413, "Content Too Large", "body_too_large", gettext_noop("The requ
 _BUSY = (503, "Service Unavailable", "server_busy",
          gettext_noop("The server is holding as many incoming requests as it can; try again shortly."))
 _BUSY_RETRY_AFTER = 5  # seconds, as a database_busy answer (console/busy.py)
+# How long a request line refused as too long waits for the header lines after it (the answer,
+# a page or the JSON document and its language, is chosen from them)
+_HEADERS_AFTER_REFUSAL_SECONDS = 2.0
 # A Content-Length of more digits than 18 is larger than anything Lethe accepts (and than int()
 # takes from a string of over 4,300 digits): this stands for it.
 _UNCOUNTABLE = 10**18
@@ -317,7 +322,7 @@ class _Reading:
     been searched, what its head says once complete, and the bytes it counts against the
     worker's budget."""
 
-    __slots__ = ("charge", "continued", "data", "deadline", "end", "framing", "scanned")
+    __slots__ = ("charge", "continued", "data", "deadline", "end", "framing", "refused", "scanned", "skipping")
 
     def __init__(self, data: bytes, deadline: float) -> None:
         self.data = bytearray(data)
@@ -327,6 +332,10 @@ class _Reading:
         self.end = -1  # where the head's blank line starts, once found
         self.framing: tuple[int | None, bool, bool] = (None, False, False)
         self.charge = 0
+        # A request line refused as too long, answered once its header lines are in: the
+        # refusal, and whether the rest of the line (not kept) is still coming
+        self.refused: tuple[int, str, str, str] | None = None
+        self.skipping = False
 
 
 class _ProgressSocket(socket.socket):
@@ -434,6 +443,8 @@ class JsonErrorThreadWorker(ThreadWorker):
 
     def _advance(self, conn, state: _Reading, registered: bool) -> bool:
         """Hand the request to a thread, or refuse it, once that can be decided; True then."""
+        if state.refused is not None:
+            return self._advance_refused(conn, state, registered)
         data = state.data
         if state.end < 0:
             state.end = data.find(b"\r\n\r\n", max(0, state.scanned - 3))
@@ -476,14 +487,46 @@ class JsonErrorThreadWorker(ThreadWorker):
         line_end = data.find(b"\r\n", start)
         line = (line_end if line_end >= 0 else len(data) - 2) - start
         if self.line_limit and line > self.line_limit:
-            too_long = errors.LimitRequestLine
-        elif len(data) > self.max_head:
+            self.log.warning("Invalid request from ip=%s: %s", _ip(conn), errors.LimitRequestLine.__name__)
+            # Refused, but answered once the header lines after it are in (or shortly): a
+            # browser's Sec-Fetch-Dest and languages come after the line, in later packets on a
+            # real network, and the answer is chosen from them (r84: raw JSON, in English, to a
+            # browser whose long request line came in several packets). Only the line's first
+            # bytes are kept (a HEAD is told from them); the rest of it is dropped as it comes.
+            state.refused = refusal_of(errors.LimitRequestLine)
+            state.data = bytearray(data[start:start + 64].split(b"\r")[0] + b"\r\n")
+            state.skipping = line_end < 0
+            state.data += data[line_end + 2:] if line_end >= 0 else b""
+            state.scanned = 0 if line_end >= 0 else len(state.data)
+            state.deadline = min(state.deadline, time.monotonic() + _HEADERS_AFTER_REFUSAL_SECONDS)
+            return self._advance_refused(conn, state, registered)
+        if len(data) > self.max_head:
             too_long = errors.LimitRequestHeaders
         else:
             return not self._charge(conn, state, len(data), registered)
         # As the parser would refuse it, without a thread waiting for more in recv()
         self.log.warning("Invalid request from ip=%s: %s", _ip(conn), too_long.__name__)
         self._drop_reading(conn, self.refusal_answer(refusal_of(too_long), data), registered)
+        return True
+
+    def _advance_refused(self, conn, state: _Reading, registered: bool) -> bool:
+        """A request line refused as too long: drop the rest of the line as it comes, keep the
+        header lines after it, and answer once the head's blank line is in or the head would
+        pass its largest size (the read deadline, shortened, answers it too: murder_pending)."""
+        data = state.data
+        if state.skipping:
+            line_end = data.find(b"\n", state.scanned)
+            if line_end < 0:
+                del data[state.scanned:]
+                return False
+            del data[state.scanned:line_end + 1]
+            state.skipping = False
+        state.scanned = len(data)
+        # (searched whole: the head kept is at most max_head bytes, and answering ends it)
+        end = data.find(b"\r\n\r\n")
+        if end < 0 and data.find(b"\n\n") < 0 and len(data) <= self.max_head:
+            return not self._charge(conn, state, len(data), registered)
+        self._drop_reading(conn, self.refusal_answer(state.refused, data, end), registered)
         return True
 
     def _charge(self, conn, state: _Reading, size: int, registered: bool) -> bool:
@@ -544,6 +587,10 @@ class JsonErrorThreadWorker(ThreadWorker):
             if not state.data and self._stopping_since is not None and now >= self._stopping_since + STOP_KEEPALIVE_LINGER:
                 # Stopping, and no request came on this connection: as gunicorn's kept-alive ones.
                 self._drop_reading(conn)
+            elif state.deadline <= now and state.refused is not None:
+                # A request line refused as too long whose head's end has not come: answered
+                # from the header lines that did
+                self._drop_reading(conn, self.refusal_answer(state.refused, state.data))
             elif state.deadline <= now:
                 # A connection that never sent a byte is closed; one partway through a request
                 # is told why (408, RFC 9110 section 15.5.9).

@@ -530,6 +530,43 @@ def test_the_servers_own_refusals_of_a_head_request_carry_no_body(served, readin
         assert b'"code": "request_line_too_long"' in _read_all(client)
 
 
+def test_a_request_line_too_long_is_answered_from_the_header_lines_after_it(reading):
+    """r84: on a real network a long request line comes in packets, and the header lines after
+    it later: the refusal was decided from the line alone, raw JSON in English to a browser.
+    The rest of the line is dropped as it comes; the answer waits for the head's end (or
+    shortly, not the read timeout) and is chosen from its header lines."""
+    line = f"GET /conversations/?q={'a' * 9000} HTTP/1.1"
+
+    def sent_in_packets(client, tail: str) -> bytes:
+        for n in range(0, len(line), 1448):
+            client.sendall(line[n:n + 1448].encode())
+            time.sleep(0.003)
+        client.sendall(b"\r")  # the line's end split across packets too
+        time.sleep(0.2)
+        client.sendall(b"\n")
+        time.sleep(0.2)
+        client.sendall(tail.encode())
+        return _read_all(client)
+
+    with socket.create_connection(("127.0.0.1", reading), timeout=10) as client:
+        answer = sent_in_packets(client, "Host: x\r\nSec-Fetch-Dest: document\r\nAccept-Language: es\r\n\r\n")
+    head, _sep, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 414 ") and b"Content-Type: text/html; charset=utf-8" in head, answer[:300]
+    assert b"Content-Language: es" in head and "Lethe no pudo atender esta solicitud" in body.decode()
+    assert b"aaaa" not in answer
+    with socket.create_connection(("127.0.0.1", reading), timeout=10) as client:  # a program: the document
+        answer = sent_in_packets(client, "Host: x\r\nAccept-Language: es\r\n\r\n")
+    head, _sep, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 414 ") and b"Content-Type: application/json" in head
+    assert json.loads(body)["code"] == "request_line_too_long" and b"Content-Language: es" in head
+    # The head's end never comes: answered from the lines that did, well before the read timeout
+    # (60 s here; the client gives up after 10)
+    with socket.create_connection(("127.0.0.1", reading), timeout=10) as client:
+        answer = sent_in_packets(client, "Host: x\r\nSec-Fetch-Dest: document\r\nAccept-Language: es\r\n")
+    assert answer.startswith(b"HTTP/1.1 414 ") and b"Content-Language: es" in answer, answer[:300]
+    assert "Lethe no pudo atender esta solicitud" in answer.decode()
+
+
 def test_a_content_length_of_thousands_of_digits_is_too_large(served, reading):
     """More digits than any accepted length has is a 413 (int() refused a string of over 4,300
     digits, and the connection closed unanswered)."""
