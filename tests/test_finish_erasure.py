@@ -520,3 +520,46 @@ def test_a_read_held_in_another_database_does_not_keep_the_rewrite_from_erasing(
     finally:
         reader.rollback()
         reader.close()
+
+
+def test_finish_erasure_killed_at_any_of_its_points_is_finished_by_the_next_run(tmp_path):
+    """Killed (SIGKILL) after a table's rewrite, after the statistics', after the receipts were
+    marked, or between two receipts (SQLite): the next run finishes, every receipt marked once,
+    and the erased text is gone from the files while the kept text stays."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.test_jobs import ROOT, database_url
+
+    secrets, ops = [], []
+    for n in range(2):
+        target = factories.make_conversation(title=f"Killed finish {n}")
+        secrets.append(factories.marker(f"finish-killed-secret-{n}"))
+        factories.add_message(target, content=secrets[-1])
+        ops.append(request_deletion(target, key=f"finish-killed-{n}", acting_user=None))
+    bystander = factories.make_conversation(title="Stays")
+    kept = factories.marker("finish-killed-kept")
+    factories.add_message(bystander, content=kept)
+    with sqlite_snapshot("lifecycle_item"):
+        for op in ops:
+            assert executor.run_erasure(op.pk) == "completed"
+    assert set(m.DeleteOperation.objects.values_list("physical_state", flat=True)) == {m.PhysicalState.PENDING}
+    kills = tmp_path / "kills"
+    kills.mkdir()
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "console.settings_test", "DATABASE_URL": database_url(),
+           "LETHE_TEST_KILL_AT": "*", "LETHE_TEST_KILL_DIR": str(kills)}
+    runs = []
+    while not runs or runs[-1].returncode != 0:
+        assert len(runs) < 10, [r.stderr[-500:] for r in runs]
+        runs.append(subprocess.run([sys.executable, "manage.py", "finish_erasure", "--json"], cwd=ROOT, env=env,
+                                   capture_output=True, text=True, timeout=300))
+        assert runs[-1].returncode in (0, -9), runs[-1].stderr[-2000:]
+    killed = {path.name for path in kills.iterdir()}
+    assert killed == ({"finish-erasure-table", "finish-erasure-statistics", "finish-erasure-recorded"}
+                      if connection.vendor == "postgresql" else {"finish-erasure-checkpoint"}), killed
+    assert len(runs) == len(killed) + 1  # each point killed once, then a run to the end
+    assert set(m.DeleteOperation.objects.values_list("physical_state", flat=True)) == {m.PhysicalState.ERASED}
+    raw = _raw_bytes("lifecycle_item")
+    assert kept.encode() in raw and not any(secret.encode() in raw for secret in secrets)
+    assert json.loads(runs[-1].stdout)["still_pending"] == 0

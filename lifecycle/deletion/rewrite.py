@@ -33,6 +33,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
+from lifecycle import faults
 from lifecycle.actions.record_compaction import record_compaction
 from lifecycle.deletion.executor import finish_physical, unfinished_physical
 from lifecycle.models import DeleteOperation, DeleteState, PhysicalState
@@ -127,7 +128,11 @@ def finish_waiting_erasures() -> RewriteResult:
     result = RewriteResult(waiting=_waiting().count() + console_copies.waiting().count()
                            + console_copies.cleared_titles().count())
     if connection.vendor == "sqlite":
-        result.erased = sum(1 for pk in unfinished_physical() if finish_physical(pk)) + console_copies.checkpoint()
+        for pk in unfinished_physical():
+            if finish_physical(pk):
+                result.erased += 1
+                faults.kill_point("finish-erasure-checkpoint")  # (crash tests: between two receipts)
+        result.erased += console_copies.checkpoint()
     elif result.waiting:
         if connection.in_atomic_block:
             raise RuntimeError("VACUUM cannot run inside a transaction")
@@ -149,6 +154,7 @@ def finish_waiting_erasures() -> RewriteResult:
                     # ANALYZE too: the planner's statistics sample column values (ANALYZE,
                     # which autovacuum runs by itself, may have sampled the deleted ones).
                     cursor.execute(f"VACUUM (FULL, ANALYZE) {quote(table)}")
+                    faults.kill_point("finish-erasure-table")
                 # The statistics replaced above stay in pg_statistic's file as dead rows
                 # until that catalog is rewritten too; only its owner (the database owner
                 # or a superuser) may.
@@ -160,11 +166,13 @@ def finish_waiting_erasures() -> RewriteResult:
                     statistics = False
                 if statistics:
                     cursor.execute("VACUUM FULL pg_catalog.pg_statistic")
+                    faults.kill_point("finish-erasure-statistics")
         if not result.held_by:
             result.tables = tables
             finished = timezone.now()
             result.erased = record_compaction(started_at=started, finished_at=finished, tables=tables,
                                               statistics_rewritten=statistics)
+            faults.kill_point("finish-erasure-recorded")
             result.erased += console_copies.record_compaction(before=copies_before, finished_at=finished,
                                                               tables_rewritten=tables)
             if tables:
