@@ -60,7 +60,9 @@ translated when answered).
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -209,6 +211,13 @@ def localized(row: tuple[int, str, str, str], data=b"", end: int = -1, fields: i
         return json_error(status, reason, code, translation.gettext(message), retry_after, language)
 
 
+# The page's own look, allowed by its hash alone (no other style, no script, nothing loaded):
+# readable on a phone, its link a 44 px target.
+_PAGE_STYLE = ("body{font:16px/1.5 system-ui,sans-serif;margin:0 auto;padding:24px 16px;max-width:40rem;"
+               "color:#1b1f24;background:#fff}h1{font-size:1.375rem;line-height:1.3}"
+               "a{display:inline-flex;align-items:center;min-height:44px;padding:0 16px;border:1px solid #8a8f98;"
+               "border-radius:8px;color:inherit;text-decoration:none}a:focus-visible{outline:3px solid #2563eb}")
+_PAGE_STYLE_HASH = base64.b64encode(hashlib.sha256(_PAGE_STYLE.encode()).digest()).decode()
 _PAGE_TITLE = gettext_noop("Lethe could not take this request")
 _PAGE_BACK = gettext_noop("Back to Lethe")
 
@@ -216,17 +225,19 @@ _PAGE_BACK = gettext_noop("Back to Lethe")
 def page_error(status: int, reason: str, title: str, message: str, back: str, retry_after: int | None = None,
                language: str = "en") -> bytes:
     """The whole answer as a page for a browser: the refusal's words and a way back, nothing else
-    (no script, no style, nothing loaded: the policy allows none)."""
+    (no script, nothing loaded: the policy allows only its own style, by its hash)."""
     from html import escape
 
     body = (f'<!DOCTYPE html>\n<html lang="{escape(language)}"><head><meta charset="utf-8">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{escape(title)}</title></head>'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{escape(title)}</title>'
+            f'<style>{_PAGE_STYLE}</style></head>'
             f'<body><h1>{escape(title)}</h1><p>{escape(message)}</p><p><a href="/">{escape(back)}</a></p></body></html>\n'
             ).encode()
     retry = f"Retry-After: {retry_after}\r\n" if retry_after is not None else ""
     head = (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: text/html; charset=utf-8\r\n"
             f"Content-Length: {len(body)}\r\nCache-Control: no-store\r\nContent-Language: {language}\r\n"
-            f"Content-Security-Policy: default-src 'none'\r\nX-Content-Type-Options: nosniff\r\n{retry}\r\n")
+            f"Content-Security-Policy: default-src 'none'; style-src 'sha256-{_PAGE_STYLE_HASH}'\r\n"
+            f"X-Content-Type-Options: nosniff\r\n{retry}\r\n")
     return head.encode("latin-1") + body
 
 

@@ -292,7 +292,9 @@ def test_requests_the_server_refuses_before_lethe_sees_them_get_the_json_error(s
         answered, headers, body = _raw(port, request.encode())
         assert (answered, headers["Content-Type"], headers["Content-Language"]) == (
             status, "text/html; charset=utf-8", "es"), body[:200]
-        assert headers["Content-Security-Policy"] == "default-src 'none'"
+        from ops.gunicorn_worker import _PAGE_STYLE_HASH
+
+        assert headers["Content-Security-Policy"] == f"default-src 'none'; style-src 'sha256-{_PAGE_STYLE_HASH}'"
         page = body.decode()
         assert '<html lang="es">' in page and "Lethe no pudo atender esta solicitud" in page
         assert '<a href="/">Volver a Lethe</a>' in page and "aaaaaaaaaa" not in page
