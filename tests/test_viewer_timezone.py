@@ -38,6 +38,25 @@ def test_it_shows_times_in_the_zone_the_browser_reports(member_client, dated):
     assert '<option value="" selected>Europe/Madrid (automatic)</option>' in page
 
 
+@pytest.mark.parametrize(("zone", "first", "second"), [
+    ("Europe/Madrid", "Oct. 25, 2026, 2:30 a.m. CEST", "Oct. 25, 2026, 2:30 a.m. CET"),
+    ("America/New_York", "Nov. 1, 2026, 1:30 a.m. EDT", "Nov. 1, 2026, 1:30 a.m. EST"),
+])
+def test_the_two_moments_of_a_repeated_hour_each_name_their_zone(member_client, zone, first, second):
+    """r87: inside the hour a clock change repeats, the zone was left out (Django's "T" gives
+    none there), so two times an hour apart read the same."""
+    clock_back = {"Europe/Madrid": datetime(2026, 10, 25, 0, 30, tzinfo=UTC),
+                  "America/New_York": datetime(2026, 11, 1, 5, 30, tzinfo=UTC)}[zone]
+    conversations = [factories.make_conversation(title=f"Hour {n}") for n in range(2)]
+    for n, conv in enumerate(conversations):
+        Conversation.objects.filter(pk=conv.pk).update(last_activity_at=clock_back.replace(hour=clock_back.hour + n))
+    member_client.cookies[BROWSER_COOKIE] = zone
+    assert first in detail(member_client, conversations[0]) and second in detail(member_client, conversations[1])
+    member_client.cookies["django_language"] = "es"
+    spanish = detail(member_client, conversations[1])
+    assert re.search(r"a las 0?[12]:30 (CET|EST)<", spanish), re.findall(r"a las [^<]*<", spanish)
+
+
 def test_a_chosen_zone_wins_over_the_browser(member_client, dated):
     member_client.cookies[BROWSER_COOKIE] = "Europe/Madrid"
     response = member_client.post("/i18n/settz/", {"timezone": "Asia/Tokyo", "next": "/conversations/"}, **HOST)

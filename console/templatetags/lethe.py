@@ -4,6 +4,7 @@ and stored names shown as they are (isolated, their invisible characters written
 from __future__ import annotations
 
 import unicodedata
+from datetime import datetime
 from functools import cache
 
 from django import template
@@ -45,10 +46,14 @@ def timezone_options(context) -> SafeString:
 
 @register.filter(expects_localtime=True)
 def with_zone(value, fmt: str = "DATETIME_FORMAT") -> str:
-    """An absolute time with its zone, e.g. "Nov. 30, 2026, 2:05 p.m. CET"."""
+    """An absolute time with its zone, e.g. "Nov. 30, 2026, 2:05 p.m. CET". The zone is the
+    time's own (Django's "T" gives none inside the hour a clock change repeats, where it alone
+    tells the hour's two moments apart: r87, "2:30 a.m." shown twice an hour apart)."""
     if not value:
         return ""
-    return f"{format_date(value, fmt)} {format_date(value, 'T')}"
+    zone = value.tzname() if isinstance(value, datetime) else None
+    shown = format_date(value, fmt)
+    return f"{shown} {zone}" if zone else shown
 
 
 @register.simple_tag
