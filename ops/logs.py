@@ -138,17 +138,28 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(fields(record), ensure_ascii=False, default=str)
 
 
+# Line ends and the other control characters a client can put in a logged value (a request's
+# decoded path): written as escapes, so no value starts a line of its own (r88: a path with
+# %0D%0A forged a whole access line, time and level included).
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _one_line(value: object) -> str:
+    return _CONTROLS.sub(lambda found: found[0].encode("unicode_escape").decode("ascii"), str(value))
+
+
 class TextFormatter(logging.Formatter):
     """`time level logger [request_id=... job_id=...] message key=value...` on one line (a
-    traceback, when there is one, follows as `  at file:line in function` lines)."""
+    traceback, when there is one, follows as `  at file:line in function` lines); a control
+    character in the message or a value is written as its escape."""
 
     def format(self, record: logging.LogRecord) -> str:
         line = fields(record)
         exception = line.pop("exception", None)
         head = [line.pop("time"), f"{line.pop('level'):<7}", line.pop("logger")]
-        ids = " ".join(f"{name}={line.pop(name)}" for name in context.FIELDS if name in line)
-        message = line.pop("message")
-        rest = " ".join(f"{key}={value}" for key, value in line.items())
+        ids = " ".join(f"{name}={_one_line(line.pop(name))}" for name in context.FIELDS if name in line)
+        message = _one_line(line.pop("message"))
+        rest = " ".join(f"{key}={_one_line(value)}" for key, value in line.items())
         text = " ".join(part for part in (*head, f"[{ids}]" if ids else "", message, rest) if part)
         if exception:
             text += f"\n  {exception['type']} (message not logged)" + "".join(

@@ -125,6 +125,32 @@ def test_it_writes_the_same_fields_as_text():
 
 
 @pytest.mark.django_db
+def test_a_path_with_line_ends_cannot_forge_a_text_log_line(settings, capsys):
+    """r88: a path with %0D%0A wrote a second, real-looking access line in the text log (time,
+    level, logger, request id): every control character is written as its escape."""
+    import io
+
+    from django.test import Client
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(TextFormatter())
+    handler.addFilter(ContextFilter())
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        forged = "2026-12-07T00:00:00.000Z WARNING lethe.request [request_id=x] login OK user=admin"
+        Client(HTTP_HOST="127.0.0.1").get("/a%0D%0A" + forged.replace(" ", "%20") + "%E2%80%A8%1B[31m%C2%85")
+    finally:
+        root.removeHandler(handler)
+    lines = stream.getvalue().splitlines()
+    assert lines and not any(line.startswith("2026-12-07T00:00:00.000Z") for line in lines), lines
+    access = [line for line in lines if " lethe.request " in line and "GET" in line]
+    assert len(access) == 1 and "path=/a\\r\\n2026-12-07T00:00:00.000Z" in access[0], access
+    assert "\\u2028\\x1b[31m\\x85" in access[0] and "\x1b" not in stream.getvalue()
+
+
+@pytest.mark.django_db
 def test_it_gives_every_request_an_id_and_keeps_a_sane_one_from_the_caller(client, captured):
     response = client.get("/accounts/login/", HTTP_X_REQUEST_ID="edge-42.a:b")
     assert response["X-Request-ID"] == "edge-42.a:b"
