@@ -151,7 +151,8 @@ def filtered_threads(query: ThreadsQuery):
               "the conversations change meanwhile. A conversation whose activity is after `as_of` (it "
               "changed, or is new, since the first page), or that came into the view after it "
               "(unarchived, resumed, deleted), is left out of later pages and counted in "
-              "`changed_since_start`; ask for the first page again, without a cursor, to see it in its "
+              "`changed_since_start`, as is one whose write committed after a page was read with a moment "
+              "before `as_of`; ask for the first page again, without a cursor, to see it in its "
               "new place. `view=deleted` lists tombstones newest deletion first instead."
           ))
 def thread_list(request: HttpRequest, query: ThreadsQuery) -> dict:
@@ -173,7 +174,7 @@ def thread_list(request: HttpRequest, query: ThreadsQuery) -> dict:
         "results": [thread_json(c) for c in page.rows],
         "next": page.next.encode() if page.next else None,
         "as_of": iso(page.as_of),
-        "changed_since_start": changed_since(qs, page.as_of) if cursor else 0,
+        "changed_since_start": changed_since(qs, page.as_of) + page.late if cursor else 0,
     }
 
 

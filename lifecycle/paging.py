@@ -18,6 +18,14 @@ snapshot:
   first few, with a way to start again. A conversation that gets a new item, or comes back
   into the tab, mid-way therefore shows up in that notice on every later page instead of on
   none (its place may be on a page already read).
+- A write stamps its moment before it commits, so one that commits after a page was read can
+  carry a moment at or before `as_of` and land ahead of where the reader is, unseen and not
+  after `as_of` (r91: a conversation vanished from the API's pages with nothing counted). So
+  a cursor also carries how many snapshot rows were ahead of its row when its page was read
+  (`ahead`, from counts taken before the rows were read), and the next page counts them
+  again: any more than that came in late, and are counted with the changed ones from then on
+  (`late`, carried by every later cursor). Rows that left the snapshot meanwhile are changed
+  ones already, so whenever a row is missed the count of changed rows is not zero.
 
 The console list and `GET /v1/threads` both page with `snapshot_page`.
 """
@@ -66,19 +74,25 @@ class Cursor:
     pk: int
     backward: bool = False
     scope: str = ""  # the list it was handed out by (`list_scope`)
+    ahead: int = -1  # snapshot rows ahead of its row when handed out (-1: not known, a v3 cursor)
+    late: int = 0  # rows found come in late ahead of earlier pages' rows (see the module's note)
 
     def encode(self) -> str:
-        return encode_token("v3", self.scope, self.as_of.isoformat(), "b" if self.backward else "f",
-                            self.activity.isoformat(), str(self.pk))
+        return encode_token("v4", self.scope, self.as_of.isoformat(), "b" if self.backward else "f",
+                            self.activity.isoformat(), str(self.pk), str(self.ahead) if self.ahead >= 0 else "n",
+                            str(self.late))
 
     @classmethod
     def decode(cls, token: str, scope: str) -> Cursor:
-        """The cursor, if it was handed out by the list `scope` names; else InvalidCursor."""
-        version, given, as_of, direction, activity, pk = token_fields(token, 6)
-        if version != "v3" or direction not in ("f", "b") or given != scope:
+        """The cursor, if it was handed out by the list `scope` names; else InvalidCursor. A v3
+        cursor (handed out before `ahead` was) still reads."""
+        fields = token_fields(token, (6, 8))
+        version, given, as_of, direction, activity, pk = fields[:6]
+        if (version, len(fields)) not in (("v3", 6), ("v4", 8)) or direction not in ("f", "b") or given != scope:
             raise InvalidCursor(token)
+        ahead, late = (-1 if fields[6] == "n" else token_pk(fields[6]), token_pk(fields[7])) if version == "v4" else (-1, 0)
         return cls(as_of=token_moment(as_of), activity=token_moment(activity), pk=token_pk(pk),
-                   backward=direction == "b", scope=scope)
+                   backward=direction == "b", scope=scope, ahead=ahead, late=late)
 
 
 def encode_token(*fields: str) -> str:
@@ -86,15 +100,16 @@ def encode_token(*fields: str) -> str:
     return base64.urlsafe_b64encode("|".join(fields).encode()).decode().rstrip("=")
 
 
-def token_fields(token: str, count: int) -> list[str]:
-    """The `count` fields of a cursor token (URL-safe base64 of `|`-joined text)."""
+def token_fields(token: str, count: int | tuple[int, ...]) -> list[str]:
+    """The `count` fields of a cursor token (URL-safe base64 of `|`-joined text); `count` may
+    name the numbers of fields each version has."""
     if not token or len(token) > MAX_CURSOR_CHARS or not token.isascii():
         raise InvalidCursor(token)
     try:
         fields = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode("ascii").split("|")
     except (ValueError, binascii.Error, UnicodeDecodeError):
         raise InvalidCursor(token) from None
-    if len(fields) != count:
+    if len(fields) not in (count if isinstance(count, tuple) else (count,)):
         raise InvalidCursor(token)
     return fields
 
@@ -130,20 +145,24 @@ class SnapshotPage:
     changed_rows: list[Conversation] = field(default_factory=list)
     key: str = ACTIVITY  # the rows' order: newest first by this moment, then by pk
     scope: str = ""  # the list's `list_scope`, carried by its cursors
+    newer: int = -1  # snapshot rows ahead of the first row, as counted before the rows were read
+    late: int = 0  # rows come in late ahead of pages already read (in `changed` too)
 
     @property
     def next(self) -> Cursor | None:
         if not self.after or not self.rows:
             return None
         last = self.rows[-1]
-        return Cursor(self.as_of, getattr(last, self.key), last.pk, scope=self.scope)
+        ahead = self.newer + len(self.rows) - 1 if self.newer >= 0 else -1
+        return Cursor(self.as_of, getattr(last, self.key), last.pk, scope=self.scope, ahead=ahead, late=self.late)
 
     @property
     def previous(self) -> Cursor | None:
         if not self.before or not self.rows:
             return None
         first = self.rows[0]
-        return Cursor(self.as_of, getattr(first, self.key), first.pk, backward=True, scope=self.scope)
+        return Cursor(self.as_of, getattr(first, self.key), first.pk, backward=True, scope=self.scope,
+                      ahead=self.newer, late=self.late)
 
     @property
     def number(self) -> int:
@@ -222,6 +241,10 @@ def snapshot_page(
     as_of = cursor.as_of if cursor else snapshot_moment()
     snapshot = _in_snapshot(queryset, as_of, key)
     order = _order(key)
+    late = cursor.late if cursor else 0
+    # The rows ahead of the cursor's row, counted before the page's rows are read (a row that
+    # comes in between is then found on the next page, never counted in without being seen)
+    ahead = snapshot.filter(_newer(key, (cursor.activity, cursor.pk))).count() if cursor else 0
     if cursor is None:
         rows = list(snapshot.order_by(*order)[: size + 1])
     elif cursor.backward:
@@ -229,10 +252,18 @@ def snapshot_page(
         rows.reverse()
     else:
         rows = list(snapshot.filter(_older(key, (cursor.activity, cursor.pk))).order_by(*order)[: size + 1])
+        if cursor.ahead >= 0:
+            late += max(0, ahead - cursor.ahead)
     backward = cursor is not None and cursor.backward
     more = len(rows) > size
-    page = SnapshotPage(rows=rows[-size:] if backward else rows[:size], as_of=as_of, size=size, key=key,
-                        scope=scope)
+    shown = rows[-size:] if backward else rows[:size]
+    if cursor is None:
+        newer = 0
+    elif backward:
+        newer = max(0, ahead - len(shown))  # the page is the rows nearest ahead of the cursor's
+    else:
+        newer = ahead + 1  # and the cursor's row itself (if it left, it is a changed one)
+    page = SnapshotPage(rows=shown, as_of=as_of, size=size, key=key, scope=scope, newer=newer, late=late)
     if not count:
         # Without counts, `before` and `after` only say whether there is anything there.
         page.before, page.after = (int(more), 1) if backward else (int(cursor is not None), int(more))
@@ -246,6 +277,7 @@ def snapshot_page(
             page.rows = list(snapshot.order_by(*order)[:size])
         else:
             page.rows = list(snapshot.order_by(key, "pk")[:size])[::-1]
+        page.newer = -1  # (rows the reader may have seen: no count to go by from here)
     if page.rows:
         first = (getattr(page.rows[0], key), page.rows[0].pk)
         last = (getattr(page.rows[-1], key), page.rows[-1].pk)
@@ -259,7 +291,7 @@ def snapshot_page(
         page.after = snapshot.filter(_older(key, last)).count()
     if cursor is None:
         return page
-    page.changed = changed_since(queryset, as_of)
+    page.changed = changed_since(queryset, as_of) + page.late
     if page.changed and changed_sample:
         page.changed_rows = list(_changed_after(queryset, as_of).order_by(*order)[:changed_sample])
     return page

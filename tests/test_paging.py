@@ -146,8 +146,10 @@ def test_a_damaged_cursor_starts_again_from_the_top(member_client, listed):
 
 def test_the_cursor_round_trips_and_refuses_anything_else():
     now = timezone.now()
-    cursor = Cursor(as_of=now, activity=now - timedelta(hours=1), pk=42, backward=True, scope="abc")
+    cursor = Cursor(as_of=now, activity=now - timedelta(hours=1), pk=42, backward=True, scope="abc", ahead=7, late=2)
     assert Cursor.decode(cursor.encode(), "abc") == cursor
+    unknown = Cursor(as_of=now, activity=now, pk=1, scope="abc")  # no count of the rows ahead
+    assert Cursor.decode(unknown.encode(), "abc") == unknown and unknown.ahead == -1
     with pytest.raises(InvalidCursor):  # handed out by another list
         Cursor.decode(cursor.encode(), "abd")
     import base64
@@ -164,6 +166,10 @@ def test_the_cursor_round_trips_and_refuses_anything_else():
         forged("v3|s|2026-01-01T00:00:00+00:00|f|2026-01-01T00:00:00+00:00|" + "9" * 30),
         forged("v3|s|yesterday|f|2026-01-01T00:00:00+00:00|1"),
         forged("v3|s|a|b"),
+        forged("v4|s|2026-01-01T00:00:00+00:00|f|2026-01-01T00:00:00+00:00|1"),  # v4 without its counts
+        forged("v4|s|2026-01-01T00:00:00+00:00|f|2026-01-01T00:00:00+00:00|1|-1|0"),
+        forged("v4|s|2026-01-01T00:00:00+00:00|f|2026-01-01T00:00:00+00:00|1|3|x"),
+        forged("v3|s|2026-01-01T00:00:00+00:00|f|2026-01-01T00:00:00+00:00|1|3|0"),
     ):
         with pytest.raises(InvalidCursor):
             Cursor.decode(bad, "s")
@@ -210,6 +216,69 @@ def test_the_api_pages_against_the_same_snapshot(member_client, listed):
     seen = [r["title"] for r in first["results"] + second["results"]] + rest
     assert sorted(seen + [listed[7].title]) == sorted(c.title for c in listed)
     assert fetch("limit=5")["results"][0]["title"] == listed[7].title
+
+
+def _late_commit(conversation: Conversation, as_of: str | timezone.datetime) -> None:
+    """What a write that stamped its moment before the reading started, and committed after a
+    page was read, looks like to the reader: the row moves up to a moment at or before as_of."""
+    moment = as_of if not isinstance(as_of, str) else timezone.datetime.fromisoformat(as_of.replace("Z", "+00:00"))
+    Conversation.objects.filter(pk=conversation.pk).update(last_activity_at=moment - timedelta(milliseconds=1))
+
+
+def test_a_write_committed_after_a_page_with_a_moment_before_the_reading_is_counted_not_lost(member_client, listed):
+    """r91: a write stamps its moment before it commits. Committed after the first page was
+    read, with a moment before as_of, its conversation moved ahead of the pages still to come
+    and was on none of them, while changed_since_start stayed 0."""
+    def fetch(query: str) -> dict:
+        response = member_client.get("/v1/threads?" + query, **HOST)
+        assert response.status_code == 200, response.content
+        return response.json()
+
+    first = fetch("limit=5")
+    _late_commit(listed[16], first["as_of"])  # the oldest: on the last page, had it not moved
+    pages, cursor = [first], first["next"]
+    while cursor:
+        pages.append(fetch(f"limit=5&cursor={cursor}"))
+        cursor = pages[-1]["next"]
+    seen = [r["title"] for page in pages for r in page["results"]]
+    assert listed[16].title not in seen and len(seen) == len(set(seen)) == 16
+    assert [page["changed_since_start"] for page in pages] == [0] + [1] * (len(pages) - 1)
+    # Late on a later page: counted from the page after it on, with what came before
+    first = fetch("limit=5")
+    second = fetch(f"limit=5&cursor={first['next']}")
+    assert second["changed_since_start"] == 0
+    _late_commit(listed[15], first["as_of"])
+    third = fetch(f"limit=5&cursor={second['next']}")
+    assert third["changed_since_start"] == 1 and listed[15].title not in [r["title"] for r in third["results"]]
+    fourth = fetch(f"limit=5&cursor={third['next']}")
+    assert fourth["changed_since_start"] == 1 and fourth["next"] is None
+
+
+def test_the_console_list_counts_a_late_write_too(member_client, listed):
+    first = get(member_client, "")
+    as_of = snapshot_page(Conversation.objects.recent(), None, SIZE).as_of
+    _late_commit(listed[12], as_of)
+    second = get(member_client, link(first, "next"))
+    rest = walk(member_client, second)
+    seen = titles(first) + sum(rest, [])
+    assert listed[12].title not in seen and len(seen) == 16
+    assert "1 conversation changed or was added after you opened this list" in second
+
+
+def test_a_cursor_handed_out_before_it_counted_rows_ahead_still_reads(listed):
+    """A v3 cursor (no count of the rows ahead): read as before, nothing counted late."""
+    qs = Conversation.objects.recent()
+    first = snapshot_page(qs, None, SIZE, count=False)
+    old = Cursor(first.as_of, first.next.activity, first.next.pk, scope=first.next.scope)
+    token = old.encode().encode()
+    import base64
+
+    raw = base64.urlsafe_b64decode(token + b"=" * (-len(token) % 4)).decode().split("|")
+    v3 = base64.urlsafe_b64encode("|".join(["v3", *raw[1:6]]).encode()).decode().rstrip("=")
+    decoded = Cursor.decode(v3, first.next.scope)
+    assert (decoded.ahead, decoded.late) == (-1, 0)
+    second = snapshot_page(qs, decoded, SIZE, count=False)
+    assert [c.title for c in second.rows] == [c.title for c in listed[5:10]] and second.late == 0
 
 
 def test_the_api_refuses_cursors_it_did_not_give(member_client, listed):
