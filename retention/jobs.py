@@ -210,9 +210,11 @@ def quiet_since(op: ToolPayloadOperation) -> float:
 DAILY = "tool-payloads-daily-check"
 
 
-def wake_schedule() -> None:
+def wake_schedule(*, now_due: bool = False) -> None:
     """Make sure the daily check exists and runs within a day (after save, analyze or run). A
-    check that is due stays due: the cluster runs it once at its next pass (no catch-up)."""
+    check that is due stays due: the cluster runs it once at its next pass (no catch-up).
+    `now_due`: due now, at the cluster's next pass (a save that turned cleanup on or shortened
+    its period: its first run, after the backup chosen, starts then, not up to a day later)."""
     from django_q.models import Schedule
 
     now = timezone.now()
@@ -221,11 +223,14 @@ def wake_schedule() -> None:
         from retention.schedules import ensure_schedules
 
         ensure_schedules()
-        return
+        schedule = Schedule.objects.filter(name=DAILY).first()
+        if schedule is None or not now_due:
+            return
+    latest = now if now_due else now + timedelta(days=1)
     if schedule.next_run is None:
         Schedule.objects.filter(pk=schedule.pk, next_run__isnull=True).update(next_run=now)
-    elif schedule.next_run > now + timedelta(days=1):
-        Schedule.objects.filter(pk=schedule.pk, next_run=schedule.next_run).update(next_run=now + timedelta(days=1))
+    elif schedule.next_run > latest:
+        Schedule.objects.filter(pk=schedule.pk, next_run=schedule.next_run).update(next_run=latest)
 
 
 def next_check_at() -> datetime | None:

@@ -434,7 +434,11 @@ def save_policy(*, user, enabled: bool, age_value: int, age_unit: str, revision:
         # First: whether a choice is needed depends on settings this client has not seen.
         # (The save checks the revision again under its row lock.)
         raise CleanupError("stale_revision", _("Someone else saved these settings meanwhile. Reload to see them."))
-    if backup_choice is None and _needs_choice(policy, enabled=enabled, age_value=age_value, age_unit=age_unit):
+    # Turned on (first time or again) or the period shortened: the first run under it starts at
+    # the cluster's next pass, after the backup if one was chosen (AC-TPR-002.6; r90: it waited
+    # for the daily check, up to a day, with nothing shown as started)
+    first_run = _needs_choice(policy, enabled=enabled, age_value=age_value, age_unit=age_unit)
+    if backup_choice is None and first_run:
         raise CleanupError(
             "backup_choice_required",
             _("Removal is permanent. Choose Create backup or Continue without backup before saving."),
@@ -451,7 +455,7 @@ def save_policy(*, user, enabled: bool, age_value: int, age_unit: str, revision:
                 ).update(stale=True)
     except ActionRefused as exc:
         raise CleanupError(exc.code, exc.message, exc.status) from None
-    jobs.wake_schedule()
+    jobs.wake_schedule(now_due=first_run)
     return saved
 
 

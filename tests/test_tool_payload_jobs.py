@@ -846,6 +846,38 @@ def test_it_keeps_a_due_daily_check_due_when_an_admin_analyzes_or_saves(admin_us
 
 
 @pytest.mark.django_db
+def test_turning_cleanup_on_makes_its_first_run_due_now_and_it_starts_with_the_backup(admin_user):
+    """AC-TPR-002.6 (r90): enabled with Create backup, nothing started until the daily check,
+    up to a day later. Turning it on, or shortening the period, makes the check due at the
+    cluster's next pass, which starts the backup, then the cleanup; other saves do not."""
+    from django_q.models import Schedule
+
+    from retention.schedules import ensure_schedules
+
+    ensure_schedules()
+    later = timezone.now() + timedelta(hours=20)
+    Schedule.objects.filter(name=jobs.DAILY).update(next_run=later)
+    old_conversation("first-run")
+    service.save_policy(user=admin_user, enabled=True, age_value=3, age_unit="months", revision=1,
+                        backup_choice="create")
+    assert jobs.next_check_at() <= timezone.now()
+    assert jobs.daily_check().startswith("started")
+    backup = ToolPayloadOperation.objects.get()  # (its run, then the cleanup's: tests/test_backups.py)
+    assert (backup.kind, backup.started_by, ToolPayloadPolicy.load().preparation_state) == (
+        "backup", None, "preparing")
+    ToolPayloadOperation.objects.filter(pk=backup.pk).update(state="cancelled", slot=None)
+    # A longer period is no first run: the check stays where it was
+    Schedule.objects.filter(name=jobs.DAILY).update(next_run=later)
+    service.save_policy(user=admin_user, enabled=True, age_value=4, age_unit="months",
+                        revision=ToolPayloadPolicy.load().revision, backup_choice=None)
+    assert jobs.next_check_at() == later
+    # A shorter one is
+    service.save_policy(user=admin_user, enabled=True, age_value=2, age_unit="months",
+                        revision=ToolPayloadPolicy.load().revision, backup_choice="skip")
+    assert jobs.next_check_at() <= timezone.now()
+
+
+@pytest.mark.django_db
 def test_it_gives_a_daily_check_with_no_next_run_or_a_far_one_a_run_within_a_day(admin_user):
     from django_q.models import Schedule
 
