@@ -152,7 +152,8 @@ def filtered_threads(query: ThreadsQuery):
               "changed, or is new, since the first page), or that came into the view after it "
               "(unarchived, resumed, deleted), is left out of later pages and counted in "
               "`changed_since_start`, as is one whose write committed after a page was read with a moment "
-              "before `as_of`; ask for the first page again, without a cursor, to see it in its "
+              "before `as_of` (unless, between the same two pages, a conversation already passed leaves "
+              "the list's filters); ask for the first page again, without a cursor, to see it in its "
               "new place. `view=deleted` lists tombstones newest deletion first instead."
           ))
 def thread_list(request: HttpRequest, query: ThreadsQuery) -> dict:

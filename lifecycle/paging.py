@@ -23,9 +23,13 @@ snapshot:
   after `as_of` (r91: a conversation vanished from the API's pages with nothing counted). So
   a cursor also carries how many snapshot rows were ahead of its row when its page was read
   (`ahead`, from counts taken before the rows were read), and the next page counts them
-  again: any more than that came in late, and are counted with the changed ones from then on
-  (`late`, carried by every later cursor). Rows that left the snapshot meanwhile are changed
-  ones already, so whenever a row is missed the count of changed rows is not zero.
+  again (going forward or back): any more than that came in late, and are counted with the
+  changed ones from then on (`late`, carried by every later cursor). A row that left the
+  snapshot meanwhile is a changed one already. One that left the list's filters instead
+  (archived, closed or deleted while the list is Recent; no longer running for `active`) is in
+  neither count: if one such row ahead of the reader's place leaves between two pages while a
+  late one comes in ahead of it, the two cancel out and the late one goes uncounted (r92; both
+  in one interval between two pages).
 
 The console list and `GET /v1/threads` both page with `snapshot_page`.
 """
@@ -46,6 +50,7 @@ from django.utils.dateparse import parse_datetime
 from lifecycle.models import Conversation
 
 MAX_CURSOR_CHARS = 200
+MAX_LATE = 10**9  # (a cursor's count stays one its decoding reads back: r92)
 ACTIVITY = "last_activity_at"
 DELETION = "listed_at"  # the Deleted tab's key: when the conversation entered it (`listing`)
 
@@ -91,6 +96,8 @@ class Cursor:
         if (version, len(fields)) not in (("v3", 6), ("v4", 8)) or direction not in ("f", "b") or given != scope:
             raise InvalidCursor(token)
         ahead, late = (-1 if fields[6] == "n" else token_pk(fields[6]), token_pk(fields[7])) if version == "v4" else (-1, 0)
+        if late > MAX_LATE:
+            raise InvalidCursor(token)
         return cls(as_of=token_moment(as_of), activity=token_moment(activity), pk=token_pk(pk),
                    backward=direction == "b", scope=scope, ahead=ahead, late=late)
 
@@ -252,8 +259,10 @@ def snapshot_page(
         rows.reverse()
     else:
         rows = list(snapshot.filter(_older(key, (cursor.activity, cursor.pk))).order_by(*order)[: size + 1])
-        if cursor.ahead >= 0:
-            late += max(0, ahead - cursor.ahead)
+    if cursor is not None and cursor.ahead >= 0:
+        # Going back too (r92: Previous then Next took a late row into the counts unnoticed)
+        late += max(0, ahead - cursor.ahead)
+    late = min(late, MAX_LATE)
     backward = cursor is not None and cursor.backward
     more = len(rows) > size
     shown = rows[-size:] if backward else rows[:size]

@@ -265,6 +265,34 @@ def test_the_console_list_counts_a_late_write_too(member_client, listed):
     assert "1 conversation changed or was added after you opened this list" in second
 
 
+def test_a_late_write_found_on_the_way_back_is_counted_from_then_on(member_client, listed):
+    """r92: Previous then Next took a late row into the counts unnoticed."""
+    pages = [get(member_client, "")]
+    for _ in range(2):
+        pages.append(get(member_client, link(pages[-1], "next")))
+    as_of = snapshot_page(Conversation.objects.recent(), None, SIZE).as_of
+    Conversation.objects.filter(pk=listed[16].pk).update(last_activity_at=min(
+        listed[2].last_activity_at + timedelta(seconds=1), as_of))  # into page one's range, late
+    back = get(member_client, link(pages[-1], "previous"))
+    assert "1 conversation changed or was added after you opened this list" in back
+    forward = get(member_client, link(back, "next"))
+    assert "1 conversation changed or was added after you opened this list" in forward
+    assert listed[16].title not in titles(back) + titles(forward)
+
+
+def test_a_forged_count_of_late_rows_is_no_cursor(listed):
+    """r92: a forged `late` of 18 digits made the next cursor one of 19, which the server refused."""
+    qs = Conversation.objects.recent()
+    first = snapshot_page(qs, None, SIZE, count=False)
+    import dataclasses
+
+    forged = dataclasses.replace(first.next, late=10**9)
+    second = snapshot_page(qs, Cursor.decode(forged.encode(), first.next.scope), SIZE, count=False)
+    assert second.late == 10**9 and Cursor.decode(second.next.encode(), first.next.scope).late == 10**9
+    with pytest.raises(InvalidCursor):
+        Cursor.decode(dataclasses.replace(first.next, late=10**9 + 1).encode(), first.next.scope)
+
+
 def test_a_cursor_handed_out_before_it_counted_rows_ahead_still_reads(listed):
     """A v3 cursor (no count of the rows ahead): read as before, nothing counted late."""
     qs = Conversation.objects.recent()
