@@ -4,6 +4,7 @@ import os
 import re
 
 import pytest
+from django.core.servers.basehttp import WSGIRequestHandler
 from django.test import Client
 from django.utils import translation
 
@@ -13,8 +14,6 @@ from tests import factories
 # algorithm on, the body waits for the client's delayed acknowledgement of the head, about
 # 40 ms an answer on Linux (schemathesis's 1,700 requests spent 85 s in it). The test server's
 # connections send at once (TCP_NODELAY); what they send is unchanged.
-from django.core.servers.basehttp import WSGIRequestHandler  # noqa: E402
-
 WSGIRequestHandler.disable_nagle_algorithm = True
 
 
