@@ -26,6 +26,14 @@ def open_database(path) -> DatabaseWrapper:
                            alias=f"file-{path.name}")
 
 
+def keep_a_row(connection: DatabaseWrapper, value: str) -> None:
+    """A table `kept` with one row, written through `connection` (its first connection)."""
+    connection.ensure_connection()
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE kept (value TEXT)")
+        cursor.execute("INSERT INTO kept VALUES (%s)", [value])
+
+
 def move(path, to) -> None:
     """As an operator moves a database: the file with its -wal and -shm."""
     for suffix in ("", "-wal", "-shm"):
@@ -55,10 +63,7 @@ def test_a_file_moved_away_is_not_made_again_and_readyz_says_missing_until_it_is
     first = open_database(path)
     later = open_database(path)
     try:
-        first.ensure_connection()
-        with first.cursor() as cursor:
-            cursor.execute("CREATE TABLE kept (value TEXT)")
-            cursor.execute("INSERT INTO kept VALUES ('before the move')")
+        keep_a_row(first, "before the move")
         move(path, aside)
 
         # The job cluster's next poll: a new connection in the same process.
@@ -109,10 +114,7 @@ def test_a_new_process_makes_no_file_beside_the_log_of_one_moved_away_and_its_la
     path, aside = folder / "lethe.sqlite3", folder / "moved.sqlite3"
     first = open_database(path)
     try:
-        first.ensure_connection()
-        with first.cursor() as cursor:
-            cursor.execute("CREATE TABLE kept (value TEXT)")
-            cursor.execute("INSERT INTO kept VALUES ('committed, in the log')")
+        keep_a_row(first, "committed, in the log")
         assert os.path.getsize(f"{path}-wal") > 0
         os.rename(path, aside)  # the file alone: its -wal and -shm stay at the path
 
