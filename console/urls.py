@@ -20,6 +20,7 @@ urlpatterns = [
     path("", RedirectView.as_view(pattern_name="lifecycle:conversation-list"), name="home"),
     path("accounts/login/", LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("favicon.ico", core_views.favicon, name="favicon"),
     path("i18n/setlang/", core_views.set_language, name="set-language"),
     path("i18n/settz/", core_views.set_timezone, name="set-timezone"),
     # The breadcrumb's levels: each holds one page today.

@@ -2,12 +2,12 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.template import loader
 from django.templatetags.static import static
 from django.utils import translation
 from django.utils.translation import gettext as _
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_POST, require_safe
 
 from console.api import error, internal_error, is_api_path
 from console.viewer import CHOSEN_COOKIE, back_to, valid_zone
@@ -41,6 +41,14 @@ def set_timezone(request: HttpRequest) -> HttpResponse:
         response.set_cookie(CHOSEN_COOKIE, name, max_age=365 * 24 * 3600, samesite="Lax",
                             secure=settings.LANGUAGE_COOKIE_SECURE)  # a preference, as the language
     return response
+
+
+@require_safe
+def favicon(request: HttpRequest) -> HttpResponse:
+    """/favicon.ico, where a browser looks for the icon of a page that names none (an error page
+    the web server answers itself, a file it shows): the icon every page names (r96: a 404 there
+    was an error in every new browser session's console)."""
+    return redirect(static("favicon.svg"))
 
 
 def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
@@ -96,8 +104,9 @@ def plain_page(kind: str, *, status: int) -> HttpResponse:
             "restarting. Reload the page later; if this lasts, an operator must check the database.")),
     }[kind]
     try:
-        stylesheet = static("css/error.css")
+        stylesheet, icon = static("css/error.css"), static("favicon.svg")
     except Exception:  # noqa: BLE001 (the error page must render whatever broke)
-        stylesheet = ""
-    page = loader.get_template("plain.html").render({"stylesheet": stylesheet, "heading": heading, "message": message})
+        stylesheet = icon = ""
+    page = loader.get_template("plain.html").render({"stylesheet": stylesheet, "icon": icon, "heading": heading,
+                                                     "message": message})
     return HttpResponse(page, status=status)

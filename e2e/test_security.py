@@ -37,6 +37,8 @@ def violations(page: Page, seen: list[str]) -> list[str]:
 def test_the_main_pages_run_without_a_csp_violation(seeded, live_server, open_page, viewport):
     page = open_page(viewport)
     seen = watch(page)
+    errors: list[str] = []  # any other error the browser reports: a file that failed to load (r96: the icon)
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     base = live_server.url
 
     page.goto(f"{base}/accounts/login/")
@@ -73,6 +75,7 @@ def test_the_main_pages_run_without_a_csp_violation(seeded, live_server, open_pa
     page.get_by_role("button", name="Create token").click()
     expect(page.get_by_label("New API token")).to_be_visible()
     assert violations(page, seen) == []
+    assert errors == []
 
 
 def test_the_server_error_page_is_styled_within_the_policy(seeded, live_server, open_page, monkeypatch):

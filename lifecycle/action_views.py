@@ -20,7 +20,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.translation import gettext as _
-from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
 from console.auth import is_admin
 from console.viewer import back_to
@@ -170,11 +170,11 @@ def _render_preview(request: HttpRequest, conversation: Conversation, *, status:
 
 
 @login_required
-@require_http_methods(["GET", "POST"])
+@require_http_methods(["GET", "HEAD", "POST"])
 @engine_answers
 def conversation_delete(request: HttpRequest, public_id: str) -> HttpResponse:
     conversation = get_object_or_404(Conversation.objects.select_related("account", "computer"), public_id=public_id)
-    if request.method == "GET":
+    if request.method != "POST":  # GET, HEAD
         return _render_preview(request, conversation)
     _admin_only(request)
     try:
@@ -280,7 +280,7 @@ def _operation_context(op: OperationView, request: HttpRequest | None = None) ->
 
 
 @login_required
-@require_GET
+@require_safe
 @engine_answers
 def operation_detail(request: HttpRequest, operation_id: str) -> HttpResponse:
     try:
@@ -317,7 +317,7 @@ def operation_retry(request: HttpRequest, operation_id: str) -> HttpResponse:
 
 
 @login_required
-@require_GET
+@require_safe
 def operation_list(request: HttpRequest) -> HttpResponse:
     """The engine's delete operations, and this console's own tool payload operations. When
     the engine cannot be reached the page says so where its operations would be (503) and

@@ -10,7 +10,7 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils.cache import patch_vary_headers
 from django.utils.translation import gettext, pgettext_lazy
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_safe
 
 from console.api import is_number
 from lifecycle import runtime_status as runtime
@@ -63,7 +63,7 @@ def _cursor(request: HttpRequest, scope: str) -> Cursor | None:
 
 
 @login_required
-@require_GET
+@require_safe
 def conversation_list(request: HttpRequest) -> HttpResponse:
     view = request.GET.get("view", "recent")
     if view not in VIEWS:
@@ -189,7 +189,7 @@ def _list_live(request: HttpRequest, view: str) -> HttpResponse:
 
 
 @login_required
-@require_GET
+@require_safe
 def conversation_detail(request: HttpRequest, public_id: str) -> HttpResponse:
     if request.htmx and request.GET.get("live"):
         return _detail_live(request, public_id)
@@ -252,7 +252,7 @@ def _detail_live(request: HttpRequest, public_id: str) -> HttpResponse:
 
 
 @login_required
-@require_GET
+@require_safe
 def item_output(request: HttpRequest, public_id: str, item_id: int) -> HttpResponse:
     """The full output of one tool call, loaded on demand."""
     conversation = get_object_or_404(Conversation, public_id=public_id)

@@ -20,7 +20,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
-from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
 from console.api import is_number
 from console.auth import is_admin
@@ -76,7 +76,7 @@ def _owner_finder(owners: list[dict], find: str, chosen: dict | None) -> dict:
 
 
 @login_required
-@require_GET
+@require_safe
 def binding_list(request: HttpRequest) -> HttpResponse:
     if request.htmx and request.GET.get("live"):
         return _bindings_live(request)
@@ -187,7 +187,7 @@ def bindings_sync(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
-@require_http_methods(["GET", "POST"])
+@require_http_methods(["GET", "HEAD", "POST"])
 def binding_delete(request: HttpRequest, binding_id: str) -> HttpResponse:
     binding = get_object_or_404(EngineBinding, public_id=binding_id)
     pending = BoundDelete.objects.filter(binding=binding, state="pending").first()
@@ -202,7 +202,7 @@ def binding_delete(request: HttpRequest, binding_id: str) -> HttpResponse:
                        backups=preview_backups(preview),
                        engine_deleting=state if state in ("deleted", "pending_delete") else "",
                        not_admitted=admission_of(preview) if state == "live" else None)
-    if request.method == "GET":
+    if request.method != "POST":  # GET, HEAD
         return render(request, "remote/binding_delete.html", context)
     if not is_admin(request.user):
         raise PermissionDenied
@@ -235,7 +235,7 @@ def engine_checks(receipt: dict) -> dict:
 
 
 @login_required
-@require_GET
+@require_safe
 def bound_delete_detail(request: HttpRequest, delete_id: str) -> HttpResponse:
     op = get_object_or_404(BoundDelete.objects.select_related("binding"), public_id=delete_id)
     data = bound_delete_json(op)

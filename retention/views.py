@@ -24,7 +24,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext, pgettext_lazy
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_POST, require_safe
 
 from console.auth import is_admin
 from lifecycle.actions.save_facts_policy import save_facts_policy
@@ -347,7 +347,7 @@ def _context(request: HttpRequest, *, draft: dict | None = None, **overrides) ->
 
 
 @login_required
-@require_GET
+@require_safe
 def data_storage(request: HttpRequest) -> HttpResponse:
     return render(request, PAGE, _context(request, draft=_draft(request, ToolPayloadPolicy.load())))
 
@@ -378,7 +378,7 @@ class _PolledSize:
 
 
 @login_required
-@require_GET
+@require_safe
 def cleanup_status(request: HttpRequest) -> HttpResponse:
     """The poller's read: every live region out of band, or only the "unavailable" note. The
     database figures in it are at most POLL_MEASURE_SECONDS old (the page and the answers to

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.contrib.sessions.models import Session
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
@@ -102,13 +103,17 @@ def test_deactivating_ends_sessions_and_tokens_at_once_and_activating_brings_the
     assert client.login(username="bo", password="bo's passphrase 1")
     assert client.get("/conversations/").status_code == 200
     assert client.get("/v1/threads", HTTP_AUTHORIZATION=f"Bearer {raw}").status_code == 200
+    assert [s.get_decoded()["_auth_user_id"] for s in Session.objects.all()] == [str(bo.pk)]
     users("deactivate", "bo")
     assert not User.objects.get(username="bo").is_active
+    assert not Session.objects.exists()  # bo's stored session is gone, not only refused
     assert client.get("/conversations/").status_code == 302  # signed out
     assert client.get("/v1/threads", HTTP_AUTHORIZATION=f"Bearer {raw}").status_code == 401
     assert not client.login(username="bo", password="bo's passphrase 1")
     assert "bo can sign in again." in users("activate", "bo")
     assert client.get("/v1/threads", HTTP_AUTHORIZATION=f"Bearer {raw}").status_code == 200
+    # The session the cookie named ended with the deactivation: it does not come back (r96)
+    assert client.get("/conversations/").status_code == 302
     assert client.login(username="bo", password="bo's passphrase 1")
     # Once more: said as it is (r22: "can sign in again" of a user who never stopped)
     assert "bo is active already: nothing changed." in users("activate", "bo")

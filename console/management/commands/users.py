@@ -6,8 +6,9 @@ Passwords are asked for on a terminal (twice, not echoed) or read from standard 
 `--password-stdin` (one line), never taken as an argument (it would stay in the shell's history
 and in the process list), and must pass the password rules in settings. The last active admin
 cannot be made a member or deactivated: nobody could act on the console then. Deactivating
-someone ends their sessions and stops their API tokens at once (both check the account on
-each request); activating them again brings back the tokens that have not expired.
+someone ends their sessions (their stored sessions are deleted: activating them again does not
+sign a kept cookie back in, r96) and stops their API tokens at once (a token checks the account
+on each request); activating them again brings back the tokens that have not expired.
 """
 
 from __future__ import annotations
@@ -27,6 +28,20 @@ ROLES = ("admin", "member")
 
 def _when(moment) -> str:
     return moment.strftime("%Y-%m-%d %H:%M UTC") if moment else "never"
+
+
+def _end_sessions(user) -> int:
+    """Delete the user's stored sessions (a session names its user inside its signed data, so
+    each unexpired one is read); how many."""
+    from django.contrib.auth import SESSION_KEY
+    from django.contrib.sessions.models import Session
+    from django.utils import timezone
+
+    ids = str(user.pk)
+    theirs = [session.pk for session in Session.objects.filter(expire_date__gt=timezone.now()).iterator()
+              if session.get_decoded().get(SESSION_KEY) == ids]
+    Session.objects.filter(pk__in=theirs).delete()
+    return len(theirs)
 
 
 def _role(user) -> str:
@@ -114,6 +129,7 @@ class Command(BaseCommand):
                 self._keep_an_admin(user, "deactivate them")
             user.is_active = False
             user.save(update_fields=["is_active"])
+            _end_sessions(user)
         self.stdout.write(f"{username} is deactivated: they cannot sign in, and their API tokens stop working.")
 
     def do_activate(self, username: str, **options):
