@@ -92,6 +92,7 @@ ANALYSIS_BATCH = settings.TOOL_ANALYSIS_BATCH
 WRITE_CHUNK = 64
 MAX_TAKEOVERS = 5  # takeovers of a dead run's lease in a row, with no batch committed between them
 BUSY_RETRIES = 6
+LOST_CONNECTION_PAUSE = 1.0  # seconds before a run whose database connection ended goes on
 NO_CURSOR = 0
 
 
@@ -373,9 +374,22 @@ def run_operation(operation_id: int, wait_for_lease: bool = False) -> str:
     except LeaseLost:
         return "busy"
     except Exception as exc:
-        from console.busy import is_database_full
+        from console.busy import is_database_full, is_database_unavailable
 
         if is_database_busy(exc):
+            outcome = "more"
+        elif is_database_unavailable(exc):
+            # The connection ended (the server restarted or failed over, an operator ended the
+            # session): nothing of the batch it was in was committed, and the run goes on from
+            # its committed cursor once the database answers again (r94: it failed as
+            # "unexpected"). A backup stops instead: its copy if it published one, else Retry.
+            log.warning("tool payload operation %s: the database connection was lost; it goes on once the "
+                        "database answers", operation_id)
+            _after_lost_connection()
+            if op.kind == OperationKind.BACKUP:
+                return _backup_cut_short(op, token, "database_unavailable", Message(gettext_noop(
+                    "The database could not be reached during the backup, so it stopped. Retry once the "
+                    "database answers again.")))
             outcome = "more"
         elif is_database_full(exc):  # said as it is; the run can be started again once there is room
             log.warning("tool payload operation %s stopped: the database's disk is full", operation_id)
@@ -389,13 +403,36 @@ def run_operation(operation_id: int, wait_for_lease: bool = False) -> str:
                   Message(gettext_noop("The job stopped on an unexpected error. Details are in the server log.")))
             return "done"
     if outcome == "more":
-        with transaction.atomic():
-            released = ToolPayloadOperation.objects.filter(pk=op.pk, lease=token).update(
-                lease="", heartbeat_at=timezone.now()
-            )
-            if released:
-                enqueue(op.pk)
+        _release(op.pk, token)
     return outcome
+
+
+def _after_lost_connection() -> None:
+    """Drop the dead connection (the next query opens a new one) and wait a moment."""
+    connection.close()
+    time.sleep(LOST_CONNECTION_PAUSE)
+
+
+def _release(op_id: int, token: str) -> None:
+    """Free the lease and queue the next step. While the database cannot be reached, try again
+    for up to half a lease; after that the lease runs out and the recovery sweep takes the run
+    over from its committed cursor."""
+    from console.busy import is_database_unavailable
+
+    deadline = time.monotonic() + LEASE_SECONDS / 2
+    while True:
+        try:
+            with transaction.atomic():
+                released = ToolPayloadOperation.objects.filter(pk=op_id, lease=token).update(
+                    lease="", heartbeat_at=timezone.now()
+                )
+                if released:
+                    enqueue(op_id)
+            return
+        except OperationalError as exc:
+            if not is_database_unavailable(exc) or time.monotonic() > deadline:
+                raise
+            _after_lost_connection()
 
 
 def _fail(op: ToolPayloadOperation, token: str, code: str, message: Message) -> None:
@@ -1706,36 +1743,13 @@ def _backup_run(op: ToolPayloadOperation, token: str) -> str:
     """
     from retention.backups import (
         BackupError,
-        clear_leftovers,
         create_backup,
-        made_by,
-        verify_backup,
     )
 
     if op.attempts:
-        try:  # a run killed mid-copy left a whole copy of the database behind, not listed
-            clear_leftovers()
-        except BackupError:
-            log.warning("tool payload backup %s: what an interrupted run left could not be removed", op.pk)
-        published = made_by(op.pk)
-        if published is not None:
-            try:
-                with _Heartbeat(op.pk, token):
-                    verify_backup(published.name)
-            except BackupError:
-                published = None
-        with transaction.atomic():
-            if published is not None:
-                if _finish(op, token, OperationState.SUCCEEDED, backup_name=published.name,
-                           backup_sha256=published.sha256, backup_size=published.size):
-                    _policy_preparation(PreparationState.READY, receipt=published.name)
-                return "done"
-            message = Message(gettext_noop(
-                "The backup was interrupted (the job restarted, or the database was restored from a copy "
-                "taken while it ran). Retry it or change the backup choice."))
-            if _finish(op, token, OperationState.FAILED, "interrupted", message):
-                _policy_preparation(PreparationState.FAILED, error=message)
-        return "done"
+        return _backup_cut_short(op, token, "interrupted", Message(gettext_noop(
+            "The backup was interrupted (the job restarted, or the database was restored from a copy "
+            "taken while it ran). Retry it or change the backup choice.")))
 
     def should_cancel() -> bool:
         return ToolPayloadOperation.objects.filter(pk=op.pk, cancel_requested=True).exists()
@@ -1744,6 +1758,10 @@ def _backup_run(op: ToolPayloadOperation, token: str) -> str:
         with _Heartbeat(op.pk, token):
             receipt = create_backup(should_cancel=should_cancel, operation=op.pk)
     except Exception as exc:
+        from console.busy import is_database_unavailable
+
+        if is_database_unavailable(exc):  # said as it is by run_operation
+            raise
         if isinstance(exc, BackupError):
             code, message = exc.code, exc.text
         else:
@@ -1776,6 +1794,35 @@ def _backup_run(op: ToolPayloadOperation, token: str) -> str:
 
 
 # ---- Compaction -----------------------------------------------------------------------------
+
+
+def _backup_cut_short(op: ToolPayloadOperation, token: str, code: str, message: Message) -> str:
+    """A backup run that ended before it was told how its copy went (its worker died, its
+    database connection ended): the copy it published, if it checks out, is the backup;
+    otherwise what it left is removed and the preparation fails with `message` (Retry or Cancel
+    are offered)."""
+    from retention.backups import BackupError, clear_leftovers, made_by, verify_backup
+
+    try:  # a run killed mid-copy left a whole copy of the database behind, not listed
+        clear_leftovers()
+    except BackupError:
+        log.warning("tool payload backup %s: what an interrupted run left could not be removed", op.pk)
+    published = made_by(op.pk)
+    if published is not None:
+        try:
+            with _Heartbeat(op.pk, token):
+                verify_backup(published.name)
+        except BackupError:
+            published = None
+    with transaction.atomic():
+        if published is not None:
+            if _finish(op, token, OperationState.SUCCEEDED, backup_name=published.name,
+                       backup_sha256=published.sha256, backup_size=published.size):
+                _policy_preparation(PreparationState.READY, receipt=published.name)
+            return "done"
+        if _finish(op, token, OperationState.FAILED, code, message):
+            _policy_preparation(PreparationState.FAILED, error=message)
+    return "done"
 
 
 def _compact_run(op: ToolPayloadOperation, token: str) -> str:

@@ -534,6 +534,40 @@ def test_on_postgresql_a_write_that_holds_an_item_while_the_batch_writes_wins(ad
 
 
 @pytest.mark.django_db(transaction=True)
+def test_on_postgresql_a_run_whose_connection_ends_mid_batch_goes_on_with_exact_totals(admin_user, monkeypatch):
+    """The server ends the job's session while a batch writes (a restart, a failover, an
+    operator's pg_terminate_backend): the batch's transaction is lost, the run is not. It frees
+    its lease and goes on from its committed cursor on a new connection, and ends with every
+    removable item removed and counted once (r94: it ended failed as an unexpected error)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("a server ending a session; SQLite has no server")
+    monkeypatch.setattr(jobs, "BATCH_ITEMS", 2)
+    monkeypatch.setattr(jobs, "LOST_CONNECTION_PAUSE", 0)
+    for n in range(2):
+        old_conversation(f"lost-{n}", tools=3)
+    enable(admin_user)
+    expected = Item.objects.filter(removable_bytes__gt=0).count()
+    op_id = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
+    write, ended = jobs._write_span, []
+
+    def ending(*args, **kwargs):
+        if not ended:
+            ended.append(end_the_jobs_session())
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(jobs, "_write_span", ending)
+    assert jobs.run_operation(op_id) == "more"
+    assert ended
+    op = ToolPayloadOperation.objects.get(pk=op_id)
+    assert (op.state, op.error_code, op.lease, op.removed_messages) == ("running", "", "", 0)
+    assert connection.connection.info.backend_pid != ended[0]  # a new session
+    op = run(op_id)
+    removed = Item.objects.filter(details_removed_at__isnull=False).count()
+    assert (op.state, op.error_code, op.removed_messages, removed) == ("succeeded", "", expected, expected)
+    assert expected == 8 and not Item.objects.filter(removable_bytes__gt=0).exists()
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_write_between_a_batchs_read_and_its_write_is_kept_and_the_totals_stay_exact(admin_user, monkeypatch):
     """A runtime's write to an item after the batch read it (here without touching the
     conversation, so the conversation stays eligible). SQLite planned the item before the
@@ -1173,6 +1207,57 @@ def test_a_failed_or_cancelled_backup_blocks_cleanup_until_retried(admin_user, b
     assert [p.name for p in backup_dir.iterdir() if not p.name.startswith(".")] == []  # nothing kept
     assert snapshot() == before
 
+    done = run(service.retry_preparation(user=admin_user))
+    assert done.state == "succeeded"
+    cleanup = run(ToolPayloadOperation.objects.get(kind="cleanup").pk)
+    assert cleanup.state == "succeeded" and cleanup.removed_messages == 3
+
+
+def end_the_jobs_session() -> int:
+    """PostgreSQL: end this connection's session from another one, as a server restart or an
+    operator would; the ended session's process id."""
+    from django.db import connections
+
+    pid = connection.connection.info.backend_pid
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+    finally:
+        other.close()
+    return pid
+
+
+@pytest.mark.django_db(transaction=True)
+def test_on_postgresql_a_backup_whose_connection_ends_stops_for_retry_saying_why(admin_user, backup_dir,
+                                                                                 monkeypatch):
+    """The backup's database session ends while it copies: the copy is dropped, the backup fails
+    saying the database could not be reached (not "unexpected", r94) and the preparation offers
+    Retry, which then makes the backup and the cleanup follows."""
+    if connection.vendor != "postgresql":
+        pytest.skip("a server ending a session; SQLite has no server")
+    from retention import backups
+
+    monkeypatch.setattr(jobs, "LOST_CONNECTION_PAUSE", 0)
+    old_conversation("cut-short", tools=2)
+    before = snapshot()
+    enable(admin_user, choice="create")
+    create = backups.create_backup
+
+    def session_ends(**kwargs):
+        end_the_jobs_session()
+        return create(**kwargs)
+
+    monkeypatch.setattr(backups, "create_backup", session_ends)
+    failed = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert (failed.state, failed.error_code) == ("failed", "database_unavailable")
+    assert "could not be reached during the backup" in failed.error_message
+    policy = ToolPayloadPolicy.load()
+    assert policy.preparation_state == "failed" and "could not be reached" in policy.preparation_error
+    assert [p.name for p in backup_dir.iterdir() if not p.name.startswith(".")] == []  # no copy kept
+    assert snapshot() == before and not ToolPayloadOperation.objects.filter(kind="cleanup").exists()
+
+    monkeypatch.setattr(backups, "create_backup", create)
     done = run(service.retry_preparation(user=admin_user))
     assert done.state == "succeeded"
     cleanup = run(ToolPayloadOperation.objects.get(kind="cleanup").pk)
