@@ -65,8 +65,13 @@ class ApiError(Exception):
         self.status, self.code, self.message, self.extra = status, code, message, extra
 
 
+# Answers are UTF-8 JSON with the text as it is, not \uXXXX escapes: the sizes the API bounds
+# (a page's API_MAX_PAGE_BYTES) are UTF-8 bytes, and an escape takes three times as many (r95).
+AS_TEXT = {"ensure_ascii": False}
+
+
 def error(status: int, code: str, message: str, **extra: Any) -> JsonResponse:
-    return JsonResponse({"code": code, "message": message, **extra}, status=status)
+    return JsonResponse({"code": code, "message": message, **extra}, status=status, json_dumps_params=AS_TEXT)
 
 
 def is_api_path(path_info: str) -> bool:
@@ -473,7 +478,7 @@ def _answer(ep: Endpoint, result: Any) -> HttpResponse:
         response = HttpResponse(status=status)
         del response["Content-Type"]  # no body, so no type (never text/html under the API)
         return response
-    return JsonResponse(payload, status=status, safe=False)
+    return JsonResponse(payload, status=status, safe=False, json_dumps_params=AS_TEXT)
 
 
 def _run(ep: Endpoint, request: HttpRequest, kwargs: dict[str, Any]) -> HttpResponse:

@@ -24,6 +24,7 @@ from lifecycle.models import (
     Item,
 )
 from lifecycle.paging import Cursor, InvalidCursor, list_scope, listing, snapshot_page
+from lifecycle.search import fold
 from lifecycle.transcript import item_rows
 
 VIEWS = ("recent", "archived", "closed", "pending_delete", "deleted")
@@ -122,12 +123,19 @@ def owner_choices(find: str, chosen: str) -> dict:
     the first OWNER_CHOICES by name of those whose name contains `find` (of all, without it),
     accounts first; the chosen owner (`owner=kind:id`, checked) always among them."""
     total = Account.objects.count() + Computer.objects.count()
-    accounts, computers = Account.objects.all(), Computer.objects.all()
-    if total > OWNER_CHOICES and find:
-        accounts, computers = accounts.filter(name__icontains=find), computers.filter(name__icontains=find)
-    shown_accounts = list(accounts[:OWNER_CHOICES])
-    room = OWNER_CHOICES - len(shown_accounts)
-    shown_computers = list(computers[:room]) if room else []
+    wanted = fold(find)
+    if total <= OWNER_CHOICES or wanted:
+        # Names are compared and ordered as search folds them (case and accents ignored, the
+        # same on both databases: r95, SQLite's LIKE folded ASCII only and neither database
+        # ignored accents), so the owners are read and folded here: all of them when they fit
+        # the list, every name when a part is typed (names only: a small read even for many).
+        shown_accounts, shown_computers = _named(Account, wanted), _named(Computer, wanted)
+        shown_accounts = shown_accounts[:OWNER_CHOICES]
+        shown_computers = shown_computers[:OWNER_CHOICES - len(shown_accounts)]
+    else:  # many owners, nothing typed: the first by name, as the database orders names
+        shown_accounts = list(Account.objects.all()[:OWNER_CHOICES])
+        room = OWNER_CHOICES - len(shown_accounts)
+        shown_computers = list(Computer.objects.all()[:room]) if room else []
     matched = len(shown_accounts) + len(shown_computers)  # (r79: the chosen owner added below was counted)
     kind, _sep, ident = chosen.partition(":")
     if chosen and chosen not in {o.owner_key for o in [*shown_accounts, *shown_computers]}:
@@ -138,6 +146,19 @@ def owner_choices(find: str, chosen: str) -> dict:
             "owners_shown": len(shown_accounts) + len(shown_computers), "owners_matched": matched,
             "owners_finder": total > OWNER_CHOICES, "owners_capped": matched >= OWNER_CHOICES,
             "owner_choices_max": OWNER_CHOICES, "owner_find": find, "owner": chosen}
+
+
+def _named(model, wanted: str) -> list:
+    """The owners of one kind whose folded name contains `wanted` (every one when it is empty),
+    ordered by folded name, then name and id."""
+    found = []
+    for pk, name in model.objects.order_by().values_list("pk", "name").iterator(chunk_size=2000):
+        key = fold(name)
+        if wanted in key:
+            found.append((key, name, pk))
+    found.sort()
+    by_id = model.objects.in_bulk([pk for _k, _n, pk in found[:OWNER_CHOICES]])
+    return [by_id[pk] for _k, _n, pk in found[:OWNER_CHOICES] if pk in by_id]
 
 
 def _current_path(request: HttpRequest) -> str | None:

@@ -230,10 +230,12 @@ def _folder_lock(directory: Path) -> Iterator[None]:
 
 
 def _no_space(directory: Path, free: int, needed: int, reserve: int) -> BackupError:
+    """`needed`: the bytes the copy still has to write (all of it before it starts), not what is
+    missing (r93: "28.8 MB more needed" of a copy of 28.8 MB with 3 MB free)."""
     free_size, needed_size, reserve_size = sizes_short(free, needed, reserve)
     return BackupError("no_space", Message(gettext_noop(
-        "There is not enough free disk space for the backup in %(folder)s: %(free)s free, %(needed)s more "
-        "needed and %(reserve)s kept free for the database. Nothing was kept. Free some space, or set "
+        "There is not enough free disk space for the backup in %(folder)s: %(free)s free, %(needed)s still "
+        "to write and %(reserve)s kept free for the database. Nothing was kept. Free some space, or set "
         "LETHE_BACKUP_DIR to a folder on another disk."
     ), {"folder": directory, "free": free_size, "needed": needed_size, "reserve": reserve_size}))
 

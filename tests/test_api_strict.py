@@ -260,6 +260,28 @@ def test_it_bounds_an_item_page_in_bytes_and_pages_through_everything(runtime, c
     assert pages >= 4
 
 
+def test_an_item_page_of_non_ascii_text_stays_within_its_byte_budget_on_the_wire(runtime, conversation, settings):
+    """The budget counts a payload's UTF-8 bytes, and the answer is UTF-8 JSON with the same
+    text: an "é" takes 2 bytes in both (r95: the answer escaped it as \\u00e9, 6 bytes, and a page
+    was three times its budget; emoji took 12 bytes, CJK 6)."""
+    settings.API_MAX_PAGE_BYTES = 20_000
+    texts = ["é" * 4000, "漢" * 2600, "😀" * 2000, "é" * 4000, "ñ" * 4000]
+    items = [factories.add_tool(conversation, kind="generic", payload={"tool_name": "t", "output": text})
+             for text in texts]
+    seen, after = [], "0"
+    while after is not None:
+        response = runtime.get(f"/v1/threads/{conversation.public_id}/items?limit=200&after={after}")
+        assert response["Content-Type"] == "application/json"
+        body = response.content.decode("utf-8")
+        assert len(response.content) <= 20_000 + 1_000  # the budget, and the page's own fields
+        page = json.loads(body)
+        assert len(page["results"]) >= 2 or page["next"] is None
+        seen += [(i["id"], i["payload"]["output"]) for i in page["results"]]
+        after = page["next"]
+    assert seen == [(i.pk, t) for i, t in zip(items, texts, strict=True)]
+    assert "ééé" in runtime.get(f"/v1/threads/{conversation.public_id}/items?limit=1").content.decode("utf-8")
+
+
 @pytest.mark.parametrize(
     "path",
     ["/conversations/?q=a%00b", "/conversations/c_x%00y/", "/settings/system/data-storage/?x=%00"],

@@ -4,6 +4,7 @@ import re
 
 import pytest
 
+from lifecycle.models import Account
 from tests import factories
 
 pytestmark = pytest.mark.django_db
@@ -326,6 +327,41 @@ def test_past_a_hundred_owners_the_owner_list_is_narrowed_by_name(member_client,
     assert "No owner has “zzz” in its name." in none.content.decode()
     spanish = member_client.get("/conversations/", HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode()
     assert "Buscar un propietario" in spanish and "Se muestran 3 de 5 propietarios" in spanish
+
+
+def test_the_owner_finder_ignores_case_and_accents_the_same_on_both_databases(member_client, monkeypatch):
+    """Names as the conversation search compares them (r95: on SQLite "ñandú" found nothing,
+    LIKE folding ASCII only; on neither database did "alvarez" find "Álvarez"), and offered in
+    the order people read them, lower case among upper case."""
+    from lifecycle import views
+
+    monkeypatch.setattr(views, "OWNER_CHOICES", 3)
+    for n in range(4):
+        factories.make_account(f"Filler {n}")
+    nandu = factories.make_account("ÑANDÚ Álvarez")
+    ecole = factories.make_computer("École Straße")
+    izmir = factories.make_account("İZMİR Ltd")
+
+    def options(page: str) -> list[str]:
+        start = page.index('<select id="owner"')
+        return re.findall(r'<option value="([^"]+)"', page[start:page.index("</select>", start)])
+
+    for typed, found in [("ñandú", [nandu]), ("Ñandú", [nandu]), ("nandu", [nandu]), ("ALVAREZ", [nandu]),
+                         ("école", [ecole]), ("ECOLE", [ecole]), ("strasse", [ecole]), ("izmir", [izmir]),
+                         ("Á", [nandu, ecole]), ("zz", [])]:
+        page = member_client.get(f"/conversations/?owner_find={typed}", **HOST).content.decode()
+        assert (typed, options(page)) == (typed, [o.owner_key for o in found])
+    many = member_client.get("/conversations/?owner_find=filler", **HOST).content.decode()
+    assert options(many) == [Account.objects.get(name=f"Filler {n}").owner_key for n in range(3)]
+
+
+def test_a_few_owners_are_offered_in_reading_order(member_client):
+    names = ["zulu labs", "Ángela SA", "abeja srl", "Zeta Corp", "Beta"]
+    owners = {name: factories.make_account(name) for name in names}
+    page = member_client.get("/conversations/", **HOST).content.decode()
+    start = page.index('<select id="owner"')
+    shown = re.findall(r'<option value="([^"]+)"', page[start:page.index("</select>", start)])
+    assert shown == [owners[n].owner_key for n in ["abeja srl", "Ángela SA", "Beta", "Zeta Corp", "zulu labs"]]
 
 
 def test_a_few_owners_are_all_offered_without_a_finder(member_client):
