@@ -22,23 +22,31 @@ It returns a number, or a dict from label values (a string, or a tuple for sever
 to numbers. `counter(...)` is the same for totals that only grow (exposed as `<name>_total`),
 and `collector` registers a function that yields whole metric families. A function that fails
 is left out of that scrape and `lethe_metrics_reader_up{metric=...}` shows 0.
+
+A metrics folder whose disk is full (or read-only) costs no request its answer and kills no
+worker: see "The request figures' files" below.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import values as prometheus_values
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.mmap_dict import _INITIAL_MMAP_SIZE, MmapedDict
 from prometheus_client.multiprocess import MultiProcessCollector
 
 logger = logging.getLogger("lethe.metrics")
@@ -58,9 +66,110 @@ METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
 
 
 def observe_request(method: str, view: str, status: int, seconds: float) -> None:
+    if _off is not None:
+        return
     labels = (method if method in METHODS else "other", view, str(status))
-    REQUESTS.labels(*labels).inc()
-    LATENCY.labels(*labels).observe(seconds)
+    try:
+        REQUESTS.labels(*labels).inc()
+        LATENCY.labels(*labels).observe(seconds)
+    except FiguresOff:
+        pass  # said once, when it happened
+
+
+# ---- The request figures' files ---------------------------------------------------------------
+#
+# In multiprocess mode prometheus-client keeps each process's figures in files it maps into
+# memory (prometheus_client/mmap_dict.py, counter_<pid>.db and histogram_<pid>.db), made to
+# their size with truncate: sparse files, whose pages get their disk space only when first
+# written through the map. On a full disk that write cannot fail as an error the middleware
+# catches: the kernel sends SIGBUS, and every worker died on its first request, in a loop,
+# leaving its files behind. So every page of a file gets its space (posix_fallocate) before it
+# is mapped, when the file is made and when it grows; when it cannot (a full or read-only
+# disk), this process counts no more requests, says so once, and goes on answering. (A
+# copy-on-write filesystem, btrfs or ZFS, may still need space for a write to an allocated
+# page: keep the folder on a tmpfs or an ordinary filesystem.)
+
+
+class FiguresOff(Exception):
+    """This process's request figures are off: its metrics file could not be given room."""
+
+
+_off: str | None = None  # the file that could not be written, once figures are off
+_off_lock = threading.Lock()
+
+
+def _switch_off(path: str, error: OSError) -> None:
+    global _off
+    with _off_lock:
+        if _off is not None:
+            return
+        _off = path
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        reason = "its disk is full"
+    elif error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        reason = "it cannot be written (a read-only disk or no permission)"
+    else:
+        reason = error.strerror or type(error).__name__
+    folder = os.path.dirname(path)
+    logger.error("request figures are off in this process (pid %s): the metrics folder %s "
+                 "(PROMETHEUS_MULTIPROC_DIR) cannot take its file %s: %s. It goes on answering; "
+                 "a worker started once there is room counts again",
+                 os.getpid(), folder, os.path.basename(path), reason,
+                 extra={"metrics_folder": folder, "errno": errno.errorcode.get(error.errno or 0, "")})
+
+
+def _allocate(fd: int, path: str, size: int) -> None:
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as error:
+        _switch_off(path, error)
+        raise FiguresOff(path) from error
+
+
+class AllocatedMmapedDict(MmapedDict):
+    """prometheus-client's mapped file, every page of it given its disk space before it is mapped."""
+
+    def __init__(self, filename: str, read_mode: bool = False) -> None:
+        if read_mode:  # only read: nothing is written through its map
+            super().__init__(filename, read_mode=True)
+            return
+        try:
+            fd = os.open(filename, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as error:
+            _switch_off(filename, error)
+            raise FiguresOff(filename) from error
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                _allocate(fd, filename, size or _INITIAL_MMAP_SIZE)
+            except FiguresOff:
+                if size == 0:  # every scrape would stop at a file that is empty or never began
+                    with contextlib.suppress(OSError):
+                        os.unlink(filename)
+                raise
+        finally:
+            os.close(fd)
+        try:
+            super().__init__(filename)
+        except OSError as error:
+            _switch_off(filename, error)
+            raise FiguresOff(filename) from error
+
+    def _init_value(self, key: str) -> None:
+        # An entry: its length (4 bytes), its key padded to 8 bytes, two doubles. When it does
+        # not fit, the file doubles (as MmapedDict._init_value does it), allocated first.
+        encoded = len(key.encode("utf-8"))
+        needed = self._used + 4 + encoded + (8 - (encoded + 4) % 8) + 16
+        capacity = self._capacity
+        while needed > capacity:
+            capacity *= 2
+        if capacity > self._capacity:
+            _allocate(self._f.fileno(), self._fname, capacity)
+        super()._init_value(key)
+
+
+# prometheus-client makes each process's files through this name (values.MultiProcessValue).
+prometheus_values.MmapedDict = AllocatedMmapedDict
 
 
 # ---- Figures read at scrape time --------------------------------------------------------------
