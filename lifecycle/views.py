@@ -275,7 +275,8 @@ def _detail_live(request: HttpRequest, public_id: str) -> HttpResponse:
 @login_required
 @require_safe
 def item_output(request: HttpRequest, public_id: str, item_id: int) -> HttpResponse:
-    """The full output of one tool call, loaded on demand."""
+    """The full output of one tool call, loaded on demand; as a page, the whole call (its
+    summary values and text too, which the transcript shows as previews)."""
     conversation = get_object_or_404(Conversation, public_id=public_id)
     if conversation.state != ConversationState.LIVE:
         return _content_erased(request, conversation, item_id)
@@ -285,7 +286,9 @@ def item_output(request: HttpRequest, public_id: str, item_id: int) -> HttpRespo
     context = {"conversation": conversation, "row": row}
     if request.htmx and row.removed_on:
         # Removed since the transcript was shown (the cleanup ran meanwhile): the whole row
-        # as it now reads, in place of the stale one, with the 410 (lethe.js swaps it in).
+        # as it now reads (a transcript row: its previews), in place of the stale one, with
+        # the 410 (lethe.js swaps it in).
+        context["row"] = item_rows([item])[0]
         response = render(request, "lifecycle/_tool_row.html", context, status=410)
         response["HX-Retarget"], response["HX-Reswap"] = f"#item-{item.pk}", "outerHTML"
         return response
