@@ -394,6 +394,9 @@ def _query_error(exc: ValidationError, model: type[QuerySchema]) -> ApiError:
     if first["type"] == "extra_forbidden":
         return ApiError(400, "unknown_filter", _("Unknown filter: %(name)s.") % {"name": name})
     code = model.error_codes.get(name, model.default_error_code)
+    if first["type"] == "string_too_long":  # (r95: "not valid" did not say why)
+        return ApiError(400, code, _("The value of %(name)s is too long: at most %(count)s characters.")
+                        % {"name": name, "count": first.get("ctx", {}).get("max_length")})
     expected = _expected(model, name)
     if expected:
         return ApiError(400, code, _("The value of %(name)s is not valid; expected %(expected)s.")

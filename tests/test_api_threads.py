@@ -169,6 +169,14 @@ def test_it_refuses_bad_filters_with_a_clear_error(member_client, query, code):
     assert response.json()["message"]
 
 
+def test_a_search_too_long_is_refused_saying_the_limit(member_client):
+    for language, said in (("en", "The value of q is too long: at most 200 characters."),
+                           ("es", "El valor de q es demasiado largo: como máximo 200 caracteres.")):
+        response = member_client.get("/v1/threads?q=" + "x" * 201, HTTP_ACCEPT_LANGUAGE=language, **HOST)
+        assert (response.status_code, response.json()) == (400, {"code": "invalid_filter", "message": said})
+    assert member_client.get("/v1/threads?q=" + "x" * 200, **HOST).status_code == 200
+
+
 def test_it_returns_one_thread_and_404_json_for_an_unknown_id(member_client, conversation):
     assert member_client.get(f"/v1/threads/{conversation.public_id}", **HOST).json()["id"] == conversation.public_id
     response = member_client.get("/v1/threads/c_doesnotexist", **HOST)
