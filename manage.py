@@ -69,6 +69,19 @@ def locked(database: dict, error: Exception) -> str | None:
             "not written; what it finished before stays. Run it again once the other process is done.")
 
 
+def full(database: dict, error: Exception) -> str | None:
+    """One line for a database whose disk is full (SQLite's "database or disk is full", PostgreSQL's
+    disk_full); None for any other error."""
+    from console.busy import is_database_full
+
+    if not is_database_full(error):
+        return None
+    why = (str(error).strip().splitlines() or ["no reason given"])[0]
+    return (f"The database {database.get('NAME')} is full: the disk it is on has no room left ({why}). The step the "
+            "command was taking was not written; what it finished before stays. Free space on that disk, then run "
+            "it again.")
+
+
 def missing_file(error: Exception) -> str | None:
     """The words of a SQLite database file missing from its path (console/sqlite/base.py says
     why and what to do); None for any other error."""
@@ -158,9 +171,10 @@ def main() -> None:
 
         database = settings.DATABASES["default"]
         if database["ENGINE"] == "console.sqlite":
-            explained = cannot_write_explained(database, error) or locked(database, error) or missing_file(error)
+            explained = (cannot_write_explained(database, error) or locked(database, error) or full(database, error)
+                         or missing_file(error))
         else:
-            explained = unreachable(database, error)
+            explained = unreachable(database, error) or full(database, error)
         explained = explained or not_migrated(database, error)
         if explained is None or "--traceback" in sys.argv:
             raise

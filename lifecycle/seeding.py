@@ -7,17 +7,19 @@ corpus, so seeding 100,000 items takes seconds, not minutes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
+from pathlib import Path
 from typing import Any
 
 from django.db import connection, transaction
 
 from lifecycle import fleet as fleet_file
 from lifecycle import models as m
-from lifecycle.enginefs import EngineHome, jsonl
+from lifecycle.enginefs import CONVERSATION_AREAS, EngineHome, jsonl, read_regular, remove_regular
 from retention.reducer import encode, item_figures, normalize
 
 TOPICS = [
@@ -37,6 +39,16 @@ TITLES = {"shell": "Run tests", "read_file": "Read file", "edit_file": "Edit fil
           "search": "Search workspace", "http": "Fetch URL"}
 TOOL_KINDS = ["shell", "read_file", "edit_file", "search", "http", "generic", "shell", "read_file",
               "plan", "todo", "subagent_task", "background_work", "monitor", "edit_file", "generic"]
+
+
+_UNTOUCHED = object()  # a file this run has not written (`Seeder.discard`)
+
+
+def _contents(path: Path) -> bytes | None:
+    try:
+        return read_regular(path)
+    except FileNotFoundError:
+        return None
 
 
 @dataclass
@@ -73,6 +85,10 @@ class Seeder:
         self.messages = messages
         self.home = home
         self.corpus = _corpus(random.Random(seed ^ 0x5EED))
+        # What this run wrote to the engine folder, for `discard`
+        self.written_keys: list[str] = []
+        self.written_agents: set[str] = set()
+        self.legacy_before: bytes | None | object = _UNTOUCHED
 
     # Text ---------------------------------------------------------------------
 
@@ -140,36 +156,70 @@ class Seeder:
     def run(self, conversations: int) -> SeedReport:
         """Seed in one transaction, so a seed killed at any point leaves no rows behind.
 
-        Engine files are written along the way, outside the transaction; a rerun with the
-        same seed and anchor rewrites them with the same bytes and replaces (never
-        duplicates) its rows in the fleet file, so killing and rerunning ends exactly
-        where an uninterrupted run would.
+        Engine files are written along the way, before the transaction commits. A run that
+        fails (a full disk, a lost database, Ctrl-C) removes them again (`discard`); the caller
+        whose transaction holds this one calls `discard` too when its own commit fails. A run
+        killed outright leaves them: a rerun with the same seed and anchor rewrites them with
+        the same bytes and replaces (never duplicates) its rows in the fleet file, so killing
+        and rerunning ends exactly where an uninterrupted run would.
         """
         report = SeedReport()
         self.home.sweep_temporaries()  # what an earlier, killed run may have left
         self.rows: list[tuple] = []
         self.extra_rows: dict[type, list] = {}
         fleet: list[dict[str, Any]] = []
-        with transaction.atomic():
-            accounts, computers = self.owners()
-            convs = self.conversations(conversations, accounts, computers)
-            report.conversations = len(convs)
-            for index, conv in enumerate(convs):
-                report.items += self.fill(conv, index, fleet)
-                if index % 50 == 49:  # keep the collected rows, not the run, in memory
-                    self.flush()
-            self.flush()
-            fleet.append({"agent_id": "sa_legacy_" + self.hexid(6), "origin": None, "legacy": True,
-                          "status": "completed", "delivery": "settled",
-                          "started_at": (self.anchor - timedelta(days=200)).isoformat(),
-                          "finished_at": (self.anchor - timedelta(days=1)).isoformat(),
-                          "prompt": self.text(200), "result": self.text(300)})
-            seeded = {row["agent_id"] for row in fleet}
-            fleet_file.update_fleet(home=self.home, change=lambda rows: [r for r in rows if r.get("agent_id") not in seeded] + fleet)
-            self.home.write_atomic(self.home.legacy_fleet_path, json.dumps(
-                {"version": 0, "agents": [fleet[-1]]}, indent=1, sort_keys=True).encode())
+        try:
+            with transaction.atomic():
+                accounts, computers = self.owners()
+                convs = self.conversations(conversations, accounts, computers)
+                self.written_keys = [conv.storage_key for conv in convs]
+                report.conversations = len(convs)
+                for index, conv in enumerate(convs):
+                    report.items += self.fill(conv, index, fleet)
+                    if index % 50 == 49:  # keep the collected rows, not the run, in memory
+                        self.flush()
+                self.flush()
+                fleet.append({"agent_id": "sa_legacy_" + self.hexid(6), "origin": None, "legacy": True,
+                              "status": "completed", "delivery": "settled",
+                              "started_at": (self.anchor - timedelta(days=200)).isoformat(),
+                              "finished_at": (self.anchor - timedelta(days=1)).isoformat(),
+                              "prompt": self.text(200), "result": self.text(300)})
+                seeded = {row["agent_id"] for row in fleet}
+                self.written_agents = seeded
+                fleet_file.update_fleet(home=self.home, change=lambda rows: [r for r in rows if r.get("agent_id") not in seeded] + fleet)
+                self.legacy_before = _contents(self.home.legacy_fleet_path)
+                self.home.write_atomic(self.home.legacy_fleet_path, json.dumps(
+                    {"version": 0, "agents": [fleet[-1]]}, indent=1, sort_keys=True).encode())
+        except BaseException:
+            self.discard()
+            raise
         report.files, _ = self.home.usage()
         return report
+
+    def discard(self) -> None:
+        """Remove what this run wrote to the engine folder, once its rows are rolled back: the
+        folders of its conversations (no conversation has their ids: the database held none
+        when the seed began), its rows in the fleet file, and the legacy fleet file as it was.
+        Best effort: what cannot be removed stays, and the console lists it as engine files
+        outside conversations. Nothing to do after a second call."""
+        from lifecycle.deletion.files import remove_folder
+
+        keys, self.written_keys = self.written_keys, []
+        agents, self.written_agents = self.written_agents, set()
+        legacy, self.legacy_before = self.legacy_before, _UNTOUCHED
+        for key in keys:
+            for area in CONVERSATION_AREAS:
+                with contextlib.suppress(Exception):  # (a symlink there is never followed: it stays)
+                    remove_folder(self.home, self.home.root / area / key)
+        if agents:
+            with contextlib.suppress(Exception):
+                self.home.update_fleet(lambda rows: [r for r in rows if r.get("agent_id") not in agents])
+        if legacy is not _UNTOUCHED:
+            with contextlib.suppress(Exception):
+                if legacy is None:
+                    remove_regular(self.home.legacy_fleet_path)
+                else:
+                    self.home.write_atomic(self.home.legacy_fleet_path, legacy)
 
     def add(self, obj) -> None:
         self.extra_rows.setdefault(type(obj), []).append(obj)

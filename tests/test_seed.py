@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -367,3 +368,104 @@ def test_a_seed_killed_between_marking_its_new_folder_and_recording_the_mark_see
     assert again.returncode == 0 and again.stdout.startswith("Seeded 4 conversations"), again.stderr[-2000:]
     assert m.EngineFolderMark.objects.get().folder_id == (folder / engine_folder.MARK_NAME).read_text().strip()
     assert not (folder / engine_folder.CLAIM_NAME).exists() and m.Conversation.objects.count() == 4
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real disk of its own: `small_disk(size)` mounts a tmpfs of `size` (say "6m") at
+    tmp_path/small and returns it; `small_disk(size)` again gives it that size (room freed).
+    Unmounted at the end; skipped where this process may not mount (not root)."""
+    folder = tmp_path / "small"
+
+    def mount(size: str) -> Path:
+        options = f"size={size}" if not folder.is_mount() else f"remount,size={size}"
+        folder.mkdir(exist_ok=True)
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+        return folder
+
+    yield mount
+    if folder.is_mount():
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def _engine_files(engine: Path) -> list[str]:
+    """The engine folder's files, less its mark (the database's claim on it, recorded first)."""
+    return sorted(str(p.relative_to(engine)) for p in engine.rglob("*")
+                  if p.is_file() and p.name != engine_folder.MARK_NAME)
+
+
+def _fleet_rows(engine: Path) -> list:
+    fleet = engine / "state" / "subagents.v1.json"
+    return json.loads(fleet.read_text())["agents"] if fleet.exists() else []
+
+
+def test_a_seed_that_fills_the_database_disk_says_so_in_one_line_and_leaves_no_users_or_engine_files(
+        small_disk, tmp_path):
+    """A reviewer's repro: a new SQLite database on a 6 MB disk; the seed printed the demo logins,
+    then a traceback ending in "database or disk is full" (exit 1), and left the demo users and
+    137 engine files of 30 conversations that did not exist (listed as files outside conversations
+    once another seed ran)."""
+    import sqlite3
+
+    disk = small_disk("6m")
+    database, engine = disk / "lethe.sqlite3", tmp_path / "seed-engine"
+    env = {**{k: v for k, v in os.environ.items() if k != "LETHE_DEMO_PASSWORD"},
+           "DATABASE_URL": f"sqlite:///{database}", "LETHE_VAR_DIR": str(disk / "var"),
+           "ENGINE_HOME": str(engine), "DJANGO_SETTINGS_MODULE": "console.settings_test", "LANG": "es_ES.UTF-8"}
+    manage = [sys.executable, "manage.py"]
+    migrated = subprocess.run([*manage, "migrate", "-v0"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert migrated.returncode == 0, migrated.stderr[-2000:]
+    seed_command = [*manage, "seed_demo", "--conversations", "30", "--messages", "300", "--anchor", ANCHOR.isoformat()]
+
+    full = subprocess.run([*seed_command, "--seed", "1"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert (full.returncode, full.stdout, full.stderr.splitlines()) == (2, "", [
+        f"Lethe database error: The database {database} is full: the disk it is on has no room left (database or "
+        "disk is full). The step the command was taking was not written; what it finished before stays. Free space "
+        "on that disk, then run it again."]), full.stderr[-3000:]
+    with contextlib.closing(sqlite3.connect(database)) as db:
+        counts = [db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # noqa: S608 (fixed names)
+                  for table in ("auth_user", "lifecycle_conversation", "lifecycle_item", "lifecycle_account")]
+    assert counts == [0, 0, 0, 0]
+    assert _engine_files(engine) == [] and _fleet_rows(engine) == []
+
+    small_disk("64m")  # room freed: another seed seeds, and the engine folder holds its conversations' files only
+    again = subprocess.run([*seed_command, "--seed", "2"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.startswith("Demo logins: admin / ") and "Seeded 30 conversations" in again.stdout
+    with contextlib.closing(sqlite3.connect(database)) as db:
+        keys = {row[0] for row in db.execute("SELECT public_id FROM lifecycle_conversation")}
+    assert len(keys) == 30
+    assert {Path(name).parts[1] for name in _engine_files(engine) if Path(name).parts[0] != "state"
+            and Path(name).parts[0] != "legacy-state"} <= keys
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_seed_that_fills_the_engine_folder_disk_says_so_in_one_line_and_leaves_nothing_half_written(
+        small_disk, tmp_path):
+    """The engine folder's disk full mid-seed (ENOSPC on a file write): one line and exit 2, no
+    logins printed, no users or rows, and none of the files this run wrote."""
+    from tests.test_jobs import database_url
+
+    m.EngineFolderMark.objects.all().delete()  # a new install whose engine folder is on the small disk
+    engine = small_disk("256k") / "engine"
+    env = {**os.environ, "DATABASE_URL": database_url(), "ENGINE_HOME": str(engine),
+           "LETHE_VAR_DIR": str(tmp_path / "var"), "LETHE_DEMO_PASSWORD": "demo-pass-123",
+           "DJANGO_SETTINGS_MODULE": "console.settings_test"}
+    command = [sys.executable, "manage.py", "seed_demo", "--conversations", "30", "--messages", "300", "--seed", "1",
+               "--anchor", ANCHOR.isoformat()]
+    full = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert (full.returncode, full.stdout, full.stderr.splitlines()) == (2, "", [
+        f"CommandError: io_error: {engine}: No space left on device. Nothing was seeded; free space on its disk, "
+        "then try again."]), full.stderr[-3000:]
+    assert not get_user_model().objects.exists() and not m.Conversation.objects.exists()
+    assert not m.Item.objects.exists() and not m.Account.objects.exists()
+    assert _engine_files(engine) == [] and _fleet_rows(engine) == []
+    assert (engine / engine_folder.MARK_NAME).exists()  # the folder stays this database's
+
+    small_disk("16m")
+    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert again.returncode == 0 and "Seeded 30 conversations" in again.stdout, again.stderr[-3000:]
+    assert "admin / demo-pass-123" in again.stdout
+    assert m.Conversation.objects.count() == 30 and get_user_model().objects.count() == 2

@@ -12,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
+from console.management.cli import io_error
 from lifecycle import engine_folder
 from lifecycle.enginefs import EngineHome
 from lifecycle.faults import kill_point
@@ -64,33 +65,44 @@ class Command(BaseCommand):
             # `make run` on it added a known-password admin account and demo conversations)
             self.stdout.write("This database has accounts of its own: no demo data or users were added or changed.")
             return
+        self.logins: list[str] = []  # said once what made them is committed
         if self.seeded_already(if_empty, no_users):  # (no wait behind a seed running now, see below)
+            self.say_logins()
             return
         home = EngineHome()
         started = time.perf_counter()
         kill_point("seed.checked")
+        seeder = Seeder(seed=seed, anchor=anchor or timezone.now(), messages=messages, home=home)
         try:
             # Each step again under a lock a second seed started meanwhile waits for (r70: both
             # passed the check above and both seeded, or one died on a duplicate id; r71: one's
             # folder check met the other's half-made mark): the folder check (its mark committed
             # before the seed, so a seed killed later is run again into the same folder), then the
-            # seed.
+            # demo users and the seed, committed together: a seed that fails (a full disk) leaves
+            # neither, nor the engine files it wrote, and prints no logins.
             with alone():
-                if self.seeded_already(if_empty, no_users):
-                    return
-                self.check_folder(home)
-            if not no_users:  # after the folder check: a refused seed creates no users either (r20)
-                self.users()
-            with alone():
-                if self.seeded_already(if_empty, no_users):
-                    return
-                report = Seeder(seed=seed, anchor=anchor or timezone.now(), messages=messages, home=home).run(
-                    conversations)
-        except OperationalError as exc:
-            if "locked" not in str(exc):
-                raise
-            raise CommandError("Nothing was seeded: another process held the database's write lock for more than "
-                               "its wait (another seed?). Run seed_demo again when it ends.") from None
+                done = self.seeded_already(if_empty, no_users)
+                if not done:
+                    self.check_folder(home)
+            if not done:
+                with alone():
+                    done = self.seeded_already(if_empty, no_users)
+                    if not done:
+                        if not no_users:  # after the folder check: a refused seed creates no users either (r20)
+                            self.users()
+                        report = seeder.run(conversations)
+        except BaseException as exc:
+            seeder.discard()  # the transaction that held the seed's rows did not commit
+            self.logins.clear()
+            if isinstance(exc, OperationalError) and "locked" in str(exc):
+                raise CommandError("Nothing was seeded: another process held the database's write lock for more "
+                                   "than its wait (another seed?). Run seed_demo again when it ends.") from None
+            if isinstance(exc, OSError):  # the engine folder's (or var's) disk full, read-only...
+                raise io_error(exc, "Nothing was seeded", returncode=2) from None
+            raise  # a full database: manage.py says so in one line (`full`)
+        self.say_logins()
+        if done:
+            return
         elapsed = time.perf_counter() - started
         self.stdout.write(
             f"Seeded {report.conversations} conversations, {report.items} items and "
@@ -125,8 +137,14 @@ class Command(BaseCommand):
             raise CommandError(f"Nothing was seeded: the engine folder {exc.root} is {engine_folder.described(exc.root, exc.reason)}."
                                + advice, returncode=2) from None
 
+    def say_logins(self) -> None:
+        for line in self.logins:
+            self.stdout.write(line)
+        self.logins.clear()
+
     def users(self) -> None:
-        """Create the demo users, and print only a password that signs them in.
+        """Create the demo users, and say (`say_logins`, once committed) only a password that
+        signs them in.
 
         The password is LETHE_DEMO_PASSWORD (set on both users every run), else the one kept
         in var/demo-credentials.txt, else a new one, generated only while it can be set on
@@ -155,10 +173,10 @@ class Command(BaseCommand):
         if valid:
             logins = ", ".join(f"{u.username} / {password} ({'admin' if u.is_staff else 'read-only member'})"
                                for u in valid)
-            self.stdout.write(f"Demo logins: {logins}")
+            self.logins.append(f"Demo logins: {logins}")
         for user in demo:
             if user not in valid:
-                self.stdout.write(
+                self.logins.append(
                     f"Demo login {user.username!r}: its password is not on record here "
                     f"({path} is missing or out of date), so it is not shown and was left unchanged. "
                     "Run with LETHE_DEMO_PASSWORD=... to set one."
