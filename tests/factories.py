@@ -180,3 +180,20 @@ def folder_behind_a_link(conversation: Conversation, tmp_path) -> None:
     threads = EngineHome().root / "threads"
     threads.mkdir()
     (threads / conversation.storage_key).symlink_to(outside)
+
+
+def end_database_session() -> int:
+    """PostgreSQL: end this connection's session from another connection, as a server restart,
+    a failover or an operator's pg_terminate_backend does; the ended session's process id."""
+    from django.db import connection, connections
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = cursor.fetchone()[0]
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+    finally:
+        other.close()
+    return pid

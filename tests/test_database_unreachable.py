@@ -285,7 +285,7 @@ def test_a_postgresql_connection_ended_by_the_server_is_503_unavailable_on_pages
     """The server ends the web process's connection (a restart, an administrator): the request
     that finds it gone answers 503 database_unavailable with Retry-After (a page: the plain 503
     page), not the 500 that says part of the request may have been done; the next one works."""
-    from django.db import connection, connections
+    from django.db import connection
     from django.test import Client
 
     if connection.vendor != "postgresql":
@@ -299,15 +299,7 @@ def test_a_postgresql_connection_ended_by_the_server_is_503_unavailable_on_pages
     client.force_login(admin)
     for path, headers in (("/settings/system/data-storage/", {}), ("/v1/threads", {"HTTP_AUTHORIZATION": f"Bearer {raw}"})):
         assert client.get(path, **headers).status_code == 200
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_backend_pid()")
-            pid = cursor.fetchone()[0]
-        other = connections.create_connection("default")
-        try:
-            with other.cursor() as cursor:
-                cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
-        finally:
-            other.close()
+        factories.end_database_session()
         try:
             answer = client.get(path, **headers)
         finally:

@@ -552,7 +552,7 @@ def test_on_postgresql_a_run_whose_connection_ends_mid_batch_goes_on_with_exact_
 
     def ending(*args, **kwargs):
         if not ended:
-            ended.append(end_the_jobs_session())
+            ended.append(factories.end_database_session())
         return write(*args, **kwargs)
 
     monkeypatch.setattr(jobs, "_write_span", ending)
@@ -1213,21 +1213,6 @@ def test_a_failed_or_cancelled_backup_blocks_cleanup_until_retried(admin_user, b
     assert cleanup.state == "succeeded" and cleanup.removed_messages == 3
 
 
-def end_the_jobs_session() -> int:
-    """PostgreSQL: end this connection's session from another one, as a server restart or an
-    operator would; the ended session's process id."""
-    from django.db import connections
-
-    pid = connection.connection.info.backend_pid
-    other = connections.create_connection("default")
-    try:
-        with other.cursor() as cursor:
-            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
-    finally:
-        other.close()
-    return pid
-
-
 @pytest.mark.django_db(transaction=True)
 def test_on_postgresql_a_backup_whose_connection_ends_stops_for_retry_saying_why(admin_user, backup_dir,
                                                                                  monkeypatch):
@@ -1245,7 +1230,7 @@ def test_on_postgresql_a_backup_whose_connection_ends_stops_for_retry_saying_why
     create = backups.create_backup
 
     def session_ends(**kwargs):
-        end_the_jobs_session()
+        factories.end_database_session()
         return create(**kwargs)
 
     monkeypatch.setattr(backups, "create_backup", session_ends)
