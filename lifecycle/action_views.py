@@ -97,7 +97,11 @@ def conversation_archive(request: HttpRequest, public_id: str) -> HttpResponse:
     try:
         archived = _switch(request, "archived")
         answer = get_engine().set_archived(public_id, archived, actor=request.user)
-        messages.success(request, _archive_message(archived, closed=bool(answer.get("closed"))))
+        if answer.get("changed") is False:  # someone made it so first (a page left open, r100)
+            messages.info(request, _("It was already archived: nothing changed.") if archived
+                          else _("It was already not archived: nothing changed."))
+        else:
+            messages.success(request, _archive_message(archived, closed=bool(answer.get("closed"))))
     except ActionRefused as exc:
         _refused(request, exc)
     return redirect(_back(request, reverse("lifecycle:conversation-detail", args=[public_id])))
@@ -109,10 +113,14 @@ def conversation_close(request: HttpRequest, public_id: str) -> HttpResponse:
     _admin_only(request)
     try:
         closed = _switch(request, "closed")
-        get_engine().set_closed(public_id, closed, actor=request.user)
-        # Said whether or not turns were running: Close leaves none running and no process lease.
-        messages.success(request, _("Closed: no turn runs in it and no process holds it until it is resumed.")
-                         if closed else _("Resumed."))
+        answer = get_engine().set_closed(public_id, closed, actor=request.user)
+        if answer.get("changed") is False:  # someone made it so first (a page left open, r100)
+            messages.info(request, _("It was already closed: nothing changed.") if closed
+                          else _("It was already open (not closed): nothing changed."))
+        else:
+            # Said whether or not turns were running: Close leaves none running and no process lease.
+            messages.success(request, _("Closed: no turn runs in it and no process holds it until it is resumed.")
+                             if closed else _("Resumed."))
     except ActionRefused as exc:
         _refused(request, exc)
     return redirect(_back(request, reverse("lifecycle:conversation-detail", args=[public_id])))

@@ -474,19 +474,14 @@ def _action(request: HttpRequest, form_class, call, *, error_key: str = "action_
         call(form.cleaned_data if form is not None else {})
     except service.CleanupError as exc:
         return _action_error(request, exc.message, exc.status, error_key,
-                             draft=_unsaved(draft, ToolPayloadPolicy.load()))
+                             draft=_unsaved(draft, ToolPayloadPolicy.load()), refresh=exc.code == "busy")
     if draft is not None:
         request.session[DRAFT_KEY] = draft
     if not request.htmx:
         if done_text:
             messages.success(request, done_text)
         return redirect("retention:data-storage")
-    doc = _read_status()
-    context = {"status_failed": doc is None, "action_ok": True, "can_edit": True}
-    if doc is not None:
-        context["db"] = database_size()
-        context["card"] = _card(doc, context["db"].engine)
-    response = render(request, LIVE, context, status=202)
+    response = _live_regions(request, status=202, action_ok=True)
     if policy_saved is not None:  # the card's form shows the saved policy (and its revision)
         card = render(request, f"{PAGE}#tool-card", _context(request, oob=True, **policy_saved))
         response.content += card.content
@@ -494,10 +489,25 @@ def _action(request: HttpRequest, form_class, call, *, error_key: str = "action_
     return response
 
 
+def _live_regions(request: HttpRequest, *, status: int, **extra) -> HttpResponse:
+    """The live regions as the status is now (an admin's page: its actions offered)."""
+    doc = _read_status()
+    context = {"status_failed": doc is None, "can_edit": True, **extra}
+    if doc is not None:
+        context["db"] = database_size()
+        context["card"] = _card(doc, context["db"].engine)
+    return render(request, LIVE, context, status=status)
+
+
 def _action_error(request: HttpRequest, message: str, status: int, key: str = "action_error",
-                  draft: dict | None = None) -> HttpResponse:
+                  draft: dict | None = None, refresh: bool = False) -> HttpResponse:
+    """The refusal beside the button pressed. `refresh`: refused because an operation this page
+    did not show is under way (another admin's, a script's): the page's status too, polled
+    from then on (r100: a page opened while nothing ran never polled, so it never showed it)."""
     if request.htmx:
         response = render(request, LIVE, {key: message, "only_error": True}, status=status)
+        if refresh:
+            response.content += _live_regions(request, status=status).content
         response["HX-Reswap"] = "none"
         return response
     return render(request, PAGE, _context(request, draft=draft, **{key: message}), status=status)

@@ -608,6 +608,26 @@ def test_a_busy_refusal_and_bad_input_change_nothing(admin_client, admin_user):
     assert ToolPayloadOperation.objects.count() == 1
 
 
+def test_a_refusal_for_an_operation_the_page_did_not_show_starts_following_it(admin_client, admin_user):
+    """Cleanup off and nothing running: the page does not poll. Another admin's analysis starts;
+    this page's Compact is refused as busy, and its answer brings the status (the analysis
+    waiting, its Cancel) and the poller, so the page follows it from then on (r100: it never
+    showed it)."""
+    from retention.views import POLL_BUSY
+
+    page = admin_client.get(PAGE, **HOST).content.decode()
+    assert 'id="tool-poll" data-poll="0"' in page
+    other = factories.make_user("bea", admin=True)
+    op_id = service.start_analysis(user=other, age_value=3, age_unit="months")
+    refused = admin_client.post(COMPACT, {}, **HX)
+    assert refused.status_code == 409
+    said = refused.content.decode()
+    assert "An analysis is waiting to start; one operation runs at a time, so nothing new was started." in said
+    assert f'id="tool-poll" data-poll="{POLL_BUSY}" hx-get="/settings/system/data-storage/status/"' in said
+    assert f'name="operation_id" value="{op_id}"' in said  # its Cancel, in the status brought along
+    assert ToolPayloadOperation.objects.count() == 1
+
+
 def test_compact_database_sent_twice_names_the_compaction_in_the_way(admin_client):
     """r23: the second of two Compact database posts said "Another cleanup operation is running.
     Wait for it to finish or cancel it": it was the admin's own compaction, which has no Cancel."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from django.utils import timezone
 
 from lifecycle import fleet
 from lifecycle import models as m
@@ -73,6 +74,33 @@ def test_archive_and_close_messages_say_where_the_conversation_is_listed_now(adm
     # nothing was running: Close found no turn to stop and no lease to release, and said none
     closed = m.AuditFact.objects.get(action="conversation.closed")
     assert closed.new_value == {"closed": True, "interrupted_turns": 0, "resolved_claims": 0, "released_lease": 0}
+
+
+@pytest.mark.parametrize(("action", "value", "said"), [
+    ("archive", "1", "It was already archived: nothing changed."),
+    ("archive", "0", "It was already not archived: nothing changed."),
+    ("close", "1", "It was already closed: nothing changed."),
+    ("close", "0", "It was already open (not closed): nothing changed."),
+])
+def test_an_action_from_a_page_left_open_that_someone_already_took_says_nothing_changed(admin_client, action, value,
+                                                                                        said):
+    """Another admin (or a script) made the change first; the stale button is a no-op and says
+    so, in place of the message of a change it did not make (r100: "Archived: hidden from
+    Recent." and no audit fact of it)."""
+    conversation = factories.make_conversation(title="Two admins")
+    field = "archived" if action == "archive" else "closed"
+    if value == "1":
+        m.Conversation.objects.filter(pk=conversation.pk).update(**{f"{field}_at": timezone.now()})
+    facts = m.AuditFact.objects.count()
+    answer = admin_client.post(f"/conversations/{conversation.public_id}/{action}/",
+                               {field: value, "next": "/conversations/?view=all"}, **HOST)
+    assert answer.status_code == 302
+    shown = page(admin_client, "/conversations/?view=all")
+    assert said in shown and "Archived:" not in shown and "Closed: no turn" not in shown and "Resumed." not in shown
+    assert m.AuditFact.objects.count() == facts
+    spanish = admin_client.post(f"/conversations/{conversation.public_id}/{action}/", {field: value}, **HOST,
+                                HTTP_ACCEPT_LANGUAGE="es", follow=True)
+    assert "no cambió nada" in spanish.content.decode()
 
 
 @pytest.mark.parametrize("action", ["archive", "close"])

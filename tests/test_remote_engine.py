@@ -160,7 +160,11 @@ def test_both_engines_answer_the_same_way(any_engine):
     with pytest.raises(ActionRefused) as unknown:
         client.request_delete("c_" + "0" * 20, key="iface-unknown", actor=None)
     assert (unknown.value.code, unknown.value.status) == ("not_found", 404)
-    assert client.set_archived(other, True, actor=None)["archived"] is True
+    archived = client.set_archived(other, True, actor=None)
+    assert (archived["archived"], archived["changed"]) == (True, True)
+    again = client.set_archived(other, True, actor=None)  # someone made it so first: said as no change
+    assert (again["archived"], again["changed"]) == (True, False)
+    assert [client.set_closed(other, True, actor=None)["changed"] for _ in range(2)] == [True, False]
     preview = client.preview_delete(target)
     assert preview["admission"]["outcome"] == "admitted"
     op = client.request_delete(target, key="iface-key", actor=None)

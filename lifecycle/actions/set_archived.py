@@ -11,11 +11,13 @@ from lifecycle.models import Conversation
 def set_archived(conversation: Conversation, *, archived: bool, acting_user) -> Conversation:
     """Archive (hide from Recent) or unarchive a conversation. Nothing is erased.
 
-    Refused for a conversation with a delete intent; a no-op records nothing.
+    Refused for a conversation with a delete intent; a no-op records nothing. The conversation
+    returned says whether this call changed it (`changed`: False when it already was as asked).
     """
     with transaction.atomic():
         locked = lock_writable(conversation)
-        if (locked.archived_at is not None) == archived:
+        locked.changed = (locked.archived_at is not None) != archived
+        if not locked.changed:
             return locked
         now = timezone.now()
         locked.archived_at = now if archived else None

@@ -26,11 +26,13 @@ def set_closed(conversation: Conversation, *, closed: bool, acting_user) -> Conv
     Close: 1. running and queued turns stop as Interrupted; 2. the runtime's open approvals,
     input requests, dynamic tools and shell jobs are resolved; 3. the process lease is
     released. Resume reopens the conversation; the engine takes a new lease when it runs.
-    Both are refused for a conversation with a delete intent.
+    Both are refused for a conversation with a delete intent. The conversation returned says
+    whether this call changed it (`changed`: False when it already was as asked).
     """
     with transaction.atomic():
         locked = lock_writable(conversation)
-        if (locked.closed_at is not None) == closed:
+        locked.changed = (locked.closed_at is not None) != closed
+        if not locked.changed:
             return locked
         if closed:
             work_order.ending_work()  # after a cleanup run's count under way (lifecycle/work_order.py)

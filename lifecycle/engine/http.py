@@ -348,12 +348,20 @@ class HttpEngine:
 
     def _changed(self, public_id: str, name: str, value: bool) -> dict[str, Any]:
         """PATCH one of the conversation's switches; its answer only if it is this conversation
-        with the switch as asked (what the page then says happened), else EngineBadAnswer."""
+        with the switch as asked (what the page then says happened), else EngineBadAnswer; with
+        `changed`, whether the switch was otherwise just before (read first: the engine's answer
+        is the same either way; another change between the two calls is within one request),
+        None when that read failed (the change itself is still asked for and its answer used)."""
+        try:
+            before = self.thread(public_id)
+        except ActionRefused:
+            before = None
         answer = self.call("PATCH", self._thread_path(public_id), body={name: value})[1]
         if not (isinstance(answer, dict) and answer.get("id") == public_id and answer.get(name) is value
                 and isinstance(answer.get("archived"), bool) and isinstance(answer.get("closed"), bool)):
             raise EngineBadAnswer("not this conversation as asked")
-        return answer
+        was = before.get(name) if isinstance(before, dict) else None
+        return {**answer, "changed": None if not isinstance(was, bool) else was is not value}
 
     def preview_delete(self, public_id: str) -> dict[str, Any]:
         return self.call("GET", self._thread_path(public_id) + "/deletion-preview")[1]

@@ -57,12 +57,12 @@ class InProcessEngine:
         return op
 
     def set_archived(self, public_id: str, archived: bool, *, actor) -> dict[str, Any]:
-        set_archived(self._conversation(public_id, actor), archived=archived, acting_user=actor)
-        return thread_json(self._conversation(public_id, actor))
+        changed = set_archived(self._conversation(public_id, actor), archived=archived, acting_user=actor).changed
+        return {**thread_json(self._conversation(public_id, actor)), "changed": changed}
 
     def set_closed(self, public_id: str, closed: bool, *, actor) -> dict[str, Any]:
-        set_closed(self._conversation(public_id, actor), closed=closed, acting_user=actor)
-        return thread_json(self._conversation(public_id, actor))
+        changed = set_closed(self._conversation(public_id, actor), closed=closed, acting_user=actor).changed
+        return {**thread_json(self._conversation(public_id, actor)), "changed": changed}
 
     def preview_delete(self, public_id: str) -> dict[str, Any]:
         return preview(self._conversation(public_id))
