@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar
 
 from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.urls import URLPattern, path
 from django.utils.translation import gettext as _
@@ -65,13 +66,27 @@ class ApiError(Exception):
         self.status, self.code, self.message, self.extra = status, code, message, extra
 
 
-# Answers are UTF-8 JSON with the text as it is, not \uXXXX escapes: the sizes the API bounds
-# (a page's API_MAX_PAGE_BYTES) are UTF-8 bytes, and an escape takes three times as many (r95).
-AS_TEXT = {"ensure_ascii": False}
+class TextEncoder(DjangoJSONEncoder):
+    """Answers are UTF-8 JSON with the text as it is, not \\uXXXX escapes: the sizes the API
+    bounds (a page's API_MAX_PAGE_BYTES) are UTF-8 bytes, and an escape takes three times as
+    many (r95). Text that cannot be UTF-8 (a lone surrogate, from a file the runtime wrote:
+    the fleet's subagent rows) is written escaped, as before, not a failed answer (r97)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **{**kwargs, "ensure_ascii": False})
+
+    def encode(self, o: Any) -> str:
+        text = super().encode(o)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            self.ensure_ascii = True
+            return super().encode(o)
+        return text
 
 
 def error(status: int, code: str, message: str, **extra: Any) -> JsonResponse:
-    return JsonResponse({"code": code, "message": message, **extra}, status=status, json_dumps_params=AS_TEXT)
+    return JsonResponse({"code": code, "message": message, **extra}, status=status, encoder=TextEncoder)
 
 
 def is_api_path(path_info: str) -> bool:
@@ -481,7 +496,7 @@ def _answer(ep: Endpoint, result: Any) -> HttpResponse:
         response = HttpResponse(status=status)
         del response["Content-Type"]  # no body, so no type (never text/html under the API)
         return response
-    return JsonResponse(payload, status=status, safe=False, json_dumps_params=AS_TEXT)
+    return JsonResponse(payload, status=status, safe=False, encoder=TextEncoder)
 
 
 def _run(ep: Endpoint, request: HttpRequest, kwargs: dict[str, Any]) -> HttpResponse:

@@ -26,13 +26,55 @@ def new_public_id() -> str:
     return "c_" + secrets.token_hex(10)
 
 
-class Account(models.Model):
+class OwnerQuerySet(models.QuerySet):
+    """An owner's name folded for the Owner finder (`search_name`, lifecycle.search), kept in
+    step on every ORM write that can set the name: save() on the model, and these three."""
+
+    def bulk_create(self, objs, *args, **kwargs):
+        objs = list(objs)
+        for obj in objs:
+            obj.search_name = fold(obj.name)
+        return super().bulk_create(objs, *args, **kwargs)
+
+    def bulk_update(self, objs, fields, *args, **kwargs):
+        objs, fields = list(objs), list(fields)
+        if "name" in fields:
+            for obj in objs:
+                obj.search_name = fold(obj.name)
+            fields += [] if "search_name" in fields else ["search_name"]
+        return super().bulk_update(objs, fields, *args, **kwargs)
+
+    def update(self, **kwargs):
+        if "name" in kwargs and "search_name" not in kwargs:
+            if not isinstance(kwargs["name"], str):
+                raise TypeError("an owner's name is set as text, so its folded name can be set with it")
+            kwargs["search_name"] = fold(kwargs["name"])
+        return super().update(**kwargs)
+
+
+class Owner(models.Model):
+    """What accounts and computers share: a name, and that name folded for the Owner finder
+    (case and accents ignored the same on both databases, r95)."""
+
     name = models.CharField(_("name"), max_length=120)
+    search_name = models.TextField(null=True, blank=True, editable=False)  # fold(name); derived
     created_at = models.DateTimeField(default=timezone.now)
 
+    objects = OwnerQuerySet.as_manager()
+
     class Meta:
+        abstract = True
         ordering = ["name", "id"]
 
+    def save(self, *args, **kwargs) -> None:
+        self.search_name = fold(self.name)
+        update_fields = kwargs.get("update_fields")
+        if update_fields is not None and "name" in update_fields:
+            kwargs["update_fields"] = {*update_fields, "search_name"}
+        super().save(*args, **kwargs)
+
+
+class Account(Owner):
     def __str__(self) -> str:
         return self.name
 
@@ -41,15 +83,10 @@ class Account(models.Model):
         return f"account:{self.pk}"
 
 
-class Computer(models.Model):
-    name = models.CharField(_("name"), max_length=120)
+class Computer(Owner):
     account = models.ForeignKey(
         Account, null=True, blank=True, on_delete=models.SET_NULL, related_name="computers"
     )
-    created_at = models.DateTimeField(default=timezone.now)
-
-    class Meta:
-        ordering = ["name", "id"]
 
     def __str__(self) -> str:
         return self.name

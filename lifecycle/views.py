@@ -5,6 +5,8 @@ from __future__ import annotations
 from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
+from django.db import connection
+from django.db.models.functions import Collate
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
@@ -120,22 +122,16 @@ OWNER_CHOICES = 100
 
 def owner_choices(find: str, chosen: str) -> dict:
     """The Owner list's options: every owner while there are at most OWNER_CHOICES; past that,
-    the first OWNER_CHOICES by name of those whose name contains `find` (of all, without it),
-    accounts first; the chosen owner (`owner=kind:id`, checked) always among them."""
+    the first OWNER_CHOICES by folded name of those whose folded name contains `find` folded
+    (of all, without it), accounts first; the chosen owner (`owner=kind:id`, checked) always
+    among them."""
     total = Account.objects.count() + Computer.objects.count()
-    wanted = fold(find)
-    if total <= OWNER_CHOICES or wanted:
-        # Names are compared and ordered as search folds them (case and accents ignored, the
-        # same on both databases: r95, SQLite's LIKE folded ASCII only and neither database
-        # ignored accents), so the owners are read and folded here: all of them when they fit
-        # the list, every name when a part is typed (names only: a small read even for many).
-        shown_accounts, shown_computers = _named(Account, wanted), _named(Computer, wanted)
-        shown_accounts = shown_accounts[:OWNER_CHOICES]
-        shown_computers = shown_computers[:OWNER_CHOICES - len(shown_accounts)]
-    else:  # many owners, nothing typed: the first by name, as the database orders names
-        shown_accounts = list(Account.objects.all()[:OWNER_CHOICES])
-        room = OWNER_CHOICES - len(shown_accounts)
-        shown_computers = list(Computer.objects.all()[:room]) if room else []
+    # Names compared and ordered folded (case and accents ignored, the same on both databases:
+    # r95, SQLite's LIKE folded ASCII only and neither database ignored accents)
+    wanted = fold(find) if total > OWNER_CHOICES else ""
+    shown_accounts = _named(Account, wanted, OWNER_CHOICES)
+    room = OWNER_CHOICES - len(shown_accounts)
+    shown_computers = _named(Computer, wanted, room) if room else []
     matched = len(shown_accounts) + len(shown_computers)  # (r79: the chosen owner added below was counted)
     kind, _sep, ident = chosen.partition(":")
     if chosen and chosen not in {o.owner_key for o in [*shown_accounts, *shown_computers]}:
@@ -148,17 +144,14 @@ def owner_choices(find: str, chosen: str) -> dict:
             "owner_choices_max": OWNER_CHOICES, "owner_find": find, "owner": chosen}
 
 
-def _named(model, wanted: str) -> list:
-    """The owners of one kind whose folded name contains `wanted` (every one when it is empty),
-    ordered by folded name, then name and id."""
-    found = []
-    for pk, name in model.objects.order_by().values_list("pk", "name").iterator(chunk_size=2000):
-        key = fold(name)
-        if wanted in key:
-            found.append((key, name, pk))
-    found.sort()
-    by_id = model.objects.in_bulk([pk for _k, _n, pk in found[:OWNER_CHOICES]])
-    return [by_id[pk] for _k, _n, pk in found[:OWNER_CHOICES] if pk in by_id]
+def _named(model, wanted: str, limit: int) -> list:
+    """The first `limit` owners of one kind whose folded name contains `wanted` (any, when it is
+    empty), by folded name compared by code point on both databases (then name and id)."""
+    owners = model.objects.all()
+    if wanted:
+        owners = owners.filter(search_name__contains=wanted)
+    by_code_point = "C" if connection.vendor == "postgresql" else "BINARY"
+    return list(owners.order_by(Collate("search_name", by_code_point), "name", "id")[:limit])
 
 
 def _current_path(request: HttpRequest) -> str | None:

@@ -179,6 +179,23 @@ def test_a_fleet_rows_values_that_are_not_text_never_leave_as_invalid_json(api):
                                             "finished_at": None}]}
 
 
+def test_a_fleet_rows_lone_surrogate_is_answered_escaped_not_failed(api):
+    """Answers are UTF-8 text, which a lone surrogate cannot be (a runtime wrote it into the
+    fleet file): that answer is written with escapes, and other answers stay UTF-8 (r97: 500)."""
+    conversation = factories.make_conversation(title="Ñandú", days_idle=1)
+    fleet.write_snapshot([{"agent_id": "sa_bad\ud800x", "origin": {"conversation": conversation.public_id},
+                           "status": "running", "delivery": "settled"},
+                          {"agent_id": "sa_free", "origin": None, "status": "running\ud800", "delivery": "settled"}])
+    answer = delete(api, conversation.public_id, key="surrogate-1")
+    assert answer.status_code in (202, 409)
+    for path in (f"/v1/threads/{conversation.public_id}/runtime", "/v1/operations?limit=50"):
+        response = api.get(path)
+        assert response.status_code == 200, path
+        raw = response.content.decode("utf-8")  # valid UTF-8 throughout
+        assert "\\ud800" in raw, path
+    assert "Ñandú".encode() in api.get(f"/v1/threads/{conversation.public_id}").content
+
+
 def test_the_resolve_endpoint_takes_an_id_with_a_slash(api):
     conversation = factories.make_conversation(days_idle=1)
     fleet.write_snapshot([{"agent_id": "team/sa 1", "origin": None, "status": "completed", "delivery": "settled",

@@ -12,7 +12,7 @@ from django.db.models.functions import Concat
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from lifecycle.models import Account, Conversation, Scope
+from lifecycle.models import Account, Computer, Conversation, Scope
 from lifecycle.search import fold
 from lifecycle.seeding import Seeder
 from tests import factories
@@ -165,3 +165,32 @@ def test_the_list_and_the_api_search_the_same_way(member_client, titled):
 def test_it_treats_an_empty_or_blank_query_as_no_filter(db):
     factories.make_conversation(Account.objects.create(name="A"), title="Anything")
     assert Conversation.objects.search("   ").count() == Conversation.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_owners_named_before_their_folded_names_existed_are_found_after_the_migration():
+    """0027 folds the names of the owners already there (the Owner finder searches the folded
+    names: an owner left without one would never be found)."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    def migrate(target: str):
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate([("lifecycle", target)])
+        return executor.loader.project_state([("lifecycle", target)]).apps
+
+    latest = MigrationExecutor(connection).loader.graph.leaf_nodes()
+    try:
+        old = migrate("0026_item_client_key_digest")
+        account = old.get_model("lifecycle", "Account").objects.create(name="ÑANDÚ Álvarez")
+        computer = old.get_model("lifecycle", "Computer").objects.create(name="École Straße")
+        migrate("0027_owner_search_name")
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate(latest)
+    assert Account.objects.get(pk=account.pk).search_name == "nandu alvarez"
+    assert Computer.objects.get(pk=computer.pk).search_name == "ecole strasse"
+    renamed = Account.objects.filter(pk=account.pk)
+    renamed.update(name="Über GmbH")
+    assert renamed.get().search_name == "uber gmbh"
