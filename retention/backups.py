@@ -76,6 +76,14 @@ FULL_DISK_SLACK = 1 << 20
 SQLITE_IOERR, SQLITE_FULL = 10, 13
 # How pg_dump ends a write that found no room: strerror(ENOSPC) and strerror(EDQUOT), in the C locale
 NO_ROOM_TEXTS = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
+# A tool's session ended or never began (a server restart or failover, an ended session):
+# libpq's and the server's words (the tools run with LC_MESSAGES=C, so these are English).
+LOST_CONNECTION_TEXTS = ("server closed the connection unexpectedly", "terminating connection due to",
+                         "connection to server", "could not connect to", "no connection to the server",
+                         "SSL connection has been closed unexpectedly", "the database system is shutting down",
+                         "the database system is starting up", "the database system is in recovery mode")
+UNREACHABLE = gettext_noop(
+    "The database could not be reached during the backup, so it stopped. Retry once the database answers again.")
 EXTENSIONS = {"sqlite": ".sqlite3", "postgresql": ".dump"}
 NAME_PATTERN = re.compile(r"^lethe-(sqlite|postgresql)-\d{8}T\d{6}Z-[0-9a-f]{6}\.(sqlite3|dump)$")
 TEMP_PREFIX = ".tmp-"
@@ -957,7 +965,9 @@ def _connection_args(tool: str, parameters: list[str]) -> tuple[list[str], dict]
     sslrootcert, connect_timeout...) in its environment, never on the command line."""
     args, env = connection.client.settings_to_cmd_args_env(connection.settings_dict, parameters)
     args[0] = tool
-    return args, {**(env or {}), **libpq.environment(connection.settings_dict["OPTIONS"])}
+    # Its messages in English whatever the locale (LOST_CONNECTION_TEXTS; an empty LC_ALL is unset)
+    return args, {**(env or {}), **libpq.environment(connection.settings_dict["OPTIONS"]), "LC_ALL": "",
+                  "LC_MESSAGES": "C"}
 
 
 def _dump_postgresql(temp: Path, should_cancel: Callable[[], bool], progress: Progress | None) -> None:
@@ -980,6 +990,8 @@ def _dump_postgresql(temp: Path, should_cancel: Callable[[], bool], progress: Pr
         # quote anything the server said).
         if any(text in errors for text in NO_ROOM_TEXTS) or _disk_filled(temp.parent):
             raise _filled_up(temp.parent)
+        if any(text in errors for text in LOST_CONNECTION_TEXTS):  # (r97: pg_dump's own English words)
+            raise BackupError("database_unavailable", Message(UNREACHABLE))
         raise BackupError("dump_failed", Message(gettext_noop("pg_dump failed: %(error)s"), {"error": errors or code}))
     _ensure_room_kept(temp)  # written whole between two ticks, or after the last one
 

@@ -348,8 +348,7 @@ def run_operation(operation_id: int, wait_for_lease: bool = False) -> str:
     if op is None:
         return "busy" if ToolPayloadOperation.objects.filter(pk=operation_id, slot__isnull=False).exists() else "gone"
     try:
-        _check_operation(op)
-        _check_policy(ToolPayloadPolicy.load())
+        _with_busy_retries(lambda: (_check_operation(op), _check_policy(ToolPayloadPolicy.load())))
     except StateUnreadable:
         log.exception("tool payload operation %s: stored state unreadable", operation_id)
         _fail(op, token, "state_unreadable",
@@ -387,9 +386,9 @@ def run_operation(operation_id: int, wait_for_lease: bool = False) -> str:
                         "database answers", operation_id)
             _after_lost_connection()
             if op.kind == OperationKind.BACKUP:
-                return _backup_cut_short(op, token, "database_unavailable", Message(gettext_noop(
-                    "The database could not be reached during the backup, so it stopped. Retry once the "
-                    "database answers again.")))
+                from retention.backups import UNREACHABLE
+
+                return _backup_cut_short(op, token, "database_unavailable", Message(UNREACHABLE))
             outcome = "more"
         elif is_database_full(exc):  # said as it is; the run can be started again once there is room
             log.warning("tool payload operation %s stopped: the database's disk is full", operation_id)
@@ -474,16 +473,24 @@ def _merge(skipped_json: str, counts: Counter) -> str:
 
 
 def _with_busy_retries(fn):
-    """Run one batch, backing off while the database is busy; re-raise after BUSY_RETRIES."""
+    """Run one batch (or the run's claim), backing off while the database is busy or its
+    connection ended (a new one is opened; r97: a claim on an ended session failed the task and
+    left the run still for a lease's time); re-raise after BUSY_RETRIES."""
+    from console.busy import is_database_unavailable
+
     delay = 0.05
     for attempt in range(BUSY_RETRIES + 1):
         try:
             return fn()
         except OperationalError as exc:
-            if not is_database_busy(exc) or attempt == BUSY_RETRIES:
+            lost = is_database_unavailable(exc)
+            if not (lost or is_database_busy(exc)) or attempt == BUSY_RETRIES:
                 raise
-            time.sleep(delay)
-            delay = min(delay * 2, 2.0)
+            if lost:
+                _after_lost_connection()
+            else:
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
     return None
 
 

@@ -274,6 +274,53 @@ def wait_until_pg_dump_gone() -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_dump_whose_session_is_ended_says_the_database_could_not_be_reached(folder):
+    """pg_dump's session ends mid-dump (a server restart, a failover, an ended session): the
+    backup keeps nothing and says so in the reader's words, not pg_dump's English (r97)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("pg_dump's session; SQLite copies in this process")
+    import threading
+
+    from django.db import connections
+
+    fill(messages=5)
+    holder = connections.create_connection("default")
+    outcome = []
+    try:
+        with holder.cursor() as cursor:
+            cursor.execute("BEGIN")
+            cursor.execute("LOCK TABLE lifecycle_item IN ACCESS EXCLUSIVE MODE")  # pg_dump waits for it
+
+            def backup():
+                try:
+                    create_backup()
+                except BackupError as exc:
+                    outcome.append(exc)
+                finally:
+                    connections.close_all()
+
+            thread = threading.Thread(target=backup)
+            thread.start()
+            deadline = time.monotonic() + 30
+            ended = 0
+            while not ended and time.monotonic() < deadline:
+                cursor.execute("SELECT pg_stat_clear_snapshot()")  # read afresh inside this transaction
+                cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = "
+                               "'pg_dump' AND wait_event_type = 'Lock'")
+                ended = len(cursor.fetchall())
+                time.sleep(0.05)
+            cursor.execute("ROLLBACK")
+            thread.join(60)
+    finally:
+        holder.close()
+    assert ended == 1
+    [caught] = outcome
+    assert caught.code == "database_unavailable"
+    assert caught.text.msgid.startswith("The database could not be reached during the backup")
+    assert files_in(folder) == [] and list_backups() == []
+
+
 @pytest.mark.parametrize("stop", ["cancelled", "no_space"])
 def test_it_stops_mid_way_and_keeps_nothing(folder, settings, monkeypatch, stop):
     """Cancelled, or the disk fills up (something else wrote), while the copy or dump is

@@ -535,10 +535,12 @@ def test_on_postgresql_a_write_that_holds_an_item_while_the_batch_writes_wins(ad
 
 @pytest.mark.django_db(transaction=True)
 def test_on_postgresql_a_run_whose_connection_ends_mid_batch_goes_on_with_exact_totals(admin_user, monkeypatch):
-    """The server ends the job's session while a batch writes (a restart, a failover, an
-    operator's pg_terminate_backend): the batch's transaction is lost, the run is not. It frees
-    its lease and goes on from its committed cursor on a new connection, and ends with every
-    removable item removed and counted once (r94: it ended failed as an unexpected error)."""
+    """The server ends the job's session as the run claims it and while a batch writes (a
+    restart, a failover, an operator's pg_terminate_backend): the batch's transaction is lost,
+    the run is not. It goes on from its committed cursor on a new connection, and ends with
+    every removable item removed and counted once (r94: it ended failed as an unexpected
+    error; r97: a claim on the ended session failed the task, and the run stood still until
+    its lease ran out)."""
     if connection.vendor != "postgresql":
         pytest.skip("a server ending a session; SQLite has no server")
     monkeypatch.setattr(jobs, "BATCH_ITEMS", 2)
@@ -556,14 +558,12 @@ def test_on_postgresql_a_run_whose_connection_ends_mid_batch_goes_on_with_exact_
         return write(*args, **kwargs)
 
     monkeypatch.setattr(jobs, "_write_span", ending)
-    assert jobs.run_operation(op_id) == "more"
-    assert ended
-    op = ToolPayloadOperation.objects.get(pk=op_id)
-    assert (op.state, op.error_code, op.lease, op.removed_messages) == ("running", "", "", 0)
-    assert connection.connection.info.backend_pid != ended[0]  # a new session
+    factories.end_database_session()  # before the run's claim too (r97: the task failed there)
     op = run(op_id)
+    assert ended and connection.connection.info.backend_pid != ended[0]  # went on in a new session
     removed = Item.objects.filter(details_removed_at__isnull=False).count()
     assert (op.state, op.error_code, op.removed_messages, removed) == ("succeeded", "", expected, expected)
+    assert op.attempts == 0  # no lease was left to run out and be taken over
     assert expected == 8 and not Item.objects.filter(removable_bytes__gt=0).exists()
 
 

@@ -72,7 +72,7 @@ def test_every_kinds_summary_values_and_the_calls_text_are_previews(member_clien
     html = response.content.decode()
     assert html.count("(shortened)") == 7  # path, files, query, scope, URL, tool name, the text
     assert html.count(">Show the whole tool call</a>") == 6
-    assert "w" * PREVIEW_CHARS + '… <span class="cut-note">(shortened)</span>' in html
+    assert "w" * PREVIEW_CHARS + '</bdi>… <span class="cut-note">(shortened)</span>' in html
     assert "w" * (PREVIEW_CHARS + 1) not in html
     for item in (*items, texted):
         row = item_rows([item], full=True)[0]
@@ -134,4 +134,23 @@ def test_the_output_preview_keeps_a_cluster_whole(member_client, conversation):
     row = item_rows([item])[0]
     assert row.truncated and row.output == "o" * (PREVIEW_CHARS - 2)
     html = member_client.get(f"/conversations/{conversation.public_id}/", **HOST).content.decode()
-    assert "o" * (PREVIEW_CHARS - 2) + "…</pre>" in html
+    assert "o" * (PREVIEW_CHARS - 2) + "</bdi>…</pre>" in html
+
+
+def test_direction_overrides_in_a_calls_text_and_output_are_written_out_and_isolated(member_client, conversation):
+    """A right-to-left override in a tool call's text or output reordered what followed it on
+    the page ("(shortened)" read "(denetrohs)"), on the call's page too (r97): written out as
+    [U+202E] like a title's, each value isolated, the sign outside it."""
+    text = "\u202eContent that is reversed " + "c" * 700
+    item = factories.add_tool(conversation, "shell", {"command": "ls", "cwd": "/w", "exit_code": 0,
+                                                      "stdout": "\u202eoutput reversed", "stderr": "",
+                                                      "truncated": False}, content=text)
+    factories.add_message(conversation, "user", "\u202ehello")
+    page = member_client.get(f"/conversations/{conversation.public_id}/", **HOST).content.decode()
+    whole = member_client.get(f"/conversations/{conversation.public_id}/items/{item.pk}/output/",
+                              **HOST).content.decode()
+    for shown in (page, whole):
+        assert "\u202e" not in shown
+        assert "<bdi>[U+202E]Content that is reversed" in shown and "<bdi>[U+202E]output reversed</bdi>" in shown
+    assert "</bdi>… <span class=\"cut-note\">(shortened)</span>" in page
+    assert "<bdi>[U+202E]hello</bdi>" in page  # a message's text the same way

@@ -3,6 +3,8 @@ and stored names shown as they are (isolated, their invisible characters written
 
 from __future__ import annotations
 
+import re
+import sys
 import unicodedata
 from datetime import datetime
 from functools import cache
@@ -71,10 +73,14 @@ def command(*words) -> SafeString:
 _KEPT_FORMAT = frozenset("\u200c\u200d\u200e\u200f\u061c")
 
 
-def _shown(char: str) -> str:
-    if char in _KEPT_FORMAT or unicodedata.category(char) != "Cf":
-        return char
-    return f"[U+{ord(char):04X}]"
+@cache
+def _hidden_format() -> re.Pattern:
+    """The format characters written out, as one character class: found by the regular
+    expression engine, so a tool's output of megabytes is checked in milliseconds (built once
+    per process from the Unicode database)."""
+    chars = "".join(chr(code) for code in range(0x80, sys.maxunicode + 1)
+                    if unicodedata.category(chr(code)) == "Cf" and chr(code) not in _KEPT_FORMAT)
+    return re.compile(f"[{re.escape(chars)}]")
 
 
 @register.filter
@@ -85,7 +91,7 @@ def visible_controls(value) -> str:
     text = str(value)
     if text.isascii():
         return text
-    return "".join(_shown(char) for char in text)
+    return _hidden_format().sub(lambda found: f"[U+{ord(found.group()):04X}]", text)
 
 
 @register.filter
