@@ -220,7 +220,7 @@ class UnscannedOut(Schema):
     at: str
     reason: Literal["no_fingerprints", "no_samples"] = Field(
         description="no_fingerprints: dropped after a clean raw-byte check and a week after the delete; "
-                    "no_samples: no stored value was long enough to sample.")
+                    "no_samples: no stored value was long enough to sample (SQLite).")
 
 
 class VerificationOut(Schema):

@@ -221,6 +221,8 @@ def test_adopting_another_databases_folder_is_refused_unless_asked_by_name(engin
     folder, unwarned. Now it is refused; --take-from-other-database takes it with a new mark, so
     the other database no longer counts it as its own."""
     ours = engine_folder.adopt(force=False)
+    done = request_deletion(factories.make_conversation(), key="taken-folder", acting_user=None)
+    executor.run_erasure(done.pk)  # a delete for verify_erasure to check, below
     other = "f" * 32
     (engine_home / engine_folder.MARK_NAME).write_text(other + "\n")  # another database's folder here
     out = io.StringIO()
@@ -243,6 +245,12 @@ def test_adopting_another_databases_folder_is_refused_unless_asked_by_name(engin
     with pytest.raises(CommandError) as alone:  # the flag says nothing without --adopt
         call_command("engine_folder", "--take-from-other-database", stdout=io.StringIO())
     assert alone.value.returncode == 2 and "goes with --adopt" in str(alone.value)
+
+    # verify_erasure, refused the same folder, names the way that takes it (r98: --adopt alone)
+    with pytest.raises(CommandError) as unchecked:
+        call_command("verify_erasure", "--all", stdout=io.StringIO())
+    assert unchecked.value.returncode == 2
+    assert str(unchecked.value).endswith("mark it with manage.py engine_folder --adopt --take-from-other-database.")
     assert engine_folder.recorded() == ours and engine_folder.folder_mark(EngineHome()) == other
 
     out = io.StringIO()

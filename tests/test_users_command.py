@@ -153,6 +153,47 @@ def test_without_a_terminal_or_stdin_flag_it_asks_for_the_flag_and_changes_nothi
     assert listed.stdout.splitlines()[1].split()[:3] == ["ana", "admin", "active"]
 
 
+def test_end_of_input_at_the_password_prompt_is_one_line_and_changes_nothing(tmp_path):
+    """Ctrl-D at "Password:" on a real terminal (a pseudo-terminal here): one line, exit 1, no
+    user (r98: a traceback ending in EOFError)."""
+    import os
+    import pty
+    import select
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env.update(DJANGO_SETTINGS_MODULE="console.settings_test", LETHE_VAR_DIR=str(tmp_path / "var"),
+               ENGINE_HOME=str(tmp_path / "engine"), DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite3")
+    migrate(env)
+    main, terminal = pty.openpty()
+    process = subprocess.Popen([sys.executable, "manage.py", "users", "create", "dave", "--role", "member"],
+                               cwd=root, env=env, stdin=terminal, stdout=terminal, stderr=terminal,
+                               start_new_session=True)
+    os.close(terminal)
+    said, deadline = b"", time.monotonic() + 60
+    try:
+        while b"Password: " not in said and time.monotonic() < deadline:
+            if select.select([main], [], [], 0.5)[0]:
+                said += os.read(main, 4096)
+        os.write(main, b"\x04")  # Ctrl-D: end of input
+        process.wait(timeout=60)
+        while select.select([main], [], [], 0.2)[0]:
+            try:
+                said += os.read(main, 4096)
+            except OSError:  # the terminal closed with the process
+                break
+    finally:
+        os.close(main)
+    assert process.returncode == 1
+    text = said.decode()
+    assert "No password was given (end of input); nothing was changed." in text and "Traceback" not in text
+    listed = subprocess.run([sys.executable, "manage.py", "users", "list"], cwd=root, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert "dave" not in listed.stdout
+
+
 @pytest.mark.django_db
 def test_a_password_line_ending_in_crlf_is_the_password_without_it(client):
     """A password file written on Windows ends its line in CR LF: the CR was kept, and the

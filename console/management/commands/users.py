@@ -40,7 +40,8 @@ def _end_sessions(user) -> int:
     ids = str(user.pk)
     theirs = [session.pk for session in Session.objects.filter(expire_date__gt=timezone.now()).iterator()
               if session.get_decoded().get(SESSION_KEY) == ids]
-    Session.objects.filter(pk__in=theirs).delete()
+    for start in range(0, len(theirs), 500):  # (SQLite takes a bounded number of values a statement)
+        Session.objects.filter(pk__in=theirs[start:start + 500]).delete()
     return len(theirs)
 
 
@@ -186,8 +187,12 @@ class Command(BaseCommand):
         else:
             if not sys.stdin.isatty():
                 raise CommandError("Standard input is not a terminal: give the password with --password-stdin.")
-            password = getpass.getpass("Password: ")
-            if getpass.getpass("Password (again): ") != password:
+            try:
+                password = getpass.getpass("Password: ")
+                again = getpass.getpass("Password (again): ")
+            except EOFError:  # Ctrl-D at the prompt (r98: a traceback)
+                raise CommandError("No password was given (end of input); nothing was changed.") from None
+            if again != password:
                 raise CommandError("The two passwords differ; nothing was changed.")
         if any(ord(c) < 32 or ord(c) == 127 or 0xD800 <= ord(c) <= 0xDFFF for c in password):
             # A NUL, a tab, a stray carriage return...: the sign-in form could never send it

@@ -100,8 +100,7 @@ class Command(JsonErrors, BaseCommand):
             raise refusal(
                 "engine_folder_unavailable", f"The engine folder {exc.root} is {described(exc.root, exc.reason)}, so {checked} (a "
                 "folder that is not there would look clean). Mount it or set ENGINE_HOME, then run this again"
-                + ("." if exc.reason == "missing" else "; if this folder is the right one, mark it with manage.py "
-                   "engine_folder --adopt."), returncode=2) from None
+                + _adopt_advice(exc.reason), returncode=2) from None
         except OSError as exc:  # residue it could not remove (a read-only mount): one line
             raise io_error(exc, "The residue was not all removed", returncode=2) from None
         if json:
@@ -161,3 +160,15 @@ def _backups(operation_id: int, present) -> dict[str, list]:
 
 def _dumps(value) -> str:
     return json.dumps(value, indent=1, sort_keys=True)
+
+
+def _adopt_advice(reason: str) -> str:
+    """The way to make the folder this database's, as `engine_folder --adopt` takes it: another
+    database's folder only with --take-from-other-database (r98: the advice named --adopt alone,
+    which refuses it)."""
+    if reason == "missing":
+        return "."
+    if reason == "not_this_folder":
+        return ("; if no other database uses this one any more, mark it with manage.py engine_folder --adopt "
+                "--take-from-other-database.")
+    return "; if this folder is the right one, mark it with manage.py engine_folder --adopt."
