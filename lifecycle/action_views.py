@@ -8,6 +8,8 @@ htmx only refreshes the operation's status while it is pending.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import secrets
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -156,9 +158,16 @@ def _intent(conversation: Conversation) -> DeleteOperation | None:
     return DeleteOperation.objects.intents().filter(conversation=conversation).first()
 
 
+def _seen(preview: dict) -> str:
+    """What a confirmation was shown of the delete (what it erases, keeps and leaves in backups),
+    as a short digest the form sends back."""
+    shown = {name: preview.get(name) for name in ("stores", "backups", "shared_copy_remains")}
+    return hashlib.sha256(json.dumps(shown, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
 def _render_preview(request: HttpRequest, conversation: Conversation, *, status: int = 200,
-                    error: str = "") -> HttpResponse:
-    preview = get_engine().preview_delete(conversation.public_id)
+                    error: str = "", preview: dict | None = None) -> HttpResponse:
+    preview = preview or get_engine().preview_delete(conversation.public_id)
     admission = preview["admission"]
     typed = _typed_back(request, admission["ambiguous"] if admission else [])
     if admission:
@@ -170,6 +179,7 @@ def _render_preview(request: HttpRequest, conversation: Conversation, *, status:
         "groups": preview_groups(preview["stores"]),
         "backups": preview_backups(preview),
         "key": secrets.token_hex(16),
+        "seen": _seen(preview),
         "intent": _intent(conversation),
         "error": error,
         "resolve_next": request.get_full_path(),
@@ -185,6 +195,18 @@ def conversation_delete(request: HttpRequest, public_id: str) -> HttpResponse:
     if request.method != "POST":  # GET, HEAD
         return _render_preview(request, conversation)
     _admin_only(request)
+    seen = request.POST.get("seen")
+    if seen is not None:
+        # The page confirmed is what is erased: a live conversation that changed since it was
+        # shown (items added, a backup made) is shown again as it is now, and nothing is done
+        # (r100: the delete went ahead; only the receipt told). Once a delete exists (this
+        # form sent twice, or someone else's) the key leads to it, as before.
+        now = get_engine().preview_delete(public_id)
+        if now.get("state") == "live" and seen != _seen(now):
+            return _render_preview(request, conversation, status=409, preview=now, error=_(
+                "This conversation changed after the page was shown, so your confirmation was not taken: what "
+                "is erased, kept or left in backups is shown again below as it is now. Read it before you "
+                "confirm."))
     try:
         op = get_engine().request_delete(public_id, key=request.POST.get("key"), actor=request.user)
     except ActionRefused as exc:

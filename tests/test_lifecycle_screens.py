@@ -210,6 +210,33 @@ def test_the_preview_says_the_delete_adds_records_of_its_own_to_what_is_kept(adm
     assert kept["lifecycle.AuditFact"] == 1 + 2 and kept["lifecycle.ErasureFingerprint"] >= 1
 
 
+def test_a_confirmation_of_a_preview_that_changed_since_is_shown_again_and_not_taken(admin_client, settings, tmp_path):
+    """Items appended after the page was shown (or a backup made: the preview's backups are in
+    what the form was shown too): the confirmation is not taken, the page shows what the delete erases and leaves now, and its own confirmation then
+    starts the delete (r100: it went ahead; only the receipt said 8 records, not the 5 shown)."""
+    conversation = factories.make_conversation(title="Changed under me")
+    factories.add_message(conversation)
+    url = f"/conversations/{conversation.public_id}/delete/"
+
+    def form(content: str) -> dict:
+        return {name: re.search(rf'name="{name}" value="([0-9a-f]+)"', content).group(1) for name in ("key", "seen")}
+
+    shown = form(page(admin_client, url))
+    for n in range(3):
+        factories.add_message(conversation, content=f"written after the preview {n}")
+    refused = admin_client.post(url, shown, **HOST)
+    assert refused.status_code == 409 and not m.DeleteOperation.objects.exists()
+    again = refused.content.decode()
+    assert "This conversation changed after the page was shown, so your confirmation was not taken" in again
+    assert "4 records" in again  # the messages as they are now
+    spanish = admin_client.post(url, shown, HTTP_ACCEPT_LANGUAGE="es", **HOST)
+    assert spanish.status_code == 409 and "no se tuvo en cuenta" in spanish.content.decode()
+    confirmed = admin_client.post(url, form(again), **HOST)
+    op = m.DeleteOperation.objects.get()
+    assert (confirmed.status_code, confirmed["Location"]) == (302, f"/operations/{op.public_id}/")
+    assert admin_client.post(url, form(again), **HOST)["Location"] == f"/operations/{op.public_id}/"  # sent twice
+
+
 def test_cancel_leaves_everything_and_confirm_starts_the_delete(admin_client):
     conversation = factories.make_conversation(title="Confirm me")
     factories.add_message(conversation)
