@@ -172,7 +172,10 @@ class Seeder:
             with transaction.atomic():
                 accounts, computers = self.owners()
                 convs = self.conversations(conversations, accounts, computers)
-                self.written_keys = [conv.storage_key for conv in convs]
+                # Only folders this run makes are its to remove: one there already (a killed run's,
+                # rewritten below) stays whatever happens
+                self.written_keys = [conv.storage_key for conv in convs if not any(
+                    (self.home.root / area / conv.storage_key).exists() for area in CONVERSATION_AREAS)]
                 report.conversations = len(convs)
                 for index, conv in enumerate(convs):
                     report.items += self.fill(conv, index, fleet)
@@ -198,8 +201,8 @@ class Seeder:
 
     def discard(self) -> None:
         """Remove what this run wrote to the engine folder, once its rows are rolled back: the
-        folders of its conversations (no conversation has their ids: the database held none
-        when the seed began), its rows in the fleet file, and the legacy fleet file as it was.
+        folders it made for its conversations (none was there before it: no conversation's or
+        earlier run's), its rows in the fleet file, and the legacy fleet file as it was.
         Best effort: what cannot be removed stays, and the console lists it as engine files
         outside conversations. Nothing to do after a second call."""
         from lifecycle.deletion.files import remove_folder

@@ -469,3 +469,33 @@ def test_a_seed_that_fills_the_engine_folder_disk_says_so_in_one_line_and_leaves
     assert again.returncode == 0 and "Seeded 30 conversations" in again.stdout, again.stderr[-3000:]
     assert "admin / demo-pass-123" in again.stdout
     assert m.Conversation.objects.count() == 30 and get_user_model().objects.count() == 2
+
+
+def test_a_failed_seed_removes_only_the_folders_it_made(tmp_path, monkeypatch):
+    """A seed that fails after writing its conversations' files removes them (no rows hold
+    them), but never a folder that was there before it (a killed run's, which a rerun
+    rewrites, or any other): those stay as they were."""
+    import errno
+
+    from django.db import transaction
+
+    from lifecycle import fleet as fleet_file
+
+    home = EngineHome(tmp_path / "engine")
+    with transaction.atomic():  # the ids the seed will give its conversations (the same seed, the same ids)
+        probe = Seeder(seed=3, anchor=ANCHOR, messages=6, home=home)
+        keys = [c.storage_key for c in probe.conversations(2, *probe.owners())]
+        transaction.set_rollback(True)
+    there = home.root / "threads" / keys[0]
+    there.mkdir(parents=True)
+    (there / "keep.txt").write_text("not the seed's")
+
+    def full(**kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(fleet_file, "update_fleet", full)  # the disk fills as the run ends
+    with pytest.raises(OSError):
+        Seeder(seed=3, anchor=ANCHOR, messages=6, home=home).run(2)
+    assert not m.Conversation.objects.exists()
+    assert (there / "keep.txt").read_text() == "not the seed's"  # kept
+    assert not any((home.root / area / keys[1]).exists() for area in ("threads", "sessions", "artifacts"))
