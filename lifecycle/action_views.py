@@ -22,6 +22,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
 from console.auth import is_admin
@@ -158,7 +159,12 @@ def _intent(conversation: Conversation) -> DeleteOperation | None:
     return DeleteOperation.objects.intents().filter(conversation=conversation).first()
 
 
-def _seen(preview: dict) -> str:
+CHANGED_SINCE_SHOWN = gettext_lazy(
+    "This conversation changed after the page was shown, so your confirmation was not taken: what is erased, "
+    "kept or left in backups is shown again below as it is now. Read it before you confirm.")
+
+
+def preview_digest(preview: dict) -> str:
     """What a confirmation was shown of the delete (what it erases, keeps and leaves in backups),
     as a short digest the form sends back."""
     shown = {name: preview.get(name) for name in ("stores", "backups", "shared_copy_remains")}
@@ -179,7 +185,7 @@ def _render_preview(request: HttpRequest, conversation: Conversation, *, status:
         "groups": preview_groups(preview["stores"]),
         "backups": preview_backups(preview),
         "key": secrets.token_hex(16),
-        "seen": _seen(preview),
+        "seen": preview_digest(preview),
         "intent": _intent(conversation),
         "error": error,
         "resolve_next": request.get_full_path(),
@@ -202,11 +208,8 @@ def conversation_delete(request: HttpRequest, public_id: str) -> HttpResponse:
         # (r100: the delete went ahead; only the receipt told). Once a delete exists (this
         # form sent twice, or someone else's) the key leads to it, as before.
         now = get_engine().preview_delete(public_id)
-        if now.get("state") == "live" and seen != _seen(now):
-            return _render_preview(request, conversation, status=409, preview=now, error=_(
-                "This conversation changed after the page was shown, so your confirmation was not taken: what "
-                "is erased, kept or left in backups is shown again below as it is now. Read it before you "
-                "confirm."))
+        if now.get("state") == "live" and seen != preview_digest(now):
+            return _render_preview(request, conversation, status=409, preview=now, error=str(CHANGED_SINCE_SHOWN))
     try:
         op = get_engine().request_delete(public_id, key=request.POST.get("key"), actor=request.user)
     except ActionRefused as exc:

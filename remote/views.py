@@ -25,7 +25,7 @@ from django.views.decorators.http import require_http_methods, require_POST, req
 from console.api import is_number
 from console.auth import is_admin
 from console.viewer import back_to
-from lifecycle.action_views import rows_with_times
+from lifecycle.action_views import CHANGED_SINCE_SHOWN, preview_digest, rows_with_times
 from lifecycle.actions.request_deletion import form_message
 from lifecycle.deletion.executor import changed_totals
 from lifecycle.deletion.presentation import (
@@ -202,10 +202,17 @@ def binding_delete(request: HttpRequest, binding_id: str) -> HttpResponse:
                        backups=preview_backups(preview),
                        engine_deleting=state if state in ("deleted", "pending_delete") else "",
                        not_admitted=admission_of(preview) if state == "live" else None)
+    if pending is None:
+        context["seen"] = preview_digest(preview or {})
     if request.method != "POST":  # GET, HEAD
         return render(request, "remote/binding_delete.html", context)
     if not is_admin(request.user):
         raise PermissionDenied
+    seen = request.POST.get("seen")
+    if seen is not None and pending is None and not context["engine_deleting"] and seen != context["seen"]:
+        # What the engine erases changed since the page was shown (as lifecycle's delete page, r100)
+        context["error"] = str(CHANGED_SINCE_SHOWN)
+        return render(request, "remote/binding_delete.html", context, status=409)
     try:
         op = request_bound_delete(binding, key=request.POST.get("key"), actor=request.user)
     except ActionRefused as exc:

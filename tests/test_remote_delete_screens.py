@@ -590,3 +590,33 @@ def test_past_a_hundred_owners_an_engine_owner_is_found_by_its_number(settings, 
     assert "2 owners' numbers hold “12”" in found
     spanish = admin_client.get("/engine/conversations/", HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode()
     assert 'id="owner-find"' in spanish and "The list offers" not in spanish
+
+
+def test_a_confirmation_of_what_the_engine_no_longer_previews_is_shown_again_and_not_sent(settings, admin_client):
+    """The engine's conversation grew after the page was shown: the confirmation is not sent;
+    the page shows the engine's preview as it is now, and its own confirmation is sent (r100)."""
+    b = bound()
+    shown = {"stores": preview()}
+
+    def deletion_preview(_headers):
+        return 200, shown["stores"]
+
+    with scripted_engine({("GET", "/v1/threads/"): deletion_preview,
+                          ("DELETE", "/v1/threads/"): lambda h: (202, {})}) as (url, seen):
+        point_at(settings, url)
+        url_delete = f"/engine/conversations/{b.public_id}/delete/"
+        page = admin_client.get(url_delete, **HOST).content.decode()
+        form = {name: re.search(rf'name="{name}" value="([^"]+)"', page).group(1) for name in ("key", "seen")}
+        grown = preview()
+        grown["stores"] = [{**s, "records": 9} if s["store"] == "lifecycle.Item" else s for s in grown["stores"]]
+        shown["stores"] = grown
+        refused = admin_client.post(url_delete, form, **HOST)
+        assert refused.status_code == 409
+        again = refused.content.decode()
+        assert "changed after the page was shown, so your confirmation was not taken" in again
+        assert "Messages and tool calls 9 records" in text(again)
+        assert not [request for request in seen if request[0] == "DELETE"] and not BoundDelete.objects.exists()
+        fresh = {name: re.search(rf'name="{name}" value="([^"]+)"', again).group(1) for name in ("key", "seen")}
+        confirmed = admin_client.post(url_delete, fresh, **HOST)
+    op = BoundDelete.objects.get()  # recorded here, delivered to the engine by the job cluster
+    assert (confirmed.status_code, confirmed["Location"]) == (302, f"/engine/deletes/{op.public_id}/")
