@@ -46,7 +46,7 @@ from lifecycle.deletion.presentation import (
 from lifecycle.engine import OperationView, get_engine
 from lifecycle.engine.http import EngineCredentialsRefused, EngineUnreachable, EngineUnsupported
 from lifecycle.errors import ActionRefused
-from lifecycle.models import Conversation, DeleteOperation, DeleteState
+from lifecycle.models import Conversation, DeleteOperation, DeleteState, OperationKey
 
 STATES = ("pending", "completed", "refused", "unavailable")
 OPERATIONS_PAGE = 25
@@ -202,11 +202,13 @@ def conversation_delete(request: HttpRequest, public_id: str) -> HttpResponse:
         return _render_preview(request, conversation)
     _admin_only(request)
     seen = request.POST.get("seen")
-    if seen is not None:
+    if seen is not None and not OperationKey.objects.filter(key=request.POST.get("key") or "").exists():
         # The page confirmed is what is erased: a live conversation that changed since it was
         # shown (items added, a backup made) is shown again as it is now, and nothing is done
         # (r100: the delete went ahead; only the receipt told). Once a delete exists (this
-        # form sent twice, or someone else's) the key leads to it, as before.
+        # form sent twice, or someone else's) the key leads to it, as before; a key already
+        # recorded leads to its operation whatever the preview says now (r101: a refused
+        # delete's own record changed the preview, and the form sent again was told so).
         now = get_engine().preview_delete(public_id)
         if now.get("state") == "live" and seen != preview_digest(now):
             return _render_preview(request, conversation, status=409, preview=now, error=str(CHANGED_SINCE_SHOWN))

@@ -38,7 +38,7 @@ from lifecycle.deletion.presentation import (
 from lifecycle.errors import ActionRefused
 from remote.api import bound_delete_json
 from remote.delivery import error_text, request_bound_delete
-from remote.models import BoundDelete, BoundDeleteState, EngineBinding
+from remote.models import BoundDelete, BoundDeleteKey, BoundDeleteState, EngineBinding
 from remote.preview import admission_of, engine_preview
 from remote.status import waiting_text
 from remote.sync import configured_engines, configured_reads
@@ -209,8 +209,12 @@ def binding_delete(request: HttpRequest, binding_id: str) -> HttpResponse:
     if not is_admin(request.user):
         raise PermissionDenied
     seen = request.POST.get("seen")
-    if seen is not None and pending is None and not context["engine_deleting"] and seen != context["seen"]:
-        # What the engine erases changed since the page was shown (as lifecycle's delete page, r100)
+    if (seen is not None and pending is None and preview is not None and not context["engine_deleting"]
+            and seen != context["seen"]
+            and not BoundDeleteKey.objects.filter(key=request.POST.get("key") or "").exists()):
+        # What the engine erases changed since the page was shown (as lifecycle's delete page,
+        # r100). An engine that cannot say now (no preview) is not a change (r101): the delete is
+        # recorded and sent when it answers, as from a page shown without figures.
         context["error"] = str(CHANGED_SINCE_SHOWN)
         return render(request, "remote/binding_delete.html", context, status=409)
     try:

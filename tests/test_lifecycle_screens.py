@@ -237,6 +237,24 @@ def test_a_confirmation_of_a_preview_that_changed_since_is_shown_again_and_not_t
     assert admin_client.post(url, form(again), **HOST)["Location"] == f"/operations/{op.public_id}/"  # sent twice
 
 
+def test_a_confirmation_sent_again_after_its_delete_was_refused_leads_to_that_refusal(admin_client):
+    """The refused delete's own record changes the preview (its operation, its audit fact): the
+    same form sent again leads to the recorded refusal, not to "changed since" (r101)."""
+    conversation = factories.make_conversation(title="Refused then sent again")
+    factories.add_message(conversation)
+    turn = factories.start_turn(conversation, state=m.TurnState.DONE)
+    url = f"/conversations/{conversation.public_id}/delete/"
+    content = page(admin_client, url)
+    form = {name: re.search(rf'name="{name}" value="([0-9a-f]+)"', content).group(1) for name in ("key", "seen")}
+    m.Turn.objects.filter(pk=turn.pk).update(state=m.TurnState.RUNNING)  # running again after the page was shown
+    first = admin_client.post(url, form, **HOST)
+    op = m.DeleteOperation.objects.get()
+    assert (first.status_code, first["Location"], op.state) == (302, f"/operations/{op.public_id}/", "refused")
+    second = admin_client.post(url, form, **HOST)
+    assert (second.status_code, second["Location"]) == (302, f"/operations/{op.public_id}/")
+    assert m.DeleteOperation.objects.count() == 1
+
+
 def test_cancel_leaves_everything_and_confirm_starts_the_delete(admin_client):
     conversation = factories.make_conversation(title="Confirm me")
     factories.add_message(conversation)

@@ -620,3 +620,24 @@ def test_a_confirmation_of_what_the_engine_no_longer_previews_is_shown_again_and
         confirmed = admin_client.post(url_delete, fresh, **HOST)
     op = BoundDelete.objects.get()  # recorded here, delivered to the engine by the job cluster
     assert (confirmed.status_code, confirmed["Location"]) == (302, f"/engine/deletes/{op.public_id}/")
+
+
+def test_an_engine_that_cannot_preview_at_confirmation_is_not_a_change(settings, admin_client):
+    """The engine answered the page's preview and cannot be asked at the confirmation: nothing
+    is said to have changed (r101: "This conversation changed"); the delete is recorded and
+    sent once the engine answers, as from a page shown without figures."""
+    b = bound()
+    up = {"answering": True}
+
+    def deletion_preview(_headers):
+        return (200, preview()) if up["answering"] else (503, b"<html>down</html>")
+
+    with scripted_engine({("GET", "/v1/threads/"): deletion_preview}) as (url, _seen):
+        point_at(settings, url)
+        url_delete = f"/engine/conversations/{b.public_id}/delete/"
+        page = admin_client.get(url_delete, **HOST).content.decode()
+        form = {name: re.search(rf'name="{name}" value="([^"]+)"', page).group(1) for name in ("key", "seen")}
+        up["answering"] = False
+        confirmed = admin_client.post(url_delete, form, **HOST)
+    op = BoundDelete.objects.get()
+    assert (confirmed.status_code, confirmed["Location"]) == (302, f"/engine/deletes/{op.public_id}/")
