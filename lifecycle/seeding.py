@@ -216,7 +216,8 @@ class Seeder:
                     remove_folder(self.home, self.home.root / area / key)
         if agents:
             with contextlib.suppress(Exception):
-                self.home.update_fleet(lambda rows: [r for r in rows if r.get("agent_id") not in agents])
+                fleet_file.update_fleet(home=self.home,
+                                        change=lambda rows: [r for r in rows if r.get("agent_id") not in agents])
         if legacy is not _UNTOUCHED:
             with contextlib.suppress(Exception):
                 if legacy is None:

@@ -220,7 +220,8 @@ class UnscannedOut(Schema):
     at: str
     reason: Literal["no_fingerprints", "no_samples"] = Field(
         description="no_fingerprints: dropped after a clean raw-byte check and a week after the delete; "
-                    "no_samples: no stored value was long enough to sample (SQLite).")
+                    "no_samples: nothing was sampled (SQLite: no stored value was long enough; PostgreSQL, which "
+                    "samples no table value: no engine file of the conversation).")
 
 
 class VerificationOut(Schema):

@@ -76,12 +76,12 @@ FULL_DISK_SLACK = 1 << 20
 SQLITE_IOERR, SQLITE_FULL = 10, 13
 # How pg_dump ends a write that found no room: strerror(ENOSPC) and strerror(EDQUOT), in the C locale
 NO_ROOM_TEXTS = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
-# A tool's session ended or never began (a server restart or failover, an ended session):
+# A tool's session ended under it (a server restart or failover, an ended session):
 # libpq's and the server's words (the tools run with LC_MESSAGES=C, so these are English).
+# (Not a connection refused at the start: that is a setting to correct, said in the tool's words.)
 LOST_CONNECTION_TEXTS = ("server closed the connection unexpectedly", "terminating connection due to",
-                         "connection to server", "could not connect to", "no connection to the server",
-                         "SSL connection has been closed unexpectedly", "the database system is shutting down",
-                         "the database system is starting up", "the database system is in recovery mode")
+                         "no connection to the server", "SSL connection has been closed unexpectedly",
+                         "the database system is shutting down")
 UNREACHABLE = gettext_noop(
     "The database could not be reached during the backup, so it stopped. Retry once the database answers again.")
 EXTENSIONS = {"sqlite": ".sqlite3", "postgresql": ".dump"}

@@ -469,22 +469,19 @@ def test_json_refusals_are_one_json_document_with_the_same_exit_status(capsys, e
         call_command("verify_erasure", "c_nope")
     assert caught.value.returncode == 2
 
-
-def test_on_postgresql_a_delete_with_nothing_sampled_is_pending_until_compacted_not_said_too_short():
-    """PostgreSQL samples no table value (its table files are not scanned): a conversation with
-    no engine file left to sample (re-deleted after a restore) was said to have "no stored value
-    long enough to sample" whatever its values (r98). It is pending until the compaction, as any
-    delete there, then clean."""
+def test_on_postgresql_nothing_sampled_is_said_as_such_not_as_values_too_short(capsys):
+    """PostgreSQL samples no table value: a conversation with no engine file to sample (re-
+    deleted after a restore) was said to have "no stored value long enough to sample", whatever
+    its values (r98). It is still not called clean (nothing was looked for), and the command says
+    why in PostgreSQL's terms."""
     if connection.vendor != "postgresql":
         pytest.skip("SQLite samples its table values and scans its files")
     conversation = factories.make_conversation(title="Long values " + "t" * 200)
     factories.add_message(conversation, content="a long enough message " + "m" * 500)
     op = request_deletion(conversation, key="pg-nothing-sampled", acting_user=None)
     executor.run_erasure(op.pk)
-    op.refresh_from_db()
-    fingerprint = m.ErasureFingerprint.objects.get(operation=op)
-    assert not verify.Scanner(fingerprint).windows  # nothing sampled here
-    report = verify.verify(op, physical=True)
-    assert (report.windows, report.physical) == (0, "pending")
-    assert record_compaction(started_at=timezone.now(), finished_at=timezone.now(), tables=op.touched_tables) == 1
-    assert verify.verify(op, physical=True).physical == "clean"
+    assert not verify.Scanner(m.ErasureFingerprint.objects.get(operation=op)).windows  # nothing sampled
+    assert verify.verify(op, physical=True).physical == "no_samples"
+    call_command("verify_erasure", conversation.public_id, "--physical")
+    said = capsys.readouterr().out
+    assert "PostgreSQL: no engine file of the conversation was sampled, and its table values never are" in said

@@ -249,15 +249,10 @@ def physical_check(op: DeleteOperation, report: Report, home: EngineHome) -> Non
     scanner = Scanner(fingerprint)
     report.windows = len(scanner.windows)
     if not report.windows:
-        if connection.vendor == "postgresql":
-            # PostgreSQL's table values are never sampled (its table files are not scanned):
-            # what says its rows are gone from the files is the compaction finish_erasure
-            # runs, as when engine files were sampled (r98: "no stored value was long enough"
-            # was said of long values, none of them sampled).
-            report.physical = "clean" if op.physical_state == PhysicalState.ERASED else "pending"
-            return
-        # Nothing long enough was sampled (short messages, titles): there is nothing to look
-        # for in the raw bytes, so the raw bytes are not called clean.
+        # Nothing was sampled (short messages, titles; on PostgreSQL, which samples no table
+        # value, no engine file of the conversation): there is nothing to look for in the raw
+        # bytes, so the raw bytes are not called clean (a copy left in the engine folder could
+        # not be found).
         report.physical = "no_samples"
         return
     explained: dict[int, bool] = {}

@@ -21,7 +21,8 @@ PHYSICAL_WORDS = {
     "not_checked": "not checked (add --physical)",
     "no_fingerprints": "no fingerprints, so nothing was scanned (they are dropped after a clean raw-byte check and "
                        "a week after the delete, or were never taken)",
-    "no_samples": "nothing to look for (no stored value was long enough to sample)",
+    "no_samples": ("nothing to look for (SQLite: no stored value was long enough to sample; PostgreSQL: no "
+                   "engine file of the conversation was sampled, and its table values never are)"),
 }
 # What an operator does about raw bytes --erase-residue cannot remove (it removes only the
 # conversation's own files and fleet temporaries naming it).
