@@ -1748,10 +1748,7 @@ def _backup_run(op: ToolPayloadOperation, token: str) -> str:
     removes anything before an admin asks, or the daily check does). Otherwise the
     preparation was interrupted, so it fails and the admin chooses Retry or Cancel.
     """
-    from retention.backups import (
-        BackupError,
-        create_backup,
-    )
+    from retention.backups import BackupError, create_backup
 
     if op.attempts:
         return _backup_cut_short(op, token, "interrupted", Message(gettext_noop(
@@ -1800,9 +1797,6 @@ def _backup_run(op: ToolPayloadOperation, token: str) -> str:
     return "done"
 
 
-# ---- Compaction -----------------------------------------------------------------------------
-
-
 def _backup_cut_short(op: ToolPayloadOperation, token: str, code: str, message: Message) -> str:
     """A backup run that ended before it was told how its copy went (its worker died, its
     database connection ended): the copy it published, if it checks out, is the backup;
@@ -1830,6 +1824,9 @@ def _backup_cut_short(op: ToolPayloadOperation, token: str, code: str, message: 
         if _finish(op, token, OperationState.FAILED, code, message):
             _policy_preparation(PreparationState.FAILED, error=message)
     return "done"
+
+
+# ---- Compaction -----------------------------------------------------------------------------
 
 
 def _compact_run(op: ToolPayloadOperation, token: str) -> str:
