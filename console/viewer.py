@@ -16,7 +16,8 @@ would sign in and then come back to the action's own address, which only takes a
 browser showed an empty 405 and the action was silently lost. Instead the login page says
 nothing was done and returns to the page the form was on (its `next` field, else the page
 that sent it). And a GET of an action's address (typed, or an old link) gets a page that says
-the action is taken with its button and nothing was done, not an empty 405.
+the action is taken with its button and nothing was done, not an empty 405; any other method a
+page does not take (PUT, DELETE...) gets a page that says nothing was done.
 """
 
 from __future__ import annotations
@@ -94,9 +95,11 @@ class ViewerTimezoneMiddleware:
 
 
 def action_only(request: HttpRequest, refused: HttpResponse) -> HttpResponse:
-    """A screen address that takes only a form's POST, asked for with GET: a page saying the
-    action is taken with its button and nothing was done (still 405, with its Allow)."""
-    response = render(request, "405.html", status=405)
+    """A screen address asked with a method it does not take: a page saying nothing was done
+    (still 405, with its Allow). GET at an action's address: the action is taken with its
+    button; any other method (r106: a PUT to a page was an empty 405): the page does not take
+    that kind of request."""
+    response = render(request, "405.html", {"get": request.method == "GET"}, status=405)
     if refused.has_header("Allow"):
         response["Allow"] = refused["Allow"]
     return response
@@ -121,7 +124,7 @@ class SignedOutMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         response = self.get_response(request)
-        if response.status_code == 405 and request.method == "GET" and not is_api_path(request.path_info):
+        if response.status_code == 405 and request.method != "HEAD" and not is_api_path(request.path_info):
             return action_only(request, response)
         if request.user.is_authenticated or not _is_login_redirect(request, response):
             return response

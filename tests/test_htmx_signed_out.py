@@ -104,6 +104,27 @@ def test_an_action_address_asked_for_with_get_says_nothing_was_done(admin_client
     assert api.status_code == 405 and api["Content-Type"].startswith("application/json")
 
 
+def test_a_page_asked_with_another_method_says_nothing_was_done(admin_client):
+    """A page sent PUT, POST or DELETE (a script, a stale form): 405 with its Allow and a page
+    that says nothing was done, in the viewer's language (r106: an empty page); HEAD stays bare."""
+    from tests import factories
+
+    conversation = factories.make_conversation(title="Kept as it was")
+    for method, path in (("put", "/conversations/"), ("post", "/operations/"),
+                         ("delete", "/settings/system/data-storage/"),
+                         ("patch", f"/conversations/{conversation.public_id}/")):
+        response = getattr(admin_client, method)(path, **HOST)
+        body = response.content.decode()
+        assert response.status_code == 405 and response["Allow"] == "GET, HEAD", (method, path)
+        assert "Nothing was done" in body and "does not take that kind of request" in body, (method, path)
+        assert "use the button" not in body
+    spanish = admin_client.delete("/conversations/", HTTP_ACCEPT_LANGUAGE="es", **HOST)
+    assert spanish.status_code == 405 and "No se hizo nada" in spanish.content.decode()
+    assert "does not take" not in spanish.content.decode()
+    conversation.refresh_from_db()
+    assert conversation.title == "Kept as it was" and conversation.state == "live"
+
+
 def test_signing_out_is_a_plain_login_page(member_client):
     """Sign-out redirects to the login page after the session is gone: not a form whose action
     was lost (no "nothing was done", no page to return to for whoever signs in next)."""

@@ -202,6 +202,13 @@ def test_the_preview_says_the_delete_adds_records_of_its_own_to_what_is_kept(adm
     audit = re.search(r"Audit</span> <span class=\"store-count\">(\d+) records?", preview)
     prints = re.search(r"Erasure check fingerprints</span> <span class=\"store-count\">(\d+) records?", preview)
     assert audit and prints and (int(audit.group(1)), int(prints.group(1))) == (1, 0)
+    # Each says its own rule: the facts are content-free; the fingerprints are digests of content
+    # samples, and the page says so (r102: it called them content-free too).
+    notes = dict(re.findall(r'<span class="store-name">([^<]+)</span>.*?<p class="store-note">([^<]+)</p>',
+                            preview, re.S))
+    assert notes["Audit"].startswith("Content-free; kept for 365 days after the delete")
+    assert notes["Erasure check fingerprints"].startswith("Keyed digests of short samples of the erased content")
+    assert "Content-free" not in notes["Erasure check fingerprints"]
     assert ("The delete adds records of its own: its request and its completion to the audit facts, and "
             "fingerprints of the content for its erasure check.") in preview
     op = request_deletion(conversation, key="kept-figures", acting_user=None)
@@ -613,6 +620,18 @@ def test_pending_and_deleted_tabs_and_the_tombstone(admin_client):
     banner = tombstone.split('data-testid="tombstone"', 1)[1].split("</p>", 1)[0]
     # It says what stays elsewhere by design and where that is listed, never "only ... remain".
     assert "shared copies that could not be revoked" in banner and "listed on its erasure receipt" in banner
+    # It says "erased from the database" only once the database's files no longer hold the bytes
+    # (r106: on PostgreSQL it said so while the receipt said physically pending).
+    op.refresh_from_db()
+    pending_physically = "the database's files still hold the deleted bytes"
+    if op.physical_state == "pending":
+        assert pending_physically in banner and "erased from the database" not in banner
+    else:
+        assert op.physical_state == "erased"
+        assert "is erased from the database and the engine folder" in banner and pending_physically not in banner
+    m.DeleteOperation.objects.filter(pk=op.pk).update(physical_state="pending")
+    banner = page(admin_client, f"/conversations/{gone.public_id}/").split('data-testid="tombstone"', 1)[1]
+    assert pending_physically in banner.split("</p>", 1)[0]
     preview = page(admin_client, f"/conversations/{gone.public_id}/delete/")
     assert "already deleted" in preview and "Delete for good" not in preview
     # Not a fresh preview: no "Delete ...?" heading and no counts of what a delete would do

@@ -55,11 +55,14 @@ def _described(entry: dict[str, Any]) -> dict[str, Any]:
     if store is not None:
         return {"label": store.label, "class": store.retention.value, "on_delete": store.on_delete,
                 "kind": store.kind, "files": counts_files(store.key),
-                "expires": bool(store.period or store.days)}
+                "expires": bool(store.period or store.days),
+                # kept for a fixed time for a purpose its own rule says (r102: the erasure check's
+                # fingerprints were called content-free, which they are not)
+                "fixed_days": bool(store.days)}
     klass = entry.get("class") if entry.get("class") in RetentionClass.values else ""
     return {"label": OTHER_LABEL, "class": klass, "on_delete": CLASS_RULES.get(klass, UNKNOWN_RULE),
             "kind": entry.get("kind") if entry.get("kind") in ("table", "file", "external") else "table",
-            "files": False, "expires": False}
+            "files": False, "expires": False, "fixed_days": False}
 
 
 def _order(entry: dict[str, Any]) -> int:
