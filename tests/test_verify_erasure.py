@@ -485,3 +485,24 @@ def test_on_postgresql_nothing_sampled_is_said_as_such_not_as_values_too_short(c
     call_command("verify_erasure", conversation.public_id, "--physical")
     said = capsys.readouterr().out
     assert "PostgreSQL: no engine file of the conversation was sampled, and its table values never are" in said
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="the raw scan reads the database file on SQLite only")
+def test_a_copy_in_a_row_outside_the_stores_is_named_with_a_way_out_that_removes_it(capsys):
+    """A copy in a live row of a table no store names (here a job's stored result) stays after
+    Compact database: the advice says so, not only "run Compact database" (r102)."""
+    target = factories.make_conversation()
+    markers = factories.fill_every_store(target)
+    op = request_deletion(target, key="verify-outside", acting_user=None)
+    executor.run_erasure(op.pk)
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO django_q_task (id, name, func, started, stopped, success, attempt_count, result) "
+                       "VALUES ('plantedcopy0000000000000000000001', 'planted', 'x.y', %s, %s, 0, 1, %s)",
+                       [timezone.now(), timezone.now(), markers["lifecycle.Item"] * 2])
+    connection.cursor().execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    with pytest.raises(SystemExit) as caught:
+        call_command("verify_erasure", target.public_id, "--physical")
+    assert caught.value.code == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "run Compact database (Data & storage), which clears free pages" in out
+    assert "the copy is in a row of a table outside Lethe's stores" in out and "remove it by hand" in out

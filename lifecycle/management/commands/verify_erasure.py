@@ -30,7 +30,9 @@ BY_HAND = {
     "engine": "not this conversation's own file, so --erase-residue does not remove it: delete the file (or the "
               "copied content) by hand, then run --physical again",
     "database": "the database file, which --erase-residue does not rewrite: run Compact database (Data & "
-                "storage), then --physical again",
+                "storage), which clears free pages, then --physical again; still found after it, the copy is in a "
+                "row of a table outside Lethe's stores (another program's, or a job's stored arguments): find that "
+                "row and remove it by hand",
 }
 
 
