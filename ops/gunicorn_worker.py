@@ -231,7 +231,9 @@ def page_error(status: int, reason: str, title: str, message: str, back: str, re
     body = (f'<!DOCTYPE html>\n<html lang="{escape(language)}"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{escape(title)}</title>'
             f'<style>{_PAGE_STYLE}</style></head>'
-            f'<body><h1>{escape(title)}</h1><p>{escape(message)}</p><p><a href="/">{escape(back)}</a></p></body></html>\n'
+            # its words in the page's main landmark (r105: axe found them loose in the body)
+            f'<body><main><h1>{escape(title)}</h1><p>{escape(message)}</p><p><a href="/">{escape(back)}</a></p>'
+            '</main></body></html>\n'
             ).encode()
     retry = f"Retry-After: {retry_after}\r\n" if retry_after is not None else ""
     head = (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: text/html; charset=utf-8\r\n"

@@ -555,6 +555,7 @@ def test_a_request_line_too_long_is_answered_from_the_header_lines_after_it(read
     head, _sep, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 414 ") and b"Content-Type: text/html; charset=utf-8" in head, answer[:300]
     assert b"Content-Language: es" in head and "Lethe no pudo atender esta solicitud" in body.decode()
+    assert b"<body><main><h1>" in body and b"</main></body>" in body  # one main landmark (r105)
     assert b"aaaa" not in answer
     with socket.create_connection(("127.0.0.1", reading), timeout=10) as client:  # a program: the document
         answer = sent_in_packets(client, "Host: x\r\nAccept-Language: es\r\n\r\n")

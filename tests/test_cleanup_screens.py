@@ -748,6 +748,28 @@ def test_members_see_the_status_read_only_with_the_admins_only_note(member_clien
     assert response.status_code == 200 and "Run cleanup now" not in response.content.decode()
 
 
+def test_members_are_not_told_to_do_what_only_admins_can(member_client, admin_client, admin_user):
+    """r105: a member read "until a backup is ready or you cancel" beside no Cancel (and "analyze
+    again when you are ready", "when you choose Create backup"): they are told who can."""
+    old_conversation("members")
+    op_id = service.start_analysis(user=admin_user, age_value=3, age_unit="months")
+    ToolPayloadOperation.objects.filter(pk=op_id).update(state="cancelled", slot=None)
+    enable(admin_user, choice="create")
+    ToolPayloadOperation.objects.filter(kind="backup").update(state="failed", slot=None)
+    for prep in ("failed", "cancelled"):
+        ToolPayloadPolicy.objects.filter(id=1).update(preparation_state=prep, preparation_error="Disk full.")
+        member, admin = page(member_client), page(admin_client)
+        assert "Cleanup is blocked until an admin retries the backup and it is ready, or cancels." in member
+        assert "or you cancel" not in member and "Retry backup" not in member
+        assert "Cleanup is blocked until a backup is ready or you cancel." in admin and "Retry backup" in admin
+    assert "No estimate until an admin analyzes again." in member and "when you are ready" not in member
+    assert "analyze again when you are ready" in admin
+    assert "When an admin chooses Create backup" in member and "When you choose" not in member
+    assert "When you choose Create backup" in admin
+    spanish = member_client.get(PAGE, HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode()
+    assert "usted cancele" not in spanish and "hasta que un administrador reintente" in spanish
+
+
 @pytest.mark.django_db(transaction=True)
 def test_backups_are_listed_with_size_time_checksum_and_how_to_restore(admin_client, settings, tmp_path):
     from retention.backups import create_backup, restore_instructions
