@@ -53,6 +53,11 @@ keepalive = 5
 # Worker recycling bounds slow growth; the jitter keeps workers from restarting together.
 max_requests = _number("WEB_MAX_REQUESTS", 5000)
 max_requests_jitter = max_requests // 10
+# The scheme comes from X-Forwarded-Proto alone, as docs/operations.md says (r107: gunicorn's
+# default also believed X-Forwarded-Ssl and X-Forwarded-Protocol, so a client adding
+# "X-Forwarded-Ssl: off" got 400 through a correct https proxy, and "on" skipped the redirect
+# through one that sets no X-Forwarded-Proto).
+secure_scheme_headers = {"X-FORWARDED-PROTO": "https"}
 accesslog = None
 errorlog = "-"
 # serve manages the server's life; one shared control socket per user would also make

@@ -172,6 +172,15 @@ def test_the_forwarded_scheme_is_believed_only_from_the_trusted_proxy(served, tr
         assert status == 200 and "Secure" in headers.get("Set-Cookie", "")
     else:
         assert (status, headers["Location"]) == (301, "https://lethe.example.org/accounts/login/")
+    # Only X-Forwarded-Proto says the scheme (r107): a client's X-Forwarded-Ssl neither breaks a
+    # request through the proxy nor passes for https where the proxy set no X-Forwarded-Proto.
+    contradicting = request.replace(b"Connection:", b"X-Forwarded-Ssl: off\r\nConnection:")
+    status, headers, _body = _raw(port, contradicting)
+    assert status == (200 if trusted else 301)
+    claimed = (b"GET /accounts/login/ HTTP/1.1\r\nHost: lethe.example.org\r\nX-Forwarded-Ssl: on\r\n"
+               b"X-Forwarded-Protocol: https\r\nConnection: close\r\n\r\n")
+    status, headers, _body = _raw(port, claimed)
+    assert (status, headers["Location"]) == (301, "https://lethe.example.org/accounts/login/")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
 
