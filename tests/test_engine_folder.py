@@ -78,6 +78,32 @@ def test_a_delete_waits_while_its_engine_folder_is_unmounted_and_finishes_once_i
     assert not verify.verify(op).logical
 
 
+def test_a_delete_waiting_for_its_folder_is_retried_for_as_long_as_it_takes(engine_home, admin_client):
+    """r103: after five runs that found the folder unmounted the delete stalled (nothing retried
+    it any more), while its page said it goes on once the folder is back. A run that ends on an
+    error it caught keeps being retried, at the longest back-off; only runs that die stall it."""
+    target = factories.make_conversation(title="Waits for its disk")
+    factories.fill_every_store(target)
+    op = request_deletion(target, key="k-waits", acting_user=None)
+    unmounted = engine_home.with_name("engine-unmounted")
+    engine_home.rename(unmounted)
+    for run in range(executor.MAX_STALLED + 3):
+        assert op.pk in executor.outstanding(), run  # the recovery job takes it again
+        started = m.timezone.now()
+        assert executor.run_erasure(op.pk) == "pending"
+        op.refresh_from_db()
+        assert (op.last_error, executor.stalled(op)) == ("engine_folder_unavailable", False)
+        wait = (op.next_attempt_at - started).total_seconds()
+        assert wait >= (executor.BACKOFF_SECONDS[-1] if run >= executor.MAX_STALLED - 1 else 0)
+        m.DeleteOperation.objects.filter(pk=op.pk).update(next_attempt_at=None)  # its back-off, passed
+    shown = admin_client.get(f"/operations/{op.public_id}/", HTTP_HOST="127.0.0.1").content.decode()
+    assert "no longer retried by itself" not in shown and "it goes on once" in shown
+    unmounted.rename(engine_home)  # mounted again: the next retry finishes it, no admin needed
+    assert op.pk in executor.outstanding()
+    assert executor.run_erasure(op.pk) == "completed"
+    assert files_of(target) == [] and not m.Item.objects.filter(conversation=target).exists()
+
+
 def test_a_folder_gone_during_a_delete_stops_it_before_any_file_step_counts_it_gone(engine_home):
     """r81: the folder was checked once, when the run began. Unmounted during the messages'
     step, every file step then read it as holding nothing and the residue check found nothing:

@@ -6,7 +6,9 @@ SIGKILL at any line:
 1. Take the lease (one transaction): nobody else holds it, or its holder's lease ran out,
    or its holder is a dead process on this host. Count the attempt (`attempts`, and
    `stalled_attempts` since the last step that finished); past MAX_STALLED the operation
-   is left Pending for an admin to retry instead of looping on a step that kills its worker.
+   is left Pending for an admin to retry instead of looping on a step that kills its worker
+   (a run that ends on an error it caught is retried every BACKOFF_SECONDS[-1], unless its way
+   out is an operator's act first: OPERATOR_FIRST).
 2. After the fingerprints, the table stores holding nothing of the conversation are marked
    done together (one query finds them, one transaction marks them). For each other step
    not done, in order: measure and commit the figures (once), erase what is still there
@@ -58,6 +60,9 @@ from retention.errors import BackupFolderUnreadable
 log = logging.getLogger(__name__)
 
 MAX_STALLED = 5
+# Errors whose way out is an operator's act first (moving aside what is at a folder's place):
+# after MAX_STALLED runs they wait for an admin's retry like a run that kept dying.
+OPERATOR_FIRST = frozenset({"unsafe_path"})
 BACKOFF_SECONDS = (0, 5, 30, 120, 600)
 RUN_BUDGET = 240
 
@@ -257,8 +262,14 @@ def _run(op: DeleteOperation, started: float, progress: Progress | None, budget:
         code = _error_code(exc)
         step_now = current or DeleteOperation.objects.filter(pk=op.pk).values_list("step", flat=True).first()
         log.error("erasure of %s stopped at step %s: %s", op.public_id, step_now, type(exc).__name__)
-        DeleteOperation.objects.filter(pk=op.pk, state=DeleteState.PENDING).update(
-            last_error=code, **({"step": current} if current else {}))
+        fields: dict[str, Any] = {"last_error": code, **({"step": current} if current else {})}
+        if code not in OPERATOR_FIRST:
+            # A run that ended on an error it caught is waiting for something outside (a folder
+            # back, free space, the database): retried at the longest back-off for as long as it
+            # lasts, as its words say; only runs that die (killed on a step) stall it (r103: after
+            # five such runs nothing retried it, while the page said it goes on once the folder is back).
+            fields["stalled_attempts"] = min(op.stalled_attempts, MAX_STALLED - 1)
+        DeleteOperation.objects.filter(pk=op.pk, state=DeleteState.PENDING).update(**fields)
         if code == "internal_error" and settings.DEBUG:
             raise
         return DeleteState.PENDING
