@@ -128,8 +128,16 @@ def _audit_failure(kind: str, *, address: str, username: str, reason: str, locks
         for scope in locks:
             audit.record(f"{kind}_locked", actor=user, new={**detail, "scope": scope,
                                                             "seconds": policy["lock_seconds"]})
-    horizon = now - timedelta(seconds=max(policy["window_seconds"], policy["lock_seconds"]) + 60)
-    Throttle.objects.filter(updated_at__lt=horizon).delete()
+    forget_past(now)
+
+
+def forget_past(now=None) -> int:
+    """Forget the keys (an address, a username's keyed hash) whose window and lock are long
+    over; after each failure, and hourly with the facts' expiry (r103: a quiet install kept a
+    failed sign-in's address for good, after its audit fact had expired). Returns how many."""
+    policy = _policy()
+    horizon = (now or timezone.now()) - timedelta(seconds=max(policy["window_seconds"], policy["lock_seconds"]) + 60)
+    return Throttle.objects.filter(updated_at__lt=horizon).delete()[0]
 
 
 def record_failure(keys: list[Key], *, kind: str, address: str, username: str = "", reason: str = "") -> None:

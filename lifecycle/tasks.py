@@ -55,9 +55,14 @@ def startup() -> dict[str, int]:
 
 
 def expire_facts() -> dict[str, int]:
+    """Hourly: the retained facts whose period ran out, and the sign-in throttle's keys whose
+    window and lock are over (counted apart: they are no retained facts)."""
+    from console.throttle import forget_past
     from lifecycle.actions.expire_facts import expire_facts as expire
 
-    return expire()
+    expired = expire()
+    forgotten = forget_past()
+    return {**expired, "console.throttle": forgotten} if forgotten else expired
 
 
 def on_worker_spawn(sender=None, proc_name: str = "", **kwargs) -> None:

@@ -25,6 +25,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import threading
 import time
 import uuid
@@ -201,9 +202,19 @@ def enqueue_soon(operation_id: int) -> None:
 
 
 def quiet_since(op: ToolPayloadOperation) -> float:
-    """Seconds since the operation last showed progress (a batch, a heartbeat), or was queued."""
+    """Seconds since the operation last showed progress (a batch, a heartbeat), or was queued;
+    endless for a sign later than a lease from now (`_from_the_future`)."""
     last = op.heartbeat_at or op.created_at
-    return (timezone.now() - last).total_seconds()
+    now = timezone.now()
+    return math.inf if _from_the_future(last, now) else (now - last).total_seconds()
+
+
+def _from_the_future(moment: datetime | None, now: datetime) -> bool:
+    """A heartbeat more than a lease ahead of this clock was written before the clock was set
+    back (a host that came back with its time corrected): no holder is renewing it, so it is no
+    sign of life (r103: a cleanup killed that way stayed "running" for the length of the jump, and
+    every other operation was refused as busy). Within a lease, two hosts' clocks may differ."""
+    return moment is not None and moment > now + timedelta(seconds=LEASE_SECONDS)
 
 
 # ---- Schedule -------------------------------------------------------------------------------
@@ -308,7 +319,7 @@ def _claim(operation_id: int, token: str) -> ToolPayloadOperation | None:
         op = ToolPayloadOperation.objects.select_for_update().filter(pk=operation_id).first()
         if op is None or op.slot is None:
             return None
-        if op.lease and op.heartbeat_at and op.heartbeat_at >= expired:
+        if op.lease and op.heartbeat_at and op.heartbeat_at >= expired and not _from_the_future(op.heartbeat_at, now):
             return None
         if op.lease:
             op.attempts += 1  # the previous run died holding the lease

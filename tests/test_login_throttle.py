@@ -108,6 +108,22 @@ def test_failures_older_than_the_window_are_forgotten(admin_user):
     assert Throttle.objects.get(key="login-addr:10.6.0.1").failures == 1
 
 
+def test_a_quiet_install_forgets_an_address_within_the_hour_after_its_window(admin_user):
+    """r103: the keys were forgotten only when a later failure came: after one wrong password
+    and a correct sign-in, the addresses stayed for good, past the failure's own audit fact.
+    The hourly expiry job forgets them once their window and lock are over."""
+    from lifecycle.tasks import expire_facts
+
+    sign_in("alice", "wrong", address="10.6.1.1")
+    sign_in(admin_user.username, "pw-for-tests", address="10.6.1.2")
+    assert set(Throttle.objects.values_list("key", flat=True)) >= {"login-addr:10.6.1.1", "login-addr:10.6.1.2"}
+    assert "console.throttle" not in expire_facts()  # within the window: kept
+    assert Throttle.objects.filter(key="login-addr:10.6.1.1").exists()
+    Throttle.objects.update(updated_at=timezone.now() - timedelta(seconds=900 + 61))
+    assert expire_facts()["console.throttle"] >= 2
+    assert not Throttle.objects.exists()
+
+
 def test_it_reads_the_client_address_through_trusted_proxies_only(settings, admin_user):
     for n in range(6):
         sign_in(f"g{n}", "wrong", address="127.0.0.1", HTTP_X_FORWARDED_FOR=f"203.0.113.{n}")

@@ -830,6 +830,28 @@ def test_run_with_backup_chosen_waits_for_preparation_and_an_interrupted_one_blo
 
 
 @pytest.mark.django_db
+def test_a_heartbeat_from_before_the_clock_was_set_back_is_no_sign_of_life(admin_user):
+    """r103: a run killed on a host whose clock was then set back an hour left a heartbeat an
+    hour ahead: it stayed "running", not stalled, never taken over, and every other operation
+    was refused as busy for the hour. Within a lease ahead (clocks of two hosts) it still holds."""
+    old_conversation("clock")
+    op_id = service.start_analysis(user=admin_user, age_value=3, age_unit="months")
+    ahead = timezone.now() + timedelta(seconds=jobs.LEASE_SECONDS // 2)
+    ToolPayloadOperation.objects.filter(pk=op_id).update(state="running", lease="other-host", heartbeat_at=ahead)
+    assert jobs._claim(op_id, "second") is None  # a live holder a little ahead keeps it
+    assert service._progress_signs(ToolPayloadOperation.objects.get(pk=op_id))["stalled"] is False
+    ToolPayloadOperation.objects.filter(pk=op_id).update(heartbeat_at=timezone.now() + timedelta(hours=1))
+    op = ToolPayloadOperation.objects.get(pk=op_id)
+    assert service._progress_signs(op)["stalled"] is True and jobs.quiet_since(op) > jobs.LEASE_SECONDS
+    assert jobs.recover() == 1  # the minute's recovery queues its run
+    taken = jobs._claim(op_id, "second")
+    assert taken is not None and (taken.lease, taken.attempts) == ("second", op.attempts + 1)
+    assert abs((taken.heartbeat_at - timezone.now()).total_seconds()) < 5
+    jobs._release(op_id, "second")
+    assert run(op_id).state == "succeeded"  # and it finishes
+
+
+@pytest.mark.django_db
 def test_a_fresh_lease_keeps_a_second_delivery_out(admin_user):
     op_id = service.start_analysis(user=admin_user, age_value=3, age_unit="months")
     assert jobs._claim(op_id, "first") is not None
