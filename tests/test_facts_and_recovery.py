@@ -472,10 +472,23 @@ def test_a_longer_period_saved_while_facts_expire_holds_for_every_later_batch(mo
     assert recorded_expiries()["lifecycle.AuditFact"] == counts[gone.pk]  # the one batch before the save
 
 
+def _someone_waits_for_a_lock() -> bool:
+    """PostgreSQL: another session of this database is waiting for a lock (read on a connection
+    of its own, outside the batch's transaction)."""
+    import psycopg
+
+    params = connection.get_connection_params()
+    with psycopg.connect(**{k: v for k, v in params.items() if k != "cursor_factory"}, autocommit=True) as other:
+        return other.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                             "AND wait_event_type = 'Lock'").fetchone()[0] > 0
+
+
 @pytest.mark.django_db(transaction=True)
-def test_a_save_made_while_a_batch_expires_waits_for_it_and_the_next_batch_uses_it(monkeypatch):
+def test_a_save_made_while_a_batch_expires_waits_for_it_and_later_batches_use_it(monkeypatch):
     """PostgreSQL: the batch holds the policy's row until it commits, so a save returns only
-    once no batch that read the old period can still commit."""
+    once no batch that read the old period can still commit. (Which comes first after the
+    batch, the waiting save or the next batch, is PostgreSQL's to choose: a new locker can
+    take a row whose locker just committed before the one that waited wakes, r103.)"""
     import threading
     import time
 
@@ -488,18 +501,35 @@ def test_a_save_made_while_a_batch_expires_waits_for_it_and_the_next_batch_uses_
     real = module.faults.kill_point
     threads: list[threading.Thread] = []
     waited: list[bool] = []
+    committed: list[float] = []  # when each batch committed
+    saved: list[float] = []  # when the save returned
+
+    def save() -> None:
+        _save_audit_days(3650)
+        saved.append(time.monotonic())
 
     def inside_the_first_batch(name: str) -> None:
+        if name == "expire_facts.lifecycle.AuditFact.committed":
+            committed.append(time.monotonic())
         if name == "expire_facts.lifecycle.AuditFact" and not threads:
-            threads.append(threading.Thread(target=_save_audit_days, args=(3650,)))
+            threads.append(threading.Thread(target=save))
             threads[0].start()
-            time.sleep(0.5)
-            waited.append(threads[0].is_alive())  # blocked behind this batch
+            # blocked behind this batch: seen waiting for a lock (r103: a fixed half second did not
+            # prove the save had reached the lock before this batch committed, on a busy machine)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not _someone_waits_for_a_lock():
+                time.sleep(0.05)
+            waited.append(threads[0].is_alive() and _someone_waits_for_a_lock())
         real(name)
 
     monkeypatch.setattr(module.faults, "kill_point", inside_the_first_batch)
     expire_facts()
     threads[0].join(10)
-    assert waited == [True]
-    left = [c for c in (first, second) if m.AuditFact.objects.filter(conversation=c).exists()]
-    assert len(left) == 1 and _audit_entry(left[0])["action"] == "kept"
+    assert waited == [True] and len(saved) == 1
+    # Every batch that expired facts by the old period committed before the save returned, and
+    # the facts left are those of the batch that read the saved one.
+    gone = [c for c in (first, second) if not m.AuditFact.objects.filter(conversation=c).exists()]
+    assert len(gone) == len(committed) and all(at < saved[0] for at in committed)
+    assert gone[0] == first and [_audit_entry(c)["action"] for c in gone] == ["expired"] * len(gone)
+    assert all(_audit_entry(c)["action"] == "kept" for c in (first, second) if c not in gone)
+    assert m.RetainedFactsPolicy.load().audit_days == 3650
