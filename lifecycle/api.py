@@ -258,15 +258,26 @@ class ItemIn(Schema):
     payload: Payload = None
 
 
+def _no_default(schema: dict[str, Any]) -> None:
+    """A field of a change left out means "as it is", which no value stands for: the published
+    schema shows no default (r108: `status: ""`, `title: ""`, `payload: null` were declared as
+    defaults, and a generated client that filled them in cleared the status and erased the output)."""
+    schema.pop("default", None)
+
+
 class ItemPatchIn(Schema):
-    status: Literal[("", *ItemStatus.values)] = ""  # type: ignore[valid-type]
-    title: Annotated[str, Field(max_length=300)] = ""
-    payload: Payload = None
+    status: Annotated[Literal[("", *ItemStatus.values)], Field(  # type: ignore[valid-type]
+        description="Leave it out to keep the status; \"\" clears it.", json_schema_extra=_no_default)] = ""
+    title: Annotated[str, Field(max_length=300, description="Leave it out to keep the title; \"\" clears it.",
+                                json_schema_extra=_no_default)] = ""
+    payload: Annotated[Payload, Field(description=(
+        "Leave it out to keep the payload; a value replaces it whole, and null removes it (and with it "
+        "the tool's output)."), json_schema_extra=_no_default)] = None
     # Optional: without it the change is not checked against a revision (the schema says so: a
     # default of 1 made generated clients believe every change was checked).
     revision: Annotated[int, Field(ge=1, le=MAX_REVISION, description=(
         "Refuse the change unless the item is at this revision. Leave it out to change the item "
-        "whatever its revision."))] = None  # type: ignore[assignment]
+        "whatever its revision."), json_schema_extra=_no_default)] = None  # type: ignore[assignment]
 
 
 def _item_page(conversation: Conversation, after: int, limit: int) -> tuple[list[Item], bool]:

@@ -135,7 +135,11 @@ class ItemOut(Schema):
 
 class ItemPageOut(Schema):
     results: list[ItemOut]
-    next: str | None
+    # (r108: the only `next` that is not a `cursor`, and nothing said so)
+    next: str | None = Field(description=(
+        "Pass it as `after` for the next page (it is the last item's `seq`); null on the last page. "
+        "A page ends at `limit` items or at API_MAX_PAGE_BYTES of stored text and payload, whichever "
+        "comes first."))
 
 
 def item_json(i: Item) -> dict[str, Any]:
@@ -285,6 +289,11 @@ class OperationOut(Schema):
     stalled: bool = Field(description="Pending and no longer retried by itself: its last runs stopped without "
                                        "progress (`error` says on what). POST /v1/operations/{id}/retry starts "
                                        "it again.")
+    # (r108: a client polling a pending delete could not tell when it is tried again, as a
+    # bound delete's answer says)
+    next_attempt_at: str | None = Field(default=None, description=(
+        "While pending and retried by itself: the earliest time its next run may start (a run may be "
+        "under way). Null otherwise."))
     requested_at: str
     completed_at: str | None
     receipt: ReceiptOut | None
@@ -429,7 +438,8 @@ def operation_json(op: DeleteOperation, reads: OperationReads | None = None) -> 
         "attempts": op.attempts,
         "error": op.last_error or None,
         "error_message": error_message(op.last_error) or None,
-        "stalled": stalled(op),
+        "stalled": (is_stalled := stalled(op)),
+        "next_attempt_at": iso(op.next_attempt_at) if op.state == DeleteState.PENDING and not is_stalled else None,
         "requested_at": iso(op.requested_at),
         "completed_at": iso(op.completed_at),
         "receipt": receipt,

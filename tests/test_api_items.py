@@ -204,6 +204,11 @@ def test_the_published_schema_says_an_item_change_without_a_revision_is_not_chec
     schema = admin_client.get("/v1/openapi.json", HTTP_HOST="127.0.0.1").json()
     revision = schema["components"]["schemas"]["ItemPatchIn"]["properties"]["revision"]
     assert revision.get("default") != 1 and "Leave it out" in revision["description"]
+    # r108: no field of a change declares a default: left out it means "as it is", which no value
+    # says (a client filling in the declared `status: ""`, `payload: null` erased the output)
+    fields = schema["components"]["schemas"]["ItemPatchIn"]["properties"]
+    assert set(fields) == {"status", "title", "payload", "revision"}
+    assert all("default" not in field and "Leave it out" in field["description"] for field in fields.values())
 
 
 def test_a_payload_that_is_not_an_object_is_its_own_full_output(runtime, member_client, conversation):

@@ -98,6 +98,14 @@ def test_a_delete_waiting_for_its_folder_is_retried_for_as_long_as_it_takes(engi
         m.DeleteOperation.objects.filter(pk=op.pk).update(next_attempt_at=None)  # its back-off, passed
     shown = admin_client.get(f"/operations/{op.public_id}/", HTTP_HOST="127.0.0.1").content.decode()
     assert "no longer retried by itself" not in shown and "it goes on once" in shown
+    assert executor.run_erasure(op.pk) == "pending"
+    op.refresh_from_db()
+    answer = admin_client.get(f"/v1/operations/{op.public_id}", HTTP_HOST="127.0.0.1").json()
+    # the API says when it is tried again (r108), as a bound delete's answer does
+    assert (answer["stalled"], answer["error"]) == (False, "engine_folder_unavailable")
+    assert answer["next_attempt_at"] and answer["next_attempt_at"].startswith(
+        op.next_attempt_at.astimezone(m.timezone.UTC).strftime("%Y-%m-%dT%H:%M:%S"))
+    m.DeleteOperation.objects.filter(pk=op.pk).update(next_attempt_at=None)  # its back-off, passed
     unmounted.rename(engine_home)  # mounted again: the next retry finishes it, no admin needed
     assert op.pk in executor.outstanding()
     assert executor.run_erasure(op.pk) == "completed"
