@@ -156,6 +156,27 @@ def assert_save_bar_covers_nothing(page: Page) -> None:
     assert covered == [], "controls hidden under the save bar:\n" + "\n".join(covered)
 
 
+_FOCUS_BETWEEN_BARS = """
+() => {
+  const el = document.activeElement;
+  const r = el.getBoundingClientRect();
+  const shown = (bar) => bar && getComputedStyle(bar).display !== "none" ? bar.getBoundingClientRect() : null;
+  const top = shown(document.querySelector(".topbar")), nav = shown(document.querySelector(".phonenav"));
+  return {focus: `${el.tagName.toLowerCase()}#${el.id}.${el.className}`, top: r.top, bottom: r.bottom,
+          above: top ? top.bottom : 0, below: nav ? nav.top : innerHeight};
+}
+"""
+
+
+def assert_focus_between_bars(page: Page) -> None:
+    """The focused element is in what is visible: below the sticky top bar, above the phone's
+    fixed bottom navigation (when shown) and the screen's end. A tall one (a message of many
+    lines on a short screen) shows its start, its first lines (88 px, as lethe.js's focusQuiet)."""
+    box = page.evaluate(_FOCUS_BETWEEN_BARS)
+    start_end = min(box["bottom"], box["top"] + 88)
+    assert box["top"] >= box["above"] - 0.5 and start_end <= box["below"] + 0.5, f"focus out of view: {box}"
+
+
 def conversation_with_long_output(*, deletable: bool = False) -> tuple[Conversation, Item]:
     """The newest recent conversation that has a tool row whose output is cut short (with
     `deletable`, one a delete request would admit now)."""

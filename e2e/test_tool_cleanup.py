@@ -19,7 +19,7 @@ from django.utils import timezone
 from playwright.sync_api import Page, expect
 
 from e2e.conftest import ADMIN, MEMBER
-from e2e.helpers import check_layout, log_in, open_nav, screenshot
+from e2e.helpers import assert_focus_between_bars, check_layout, log_in, open_nav, screenshot
 from lifecycle.models import Conversation, Item
 from retention import jobs
 from retention.models import ToolPayloadOperation, ToolPayloadPolicy
@@ -514,7 +514,7 @@ def test_each_run_and_compaction_state_is_said_in_the_live_region(data, live_ser
     wait_said(page, "its size on disk went from")
 
 
-def failed_backup(live_server, open_page, settings, tmp_path) -> Page:
+def failed_backup(live_server, open_page, settings, tmp_path, viewport: str | dict = "phone") -> Page:
     """The card on a phone after Run cleanup now's backup failed (its folder is a file), with
     what the live region says recorded from the start."""
     from django.contrib.auth import get_user_model
@@ -526,7 +526,7 @@ def failed_backup(live_server, open_page, settings, tmp_path) -> Page:
     settings.LETHE_BACKUP_DIR = blocked
     admin = get_user_model().objects.get(username=ADMIN[0])
     service.save_policy(user=admin, enabled=True, age_value=3, age_unit="months", revision=1, backup_choice="create")
-    page = open_page("phone")
+    page = open_page(viewport)
     open_card(page, live_server.url)
     page.evaluate(_RECORD_SAID)
     page.get_by_role("button", name="Run cleanup now").click()
@@ -568,6 +568,31 @@ def test_a_retried_backup_that_fails_again_gives_the_focus_back_to_retry_and_is_
     assert sum("Backup failed:" in said for said in page.evaluate("window.__said")) == 1
     assert sorted(ToolPayloadOperation.objects.filter(kind="backup").values_list("state", flat=True)) == ["failed", "failed"]
     assert not Item.objects.filter(details_removed_at__isnull=False).exists()
+
+
+# A phone with its on-screen keyboard open: little height, the top bar and the bottom bar.
+SHORT_PHONES = [{"width": 390, "height": 300}, {"width": 320, "height": 300}]
+
+
+@pytest.mark.parametrize("viewport", SHORT_PHONES, ids=["390x300", "320x300"])
+def test_a_retried_backup_that_fails_again_on_a_short_phone_leaves_retry_in_view(
+        data, live_server, open_page, settings, tmp_path, viewport):
+    page = failed_backup(live_server, open_page, settings, tmp_path, viewport)
+
+    page.evaluate("window.__said = []")
+    page.get_by_role("button", name="Retry backup").focus()
+    page.keyboard.press("Enter")
+    wait_said(page, "Preparing backup:")
+    drain()
+    wait_said(page, "Backup failed:")
+    retry = page.get_by_role("button", name="Retry backup")
+    expect(retry).to_be_focused()
+    page.wait_for_timeout(300)
+    # r105: the status read swapped the region that had the focus, the page's scroll anchoring
+    # moved it, and the focus went back to Retry without a scroll: the button was 265 px above
+    # the top of the screen. It is between the sticky top bar and the fixed bottom bar.
+    assert_focus_between_bars(page)
+    assert sorted(ToolPayloadOperation.objects.filter(kind="backup").values_list("state", flat=True)) == ["failed", "failed"]
 
 
 @pytest.mark.parametrize("viewport", ["phone", "small-phone"], ids=["390", "320"])
