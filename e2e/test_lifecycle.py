@@ -11,7 +11,15 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from e2e.conftest import ADMIN, MEMBER
-from e2e.helpers import check_layout, expect_said, log_in, open_from_list, open_nav, screenshot
+from e2e.helpers import (
+    assert_focus_between_bars,
+    check_layout,
+    expect_said,
+    log_in,
+    open_from_list,
+    open_nav,
+    screenshot,
+)
 from lifecycle.deletion import executor
 from lifecycle.deletion.admission import admit
 from lifecycle.models import Conversation, DeleteOperation
@@ -214,3 +222,36 @@ def test_an_operations_page_whose_rows_all_changed_says_so_and_leads_back(seeded
     page.keyboard.press("Enter")
     expect(page).to_have_url(f"{live_server.url}/operations/?state=refused")
     expect(page.locator("#deletes-h ~ .op-list .op-row")).to_have_count(25)
+
+
+@pytest.mark.parametrize("viewport", [{"width": 390, "height": 300}, {"width": 320, "height": 300}],
+                         ids=["390x300", "320x300"])
+def test_a_confirmation_refused_as_changed_starts_at_its_message_on_a_short_phone(
+        seeded, live_server, open_page, viewport):
+    """The conversation grew after its delete page was shown: the confirmation is refused (409)
+    and the page comes back with the preview as it is now. On a phone with its keyboard open the
+    focus starts at the refusal, in view between the bars (r105: it stayed on the page's body,
+    the message under the bottom navigation), and the next Tab goes on past it, into the page."""
+    conversation = deletable()
+    page = open_page(viewport)
+    log_in(page, live_server.url, *ADMIN)
+    page.goto(f"{live_server.url}/conversations/{conversation.public_id}/delete/")
+    page.wait_for_load_state("load")
+    factories.add_message(conversation, content="late")
+    page.get_by_role("button", name="Delete for good").focus()
+    with page.expect_navigation() as answer:
+        page.keyboard.press("Enter")
+    assert answer.value.status == 409
+    page.wait_for_load_state("load")
+    refusal = page.locator(".alert-error")
+    expect(refusal).to_contain_text("changed after the page was shown")
+    expect(refusal).to_be_focused()
+    assert_focus_between_bars(page)
+    page.keyboard.press("Tab")
+    after = page.evaluate("""() => {
+      const refusal = document.querySelector(".alert-error"), a = document.activeElement;
+      return {follows: !!(refusal.compareDocumentPosition(a) & Node.DOCUMENT_POSITION_FOLLOWING),
+              inMain: !!a.closest("main"), text: a.textContent.trim()};
+    }""")
+    assert after["follows"] and after["inMain"], after
+    assert not DeleteOperation.objects.exists() and Conversation.objects.get(pk=conversation.pk).state == "live"

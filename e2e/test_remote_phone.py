@@ -19,7 +19,7 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from e2e.conftest import ADMIN
-from e2e.helpers import check_layout, expect_said, log_in, screenshot
+from e2e.helpers import assert_focus_between_bars, check_layout, expect_said, log_in, screenshot
 from remote.models import BoundDelete, EngineBinding
 from remote.sync import refresh
 from tests.remote_engine import ROOT, running_engine
@@ -228,3 +228,44 @@ def test_a_delete_the_engine_would_refuse_says_why_and_offers_no_confirmation(li
         expect(page.get_by_test_id("insight-remote")).to_be_visible()
         check_layout(page, f"data and storage of a remote console {viewport}")
         screenshot(page, f"data-storage-remote-console-{viewport}")
+
+
+def test_a_bound_confirmation_refused_as_changed_starts_at_its_message_on_a_short_phone(
+        live_server, open_page, settings):
+    """The engine's conversation grew after the delete page was shown: the confirmation is
+    refused (409) and the page shows the engine's preview as it is now. On a phone with its
+    keyboard open the focus starts at the refusal, in view between the bars (r105: it stayed on
+    the page's body, the message under the bottom navigation); the next Tab goes on past it."""
+    from tests.scripted_engine import scripted_engine
+    from tests.test_remote_delete_screens import point_at, preview
+
+    get_user_model().objects.create_user(ADMIN[0], password=ADMIN[1], is_staff=True)
+    binding = bound("Grew on the engine")
+    shown = {"stores": preview()}
+    with scripted_engine({("GET", "/v1/threads/"): lambda h: (200, shown["stores"])}) as (url, seen):
+        point_at(settings, url)
+        page = open_page({"width": 320, "height": 300})
+        log_in(page, live_server.url, *ADMIN)
+        page.goto(f"{live_server.url}/engine/conversations/{binding.public_id}/delete/")
+        page.wait_for_load_state("load")
+        grown = preview()
+        grown["stores"] = [{**s, "records": 9} if s["store"] == "lifecycle.Item" else s for s in grown["stores"]]
+        shown["stores"] = grown
+        page.get_by_role("button", name="Delete for good").focus()
+        with page.expect_navigation() as answer:
+            page.keyboard.press("Enter")
+        assert answer.value.status == 409
+        page.wait_for_load_state("load")
+        refusal = page.get_by_test_id("delete-error")
+        expect(refusal).to_contain_text("changed after the page was shown")
+        expect(refusal).to_be_focused()
+        assert_focus_between_bars(page)
+        page.keyboard.press("Tab")
+        after = page.evaluate("""() => {
+          const refusal = document.querySelector("[data-testid=delete-error]"), a = document.activeElement;
+          return {follows: !!(refusal.compareDocumentPosition(a) & Node.DOCUMENT_POSITION_FOLLOWING),
+                  inMain: !!a.closest("main"), text: a.textContent.trim()};
+        }""")
+        assert after["follows"] and after["inMain"], after
+        assert not [request for request in seen if request[0] == "DELETE"]
+    assert not BoundDelete.objects.exists()
