@@ -10,7 +10,7 @@ from django.utils import timezone
 from playwright.sync_api import Page, expect
 
 from e2e.conftest import ADMIN, ALL_VIEWPORTS, MEMBER
-from e2e.helpers import check_layout, log_in, screenshot
+from e2e.helpers import check_layout, expect_said, log_in, screenshot
 from lifecycle.models import Account, Computer, Conversation, Scope
 from tests.factories import add_message
 
@@ -281,10 +281,19 @@ def test_past_a_hundred_owners_an_owner_is_found_by_typing_part_of_its_name(seed
     theirs = Conversation.objects.recent().owned_by("computer", owner.pk)
     finder = page.get_by_label("Find an owner")
     expect(page.locator("#owner option:not([value=''])")).to_have_count(3)
+    page.evaluate("window.__note = document.getElementById('owner-find-note')")
     finder.focus()
     page.keyboard.type("BUILD")
     expect(page.locator("#owner option:not([value=''])")).to_have_text(["build-box"])
-    expect(page.locator("#owner-find-note")).to_have_text("1 owner has “BUILD” in its name.")
+    found = "1 owner has “BUILD” in its name."
+    expect(page.locator("#owner-find-note")).to_have_text(found)
+    # Said, once (r105: each answer replaced the whole live region, and a region put in the page
+    # with its words is not read out): the same region stays, only its words change.
+    expect_said(page, "owner-find-note", found)
+    assert page.evaluate("window.__note === document.getElementById('owner-find-note')")
+    # One swap writes the region in two steps (its new words in, then the old out), each recorded.
+    notes = [" ".join(text.split()) for region, text in page.evaluate("window.__said") if region == "owner-find-note"]
+    assert [text for n, text in enumerate(notes) if text == found and (n == 0 or notes[n - 1] != text)] == [found], notes
     expect(page.locator("#results .count")).to_have_text(count_text(Conversation.objects.recent().count()))  # not yet
     page.keyboard.press("Shift+Tab")  # back to the Owner list, and pick it by keyboard
     expect(page.get_by_label("Owner", exact=True)).to_be_focused()
