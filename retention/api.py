@@ -56,7 +56,10 @@ class PolicyIn(Schema):
     revision: Revision
     backup_choice: Literal["create", "skip"] | None = Field(
         default=None,
-        description="Required (never inferred) when enabling, re-enabling or shortening the period.",
+        description="Required (never inferred) when enabling, re-enabling or shortening the period. Given on a "
+                    "save that changes the switch or the period, or other than the stored one, it starts the "
+                    "preparation over (`create`: a new verified backup before the next cleanup; `skip`: ready at "
+                    "once). The stored choice sent again with the stored switch and period changes nothing.",
     )
 
 
@@ -217,7 +220,10 @@ def status(request: HttpRequest) -> dict:
           description="400 `invalid_age` or `backup_choice_required`; 409 `stale_revision` when the values "
                       "differ from the stored ones. Every save that changes something bumps the revision and "
                       "marks analyses of other settings stale; one that changes nothing keeps the revision and "
-                      "is no refusal, whatever revision it was read at (a request sent twice).")
+                      "is no refusal, whatever revision it was read at (a request sent twice). The stored "
+                      "`enabled`, `age` and `backup_choice` (or none) sent again change nothing, the preparation "
+                      "included: a backup made for it is kept, one being made goes on, and a failed or cancelled "
+                      "one waits for `retry-preparation` or another choice.")
 def save(request: HttpRequest, body: PolicyIn) -> dict:
     _call(service.save_policy, user=request.user, enabled=body.enabled, age_value=body.age.value,
           age_unit=body.age.unit, revision=body.revision, backup_choice=body.backup_choice)
@@ -233,8 +239,14 @@ def analyze(request: HttpRequest, body: AnalyzeIn) -> tuple[int, dict]:
 
 @endpoint("POST", BASE + "/run", body=RunIn, response={202: StartedOut}, admin=True, errors=(409,),
           name="api-tool-payloads-run", summary="Run cleanup now under the saved, enabled policy",
-          description="When a backup was chosen and none is verified yet, the backup runs first. 409 "
-                      "`stale_revision`, `busy`, `preparation_required` or `not_enabled`.")
+          description="Answers the id of the operation queued: the cleanup's, or, when a backup was chosen and "
+                      "none is verified yet, the backup's (kind `backup`), which runs first. Once that backup is "
+                      "verified, the cleanup is queued as an operation of its own, with its own id; none follows "
+                      "a backup that failed or was cancelled (`preparation` says so), nor one during which the "
+                      "policy was changed or turned off. Find the cleanup in the status document: "
+                      "`operation` is the backup, then the cleanup; `last_run` is the newest cleanup and "
+                      "`history` lists both. 409 `stale_revision`, `busy`, `preparation_required` or "
+                      "`not_enabled`.")
 def run(request: HttpRequest, body: RunIn) -> tuple[int, dict]:
     return 202, {"operation_id": _call(service.start_run, user=request.user, revision=body.revision)}
 

@@ -405,12 +405,16 @@ def _needs_choice(policy: ToolPayloadPolicy, *, enabled: bool, age_value: int, a
 
 
 def save_policy(*, user, enabled: bool, age_value: int, age_unit: str, revision: int,
-                backup_choice: str | None) -> ToolPayloadPolicy:
+                backup_choice: str | None, new_preparation: bool = False) -> ToolPayloadPolicy:
     """Save the policy (AC-TPR-001.2, 002.1).
 
     `backup_choice` ("create" | "skip") is required, never inferred, when enabling the first
-    time, re-enabling or shortening the period; it may be given on any other save too. Every
-    save that changes something bumps the revision and marks analyses of other settings stale.
+    time, re-enabling or shortening the period; it may be given on any other save too, and
+    then starts the preparation over, unless the save changes nothing: the stored switch,
+    period and choice sent again leave the preparation as it is (its backup made, being made,
+    failed or cancelled); with `new_preparation` they start it over all the same (Cancel
+    after a failed backup). Every save that changes something bumps the revision and marks
+    analyses of other settings stale.
     Raises CleanupError forbidden/invalid_age/invalid_backup_choice/backup_choice_required/
     stale_revision/state_unreadable.
     """
@@ -423,11 +427,17 @@ def save_policy(*, user, enabled: bool, age_value: int, age_unit: str, revision:
     if backup_choice not in (None, *BackupChoice.values):
         raise CleanupError("invalid_backup_choice", _("Choose Create backup or Continue without backup."))
     policy = _load_checked_policy()
-    fields = policy_fields(enabled=enabled, age_value=age_value, age_unit=age_unit, backup_choice=backup_choice)
+    fields = policy_fields(enabled=enabled, age_value=age_value, age_unit=age_unit, backup_choice=None)
     # Changes nothing, whatever revision it was read at (a form sent twice: r23), unless it
     # turns cleanup on without a backup choice: at the revision it read, that may have needed
-    # one, which another admin's save made since must not answer for it (r24).
-    if all(getattr(policy, name) == value for name, value in fields.items()) and (
+    # one, which another admin's save made since must not answer for it (r24). The stored
+    # choice sent again with the stored switch and period is no new choice (r108: it started
+    # the preparation over, so an enabling request sent again once the backup was made, or
+    # while it was being made, bumped the revision, dropped that backup and made another at
+    # the next run; one sent again after the backup failed cleared the failure and had the
+    # daily check retry it, where Retry backup is the admin's to choose).
+    same_choice = backup_choice is None or (backup_choice == policy.backup_choice and not new_preparation)
+    if same_choice and all(getattr(policy, name) == value for name, value in fields.items()) and (
             revision == policy.revision or backup_choice is not None or not enabled):
         return policy
     if revision != policy.revision:
@@ -581,8 +591,11 @@ def cancel_preparation(*, user, revision: int) -> ToolPayloadPolicy:
             raise CleanupError("preparation_changed",
                                _("No failed backup waits to be cancelled any more: it was retried, or the "
                                  "settings were saved, meanwhile. Reload to see where cleanup stands."))
+        # A new preparation even when cleanup is off already (a Retry while it was off that
+        # failed): the stored choice sent again would otherwise change nothing (r108).
         return save_policy(user=user, enabled=False, age_value=policy.age_value, age_unit=policy.age_unit,
-                           revision=revision, backup_choice=policy.backup_choice or BackupChoice.CREATE)
+                           revision=revision, backup_choice=policy.backup_choice or BackupChoice.CREATE,
+                           new_preparation=True)
 
 
 def cancel(*, user, operation_id: int) -> None:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from lifecycle.models import Item
-from retention import jobs
+from retention import jobs, service
 from retention.models import ToolPayloadOperation, ToolPayloadPolicy
 from tests.test_tool_payload_jobs import old_conversation
 
@@ -264,3 +264,87 @@ def test_a_queued_compaction_can_be_cancelled_and_says_so_a_running_one_cannot(a
     refused = send(api, "post", "/cancel", {"operation_id": second})
     assert refused.status_code == 409 and refused.json()["code"] == "not_cancellable"
     assert not ToolPayloadOperation.objects.get(pk=second).cancel_requested
+
+
+# ---- The stored policy sent again (r108) ----------------------------------------------------
+
+ON = {"enabled": True, "age": {"value": 3, "unit": "months"}}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_enabling_request_sent_again_once_the_backup_is_made_keeps_it(api, settings, tmp_path):
+    """r108: a retry of an enabling PUT whose answer was lost, arriving once the cluster had made
+    the backup, bumped the revision and dropped that backup (preparation none, receipt null): other
+    clients' revision went stale and the next run made a whole new backup first. It changes
+    nothing now, whatever revision it was read at, and the next run is the cleanup."""
+    settings.LETHE_BACKUP_DIR = str(tmp_path / "backups")
+    old_conversation("made", tools=2)
+    enabling = {**ON, "revision": 1, "backup_choice": "create"}
+    assert send(api, "put", "", enabling).json()["policy"]["revision"] == 2  # its answer lost
+    assert jobs.daily_check().startswith("started")  # due at once: the backup, then its cleanup
+    backup = finish(ToolPayloadOperation.objects.get(kind="backup").pk)
+    assert backup.state == "succeeded", backup.error_message
+    assert finish(ToolPayloadOperation.objects.get(kind="cleanup").pk).state == "succeeded"
+    made = {"state": "ready", "choice": "create", "error": None, "receipt": backup.backup_name}
+    assert api.get(BASE).json()["preparation"] == made
+
+    for revision in (1, 2):  # the request sent again, and the stored policy as read now
+        again = send(api, "put", "", {**enabling, "revision": revision})
+        assert again.status_code == 200, again.json()
+        assert (again.json()["policy"]["revision"], again.json()["preparation"]) == (2, made)
+    policy = ToolPayloadPolicy.load()
+    assert (policy.revision, policy.preparation_state, policy.backup_receipt_name) == (2, "ready", backup.backup_name)
+    run = send(api, "post", "/run", {"revision": 2})  # another client, holding revision 2
+    assert run.status_code == 202, run.json()
+    assert ToolPayloadOperation.objects.get(pk=run.json()["operation_id"]).kind == "cleanup"
+    assert ToolPayloadOperation.objects.filter(kind="backup").count() == 1
+
+
+@pytest.mark.parametrize("state", ["preparing", "failed", "cancelled"])
+def test_the_stored_policy_sent_again_leaves_the_preparation_as_it_is(api, admin_user, state):
+    """r108: while the backup was being made, the same values sent again left it made for nothing
+    (preparation none: its end no longer made the preparation ready); after it failed or was
+    cancelled, they cleared the failure and had the next run or daily check make a backup
+    without anyone choosing Retry. The preparation stays as it is, and so does the revision."""
+    assert send(api, "put", "", {**ON, "revision": 1, "backup_choice": "create"}).status_code == 200
+    backup = service.start_run(user=admin_user, revision=2)
+    if state != "preparing":
+        ToolPayloadOperation.objects.filter(pk=backup).update(state="failed", slot=None, error_code="io_error")
+        ToolPayloadPolicy.objects.filter(id=1).update(preparation_state=state, preparation_error="Disk full.")
+    before = api.get(BASE).json()["preparation"]
+    assert before["state"] == state
+    for revision in (1, 2):
+        again = send(api, "put", "", {**ON, "revision": revision, "backup_choice": "create"})
+        assert again.status_code == 200, again.json()
+        assert (again.json()["policy"]["revision"], again.json()["preparation"]) == (2, before)
+    assert list(ToolPayloadOperation.objects.values_list("pk", flat=True)) == [backup]  # nothing started
+    run = send(api, "post", "/run", {"revision": 2})
+    assert (run.status_code, run.json()["code"]) == (409, "busy" if state == "preparing" else "preparation_required")
+
+
+def test_a_new_choice_a_re_enable_or_a_shorter_period_still_starts_the_preparation_over(api):
+    """What r108 keeps: a choice other than the stored one, and the choice asked for when cleanup
+    is turned on again or the period shortened (AC-TPR-002.1), start a new preparation; the made
+    backup does not answer for them."""
+    def made(receipt: str = "lethe-sqlite-20260101T000000Z-abcdef.sqlite3") -> None:
+        ToolPayloadPolicy.objects.filter(id=1).update(preparation_state="ready", backup_receipt_name=receipt)
+
+    def put(body: dict) -> dict:
+        answer = send(api, "put", "", {**body, "revision": ToolPayloadPolicy.load().revision})
+        assert answer.status_code == 200, answer.json()
+        return answer.json()
+
+    put({**ON, "backup_choice": "create"})
+    made()
+    doc = put({**ON, "backup_choice": "skip"})  # another choice
+    assert (doc["policy"]["revision"], doc["preparation"]["state"], doc["preparation"]["receipt"]) == (3, "ready", None)
+    doc = put({**ON, "backup_choice": "create"})  # and back: a new backup
+    assert (doc["policy"]["revision"], doc["preparation"]["state"]) == (4, "none")
+    made()
+    doc = put({**ON, "enabled": False})  # off: the preparation is kept...
+    assert (doc["policy"]["revision"], doc["preparation"]["state"]) == (5, "ready")
+    doc = put({**ON, "backup_choice": "create"})  # ...and turning it on again asks for a new one
+    assert (doc["policy"]["revision"], doc["preparation"]["state"], doc["preparation"]["receipt"]) == (6, "none", None)
+    made()
+    doc = put({**ON, "age": {"value": 2, "unit": "months"}, "backup_choice": "create"})  # shorter
+    assert (doc["policy"]["revision"], doc["preparation"]["state"], doc["preparation"]["receipt"]) == (7, "none", None)

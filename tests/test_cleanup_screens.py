@@ -300,6 +300,41 @@ def test_cancel_from_a_page_shown_before_another_admins_retry_leaves_the_backup_
     assert "Preparing backup:" in region(page(admin_client), "tool-run")
 
 
+def test_the_policy_form_sent_again_once_the_backup_is_made_keeps_it(admin_client, admin_user):
+    """r108: Save cleanup policy sent twice (a double click without the page's script, or the
+    form posted again), the second after the backup was made: it bumped the revision and dropped
+    that backup, and Run cleanup now made a whole new one first. It changes nothing now."""
+    old_conversation("made")
+    form = {"enabled": "on", "age_value": "3", "age_unit": "months", "backup_choice": "create", "revision": "1"}
+    assert admin_client.post(TOOL, form, **HOST).status_code == 302
+    backup = service.start_run(user=admin_user, revision=2)
+    receipt = "lethe-sqlite-20260101T000000Z-abcdef.sqlite3"  # as the backup job leaves it
+    ToolPayloadOperation.objects.filter(pk=backup).update(state="succeeded", slot=None, backup_name=receipt)
+    ToolPayloadPolicy.objects.filter(id=1).update(preparation_state="ready", backup_receipt_name=receipt)
+    for revision in ("1", "2"):  # the form sent again, and the same values from the page as shown now
+        assert admin_client.post(TOOL, {**form, "revision": revision}, **HOST).status_code == 302
+    policy = ToolPayloadPolicy.load()
+    assert (policy.revision, policy.preparation_state, policy.backup_receipt_name) == (2, "ready", receipt)
+    assert "Cleanup policy saved." in page(admin_client)
+    assert admin_client.post(RUN, {"revision": "2"}, **HX).status_code == 202
+    assert ToolPayloadOperation.objects.exclude(pk=backup).get().kind == "cleanup"
+
+
+def test_cancel_after_a_failed_backup_with_cleanup_off_already_starts_the_preparation_over(admin_client, admin_user):
+    """Cancel sends the stored choice again with the stored settings; cleanup off already (a Retry
+    while it was off, which failed), that is still a new preparation, not a save that changes
+    nothing (r108)."""
+    enable(admin_user, choice="create")
+    service.save_policy(user=admin_user, enabled=False, age_value=3, age_unit="months", revision=2,
+                        backup_choice=None)
+    ToolPayloadPolicy.objects.filter(id=1).update(preparation_state="failed", preparation_error="Disk full.")
+    response = admin_client.post(CANCEL_PREP, {"revision": "3"}, **HX)
+    assert response.status_code == 202
+    policy = ToolPayloadPolicy.load()
+    assert (policy.enabled, policy.preparation_state, policy.preparation_error, policy.revision) == (
+        False, "none", "", 4)
+
+
 def test_an_operation_no_worker_moves_is_said_to_have_stalled(admin_client, admin_user):
     """The job cluster was killed mid-run: within a minute or two the card says no worker has
     shown progress since the last batch (it said "Cleanup running" for the five minutes the

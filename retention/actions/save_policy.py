@@ -12,7 +12,9 @@ def save_tool_payload_policy(
 
     A `backup_choice` starts the preparation over: "skip" makes it ready at once (the admin
     chose to continue without a backup), "create" asks for a new verified backup before the
-    next cleanup. Whether a choice is required is `retention.service.save_policy`'s rule.
+    next cleanup. Whether a choice is required, and whether a save changes anything (the
+    stored choice sent again with the stored switch and period does not: r108), are
+    `retention.service.save_policy`'s rules.
     """
     return save_revisioned(
         ToolPayloadPolicy,
