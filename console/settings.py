@@ -124,8 +124,20 @@ def engine_tokens(raw: str) -> dict[str, str]:
             raise ValueError(f"an object with the key {_shown(url)} (not an http(s) URL)") from None
         if not isinstance(token, str) or not token.strip():
             raise ValueError(f"an object with an empty or non-text token for {_shown(url)}")
-        tokens[url.rstrip("/")] = token.strip()
+        try:
+            tokens[url.rstrip("/")] = engine_token(token.strip())
+        except ValueError as error:
+            raise ValueError(f"an object whose token for {_shown(url)} has {error}") from None
     return tokens
+
+
+def engine_token(raw: str) -> str:
+    """A token sent as `Authorization: Bearer <token>`: printable ASCII without spaces, the
+    only characters a header carries as they are (r114: a "✓" in ENGINE_TOKEN passed every
+    check, then each call to the engine was a traceback or a 500)."""
+    if not all("!" <= c <= "~" for c in raw):
+        raise ValueError("characters a request header cannot carry (printable ASCII only, no spaces)")
+    return raw
 
 
 # Files -----------------------------------------------------------------------------------
@@ -387,7 +399,8 @@ ENGINE_HOME = project_path(os.environ["ENGINE_HOME"]) if os.environ.get("ENGINE_
 ENGINE_URL = from_env("ENGINE_URL", "", "empty (the embedded engine) or an http:// or https:// URL with a host, "
                       "such as https://engine.example:8150", http_url)
 # A token made by the engine's `manage.py create_api_token` (an admin of the engine).
-ENGINE_TOKEN = os.environ.get("ENGINE_TOKEN", "").strip()
+ENGINE_TOKEN = from_env("ENGINE_TOKEN", "", "the engine's API token (printable ASCII, no spaces)", engine_token,
+                        secret=True)
 # Other engines (a computer's own, for its local-only conversations): {"<url>": "<token>"} as JSON.
 ENGINE_TOKENS = from_env("ENGINE_TOKENS", {}, 'a JSON object of engine URLs and their tokens, {"https://…": "lethe_…"}',
                          engine_tokens, secret=True)

@@ -141,6 +141,19 @@ def test_bad_engine_tokens_are_refused_without_showing_a_token(monkeypatch, tmp_
     assert "lethe_secret" not in message and "not shown" in message
 
 
+@pytest.mark.parametrize(("name", "value"), [
+    ("ENGINE_TOKEN", "lethe_\u2713secret"), ("ENGINE_TOKEN", "lethe_se cret"), ("ENGINE_TOKEN", "lethe_\x7fsecret"),
+    ("ENGINE_TOKENS", '{"https://engine.example": "lethe_\u00e9secret"}'),
+    ("ENGINE_TOKENS", '{"https://engine.example": "lethe_se cret"}'),
+])
+def test_an_engine_token_a_header_cannot_carry_is_refused_without_showing_it(monkeypatch, tmp_path, name, value):
+    """r114: a "✓" in ENGINE_TOKEN passed every check; each call to the engine was then a
+    traceback (sync_bindings) or a 500 (bindings-sync)."""
+    message = refused(monkeypatch, tmp_path, **{name: value})
+    assert message.startswith(f"{name} must be ") and "printable ASCII only, no spaces" in message
+    assert "secret" not in message.replace("secrets", "") and "not shown" in message
+
+
 @pytest.mark.parametrize(("url", "shown"), [
     ("postgres://lethe:hunter2@db:99999/lethe", "postgres://lethe:***@db:99999/lethe"),
     ("postgres://lethe:hun/ter2@db:99999/lethe", "postgres://lethe:***@db:99999/lethe"),  # "/" in it
