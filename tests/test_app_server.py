@@ -117,6 +117,62 @@ def test_it_runs_the_workers_the_environment_asks_for_and_adds_up_their_figures(
     assert wait_until(tree.everything_stopped, 10)
 
 
+def test_a_key_file_replaced_while_it_runs_changes_no_process_key_until_serve_starts_again(tmp_path, tree):
+    """r114: each gunicorn worker read SECRET_KEY_FILE as it started, so workers replaced after
+    WEB_MAX_REQUESTS took a new key while the others and the job cluster kept the old one (a
+    signed-in person was sent to sign in at random). Every process keeps the key serve read."""
+    var = tmp_path / "var"
+    var.mkdir(mode=0o700)
+    key = tmp_path / "key"
+    key.write_text("first-key-" + "a" * 50)
+    key.chmod(0o600)
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "SECRET_KEY")}
+    env.update(LETHE_VAR_DIR=str(var), ENGINE_HOME=str(var / "engine"), SECRET_KEY_FILE=str(key),
+               DJANGO_SETTINGS_MODULE="console.settings", Q_WORKERS="1", STATIC_ROOT=str(var / "static"),
+               WEB_CONCURRENCY="1", WEB_MAX_REQUESTS="2")
+    migrate(env)
+    subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v0"], cwd=ROOT, env=env, check=True)
+    subprocess.run([sys.executable, "manage.py", "shell", "-c", "from django.contrib.auth.models import User; "
+                    "User.objects.create_superuser('keyed', password='keyed-pass-123')"],
+                   cwd=ROOT, env=env, check=True, capture_output=True)
+    port = free_port()
+    proc = start(env, port, "--only", "web")
+    tree.pids.add(proc.pid)
+    tree.groups.add(proc.pid)
+    assert wait_until(lambda: _answers(port), 60)
+    client = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+    client.request("GET", "/accounts/login/")
+    answer = client.getresponse()
+    page, cookies = answer.read().decode(), _cookies(answer)
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)[1]
+    body = f"csrfmiddlewaretoken={token}&username=keyed&password=keyed-pass-123"
+    client.request("POST", "/accounts/login/", body, {
+        "Content-Type": "application/x-www-form-urlencoded", "Cookie": cookies, "Referer": f"http://127.0.0.1:{port}/"})
+    answer = client.getresponse()
+    answer.read()
+    assert answer.status == 302, answer.status
+    cookies = "; ".join(filter(None, [cookies, _cookies(answer)]))
+    key.write_text("second-key-" + "b" * 50)  # replaced while serve runs
+    for n in range(8):  # each worker answers two requests, then a new one takes its place
+        client = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+        client.request("GET", "/conversations/", headers={"Cookie": cookies})
+        answer = client.getresponse()
+        answer.read()
+        assert answer.status == 200, (n, answer.status, answer.getheader("Location"))
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+
+
+def _answers(port: int) -> bool:
+    with contextlib.suppress(OSError):
+        return get(port, "/healthz")[0] == 200
+    return False
+
+
+def _cookies(answer) -> str:
+    return "; ".join(value.split(";", 1)[0] for name, value in answer.getheaders() if name.lower() == "set-cookie")
+
+
 def test_it_finishes_a_request_in_flight_when_told_to_stop(served, tree):
     port = free_port()
     proc = start(served["env"], port)

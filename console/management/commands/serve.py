@@ -275,7 +275,12 @@ class Command(BaseCommand):
                 # The database file serve opened: the children's /readyz and the job cluster
                 # compare the file at the path with it, so a file swapped before a child's first
                 # connection is still seen as replaced.
-                env = {**(spec.env or os.environ), ORPHAN_ENV: str(os.getpid()), **first_file_env(database_path())}
+                # The secret key as serve read it: a key file replaced while serve runs is taken
+                # by every process at the next start of serve, not by each worker as it is
+                # replaced (r114: gunicorn's recycled workers took the new key, the others and the
+                # job cluster kept the old one; sessions came and went, queued jobs were dropped).
+                env = {**(spec.env or os.environ), ORPHAN_ENV: str(os.getpid()), **first_file_env(database_path()),
+                       "SECRET_KEY": settings.SECRET_KEY}
                 children[name] = subprocess.Popen(spec.argv, env=env, cwd=settings.BASE_DIR, process_group=0,
                                                   preexec_fn=_child_setup(os.getpid()))
             while failed is None:
