@@ -226,8 +226,10 @@ def database_from_url(url: str) -> dict:
         parts = urlsplit(url)
     except ValueError:  # e.g. an unclosed [IPv6 address
         raise refused from None
-    if parts.fragment:  # nothing after a "#" would be used (in a file name or password: %23)
-        raise refused
+    if parts.fragment or url.endswith("#"):  # nothing after a "#" would be used
+        raise ImproperlyConfigured(
+            f"DATABASE_URL must have no \"#\" (nothing after it would be used: write a \"#\" in a file name, a "
+            f"password or a name as %23), not {shown}.")
     if parts.scheme == "sqlite":
         if parts.netloc:
             # sqlite://var/x.sqlite3 (two slashes) reads "var" as a host, which the path below
@@ -301,12 +303,25 @@ def database_from_url(url: str) -> dict:
             options = libpq.parse_query(parts.query, BASE_DIR) if parts.query else {}
         except libpq.BadParameter as error:
             raise ImproperlyConfigured(f"{error}.") from None
+        try:
+            # (r114: "%ff" in a password became U+FFFD, and a socket folder written %2F... was
+            # read as a host name)
+            name, user, password = (unquote(part or "", errors="strict")
+                                     for part in (parts.path.lstrip("/"), parts.username, parts.password))
+            host = parts.hostname or ""
+            if host.lower().startswith("%2f"):  # a folder holding the server's socket, as libpq's URIs write it
+                written = parts.netloc.rpartition("@")[2]
+                host = unquote(written.rpartition(":")[0] if port is not None else written, errors="strict")
+        except UnicodeDecodeError:
+            raise ImproperlyConfigured(
+                f"DATABASE_URL has a %-escape that is not UTF-8 text ({shown}): a \"%\" itself is written "
+                "%25.") from None
         return {
             "ENGINE": "django.db.backends.postgresql",
-            "NAME": unquote(parts.path.lstrip("/")) or "lethe",
-            "USER": unquote(parts.username or ""),
-            "PASSWORD": unquote(parts.password or ""),
-            "HOST": parts.hostname or "",
+            "NAME": name or "lethe",
+            "USER": user,
+            "PASSWORD": password,
+            "HOST": host,
             "PORT": str(port or ""),
             "OPTIONS": options,
             # Kept for a minute; a web server's connection keeps the lock wait it was given when
@@ -380,9 +395,18 @@ def allowed_hosts() -> list[str]:
 
 
 ALLOWED_HOSTS = allowed_hosts()
-CSRF_TRUSTED_ORIGINS = [
-    o.strip() for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
-]
+def trusted_origins(raw: str) -> list[str]:
+    """CSRF_TRUSTED_ORIGINS: origins with their scheme (r114: one without it stopped serve with
+    Django's multi-line system check instead of one line)."""
+    origins = [o.strip() for o in raw.split(",") if o.strip()]
+    for origin in origins:
+        if not origin.startswith(("http://", "https://")) or not urlsplit(origin).netloc:
+            raise ValueError(origin)
+    return origins
+
+
+CSRF_TRUSTED_ORIGINS = from_env("CSRF_TRUSTED_ORIGINS", [], "origins with their scheme separated by commas, "
+                                "such as https://lethe.example.org", trusted_origins)
 
 DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'lethe.sqlite3'}"
 DATABASES = {"default": database_from_url(DATABASE_URL)}

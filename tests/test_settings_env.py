@@ -569,3 +569,22 @@ def test_a_folder_the_operator_made_keeps_its_mode_but_the_database_in_it_is_mad
     assert shown.stdout.split() == ["0o600", "0o600", "0o600"]
     assert mode(database) == 0o600
     assert mode(srv) == 0o755 and mode(var) == 0o755
+
+
+def test_database_url_escapes_a_socket_folder_and_trusted_origins(monkeypatch, tmp_path):
+    """r114: "%ff" in a password became U+FFFD, a "%41" became "A" with no word in the docs, a
+    socket folder written %2F... was read as a host name, a "#" got the generic message, and an
+    origin without its scheme stopped serve with Django's multi-line check."""
+    s = load(monkeypatch, tmp_path, DATABASE_URL="postgres://lethe:ab%2541cd@%2Fvar%2Frun%2Fpostgresql:5433/console",
+             CSRF_TRUSTED_ORIGINS=" https://lethe.example.org , http://127.0.0.1:8000")
+    db = s.DATABASES["default"]
+    assert (db["PASSWORD"], db["HOST"], db["PORT"], db["NAME"]) == ("ab%41cd", "/var/run/postgresql", "5433", "console")
+    assert s.CSRF_TRUSTED_ORIGINS == ["https://lethe.example.org", "http://127.0.0.1:8000"]
+    assert load(monkeypatch, tmp_path, DATABASE_URL="postgres://lethe@%2Frun%2Fpg/console").DATABASES["default"][
+        "HOST"] == "/run/pg"
+    message = refused(monkeypatch, tmp_path, DATABASE_URL="postgres://lethe:sec%ffret@db/console")
+    assert "not UTF-8 text" in message and "%25" in message and "sec" not in message.replace("secret", "")
+    message = refused(monkeypatch, tmp_path, DATABASE_URL="sqlite:///var/my#1.sqlite3")
+    assert message.startswith('DATABASE_URL must have no "#"') and "%23" in message
+    message = refused(monkeypatch, tmp_path, CSRF_TRUSTED_ORIGINS="https://ok.example, lethe.example.org")
+    assert message.startswith("CSRF_TRUSTED_ORIGINS must be origins with their scheme") and "\n" not in message
