@@ -264,6 +264,10 @@ def test_it_serves_spanish_when_the_browser_asks(admin_client, restore_language)
     assert response.status_code == 200
     assert '<html lang="es"' in page
     assert "Conversaciones" in page
+    # Each language's name is in its own language, and marked so (r119: "English" on a Spanish
+    # page was read with Spanish rules)
+    assert '<option value="en" lang="en">English</option>' in page
+    assert '<option value="es" lang="es" selected>Español</option>' in page
 
     cookie = settings.LANGUAGE_COOKIE_NAME
     response = admin_client.post(

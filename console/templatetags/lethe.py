@@ -83,6 +83,17 @@ def _hidden_format() -> re.Pattern:
     return re.compile(f"[{re.escape(chars)}]")
 
 
+@register.filter(expects_localtime=True)
+def machine_time(value) -> str:
+    """A time for `<time datetime="...">`: ISO 8601 to the second with its offset (Django's
+    "c" writes microseconds, six digits, which HTML does not take: at most three, r119)."""
+    if not value:
+        return ""
+    if isinstance(value, datetime):
+        return value.isoformat(timespec="seconds")
+    return value.isoformat()
+
+
 @register.filter
 def visible_controls(value) -> str:
     """A stored name with its invisible format characters written out ("[U+202E]"), so a title
