@@ -106,6 +106,7 @@ def binding_list(request: HttpRequest) -> HttpResponse:
         deletes = list(deletes_page.object_list)
     return render(request, "remote/binding_list.html", {
         **finder, "owner": owner, "unknown_owner": unknown_owner, "bindings": bindings, "page": page,
+        "bindings_count": page.paginator.count if page else 0,
         "deletes": deletes, "deletes_page": deletes_page, "read_at": read_at,
         # The engines whose latest read failed: the hourly read has no one else to tell.
         "failed_reads": [read for read in configured_reads() if read.shown_code],
@@ -142,8 +143,13 @@ def _bindings_live(request: HttpRequest) -> HttpResponse:
     for b in bindings:
         b.pending_delete = pending.get(b.pk)
     said = " ".join(f"{d.thread_id}: {d.get_state_display()}." for d in ended)
+    gone = sorted(refs - {b.public_id for b in bindings})
+    # The page shows one owner's conversations: its count again once rows left it
+    owners = {(d.owner_kind, d.owner_id) for d in ended}
+    count = (EngineBinding.objects.filter(owner_kind=next(iter(owners))[0], owner_id=next(iter(owners))[1]).count()
+             if gone and len(owners) == 1 else None)
     return render(request, "remote/_bindings_live.html", {
-        "bindings": bindings, "gone_bindings": sorted(refs - {b.public_id for b in bindings}), "deletes": ended,
+        "bindings": bindings, "gone_bindings": gone, "deletes": ended, "bindings_count": count,
         "engine_url": settings.ENGINE_URL, "is_admin": is_admin(request.user), "live_said": said,
         "db_sqlite": connection.vendor == "sqlite",
         **_bindings_poller({d.public_id for d in rows if d.state == BoundDeleteState.PENDING}),

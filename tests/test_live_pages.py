@@ -201,6 +201,8 @@ def test_engine_conversations_poll_their_pending_deletes_and_drop_a_finished_bin
     binding, other, delete = pending_bound_delete()
     page = get(admin_client, "/engine/conversations/").content.decode()
     assert "See the delete's progress" in page and 'hx-trigger="every 3s"' in poller(page)
+    assert re.search(r'<p class="muted count" id="bindings-count" data-testid="bindings-count">2 conversations</p>',
+                     page)
     url = poll_url(page)
     assert url == f"/engine/conversations/?live=1&d={delete.public_id}"
     assert get(admin_client, url, HTTP_HX_REQUEST="true").status_code == 204
@@ -212,6 +214,9 @@ def test_engine_conversations_poll_their_pending_deletes_and_drop_a_finished_bin
                     r'hx-swap-oob="true">.*?</li>', fragment, re.S).group(0)
     assert "Completed" in row
     assert f"binding-row-{other.public_id}" not in fragment  # only what changed
+    # and the count with it (r119: "2 conversations" stayed above the one row left)
+    assert re.search(r'<p class="muted count" id="bindings-count" data-testid="bindings-count" '
+                     r'hx-swap-oob="true">1 conversation</p>', fragment)
     assert "hx-trigger" not in poller(fragment) and 'data-said="t-remote: Completed."' in poller(fragment)
     assert "hx-trigger" not in poller(get(admin_client, "/engine/conversations/").content.decode())
 
