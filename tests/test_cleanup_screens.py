@@ -572,6 +572,12 @@ def test_compact_database_runs_as_a_job_with_before_and_after_sizes(admin_client
     assert op.state == "succeeded" and op.after_bytes is not None
     compact = region(page(admin_client), "db-compact")
     assert "Last compacted" in compact and "its size on disk went from" in compact
+    assert ('data-testid="compact-grew"' in compact) == (op.after_bytes > op.before_bytes)
+    # Files that grew (PostgreSQL's maps of free space, on a small database) are said to have, and why (r115)
+    ToolPayloadOperation.objects.filter(pk=op.pk).update(before_bytes=12_400_000, after_bytes=13_500_000)
+    grew = region(page(admin_client), "db-compact")
+    assert 'data-testid="compact-grew"' in grew and "It grew: the compaction marks free space" in grew
+    ToolPayloadOperation.objects.filter(pk=op.pk).update(before_bytes=op.before_bytes, after_bytes=op.after_bytes)
     # The status read that shows the result carries the database's figures read again, so
     # they do not stay at their size before the compaction beside it.
     from retention.storage import database_size
