@@ -82,6 +82,32 @@ def full(database: dict, error: Exception) -> str | None:
             "it again.")
 
 
+def refused(database: dict, error: Exception) -> str | None:
+    """One line for a PostgreSQL database that refused the command a write (SQLSTATE 25006: a
+    standby, or read-only transactions) or refused its user a table (42501); None for any other
+    error. (r114: a traceback.)"""
+    from console.busy import database_refuses
+
+    kind = database_refuses(error)
+    if kind is None:
+        return None
+    done = "The step the command was taking was not written; what it finished before stays. "
+    why = (str(error).strip().splitlines() or ["no reason given"])[0]
+    if kind == "read_only":
+        try:  # a standby, or read-only transactions, as serve says them
+            from ops.health import postgresql_cannot_write_message
+
+            explained = postgresql_cannot_write_message(database, then="run the command again", done=done)
+        except Exception:  # noqa: BLE001 (only the wording depends on it)
+            explained = None
+        return explained or (
+            f"The database {database.get('NAME')} takes no writes ({why}): it is a standby, or its transactions "
+            f"are read-only. {done}Set DATABASE_URL to a database that takes writes, then run the command again.")
+    return (f"The database {database.get('NAME')} did not allow its user what the command needed ({why}). {done}"
+            "Grant that user SELECT, INSERT, UPDATE and DELETE on all of Lethe's tables (or set DATABASE_URL to the "
+            "user that ran manage.py migrate), then run the command again.")
+
+
 def missing_file(error: Exception) -> str | None:
     """The words of a SQLite database file missing from its path (console/sqlite/base.py says
     why and what to do); None for any other error."""
@@ -140,9 +166,13 @@ def main() -> None:
 
             django.setup()
             connection.ensure_connection()
-            from console.management.cli import require_lethe_tables
+            from console.management.commands.serve import database_problem_at_start
 
-            require_lethe_tables()
+            # As serve: not on a database it cannot write (r114: a PostgreSQL standby, read-only
+            # transactions or a user without the privileges; each job's write failed in turn).
+            if problem := database_problem_at_start():
+                print(f"Lethe database error: {problem}", file=sys.stderr)
+                sys.exit(2)
             watched = watch_database_file(connection)
         try:
             execute_from_command_line(sys.argv)
@@ -174,7 +204,7 @@ def main() -> None:
             explained = (cannot_write_explained(database, error) or locked(database, error) or full(database, error)
                          or missing_file(error))
         else:
-            explained = unreachable(database, error) or full(database, error)
+            explained = unreachable(database, error) or full(database, error) or refused(database, error)
         explained = explained or not_migrated(database, error)
         if explained is None or "--traceback" in sys.argv:
             raise

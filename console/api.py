@@ -755,7 +755,7 @@ _ERROR_DESCRIPTIONS = {
     429: "Too many requests with an unknown API token from this address; see Retry-After.",
     431: "The request's headers are larger or more numerous than the web server accepts.",
     503: "Not available right now: the database was too busy to answer in time (database_busy), its "
-         "disk is full (database_full) or it cannot be reached (database_unavailable), the web server was reading as many requests as it holds "
+         "disk is full (database_full) or it cannot be reached or takes no writes (database_unavailable), the web server was reading as many requests as it holds "
          "(server_busy), or the engine could not be reached; see Retry-After where given.",
 }
 

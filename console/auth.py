@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.contrib.auth.models import AnonymousUser
-from django.db import OperationalError
+from django.db import DatabaseError
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -42,8 +42,10 @@ def _token_user(raw: str, address: str):
         with waiting_at_most(0.05):
             ApiToken.objects.filter(pk=token.pk).exclude(last_used_at__gt=now - LAST_USE_PRECISION).update(
                 last_used_at=now)
-    except OperationalError as exc:
-        if trouble(exc) is None:  # busy or full: recorded on a later request
+    except DatabaseError as exc:
+        # busy or full: recorded on a later request; unavailable or refusing writes (a read-only
+        # database, a role without the grant: r114, a 500 even for a GET): not recorded
+        if trouble(exc) is None:
             raise
     return token.user
 

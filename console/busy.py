@@ -1,8 +1,10 @@
 """A database that cannot take a request now: too busy to answer in time (SQLite's write lock
 held past the connection's wait, "database is locked", or a PostgreSQL lock or statement
 timeout), out of room (SQLite's "database or disk is full", PostgreSQL's disk_full, 53100), or
-not there (a SQLite file moved away under the server, a PostgreSQL server down or restarting).
-Such a request changed nothing it could not finish (its transaction is rolled back), so screens
+not there (a SQLite file moved away under the server, a PostgreSQL server down or restarting),
+or not taking writes (a PostgreSQL standby or a database set read-only, SQLSTATE 25006, or a
+role without the grants, 42501; r114: these were 500s saying part of the request may have been
+done). Such a request changed nothing it could not finish (its transaction is rolled back), so screens
 and the API answer 503 with Retry-After and a code that says which (`database_busy`,
 `database_full`, `database_unavailable`), never the 500 of an unexpected error."""
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from django.db import OperationalError, connection, transaction
+from django.db import DatabaseError, OperationalError, connection, transaction
 
 RETRY_AFTER_SECONDS = 5
 FULL_RETRY_AFTER_SECONDS = 60  # until an operator frees space
@@ -92,13 +94,32 @@ def is_database_unavailable(exc: BaseException | None) -> bool:
     return state is None or state.startswith("08") or state in _UNAVAILABLE_STATES
 
 
+# PostgreSQL refusing a write (r114): a read-only transaction (25006 read_only_sql_transaction:
+# a hot standby, or default_transaction_read_only on for the server, the database, the role or
+# in DATABASE_URL), or the role lacking a grant (42501 insufficient_privilege). Django raises
+# them as InternalError and ProgrammingError, not OperationalError.
+_REFUSED_STATES = {"25006": "read_only", "42501": "not_permitted"}
+
+
+def database_refuses(exc: BaseException | None) -> str | None:
+    """"read_only" or "not_permitted" when PostgreSQL refused `exc`'s statement for that reason
+    (see above); else None. The refused statement's transaction is rolled back."""
+    if not isinstance(exc, DatabaseError):
+        return None
+    cause = exc.__cause__
+    if cause is None or not type(cause).__module__.startswith("psycopg"):
+        return None
+    return _REFUSED_STATES.get(getattr(cause, "sqlstate", None) or "")
+
+
 def trouble(exc: BaseException | None) -> tuple[str, int] | None:
-    """(code, Retry-After seconds) when `exc` is the database being busy, full or unavailable;
-    else None."""
+    """(code, Retry-After seconds) when `exc` is the database being busy, full, unavailable or
+    refusing writes (`database_unavailable` too: an operator must put a database that takes
+    them back); else None."""
     if is_database_full(exc):
         return "database_full", FULL_RETRY_AFTER_SECONDS
     if exc is not None and is_database_busy(exc):
         return "database_busy", RETRY_AFTER_SECONDS
-    if is_database_unavailable(exc):
+    if is_database_unavailable(exc) or database_refuses(exc):
         return "database_unavailable", UNAVAILABLE_RETRY_AFTER_SECONDS
     return None

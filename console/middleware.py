@@ -73,24 +73,40 @@ def trouble_response(request: HttpRequest, exc: BaseException | None) -> HttpRes
     plain page); None for any other error."""
     import logging
 
-    from console.busy import trouble
+    from console.busy import database_refuses, trouble
 
     found = trouble(exc)
     if found is None:
         return None
     code, retry_after = found
-    logging.getLogger("lethe.request").warning("%s in %s %s", code, request.method, request.path)
+    # A database that refuses writes is `database_unavailable` to clients, in words that say why
+    # (r114): "cannot be reached" would be false, and a read-only one does nothing of the request.
+    refused = database_refuses(exc)
+    logging.getLogger("lethe.request").warning("%s in %s %s", f"{code} ({refused})" if refused else code,
+                                               request.method, request.path)
     if is_api_path(request.path):
-        response = error(503, code, trouble_message(code))
+        response = error(503, code, trouble_message(f"database_{refused}" if refused else code))
     else:  # the plain page, as the 500 page: it renders without the database
         from console.views import plain_page
 
-        response = plain_page(code, status=503)
+        response = plain_page(f"database_{refused}" if refused else code, status=503)
     response["Retry-After"] = str(retry_after)
     return response
 
 
 def trouble_message(code: str) -> str:
+    """The API's words for `code`, or for the kind of refusal behind `database_unavailable`
+    (database_read_only, database_not_permitted)."""
+    if code == "database_read_only":
+        return _("The database is read-only now (a standby server, or one set read-only): nothing of this request "
+                 "was done. Try again later; if this lasts, an operator must point Lethe at a database that takes "
+                 "writes.")
+    if code == "database_not_permitted":
+        # Not "nothing was done": a grant taken away while Lethe runs may leave earlier steps of the
+        # request stored (requests are not one transaction).
+        return _("The database did not allow Lethe's database user what this request needed (permission "
+                 "denied), so it could not be done. Read the current state before you try again; if this lasts, "
+                 "an operator must grant that user Lethe's tables.")
     if code == "database_full":
         return _("The database's disk is full. An operator must free space on it; then try again.")
     if code == "database_unavailable":

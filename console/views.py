@@ -86,8 +86,9 @@ def server_error(request: HttpRequest) -> HttpResponse:
 
 
 def plain_page(kind: str, *, status: int) -> HttpResponse:
-    """An error page (`kind`: error, database_busy, database_full, database_unavailable) that renders without the
-    database, the session or a signed-in user; its stylesheet is a file (the
+    """An error page (`kind`: error, database_busy, database_full, database_unavailable, and for a
+    database that refuses writes database_read_only, database_not_permitted) that renders without
+    the database, the session or a signed-in user; its stylesheet is a file (the
     Content-Security-Policy allows no inline style), left out if even the static files'
     manifest cannot be read."""
     heading, message = {
@@ -102,6 +103,15 @@ def plain_page(kind: str, *, status: int) -> HttpResponse:
         "database_unavailable": (_("The database cannot be reached"), _(
             "Lethe could not get to its database: it is not where it should be, or its server is down or "
             "restarting. Reload the page later; if this lasts, an operator must check the database.")),
+        # database_unavailable to the API, in words that say why (r114)
+        "database_read_only": (_("The database takes no writes"), _(
+            "Lethe could not save anything: its database is read-only (a standby server, or one set read-only), so "
+            "nothing of this request was done. Reload the page later; if this lasts, an operator must point Lethe "
+            "at a database that takes writes.")),
+        "database_not_permitted": (_("The database refused access"), _(
+            "The database did not allow Lethe's database user what this request needed (permission denied), so it "
+            "could not be done. Reload the page to see the current state; if this lasts, an operator must grant "
+            "that user Lethe's tables.")),
     }[kind]
     try:
         stylesheet, icon = static("css/error.css"), static("favicon.svg")

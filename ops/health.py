@@ -129,6 +129,58 @@ def _postgresql_write_error() -> str | None:
     return "read_only" if first is not None and _is_on(first) else None
 
 
+# What Lethe's database user needs on each of its tables: the console and the jobs read, add,
+# change and delete rows of them.
+TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
+
+MISSING_PRIVILEGES = """
+    SELECT t.name, array_agg(p.privilege ORDER BY p.n)
+    FROM unnest(%s::text[]) AS t(name) CROSS JOIN unnest(%s::text[]) WITH ORDINALITY AS p(privilege, n)
+    WHERE to_regclass(quote_ident(t.name)) IS NOT NULL
+      AND NOT has_table_privilege(to_regclass(quote_ident(t.name)), p.privilege)
+    GROUP BY t.name ORDER BY t.name
+"""
+
+
+def _postgresql_missing_privileges() -> list[tuple[str, list[str]]]:
+    """Lethe's tables (its installed models') on which this connection's user lacks one of
+    TABLE_PRIVILEGES, each with those it lacks. A table not there is left out: that is for
+    migrate to make, and the first read says so."""
+    tables = sorted(connection.introspection.django_table_names(include_views=False))
+    with connection.cursor() as cursor:
+        cursor.execute(MISSING_PRIVILEGES, [tables, list(TABLE_PRIVILEGES)])
+        return [(name, list(privileges)) for name, privileges in cursor.fetchall()]
+
+
+def postgresql_cannot_write_message(database: dict, *, then: str = "start again", done: str = "") -> str | None:
+    """One line for an operator when the PostgreSQL database cannot take Lethe's writes: a
+    standby, read-only transactions (/readyz's `in_recovery` and `read_only`, as checked there)
+    or a user without the privileges on a table; which, and what to do. `done` (a sentence) is
+    put before what to do; None when nothing is in the way. (r114: `serve` started on such a
+    database, and every write was a 500.)"""
+    name = database.get("NAME")
+    problem = _postgresql_write_error()
+    if problem == "in_recovery":
+        return (f"The database {name} is a standby in recovery (a read-only replica): Lethe cannot write to it. "
+                f"{done}Set DATABASE_URL to the primary server, then {then}.")
+    if problem == "read_only":
+        return (f"The database {name} is read-only: its transactions are read-only (default_transaction_read_only "
+                "is on, in DATABASE_URL's options or for the server, the database or the user). "
+                f"{done}Turn it off, or set DATABASE_URL to a database that takes writes, then {then}.")
+    missing = _postgresql_missing_privileges()
+    if not missing:
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_user")
+        (user,) = cursor.fetchone()
+    table, privileges = missing[0]
+    verb = ("read" if privileges == ["SELECT"] else "read or write" if "SELECT" in privileges else "write")
+    others = f"; it lacks privileges on {len(missing) - 1} more of Lethe's tables too" if len(missing) > 1 else ""
+    return (f"The database user {user} cannot {verb} the table {table} of the database {name} (it lacks "
+            f"{', '.join(privileges)} on it){others}. {done}Grant it SELECT, INSERT, UPDATE and DELETE on all of "
+            f"Lethe's tables (or set DATABASE_URL to the user that ran manage.py migrate), then {then}.")
+
+
 def _stored_value(config: list[str], name: str) -> str | None:
     """The value of `name` in a setconfig array ("name=value" entries), if it sets it."""
     for entry in config:

@@ -160,14 +160,40 @@ def database_path() -> str | None:
 
 def database_cannot_be_written() -> str | None:
     """Why serve must not start on this database: a SQLite file (or its folder, where SQLite
-    makes the -wal and -shm) that cannot be written. Every write of the console and the jobs
-    would fail, one traceback each; None when it can (and for PostgreSQL)."""
+    makes the -wal and -shm) that cannot be written; a PostgreSQL standby, a database whose
+    transactions are read-only or a user without the privileges on a table (r114: serve
+    started, and every write answered 500). Every write of the console and the jobs would fail,
+    one traceback each; None when it can."""
+    from django.db import connection
+
     from console.sqlite.base import cannot_write_message
+    from ops.health import postgresql_cannot_write_message
 
     database = settings.DATABASES["default"]
+    if connection.vendor == "postgresql":
+        return postgresql_cannot_write_message(database)
     if database["ENGINE"] != "console.sqlite" or str(database["NAME"]) == ":memory:":
         return None
     return cannot_write_message(os.path.abspath(str(database["NAME"])))
+
+
+def database_problem_at_start() -> str | None:
+    """Why serve (or the job cluster) must not start on the database it is connected to
+    (database_cannot_be_written); None when nothing is in the way. A database never migrated
+    raises at the read of Lethe's first table, for manage.py to say so in one line.
+    PostgreSQL's check reads none of Lethe's tables, so it comes before that read: a user
+    without the privileges is told which table it lacks, not only that a read was refused
+    (r114). SQLite's looks at the file that read has opened."""
+    from django.db import connection
+
+    postgresql = connection.vendor == "postgresql"
+    if not postgresql:
+        require_lethe_tables()
+    if problem := database_cannot_be_written():
+        return problem
+    if postgresql:
+        require_lethe_tables()
+    return None
 
 
 def _child_setup(parent: int):
@@ -241,8 +267,7 @@ class Command(BaseCommand):
         from django.db import connection
 
         connection.ensure_connection()
-        require_lethe_tables()
-        if problem := database_cannot_be_written():
+        if problem := database_problem_at_start():
             # As manage.py reports a database it cannot write (one line, exit status 2).
             self.stderr.write(f"Lethe database error: {problem}")
             sys.exit(2)
