@@ -168,7 +168,26 @@ def project_path(raw: str) -> Path:
     return path if path.is_absolute() else BASE_DIR / path
 
 
-VAR_DIR = private_var_dir(project_path(os.environ.get("LETHE_VAR_DIR") or "var"))
+def path_value(name: str) -> str | None:
+    """The path the variable `name` holds; None when it is unset or blank, as for every other
+    variable. A value with a blank at its start or end is refused (r114: LETHE_VAR_DIR="  " made
+    and used a folder named two spaces in the project folder; a stray blank around a path, from
+    a quoted line of an environment file, would name another folder, and stripping it is a guess)."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return None
+    if raw != raw.strip():
+        raise ImproperlyConfigured(f"{name} must be a path with no blank at its start or end (unset or blank: the "
+                                   f"default), not {_shown(raw)}.")
+    return raw
+
+
+def env_path(name: str, default: str | Path) -> Path:
+    """project_path of the variable `name`, or of `default` when it is unset or blank."""
+    return project_path(path_value(name) or default)
+
+
+VAR_DIR = private_var_dir(env_path("LETHE_VAR_DIR", "var"))
 
 _PRIVATE_SQLITE: set[str] = set()
 
@@ -418,7 +437,7 @@ DB_LOCK_WAIT_SECONDS = env_float("DB_LOCK_WAIT_SECONDS", 20, 0.1, 600)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # The engine's data directory: event logs, receipts, artifacts and the subagent fleet file.
-ENGINE_HOME = project_path(os.environ["ENGINE_HOME"]) if os.environ.get("ENGINE_HOME") else VAR_DIR / "engine"
+ENGINE_HOME = env_path("ENGINE_HOME", VAR_DIR / "engine")
 # Empty: the engine is embedded in this process. A URL: another Lethe serving the engine API.
 ENGINE_URL = from_env("ENGINE_URL", "", "empty (the embedded engine) or an http:// or https:// URL with a host, "
                       "such as https://engine.example:8150", http_url)
@@ -462,6 +481,11 @@ ERASURE_HORIZON_WAIT = env_float("LETHE_ERASURE_HORIZON_WAIT", 10, 0, 3600)
 # Free disk space the jobs that write copies (a backup, SQLite's Compact database) leave on the
 # disk they write to: they do not start, or stop, rather than go below it
 DISK_RESERVE_BYTES = env_int("LETHE_DISK_RESERVE_BYTES", 256 * 1024**2, 0, 2**62, "a whole number of bytes")
+# The backup folder and the folder of pg_dump are read where they are used (retention/backups.py:
+# the environment variable, or a Django setting of that name); their values are checked here, at
+# start, as every other path's.
+path_value("LETHE_BACKUP_DIR")
+path_value("LETHE_PG_BIN_DIR")
 
 INSTALLED_APPS = [
     "django.contrib.auth",
@@ -544,7 +568,7 @@ TIME_ZONE = "UTC"
 
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = project_path(os.environ.get("STATIC_ROOT") or "staticfiles")
+STATIC_ROOT = env_path("STATIC_ROOT", "staticfiles")
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
@@ -640,9 +664,13 @@ Q_CLUSTER = {
     "label": "Jobs",
 }
 
-# Where gunicorn's worker processes add up their request figures (serve empties it at start and
-# hands it to gunicorn as this absolute path).
-METRICS_DIR = project_path(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or str(VAR_DIR / "prometheus"))
+# Where gunicorn's worker processes add up their request figures (serve removes the figures files
+# of an earlier run from it at start, and hands it to gunicorn as this absolute path).
+METRICS_DIR = env_path("PROMETHEUS_MULTIPROC_DIR", VAR_DIR / "prometheus")
+if path_value("PROMETHEUS_MULTIPROC_DIR") is None:
+    # Blank is unset here too: prometheus-client reads the variable itself and takes even a blank
+    # one for its multiprocess mode, writing its files into the current folder (r114).
+    os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
 
 # Logs: JSON lines on stderr (LOG_FORMAT=json, the default) or text (LOG_FORMAT=text); never
 # content (see ops/logs.py). ACCESS_LOG=false drops the one line per request.

@@ -13,7 +13,7 @@ from console.settings import *  # noqa: E402, F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # A configured ENGINE_HOME as settings resolved it (a relative one from the project folder).
-ENGINE_HOME = ENGINE_HOME if os.environ.get("ENGINE_HOME") else Path(tempfile.mkdtemp(prefix="lethe-engine-"))  # noqa: F405
+ENGINE_HOME = ENGINE_HOME if os.environ.get("ENGINE_HOME", "").strip() else Path(tempfile.mkdtemp(prefix="lethe-engine-"))  # noqa: F405
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},

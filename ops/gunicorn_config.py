@@ -30,7 +30,10 @@ from ops.logs import logging_config
 # gunicorn started by hand from another folder: a relative PROMETHEUS_MULTIPROC_DIR is taken from
 # the project folder, as in the settings (serve already hands it over absolute). prometheus-client
 # reads the variable itself in the master and in every worker, so it is set here, before they fork.
-if (_metrics := os.environ.get("PROMETHEUS_MULTIPROC_DIR")) and not Path(_metrics).is_absolute():
+# A blank one is unset, as in the settings (r114).
+if (_metrics := os.environ.get("PROMETHEUS_MULTIPROC_DIR")) is not None and not _metrics.strip():
+    del os.environ["PROMETHEUS_MULTIPROC_DIR"]
+elif _metrics and not Path(_metrics).is_absolute():
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(Path(__file__).resolve().parent.parent / _metrics)
 
 

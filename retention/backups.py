@@ -154,8 +154,10 @@ class _Cancelled(Exception):
 
 def _configured(name: str) -> str | Path | None:
     """A Django setting of that name, else the environment variable (settings.py does not
-    declare these two, so operators set them in the environment)."""
-    return getattr(settings, name, None) or os.environ.get(name) or None
+    declare these two, so operators set them in the environment; it refuses a value with a
+    blank at its start or end). A blank variable is unset, as every other (r114: "  " was a
+    folder named two spaces in the project folder)."""
+    return getattr(settings, name, None) or (os.environ.get(name) or "").strip() or None
 
 
 # ---- The folder -------------------------------------------------------------------------

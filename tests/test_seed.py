@@ -265,6 +265,52 @@ def test_it_never_prints_a_kept_password_an_account_no_longer_has(monkeypatch, s
     assert f"member / {kept}" in out.getvalue()
 
 
+@pytest.mark.parametrize("chosen", ["a", "seven77", "   ", " " * 12])
+def test_a_demo_password_the_password_rules_refuse_is_refused_and_changes_nothing(monkeypatch, settings, tmp_path,
+                                                                                   chosen):
+    """r114: LETHE_DEMO_PASSWORD "a" or "   " became both demo users' password, though the password
+    rules (AUTH_PASSWORD_VALIDATORS) ask for 8 characters; a password of blanks only is refused too."""
+    from django.core.management.base import CommandError
+
+    settings.VAR_DIR = tmp_path
+    users = get_user_model().objects
+    refusal = "Nothing was seeded or changed: LETHE_DEMO_PASSWORD is not a password Lethe accepts: "
+    monkeypatch.setenv("LETHE_DEMO_PASSWORD", chosen)
+    with pytest.raises(CommandError, match=refusal) as caught:  # a new database
+        call_command("seed_demo", "--conversations", "2", "--messages", "2", "--if-empty", stdout=io.StringIO())
+    assert caught.value.returncode == 2
+    assert not users.exists() and not m.Conversation.objects.exists()
+
+    monkeypatch.setenv("LETHE_DEMO_PASSWORD", "demo-pass-123")
+    call_command("seed_demo", "--conversations", "2", "--messages", "2", stdout=io.StringIO())
+    monkeypatch.setenv("LETHE_DEMO_PASSWORD", chosen)
+    out = io.StringIO()
+    with pytest.raises(CommandError, match=refusal) as caught:  # demo users already there
+        call_command("seed_demo", "--if-empty", stdout=out)
+    assert caught.value.returncode == 2 and out.getvalue() == ""
+    assert {u.username: u.check_password("demo-pass-123") for u in users.all()} == {"admin": True, "member": True}
+    assert not any(u.check_password(chosen) for u in users.all())
+    # --no-users sets no password: nothing to refuse
+    monkeypatch.setenv("LETHE_DEMO_PASSWORD", chosen)
+    call_command("seed_demo", "--if-empty", "--no-users", stdout=io.StringIO())
+
+
+def test_seed_demo_refuses_a_short_demo_password_in_one_line(tmp_path):
+    from tests.migrated import migrate
+
+    env = {**{k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "ENGINE_URL")},
+           "DATABASE_URL": f"sqlite:///{tmp_path / 'lethe.sqlite3'}", "LETHE_VAR_DIR": str(tmp_path / "var"),
+           "ENGINE_HOME": str(tmp_path / "engine"), "DJANGO_SETTINGS_MODULE": "console.settings_test",
+           "LETHE_DEMO_PASSWORD": "a"}
+    migrate(env)
+    result = subprocess.run([sys.executable, "manage.py", "seed_demo", "--if-empty"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", (
+        "CommandError: Nothing was seeded or changed: LETHE_DEMO_PASSWORD is not a password Lethe accepts: This "
+        "password is too short. It must contain at least 8 characters. Set another one, or unset it to have one "
+        "generated.\n"))
+
+
 def test_make_runs_seed_on_an_install_with_accounts_of_its_own_adds_and_changes_no_user(monkeypatch, settings,
                                                                                         tmp_path):
     """r22: `seed_demo --if-empty` (what `make run` does) on a database set up with its own admin

@@ -32,7 +32,8 @@ READ = ("LETHE_VAR_DIR", "SECRET_KEY", "SECRET_KEY_FILE", "DEBUG", "ALLOWED_HOST
         "LETHE_TOOL_JOB_LEASE_SECONDS", "LETHE_TOOL_JOB_STEP_SECONDS",
         "LETHE_TOOL_CLEANUP_BATCH", "LETHE_TOOL_CLEANUP_BATCH_BYTES", "LETHE_TOOL_CLEANUP_CONVERSATIONS",
         "LETHE_TOOL_CLEANUP_BATCH_SECONDS", "LETHE_TOOL_CLEANUP_PAUSE",
-        "LETHE_TOOL_ANALYSIS_BATCH", "LETHE_ERASURE_HORIZON_WAIT")
+        "LETHE_TOOL_ANALYSIS_BATCH", "LETHE_ERASURE_HORIZON_WAIT", "PROMETHEUS_MULTIPROC_DIR", "LETHE_BACKUP_DIR",
+        "LETHE_PG_BIN_DIR")
 KEY = "lethe-settings-env-tests-" + "k" * 40
 
 
@@ -390,6 +391,74 @@ def test_a_relative_backup_folder_is_taken_from_the_project_folder(settings, tmp
     assert (project / "var" / "backups").is_dir() and os.listdir(elsewhere) == []
 
 
+# Paths: blank is unset, a blank around one is refused ----------------------------------------
+
+def quoted(value: str) -> str:
+    """A value as a configuration error quotes it: escaped, cut after 60 characters."""
+    return repr(value if len(value) <= 60 else value[:60] + "…")
+
+
+PATHS = ("LETHE_VAR_DIR", "ENGINE_HOME", "STATIC_ROOT", "PROMETHEUS_MULTIPROC_DIR", "LETHE_BACKUP_DIR",
+         "LETHE_PG_BIN_DIR")
+
+
+@pytest.mark.parametrize("name", PATHS)
+@pytest.mark.parametrize("where", ["leading", "trailing", "tab"])
+def test_a_path_with_a_blank_at_its_start_or_end_is_refused_naming_the_variable(monkeypatch, tmp_path, name, where):
+    """r114: the blank was part of the folder's name (another folder than meant); stripping it
+    would be a guess."""
+    value = {"leading": " probe-blank-path", "trailing": f"{tmp_path}/probe ", "tab": "\tprobe-blank-path"}[where]
+    try:
+        assert refused(monkeypatch, tmp_path, **{name: value}) == (
+            f"{name} must be a path with no blank at its start or end (unset or blank: the default), not "
+            f"{quoted(value)}.")
+        assert not (tmp_path / "probe ").exists()
+    finally:  # what LETHE_VAR_DIR made where it was taken (r114)
+        for made in (ROOT / " probe-blank-path", ROOT / "\tprobe-blank-path"):
+            if made.is_dir():
+                shutil.rmtree(made)
+
+
+def test_a_blank_path_is_unset_and_means_the_default(monkeypatch, tmp_path):
+    s = load(monkeypatch, tmp_path, ENGINE_HOME="  ", STATIC_ROOT=" ", PROMETHEUS_MULTIPROC_DIR="\t ",
+             LETHE_BACKUP_DIR="  ", LETHE_PG_BIN_DIR=" ")
+    defaults = {"ENGINE_HOME": tmp_path / "var" / "engine", "METRICS_DIR": tmp_path / "var" / "prometheus",
+                "STATIC_ROOT": ROOT / "staticfiles"}
+    assert {name: getattr(s, name) for name in defaults} == defaults
+    # prometheus-client reads the variable itself, and takes even a blank one for its
+    # multiprocess mode (its files then in the current folder): unset, as the settings take it.
+    assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ
+
+
+SHOW_BLANK_PATHS = """
+import os
+from django.conf import settings
+from retention.backups import _configured, configured_backup_dir
+print(settings.VAR_DIR, settings.ENGINE_HOME, configured_backup_dir(), settings.METRICS_DIR, settings.STATIC_ROOT,
+      _configured("LETHE_PG_BIN_DIR"), os.environ.get("PROMETHEUS_MULTIPROC_DIR"), sep="|")
+"""
+
+
+def test_blank_path_variables_are_the_defaults_and_make_no_folder_named_blanks(tmp_path):
+    """r114's repro: LETHE_VAR_DIR="  " made and used a folder named two spaces in the project folder;
+    ENGINE_HOME, LETHE_BACKUP_DIR, PROMETHEUS_MULTIPROC_DIR and STATIC_ROOT of blanks named one too."""
+    blanks = ROOT / "  "
+    assert not blanks.exists()
+    try:
+        shown = manage(tmp_path, "shell", "-v0", "-c", SHOW_BLANK_PATHS, LETHE_VAR_DIR="  ", ENGINE_HOME="  ",
+                       LETHE_BACKUP_DIR="  ", PROMETHEUS_MULTIPROC_DIR="  ", STATIC_ROOT="  ", LETHE_PG_BIN_DIR="  ")
+        made = blanks.exists()
+    finally:
+        if blanks.is_dir():
+            shutil.rmtree(blanks)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    var = ROOT / "var"
+    assert shown.stdout.strip().split("|") == [
+        str(var), str(var / "engine"), str(var / "backups"), str(var / "prometheus"), str(ROOT / "staticfiles"), "None",
+        "None"]
+    assert not made
+
+
 # manage.py: one line, exit 2 ----------------------------------------------------------------
 
 @pytest.mark.parametrize(("env", "expected"), [
@@ -403,6 +472,8 @@ def test_a_relative_backup_folder_is_taken_from_the_project_folder(settings, tmp
     ({"DATABASE_URL": "postgres://postgres:hunter2@127.0.0.1:5432/lethe?sslmode=bogus&nonsense=1"},
      "DATABASE_URL's sslmode must be one of disable, allow, prefer, require, verify-ca or verify-full, not 'bogus'."),
     ({"DATABASE_URL": "sqlite://lethe:Sup3rS3cretPw@db.internal/lethe"}, "('lethe:***@db.internal' in "),
+    ({"LETHE_BACKUP_DIR": "/srv/backups "}, "LETHE_BACKUP_DIR must be a path with no blank at its start or end (unset "
+                                            "or blank: the default), not '/srv/backups '."),
 ])
 def test_manage_py_prints_one_line_and_exits_2(tmp_path, env, expected):
     result = manage(tmp_path, "check", **env)
@@ -410,6 +481,14 @@ def test_manage_py_prints_one_line_and_exits_2(tmp_path, env, expected):
     assert result.stderr.startswith("Lethe configuration error: ") and result.stderr.count("\n") == 1
     assert expected in result.stderr and "Traceback" not in result.stderr
     assert result.stdout == "" and "hunter2" not in result.stderr and "S3cret" not in result.stderr
+
+
+def test_a_var_folder_with_a_blank_at_its_end_is_refused_in_one_line_and_not_made(tmp_path):
+    result = manage(tmp_path, "migrate", "-v0", LETHE_VAR_DIR=f"{tmp_path}/var ")
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", (
+        "Lethe configuration error: LETHE_VAR_DIR must be a path with no blank at its start or end (unset or blank: "
+        f"the default), not {quoted(f'{tmp_path}/var ')}.\n"))
+    assert not (tmp_path / "var ").exists()
 
 
 def test_a_sqlite_url_with_two_slashes_is_refused_and_no_database_is_made(tmp_path):

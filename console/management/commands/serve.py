@@ -15,10 +15,13 @@ Both children stop together, however serve ends:
   when their master does.
 - one child exits: the console is not whole, so serve stops the other and exits non-zero.
 
-The web server's request figures live in PROMETHEUS_MULTIPROC_DIR, which serve empties at
-start. Before that it takes an exclusive lock beside the folder (`<folder>.lock`) and keeps it
+The web server's request figures live in PROMETHEUS_MULTIPROC_DIR, from which serve removes
+the figures files of an earlier run at start (prometheus-client's own names, nothing else).
+Before that it takes an exclusive lock beside the folder (`<folder>.lock`) and keeps it
 for its whole life, so a second serve given the same folder exits 2 and empties nothing
-instead of wiping the running server's figures.
+instead of wiping the running server's figures. A folder that is or holds the database, the
+engine folder, LETHE_VAR_DIR or the backup folder, or that holds another `*.db` file, stops
+serve in one line (exit 2) before anything is removed.
 
 The children are listed in `commands()`; swapping the application server is a change to
 that one function.
@@ -43,6 +46,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
+from prometheus_client.metrics import Gauge
 
 from console.management.cli import require_lethe_tables
 from console.sqlite.base import first_file_env
@@ -100,6 +104,60 @@ def metrics_dir() -> Path:
     return Path(settings.METRICS_DIR)
 
 
+# The names prometheus-client gives its multiprocess files (prometheus_client/values.py:
+# "<type>_<pid>.db", a gauge's type being "gauge_<mode>"; ops/metrics.py makes them through the
+# same names): the only files serve removes from the metrics folder (r114: it removed every
+# "*.db", a SQLite database named lethe.db in that folder included).
+_GAUGE_MODES = "|".join(sorted(Gauge._MULTIPROC_MODES))
+FIGURES_FILE = re.compile(rf"(?:counter|histogram|summary|gauge_(?:{_GAUGE_MODES}))_[0-9]+\.db")
+
+
+def is_figures_file(path: Path) -> bool:
+    return FIGURES_FILE.fullmatch(path.name) is not None and path.is_file()
+
+
+def metrics_dir_refusal(folder: Path) -> str | None:
+    """Why the metrics folder must not be used; None when it may. Each reason is a folder whose
+    files serve would remove or prometheus-client read: the root folder, one that is or holds
+    the SQLite database, ENGINE_HOME, LETHE_VAR_DIR or the backup folder (r114: the database in
+    it was removed at start), or one holding a `*.db` file that is not a figures file (every
+    /metrics scrape reads each `*.db` there as figures and fails on any other file; serve leaves
+    it where it is). Files of other names (a README) are left alone and stop nothing."""
+    from retention.backups import configured_backup_dir
+
+    named = f"PROMETHEUS_MULTIPROC_DIR names {folder}"
+    advice = ("Set PROMETHEUS_MULTIPROC_DIR to a folder of its own (unset: $LETHE_VAR_DIR/prometheus): serve "
+              "removes the request figures files of an earlier run from it at every start.")
+    real = Path(os.path.realpath(folder))
+    if real == real.parent:
+        return f"{named}, the root folder. {advice}"
+    kept = []
+    if database := database_path():  # where the file is, not what a symbolic link of that name points to
+        kept.append(("the SQLite database file",
+                     Path(os.path.realpath(os.path.dirname(database))) / os.path.basename(database)))
+    kept += [(what, Path(os.path.realpath(path))) for what, path in (
+        ("ENGINE_HOME", settings.ENGINE_HOME), ("LETHE_VAR_DIR", settings.VAR_DIR),
+        ("the backup folder", configured_backup_dir()))]
+    for what, path in kept:
+        if path == real or real in path.parents:
+            return f"{named}, which {'is' if path == real else 'holds'} {what} ({path}). {advice}"
+    try:  # as prometheus-client's glob("*.db"), which passes over hidden files
+        foreign = sorted(entry.name for entry in real.iterdir()
+                         if entry.name.endswith(".db") and not entry.name.startswith(".")
+                         and not is_figures_file(entry))
+    except FileNotFoundError:
+        return None  # made, empty, at start
+    except OSError:
+        return None  # not a readable folder: empty_metrics_dir says so
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        it = "it" if len(foreign) == 1 else "them"
+        return (f"{named}, which holds {shown}, not request figures files: every /metrics answer would read {it} "
+                f"as figures and fail. Move {it} out of the folder, or set PROMETHEUS_MULTIPROC_DIR to a folder of "
+                "its own (serve leaves other files there as they are).")
+    return None
+
+
 # The open lock file of the metrics folder this process claimed; held until it exits. Open
 # files are not inherited by the children (close-on-exec), so the lock ends with this process.
 _metrics_lock = None
@@ -111,6 +169,8 @@ def claim_metrics_dir() -> Path:
     when another process holds it."""
     global _metrics_lock
     folder = metrics_dir()
+    if not folder.name:  # "/" (r114: with_name raised ValueError, a traceback)
+        raise ImproperlyConfigured(metrics_dir_refusal(folder))
     lock_path = folder.with_name(folder.name + ".lock")
     if _metrics_lock is not None and _metrics_lock.name == str(lock_path):
         return folder
@@ -131,13 +191,17 @@ def claim_metrics_dir() -> Path:
 
 
 def empty_metrics_dir() -> None:
-    """Before gunicorn starts: the folder is this process's (claim_metrics_dir), exists and
-    holds no figures of an earlier run."""
+    """Before gunicorn starts: the folder may be used (metrics_dir_refusal; a setting to fix, as
+    any other: exit 2), is this process's (claim_metrics_dir), exists and holds no figures of an
+    earlier run. Only figures files are removed."""
+    if refusal := metrics_dir_refusal(metrics_dir()):
+        raise ImproperlyConfigured(refusal)
     folder = claim_metrics_dir()
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        for stale in folder.glob("*.db"):
-            stale.unlink()
+        for stale in folder.iterdir():
+            if is_figures_file(stale):
+                stale.unlink()
     except OSError as error:
         raise _metrics_dir_unwritable(folder, error) from None
 

@@ -8,6 +8,8 @@ from datetime import date
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
@@ -65,6 +67,8 @@ class Command(BaseCommand):
             # `make run` on it added a known-password admin account and demo conversations)
             self.stdout.write("This database has accounts of its own: no demo data or users were added or changed.")
             return
+        if not no_users:
+            self.check_chosen_password()
         self.logins: list[str] = []  # said once what made them is committed
         if self.seeded_already(if_empty, no_users):  # (no wait behind a seed running now, see below)
             self.say_logins()
@@ -136,6 +140,25 @@ class Command(BaseCommand):
                       " Set ENGINE_HOME to this database's folder, or check it and run manage.py engine_folder --adopt.")
             raise CommandError(f"Nothing was seeded: the engine folder {exc.root} is {engine_folder.described(exc.root, exc.reason)}."
                                + advice, returncode=2) from None
+
+    @staticmethod
+    def check_chosen_password() -> None:
+        """LETHE_DEMO_PASSWORD, when set, is one the password rules (AUTH_PASSWORD_VALIDATORS)
+        accept, and not only blanks; else one line, exit 2, before anything is seeded or changed
+        (r114: "a" and "   " became the demo users' passwords). The value is not shown."""
+        chosen = os.environ.get("LETHE_DEMO_PASSWORD", "")
+        if not chosen:
+            return
+        if not chosen.strip():
+            why = "It is only blanks."
+        else:
+            try:
+                validate_password(chosen)
+                return
+            except ValidationError as error:
+                why = " ".join(error.messages)
+        raise CommandError(f"Nothing was seeded or changed: LETHE_DEMO_PASSWORD is not a password Lethe accepts: "
+                           f"{why} Set another one, or unset it to have one generated.", returncode=2)
 
     def say_logins(self) -> None:
         for line in self.logins:
