@@ -362,6 +362,8 @@ def read_secret_key() -> str:
     var/secret-key, which `make setup` creates with 0600 permissions). Without either, only DEBUG=true starts, on a development key.
     """
     if key := os.environ.get("SECRET_KEY", "").strip():
+        if any(ord(c) < 32 or ord(c) == 127 for c in key):
+            raise ImproperlyConfigured("SECRET_KEY holds a control character; the key is one line of printable text.")
         return key
     named = os.environ.get("SECRET_KEY_FILE", "").strip()
     path = project_path(named) if named else VAR_DIR / "secret-key"
@@ -382,8 +384,11 @@ def read_secret_key() -> str:
         except (OSError, UnicodeDecodeError) as error:
             reason = error.strerror if isinstance(error, OSError) else "it is not text"
             raise ImproperlyConfigured(f"{label} cannot be read: {reason}.") from None
-        if key:
+        if key and not any(ord(c) < 32 or ord(c) == 127 for c in key):
             return key
+        if key:  # (r120: a NUL in it stopped serve with a traceback: it goes to serve's children's environment)
+            raise ImproperlyConfigured(f"{label} holds a control character (a NUL, a line break...); the key is "
+                                       "one line of printable text.")
         raise ImproperlyConfigured(f"{label} is empty.")
     if named:
         raise ImproperlyConfigured(f"SECRET_KEY_FILE names {path}, which does not exist.")
@@ -419,13 +424,21 @@ def trusted_origins(raw: str) -> list[str]:
     Django's multi-line system check instead of one line)."""
     origins = [o.strip() for o in raw.split(",") if o.strip()]
     for origin in origins:
-        if not origin.startswith(("http://", "https://")) or not urlsplit(origin).netloc:
+        try:
+            parts = urlsplit(origin)
+            parts.port  # noqa: B018 (a port that is not a number raises)
+        except ValueError:
+            raise ValueError(origin) from None
+        # scheme and host (and port) only: one with a path or a trailing "/" matched no browser's
+        # Origin, and every sign-in through the proxy was "form expired" (r120)
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.path or parts.query or parts.fragment \
+                or "#" in origin or "?" in origin:
             raise ValueError(origin)
     return origins
 
 
-CSRF_TRUSTED_ORIGINS = from_env("CSRF_TRUSTED_ORIGINS", [], "origins with their scheme separated by commas, "
-                                "such as https://lethe.example.org", trusted_origins)
+CSRF_TRUSTED_ORIGINS = from_env("CSRF_TRUSTED_ORIGINS", [], "origins (a scheme and a host, no path or "
+                                "trailing /) separated by commas, such as https://lethe.example.org", trusted_origins)
 
 DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'lethe.sqlite3'}"
 DATABASES = {"default": database_from_url(DATABASE_URL)}

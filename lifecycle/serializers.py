@@ -391,7 +391,7 @@ def operation_json(op: DeleteOperation, reads: OperationReads | None = None) -> 
     from lifecycle import fleet
     from lifecycle.deletion import reasons
     from lifecycle.deletion.errors import error_message
-    from lifecycle.deletion.executor import stalled, with_current_periods
+    from lifecycle.deletion.executor import OPERATOR_FIRST, stalled, with_current_periods
     from lifecycle.deletion.physical import holders_now
 
     reads = reads or OperationReads()
@@ -436,9 +436,13 @@ def operation_json(op: DeleteOperation, reads: OperationReads | None = None) -> 
         "step": op.step or None,
         "steps": steps,
         "attempts": op.attempts,
-        "error": op.last_error or None,
-        "error_message": error_message(op.last_error) or None,
-        "stalled": (is_stalled := stalled(op)),
+        # Stalled by runs that died after an error that is retried (its words say so): what
+        # stopped the delete is those runs, said as "stalled" (r120: the page said both "is
+        # retried" and "no longer retried by itself")
+        "error": (shown_error := "stalled" if (is_stalled := stalled(op)) and op.last_error
+                  and op.last_error not in OPERATOR_FIRST else op.last_error) or None,
+        "error_message": error_message(shown_error) or None,
+        "stalled": is_stalled,
         "next_attempt_at": iso(op.next_attempt_at) if op.state == DeleteState.PENDING and not is_stalled else None,
         "requested_at": iso(op.requested_at),
         "completed_at": iso(op.completed_at),

@@ -106,7 +106,21 @@ def test_a_delete_waiting_for_its_folder_is_retried_for_as_long_as_it_takes(engi
     assert answer["next_attempt_at"] and answer["next_attempt_at"].startswith(
         op.next_attempt_at.astimezone(m.timezone.UTC).strftime("%Y-%m-%dT%H:%M:%S"))
     m.DeleteOperation.objects.filter(pk=op.pk).update(next_attempt_at=None)  # its back-off, passed
-    unmounted.rename(engine_home)  # mounted again: the next retry finishes it, no admin needed
+    # r120: runs that die count, runs that waited do not: killed once now (its lease left to a
+    # dead holder), the delete is retried again; killed four more times in a row, it stalls, and
+    # says so alone (not "it goes on once the folder is back" beside "no longer retried")
+    for kill in range(executor.MAX_STALLED):
+        assert executor.take_lease(op.pk) is not None, kill  # a run that takes it, then dies
+        m.DeleteOperation.objects.filter(pk=op.pk).update(lease_holder="somehost:1:dead", next_attempt_at=None,
+                                                          lease_expires_at=m.timezone.now())
+        op.refresh_from_db()
+        assert executor.stalled(op) == (kill == executor.MAX_STALLED - 1), kill
+    answer = admin_client.get(f"/v1/operations/{op.public_id}", HTTP_HOST="127.0.0.1").json()
+    assert (answer["stalled"], answer["error"]) == (True, "stalled")
+    shown = admin_client.get(f"/operations/{op.public_id}/", HTTP_HOST="127.0.0.1").content.decode()
+    assert "no longer retried by itself" in shown and "it goes on once" not in shown
+    admin_client.post(f"/operations/{op.public_id}/retry/", HTTP_HOST="127.0.0.1")
+    unmounted.rename(engine_home)  # mounted again: the next retry finishes it
     assert op.pk in executor.outstanding()
     assert executor.run_erasure(op.pk) == "completed"
     assert files_of(target) == [] and not m.Item.objects.filter(conversation=target).exists()

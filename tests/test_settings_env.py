@@ -666,4 +666,23 @@ def test_database_url_escapes_a_socket_folder_and_trusted_origins(monkeypatch, t
     message = refused(monkeypatch, tmp_path, DATABASE_URL="sqlite:///var/my#1.sqlite3")
     assert message.startswith('DATABASE_URL must have no "#"') and "%23" in message
     message = refused(monkeypatch, tmp_path, CSRF_TRUSTED_ORIGINS="https://ok.example, lethe.example.org")
-    assert message.startswith("CSRF_TRUSTED_ORIGINS must be origins with their scheme") and "\n" not in message
+    assert message.startswith("CSRF_TRUSTED_ORIGINS must be origins (a scheme and a host") and "\n" not in message
+    for bad in ("https://lethe.example.org/", "https://lethe.example.org/lethe", "https://x.example?a=1",
+                "https://x.example:port", "ftp://x.example"):
+        assert "must be origins" in refused(monkeypatch, tmp_path, CSRF_TRUSTED_ORIGINS=bad), bad  # r120
+    assert load(monkeypatch, tmp_path, CSRF_TRUSTED_ORIGINS="https://[::1]:8443").CSRF_TRUSTED_ORIGINS == [
+        "https://[::1]:8443"]
+
+
+def test_a_secret_key_with_a_control_character_is_refused_in_one_line(monkeypatch, tmp_path):
+    """r120: a NUL in the key file stopped serve with a traceback (the key goes into its
+    children's environment); refused at start, the key not shown."""
+    key = tmp_path / "key"
+    key.write_bytes(b"abc\x00def" + b"k" * 50)
+    key.chmod(0o600)
+    monkeypatch.delenv("SECRET_KEY", raising=False)
+    for name in READ:
+        monkeypatch.delenv(name, raising=False)
+    message = refused(monkeypatch, tmp_path, SECRET_KEY="", SECRET_KEY_FILE=str(key))
+    assert "holds a control character" in message and "abc" not in message and "\n" not in message
+    assert "holds a control character" in refused(monkeypatch, tmp_path, SECRET_KEY="abc\x01" + "k" * 50)

@@ -7,8 +7,9 @@ SIGKILL at any line:
    or its holder is a dead process on this host. Count the attempt (`attempts`, and
    `stalled_attempts` since the last step that finished); past MAX_STALLED the operation
    is left Pending for an admin to retry instead of looping on a step that kills its worker
-   (a run that ends on an error it caught is retried every BACKOFF_SECONDS[-1], unless its way
-   out is an operator's act first: OPERATOR_FIRST).
+   (a run that ends on an error it caught gives its attempt back and is retried, every
+   BACKOFF_SECONDS[-1] while the same error lasts, unless its way out is an operator's act
+   first: OPERATOR_FIRST).
 2. After the fingerprints, the table stores holding nothing of the conversation are marked
    done together (one query finds them, one transaction marks them). For each other step
    not done, in order: measure and commit the figures (once), erase what is still there
@@ -265,10 +266,14 @@ def _run(op: DeleteOperation, started: float, progress: Progress | None, budget:
         fields: dict[str, Any] = {"last_error": code, **({"step": current} if current else {})}
         if code not in OPERATOR_FIRST:
             # A run that ended on an error it caught is waiting for something outside (a folder
-            # back, free space, the database): retried at the longest back-off for as long as it
-            # lasts, as its words say; only runs that die (killed on a step) stall it (r103: after
-            # five such runs nothing retried it, while the page said it goes on once the folder is back).
-            fields["stalled_attempts"] = min(op.stalled_attempts, MAX_STALLED - 1)
+            # back, free space, the database): it gives back the attempt it counted, so only runs
+            # that die (killed on a step) stall the delete (r103: after five such runs nothing
+            # retried it, while the page said it goes on once the folder is back; r120: with the
+            # count held just under the limit, one run killed after them stalled it). Retried in
+            # 30 s after a first such error, every 10 minutes while the same one lasts.
+            again = BACKOFF_SECONDS[-1] if op.last_error == code else BACKOFF_SECONDS[2]
+            fields.update(stalled_attempts=max(op.stalled_attempts - 1, 0),
+                          next_attempt_at=timezone.now() + timedelta(seconds=again))
         DeleteOperation.objects.filter(pk=op.pk, state=DeleteState.PENDING).update(**fields)
         if code == "internal_error" and settings.DEBUG:
             raise
