@@ -177,6 +177,32 @@ def assert_focus_between_bars(page: Page) -> None:
     assert box["top"] >= box["above"] - 0.5 and start_end <= box["below"] + 0.5, f"focus out of view: {box}"
 
 
+_NEXT_AFTER = """
+(selector) => {
+  const refusal = document.querySelector(selector), a = document.activeElement;
+  return {follows: !!(refusal.compareDocumentPosition(a) & Node.DOCUMENT_POSITION_FOLLOWING),
+          inMain: !!a.closest("main"), text: a.textContent.trim()};
+}
+"""
+
+
+def confirm_refused_as_changed(page: Page, refusal_selector: str) -> None:
+    """Confirm a delete by keyboard whose preview no longer holds: 409, the refusal's message
+    has the focus, in view between the bars, and the next Tab goes on into the page after it."""
+    page.get_by_role("button", name="Delete for good").focus()
+    with page.expect_navigation() as answer:
+        page.keyboard.press("Enter")
+    assert answer.value.status == 409
+    page.wait_for_load_state("load")
+    refusal = page.locator(refusal_selector)
+    expect(refusal).to_contain_text("changed after the page was shown")
+    expect(refusal).to_be_focused()
+    assert_focus_between_bars(page)
+    page.keyboard.press("Tab")
+    after = page.evaluate(_NEXT_AFTER, refusal_selector)
+    assert after["follows"] and after["inMain"], after
+
+
 def conversation_with_long_output(*, deletable: bool = False) -> tuple[Conversation, Item]:
     """The newest recent conversation that has a tool row whose output is cut short (with
     `deletable`, one a delete request would admit now)."""

@@ -12,8 +12,8 @@ from playwright.sync_api import expect
 
 from e2e.conftest import ADMIN, MEMBER
 from e2e.helpers import (
-    assert_focus_between_bars,
     check_layout,
+    confirm_refused_as_changed,
     expect_said,
     log_in,
     open_from_list,
@@ -238,20 +238,5 @@ def test_a_confirmation_refused_as_changed_starts_at_its_message_on_a_short_phon
     page.goto(f"{live_server.url}/conversations/{conversation.public_id}/delete/")
     page.wait_for_load_state("load")
     factories.add_message(conversation, content="late")
-    page.get_by_role("button", name="Delete for good").focus()
-    with page.expect_navigation() as answer:
-        page.keyboard.press("Enter")
-    assert answer.value.status == 409
-    page.wait_for_load_state("load")
-    refusal = page.locator(".alert-error")
-    expect(refusal).to_contain_text("changed after the page was shown")
-    expect(refusal).to_be_focused()
-    assert_focus_between_bars(page)
-    page.keyboard.press("Tab")
-    after = page.evaluate("""() => {
-      const refusal = document.querySelector(".alert-error"), a = document.activeElement;
-      return {follows: !!(refusal.compareDocumentPosition(a) & Node.DOCUMENT_POSITION_FOLLOWING),
-              inMain: !!a.closest("main"), text: a.textContent.trim()};
-    }""")
-    assert after["follows"] and after["inMain"], after
+    confirm_refused_as_changed(page, ".alert-error")
     assert not DeleteOperation.objects.exists() and Conversation.objects.get(pk=conversation.pk).state == "live"

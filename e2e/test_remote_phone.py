@@ -19,7 +19,7 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from e2e.conftest import ADMIN
-from e2e.helpers import assert_focus_between_bars, check_layout, expect_said, log_in, screenshot
+from e2e.helpers import check_layout, confirm_refused_as_changed, expect_said, log_in, screenshot
 from remote.models import BoundDelete, EngineBinding
 from remote.sync import refresh
 from tests.remote_engine import ROOT, running_engine
@@ -251,21 +251,6 @@ def test_a_bound_confirmation_refused_as_changed_starts_at_its_message_on_a_shor
         grown = preview()
         grown["stores"] = [{**s, "records": 9} if s["store"] == "lifecycle.Item" else s for s in grown["stores"]]
         shown["stores"] = grown
-        page.get_by_role("button", name="Delete for good").focus()
-        with page.expect_navigation() as answer:
-            page.keyboard.press("Enter")
-        assert answer.value.status == 409
-        page.wait_for_load_state("load")
-        refusal = page.get_by_test_id("delete-error")
-        expect(refusal).to_contain_text("changed after the page was shown")
-        expect(refusal).to_be_focused()
-        assert_focus_between_bars(page)
-        page.keyboard.press("Tab")
-        after = page.evaluate("""() => {
-          const refusal = document.querySelector("[data-testid=delete-error]"), a = document.activeElement;
-          return {follows: !!(refusal.compareDocumentPosition(a) & Node.DOCUMENT_POSITION_FOLLOWING),
-                  inMain: !!a.closest("main"), text: a.textContent.trim()};
-        }""")
-        assert after["follows"] and after["inMain"], after
+        confirm_refused_as_changed(page, "[data-testid=delete-error]")
         assert not [request for request in seen if request[0] == "DELETE"]
     assert not BoundDelete.objects.exists()

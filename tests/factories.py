@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -197,3 +199,23 @@ def end_database_session() -> int:
     finally:
         other.close()
     return pid
+
+
+@contextlib.contextmanager
+def database_read_only() -> Iterator[None]:
+    """PostgreSQL: the tests' database takes no writes (default_transaction_read_only on for it,
+    as on a standby) for the connections opened inside; set back however the block ends."""
+    from django.db import connection
+
+    name = connection.settings_dict["NAME"]
+    with connection.cursor() as cursor:
+        cursor.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+    connection.close()  # the next connection takes the database's setting, as after a restart
+    try:
+        yield
+    finally:
+        connection.close()
+        with connection.cursor() as cursor:
+            cursor.execute("SET default_transaction_read_only = off")
+            cursor.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+        connection.close()

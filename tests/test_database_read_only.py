@@ -22,6 +22,8 @@ from urllib.parse import unquote, urlsplit
 import pytest
 from django.db import connection
 
+from tests import factories
+
 ROOT = Path(__file__).resolve().parent.parent
 
 READ_ONLY_LINE = ("Lethe database error: The database {name} is read-only: its transactions are read-only "
@@ -169,8 +171,6 @@ def requests_setup(transactional_db):
     from django.test import Client
 
     from console.models import ApiToken
-    from tests import factories
-
     admin = factories.make_user("ro-admin", admin=True, password="pw-ro-admin-123")
     token, raw = ApiToken.issue(admin, name="t")
     conversation = factories.make_conversation(title="c")
@@ -201,18 +201,8 @@ def test_a_request_to_a_read_only_database_is_503_unavailable_saying_nothing_was
     from lifecycle.models import Item
 
     client, _token, raw, conversation = requests_setup
-    name = connection.settings_dict["NAME"]
-    with connection.cursor() as cursor:
-        cursor.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
-    connection.close()  # the next connection takes the database's setting
-    try:
+    with factories.database_read_only():
         got = _answers(client, raw, conversation)
-    finally:
-        connection.close()
-        with connection.cursor() as cursor:
-            cursor.execute("SET default_transaction_read_only = off")
-            cursor.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
-        connection.close()
     assert got["read"].status_code == 200  # reads go on: the token's last use is not recorded
     assert ApiToken.objects.get().last_used_at == got["last_used_before"]
     written = got["written"]
@@ -263,22 +253,12 @@ def test_a_request_refused_for_want_of_privileges_is_503_unavailable(requests_se
 
 def test_a_request_to_a_read_only_database_is_said_in_spanish(requests_setup):
     client, _token, raw, conversation = requests_setup
-    name = connection.settings_dict["NAME"]
-    with connection.cursor() as cursor:
-        cursor.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
-    connection.close()
-    try:
+    with factories.database_read_only():
         answer = client.post(f"/v1/threads/{conversation.public_id}/items", {"role": "user", "content": "hola"},
                              content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {raw}",
                              HTTP_ACCEPT_LANGUAGE="es")
         page = client.post("/accounts/login/", {"username": "ro-admin", "password": "pw-ro-admin-123"},
                            HTTP_ACCEPT_LANGUAGE="es")
-    finally:
-        connection.close()
-        with connection.cursor() as cursor:
-            cursor.execute("SET default_transaction_read_only = off")
-            cursor.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
-        connection.close()
     assert answer.status_code == 503 and answer.json()["code"] == "database_unavailable"
     assert answer.json()["message"].startswith("La base de datos es de solo lectura en este momento (un servidor en "
                                                "espera, o una configurada como de solo lectura): no se hizo nada de "

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from ops.jobs import record_run
 from ops.models import JobStat
+from tests import factories
 from tests.migrated import migrate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -266,20 +267,10 @@ def test_a_read_only_postgresql_database_is_not_ready(client):
     if connection.vendor != "postgresql":
         pytest.skip("a PostgreSQL setting")
     record_run("ops.tasks.heartbeat", success=True, seconds=0.01)
-    name = connection.settings_dict["NAME"]
-    with connection.cursor() as cursor:
-        cursor.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
-    connection.close()  # the next connection takes the database's setting, as after a restart
-    try:
+    with factories.database_read_only():
         assert database_check(client) == (503, {"ok": False, "error": "read_only"})
         with connection.cursor() as cursor, pytest.raises(Exception, match="read-only transaction"):
             cursor.execute("UPDATE ops_jobstat SET runs = runs")  # writes fail indeed
-    finally:
-        connection.close()
-        with connection.cursor() as cursor:
-            cursor.execute("SET default_transaction_read_only = off")
-            cursor.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
-        connection.close()
     assert database_check(client) == (200, {"ok": True})
 
 
