@@ -357,12 +357,17 @@ def database_from_url(url: str) -> dict:
 DEBUG = env_bool("DEBUG", False)
 
 
+def _has_control(text: str) -> bool:
+    """Whether `text` holds a C0 control character or DEL (a NUL, a line break...)."""
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+
+
 def read_secret_key() -> str:
     """SECRET_KEY, else the file at SECRET_KEY_FILE (default $LETHE_VAR_DIR/secret-key, that is
     var/secret-key, which `make setup` creates with 0600 permissions). Without either, only DEBUG=true starts, on a development key.
     """
     if key := os.environ.get("SECRET_KEY", "").strip():
-        if any(ord(c) < 32 or ord(c) == 127 for c in key):
+        if _has_control(key):
             raise ImproperlyConfigured("SECRET_KEY holds a control character; the key is one line of printable text.")
         return key
     named = os.environ.get("SECRET_KEY_FILE", "").strip()
@@ -384,7 +389,7 @@ def read_secret_key() -> str:
         except (OSError, UnicodeDecodeError) as error:
             reason = error.strerror if isinstance(error, OSError) else "it is not text"
             raise ImproperlyConfigured(f"{label} cannot be read: {reason}.") from None
-        if key and not any(ord(c) < 32 or ord(c) == 127 for c in key):
+        if key and not _has_control(key):
             return key
         if key:  # (r120: a NUL in it stopped serve with a traceback: it goes to serve's children's environment)
             raise ImproperlyConfigured(f"{label} holds a control character (a NUL, a line break...); the key is "

@@ -146,8 +146,10 @@ def _bindings_live(request: HttpRequest) -> HttpResponse:
     gone = sorted(refs - {b.public_id for b in bindings})
     # The page shows one owner's conversations: its count again once rows left it
     owners = {(d.owner_kind, d.owner_id) for d in ended}
-    count = (EngineBinding.objects.filter(owner_kind=next(iter(owners))[0], owner_id=next(iter(owners))[1]).count()
-             if gone and len(owners) == 1 else None)
+    count = None
+    if gone and len(owners) == 1:
+        ((kind, owner_id),) = owners
+        count = EngineBinding.objects.filter(owner_kind=kind, owner_id=owner_id).count()
     return render(request, "remote/_bindings_live.html", {
         "bindings": bindings, "gone_bindings": gone, "deletes": ended, "bindings_count": count,
         "engine_url": settings.ENGINE_URL, "is_admin": is_admin(request.user), "live_said": said,
