@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from django.db.models import F
 from playwright.sync_api import Page, expect
 
 from e2e.conftest import ADMIN, ALL_VIEWPORTS, MEMBER
@@ -206,6 +207,47 @@ def test_it_warns_before_leaving_with_unsaved_changes(policies, live_server, ope
         page.close(run_before_unload=True)
     assert dialogs == ["beforeunload"]
     assert facts_policy().audit_days == 500
+
+
+@pytest.mark.parametrize("viewport", ["desktop", "small-phone"], ids=["1280", "320"])
+def test_back_to_the_page_shows_what_is_saved_not_a_draft_left_behind(policies, live_server, open_page, viewport):
+    """r121: leaving with a draft (the warning accepted) and coming Back brought the draft back
+    in the fields with the bar hidden and the form's revision current: the page said the
+    draft was saved, and the next save, of another field, wrote it over another admin's save."""
+    tool, facts = policies
+    page = open_page(viewport)
+    open_data_storage(page, live_server.url, ADMIN)
+    page.on("dialog", lambda dialog: dialog.accept())
+    audit = page.get_by_label("Audit facts, days")
+    audit.click()  # a real click: browsers only warn after the person interacted
+    audit.fill("14")
+    page.get_by_label("Automatic cleanup").check()
+    page.get_by_label("Unit").select_option("weeks")
+    expect(bar(page)).to_be_visible()
+    # Another admin saves meanwhile.
+    RetainedFactsPolicy.objects.filter(id=1).update(audit_days=500, revision=F("revision") + 1)
+
+    page.goto(f"{live_server.url}/operations/")  # (on phones the save bar takes the nav's place)
+    expect(page.get_by_role("heading", level=1)).to_have_text("Operations")
+    page.go_back()
+    expect(page).to_have_url(f"{live_server.url}/settings/system/data-storage/")
+    page.wait_for_load_state("load")
+
+    expect(audit).to_have_value("500")
+    expect(page.get_by_label("Automatic cleanup")).not_to_be_checked()
+    expect(page.get_by_label("Unit")).to_have_value(tool.age_unit)
+    expect(bar(page)).to_be_hidden()
+    page.get_by_label("Usage and metering, days").fill("401")
+    expect(bar(page).locator(".save-bar-which")).to_have_text("Retained facts")
+    bar(page).get_by_role("button", name="Save").click()
+
+    expect(page.get_by_role("status").filter(has_text="Retention periods saved.")).to_be_visible()
+    stored = facts_policy()
+    assert (stored.audit_days, stored.usage_days, stored.revision) == (500, 401, facts.revision + 2)
+    stored_tool = tool_policy()
+    assert (stored_tool.enabled, stored_tool.age_unit, stored_tool.revision) == (
+        tool.enabled, tool.age_unit, tool.revision,
+    )
 
 
 @pytest.mark.parametrize("viewport", ["desktop", "small-phone"], ids=["1280", "320"])

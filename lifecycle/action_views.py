@@ -46,7 +46,7 @@ from lifecycle.deletion.presentation import (
 from lifecycle.engine import OperationView, get_engine
 from lifecycle.engine.http import EngineCredentialsRefused, EngineUnreachable, EngineUnsupported
 from lifecycle.errors import ActionRefused
-from lifecycle.models import Conversation, DeleteOperation, DeleteState, OperationKey
+from lifecycle.models import Conversation, ConversationState, DeleteOperation, DeleteState, OperationKey
 
 STATES = ("pending", "completed", "refused", "unavailable")
 OPERATIONS_PAGE = 25
@@ -202,6 +202,7 @@ def conversation_delete(request: HttpRequest, public_id: str) -> HttpResponse:
         return _render_preview(request, conversation)
     _admin_only(request)
     seen = request.POST.get("seen")
+    already = False  # someone's delete of it came first: this confirmation adds nothing
     if seen is not None and not OperationKey.objects.filter(key=request.POST.get("key") or "").exists():
         # The page confirmed is what is erased: a live conversation that changed since it was
         # shown (items added, a backup made) is shown again as it is now, and nothing is done
@@ -212,12 +213,16 @@ def conversation_delete(request: HttpRequest, public_id: str) -> HttpResponse:
         now = get_engine().preview_delete(public_id)
         if now.get("state") == "live" and seen != preview_digest(now):
             return _render_preview(request, conversation, status=409, preview=now, error=str(CHANGED_SINCE_SHOWN))
+        already = now.get("state") in (ConversationState.PENDING_DELETE, ConversationState.DELETED)
     try:
         op = get_engine().request_delete(public_id, key=request.POST.get("key"), actor=request.user)
     except ActionRefused as exc:
         if exc.status == 404:
             raise Http404 from None
         return _render_preview(request, conversation, status=exc.status, error=form_message(exc))
+    if already:  # (r121: the page said nothing, and read as if this press had deleted it)
+        messages.info(request, _("This conversation's delete had already been requested: your confirmation did "
+                                 "nothing more. Its status is below."))
     return redirect("lifecycle:operation-detail", operation_id=op.id)
 
 

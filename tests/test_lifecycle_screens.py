@@ -244,6 +244,31 @@ def test_a_confirmation_of_a_preview_that_changed_since_is_shown_again_and_not_t
     assert admin_client.post(url, form(again), **HOST)["Location"] == f"/operations/{op.public_id}/"  # sent twice
 
 
+def test_a_confirmation_from_a_page_shown_before_someone_else_deleted_it_says_it_did_nothing_more(admin_client):
+    """Two admins on the same delete page: the second confirmation leads to the first's
+    delete, and says it added nothing (r121: no word, as if this press had deleted it); the
+    first one's own confirmation sent again (a double press) says nothing of the kind."""
+    conversation = factories.make_conversation(title="Deleted by the other admin")
+    factories.add_message(conversation)
+    url = f"/conversations/{conversation.public_id}/delete/"
+
+    def form(content: str) -> dict:
+        return {name: re.search(rf'name="{name}" value="([0-9a-f]+)"', content).group(1) for name in ("key", "seen")}
+
+    mine, theirs, later = (form(page(admin_client, url)) for _ in range(3))
+    first = admin_client.post(url, theirs, **HOST)
+    op = m.DeleteOperation.objects.get()
+    told = "This conversation&#x27;s delete had already been requested: your confirmation did nothing more."
+    assert told not in admin_client.get(first["Location"], **HOST).content.decode()
+    assert told not in page(admin_client, admin_client.post(url, theirs, **HOST)["Location"])  # sent twice
+    second = admin_client.post(url, mine, **HOST)
+    assert (second.status_code, second["Location"]) == (302, f"/operations/{op.public_id}/")
+    assert told in page(admin_client, second["Location"])
+    assert m.DeleteOperation.objects.count() == 1
+    spanish = admin_client.post(url, later, HTTP_ACCEPT_LANGUAGE="es", **HOST)
+    assert "ya se había solicitado" in page(admin_client, spanish["Location"], HTTP_ACCEPT_LANGUAGE="es")
+
+
 def test_a_confirmation_sent_again_after_its_delete_was_refused_leads_to_that_refusal(admin_client):
     """The refused delete's own record changes the preview (its operation, its audit fact): the
     same form sent again leads to the recorded refusal, not to "changed since" (r101)."""

@@ -858,6 +858,18 @@
   }
 
   forms().forEach(function (form) { saved[form.dataset.contributor] = served(form); known.add(form); });
+  // Back or Forward to this page: a browser may fill the cards' fields with what they held when
+  // the person left, after this script recorded what is saved (r121: a draft left behind came
+  // back looking saved, the bar hidden and the revision current, and the next save wrote it over
+  // another admin's). The forms say autocomplete="off"; a browser that fills them anyway sees
+  // them put back as the server rendered them.
+  window.addEventListener("pageshow", function (event) {
+    var entries = event.persisted || !performance.getEntriesByType ? [] : performance.getEntriesByType("navigation");
+    if (!entries.length || entries[0].type !== "back_forward") return;
+    forms().forEach(function (form) { form.reset(); });
+    syncCleanupDraft();
+    refresh();
+  });
   // A card swapped in by an action (cancelling a preparation turns cleanup off) shows what
   // is saved now, so its form, one this script has not seen, is that card's saved state.
   document.addEventListener("htmx:oobAfterSwap", function () {
