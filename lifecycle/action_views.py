@@ -46,7 +46,13 @@ from lifecycle.deletion.presentation import (
 from lifecycle.engine import OperationView, get_engine
 from lifecycle.engine.http import EngineCredentialsRefused, EngineUnreachable, EngineUnsupported
 from lifecycle.errors import ActionRefused
-from lifecycle.models import Conversation, ConversationState, DeleteOperation, DeleteState, OperationKey
+from lifecycle.models import (
+    Conversation,
+    ConversationState,
+    DeleteOperation,
+    DeleteState,
+    OperationKey,
+)
 
 STATES = ("pending", "completed", "refused", "unavailable")
 OPERATIONS_PAGE = 25
