@@ -101,7 +101,7 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
         "previous_url": f"?{filters}&cursor={page.previous.encode()}" if page.previous else "",
         **owner_choices(owner_find, owner),
         **_list_poller(view, [c.public_id for c in page.rows if c.state == ConversationState.PENDING_DELETE],
-                       owner, query),
+                       owner, query, total=page.total, listed=page.total),
     }
     template = "lifecycle/conversation_list.html"
     # htmx's back button, when its history cache misses, asks for the whole page again.
@@ -171,13 +171,18 @@ def _filtered(view: str, kind: str, owner_id: int | None, query: str) -> Convers
     return qs.search(query)
 
 
-def _list_poller(view: str, pending: list[str], owner: str = "", query: str = "") -> dict:
-    """The list's poller: it reads the rows shown as Pending delete again, none when there are
-    none. It carries the list's filters, so the count it sends back counts the same list."""
-    if not pending:
+def _list_poller(view: str, pending: list[str], owner: str = "", query: str = "", *, total: int = 0,
+                 listed: int = 0) -> dict:
+    """The list's poller: it reads the rows shown as Pending delete again, and on the Pending
+    delete tab the tab's count as long as it counts any (r124: every row shown could be done
+    while deletes further down were still erased: the count stopped at a figure no longer true).
+    None when there is neither. It carries the list's filters, so the count it reads counts the
+    same list, the count shown (`n`) and the one the pages were listed with (`t`)."""
+    if not pending and not (view == "pending_delete" and total > 0):
         return {"live_url": ""}
     filters = [("owner", owner)] * bool(owner) + [("q", query)] * bool(query)
-    query_string = urlencode([("live", "1"), ("view", view), *filters] + [("c", public_id) for public_id in pending])
+    query_string = urlencode([("live", "1"), ("view", view), *filters, ("n", total), ("t", listed)]
+                             + [("c", public_id) for public_id in pending])
     return {"live_url": f"{reverse('lifecycle:conversation-list')}?{query_string}", "live_poll": LIVE_POLL_SECONDS}
 
 
@@ -188,17 +193,22 @@ def _list_live(request: HttpRequest, view: str) -> HttpResponse:
     rows = list(Conversation.objects.filter(public_id__in=asked).with_activity().with_delete_operation()
                 .select_related("account", "computer"))
     changed = [c for c in rows if c.state != ConversationState.PENDING_DELETE]
-    if not changed:
-        return HttpResponse(status=204)  # nothing changed: no swap, nothing said
-    still = [c.public_id for c in rows if c.state == ConversationState.PENDING_DELETE]
     owner, kind, owner_id, _unknown = _owner_filter(request)
     query = request.GET.get("q", "").strip()[:200]
+    shown, listed = (int(n) if is_number(n := request.GET.get(name, "")) and len(n) < 12 else -1 for name in "nt")
+    total = _filtered(view, kind, owner_id, query).count()
+    if not changed and total == shown:
+        return HttpResponse(status=204)  # nothing changed: no swap, nothing said
+    still = [c.public_id for c in rows if c.state == ConversationState.PENDING_DELETE]
     said = " ".join(gettext("Deleted: %(name)s.") % {"name": c.thread_id} if c.state == ConversationState.DELETED
                     else gettext("No longer pending delete: %(name)s.") % {"name": c.shown_title or c.thread_id}
                     for c in changed)
     # The list's count too: a row that left its tab (deleted, on Pending delete) is no longer counted.
-    context = {"changed": changed, "view": view, "live_said": said, "page": {"total": _filtered(view, kind, owner_id, query).count()},
-               **_list_poller(view, still, owner, query)}
+    # Once it differs from the count the pages were listed with, the page says which is which.
+    context = {"changed": changed, "view": view, "live_said": said, "page": {"total": total},
+               "moved": listed >= 0 and total != listed,
+               "refresh_url": "?" + urlencode({"view": view, "owner": owner, "q": query}),
+               **_list_poller(view, still, owner, query, total=total, listed=listed)}
     return render(request, "lifecycle/_conversations_live.html", context)
 
 

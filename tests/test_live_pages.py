@@ -81,7 +81,7 @@ def test_the_pending_tab_polls_its_rows_and_marks_a_finished_one_deleted_in_plac
     page = get(admin_client, "/conversations/?view=pending_delete").content.decode()
     assert "See progress" in page and 'hx-trigger="every 3s"' in poller(page)
     url = poll_url(page)
-    assert url == f"/conversations/?live=1&view=pending_delete&c={conversation.public_id}"
+    assert url == f"/conversations/?live=1&view=pending_delete&n=1&t=1&c={conversation.public_id}"
     # The list's own htmx read (a search, a tab) brings the poller with the rows.
     assert "hx-trigger" in poller(get(admin_client, "/conversations/?view=pending_delete", HTTP_HX_REQUEST="true").content.decode())
     assert get(admin_client, url, HTTP_HX_REQUEST="true").status_code == 204
@@ -98,6 +98,46 @@ def test_the_pending_tab_polls_its_rows_and_marks_a_finished_one_deleted_in_plac
     assert f'data-said="Deleted: {conversation.thread_id}."' in poller(fragment)
     assert 'id="live-unavailable"' in fragment  # a good read clears a failed one's note
     assert "hx-trigger" not in poller(get(admin_client, "/conversations/?view=pending_delete").content.decode())
+
+
+def test_the_pending_tab_keeps_counting_while_deletes_beyond_its_rows_are_erased(admin_client, admin_user):
+    """r124: the tab lists the newest activity first and the erasures go in the order asked, so
+    every row shown could be done while deletes further down were still erased: the poll
+    stopped with the rows, and the count stayed at a figure no longer true. It goes on while the
+    tab counts any, says its count is current and the list is as it was, and stops at 0."""
+    ops = []
+    for n in range(27):
+        conversation = factories.make_conversation(title=f"Bulk {n}")
+        ops.append(request_deletion(conversation, key=f"bulk-{n:02d}", acting_user=admin_user))
+    page = get(admin_client, "/conversations/?view=pending_delete").content.decode()
+    assert re.search(r'id="results-count" tabindex="-1" data-live-row>27 conversations</p>', page)
+    assert 'data-testid="list-moved"' not in page and "Page 1 of 2" in page
+    url = poll_url(page)
+    shown = re.findall(r"&c=(c_[0-9a-f]+)", url)
+    assert len(shown) == 25
+    for op in ops:
+        if op.conversation.public_id in shown:
+            executor.run_erasure(op.pk)
+    fragment = get(admin_client, url, HTTP_HX_REQUEST="true").content.decode()
+    assert re.search(r'id="results-count" tabindex="-1" data-live-row hx-swap-oob="true">2 conversations</p>', fragment)
+    moved = re.search(r'<div id="list-moved" hx-swap-oob="true"><p class="alert changed-note" data-testid="list-moved">'
+                      r"The count above is current; the list below is as it was when you opened it\. "
+                      r'<a class="btn btn-small" href="\?view=pending_delete&amp;owner=&amp;q="', fragment)
+    assert moved
+    url = poll_url(fragment)  # polling goes on, for the count alone
+    assert "&c=" not in url and "n=2" in url and "t=27" in url
+    assert get(admin_client, url, HTTP_HX_REQUEST="true").status_code == 204  # nothing changed since
+    rest = [op for op in ops if op.conversation.public_id not in shown]
+    executor.run_erasure(rest[0].pk)
+    fragment = get(admin_client, url, HTTP_HX_REQUEST="true").content.decode()
+    assert re.search(r'data-live-row hx-swap-oob="true">1 conversation</p>', fragment)
+    executor.run_erasure(rest[1].pk)
+    fragment = get(admin_client, poll_url(fragment), HTTP_HX_REQUEST="true").content.decode()
+    assert re.search(r'data-live-row hx-swap-oob="true">0 conversations</p>', fragment)
+    assert "hx-trigger" not in poller(fragment)  # nothing left to count
+    assert m.Conversation.objects.filter(state="pending_delete").count() == 0
+    spanish = get(admin_client, url, HTTP_HX_REQUEST="true", HTTP_ACCEPT_LANGUAGE="es").content.decode()
+    assert "El recuento de arriba está al día" in spanish
 
 
 def test_the_list_poll_counts_the_list_anew_with_its_owner_and_search(admin_client, admin_user):
@@ -239,7 +279,7 @@ def test_the_list_poll_takes_an_id_that_names_nothing_as_naming_nothing(member_c
     """An asked id that names nothing (bytes that are not UTF-8, read as U+FFFD) is left out;
     the poll answers for the rest. A NUL in a query is refused before any view: 400."""
     conversation, _op = pending
-    answer = get(member_client, f"/conversations/?live=1&view=pending_delete&c={conversation.public_id}&c=%ED%A0%80",
+    answer = get(member_client, f"/conversations/?live=1&view=pending_delete&n=1&t=1&c={conversation.public_id}&c=%ED%A0%80",
                  HTTP_HX_REQUEST="true")
     assert answer.status_code == 204
     assert get(member_client, "/conversations/?live=1&view=pending_delete&c=c_%00x",
