@@ -4,6 +4,7 @@ deactivation, on the stored users (real processes for the password on standard i
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import sys
 
@@ -203,3 +204,81 @@ def test_a_password_line_ending_in_crlf_is_the_password_without_it(client):
     users("set-password", "ana", "--password-stdin", password=b"Another-pass-456\r\n")
     assert client.login(username="ana", password="Another-pass-456")
 
+
+
+# Names in the form the sign-in form reads them (r123) ----------------------------------------
+
+def signs_in(username: str, password: str) -> bool:
+    """A sign-in on the sign-in page, as a browser sends it (its form normalises the name)."""
+    from django.test import Client
+
+    answer = Client().post("/accounts/login/", {"username": username, "password": password},
+                           HTTP_HOST="127.0.0.1")
+    return answer.status_code == 302
+
+
+@pytest.mark.django_db
+def test_a_name_is_stored_in_the_form_the_sign_in_page_reads_and_signs_in():
+    """ｆｕｌｌ was stored full-width and could never sign in (the sign-in form reads NFKC "full");
+    a name with its accents typed as combining marks was refused while the composed one passed."""
+    said = users("create", "ｆｕｌｌ", "--role", "member", "--password-stdin", password="a long passphrase 1")
+    assert said == "Created full (member); typed as 'ｆｕｌｌ', it is kept in the form the sign-in page reads.\n"
+    assert list(User.objects.values_list("username", flat=True)) == ["full"]
+    assert signs_in("ｆｕｌｌ", "a long passphrase 1") and signs_in("full", "a long passphrase 1")
+    users("create", "Je\u0301ro\u0302me", "--role", "admin", "--password-stdin", password="a long passphrase 2")
+    assert User.objects.filter(username="J\u00e9r\u00f4me", is_staff=True).exists()
+    assert signs_in("J\u00e9r\u00f4me", "a long passphrase 2") and signs_in("Je\u0301ro\u0302me", "a long passphrase 2")
+    assert User.objects.count() == 2
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("typed", "message"), [
+    ("full", "There is already a user named 'full'."),
+    ("ｆｕｌｌ", "There is already a user named 'full'."),
+    ("FULL", "There is already a user named 'full', the same name but for case"),
+    ("Ｆｕｌｌ", "There is already a user named 'full', the same name but for case"),
+    ("J\u00c9R\u00d4ME", "There is already a user named 'J\u00e9r\u00f4me', the same name but for case"),
+    ("JE\u0301RO\u0302ME", "There is already a user named 'J\u00e9r\u00f4me', the same name but for case"),
+    ("J\u00e9r\u00f4me", "There is already a user named 'J\u00e9r\u00f4me'."),
+])
+def test_a_name_taken_but_for_case_width_or_composition_is_refused(typed, message):
+    full = factories.make_user("full", admin=True)
+    factories.make_user("J\u00e9r\u00f4me", admin=False)
+    with pytest.raises(CommandError, match=re.escape(message)):
+        users("create", typed, "--role", "member", "--password-stdin", password="a long passphrase 1")
+    assert sorted(User.objects.values_list("username", flat=True)) == ["J\u00e9r\u00f4me", "full"]
+    assert User.objects.get(pk=full.pk).is_staff
+
+
+@pytest.mark.django_db
+def test_every_command_finds_a_user_by_the_name_as_typed_in_any_form():
+    ana = factories.make_user("ana", admin=True)
+    jerome = factories.make_user("J\u00e9r\u00f4me", admin=False)
+    assert users("set-role", "Je\u0301ro\u0302me", "admin") == "J\u00e9r\u00f4me is now an admin.\n"
+    assert User.objects.get(pk=jerome.pk).is_staff
+    assert users("set-role", "ａｎａ", "member") == "ana is now a member.\n"
+    assert not User.objects.get(pk=ana.pk).is_staff
+    users("set-password", "Je\u0301ro\u0302me", "--password-stdin", password="a new passphrase 3")
+    assert signs_in("J\u00e9r\u00f4me", "a new passphrase 3")
+    assert users("deactivate", "ａｎａ").startswith("ana is deactivated")
+    assert not User.objects.get(pk=ana.pk).is_active
+    assert users("activate", "ａｎａ") == "ana can sign in again.\n" and User.objects.get(pk=ana.pk).is_active
+    raw = io.StringIO()
+    call_command("api_tokens", "create", "Je\u0301ro\u0302me", "--name", "script", stdout=raw)
+    assert ApiToken.objects.get().user_id == jerome.pk
+    listed = io.StringIO()
+    call_command("api_tokens", "list", "--user", "Je\u0301ro\u0302me", stdout=listed)
+    assert "script" in listed.getvalue()
+
+
+@pytest.mark.django_db
+def test_a_name_stored_as_typed_before_is_still_found_and_still_taken():
+    """A user made full-width before names were normalised (they cannot sign in) can still be
+    deactivated by that name, and the name it would sign in as is not given to someone else."""
+    old = User.objects.create(username="ｆｕｌｌ", is_staff=True, is_active=True)
+    factories.make_user("admin", admin=True)
+    assert users("deactivate", "ｆｕｌｌ").startswith("ｆｕｌｌ is deactivated")
+    assert not User.objects.get(pk=old.pk).is_active
+    with pytest.raises(CommandError, match="There is already a user named 'ｆｕｌｌ', the same name but for case"):
+        users("create", "full", "--role", "member", "--password-stdin", password="a long passphrase 1")
+    assert User.objects.count() == 2

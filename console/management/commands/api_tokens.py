@@ -1,10 +1,10 @@
 from __future__ import annotations
 
-from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from console.fields import whole_number
+from console.management.commands.users import named
 from console.models import ApiToken
 from console.tokens import create_token, revoke_token
 
@@ -33,9 +33,10 @@ class Command(BaseCommand):
     def do_list(self, user: str, **options):
         tokens = ApiToken.objects.select_related("user")
         if user:
-            if not get_user_model().objects.filter(username=user).exists():
+            found = named(user)
+            if found is None:
                 raise CommandError(f"No user named {user!r}.")
-            tokens = tokens.filter(user__username=user)
+            tokens = tokens.filter(user=found)
         # Read before the header is written: a database that cannot be read leaves standard
         # output empty (manage.py's one line on standard error says why), not a table's header.
         tokens = list(tokens)
@@ -77,7 +78,7 @@ class Command(BaseCommand):
 
 def issue(username: str, *, name: str, days: int | None) -> str:
     """Create a token for `username` and return the raw token (CommandError for bad input)."""
-    user = get_user_model().objects.filter(username=username).first()
+    user = named(username)
     if user is None:
         raise CommandError(f"No user named {username!r}.")
     if not user.is_active:  # every request with it would be refused

@@ -9,6 +9,13 @@ cannot be made a member or deactivated: nobody could act on the console then. De
 someone ends their sessions (their stored sessions are deleted: activating them again does not
 sign a kept cookie back in, r96) and stops their API tokens at once (a token checks the account
 on each request); activating them again brings back the tokens that have not expired.
+
+A name is taken in the normal form the sign-in form reads it in (Unicode NFKC, the user model's
+`normalize_username`: a full-width `ｆｕｌｌ` is `full`, an accent typed as a combining mark is
+the accented letter), for `create` and for every command that names a user (r123: a name
+stored as typed could never sign in). A new name that differs from a user's only in case is
+refused, as Django's own user creation form refuses it: the two would be taken for each other,
+and they share a sign-in lock (console/throttle.py counts failures by the name case-folded).
 """
 
 from __future__ import annotations
@@ -43,6 +50,19 @@ def _end_sessions(user) -> int:
     for start in range(0, len(theirs), 500):  # (SQLite takes a bounded number of values a statement)
         Session.objects.filter(pk__in=theirs[start:start + 500]).delete()
     return len(theirs)
+
+
+def named(username: str, *, lock: bool = False):
+    """The user a typed name names, or None: the name in its normal form (NFKC, as the sign-in
+    form reads it and `users create` stores it), else as typed (a name stored before names were
+    normalised, r123); locked until the transaction ends with `lock`."""
+    model = get_user_model()
+    normal = model.normalize_username(username)
+    users = model.objects.filter(username__in={normal, username})
+    if lock:
+        users = users.select_for_update()
+    found = {user.get_username(): user for user in users}
+    return found.get(normal) or found.get(username)
 
 
 def _role(user) -> str:
@@ -92,19 +112,19 @@ class Command(BaseCommand):
     def do_create(self, username: str, role: str, password_stdin: bool, **options):
         model = get_user_model()
         field = model._meta.get_field(model.USERNAME_FIELD)
+        typed = username
         try:
-            username = field.clean(username, None)
+            username = field.clean(model.normalize_username(username), None)
         except ValidationError as error:
             raise CommandError(f"Not a username: {' '.join(error.messages)}") from None
-        if model.objects.filter(username=username).exists():
-            raise CommandError(f"There is already a user named {username!r}.")
+        self._refuse_taken(username)
         user = model(username=username, is_staff=role == "admin", is_active=True)
         user.set_password(self._password(user, password_stdin))
         with transaction.atomic():
-            if model.objects.select_for_update().filter(username=username).exists():
-                raise CommandError(f"There is already a user named {username!r}.")
+            self._refuse_taken(username, lock=True)
             user.save()
-        self.stdout.write(f"Created {username} ({role}).")
+        shown = f"; typed as {typed!r}, it is kept in the form the sign-in page reads" if username != typed else ""
+        self.stdout.write(f"Created {username} ({role}){shown}.")
 
     def do_set_role(self, username: str, role: str, **options):
         with transaction.atomic():
@@ -114,13 +134,13 @@ class Command(BaseCommand):
                 self._keep_an_admin(user, "make them a member")
             user.is_staff = role == "admin"
             user.save(update_fields=["is_staff"])
-        self.stdout.write(f"{username} is now {'an admin' if role == 'admin' else 'a member'}.")
+        self.stdout.write(f"{user.get_username()} is now {'an admin' if role == 'admin' else 'a member'}.")
 
     def do_set_password(self, username: str, password_stdin: bool, **options):
         user = self._user(username)
         user.set_password(self._password(user, password_stdin))
         user.save(update_fields=["password"])
-        self.stdout.write(f"New password set for {username}; their sessions have ended.")
+        self.stdout.write(f"New password set for {user.get_username()}; their sessions have ended.")
 
     def do_deactivate(self, username: str, **options):
         with transaction.atomic():
@@ -131,28 +151,42 @@ class Command(BaseCommand):
             user.is_active = False
             user.save(update_fields=["is_active"])
             _end_sessions(user)
-        self.stdout.write(f"{username} is deactivated: they cannot sign in, and their API tokens stop working.")
+        self.stdout.write(f"{user.get_username()} is deactivated: they cannot sign in, and their API tokens stop working.")
 
     def do_activate(self, username: str, **options):
         user = self._user(username)
         if user.is_active:  # (r22: "can sign in again" of a user never deactivated)
-            self.stdout.write(f"{username} is active already: nothing changed.")
+            self.stdout.write(f"{user.get_username()} is active already: nothing changed.")
             return
         user.is_active = True
         user.save(update_fields=["is_active"])
-        self.stdout.write(f"{username} can sign in again.")
+        self.stdout.write(f"{user.get_username()} can sign in again.")
 
     # ---- helpers
 
     def _user(self, username: str):
-        """The user by name; locked until the caller's transaction ends when there is one."""
-        users = get_user_model().objects.filter(username=username)
-        if transaction.get_connection().in_atomic_block:
-            users = users.select_for_update()
-        user = users.first()
+        """The user by name (`named`); locked until the caller's transaction ends when there is
+        one."""
+        user = named(username, lock=transaction.get_connection().in_atomic_block)
         if user is None:
             raise CommandError(f"No user named {username!r} (users list shows them).")
         return user
+
+    @staticmethod
+    def _refuse_taken(username: str, *, lock: bool = False) -> None:
+        """Refuse a new name that a user has already, or that differs from a user's name only in
+        case (both in their normal form). Every name is compared here, not in the database:
+        SQLite's case-insensitive match folds ASCII only."""
+        model = get_user_model()
+        users = model.objects.select_for_update() if lock else model.objects.all()
+        names = list(users.order_by("pk").values_list("username", flat=True))
+        if username in names:
+            raise CommandError(f"There is already a user named {username!r}.")
+        wanted = username.casefold()
+        for taken in names:
+            if model.normalize_username(taken).casefold() == wanted:
+                raise CommandError(f"There is already a user named {taken!r}, the same name but for case or the "
+                                   f"width of its characters; nothing was changed.")
 
     @staticmethod
     def _lock_admins() -> None:
