@@ -154,7 +154,8 @@ class ConversationQuerySet(models.QuerySet):
         return self.none()
 
     def search(self, text: str) -> ConversationQuerySet:
-        """Title or thread id contains the text, ignoring case and accents (`lifecycle.search`).
+        """Title or thread id contains the text, ignoring case, accents and invisible characters
+        (`lifecycle.search`).
 
         Only a live conversation's title is searched: from its delete intent on the title is
         content being erased, not shown (`Conversation.shown_title`), so it finds nothing.

@@ -194,3 +194,78 @@ def test_owners_named_before_their_folded_names_existed_are_found_after_the_migr
     renamed = Account.objects.filter(pk=account.pk)
     renamed.update(name="Über GmbH")
     assert renamed.get().search_name == "uber gmbh"
+
+
+# Invisible characters (r123) -----------------------------------------------------------------
+
+def test_it_drops_the_default_ignorable_code_points():
+    """Zero-width spaces and joiners, the soft hyphen, the byte order mark, direction marks,
+    embeddings and isolates, variation selectors, tags: nothing shows them, so search ignores
+    them, in a stored title and in a query alike."""
+    assert fold("Pro\u200bject\u200d alpha\ufeff") == "project alpha"
+    assert fold("Dra\u200dft") == fold("Dra\u00adft") == fold("Dra\u200cft") == fold("Dra\u2060ft") == "draft"
+    assert fold("\u200fשלום\u200e \u202bעולם\u202c \u2067x\u2069 \u061cم") == "שלום עולם x م"
+    assert fold("a\u034fb \u180ec") == "ab c"
+    assert fold("\u2764\ufe0f") == fold("\u2764") and fold("\U0001f469\u200d\U0001f4bb") == "\U0001f469\U0001f4bb"
+    assert fold("\U0001f3f4\U000e0067\U000e0062\U000e0073\U000e0063\U000e0074\U000e007f") == "\U0001f3f4"
+    assert fold("a \u200b b") == "a b" and fold("\u200b\ufeff") == ""
+    assert fold("\u0600\u0661") == "\u0600\u0661"  # a format character that is drawn (an Arabic number sign)
+
+
+def test_invisible_characters_neither_hide_a_title_nor_a_query(member_client, db):
+    account = factories.make_account()
+    hidden = factories.make_conversation(account, title="Pro\u200bject\u200d alpha\ufeff")
+    draft = factories.make_conversation(account, title="Draft release notes")
+    coder = factories.make_conversation(account, title="\U0001f469\u200d\U0001f4bb laptop script")
+    factories.make_conversation(account, title="Something else")
+    assert folded(hidden)[0] == "project alpha"
+    for query, expected in [("project", {hidden}), ("PROJECT ALPHA", {hidden}), ("pro\u200bject", {hidden}),
+                            ("Dra\u200dft", {draft}), ("Dra\u00adft", {draft}), ("\ufeffdraft\u200e", {draft}),
+                            ("Draft", {draft}), ("\U0001f469\u200d\U0001f4bb", {coder}), ("\u200b", None)]:
+        matched = set(Conversation.objects.search(query))
+        assert matched == (expected if expected is not None else set(Conversation.objects.all())), query
+    # The list and the API the same way
+    page = member_client.get("/conversations/?q=project", **HX).content.decode()
+    assert "Pro[U+200B]ject" in page and "Draft release notes" not in page
+    api = member_client.get("/v1/threads", {"q": "Dra\u200dft"}, **HOST).json()["results"]
+    assert [r["title"] for r in api] == ["Draft release notes"]
+
+
+def test_the_owner_finder_ignores_invisible_characters(db):
+    from lifecycle.views import _named
+
+    hidden = factories.make_account("Nort\u200bhwind\u00ad Ltd")
+    plain = factories.make_computer("Build box")
+    assert Account.objects.get(pk=hidden.pk).search_name == "northwind ltd"
+    assert [o.pk for o in _named(Account, fold("northwind"), 10)] == [hidden.pk]
+    assert [o.pk for o in _named(Computer, fold("Bu\u200dild"), 10)] == [plain.pk]
+
+
+def test_the_migration_folds_the_stored_columns_again_but_not_a_fenced_title(db):
+    """0028 folds again what an earlier fold stored (invisible characters kept in it), leaving a
+    conversation behind the delete fence its folded title (the fence refuses a new one)."""
+    from lifecycle.models import DeletionFence
+
+    account = factories.make_account("Nort\u200bhwind")
+    live = factories.make_conversation(account, title="Pro\u200bject alpha", thread_id="thr\u200d_01")
+    fenced = factories.make_conversation(account, title="Pro\u200bject beta", thread_id="thr\u200d_02")
+    plain = factories.make_conversation(account, title="Plain", thread_id="thr_03")
+    # As the earlier fold stored them: the invisible characters kept
+    for conv in (live, fenced):
+        Conversation.objects.filter(pk=conv.pk).update(search_title=conv.title.casefold(),
+                                                       search_thread=conv.thread_id.casefold())
+    Account.objects.filter(pk=account.pk).update(search_name="nort\u200bhwind")
+    DeletionFence.objects.create(conversation_id=fenced.pk, operation_id=0)
+    Conversation.objects.filter(pk=fenced.pk).update(state="pending_delete")
+    assert not Conversation.objects.search("project").exists()
+
+    from django.db.migrations.loader import MigrationLoader
+
+    name = "0028_refold_ignorable_characters"
+    state = MigrationLoader(connection).project_state(("lifecycle", name)).apps  # the models as it sees them
+    importlib.import_module(f"lifecycle.migrations.{name}").refold(state, type("Editor", (), {"connection": connection})())
+    assert folded(live) == ("project alpha", "thr_01") and folded(plain) == ("plain", "thr_03")
+    assert folded(fenced) == ("pro\u200bject beta", "thr_02")
+    assert [c.pk for c in Conversation.objects.search("project")] == [live.pk]
+    assert [c.pk for c in Conversation.objects.search("thr_02")] == [fenced.pk]
+    assert Account.objects.get(pk=account.pk).search_name == "northwind"
