@@ -12,6 +12,7 @@ from django.utils.translation import gettext_lazy as _
 
 from console.fields import WholeNumberField
 from console.models import ApiToken
+from console.templatetags.lethe import KEPT_FORMAT
 from lifecycle import audit
 
 MAX_DAYS = 3650
@@ -25,9 +26,13 @@ class TokenForm(forms.Form):
     def clean_name(self):
         name = self.cleaned_data["name"]
         # Control characters, and the invisible ones that make a name read as another (bidi
-        # overrides such as U+202E, zero-width spaces): format, private-use, unassigned.
-        if any(ord(c) < 32 or ord(c) == 127 or unicodedata.category(c) in ("Cc", "Cf", "Co", "Cn", "Cs", "Zl", "Zp")
-               for c in name):
+        # overrides such as U+202E, zero-width spaces, the byte order mark): format, private-use,
+        # unassigned. The format characters the pages keep as legitimate are taken (r123: the
+        # joiner of "👩<U+200D>💻" and of Persian words, the direction marks of right-to-left
+        # text), though not alone: a name of nothing else would show as an empty one.
+        refused = ("Cc", "Cf", "Co", "Cn", "Cs", "Zl", "Zp")
+        if (any(ord(c) < 32 or ord(c) == 127 or (c not in KEPT_FORMAT and unicodedata.category(c) in refused)
+                for c in name) or all(c in KEPT_FORMAT or c.isspace() for c in name)):
             raise forms.ValidationError(_("Use letters, digits, spaces and punctuation only."), code="invalid")
         return name
 

@@ -67,6 +67,7 @@ def test_the_lifetime_comes_from_the_setting_or_the_option(settings, admin_user)
 @pytest.mark.parametrize("args", [["--days", "0"], ["--days", "99999"], ["--name", ""], ["--name", "x" * 121],
                                   ["--name", "tab\there"], ["--name", "\u202eevil"], ["--name", "a\u200b"],
                                   ["--name", "\u2066x\u2069"], ["--name", "a\u2028b"], ["--days", "٣"],
+                                  ["--name", "\ufeffscript"], ["--name", "\u200d"], ["--name", "\u200c \u200f"],
                                   ["--days", "+3"], ["--days", "1_0"]])
 def test_the_command_refuses_bad_input_and_makes_nothing(admin_user, args):
     base = {"--name": "ok", "--days": "10"}
@@ -76,6 +77,30 @@ def test_the_command_refuses_bad_input_and_makes_nothing(admin_user, args):
     with pytest.raises(CommandError):
         run("api_tokens", "create", "nobody", "--name", "ok")
     assert ApiToken.objects.count() == 0 and AuditFact.objects.count() == 0
+
+
+# Names with the joiners and direction marks the pages keep as legitimate (r123: "Use letters,
+# digits, spaces and punctuation only." for an emoji sequence or a Persian word)
+KEPT_NAMES = ["\U0001f469\u200d\U0001f4bb laptop script", "اسکریپت شب\u200cانه", "\u200fגיבוי\u200e nightly",
+              "\u061c١٢ report", "\U0001f1ea\U0001f1f8 flag"]
+
+
+@pytest.mark.parametrize("name", KEPT_NAMES)
+def test_the_command_takes_a_name_with_a_joiner_or_a_direction_mark(admin_user, name):
+    raw = run("create_api_token", "alice", "--name", name).strip()
+    token = ApiToken.objects.get()
+    assert token.name == name and token.key_hash == hash_token(raw)
+
+
+def test_the_page_takes_a_name_with_a_joiner_and_refuses_an_override(admin_client):
+    name = KEPT_NAMES[0]
+    made = admin_client.post(PAGE, {"name": name, "days": "30", "form_number": form_number(admin_client)}, **HOST)
+    assert made.status_code == 201 and ApiToken.objects.get().name == name
+    for refused in ("\u202eevil", "zero\u200bwidth", "\ufeffscript"):
+        page = admin_client.post(PAGE, {"name": refused, "days": "30", "form_number": form_number(admin_client)},
+                                 **HOST)
+        assert page.status_code == 422 and "Use letters, digits, spaces and punctuation only." in page.content.decode()
+    assert list(ApiToken.objects.values_list("name", flat=True)) == [name]
 
 
 def test_the_old_command_still_works_as_an_alias(admin_user):

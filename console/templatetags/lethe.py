@@ -69,8 +69,9 @@ def command(*words) -> SafeString:
 
 # Invisible characters that reorder or hide the text around them: the bidirectional embeddings,
 # overrides and isolates, zero-width spaces, tags and the other format characters, except the
-# joiners some scripts and emoji need and the plain direction marks of right-to-left text.
-_KEPT_FORMAT = frozenset("\u200c\u200d\u200e\u200f\u061c")
+# joiners some scripts and emoji need and the plain direction marks of right-to-left text (kept
+# in an API token's name too, console/tokens.py).
+KEPT_FORMAT = frozenset("\u200c\u200d\u200e\u200f\u061c")
 
 
 @cache
@@ -79,7 +80,7 @@ def _hidden_format() -> re.Pattern:
     expression engine, so a tool's output of megabytes is checked in milliseconds (built once
     per process from the Unicode database)."""
     chars = "".join(chr(code) for code in range(0x80, sys.maxunicode + 1)
-                    if unicodedata.category(chr(code)) == "Cf" and chr(code) not in _KEPT_FORMAT)
+                    if unicodedata.category(chr(code)) == "Cf" and chr(code) not in KEPT_FORMAT)
     return re.compile(f"[{re.escape(chars)}]")
 
 
