@@ -276,8 +276,10 @@ class ItemPatchIn(Schema):
     # Optional: without it the change is not checked against a revision (the schema says so: a
     # default of 1 made generated clients believe every change was checked).
     revision: Annotated[int, Field(ge=1, le=MAX_REVISION, description=(
-        "Refuse the change unless the item is at this revision. Leave it out to change the item "
-        "whatever its revision."), json_schema_extra=_no_default)] = None  # type: ignore[assignment]
+        "Refuse the change (409 `stale_revision`) unless the item is at this revision. A change whose every "
+        "field already holds what it would store (the same change sent again) is answered with the item as it "
+        "is, whatever this says. Leave it out to change the item whatever its revision."),
+        json_schema_extra=_no_default)] = None  # type: ignore[assignment]
 
 
 def _item_page(conversation: Conversation, after: int, limit: int) -> tuple[list[Item], bool]:
@@ -374,7 +376,11 @@ def thread_item_output(request: HttpRequest, public_id: str, item_id: int) -> di
 @endpoint("PATCH", "/v1/threads/{public_id}/items/{item_id}", body=ItemPatchIn, response=ItemOut, admin=True,
           errors=(409,), name="api-thread-item-update",
           summary="Change an item's status, title or payload (only the fields sent)",
-          description="On an item whose tool details cleanup removed, status and title apply and the payload "
+          description="Only the fields sent change; a payload sent replaces the whole. A `revision` other than "
+                      "the item's is 409 `stale_revision`, except for a change that changes nothing (every "
+                      "field sent already holds what it would store, as when the same change is sent again "
+                      "after its answer was lost): that answers 200 with the item as it is, with no new "
+                      "revision. On an item whose tool details cleanup removed, status and title apply and the payload "
                       "fields cleanup removes are dropped from the update; the removal marker stays. A "
                       "conversation being deleted, or deleted, refuses with 409 `conversation_deletion_pending` "
                       "before the item is looked up.")

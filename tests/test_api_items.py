@@ -145,6 +145,44 @@ def test_it_refuses_a_stale_revision_and_changes_nothing(runtime, conversation):
     assert (item.title, item.revision) == ("first", 2)
 
 
+def test_a_change_sent_again_after_its_answer_was_lost_answers_the_item_as_it_is(runtime, conversation):
+    """r122: the same PATCH again (its first answer lost) was 409 stale_revision. A change whose
+    every field already holds what it would store answers 200 with the item as it is, whatever
+    revision it names: no new revision, no activity. Any field that differs is refused as before."""
+    item = factories.add_tool(conversation, status="running")
+    first = patch(runtime, conversation, item, {"status": "failed", "revision": 1})
+    assert (first.status_code, first.json()["revision"]) == (200, 2)
+    stored = Item.objects.get(pk=item.pk)
+    activity = Conversation.objects.get(pk=conversation.pk).last_activity_at
+    again = patch(runtime, conversation, item, {"status": "failed", "revision": 1})
+    assert again.status_code == 200, again.content
+    assert again.json() == first.json()
+    # A title as it is stored, sent with it, is no change either.
+    assert patch(runtime, conversation, item, {"status": "failed", "title": "Run", "revision": 1}).status_code == 200
+    after = Item.objects.get(pk=item.pk)
+    assert (after.status, after.revision, after.updated_at) == ("failed", 2, stored.updated_at)
+    assert Conversation.objects.get(pk=conversation.pk).last_activity_at == activity
+    # Another value in any field sent is a change, checked against the revision as before.
+    stale = patch(runtime, conversation, item, {"status": "failed", "title": "Listed", "revision": 1})
+    assert (stale.status_code, stale.json()["code"]) == (409, "stale_revision")
+    assert Item.objects.get(pk=item.pk).title == "Run"
+
+    # The payload replaces the whole: only the very payload stored is no change.
+    payload = {"command": "ls", "cwd": "/w", "exit_code": 1, "stdout": "", "stderr": "boom"}
+    assert patch(runtime, conversation, item, {"payload": payload, "title": "Listed", "revision": 2}).json()[
+        "revision"] == 3
+    activity = Conversation.objects.get(pk=conversation.pk).last_activity_at
+    resent = patch(runtime, conversation, item, {"payload": payload, "title": "Listed", "revision": 2})
+    assert (resent.status_code, resent.json()["revision"], resent.json()["payload"]) == (200, 3, payload)
+    part = {k: v for k, v in payload.items() if k != "stderr"}
+    for other in (part, {**payload, "exit_code": 1.0}, {**payload, "exit_code": True}):
+        refused = patch(runtime, conversation, item, {"payload": other, "revision": 2})
+        assert (refused.status_code, refused.json()["code"]) == (409, "stale_revision")
+    after = Item.objects.get(pk=item.pk)
+    assert (after.payload, after.revision, after.title) == (payload, 3, "Listed")
+    assert Conversation.objects.get(pk=conversation.pk).last_activity_at == activity
+
+
 def test_it_never_restores_removed_tool_details(runtime, conversation):
     item = factories.add_tool(conversation)
     reduced, _ = apply("shell", item.payload, removed_at=timezone.now())

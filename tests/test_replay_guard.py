@@ -94,6 +94,31 @@ def test_a_late_update_with_the_revision_before_the_removal_lands_but_not_after_
         update_item(other, status="failed", revision=other.revision - 2)
 
 
+def test_a_late_update_sent_again_after_its_answer_was_lost_changes_nothing(runtime, conversation):
+    """r122: the late update of a reduced item, sent again with the revision its runtime knew
+    (the first answer lost), was refused as stale. What it would store is stored already (its
+    status, and a payload whose removed details stay out): the item as it is, no new revision;
+    a resend that differs is still stale, and the details never come back."""
+    item = reduced_item(conversation)
+    url = f"/v1/threads/{conversation.public_id}/items/{item.pk}"
+    body = json.dumps({"status": "completed", "payload": late_payload(), "revision": item.revision - 1})
+    first = runtime.patch(url, content_type="application/json", data=body)
+    assert (first.status_code, first.json()["revision"]) == (200, item.revision + 1)
+    landed = Item.objects.get(pk=item.pk)
+    again = runtime.patch(url, content_type="application/json", data=body)
+    assert again.status_code == 200, again.content
+    assert again.json() == first.json() and "stdout" not in again.json()["payload"]
+    stored = Item.objects.get(pk=item.pk)
+    assert (stored.status, stored.revision, stored.updated_at) == ("completed", landed.revision, landed.updated_at)
+    assert_still_removed(item, item)
+    other = json.dumps({"status": "completed", "payload": {**late_payload(), "exit_code": 3},
+                        "revision": item.revision - 1})
+    stale = runtime.patch(url, content_type="application/json", data=other)
+    assert (stale.status_code, stale.json()["code"]) == (409, "stale_revision")
+    assert Item.objects.get(pk=item.pk).payload == stored.payload
+    assert_still_removed(item, item)
+
+
 def test_an_update_cannot_smuggle_a_marker_or_restore_by_status_only(conversation):
     item = reduced_item(conversation)
     update_item(item, payload={**late_payload(), MARKER_KEY: {"version": 1, "removed_fields": []}})
