@@ -575,7 +575,12 @@ class SubagentResolveOut(Schema):
           description="The way out of a delete not admitted with `conversation_child_ownership_ambiguous` among its "
                       "reasons (Unavailable, or Refused for another reason besides). "
                       "Recorded as an audit fact (agent id and origin only). A retry of a resolution "
-                      "already made answers 200 again and changes nothing.")
+                      "already made answers 200 again and changes nothing, also one sent while the first is "
+                      "still under way: it waits for it (a row lock: on PostgreSQL at most DB_LOCK_WAIT_SECONDS, "
+                      "then 503 `database_busy`), then answers as a retry. While another resolution of the row "
+                      "is under way (the other action, or an attribution to another conversation) it answers "
+                      "409 `busy` and changes nothing; 409 `subagent_not_ambiguous` for a row that names its "
+                      "conversation itself.")
 def subagent_resolve(request: HttpRequest, agent_id: AnyText, body: SubagentResolveIn) -> dict:
     if body.action == "attribute" and not body.conversation:
         raise ApiError(400, "missing_field", _("Missing field: %(field)s.") % {"field": "conversation"})

@@ -364,39 +364,128 @@ def test_a_resolution_that_recovery_finished_first_is_answered_as_done(admin_use
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_second_resolution_of_a_row_under_way_is_refused_as_busy(admin_user, engine_home, monkeypatch):
-    """Another request's resolution of the row is under way: its record is committed and locked
-    by that request (PostgreSQL: a real second connection holds the lock, and the settle passes
-    it over; SQLite's one write lock keeps two requests apart, so there the record alone stands
-    for it)."""
+def test_another_resolution_of_a_row_under_way_is_refused_as_busy(admin_user, engine_home, monkeypatch):
+    """Another request's resolution of the row, another action, is under way: its record is
+    committed and locked by that request (PostgreSQL: a real second connection holds the lock,
+    and the settle passes it over; SQLite's one write lock keeps two requests apart, so there the
+    record alone stands for it). The clear is refused as busy and changes nothing."""
     import psycopg
 
     from lifecycle.actions import resolve_subagent as action
     from tests.test_jobs import database_url
 
-    # The request under way has changed the files already: the row is gone, its fact not yet
-    # committed (r25: the second request answered "No subagent row has that id").
-    fleet.write_snapshot([])
-    pending = m.SubagentResolution.objects.create(agent_id="sa_c", action="clear", actor=admin_user)
+    # The attribution under way has changed the files already, its fact not yet committed
+    # (r25: the second request answered "No subagent row has that id").
+    owner = factories.make_conversation()
+    fleet.write_snapshot([{**row("sa_c", None), "origin": {"conversation": owner.public_id, "attributed": True}}])
+    pending = m.SubagentResolution.objects.create(agent_id="sa_c", action="attribute", actor=admin_user,
+                                                  conversation_public_id=owner.public_id)
     holder = None
     if connection.vendor == "postgresql":
         holder = psycopg.connect(database_url())
         holder.execute("SELECT id FROM lifecycle_subagentresolution WHERE id = %s FOR UPDATE", [pending.pk])
     else:
         carry_out = action._carry_out
-        monkeypatch.setattr(action, "_carry_out", lambda pk, home, *, settling: (
+        monkeypatch.setattr(action, "_carry_out", lambda pk, home, *, settling, wait=False: (
             False if settling else carry_out(pk, home, settling=settling)))
     try:
-        with pytest.raises(ActionRefused) as caught:
-            resolve_subagent("sa_c", action="clear", acting_user=admin_user)
+        for kwargs in ({"action": "clear"}, {"action": "attribute", "conversation": factories.make_conversation()}):
+            with pytest.raises(ActionRefused) as caught:
+                resolve_subagent("sa_c", acting_user=admin_user, **kwargs)
+            assert caught.value.code == "busy" and caught.value.status == 409
     finally:
         if holder is not None:
             holder.rollback()
             holder.close()
-    assert caught.value.code == "busy" and caught.value.status == 409
-    assert fleet.read_rows(EngineHome().fleet_path) == []
+    assert [fleet.origin_of(r) for r in fleet.read_rows(EngineHome().fleet_path)] == [owner.public_id]
     assert not m.AuditFact.objects.exists()
     assert list(m.SubagentResolution.objects.values_list("pk", flat=True)) == [pending.pk]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif("connection.vendor != 'postgresql'",
+                    reason="PostgreSQL's row lock; SQLite's one write lock keeps two requests apart")
+def test_the_same_resolution_under_way_is_waited_for_then_answered_as_its_retry(admin_user, engine_home):
+    """r122: a double press of "Clear this row" while the first press's resolution held its
+    record's lock was refused as busy. The same resolution is waited for, then answered as a
+    retry: one fact, the row cleared once."""
+    import psycopg
+
+    from tests.test_jobs import database_url
+
+    fleet.write_snapshot([])  # the first press changed the files; its fact not yet committed
+    pending = m.SubagentResolution.objects.create(agent_id="sa_c", action="clear", actor=admin_user)
+    holder = psycopg.connect(database_url())
+    holder.execute("SELECT id FROM lifecycle_subagentresolution WHERE id = %s FOR UPDATE", [pending.pk])
+    released = threading.Timer(1.0, holder.rollback)  # the first press stops short: its record stays
+    released.start()
+    try:
+        resolve_subagent("sa_c", action="clear", acting_user=admin_user)
+    finally:
+        released.join()
+        holder.close()
+    assert fleet.read_rows(EngineHome().fleet_path) == []
+    assert list(m.AuditFact.objects.values_list("action", "actor", "new_value__agent_id")) == [
+        ("subagent.cleared", admin_user.pk, "sa_c")]
+    assert not m.SubagentResolution.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("how", ["clear", "attribute"])
+def test_identical_resolutions_sent_at_once_all_answer_200_and_resolve_the_row_once(admin_user, engine_home,
+                                                                                   monkeypatch, how):
+    """r122: five identical POST /v1/subagents/{id}/resolve at once (a double press, retries
+    racing a lost answer) gave 2x200 and 3x409 busy on PostgreSQL. Each request has its own
+    connection; the files are written slowly, so the others arrive while the first holds its
+    record. Every one answers 200, the row is resolved once, with one fact."""
+    from django.test import Client
+
+    from console.models import ApiToken
+
+    owner = factories.make_conversation()
+    fleet.write_snapshot([row("sa_c", None), row("sa_keep", None)])
+    update_file = fleet.update_file
+
+    def slowly(*args, **kwargs):
+        import time
+
+        time.sleep(0.3)
+        return update_file(*args, **kwargs)
+
+    monkeypatch.setattr(fleet, "update_file", slowly)
+    body = {"action": "clear"} if how == "clear" else {"action": "attribute", "conversation": owner.public_id}
+    tokens = [ApiToken.issue(admin_user)[1] for _ in range(5)]
+    answers: list[tuple[int, dict]] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(tokens))
+
+    def press(token: str) -> None:
+        try:
+            client = Client(HTTP_AUTHORIZATION=f"Bearer {token}", HTTP_HOST="127.0.0.1")
+            start.wait()
+            response = client.post("/v1/subagents/sa_c/resolve", body, content_type="application/json")
+            answers.append((response.status_code, response.json()))
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+        finally:
+            connection.close()  # each thread has its own connection
+
+    threads = [threading.Thread(target=press, args=(token,)) for token in tokens]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
+    assert [status for status, _body in answers] == [200] * 5, answers
+    rows = fleet.read_rows(EngineHome().fleet_path)
+    if how == "clear":
+        assert [r["agent_id"] for r in rows] == ["sa_keep"]
+    else:
+        assert [(r["agent_id"], fleet.origin_of(r)) for r in rows] == [("sa_c", owner.public_id), ("sa_keep", None)]
+    facts = m.AuditFact.objects.filter(action__startswith="subagent.")
+    fact = {"clear": "subagent.cleared", "attribute": "subagent.attributed"}[how]
+    assert list(facts.values_list("action", "new_value__agent_id")) == [(fact, "sa_c")]
+    assert not m.SubagentResolution.objects.exists()
 
 
 @pytest.mark.django_db

@@ -23,6 +23,9 @@ ACTIONS = ("attribute", "clear")
 # Where a crash test kills a resolution: the fleet files changed, the audit fact not committed.
 FILES_CHANGED = "subagent-files-changed"
 ABSENT, DONE, CHANGE = "absent", "done", "change"
+# Resolutions of the same row a request waits for in turn before it answers busy (each begun
+# after the one before ended: more than two in a row is a loop, not a double press).
+ROUNDS = 3
 FACTS = {"attribute": "subagent.attributed", "clear": "subagent.cleared"}
 # Refusals a settle keeps its resolution for (the engine folder may be readable or writable later).
 KEPT_FOR_LATER = {"fleet_unreadable", ENGINE_FOLDER_READ_ONLY, ENGINE_FOLDER_FULL, ENGINE_FOLDER_NOT_WRITABLE}
@@ -50,22 +53,31 @@ def resolve_subagent(agent_id: str, *, action: str, conversation: Conversation |
     if not fleet.namable_id(agent_id):  # (a NUL cannot be looked up in jsonb)
         raise unnamable_refusal()
     home = home or EngineHome()
-    # A resolution of this row cut short is finished first (a refusal of the files' is this one's).
-    for pk in SubagentResolution.objects.filter(agent_id=agent_id).values_list("pk", flat=True):
-        _carry_out(pk, home, settling=True)
-    with transaction.atomic():
-        target = lock_writable(conversation) if action == "attribute" else None
-        if SubagentResolution.objects.filter(agent_id=agent_id).exists():
-            raise _busy()  # passed over above: locked by a request under way (PostgreSQL)
-        if _answered(_state(_rows(home), agent_id, action, target), agent_id, action):
-            return
-        try:
-            with transaction.atomic():
-                intent = SubagentResolution.objects.create(
-                    agent_id=agent_id, action=action, actor=acting_user,
-                    conversation_public_id=target.public_id if target else "")
-        except IntegrityError:  # another request resolves this row right now (its own row)
-            raise _busy() from None
+    for _round in range(ROUNDS):
+        # A resolution of this row cut short is finished first (a refusal of the files' is this
+        # one's); the same resolution under way in another request (a double press, a retry racing
+        # the request whose answer was lost) is waited for, and this one then answers as its retry.
+        for pending in SubagentResolution.objects.filter(agent_id=agent_id):
+            _carry_out(pending.pk, home, settling=True, wait=_same(pending, action, conversation))
+        with transaction.atomic():
+            target = lock_writable(conversation) if action == "attribute" else None
+            under_way = SubagentResolution.objects.filter(agent_id=agent_id).first()
+            if under_way is not None:
+                if not _same(under_way, action, target):
+                    raise _busy()  # passed over above: another resolution, locked by its request (PostgreSQL)
+                continue  # the same one, begun since: waited for in the next round
+            if _answered(_state(_rows(home), agent_id, action, target), agent_id, action):
+                return
+            try:
+                with transaction.atomic():
+                    intent = SubagentResolution.objects.create(
+                        agent_id=agent_id, action=action, actor=acting_user,
+                        conversation_public_id=target.public_id if target else "")
+            except IntegrityError:  # another request resolves this row right now (its own row)
+                continue  # the next round waits for it if it is this same resolution, else refuses
+        break
+    else:
+        raise _busy()
     if not _carry_out(intent.pk, home, settling=False):
         # Settled between the two commits by recovery or a delete's admission (which may have
         # erased the row since, the conversation's delete admitted on it): done when its fact
@@ -73,6 +85,13 @@ def resolve_subagent(agent_id: str, *, action: str, conversation: Conversation |
         facts = AuditFact.objects.filter(action=FACTS[action], new_value__agent_id=agent_id)
         if not (facts.filter(conversation=target) if target else facts).exists():
             raise _busy()
+
+
+def _same(resolution: SubagentResolution, action: str, conversation: Conversation | None) -> bool:
+    """Whether a resolution under way is this very request's: the same action (an attribution
+    to the same conversation)."""
+    return resolution.action == action and (
+        action == "clear" or (conversation is not None and resolution.conversation_public_id == conversation.public_id))
 
 
 def _busy() -> ActionRefused:
@@ -110,10 +129,12 @@ def settle_resolutions(home: EngineHome | None = None) -> int:
     return settled
 
 
-def _carry_out(pk: int, home: EngineHome, *, settling: bool) -> bool:
+def _carry_out(pk: int, home: EngineHome, *, settling: bool, wait: bool = False) -> bool:
     """Change the files as the written-down resolution says and record its fact, in the commit
     that removes it. False when it is gone (settled by another) or, settling, locked by the
-    request making it.
+    request making it, unless `wait`: then its lock is waited for (as any row lock: on the web
+    server at most DB_LOCK_WAIT_SECONDS, then 503 database_busy), and it is gone by then unless
+    that request stopped short of finishing it.
 
     A refusal removes the resolution and is raised (settling: logged), except while the engine
     folder cannot be read or written: then a settle keeps it for later, and so does a request
@@ -126,7 +147,7 @@ def _carry_out(pk: int, home: EngineHome, *, settling: bool) -> bool:
     refusal = None
     with transaction.atomic():
         pending = SubagentResolution.objects.all()
-        if settling:
+        if settling and not wait:
             pending = pending.select_for_update(skip_locked=True)
         else:
             pending = pending.select_for_update()
