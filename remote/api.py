@@ -238,20 +238,26 @@ def _cursor_place(token: str) -> tuple[str, int, int]:
                       "(retried by itself, with the same key), Completed once the engine's receipt is "
                       "acknowledged. An engine that does not offer delete answers 409 with outcome "
                       "unavailable; with LIFECYCLE_OFFLINE_DELETE=refuse an unreachable engine answers 409 "
-                      "`engine_offline` and nothing is recorded.")
+                      "`engine_offline` and nothing is recorded. The same key answers with the recorded outcome "
+                      "ever after (422 when it was used for another conversation). A new key joins the delete "
+                      "under way; once a delete completed it let the binding go, and the binding's id then "
+                      "answers a new key with that delete (202, Completed), as the engine answers a new key for "
+                      "a conversation it deleted; 404 only for an id this console never bound.")
 def binding_delete(request: HttpRequest, binding_id: str) -> tuple[int, dict]:
     key = request.headers.get("Idempotency-Key")
     binding = EngineBinding.objects.filter(public_id=binding_id).first() if re.fullmatch(BINDING_ID, binding_id) \
         else None
     if binding is None:
-        # A completed delete let its binding go: the same key still answers with its outcome.
-        from remote.delivery import recorded_for_key
+        # A completed delete let its binding go: the same key still answers with its outcome, and
+        # a new one with that delete (r122: 404), as the engine's delete answers a new key.
+        from remote.delivery import released_delete, request_released_delete
 
-        recorded = recorded_for_key(key) if key else None
-        if recorded is None or recorded.binding_ref != binding_id:
+        done = released_delete(binding_id) if re.fullmatch(BINDING_ID, binding_id) else None
+        if done is None:
             raise ApiError(404, "not_found", _("Nothing with that id exists here."))
-        return 202, bound_delete_json(recorded)
-    op = request_bound_delete(binding, key=key, actor=request.user)
+        op, _new = request_released_delete(done, key=key)
+    else:
+        op = request_bound_delete(binding, key=key, actor=request.user)
     if op.state in ("refused", "unavailable"):
         raise ApiError(409, op.code or "refused", error_text(op.code), outcome=op.state, operation=op.public_id)
     return 202, bound_delete_json(op)

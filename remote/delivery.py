@@ -146,6 +146,29 @@ def recorded_for_key(key: str) -> BoundDelete | None:
     return known.delete if known else None
 
 
+def released_delete(binding_ref: str) -> BoundDelete | None:
+    """The delete that completed and let the binding of that id go (deliberately gone once the
+    engine's receipt is acknowledged); None for a binding this console never let go."""
+    return BoundDelete.objects.filter(binding_ref=binding_ref, state=BoundDeleteState.COMPLETED).order_by(
+        "-completed_at", "-pk").first()
+
+
+def request_released_delete(done: BoundDelete, *, key: str | None) -> tuple[BoundDelete, bool]:
+    """A request for a binding its completed delete `done` let go (a form or an API call sent again
+    after its answer was lost, or from a page shown before): the key answers with its recorded
+    outcome, as ever (422 when it was used for another conversation); a new key answers with
+    `done` and is remembered for it, as the engine answers a new key for a conversation it
+    deleted, and as a request joins a delete under way (`_intent`). Returns the delete and
+    whether the key is new to it."""
+    key = check_key(key)
+    row, created = BoundDeleteKey.objects.select_related("delete").get_or_create(key=key, defaults={"delete": done})
+    op = row.delete
+    if (op.engine_url, op.engine_id) != (done.engine_url, done.engine_id):
+        raise ActionRefused("idempotency_key_reused",
+                            _("This Idempotency-Key was already used for another conversation."), status=422)
+    return op, created
+
+
 def _probe(binding: EngineBinding) -> str:
     """"ok", "unsupported", "unconfigured" or "unreachable": does the engine offer delete now?"""
     try:

@@ -37,7 +37,13 @@ from lifecycle.deletion.presentation import (
 )
 from lifecycle.errors import ActionRefused
 from remote.api import bound_delete_json
-from remote.delivery import error_text, request_bound_delete
+from remote.delivery import (
+    error_text,
+    recorded_for_key,
+    released_delete,
+    request_bound_delete,
+    request_released_delete,
+)
 from remote.models import BoundDelete, BoundDeleteKey, BoundDeleteState, EngineBinding
 from remote.preview import admission_of, engine_preview
 from remote.status import waiting_text
@@ -197,6 +203,8 @@ def bindings_sync(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "HEAD", "POST"])
 def binding_delete(request: HttpRequest, binding_id: str) -> HttpResponse:
+    if request.method == "POST" and (answered := _answered_by_key(request, binding_id)) is not None:
+        return answered
     binding = get_object_or_404(EngineBinding, public_id=binding_id)
     pending = BoundDelete.objects.filter(binding=binding, state="pending").first()
     context = {"binding": binding, "pending": pending, "key": "ui-" + secrets.token_hex(12),
@@ -232,6 +240,36 @@ def binding_delete(request: HttpRequest, binding_id: str) -> HttpResponse:
             raise Http404 from None
         context["error"] = error_text(exc.code) if exc.code.startswith("engine_") else form_message(exc)
         return render(request, "remote/binding_delete.html", context, status=exc.status)
+    return redirect("remote:bound-delete", delete_id=op.public_id)
+
+
+def _answered_by_key(request: HttpRequest, binding_id: str) -> HttpResponse | None:
+    """A confirmation its key already answers leads to that delete, before anything else is
+    looked at: the form sent again (a reload after the answer was lost), also once the delete
+    completed and let the binding go (r122: 404, as the binding is deliberately gone then). A
+    confirmation of a binding let go, from a page shown before, leads to the delete that
+    completed, saying so, as the embedded delete page does. None: the binding's own page decides."""
+    key = request.POST.get("key") or ""
+    if EngineBinding.objects.filter(public_id=binding_id).exists():
+        known = recorded_for_key(key)
+        if known is None or known.binding_ref != binding_id:
+            return None
+        op, new = known, False
+    else:
+        done = released_delete(binding_id)
+        if done is None:
+            raise Http404
+        if not is_admin(request.user):
+            raise PermissionDenied
+        try:
+            op, new = request_released_delete(done, key=key)
+        except ActionRefused:  # no key, a broken one, or one of another conversation's: no page to show
+            raise Http404 from None
+    if not is_admin(request.user):
+        raise PermissionDenied
+    if new:
+        messages.info(request, _("This conversation's delete had already been requested: your confirmation did "
+                                 "nothing more. Its status is below."))
     return redirect("remote:bound-delete", delete_id=op.public_id)
 
 

@@ -237,6 +237,45 @@ RECEIPT = {"engine": "sqlite", "stores": [
 ]}
 
 
+def test_a_released_bindings_keys_answer_with_their_recorded_outcome_and_a_new_key_with_its_delete(
+        settings, admin_client, api):
+    """Once a completed delete let its binding go (r122): the form sent again leads to its delete
+    (it was 404); the API answers each key with its recorded outcome (a refused one 409, as for a
+    binding still here; it was 202), a new key with the completed delete, remembered for it; no
+    key 400, another conversation's key 422, and an id never bound 404. Nothing is sent anywhere."""
+    settings.ENGINE_URL, settings.ENGINE_TOKEN = "http://127.0.0.1:9", "t" * 40  # nothing listens: never asked
+    op = completed(RECEIPT)
+    refused = BoundDelete.objects.create(key="k-refused", binding_ref=op.binding_ref, engine_id=TARGET,
+                                         owner_kind="account", owner_id=1, scope="bound", thread_id="t1",
+                                         state="refused", code="conversation_turns_running", completed_at=op.requested_at)
+    BoundDeleteKey.objects.create(key=refused.key, delete=refused)
+    elsewhere = BoundDelete.objects.create(key="k-other", binding_ref="b_" + "9" * 20, engine_id=OTHER,
+                                           owner_kind="account", owner_id=1, scope="bound", thread_id="t2",
+                                           state="refused", code="conversation_turns_running")
+    BoundDeleteKey.objects.create(key=elsewhere.key, delete=elsewhere)
+    form_url = f"/engine/conversations/{op.binding_ref}/delete/"
+    resent = admin_client.post(form_url, {"key": op.key, "seen": "x"}, **HOST)
+    assert (resent.status_code, resent["Location"]) == (302, f"/engine/deletes/{op.public_id}/")
+    refused_again = admin_client.post(form_url, {"key": refused.key, "seen": "x"}, **HOST)
+    assert refused_again["Location"] == f"/engine/deletes/{refused.public_id}/"
+
+    def delete(key: str | None, binding_id: str = op.binding_ref):
+        return api.delete(f"/api/v1/bindings/{binding_id}", **({"HTTP_IDEMPOTENCY_KEY": key} if key else {}))
+
+    assert (delete(op.key).status_code, delete(op.key).json()["id"]) == (202, op.public_id)
+    answer = delete(refused.key)
+    assert (answer.status_code, answer.json()["outcome"], answer.json()["operation"]) == (
+        409, "refused", refused.public_id)
+    joined = delete("k-new")
+    assert (joined.status_code, joined.json()["id"], joined.json()["state"]) == (202, op.public_id, "completed")
+    assert BoundDeleteKey.objects.get(key="k-new").delete_id == op.pk
+    assert (delete(None).status_code, delete(None).json()["code"]) == (400, "idempotency_key_missing")
+    assert (delete("k-other").status_code, delete("k-other").json()["code"]) == (422, "idempotency_key_reused")
+    assert delete("k-never", "b_" + "0" * 20).status_code == 404
+    assert not BoundDeleteKey.objects.filter(key__in=["k-never"]).exists()
+    assert BoundDelete.objects.count() == 3 and not EngineBinding.objects.exists()
+
+
 def test_the_receipt_names_each_store_its_action_and_unit(admin_client):
     op = completed(RECEIPT)
     page = admin_client.get(f"/engine/deletes/{op.public_id}/", **HOST).content.decode()

@@ -70,6 +70,7 @@ THREADS = {
     "clash-other": {"thread_id": "t-clash-other"},
     "legacy": {"thread_id": "t-legacy", "title": "Legacy title"},
     "unsent": {"thread_id": "t-unsent"},
+    "resend": {"thread_id": "t-resend"},
 }
 
 
@@ -543,14 +544,59 @@ def test_a_stale_replay_gets_the_recorded_outcome_and_changes_nothing(remote):
     reused = api_delete(api, other.public_id, "replay-1")
     assert reused.status_code == 422 and reused.json()["code"] == "idempotency_key_reused"
     assert not BoundDelete.objects.filter(binding=other).exists()
-    # A new key for the released binding: it is gone here.
-    assert api_delete(api, b.public_id, "replay-2").status_code == 404
+    # A new key for the released binding: the delete that let it go, as the engine answers a new
+    # key for a conversation it deleted (r122: 404); the key is remembered for it, nothing sent.
+    joined = api_delete(api, b.public_id, "replay-2")
+    assert joined.status_code == 202 and joined.json() == done
+    assert BoundDeleteKey.objects.get(key="replay-2").delete_id == op.pk
+    assert BoundDelete.objects.get(pk=op.pk).attempts == 1
+    # An id this console never bound is unknown, whatever the key.
+    assert api_delete(api, "b_" + "0" * 20, "replay-1").status_code == 404
     # Replayed straight at the engine with the old key: its recorded operation, not a second erasure.
     replayed = HttpEngine(remote.url, remote.token).request_delete(thread(remote, "replay"), key="replay-1", actor=None)
     op.refresh_from_db()
     assert replayed.id == op.engine_operation and replayed.receipt["stores"] == op.receipt["stores"]
     assert remote.conversation(thread(remote, "replay"))["operations"] == engine_ops
     deleted_once(remote, "replay")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_confirmation_sent_again_after_its_delete_completed_leads_to_that_delete(remote, client, admin_user):
+    """r122: the Delete form sent again once its bound delete completed (a reload after the
+    answer was lost) was 404: the binding is gone once the engine's receipt is acknowledged.
+    Its key leads to its delete, as the embedded delete page's does; nothing is sent again."""
+    refresh("")
+    b = binding(remote, "resend")
+    client.force_login(admin_user)
+    url = f"/engine/conversations/{b.public_id}/delete/"
+    page = client.get(url, **HOST).content.decode()
+    form = {name: re.search(rf'name="{name}" value="([^"]+)"', page).group(1) for name in ("key", "seen")}
+    first = client.post(url, form, **HOST)
+    op = BoundDelete.objects.get(binding_ref=b.public_id)
+    assert (first.status_code, first["Location"]) == (302, f"/engine/deletes/{op.public_id}/")
+    assert delivery.deliver(op.pk, budget=60) == "completed"
+    assert not EngineBinding.objects.filter(public_id=b.public_id).exists()
+    engine_ops = remote.conversation(thread(remote, "resend"))["operations"]
+    again = client.post(url, form, **HOST)
+    assert (again.status_code, again["Location"]) == (302, f"/engine/deletes/{op.public_id}/")
+    shown = client.get(again["Location"], **HOST).content.decode()
+    assert 'data-state="completed"' in shown and "had already been requested" not in shown
+    # A confirmation from a page shown before the delete completed: that delete, said so.
+    late = client.post(url, {**form, "key": "ui-shown-before"}, follow=True, **HOST)
+    assert late.redirect_chain == [(f"/engine/deletes/{op.public_id}/", 302)]
+    assert "had already been requested: your confirmation did nothing more" in late.content.decode()
+    assert list(BoundDeleteKey.objects.filter(delete=op).order_by("pk").values_list("key", flat=True)) == [
+        form["key"], "ui-shown-before"]
+    # One delete, called once; the engine erased the conversation once.
+    assert list(BoundDelete.objects.filter(engine_id=b.engine_id).values_list("pk", "attempts")) == [(op.pk, 1)]
+    assert remote.conversation(thread(remote, "resend"))["operations"] == engine_ops
+    deleted_once(remote, "resend")
+    # A member may not; an id never bound is unknown.
+    member = factories.make_user("resend-member", admin=False)
+    client.force_login(member)
+    assert client.post(url, form, **HOST).status_code == 403
+    client.force_login(admin_user)
+    assert client.post("/engine/conversations/b_" + "0" * 20 + "/delete/", form, **HOST).status_code == 404
 
 
 @pytest.mark.django_db(transaction=True)
