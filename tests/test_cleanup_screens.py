@@ -753,6 +753,32 @@ def test_a_cancel_asked_for_a_queued_backup_or_run_is_acknowledged(admin_client,
     assert op.cancel_requested and op.state == "queued"  # nothing ended it yet: not shown as ended either
 
 
+def test_a_status_read_names_each_operation_when_made_and_whether_it_was_asked_to_stop(admin_client, admin_user):
+    """What the page compares after an action's answer was lost (lethe.js, r122): each history
+    row's operation id, kind and creation time (epoch seconds, the server's clock), and its
+    cancel; the saved policy's revision and the server's time of the read."""
+    enable(admin_user, choice="skip")
+    old_conversation("status-facts")
+    admin_client.post(RUN, {"revision": str(ToolPayloadPolicy.load().revision)}, **HX)
+    op = ToolPayloadOperation.objects.get(kind="cleanup")
+    service.cancel(user=admin_user, operation_id=op.pk)
+    response = admin_client.get(STATUS, **HX)
+    html = response.content.decode()
+    row = re.search(rf'<li class="history-row" data-kind="cleanup" data-state="queued" data-op="{op.pk}" '
+                    r'data-created="(\d+)" data-cancel="requested">', html)
+    assert row and int(row.group(1)) == int(op.created_at.timestamp())
+    saved = re.search(r'<div id="tool-saved"[^>]*data-revision="(\d+)" data-now="(\d+)"', html)
+    assert saved and int(saved.group(1)) == ToolPayloadPolicy.load().revision
+    assert 0 <= int(saved.group(2)) - int(op.created_at.timestamp()) < 60
+    # Ended as cancelled; an operation not asked to stop says nothing of a cancel.
+    assert run(op.pk).state == "cancelled"
+    compact = service.start_compact(user=admin_user)
+    html = admin_client.get(STATUS, **HX).content.decode()
+    assert re.search(rf'data-kind="cleanup" data-state="cancelled" data-op="{op.pk}" data-created="\d+" '
+                     r'data-cancel="requested">', html)
+    assert re.search(rf'data-kind="compact" data-state="queued" data-op="{compact}" data-created="\d+">', html)
+
+
 # ---- Members --------------------------------------------------------------------------------
 
 

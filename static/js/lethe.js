@@ -394,18 +394,105 @@
       p.textContent = note.dataset.unavailable || "";
       note.appendChild(p);
     } else if (elt.closest("[data-cleanup-action]")) {
-      // Said beside the button pressed: Compact database has its own error region.
-      var errors = document.getElementById(elt.closest("#db-compact") ? "compact-error" : "tool-action-error");
-      if (!errors) return;
-      errors.innerHTML = "";
-      var q = document.createElement("p");
-      q.className = "alert alert-error";
-      q.textContent = errors.dataset.offline || "";
-      errors.appendChild(q);
+      answerLost(elt);
     }
   }
   document.addEventListener("htmx:sendError", statusUnreachable);
   document.addEventListener("htmx:timeout", statusUnreachable);
+
+  // An action whose answer did not arrive (the network dropped it, or a proxy answered for
+  // Lethe) may have been done all the same: the request can reach Lethe, and Lethe commit,
+  // before the answer is lost (r122: "nothing was started" while the run was queued, and it
+  // ran). So the status is read again and compared with what the page showed when the button
+  // was pressed, by what the button does (its data-effect): "starts K" a new operation of a
+  // kind in K made since the press, "cancels" its operation asked to stop (or stopped as
+  // cancelled), "turns-off" cleanup off at a newer revision. Until a read succeeds the page
+  // says it cannot tell yet, and reads again (the status it reads is swapped in as a poll's).
+  var pressed = null; // the last action sent: its button, what the page showed, when
+  function historyRows() {
+    return Array.prototype.slice.call(document.querySelectorAll("#cleanup-history .history-row[data-op]"));
+  }
+  function pageFacts() {
+    var policy = document.getElementById("tool-saved");
+    var newest = {};
+    historyRows().forEach(function (row) {
+      newest[row.dataset.kind] = Math.max(newest[row.dataset.kind] || 0, Number(row.dataset.op));
+    });
+    return { newest: newest, revision: policy && policy.dataset.revision, enabled: policy && policy.dataset.enabled };
+  }
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    var elt = cleanupAction(event.detail.elt);
+    if (!elt) return;
+    var button = elt.matches("[data-effect]") ? elt : elt.querySelector("[data-effect]") || elt;
+    pressed = { elt: elt, effect: elt.dataset.effect || button.dataset.effect || "",
+                operation: button.value || "", facts: pageFacts(), at: Date.now() };
+  });
+  // Whether the status now on the page shows the pressed action done: true, false, or null
+  // when it cannot tell (the stored state unreadable, the operation no longer listed).
+  function pressedDone(press) {
+    var policy = document.getElementById("tool-saved");
+    if (!policy || !policy.dataset.now) return null;
+    var words = press.effect.split(/\s+/);
+    if (words[0] === "starts") {
+      var kinds = words.slice(1);
+      // Made after the press, by the server's clock: an operation another admin started long
+      // before, which this page (not polling) never showed, is not this press's.
+      var since = Number(policy.dataset.now) - (Date.now() - press.at) / 1000 - 10;
+      return historyRows().some(function (row) {
+        return kinds.indexOf(row.dataset.kind) !== -1 && Number(row.dataset.op) > (press.facts.newest[row.dataset.kind] || 0) &&
+          Number(row.dataset.created) >= since;
+      });
+    }
+    if (words[0] === "cancels") {
+      var row = document.querySelector('#cleanup-history .history-row[data-op="' + press.operation + '"]');
+      if (!row) return null;
+      return row.dataset.cancel === "requested" || row.dataset.state === "cancelled";
+    }
+    if (words[0] === "turns-off") {
+      return policy.dataset.enabled === "false" && policy.dataset.revision !== press.facts.revision;
+    }
+    return null;
+  }
+  function answerLost(elt) {
+    var press = pressed && pressed.elt === elt ? pressed : null;
+    if (!press) press = pressed = { elt: elt, effect: elt.dataset.effect || "", operation: "", facts: pageFacts(), at: Date.now() };
+    // Said beside the button pressed: Compact database has its own region.
+    var region = document.getElementById(elt.closest("#db-compact") ? "compact-error" : "tool-action-error");
+    var live = document.getElementById("cleanup-live");
+    var url = live && live.dataset.statusUrl;
+    var wait = 2000;
+    var said = null;
+    function say(key) {  // once each: a read that fails again is not announced again
+      if (!region || (said === key && region.firstChild)) return;
+      said = key;
+      sayAlert(region, region.dataset[key] || "").className = key === "lostDone" ? "alert alert-ok" : "alert alert-error";
+    }
+    function check() {
+      if (pressed !== press) return; // another action was sent since: its answer speaks
+      var read = fetch(url, { headers: { "HX-Request": "true" }, credentials: "same-origin" }).then(function (response) {
+        if (!response.ok) return null;
+        return response.text().then(function (html) { return html.indexOf('id="tool-saved"') !== -1 ? html : null; });
+      }).catch(function () { return null; });
+      read.then(function (html) {
+        if (pressed !== press) return;
+        clearTimeout(unsure);
+        if (!html) {  // not read either: read again, a little later each time
+          say("lostUnknown");
+          setTimeout(check, wait);
+          wait = Math.min(wait * 2, 30000);
+          return;
+        }
+        if (window.htmx) window.htmx.swap(document.body, html, { swapStyle: "none" });
+        var done = pressedDone(press);
+        say(done === true ? "lostDone" : done === false ? "lostNotDone" : "lostUnknown");
+        if (done === null) setTimeout(check, wait = Math.min(wait * 2, 30000));
+      });
+    }
+    // Said at once only if the read takes a while: a quick one is said once, with its outcome.
+    var unsure = setTimeout(function () { if (pressed === press) say("lostUnknown"); }, 1500);
+    if (url) check();
+    else say("lostUnknown");
+  }
 
   // Each status read replaces the live regions. An unchanged region is left alone; a
   // changed one keeps its open details and the focus (by id), and a new state is said once:
@@ -604,11 +691,12 @@
   // this script ran (a slow phone) still gets the bar for that change. A field the server
   // rendered with an unsaved draft in it (an analysis sent before this script ran) says what is
   // saved in data-saved-value (data-saved-checked for a checkbox): the draft is then unsaved
-  // from the start, and Discard goes back to what is saved.
-  function served(form) {
+  // from the start, and Discard goes back to what is saved. `all`: disabled fields too (a
+  // page read again, where nothing disabled the choices that are not asked for).
+  function served(form, all) {
     var params = new URLSearchParams();
     Array.prototype.forEach.call(form.elements, function (el) {
-      if (!el.name || el.disabled || el.name === "csrfmiddlewaretoken" || el.name === "revision") return;
+      if (!el.name || (el.disabled && !all) || el.name === "csrfmiddlewaretoken" || el.name === "revision") return;
       var tag = el.tagName;
       if (tag === "BUTTON" || tag === "FIELDSET" || tag === "OBJECT" || tag === "OUTPUT") return;
       if (el.hasAttribute("data-saved-value")) {
@@ -644,7 +732,7 @@
   var RING = 8; // 3px outline + 2px offset + room to breathe
   var COMPACT_BELOW = 480; // visible height, CSS px
   function shortText(text) {
-    var keys = ["failed", "offline", "sessionEnded", "forbidden"];
+    var keys = ["failed", "offline", "lost", "lostUnsaved", "sessionEnded", "forbidden"];
     for (var i = 0; i < keys.length; i++) {
       if (text === bar.dataset[keys[i]]) return bar.dataset[keys[i] + "Short"] || text;
     }
@@ -724,29 +812,106 @@
   function signedOut(response) {
     return response.status === 401 || response.status === 403 || (response.redirected && isLoginPage(response.url));
   }
-  // After signing in again elsewhere the page's CSRF token is stale: fetch a fresh one.
-  function renewToken() {
+  // The page as Lethe renders it now: { doc } (parsed), { unreachable: true } when no answer
+  // came, {} for an answer that is not the page (the login page, an error page).
+  function readPage() {
     return fetch(location.href, { credentials: "same-origin" }).then(function (response) {
-      if (!response.ok || (response.redirected && isLoginPage(response.url))) return false;
+      if (!response.ok || (response.redirected && isLoginPage(response.url))) return {};
       return response.text().then(function (html) {
         var doc = new DOMParser().parseFromString(html, "text/html");
-        var token = doc.querySelector("input[name=csrfmiddlewaretoken]");
-        if (!token) return false;
-        document.querySelectorAll("input[name=csrfmiddlewaretoken]").forEach(function (el) { el.value = token.value; });
-        var headers = doc.body.getAttribute("hx-headers");
-        if (headers) document.body.setAttribute("hx-headers", headers);
-        return true;
+        return doc.querySelector("input[name=csrfmiddlewaretoken]") ? { doc: doc } : {};
       });
-    }).catch(function () { return false; });
+    }).catch(function () { return { unreachable: true }; });
+  }
+  // After signing in again elsewhere the page's CSRF token is stale: the page's fresh one.
+  function takeToken(doc) {
+    var token = doc.querySelector("input[name=csrfmiddlewaretoken]");
+    document.querySelectorAll("input[name=csrfmiddlewaretoken]").forEach(function (el) { el.value = token.value; });
+    var headers = doc.body.getAttribute("hx-headers");
+    if (headers) document.body.setAttribute("hx-headers", headers);
   }
 
-  // True once the page's token is good for the session: renewed first after a session ended.
+  // "ok" once the page's token is good for the session (renewed first after a session ended),
+  // else "session", or "unreachable" when the page could not be read to renew it: then
+  // nothing was sent, and "nothing was done" is true.
   function fresh() {
-    if (!sessionEnded && !tokenStale) return Promise.resolve(true);
-    return renewToken().then(function (ok) {
-      if (ok) tokenStale = false;
-      return ok;
+    if (!sessionEnded && !tokenStale) return Promise.resolve("ok");
+    return readPage().then(function (read) {
+      if (!read.doc) return read.unreachable ? "unreachable" : "session";
+      takeToken(read.doc);
+      tokenStale = false;
+      return "ok";
     });
+  }
+
+  // A save whose answer did not arrive was sent: Lethe may have saved it (r122: the bar said
+  // "nothing was saved" while cleanup had been switched on, and the daily check then removed
+  // tool details for good). Such a card's saved settings are read again from the page, and
+  // compared with the draft that was sent: "saved" (the card shows them, the draft is gone),
+  // "unsaved" (the draft stays), or "unknown" when the page cannot be read either: the card
+  // is then `uncertain`, and its next save reads first, so a save that went through is not
+  // sent again from a revision that is behind.
+  var uncertain = {};
+  function settleLost(lost) {
+    return readPage().then(function (read) {
+      var outcome = {};
+      if (read.doc) takeToken(read.doc);
+      lost.forEach(function (form) {
+        var key = form.dataset.contributor;
+        var now = read.doc && read.doc.querySelector('form[data-contributor="' + key + '"]');
+        if (!now) {
+          uncertain[key] = true;
+          outcome[key] = "unknown";
+          return;
+        }
+        delete uncertain[key];
+        outcome[key] = sameAsStored(form, now) ? "saved" : "unsaved";
+        if (outcome[key] === "saved") showStored(form, now, bar.dataset.lostSaved);
+      });
+      return outcome;
+    });
+  }
+  // Whether the draft in `form` is what `stored` (the card's form as Lethe renders it now)
+  // holds: every setting it shows (not a choice it asks for only with a change, hidden).
+  function sameAsStored(form, stored) {
+    var now = new URLSearchParams(served(stored, true));
+    var draft = new URLSearchParams(snapshot(form));
+    var names = [];
+    Array.prototype.forEach.call(stored.elements, function (el) {
+      if (!el.name || el.name === "csrfmiddlewaretoken" || el.name === "revision" || el.tagName === "BUTTON" ||
+          el.closest("fieldset[hidden]") || names.indexOf(el.name) !== -1) return;
+      names.push(el.name);
+    });
+    return names.length > 0 && names.every(function (name) {
+      var a = now.getAll(name), b = draft.getAll(name);
+      var number = (stored.elements.namedItem(name) || {}).type === "number";
+      return a.length === b.length && a.every(function (value, i) {
+        return number ? value !== "" && Number(value) === Number(b[i]) : value === b[i];
+      });
+    });
+  }
+  // The card as the page read again renders it; `note`: a confirmation, where a save puts its own.
+  function showStored(form, stored, note) {
+    var card = form.closest("section") || form;
+    var focusedId = card.contains(document.activeElement) ? document.activeElement.id : "";
+    var fresh = document.importNode(stored.closest("section") || stored, true);
+    if (note) {
+      var said = document.createElement("p");
+      said.className = "alert alert-ok";
+      said.setAttribute("role", "status");
+      said.setAttribute("data-testid", "lost-saved");
+      said.textContent = note;
+      var before = fresh.querySelector(".live-note") || fresh.querySelector("form[data-contributor]");
+      if (before) before.parentNode.insertBefore(said, before);
+    }
+    card.replaceWith(fresh);
+    if (window.htmx) window.htmx.process(fresh);
+    syncCleanupDraft();
+    var newForm = fresh.querySelector('form[data-contributor="' + form.dataset.contributor + '"]');
+    known.add(newForm);
+    remember(newForm);
+    var again = focusedId && document.getElementById(focusedId);
+    if (again && focusLost()) again.focus({ preventScroll: true });
   }
 
   function saveOne(form) {
@@ -766,7 +931,8 @@
         var holder = document.createElement("div");
         holder.innerHTML = html.trim();
         var fresh = holder.firstElementChild;
-        if (!fresh || !fresh.querySelector('form[data-contributor="' + key + '"]')) return "offline";
+        // Not Lethe's answer (a proxy's error page, its 504 after Lethe saved): as lost.
+        if (!fresh || !fresh.querySelector('form[data-contributor="' + key + '"]')) return "lost";
         card.replaceWith(fresh);
         if (window.htmx) window.htmx.process(fresh);
         syncCleanupDraft();
@@ -778,7 +944,7 @@
         if (again && focusLost()) again.focus({ preventScroll: true });
         return response.ok ? "saved" : "failed";
       });
-    }).catch(function () { return "offline"; });
+    }).catch(function () { return "lost"; });
   }
 
   // The bar's Save saves every card with changes; a key pressed in a card (Enter) saves only
@@ -790,15 +956,27 @@
     busy = true;
     bar.classList.add("is-busy");
     var barHadFocus = bar.contains(document.activeElement);
-    var ready = fresh();
-    return ready.then(function (ok) {
-      return ok ? Promise.all(dirty.map(saveOne)) : ["session"];
+    return fresh().then(function (ready) {
+      if (ready !== "ok") return dirty.map(function () { return ready === "unreachable" ? "offline" : "session"; });
+      var unsure = dirty.filter(function (f) { return uncertain[f.dataset.contributor]; });
+      return (unsure.length ? settleLost(unsure) : Promise.resolve({})).then(function (settled) {
+        return Promise.all(dirty.map(function (f) {
+          var was = settled[f.dataset.contributor];
+          return was === "saved" || was === "unknown" ? was : saveOne(f);
+        }));
+      });
+    }).then(function (results) {
+      var lost = dirty.filter(function (f, i) { return results[i] === "lost"; });
+      if (!lost.length) return results;
+      return settleLost(lost).then(function (settled) {
+        return results.map(function (r, i) { return r === "lost" ? settled[dirty[i].dataset.contributor] : r; });
+      });
     }).then(function (results) {
       busy = false;
       bar.classList.remove("is-busy");
       // A save that reached the server proves the session good (r43: after one card saved, the
       // bar, up for the other card, still said the session had ended and nothing was saved).
-      if (results.indexOf("session") === -1) sessionEnded = false;
+      if (results.indexOf("session") === -1 && results.indexOf("offline") === -1) sessionEnded = false;
       if (results.indexOf("session") !== -1) {
         sessionEnded = true;
         refresh();
@@ -822,9 +1000,12 @@
         else if (card) focusQuiet(card);
         return;
       }
-      if (results.indexOf("offline") !== -1) {
-        refresh(bar.dataset.offline);
-        announce(live, bar.dataset.offline);
+      // (A lost answer is "unknown" or "unsaved" by now: read again, or not readable either.)
+      var said = ["unknown", "unsaved", "offline"].filter(function (r) { return results.indexOf(r) !== -1; })[0];
+      if (said) {
+        var words = bar.dataset[{ unknown: "lost", unsaved: "lostUnsaved", offline: "offline" }[said]];
+        refresh(words);
+        announce(live, words);
         return;
       }
       refresh();
@@ -845,7 +1026,25 @@
   function discard(only) {
     var barHadFocus = bar.contains(document.activeElement);
     var card = only ? only.closest("section") : lastField && lastField.closest("section");
-    dirtyForms().forEach(function (f) { if (!only || f === only) restore(f, saved[f.dataset.contributor]); });
+    var discarded = dirtyForms().filter(function (f) { return !only || f === only; });
+    discarded.forEach(function (f) { restore(f, saved[f.dataset.contributor]); });
+    // A card whose save may have gone through: what it had before is not surely what is
+    // saved, so it shows what the page read again has, once that can be read.
+    var unsure = discarded.filter(function (f) { return uncertain[f.dataset.contributor]; });
+    if (unsure.length) {
+      readPage().then(function (read) {
+        if (!read.doc) return;
+        takeToken(read.doc);
+        unsure.forEach(function (f) {
+          var key = f.dataset.contributor;
+          var now = read.doc.querySelector('form[data-contributor="' + key + '"]');
+          if (!now || !document.body.contains(f) || dirtyForms().indexOf(f) !== -1) return;
+          delete uncertain[key];
+          showStored(f, now);
+        });
+        refresh();
+      });
+    }
     if (!only) document.querySelectorAll(".card.has-error").forEach(function (c) { c.classList.remove("has-error"); });
     syncCleanupDraft(); // what depends on the fields (the backup choice, the estimate's mark)
     // One card discarded: the other's draft still waits for a sign-in, and the next save must
@@ -1006,9 +1205,9 @@
     event.preventDefault();
     if (renewing) return; // a second press while the token renews is dropped, as hx-sync drops it (r77)
     renewing = true;
-    fresh().then(function (ok) {
+    fresh().then(function (ready) {
       renewing = false;
-      if (ok) {
+      if (ready === "ok") {
         sessionEnded = false;
         refresh();
         ["tool-action-error", "compact-error", "tool-status-note"].forEach(function (id) {
@@ -1016,6 +1215,10 @@
           if (region && region.querySelector("[data-said-session-ended]")) region.innerHTML = "";
         });
         event.detail.issueRequest(true);
+      } else if (ready === "unreachable") {
+        // Not sent: the page could not be read for a fresh token, so nothing was done.
+        var unreached = actionRegion(elt);
+        if (unreached) sayAlert(unreached, unreached.dataset.offline);
       } else {
         var region = actionRegion(elt);
         if (region) region.innerHTML = ""; // said again: this press did nothing either
