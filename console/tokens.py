@@ -12,7 +12,7 @@ from django.utils.translation import gettext_lazy as _
 
 from console.fields import WholeNumberField
 from console.models import ApiToken
-from console.templatetags.lethe import KEPT_FORMAT
+from console.shown import KEPT_FORMAT
 from lifecycle import audit
 
 MAX_DAYS = 3650

@@ -340,3 +340,42 @@ def test_status_says_a_pending_step_and_a_tombstone_as_the_screens_do(monkeypatc
     said = run("status", conversation.public_id)
     assert f"{conversation.public_id}  deleted  content erased, a content-free tombstone remains\n" in said
     assert " open" not in said
+
+
+def run_on_a_terminal(command: str, *args) -> tuple[str, object]:
+    """The command's output as a terminal takes it, UTF-8 and strict (a StringIO takes a lone
+    surrogate, a terminal's stream fails on it), and how it exited (None, or SystemExit's code)."""
+    raw = io.BytesIO()
+    out = io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline="")
+    code = None
+    try:
+        call_command(command, *args, stdout=out)
+    except SystemExit as exit_:
+        code = exit_.code
+    out.flush()
+    return raw.getvalue().decode(), code
+
+
+def test_the_text_output_writes_out_control_and_format_characters_of_stored_text(engine_home, settings, tmp_path):
+    """r123: a title's BEL, escape sequence and line break went to the terminal as they are (it
+    rang, turned red, and one result took two lines: a title could fake a line of output). They
+    are written out as on the screens; --json keeps the text as it is."""
+    title = "Bell\x07 tab\tline\nbreak esc\x1b[31mred \u202eevil"
+    conversation = factories.make_conversation(title=title)
+    text, _code = run_on_a_terminal("conversations", "status", conversation.public_id)
+    assert text == (f"{conversation.public_id}  live  open  Bell[U+0007] tab[U+0009]line[U+000A]break "
+                    "esc[U+001B][31mred [U+202E]evil\n")
+    assert json.loads(run("status", conversation.public_id, "--json"))["thread"]["title"] == title
+    # A backup's name, as the delete's report and verify_erasure name it
+    settings.LETHE_BACKUP_DIR = tmp_path / "backups"
+    settings.LETHE_BACKUP_DIR.mkdir()
+    name = "lethe\x1b[2J\nfake line.sqlite3"
+    (settings.LETHE_BACKUP_DIR / name).write_bytes(b"a backup")
+    run("delete", conversation.public_id, "--key", "hostile-1")
+    op = m.DeleteOperation.objects.get()
+    m.DeleteOperation.objects.filter(pk=op.pk).update(receipt={**op.receipt, "holders": [
+        {"kind": "backup", "name": name}]})
+    for command, args in (("conversations", ("status", op.public_id)), ("verify_erasure", (op.public_id,))):
+        text, _code = run_on_a_terminal(command, *args)
+        assert "lethe[U+001B][2J[U+000A]fake line.sqlite3" in text, command
+        assert "\x1b" not in text and not any(line.startswith("fake line") for line in text.splitlines()), command

@@ -77,6 +77,24 @@ def test_the_detail_page_skips_fleet_rows_of_odd_shape(member_client, conversati
     assert 'data-testid="engine-unreadable"' not in page
 
 
+def test_the_detail_page_writes_out_a_childs_id_it_could_not_send_as_it_is(member_client, api, conversation):
+    """r123: an id with a lone surrogate (a runtime wrote it) made the conversation's page a 500:
+    no page can carry it (UTF-8). It is written out as [U+D800], as are a tab and a direction
+    override; the API gives the ids as the file holds them (that answer with escapes)."""
+    ids = ["sa_child\ud800", "sa_tab\tx", "sa_\u202eevil"]
+    EngineHome().update_fleet(lambda rows: [
+        {"agent_id": agent_id, "origin": {"conversation": conversation.public_id}, "status": "completed",
+         "delivery": "settled"} for agent_id in ids])
+    response = member_client.get(f"/conversations/{conversation.public_id}/", **HOST)
+    assert response.status_code == 200
+    page = response.content.decode()
+    for shown in ("sa_child[U+D800]", "sa_tab[U+0009]x", "sa_[U+202E]evil"):
+        assert f"<code><bdi>{shown}</bdi></code> · Completed" in page, shown
+    runtime = api.get(f"/v1/threads/{conversation.public_id}/runtime")
+    assert runtime.status_code == 200
+    assert [child["agent_id"] for child in runtime.json()["subagents"]] == ids
+
+
 def test_the_detail_page_names_broken_logs_of_this_conversation(member_client, conversation):
     home = EngineHome()
     key = conversation.storage_key

@@ -3,9 +3,6 @@ and stored names shown as they are (isolated, their invisible characters written
 
 from __future__ import annotations
 
-import re
-import sys
-import unicodedata
 from datetime import datetime
 from functools import cache
 
@@ -15,6 +12,7 @@ from django.utils.html import escape, format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext as _
 
+from console.shown import visible_format, written_out
 from console.viewer import zone_choices
 
 register = template.Library()
@@ -67,23 +65,6 @@ def command(*words) -> SafeString:
     return format_html('<code class="cmd" translate="no">{}</code>', parts)
 
 
-# Invisible characters that reorder or hide the text around them: the bidirectional embeddings,
-# overrides and isolates, zero-width spaces, tags and the other format characters, except the
-# joiners some scripts and emoji need and the plain direction marks of right-to-left text (kept
-# in an API token's name too, console/tokens.py).
-KEPT_FORMAT = frozenset("\u200c\u200d\u200e\u200f\u061c")
-
-
-@cache
-def _hidden_format() -> re.Pattern:
-    """The format characters written out, as one character class: found by the regular
-    expression engine, so a tool's output of megabytes is checked in milliseconds (built once
-    per process from the Unicode database)."""
-    chars = "".join(chr(code) for code in range(0x80, sys.maxunicode + 1)
-                    if unicodedata.category(chr(code)) == "Cf" and chr(code) not in KEPT_FORMAT)
-    return re.compile(f"[{re.escape(chars)}]")
-
-
 @register.filter(expects_localtime=True)
 def machine_time(value) -> str:
     """A time for `<time datetime="...">`: ISO 8601 to the second with its offset (Django's
@@ -99,11 +80,8 @@ def machine_time(value) -> str:
 def visible_controls(value) -> str:
     """A stored name with its invisible format characters written out ("[U+202E]"), so a title
     such as "Invoice <U+202E>FDP.exe" cannot show as "Invoice exe.PDF" (for text-only places:
-    the page's <title>)."""
-    text = str(value)
-    if text.isascii():
-        return text
-    return _hidden_format().sub(lambda found: f"[U+{ord(found.group()):04X}]", text)
+    the page's <title>); a lone surrogate too (console.shown)."""
+    return visible_format(value)
 
 
 @register.filter
@@ -112,3 +90,11 @@ def isolated(value) -> SafeString:
     format characters written out, and isolated (<bdi>) so a right-to-left name does not reorder
     the words and quotes around it."""
     return format_html("<bdi>{}</bdi>", visible_controls(value))
+
+
+@register.filter
+def isolated_id(value) -> SafeString:
+    """An id a runtime wrote (a subagent row's), isolated, with its control characters written
+    out as well ("sa[U+0009]x"): a tab or a line break in it is not shown as a space, which
+    would make it read as another row's (console.shown.written_out)."""
+    return format_html("<bdi>{}</bdi>", written_out(value))

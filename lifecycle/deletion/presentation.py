@@ -135,12 +135,12 @@ def preview_backups(preview: Any) -> list[str]:
     names (r77: names with a control character were left out, and past 50 the rest, while the
     API and the receipt name them): a name's invisible characters written out. (A remote
     engine's preview may carry anything: entries that are no backup are not read.)"""
-    from console.templatetags.lethe import visible_controls
+    from console.shown import visible_format
 
     entries = preview.get("backups") if isinstance(preview, dict) else None
     rows = [e for e in entries if isinstance(e, dict) and e.get("kind") in ("backup", "backup_folder")
             and isinstance(e.get("name", ""), str)] if isinstance(entries, list) else []
-    return [holder_text({**e, "name": visible_controls(e.get("name", ""))}) for e in rows]
+    return [holder_text({**e, "name": visible_format(e.get("name", ""))}) for e in rows]
 
 
 def removed_backups(entries: Any) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils.translation import gettext, ngettext
 
 from console.management.cli import JsonErrors, io_error
+from console.shown import shell_word, written_out
 from lifecycle.deletion import reasons
 from lifecycle.deletion.errors import error_message
 from lifecycle.deletion.presentation import (
@@ -96,7 +97,7 @@ class Command(JsonErrors, BaseCommand):
         return user
 
     def out(self, value) -> None:
-        self.stdout.write(_dumps(value) if self.as_json else str(value))
+        self.stdout.write(_dumps(value) if self.as_json else written_out(value))
 
     def thread(self, data: dict) -> None:
         if self.as_json:
@@ -111,7 +112,7 @@ class Command(JsonErrors, BaseCommand):
     def delete(self, engine, target: str, key: str, actor, *, wait: bool) -> None:
         op = engine.request_delete(target, key=key, actor=actor)
         if not self.as_json:
-            self.stdout.write(f"operation {op.id} (key {key}): {op.state}")
+            self.stdout.write(written_out(f"operation {op.id} (key {key}): {op.state}"))
         if op.state in ("refused", "unavailable"):
             self.report(op)
             raise SystemExit(2)
@@ -162,8 +163,10 @@ class Command(JsonErrors, BaseCommand):
         if op.state in ("refused", "unavailable"):
             lines += [f"  {code}: {reasons.message(code)}" for code in op.reasons]
             for row in (op.data.get("way_out") or {}).get("ambiguous", []):
-                lines.append(f"  subagent row {row['agent_id']}: resolve it with manage.py conversations "
-                             f"resolve-subagent {row['agent_id']} --attribute <conversation> (or --clear) --as <admin>")
+                # its id written out, and in the command as a word a shell reads back as the id
+                lines.append(f"  subagent row {written_out(row['agent_id'])}: resolve it with manage.py conversations "
+                             f"resolve-subagent {shell_word(row['agent_id'])} --attribute <conversation> (or --clear) "
+                             "--as <admin>")
         elif op.is_pending:
             done = sum(1 for s in op.steps if s["state"] == "done")
             # As the operation page says it: the store being erased by its name, the steps done.
@@ -214,7 +217,9 @@ class Command(JsonErrors, BaseCommand):
             for entry in removed_backups(op.receipt.get("removed_backups")):
                 when = entry["removed_on"].isoformat() if entry["removed_on"] else ""
                 lines.append(f"  not in the backup folder any more: {removed_backup_text(entry, when)}")
-        self.stdout.write("\n".join(lines))
+        # What the stored data holds (a title, a backup's name, a row's id) written out: a line break or
+        # an escape sequence in it would otherwise fake a line of this report or recolour the terminal (r123)
+        self.stdout.write("\n".join(written_out(line) for line in lines))
 
 
 def verification_lines(op: OperationView) -> list[str]:

@@ -8,6 +8,7 @@ from django.db import connection
 from django.utils import timezone
 
 from console.management.cli import JsonErrors, io_error, refusal
+from console.shown import written_out
 from lifecycle.deletion.executor import erase_residue as erase_residue_of
 from lifecycle.deletion.physical import holders_now, record_removed_backups
 from lifecycle.deletion.verify import targets, verify
@@ -113,37 +114,42 @@ class Command(JsonErrors, BaseCommand):
         if found:
             raise SystemExit(1)
 
+    def _line(self, text: str) -> None:
+        """A line of the report, what the stored data holds written out (a backup's name, an engine
+        file's path: a control character in it would act on the terminal, a line break fake a line)."""
+        self.stdout.write(written_out(text))
+
     def _write(self, r, erased: list[str], *, physical: bool) -> None:
         logical = "clean" if not r.logical else "FOUND " + ", ".join(
             f"{f.store} ({f.what}: {f.count})" for f in r.logical)
         if erased:
-            self.stdout.write(f"{r.operation}  {r.target}  erased again: {', '.join(erased)}")
-        self.stdout.write(f"{r.operation}  {r.target}  logical: {logical}")
+            self._line(f"{r.operation}  {r.target}  erased again: {', '.join(erased)}")
+        self._line(f"{r.operation}  {r.target}  logical: {logical}")
         if physical:
             detail = ", ".join(f"{f.where} ({f.count})" for f in r.physical_findings)
             words = PHYSICAL_WORDS[r.physical]
             if r.physical == "clean" and connection.vendor != "sqlite":
                 words = "clean in the engine folder's files (the database server's files are not read)"
-            self.stdout.write(f"    physical: {words}"
-                              + (f": {detail}" if detail else "")
-                              + f"  [{r.windows} windows; {r.explained} hits explained by live data]")
+            self._line(f"    physical: {words}"
+                       + (f": {detail}" if detail else "")
+                       + f"  [{r.windows} windows; {r.explained} hits explained by live data]")
             for f in r.physical_findings:
                 if not f.erasable:
-                    self.stdout.write(f"      {f.where}: {BY_HAND[f.where.split(':', 1)[0]]}")
+                    self._line(f"      {f.where}: {BY_HAND[f.where.split(':', 1)[0]]}")
         if r.last_physical:
             # This check scanned no raw bytes: the last one that did stands on the receipt.
             last = {"found": "CONTENT FOUND", "pending": "pending"}.get(r.last_physical["result"], "clean")
-            self.stdout.write(f"    last raw-byte check ({r.last_physical['at']}): {last}, as the receipt "
-                              "still records")
+            self._line(f"    last raw-byte check ({r.last_physical['at']}): {last}, as the receipt "
+                       "still records")
         self.stdout.flush()
 
     def _write_backups(self, backups: dict[str, list]) -> None:
         for held in backups["held"]:
-            self.stdout.write(f"    backup {held['name']}: made before the delete, still holds its content until it "
-                              "is deleted")
+            self._line(f"    backup {held['name']}: made before the delete, still holds its content until it "
+                       "is deleted")
         for gone in backups["removed"]:
-            self.stdout.write(f"    backup {gone['name']}: removed from the backup folder (found gone on "
-                              f"{gone['removed_at']}), no longer holds its content")
+            self._line(f"    backup {gone['name']}: removed from the backup folder (found gone on "
+                       f"{gone['removed_at']}), no longer holds its content")
         self.stdout.flush()
 
 
