@@ -32,7 +32,8 @@ from typing import Annotated, Any, ClassVar
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
-from django.urls import URLPattern, path
+from django.urls import URLPattern, path, register_converter
+from django.urls.converters import PathConverter
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 from django.views.decorators.csrf import csrf_exempt
@@ -160,7 +161,15 @@ class Header:
 
 class AnyText(str):
     """A path parameter's type for an id the caller does not choose (a runtime writes it): any
-    text, a slash too (sent as %2F or as it is), routed as Django's `path`."""
+    text, a slash too (sent as %2F or as it is), and a line break (sent as %0A: Django's `path`
+    took none, and such a row could not be named here while the command could: r123)."""
+
+
+class AnyTextConverter(PathConverter):
+    regex = r"[\s\S]+"
+
+
+register_converter(AnyTextConverter, "anytext")
 
 
 @dataclass
@@ -615,7 +624,7 @@ def urlpatterns() -> list[URLPattern]:
         first = next(iter(by_method.values()))
         django_route = route.lstrip("/")
         for name in first.path_params:
-            converter = {int: "int", AnyText: "path"}.get(first.param_type(name), "str")
+            converter = {int: "int", AnyText: "anytext"}.get(first.param_type(name), "str")
             django_route = django_route.replace(f"{{{name}}}", f"<{converter}:{name}>")
         patterns.append(path(django_route, _dispatcher(by_method), name=first.name))
     return patterns

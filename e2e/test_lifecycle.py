@@ -122,6 +122,36 @@ def test_small_phone_row_actions_way_out_and_operations(seeded, live_server, ope
     check_layout(page, "operations")
 
 
+def test_the_way_out_clears_rows_whose_ids_hold_a_line_break_a_tab_or_an_override(seeded, live_server, open_page):
+    """r123: one rule names rows, and what the page lists its forms can send back as the file
+    holds it: a browser sends a form's line break as CR LF (and a NUL as U+FFFD), so the forms
+    send the id percent-encoded. Each row is cleared by its own "Clear this row", in Chromium."""
+    from lifecycle import fleet
+    from lifecycle.models import AuditFact
+
+    conversation = unavailable()
+    home = fleet.EngineHome()
+    ids = ["sa_\ttab", "sa\nbreak", "sa\r\ncrlf", "sa_\u202eevil2"]
+    fleet.update_file(home, home.legacy_fleet_path, lambda rows: [*rows, *({
+        "agent_id": agent_id, "status": "completed", "delivery": "settled",
+        "started_at": conversation.created_at.isoformat()} for agent_id in ids)])
+    page = open_page("desktop")
+    log_in(page, live_server.url, *ADMIN)
+    page.goto(f"{live_server.url}/conversations/{conversation.public_id}/delete/")
+    rows = page.locator(".way-out-row")
+    expect(rows).to_have_count(5)  # the demo's row and these four
+    expect(page.get_by_text("cannot be read")).to_have_count(0)
+    expect(rows.nth(2)).to_contain_text("sa[U+000A]break")
+    for left in range(4, -1, -1):
+        rows.first.get_by_role("button", name="Clear this row").click()
+        expect(page.get_by_text("The subagent row was cleared.")).to_be_visible()
+        expect(rows).to_have_count(left)
+    expect(page.get_by_role("button", name="Delete for good")).to_be_visible()
+    cleared = set(AuditFact.objects.filter(action="subagent.cleared").values_list("new_value__agent_id", flat=True))
+    assert set(ids) < cleared and len(cleared) == 5  # each as the file held it, and the demo's row
+    assert not [r for path in fleet.fleet_files(home) for r in fleet.read_rows(path) if fleet.origin_of(r) is None]
+
+
 def test_members_see_the_lifecycle_read_only(seeded, live_server, open_page):
     conversation = deletable()
     page = open_page("phone")

@@ -12,7 +12,7 @@ import hashlib
 import json
 import secrets
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import unquote, urlencode, urlsplit
 
 from django.conf import settings
 from django.contrib import messages
@@ -283,7 +283,9 @@ def _part(receipt: dict[str, Any], name: str, kind: type) -> Any:
 
 
 def _operation_context(op: OperationView, request: HttpRequest | None = None) -> dict[str, Any]:
-    ambiguous = [row for row in _part(op.way_out or {}, "ambiguous", list) if isinstance(row, dict)]
+    # (a remote engine's way out, or an older one's, may name a row no form can send back)
+    ambiguous = [row for row in _part(op.way_out or {}, "ambiguous", list)
+                 if isinstance(row, dict) and fleet.namable_id(row.get("agent_id"))]
     conversation = Conversation.objects.select_related("account", "computer").filter(public_id=op.target).first()
     steps = receipt_rows([{**s, "class": ""} for s in op.steps if s["store"] != "fingerprints"])
     done = sum(1 for s in op.steps if s["state"] == "done")
@@ -488,11 +490,21 @@ def _listed(ops: list[OperationView]) -> list[dict[str, Any]]:
 
 
 
+def _posted_id(value: str) -> str:
+    """The row's id as the page's forms send it: percent-encoded (a browser sends a line break in
+    a form's value as CR LF, whatever it was: r123), so every id that can be named comes back as
+    the file holds it; "" (no row's) when what came is not UTF-8."""
+    try:
+        return unquote(value, errors="strict")
+    except UnicodeDecodeError:
+        return ""
+
+
 @login_required
 @require_POST
 def subagent_resolve(request: HttpRequest) -> HttpResponse:
     _admin_only(request)
-    agent_id = request.POST.get("agent_id", "")
+    agent_id = _posted_id(request.POST.get("agent_id", ""))
     action = request.POST.get("action", "")
     conversation_id = request.POST.get("conversation") or None
     try:

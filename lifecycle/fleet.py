@@ -75,19 +75,16 @@ def origin_of(row: Row) -> str | None:
 AGENT_ID_MAX = 256
 
 
-def resolvable_id(value: Any) -> bool:
-    """Whether a row's agent id can be named to resolve the row (on a form, in an address): a
-    text of printable characters, not empty (an address has no room for nothing: the API and a
-    console of a remote engine could not name it), of at most AGENT_ID_MAX characters. A row
-    whose id is missing, empty, not text, too long or holds a control character is a row the
-    state file does not describe usably."""
-    return namable_id(value) and value.isprintable()
-
-
 def namable_id(value: Any) -> bool:
-    """Whether an id sent to resolve a row can be any row's (looked up, put in an address): not
-    empty, at most AGENT_ID_MAX characters, no NUL or lone surrogate (a row written before
-    resolvable_id was checked may hold other characters, such as a direction mark)."""
+    """Whether a row's agent id can name the row, the one rule of every place that lists rows or
+    takes an id to resolve one (the delete's preview and admission, the operation's way out, the
+    API, the command, the screen's forms): text, not empty (an address has no room for
+    nothing), at most AGENT_ID_MAX characters, no NUL (PostgreSQL cannot hold it, and a
+    browser sends a form's NUL back as U+FFFD) and no lone surrogate (not UTF-8: no address,
+    form or terminal carries it). Any other character is the runtime's to write: a tab, a line
+    break, a direction mark (shown written out; the forms send the id percent-encoded, and the
+    API's address takes any of them). A row whose id is not such one is a row the state file
+    does not describe usably: it needs repair."""
     return isinstance(value, str) and 0 < len(value) <= AGENT_ID_MAX and not has_bad_text(value)
 
 
@@ -139,6 +136,23 @@ def children(rows: Iterable[Row], conversation: Conversation) -> list[Row]:
 def ambiguous(rows: Iterable[Row], conversation: Conversation) -> list[Row]:
     """Rows of unknown origin whose lifetime overlaps the conversation's: never guessed at."""
     return [r for r in rows if origin_of(r) is None and overlaps(r, conversation)]
+
+
+def way_out(rows: Iterable[Row], conversation: Conversation) -> tuple[list[dict[str, Any]], bool]:
+    """The rows of unknown origin overlapping the conversation that an admin can attribute or
+    clear, once per id as the API and the pages give them (shown_row), and whether any of them
+    cannot be named (namable_id): the delete's admission, its preview and its operation's way
+    out all read them here (r123: the operation listed an id with a lone surrogate, and its
+    pages failed; the preview took a direction mark for a row to repair)."""
+    shown: dict[str, dict[str, Any]] = {}
+    unnamable = False
+    for row in ambiguous(rows, conversation):
+        agent = row.get("agent_id")
+        if not namable_id(agent):
+            unnamable = True
+        elif agent not in shown:
+            shown[agent] = shown_row(row)
+    return list(shown.values()), unnamable
 
 
 def all_rows(home: EngineHome, *, cached: bool = False) -> list[tuple[Path, Row]]:

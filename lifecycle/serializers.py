@@ -259,7 +259,9 @@ class ReceiptOut(Schema):
 
 
 class AmbiguousRowOut(Schema):
-    agent_id: JsonValue = Field(description="Text as a rule: the fleet file's value as a runtime wrote it.")
+    agent_id: str = Field(description="As a runtime wrote it in the fleet file: 1 to 256 characters, no NUL or lone "
+                                     "surrogate. A row whose id is not such text is not listed: it makes the delete "
+                                     "`conversation_child_state_unreadable` (repair the file).")
     status: str | None = Field(description="As the fleet file has it; null when it is not text.")
     started_at: str | None = Field(description="A time (UTC, as every time here) when the file has one; other "
                                                "text as written; null when it is not text.")
@@ -419,11 +421,9 @@ def operation_json(op: DeleteOperation, reads: OperationReads | None = None) -> 
     if reasons.CHILD_AMBIGUOUS in {op.reason, *(op.reasons or [])}:
         conversation = op.conversation
         rows = reads.fleet_rows() if conversation.state == "live" else []
-        ambiguous = fleet.ambiguous(rows, conversation)
-        seen: dict[str, dict[str, Any]] = {}
-        for row in ambiguous:
-            seen.setdefault(str(row.get("agent_id", "")), fleet.shown_row(row))
-        way_out = {"ambiguous": list(seen.values())}
+        # The rows that can be named, as the preview lists them: one whose id cannot (a lone
+        # surrogate) made every page of the operation fail (r123), and no form could resolve it
+        way_out = {"ambiguous": fleet.way_out(rows, conversation)[0]}
     return {
         "id": op.public_id,
         "kind": "delete",

@@ -34,7 +34,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from lifecycle import audit, faults
+from lifecycle import audit, faults, fleet
 from lifecycle.actions.request_deletion import check_key
 from lifecycle.deletion.executor import figure, holder_alive, holder_id, lease_seconds
 from lifecycle.deletion.reasons import message as reason_message
@@ -320,14 +320,14 @@ WAY_OUT_ROWS = 100
 
 def way_out(answer) -> dict | None:
     """The subagent rows of unknown origin an engine names in a way out, as this console keeps
-    them: each with an id of text (at most 128 characters, no NUL), and its status and times
-    where they are short text; at most WAY_OUT_ROWS. None when it names none (an engine's answer
+    them: each with an id that can name it (lifecycle.fleet.namable_id, the engine's own rule),
+    and its status and times where they are short text; at most WAY_OUT_ROWS. None when it names none (an engine's answer
     is not trusted to have the shape)."""
     rows = answer.get("ambiguous") if isinstance(answer, dict) else None
     kept = []
     for row in rows if isinstance(rows, list) else []:
         agent_id = row.get("agent_id") if isinstance(row, dict) else None
-        if not (isinstance(agent_id, str) and 0 < len(agent_id) <= 128 and not has_bad_text(agent_id)):
+        if not fleet.namable_id(agent_id):
             continue
         kept.append({"agent_id": agent_id, **{
             key: row[key] if isinstance(row.get(key), str) and len(row[key]) <= 64 and not has_bad_text(row[key])

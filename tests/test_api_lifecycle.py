@@ -206,6 +206,43 @@ def test_the_resolve_endpoint_takes_an_id_with_a_slash(api):
         assert (answer.status_code, answer.json()["agent_id"]) == (200, "team/sa 1"), address
     assert fleet.origin_of(fleet.read_rows(fleet.EngineHome().fleet_path)[0]) == conversation.public_id
 
+
+@pytest.mark.parametrize("agent_id", ["sa\nx", "sa\r\nx", "sa\tx", "sa_\u202eevil2"])
+def test_the_preview_lists_a_row_whose_id_holds_a_control_character_and_its_address_names_it(api, agent_id):
+    """r123: a legacy row whose id held a tab or a direction override was no row to the
+    preview, only a state file "that cannot be read"; and an id with a line break had no address
+    (Django's `path` takes none), while the command resolved it. One rule names rows now."""
+    from urllib.parse import quote
+
+    conversation = factories.make_conversation(days_idle=1)
+    home = fleet.EngineHome()
+    fleet.update_file(home, home.legacy_fleet_path, lambda rows: [{
+        "agent_id": agent_id, "status": "completed", "delivery": "settled",
+        "started_at": conversation.created_at.isoformat()}])
+    admission = api.get(f"/v1/threads/{conversation.public_id}/deletion-preview").json()["admission"]
+    assert [reason["code"] for reason in admission["reasons"]] == ["conversation_child_ownership_ambiguous"]
+    assert [row["agent_id"] for row in admission["ambiguous"]] == [agent_id]
+    answer = api.post(f"/v1/subagents/{quote(agent_id, safe='')}/resolve", data=json.dumps({"action": "clear"}),
+                      content_type="application/json")
+    assert (answer.status_code, answer.json()["agent_id"]) == (200, agent_id)
+    assert fleet.read_rows(home.legacy_fleet_path) == []
+    assert api.get(f"/v1/threads/{conversation.public_id}/deletion-preview").json()["admission"]["reasons"] == []
+
+
+def test_an_operations_way_out_names_no_row_whose_id_cannot_be_named(api):
+    """r123: the way out listed a row whose id holds a lone surrogate (escaped in the answer, and
+    no address, form or command can carry it); the delete says the file needs repair instead."""
+    conversation = factories.make_conversation(days_idle=1)
+    row = {"origin": None, "status": "completed", "delivery": "settled", "started_at": None, "finished_at": None}
+    fleet.write_snapshot([{**row, "agent_id": "sa_ok"}, {**row, "agent_id": "sa_sur\ud800x"}])
+    answer = delete(api, conversation.public_id, key="sur-way-out")
+    assert answer.status_code == 409
+    op = api.get(f"/v1/operations/{answer.json()['operation']}")
+    assert "\\ud800" not in op.content.decode()
+    assert op.json()["reasons"] == ["conversation_child_ownership_ambiguous", "conversation_child_state_unreadable"]
+    assert op.json()["way_out"] == {"ambiguous": [{"agent_id": "sa_ok", "status": "completed", "started_at": None,
+                                                   "finished_at": None}]}
+
 @pytest.mark.parametrize(("body", "status", "code"), [
     ({"action": "attribute"}, 400, "missing_field"),
     ({"action": "burn"}, 400, "invalid_choice"),

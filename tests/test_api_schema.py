@@ -4,6 +4,7 @@ honoured by the server (fuzzed with schemathesis against a live server)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +30,7 @@ def api_routes() -> set[str]:
             if isinstance(p, URLResolver):
                 walk(p.url_patterns, route)
             elif isinstance(p, URLPattern) and route.startswith(("v1/", "api/v1/")) and "unmatched" not in route:
-                found.add("/" + route.replace("<str:", "{").replace("<int:", "{").replace("<path:", "{").replace(">", "}"))
+                found.add("/" + re.sub(r"<\w+:", "{", route).replace(">", "}"))
 
     walk(get_resolver().url_patterns)
     return found

@@ -356,6 +356,28 @@ def run_on_a_terminal(command: str, *args) -> tuple[str, object]:
     return raw.getvalue().decode(), code
 
 
+def test_a_row_whose_id_holds_a_lone_surrogate_is_left_out_of_the_report(admin_user, engine_home):
+    """r123: the delete printed its report, then failed with UnicodeEncodeError (exit 1) on the
+    way out's row whose id held a lone surrogate, and so did status; that row cannot be named
+    (the report says to repair the file) and the others are named as ever."""
+    from lifecycle import fleet
+
+    conversation = factories.make_conversation(days_idle=1)
+    row = {"origin": None, "status": "completed", "delivery": "settled",
+           "started_at": conversation.created_at.isoformat()}
+    fleet.write_snapshot([{**row, "agent_id": "sa_ok"}, {**row, "agent_id": "sa_sur\ud800x"}])
+    text, code = run_on_a_terminal("conversations", "delete", conversation.public_id, "--as", "alice")
+    assert code == 2
+    op = m.DeleteOperation.objects.get()
+    assert op.reasons == ["conversation_child_ownership_ambiguous", "conversation_child_state_unreadable"]
+    for args in ((), ("status", op.public_id)):
+        if args:
+            text, code = run_on_a_terminal("conversations", *args)
+            assert code is None, args
+        assert "  subagent row sa_ok: resolve it with manage.py conversations resolve-subagent sa_ok" in text, args
+        assert "sa_sur" not in text and "state/subagents.v1.json in the engine folder" in text, args
+
+
 def test_the_text_output_writes_out_control_and_format_characters_of_stored_text(engine_home, settings, tmp_path):
     """r123: a title's BEL, escape sequence and line break went to the terminal as they are (it
     rang, turned red, and one result took two lines: a title could fake a line of output). They
@@ -379,3 +401,31 @@ def test_the_text_output_writes_out_control_and_format_characters_of_stored_text
         text, _code = run_on_a_terminal(command, *args)
         assert "lethe[U+001B][2J[U+000A]fake line.sqlite3" in text, command
         assert "\x1b" not in text and not any(line.startswith("fake line") for line in text.splitlines()), command
+
+
+@pytest.mark.parametrize("agent_id", ["sa_\u202eevil2", "sa_\tx", "sa x'$(y)", "sa\nx"])
+def test_the_report_names_a_row_with_a_command_a_shell_reads_back_as_its_id(admin_user, engine_home, agent_id):
+    """The way out's command gives the id as one shell word ($'...' with escapes when it holds a
+    character written out), so what an operator pastes names the row: here through bash."""
+    import shutil
+    import subprocess
+
+    from console.shown import written_out
+    from lifecycle import fleet
+
+    conversation = factories.make_conversation(days_idle=1)
+    home = fleet.EngineHome()
+    fleet.update_file(home, home.legacy_fleet_path, lambda rows: [{
+        "agent_id": agent_id, "status": "completed", "delivery": "settled",
+        "started_at": conversation.created_at.isoformat()}])
+    text, code = run_on_a_terminal("conversations", "delete", conversation.public_id, "--as", "alice")
+    assert code == 2 and "conversation_child_state_unreadable" not in text
+    line = next(line for line in text.splitlines() if line.startswith("  subagent row "))
+    assert line.startswith(f"  subagent row {written_out(agent_id)}: resolve it with")
+    word = line.split("resolve-subagent ", 1)[1].rsplit(" --attribute", 1)[0]
+    if shutil.which("bash"):
+        read_back = subprocess.run(["bash", "-c", f"printf %s {word}"], capture_output=True, check=True).stdout
+        assert read_back.decode() == agent_id
+    assert run("resolve-subagent", agent_id, "--clear", "--as", "alice") == \
+        f"subagent row {written_out(agent_id)}: cleared\n"
+    assert fleet.read_rows(home.legacy_fleet_path) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html as html_lib
 import re
 
 import pytest
@@ -519,10 +520,10 @@ def test_rows_whose_ids_hold_any_text_are_shown_and_resolved(admin_client):
     assert request_deletion(conversation, key="screen-any-ids-2", acting_user=None).state == "pending"
 
 
-@pytest.mark.parametrize("agent_id", [None, 123, "", "sa\nx", "sa\x00x", "sa_" + "\u00e9" * 254])
+@pytest.mark.parametrize("agent_id", [None, 123, "", "sa\ud800x", "sa\x00x", "sa_" + "\u00e9" * 254])
 def test_a_row_whose_id_cannot_be_named_makes_the_state_file_need_repair(admin_client, agent_id):
     """No form or address can name such a row, so no way out on the page would work: the delete
-    says the subagent state file needs repair instead of offering one."""
+    says the subagent state file needs repair (naming it) instead of offering one."""
     conversation = factories.make_conversation(days_idle=1, title="Ambiguous")
     row = {"origin": None, "status": "completed", "delivery": "settled",
            "started_at": conversation.created_at.isoformat()}
@@ -531,6 +532,73 @@ def test_a_row_whose_id_cannot_be_named_makes_the_state_file_need_repair(admin_c
     assert (op.state, op.reason) == ("unavailable", "conversation_child_state_unreadable")
     status = page(admin_client, f"/operations/{op.public_id}/")
     assert "Repair or restore the file" in status and 'name="agent_id"' not in status
+    assert "state/subagents.v1.json in the engine folder" in status
+
+
+def browser_posts(html: str) -> list[dict[str, str]]:
+    """The fields each resolve form of a page sends, as a browser sends them: the attribute's text
+    read by an HTML parser (a CR becomes a line feed, a NUL U+FFFD), then every line break sent
+    as CR LF (the form's encoding)."""
+    posts = []
+    for form in re.findall(r'<form[^>]*action="/subagents/resolve/"[^>]*>(.*?)</form>', html, re.S):
+        fields = {}
+        for name, value in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', form):
+            value = html_lib.unescape(value.replace("\r\n", "\n").replace("\r", "\n")).replace("\x00", "\ufffd")
+            fields[name] = re.sub(r"\r\n|\r|\n", "\r\n", value)
+        posts.append(fields)
+    return posts
+
+
+@pytest.mark.parametrize("bad", ["sa_sur\ud800x", "sa\x00x"], ids=["lone-surrogate", "nul"])
+def test_a_row_no_form_can_name_is_left_out_of_the_way_out_and_the_pages_answer(admin_client, bad):
+    """r123: the operation's way out (read again from the state file on every read) listed every
+    row of unknown origin: an id with a lone surrogate made the operation's page a 500 (every
+    Unavailable operation's, older ones too), and one with a NUL got a "Clear this row" that always
+    answered that no row had that id (the browser sends the NUL back as U+FFFD). Such a row is
+    listed nowhere, the delete says the file needs repair, and the other rows keep their way out."""
+    conversation = factories.make_conversation(days_idle=1, title="Ambiguous")
+    row = {"origin": None, "status": "completed", "delivery": "settled",
+           "started_at": conversation.created_at.isoformat()}
+    fleet.write_snapshot([{**row, "agent_id": "sa_ok"}, {**row, "agent_id": bad}])
+    op = request_deletion(conversation, key="screen-bad-id", acting_user=None)
+    assert op.reasons == ["conversation_child_ownership_ambiguous", "conversation_child_state_unreadable"]
+    for url in (f"/operations/{op.public_id}/", "/operations/", f"/conversations/{conversation.public_id}/delete/"):
+        shown = page(admin_client, url)
+        assert "sa_sur" not in shown and not re.search("sa(\x00|\ufffd|\\[U\\+0000\\])x", shown), url
+    status = page(admin_client, f"/operations/{op.public_id}/")
+    assert [post["agent_id"] for post in browser_posts(status)] == ["sa_ok"] * 3
+    back = f"/operations/{op.public_id}/"
+    for post in browser_posts(status)[1:2]:  # Clear this row
+        admin_client.post("/subagents/resolve/", {**post, "next": back}, **HOST)
+    assert [r["agent_id"] for r in fleet.read_rows(fleet.EngineHome().fleet_path)] == [bad]
+    assert "The subagent row was cleared." in page(admin_client, back)
+
+
+@pytest.mark.parametrize("agent_id", ["sa_\u202eevil2", "sa_\tevil", "sa\nx", "sa\r\nx", "sa\rx", "sa%0Ax"])
+def test_a_legacy_row_whose_id_holds_a_control_or_format_character_is_listed_and_cleared(admin_client, agent_id):
+    """r123: a legacy row with no origin whose id held a direction override or a tab made the
+    preview list no row and say the state file could not be read (Data & storage said it read
+    correctly, and the command cleared the row): one rule names rows now, and the preview lists
+    it (written out), its forms send it back as the file holds it (a line break too), and its
+    Clear removes it."""
+    from console.shown import written_out
+
+    conversation = factories.make_conversation(days_idle=1, title="Ambiguous")
+    home = fleet.EngineHome()
+    fleet.update_file(home, home.legacy_fleet_path, lambda rows: [*rows, {
+        "agent_id": agent_id, "status": "completed", "delivery": "settled",
+        "started_at": conversation.created_at.isoformat()}])
+    preview_url = f"/conversations/{conversation.public_id}/delete/"
+    preview = page(admin_client, preview_url)
+    assert "cannot be read" not in preview and "Subagent rows of unknown origin" in preview
+    assert f"<code><bdi>{written_out(agent_id)}</bdi></code>" in preview
+    posts = browser_posts(preview)
+    assert len(posts) == 3
+    response = admin_client.post("/subagents/resolve/", {**posts[1], "next": preview_url}, **HOST)
+    assert response["Location"] == preview_url
+    assert fleet.read_rows(home.legacy_fleet_path) == []
+    assert m.AuditFact.objects.get(action="subagent.cleared").new_value["agent_id"] == agent_id
+    assert "Delete for good" in page(admin_client, preview_url)
 
 @pytest.mark.parametrize("remote", [False, True], ids=["built-in", "remote"])
 @pytest.mark.parametrize("agent_id", ["sa\x00x", "", "sa_" + "x" * 5000, "sa_" + "\u00e9" * 254])

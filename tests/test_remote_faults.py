@@ -932,15 +932,17 @@ def test_a_read_the_engine_refuses_is_recorded_and_shown_until_a_read_begun_late
 
 def test_a_way_out_is_kept_only_in_the_shape_the_page_reads():
     """An engine's way out is not trusted: rows without an id of text (or one with a NUL, a lone
-    surrogate, or longer than 128 characters) are left out, times and status only as short
-    text, at most WAY_OUT_ROWS rows; nothing of the shape expected is no way out."""
+    surrogate, or longer than 256 characters: the engine's own rule, lifecycle.fleet.namable_id)
+    are left out, times and status only as short text, at most WAY_OUT_ROWS rows; nothing of the
+    shape expected is no way out."""
     good = {"agent_id": "sa_1", "status": "completed", "started_at": "2026-01-01T00:00:00Z", "finished_at": None}
+    bare = {"status": None, "started_at": None, "finished_at": None}
     answer = {"ambiguous": [good, "sa_2", {"agent_id": 7}, {"agent_id": ""}, {"agent_id": "a\x00b"},
-                            {"agent_id": "\ud800"}, {"agent_id": "x" * 129},
+                            {"agent_id": "\ud800"}, {"agent_id": "x" * 257}, {"agent_id": "x" * 256},
                             {"agent_id": "sa_3", "status": {"deep": 1}, "started_at": "9" * 65,
                              "finished_at": "bad\x00"}]}
-    assert delivery.way_out(answer) == {"ambiguous": [good, {"agent_id": "sa_3", "status": None, "started_at": None,
-                                                              "finished_at": None}]}
+    assert delivery.way_out(answer) == {"ambiguous": [good, {"agent_id": "x" * 256, **bare},
+                                                      {"agent_id": "sa_3", **bare}]}
     many = delivery.way_out({"ambiguous": [{"agent_id": f"sa_{n}"} for n in range(500)]})
     assert len(many["ambiguous"]) == delivery.WAY_OUT_ROWS
     for nothing in (None, [], {"ambiguous": "sa_1"}, {"ambiguous": [1, None]}, {"other": []}):

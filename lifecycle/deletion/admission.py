@@ -83,17 +83,9 @@ def admit(conversation: Conversation, home: EngineHome | None = None, *, cached:
         return admission
     if any(fleet.is_unsettled(row) for row in fleet.children(rows, conversation)):
         admission.reasons.append(r.CHILD_CUSTODY)
-    seen: set[str] = set()
-    unusable = False
-    for row in fleet.ambiguous(rows, conversation):
-        agent = row.get("agent_id")
-        if not fleet.resolvable_id(agent):
-            unusable = True  # no way to name it: the file needs repair, as an unreadable one does
-        elif agent not in seen:
-            seen.add(agent)
-            admission.ambiguous.append(fleet.shown_row(row))
+    admission.ambiguous, unnamable = fleet.way_out(rows, conversation)
     if admission.ambiguous:
         admission.reasons.append(r.CHILD_AMBIGUOUS)
-    if unusable:
+    if unnamable:  # no way to name such a row: the file needs repair, as an unreadable one does
         admission.reasons.append(r.CHILD_STATE_UNREADABLE)
     return admission

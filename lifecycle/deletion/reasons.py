@@ -40,9 +40,14 @@ REASONS = {
         "Subagent rows of unknown origin overlap this conversation's lifetime, so what they hold "
         "cannot be attributed. An admin can attribute each row to a conversation or clear it, "
         "then ask again.")),
+    # Also a row of unknown origin whose id cannot name it (lifecycle.fleet.namable_id): no form,
+    # address or command could attribute or clear it (r123: the words said only "cannot be read",
+    # where Data & storage said the files read correctly).
     CHILD_STATE_UNREADABLE: (DeleteState.UNAVAILABLE, _(
-        "The subagent state file cannot be read, so this conversation's subagent rows cannot be "
-        "checked. Repair or restore the file, then ask again.")),
+        "The subagent state file (state/subagents.v1.json in the engine folder, or its legacy copy "
+        "legacy-state/subagents.v1.json) cannot be read, or holds a row of unknown origin whose id cannot "
+        "be named (empty, not text, longer than 256 characters, or with a NUL or a lone surrogate), so this "
+        "conversation's subagent rows cannot be checked. Repair or restore the file, then ask again.")),
     ENGINE_FOLDER_UNAVAILABLE: (DeleteState.UNAVAILABLE, _(
         "The engine folder is missing or is not the one this database uses (a disk not mounted, a wrong "
         "ENGINE_HOME, a folder another database uses, or this database is a copy of the one that uses it), "
