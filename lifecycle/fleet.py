@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from json.decoder import scanstring
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,8 @@ from lifecycle.enginefs import (
     _fleet_document,
     _fleet_rows,
     _fleet_rows_seen,
+    _parse_fleet,
+    _read_fleet_file,
     remove_regular,
 )
 from lifecycle.fence import refusal
@@ -254,23 +259,101 @@ class _Target:
         self.public_id = public_id
 
 
-def row_bytes(rows: Iterable[Row]) -> int:
-    return sum(len(json.dumps(r, indent=1, sort_keys=True).encode()) for r in rows)
+# ---- Rows as the file holds them (the receipt's bytes, the erasure check's samples) ----------
 
 
-def row_values(row: Any) -> list[bytes]:
-    """The row's string values as the fleet file encodes them (JSON strings), for sampling."""
+@dataclass(frozen=True)
+class StoredRow:
+    """A fleet row with its text as the file holds it, from its opening brace to its closing
+    one: a runtime may have written it as raw UTF-8, with `\\uXXXX` escapes, in any layout."""
+
+    row: Row
+    text: str
+    codec: str  # the file's encoding, as `json.loads` detects it (without its byte order mark)
+
+    @property
+    def size(self) -> int:
+        """The bytes the row takes in the file."""
+        return len(self.text.encode(self.codec, "surrogatepass"))
+
+
+_DECODER = json.JSONDecoder()
+_SPACE = re.compile(r"[ \t\n\r]*")  # what JSON calls white space, as `json` skips it
+
+
+def stored_children(path: Path, public_id: str) -> list[StoredRow]:
+    """This conversation's rows of a fleet file, each with its text as the file holds it; []
+    when the file does not exist, FleetUnreadable when it is not a fleet."""
+    read = _read_fleet_file(path)
+    if read is None:
+        return []
+    data = read[0]
+    rows = _parse_fleet(path, data)["agents"]  # strict, as every read
+    encoding = json.detect_encoding(data)  # as json.loads decodes bytes
+    text = data.decode(encoding, "surrogatepass")
+    codec = {"utf-8-sig": "utf-8", "utf-16": "utf-16-le" if data[:2] == b"\xff\xfe" else "utf-16-be",
+             "utf-32": "utf-32-le" if data[:2] == b"\xff\xfe" else "utf-32-be"}.get(encoding, encoding)
+    return [StoredRow(row, text[start:end], codec) for row, (start, end) in zip(rows, _row_spans(text), strict=True)
+            if origin_of(row) == public_id]
+
+
+def _row_spans(text: str) -> list[tuple[int, int]]:
+    """Where each row of a fleet document lies in its text (which `json.loads` has read as a
+    fleet): the elements of its "agents" array (the last one, as `json.loads` keeps it)."""
+    spans: list[tuple[int, int]] = []
+
+    def skip(at: int) -> int:
+        return _SPACE.match(text, at).end()
+
+    at = skip(skip(0) + 1)  # past "{"
+    while text[at] == '"':
+        key, at = scanstring(text, at + 1)
+        at = skip(skip(at) + 1)  # past ":"
+        if key == "agents" and text[at] == "[":
+            spans, at = [], skip(at + 1)
+            while text[at] != "]":
+                _row, end = _DECODER.raw_decode(text, at)
+                spans.append((at, end))
+                at = skip(end)
+                at = skip(at + 1) if text[at] == "," else at
+            at += 1
+        else:
+            _value, at = _DECODER.raw_decode(text, at)
+        at = skip(at)
+        at = skip(at + 1) if text[at] == "," else at
+    return spans
+
+
+def row_bytes(rows: Iterable[StoredRow]) -> int:
+    """The bytes these rows take in their file, as it holds them (not as Lethe would write them)."""
+    return sum(stored.size for stored in rows)
+
+
+def row_values(stored: StoredRow) -> list[bytes]:
+    """The row's string values, for sampling, in each form a file may hold them: as this file
+    holds them (quotes and escapes included), escaped to ASCII (`\\uXXXX`, as Lethe writes the
+    fleet) and as raw UTF-8 (as JSON allows and most runtimes write). A copy of the file made
+    before Lethe rewrote it, or by another writer, holds another form than the file does now."""
     out: list[bytes] = []
 
-    def walk(value: Any) -> None:
-        if isinstance(value, str):
-            out.append(json.dumps(value).encode())
-        elif isinstance(value, dict):
-            for v in value.values():
-                walk(v)
-        elif isinstance(value, list):
-            for v in value:
-                walk(v)
+    def add(value: bytes) -> None:
+        if value not in out:
+            out.append(value)
 
-    walk(row)
+    for literal in _value_literals(stored.text):
+        add(literal.encode(stored.codec, "surrogatepass"))
+        value = scanstring(literal, 1)[0]
+        add(json.dumps(value).encode())
+        add(json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass"))
     return out
+
+
+def _value_literals(text: str) -> Iterator[str]:
+    """The string values in a row's JSON text as written there (keys are left out)."""
+    at = text.find('"')
+    while at >= 0:
+        _value, end = scanstring(text, at + 1)
+        after = _SPACE.match(text, end).end()
+        if text[after:after + 1] != ":":
+            yield text[at:end]
+        at = text.find('"', end)

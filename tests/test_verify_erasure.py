@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 from datetime import timedelta
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
+from lifecycle import fleet
 from lifecycle import models as m
 from lifecycle.actions.record_compaction import record_compaction
 from lifecycle.actions.request_deletion import request_deletion
@@ -506,3 +508,101 @@ def test_a_copy_in_a_row_outside_the_stores_is_named_with_a_way_out_that_removes
     out = " ".join(capsys.readouterr().out.split())
     assert "run Compact database (Data & storage), which clears free pages" in out
     assert "the copy is in a row of a table outside Lethe's stores" in out and "remove it by hand" in out
+
+
+# ---- Fleet rows as a runtime writes them (r123) ----------------------------------------------
+
+
+def _cjk(n: int) -> str:
+    """Unguessable text of `n` CJK characters (three UTF-8 bytes each, `\\uXXXX` escaped: six)."""
+    return "".join(chr(0x4E00 + secrets.randbelow(0x5000)) for _ in range(n))
+
+
+def _settled_child(conversation: m.Conversation, prompt: str, result: str) -> dict:
+    return {"agent_id": "sa_" + conversation.public_id[2:10], "origin": {"conversation": conversation.public_id},
+            "status": "completed", "delivery": "settled", "started_at": conversation.created_at.isoformat(),
+            "finished_at": timezone.now().isoformat(), "prompt": prompt, "result": result}
+
+
+def _raw(row: dict) -> bytes:
+    """A row as most runtimes write it: UTF-8 as is (JSON allows it), here indented by two."""
+    return json.dumps(row, ensure_ascii=False, indent=2).encode()
+
+
+def _go(row: dict) -> bytes:
+    """A row as Go's encoding/json writes it: compact, UTF-8 as is, but <, > and & escaped."""
+    text = json.dumps(row, ensure_ascii=False, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").encode()
+
+
+def _runtime_writes_fleet(home: EngineHome, held: list[bytes]) -> None:
+    home.fleet_path.parent.mkdir(parents=True, exist_ok=True)
+    home.fleet_path.write_bytes(b'{"version": 1, "agents": [\n' + b",\n".join(held) + b"\n]}\n")
+
+
+def _deleted(conversation: m.Conversation, key: str) -> m.DeleteOperation:
+    op = request_deletion(conversation, key=key, acting_user=None)
+    assert executor.run_erasure(op.pk) == "completed"
+    op.refresh_from_db()
+    return op
+
+
+def _compacted_bytes(op: m.DeleteOperation) -> int:
+    [entry] = [e for e in op.receipt["stores"] if e["store"] == "subagents"]
+    assert entry["records"] == 1
+    return entry["bytes"]
+
+
+def _physical_line(capsys, conversation: m.Conversation) -> str:
+    with pytest.raises(SystemExit) as caught:
+        call_command("verify_erasure", conversation.public_id, "--physical")
+    assert caught.value.code == 1
+    [line] = [line for line in capsys.readouterr().out.splitlines() if "physical:" in line]
+    return line
+
+
+def test_fleet_rows_written_as_raw_utf8_are_found_in_a_copy_and_counted_as_the_file_holds_them(capsys):
+    """r123: a runtime wrote the fleet file as raw UTF-8 and a copy of it stayed beside it. The
+    copy held a Japanese prompt byte for byte, and `--physical` said "clean" (the samples were
+    the `\\uXXXX` escaped form only); the receipt counted the row as re-encoded (5057 bytes for
+    a row of 2657). A row whose text Go's encoder wrote (<, > and & escaped) is found as well."""
+    home = EngineHome()
+    ascii_c, japanese_c, go_c = (factories.make_conversation() for _ in range(3))
+    tags = "".join(f"<{secrets.token_hex(2)}>&" for _ in range(60))
+    rows = [_settled_child(ascii_c, ("A" + secrets.token_hex(200))[:400], "ok " + secrets.token_hex(60)),
+            _settled_child(japanese_c, _cjk(400), _cjk(200)),
+            _settled_child(go_c, tags, tags[::-1])]
+    held = [_raw(rows[0]), _raw(rows[1]), _go(rows[2])]
+    _runtime_writes_fleet(home, held)
+    backup = home.fleet_path.with_name("subagents.v1.json.bak")
+    backup.write_bytes(home.fleet_path.read_bytes())
+    assert rows[1]["prompt"].encode() in backup.read_bytes()
+
+    for n, conversation in enumerate((ascii_c, japanese_c, go_c)):
+        _runtime_writes_fleet(home, held[n:])  # its next snapshot (Lethe's compaction wrote its own form)
+        op = _deleted(conversation, f"raw-fleet-{n}")
+        assert _compacted_bytes(op) == len(held[n])  # the row as the file held it, not re-encoded
+        line = _physical_line(capsys, conversation)
+        assert "CONTENT FOUND: engine:state/subagents.v1.json.bak (6)" in line, line
+        assert conversation.public_id.encode() not in home.fleet_path.read_bytes()
+    assert rows[1]["prompt"].encode() in backup.read_bytes()  # the operator's to remove
+
+
+def test_a_raw_utf8_copy_is_found_after_lethe_rewrote_the_fleet_file_escaped(capsys):
+    """The runtime's raw UTF-8 file was copied aside, then Lethe wrote the fleet (its form escapes
+    every non-ASCII character): the copy holds the row in the form the file no longer does."""
+    home = EngineHome()
+    target, bystander = factories.make_conversation(), factories.make_conversation()
+    row = _settled_child(target, _cjk(400), _cjk(200))
+    _runtime_writes_fleet(home, [_raw(row)])
+    backup = home.fleet_path.with_name("subagents.v1.json.bak")
+    backup.write_bytes(home.fleet_path.read_bytes())
+    fleet.put_row(_settled_child(bystander, "unrelated", "done"))  # Lethe's own write
+    assert row["prompt"].encode() not in home.fleet_path.read_bytes()
+    assert json.dumps(row["prompt"]).encode() in home.fleet_path.read_bytes()
+
+    op = _deleted(target, "raw-fleet-rewritten")
+    # Lethe's form: indent 1, the rows one level in, every non-ASCII character escaped.
+    assert _compacted_bytes(op) == len(json.dumps(row, indent=1, sort_keys=True).replace("\n", "\n  "))
+    line = _physical_line(capsys, target)
+    assert "CONTENT FOUND: engine:state/subagents.v1.json.bak (6)" in line, line

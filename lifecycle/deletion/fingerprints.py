@@ -8,9 +8,13 @@ content windows and keeps only keyed digests of them:
   confirms nothing a person could guess short of knowing the text already.
 - Sampled per store: the first and last rows of each table (by primary key) and the start,
   middle and end of each value of at least 64 bytes; the start, middle and end of each
-  engine file; each of the conversation's fleet rows. Values shorter than a window (titles,
-  for instance) are not sampled; the logical verification covers them. Table values are
-  sampled as stored in the SQLite file; on PostgreSQL only the engine folder is scanned.
+  engine file; the string values of each of the conversation's fleet rows. Values shorter
+  than a window (titles, for instance) are not sampled; the logical verification covers
+  them. Table values are sampled as stored in the SQLite file, engine files as their bytes
+  are; on PostgreSQL only the engine folder is scanned. A fleet row's strings are sampled
+  as the file holds them and in both forms JSON text takes (`\\uXXXX` escapes, as Lethe
+  writes the fleet, and raw UTF-8, as most runtimes do): the file is rewritten whole by
+  every write, so a copy made before holds the row in another form than the file now.
 - For each window, its keyed 16-byte digest, and a keyed 8-byte digest of each of its 33
   slices of 32 bytes. The scan hashes the 32 bytes at every offset that is a multiple of
   32: any occurrence of a window contains one such aligned slice, so a file is read once,
@@ -129,10 +133,10 @@ def sample(conversation: Conversation, home: EngineHome) -> list[bytes]:
         elif store.kind == "file" and store.shared_file:
             path = store.paths(home, conversation)[0]
             try:
-                rows = fleet.read_rows(path)
+                rows = fleet.stored_children(path, conversation.public_id)
             except fleet.FleetUnreadable:
                 continue  # its own step stops on it; the other stores are erased meanwhile
-            add(v for row in fleet.children(rows, conversation) for v in fleet.row_values(row))
+            add(v for row in rows for v in fleet.row_values(row))
         elif store.kind == "file":
             try:
                 folder = files.checked(home, store.paths(home, conversation)[0])

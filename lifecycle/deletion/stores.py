@@ -191,9 +191,10 @@ def _pk(store: Store) -> str:
 def measure(store: Store, conversation: Conversation, home: EngineHome) -> Measure:
     if store.kind == "file":
         if store.shared_file:
-            rows = fleet.children(fleet.read_rows(store.paths(home, conversation)[0]), conversation)
-            # (no agent ids in the figures: the step's detail outlives the rows, and the ids
-            # are text the runtime wrote)
+            rows = fleet.stored_children(store.paths(home, conversation)[0], conversation.public_id)
+            # The bytes the rows take in the file as it holds them (a runtime's raw UTF-8 is
+            # not Lethe's escaped form). No agent ids in the figures: the step's detail
+            # outlives the rows, and the ids are text the runtime wrote.
             return Measure(len(rows), fleet.row_bytes(rows))
         count, size = files.usage(home, store.paths(home, conversation)[0])
         return Measure(count, size)
