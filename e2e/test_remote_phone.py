@@ -254,3 +254,28 @@ def test_a_bound_confirmation_refused_as_changed_starts_at_its_message_on_a_shor
         confirm_refused_as_changed(page, "[data-testid=delete-error]")
         assert not [request for request in seen if request[0] == "DELETE"]
     assert not BoundDelete.objects.exists()
+
+
+@pytest.mark.parametrize("viewport", ["small-phone", "phone"])
+def test_a_read_that_left_conversations_out_names_them_within_a_phone_screen(live_server, open_page, settings,
+                                                                             viewport):
+    """r123: rows the console cannot keep are left out and named (the others read), and the
+    message naming them stays within a phone's width, in English and Spanish."""
+    from tests.scripted_engine import scripted_engine
+    from tests.test_remote_answers import point_at, row
+
+    bad = [row(n, scope="s" * 9) for n in range(2, 27)]
+    page_of_rows = {"results": [row(1, title="Título " + "é" * 298), *bad], "next": None}
+    with scripted_engine({("GET", "/v1/threads"): lambda h: (200, page_of_rows)}) as (url, _seen):
+        point_at(settings, url)
+        get_user_model().objects.create_user(ADMIN[0], password=ADMIN[1], is_staff=True)
+        for language, words in (("en", "25 conversations on the engine were left out"),
+                                ("es", "25 conversaciones del motor se dejaron fuera")):
+            page = open_page(viewport)
+            log_in(page, live_server.url, *ADMIN)
+            page.context.add_cookies([{"name": "django_language", "value": language, "url": live_server.url}])
+            page.goto(live_server.url + "/engine/conversations/")
+            page.locator("form[action='/engine/conversations/sync/'] button").click()
+            expect(page.get_by_text(words)).to_be_visible()
+            check_layout(page, f"engine conversations, rows left out ({language})")
+    assert EngineBinding.objects.get().title == "Título " + "é" * 293

@@ -273,12 +273,24 @@ def bound_delete_detail(request: HttpRequest, delete_id: str) -> dict:
     return bound_delete_json(op)
 
 
+class RejectedOut(Schema):
+    id: str | None = Field(description="The engine's id of the conversation; null when its row gave none this "
+                                       "console can show.")
+    field: str = Field(description="The field of the engine's row that is not in the form expected: id, owner, "
+                                   "scope, thread_id, state, title, last_activity_at, another field of the row "
+                                   "holding text with NUL or a lone surrogate, or row.")
+
+
 class SyncOut(Schema):
     created: int
     updated: int = Field(description="Conversations already listed here, brought up to date (title, state, "
                                      "activity), whether or not anything about them changed.")
     returned: int = Field(description="Conversations the engine lists again after their delete completed here "
                                       "(restored there): bound again, without their title, for a new delete.")
+    rejected: int = Field(description="Rows of the engine's list left out: not in the form expected, so this "
+                                      "console cannot keep them. The other conversations were read. (A title "
+                                      "longer than 300 characters is not refused: it is shortened.)")
+    rejected_conversations: list[RejectedOut] = Field(description="The first 20 rows left out.")
 
 
 @endpoint("POST", "/api/v1/bindings-sync", response=SyncOut, admin=True, errors=(409,), name="api-bindings-sync",

@@ -346,12 +346,15 @@ def _title_back(op: BoundDelete, engine: HttpEngine) -> None:
     except Exception as exc:  # best effort: the list shows the thread id until the next sync
         log.info("title of %s not read back after its refused delete: %s", op.public_id, type(exc).__name__)
         return
+    from remote.sync import copied_title
+
     # (only an answer about this conversation: an engine that answers another's gives no title)
-    if (isinstance(row, dict) and row.get("id") == op.engine_id and row.get("state") == "live"
-            and isinstance(row.get("title"), str) and len(row["title"]) <= 300):
-        # A conversation back after a completed delete keeps no title here (see remote.sync).
+    title = copied_title(row.get("title")) if isinstance(row, dict) else None
+    if isinstance(row, dict) and row.get("id") == op.engine_id and row.get("state") == "live" and title is not None:
+        # A conversation back after a completed delete keeps no title here (see remote.sync). A
+        # title longer than a binding keeps is shortened as a sync shortens it.
         EngineBinding.objects.filter(pk=op.binding_id, title="", returned_after__isnull=True).exclude(
-            deletes__state=BoundDeleteState.PENDING).update(title=row["title"])
+            deletes__state=BoundDeleteState.PENDING).update(title=title)
 
 
 def acknowledge(op: BoundDelete) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import logging
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -11,15 +13,18 @@ from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 from django.utils import timezone
 from django.utils.translation import gettext_lazy
 
-from console.api import MAX_WHOLE_NUMBER
+from console.api import MAX_WHOLE_NUMBER, check_tree
 from lifecycle import faults
-from lifecycle.engine.http import EngineBadAnswer, engine_text
+from lifecycle.engine.http import MAX_ANSWER_DEPTH, EngineBadAnswer, engine_text
 from lifecycle.errors import ActionRefused
+from lifecycle.item_payload import has_bad_text
 from lifecycle.moments import read_moment
+from lifecycle.transcript import preview
 from remote.delivery import engine_for
 from remote.models import BoundDelete, BoundDeleteState, EngineBinding, EngineRead
 
 PAGE = 200
+log = logging.getLogger(__name__)
 
 
 MAX_PAGES = 100_000  # 20 million conversations: past that, an engine that never ends its list
@@ -107,32 +112,77 @@ def configured_reads() -> list[EngineRead]:
     return reads
 
 
-def _row(row) -> dict:
-    """The fields a binding takes from one of the engine's rows, checked; EngineBadAnswer when
-    the row is not one (nothing of the page is written then)."""
+TITLE_CHARS = 300  # EngineBinding.title
+ENGINE_ID_CHARS = 32
+NAMED_REJECTED = 20  # conversations a read names as not taken (any more are counted)
+
+
+class RejectedRow(Exception):
+    """One row of the engine's list that is not a conversation this console can take: the read
+    names it (`engine_id`, when it has one this console can show; else None) with the field
+    that is not what a conversation's is, and goes on with the other rows."""
+
+    def __init__(self, engine_id: str | None, field: str) -> None:
+        super().__init__(field)
+        self.engine_id, self.field = engine_id, field
+
+
+def _row(row: Any) -> dict:
+    """The fields a binding takes from one of the engine's rows, checked; RejectedRow when the
+    row is not a conversation this console can keep (naming the field that is not).
+
+    A title longer than a binding keeps is shortened as a preview is (`preview`: never inside
+    a character as a reader sees it), not refused: an engine on SQLite, which does not enforce
+    a column's length, can hold one a runtime wrote (r123: one such title stopped every sync)."""
+    if not isinstance(row, dict):
+        raise RejectedRow(None, "row")
+    engine_id = row.get("id")
+    shown = (engine_id if isinstance(engine_id, str) and 0 < len(engine_id) <= ENGINE_ID_CHARS
+             and engine_id.isprintable() else None)
     try:
-        owner = row["owner"]
-        fields = {
-            "engine_id": row["id"], "owner_kind": owner["kind"], "owner_id": owner["id"], "scope": row["scope"],
-            "thread_id": row["thread_id"], "engine_state": row["state"], "title": row.get("title") or "",
-        }
-        activity = row.get("last_activity_at")
+        # A NUL fails PostgreSQL's writes and a lone surrogate every page that shows it: the
+        # answer's own check leaves the rows to this one (HttpEngine.threads).
+        check_tree(row, max_depth=MAX_ANSWER_DEPTH - 2)
+    except ValueError:
+        raise RejectedRow(shown, next((key for key, value in row.items()
+                                       if not has_bad_text(key) and has_bad_text(value)), "row")) from None
+
+    def text(name: str, longest: int) -> str:
+        value = row.get(name)
+        if not isinstance(value, str) or len(value) > longest:
+            raise RejectedRow(shown, name)
+        return value
+
+    if not text("id", ENGINE_ID_CHARS):
+        raise RejectedRow(None, "id")
+    owner = row.get("owner")
+    owner_id = owner.get("id") if isinstance(owner, dict) else None
+    # (an owner id the API can filter on: a larger one was stored and could not be listed, r62)
+    if (not isinstance(owner, dict) or owner.get("kind") not in OWNER_KINDS or type(owner_id) is not int
+            or not 0 <= owner_id <= MAX_WHOLE_NUMBER):
+        raise RejectedRow(shown, "owner")
+    fields = {"engine_id": engine_id, "owner_kind": owner["kind"], "owner_id": owner_id,
+              "scope": text("scope", 8), "thread_id": text("thread_id", 128), "engine_state": text("state", 16)}
+    title = row.get("title") or ""
+    if not isinstance(title, str):
+        raise RejectedRow(shown, "title")
+    fields["title"] = preview(title, TITLE_CHARS)[0]
+    activity = row.get("last_activity_at")
+    try:
         fields["last_activity_at"] = read_moment(activity) if activity else None
-    except (KeyError, TypeError, ValueError):
-        raise EngineBadAnswer("not a conversation") from None
-    texts = ("engine_id", "scope", "thread_id", "engine_state", "title")
-    if (not all(isinstance(fields[name], str) for name in texts) or not fields["engine_id"]
-            or fields["owner_kind"] not in OWNER_KINDS or isinstance(fields["owner_id"], bool)
-            # (an owner id the API can filter on: a larger one was stored and could not be listed, r62)
-            or not isinstance(fields["owner_id"], int) or not 0 <= fields["owner_id"] <= MAX_WHOLE_NUMBER
-            or len(fields["scope"]) > 8 or len(fields["engine_state"]) > 16 or len(fields["title"]) > 300
-            or len(fields["thread_id"]) > 128 or len(fields["engine_id"]) > 32
-            or (activity and fields["last_activity_at"] is None)):
-        raise EngineBadAnswer("not a conversation")
+    except (TypeError, ValueError):
+        fields["last_activity_at"] = None
+    if activity and fields["last_activity_at"] is None:
+        raise RejectedRow(shown, "last_activity_at")
     return fields
 
 
-def refresh(engine_url: str = "") -> dict[str, int]:
+def copied_title(value: Any) -> str | None:
+    """A title of the engine's as a binding keeps it (see `_row`), None when it is not text."""
+    return preview(value, TITLE_CHARS)[0] if isinstance(value, str) and not has_bad_text(value) else None
+
+
+def refresh(engine_url: str = "") -> dict[str, Any]:
     """Read every conversation the engine holds and keep the bindings in step.
 
     New live conversations get a binding; known ones get the engine's title, state and
@@ -147,10 +197,13 @@ def refresh(engine_url: str = "") -> dict[str, int]:
     (the delete erased this console's copy, and a sync does not bring it back), so the list
     says it came back and a delete of it is a new one.
 
-    Each page is checked whole before any of it is written (a page with a row that is not a
-    conversation stops the sync, EngineBadAnswer, with the pages before it kept), and a list
-    that repeats a cursor, never ends, or hands out pages with nothing on them one after
-    another (EMPTY_PAGES) stops it the same way. A list whose last page says
+    Each page is checked before any of it is written. A row that is not a conversation this
+    console can keep (`_row`) is left out, and the read goes on with the others: the result
+    counts such rows (`rejected`) and names the first NAMED_REJECTED of them
+    (`rejected_conversations`: the engine's id, or None when it gave none this console can
+    show, and the field not taken). A list that repeats a cursor, never ends, or hands out
+    pages with nothing on them one after another (EMPTY_PAGES) stops the sync,
+    EngineBadAnswer, with the pages before it kept. A list whose last page says
     conversations changed while it was read is read again (PASSES); each conversation is
     counted once.
     """
@@ -161,11 +214,12 @@ def refresh(engine_url: str = "") -> dict[str, int]:
     counts = {"created": 0, "updated": 0, "returned": 0}
     made: set[str] = set()  # engine ids given a binding by this sync
     updated: set[str] = set()  # engine ids whose binding this sync brought up to date
+    rejected = Rejected()
     now = timezone.now()
     _record(engine_url, now, began=True)  # a read stopped before its end is known by this (r71)
     try:
         for _pass in range(PASSES):
-            if not _one_pass(engine, engine_url, now, counts, made, updated):
+            if not _one_pass(engine, engine_url, now, counts, made, updated, rejected):
                 break
     except ActionRefused as exc:
         exc.kept = {**counts, "updated": len(updated)}  # what the pages before the failure wrote
@@ -173,7 +227,46 @@ def refresh(engine_url: str = "") -> dict[str, int]:
         raise
     _record(engine_url, now)
     counts["updated"] = len(updated)
-    return counts
+    if rejected.count:
+        # (ids and field names only: never a title, which is content)
+        log.warning("the read of the engine %s left out %d row(s) that are not conversations it can keep: %s",
+                    engine_url or "at ENGINE_URL", rejected.count,
+                    ", ".join(f"{row['id'] or 'a row without an id'} ({row['field']})" for row in rejected.named))
+    return {**counts, "rejected": rejected.count, "rejected_conversations": rejected.named}
+
+
+class Rejected:
+    """The rows the latest reading of the list left out (each reading reads all of it, so one
+    left out by an earlier reading and taken by a later one is not counted): how many, and the
+    first NAMED_REJECTED by the engine's id (None when it gave none this console can show) with
+    the field not taken."""
+
+    count: int
+    named: list[dict[str, str | None]]
+
+    def __init__(self) -> None:
+        self.begin_pass()
+
+    def begin_pass(self) -> None:
+        self.count, self.named = 0, []
+
+    def add(self, exc: RejectedRow) -> None:
+        self.count += 1
+        if len(self.named) < NAMED_REJECTED:
+            self.named.append({"id": exc.engine_id, "field": exc.field})
+
+
+def rejected_text(named: list[dict[str, str | None]], count: int) -> str:
+    """The rows a read left out, in words: each named one by its id and the field not taken
+    ("c_1 (title)"), one without an id as such, then how many more (`count`: all of them)."""
+    from django.utils.translation import gettext, ngettext
+
+    words = [f"{row['id']} ({row['field']})" if row["id"] is not None else gettext("a row without an id")
+             for row in named]
+    if count > len(named):
+        more = count - len(named)
+        words.append(ngettext("%(more)s more", "%(more)s more", more) % {"more": more})
+    return ", ".join(words)
 
 
 def _record(engine_url: str, at, failure: ActionRefused | None = None, *, began: bool = False) -> None:
@@ -199,19 +292,26 @@ def _record(engine_url: str, at, failure: ActionRefused | None = None, *, began:
             row.save(update_fields=["failed_at", "error_code", "error_message"])
 
 
-def _one_pass(engine, engine_url: str, now, counts: dict[str, int], made: set[str], updated: set[str]) -> int:
+def _one_pass(engine, engine_url: str, now, counts: dict[str, int], made: set[str], updated: set[str],
+              rejected: Rejected) -> int:
     """Read the engine's list once, page by page, into the bindings; how many conversations its
     last page says changed since the first (they were left out)."""
     cursor = None
     seen: set[str] = set()
     empty = 0
+    rejected.begin_pass()
     for pages_read in itertools.count(1):
         asked_at = timezone.now()
         page = engine.threads(view="all", limit=PAGE, cursor=cursor)
         results = page.get("results") if isinstance(page, dict) else None
         if not isinstance(results, list):
             raise EngineBadAnswer("not a page of conversations")
-        rows = [_row(row) for row in results]
+        rows = []
+        for result in results:
+            try:
+                rows.append(_row(result))
+            except RejectedRow as exc:
+                rejected.add(exc)  # named, and left out: the other conversations are taken
         # The page's cursor checked before any of the page is written, as its rows are: a failed
         # read says nothing was taken from the answer that failed it (r64: a repeated cursor's page
         # was written and counted first).
@@ -219,7 +319,7 @@ def _one_pass(engine, engine_url: str, now, counts: dict[str, int], made: set[st
         if cursor:
             if not isinstance(cursor, str) or cursor in seen:
                 raise EngineBadAnswer("a repeated cursor")
-            empty = 0 if rows else empty + 1
+            empty = 0 if results else empty + 1
             if empty >= EMPTY_PAGES:  # new cursors with nothing on them: it would go on for MAX_PAGES
                 raise EngineBadAnswer("empty pages without end")
             if pages_read >= MAX_PAGES:

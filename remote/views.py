@@ -175,7 +175,7 @@ def _page(request: HttpRequest, name: str = "page") -> int:
 def bindings_sync(request: HttpRequest) -> HttpResponse:
     if not is_admin(request.user):
         raise PermissionDenied
-    from remote.sync import failed_read_text, refresh
+    from remote.sync import failed_read_text, refresh, rejected_text
 
     engines = configured_engines()
     if not engines:
@@ -189,6 +189,14 @@ def bindings_sync(request: HttpRequest) -> HttpResponse:
             continue
         messages.success(request, which + _("Read the engine's conversations: %(created)s new, %(updated)s already "
                                             "listed and brought up to date.") % counts)
+        if counts["rejected"]:
+            messages.warning(request, which + ngettext(
+                "%(count)s conversation on the engine was left out: its row is not in the form expected (the "
+                "field in brackets), so this console cannot keep it: %(named)s. The others were read.",
+                "%(count)s conversations on the engine were left out: their rows are not in the form expected "
+                "(the field in brackets), so this console cannot keep them: %(named)s. The others were read.",
+                counts["rejected"]) % {"count": counts["rejected"],
+                                       "named": rejected_text(counts["rejected_conversations"], counts["rejected"])})
         if counts["returned"]:
             messages.warning(request, which + ngettext(
                 "%(returned)s conversation is on the engine again after its delete was completed here, as "

@@ -4,6 +4,7 @@ drip-fed answer; and what the screens, the sweep and the back-off do meanwhile."
 
 from __future__ import annotations
 
+import io
 import time
 from datetime import timedelta
 
@@ -19,6 +20,7 @@ from tests.scripted_engine import scripted_engine
 
 pytestmark = pytest.mark.django_db
 TARGET, OTHER = "c_" + "a" * 20, "c_" + "b" * 20
+NONE_LEFT_OUT = {"rejected": 0, "rejected_conversations": []}  # a read that took every row
 NOW = "2026-01-01T00:00:00Z"
 RECEIPT = {"stores": [{"store": "lifecycle.Item", "action": "erased", "records": 2, "bytes": 10}]}
 
@@ -179,29 +181,94 @@ def test_sync_stops_on_a_repeated_cursor(settings):
     assert len(asked) == 2 and EngineBinding.objects.count() == 1  # the first page is kept
 
 
-@pytest.mark.parametrize("bad", [
-    {"id": "c_" + "9" * 20, "title": "x"},  # no owner
-    row(2, owner={"kind": "account", "id": "1"}),  # an id as text
-    row(3, owner={"kind": "robot", "id": 1}),
-    row(4, title=7),
-    row(5, last_activity_at="yesterday"),
-    row(6, thread_id="t" * 500),
-    row(7, title="bad \ud800 title"),  # no page could show it
-    row(8, title="nul \x00 title"),  # PostgreSQL could not store it (SQLite would)
-    row(9, extra={"\ud800": 1}),
+@pytest.mark.parametrize(("bad", "named"), [
+    ({"id": "c_" + "9" * 20, "title": "x"}, ("c_" + "9" * 20, "owner")),  # no owner
+    (row(2, owner={"kind": "account", "id": "1"}), (row(2)["id"], "owner")),  # an id as text
+    (row(3, owner={"kind": "robot", "id": 1}), (row(3)["id"], "owner")),
+    (row(4, title=7), (row(4)["id"], "title")),
+    (row(5, last_activity_at="yesterday"), (row(5)["id"], "last_activity_at")),
+    (row(6, thread_id="t" * 500), (row(6)["id"], "thread_id")),
+    (row(7, title="bad \ud800 title"), (row(7)["id"], "title")),  # no page could show it
+    (row(8, title="nul \x00 title"), (row(8)["id"], "title")),  # PostgreSQL could not store it (SQLite would)
+    (row(9, extra={"\ud800": 1}), (row(9)["id"], "extra")),
+    (row(10, id="c_\x00" + "0" * 18), (None, "id")),  # no id this console could show
+    ("not a row", (None, "row")),
 ], ids=["no-owner", "text-owner-id", "unknown-owner-kind", "number-title", "bad-time", "long-thread-id",
-        "surrogate-title", "nul-title", "surrogate-key"])
-def test_a_sync_page_with_a_row_that_is_not_a_conversation_is_refused_whole(settings, admin_client, bad):
-    page = {"results": [row(1), bad], "next": None}
+        "surrogate-title", "nul-title", "surrogate-key", "nul-id", "not-a-row"])
+def test_a_row_that_is_not_a_conversation_is_left_out_named_and_the_others_are_read(settings, admin_client, bad,
+                                                                                     named):
+    """r123: one row the console could not take (there, a title over 300 characters) stopped the
+    whole read, every conversation with it. Such a row is left out and named; the others are read."""
+    page = {"results": [row(1), bad, row(11)], "next": None}
     with scripted_engine({("GET", "/v1/threads"): lambda h: (200, page)}) as (url, seen):
         point_at(settings, url)
         response = admin_client.post("/engine/conversations/sync/")
         assert response.status_code == 302
         api = admin_client.post("/api/v1/bindings-sync", content_type="application/json")
-    assert api.status_code == 502 and api.json()["code"] == "engine_bad_answer"
-    assert not EngineBinding.objects.exists()  # nothing of the page was written
+    engine_id, field = named
+    assert api.status_code == 200
+    assert api.json() == {"created": 0, "updated": 2, "returned": 0, "rejected": 1,
+                          "rejected_conversations": [{"id": engine_id, "field": field}]}
+    assert sorted(EngineBinding.objects.values_list("engine_id", flat=True)) == [row(1)["id"], row(11)["id"]]
     messages = [str(m) for m in admin_client.get("/engine/conversations/").context["messages"]]
-    assert any("could not be used" in m for m in messages)
+    shown = f"{engine_id} ({field})" if engine_id else "a row without an id"
+    assert messages == ["Read the engine's conversations: 2 new, 0 already listed and brought up to date.",
+                        "1 conversation on the engine was left out: its row is not in the form expected (the field "
+                        f"in brackets), so this console cannot keep it: {shown}. The others were read."]
+
+
+def test_a_read_names_the_first_rows_it_left_out_counts_them_all_and_says_so_in_spanish(settings, admin_client):
+    from django.core.management import call_command
+
+    bad = [row(n, scope="s" * 9) for n in range(2, 27)]  # 25 rows: 20 named, 5 more
+    page = {"results": [row(1), *bad], "next": None}
+    with scripted_engine({("GET", "/v1/threads"): lambda h: (200, page)}) as (url, seen):
+        point_at(settings, url)
+        answer = refresh("")
+        admin_client.post("/engine/conversations/sync/", HTTP_ACCEPT_LANGUAGE="es")
+        spanish = [str(m) for m in admin_client.get("/engine/conversations/").context["messages"]]
+        out = io.StringIO()
+        call_command("sync_bindings", stdout=out)
+    assert (answer["created"], answer["rejected"]) == (1, 25)
+    assert answer["rejected_conversations"] == [{"id": r["id"], "field": "scope"} for r in bad[:20]]
+    assert EngineBinding.objects.count() == 1
+    named = ", ".join(f"{r['id']} (scope)" for r in bad[:20])
+    assert spanish[1] == ("25 conversaciones del motor se dejaron fuera: sus filas no tienen la forma esperada (el "
+                          "campo entre paréntesis), así que esta consola no puede conservarlas: "
+                          f"{named}, 5 más. Las demás se leyeron.")
+    assert out.getvalue().splitlines() == [
+        "0 created, 1 updated",
+        f"25 left out (the engine's row is not in the form expected; the field not taken is named): {named}, 5 more"]
+
+
+def test_a_title_longer_than_a_binding_keeps_is_shortened_between_characters_not_refused(settings):
+    """r123: an engine on SQLite (which does not enforce a column's length) held a title of 305
+    characters; every read of its list failed, engine_bad_answer. The title is shortened as a
+    preview is: never between a letter and its accent, or inside a flag."""
+    accented = "x" + "A\u0301" * 152  # 305 characters; the 300th is an accent
+    flagged = "x" + "\U0001F1EA\U0001F1F8" * 151  # 303; the 300th is the first half of a flag
+    titles = [accented, flagged, "y" * 305, "z" * 300]
+    page = {"results": [row(n, title=title) for n, title in enumerate(titles, 1)], "next": None}
+    with scripted_engine({("GET", "/v1/threads"): lambda h: (200, page)}) as (url, seen):
+        point_at(settings, url)
+        assert refresh("") == {"created": 4, "updated": 0, "returned": 0, **NONE_LEFT_OUT}
+    stored = dict(EngineBinding.objects.values_list("thread_id", "title"))
+    assert stored == {"t1": "x" + "A\u0301" * 149, "t2": "x" + "\U0001F1EA\U0001F1F8" * 149, "t3": "y" * 300,
+                      "t4": "z" * 300}
+
+
+def test_a_refused_delete_brings_back_a_long_title_shortened(settings):
+    """The title a refused delete reads back from the engine is shortened as a sync's is (it
+    was left out, and the list showed the thread id until the next sync)."""
+    kept = binding(row(1)["id"], "t1")
+    refused = operation(target=kept.engine_id, state="refused", code="conversation_turn_active", completed_at=None,
+                        receipt=None)
+    with scripted_engine({("DELETE", "/v1/threads/"): lambda h: (202, refused),
+                          ("GET", "/v1/threads/"): lambda h: (200, row(1, title="w" * 305))}) as (url, s):
+        point_at(settings, url)
+        op = delivery.request_bound_delete(kept, key="k-long", actor=None)
+        assert delivery.deliver(op.pk, budget=2) == "refused"
+    assert EngineBinding.objects.get(pk=kept.pk).title == "w" * 300
 
 
 def test_a_sync_never_brings_back_the_title_a_delete_cleared(settings, monkeypatch):
@@ -251,7 +318,7 @@ def test_a_sync_never_binds_again_a_conversation_deleted_while_it_read_the_engin
         from lifecycle.engine.http import HttpEngine
 
         monkeypatch.setattr(HttpEngine, "threads", _read_while_deleted(kept, "k-mid-sync"))
-        assert refresh("") == {"created": 0, "updated": 0, "returned": 0}
+        assert refresh("") == {"created": 0, "updated": 0, "returned": 0, **NONE_LEFT_OUT}
     assert not EngineBinding.objects.exists()  # no binding, so no copy of "Title 1" either
     assert list(BoundDelete.objects.values_list("state", "binding")) == [("completed", None)]
 
@@ -270,10 +337,10 @@ def test_a_conversation_back_on_the_engine_after_its_delete_is_bound_without_its
         assert delivery.deliver(first.pk, budget=2) == "completed"
         # Restored later: the engine lists it live again, well after the acknowledgement.
         BoundDelete.objects.filter(pk=first.pk).update(acknowledged_at=timezone.now() - timedelta(minutes=5))
-        assert refresh("") == {"created": 0, "updated": 0, "returned": 1}
+        assert refresh("") == {"created": 0, "updated": 0, "returned": 1, **NONE_LEFT_OUT}
         back = EngineBinding.objects.get(engine_id=kept.engine_id)
         assert (back.title, back.returned_after_id, back.engine_state) == ("", first.pk, "live")
-        assert refresh("") == {"created": 0, "updated": 1, "returned": 0}  # a later sync keeps it untitled
+        assert refresh("") == {"created": 0, "updated": 1, "returned": 0, **NONE_LEFT_OUT}  # a later sync keeps it untitled
         back.refresh_from_db()
         assert back.title == ""
         page = admin_client.get("/engine/conversations/", HTTP_HOST="127.0.0.1").content.decode()
@@ -354,9 +421,9 @@ def test_a_sync_named_by_the_engine_url_keeps_one_binding_per_conversation(setti
 
     with scripted_engine({("GET", "/v1/threads"): pages}) as (url, seen):
         point_at(settings, url)
-        assert refresh("") == {"created": 2, "updated": 0, "returned": 0}
+        assert refresh("") == {"created": 2, "updated": 0, "returned": 0, **NONE_LEFT_OUT}
         for named in (url, url + "/"):  # what `sync_bindings --engine-url <ENGINE_URL>` passes
-            assert refresh(named) == {"created": 0, "updated": 2, "returned": 0}
+            assert refresh(named) == {"created": 0, "updated": 2, "returned": 0, **NONE_LEFT_OUT}
     assert EngineBinding.objects.count() == 2
     assert set(EngineBinding.objects.values_list("engine_url", flat=True)) == {""}
 
@@ -499,12 +566,12 @@ def test_a_sync_reads_the_list_again_while_its_last_page_says_conversations_chan
 
     with scripted_engine({("GET", "/v1/threads"): listing}) as (url, _s):
         point_at(settings, url)
-        assert refresh("") == {"created": 2, "updated": 0, "returned": 0}
+        assert refresh("") == {"created": 2, "updated": 0, "returned": 0, **NONE_LEFT_OUT}
         assert len(calls) == 2
         assert sorted(EngineBinding.objects.values_list("thread_id", flat=True)) == ["t1", "t2"]
     calls.clear()
     busy = {"results": [row(1)], "next": None, "changed_since_start": 5}
     with scripted_engine({("GET", "/v1/threads"): lambda h: (calls.append(1) or 200, busy)}) as (url, _s):
         point_at(settings, url)
-        assert refresh("") == {"created": 0, "updated": 1, "returned": 0}
+        assert refresh("") == {"created": 0, "updated": 1, "returned": 0, **NONE_LEFT_OUT}
         assert len(calls) == sync.PASSES

@@ -9,11 +9,13 @@ test is about jobs, the console's own django-q2 cluster runs as a subprocess.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -23,6 +25,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from django.core.management import call_command
 from django.db import connection
 from django.db.models import ProtectedError
 from django.test import Client
@@ -47,6 +50,7 @@ from tests.remote_engine import (
 )
 from tests.test_erasure_crash import stop_group
 from tests.test_jobs import database_url
+from tests.test_remote_answers import NONE_LEFT_OUT
 
 HOST = {"HTTP_HOST": "127.0.0.1"}
 THREADS = {
@@ -71,6 +75,8 @@ THREADS = {
     "legacy": {"thread_id": "t-legacy", "title": "Legacy title"},
     "unsent": {"thread_id": "t-unsent"},
     "resend": {"thread_id": "t-resend"},
+    "long-title": {"thread_id": "t-long-title"},
+    "nul-title": {"thread_id": "t-nul-title"},
 }
 
 
@@ -696,7 +702,7 @@ def test_an_engine_that_fails_its_read_never_keeps_another_from_its_own_and_the_
     assert [(job["func"], job["args"], job["ack_failure"]) for job in jobs] == [
         ("remote.tasks.read_engine", ("",), True), ("remote.tasks.read_engine", (remote.url,), True)]
     assert [tasks.read_engine(*job["args"]) for job in jobs] == [
-        "engine_unreachable", {"created": live, "updated": 0, "returned": 0}]
+        "engine_unreachable", {"created": live, "updated": 0, "returned": 0, **NONE_LEFT_OUT}]
     assert EngineBinding.objects.filter(engine_url=remote.url).count() == live
     assert not EngineBinding.objects.filter(engine_url="").exists()
     failed, other = EngineRead.objects.get(engine_url=""), EngineRead.objects.get(engine_url=remote.url)
@@ -712,7 +718,7 @@ def test_an_engine_that_fails_its_read_never_keeps_another_from_its_own_and_the_
         assert page.count('data-testid="read-failed"') == 1  # the engine in ENGINE_TOKENS read fine
         assert words in page.split('data-testid="read-failed"', 1)[1].split("</p>", 1)[0]
     settings.ENGINE_URL = remote.url
-    assert tasks.read_engine("") == {"created": live, "updated": 0, "returned": 0}
+    assert tasks.read_engine("") == {"created": live, "updated": 0, "returned": 0, **NONE_LEFT_OUT}
     viewer = Client(**HOST)
     viewer.force_login(member)
     assert 'data-testid="read-failed"' not in viewer.get("/engine/conversations/").content.decode()
@@ -788,7 +794,7 @@ def test_sync_bindings_reads_the_engine_as_a_command_and_members_cannot_delete(r
     live = remote.query("SELECT count(*) FROM lifecycle_conversation WHERE state = 'live'")[0][0]
     assert done.stdout.strip() == f"{live} created, 0 updated"
     assert EngineBinding.objects.count() == live
-    assert refresh("") == {"created": 0, "updated": live, "returned": 0}  # again: nothing new, nothing doubled
+    assert refresh("") == {"created": 0, "updated": live, "returned": 0, **NONE_LEFT_OUT}  # again: nothing new, nothing doubled
     member = factories.make_user(admin=False)
     _token, raw = ApiToken.issue(member)
     answer = Client(HTTP_AUTHORIZATION=f"Bearer {raw}", **HOST).delete(
@@ -804,6 +810,37 @@ def test_sync_bindings_reads_the_engine_as_a_command_and_members_cannot_delete(r
     bad = api_delete(admin_api(), binding(remote, "member").public_id, "has spaces")
     assert bad.status_code == 400 and bad.json()["code"] == "idempotency_key_invalid"
     assert BoundDelete.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_title_a_runtime_wrote_too_long_is_shortened_and_a_row_not_taken_leaves_only_its_conversation_out(remote):
+    """r123: a runtime wrote a title of 305 characters on an engine on SQLite (which does not
+    enforce the column's 300; PostgreSQL would have refused it), and every read of the engine
+    failed, engine_bad_answer, "Nothing was read". The title is shortened; a conversation whose
+    title holds a NUL (which PostgreSQL could not store) is left out and named, the others read."""
+    long_title = "Título " + "é" * 298  # 305 characters
+    titles = {thread(remote, "long-title"): long_title, thread(remote, "nul-title"): "before \x00 after"}
+    with sqlite3.connect(remote.db, timeout=10) as engine_db:  # the runtime's own writes
+        for public_id, title in titles.items():
+            engine_db.execute("UPDATE lifecycle_conversation SET title = ? WHERE public_id = ?", (title, public_id))
+    engine_db.close()
+    try:
+        out = io.StringIO()
+        call_command("sync_bindings", stdout=out)
+        live = remote.query("SELECT count(*) FROM lifecycle_conversation WHERE state = 'live'")[0][0]
+        assert out.getvalue().splitlines() == [
+            f"{live - 1} created, 0 updated",
+            "1 left out (the engine's row is not in the form expected; the field not taken is named): "
+            f"{thread(remote, 'nul-title')} (title)"]
+        assert EngineBinding.objects.get(engine_id=thread(remote, "long-title")).title == long_title[:300]
+        assert not EngineBinding.objects.filter(engine_id=thread(remote, "nul-title")).exists()
+        assert EngineBinding.objects.count() == live - 1
+    finally:
+        with sqlite3.connect(remote.db, timeout=10) as engine_db:
+            for public_id in titles:
+                engine_db.execute("UPDATE lifecycle_conversation SET title = 'Restored' WHERE public_id = ?",
+                                  (public_id,))
+        engine_db.close()
 
 
 @pytest.mark.django_db

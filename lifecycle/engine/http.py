@@ -209,7 +209,7 @@ class HttpEngine:
         return min(self.connect_timeout, left)
 
     def _once(self, method: str, path: str, body: dict | None, headers: dict[str, str],
-              deadline: float) -> tuple[int, Any, float | None]:
+              deadline: float, rows: str | None = None) -> tuple[int, Any, float | None]:
         connection = self._connection(deadline)
         # The read timeout bounds each wait for bytes; the deadline bounds the whole call, so an
         # engine that sends a byte now and then cannot hold a request or a job for as long as it likes.
@@ -250,32 +250,34 @@ class HttpEngine:
             try:
                 # A lone surrogate fails every page that shows it; NUL fails PostgreSQL's writes
                 # (SQLite keeps it): refused here, both databases behave alike.
-                check_tree(answer, max_depth=MAX_ANSWER_DEPTH)
+                check_tree(_without_rows(answer, rows), max_depth=MAX_ANSWER_DEPTH)
             except ValueError:
                 raise EngineBadAnswer("text with NUL or a lone surrogate, or nested too deeply") from None
         return status, answer, wait
 
     def call(self, method: str, path: str, *, body: dict | None = None, headers: dict[str, str] | None = None,
-             idempotent: bool = True) -> tuple[int, Any]:
+             idempotent: bool = True, rows: str | None = None) -> tuple[int, Any]:
         """(status, JSON) of a 2xx answer; otherwise one of the outcomes above, raised. A
         refusal raised for a request sent more than once carries `resent = True`: an earlier
         send whose answer was lost may have been applied (the caller of a delete must not
-        then take "not offered" for "nothing was done", r60)."""
+        then take "not offered" for "nothing was done", r60). `rows`: the key of the answer's
+        list whose items the caller checks one by one (text with NUL or a lone surrogate,
+        nesting), so that one item's text refuses that item, not the whole answer."""
         sends: list[int] = []
         try:
-            return self._call(method, path, body, headers, idempotent, sends)
+            return self._call(method, path, body, headers, idempotent, sends, rows)
         except ActionRefused as exc:
             exc.resent = len(sends) > 1
             raise
 
     def _call(self, method: str, path: str, body: dict | None, headers: dict[str, str] | None,
-              idempotent: bool, sends: list[int]) -> tuple[int, Any]:
+              idempotent: bool, sends: list[int], rows: str | None = None) -> tuple[int, Any]:
         attempts = 1 + (self.retries if idempotent else 0)
         deadline = time.monotonic() + self.connect_timeout + 2 * self.read_timeout
         for attempt in range(attempts):
             sends.append(attempt)
             try:
-                status, answer, wait = self._once(method, path, body, headers or {}, deadline)
+                status, answer, wait = self._once(method, path, body, headers or {}, deadline, rows)
                 if status in TRANSIENT_STATUSES or (status >= 500 and status not in UNSUPPORTED_STATUSES):
                     raise EngineUnreachable(f"HTTP {status}", retry_after=wait)
                 break
@@ -338,7 +340,11 @@ class HttpEngine:
         return self.call("GET", self._thread_path(public_id))[1]
 
     def threads(self, **query: Any) -> dict[str, Any]:
-        return self.call("GET", "/v1/threads?" + urlencode({k: v for k, v in query.items() if v is not None}))[1]
+        """A page of the engine's conversations. Its rows (`results`) are left to the caller to
+        check one by one (remote.sync): one conversation's title with a NUL in it (an engine on
+        SQLite keeps one) refuses that conversation, not the list."""
+        return self.call("GET", "/v1/threads?" + urlencode({k: v for k, v in query.items() if v is not None}),
+                         rows="results")[1]
 
     def set_archived(self, public_id: str, archived: bool, *, actor) -> dict[str, Any]:
         return self._changed(public_id, "archived", archived)
@@ -476,6 +482,13 @@ def _ip_literal(host: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _without_rows(answer: Any, rows: str | None) -> Any:
+    """The answer without its list of rows under `rows`, which its caller checks row by row."""
+    if rows and isinstance(answer, dict) and isinstance(answer.get(rows), list):
+        return {key: value for key, value in answer.items() if key != rows}
+    return answer
 
 
 def _cut(connection: http.client.HTTPConnection) -> None:

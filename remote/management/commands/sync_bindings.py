@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from lifecycle.errors import ActionRefused
-from remote.sync import refresh
+from remote.sync import refresh, rejected_text
 
 
 class Command(BaseCommand):
@@ -26,3 +26,8 @@ class Command(BaseCommand):
         self.stdout.write(f"{counts['created']} created, {counts['updated']} updated"
                           + (f", {counts['returned']} back after a completed delete (delete them again)"
                              if counts["returned"] else ""))
+        if counts["rejected"]:
+            # The others were read; these rows are not conversations this console can keep.
+            self.stdout.write(f"{counts['rejected']} left out (the engine's row is not in the form expected; the "
+                              "field not taken is named): "
+                              + rejected_text(counts["rejected_conversations"], counts["rejected"]))
