@@ -54,6 +54,14 @@ def a_live_conversation() -> Conversation:
     return Conversation.objects.recent().order_by("-last_activity_at", "-pk").first()
 
 
+def assert_one_press_taken(page: Page, posts: list, said: str, not_said: str) -> None:
+    """The first press's own answer is shown, never the second's "already", and one request went."""
+    expect(page.locator(".flash")).to_contain_text(said)
+    expect(page.get_by_text(not_said)).to_have_count(0)
+    page.wait_for_timeout(int(SLOW * 1000))  # a second request would have been sent by now
+    assert len(posts) == 1, posts
+
+
 @NARROW_AND_WIDE
 def test_close_pressed_twice_goes_once_and_shows_its_own_answer(seeded, live_server, open_page, viewport):
     conversation = a_live_conversation()
@@ -66,12 +74,9 @@ def test_close_pressed_twice_goes_once_and_shows_its_own_answer(seeded, live_ser
     close = page.locator("#lifecycle-actions").get_by_role("button", name="Close")
     press_twice(page, close)
 
-    expect(page.locator(".flash")).to_contain_text(
-        "Closed: no turn runs in it and no process holds it until it is resumed.")
-    expect(page.get_by_text("It was already closed: nothing changed.")).to_have_count(0)
+    assert_one_press_taken(page, posts, "Closed: no turn runs in it and no process holds it until it is resumed.",
+                           "It was already closed: nothing changed.")
     expect(page.locator("#lifecycle-actions").get_by_role("button", name="Resume")).to_be_enabled()
-    page.wait_for_timeout(int(SLOW * 1000))  # a second request would have been sent by now
-    assert len(posts) == 1, posts
     conversation.refresh_from_db()
     assert conversation.closed_at is not None
 
@@ -94,10 +99,7 @@ def test_archive_pressed_twice_on_the_list_goes_once_and_shows_its_own_answer(se
     row = page.locator("#results .conv").filter(has_text=conversation.title).first
     press_twice(page, row.get_by_role("button", name=re.compile("^Archive")))
 
-    expect(page.locator(".flash")).to_contain_text("Archived: hidden from Recent.")
-    expect(page.get_by_text("It was already archived: nothing changed.")).to_have_count(0)
-    page.wait_for_timeout(int(SLOW * 1000))
-    assert len(posts) == 1, posts
+    assert_one_press_taken(page, posts, "Archived: hidden from Recent.", "It was already archived: nothing changed.")
     conversation.refresh_from_db()
     assert conversation.archived_at is not None
 
@@ -112,10 +114,7 @@ def test_archive_pressed_twice_on_the_conversation_goes_once(seeded, live_server
 
     press_twice(page, page.locator("#lifecycle-actions").get_by_role("button", name="Archive"))
 
-    expect(page.locator(".flash")).to_contain_text("Archived: hidden from Recent.")
-    expect(page.get_by_text("It was already archived: nothing changed.")).to_have_count(0)
-    page.wait_for_timeout(int(SLOW * 1000))
-    assert len(posts) == 1, posts
+    assert_one_press_taken(page, posts, "Archived: hidden from Recent.", "It was already archived: nothing changed.")
     conversation.refresh_from_db()
     assert conversation.archived_at is not None
 
