@@ -50,8 +50,14 @@ def press_twice(page: Page, button) -> None:
     button.evaluate("(b) => { b.click(); setTimeout(() => b.click(), 150); }")
 
 
-def a_live_conversation() -> Conversation:
-    return Conversation.objects.recent().order_by("-last_activity_at", "-pk").first()
+def listed_for_an_admin(open_page, live_server, viewport: str) -> tuple[Conversation, Page]:
+    """A live conversation, and an admin's page on the conversation list searched for it."""
+    conversation = Conversation.objects.recent().order_by("-last_activity_at", "-pk").first()
+    page = open_page(viewport)
+    log_in(page, live_server.url, *ADMIN)
+    page.goto(f"{live_server.url}/conversations/?q={conversation.title}")
+    page.wait_for_load_state("load")
+    return conversation, page
 
 
 def assert_one_press_taken(page: Page, posts: list, said: str, not_said: str) -> None:
@@ -64,10 +70,7 @@ def assert_one_press_taken(page: Page, posts: list, said: str, not_said: str) ->
 
 @NARROW_AND_WIDE
 def test_close_pressed_twice_goes_once_and_shows_its_own_answer(seeded, live_server, open_page, viewport):
-    conversation = a_live_conversation()
-    page = open_page(viewport)
-    log_in(page, live_server.url, *ADMIN)
-    page.goto(f"{live_server.url}/conversations/?q={conversation.title}")
+    conversation, page = listed_for_an_admin(open_page, live_server, viewport)
     open_from_list(page, conversation)
     posts = slow_answers(page, f"**/conversations/{conversation.public_id}/close/")
 
@@ -89,11 +92,7 @@ def test_close_pressed_twice_goes_once_and_shows_its_own_answer(seeded, live_ser
 
 @NARROW_AND_WIDE
 def test_archive_pressed_twice_on_the_list_goes_once_and_shows_its_own_answer(seeded, live_server, open_page, viewport):
-    conversation = a_live_conversation()
-    page = open_page(viewport)
-    log_in(page, live_server.url, *ADMIN)
-    page.goto(f"{live_server.url}/conversations/?q={conversation.title}")
-    page.wait_for_load_state("load")
+    conversation, page = listed_for_an_admin(open_page, live_server, viewport)
     posts = slow_answers(page, f"**/conversations/{conversation.public_id}/archive/")
 
     row = page.locator("#results .conv").filter(has_text=conversation.title).first
@@ -105,10 +104,7 @@ def test_archive_pressed_twice_on_the_list_goes_once_and_shows_its_own_answer(se
 
 
 def test_archive_pressed_twice_on_the_conversation_goes_once(seeded, live_server, open_page):
-    conversation = a_live_conversation()
-    page = open_page("desktop")
-    log_in(page, live_server.url, *ADMIN)
-    page.goto(f"{live_server.url}/conversations/?q={conversation.title}")
+    conversation, page = listed_for_an_admin(open_page, live_server, "desktop")
     open_from_list(page, conversation)
     posts = slow_answers(page, f"**/conversations/{conversation.public_id}/archive/")
 

@@ -245,14 +245,14 @@ def _cursor_place(token: str) -> tuple[str, int, int]:
                       "a conversation it deleted; 404 only for an id this console never bound.")
 def binding_delete(request: HttpRequest, binding_id: str) -> tuple[int, dict]:
     key = request.headers.get("Idempotency-Key")
-    binding = EngineBinding.objects.filter(public_id=binding_id).first() if re.fullmatch(BINDING_ID, binding_id) \
-        else None
+    well_formed = re.fullmatch(BINDING_ID, binding_id) is not None
+    binding = EngineBinding.objects.filter(public_id=binding_id).first() if well_formed else None
     if binding is None:
         # A completed delete let its binding go: the same key still answers with its outcome, and
         # a new one with that delete (r122: 404), as the engine's delete answers a new key.
         from remote.delivery import released_delete, request_released_delete
 
-        done = released_delete(binding_id) if re.fullmatch(BINDING_ID, binding_id) else None
+        done = released_delete(binding_id) if well_formed else None
         if done is None:
             raise ApiError(404, "not_found", _("Nothing with that id exists here."))
         op, _new = request_released_delete(done, key=key)

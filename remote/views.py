@@ -258,23 +258,20 @@ def _answered_by_key(request: HttpRequest, binding_id: str) -> HttpResponse | No
     confirmation of a binding let go, from a page shown before, leads to the delete that
     completed, saying so, as the embedded delete page does. None: the binding's own page decides."""
     key = request.POST.get("key") or ""
+    op, new, done = None, False, None
     if EngineBinding.objects.filter(public_id=binding_id).exists():
-        known = recorded_for_key(key)
-        if known is None or known.binding_ref != binding_id:
+        op = recorded_for_key(key)
+        if op is None or op.binding_ref != binding_id:
             return None
-        op, new = known, False
-    else:
-        done = released_delete(binding_id)
-        if done is None:
-            raise Http404
-        if not is_admin(request.user):
-            raise PermissionDenied
+    elif (done := released_delete(binding_id)) is None:
+        raise Http404
+    if not is_admin(request.user):  # (before a key is recorded for the delete let go)
+        raise PermissionDenied
+    if done is not None:
         try:
             op, new = request_released_delete(done, key=key)
         except ActionRefused:  # no key, a broken one, or one of another conversation's: no page to show
             raise Http404 from None
-    if not is_admin(request.user):
-        raise PermissionDenied
     if new:
         messages.info(request, _("This conversation's delete had already been requested: your confirmation did "
                                  "nothing more. Its status is below."))

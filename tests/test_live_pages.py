@@ -127,6 +127,10 @@ def test_the_pending_tab_keeps_counting_while_deletes_beyond_its_rows_are_erased
     url = poll_url(fragment)  # polling goes on, for the count alone
     assert "&c=" not in url and "n=2" in url and "t=27" in url
     assert get(admin_client, url, HTTP_HX_REQUEST="true").status_code == 204  # nothing changed since
+    # Figures that are not the page's (not digits, too long): the count is sent again, nothing fails.
+    for odd in ("n=x&t=27", "n=99999999999999999999&t=27", "n=-1&t=27", "n=%EF%BC%92&t=27", "t=27"):
+        answer = get(admin_client, f"/conversations/?live=1&view=pending_delete&{odd}", HTTP_HX_REQUEST="true")
+        assert answer.status_code == 200 and "2 conversations" in answer.content.decode(), odd
     rest = [op for op in ops if op.conversation.public_id not in shown]
     executor.run_erasure(rest[0].pk)
     fragment = get(admin_client, url, HTTP_HX_REQUEST="true").content.decode()

@@ -904,12 +904,17 @@
       var before = fresh.querySelector(".live-note") || fresh.querySelector("form[data-contributor]");
       if (before) before.parentNode.insertBefore(said, before);
     }
+    putCard(card, fresh, form.dataset.contributor, focusedId, true);
+  }
+  // A card replaced by the one Lethe rendered (`fresh`): its form known, its state the saved
+  // one when `isSaved` (a refused save keeps the earlier saved state), the focus kept by id.
+  function putCard(card, fresh, key, focusedId, isSaved) {
     card.replaceWith(fresh);
     if (window.htmx) window.htmx.process(fresh);
     syncCleanupDraft();
-    var newForm = fresh.querySelector('form[data-contributor="' + form.dataset.contributor + '"]');
+    var newForm = fresh.querySelector('form[data-contributor="' + key + '"]');
     known.add(newForm);
-    remember(newForm);
+    if (isSaved) remember(newForm);
     var again = focusedId && document.getElementById(focusedId);
     if (again && focusLost()) again.focus({ preventScroll: true });
   }
@@ -933,15 +938,8 @@
         var fresh = holder.firstElementChild;
         // Not Lethe's answer (a proxy's error page, its 504 after Lethe saved): as lost.
         if (!fresh || !fresh.querySelector('form[data-contributor="' + key + '"]')) return "lost";
-        card.replaceWith(fresh);
-        if (window.htmx) window.htmx.process(fresh);
-        syncCleanupDraft();
-        var newForm = fresh.querySelector('form[data-contributor="' + key + '"]');
-        known.add(newForm); // saved: its state; refused: still the earlier saved state
-        if (response.ok) remember(newForm);
-        else fresh.classList.add("has-error");
-        var again = focusedId && document.getElementById(focusedId);
-        if (again && focusLost()) again.focus({ preventScroll: true });
+        if (!response.ok) fresh.classList.add("has-error");
+        putCard(card, fresh, key, focusedId, response.ok);
         return response.ok ? "saved" : "failed";
       });
     }).catch(function () { return "lost"; });
