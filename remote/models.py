@@ -183,6 +183,9 @@ class BoundDelete(models.Model):
             # Who asked is forgotten the audit period after the request (remote.tasks.hourly).
             models.Index(fields=["requested_at"], name="bound_delete_requester_idx",
                          condition=Q(requested_by__isnull=False)),
+            # The delete that let a binding go, found by its id (delivery.released_delete: a form or
+            # an API request sent again after the binding is gone).
+            models.Index(fields=["binding_ref", "state"], name="bound_delete_released_idx"),
         ]
 
     def __str__(self) -> str:

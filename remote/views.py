@@ -248,7 +248,16 @@ def binding_delete(request: HttpRequest, binding_id: str) -> HttpResponse:
             raise Http404 from None
         context["error"] = error_text(exc.code) if exc.code.startswith("engine_") else form_message(exc)
         return render(request, "remote/binding_delete.html", context, status=exc.status)
+    if pending is not None and op.pk == pending.pk:
+        # A confirmation from a page shown before someone else's delete (its key is new; one the
+        # delete knows was answered above): it joined that delete and sent nothing (as lifecycle's, r121).
+        already_requested(request)
     return redirect("remote:bound-delete", delete_id=op.public_id)
+
+
+def already_requested(request: HttpRequest) -> None:
+    messages.info(request, _("This conversation's delete had already been requested: your confirmation did "
+                             "nothing more. Its status is below."))
 
 
 def _answered_by_key(request: HttpRequest, binding_id: str) -> HttpResponse | None:
@@ -273,8 +282,7 @@ def _answered_by_key(request: HttpRequest, binding_id: str) -> HttpResponse | No
         except ActionRefused:  # no key, a broken one, or one of another conversation's: no page to show
             raise Http404 from None
     if new:
-        messages.info(request, _("This conversation's delete had already been requested: your confirmation did "
-                                 "nothing more. Its status is below."))
+        already_requested(request)
     return redirect("remote:bound-delete", delete_id=op.public_id)
 
 

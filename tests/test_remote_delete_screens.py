@@ -680,3 +680,48 @@ def test_an_engine_that_cannot_preview_at_confirmation_is_not_a_change(settings,
         confirmed = admin_client.post(url_delete, form, **HOST)
     op = BoundDelete.objects.get()
     assert (confirmed.status_code, confirmed["Location"]) == (302, f"/engine/deletes/{op.public_id}/")
+
+
+def test_a_confirmation_from_a_page_shown_before_someone_elses_delete_says_it_did_nothing_more(settings, admin_client):
+    """A delete requested by someone else after the page was shown: the confirmation joins that
+    delete and sends nothing; the page it leads to says so (it said nothing, and read as if this
+    press had requested it). The form sent again with its own key says it once, not again."""
+    settings.ENGINE_URL, settings.ENGINE_TOKEN = "http://127.0.0.1:9", "t" * 40  # nothing listens: never asked
+    b = bound()
+    other = BoundDelete.objects.create(key="k-first", binding=b, binding_ref=b.public_id, engine_id=TARGET,
+                                       owner_kind="account", owner_id=1, scope="bound", thread_id="t1",
+                                       state="pending", waiting_on="engine")
+    BoundDeleteKey.objects.create(key=other.key, delete=other)
+    form_url = f"/engine/conversations/{b.public_id}/delete/"
+    late = admin_client.post(form_url, {"key": "ui-shown-before", "seen": "x"}, follow=True, **HOST)
+    assert late.redirect_chain == [(f"/engine/deletes/{other.public_id}/", 302)]
+    assert "had already been requested: your confirmation did nothing more" in late.content.decode()
+    assert list(BoundDelete.objects.values_list("pk", "attempts")) == [(other.pk, 0)]
+    assert BoundDeleteKey.objects.get(key="ui-shown-before").delete_id == other.pk
+    again = admin_client.post(form_url, {"key": "ui-shown-before", "seen": "x"}, follow=True, **HOST)
+    assert again.redirect_chain == [(f"/engine/deletes/{other.public_id}/", 302)]
+    assert "had already been requested" not in again.content.decode()
+    with translation.override("es"):
+        spanish = admin_client.post(form_url, {"key": "ui-es", "seen": "x"}, follow=True, HTTP_ACCEPT_LANGUAGE="es",
+                                    **HOST).content.decode()
+    assert "ya se había solicitado: su confirmación" in text(spanish)
+
+
+def test_the_delete_that_let_a_binding_go_is_found_through_an_index():
+    """A form or API request sent again after its binding is gone looks its delete up by the
+    binding's id: an index read, never a scan of every bound delete."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from remote.delivery import released_delete
+
+    op = completed(RECEIPT)
+    with CaptureQueriesContext(connection) as queries:
+        assert released_delete(op.binding_ref) == op
+    (query,) = queries.captured_queries
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SET LOCAL enable_seqscan = off")  # a table this small: else any plan is as good
+        cursor.execute(("EXPLAIN QUERY PLAN " if connection.vendor == "sqlite" else "EXPLAIN ") + query["sql"])
+        plan = "\n".join(str(row[-1]) for row in cursor.fetchall())
+    assert "bound_delete_released_idx" in plan, plan
