@@ -44,6 +44,14 @@ class BindingOut(Schema):
                     "(PostgreSQL). Null once erased, and when no title was cleared that way.")
 
 
+class RejectedOut(Schema):
+    id: str | None = Field(description="The engine's id of the conversation; null when its row gave none this "
+                                       "console can show.")
+    field: str = Field(description="The field of the engine's row that is not in the form expected: id, owner, "
+                                   "scope, thread_id, state, title, last_activity_at, another field of the row "
+                                   "holding text with NUL or a lone surrogate, or row.")
+
+
 class EngineReadOut(Schema):
     engine: str = Field(description="The engine read; empty for the one at ENGINE_URL.")
     state: Literal["never", "ok", "reading", "failed", "unfinished"] = Field(
@@ -58,6 +66,9 @@ class EngineReadOut(Schema):
     error: str | None = Field(description="Why, while `failing` (a code; `read_unfinished` for a read that never "
                                           "ended).")
     error_message: str | None
+    rejected: int = Field(description="Rows the last read that went through the whole list left out: not in the "
+                                      "form expected, so this console cannot keep them (they are not listed).")
+    rejected_conversations: list[RejectedOut] = Field(description="The first 20 of them.")
 
 
 class BindingPageOut(Schema):
@@ -138,7 +149,8 @@ def engine_read_json(read) -> dict[str, Any]:
     """One of `remote.sync.configured_reads()`, as the list shows it."""
     return {"engine": read.engine_url, "state": read.shown_state, "started_at": iso(read.started_at),
             "read_at": iso(read.read_at), "failed_at": iso(read.failed_at), "failing": bool(read.shown_code),
-            "error": read.shown_code or None, "error_message": read.words or None}
+            "error": read.shown_code or None, "error_message": read.words or None,
+            "rejected": read.left_out, "rejected_conversations": read.left_out_named}
 
 
 def bound_delete_json(op: BoundDelete) -> dict[str, Any]:
@@ -271,14 +283,6 @@ def bound_delete_detail(request: HttpRequest, delete_id: str) -> dict:
     if op is None:
         raise ApiError(404, "not_found", _("Nothing with that id exists here."))
     return bound_delete_json(op)
-
-
-class RejectedOut(Schema):
-    id: str | None = Field(description="The engine's id of the conversation; null when its row gave none this "
-                                       "console can show.")
-    field: str = Field(description="The field of the engine's row that is not in the form expected: id, owner, "
-                                   "scope, thread_id, state, title, last_activity_at, another field of the row "
-                                   "holding text with NUL or a lone surrogate, or row.")
 
 
 class SyncOut(Schema):

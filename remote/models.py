@@ -223,6 +223,11 @@ class EngineRead(models.Model):
     failed_at = models.DateTimeField(null=True, blank=True)
     error_code = models.CharField(max_length=64, blank=True)
     error_message = models.CharField(max_length=500, blank=True)
+    # The rows the last whole read left out (not conversations this console can keep):
+    # {"count": n, "named": [{"id": engine id or None, "field": the field not taken}, ...]}, the
+    # first NAMED_REJECTED named; None when it took every row. Ids and field names only (the
+    # hourly read's were only logged: the list said "as the engine listed them" without them).
+    rejected = models.JSONField(null=True, blank=True)
 
     def __str__(self) -> str:
         return self.engine_url or "ENGINE_URL"

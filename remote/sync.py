@@ -109,7 +109,19 @@ def configured_reads() -> list[EngineRead]:
                            UNFINISHED if read.shown_state == "unfinished" else "")
         read.shown_at = read.failed_at if read.shown_state == "failed" else read.started_at
         read.words = failure_words(read.shown_code, read.error_message) if read.shown_code else ""
+        read.left_out, read.left_out_named = left_out(read.rejected)
+        read.left_out_words = rejected_text(read.left_out_named, read.left_out) if read.left_out else ""
     return reads
+
+
+def left_out(stored: Any) -> tuple[int, list[dict[str, str | None]]]:
+    """How many rows the last whole read left out, and those it named, from EngineRead.rejected;
+    (0, []) for none or for a value not in the form written (never a server error)."""
+    if not isinstance(stored, dict) or type(stored.get("count")) is not int or stored["count"] <= 0:
+        return 0, []
+    named = [{"id": row.get("id") if isinstance(row.get("id"), str) else None, "field": row["field"]}
+             for row in stored.get("named") or [] if isinstance(row, dict) and isinstance(row.get("field"), str)]
+    return stored["count"], named[:NAMED_REJECTED]
 
 
 TITLE_CHARS = 300  # EngineBinding.title
@@ -225,7 +237,7 @@ def refresh(engine_url: str = "") -> dict[str, Any]:
         exc.kept = {**counts, "updated": len(updated)}  # what the pages before the failure wrote
         _record(engine_url, now, exc)
         raise
-    _record(engine_url, now)
+    _record(engine_url, now, rejected=rejected)
     counts["updated"] = len(updated)
     if rejected.count:
         # (ids and field names only: never a title, which is content)
@@ -269,10 +281,11 @@ def rejected_text(named: list[dict[str, str | None]], count: int) -> str:
     return ", ".join(words)
 
 
-def _record(engine_url: str, at, failure: ActionRefused | None = None, *, began: bool = False) -> None:
+def _record(engine_url: str, at, failure: ActionRefused | None = None, *, began: bool = False,
+            rejected: Rejected | None = None) -> None:
     """The read that began at `at` into the engine's EngineRead row: its start (`began`), then
-    its end, whole or failed; what a read that began before the one recorded (two at once) says
-    changes nothing of it."""
+    its end, whole (with the rows it left out, `rejected`) or failed; what a read that began
+    before the one recorded (two at once) says changes nothing of it."""
     with transaction.atomic():
         row, _made = EngineRead.objects.select_for_update().get_or_create(engine_url=engine_url)
         if began:
@@ -282,7 +295,8 @@ def _record(engine_url: str, at, failure: ActionRefused | None = None, *, began:
         elif failure is None:
             if row.read_at is None or at > row.read_at:
                 row.read_at = at
-                row.save(update_fields=["read_at"])
+                row.rejected = {"count": rejected.count, "named": rejected.named} if rejected and rejected.count else None
+                row.save(update_fields=["read_at", "rejected"])
         elif row.failed_at is None or at > row.failed_at:
             row.failed_at, row.error_code = at, failure.code
             # The engine's own words, when it gave some (not this console's placeholder for none)

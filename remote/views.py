@@ -110,12 +110,15 @@ def binding_list(request: HttpRequest) -> HttpResponse:
         deletes_page = Paginator(BoundDelete.objects.filter(owner_kind=owner["kind"], owner_id=owner["id"]),
                                  DELETES_PAGE_SIZE).get_page(_page(request, "deletes"))
         deletes = list(deletes_page.object_list)
+    reads = configured_reads()
     return render(request, "remote/binding_list.html", {
         **finder, "owner": owner, "unknown_owner": unknown_owner, "bindings": bindings, "page": page,
         "bindings_count": page.paginator.count if page else 0,
         "deletes": deletes, "deletes_page": deletes_page, "read_at": read_at,
         # The engines whose latest read failed: the hourly read has no one else to tell.
-        "failed_reads": [read for read in configured_reads() if read.shown_code],
+        "failed_reads": [read for read in reads if read.shown_code],
+        # ... and those whose last whole read left rows out (the hourly read only logged them)
+        "left_out_reads": [read for read in reads if read.left_out],
         "can_read": bool(configured_engines()), "is_admin": is_admin(request.user),
         "db_sqlite": connection.vendor == "sqlite",  # what still holds a cleared title (remote.physical)
         **_bindings_poller({b.pending_delete.public_id for b in bindings if b.pending_delete}

@@ -5,6 +5,7 @@ drip-fed answer; and what the screens, the sweep and the back-off do meanwhile."
 from __future__ import annotations
 
 import io
+import re
 import time
 from datetime import timedelta
 
@@ -239,6 +240,54 @@ def test_a_read_names_the_first_rows_it_left_out_counts_them_all_and_says_so_in_
     assert out.getvalue().splitlines() == [
         "0 created, 1 updated",
         f"25 left out (the engine's row is not in the form expected; the field not taken is named): {named}, 5 more"]
+
+
+def test_the_rows_the_hourly_read_left_out_are_said_on_the_list_and_in_the_api_until_a_read_takes_them(
+        settings, member_client, member_api):
+    """The hourly read (remote.tasks) left rows out and only logged them: Engine conversations said
+    "as the engine listed them" with those conversations silently missing. The last whole read's
+    left-out rows are kept with its read record: the list names them (also to a member, who sees
+    the list) and the bindings API gives them in `reads`, until a whole read takes every row."""
+    from django.utils.translation import override
+
+    from remote.models import EngineRead
+
+    bad = [row(n, scope="s" * 9) for n in range(2, 24)]  # 22 rows: 20 named, 2 more
+    listed = {"results": [row(1), row(24, owner={"kind": "robot", "id": 1}), *bad], "next": None}
+    with scripted_engine({("GET", "/v1/threads"): lambda h: (200, listed)}) as (url, seen):
+        point_at(settings, url)
+        tasks.read_engine("")  # the hourly job's read of the engine at ENGINE_URL
+        page = member_client.get("/engine/conversations/?owner=account:1").content.decode()
+        spanish = member_client.get("/engine/conversations/?owner=account:1", HTTP_ACCEPT_LANGUAGE="es")
+        api = member_api.get("/api/v1/bindings?owner_kind=account&owner_id=1").json()
+        named = [{"id": row(24)["id"], "field": "owner"}, *({"id": r["id"], "field": "scope"} for r in bad[:19])]
+        assert EngineRead.objects.get(engine_url="").rejected == {"count": 23, "named": named}
+        alert = re.search(r'<p [^>]*data-testid="read-left-out">(.*?)</p>', page, re.S).group(1)
+        words = ", ".join(f"{r['id']} ({r['field']})" for r in named)
+        assert " ".join(alert.split()).startswith("The last whole read of the engine, begun ")
+        assert (f"left out 23 conversations: their rows are not in the form expected (the field in brackets), so "
+                f"this console cannot keep them and they are not listed here: {words}, 3 more.") in " ".join(alert.split())
+        assert "dejó fuera 23 conversaciones: sus filas no tienen la forma esperada" in spanish.content.decode()
+        (read,) = api["reads"]
+        assert (read["state"], read["rejected"], read["rejected_conversations"]) == ("ok", 23, named)
+        # A whole read that takes every row: nothing is said any more.
+        listed["results"] = [row(1)]
+        tasks.read_engine("")
+        assert EngineRead.objects.get(engine_url="").rejected is None
+        assert 'data-testid="read-left-out"' not in member_client.get("/engine/conversations/?owner=account:1").content.decode()
+        (read,) = member_api.get("/api/v1/bindings?owner_kind=account&owner_id=1").json()["reads"]
+        assert (read["rejected"], read["rejected_conversations"]) == (0, [])
+    # A stored value in a form not written (a hand edit): what can be read of it, never a server error.
+    for stored, said in (({"count": "9"}, None), ({"count": True}, None), ([1], None),
+                         ({"count": 2, "named": [{"id": 5}, "x", {"field": "scope"}]},
+                          "left out 2 conversations: their rows are not in the form expected (the field in brackets), "
+                          "so this console cannot keep them and they are not listed here: a row without an id, 1 more.")):
+        EngineRead.objects.filter(engine_url="").update(rejected=stored)
+        with override("en"):
+            answer = member_client.get("/engine/conversations/?owner=account:1")
+        assert answer.status_code == 200
+        alert = re.search(r'<p [^>]*data-testid="read-left-out">(.*?)</p>', answer.content.decode(), re.S)
+        assert (said in " ".join(alert.group(1).split())) if said else alert is None
 
 
 def test_a_title_longer_than_a_binding_keeps_is_shortened_between_characters_not_refused(settings):

@@ -910,7 +910,7 @@ def test_a_read_the_engine_refuses_is_recorded_and_shown_until_a_read_begun_late
         failed_at = read.failed_at.isoformat().replace("+00:00", "Z")
         assert api == {"owner": None, "results": [], "next": None, "reads": [{
             "engine": "", "state": "failed", "started_at": failed_at, "read_at": None, "failed_at": failed_at,
-            "failing": True, "error": "invalid_cursor", "error_message": "<b>Cursor</b> expired."}]}
+            "failing": True, "error": "invalid_cursor", "error_message": "<b>Cursor</b> expired.", **NONE_LEFT_OUT}]}
         sync._record("", read.failed_at - timedelta(seconds=1))  # a whole read begun before the refused one
         assert EngineRead.objects.get().state == "failed"
         answer["refuse"] = False
@@ -928,7 +928,8 @@ def test_a_read_the_engine_refuses_is_recorded_and_shown_until_a_read_begun_late
         api = boss.get("/api/v1/bindings", HTTP_HOST="127.0.0.1").json()
         synced = api["results"][0]["synced_at"]
         assert api["reads"] == [{"engine": "", "state": "ok", "started_at": synced, "read_at": synced,
-                                 "failed_at": failed_at, "failing": False, "error": None, "error_message": None}]
+                                 "failed_at": failed_at, "failing": False, "error": None, "error_message": None,
+                                 **NONE_LEFT_OUT}]
         assert api["results"][0]["synced_at"] and api["reads"][0]["failed_at"] < api["results"][0]["synced_at"]
 
 
