@@ -282,3 +282,65 @@ def test_a_name_stored_as_typed_before_is_still_found_and_still_taken():
     with pytest.raises(CommandError, match="There is already a user named 'ｆｕｌｌ', the same name but for case"):
         users("create", "full", "--role", "member", "--password-stdin", password="a long passphrase 1")
     assert User.objects.count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_creates_at_once_of_names_differing_only_by_case_make_one_user(tmp_path):
+    """Two `users create` at once, `ana` and `Ana`: each checked the names before the other
+    saved, and on PostgreSQL both were made (the rows locked were the users already there; a name
+    not yet saved has none). Here both processes are held at their transaction until each waits
+    on the database (the users' rows held, or SQLite's write lock), then let go together: one is
+    made, the other refused, and one user stands."""
+    import os
+    import time
+    from pathlib import Path
+
+    from django.db import connection
+
+    from tests.test_jobs import database_url
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "console.settings_test", "LETHE_VAR_DIR": str(tmp_path / "var"),
+           "ENGINE_HOME": str(tmp_path / "engine"), "DATABASE_URL": database_url()}
+    there = factories.make_user("there", admin=True)
+    postgres = connection.vendor == "postgresql"
+    if postgres:
+        import psycopg
+
+        s = connection.settings_dict
+        holder = psycopg.connect(dbname=s["NAME"], user=s["USER"] or None, host=s["HOST"] or None,
+                                 port=s["PORT"] or None, password=s["PASSWORD"] or None)
+        holder.execute("SELECT id FROM auth_user WHERE id = %s FOR UPDATE", [there.pk])
+    else:
+        import sqlite3
+
+        holder = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None, timeout=20)
+        holder.execute("BEGIN IMMEDIATE")
+    runs = [subprocess.Popen([sys.executable, "manage.py", "users", "create", name, "--role", "member",
+                              "--password-stdin"], cwd=root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for name in ("ana", "Ana")]
+    try:
+        for run in runs:
+            run.stdin.write("a long passphrase 1\n")
+            run.stdin.close()
+        deadline = time.monotonic() + 90
+        if postgres:  # until both wait on a lock (a row's, or the create lock)
+            while time.monotonic() < deadline:
+                holder.execute("SELECT pg_stat_clear_snapshot()")  # (read once a transaction, else)
+                waiting = holder.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND wait_event_type = 'Lock'",
+                    [connection.settings_dict["NAME"]]).fetchone()[0]
+                if waiting == 2 or any(run.poll() is not None for run in runs):
+                    break
+                time.sleep(0.1)
+        else:  # SQLite says nothing of who waits: long enough for both to reach their transaction
+            time.sleep(8)
+        assert all(run.poll() is None for run in runs), [run.communicate() for run in runs]
+    finally:
+        holder.rollback() if postgres else holder.execute("ROLLBACK")
+        holder.close()
+    results = sorted((run.wait(120), run.stdout.read(), run.stderr.read()) for run in runs)
+    assert [code for code, _out, _err in results] == [0, 1], results
+    assert re.fullmatch(r"Created (ana|Ana) \(member\)\.\n", results[0][1])
+    assert "the same name but for case or the width of its characters; nothing was changed" in results[1][2]
+    assert sorted(User.objects.values_list("username", flat=True)) in (["Ana", "there"], ["ana", "there"])

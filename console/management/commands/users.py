@@ -16,6 +16,7 @@ the accented letter), for `create` and for every command that names a user (r123
 stored as typed could never sign in). A new name that differs from a user's only in case is
 refused, as Django's own user creation form refuses it: the two would be taken for each other,
 and they share a sign-in lock (console/throttle.py counts failures by the name case-folded).
+Two creates at once take turns (`_one_create_at_a_time`), so neither misses the other's name.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ import sys
 from django.contrib.auth import get_user_model, password_validation
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
-from django.db import transaction
+from django.db import connection, transaction
 
 from console.models import ApiToken
 
 ROLES = ("admin", "member")
+CREATE_LOCK = 0x4C455355  # "LESU": the advisory lock a create holds while it checks the names and saves (PostgreSQL)
 
 
 def _when(moment) -> str:
@@ -63,6 +65,15 @@ def named(username: str, *, lock: bool = False):
         users = users.select_for_update()
     found = {user.get_username(): user for user in users}
     return found.get(normal) or found.get(username)
+
+
+def _one_create_at_a_time() -> None:
+    """Make a second create wait until this transaction ends. Locking the users' rows does not:
+    a name not yet saved has no row, so two creates of `ana` and `Ana` at once on PostgreSQL each
+    found neither and both were made. SQLite's IMMEDIATE transactions already take turns."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [CREATE_LOCK])
 
 
 def _role(user) -> str:
@@ -121,6 +132,7 @@ class Command(BaseCommand):
         user = model(username=username, is_staff=role == "admin", is_active=True)
         user.set_password(self._password(user, password_stdin))
         with transaction.atomic():
+            _one_create_at_a_time()
             self._refuse_taken(username, lock=True)
             user.save()
         shown = f"; typed as {typed!r}, it is kept in the form the sign-in page reads" if username != typed else ""
