@@ -106,8 +106,12 @@ def is_copy() -> bool:
     by a database at another location (this one restored from its backup into another database,
     or its file moved or copied). The folder is then the original's, which may still erase in it,
     until this one takes it over (`adopt` with `take_from_other`: a new mark)."""
+    from retention.backups import earlier_keys
+
     found = recorded_keys()
-    return bool(found and found[0]) and found[0] != _here()
+    # (a key of this database's in an earlier release's form is this database's: lifecycle 0029
+    # brings it to today's form; a server running before that migration is not taken for a copy)
+    return bool(found and found[0]) and found[0] != _here() and found[0] not in earlier_keys()
 
 
 def lineage_keys(before: tuple[str, list] | None = None) -> list[str]:

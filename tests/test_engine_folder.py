@@ -1049,3 +1049,83 @@ def test_a_delete_whose_fleet_lock_is_a_link_or_a_fifo_is_unavailable_not_a_serv
     assert (answer.json()["code"], answer.json()["outcome"]) == ("engine_folder_not_writable", "unavailable")
     assert not m.DeleteOperation.objects.intents().exists()
     assert outside.read_bytes() == b"kept"
+
+
+def test_a_mark_recorded_with_an_earlier_form_of_this_databases_key_stays_this_databases(engine_home, tmp_path):
+    """r125: a mark recorded by the release of 2026-12-05 bore this database's key in the form of
+    the time (PostgreSQL: the host, port and name as reached; a SQLite file reached through a
+    link: the link's target). Upgraded in place, the database read as a copy of itself: deletes
+    waited and /readyz said not ready. It is this database's; lifecycle 0029 brings the key to
+    today's form, keeping the old one with its origins. Another database's key stays another's."""
+    import hashlib
+    import importlib
+    import sqlite3
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from django.db import connection
+    from django.db.migrations.loader import MigrationLoader
+
+    from retention.backups import database_key, location_key
+    from tests.migrated import migrate
+
+    name = "0029_engine_folder_key_current_form"
+
+    def migration() -> None:
+        state = MigrationLoader(connection).project_state(("lifecycle", name)).apps
+        importlib.import_module(f"lifecycle.migrations.{name}").current_form(
+            state, type("Editor", (), {"connection": connection})())
+
+    here = database_key()
+    another = "a" * 32
+    m.EngineFolderMark.objects.filter(pk=1).update(database_key=another, origin_keys=["b" * 32])
+    migration()
+    assert m.EngineFolderMark.objects.values_list("database_key", "origin_keys").get() == (another, ["b" * 32])
+    assert engine_folder.is_copy() and engine_folder.problem() == "not_this_folder"
+    if connection.vendor == "postgresql":
+        earlier = location_key()  # the host, port and name as reached
+        assert earlier != here
+        m.EngineFolderMark.objects.filter(pk=1).update(database_key=earlier, origin_keys=["b" * 32])
+        assert not engine_folder.is_copy() and engine_folder.problem() is None  # before the migration too
+        migration()
+        assert m.EngineFolderMark.objects.values_list("database_key", "origin_keys").get() == (
+            here, ["b" * 32, earlier])
+        assert not engine_folder.is_copy() and engine_folder.problem() is None
+        return
+    # SQLite: a file reached through a link, its mark recorded with the link's target, then
+    # `manage.py migrate` and `engine_folder` as an upgrade runs them.
+    root = Path(__file__).resolve().parent.parent
+    real, link = tmp_path / "real" / "db.sqlite3", tmp_path / "link.sqlite3"
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env.update(DJANGO_SETTINGS_MODULE="console.settings_test", LETHE_VAR_DIR=str(tmp_path / "var"),
+               ENGINE_HOME=str(tmp_path / "upgraded-engine"), DATABASE_URL=f"sqlite:///{real}")
+    migrate(env)
+    link.symlink_to(real)
+    env["DATABASE_URL"] = f"sqlite:///{link}"
+
+    def manage(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "manage.py", *args], cwd=root, env=env, capture_output=True, text=True,
+                              timeout=300)
+
+    assert manage("engine_folder", "--adopt").returncode == 0
+    target = hashlib.sha256(f"sqlite\0{real.resolve()}".encode()).hexdigest()[:32]  # the earlier form
+    with sqlite3.connect(real) as db:
+        current = db.execute("SELECT database_key FROM lifecycle_enginefoldermark").fetchone()[0]
+        assert current != target
+        db.execute("UPDATE lifecycle_enginefoldermark SET database_key = ?, origin_keys = '[]'", [target])
+        db.execute("DELETE FROM django_migrations WHERE app = 'lifecycle' AND name = ?", [name])
+    upgraded = manage("migrate")
+    assert upgraded.returncode == 0, upgraded.stderr
+    with sqlite3.connect(real) as db:
+        assert db.execute("SELECT database_key, origin_keys FROM lifecycle_enginefoldermark").fetchone() == (
+            current, json.dumps([target]))
+    checked = manage("engine_folder")
+    assert checked.returncode == 0 and "is this database's engine folder" in checked.stdout, checked
+    # The same file copied elsewhere is another database: its own folder still refused.
+    copy = tmp_path / "copy" / "db.sqlite3"
+    copy.parent.mkdir()
+    shutil.copyfile(real, copy)
+    env["DATABASE_URL"] = f"sqlite:///{copy}"
+    refused = manage("engine_folder")
+    assert refused.returncode == 1 and "This database is a copy of the one that marked it" in refused.stdout + refused.stderr
