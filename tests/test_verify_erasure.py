@@ -606,3 +606,24 @@ def test_a_raw_utf8_copy_is_found_after_lethe_rewrote_the_fleet_file_escaped(cap
     assert _compacted_bytes(op) == len(json.dumps(row, indent=1, sort_keys=True).replace("\n", "\n  "))
     line = _physical_line(capsys, target)
     assert "CONTENT FOUND: engine:state/subagents.v1.json.bak (6)" in line, line
+
+
+def test_a_fleet_row_is_sampled_and_its_copy_found_however_many_artifact_files_come_before_it(capsys):
+    """The samples were taken store by store in erasure order up to their cap (512 windows): a
+    conversation with a few hundred artifact files filled it before its fleet rows, and a copy of
+    the fleet file left behind was called clean. Every store is sampled in turn."""
+    from lifecycle.actions.write_artifact import write_artifact
+
+    home = EngineHome()
+    conversation = factories.make_conversation()
+    for n in range(200):  # 600 windows of artifacts alone
+        write_artifact(conversation, name=f"out-{n:03d}.txt", data=secrets.token_hex(100).encode())
+    row = _settled_child(conversation, ("P" + secrets.token_hex(200))[:400], "ok " + secrets.token_hex(60))
+    _runtime_writes_fleet(home, [_raw(row)])
+    backup = home.fleet_path.with_name("subagents.v1.json.bak")
+    backup.write_bytes(home.fleet_path.read_bytes())
+    op = _deleted(conversation, "many-artifacts")
+    assert m.ErasureFingerprint.objects.get(operation=op).window_count == fingerprints.MAX_WINDOWS
+    line = _physical_line(capsys, conversation)
+    assert "CONTENT FOUND: engine:state/subagents.v1.json.bak" in line, line
+    assert row["prompt"].encode() in backup.read_bytes()  # the operator's to remove

@@ -15,6 +15,8 @@ content windows and keeps only keyed digests of them:
   as the file holds them and in both forms JSON text takes (`\\uXXXX` escapes, as Lethe
   writes the fleet, and raw UTF-8, as most runtimes do): the file is rewritten whole by
   every write, so a copy made before holds the row in another form than the file now.
+  At most MAX_WINDOWS windows, taken from the stores in turn, so every store is sampled
+  however many files an earlier one holds.
 - For each window, its keyed 16-byte digest, and a keyed 8-byte digest of each of its 33
   slices of 32 bytes. The scan hashes the 32 bytes at every offset that is a multiple of
   32: any occurrence of a window contains one such aligned slice, so a file is read once,
@@ -26,11 +28,12 @@ content windows and keeps only keyed digests of them:
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import secrets
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from hashlib import blake2b
 from pathlib import Path
@@ -114,37 +117,50 @@ def _file_values(folder: Path) -> Iterator[bytes]:
 
 
 def sample(conversation: Conversation, home: EngineHome) -> list[bytes]:
-    """Content windows of the conversation from every store a delete erases or compacts."""
-    out: list[bytes] = []
+    """Content windows of the conversation from every store a delete erases or compacts, at most
+    MAX_WINDOWS, taken from the stores in turn (each store's first window, then each one's
+    second...): a store late in the erasure order is sampled as well as an early one. (Taken in
+    order, a conversation with a few hundred artifact files filled the cap before its fleet rows,
+    and a copy of the fleet file left behind was called clean.) A store's reading stops at the
+    cap: no file is read for windows that could not be kept."""
     seen: set[bytes] = set()
+    per_store: list[list[bytes]] = []
 
-    def add(values: Iterable[bytes]) -> None:
-        for value in values:
-            for window in windows_of(value):
-                if window not in seen and len(out) < MAX_WINDOWS:
-                    seen.add(window)
-                    out.append(window)
+    def windows(values: Iterator[bytes]) -> None:
+        taken: list[bytes] = []
+        try:
+            for value in values:
+                for window in windows_of(value):
+                    if window not in seen:
+                        seen.add(window)
+                        taken.append(window)
+                if len(taken) >= MAX_WINDOWS:
+                    break
+        finally:
+            values.close()  # (the folder and file descriptors of a walk stopped early, now)
+        per_store.append(taken)
 
     for store in erasure_order():
         if store.retention not in (RetentionClass.ERASE, RetentionClass.COMPACT):
             continue
         if store.kind == "table" and connection.vendor == "sqlite" and store.content_columns():
-            add(_table_values(store, conversation.pk))
+            windows(_table_values(store, conversation.pk))
         elif store.kind == "file" and store.shared_file:
             path = store.paths(home, conversation)[0]
             try:
                 rows = fleet.stored_children(path, conversation.public_id)
             except fleet.FleetUnreadable:
                 continue  # its own step stops on it; the other stores are erased meanwhile
-            add(v for row in rows for v in fleet.row_values(row))
+            windows(v for row in rows for v in fleet.row_values(row))
         elif store.kind == "file":
             try:
                 folder = files.checked(home, store.paths(home, conversation)[0])
             except (files.UnsafeFolder, ValueError):
                 continue  # never followed; its own step stops on it
             if folder is not None:
-                add(_file_values(folder))
-    return out
+                windows(_file_values(folder))
+    turns = itertools.zip_longest(*per_store)
+    return list(itertools.islice((w for turn in turns for w in turn if w is not None), MAX_WINDOWS))
 
 
 def record(operation, windows: list[bytes]) -> ErasureFingerprint:
