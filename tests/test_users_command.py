@@ -344,3 +344,33 @@ def test_two_creates_at_once_of_names_differing_only_by_case_make_one_user(tmp_p
     assert re.fullmatch(r"Created (ana|Ana) \(member\)\.\n", results[0][1])
     assert "the same name but for case or the width of its characters; nothing was changed" in results[1][2]
     assert sorted(User.objects.values_list("username", flat=True)) in (["Ana", "there"], ["ana", "there"])
+
+
+@pytest.mark.django_db
+def test_names_stored_before_they_were_normalised_are_brought_to_the_sign_in_form_unless_taken():
+    """Users made before names were normalised (a full-width name, accents as combining marks)
+    could never sign in. console 0005 stores their names in the form the sign-in page reads;
+    one whose normal form is another user's name (but for case) keeps its own."""
+    import importlib
+
+    from django.db import connection
+    from django.db.migrations.loader import MigrationLoader
+
+    wide = User.objects.create(username="ｆｕｌｌ", is_active=True)
+    wide.set_password("a long passphrase 1")
+    wide.save()
+    combining = factories.make_user("Je\u0301ro\u0302me", password="a long passphrase 2")
+    User.objects.filter(pk=combining.pk).update(username="Je\u0301ro\u0302me")  # as stored then
+    twin = User.objects.create(username="ａｎａ", is_active=True)
+    ana = factories.make_user("Ana")
+    plain = factories.make_user("bo")
+    assert not signs_in("ｆｕｌｌ", "a long passphrase 1")
+    name = "0005_usernames_in_sign_in_form"
+    state = MigrationLoader(connection).project_state(("console", name)).apps
+    importlib.import_module(f"console.migrations.{name}").normal_form(
+        state, type("Editor", (), {"connection": connection})())
+    stored = dict(User.objects.values_list("pk", "username"))
+    assert stored == {wide.pk: "full", combining.pk: "J\u00e9r\u00f4me", twin.pk: "ａｎａ", ana.pk: "Ana",
+                      plain.pk: "bo"}
+    assert signs_in("ｆｕｌｌ", "a long passphrase 1") and signs_in("full", "a long passphrase 1")
+    assert signs_in("J\u00e9r\u00f4me", "a long passphrase 2")
