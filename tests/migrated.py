@@ -58,3 +58,16 @@ def migrate(env: dict[str, str]) -> Path:
     shutil.copyfile(_migrated_once(), database)
     database.chmod(0o600)
     return database
+
+
+def run_data_migration(app: str, name: str, function: str) -> None:
+    """One data migration's function, run on the test database as `migrate` runs it: with the
+    models as that migration sees them, on this connection."""
+    import importlib
+
+    from django.db import connection
+    from django.db.migrations.loader import MigrationLoader
+
+    state = MigrationLoader(connection).project_state((app, name)).apps
+    getattr(importlib.import_module(f"{app}.migrations.{name}"), function)(
+        state, type("Editor", (), {"connection": connection})())

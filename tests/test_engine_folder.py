@@ -1058,24 +1058,20 @@ def test_a_mark_recorded_with_an_earlier_form_of_this_databases_key_stays_this_d
     waited and /readyz said not ready. It is this database's; lifecycle 0029 brings the key to
     today's form, keeping the old one with its origins. Another database's key stays another's."""
     import hashlib
-    import importlib
     import sqlite3
     import subprocess
     import sys
     from pathlib import Path
 
     from django.db import connection
-    from django.db.migrations.loader import MigrationLoader
 
     from retention.backups import database_key, location_key
-    from tests.migrated import migrate
+    from tests.migrated import migrate, run_data_migration
 
     name = "0029_engine_folder_key_current_form"
 
     def migration() -> None:
-        state = MigrationLoader(connection).project_state(("lifecycle", name)).apps
-        importlib.import_module(f"lifecycle.migrations.{name}").current_form(
-            state, type("Editor", (), {"connection": connection})())
+        run_data_migration("lifecycle", name, "current_form")
 
     here = database_key()
     another = "a" * 32

@@ -259,11 +259,9 @@ def test_the_migration_folds_the_stored_columns_again_but_not_a_fenced_title(db)
     Conversation.objects.filter(pk=fenced.pk).update(state="pending_delete")
     assert not Conversation.objects.search("project").exists()
 
-    from django.db.migrations.loader import MigrationLoader
+    from tests.migrated import run_data_migration
 
-    name = "0028_refold_ignorable_characters"
-    state = MigrationLoader(connection).project_state(("lifecycle", name)).apps  # the models as it sees them
-    importlib.import_module(f"lifecycle.migrations.{name}").refold(state, type("Editor", (), {"connection": connection})())
+    run_data_migration("lifecycle", "0028_refold_ignorable_characters", "refold")
     assert folded(live) == ("project alpha", "thr_01") and folded(plain) == ("plain", "thr_03")
     assert folded(fenced) == ("pro\u200bject beta", "thr_02")
     assert [c.pk for c in Conversation.objects.search("project")] == [live.pk]

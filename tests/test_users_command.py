@@ -351,10 +351,7 @@ def test_names_stored_before_they_were_normalised_are_brought_to_the_sign_in_for
     """Users made before names were normalised (a full-width name, accents as combining marks)
     could never sign in. console 0005 stores their names in the form the sign-in page reads;
     one whose normal form is another user's name (but for case) keeps its own."""
-    import importlib
-
-    from django.db import connection
-    from django.db.migrations.loader import MigrationLoader
+    from tests.migrated import run_data_migration
 
     wide = User.objects.create(username="ｆｕｌｌ", is_active=True)
     wide.set_password("a long passphrase 1")
@@ -365,10 +362,7 @@ def test_names_stored_before_they_were_normalised_are_brought_to_the_sign_in_for
     ana = factories.make_user("Ana")
     plain = factories.make_user("bo")
     assert not signs_in("ｆｕｌｌ", "a long passphrase 1")
-    name = "0005_usernames_in_sign_in_form"
-    state = MigrationLoader(connection).project_state(("console", name)).apps
-    importlib.import_module(f"console.migrations.{name}").normal_form(
-        state, type("Editor", (), {"connection": connection})())
+    run_data_migration("console", "0005_usernames_in_sign_in_form", "normal_form")
     stored = dict(User.objects.values_list("pk", "username"))
     assert stored == {wide.pk: "full", combining.pk: "J\u00e9r\u00f4me", twin.pk: "ａｎａ", ana.pk: "Ana",
                       plain.pk: "bo"}
