@@ -49,7 +49,8 @@ class RejectedOut(Schema):
                                        "console can show.")
     field: str = Field(description="The field of the engine's row that is not in the form expected: id, owner, "
                                    "scope, thread_id, state, title, last_activity_at, another field of the row "
-                                   "holding text with NUL or a lone surrogate, or row.")
+                                   "holding text with NUL or a lone surrogate (row when its name is longer than 64 "
+                                   "characters or not printable), or row.")
 
 
 class EngineReadOut(Schema):

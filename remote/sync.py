@@ -127,6 +127,7 @@ def left_out(stored: Any) -> tuple[int, list[dict[str, str | None]]]:
 TITLE_CHARS = 300  # EngineBinding.title
 ENGINE_ID_CHARS = 32
 NAMED_REJECTED = 20  # conversations a read names as not taken (any more are counted)
+FIELD_NAME_CHARS = 64  # a field of a row named as not taken: longer names are said as "row"
 
 
 class RejectedRow(Exception):
@@ -156,8 +157,11 @@ def _row(row: Any) -> dict:
         # answer's own check leaves the rows to this one (HttpEngine.threads).
         check_tree(row, max_depth=MAX_ANSWER_DEPTH - 2)
     except ValueError:
+        # (a field named as the engine wrote its name, when that name can be shown as it is: the
+        # names are kept with the read record, and shown on the list and in the API)
         raise RejectedRow(shown, next((key for key, value in row.items()
-                                       if not has_bad_text(key) and has_bad_text(value)), "row")) from None
+                                       if not has_bad_text(key) and has_bad_text(value)
+                                       and key.isprintable() and len(key) <= FIELD_NAME_CHARS), "row")) from None
 
     def text(name: str, longest: int) -> str:
         value = row.get(name)

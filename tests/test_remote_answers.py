@@ -194,8 +194,12 @@ def test_sync_stops_on_a_repeated_cursor(settings):
     (row(9, extra={"\ud800": 1}), (row(9)["id"], "extra")),
     (row(10, id="c_\x00" + "0" * 18), (None, "id")),  # no id this console could show
     ("not a row", (None, "row")),
+    # a field whose name cannot be shown as it is (kept with the read record, shown on the list)
+    (row(12, **{"x" * 65: "nul \x00"}), (row(12)["id"], "row")),
+    (row(13, **{"\u202eevil": "nul \x00"}), (row(13)["id"], "row")),
 ], ids=["no-owner", "text-owner-id", "unknown-owner-kind", "number-title", "bad-time", "long-thread-id",
-        "surrogate-title", "nul-title", "surrogate-key", "nul-id", "not-a-row"])
+        "surrogate-title", "nul-title", "surrogate-key", "nul-id", "not-a-row", "long-field-name",
+        "bidi-field-name"])
 def test_a_row_that_is_not_a_conversation_is_left_out_named_and_the_others_are_read(settings, admin_client, bad,
                                                                                      named):
     """r123: one row the console could not take (there, a title over 300 characters) stopped the
