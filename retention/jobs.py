@@ -35,7 +35,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
-from django.db.models import Count, Exists, F, Max, OuterRef, Sum
+from django.db.models import Count, Exists, F, Max, OuterRef, Q, Sum
 from django.utils import timezone
 from django.utils.translation import gettext_noop
 
@@ -257,8 +257,17 @@ def check_is_due(at: datetime | None) -> bool:
     return at is not None and at < timezone.now() - timedelta(minutes=1)
 
 
+BUSY_RETRY = timedelta(minutes=2)  # a daily check that found an analysis or a compaction running
+
+
 def daily_check() -> str:
-    """The enabled policy's daily cleanup (started by "schedule"); never a catch-up storm."""
+    """The enabled policy's daily cleanup (started by "schedule"); never a catch-up storm.
+
+    One operation runs at a time. A check that finds an analysis, a compaction or a backup of its
+    own (a Retry) running comes back BUSY_RETRY later, until it can start its run: it let the
+    schedule go on a day (r127: the first cleanup after turning cleanup on waited a day, the
+    card saying only the next day's check). One that finds a cleanup running, or the backup a
+    cleanup follows, has its run under way."""
     from retention import service
 
     policy = ToolPayloadPolicy.load()
@@ -268,8 +277,24 @@ def daily_check() -> str:
         service._load_checked_policy()
         op = service._start_cleanup_or_preparation(user=None, policy=policy)
     except service.CleanupError as exc:
+        if exc.code == "busy" and not _cleanup_under_way():
+            _check_again(timezone.now() + BUSY_RETRY)
+            return "busy: checked again in two minutes"
         return exc.code
     return f"started {op.pk}"
+
+
+def _cleanup_under_way() -> bool:
+    return ToolPayloadOperation.objects.filter(slot__isnull=False).filter(
+        Q(kind=OperationKind.CLEANUP) | Q(kind=OperationKind.BACKUP, then_cleanup=True)).exists()
+
+
+def _check_again(at: datetime) -> None:
+    """The daily check's next run at `at`, if it was later (the scheduler moved it a day on when
+    it queued this check; a save or an analysis may have made it due sooner meanwhile)."""
+    from django_q.models import Schedule
+
+    Schedule.objects.filter(name=DAILY, next_run__gt=at).update(next_run=at)
 
 
 def recover(*, at_start: bool = False) -> int:

@@ -2211,3 +2211,38 @@ def test_runs_done_in_one_piece_are_queued_with_the_long_time_limit(admin_user, 
     ToolPayloadOperation.objects.filter(pk=cleanup.pk).update(removed_messages=3, cutoff=timezone.now())
     assert not jobs.one_piece(cleanup.pk)
     assert not jobs.one_piece(analysis) and not jobs.one_piece(10**9)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("running", ["analysis", "compact"])
+def test_a_daily_check_that_finds_an_analysis_or_a_compaction_running_comes_back_soon(admin_user, running):
+    """r127: the check found the one slot taken by an analysis (or a compaction) and let the
+    schedule go on a day: the first cleanup after turning cleanup on waited a day, and the card
+    said only the next day's check. It comes back two minutes later, and runs once the slot is
+    free; a check that finds a cleanup (or the backup a cleanup follows) running leaves it there."""
+    from django_q.models import Schedule
+
+    from retention.schedules import ensure_schedules
+
+    ensure_schedules()
+    old_conversation("busy-check")
+    if running == "analysis":
+        other = service.start_analysis(user=admin_user, age_value=3, age_unit="months")
+    else:
+        other = ToolPayloadOperation.objects.create(kind="compact", started_by=admin_user).pk
+    enable(admin_user)
+    tomorrow = timezone.now() + timedelta(days=1)
+    Schedule.objects.filter(name=jobs.DAILY).update(next_run=tomorrow)  # as the scheduler left it
+    before = timezone.now()
+    assert jobs.daily_check() == "busy: checked again in two minutes"
+    assert before + jobs.BUSY_RETRY <= jobs.next_check_at() <= timezone.now() + jobs.BUSY_RETRY
+    assert list(ToolPayloadOperation.objects.values_list("pk", flat=True)) == [other]
+    assert service.status_document()["next_check_at"] is not None
+    ToolPayloadOperation.objects.filter(pk=other).update(state="succeeded", slot=None)
+    assert jobs.daily_check().startswith("started")
+    cleanup = ToolPayloadOperation.objects.get(kind="cleanup")
+    # A cleanup under way: today's run is that one; the schedule is left as it is.
+    Schedule.objects.filter(name=jobs.DAILY).update(next_run=tomorrow)
+    assert jobs.daily_check() == "busy"
+    assert jobs.next_check_at() == tomorrow
+    assert run(cleanup.pk).removed_messages == 4
