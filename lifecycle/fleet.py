@@ -17,6 +17,11 @@
   Lock order everywhere: database first, then the fleet lock, then the legacy file's.
 - Erasure compacts a conversation's rows out of a file under that file's lock, leaving
   every other row as it was.
+- Lethe's engine keeps every kind of child record (agents, workers, follow-ups, resume
+  targets, coordination entries) as a row of `agents`. A file that names a conversation in
+  another entry of its own (`named_outside_rows`: written by another runtime) holds records
+  a delete cannot erase knowingly: the delete is Unavailable until they are removed, and the
+  erasure check names them (r128: they stayed, and the check said clean).
 """
 
 from __future__ import annotations
@@ -61,6 +66,19 @@ def read_rows(path: Path, *, cached: bool = False) -> list[Row]:
     `cached`: for reads that change nothing (pages, lists, checks), the last parse of an
     unchanged file is reused (rows shared: not to be changed)."""
     return _fleet_rows_seen(path) if cached else _fleet_rows(path)
+
+
+def named_outside_rows(path: Path, public_id: str) -> list[str]:
+    """The entries of a fleet file besides its rows (`agents`) and `version` that name the
+    conversation (its public id anywhere in a key or a text inside them), by name; [] when the
+    file does not exist or does not name it at all (read without parsing), FleetUnreadable when
+    it is not a fleet."""
+    read = _read_fleet_file(path)
+    if read is None or public_id.encode() not in read[0]:
+        return []
+    document = _parse_fleet(path, read[0])
+    return sorted(key for key, value in document.items() if key not in ("version", "agents")
+                  and public_id in json.dumps({key: value}, ensure_ascii=False))
 
 
 def fleet_files(home: EngineHome) -> list[Path]:

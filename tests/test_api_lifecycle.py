@@ -401,3 +401,54 @@ def test_a_delete_asked_between_a_patchs_two_changes_waits_for_both(api, admin_u
     conversation.refresh_from_db()
     assert conversation.archived_at is not None and conversation.closed_at is not None
     assert m.AuditFact.objects.filter(conversation=conversation, action="conversation.archived").count() == 1
+
+
+def test_records_of_the_conversation_outside_the_fleet_rows_keep_the_delete_from_claiming_them(api, capsys):
+    """r128: another runtime wrote the fleet file with entries of its own naming a conversation
+    (follow-ups, resume targets: the kinds DESIGN 3.3 lists, which Lethe's engine keeps as rows
+    of `agents`). A delete compacted the rows only, left those entries with their text, and the
+    check said clean. The delete is Unavailable while they are there; once removed it goes
+    through; such an entry written after the delete is a finding of the check."""
+    from django.core.management import call_command
+
+    from lifecycle.enginefs import EngineHome
+
+    home = EngineHome()
+    conversation, other, bystander = (factories.make_conversation(days_idle=1) for _ in range(3))
+    pid = conversation.public_id
+    fleet.write_snapshot([{"agent_id": "sa_done", "origin": {"conversation": pid}, "status": "completed",
+                           "delivery": "settled", "prompt": "ZQX row"}])
+
+    def runtime_adds(extra: dict) -> None:  # as a runtime writes the file: its own entries beside the rows
+        document = json.loads(home.fleet_path.read_bytes())
+        home.write_atomic(home.fleet_path, json.dumps({**document, **extra}, indent=1).encode())
+
+    runtime_adds({"follow_ups": [{"origin": {"conversation": pid}, "prompt": "ZQXFOLLOW continue"}],
+                  "resume_targets": {pid: {"prompt": "ZQXRESUME"}, other.public_id: {"prompt": "stays"}}})
+    answer = delete(api, pid, key="unknown-1")
+    assert (answer.status_code, answer.json()["outcome"], answer.json()["code"]) == (
+        409, "unavailable", "conversation_child_records_unknown")
+    assert "outside its \"agents\" list" in answer.json()["message"]
+    preview = api.get(f"/v1/threads/{pid}/deletion-preview").json()["admission"]
+    assert [reason["code"] for reason in preview["reasons"]] == ["conversation_child_records_unknown"]
+    assert b"ZQXFOLLOW" in home.fleet_path.read_bytes() and b"ZQX row" in home.fleet_path.read_bytes()
+    assert m.Conversation.objects.get(pk=conversation.pk).state == "live"
+    # the other conversation named in such an entry is held back by its own; one not named is not
+    assert api.get(f"/v1/threads/{other.public_id}/deletion-preview").json()["admission"]["outcome"] == "unavailable"
+    assert api.get(f"/v1/threads/{bystander.public_id}/deletion-preview").json()["admission"]["outcome"] == "admitted"
+    # The operator removes them: the delete goes through, and the other conversation's entry stays.
+    document = json.loads(home.fleet_path.read_bytes())
+    document["follow_ups"], document["resume_targets"] = [], {other.public_id: {"prompt": "stays"}}
+    home.write_atomic(home.fleet_path, json.dumps(document).encode())
+    done = delete(api, pid, key="unknown-2")
+    assert done.status_code == 202
+    executor.run_erasure(m.DeleteOperation.objects.get(public_id=done.json()["id"]).pk)
+    assert pid.encode() not in home.fleet_path.read_bytes() and b"stays" in home.fleet_path.read_bytes()
+    call_command("verify_erasure", pid)
+    assert "logical: clean" in capsys.readouterr().out
+    # Written again after the delete: the check names it, and says it is not clean.
+    runtime_adds({"follow_ups": [{"origin": {"conversation": pid}, "prompt": "ZQXLATE"}]})
+    with pytest.raises(SystemExit) as caught:
+        call_command("verify_erasure", pid)
+    assert caught.value.code == 1
+    assert "subagents (fleet_records: 1)" in capsys.readouterr().out

@@ -32,6 +32,8 @@ CLAIM_REASONS = (
 class Admission:
     reasons: list[str] = field(default_factory=list)
     ambiguous: list[dict[str, Any]] = field(default_factory=list)
+    # The fleet files' entries besides their rows that name the conversation ("state/subagents.v1.json: follow_ups")
+    unknown_records: list[str] = field(default_factory=list)
 
     @property
     def outcome(self) -> str:
@@ -88,4 +90,12 @@ def admit(conversation: Conversation, home: EngineHome | None = None, *, cached:
         admission.reasons.append(r.CHILD_AMBIGUOUS)
     if unnamable:  # no way to name such a row: the file needs repair, as an unreadable one does
         admission.reasons.append(r.CHILD_STATE_UNREADABLE)
+    try:
+        admission.unknown_records = [f"{path.relative_to(home.root)}: {entry}" for path in fleet.fleet_files(home)
+                                     for entry in fleet.named_outside_rows(path, conversation.public_id)]
+    except fleet.FleetUnreadable:
+        admission.reasons.append(r.CHILD_STATE_UNREADABLE)
+        return admission
+    if admission.unknown_records:
+        admission.reasons.append(r.CHILD_RECORDS_UNKNOWN)
     return admission

@@ -16,6 +16,7 @@ OWNERSHIP_UNRESOLVED = "conversation_ownership_unresolved"
 CHILD_CUSTODY = "conversation_child_content_custody_unavailable"
 CHILD_AMBIGUOUS = "conversation_child_ownership_ambiguous"
 CHILD_STATE_UNREADABLE = "conversation_child_state_unreadable"
+CHILD_RECORDS_UNKNOWN = "conversation_child_records_unknown"
 ENGINE_FOLDER_UNAVAILABLE = "engine_folder_unavailable"
 RESOLUTION_PENDING = "subagent_resolution_pending"
 
@@ -48,6 +49,14 @@ REASONS = {
         "legacy-state/subagents.v1.json) cannot be read, or holds a row of unknown origin whose id cannot "
         "be named (empty, not text, longer than 256 characters, or with a NUL or a lone surrogate), so this "
         "conversation's subagent rows cannot be checked. Repair or restore the file, then ask again.")),
+    # Lethe's engine keeps every child record as a row of the file's `agents` list; another
+    # entry of the file naming the conversation was written by another runtime, in a form Lethe
+    # does not compact (lifecycle.fleet.named_outside_rows; r128: it stayed, the check said clean).
+    CHILD_RECORDS_UNKNOWN: (DeleteState.UNAVAILABLE, _(
+        "The subagent state file (state/subagents.v1.json in the engine folder, or its legacy copy) names "
+        "this conversation outside its subagent rows, in records of a kind Lethe does not know how to "
+        "erase (written by another program), so they would stay after a delete. Remove the records that name "
+        "this conversation's id from that file (outside its \"agents\" list), then ask again.")),
     ENGINE_FOLDER_UNAVAILABLE: (DeleteState.UNAVAILABLE, _(
         "The engine folder is missing or is not the one this database uses (a disk not mounted, a wrong "
         "ENGINE_HOME, a folder another database uses, or this database is a copy of the one that uses it), "

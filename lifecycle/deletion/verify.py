@@ -135,11 +135,15 @@ def logical_findings(conversation: Conversation, home: EngineHome) -> list[Findi
             if s.shared_file:
                 try:
                     n = len(fleet.children(fleet.read_rows(path, cached=True), conversation))
+                    # entries of the file besides its rows that name it (another runtime's records)
+                    outside = fleet.named_outside_rows(path, conversation.public_id)
                 except fleet.FleetUnreadable:
                     out.append(Finding(s.key, "unreadable"))
                     continue
                 if n:
                     out.append(Finding(s.key, "fleet_rows", n))
+                if outside:
+                    out.append(Finding(s.key, "fleet_records", len(outside), where=", ".join(outside)))
                 # a temporary a killed writer left beside the fleet file, holding its rows
                 left = leftover_temporaries(home, path, conversation)
                 if left:
