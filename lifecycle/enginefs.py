@@ -331,7 +331,7 @@ def _fleet_rows(path: Path) -> list[dict[str, Any]]:
 # clock tick as the parse could keep size and times, so a younger entry is not trusted on them).
 # Otherwise the bytes are read again and compared, and parsed again only if they differ.
 SETTLED_NS = 2_000_000_000
-_parsed: dict[str, tuple[tuple[int, ...], bool, bytes, list[dict[str, Any]]]] = {}
+_parsed: dict[str, tuple[tuple[int, ...], bool, bytes, dict[str, Any]]] = {}
 
 
 def _identity(info: os.stat_result) -> tuple[int, ...]:
@@ -345,6 +345,12 @@ def _settled(info: os.stat_result) -> bool:
 def _fleet_rows_seen(path: Path) -> list[dict[str, Any]]:
     """`_fleet_rows` for reads that change nothing: a file unchanged since its last parse in
     this process is not parsed again. The rows are shared: the caller must not change them."""
+    return list(_fleet_document_seen(path)["agents"])
+
+
+def _fleet_document_seen(path: Path) -> dict[str, Any]:
+    """The fleet document, as `_fleet_rows_seen` reads it (the empty fleet when the file does not
+    exist). Shared: the caller must not change it."""
     key = str(path)
     entry = _parsed.get(key)
     if entry is not None and entry[1]:
@@ -353,18 +359,15 @@ def _fleet_rows_seen(path: Path) -> list[dict[str, Any]]:
         except OSError:
             info = None
         if info is not None and stat.S_ISREG(info.st_mode) and _identity(info) == entry[0]:
-            return list(entry[3])
+            return entry[3]
     read = _read_fleet_file(path)
     if read is None:
         _parsed.pop(key, None)
-        return []
+        return EMPTY_FLEET
     data, info, steady = read
-    if entry is not None and entry[2] == data:
-        rows = entry[3]
-    else:
-        rows = _parse_fleet(path, data)["agents"]
-    _parsed[key] = (_identity(info), steady and _settled(info), data, rows)
-    return list(rows)
+    document = entry[3] if entry is not None and entry[2] == data else _parse_fleet(path, data)
+    _parsed[key] = (_identity(info), steady and _settled(info), data, document)
+    return document
 
 
 def jsonl(records: list[dict[str, Any]]) -> bytes:

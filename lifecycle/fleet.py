@@ -42,6 +42,7 @@ from lifecycle.enginefs import (
     EngineHome,
     UnreadableEngineFile,
     _fleet_document,
+    _fleet_document_seen,
     _fleet_rows,
     _fleet_rows_seen,
     _parse_fleet,
@@ -68,17 +69,58 @@ def read_rows(path: Path, *, cached: bool = False) -> list[Row]:
     return _fleet_rows_seen(path) if cached else _fleet_rows(path)
 
 
-def named_outside_rows(path: Path, public_id: str) -> list[str]:
-    """The entries of a fleet file besides its rows (`agents`) and `version` that name the
-    conversation (its public id anywhere in a key or a text inside them), by name; [] when the
-    file does not exist or does not name it at all (read without parsing), FleetUnreadable when
-    it is not a fleet."""
-    read = _read_fleet_file(path)
-    if read is None or public_id.encode() not in read[0]:
-        return []
-    document = _parse_fleet(path, read[0])
-    return sorted(key for key, value in document.items() if key not in ("version", "agents")
-                  and public_id in json.dumps({key: value}, ensure_ascii=False))
+PUBLIC_ID = re.compile(r"c_[0-9a-f]{20}")  # a conversation's public id (models.new_public_id)
+
+
+def named_outside_rows(path: Path, public_id: str, *, cached: bool = False) -> list[str]:
+    """The entries of a fleet file besides its rows (`agents`) and `version` that hold records
+    of the conversation, by name; [] when the file does not exist, FleetUnreadable when it is
+    not a fleet. Read as parsed JSON (an id written with `\\uXXXX` escapes is the same id).
+
+    A record is the conversation's when it says so: an element of a list whose origin is the
+    conversation (as a row's), or an entry keyed by its public id. One that names it in its
+    text but says it is another conversation's (its origin, its key) is that one's, and stays
+    (r130: another conversation's follow-up quoting the id held this delete back). One that
+    names it and says nothing of its owner cannot be attributed, so it counts: never guessed at.
+    `cached`: as `read_rows`."""
+    document = _fleet_document_seen(path) if cached else _fleet_document(path)
+    return sorted(key for key, value in document.items()
+                  if key not in ("version", "agents") and _holds_records_of(value, public_id))
+
+
+def _holds_records_of(section: Any, public_id: str) -> bool:
+    if isinstance(section, list):
+        return any(_record_of(element, public_id) for element in section)
+    if isinstance(section, dict):
+        return any(key == public_id or (not PUBLIC_ID.fullmatch(key)
+                                        and (public_id in key or _record_of(value, public_id)))
+                   for key, value in section.items())
+    return _names(section, public_id)
+
+
+def _record_of(record: Any, public_id: str) -> bool:
+    """One record: the conversation's by its origin, another's by its origin, else whether it names it."""
+    if isinstance(record, dict) and isinstance(record.get("origin"), dict) and "conversation" in record["origin"]:
+        return record["origin"]["conversation"] == public_id
+    return _names(record, public_id)
+
+
+def _names(value: Any, public_id: str) -> bool:
+    """Whether the conversation's public id is in a key or a text anywhere inside (no recursion:
+    a file nested as deep as JSON allows is walked as any other)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if public_id in item:
+                return True
+        elif isinstance(item, dict):
+            if any(public_id in key for key in item):
+                return True
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
 
 
 def fleet_files(home: EngineHome) -> list[Path]:

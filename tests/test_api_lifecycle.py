@@ -452,3 +452,44 @@ def test_records_of_the_conversation_outside_the_fleet_rows_keep_the_delete_from
         call_command("verify_erasure", pid)
     assert caught.value.code == 1
     assert "subagents (fleet_records: 1)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("entry", "held"), [
+    # the id written with \\u escapes is the same id (r130: the bytes were searched, and missed it)
+    ("escaped", True),
+    # another conversation's record that quotes the id in its text is that one's (r130: it held this delete)
+    ("quoted-by-another", False),
+    # a record that names the id and says nothing of its owner cannot be attributed: it holds the delete
+    ("no-owner", True),
+    ("keyed-by-another", False),
+])
+def test_whose_records_outside_the_fleet_rows_are_read_from_the_json_not_guessed(api, entry, held):
+    from lifecycle.enginefs import EngineHome
+
+    home = EngineHome()
+    conversation, other = factories.make_conversation(days_idle=1), factories.make_conversation(days_idle=1)
+    pid = conversation.public_id
+    fleet.write_snapshot([])
+    records = {
+        "escaped": '{"follow_ups": [{"origin": {"conversation": "%s"}, "prompt": "ZQX"}]}' % "".join(
+            f"\\u{ord(c):04x}" for c in pid),
+        "quoted-by-another": json.dumps({"follow_ups": [{"origin": {"conversation": other.public_id},
+                                                         "prompt": f"summarise what {pid} decided"}]}),
+        "no-owner": json.dumps({"coordination": [{"note": f"wait for {pid}"}]}),
+        "keyed-by-another": json.dumps({"resume_targets": {other.public_id: {"prompt": f"as in {pid}"}}}),
+    }[entry]
+    document = {**json.loads(home.fleet_path.read_bytes()), **json.loads(records)}
+    text = json.dumps(document)
+    if entry == "escaped":  # as another runtime may write it: every character of the id escaped
+        text = text.replace(json.dumps(pid), '"' + "".join(f"\\u{ord(c):04x}" for c in pid) + '"')
+        assert pid not in text
+    home.write_atomic(home.fleet_path, text.encode())
+    answer = delete(api, pid, key=f"owner-{entry}")
+    if held:
+        assert (answer.status_code, answer.json()["code"]) == (409, "conversation_child_records_unknown")
+        assert m.Conversation.objects.get(pk=conversation.pk).state == "live"
+    else:
+        assert answer.status_code == 202
+        executor.run_erasure(m.DeleteOperation.objects.get(public_id=answer.json()["id"]).pk)
+        assert m.DeleteOperation.objects.get(public_id=answer.json()["id"]).state == "completed"
+        assert json.loads(home.fleet_path.read_bytes())[next(iter(json.loads(records)))]  # the other's stays

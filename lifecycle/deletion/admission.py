@@ -92,7 +92,7 @@ def admit(conversation: Conversation, home: EngineHome | None = None, *, cached:
         admission.reasons.append(r.CHILD_STATE_UNREADABLE)
     try:
         admission.unknown_records = [f"{path.relative_to(home.root)}: {entry}" for path in fleet.fleet_files(home)
-                                     for entry in fleet.named_outside_rows(path, conversation.public_id)]
+                                     for entry in fleet.named_outside_rows(path, conversation.public_id, cached=cached)]
     except fleet.FleetUnreadable:
         admission.reasons.append(r.CHILD_STATE_UNREADABLE)
         return admission

@@ -136,7 +136,7 @@ def logical_findings(conversation: Conversation, home: EngineHome) -> list[Findi
                 try:
                     n = len(fleet.children(fleet.read_rows(path, cached=True), conversation))
                     # entries of the file besides its rows that name it (another runtime's records)
-                    outside = fleet.named_outside_rows(path, conversation.public_id)
+                    outside = fleet.named_outside_rows(path, conversation.public_id, cached=True)
                 except fleet.FleetUnreadable:
                     out.append(Finding(s.key, "unreadable"))
                     continue
