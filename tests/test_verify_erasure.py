@@ -627,3 +627,30 @@ def test_a_fleet_row_is_sampled_and_its_copy_found_however_many_artifact_files_c
     line = _physical_line(capsys, conversation)
     assert "CONTENT FOUND: engine:state/subagents.v1.json.bak" in line, line
     assert row["prompt"].encode() in backup.read_bytes()  # the operator's to remove
+
+
+def test_sqlite_content_held_back_by_a_reader_is_pending_not_found(capsys):
+    """r129: with a reader holding the checkpoint back, the delete is physically pending, and
+    `--physical` called the old pages in the database file "CONTENT FOUND" (exit 1), advising to
+    look for a row of another program's table. They are what pending says, until the checkpoint
+    runs; the same check afterwards is clean."""
+    import sqlite3
+
+    if connection.vendor != "sqlite":
+        pytest.skip("the database's own files are read on SQLite only")
+    conversation = factories.make_conversation(title="Held back")
+    factories.add_message(conversation, content="ZQX held " + secrets.token_hex(200))
+    reader = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM lifecycle_item").fetchone()  # its snapshot holds the checkpoint
+        op = _deleted(conversation, "held-back")
+        assert op.physical_state == "pending"
+        call_command("verify_erasure", conversation.public_id, "--physical")
+        out = capsys.readouterr().out
+        assert "physical: pending" in out and "CONTENT FOUND" not in out, out
+    finally:
+        reader.execute("ROLLBACK")
+        reader.close()
+    call_command("verify_erasure", conversation.public_id, "--physical")
+    assert "physical: clean" in capsys.readouterr().out

@@ -262,7 +262,11 @@ def physical_check(op: DeleteOperation, report: Report, home: EngineHome) -> Non
     explained: dict[int, bool] = {}
     found: dict[str, int] = {}
     erasable: dict[str, bool] = {}
-    for path in database_files():
+    # SQLite with its checkpoint still held back (a reader): the database file keeps the old pages
+    # until it runs, so a hit there is what "pending" says, not content found elsewhere (r129: it
+    # was called found, with advice to hunt a row of another program's table).
+    checkpointed = op.physical_state != PhysicalState.PENDING
+    for path in database_files() if checkpointed else []:
         for hit in scanner.scan_file(path):
             if hit.window not in explained:
                 explained[hit.window] = _explained_in_database(scanner.window_at(hit))
