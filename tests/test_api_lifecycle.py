@@ -471,8 +471,7 @@ def test_whose_records_outside_the_fleet_rows_are_read_from_the_json_not_guessed
     pid = conversation.public_id
     fleet.write_snapshot([])
     records = {
-        "escaped": '{"follow_ups": [{"origin": {"conversation": "%s"}, "prompt": "ZQX"}]}' % "".join(
-            f"\\u{ord(c):04x}" for c in pid),
+        "escaped": json.dumps({"follow_ups": [{"origin": {"conversation": pid}, "prompt": "ZQX"}]}),
         "quoted-by-another": json.dumps({"follow_ups": [{"origin": {"conversation": other.public_id},
                                                          "prompt": f"summarise what {pid} decided"}]}),
         "no-owner": json.dumps({"coordination": [{"note": f"wait for {pid}"}]}),
