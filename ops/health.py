@@ -277,7 +277,15 @@ def job_cluster_state(beat) -> dict[str, Any]:
     limit = int(getattr(settings, "READYZ_HEARTBEAT_SECONDS", DEFAULT_HEARTBEAT_SECONDS))
     if beat is None:
         return {"ok": False, "error": "never", "limit_seconds": limit}
-    age = max(0, round((timezone.now() - beat).total_seconds()))
+    from ops.jobs import CLOCK_STEP
+
+    now = timezone.now()
+    if beat > now + CLOCK_STEP:
+        # Stamped by a clock since set back: no sign that a cluster runs now. A running one
+        # stamps its next job with the true time within a minute (ops.jobs._latest), and is ready.
+        return {"ok": False, "error": "ahead_of_clock", "seconds_ahead": round((beat - now).total_seconds()),
+                "limit_seconds": limit}
+    age = max(0, round((now - beat).total_seconds()))
     return {"ok": age <= limit, "seconds_since_last_job": age, "limit_seconds": limit}
 
 

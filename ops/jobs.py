@@ -18,10 +18,10 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import F, Value
+from django.db.models import Case, F, Value, When
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
@@ -104,11 +104,24 @@ def record_run(func: str, *, success: bool, seconds: float, finished_at: datetim
         _record(func, success=success, seconds=seconds, finished_at=finished_at)
 
 
+# A stored finish time further ahead of this clock than this was stamped by a clock since set
+# back: the finish being recorded replaces it (kept as the latest, it read as a job finished "now"
+# for the whole step, and readiness said a cluster ran while none did; r129). Less is clock skew.
+CLOCK_STEP = timedelta(minutes=5)
+
+
+def _latest(field: str, finished_at: datetime):
+    """The later of the stored time and `finished_at` (an older finish never moves it back),
+    unless the stored one is ahead of this clock by more than a step."""
+    return Case(When(**{f"{field}__gt": timezone.now() + CLOCK_STEP}, then=Value(finished_at)),
+                default=Greatest(Coalesce(field, Value(finished_at)), Value(finished_at)))
+
+
 def _record(func: str, *, success: bool, seconds: float, finished_at: datetime) -> None:
     stat, _created = JobStat.objects.get_or_create(func=func)
-    latest = {"last_finished_at": Greatest(Coalesce("last_finished_at", Value(finished_at)), Value(finished_at))}
+    latest = {"last_finished_at": _latest("last_finished_at", finished_at)}
     if not success:
-        latest["last_failed_at"] = Greatest(Coalesce("last_failed_at", Value(finished_at)), Value(finished_at))
+        latest["last_failed_at"] = _latest("last_failed_at", finished_at)
     JobStat.objects.filter(pk=stat.pk).update(
         runs=F("runs") + 1, failures=F("failures") + (0 if success else 1), seconds=F("seconds") + seconds, **latest
     )

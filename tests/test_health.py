@@ -371,3 +371,27 @@ def test_the_engine_folder_is_never_said_ok_unchecked_while_the_database_fails(c
     assert checks["database"] == {"ok": False, "error": "no_space"}
     assert checks["engine_folder"] == {"ok": False, "error": "not_this_folder"}
     assert check_engine_folder(database_ok=False) == {"ok": False, "error": "database"}
+
+
+@pytest.mark.django_db
+def test_a_job_stamped_before_the_clock_was_set_back_is_no_sign_of_a_running_cluster(client):
+    """r129: a job finished while the clock ran two hours fast kept its time as the latest (the
+    greater of the two), so for two hours /readyz said the cluster ran, and the pages did not say
+    it seemed stopped, though none ran. A time ahead of the clock is no sign of one; the next job
+    finished under the true clock replaces it, and readiness follows that one."""
+    from ops.health import cluster_stopped
+
+    ahead = timezone.now() + timedelta(hours=2)
+    record_run("ops.tasks.heartbeat", success=True, seconds=0.01, finished_at=ahead)
+    check = client.get("/readyz").json()["checks"]["job_cluster"]
+    assert (check["ok"], check["error"]) == (False, "ahead_of_clock") and 7100 <= check["seconds_ahead"] <= 7200
+    assert cluster_stopped() is not None
+    record_run("ops.tasks.heartbeat", success=True, seconds=0.01)  # a cluster that runs, on the true clock
+    assert JobStat.objects.get(func="ops.tasks.heartbeat").last_finished_at <= timezone.now()
+    assert client.get("/readyz").status_code == 200 and cluster_stopped() is None
+    # skew of a minute between two clusters' clocks is not a step: the later time is kept
+    soon = timezone.now() + timedelta(minutes=1)
+    record_run("ops.tasks.heartbeat", success=True, seconds=0.01, finished_at=soon)
+    record_run("ops.tasks.heartbeat", success=True, seconds=0.01)
+    assert JobStat.objects.get(func="ops.tasks.heartbeat").last_finished_at == soon
+    assert client.get("/readyz").status_code == 200
