@@ -9,9 +9,24 @@ from console.templatetags.lethe import with_zone
 from remote.models import BoundDelete
 
 
-def waiting_text(op: BoundDelete) -> str:
+def waiting_text(op: BoundDelete, *, stopped: dict | None | bool = False) -> str:
+    """`stopped`: `ops.health.cluster_stopped()` when the caller read it (False: read here)."""
     if op.state != "pending":
         return ""
+    if stopped is False:
+        from ops.health import cluster_stopped
+
+        stopped = cluster_stopped()
+    if stopped:
+        # This console's job cluster sends the request, follows the engine's erasure and
+        # acknowledges its receipt: none of it happens while no cluster runs (r129: "is being
+        # sent", "tried again within a minute" were said all the while).
+        if stopped["since"] is None:
+            return _("Waiting for this console: no job cluster has run yet, so nothing is sent to the engine or "
+                     "read from it until one runs.")
+        return _("Waiting for this console: no job has finished since %(when)s, so its job cluster seems to be "
+                 "stopped; nothing is sent to the engine or read from it until it runs again.") % {
+            "when": with_zone(timezone.localtime(stopped["since"]))}
     if op.waiting_on == "console":
         if op.last_error == "engine_credentials_refused":
             return _("Waiting for this console: the engine refused its token.")

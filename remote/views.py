@@ -46,7 +46,6 @@ from remote.delivery import (
 )
 from remote.models import BoundDelete, BoundDeleteKey, BoundDeleteState, EngineBinding
 from remote.preview import admission_of, engine_preview
-from remote.status import waiting_text
 from remote.sync import configured_engines, configured_reads
 
 POLL_SECONDS = 2
@@ -313,12 +312,12 @@ def bound_delete_detail(request: HttpRequest, delete_id: str) -> HttpResponse:
     op = get_object_or_404(BoundDelete.objects.select_related("binding"), public_id=delete_id)
     data = bound_delete_json(op)
     version = "|".join(str(data[k]) for k in ("state", "waiting_on", "attempts", "next_attempt_at", "last_error",
-                                              "engine_state", "engine_step", "acknowledged_at"))
+                                              "engine_state", "engine_step", "acknowledged_at", "waiting_message"))
     receipt = op.receipt if isinstance(op.receipt, dict) else {}
     stores = [s for s in receipt.get("stores", []) if isinstance(s, dict)]
     context = {
         # An engine that cannot be reached is said once, by the waiting line (with the next retry).
-        "op": op, "data": data, "waiting": waiting_text(op),
+        "op": op, "data": data, "waiting": data["waiting_message"] or "",
         "error_text": "" if op.last_error in ("engine_unreachable", "engine_stalled") else error_text(op.last_error),
         "code_text": error_text(op.code), "ambiguous": rows_with_times((op.way_out or {}).get("ambiguous", [])),
         "version": version, "poll": POLL_SECONDS if op.state == "pending" else 0,

@@ -487,6 +487,7 @@ def test_a_retry_already_due_is_not_shown_as_a_time_in_the_past():
     rather than naming a time that has passed."""
     from remote.status import waiting_text
 
+    cluster_runs()
     op = unreachable_for_now()
     assert "(next retry: " in waiting_text(op)
     op.next_attempt_at = timezone.now() - timedelta(seconds=10)
@@ -521,7 +522,15 @@ def test_the_receipt_says_what_the_engine_reports_of_physical_erasure_and_its_ch
         assert physical in words and verified in words
 
 
+def cluster_runs() -> None:
+    """A job cluster runs: its heartbeat job just finished (ops.health.cluster_stopped)."""
+    from ops.jobs import record_run
+
+    record_run("ops.tasks.heartbeat", success=True, seconds=0.01)
+
+
 def test_an_engine_that_cannot_be_reached_is_said_once_on_the_delete_page(admin_client):
+    cluster_runs()
     op = unreachable_for_now()
     page = text(admin_client.get(f"/engine/deletes/{op.public_id}/", **HOST).content.decode())
     assert page.count("cannot be reached") == 1 and "next retry:" in page
@@ -725,3 +734,34 @@ def test_the_delete_that_let_a_binding_go_is_found_through_an_index():
         cursor.execute(("EXPLAIN QUERY PLAN " if connection.vendor == "sqlite" else "EXPLAIN ") + query["sql"])
         plan = "\n".join(str(row[-1]) for row in cursor.fetchall())
     assert "bound_delete_released_idx" in plan, plan
+
+
+def test_a_bound_delete_waiting_on_a_stopped_job_cluster_says_so_not_that_it_is_being_sent(admin_client, api):
+    """r129: with no job cluster running, a bound delete's page and the API said "the request is
+    being sent" or "it is tried again within a minute", though nothing would send it: this
+    console's cluster sends it, follows the engine's erasure and acknowledges its receipt."""
+    from ops.models import JobStat
+
+    op = unreachable_for_now()
+    url = f"/engine/deletes/{op.public_id}/"
+    never = ("Waiting for this console: no job cluster has run yet, so nothing is sent to the engine or read "
+             "from it until one runs.")
+    assert never in text(admin_client.get(url, **HOST).content.decode())
+    assert api.get(f"/api/v1/bound-deletes/{op.public_id}").json()["waiting_message"] == never
+    cluster_runs()
+    JobStat.objects.update(last_finished_at=timezone.now() - timedelta(minutes=10))  # stopped since
+    page = text(admin_client.get(url, **HOST).content.decode())
+    assert "Waiting for this console: no job has finished since" in page and "cannot be reached" not in page
+    with translation.override("es"):
+        spanish = text(admin_client.get(url, HTTP_ACCEPT_LANGUAGE="es", **HOST).content.decode())
+    assert "ningún trabajo ha terminado desde" in spanish.lower(), spanish[:3000]
+    # Gone once a cluster runs again, and the page's poll takes the change (it answered 204,
+    # unchanged, for as long as the delete's own fields were the same).
+    polled = html.unescape(re.search(r'hx-get="[^"?]*\?v=([^"]*)"', admin_client.get(url, **HOST).content.decode()).group(1))
+    from urllib.parse import unquote
+
+    assert admin_client.get(url, {"v": unquote(polled)}, HTTP_HX_REQUEST="true", **HOST).status_code == 204
+    cluster_runs()
+    page = text(admin_client.get(url, **HOST).content.decode())
+    assert "cannot be reached" in page and "Waiting for this console" not in page
+    assert admin_client.get(url, {"v": unquote(polled)}, HTTP_HX_REQUEST="true", **HOST).status_code == 200
