@@ -13,6 +13,7 @@ from console.api import OWNER_PAIR, ApiError, QueryRule, QuerySchema, Schema, en
 from lifecycle.api import DEFAULT_LIMIT, IDEMPOTENCY_KEY, Limit, WholeNumber, cursor_of_another_list
 from lifecycle.paging import InvalidCursor, encode_token, token_fields, token_pk
 from lifecycle.serializers import HolderOut, OwnerOut, PhysicalOut, WayOutOut, iso
+from ops.health import cluster_stopped
 from remote.delivery import error_text, request_bound_delete
 from remote.models import BoundDelete, EngineBinding
 from remote.physical import console_copy
@@ -105,7 +106,7 @@ class BoundDeleteOut(Schema):
                     "engine (POST /v1/subagents/{agent_id}/resolve there), then delete again with a new key.")
     waiting_on: Literal["engine", "console"] | None = Field(
         description="While pending: whose next step it is (the engine erasing or unreachable, or this "
-                    "console acknowledging).")
+                    "console acknowledging, or its job cluster, which sends every request, not running).")
     waiting_message: str | None
     attempts: int = Field(description="Calls made to the engine's delete.")
     next_attempt_at: str | None = Field(description="When the engine is tried again, while it is unreachable.")
@@ -156,13 +157,16 @@ def engine_read_json(read) -> dict[str, Any]:
 
 def bound_delete_json(op: BoundDelete) -> dict[str, Any]:
     pending = op.state == "pending"
+    # This console's job cluster takes every next step of a pending delete: stopped, it is whose
+    # next step it is, whatever the delete waited for before.
+    stopped = cluster_stopped() if pending else None
     return {
         "id": op.public_id, "kind": "bound_delete", "binding": op.binding.public_id if op.binding_id else None,
         "engine_id": op.engine_id, "engine": op.engine_url, "owner": {"kind": op.owner_kind, "id": op.owner_id},
         "scope": op.scope, "thread_id": op.thread_id, "state": op.state, "outcome": op.state,
         "code": op.code or None, "message": error_text(op.code) or None, "way_out": op.way_out,
-        "waiting_on": (op.waiting_on or None) if pending else None,
-        "waiting_message": waiting_text(op) or None,
+        "waiting_on": ("console" if stopped else op.waiting_on or None) if pending else None,
+        "waiting_message": waiting_text(op, stopped=stopped) or None,
         "attempts": op.attempts, "next_attempt_at": iso(op.next_attempt_at) if pending else None,
         "last_error": op.last_error or None, "last_error_message": error_text(op.last_error) or None,
         # (a delete ended by code from before r75 kept the time of an error it no longer had)

@@ -746,8 +746,10 @@ def test_a_bound_delete_waiting_on_a_stopped_job_cluster_says_so_not_that_it_is_
     url = f"/engine/deletes/{op.public_id}/"
     never = ("Waiting for this console: no job cluster has run yet, so nothing is sent to the engine or read "
              "from it until one runs.")
-    assert never in text(admin_client.get(url, **HOST).content.decode())
-    assert api.get(f"/api/v1/bound-deletes/{op.public_id}").json()["waiting_message"] == never
+    shown = text(admin_client.get(url, **HOST).content.decode())
+    assert f"Waiting on: this console {never}" in shown and "Waiting on: the engine" not in shown
+    answer = api.get(f"/api/v1/bound-deletes/{op.public_id}").json()
+    assert (answer["waiting_on"], answer["waiting_message"]) == ("console", never)
     cluster_runs()
     JobStat.objects.update(last_finished_at=timezone.now() - timedelta(minutes=10))  # stopped since
     page = text(admin_client.get(url, **HOST).content.decode())
@@ -763,5 +765,6 @@ def test_a_bound_delete_waiting_on_a_stopped_job_cluster_says_so_not_that_it_is_
     assert admin_client.get(url, {"v": unquote(polled)}, HTTP_HX_REQUEST="true", **HOST).status_code == 204
     cluster_runs()
     page = text(admin_client.get(url, **HOST).content.decode())
-    assert "cannot be reached" in page and "Waiting for this console" not in page
+    assert "cannot be reached" in page and "Waiting for this console" not in page and "Waiting on: the engine" in page
+    assert api.get(f"/api/v1/bound-deletes/{op.public_id}").json()["waiting_on"] == "engine"
     assert admin_client.get(url, {"v": unquote(polled)}, HTTP_HX_REQUEST="true", **HOST).status_code == 200
