@@ -77,49 +77,48 @@ def named_outside_rows(path: Path, public_id: str, *, cached: bool = False) -> l
     of the conversation, by name; [] when the file does not exist, FleetUnreadable when it is
     not a fleet. Read as parsed JSON (an id written with `\\uXXXX` escapes is the same id).
 
-    A record is the conversation's when it says so: an element of a list whose origin is the
-    conversation (as a row's), or an entry keyed by its public id. One that names it in its
-    text but says it is another conversation's (its origin, its key) is that one's, and stays
-    (r130: another conversation's follow-up quoting the id held this delete back). One that
-    names it and says nothing of its owner cannot be attributed, so it counts: never guessed at.
-    `cached`: as `read_rows`."""
+    A record is the conversation's when it says so, at any depth: an object whose origin is the
+    conversation (as a row's), or an entry keyed by its public id. One whose origin or key is
+    another conversation is that one's, though its text quotes the id (r130: it held this
+    delete back). Anything else that names the id (a key or a text holding it, an origin
+    without a conversation) cannot be attributed, so it counts: never guessed at (r131)."""
     document = _fleet_document_seen(path) if cached else _fleet_document(path)
     return sorted(key for key, value in document.items()
-                  if key not in ("version", "agents") and _holds_records_of(value, public_id))
+                  if key not in ("version", "agents") and _holds_records_of({key: value}, public_id))
+
+
+def _owner(record: dict) -> str | None:
+    origin = record.get("origin")
+    owner = origin.get("conversation") if isinstance(origin, dict) else None
+    return owner if isinstance(owner, str) else None
 
 
 def _holds_records_of(section: Any, public_id: str) -> bool:
-    if isinstance(section, list):
-        return any(_record_of(element, public_id) for element in section)
-    if isinstance(section, dict):
-        return any(key == public_id or (not PUBLIC_ID.fullmatch(key)
-                                        and (public_id in key or _record_of(value, public_id)))
-                   for key, value in section.items())
-    return _names(section, public_id)
-
-
-def _record_of(record: Any, public_id: str) -> bool:
-    """One record: the conversation's by its origin, another's by its origin, else whether it names it."""
-    if isinstance(record, dict) and isinstance(record.get("origin"), dict) and "conversation" in record["origin"]:
-        return record["origin"]["conversation"] == public_id
-    return _names(record, public_id)
-
-
-def _names(value: Any, public_id: str) -> bool:
-    """Whether the conversation's public id is in a key or a text anywhere inside (no recursion:
-    a file nested as deep as JSON allows is walked as any other)."""
-    pending = [value]
+    """Whether the conversation's records, or text naming it that no other conversation owns,
+    are in `section` (walked without recursion: a file nested as deep as JSON allows is read
+    as any other)."""
+    pending = [section]
     while pending:
-        item = pending.pop()
-        if isinstance(item, str):
-            if public_id in item:
+        node = pending.pop()
+        if isinstance(node, str):
+            if public_id in node:
                 return True
-        elif isinstance(item, dict):
-            if any(public_id in key for key in item):
-                return True
-            pending.extend(item.values())
-        elif isinstance(item, list):
-            pending.extend(item)
+        elif isinstance(node, list):
+            pending.extend(node)
+        elif isinstance(node, dict):
+            owner = _owner(node)
+            if owner is not None:
+                if owner == public_id:
+                    return True
+                continue  # another conversation's record: its text is its own
+            for key, value in node.items():
+                if key == public_id:
+                    return True
+                if PUBLIC_ID.fullmatch(key):
+                    continue  # keyed by another conversation: that one's
+                if public_id in key:
+                    return True
+                pending.append(value)
     return False
 
 

@@ -462,6 +462,11 @@ def test_records_of_the_conversation_outside_the_fleet_rows_keep_the_delete_from
     # a record that names the id and says nothing of its owner cannot be attributed: it holds the delete
     ("no-owner", True),
     ("keyed-by-another", False),
+    # r131: keyed by the id at the top of the file; an origin without a conversation; another's
+    # record one level deeper, under a grouping key
+    ("top-level-key", True),
+    ("null-owner", True),
+    ("nested-another", False),
 ])
 def test_whose_records_outside_the_fleet_rows_are_read_from_the_json_not_guessed(api, entry, held):
     from lifecycle.enginefs import EngineHome
@@ -476,6 +481,10 @@ def test_whose_records_outside_the_fleet_rows_are_read_from_the_json_not_guessed
                                                          "prompt": f"summarise what {pid} decided"}]}),
         "no-owner": json.dumps({"coordination": [{"note": f"wait for {pid}"}]}),
         "keyed-by-another": json.dumps({"resume_targets": {other.public_id: {"prompt": f"as in {pid}"}}}),
+        "top-level-key": json.dumps({pid: {"resume_prompt": "ZQX resume here"}}),
+        "null-owner": json.dumps({"follow_ups": [{"origin": {"conversation": None}, "prompt": f"continue {pid}"}]}),
+        "nested-another": json.dumps({"queues": {"follow_ups": [{"origin": {"conversation": other.public_id},
+                                                                 "prompt": f"summarise what {pid} decided"}]}}),
     }[entry]
     document = {**json.loads(home.fleet_path.read_bytes()), **json.loads(records)}
     text = json.dumps(document)
