@@ -88,37 +88,39 @@ def named_outside_rows(path: Path, public_id: str, *, cached: bool = False) -> l
 
 
 def _owner(record: dict) -> str | None:
+    """The conversation a record says it is of: its origin's conversation when that is a public
+    id; None for none, null, "" or anything else ("unknown", "legacy:c_...": r132)."""
     origin = record.get("origin")
     owner = origin.get("conversation") if isinstance(origin, dict) else None
-    return owner if isinstance(owner, str) else None
+    return owner if isinstance(owner, str) and PUBLIC_ID.fullmatch(owner) else None
 
 
 def _holds_records_of(section: Any, public_id: str) -> bool:
     """Whether the conversation's records, or text naming it that no other conversation owns,
     are in `section` (walked without recursion: a file nested as deep as JSON allows is read
-    as any other)."""
-    pending = [section]
+    as any other). Inside another conversation's record or entry, only a record of this one
+    nested there counts (r132: the walk stopped at the other's, and missed it); the id is
+    matched whatever its case."""
+    pending: list[tuple[Any, bool]] = [(section, False)]  # (node, inside another conversation's)
     while pending:
-        node = pending.pop()
+        node, others = pending.pop()
         if isinstance(node, str):
-            if public_id in node:
+            if not others and public_id in node.lower():
                 return True
         elif isinstance(node, list):
-            pending.extend(node)
+            pending.extend((item, others) for item in node)
         elif isinstance(node, dict):
             owner = _owner(node)
-            if owner is not None:
-                if owner == public_id:
-                    return True
-                continue  # another conversation's record: its text is its own
+            if owner == public_id:
+                return True
+            inside = others or owner is not None
             for key, value in node.items():
-                if key == public_id:
+                folded = key.lower()
+                if folded == public_id:
                     return True
-                if PUBLIC_ID.fullmatch(key):
-                    continue  # keyed by another conversation: that one's
-                if public_id in key:
+                if not inside and public_id in folded and not PUBLIC_ID.fullmatch(folded):
                     return True
-                pending.append(value)
+                pending.append((value, inside or PUBLIC_ID.fullmatch(folded) is not None))
     return False
 
 

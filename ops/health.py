@@ -272,9 +272,13 @@ def check_job_cluster() -> dict[str, Any]:
     return job_cluster_state(last_heartbeat())
 
 
+def heartbeat_limit() -> int:
+    return int(getattr(settings, "READYZ_HEARTBEAT_SECONDS", DEFAULT_HEARTBEAT_SECONDS))
+
+
 def job_cluster_state(beat) -> dict[str, Any]:
     """The readiness rule for the job cluster, given when a job last finished (None: never)."""
-    limit = int(getattr(settings, "READYZ_HEARTBEAT_SECONDS", DEFAULT_HEARTBEAT_SECONDS))
+    limit = heartbeat_limit()
     if beat is None:
         return {"ok": False, "error": "never", "limit_seconds": limit}
     from ops.jobs import CLOCK_STEP

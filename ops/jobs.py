@@ -137,6 +137,13 @@ def last_heartbeat() -> datetime | None:
     the clock was set back) is not taken while another job's time is not (r131: a cluster
     running on the true clock read as not ready for the whole step); the latest of them when
     all are (ops.health: no sign of a running cluster)."""
+    from ops.health import heartbeat_limit
+
+    now = timezone.now()
     times = JobStat.objects.filter(last_finished_at__isnull=False)
-    latest = times.filter(last_finished_at__lte=timezone.now() + CLOCK_STEP).aggregate(at=Max("last_finished_at"))
-    return latest["at"] or times.aggregate(at=Max("last_finished_at"))["at"]
+    latest = times.filter(last_finished_at__lte=now + CLOCK_STEP).aggregate(at=Max("last_finished_at"))["at"]
+    if latest is not None and (now - latest).total_seconds() <= heartbeat_limit():
+        return latest
+    # None recent on this clock: a time ahead of it is the better sign of what ran last (r132: a
+    # rarely run job's old time was taken, "none since two days ago", while the rest ran a minute ago)
+    return times.aggregate(at=Max("last_finished_at"))["at"]

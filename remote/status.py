@@ -22,8 +22,8 @@ def waiting_text(op: BoundDelete, *, stopped: dict | None | bool = False) -> str
         # acknowledges its receipt: none of it happens while no cluster runs (r129: "is being
         # sent", "tried again within a minute" were said all the while).
         if stopped["since"] is None:
-            return _("Waiting for this console: no job cluster has run yet, so nothing is sent to the engine or "
-                     "read from it until one runs.")
+            return _("Waiting for this console: no job has finished recently, so its job cluster seems to be "
+                     "stopped; nothing is sent to the engine or read from it until it runs again.")
         return _("Waiting for this console: no job has finished since %(when)s, so its job cluster seems to be "
                  "stopped; nothing is sent to the engine or read from it until it runs again.") % {
             "when": with_zone(timezone.localtime(stopped["since"]))}

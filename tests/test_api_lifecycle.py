@@ -467,6 +467,12 @@ def test_records_of_the_conversation_outside_the_fleet_rows_keep_the_delete_from
     ("top-level-key", True),
     ("null-owner", True),
     ("nested-another", False),
+    # r132: an origin that names no conversation ("", "unknown", "legacy:<id>"); a record of this
+    # conversation nested in another's; the id in capitals
+    ("empty-owner", True),
+    ("legacy-owner", True),
+    ("nested-in-another", True),
+    ("capitals", True),
 ])
 def test_whose_records_outside_the_fleet_rows_are_read_from_the_json_not_guessed(api, entry, held):
     from lifecycle.enginefs import EngineHome
@@ -485,6 +491,11 @@ def test_whose_records_outside_the_fleet_rows_are_read_from_the_json_not_guessed
         "null-owner": json.dumps({"follow_ups": [{"origin": {"conversation": None}, "prompt": f"continue {pid}"}]}),
         "nested-another": json.dumps({"queues": {"follow_ups": [{"origin": {"conversation": other.public_id},
                                                                  "prompt": f"summarise what {pid} decided"}]}}),
+        "empty-owner": json.dumps({"follow_ups": [{"origin": {"conversation": ""}, "prompt": f"continue {pid}"}]}),
+        "legacy-owner": json.dumps({"follow_ups": [{"origin": {"conversation": f"legacy:{pid}"}, "prompt": "ZQX"}]}),
+        "nested-in-another": json.dumps({"handoffs": [{"origin": {"conversation": other.public_id}, "children": [
+            {"origin": {"conversation": pid}, "prompt": "ZQX child"}]}]}),
+        "capitals": json.dumps({"notes": [f"continue {pid.upper()}"]}),
     }[entry]
     document = {**json.loads(home.fleet_path.read_bytes()), **json.loads(records)}
     text = json.dumps(document)

@@ -547,7 +547,7 @@ def test_a_queued_compaction_says_queued_not_compacting(admin_client, admin_user
         assert 'data-testid="compact-state" data-state="queued"' in compact
         assert "Compaction queued: it starts once the job cluster runs again." in text_of(compact)
         assert "Compacting the database" not in compact
-        assert ("No job has finished yet: the job cluster seems to be stopped. Queued work, backups and the daily "
+        assert ("No job has finished recently: the job cluster seems to be stopped. Queued work, backups and the daily "
                 "check start once it runs again.") in html
     shown = page(admin_client)
     assert "Compact database is waiting to start; one operation runs at a time." in shown

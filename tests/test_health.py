@@ -398,3 +398,17 @@ def test_a_job_stamped_before_the_clock_was_set_back_is_no_sign_of_a_running_clu
     record_run("ops.tasks.heartbeat", success=True, seconds=0.01)
     assert JobStat.objects.get(func="ops.tasks.heartbeat").last_finished_at == soon
     assert client.get("/readyz").status_code == 200
+
+
+@pytest.mark.django_db
+def test_an_old_job_time_is_not_taken_over_the_times_ahead_of_a_clock_set_back(client):
+    """r132: every job ran a minute before the cluster stopped, stamped by a clock an hour fast,
+    and one rarely run job had a time of two days ago: readiness and the pages took that one
+    ("none since two days ago"). With nothing recent on this clock, the times ahead of it say
+    what ran last: ahead_of_clock, and the pages say no job finished recently, with no time."""
+    from ops.health import cluster_stopped
+
+    record_run("ops.tasks.heartbeat", success=True, seconds=0.01, finished_at=timezone.now() + timedelta(hours=1))
+    record_run("retention.jobs.daily_check", success=True, seconds=0.01, finished_at=timezone.now() - timedelta(days=2))
+    assert client.get("/readyz").json()["checks"]["job_cluster"]["error"] == "ahead_of_clock"
+    assert cluster_stopped() == {"since": None}

@@ -349,7 +349,7 @@ def test_a_pending_delete_names_the_step_it_died_in_and_says_when_no_job_cluster
     settings.READYZ_HEARTBEAT_SECONDS = 300
     status = page(admin_client, f"/operations/{op.public_id}/")
     assert "Erasing: Messages and tool calls." in status and "Preparing" not in status
-    assert ("No job has finished yet: the job cluster seems to be stopped. This delete goes on where it stopped "
+    assert ("No job has finished recently: the job cluster seems to be stopped. This delete goes on where it stopped "
             "once the cluster runs again.") in status
     beat = JobStat.objects.create(func="ops.jobs.heartbeat", runs=1, last_finished_at=m.timezone.now()
                                   - m.timezone.timedelta(minutes=20))

@@ -744,8 +744,8 @@ def test_a_bound_delete_waiting_on_a_stopped_job_cluster_says_so_not_that_it_is_
 
     op = unreachable_for_now()
     url = f"/engine/deletes/{op.public_id}/"
-    never = ("Waiting for this console: no job cluster has run yet, so nothing is sent to the engine or read "
-             "from it until one runs.")
+    never = ("Waiting for this console: no job has finished recently, so its job cluster seems to be stopped; "
+             "nothing is sent to the engine or read from it until it runs again.")
     shown = text(admin_client.get(url, **HOST).content.decode())
     assert f"Waiting on: this console {never}" in shown and "Waiting on: the engine" not in shown
     answer = api.get(f"/api/v1/bound-deletes/{op.public_id}").json()
