@@ -14,7 +14,7 @@ A name is taken in the normal form the sign-in form reads it in (Unicode NFKC, t
 `normalize_username`: a full-width `ｆｕｌｌ` is `full`, an accent typed as a combining mark is
 the accented letter), for `create` and for every command that names a user (r123: a name
 stored as typed could never sign in; console 0005 stored the names made before in that form,
-but for one whose normal form another user has). A new name that differs from a user's only in case is
+but for one whose normal form another user has or would be too long). A new name that differs from a user's only in case is
 refused, as Django's own user creation form refuses it: the two would be taken for each other,
 and they share a sign-in lock (console/throttle.py counts failures by the name case-folded).
 Two creates at once take turns (`_one_create_at_a_time`), so neither misses the other's name.
