@@ -227,9 +227,15 @@ def conversation_delete(request: HttpRequest, public_id: str) -> HttpResponse:
             raise Http404 from None
         return _render_preview(request, conversation, status=exc.status, error=form_message(exc))
     if already:  # (r121: the page said nothing, and read as if this press had deleted it)
-        messages.info(request, _("This conversation's delete had already been requested: your confirmation did "
-                                 "nothing more. Its status is below."))
+        already_requested(request)
     return redirect("lifecycle:operation-detail", operation_id=op.id)
+
+
+def already_requested(request: HttpRequest) -> None:
+    """Say that the delete a confirmation leads to was requested before it (a page shown before
+    someone else's delete): it did nothing more. Also the Engine conversations' delete form's."""
+    messages.info(request, _("This conversation's delete had already been requested: your confirmation did "
+                             "nothing more. Its status is below."))
 
 
 # ---- Operations --------------------------------------------------------------------------------

@@ -269,7 +269,7 @@ def _stat_key(path) -> tuple:
 def check_job_cluster() -> dict[str, Any]:
     from ops.jobs import last_heartbeat
 
-    return job_cluster_state(last_heartbeat())
+    return job_cluster_state(last_heartbeat(heartbeat_limit()))
 
 
 def heartbeat_limit() -> int:
@@ -300,7 +300,7 @@ def cluster_stopped() -> dict[str, Any] | None:
     storage.)"""
     from ops.jobs import CLOCK_STEP, last_heartbeat
 
-    beat = last_heartbeat()  # read once: the rule and the time shown are of the same job
+    beat = last_heartbeat(heartbeat_limit())  # read once: the rule and the time shown are of the same job
     if job_cluster_state(beat)["ok"]:
         return None
     # (never a time ahead of the clock: "no job has finished since 4:34 p.m." at 2:34 p.m., r131)

@@ -131,18 +131,16 @@ def _record(func: str, *, success: bool, seconds: float, finished_at: datetime) 
         JobDurationBucket.objects.filter(pk=bucket.pk).update(count=F("count") + 1)
 
 
-def last_heartbeat() -> datetime | None:
+def last_heartbeat(recent_seconds: int) -> datetime | None:
     """When a job last finished on any cluster (the heartbeat job runs every minute). A time
     ahead of this clock by more than CLOCK_STEP (a job of one that runs rarely, stamped before
     the clock was set back) is not taken while another job's time is not (r131: a cluster
     running on the true clock read as not ready for the whole step); the latest of them when
-    all are (ops.health: no sign of a running cluster)."""
-    from ops.health import heartbeat_limit
-
+    all are (ops.health: no sign of a running cluster). `recent_seconds`: readiness's limit."""
     now = timezone.now()
     times = JobStat.objects.filter(last_finished_at__isnull=False)
     latest = times.filter(last_finished_at__lte=now + CLOCK_STEP).aggregate(at=Max("last_finished_at"))["at"]
-    if latest is not None and (now - latest).total_seconds() <= heartbeat_limit():
+    if latest is not None and (now - latest).total_seconds() <= recent_seconds:
         return latest
     # None recent on this clock: a time ahead of it is the better sign of what ran last (r132: a
     # rarely run job's old time was taken, "none since two days ago", while the rest ran a minute ago)

@@ -166,7 +166,7 @@ def bound_delete_json(op: BoundDelete) -> dict[str, Any]:
         "scope": op.scope, "thread_id": op.thread_id, "state": op.state, "outcome": op.state,
         "code": op.code or None, "message": error_text(op.code) or None, "way_out": op.way_out,
         "waiting_on": ("console" if stopped else op.waiting_on or None) if pending else None,
-        "waiting_message": waiting_text(op, stopped=stopped) or None,
+        "waiting_message": waiting_text(op, stopped) or None,
         "attempts": op.attempts, "next_attempt_at": iso(op.next_attempt_at) if pending else None,
         "last_error": op.last_error or None, "last_error_message": error_text(op.last_error) or None,
         # (a delete ended by code from before r75 kept the time of an error it no longer had)

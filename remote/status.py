@@ -9,14 +9,10 @@ from console.templatetags.lethe import with_zone
 from remote.models import BoundDelete
 
 
-def waiting_text(op: BoundDelete, *, stopped: dict | None | bool = False) -> str:
-    """`stopped`: `ops.health.cluster_stopped()` when the caller read it (False: read here)."""
+def waiting_text(op: BoundDelete, stopped: dict | None) -> str:
+    """`stopped`: `ops.health.cluster_stopped()`, read by the caller (None: a job cluster runs)."""
     if op.state != "pending":
         return ""
-    if stopped is False:
-        from ops.health import cluster_stopped
-
-        stopped = cluster_stopped()
     if stopped:
         # This console's job cluster sends the request, follows the engine's erasure and
         # acknowledges its receipt: none of it happens while no cluster runs (r129: "is being

@@ -25,7 +25,12 @@ from django.views.decorators.http import require_http_methods, require_POST, req
 from console.api import is_number
 from console.auth import is_admin
 from console.viewer import back_to
-from lifecycle.action_views import CHANGED_SINCE_SHOWN, preview_digest, rows_with_times
+from lifecycle.action_views import (
+    CHANGED_SINCE_SHOWN,
+    already_requested,
+    preview_digest,
+    rows_with_times,
+)
 from lifecycle.actions.request_deletion import form_message
 from lifecycle.deletion.executor import changed_totals
 from lifecycle.deletion.presentation import (
@@ -255,11 +260,6 @@ def binding_delete(request: HttpRequest, binding_id: str) -> HttpResponse:
         # delete knows was answered above): it joined that delete and sent nothing (as lifecycle's, r121).
         already_requested(request)
     return redirect("remote:bound-delete", delete_id=op.public_id)
-
-
-def already_requested(request: HttpRequest) -> None:
-    messages.info(request, _("This conversation's delete had already been requested: your confirmation did "
-                             "nothing more. Its status is below."))
 
 
 def _answered_by_key(request: HttpRequest, binding_id: str) -> HttpResponse | None:

@@ -101,7 +101,7 @@ def test_an_engine_delete_that_stopped_retrying_itself_is_said_to_wait_for_the_e
     from ops.jobs import record_run
     from remote.status import waiting_text
 
-    record_run("ops.tasks.heartbeat", success=True, seconds=0.01)  # a job cluster runs
+    record_run("ops.tasks.heartbeat", success=True, seconds=0.01)  # a job cluster runs (the page reads it)
 
     state = {"answer": {**PENDING, "error": "unsafe_path", "stalled": True}}
     routes = {("DELETE", "/v1/threads/"): lambda h: (202, PENDING),
@@ -118,14 +118,14 @@ def test_an_engine_delete_that_stopped_retrying_itself_is_said_to_wait_for_the_e
         assert delivery.deliver(op.pk, budget=0.5) == "pending"  # still stalled: the time it was first seen
         op.refresh_from_db()
         assert op.last_error_at == seen_at
-        assert waiting_text(op) == ("Waiting for the engine: its erasure stopped retrying by itself; the engine's "
+        assert waiting_text(op, None) == ("Waiting for the engine: its erasure stopped retrying by itself; the engine's "
                                     "operator can retry it there.")
         page = admin().get(f"/engine/deletes/{op.public_id}/", HTTP_HOST="127.0.0.1").content.decode()
         assert "stopped retrying by itself" in page and "it is erasing the conversation" not in page
         state["answer"] = {**PENDING, "stalled": False}  # retried there: erasing again
         assert delivery.deliver(op.pk, budget=0.5) == "pending"
         op.refresh_from_db()
-        assert op.last_error == "" and waiting_text(op) == "Waiting for the engine: it is erasing the conversation."
+        assert op.last_error == "" and waiting_text(op, None) == "Waiting for the engine: it is erasing the conversation."
         state["answer"] = COMPLETED
         assert delivery.deliver(op.pk, budget=5) == "completed"
 

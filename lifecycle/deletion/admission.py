@@ -32,8 +32,6 @@ CLAIM_REASONS = (
 class Admission:
     reasons: list[str] = field(default_factory=list)
     ambiguous: list[dict[str, Any]] = field(default_factory=list)
-    # The fleet files' entries besides their rows that name the conversation ("state/subagents.v1.json: follow_ups")
-    unknown_records: list[str] = field(default_factory=list)
 
     @property
     def outcome(self) -> str:
@@ -91,11 +89,12 @@ def admit(conversation: Conversation, home: EngineHome | None = None, *, cached:
     if unnamable:  # no way to name such a row: the file needs repair, as an unreadable one does
         admission.reasons.append(r.CHILD_STATE_UNREADABLE)
     try:
-        admission.unknown_records = [f"{path.relative_to(home.root)}: {entry}" for path in fleet.fleet_files(home)
-                                     for entry in fleet.named_outside_rows(path, conversation.public_id, cached=cached)]
+        # records of the conversation beside the files' rows, written by another runtime
+        unknown = any(fleet.named_outside_rows(path, conversation.public_id, cached=cached)
+                      for path in fleet.fleet_files(home))
     except fleet.FleetUnreadable:
         admission.reasons.append(r.CHILD_STATE_UNREADABLE)
         return admission
-    if admission.unknown_records:
+    if unknown:
         admission.reasons.append(r.CHILD_RECORDS_UNKNOWN)
     return admission
