@@ -79,3 +79,50 @@ def test_back_after_an_archive_shows_the_list_as_it_is_now(seeded, live_server, 
     assert Conversation.objects.recent().count() == before - 1
     expect(page.locator("#results code.tid", has_text=thread)).to_have_count(0)
     check_layout(page)
+
+
+def settle(page, done, tries=50):
+    """Lets the page run (and Playwright hand over its events) until done() holds or 5 s pass."""
+    for _ in range(tries):
+        if done():
+            return
+        page.wait_for_timeout(100)
+
+
+def test_two_quick_backs_end_on_the_page_the_address_names(seeded, live_server, open_page):
+    """Each Back asks the server for its page; the answer for an earlier Back that comes last
+    is dropped, not swapped in over the page the address names (the CI run of 2026-12-07)."""
+    page = open_page("desktop")
+    log_in(page, live_server.url, *MEMBER)
+    count = page.locator("#results .count")
+    recent = Conversation.objects.recent().count()
+    closed = Conversation.objects.closed().count()
+    assert recent != closed
+    page.locator("label.tab", has_text="Closed").click()
+    expect(page).to_have_url(re.compile(r"view=closed"))
+    page.locator("label.tab", has_text="Archived").click()
+    expect(page).to_have_url(re.compile(r"view=archived"))
+
+    held, failed = [], []
+    page.route(re.compile(r"view=closed"),
+               lambda route: held.append(route) if route.request.headers.get("hx-history-restore-request")
+               else route.continue_())
+    page.on("requestfailed", lambda request: failed.append(request.url))
+    page.go_back()  # to the closed tab: its answer is held back
+    expect(page).to_have_url(re.compile(r"view=closed"))
+    settle(page, lambda: held)
+    assert len(held) == 1
+    page.go_back()  # to the first page, whose answer comes at once
+    expect(page).to_have_url(re.compile(r"/conversations/$"))
+    expect(count).to_have_text(f"{recent} conversations")
+    # The closed tab's request was given up when the second Back started.
+    settle(page, lambda: [url for url in failed if "view=closed" in url])
+    assert [url for url in failed if "view=closed" in url], failed
+    held[0].continue_()  # were it still wanted, its answer would land now
+    page.unroute(re.compile(r"view=closed"))
+    page.locator("label.tab", has_text="Archived").click()  # a later request answers after any earlier one
+    expect(count).to_have_text(f"{Conversation.objects.archived().count()} conversations")
+    page.go_back()
+    expect(page).to_have_url(re.compile(r"/conversations/$"))
+    expect(count).to_have_text(f"{recent} conversations")
+    expect(page.locator("label.tab", has_text="Recent").locator("input")).to_be_checked()

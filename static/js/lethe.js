@@ -340,7 +340,32 @@
     if (error) error.hidden = true;
   });
   // Back and forward restore a page htmx asks the server for (it keeps no copies: see
-  // base.html), and the browser may still fill the filters in as they were typed or picked
+  // base.html). Each Back sends its own request and htmx swaps in whichever answer comes,
+  // so two quick presses could end on the page before last under the last one's address
+  // (the slower answer landing second): an earlier restore still on its way is dropped when
+  // another starts, and when the page moves to another address meanwhile (a tab picked).
+  var restoring = null;
+  function dropRestore() {
+    if (restoring) restoring.abort();
+    restoring = null;
+  }
+  document.addEventListener("htmx:historyCacheMiss", function (event) {
+    dropRestore();
+    restoring = event.detail.xhr;
+  });
+  document.addEventListener("htmx:historyCacheMissLoad", function (event) {
+    if (restoring === event.detail.xhr) restoring = null;
+  });
+  document.addEventListener("htmx:historyCacheMissLoadError", function (event) {
+    if (restoring === event.detail.xhr) restoring = null;
+  });
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    // Only a request that moves to another address (a live row's poll leaves it be).
+    var elt = event.detail.elt;
+    var moving = elt && elt.closest && elt.closest("[hx-push-url], [data-hx-push-url]");
+    if (moving && (moving.getAttribute("hx-push-url") || moving.getAttribute("data-hx-push-url")) !== "false") dropRestore();
+  });
+  // The browser may still fill the filters in as they were typed or picked
   // on the page left, so they are set again from the address, which names the list shown:
   // the tab (the first, the server's default, when none is named), the owner, the query.
   document.addEventListener("htmx:historyRestore", function () {
