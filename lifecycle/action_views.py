@@ -8,8 +8,6 @@ htmx only refreshes the operation's status while it is pending.
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import secrets
 from typing import Any
 from urllib.parse import unquote, urlencode, urlsplit
@@ -22,13 +20,12 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
 from console.auth import is_admin
 from console.viewer import back_to
 from lifecycle import fleet
-from lifecycle.actions.request_deletion import form_message
+from lifecycle.actions.request_deletion import CHANGED_CODE, form_message
 from lifecycle.actions.resolve_subagent import unnamable_refusal
 from lifecycle.deletion import reasons
 from lifecycle.deletion.errors import error_message
@@ -43,15 +40,14 @@ from lifecycle.deletion.presentation import (
     residue,
     unscanned_at,
 )
+from lifecycle.deletion.preview import preview_digest
 from lifecycle.engine import OperationView, get_engine
 from lifecycle.engine.http import EngineCredentialsRefused, EngineUnreachable, EngineUnsupported
 from lifecycle.errors import ActionRefused
 from lifecycle.models import (
     Conversation,
-    ConversationState,
     DeleteOperation,
     DeleteState,
-    OperationKey,
 )
 
 STATES = ("pending", "completed", "refused", "unavailable")
@@ -165,18 +161,6 @@ def _intent(conversation: Conversation) -> DeleteOperation | None:
     return DeleteOperation.objects.intents().filter(conversation=conversation).first()
 
 
-CHANGED_SINCE_SHOWN = gettext_lazy(
-    "This conversation changed after the page was shown, so your confirmation was not taken: what is erased, "
-    "kept or left in backups is shown again below as it is now. Read it before you confirm.")
-
-
-def preview_digest(preview: dict) -> str:
-    """What a confirmation was shown of the delete (what it erases, keeps and leaves in backups),
-    as a short digest the form sends back."""
-    shown = {name: preview.get(name) for name in ("stores", "backups", "shared_copy_remains")}
-    return hashlib.sha256(json.dumps(shown, sort_keys=True, default=str).encode()).hexdigest()[:32]
-
-
 def _render_preview(request: HttpRequest, conversation: Conversation, *, status: int = 200,
                     error: str = "", preview: dict | None = None) -> HttpResponse:
     preview = preview or get_engine().preview_delete(conversation.public_id)
@@ -207,26 +191,23 @@ def conversation_delete(request: HttpRequest, public_id: str) -> HttpResponse:
     if request.method != "POST":  # GET, HEAD
         return _render_preview(request, conversation)
     _admin_only(request)
-    seen = request.POST.get("seen")
-    already = False  # someone's delete of it came first: this confirmation adds nothing
-    if seen is not None and not OperationKey.objects.filter(key=request.POST.get("key") or "").exists():
+    try:
         # The page confirmed is what is erased: a live conversation that changed since it was
         # shown (items added, a backup made) is shown again as it is now, and nothing is done
-        # (r100: the delete went ahead; only the receipt told). Once a delete exists (this
-        # form sent twice, or someone else's) the key leads to it, as before; a key already
-        # recorded leads to its operation whatever the preview says now (r101: a refused
-        # delete's own record changed the preview, and the form sent again was told so).
-        now = get_engine().preview_delete(public_id)
-        if now.get("state") == "live" and seen != preview_digest(now):
-            return _render_preview(request, conversation, status=409, preview=now, error=str(CHANGED_SINCE_SHOWN))
-        already = now.get("state") in (ConversationState.PENDING_DELETE, ConversationState.DELETED)
-    try:
-        op = get_engine().request_delete(public_id, key=request.POST.get("key"), actor=request.user)
+        # (r100: the delete went ahead; only the receipt told). The engine compares under the
+        # locks the delete takes (r134: compared before them, an item added in between was
+        # erased unshown). Once a delete exists (this form sent twice, or someone else's) the
+        # key leads to it, as before; a key already recorded leads to its operation whatever
+        # the preview says now (r101: a refused delete's own record changed the preview).
+        op = get_engine().request_delete(public_id, key=request.POST.get("key"), actor=request.user,
+                                         seen=request.POST.get("seen"))
     except ActionRefused as exc:
         if exc.status == 404:
             raise Http404 from None
+        if exc.code == CHANGED_CODE:
+            return _render_preview(request, conversation, status=409, error=str(exc.message))
         return _render_preview(request, conversation, status=exc.status, error=form_message(exc))
-    if already:  # (r121: the page said nothing, and read as if this press had deleted it)
+    if op.joined:  # someone's delete of it came first (r121: the page said nothing; r134: by a race)
         already_requested(request)
     return redirect("lifecycle:operation-detail", operation_id=op.id)
 

@@ -25,13 +25,8 @@ from django.views.decorators.http import require_http_methods, require_POST, req
 from console.api import is_number
 from console.auth import is_admin
 from console.viewer import back_to
-from lifecycle.action_views import (
-    CHANGED_SINCE_SHOWN,
-    already_requested,
-    preview_digest,
-    rows_with_times,
-)
-from lifecycle.actions.request_deletion import form_message
+from lifecycle.action_views import already_requested, rows_with_times
+from lifecycle.actions.request_deletion import CHANGED_SINCE_SHOWN, form_message
 from lifecycle.deletion.executor import changed_totals
 from lifecycle.deletion.presentation import (
     holder_text,
@@ -40,6 +35,7 @@ from lifecycle.deletion.presentation import (
     preview_groups,
     receipt_rows,
 )
+from lifecycle.deletion.preview import preview_digest
 from lifecycle.errors import ActionRefused
 from remote.api import bound_delete_json
 from remote.delivery import (
@@ -255,9 +251,11 @@ def binding_delete(request: HttpRequest, binding_id: str) -> HttpResponse:
             raise Http404 from None
         context["error"] = error_text(exc.code) if exc.code.startswith("engine_") else form_message(exc)
         return render(request, "remote/binding_delete.html", context, status=exc.status)
-    if pending is not None and op.pk == pending.pk:
+    if op.key != request.POST.get("key"):
         # A confirmation from a page shown before someone else's delete (its key is new; one the
-        # delete knows was answered above): it joined that delete and sent nothing (as lifecycle's, r121).
+        # delete knows was answered above): it joined that delete and sent nothing (as lifecycle's,
+        # r121). Told by the delete's own key, so also when the other's came in while this one
+        # was on its way (r134: read before, that race read as this press's delete).
         already_requested(request)
     return redirect("remote:bound-delete", delete_id=op.public_id)
 

@@ -270,6 +270,70 @@ def test_a_confirmation_from_a_page_shown_before_someone_else_deleted_it_says_it
     assert "ya se había solicitado" in page(admin_client, spanish["Location"], HTTP_ACCEPT_LANGUAGE="es")
 
 
+def _while_it_is_asked(monkeypatch, act) -> None:
+    """Runs `act` once inside the delete request, after the confirmation's page is long gone and
+    before the request takes its locks: what another writer does while the form is on its way."""
+    from lifecycle.actions import request_deletion as module
+
+    original, done = module.settle_resolutions, []
+
+    def settle(home):
+        if not done:
+            done.append(True)
+            act()
+        return original(home)
+
+    monkeypatch.setattr(module, "settle_resolutions", settle)
+
+
+def _form(content: str) -> dict:
+    return {name: re.search(rf'name="{name}" value="([0-9a-f]+)"', content).group(1) for name in ("key", "seen")}
+
+
+def test_an_item_added_while_the_confirmation_is_on_its_way_is_not_erased_unshown(admin_client, monkeypatch):
+    """r134: the page's figures were compared before the request took its locks, so an item
+    appended in between was erased though the page never showed it (shown 39, erased 40). The
+    comparison is made under the locks: the page is shown again with the item counted."""
+    conversation = factories.make_conversation(title="Appended under me")
+    factories.add_message(conversation)
+    url = f"/conversations/{conversation.public_id}/delete/"
+    shown = _form(page(admin_client, url))
+    _while_it_is_asked(monkeypatch, lambda: factories.add_message(conversation, content="one more"))
+    refused = admin_client.post(url, shown, **HOST)
+    assert refused.status_code == 409 and not m.DeleteOperation.objects.exists()
+    again = refused.content.decode()
+    assert "This conversation changed after the page was shown, so your confirmation was not taken" in again
+    assert "2 records" in again and m.Item.objects.filter(conversation=conversation).count() == 2
+    conversation.refresh_from_db()
+    assert conversation.state == "live"
+    confirmed = admin_client.post(url, _form(again), **HOST)
+    op = m.DeleteOperation.objects.get()
+    assert confirmed["Location"] == f"/operations/{op.public_id}/" and op.state == "pending"
+    executor.run_erasure(op.pk)
+    erased = {e["store"]: e["records"] for e in m.DeleteOperation.objects.get(pk=op.pk).receipt["stores"]}
+    assert erased["lifecycle.Item"] == 2  # what the second page showed
+
+
+def test_a_delete_someone_requests_while_a_confirmation_is_on_its_way_is_said_to_be_theirs(admin_client, monkeypatch):
+    """r134: the other admin's delete committed between this page's check and its request: the
+    confirmation joined it (right) but said nothing, reading as this press's delete; and a
+    confirmation read while theirs was committing was told at once "changed" and "under way"."""
+    conversation = factories.make_conversation(title="Theirs by a hair")
+    factories.add_message(conversation)
+    url = f"/conversations/{conversation.public_id}/delete/"
+    mine = _form(page(admin_client, url))
+    _while_it_is_asked(monkeypatch, lambda: request_deletion(conversation, key="the-other-admins", acting_user=None))
+    joined = admin_client.post(url, mine, **HOST)
+    op = m.DeleteOperation.objects.get()
+    assert (joined.status_code, joined["Location"]) == (302, f"/operations/{op.public_id}/")
+    told = "This conversation&#x27;s delete had already been requested: your confirmation did nothing more."
+    assert told in page(admin_client, joined["Location"])
+    assert set(m.OperationKey.objects.filter(operation=op).values_list("key", flat=True)) == {"the-other-admins",
+                                                                                               mine["key"]}
+    # This form sent again (its answer lost) is still the other's delete, and says so.
+    assert told in page(admin_client, admin_client.post(url, mine, **HOST)["Location"])
+
+
 def test_a_confirmation_sent_again_after_its_delete_was_refused_leads_to_that_refusal(admin_client):
     """The refused delete's own record changes the preview (its operation, its audit fact): the
     same form sent again leads to the recorded refusal, not to "changed since" (r101)."""

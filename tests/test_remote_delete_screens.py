@@ -715,6 +715,30 @@ def test_a_confirmation_from_a_page_shown_before_someone_elses_delete_says_it_di
     assert "ya se había solicitado: su confirmación" in text(spanish)
 
 
+def test_a_delete_someone_requests_while_a_confirmation_is_on_its_way_is_said_to_be_theirs(settings, admin_client,
+                                                                                             monkeypatch):
+    """r134: the page read no pending delete, then another admin's request committed before this
+    one's: it joined theirs (right) and said nothing, reading as this press's delete. Told by the
+    delete's own key now, whenever theirs came in."""
+    from remote import views
+
+    settings.ENGINE_URL, settings.ENGINE_TOKEN = "http://127.0.0.1:9", "t" * 40  # nothing listens
+    b = bound()
+    original = views.request_bound_delete
+
+    def racing(binding, *, key, actor):
+        original(binding, key="ui-the-other-admins", actor=None)  # theirs lands first
+        return original(binding, key=key, actor=actor)
+
+    monkeypatch.setattr(views, "request_bound_delete", racing)
+    late = admin_client.post(f"/engine/conversations/{b.public_id}/delete/", {"key": "ui-mine"}, follow=True, **HOST)
+    theirs = BoundDelete.objects.get()
+    assert theirs.key == "ui-the-other-admins"
+    assert late.redirect_chain == [(f"/engine/deletes/{theirs.public_id}/", 302)]
+    assert "had already been requested: your confirmation did nothing more" in late.content.decode()
+    assert BoundDeleteKey.objects.get(key="ui-mine").delete_id == theirs.pk
+
+
 def test_the_delete_that_let_a_binding_go_is_found_through_an_index():
     """A form or API request sent again after its binding is gone looks its delete up by the
     binding's id: an index read, never a scan of every bound delete."""

@@ -16,6 +16,7 @@ from lifecycle.actions.resolve_subagent import settle_resolutions
 from lifecycle.deletion import reasons
 from lifecycle.deletion.admission import Admission, admit
 from lifecycle.deletion.plan import step_keys, stores_by_key
+from lifecycle.deletion.preview import preview, preview_digest
 from lifecycle.deletion.stores import measure
 from lifecycle.enginefs import EngineHome, UnsafeEnginePath
 from lifecycle.errors import ActionRefused, engine_folder_code
@@ -57,6 +58,13 @@ FORM_KEY_BROKEN = gettext_lazy("The form arrived incomplete or altered, so nothi
                                "Reload the page and confirm again.")
 KEY_CODES = ("idempotency_key_missing", "idempotency_key_invalid")
 
+# A confirmation of a live conversation that changed after its page was shown (`seen`, the
+# digest of what the page showed, differs from what the delete would do now): not taken.
+CHANGED_CODE = "changed_since_shown"
+CHANGED_SINCE_SHOWN = gettext_lazy(
+    "This conversation changed after the page was shown, so your confirmation was not taken: what is erased, "
+    "kept or left in backups is shown again below as it is now. Read it before you confirm.")
+
 
 def form_message(exc: ActionRefused) -> str:
     """A delete refusal as a console form says it."""
@@ -71,7 +79,7 @@ def check_key(key: str | None) -> str:
     return key
 
 
-def request_deletion(conversation: Conversation, *, key: str, acting_user) -> DeleteOperation:
+def request_deletion(conversation: Conversation, *, key: str, acting_user, seen: str | None = None) -> DeleteOperation:
     """Ask to delete a conversation under an operation key; returns the operation that answers.
 
     1. The same key answers with its recorded operation, whatever its outcome, ever after
@@ -82,6 +90,12 @@ def request_deletion(conversation: Conversation, *, key: str, acting_user) -> De
        intent, and the conversation stays writable.
     4. Otherwise the intent: operation, steps, database fence, `pending_delete`, audit fact
        and the erasure job, in one transaction, before anything is erased.
+
+    `seen`: the digest (`preview_digest`) of the preview a confirmation page showed. Compared
+    under the conversation's row lock and the fleet files' locks, after 1 and 2 (a key or an
+    intent that exists answers as before): a difference refuses with CHANGED_CODE (409) and
+    records nothing, so what is erased is what was shown (an append waits for the lock, then
+    finds the fence).
     """
     check_key(key)
     home = EngineHome()
@@ -92,13 +106,21 @@ def request_deletion(conversation: Conversation, *, key: str, acting_user) -> De
     held = contextlib.ExitStack()
     try:
         with held, transaction.atomic():
-            return _request(conversation, key, acting_user, home, held)
+            return _request(conversation, key, acting_user, home, held, seen)
     except IntegrityError:
         # Two requests with one key raced; the first one's answer stands.
         recorded = OperationKey.objects.select_related("operation").filter(key=key).first()
         if recorded is None:
             raise
         return _recorded(recorded, conversation)
+
+
+def joined(operation: DeleteOperation, key: str) -> bool:
+    """Whether `key` joined a delete someone (or an earlier page) requested first: the
+    operation's first key is not this one. Decided from the records, after the request, so a
+    request racing another is told the truth whichever committed first (r134)."""
+    first = OperationKey.objects.filter(operation=operation).order_by("pk").values_list("key", flat=True).first()
+    return first is not None and first != key
 
 
 def _recorded(recorded: OperationKey, conversation: Conversation) -> DeleteOperation:
@@ -112,7 +134,7 @@ def _recorded(recorded: OperationKey, conversation: Conversation) -> DeleteOpera
 
 
 def _request(conversation: Conversation, key: str, acting_user, home: EngineHome,
-             held: contextlib.ExitStack) -> DeleteOperation:
+             held: contextlib.ExitStack, seen: str | None) -> DeleteOperation:
     locked = Conversation.objects.select_for_update().get(pk=conversation.pk)
     recorded = OperationKey.objects.select_related("operation").filter(key=key).first()
     if recorded is not None:
@@ -145,6 +167,8 @@ def _request(conversation: Conversation, key: str, acting_user, home: EngineHome
         admission = Admission(reasons=[reasons.ENGINE_FOLDER_NOT_WRITABLE])
     else:
         admission = admit(locked, home)
+    if seen is not None and preview_digest(preview(locked, home)) != seen:
+        raise ActionRefused(CHANGED_CODE, str(CHANGED_SINCE_SHOWN), status=409)
     if admission.outcome != "admitted":
         operation = DeleteOperation.objects.create(
             conversation=locked, requested_by=requester, state=admission.outcome,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from django.utils import timezone
@@ -86,3 +88,10 @@ def preview(conversation: Conversation, home: EngineHome | None = None) -> dict[
         "stores": stores,
         "shared_copy_remains": shared.get("remaining", 0),
     }
+
+
+def preview_digest(preview: dict) -> str:
+    """What a confirmation was shown of the delete (what it erases, keeps and leaves in backups),
+    as a short digest the form sends back and the request compares under its locks."""
+    shown = {name: preview.get(name) for name in ("stores", "backups", "shared_copy_remains")}
+    return hashlib.sha256(json.dumps(shown, sort_keys=True, default=str).encode()).hexdigest()[:32]

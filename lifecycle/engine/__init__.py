@@ -57,6 +57,9 @@ class OperationView:
     way_out: dict[str, Any] | None = None
     stalled: bool = False
     data: dict[str, Any] = field(default_factory=dict)
+    # Set by request_delete: True when the request joined a delete requested before it (it
+    # did nothing more), None when the engine cannot tell.
+    joined: bool | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> OperationView:
@@ -103,7 +106,10 @@ class EngineClient(Protocol):
 
     def preview_delete(self, public_id: str) -> dict[str, Any]: ...
 
-    def request_delete(self, public_id: str, *, key: str | None, actor) -> OperationView: ...
+    def request_delete(self, public_id: str, *, key: str | None, actor, seen: str | None = None) -> OperationView:
+        """`seen`: the digest of the preview a confirmation showed (lifecycle.deletion.preview):
+        a live conversation that changed since is refused, 409 `changed_since_shown`."""
+        ...
 
     def operation(self, operation_id: str) -> OperationView: ...
 

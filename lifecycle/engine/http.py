@@ -45,6 +45,7 @@ import re
 import socket
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -372,11 +373,22 @@ class HttpEngine:
     def preview_delete(self, public_id: str) -> dict[str, Any]:
         return self.call("GET", self._thread_path(public_id) + "/deletion-preview")[1]
 
-    def request_delete(self, public_id: str, *, key: str | None, actor) -> OperationView:
-        if key is not None:
-            from lifecycle.actions.request_deletion import check_key
+    def request_delete(self, public_id: str, *, key: str | None, actor, seen: str | None = None) -> OperationView:
+        from lifecycle.actions.request_deletion import CHANGED_CODE, CHANGED_SINCE_SHOWN, check_key
 
+        if key is not None:
             check_key(key)  # as the embedded engine checks it: a line break would not even make a header
+        joined = None
+        if seen is not None:
+            # The engine's API takes no digest, so the comparison is made here, before the
+            # request (an item the engine takes in between is not caught, as it is embedded).
+            from lifecycle.deletion.preview import preview_digest
+
+            now = self.preview_delete(public_id)
+            state = now.get("state") if isinstance(now, dict) else None
+            if state == "live" and seen != preview_digest(now):
+                raise ActionRefused(CHANGED_CODE, str(CHANGED_SINCE_SHOWN), status=409)
+            joined = state in ("pending_delete", "deleted")
         headers = {"Idempotency-Key": key} if key else {}
         try:
             _status, answer = self.call("DELETE", self._thread_path(public_id), headers=headers, idempotent=bool(key))
@@ -387,7 +399,7 @@ class HttpEngine:
                     raise EngineBadAnswer("not an operation id") from None
                 return self.operation(answer["operation"])  # not admitted: the recorded answer
             raise
-        return self._view(answer)
+        return replace(self._view(answer), joined=joined)
 
     def operation(self, operation_id: str) -> OperationView:
         return self._view(self.call("GET", "/v1/operations/" + quote(operation_id, safe=""))[1])

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 from django.utils.formats import number_format
 from django.utils.translation import gettext as _
 
-from lifecycle.actions.request_deletion import request_deletion
+from lifecycle.actions.request_deletion import joined, request_deletion
 from lifecycle.actions.resolve_subagent import resolve_subagent
 from lifecycle.actions.set_archived import set_archived
 from lifecycle.actions.set_closed import set_closed
@@ -67,10 +68,11 @@ class InProcessEngine:
     def preview_delete(self, public_id: str) -> dict[str, Any]:
         return preview(self._conversation(public_id))
 
-    def request_delete(self, public_id: str, *, key: str | None, actor) -> OperationView:
+    def request_delete(self, public_id: str, *, key: str | None, actor, seen: str | None = None) -> OperationView:
         conversation = self._conversation(public_id, actor)
-        op = request_deletion(conversation, key=key, acting_user=actor)
-        return OperationView.from_json(operation_json(self._operation(op.public_id)))
+        op = request_deletion(conversation, key=key, acting_user=actor, seen=seen)
+        view = OperationView.from_json(operation_json(self._operation(op.public_id)))
+        return replace(view, joined=joined(op, key))
 
     def operation(self, operation_id: str) -> OperationView:
         return OperationView.from_json(operation_json(self._operation(operation_id)))
