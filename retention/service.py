@@ -552,10 +552,19 @@ def start_run(*, user, revision: int) -> int:
     return op.pk
 
 
-def retry_preparation(*, user) -> int:
-    """Start the backup again after it failed or was cancelled; cleanup follows it."""
+def retry_preparation(*, user, revision: int | None = None) -> int:
+    """Start the backup again after it failed or was cancelled; cleanup follows it.
+
+    `revision`: the policy's revision the page offering Retry showed. A save since (another
+    admin's Cancel turns cleanup off) refuses it, as cancel_preparation refuses once a Retry
+    came first (r134: a Retry from a page left open undid the Cancel's intent and made a full
+    backup nobody then wanted, which every later delete names as holding its conversation)."""
     _require_admin(user)
     policy = _load_checked_policy()
+    if revision is not None and policy.revision != revision:
+        raise CleanupError("preparation_changed",
+                           _("The backup preparation was cancelled or the settings were saved meanwhile, so no "
+                             "backup was started. Reload to see where cleanup stands."))
     if policy.backup_choice == BackupChoice.CREATE and policy.preparation_state == PreparationState.PREPARING:
         raise CleanupError("busy", _("The backup is being made already."))
     retryable = (PreparationState.FAILED, PreparationState.CANCELLED, PreparationState.NONE)

@@ -474,7 +474,8 @@ def _action(request: HttpRequest, form_class, call, *, error_key: str = "action_
         call(form.cleaned_data if form is not None else {})
     except service.CleanupError as exc:
         return _action_error(request, exc.message, exc.status, error_key,
-                             draft=_unsaved(draft, ToolPayloadPolicy.load()), refresh=exc.code == "busy")
+                             draft=_unsaved(draft, ToolPayloadPolicy.load()),
+                             refresh=exc.code in ("busy", "preparation_changed"))
     if draft is not None:
         request.session[DRAFT_KEY] = draft
     if not request.htmx:
@@ -539,7 +540,8 @@ def cleanup_cancel(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def cleanup_retry(request: HttpRequest) -> HttpResponse:
-    return _action(request, None, lambda data: service.retry_preparation(user=request.user),
+    return _action(request, RunForm, lambda data: service.retry_preparation(user=request.user,
+                                                                          revision=data["revision"]),
                    done_text=_("Backup requested again: it runs in the background. Reload this page to follow it."))
 
 

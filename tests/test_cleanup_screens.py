@@ -230,7 +230,7 @@ def test_run_now_with_a_backup_shows_preparing_then_a_failed_backup_with_retry_a
     assert "Backup failed:" in run_region and "No space left for the backup." in run_region
     assert "Retry backup" in run_region and ">Cancel</button>" in run_region
     assert "The backup is not ready" in run_region  # and Run cleanup now waits
-    response = admin_client.post(RETRY, {}, **HX)
+    response = admin_client.post(RETRY, {"revision": str(ToolPayloadPolicy.load().revision)}, **HX)
     assert response.status_code == 202
     assert ToolPayloadOperation.objects.filter(kind="backup", state="queued").count() == 1
     assert ToolPayloadPolicy.load().preparation_state == "preparing"
@@ -298,6 +298,31 @@ def test_cancel_from_a_page_shown_before_another_admins_retry_leaves_the_backup_
     assert (policy.enabled, policy.preparation_state) == (True, "preparing")
     assert ToolPayloadOperation.objects.get(pk=backup).state == "queued"
     assert "Preparing backup:" in region(page(admin_client), "tool-run")
+
+
+def test_retry_from_a_page_shown_before_another_admins_cancel_starts_no_backup(admin_client, admin_user):
+    """r134: admin B cancelled the failed backup (cleanup off, nothing removed); admin A's page
+    still offered Retry, and A's Retry made a full backup nobody wanted then (every later delete
+    named it as holding its conversation). Refused now, in words, with the page's status as it is."""
+    old_conversation("prep")
+    enable(admin_user, choice="create")
+    ToolPayloadPolicy.objects.filter(id=1).update(preparation_state="failed", preparation_error="Disk full.")
+    shown = str(ToolPayloadPolicy.load().revision)
+    assert admin_client.post(CANCEL_PREP, {"revision": shown}, **HX).status_code == 202  # the other admin's Cancel
+    response = admin_client.post(RETRY, {"revision": shown}, **HX)
+    assert response.status_code == 409
+    html = response.content.decode()
+    assert "The backup preparation was cancelled or the settings were saved meanwhile, so no backup was started." \
+        in html
+    assert 'id="tool-run"' in html and "Retry backup" not in html  # the status as it is now: nothing to retry
+    policy = ToolPayloadPolicy.load()
+    assert (policy.enabled, policy.preparation_state) == (False, "none")
+    assert ToolPayloadOperation.objects.count() == 0
+    spanish = admin_client.post(RETRY, {"revision": shown}, HTTP_ACCEPT_LANGUAGE="es", **HX)
+    assert spanish.status_code == 409 and "no se inició ninguna copia de seguridad" in spanish.content.decode()
+    # A page shown as things are now still retries (the backup is chosen, none is made).
+    assert admin_client.post(RETRY, {"revision": str(policy.revision)}, **HX).status_code == 202
+    assert ToolPayloadOperation.objects.get().kind == "backup"
 
 
 def test_the_policy_form_sent_again_once_the_backup_is_made_keeps_it(admin_client, admin_user):
@@ -712,7 +737,7 @@ def test_each_plain_form_action_says_what_it_started(admin_client, admin_user):
     assert said(run) == ["Cleanup requested: it runs in the background. Reload this page to follow it."]
     ToolPayloadOperation.objects.filter(kind="backup").update(state="failed", slot=None)
     ToolPayloadPolicy.objects.filter(id=1).update(preparation_state="failed")
-    retry = admin_client.post(RETRY, {}, **HOST)
+    retry = admin_client.post(RETRY, {"revision": str(ToolPayloadPolicy.load().revision)}, **HOST)
     assert said(retry) == ["Backup requested again: it runs in the background. Reload this page to follow it."]
     assert ToolPayloadOperation.objects.filter(kind="backup").count() == 2
 
