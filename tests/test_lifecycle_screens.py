@@ -334,6 +334,58 @@ def test_a_delete_someone_requests_while_a_confirmation_is_on_its_way_is_said_to
     assert told in page(admin_client, admin_client.post(url, mine, **HOST)["Location"])
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_backup_the_page_named_while_it_was_being_made_is_not_a_change_once_published(admin_client, settings,
+                                                                                       tmp_path):
+    """r135: a page shown while a backup was being made named it (it will hold the content); once
+    published it is dated to the microsecond by its receipt and listed in another place, and the
+    confirmation was refused as "changed" though nothing a delete does had changed."""
+    from retention.backups import create_backup
+
+    settings.LETHE_BACKUP_DIR = tmp_path / "backups"
+    create_backup()  # one made before, so there is an order to change
+    conversation = factories.make_conversation(title="Backed up meanwhile")
+    factories.add_message(conversation)
+    url = f"/conversations/{conversation.public_id}/delete/"
+    shown = []
+
+    def show_the_page(*_figures):
+        if not shown:
+            assert list(settings.LETHE_BACKUP_DIR.glob(".tmp-lethe-*"))  # being made
+            shown.append(page(admin_client, url))
+
+    made = create_backup(progress=show_the_page)
+    assert shown and made.name in shown[0]  # named while being made
+    confirmed = admin_client.post(url, _form(shown[0]), **HOST)
+    op = m.DeleteOperation.objects.get()
+    assert (confirmed.status_code, confirmed["Location"], op.state) == (302, f"/operations/{op.public_id}/", "pending")
+
+
+def test_an_engine_folder_gone_at_confirmation_is_said_so_not_taken_for_a_change(admin_client, settings):
+    """r135: the engine folder missing when the confirmation came: it was refused as "this
+    conversation changed" (nothing recorded), and the page shown again counted its files as
+    0 files. The delete is recorded Unavailable with its reason; the files are not counted."""
+    conversation = factories.make_conversation(title="Folder gone")
+    factories.fill_every_store(conversation)
+    url = f"/conversations/{conversation.public_id}/delete/"
+    shown = page(admin_client, url)
+    assert re.search(r"Event log</span> <span class=\"store-count\">[1-9]\d* files?", shown)
+    home = settings.ENGINE_HOME
+    home.rename(home.with_name("engine-away"))
+    try:
+        answered = admin_client.post(url, _form(shown), **HOST)
+        op = m.DeleteOperation.objects.get()
+        assert (answered.status_code, answered["Location"]) == (302, f"/operations/{op.public_id}/")
+        assert (op.state, op.reasons) == ("unavailable", ["engine_folder_unavailable"])
+        again = page(admin_client, url)
+        event_log = re.search(r"Event log</span> <span class=\"store-count\">(.*?)</div>", again, re.S)
+        assert event_log and "could not be counted" in event_log.group(1)
+    finally:
+        home.with_name("engine-away").rename(home)
+    conversation.refresh_from_db()
+    assert conversation.state == "live" and m.Item.objects.filter(conversation=conversation).exists()
+
+
 def test_a_confirmation_sent_again_after_its_delete_was_refused_leads_to_that_refusal(admin_client):
     """The refused delete's own record changes the preview (its operation, its audit fact): the
     same form sent again leads to the recorded refusal, not to "changed since" (r101)."""

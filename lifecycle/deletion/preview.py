@@ -16,10 +16,12 @@ from lifecycle.models import Conversation, ConversationState, RetainedFactsPolic
 from lifecycle.registry import STORES, RetentionClass, Store
 
 
-def _count(store: Store, conversation: Conversation, home: EngineHome) -> dict[str, Any]:
+def _count(store: Store, conversation: Conversation, home: EngineHome, folder_there: bool) -> dict[str, Any]:
     if store.kind == "external":
         return {}
     if store.kind == "file":
+        if not folder_there:  # the engine folder itself is missing: nothing in it can be counted (r135: "0 files")
+            return {"records": None}
         try:
             path = store.paths(home, conversation)[0]
         except UnsafeEnginePath:  # a symlink on the way: not counted (the delete reports it)
@@ -68,10 +70,11 @@ def preview(conversation: Conversation, home: EngineHome | None = None) -> dict[
     admission = admit(conversation, home, cached=True) if live else None
     policy = RetainedFactsPolicy.load()
     stores = []
+    folder_there = home.root.is_dir()
     for s in STORES:
         # Retained facts: the period they are kept after the delete, as this engine declares it
         period = {"days": getattr(policy, s.period)} if s.period else {"days": s.days} if s.days else {}
-        stores.append({"store": s.key, "kind": s.kind, "class": s.retention.value, **_count(s, conversation, home),
+        stores.append({"store": s.key, "kind": s.kind, "class": s.retention.value, **_count(s, conversation, home, folder_there),
                        **period})
     shared = next((e for e in stores if e["class"] == RetentionClass.SHARED), {})
     return {
@@ -92,6 +95,12 @@ def preview(conversation: Conversation, home: EngineHome | None = None) -> dict[
 
 def preview_digest(preview: dict) -> str:
     """What a confirmation was shown of the delete (what it erases, keeps and leaves in backups),
-    as a short digest the form sends back and the request compares under its locks."""
-    shown = {name: preview.get(name) for name in ("stores", "backups", "shared_copy_remains")}
+    as a short digest the form sends back and the request compares under its locks. The backups
+    are taken by kind and name, in no order: a backup being made is named already, and its
+    time and its place in the folder's listing change as it is published (r135: a finished
+    backup the page had named refused the confirmation as a change)."""
+    backups = preview.get("backups")
+    named = sorted(json.dumps([b.get("kind"), b.get("name")], default=str)
+                   for b in (backups if isinstance(backups, list) else []) if isinstance(b, dict))
+    shown = {"stores": preview.get("stores"), "backups": named, "shared_copy_remains": preview.get("shared_copy_remains")}
     return hashlib.sha256(json.dumps(shown, sort_keys=True, default=str).encode()).hexdigest()[:32]

@@ -381,7 +381,9 @@ class HttpEngine:
         joined = None
         if seen is not None:
             # The engine's API takes no digest, so the comparison is made here, before the
-            # request (an item the engine takes in between is not caught, as it is embedded).
+            # request: unlike the embedded engine, which compares under the delete's locks, an
+            # item the engine takes in between is not caught. "Joined" is read here too (a
+            # confirmation sent again after its own delete reads so as well: it did nothing more).
             from lifecycle.deletion.preview import preview_digest
 
             now = self.preview_delete(public_id)

@@ -329,9 +329,48 @@
   function listFailed(event) {
     if (!listRequest(event)) return;
     searched = null; // matches no query: the next one is asked for
+    // The tab and the owner go back to the list shown (its address names it), so picking the
+    // one that failed again asks again (r133: still picked, it sent no change; the box keeps
+    // what was typed, and Enter asks again).
+    filtersFromAddress(false);
     var error = document.getElementById("results-error");
     if (error) error.hidden = false;
   }
+  // "Find an owner" answers with the Owner list narrowed, the owner it was asked with picked: an
+  // answer asked for before another owner was picked is asked for again, with that owner (r133:
+  // the list said "All owners" over that owner's conversations).
+  var findingFor = null;
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    var elt = event.detail.elt;
+    if (!elt || elt.id !== "owner-find") return;
+    var owner = document.getElementById("owner");
+    findingFor = owner ? owner.value : null;
+  });
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    var elt = event.detail.requestConfig && event.detail.requestConfig.elt;
+    var owner = document.getElementById("owner");
+    if (!elt || elt.id !== "owner-find" || !owner || owner.value === findingFor) return;
+    event.detail.shouldSwap = false;
+    htmx.trigger(elt, "search");
+  });
+  // One list request at a time: one still on its way when another starts (a page link after a
+  // tab, a tab after a page link: each control has its own queue) or when Back or Forward
+  // restores a page is given up. Its answer would otherwise land later and write its address
+  // over the list shown (r133: the Recent list under ?view=closed, the Closed list under
+  // Recent's page 2).
+  var listing = null;
+  function dropListing() {
+    if (listing) listing.abort();
+    listing = null;
+  }
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    if (!listRequest(event)) return;
+    if (listing !== event.detail.xhr) dropListing();
+    listing = event.detail.xhr;
+  });
+  document.addEventListener("htmx:afterRequest", function (event) {
+    if (listing && event.detail && listing === event.detail.xhr) listing = null;
+  });
   document.addEventListener("htmx:sendError", listFailed);
   document.addEventListener("htmx:responseError", listFailed);
   document.addEventListener("htmx:afterSwap", function (event) {
@@ -351,6 +390,7 @@
   }
   document.addEventListener("htmx:historyCacheMiss", function (event) {
     dropRestore();
+    dropListing();
     restoring = event.detail.xhr;
   });
   document.addEventListener("htmx:historyCacheMissLoad", function (event) {
@@ -371,6 +411,10 @@
   document.addEventListener("htmx:historyRestore", function () {
     clearTimeout(searchTimer);
     searched = undefined;
+    filtersFromAddress(true);
+  });
+  // The filters as the address names them; `query`: the search box too.
+  function filtersFromAddress(query) {
     var form = document.querySelector("form.filters[hx-push-url]");
     if (!form) return;
     var params = new URLSearchParams(window.location.search);
@@ -381,8 +425,8 @@
     if (owner) owner.value = params.get("owner") || "";
     if (owner && owner.selectedIndex < 0) owner.value = "";
     var box = form.elements.namedItem("q");
-    if (box) box.value = box.defaultValue = params.get("q") || "";
-  });
+    if (box && query) box.value = box.defaultValue = params.get("q") || "";
+  }
 
   // A full output asked for after the cleanup removed it: the 410 brings the row as it now
   // reads (retargeted to the row by the server), swapped in like any answer.
@@ -398,13 +442,28 @@
   // carries the service's own message), so those bodies are processed, never dropped.
   document.addEventListener("htmx:beforeSwap", function (event) {
     var elt = event.detail.requestConfig && event.detail.requestConfig.elt;
-    if (!elt || !elt.closest || !elt.closest("[data-cleanup-action]") || event.detail.xhr.status < 400) return;
-    event.detail.isError = false;
+    if (!elt || !elt.closest || !elt.closest("[data-cleanup-action]")) return;
     // Lethe's own answers carry their regions; anything else (a proxy's error page) is
     // said in words instead of being swapped in.
     var ours = (event.detail.xhr.responseText || "").indexOf("hx-swap-oob") !== -1;
+    if (event.detail.xhr.status < 400) return;
+    event.detail.isError = false;
     event.detail.shouldSwap = ours;
     if (!ours) statusUnreachable({ detail: { elt: elt } });
+  });
+  // An action whose button left the page while its answer was on the way (another action's
+  // answer replaced its region): htmx looks for the answer's regions around the button's old
+  // copy, finds none, and its events no longer reach the page, so the regions are swapped into
+  // the page here (r133: Compact's refusal, answered after Analyze's answer, never showed).
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    var elt = event.detail.elt;
+    var xhr = event.detail.xhr;
+    if (!elt || !elt.closest || !elt.closest("[data-cleanup-action]") || !xhr) return;
+    xhr.addEventListener("load", function () {
+      if (document.body.contains(elt)) return;
+      var text = xhr.responseText || "";
+      if (text.indexOf("hx-swap-oob") !== -1) htmx.swap(document.body, text, { swapStyle: "none" });
+    });
   });
   // A status read or action that got no answer of Lethe's: say so, keep what is shown
   // (and keep polling, so the note clears itself on the next good read).
