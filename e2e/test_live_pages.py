@@ -161,3 +161,24 @@ def test_engine_conversations_update_themselves_when_a_bound_delete_completes(li
     assert page.evaluate("window.__notReloaded") is True
     assert page.locator("#live-poll[hx-trigger]").count() == 0
     check_layout(page, "engine conversations after the delete completed")
+
+
+def test_the_focus_in_a_row_that_leaves_engine_conversations_goes_to_the_row_beside_it(live_server, open_page):
+    """A finished bound delete takes its conversation's row off the list: the focus that was in
+    that row goes to the row beside it, not to the page's start (r136: to <body>, so the next
+    Tab began again at the top)."""
+    from django.contrib.auth import get_user_model
+
+    from tests.test_live_pages import acknowledged, pending_bound_delete
+
+    get_user_model().objects.create_user(ADMIN[0], password=ADMIN[1], is_staff=True)
+    binding, stays, delete = pending_bound_delete(title="")
+    page = open_page("desktop")
+    log_in(page, live_server.url, *ADMIN)
+    page.goto(f"{live_server.url}/engine/conversations/")
+    leaving = page.locator(f"#binding-row-{binding.public_id}")
+    leaving.locator("a, button").first.focus()
+    acknowledged(delete, binding)
+    expect(leaving).to_have_count(0, timeout=WAIT)
+    focused = page.evaluate("document.activeElement.closest('[data-live-row]')?.id || document.activeElement.tagName")
+    assert focused == f"binding-row-{stays.public_id}", focused

@@ -122,6 +122,29 @@ def test_a_page_answer_landing_after_a_tab_does_not_rename_the_page(seeded, live
     assert "view=closed" in state["url"] and "cursor" not in state["url"] and state["tab"] == "closed", state
 
 
+@pytest.mark.parametrize("viewport", ["desktop", "small-phone"], ids=["1280", "320"])
+def test_a_search_given_up_for_a_page_link_is_asked_again_on_enter(seeded, live_server, open_page, settings,
+                                                                   viewport):
+    """Typed "review" (its answer slow), then Next on the list still shown: the search is given
+    up, and Enter in the box then asks for it (r136: the query counted as asked, so Enter did
+    nothing while the box said "review" over the unfiltered list)."""
+    Seeder(seed=2, anchor=timezone.now(), messages=2, home=EngineHome(settings.ENGINE_HOME)).run(30)
+    page = admin_on_list(open_page, live_server, viewport)
+    held = []
+    page.route(re.compile(r"q=review"), lambda r: held.append(r) if not held else r.continue_())
+    failed = given_up(page, r"q=review")
+    page.get_by_label("Search").fill("review")
+    settle(page, lambda: held)
+    page.locator(".pager a[data-pager=next]").click()
+    settle(page, lambda: failed)
+    assert failed, "the search was not given up"
+    expect(page).to_have_url(re.compile("cursor="))
+    page.get_by_label("Search").press("Enter")
+    expect(page).to_have_url(re.compile(r"q=review"))
+    found = Conversation.objects.recent().search("review").count()
+    expect(page.locator("#results-count")).to_have_text(re.compile(rf"^{found} conversations?$"))
+
+
 def test_the_owner_list_keeps_the_owner_picked_while_a_find_was_on_its_way(seeded, live_server, open_page):
     """Past 100 owners, "Find an owner" narrows the Owner list. A name typed (its answer slow),
     then an owner picked: the narrowed options landed saying "All owners" over that owner's list."""
@@ -163,6 +186,31 @@ def test_a_tab_whose_request_failed_can_be_picked_again(seeded, live_server, ope
     expect(page.locator("#results-count")).to_have_text(re.compile(rf"^{closed} conversations?$"))
     expect(page.get_by_test_id("results-error")).to_be_hidden()
     assert len(sent) == 2, sent
+
+
+@pytest.mark.parametrize("how", ["network", "proxy"])
+def test_compact_whose_answer_is_lost_after_analyze_replaced_its_form_says_so(seeded, live_server, open_page, how):
+    """The compact form left the page (Analyze's answer replaced it), then the compact's answer
+    was lost, or a proxy answered for Lethe: the page says so beside Compact database, as it does
+    while the form is there (r136: nothing was said)."""
+    page = open_page("desktop")
+    log_in(page, live_server.url, *ADMIN)
+    page.goto(f"{live_server.url}/settings/system/data-storage/")
+    held = []
+    page.route(re.compile(r"/(compact|tool-payload-cleanup/analyze)/$"), lambda r: held.append(r))
+    page.click("button.analyze-btn")
+    page.click("#compact-now")
+    settle(page, lambda: len(held) == 2)
+    analyze = next(r for r in held if "analyze" in r.request.url)
+    compact = next(r for r in held if "compact" in r.request.url)
+    analyze.fulfill(response=analyze.fetch())
+    expect(page.locator("#cancel-analysis")).to_be_visible()
+    if how == "network":
+        compact.abort()
+    else:
+        compact.fulfill(status=502, content_type="text/html", body="<html><body><h1>Bad Gateway</h1></body></html>")
+    # Nothing reached Lethe: the status read again shows no compaction, and the page says so.
+    expect(page.get_by_test_id("compact-error")).to_contain_text("did not go through", timeout=15000)
 
 
 def test_compact_refused_while_analyze_was_answering_says_so(seeded, live_server, open_page):

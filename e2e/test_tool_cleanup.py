@@ -536,6 +536,26 @@ def failed_backup(live_server, open_page, settings, tmp_path, viewport: str | di
     return page
 
 
+def test_an_answer_that_replaces_its_own_button_is_swapped_in_once(data, live_server, open_page, settings, tmp_path):
+    """Cancel after a failed backup sits in a region its answer replaces: the answer's regions
+    come in once and the focus moves once (r136: swapped in a second time by the handler for
+    buttons that left the page before their answer, the confirmation heard twice)."""
+    page = failed_backup(live_server, open_page, settings, tmp_path, "desktop")
+    page.evaluate("""() => {
+      window.swapped = []; window.focused = [];
+      document.addEventListener('htmx:oobBeforeSwap', (e) => window.swapped.push(e.detail.target.id));
+      document.addEventListener('focusin', (e) => window.focused.push(e.target.id || e.target.tagName));
+    }""")
+    page.get_by_role("button", name="Cancel", exact=True).focus()
+    page.keyboard.press("Enter")
+    expect(page.get_by_test_id("preparation-cancelled")).to_be_focused()
+    page.wait_for_timeout(500)  # time for a second swap, were there one
+    swapped = page.evaluate("window.swapped")
+    # (the card's own regions come in with it as well: once each with the answer's)
+    assert [swapped.count(region) for region in ("tool-card", "db-compact", "cleanup-history")] == [1, 1, 1], swapped
+    assert page.evaluate("window.focused").count("preparation-cancelled") == 1
+
+
 def test_a_failed_backup_and_its_cancel_are_said_and_the_cancel_is_shown(data, live_server, open_page, settings, tmp_path):
     page = failed_backup(live_server, open_page, settings, tmp_path)
     page.get_by_role("button", name="Cancel", exact=True).click()

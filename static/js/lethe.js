@@ -133,19 +133,29 @@
   document.addEventListener("htmx:oobBeforeSwap", function (event) {
     var target = event.detail.target;
     var fresh = event.detail.fragment && event.detail.fragment.firstElementChild;
-    if (!target || !fresh || !target.matches) return;
+    if (!target || !target.matches) return;
     if (target.matches("[data-live-poll]")) {
-      var said = fresh.getAttribute("data-said");
+      var said = fresh && fresh.getAttribute("data-said");
       if (said) announce(document.getElementById("live-announce"), said);
     } else if (target.matches("[data-live-row]") && target.contains(document.activeElement)) {
-      liveFocus = { id: document.activeElement.id, row: target.id };
+      // and, should the row leave the list (a finished delete's), the rows beside it
+      var near = [target.nextElementSibling, target.previousElementSibling].filter(function (row) {
+        return row && row.id;
+      }).map(function (row) { return row.id; });
+      liveFocus = { id: document.activeElement.id, row: target.id, near: near };
+      // A row taken off (swapped with nothing) has no after-swap event that reaches the page.
+      if (!fresh) setTimeout(liveFocusBack, 0);
     }
   });
-  document.addEventListener("htmx:oobAfterSwap", function () {
+  document.addEventListener("htmx:oobAfterSwap", liveFocusBack);
+  function liveFocusBack() {
     var wanted = liveFocus;
     liveFocus = null;
     if (!wanted || !focusLost()) return;
     var el = (wanted.id && document.getElementById(wanted.id)) || document.getElementById(wanted.row);
+    // The row left (r136: the focus fell to the page's start): the row beside it, else the heading.
+    for (var i = 0; !el && i < wanted.near.length; i++) el = document.getElementById(wanted.near[i]);
+    el = el || document.querySelector("main h1");
     if (!el) return;
     if (!el.matches("a[href], button, input, select, summary") && !el.hasAttribute("tabindex")) el.setAttribute("tabindex", "-1");
     el.focus({ preventScroll: true });
@@ -154,7 +164,7 @@
     var box = el.getBoundingClientRect();
     var room = window.innerHeight || document.documentElement.clientHeight;
     if (box.top < barClearance() || box.bottom > room) el.scrollIntoView({ block: "nearest" });
-  });
+  }
   function livePoll(event) {
     var elt = event.detail && event.detail.elt;
     return elt && elt.matches && elt.matches("[data-live-poll]");
@@ -360,7 +370,10 @@
   // Recent's page 2).
   var listing = null;
   function dropListing() {
-    if (listing) listing.abort();
+    if (listing) {
+      listing.abort();
+      searched = null; // what it asked for was not shown: the next Enter or typing asks again (r136)
+    }
     listing = null;
   }
   document.addEventListener("htmx:beforeRequest", function (event) {
@@ -453,17 +466,30 @@
   });
   // An action whose button left the page while its answer was on the way (another action's
   // answer replaced its region): htmx looks for the answer's regions around the button's old
-  // copy, finds none, and its events no longer reach the page, so the regions are swapped into
-  // the page here (r133: Compact's refusal, answered after Analyze's answer, never showed).
+  // copy, finds none, and its events no longer reach the page. So what this page does with an
+  // answer is done here for it: Lethe's regions swapped into the page, anything else (a proxy's
+  // page, no answer at all) said as a lost answer (r133: Compact's refusal, answered after
+  // Analyze's answer, never showed). Whether the button had left is read as the answer ends,
+  // before htmx handles it (r136: an answer that itself replaced the button was swapped twice).
   document.addEventListener("htmx:beforeRequest", function (event) {
     var elt = event.detail.elt;
     var xhr = event.detail.xhr;
     if (!elt || !elt.closest || !elt.closest("[data-cleanup-action]") || !xhr) return;
+    var gone = false;
+    xhr.addEventListener("readystatechange", function () {
+      if (xhr.readyState === 4) gone = !document.body.contains(elt);
+    });
     xhr.addEventListener("load", function () {
-      if (document.body.contains(elt)) return;
+      if (!gone) return;
       var text = xhr.responseText || "";
       if (text.indexOf("hx-swap-oob") !== -1) htmx.swap(document.body, text, { swapStyle: "none" });
+      else statusUnreachable({ detail: { elt: elt } });
     });
+    function lost() {
+      if (gone || !document.body.contains(elt)) statusUnreachable({ detail: { elt: elt } });
+    }
+    xhr.addEventListener("error", lost);
+    xhr.addEventListener("timeout", lost);
   });
   // A status read or action that got no answer of Lethe's: say so, keep what is shown
   // (and keep polling, so the note clears itself on the next good read).
@@ -509,7 +535,9 @@
     if (!elt) return;
     var button = elt.matches("[data-effect]") ? elt : elt.querySelector("[data-effect]") || elt;
     pressed = { elt: elt, effect: elt.dataset.effect || button.dataset.effect || "",
-                operation: button.value || "", facts: pageFacts(), at: Date.now() };
+                operation: button.value || "", facts: pageFacts(), at: Date.now(),
+                // said beside the button pressed, also once the button has left the page
+                region: elt.closest("#db-compact") ? "compact-error" : "tool-action-error" };
   });
   // Whether the status now on the page shows the pressed action done: true, false, or null
   // when it cannot tell (the stored state unreadable, the operation no longer listed).
@@ -541,7 +569,7 @@
     var press = pressed && pressed.elt === elt ? pressed : null;
     if (!press) press = pressed = { elt: elt, effect: elt.dataset.effect || "", operation: "", facts: pageFacts(), at: Date.now() };
     // Said beside the button pressed: Compact database has its own region.
-    var region = document.getElementById(elt.closest("#db-compact") ? "compact-error" : "tool-action-error");
+    var region = document.getElementById(press.region || (elt.closest("#db-compact") ? "compact-error" : "tool-action-error"));
     var live = document.getElementById("cleanup-live");
     var url = live && live.dataset.statusUrl;
     var wait = 2000;
