@@ -60,7 +60,7 @@ def failed_read_text(exc: ActionRefused) -> str:
     the pages read before it wrote, which is kept (the counts that `refresh` puts on its error):
     "nothing was read" was said after earlier pages were written (r63), and an engine's own
     refusal of a later page said nothing of them (r64)."""
-    from django.utils.translation import gettext
+    from django.utils.translation import gettext, ngettext
 
     words = failure_words(exc.code, exc.message)
     kept = getattr(exc, "kept", None)
@@ -68,8 +68,26 @@ def failed_read_text(exc: ActionRefused) -> str:
         return words
     if not any(kept.values()):
         return words + " " + gettext("Nothing was read.")
-    return words + " " + gettext("The pages read before it are kept (%(created)s new conversations, %(updated)s "
-                                 "brought up to date, %(returned)s back after a completed delete).") % kept
+    return words + " " + gettext("The pages read before it are kept (%(created)s, %(updated)s, %(returned)s).") % {
+        "created": ngettext("%(count)s new conversation", "%(count)s new conversations",
+                            kept["created"]) % {"count": kept["created"]},
+        "updated": ngettext("%(count)s brought up to date", "%(count)s brought up to date",
+                            kept["updated"]) % {"count": kept["updated"]},
+        "returned": ngettext("%(count)s back after a completed delete", "%(count)s back after a completed delete",
+                             kept["returned"]) % {"count": kept["returned"]},
+    }
+
+
+def read_text(counts: dict) -> str:
+    """What a whole read did, each count's words agreeing with it (r137: "1 nuevas")."""
+    from django.utils.translation import gettext, ngettext
+
+    return gettext("Read the engine's conversations: %(created)s, %(updated)s.") % {
+        "created": ngettext("%(count)s new", "%(count)s new", counts["created"]) % {"count": counts["created"]},
+        "updated": ngettext("%(count)s already listed and brought up to date",
+                            "%(count)s already listed and brought up to date",
+                            counts["updated"]) % {"count": counts["updated"]},
+    }
 
 
 def failure_words(code: str, message: str) -> str:

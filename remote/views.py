@@ -178,7 +178,7 @@ def _page(request: HttpRequest, name: str = "page") -> int:
 def bindings_sync(request: HttpRequest) -> HttpResponse:
     if not is_admin(request.user):
         raise PermissionDenied
-    from remote.sync import failed_read_text, refresh, rejected_text
+    from remote.sync import failed_read_text, read_text, refresh, rejected_text
 
     engines = configured_engines()
     if not engines:
@@ -190,8 +190,7 @@ def bindings_sync(request: HttpRequest) -> HttpResponse:
         except ActionRefused as exc:
             messages.error(request, which + failed_read_text(exc))
             continue
-        messages.success(request, which + _("Read the engine's conversations: %(created)s new, %(updated)s already "
-                                            "listed and brought up to date.") % counts)
+        messages.success(request, which + read_text(counts))
         if counts["rejected"]:
             messages.warning(request, which + ngettext(
                 "%(count)s conversation on the engine was left out: its row is not in the form expected (the "

@@ -273,15 +273,25 @@ def daily_check() -> str:
     policy = ToolPayloadPolicy.load()
     if not policy.enabled:
         return "disabled"
+    # A check a save made due at once starts that save's first run: credited to its admin.
+    woken = policy.woken_by
     try:
         service._load_checked_policy()
-        op = service._start_cleanup_or_preparation(user=None, policy=policy)
+        op = service._start_cleanup_or_preparation(user=woken, policy=policy)
     except service.CleanupError as exc:
         if exc.code == "busy" and not _cleanup_under_way():
             _check_again(timezone.now() + BUSY_RETRY)
             return "busy: checked again in two minutes"
+        _woken_done(policy)
         return exc.code
+    _woken_done(policy)
     return f"started {op.pk}"
+
+
+def _woken_done(policy: ToolPayloadPolicy) -> None:
+    """The check a save made due has run: later ones are the schedule's own."""
+    if policy.woken_by_id is not None:
+        ToolPayloadPolicy.objects.filter(id=1, revision=policy.revision).update(woken_by=None)
 
 
 def _cleanup_under_way() -> bool:

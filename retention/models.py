@@ -8,6 +8,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import pgettext_lazy
 
 
 class AgeUnit(models.TextChoices):
@@ -47,6 +48,12 @@ class ToolPayloadPolicy(models.Model):
     # A stored message (retention.errors: a msgid, or a msgid with its details as JSON)
     preparation_error = models.TextField(blank=True, default="", db_default="")
     backup_receipt_name = models.CharField(max_length=200, blank=True, default="", db_default="")
+    # The admin whose save made the first run under it due at once (cleanup turned on, its
+    # period shortened): the daily check that starts that run credits it to them (r137: it read
+    # "started by the daily schedule"). Any other save clears it, and so does that check.
+    woken_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
 
     class Meta:
         constraints = [
@@ -94,7 +101,7 @@ class OperationKind(models.TextChoices):
     ANALYSIS = "analysis", _("Analysis")
     BACKUP = "backup", _("Backup")
     CLEANUP = "cleanup", _("Cleanup")
-    COMPACT = "compact", _("Compact database")
+    COMPACT = "compact", pgettext_lazy("operation kind", "Compact database")
 
 
 class OperationState(models.TextChoices):

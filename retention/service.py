@@ -463,6 +463,8 @@ def save_policy(*, user, enabled: bool, age_value: int, age_unit: str, revision:
                 ToolPayloadOperation.objects.filter(kind=OperationKind.ANALYSIS, stale=False).exclude(
                     age_value=saved.age_value, age_unit=saved.age_unit
                 ).update(stale=True)
+                ToolPayloadPolicy.objects.filter(id=1, revision=saved.revision).update(
+                    woken_by=user if first_run and getattr(user, "is_authenticated", False) else None)
     except ActionRefused as exc:
         raise CleanupError(exc.code, exc.message, exc.status) from None
     jobs.wake_schedule(now_due=first_run)
@@ -548,6 +550,8 @@ def start_run(*, user, revision: int) -> int:
     if not policy.enabled:
         raise CleanupError("not_enabled", _("Turn cleanup on and save before running it."))
     op = _start_cleanup_or_preparation(user=user, policy=policy)
+    # The save's first run is this one: the check the save made due is the schedule's again.
+    ToolPayloadPolicy.objects.filter(id=1, revision=policy.revision, woken_by__isnull=False).update(woken_by=None)
     jobs.wake_schedule()
     return op.pk
 

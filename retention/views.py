@@ -71,7 +71,7 @@ KIND_LABELS = {
     "analysis": gettext_lazy("Analysis"),
     "backup": gettext_lazy("Backup"),
     "cleanup": gettext_lazy("Cleanup"),
-    "compact": gettext_lazy("Compact database"),
+    "compact": pgettext_lazy("operation kind", "Compact database"),
 }
 SKIP_LABELS = {
     # no longer eligible when the run came to it: activity, new work, or a delete under way

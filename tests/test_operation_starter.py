@@ -73,10 +73,19 @@ def test_a_starter_deleted_while_the_backup_runs_still_gets_the_cleanup_that_fol
     assert finish(follow.pk).state == "succeeded"
 
 
-def test_the_schedules_operations_still_read_as_the_schedule(admin_user, api, admin_client):
+def test_the_first_run_a_save_makes_due_is_the_admins_and_the_next_ones_the_schedules(admin_user, api, admin_client):
+    """Turning cleanup on makes the daily check due at once: the run it starts is the save's,
+    credited to the admin who saved (r137: "started by the daily schedule" in both languages);
+    the checks after it are the schedule's own."""
     enable(admin_user)
     assert jobs.daily_check().startswith("started")
-    op = ToolPayloadOperation.objects.get()
+    first = ToolPayloadOperation.objects.get()
+    assert (first.started_by_id, first.started_by_name) == (admin_user.pk, "alice")
+    assert "started by alice" in admin_client.get(PAGE, **HOST).content.decode()
+    assert "by alice" in admin_client.get("/operations/", **HOST).content.decode()
+    ToolPayloadOperation.objects.filter(pk=first.pk).update(state="succeeded", slot=None)  # as its run ends it
+    assert jobs.daily_check().startswith("started")
+    op = ToolPayloadOperation.objects.exclude(pk=first.pk).get()
     assert (op.started_by_id, op.started_by_name) == (None, "")
     assert api.get(BASE).json()["operation"]["started_by"] == "schedule"
     assert api.get(BASE).json()["operation"]["started_by_kind"] == "schedule"

@@ -873,11 +873,16 @@ def test_the_schedules_exist_once_and_the_daily_check_starts_a_cleanup(admin_use
     enable(admin_user)
     assert jobs.daily_check().startswith("started")
     op = ToolPayloadOperation.objects.get()
-    assert (op.kind, op.started_by) == ("cleanup", None)
-    assert service.status_document()["operation"]["started_by"] == "schedule"
+    # The check the save made due starts the save's first run: its admin's (r137: "the schedule's")
+    assert (op.kind, op.started_by) == ("cleanup", admin_user)
+    assert service.status_document()["operation"]["started_by"] == "alice"
     assert jobs.daily_check() == "busy"
     assert run(op.pk).removed_messages == 4
     assert service.status_document()["next_check_at"] is not None
+    old_conversation("the next day")
+    assert jobs.daily_check().startswith("started")  # the next checks are the schedule's own
+    assert ToolPayloadOperation.objects.latest("pk").started_by is None
+    assert service.status_document()["operation"]["started_by"] == "schedule"
 
 
 @pytest.mark.django_db
@@ -920,17 +925,21 @@ def test_turning_cleanup_on_makes_its_first_run_due_now_and_it_starts_with_the_b
     assert jobs.daily_check().startswith("started")
     backup = ToolPayloadOperation.objects.get()  # (its run, then the cleanup's: tests/test_backups.py)
     assert (backup.kind, backup.started_by, ToolPayloadPolicy.load().preparation_state) == (
-        "backup", None, "preparing")
+        "backup", admin_user, "preparing")  # the save's first run, credited to the admin who saved (r137)
+    assert ToolPayloadPolicy.load().woken_by is None
     ToolPayloadOperation.objects.filter(pk=backup.pk).update(state="cancelled", slot=None)
     # A longer period is no first run: the check stays where it was
     Schedule.objects.filter(name=jobs.DAILY).update(next_run=later)
     service.save_policy(user=admin_user, enabled=True, age_value=4, age_unit="months",
                         revision=ToolPayloadPolicy.load().revision, backup_choice=None)
-    assert jobs.next_check_at() == later
+    assert jobs.next_check_at() == later and ToolPayloadPolicy.load().woken_by is None
     # A shorter one is
     service.save_policy(user=admin_user, enabled=True, age_value=2, age_unit="months",
                         revision=ToolPayloadPolicy.load().revision, backup_choice="skip")
-    assert jobs.next_check_at() <= timezone.now()
+    assert jobs.next_check_at() <= timezone.now() and ToolPayloadPolicy.load().woken_by == admin_user
+    # Run now starts that first run itself: the check then is the schedule's again
+    service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
+    assert ToolPayloadPolicy.load().woken_by is None
 
 
 @pytest.mark.django_db
