@@ -188,11 +188,8 @@ def test_a_tab_whose_request_failed_can_be_picked_again(seeded, live_server, ope
     assert len(sent) == 2, sent
 
 
-@pytest.mark.parametrize("how", ["network", "proxy"])
-def test_compact_whose_answer_is_lost_after_analyze_replaced_its_form_says_so(seeded, live_server, open_page, how):
-    """The compact form left the page (Analyze's answer replaced it), then the compact's answer
-    was lost, or a proxy answered for Lethe: the page says so beside Compact database, as it does
-    while the form is there (r136: nothing was said)."""
+def analyze_then_compact(open_page, live_server):
+    """Analyze savings pressed, then Compact database, both requests held: (page, analyze, compact)."""
     page = open_page("desktop")
     log_in(page, live_server.url, *ADMIN)
     page.goto(f"{live_server.url}/settings/system/data-storage/")
@@ -203,6 +200,15 @@ def test_compact_whose_answer_is_lost_after_analyze_replaced_its_form_says_so(se
     settle(page, lambda: len(held) == 2)
     analyze = next(r for r in held if "analyze" in r.request.url)
     compact = next(r for r in held if "compact" in r.request.url)
+    return page, analyze, compact
+
+
+@pytest.mark.parametrize("how", ["network", "proxy"])
+def test_compact_whose_answer_is_lost_after_analyze_replaced_its_form_says_so(seeded, live_server, open_page, how):
+    """The compact form left the page (Analyze's answer replaced it), then the compact's answer
+    was lost, or a proxy answered for Lethe: the page says so beside Compact database, as it does
+    while the form is there (r136: nothing was said)."""
+    page, analyze, compact = analyze_then_compact(open_page, live_server)
     analyze.fulfill(response=analyze.fetch())
     expect(page.locator("#cancel-analysis")).to_be_visible()
     if how == "network":
@@ -217,16 +223,7 @@ def test_compact_refused_while_analyze_was_answering_says_so(seeded, live_server
     """Analyze savings, then Compact database before Analyze's answer: Lethe refuses the compact
     (one operation at a time), and its words showed nowhere: Analyze's answer had replaced the
     compact form, and the refusal's regions were looked for in that form's old copy."""
-    page = open_page("desktop")
-    log_in(page, live_server.url, *ADMIN)
-    page.goto(f"{live_server.url}/settings/system/data-storage/")
-    held = []
-    page.route(re.compile(r"/(compact|tool-payload-cleanup/analyze)/$"), lambda r: held.append(r))
-    page.click("button.analyze-btn")
-    page.click("#compact-now")
-    settle(page, lambda: len(held) == 2)
-    analyze = next(r for r in held if "analyze" in r.request.url)
-    compact = next(r for r in held if "compact" in r.request.url)
+    page, analyze, compact = analyze_then_compact(open_page, live_server)
     answers = analyze.fetch(), compact.fetch()
     assert [a.status for a in answers] == [202, 409]
     analyze.fulfill(response=answers[0])
