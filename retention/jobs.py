@@ -277,7 +277,7 @@ def daily_check() -> str:
     woken = policy.woken_by
     try:
         service._load_checked_policy()
-        op = service._start_cleanup_or_preparation(user=woken, policy=policy)
+        op = service._start_cleanup_or_preparation(user=woken, user_name=policy.woken_by_name, policy=policy)
     except service.CleanupError as exc:
         if exc.code == "busy" and not _cleanup_under_way():
             _check_again(timezone.now() + BUSY_RETRY)
@@ -290,8 +290,8 @@ def daily_check() -> str:
 
 def _woken_done(policy: ToolPayloadPolicy) -> None:
     """The check a save made due has run: later ones are the schedule's own."""
-    if policy.woken_by_id is not None:
-        ToolPayloadPolicy.objects.filter(id=1, revision=policy.revision).update(woken_by=None)
+    if policy.woken_by_name:
+        ToolPayloadPolicy.objects.filter(id=1, revision=policy.revision).update(woken_by=None, woken_by_name="")
 
 
 def _cleanup_under_way() -> bool:

@@ -54,6 +54,7 @@ class ToolPayloadPolicy(models.Model):
     woken_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    woken_by_name = models.CharField(max_length=150, blank=True, default="", db_default="")  # kept if the user goes (r139)
 
     class Meta:
         constraints = [

@@ -463,8 +463,9 @@ def save_policy(*, user, enabled: bool, age_value: int, age_unit: str, revision:
                 ToolPayloadOperation.objects.filter(kind=OperationKind.ANALYSIS, stale=False).exclude(
                     age_value=saved.age_value, age_unit=saved.age_unit
                 ).update(stale=True)
+                woken = user if first_run and getattr(user, "is_authenticated", False) else None
                 ToolPayloadPolicy.objects.filter(id=1, revision=saved.revision).update(
-                    woken_by=user if first_run and getattr(user, "is_authenticated", False) else None)
+                    woken_by=woken, woken_by_name=woken.get_username() if woken is not None else "")
     except ActionRefused as exc:
         raise CleanupError(exc.code, exc.message, exc.status) from None
     jobs.wake_schedule(now_due=first_run)
@@ -474,10 +475,11 @@ def save_policy(*, user, enabled: bool, age_value: int, age_unit: str, revision:
 # ---- Starting and stopping operations -------------------------------------------------------
 
 
-def _create_operation(*, started_by, **fields) -> ToolPayloadOperation:
+def _create_operation(*, started_by, started_by_name: str = "", **fields) -> ToolPayloadOperation:
     """Insert an operation holding the slot, or raise busy (the database decides). Its
-    starter's name is kept with it: a user deleted later is still named (None: the schedule)."""
-    name = started_by.get_username() if started_by is not None else ""
+    starter's name is kept with it: a user deleted later is still named (None: the schedule,
+    unless `started_by_name` names a starter deleted before it was made)."""
+    name = started_by.get_username() if started_by is not None else started_by_name
     try:
         with transaction.atomic():
             op = ToolPayloadOperation.objects.create(started_by=started_by, started_by_name=name, **fields)
@@ -500,10 +502,10 @@ def start_analysis(*, user, age_value: int, age_unit: str) -> int:
     return op.pk
 
 
-def _start_cleanup_or_preparation(*, user, policy: ToolPayloadPolicy) -> ToolPayloadOperation:
+def _start_cleanup_or_preparation(*, user, policy: ToolPayloadPolicy, user_name: str = "") -> ToolPayloadOperation:
     """Cleanup if the preparation is ready, else the backup first (cleanup follows it)."""
     common = {
-        "started_by": user, "policy_revision": policy.revision,
+        "started_by": user, "started_by_name": user_name, "policy_revision": policy.revision,
         "age_value": policy.age_value, "age_unit": policy.age_unit,
     }
     if policy.preparation_state == PreparationState.READY:
@@ -551,7 +553,8 @@ def start_run(*, user, revision: int) -> int:
         raise CleanupError("not_enabled", _("Turn cleanup on and save before running it."))
     op = _start_cleanup_or_preparation(user=user, policy=policy)
     # The save's first run is this one: the check the save made due is the schedule's again.
-    ToolPayloadPolicy.objects.filter(id=1, revision=policy.revision, woken_by__isnull=False).update(woken_by=None)
+    ToolPayloadPolicy.objects.filter(id=1, revision=policy.revision).exclude(woken_by_name="").update(
+        woken_by=None, woken_by_name="")
     jobs.wake_schedule()
     return op.pk
 

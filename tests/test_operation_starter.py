@@ -123,3 +123,17 @@ def test_the_migration_names_the_users_that_still_exist_and_leaves_the_schedule(
     scheduled.refresh_from_db()
     assert (mine.started_by_name, mine.starter) == ("alice", "alice")
     assert (scheduled.started_by_name, scheduled.starter) == ("", "schedule")
+
+
+def test_the_first_run_of_an_admin_deleted_before_it_started_still_names_them(api):
+    """The admin who turned cleanup on was deleted before the check their save made due ran:
+    the run still names them (r139: it read as the daily schedule's once the user was gone)."""
+    carol = factories.make_user("carol", admin=True)
+    enable(carol)
+    carol.delete()
+    assert jobs.daily_check().startswith("started")
+    op = ToolPayloadOperation.objects.get()
+    assert (op.started_by_id, op.started_by_name, op.by_schedule) == (None, "carol", False)
+    assert api.get(BASE).json()["operation"]["started_by"] == "carol"
+    policy = ToolPayloadPolicy.load()
+    assert (policy.woken_by_id, policy.woken_by_name) == (None, "")

@@ -669,6 +669,64 @@ def test_a_confirmation_of_what_the_engine_no_longer_previews_is_shown_again_and
     assert (confirmed.status_code, confirmed["Location"]) == (302, f"/engine/deletes/{op.public_id}/")
 
 
+def test_a_delete_the_engine_no_longer_admits_at_confirmation_is_sent_and_not_called_a_change(settings,
+                                                                                             admin_client):
+    """The engine's folder went between the page and its confirmation: its preview now counts
+    no files and says the delete is unavailable. That is no change of the conversation (r139:
+    "This conversation changed after the page was shown", in both languages): the delete is
+    recorded and sent, and the engine answers it with its reasons, as the embedded engine does."""
+    from lifecycle.deletion import reasons
+
+    b = bound()
+    shown = {"preview": preview()}
+    with scripted_engine({("GET", "/v1/threads/"): lambda h: (200, shown["preview"])}) as (url, _seen):
+        point_at(settings, url)
+        url_delete = f"/engine/conversations/{b.public_id}/delete/"
+        page = admin_client.get(url_delete, **HOST).content.decode()
+        form = {name: re.search(rf'name="{name}" value="([^"]+)"', page).group(1) for name in ("key", "seen")}
+        gone = preview(admission={"outcome": "unavailable", "code": reasons.ENGINE_FOLDER_UNAVAILABLE, "ambiguous": [],
+                                  "reasons": [{"code": reasons.ENGINE_FOLDER_UNAVAILABLE, "outcome": "unavailable",
+                                               "message": "gone"}]})
+        gone["stores"] = [{**e, "records": None} if e.get("kind") == "file" else e for e in gone["stores"]]
+        shown["preview"] = gone
+        confirmed = admin_client.post(url_delete, form, **HOST)
+    op = BoundDelete.objects.get()
+    assert (confirmed.status_code, confirmed["Location"]) == (302, f"/engine/deletes/{op.public_id}/")
+
+
+def test_the_http_engine_compares_a_confirmation_only_for_a_delete_the_engine_admits(settings):
+    """The same through the engine client a console's delete page uses: a delete the engine
+    would not admit now is sent (its answer carries the reasons), never refused as changed;
+    one it admits whose figures moved is refused (r139)."""
+    from lifecycle.actions.request_deletion import CHANGED_CODE
+    from lifecycle.deletion import reasons
+    from lifecycle.deletion.preview import preview_digest
+    from lifecycle.engine.http import HttpEngine
+    from lifecycle.errors import ActionRefused
+
+    seen = preview_digest(preview())
+    moved = preview()
+    moved["stores"] = [{**e, "records": 9} if e["store"] == "lifecycle.Item" else e for e in moved["stores"]]
+    unavailable = {**moved, "admission": {"outcome": "unavailable", "code": reasons.ENGINE_FOLDER_UNAVAILABLE,
+                                          "ambiguous": [], "reasons": []}}
+    refusal = {"code": reasons.ENGINE_FOLDER_UNAVAILABLE, "message": "gone", "outcome": "unavailable",
+               "operation": "op_" + "2" * 20}
+    operation = {"id": "op_" + "2" * 20, "target": TARGET, "state": "unavailable", "code": reasons.ENGINE_FOLDER_UNAVAILABLE,
+                 "message": "gone", "reasons": [reasons.ENGINE_FOLDER_UNAVAILABLE], "steps": []}
+    answers = {"preview": unavailable}
+    with scripted_engine({("GET", "/v1/threads/"): lambda h: (200, answers["preview"]),
+                          ("DELETE", "/v1/threads/"): lambda h: (409, refusal),
+                          ("GET", "/v1/operations/"): lambda h: (200, operation)}) as (url, seen_requests):
+        point_at(settings, url)
+        op = HttpEngine().request_delete(TARGET, key="k-gone", actor=None, seen=seen)
+        assert (op.state, op.reasons) == ("unavailable", [reasons.ENGINE_FOLDER_UNAVAILABLE])
+        answers["preview"] = moved
+        with pytest.raises(ActionRefused) as refused:
+            HttpEngine().request_delete(TARGET, key="k-moved", actor=None, seen=seen)
+    assert refused.value.code == CHANGED_CODE
+    assert [r[0] for r in seen_requests].count("DELETE") == 1
+
+
 def test_an_engine_that_cannot_preview_at_confirmation_is_not_a_change(settings, admin_client):
     """The engine answered the page's preview and cannot be asked at the confirmation: nothing
     is said to have changed (r101: "This conversation changed"); the delete is recorded and

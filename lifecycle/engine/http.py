@@ -388,7 +388,9 @@ class HttpEngine:
 
             now = self.preview_delete(public_id)
             state = now.get("state") if isinstance(now, dict) else None
-            if state == "live" and seen != preview_digest(now):
+            admission = now.get("admission") if isinstance(now, dict) else None
+            admitted = isinstance(admission, dict) and admission.get("outcome") == "admitted"
+            if state == "live" and admitted and seen != preview_digest(now):  # (not admitted: its reasons answer)
                 raise ActionRefused(CHANGED_CODE, str(CHANGED_SINCE_SHOWN), status=409)
             joined = state in ("pending_delete", "deleted")
         headers = {"Idempotency-Key": key} if key else {}
