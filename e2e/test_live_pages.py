@@ -182,3 +182,26 @@ def test_the_focus_in_a_row_that_leaves_engine_conversations_goes_to_the_row_bes
     expect(leaving).to_have_count(0, timeout=WAIT)
     focused = page.evaluate("document.activeElement.closest('[data-live-row]')?.id || document.activeElement.tagName")
     assert focused == f"binding-row-{stays.public_id}", focused
+
+
+@pytest.mark.parametrize("viewport", ["desktop", "small-phone"])
+def test_the_focus_on_refresh_the_list_stays_there_when_another_delete_completes(seeded, live_server, open_page,
+                                                                                viewport):
+    """The list's "Refresh the list" has the focus when the poll brings a second change: the
+    focus stays on it (r138: the note was replaced and the focus fell to <body>)."""
+    held = []
+    for conversation in Conversation.objects.recent().with_activity().order_by("-last_activity_at", "-pk"):
+        if len(held) < 2 and not conversation.is_active and admit(conversation).outcome == "admitted":
+            held.append(request_deletion(conversation, key=f"held-{len(held)}", acting_user=None))
+    assert len(held) == 2
+    page = open_page(viewport)
+    log_in(page, live_server.url, *ADMIN)
+    page.goto(f"{live_server.url}/conversations/?view=pending_delete")
+    expect(page.locator("#results-count")).to_have_text("2 conversations")
+    assert executor.run_erasure(held[0].pk) == "completed"
+    refresh = page.get_by_test_id("list-moved").get_by_role("link", name="Refresh the list")
+    expect(refresh).to_be_visible(timeout=WAIT)
+    refresh.focus()
+    assert executor.run_erasure(held[1].pk) == "completed"
+    expect(page.locator("#results-count")).to_have_text("0 conversations", timeout=WAIT)
+    expect(page.get_by_test_id("list-moved").get_by_role("link", name="Refresh the list")).to_be_focused()

@@ -188,9 +188,9 @@ def test_a_tab_whose_request_failed_can_be_picked_again(seeded, live_server, ope
     assert len(sent) == 2, sent
 
 
-def analyze_then_compact(open_page, live_server):
+def analyze_then_compact(open_page, live_server, viewport="desktop"):
     """Analyze savings pressed, then Compact database, both requests held: (page, analyze, compact)."""
-    page = open_page("desktop")
+    page = open_page(viewport)
     log_in(page, live_server.url, *ADMIN)
     page.goto(f"{live_server.url}/settings/system/data-storage/")
     held = []
@@ -217,6 +217,26 @@ def test_compact_whose_answer_is_lost_after_analyze_replaced_its_form_says_so(se
         compact.fulfill(status=502, content_type="text/html", body="<html><body><h1>Bad Gateway</h1></body></html>")
     # Nothing reached Lethe: the status read again shows no compaction, and the page says so.
     expect(page.get_by_test_id("compact-error")).to_contain_text("did not go through", timeout=15000)
+
+
+@pytest.mark.parametrize("viewport", ["desktop", "small-phone"], ids=["1280", "320"])
+def test_compact_answered_session_ended_after_its_form_left_says_so_and_stays(seeded, live_server, open_page,
+                                                                             viewport):
+    """The compact form left the page (Analyze's answer replaced it), then the session ended and
+    Compact's answer said so (401, with a redirect to sign in): the page stays, with the words
+    it says when the form is there (r138: it went to the sign-in page, or asked to leave a draft
+    and then said it could not tell whether the request went through)."""
+    from django.contrib.sessions.models import Session
+
+    page, analyze, compact = analyze_then_compact(open_page, live_server, viewport)
+    analyze.fulfill(response=analyze.fetch())
+    expect(page.locator("#cancel-analysis")).to_be_visible()
+    Session.objects.all().delete()
+    answer = compact.fetch()
+    assert answer.status == 401
+    compact.fulfill(response=answer)
+    expect(page.get_by_test_id("compact-error")).to_contain_text("Your session ended, so nothing was done.")
+    assert page.url.endswith("/settings/system/data-storage/"), page.url
 
 
 def test_compact_refused_while_analyze_was_answering_says_so(seeded, live_server, open_page):

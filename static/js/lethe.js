@@ -483,8 +483,16 @@
       if (!gone) return;
       var text = xhr.responseText || "";
       if (text.indexOf("hx-swap-oob") !== -1) htmx.swap(document.body, text, { swapStyle: "none" });
-      else statusUnreachable({ detail: { elt: elt } });
+      else if (xhr.status !== 401 && xhr.status !== 403) statusUnreachable({ detail: { elt: elt } });
     });
+    // A session ended or a token refused is said beside it as well, and the page stays (r138:
+    // htmx followed the answer's redirect to the sign-in page, a draft there or not).
+    if (!elt.hasAttribute("data-gone-watch")) {
+      elt.setAttribute("data-gone-watch", "");
+      elt.addEventListener("htmx:beforeOnLoad", function (loaded) {
+        if (!document.body.contains(elt)) signedOutAnswer(loaded);
+      });
+    }
     function lost() {
       if (gone || !document.body.contains(elt)) statusUnreachable({ detail: { elt: elt } });
     }
@@ -1287,9 +1295,11 @@
     return elt && elt.closest && elt.id !== "tool-poll" ? elt.closest("[data-cleanup-action]") : null;
   }
   function actionRegion(elt) {
-    return document.getElementById(elt.closest("#db-compact") ? "compact-error" : "tool-action-error");
+    var press = pressed && pressed.elt === elt ? pressed.region : null; // (a button gone since: its region then)
+    return document.getElementById(press || (elt.closest("#db-compact") ? "compact-error" : "tool-action-error"));
   }
-  document.addEventListener("htmx:beforeOnLoad", function (event) {
+  document.addEventListener("htmx:beforeOnLoad", signedOutAnswer);
+  function signedOutAnswer(event) {
     var elt = event.detail.elt;
     var xhr = event.detail.xhr;
     var action = cleanupAction(elt);
@@ -1307,7 +1317,7 @@
       var region = actionRegion(elt);
       if (region) sayAlert(region, region.dataset.tokenExpired);
     }
-  });
+  }
   var renewing = false;
   document.addEventListener("htmx:confirm", function (event) {
     var elt = event.detail.elt;
