@@ -122,9 +122,11 @@ def test_the_pending_tab_keeps_counting_while_deletes_beyond_its_rows_are_erased
             executor.run_erasure(op.pk)
     fragment = get(admin_client, url, HTTP_HX_REQUEST="true").content.decode()
     assert re.search(r'id="results-count" tabindex="-1" data-live-row hx-swap-oob="true">2 conversations</p>', fragment)
-    moved = re.search(r'<div id="list-moved" hx-swap-oob="true"><p class="alert changed-note" data-testid="list-moved">'
+    moved = re.search(r'<div id="list-moved" data-live-row hx-swap-oob="true"><p class="alert changed-note" '
+                      r'data-testid="list-moved">'
                       r"The count above is current; the list below is as it was when you opened it\. "
-                      r'<a class="btn btn-small" href="\?view=pending_delete&amp;owner=&amp;q="', fragment)
+                      r'<a class="btn btn-small" id="list-moved-refresh" href="\?view=pending_delete&amp;owner=&amp;q="',
+                      fragment)
     assert moved
     url = poll_url(fragment)  # polling goes on, for the count alone
     assert "&c=" not in url and "n=2" in url and "t=27" in url
