@@ -36,6 +36,7 @@ from lifecycle.deletion.presentation import (
     receipt_rows,
 )
 from lifecycle.deletion.preview import preview_digest
+from lifecycle.deletion.reasons import admission_reasons, folder_only
 from lifecycle.errors import ActionRefused
 from remote.api import bound_delete_json
 from remote.delivery import (
@@ -236,11 +237,11 @@ def binding_delete(request: HttpRequest, binding_id: str) -> HttpResponse:
         raise PermissionDenied
     seen = request.POST.get("seen")
     if (seen is not None and pending is None and preview is not None and not context["engine_deleting"]
-            and not context["not_admitted"] and seen != context["seen"]
+            and not folder_only(admission_reasons(preview)) and seen != context["seen"]
             and not BoundDeleteKey.objects.filter(key=request.POST.get("key") or "").exists()):
         # What the engine erases changed since the page was shown (as lifecycle's delete page,
-        # r100). A delete the engine would not admit now is sent all the same and answered
-        # with its reasons (r139: an engine folder gone read as "this conversation changed"). An engine that cannot say now (no preview) is not a change (r101): the delete is
+        # r100). One the engine's folder alone keeps from being admitted now is sent all the
+        # same and answered with that reason (r139: it read as "this conversation changed"). An engine that cannot say now (no preview) is not a change (r101): the delete is
         # recorded and sent when it answers, as from a page shown without figures.
         context["error"] = str(CHANGED_SINCE_SHOWN)
         return render(request, "remote/binding_delete.html", context, status=409)

@@ -695,9 +695,9 @@ def test_a_delete_the_engine_no_longer_admits_at_confirmation_is_sent_and_not_ca
 
 
 def test_the_http_engine_compares_a_confirmation_only_for_a_delete_the_engine_admits(settings):
-    """The same through the engine client a console's delete page uses: a delete the engine
-    would not admit now is sent (its answer carries the reasons), never refused as changed;
-    one it admits whose figures moved is refused (r139)."""
+    """The same through the engine client a console's delete page uses: a delete only the
+    engine's folder keeps from being admitted now is sent (its answer carries the reason), never
+    refused as changed; one whose figures moved otherwise is refused (r139)."""
     from lifecycle.actions.request_deletion import CHANGED_CODE
     from lifecycle.deletion import reasons
     from lifecycle.deletion.preview import preview_digest
@@ -708,7 +708,8 @@ def test_the_http_engine_compares_a_confirmation_only_for_a_delete_the_engine_ad
     moved = preview()
     moved["stores"] = [{**e, "records": 9} if e["store"] == "lifecycle.Item" else e for e in moved["stores"]]
     unavailable = {**moved, "admission": {"outcome": "unavailable", "code": reasons.ENGINE_FOLDER_UNAVAILABLE,
-                                          "ambiguous": [], "reasons": []}}
+                                          "ambiguous": [], "reasons": [{"code": reasons.ENGINE_FOLDER_UNAVAILABLE,
+                                                                        "outcome": "unavailable", "message": "gone"}]}}
     refusal = {"code": reasons.ENGINE_FOLDER_UNAVAILABLE, "message": "gone", "outcome": "unavailable",
                "operation": "op_" + "2" * 20}
     operation = {"id": "op_" + "2" * 20, "target": TARGET, "state": "unavailable", "code": reasons.ENGINE_FOLDER_UNAVAILABLE,

@@ -167,10 +167,10 @@ def _request(conversation: Conversation, key: str, acting_user, home: EngineHome
         admission = Admission(reasons=[reasons.ENGINE_FOLDER_NOT_WRITABLE])
     else:
         admission = admit(locked, home)
-    # (Only a delete that goes ahead: one not admitted erases nothing and is recorded with its
-    # reasons, which the page then says; r135: an engine folder gone at confirmation read as
-    # "this conversation changed".)
-    if seen is not None and admission.outcome == "admitted" and preview_digest(preview(locked, home)) != seen:
+    # (Not when only the engine folder's state stands in the way: it is not the conversation's
+    # change, and the delete is recorded Unavailable with that reason, which the page then says;
+    # r135: an engine folder gone at confirmation read as "this conversation changed".)
+    if seen is not None and not reasons.folder_only(admission.reasons) and preview_digest(preview(locked, home)) != seen:
         raise ActionRefused(CHANGED_CODE, str(CHANGED_SINCE_SHOWN), status=409)
     if admission.outcome != "admitted":
         operation = DeleteOperation.objects.create(

@@ -388,9 +388,10 @@ class HttpEngine:
 
             now = self.preview_delete(public_id)
             state = now.get("state") if isinstance(now, dict) else None
-            admission = now.get("admission") if isinstance(now, dict) else None
-            admitted = isinstance(admission, dict) and admission.get("outcome") == "admitted"
-            if state == "live" and admitted and seen != preview_digest(now):  # (not admitted: its reasons answer)
+            from lifecycle.deletion.reasons import admission_reasons, folder_only
+
+            # (only the engine folder in the way: no change of the conversation; its answer says it)
+            if state == "live" and not folder_only(admission_reasons(now)) and seen != preview_digest(now):
                 raise ActionRefused(CHANGED_CODE, str(CHANGED_SINCE_SHOWN), status=409)
             joined = state in ("pending_delete", "deleted")
         headers = {"Idempotency-Key": key} if key else {}
