@@ -18,6 +18,8 @@ CHILD_AMBIGUOUS = "conversation_child_ownership_ambiguous"
 CHILD_STATE_UNREADABLE = "conversation_child_state_unreadable"
 CHILD_RECORDS_UNKNOWN = "conversation_child_records_unknown"
 ENGINE_FOLDER_UNAVAILABLE = "engine_folder_unavailable"
+RESOLUTION_PENDING = "subagent_resolution_pending"
+
 # The engine folder's own state, not the conversation's: a confirmation is not told its
 # conversation changed when only these stand in the way now (r135, r139).
 ENGINE_FOLDER_CODES = frozenset({ENGINE_FOLDER_UNAVAILABLE, ENGINE_FOLDER_READ_ONLY, ENGINE_FOLDER_FULL,
@@ -35,7 +37,7 @@ def folder_only(codes) -> bool:
     """Whether the reasons a delete is not admitted are all the engine folder's."""
     codes = list(codes or [])
     return bool(codes) and all(code in ENGINE_FOLDER_CODES for code in codes)
-RESOLUTION_PENDING = "subagent_resolution_pending"
+
 
 # In the order admission checks them; the first that applies is the operation's code.
 REASONS = {

@@ -375,6 +375,8 @@ class HttpEngine:
 
     def request_delete(self, public_id: str, *, key: str | None, actor, seen: str | None = None) -> OperationView:
         from lifecycle.actions.request_deletion import CHANGED_CODE, CHANGED_SINCE_SHOWN, check_key
+        from lifecycle.deletion.preview import preview_digest
+        from lifecycle.deletion.reasons import admission_reasons, folder_only
 
         if key is not None:
             check_key(key)  # as the embedded engine checks it: a line break would not even make a header
@@ -384,13 +386,9 @@ class HttpEngine:
             # request: unlike the embedded engine, which compares under the delete's locks, an
             # item the engine takes in between is not caught. "Joined" is read here too (a
             # confirmation sent again after its own delete reads so as well: it did nothing more).
-            from lifecycle.deletion.preview import preview_digest
-
+            # Only the engine folder in the way is no change of the conversation: its answer says it.
             now = self.preview_delete(public_id)
             state = now.get("state") if isinstance(now, dict) else None
-            from lifecycle.deletion.reasons import admission_reasons, folder_only
-
-            # (only the engine folder in the way: no change of the conversation; its answer says it)
             if state == "live" and not folder_only(admission_reasons(now)) and seen != preview_digest(now):
                 raise ActionRefused(CHANGED_CODE, str(CHANGED_SINCE_SHOWN), status=409)
             joined = state in ("pending_delete", "deleted")
