@@ -247,3 +247,10 @@ def expect_said(page: Page, region_id: str, text: str, timeout: float = 10_000) 
         " said_in === id && said.replace(/\\s+/g, ' ').trim() === text)",
         arg=[region_id, text], timeout=timeout)
 
+
+def settle(page, done, tries=50):
+    """Lets the page run (and Playwright hand over its events) until done() holds or 5 s pass."""
+    for _ in range(tries):
+        if done():
+            return
+        page.wait_for_timeout(100)

@@ -10,7 +10,7 @@ import pytest
 from playwright.sync_api import expect
 
 from e2e.conftest import MEMBER
-from e2e.helpers import check_layout, log_in
+from e2e.helpers import check_layout, log_in, settle
 from lifecycle.models import Conversation
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -79,14 +79,6 @@ def test_back_after_an_archive_shows_the_list_as_it_is_now(seeded, live_server, 
     assert Conversation.objects.recent().count() == before - 1
     expect(page.locator("#results code.tid", has_text=thread)).to_have_count(0)
     check_layout(page)
-
-
-def settle(page, done, tries=50):
-    """Lets the page run (and Playwright hand over its events) until done() holds or 5 s pass."""
-    for _ in range(tries):
-        if done():
-            return
-        page.wait_for_timeout(100)
 
 
 def test_two_quick_backs_end_on_the_page_the_address_names(seeded, live_server, open_page):

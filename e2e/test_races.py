@@ -14,21 +14,13 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from e2e.conftest import ADMIN, VIEWPORTS
-from e2e.helpers import log_in
+from e2e.helpers import log_in, settle
 from lifecycle.enginefs import EngineHome
 from lifecycle.models import Account, Conversation
 from lifecycle.seeding import Seeder
 
 pytestmark = pytest.mark.django_db(transaction=True)
 WIDE_AND_PHONE = pytest.mark.parametrize("viewport", ["desktop", "phone"], ids=lambda v: str(VIEWPORTS[v]["width"]))
-
-
-def settle(page, done, tries=50):
-    """Lets the page run (and Playwright hand over its events) until done() holds or 5 s pass."""
-    for _ in range(tries):
-        if done():
-            return
-        page.wait_for_timeout(100)
 
 
 def list_state(page) -> dict:
@@ -52,6 +44,14 @@ def given_up(page, pattern: str) -> list[str]:
     return failed
 
 
+def hold_list_answers(page, pattern: str) -> tuple[list, list]:
+    """List requests matching `pattern` are held (Back's restores pass): (held routes, given up urls)."""
+    held: list = []
+    page.route(re.compile(pattern),
+               lambda r: r.continue_() if r.request.headers.get("hx-history-restore-request") else held.append(r))
+    return held, given_up(page, pattern)
+
+
 @WIDE_AND_PHONE
 def test_a_tab_answer_landing_after_back_does_not_rename_the_page(seeded, live_server, open_page, viewport):
     """Closed picked (its answer slow), then Back: the restored page keeps its own address (the
@@ -59,10 +59,7 @@ def test_a_tab_answer_landing_after_back_does_not_rename_the_page(seeded, live_s
     page = admin_on_list(open_page, live_server, viewport)
     page.locator("label.tab", has_text="Archived").click()
     expect(page).to_have_url(re.compile("view=archived"))
-    held = []
-    page.route(re.compile(r"view=closed"),
-               lambda r: r.continue_() if r.request.headers.get("hx-history-restore-request") else held.append(r))
-    failed = given_up(page, r"view=closed")
+    held, failed = hold_list_answers(page, r"view=closed")
     page.locator("label.tab", has_text="Closed").click()
     settle(page, lambda: held)
     page.go_back()
@@ -84,10 +81,7 @@ def test_a_search_answer_landing_after_back_does_not_rename_the_page(seeded, liv
     page = admin_on_list(open_page, live_server, "phone")
     page.locator("label.tab", has_text="Archived").click()
     expect(page).to_have_url(re.compile("view=archived"))
-    held = []
-    page.route(re.compile(r"q=review"),
-               lambda r: r.continue_() if r.request.headers.get("hx-history-restore-request") else held.append(r))
-    failed = given_up(page, r"q=review")
+    held, failed = hold_list_answers(page, r"q=review")
     page.get_by_label("Search").fill("review")
     settle(page, lambda: held)
     page.go_back()
