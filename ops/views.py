@@ -1,5 +1,5 @@
-"""/metrics for signed-in admins (session or an admin's API token); the metrics token is
-answered earlier, by OpsMiddleware. Health probes live in ops.health."""
+"""/metrics for signed-in admins (a session: API tokens are read on the API paths only); the
+metrics token is answered earlier, by OpsMiddleware. Health probes live in ops.health."""
 
 from __future__ import annotations
 
