@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from django.utils.translation import gettext_lazy as _
 
@@ -29,11 +31,17 @@ class EngineProblem:
         return str(REASONS[self.code])
 
 
-def describe(home: EngineHome, problem: UnreadableEngineFile) -> EngineProblem:
-    path = problem.path
+def shown_path(home: EngineHome, path: Path) -> str:
+    """A path of the engine folder as a page or a JSON answer can carry it: relative to the
+    folder, and a name's bytes that are not UTF-8 written as escapes (\\xff), never as the lone
+    surrogates Python reads them as (r143: a page failed on one, the API sent invalid text)."""
     if path.is_relative_to(home.root):
         path = path.relative_to(home.root)
-    return EngineProblem(str(path), problem.reason if problem.reason in REASONS else "unreadable")
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def describe(home: EngineHome, problem: UnreadableEngineFile) -> EngineProblem:
+    return EngineProblem(shown_path(home, problem.path), problem.reason if problem.reason in REASONS else "unreadable")
 
 
 def fleet_health(home: EngineHome) -> list[EngineProblem]:

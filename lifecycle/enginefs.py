@@ -504,6 +504,37 @@ def _ignore(error: OSError) -> None:
     pass
 
 
+# The kernel's table of this process's mounts (Linux): a bind mount of another folder keeps the
+# device number of the file system both are on, so only this table tells it from a folder.
+MOUNT_TABLE = Path("/proc/self/mountinfo")
+
+
+def _unescaped(field: bytes) -> bytes:
+    """A mount point as the table writes it: space, tab, newline and backslash as octal escapes."""
+    return re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), field)
+
+
+def mounts_within(folder: Path) -> list[Path]:
+    """The mount points at `folder` (its resolved form) or anywhere below it: what is there is
+    another file system's (or another folder's, bound there), never the engine folder's own.
+    Empty where the table cannot be read (no /proc); the device numbers still tell a mount of
+    another file system (`remove_tree`)."""
+    try:
+        table = MOUNT_TABLE.read_bytes()
+    except OSError:
+        return []
+    real = os.fsencode(os.path.realpath(folder))
+    below = real.rstrip(b"/") + b"/"
+    found = []
+    for line in table.splitlines():
+        fields = line.split(b" ")
+        if len(fields) > 4:
+            point = _unescaped(fields[4])
+            if point == real or point.startswith(below):
+                found.append(Path(os.fsdecode(point)))
+    return found
+
+
 def _raise(error: OSError) -> None:
     raise error
 
@@ -579,7 +610,9 @@ def walk(top: Path, onerror: Callable[[OSError], None] | None = None) -> Iterato
     and entries that vanish meanwhile are skipped; what cannot be read goes to `onerror`
     (ignored when None), and the walk goes on. At most OPEN_LEVELS folders of the path are
     open at a time (however deep the folders go); a folder moved away while the walk is below
-    it ends the walk, through `onerror`.
+    it ends the walk, through `onerror`. A file system mounted below `top` is read as the
+    rest (a disk mounted for a part of the engine folder is the engine folder's); what removes
+    or measures a conversation's folder refuses one mounted in it first (`mounts_within`).
     """
     onerror = onerror or _ignore
     try:
@@ -631,18 +664,26 @@ def remove_tree(parent: int, name: str, path: Path) -> None:
     is where it is, for errors. What is in it is removed as it is: a link as a link (never
     followed), a folder swapped for a link meanwhile removed as a link. No recursion and at most
     OPEN_LEVELS descriptors of its folders at once, however deep they go; a folder moved away
-    while its contents are removed raises UnsafeEnginePath. Errors are raised (OSError)."""
+    while its contents are removed raises UnsafeEnginePath. A file system mounted in it (or a
+    folder bound there) raises UnsafeEnginePath before anything is removed (r143: a delete
+    emptied the folder bound in a conversation's folder); one mounted meanwhile, when the
+    removal reaches it. Errors are raised (OSError)."""
 
     def enter(at: int, child: str, shown: Path) -> int | None:
         """The folder `child` in `at`, opened without following a link; None when it is gone or
         is not a folder (any more): then it is removed as what it is."""
         try:
-            return os.open(child, _LIST_FLAGS, dir_fd=at)
+            fd = os.open(child, _LIST_FLAGS, dir_fd=at)
         except FileNotFoundError:
             return None
         except OSError as error:
             if error.errno not in (errno.ELOOP, errno.ENOTDIR):
                 raise _at(error, shown) from error
+        else:
+            if os.fstat(fd).st_dev != device:
+                os.close(fd)
+                raise UnsafeEnginePath(f"{shown} has another file system mounted at it")
+            return fd
         with contextlib.suppress(FileNotFoundError):
             os.unlink(child, dir_fd=at)
         return None
@@ -678,6 +719,10 @@ def remove_tree(parent: int, name: str, path: Path) -> None:
         if error.errno in (errno.ELOOP, errno.ENOTDIR):  # a link (or no folder) where the folder was
             raise UnsafeEnginePath(f"{path} is not a folder") from error
         raise _at(error, path) from error
+    device = os.fstat(parent).st_dev
+    if os.fstat(top).st_dev != device or mounts_within(path):
+        os.close(top)
+        raise UnsafeEnginePath(f"{path} has another file system mounted in it")
     stack = [_Level(top, path, iter(()))]
     try:
         clear(stack[-1])

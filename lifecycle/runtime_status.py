@@ -12,7 +12,7 @@ from pathlib import Path
 from django.utils.translation import gettext_lazy as _
 
 from lifecycle import enginefs
-from lifecycle.engine_health import EngineProblem, describe
+from lifecycle.engine_health import EngineProblem, describe, shown_path
 from lifecycle.models import ACTIVE_TURN_STATES, Conversation, Item, RuntimeClaim
 
 CHILD_STATUS = {
@@ -88,8 +88,7 @@ def _engine_usage(home: enginefs.EngineHome, conversation: Conversation) -> tupl
     files, size = home.conversation_usage(conversation.storage_key, unread)
     problems = []
     for exc in unread:
-        path = Path(exc.filename or "")
-        shown = str(path.relative_to(home.root)) if path.is_relative_to(home.root) else str(path)
+        shown = shown_path(home, Path(exc.filename or ""))
         problems.append(EngineProblem(shown, "unsafe" if exc.errno == errno.ELOOP else "unreadable"))
     return files, size, problems
 

@@ -693,3 +693,86 @@ def test_a_file_in_place_of_the_backup_folder_keeps_the_delete_pending_naming_th
     assert executor.run_erasure(op.pk, force=True) == m.DeleteState.COMPLETED
     op.refresh_from_db()
     assert (op.state, op.last_error) == (m.DeleteState.COMPLETED, "")
+
+
+def _bind(source, at) -> bool:
+    """A real bind mount (root only); False where this machine does not allow one."""
+    import subprocess
+
+    return subprocess.run(["mount", "--bind", str(source), str(at)], capture_output=True).returncode == 0
+
+
+def _unbind(at) -> None:
+    import subprocess
+
+    subprocess.run(["umount", str(at)], check=True)
+
+
+def _outside(tmp_path):
+    outside = tmp_path / "outside"
+    (outside / "sub").mkdir(parents=True)
+    (outside / "keep.txt").write_bytes(b"not the conversation's")
+    (outside / "sub" / "keep2.txt").write_bytes(b"nor this")
+    return outside
+
+
+def _untouched(outside) -> bool:
+    return ((outside / "keep.txt").read_bytes(), (outside / "sub" / "keep2.txt").read_bytes()) == (
+        b"not the conversation's", b"nor this")
+
+
+@pytest.mark.parametrize("where", ["inside", "at"])
+def test_a_folder_bound_in_a_conversations_folder_is_never_entered_and_keeps_the_delete_pending(tmp_path, where):
+    """r143: a folder bound (mount --bind) in a conversation's folder, or at it, keeps its device
+    number, and the delete emptied it: everything outside the engine folder under it was erased
+    and counted as the conversation's. The mount table tells it; the delete stays pending with
+    unsafe_path and removes nothing there, the preview counts nothing there."""
+    from lifecycle.deletion.preview import preview
+
+    target = factories.make_conversation()
+    factories.fill_every_store(target)
+    home = EngineHome()
+    outside = _outside(tmp_path)
+    folder = home.artifacts_dir(target.storage_key)
+    point = folder / "mnt" if where == "inside" else folder
+    if where == "inside":
+        point.mkdir()
+    if not _bind(outside, point):
+        pytest.skip("a bind mount needs root")
+    try:
+        assert next(s for s in preview(target)["stores"] if s["store"] == "artifacts")["records"] is None
+        op = delete(target)
+        assert executor.run_erasure(op.pk) == "pending"
+        op.refresh_from_db()
+        assert (op.state, op.step, op.last_error) == ("pending", "artifacts", "unsafe_path")
+        assert _untouched(outside)
+    finally:
+        _unbind(point)
+    assert _untouched(outside)
+    assert executor.run_erasure(op.pk, force=True) == "completed"  # the operator took the mount away
+    assert _untouched(outside) and not folder.exists()
+
+
+def test_a_mount_the_table_names_keeps_the_delete_pending_wherever_proc_is(tmp_path, monkeypatch):
+    """The same rule read from the mount table alone (a machine whose tests may not mount): a
+    mount point in the folder, written as the kernel escapes it (a space as \\040)."""
+    from lifecycle import enginefs
+
+    target = factories.make_conversation()
+    factories.fill_every_store(target)
+    home = EngineHome()
+    folder = home.artifacts_dir(target.storage_key)
+    (folder / "a disk").mkdir()
+    (folder / "a disk" / "theirs.txt").write_bytes(b"another file system's")
+    table = tmp_path / "mountinfo"
+    escaped = str(folder / "a disk").replace(" ", "\\040")
+    table.write_text(f"22 1 8:1 / / rw - ext4 /dev/sda1 rw\n97 22 8:1 /x {escaped} rw - ext4 /dev/sda1 rw\n")
+    monkeypatch.setattr(enginefs, "MOUNT_TABLE", table)
+    op = delete(target)
+    assert executor.run_erasure(op.pk) == "pending"
+    op.refresh_from_db()
+    assert (op.state, op.last_error) == ("pending", "unsafe_path")
+    assert (folder / "a disk" / "theirs.txt").read_bytes() == b"another file system's"
+    monkeypatch.setattr(enginefs, "MOUNT_TABLE", tmp_path / "none")  # unmounted
+    assert executor.run_erasure(op.pk, force=True) == "completed"
+    assert not folder.exists()

@@ -1,14 +1,14 @@
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import errno
+import json
 import os
 import re
 import subprocess
 import sys
 import threading
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -29,6 +29,7 @@ from lifecycle.enginefs import EngineHome
 from lifecycle.models import Conversation, Item
 from retention.storage import database_size
 from tests import factories
+from tests.permissions import unreadable
 from tests.swapping import attempts_until, swapping
 from tests.test_jobs import ROOT, database_url
 
@@ -533,46 +534,6 @@ def _beyond_path_max(folder) -> None:
         os.close(fd)
 
 
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-
-class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
-
-
-def _capabilities(data=None):
-    """This thread's capability sets (capget), or set them (capset) when `data` is given."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
-    sets = data if data is not None else (_CapData * 2)()
-    if (libc.capset if data is not None else libc.capget)(ctypes.byref(header), sets) != 0:
-        raise OSError(ctypes.get_errno(), "capset" if data is not None else "capget")
-    return sets
-
-
-@contextlib.contextmanager
-def _unreadable(folder):
-    """`folder` cannot be listed by this thread while the block runs: no permission on it, and
-    for root the capabilities that pass over permissions (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH)
-    taken out of the thread's effective set; the kernel refuses it (EACCES), as it would a
-    process of another user."""
-    mode = folder.stat().st_mode
-    folder.chmod(0)
-    sets = _capabilities() if os.geteuid() == 0 else None
-    saved = sets[0].effective if sets is not None else 0
-    try:
-        if sets is not None:
-            sets[0].effective &= ~((1 << 1) | (1 << 2))
-            _capabilities(sets)
-        yield
-    finally:
-        if sets is not None:
-            sets[0].effective = saved
-            _capabilities(sets)
-        folder.chmod(mode)
-
-
 @pytest.mark.django_db
 def test_what_cannot_be_read_makes_the_measurement_incomplete_not_smaller(admin_client, engine_home):
     from retention.models import StorageSnapshot
@@ -584,7 +545,7 @@ def test_what_cannot_be_read_makes_the_measurement_incomplete_not_smaller(admin_
     home.write_atomic(folder / "seen.bin", b"s" * 5000)
     _beyond_path_max(folder / "deep")  # reached through descriptors: counted
     home.write_atomic(folder / "locked" / "inside.bin", b"i" * 3000)
-    with _unreadable(folder / "locked"):
+    with unreadable(folder / "locked"):
         result = measure_storage()
         engine_folder_size = measure_engine_folder()
     measurement = Measurement.load()
@@ -686,7 +647,7 @@ def test_what_cannot_be_read_is_named_by_its_place_in_the_engine_folder(admin_cl
     folder = home.artifacts_dir(conversation.storage_key)
     home.write_atomic(folder / "reports" / "private" / "inside.bin", b"i" * 3000)
     place = f"artifacts/{conversation.storage_key}/reports/private"
-    with _unreadable(folder / "reports" / "private"):
+    with unreadable(folder / "reports" / "private"):
         page = admin_client.get(f"/conversations/{conversation.public_id}/", **HOST).content.decode()
         with pytest.raises(PermissionError) as refused:
             files.usage(home, folder)
@@ -696,3 +657,24 @@ def test_what_cannot_be_read_is_named_by_its_place_in_the_engine_folder(admin_cl
     artifacts = [s for s in preview["stores"] if s["store"] == "artifacts"]
     assert artifacts and artifacts[0]["records"] is None
     assert files.usage(home, folder) == (2, 3000)  # readable again: the file and its lock file
+
+
+@pytest.mark.django_db
+def test_an_unreadable_folder_whose_name_is_not_utf8_is_named_with_escapes_on_the_page_and_in_the_api(admin_client):
+    """r143: a folder Lethe cannot read whose name's bytes are not UTF-8 made the conversation's
+    page fail (500) and its runtime answer carry lone surrogates (invalid JSON text)."""
+    home = EngineHome()
+    conversation = factories.make_conversation(title="Odd names")
+    folder = home.artifacts_dir(conversation.storage_key)
+    home.write_atomic(folder / "seen.bin", b"s" * 10)
+    odd = os.fsdecode(os.fsencode(folder) + b"/bad\xff\xfedir")
+    os.mkdir(odd)
+    shown = f"artifacts/{conversation.storage_key}/bad\\xff\\xfedir"
+    with unreadable(Path(odd)):
+        page = admin_client.get(f"/conversations/{conversation.public_id}/", **HOST)
+        runtime = admin_client.get(f"/v1/threads/{conversation.public_id}/runtime", **HOST)
+    assert page.status_code == 200 and f"<code>{shown}</code>" in page.content.decode()
+    assert runtime.status_code == 200
+    text = runtime.content.decode("utf-8")  # strict: no lone surrogate escaped in the JSON either
+    assert "\\ud" not in text.lower()
+    assert json.loads(text)["engine_problems"] == [{"path": shown, "code": "unreadable", "message": "cannot be read"}]

@@ -8,7 +8,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
 
@@ -654,3 +654,36 @@ def test_sqlite_content_held_back_by_a_reader_is_pending_not_found(capsys):
         reader.close()
     call_command("verify_erasure", conversation.public_id, "--physical")
     assert "physical: clean" in capsys.readouterr().out
+
+
+def test_a_raw_byte_check_that_cannot_read_a_folder_is_not_called_clean_and_keeps_the_fingerprints(capsys):
+    """r143: a folder of the engine folder Lethe could not read was skipped without a word: the
+    check said clean, recorded it, and dropped the fingerprints, so the copy in that folder could
+    never be found once it was readable again. The check stops with exit 2 and records nothing."""
+    from tests.permissions import unreadable
+
+    target = factories.make_conversation(title="Copied")
+    factories.fill_every_store(target)
+    home = EngineHome()
+    stash = home.root / "stash"
+    stash.mkdir()
+    stash.joinpath("copy.jsonl").write_bytes(home.events_path(target.storage_key).read_bytes())
+    op = request_deletion(target, key="unread-1", acting_user=None)
+    assert executor.run_erasure(op.pk) == "completed"
+    with pytest.raises(SystemExit) as found:
+        call_command("verify_erasure", op.public_id, "--physical")
+    assert found.value.code == 1 and "engine:stash/copy.jsonl" in capsys.readouterr().out
+    op.refresh_from_db()
+    before = op.receipt["verification"]
+    with unreadable(stash), pytest.raises(CommandError) as stopped:
+        call_command("verify_erasure", op.public_id, "--physical")
+    assert stopped.value.returncode == 2
+    said = str(stopped.value)
+    assert "stash: Permission denied" in said and "could not read it, so nothing was recorded" in said
+    assert "residue" not in said  # none was asked to be removed
+    op.refresh_from_db()
+    assert op.receipt["verification"] == before and op.verified_physical_at is None
+    assert m.ErasureFingerprint.objects.filter(operation=op).exists()
+    with pytest.raises(SystemExit) as again:  # readable again: the copy is still found
+        call_command("verify_erasure", op.public_id, "--physical")
+    assert again.value.code == 1 and "engine:stash/copy.jsonl" in capsys.readouterr().out

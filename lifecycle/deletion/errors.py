@@ -10,8 +10,8 @@ ERRORS = {
         "The delete stays pending and finishes once the file is repaired or restored."),
     "unsafe_path": _(
         "Where a folder of this conversation should be there is a symbolic link, a file or a path leading "
-        "outside the engine folder, so nothing there was removed. The delete stays pending until an operator "
-        "moves it aside."),
+        "outside the engine folder, or another disk or folder is mounted in it, so nothing there was removed. "
+        "The delete stays pending until an operator moves it aside or unmounts it."),
     "io_error": _("The engine folder could not be changed. The delete stays pending and is retried."),
     "engine_folder_read_only": _(
         "The engine folder could not be changed: it is on a read-only disk. The delete stays pending and is "

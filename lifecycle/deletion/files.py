@@ -2,7 +2,8 @@
 
 Before a folder is removed this module checks, itself, that the path as given is its own
 resolved form (no symlink anywhere between the engine folder and it), that it lies inside
-the resolved ENGINE_HOME, and that it is a real folder. The removal and the count then
+the resolved ENGINE_HOME, that it is a real folder, and that no other file system (nor another folder,
+bound there) is mounted at it or in it. The removal and the count then
 reach the folder through its parent's descriptor (`enginefs.opened_folder`, never through a
 link), not by path name again: a folder on the way swapped for a symlink after the check
 cannot turn the removal onto a folder outside. A symlink inside the folder is removed as a
@@ -21,6 +22,7 @@ from pathlib import Path
 from lifecycle.enginefs import (
     EngineHome,
     UnsafeEnginePath,
+    mounts_within,
     opened_folder,
     remove_tree,
     sync_folder,
@@ -60,6 +62,8 @@ def checked(home: EngineHome, path: Path) -> Path | None:
     if not stat.S_ISDIR(info.st_mode) or os.path.realpath(expected) != str(expected):
         raise UnsafeFolder(relative)
     if os.path.commonpath([root, expected]) != str(root):
+        raise UnsafeFolder(relative)
+    if mounts_within(expected):  # another file system's files, or another folder's, bound there (r143)
         raise UnsafeFolder(relative)
     return expected
 

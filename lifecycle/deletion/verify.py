@@ -187,10 +187,16 @@ def database_files() -> list[Path]:
     return [p for p in (name, Path(f"{name}-wal")) if p.exists()]
 
 
+def _unread(error: OSError) -> None:
+    raise error
+
+
 def engine_files(home: EngineHome) -> list[Path]:
     """The regular files of the engine folder, listed through folder descriptors (`walk`):
-    never one outside it, even while a folder in it is swapped for a link."""
-    return [folder / name for folder, _fd, entries in walk(home.root)
+    never one outside it, even while a folder in it is swapped for a link. A folder that cannot
+    be read raises its OSError: a scan that left it out would call the raw bytes clean and drop
+    the fingerprints that could find a copy in it later (r143)."""
+    return [folder / name for folder, _fd, entries in walk(home.root, _unread)
             for name, info in entries if stat.S_ISREG(info.st_mode)]
 
 

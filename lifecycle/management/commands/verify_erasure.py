@@ -90,7 +90,12 @@ class Command(JsonErrors, BaseCommand):
                         "unsafe_path", f"The residue of {op.public_id} was not all removed: {where}, where a folder "
                         "of the conversation would be. Lethe never follows a link or removes what is not a folder "
                         f"of its own, so {checked}. Move it aside, then run this again.", returncode=2) from None
-                r = verify(op, physical=physical)
+                try:
+                    r = verify(op, physical=physical)
+                except OSError as exc:  # r143: worded as residue not removed, with none asked to be
+                    before = f" ({reports} deleted conversation(s) were checked before it)" if reports else ""
+                    raise io_error(exc, f"The check of {op.public_id} could not read it, so nothing was recorded "
+                                   f"for it{before}", returncode=2) from None
                 backups = _backups(op.pk, present)
                 reports += 1
                 found = found or r.found
