@@ -830,6 +830,9 @@ class DeleteOperation(models.Model):
                          condition=Q(state="pending")),
             # The Operations list and GET /v1/operations page by this key (operation_paging).
             models.Index(fields=["requested_at", "id"], name="delete_op_requested_idx"),
+            # Their tabs (one state) by the same key: SQLite took the facts expiry's partial index
+            # for the Completed tab and sorted every completed delete for a page of 50 (r142).
+            models.Index(fields=["state", "requested_at", "id"], name="delete_op_state_requested_idx"),
             # The hourly facts expiry: completed deletes older than a period, read from the
             # index alone (lifecycle.actions.expire_facts.due_deletes).
             models.Index(fields=["state", "completed_at", "conversation"], name="delete_op_completed_idx",

@@ -55,14 +55,21 @@ def startup() -> dict[str, int]:
 
 
 def expire_facts() -> dict[str, int]:
-    """Hourly: the retained facts whose period ran out, and the sign-in throttle's keys whose
-    window and lock are over (counted apart: they are no retained facts)."""
+    """Hourly: the retained facts whose period ran out, the sign-in throttle's keys whose
+    window and lock are over, and the sessions past their expiry (r142: Django leaves removing
+    them to the application, and they stayed for good, each naming its user; both counted
+    apart: they are no retained facts)."""
+    from django.contrib.sessions.models import Session
+    from django.utils import timezone
+
     from console.throttle import forget_past
     from lifecycle.actions.expire_facts import expire_facts as expire
 
     expired = expire()
     forgotten = forget_past()
-    return {**expired, "console.throttle": forgotten} if forgotten else expired
+    sessions = Session.objects.filter(expire_date__lt=timezone.now()).delete()[0]
+    return {**expired, **({"console.throttle": forgotten} if forgotten else {}),
+            **({"sessions": sessions} if sessions else {})}
 
 
 def on_worker_spawn(sender=None, proc_name: str = "", **kwargs) -> None:

@@ -280,3 +280,23 @@ def test_a_bad_token_is_counted_and_audited_together_or_not_at_all(monkeypatch, 
     _bad_token([], "10.7.1.1")
     assert Throttle.objects.get(key="token-addr:10.7.1.1").failures == 1
     assert list(AuditFact.objects.values_list("action", flat=True)) == ["api_token_failed"]
+
+
+def test_the_hourly_expiry_removes_the_sessions_past_their_expiry_and_keeps_the_others(admin_user):
+    """r142: nothing removed expired sessions (Django leaves it to the application): a year on,
+    every sign-in's row was still there, naming its user."""
+    from django.contrib.sessions.models import Session
+
+    from lifecycle.tasks import expire_facts
+
+    for n in range(3):
+        assert sign_in(admin_user.username, "pw-for-tests", address=f"10.7.0.{n}")[1].status_code == 302
+    live = Client()
+    live.force_login(admin_user)
+    assert Session.objects.count() == 4
+    current = live.session.session_key
+    Session.objects.exclude(session_key=current).update(expire_date=timezone.now() - timedelta(seconds=1))
+    assert expire_facts()["sessions"] == 3
+    assert list(Session.objects.values_list("session_key", flat=True)) == [current]
+    assert live.get("/conversations/", HTTP_HOST="127.0.0.1").status_code == 200  # still signed in
+    assert "sessions" not in expire_facts()

@@ -7,6 +7,7 @@ import base64
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
@@ -211,3 +212,16 @@ def test_a_cursor_of_another_states_list_is_refused(api):
         answer = api.get(f"/v1/operations?{query}&limit=200&cursor={foreign}")
         assert (answer.status_code, answer.json()["code"]) == (400, "invalid_cursor"), query
     assert len(api.get(f"/v1/operations?state=refused&limit=200&cursor={foreign}").json()["results"]) == 2
+
+
+@pytest.mark.skipif("connection.vendor != 'sqlite'", reason="SQLite's planner, without statistics")
+@pytest.mark.parametrize("state", ["completed", "refused", "pending", "unavailable", None])
+def test_every_tab_reads_its_page_from_an_index_in_order_never_sorting_the_table(state):
+    """r142: SQLite read the Completed tab through the facts expiry's partial index and sorted
+    every completed delete for each page of 50 (195 ms at 50,000 deletes, 5 ms by the index)."""
+    qs = DeleteOperation.objects.all() if state is None else DeleteOperation.objects.filter(state=state)
+    sql, params = qs.order_by("-requested_at", "-id")[:51].query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN QUERY PLAN " + sql, params)
+        plan = " / ".join(row[-1] for row in cursor.fetchall())
+    assert "TEMP B-TREE" not in plan and "USING INDEX delete_op_" in plan, plan
