@@ -13,8 +13,10 @@ its retries included, ends within ENGINE_CONNECT_TIMEOUT plus twice ENGINE_READ_
 
 gunicorn's own lines go through the same formatter as Django's (LOG_FORMAT); its access log
 stays off, since OpsMiddleware writes one line per request with the request id. When a worker
-exits, its live metric files are marked dead so /metrics stops counting them
-(prometheus-client's multiprocess mode, PROMETHEUS_MULTIPROC_DIR, which serve sets).
+exits, its live metric files are marked dead so /metrics stops counting them, and its counters
+and histograms are folded into the exited workers' files (ops/metrics_folder.py), so the folder
+does not grow with every replaced worker (prometheus-client's multiprocess mode,
+PROMETHEUS_MULTIPROC_DIR, which serve sets).
 
 This file is loaded by the gunicorn master before Django, so it imports only ops.logs
 (standard library) at the top.
@@ -53,7 +55,8 @@ threads = _number("WEB_THREADS", 4)
 timeout = _number("WEB_TIMEOUT", 60)
 graceful_timeout = _number("WEB_GRACEFUL_TIMEOUT", 10)
 keepalive = 5
-# Worker recycling bounds slow growth; the jitter keeps workers from restarting together.
+# Worker recycling bounds slow growth (a replaced worker's figures are folded, child_exit);
+# the jitter keeps workers from restarting together.
 max_requests = _number("WEB_MAX_REQUESTS", 5000)
 max_requests_jitter = max_requests // 10
 # The scheme comes from X-Forwarded-Proto alone, as docs/operations.md says (r107: gunicorn's
@@ -75,7 +78,13 @@ logconfig_dict = _logging
 
 
 def child_exit(server, worker) -> None:
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if folder := os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
 
+        from ops.metrics_folder import fold_exited_worker
+
         multiprocess.mark_process_dead(worker.pid)
+        try:
+            fold_exited_worker(folder, worker.pid)
+        except Exception:  # the master goes on: its files stay, counted as before
+            server.log.exception("The figures of worker %s could not be folded", worker.pid)

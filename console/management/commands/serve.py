@@ -51,6 +51,7 @@ from prometheus_client.metrics import Gauge
 from console.management.cli import require_lethe_tables
 from console.sqlite.base import first_file_env
 from lifecycle.enginefs import EngineHome
+from ops.metrics_folder import EXITED, KINDS
 from ops.orphans import ENV as ORPHAN_ENV
 from ops.static import ensure_static_files
 
@@ -109,7 +110,8 @@ def metrics_dir() -> Path:
 # same names): the only files serve removes from the metrics folder (r114: it removed every
 # "*.db", a SQLite database named lethe.db in that folder included).
 _GAUGE_MODES = "|".join(sorted(Gauge._MULTIPROC_MODES))
-FIGURES_FILE = re.compile(rf"(?:counter|histogram|summary|gauge_(?:{_GAUGE_MODES}))_[0-9]+\.db")
+FIGURES_FILE = re.compile(rf"(?:counter|histogram|summary|gauge_(?:{_GAUGE_MODES}))_[0-9]+\.db"
+                          rf"|(?:{'|'.join(KINDS)})_{EXITED}\.db")  # the exited workers' (ops/metrics_folder.py)
 
 
 def is_figures_file(path: Path) -> bool:
