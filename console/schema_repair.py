@@ -1,9 +1,11 @@
 """Repairs for databases migrated while a migration still had an earlier form.
 
 A migration once applied is never read again: a column or an index added to it afterwards
-(r141: retention 0011's `woken_by_name`, remote 0008's `active_at`, remote 0003's
-`bound_delete_requester_idx`) is missing from every database that applied the earlier form,
-and `migrate` says there is nothing to do. A repair migration adds what is missing where it is
+(r141, r145: retention 0011's `woken_by_name`, remote 0008's `started_at` and `active_at`,
+remote 0003's `bound_delete_requester_idx`) is missing from every database that applied the
+earlier form, and `migrate` says there is nothing to do. (Remote 0001's `binding_ref`, added
+four minutes after the file, within one session, cannot be repaired this way: 0011, applied
+since, needs it before any later migration runs.) A repair migration adds what is missing where it is
 missing and does nothing where it is there (a database migrated from the later form).
 tests/test_migration_history.py keeps a migration's file from changing once it has landed.
 """

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from django.utils.translation import gettext_lazy as _
 
-from lifecycle.enginefs import EngineHome, UnreadableEngineFile
+from lifecycle.enginefs import EngineHome, UnreadableEngineFile, written
 
 REASONS = {
     "unreadable": _("cannot be read"),
@@ -17,6 +16,7 @@ REASONS = {
     "torn_line": _("ends with an incomplete record"),
     "bad_lines": _("has lines that are not records"),
     "unsafe": _("is reached through a symbolic link, so it was not read"),
+    "mounted": _("has another disk or folder mounted at it, so it was not read"),
 }
 
 
@@ -33,11 +33,10 @@ class EngineProblem:
 
 def shown_path(home: EngineHome, path: Path) -> str:
     """A path of the engine folder as a page or a JSON answer can carry it: relative to the
-    folder, and a name's bytes that are not UTF-8 written as escapes (\\xff), never as the lone
-    surrogates Python reads them as (r143: a page failed on one, the API sent invalid text)."""
+    folder, written out (`enginefs.written`)."""
     if path.is_relative_to(home.root):
         path = path.relative_to(home.root)
-    return os.fsencode(path).decode("utf-8", "backslashreplace")
+    return written(path)
 
 
 def describe(home: EngineHome, problem: UnreadableEngineFile) -> EngineProblem:

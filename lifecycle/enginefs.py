@@ -509,6 +509,13 @@ def _ignore(error: OSError) -> None:
 MOUNT_TABLE = Path("/proc/self/mountinfo")
 
 
+def written(path: str | os.PathLike) -> str:
+    """A path as text a page, a JSON answer or a terminal line can carry: a name's bytes that are
+    not UTF-8 written as escapes (\\xff), never as the lone surrogates Python reads them as (r143,
+    r145: a page failed on one, the API and `verify_erasure --json` sent invalid text)."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
 def _unescaped(field: bytes) -> bytes:
     """A mount point as the table writes it: space, tab, newline and backslash as octal escapes."""
     return re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), field)
@@ -523,10 +530,13 @@ def mounts_within(folder: Path) -> list[Path]:
         table = MOUNT_TABLE.read_bytes()
     except OSError:
         return []
-    real = os.fsencode(os.path.realpath(folder))
+    try:
+        real = os.fsencode(os.path.realpath(folder))
+    except OSError:  # a folder on the way swapped for a link while it was resolved (EINVAL)
+        real = os.fsencode(os.path.abspath(folder))
     below = real.rstrip(b"/") + b"/"
     found = []
-    for line in table.splitlines():
+    for line in table.split(b"\n"):  # a carriage return in a mount point is not escaped (r145)
         fields = line.split(b" ")
         if len(fields) > 4:
             point = _unescaped(fields[4])
@@ -1148,7 +1158,9 @@ class EngineHome:
     def conversation_usage(self, key: str, problems: list[OSError] | None = None) -> tuple[int, int]:
         """(files, bytes) in this conversation's folders; what could not be read goes to
         `problems`, and so does a folder behind a symlink (ELOOP): it is not followed and counts
-        nothing, so a figure without it is not complete."""
+        nothing, so a figure without it is not complete. So does a folder with another disk or
+        folder mounted at it or in it (EXDEV, each mount point): what is there is not the
+        conversation's (r145: a folder bound there was counted as its files)."""
         count = size = 0
         for area in CONVERSATION_AREAS:
             try:
@@ -1156,6 +1168,11 @@ class EngineHome:
             except UnsafeEnginePath:
                 if problems is not None:
                     problems.append(OSError(errno.ELOOP, "passes through a symlink", str(self.root / area / key)))
+                continue
+            if mounted := mounts_within(folder):
+                if problems is not None:
+                    problems += [OSError(errno.EXDEV, "another file system is mounted here", str(point))
+                                 for point in mounted]
                 continue
             for info in _walk_files(folder, problems):
                 count += 1

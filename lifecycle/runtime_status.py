@@ -89,7 +89,8 @@ def _engine_usage(home: enginefs.EngineHome, conversation: Conversation) -> tupl
     problems = []
     for exc in unread:
         shown = shown_path(home, Path(exc.filename or ""))
-        problems.append(EngineProblem(shown, "unsafe" if exc.errno == errno.ELOOP else "unreadable"))
+        code = {errno.ELOOP: "unsafe", errno.EXDEV: "mounted"}.get(exc.errno, "unreadable")
+        problems.append(EngineProblem(shown, code))
     return files, size, problems
 
 

@@ -49,6 +49,8 @@ from prometheus_client.core import (
 from prometheus_client.mmap_dict import _INITIAL_MMAP_SIZE, MmapedDict
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from ops.metrics_folder import reading
+
 logger = logging.getLogger("lethe.metrics")
 
 REQUESTS = Counter("lethe_http_requests", "HTTP requests answered, by method, view name and status.",
@@ -255,14 +257,16 @@ def multiprocess_dir() -> str | None:
 
 def exposition() -> bytes:
     """The text every scrape gets: the web processes' own figures, then the database's."""
-    if multiprocess_dir():
-        counted = CollectorRegistry(auto_describe=False)
-        MultiProcessCollector(counted)
-    else:
-        counted = REGISTRY
     read = CollectorRegistry(auto_describe=False)
     read.register(DatabaseCollector())
-    return generate_latest(counted) + generate_latest(read)
+    if folder := multiprocess_dir():
+        counted = CollectorRegistry(auto_describe=False)
+        MultiProcessCollector(counted)
+        with reading(folder):  # no exited worker's files folded away while they are read
+            figures = generate_latest(counted)
+    else:
+        figures = generate_latest(REGISTRY)
+    return figures + generate_latest(read)
 
 
 # ---- The figures that exist today -------------------------------------------------------------

@@ -9,40 +9,105 @@ process, so the only writer of these files) adds its counters and histograms int
 "counter_exited.db" and "histogram_exited.db" and removes its own files: the totals are the
 same, the folder holds the live workers' files and two more.
 
+A fold and a scrape never overlap (r145: a scrape met a file removed under it, 500, or counted
+a worker twice, once in each file): the fold holds the folder's lock file exclusively, a scrape
+holds it shared (`reading`). The exited file is given its disk space before it is mapped (as
+ops.metrics does for the workers' files): a write to a page of a sparse mapped file on a full
+disk is a SIGBUS that no handler catches, and it stopped the master, and serve with it (r145).
+
 Loaded by the gunicorn master before Django (ops/gunicorn_config.py): standard library and
 prometheus-client only.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import struct
+from collections.abc import Iterator
 from pathlib import Path
 
-from prometheus_client.mmap_dict import MmapedDict
+from prometheus_client.mmap_dict import _INITIAL_MMAP_SIZE, MmapedDict
 
 EXITED = "exited"
 KINDS = ("counter", "histogram")  # what adds up across processes; gauges are marked dead instead
+LOCK_NAME = ".folding.lock"  # not a "*.db": prometheus-client reads every one of those as figures
+
+
+@contextlib.contextmanager
+def _locked(folder: str | os.PathLike, mode: int) -> Iterator[None]:
+    """The folder's lock file held in `mode` (fcntl.LOCK_SH or LOCK_EX); without it when the lock
+    file cannot be opened or made (a read-only or full folder: nothing is folded there either)."""
+    try:
+        fd = os.open(Path(folder) / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, mode)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def reading(folder: str | os.PathLike):
+    """Held by a scrape while it reads the folder's files: no fold removes one meanwhile."""
+    return _locked(folder, fcntl.LOCK_SH)
+
+
+def _entry_size(key: str) -> int:
+    """Bytes an entry takes in a mapped file (prometheus_client.mmap_dict._init_value)."""
+    encoded = len(key.encode("utf-8"))
+    return struct.calcsize("i") + encoded + (8 - (encoded + 4) % 8) + 16
+
+
+def _allocated(path: Path, new_keys: list[str], used: int) -> None:
+    """Give `path` its disk space, enough for `new_keys` beyond the `used` bytes it holds, before
+    it is mapped: the map then never grows (a sparse page written on a full disk is a SIGBUS).
+    Raises OSError (ENOSPC) when the disk cannot give it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
+        capacity = max(os.fstat(fd).st_size, _INITIAL_MMAP_SIZE)
+        needed = max(used, 8) + sum(_entry_size(key) for key in new_keys)
+        while needed > capacity:
+            capacity *= 2
+        os.posix_fallocate(fd, 0, capacity)
+    except BaseException:
+        if os.fstat(fd).st_size == 0:  # never began: a scrape must not meet an empty figures file
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        raise
+    finally:
+        os.close(fd)
 
 
 def fold_exited_worker(folder: str | os.PathLike, pid: int) -> int:
     """Add the exited worker `pid`'s counters and histograms into the exited workers' files and
-    remove its own. Returns how many of its files were folded."""
+    remove its own. Returns how many of its files were folded. An OSError (a full or read-only
+    folder) leaves that worker's file as it was, counted as before."""
     folded = 0
-    for kind in KINDS:
-        own = Path(folder) / f"{kind}_{pid}.db"
-        try:
-            values = list(MmapedDict.read_all_values_from_file(str(own)))
-        except FileNotFoundError:
-            continue
-        into = MmapedDict(str(Path(folder) / f"{kind}_{EXITED}.db"))
-        try:
-            for key, value, timestamp, _position in values:
-                total, _at = into.read_value(key)
-                into.write_value(key, total + value, timestamp)
-        finally:
-            into.close()
-        # A scrape between the two adds this worker's figures twice, once: never fewer
-        # (a counter that went down would read as a restart).
-        own.unlink()
-        folded += 1
+    with _locked(folder, fcntl.LOCK_EX):
+        for kind in KINDS:
+            own = Path(folder) / f"{kind}_{pid}.db"
+            try:
+                values = list(MmapedDict.read_all_values_from_file(str(own)))
+            except FileNotFoundError:
+                continue
+            into_path = Path(folder) / f"{kind}_{EXITED}.db"
+            try:
+                held = {key: used for key, _v, _t, used in MmapedDict.read_all_values_from_file(str(into_path))}
+                used = max(held.values(), default=0) + 16
+            except FileNotFoundError:
+                held, used = {}, 0
+            _allocated(into_path, [key for key, *_rest in values if key not in held], used)
+            into = MmapedDict(str(into_path))
+            try:
+                for key, value, timestamp, _position in values:
+                    total, _at = into.read_value(key)
+                    into.write_value(key, total + value, timestamp)
+            finally:
+                into.close()
+            own.unlink()
+            folded += 1
     return folded

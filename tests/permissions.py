@@ -26,7 +26,7 @@ def _capabilities(data=None):
 
 
 @contextlib.contextmanager
-def unreadable(folder):
+def unreadable(folder):  # a file too
     """`folder` cannot be listed by this thread while the block runs: no permission on it, and
     for root the capabilities that pass over permissions (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH)
     taken out of the thread's effective set; the kernel refuses it (EACCES), as it would a

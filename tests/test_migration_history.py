@@ -72,14 +72,15 @@ def test_the_repairs_add_what_an_earlier_form_of_a_migration_left_out_and_nothin
     _back_to("remote", "0012_engine_read_left_out")
     _drop("retention", "0011_toolpayloadpolicy_woken_by", "ToolPayloadPolicy", field="woken_by_name")
     _drop("remote", "0012_engine_read_left_out", "EngineRead", field="active_at")
+    _drop("remote", "0012_engine_read_left_out", "EngineRead", field="started_at")  # r145: at bc5c7db
     _drop("remote", "0012_engine_read_left_out", "BoundDelete", index="bound_delete_requester_idx")
     assert "woken_by_name" not in _columns("retention_toolpayloadpolicy")
-    assert "active_at" not in _columns("remote_engineread")
+    assert not {"active_at", "started_at"} & _columns("remote_engineread")
     assert "bound_delete_requester_idx" not in _indexes("remote_bounddelete")
 
     call_command("migrate", verbosity=0)
     assert "woken_by_name" in _columns("retention_toolpayloadpolicy")
-    assert "active_at" in _columns("remote_engineread")
+    assert {"active_at", "started_at"} <= _columns("remote_engineread")
     assert "bound_delete_requester_idx" in _indexes("remote_bounddelete")
     # What failed on such a database: the cleanup's settings row and the engine reads.
     ToolPayloadPolicy.objects.update_or_create(id=1, defaults={"woken_by_name": "alice"})

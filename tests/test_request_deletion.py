@@ -776,3 +776,18 @@ def test_a_mount_the_table_names_keeps_the_delete_pending_wherever_proc_is(tmp_p
     monkeypatch.setattr(enginefs, "MOUNT_TABLE", tmp_path / "none")  # unmounted
     assert executor.run_erasure(op.pk, force=True) == "completed"
     assert not folder.exists()
+
+
+def test_the_mount_table_is_read_by_lines_a_carriage_return_in_a_mount_point_included(tmp_path, monkeypatch):
+    """r145: the kernel escapes space, tab, newline and backslash in a mount point, not a
+    carriage return; the table was split at it too, and a mount below such a folder was missed."""
+    from lifecycle import enginefs
+
+    folder = tmp_path / "odd\rname" / "c_1"
+    folder.mkdir(parents=True)
+    table = tmp_path / "mountinfo"
+    point = str(folder / "a disk").replace(" ", "\\040").encode()
+    table.write_bytes(b"22 1 8:1 / / rw - ext4 /dev/sda1 rw\n97 22 8:1 /x " + point + b" rw - ext4 /dev/sda1 rw\n")
+    monkeypatch.setattr(enginefs, "MOUNT_TABLE", table)
+    assert enginefs.mounts_within(folder) == [folder / "a disk"]
+    assert enginefs.mounts_within(tmp_path / "elsewhere") == []

@@ -678,3 +678,34 @@ def test_an_unreadable_folder_whose_name_is_not_utf8_is_named_with_escapes_on_th
     text = runtime.content.decode("utf-8")  # strict: no lone surrogate escaped in the JSON either
     assert "\\ud" not in text.lower()
     assert json.loads(text)["engine_problems"] == [{"path": shown, "code": "unreadable", "message": "cannot be read"}]
+
+
+@pytest.mark.django_db
+def test_a_folder_mounted_in_a_conversations_folder_is_not_counted_as_its_files(admin_client, tmp_path):
+    """r145: a folder bound (mount --bind) in a conversation's folder was counted as its files on
+    its page, in the runtime answer and in the storage ranking (the delete already refused it)."""
+    import subprocess
+
+    home = EngineHome()
+    conversation = factories.make_conversation(title="Mounted")
+    folder = home.artifacts_dir(conversation.storage_key)
+    home.write_atomic(folder / "own.bin", b"o" * 10)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "big.bin").write_bytes(b"b" * 50000)
+    (folder / "mnt").mkdir()
+    if subprocess.run(["mount", "--bind", str(outside), str(folder / "mnt")], capture_output=True).returncode:
+        pytest.skip("a bind mount needs root")
+    try:
+        runtime = admin_client.get(f"/v1/threads/{conversation.public_id}/runtime", **HOST).json()
+        page = admin_client.get(f"/conversations/{conversation.public_id}/", **HOST).content.decode()
+        measure_storage()
+        ranked = ConversationSize.objects.get(conversation_id=conversation.pk).engine_bytes
+    finally:
+        subprocess.run(["umount", str(folder / "mnt")], check=True)
+    shown = f"artifacts/{conversation.storage_key}/mnt"
+    assert runtime["engine_bytes"] < 50000 and runtime["engine_complete"] is False
+    assert runtime["engine_problems"] == [{"path": shown, "code": "mounted",
+                                           "message": "has another disk or folder mounted at it, so it was not read"}]
+    assert f"<code>{shown}</code>" in page
+    assert ranked < 50000

@@ -687,3 +687,43 @@ def test_a_raw_byte_check_that_cannot_read_a_folder_is_not_called_clean_and_keep
     with pytest.raises(SystemExit) as again:  # readable again: the copy is still found
         call_command("verify_erasure", op.public_id, "--physical")
     assert again.value.code == 1 and "engine:stash/copy.jsonl" in capsys.readouterr().out
+
+
+def test_a_name_that_is_not_utf8_and_an_unreadable_file_are_named_in_full_with_escapes(capsys):
+    """r145: `--json` sent a folder's non-UTF-8 bytes as lone surrogates (invalid JSON text), in
+    a finding's place and in the exit-2 message, and an unreadable file was named by its bare
+    name (every conversation has an events.jsonl): the operator could not tell which."""
+    import os
+
+    from tests.permissions import unreadable
+
+    target = factories.make_conversation(title="Odd copies")
+    factories.fill_every_store(target)
+    home = EngineHome()
+    odd = Path(os.fsdecode(os.fsencode(home.root) + b"/bad\xffdir"))
+    odd.mkdir()
+    (odd / "copy.jsonl").write_bytes(home.events_path(target.storage_key).read_bytes())
+    op = request_deletion(target, key="odd-1", acting_user=None)
+    assert executor.run_erasure(op.pk) == "completed"
+
+    def json_run() -> tuple[int, str]:
+        with pytest.raises(SystemExit) as ended:
+            call_command("verify_erasure", op.public_id, "--physical", "--json")
+        return ended.value.code, capsys.readouterr().out
+
+    code, out = json_run()
+    out.encode("utf-8")  # no lone surrogate in the text
+    assert code == 1 and "\\ud" not in out.lower()
+    assert json.loads(out)["reports"][0]["physical_findings"][0]["where"] == "engine:bad\\xffdir/copy.jsonl"
+    with unreadable(odd):
+        code, out = json_run()
+    assert code == 2 and "\\ud" not in out.lower()
+    assert json.loads(out)["error"]["code"] == "io_error"
+    assert json.loads(out)["error"]["message"].startswith(f"{home.root}/bad\\xffdir: Permission denied.")
+    plain = home.root / "plain"
+    plain.mkdir()
+    (plain / "events.jsonl").write_bytes(b"x" * 100)
+    with unreadable(plain / "events.jsonl"):  # a file this time (its folder can be listed)
+        code, out = json_run()
+    assert code == 2
+    assert json.loads(out)["error"]["message"].startswith(f"{plain / 'events.jsonl'}: Permission denied.")

@@ -15,6 +15,8 @@ import re
 from django.conf import settings
 from django.core.management.base import CommandError
 
+from lifecycle.enginefs import written
+
 _CODE = re.compile(r"[a-z][a-z_]*")
 
 
@@ -58,7 +60,8 @@ def io_error(exc: OSError, outcome: str, *, returncode: int = 1) -> CommandError
     if isinstance(exc, BrokenPipeError):
         return exc
     fix = _FIX.get(exc.errno, "fix the folder's permissions or mount")
-    return CommandError(f"io_error: {exc.filename or settings.ENGINE_HOME}: {exc.strerror or exc}. {outcome}; "
+    where = written(exc.filename) if exc.filename and isinstance(exc.filename, str | bytes) else settings.ENGINE_HOME
+    return CommandError(f"io_error: {where}: {exc.strerror or exc}. {outcome}; "
                         f"{fix}, then try again.", returncode=returncode)
 
 

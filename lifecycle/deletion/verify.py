@@ -37,7 +37,7 @@ from django.utils import timezone
 from lifecycle import engine_folder, fleet
 from lifecycle.deletion import executor, files
 from lifecycle.deletion.fingerprints import Hit, Scanner
-from lifecycle.enginefs import EngineHome, EnginePathError, read_regular, walk
+from lifecycle.enginefs import EngineHome, EnginePathError, read_regular, walk, written
 from lifecycle.models import (
     Conversation,
     ConversationState,
@@ -230,9 +230,9 @@ def _explained_in_engine(home: EngineHome, path: Path) -> bool:
 
 def _relative(home: EngineHome, path: Path) -> str:
     try:
-        return str(path.relative_to(home.root))
+        return written(path.relative_to(home.root))
     except ValueError:
-        return path.name
+        return written(path.name)
 
 
 def _erasable(home: EngineHome, conversation: Conversation, path: Path) -> bool:
@@ -282,7 +282,10 @@ def physical_check(op: DeleteOperation, report: Report, home: EngineHome) -> Non
                 found[f"database:{path.name}"] = found.get(f"database:{path.name}", 0) + 1
                 erasable[f"database:{path.name}"] = False
     for path in engine_files(home):
-        hits: list[Hit] = scanner.scan_file(path, engine=True)
+        try:
+            hits: list[Hit] = scanner.scan_file(path, engine=True)
+        except OSError as error:  # opened by its folder's descriptor: named by its whole path (r145)
+            raise OSError(error.errno, error.strerror, str(path)) from error
         for _hit in hits:
             if _explained_in_engine(home, path):
                 report.explained += 1

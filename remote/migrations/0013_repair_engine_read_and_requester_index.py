@@ -1,5 +1,5 @@
-"""What two migrations gained after some databases had applied them (r141): `active_at` of
-0008's engine read, and 0003's `bound_delete_requester_idx`."""
+"""What two migrations gained after some databases had applied them (r141, r145): `started_at`
+and `active_at` of 0008's engine read, and 0003's `bound_delete_requester_idx`."""
 
 from django.db import migrations
 
@@ -13,7 +13,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RunPython(add_missing("remote", "EngineRead", fields=("active_at",)), migrations.RunPython.noop),
+        migrations.RunPython(add_missing("remote", "EngineRead", fields=("started_at", "active_at")), migrations.RunPython.noop),
         migrations.RunPython(add_missing("remote", "BoundDelete", indexes=("bound_delete_requester_idx",)),
                              migrations.RunPython.noop),
     ]
