@@ -117,6 +117,20 @@ def missing_file(error: Exception) -> str | None:
     return " ".join(str(cause).split()) if isinstance(cause, MissingDatabaseFile) else None
 
 
+def damaged_file(database: dict, error: Exception) -> str | None:
+    """The words of a SQLite database file that is damaged or is no SQLite database (a truncated
+    or changed copy restored in its place, another engine's dump copied there; r146: a traceback
+    of 90 lines); None for any other error."""
+    cause = getattr(error, "__cause__", None) or error
+    said = str(cause)
+    if "database disk image is malformed" not in said and "file is not a database" not in said:
+        return None
+    path = os.path.abspath(str(database["NAME"]))
+    what = "is damaged" if "malformed" in said else "is not a SQLite database"
+    return (f"The database file {path} {what} ({said}). Nothing was done. Restore it from a backup that verifies "
+            "(docs/operations.md, Backups and restore), or set DATABASE_URL to the right file.")
+
+
 def watch_database_file(connection):
     """For the job cluster on SQLite: a watch on the database file it opened (None otherwise)."""
     if connection.vendor != "sqlite" or connection.is_in_memory_db():
@@ -202,7 +216,7 @@ def main() -> None:
         database = settings.DATABASES["default"]
         if database["ENGINE"] == "console.sqlite":
             explained = (cannot_write_explained(database, error) or locked(database, error) or full(database, error)
-                         or missing_file(error))
+                         or missing_file(error) or damaged_file(database, error))
         else:
             explained = unreachable(database, error) or full(database, error) or refused(database, error)
         explained = explained or not_migrated(database, error)

@@ -1825,6 +1825,8 @@ def _backup_run(op: ToolPayloadOperation, token: str) -> str:
                 _policy_preparation(PreparationState.CANCELLED if cancelled else PreparationState.FAILED, error=message)
         return "done"
     with transaction.atomic():
+        if _cancelled_anyway(op, token, receipt):
+            return "done"
         if not _finish(op, token, OperationState.SUCCEEDED, backup_name=receipt.name,
                        backup_sha256=receipt.sha256, backup_size=receipt.size):
             return "done"
@@ -1843,11 +1845,31 @@ def _backup_run(op: ToolPayloadOperation, token: str) -> str:
     return "done"
 
 
+def _cancelled_anyway(op: ToolPayloadOperation, token: str, published) -> bool:
+    """A backup whose Cancel was accepted while it ran ends cancelled, even when its copy was
+    made meanwhile (r146: after a restore that showed it running, the run that took it over
+    recorded the copy as the backup, the preparation ready, and the daily check's cleanup then
+    removed the details the admin had stopped it for). The copy stays, listed with the backups;
+    the preparation is cancelled, so cleanup waits for a new backup choice. Inside the caller's
+    transaction; True when it ended the operation so."""
+    if not ToolPayloadOperation.objects.select_for_update().filter(pk=op.pk, cancel_requested=True).exists():
+        return False
+    message = Message(gettext_noop("The backup was cancelled; nothing was kept.")) if published is None else Message(
+        gettext_noop("The backup was cancelled after its copy was made; the copy stays in the backup folder, "
+                     "and cleanup waits for a new backup choice."))
+    fields = {} if published is None else {"backup_name": published.name, "backup_sha256": published.sha256,
+                                           "backup_size": published.size}
+    if _finish(op, token, OperationState.CANCELLED, "cancelled", message, **fields):
+        _policy_preparation(PreparationState.CANCELLED, error=message)
+    return True
+
+
 def _backup_cut_short(op: ToolPayloadOperation, token: str, code: str, message: Message) -> str:
     """A backup run that ended before it was told how its copy went (its worker died, its
     database connection ended): the copy it published, if it checks out, is the backup;
     otherwise what it left is removed and the preparation fails with `message` (Retry or Cancel
-    are offered)."""
+    are offered), or with why the copy does not verify (r146: a changed checksum was said as
+    "interrupted"). A Cancel accepted meanwhile ends it cancelled either way."""
     from retention.backups import BackupError, clear_leftovers, made_by, verify_backup
 
     try:  # a run killed mid-copy left a whole copy of the database behind, not listed
@@ -1859,9 +1881,13 @@ def _backup_cut_short(op: ToolPayloadOperation, token: str, code: str, message: 
         try:
             with _Heartbeat(op.pk, token):
                 verify_backup(published.name)
-        except BackupError:
+        except BackupError as exc:
             published = None
+            code, message = "backup_unverified", Message(gettext_noop(
+                "The backup made for this cleanup does not verify: %(reason)s"), {"reason": exc.text})
     with transaction.atomic():
+        if _cancelled_anyway(op, token, published):
+            return "done"
         if published is not None:
             if _finish(op, token, OperationState.SUCCEEDED, backup_name=published.name,
                        backup_sha256=published.sha256, backup_size=published.size):

@@ -160,3 +160,42 @@ def test_serve_started_beside_such_a_log_stops_with_one_line_and_makes_no_file(t
                      "start Lethe again."]
     assert sorted(os.listdir(folder)) == ["lethe.sqlite3-wal"]
     assert Path(f"{path}-wal").read_bytes() == b"left by the file moved away"
+
+
+@pytest.mark.parametrize(("command", "kind"), [(["migrate"], "truncated"), (["serve", "127.0.0.1:1"], "truncated"),
+                                               (["engine_folder"], "other")])
+def test_a_damaged_file_or_one_that_is_no_sqlite_database_stops_a_command_with_one_line(tmp_path, command, kind):
+    """r146: a truncated copy restored in the database's place, or another engine's dump copied
+    there, stopped every command with a traceback of 90 lines; one line says which and what to do,
+    and the file is left as it was."""
+    import sqlite3
+    import subprocess
+    import sys
+
+    from tests.remote_engine import ROOT
+
+    path = tmp_path / "lethe.sqlite3"
+    if kind == "truncated":
+        whole = tmp_path / "whole.sqlite3"
+        made = sqlite3.connect(whole)
+        made.execute("CREATE TABLE t (v TEXT)")
+        made.executemany("INSERT INTO t VALUES (?)", [("x" * 500,)] * 2000)
+        made.commit()
+        made.close()
+        path.write_bytes(whole.read_bytes()[:200000])
+    else:
+        path.write_bytes(b"PGDMP\x01\x0f\x00" + b"\x00" * 4096)
+    before = path.read_bytes()
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "ENGINE_URL")}
+    env.update(DATABASE_URL=f"sqlite:///{path}", DJANGO_SETTINGS_MODULE="console.settings_test",
+               ENGINE_HOME=str(tmp_path / "engine"), LETHE_VAR_DIR=str(tmp_path / "var"),
+               PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "prometheus"))
+    done = subprocess.run([sys.executable, "manage.py", *command], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("{")]
+    what = "is damaged (database disk image is malformed)" if kind == "truncated" else (
+        "is not a SQLite database (file is not a database)")
+    assert (done.returncode, lines) == (2, [
+        f"Lethe database error: The database file {path} {what}. Nothing was done. Restore it from a backup that "
+        "verifies (docs/operations.md, Backups and restore), or set DATABASE_URL to the right file."]), done.stderr[-3000:]
+    assert path.read_bytes() == before

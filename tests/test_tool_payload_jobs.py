@@ -1142,7 +1142,7 @@ def test_a_backup_published_before_its_run_was_lost_counts_as_made_without_a_cle
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_published_backup_that_no_longer_checks_out_leaves_the_preparation_interrupted(admin_user, backup_dir):
+def test_a_published_backup_that_no_longer_checks_out_fails_the_preparation_saying_why(admin_user, backup_dir):
     import os
 
     from retention.backups import create_backup
@@ -1163,8 +1163,11 @@ def test_a_published_backup_that_no_longer_checks_out_leaves_the_preparation_int
     ToolPayloadOperation.objects.filter(pk=retry).update(
         heartbeat_at=timezone.now() - timedelta(seconds=jobs.LEASE_SECONDS + 5))
     failed = run(retry)
-    assert (failed.state, failed.error_code, failed.backup_name) == ("failed", "interrupted", "")
-    assert ToolPayloadPolicy.load().preparation_state == "failed"
+    # r146: said as "interrupted", the reason dropped; it says why the copy does not verify
+    assert (failed.state, failed.error_code, failed.backup_name) == ("failed", "backup_unverified", "")
+    policy = ToolPayloadPolicy.load()
+    assert policy.preparation_state == "failed"
+    assert "does not verify" in policy.preparation_error and "interrupted" not in policy.preparation_error
     assert not ToolPayloadOperation.objects.filter(kind="cleanup").exists() and snapshot() == before
 
 
@@ -2255,3 +2258,70 @@ def test_a_daily_check_that_finds_an_analysis_or_a_compaction_running_comes_back
     assert jobs.daily_check() == "busy"
     assert jobs.next_check_at() == tomorrow
     assert run(cleanup.pk).removed_messages == 4
+
+
+def _restored_while_it_ran(op_id: int) -> None:
+    """The backup operation as a database restored from its own copy shows it: running, its
+    lease held by a run that is gone (the copy was taken while that run made it)."""
+    from retention.models import SLOT
+
+    ToolPayloadOperation.objects.filter(pk=op_id).update(
+        state=OperationState.RUNNING, slot=SLOT, lease="gone", finished_at=None, error_code="",
+        heartbeat_at=timezone.now() - timedelta(hours=1), attempts=0)
+    ToolPayloadPolicy.objects.filter(id=1).update(preparation_state="preparing", backup_receipt_name="")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancel_accepted_for_a_backup_a_restore_shows_running_ends_it_cancelled_and_removes_nothing(
+        admin_user, settings, tmp_path):
+    """r146: after a restore that showed the backup running, Cancel preparation was accepted, the
+    run that took the backup over recorded its copy as made and the preparation ready, and the
+    daily check's cleanup removed the tool details again. The cancel holds: the backup ends
+    cancelled (its copy stays listed), the preparation is cancelled, no cleanup runs."""
+    settings.LETHE_BACKUP_DIR = str(tmp_path / "backups")
+    old_conversation("restored", tools=3)
+    enable(admin_user, choice="create")
+    backup_id = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
+    assert run(backup_id).state == OperationState.SUCCEEDED
+    ToolPayloadOperation.objects.exclude(pk=backup_id).delete()  # the restored copy has no cleanup yet
+    _restored_while_it_ran(backup_id)
+    before = snapshot()
+    service.cancel(user=admin_user, operation_id=backup_id)
+    op = run(backup_id)
+    assert (op.state, op.error_code) == (OperationState.CANCELLED, "cancelled")
+    assert op.backup_name  # the copy it made stays, named
+    policy = ToolPayloadPolicy.load()
+    assert policy.preparation_state == "cancelled"
+    assert jobs.daily_check() != "started" and not ToolPayloadOperation.objects.filter(kind="cleanup").exists()
+    with pytest.raises(CleanupError) as refused:
+        service.start_run(user=admin_user, revision=policy.revision)
+    assert refused.value.code == "preparation_required"
+    assert snapshot() == before
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancel_that_comes_as_the_copy_is_published_ends_the_backup_cancelled_and_no_cleanup_follows(
+        admin_user, settings, tmp_path, monkeypatch):
+    """The same rule without a restore: Cancel accepted after the copy was published but before
+    the run recorded it (the copy no longer checks for a cancel) ended the backup succeeded, and
+    the cleanup it was made for followed."""
+    from retention import backups
+
+    settings.LETHE_BACKUP_DIR = str(tmp_path / "backups")
+    old_conversation("late cancel", tools=3)
+    enable(admin_user, choice="create")
+    backup_id = service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision)
+    made = backups.create_backup
+
+    def then_cancelled(**kwargs):
+        receipt = made(**kwargs)
+        service.cancel(user=admin_user, operation_id=backup_id)
+        return receipt
+
+    monkeypatch.setattr(backups, "create_backup", then_cancelled)
+    before = snapshot()
+    op = run(backup_id)
+    assert (op.state, op.error_code) == (OperationState.CANCELLED, "cancelled") and op.backup_name
+    assert ToolPayloadPolicy.load().preparation_state == "cancelled"
+    assert not ToolPayloadOperation.objects.filter(kind="cleanup").exists()
+    assert snapshot() == before
