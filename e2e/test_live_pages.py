@@ -205,3 +205,67 @@ def test_the_focus_on_refresh_the_list_stays_there_when_another_delete_completes
     assert executor.run_erasure(held[1].pk) == "completed"
     expect(page.locator("#results-count")).to_have_text("0 conversations", timeout=WAIT)
     expect(page.get_by_test_id("list-moved").get_by_role("link", name="Refresh the list")).to_be_focused()
+
+
+def _stalled(op) -> None:
+    from lifecycle.models import DeleteOperation
+
+    DeleteOperation.objects.filter(pk=op.pk).update(stalled_attempts=executor.MAX_STALLED, last_error="database_busy")
+
+
+@pytest.mark.parametrize("viewport", ["desktop", "small-phone"])
+def test_the_focus_on_retry_now_stays_on_the_card_when_the_delete_moves_on_under_it(seeded, live_server, open_page,
+                                                                                    viewport):
+    """r147: the status card was replaced under the focus (Retry now) when the delete completed
+    or another admin retried it; the focus fell to the page, and the next Tab left it."""
+    _conversation, op = held_delete()
+    _stalled(op)
+    page = open_page(viewport)
+    log_in(page, live_server.url, *ADMIN)
+    page.goto(f"{live_server.url}/operations/{op.public_id}/")
+    page.wait_for_load_state("load")
+    page.locator("#op-retry").focus()
+    assert executor.run_erasure(op.pk, force=True) == "completed"
+    expect(page.locator("#op-status")).to_have_attribute("data-state", "completed", timeout=WAIT)
+    expect_said(page, "op-announce", "Completed", timeout=WAIT)
+    settled = "() => document.activeElement && document.activeElement.id === 'op-status'"
+    page.wait_for_function(settled, timeout=5_000)
+    check_layout(page, "after the delete completed under the focus")
+
+
+def test_a_delete_that_stops_being_retried_by_itself_is_said_and_so_is_a_retry(seeded, live_server, open_page):
+    """r147: going stalled, and being retried again, changed the card without a word."""
+    from e2e.conftest import MEMBER
+
+    _conversation, op = held_delete()
+    page = open_page("desktop")
+    log_in(page, live_server.url, *MEMBER)
+    page.goto(f"{live_server.url}/operations/{op.public_id}/")
+    page.wait_for_load_state("load")
+    _stalled(op)
+    stalled = ("The erasure stopped several times without progress, so it is no longer retried by itself. "
+               "An admin can retry it.")
+    page.wait_for_function(
+        "(text) => (window.__said || []).some(([id, said]) => id === 'op-announce' && said.includes(text))",
+        arg=stalled, timeout=WAIT)
+    executor.retry(op.pk)  # another admin's Retry now
+    page.wait_for_function(
+        "(text) => { const said = (window.__said || []).filter(([id]) => id === 'op-announce');"
+        " return said.length >= 2 && !said[said.length - 1][1].includes(text); }",
+        arg=stalled, timeout=WAIT)
+
+
+def test_retry_now_says_it_started_and_gives_the_message_the_focus(seeded, live_server, open_page):
+    """r147: a Retry now that went through came back with no word and the focus at the start."""
+    _conversation, op = held_delete()
+    _stalled(op)
+    page = open_page("small-phone")
+    log_in(page, live_server.url, *ADMIN)
+    page.goto(f"{live_server.url}/operations/{op.public_id}/")
+    page.wait_for_load_state("load")
+    page.locator("#op-retry").focus()
+    page.keyboard.press("Enter")
+    message = page.locator(".flash")
+    expect(message).to_have_text("Retry started: the erasure goes on from the step it stopped at.")
+    expect(message).to_be_focused()
+    check_layout(page, "after Retry now")

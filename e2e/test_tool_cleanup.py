@@ -647,3 +647,58 @@ def test_a_compact_database_error_is_shown_beside_its_button(data, live_server, 
     expect(error).to_be_in_viewport()
     expect(page.get_by_test_id("action-error")).to_have_text("")
     assert not ToolPayloadOperation.objects.filter(kind="compact").exists()
+
+
+def test_the_status_note_is_said_once_however_often_the_status_is_read(data, live_server, open_page):
+    """r147: the note was swapped in again at every status read (every second while something is
+    queued), so a screen reader said "the job cluster seems to be stopped" eleven times in twelve
+    seconds, and a failed read's "Current status unavailable" each second too."""
+    from django.contrib.auth import get_user_model
+
+    from retention import service
+
+    service.start_analysis(user=get_user_model().objects.get(username=ADMIN[0]), age_value=3, age_unit="months")
+    page = open_page("desktop")
+    open_card(page, live_server.url)
+    note = page.get_by_test_id("status-note")
+    expect(note).to_contain_text("the job cluster seems to be stopped")  # no cluster runs in these tests
+    page.evaluate("""() => {
+        window.__noteChanges = 0;
+        new MutationObserver(() => { window.__noteChanges += 1; })
+            .observe(document.getElementById('tool-status-note'), {childList: true, subtree: true, characterData: true});
+        window.__reads = 0;
+        document.body.addEventListener('htmx:beforeRequest', (e) => { if (e.detail.elt.id === 'tool-poll') window.__reads += 1; });
+    }""")
+    page.wait_for_function("() => window.__reads >= 5", timeout=15_000)  # reads every second while queued
+    assert page.evaluate("window.__noteChanges") == 0
+    status_url = f"{live_server.url}/settings/system/data-storage/status/"
+    page.route(status_url, lambda route: route.abort())
+    expect(note).to_contain_text("Current status unavailable", timeout=5_000)
+    changed = page.evaluate("window.__noteChanges")
+    page.wait_for_timeout(3_500)  # three more failed reads
+    assert page.evaluate("window.__noteChanges") == changed
+    page.unroute(status_url)
+    expect(note).to_contain_text("the job cluster seems to be stopped", timeout=5_000)
+    drain()
+    expect(note).to_have_text("", timeout=10_000)
+
+
+@pytest.mark.parametrize("viewport", ["desktop", "small-phone"], ids=["1280", "320"])
+def test_escape_on_a_backup_choice_the_discard_hides_gives_the_focus_to_the_card(data, live_server, open_page,
+                                                                                 viewport):
+    """r147: Escape on a backup-choice radio discarded the change and hid the choice under the
+    focus, which fell to the page."""
+    page = open_page(viewport)
+    open_card(page, live_server.url)
+    page.get_by_label("Automatic cleanup").focus()
+    page.keyboard.press("Space")
+    choice = page.get_by_label("Create backup (recommended)")
+    expect(choice).to_be_visible()
+    choice.focus()
+    page.keyboard.press("Space")
+    page.keyboard.press("Escape")
+    expect(choice).to_be_hidden()
+    expect(page.get_by_label("Automatic cleanup")).not_to_be_checked()
+    page.wait_for_function("() => document.activeElement && document.activeElement.id === 'tool-card'",
+                           timeout=5_000)
+    assert_focus_between_bars(page)

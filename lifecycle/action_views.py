@@ -343,6 +343,8 @@ def operation_retry(request: HttpRequest, operation_id: str) -> HttpResponse:
         op = get_engine().operation(operation_id)
         if op.is_pending:
             get_engine().retry_operation(operation_id, actor=request.user)
+            # said, and given the focus, as Archive and Close are (r147: the page came back silent)
+            messages.success(request, _("Retry started: the erasure goes on from the step it stopped at."))
         else:  # a page older than the delete's end: nothing to retry, and said so (as the API's 409)
             messages.info(request, _("Nothing was retried: this delete is no longer pending (%(state)s).")
                           % {"state": dict(DeleteState.choices).get(op.state, op.state)})

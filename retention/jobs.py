@@ -1400,12 +1400,17 @@ def _last_item(op: ToolPayloadOperation) -> int:
     return op.last_item if op.last_item is not None else 2**63 - 1
 
 
+# Words operations stored before they changed: kept in the catalogue, so a stored one is still
+# shown in the reader's language ("Cancelled. ..." repeated the state beside it, r147).
+EARLIER_WORDS = (gettext_noop("Cancelled. Removals committed before the cancel stay."),)
+
+
 def _run_ended(op: ToolPayloadOperation, fresh: _RunState) -> str:
     """Cancel, disable and policy change end the run before the next batch writes."""
     ended = OperationState.PARTIAL if fresh.removed_messages else OperationState.CANCELLED
     if fresh.cancel_requested:
         _close_locked(op, ended, "cancelled",
-                      Message(gettext_noop("Cancelled. Removals committed before the cancel stay.")))
+                      Message(gettext_noop("Removals committed before the cancel stay.")))
         return "cancelled"
     if not fresh.enabled:
         _close_locked(op, ended, "disabled",

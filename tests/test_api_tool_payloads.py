@@ -189,11 +189,11 @@ def test_a_jobs_stored_outcome_is_read_in_the_readers_language(api):
     send(api, "post", "/cancel", {"operation_id": run})
     op = finish(run)
     assert (op.state, op.error_code) == ("cancelled", "cancelled")
-    assert op.error_message == "Cancelled. Removals committed before the cancel stay."  # the worker's words
+    assert op.error_message == "Removals committed before the cancel stay."  # the worker's words
     english = api.get(BASE).json()["history"][0]["error"]
     spanish = api.get(BASE, HTTP_ACCEPT_LANGUAGE="es").json()["history"][0]["error"]
     assert english == {"code": "cancelled", "message": op.error_message}
-    assert spanish["code"] == "cancelled" and spanish["message"].startswith("Cancelada"), spanish
+    assert spanish["code"] == "cancelled" and spanish["message"].startswith("Lo eliminado antes de cancelar"), spanish
 
 
 def test_a_save_that_changes_nothing_leaves_analyses_as_they_were(api):

@@ -382,7 +382,7 @@ def test_queued_cancelled_and_failed_operations_show_their_state_never_0(admin_u
     r = ToolPayloadOperation.objects.get(kind="cleanup").pk
     assert queued == f"cleanup #{r}: queued\n"
     assert command("cancel", str(r), "--as", "alice", "--here") == (
-        f"cleanup #{r}: cancelled; cancelled: Cancelled. Removals committed before the cancel stay.\n")
+        f"cleanup #{r}: cancelled; cancelled: Removals committed before the cancel stay.\n")
     ToolPayloadOperation.objects.filter(pk=r).update(state="failed", error_code="engine_unavailable",
                                                      error_message="The engine did not answer.")
     assert command("status").splitlines()[-2] == f"cleanup #{r}: failed; engine_unavailable: The engine did not answer."
@@ -409,7 +409,7 @@ def test_a_run_left_queued_and_asked_to_stop_is_not_the_run_asked_for(admin_user
                    f"{run.payload_bytes}; skipped protected 2\n")
     assert stderr_lines(capsys) == [
         f"cleanup #{first} is queued and no worker has taken it; running it here first, then the cleanup run asked "
-        "for.", f"cleanup #{first}: cancelled; cancelled: Cancelled. Removals committed before the cancel stay."]
+        "for.", f"cleanup #{first}: cancelled; cancelled: Removals committed before the cancel stay."]
 
 
 def test_the_command_here_exits_0_with_the_document_of_the_analysis_asked_for(tmp_path):

@@ -111,11 +111,31 @@
     if (badge) parts.push(badge.textContent.trim());
     var step = card.querySelector("[data-testid=op-step]") || card.querySelector("[data-testid=op-waiting] strong");
     if (step) parts.push(step.textContent.replace(/\s+/g, " ").trim());
+    // No longer retried by itself, or retried again (r147: neither was said)
+    var stalled = card.querySelector("[data-testid=op-stalled]");
+    if (stalled) parts.push(stalled.textContent.replace(/\s+/g, " ").trim());
     return parts.join(". ");
   }
   var statusSaid = statusWords();
+  var statusFocus = null;
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    var target = event.detail.target;
+    statusFocus = target && target.id === "op-live" && target.contains(document.activeElement)
+      ? { id: document.activeElement.id } : statusFocus;
+  });
   document.addEventListener("htmx:afterSwap", function (event) {
     if (!event.detail.target || event.detail.target.id !== "op-live") return;
+    // The card held the focus (Retry now): the same control if it is still there, else the
+    // card (r147: the focus fell to the page, and the next Tab left it)
+    var wanted = statusFocus;
+    statusFocus = null;
+    if (wanted && focusLost()) {
+      var el = (wanted.id && document.getElementById(wanted.id)) || document.getElementById("op-status");
+      if (el) {
+        if (!el.matches("a[href], button, input, select, summary") && !el.hasAttribute("tabindex")) el.setAttribute("tabindex", "-1");
+        focusInView(el);
+      }
+    }
     var words = statusWords();
     if (words === null || words === statusSaid) return;
     statusSaid = words;
@@ -506,6 +526,7 @@
     var note = document.getElementById("tool-status-note");
     if (!note || !elt || !elt.closest) return;
     if (elt.id === "tool-poll") {
+      if (note.textContent.trim() === (note.dataset.unavailable || "").trim()) return;  // said once (r147)
       note.innerHTML = "";
       var p = document.createElement("p");
       p.className = "alert alert-error";
@@ -515,6 +536,17 @@
       answerLost(elt);
     }
   }
+  // The status note is read at every status read (every second while something runs): the same
+  // words again are not swapped in, so a screen reader does not say them again (r147: "the job
+  // cluster seems to be stopped" eleven times in twelve seconds). The note holds words only.
+  document.addEventListener("htmx:oobBeforeSwap", function (event) {
+    var target = event.detail.target;
+    var fresh = event.detail.fragment;
+    if (!target || target.id !== "tool-status-note" || !fresh) return;
+    if (fresh.textContent.replace(/\s+/g, " ").trim() === target.textContent.replace(/\s+/g, " ").trim()) {
+      event.preventDefault();
+    }
+  });
   document.addEventListener("htmx:sendError", statusUnreachable);
   document.addEventListener("htmx:timeout", statusUnreachable);
 
@@ -1143,6 +1175,7 @@
   // Discard on the bar: every card; Escape in a card: that card only (`only`).
   function discard(only) {
     var barHadFocus = bar.contains(document.activeElement);
+    var had = document.activeElement;
     var card = only ? only.closest("section") : lastField && lastField.closest("section");
     var discarded = dirtyForms().filter(function (f) { return !only || f === only; });
     discarded.forEach(function (f) { restore(f, saved[f.dataset.contributor]); });
@@ -1171,7 +1204,10 @@
     if (!only) sessionEnded = false;
     refresh();
     announce(live, bar.dataset.discarded);
-    if (barHadFocus || focusLost()) focusQuiet(card);
+    // A field the discard hid or turned off (the backup choice, with cleanup off again) loses
+    // the focus only after this runs (r147: Escape on its radio left the focus on the page)
+    var hidden = had && had !== document.body && (had.disabled || !had.getClientRects().length);
+    if (barHadFocus || focusLost() || hidden) focusQuiet(card);
   }
 
   forms().forEach(function (form) { saved[form.dataset.contributor] = served(form); known.add(form); });
