@@ -269,3 +269,25 @@ def test_retry_now_says_it_started_and_gives_the_message_the_focus(seeded, live_
     expect(message).to_have_text("Retry started: the erasure goes on from the step it stopped at.")
     expect(message).to_be_focused()
     check_layout(page, "after Retry now")
+
+
+def test_a_focus_that_left_the_card_is_not_pulled_back_when_the_card_changes_later(seeded, live_server, open_page):
+    """r148: a read that found nothing new (204) left what it found of the focus for a later
+    swap, which pulled the focus back into the card after the person had left it."""
+    _conversation, op = held_delete()
+    _stalled(op)
+    page = open_page("desktop")
+    log_in(page, live_server.url, *ADMIN)
+    page.goto(f"{live_server.url}/operations/{op.public_id}/")
+    page.wait_for_load_state("load")
+    page.evaluate("""() => { window.__reads = 0;
+        document.body.addEventListener('htmx:beforeSwap', (e) => { if (e.detail.target.id === 'op-live') window.__reads += 1; }); }""")
+    page.locator("#op-retry").focus()
+    page.wait_for_function("() => window.__reads >= 1", timeout=WAIT)  # a read that found nothing new
+    page.evaluate("document.activeElement.blur()")
+    reads = page.evaluate("window.__reads")
+    page.wait_for_function("(n) => window.__reads > n", arg=reads, timeout=WAIT)  # read again from the page
+    assert executor.run_erasure(op.pk, force=True) == "completed"
+    expect(page.locator("#op-status")).to_have_attribute("data-state", "completed", timeout=WAIT)
+    page.wait_for_timeout(300)
+    assert page.evaluate("document.activeElement === document.body")

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import logging
 import os
 import threading
@@ -255,13 +256,28 @@ def multiprocess_dir() -> str | None:
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
 
 
+class _BegunFiles(MultiProcessCollector):
+    """prometheus-client's collector, reading only the files that have begun: a worker's file is
+    empty for a moment after it is made, before its space is given (AllocatedMmapedDict), and a
+    scrape then failed on it (r148: struct.error, a 500 at every worker replacement). An empty
+    file holds no figure yet, so leaving it out changes no total."""
+
+    def collect(self):
+        files = []
+        for path in glob.glob(os.path.join(self._path, "*.db")):
+            with contextlib.suppress(FileNotFoundError):
+                if os.path.getsize(path) >= 8:  # its header: how much of it is used
+                    files.append(path)
+        return self.merge(files, accumulate=True)
+
+
 def exposition() -> bytes:
     """The text every scrape gets: the web processes' own figures, then the database's."""
     read = CollectorRegistry(auto_describe=False)
     read.register(DatabaseCollector())
     if folder := multiprocess_dir():
         counted = CollectorRegistry(auto_describe=False)
-        MultiProcessCollector(counted)
+        _BegunFiles(counted)
         with reading(folder):  # no exited worker's files folded away while they are read
             figures = generate_latest(counted)
     else:

@@ -1850,16 +1850,18 @@ def _backup_run(op: ToolPayloadOperation, token: str) -> str:
     return "done"
 
 
-def _cancelled_anyway(op: ToolPayloadOperation, token: str, published) -> bool:
+def _cancelled_anyway(op: ToolPayloadOperation, token: str, published, *, copy_left: bool = False) -> bool:
     """A backup whose Cancel was accepted while it ran ends cancelled, even when its copy was
     made meanwhile (r146: after a restore that showed it running, the run that took it over
     recorded the copy as the backup, the preparation ready, and the daily check's cleanup then
     removed the details the admin had stopped it for). The copy stays, listed with the backups;
     the preparation is cancelled, so cleanup waits for a new backup choice. Inside the caller's
-    transaction; True when it ended the operation so."""
+    transaction; True when it ended the operation so. `copy_left`: a copy that does not verify
+    stays in the folder too (Lethe removes no backup; r148: said "nothing was kept")."""
     if not ToolPayloadOperation.objects.select_for_update().filter(pk=op.pk, cancel_requested=True).exists():
         return False
-    message = Message(gettext_noop("The backup was cancelled; nothing was kept.")) if published is None else Message(
+    message = Message(gettext_noop("The backup was cancelled; nothing was kept.")) if (
+        published is None and not copy_left) else Message(
         gettext_noop("The backup was cancelled after its copy was made; the copy stays in the backup folder, "
                      "and cleanup waits for a new backup choice."))
     fields = {} if published is None else {"backup_name": published.name, "backup_sha256": published.sha256,
@@ -1882,16 +1884,17 @@ def _backup_cut_short(op: ToolPayloadOperation, token: str, code: str, message: 
     except BackupError:
         log.warning("tool payload backup %s: what an interrupted run left could not be removed", op.pk)
     published = made_by(op.pk)
+    unverified = False
     if published is not None:
         try:
             with _Heartbeat(op.pk, token):
                 verify_backup(published.name)
         except BackupError as exc:
-            published = None
+            published, unverified = None, True
             code, message = "backup_unverified", Message(gettext_noop(
                 "The backup made for this cleanup does not verify: %(reason)s"), {"reason": exc.text})
     with transaction.atomic():
-        if _cancelled_anyway(op, token, published):
+        if _cancelled_anyway(op, token, published, copy_left=unverified):
             return "done"
         if published is not None:
             if _finish(op, token, OperationState.SUCCEEDED, backup_name=published.name,

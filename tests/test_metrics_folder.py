@@ -109,3 +109,14 @@ def test_a_fold_on_a_full_disk_fails_as_an_error_and_leaves_the_workers_files(tm
         assert values == {KEY: 7.0}
     finally:
         subprocess.run(["umount", str(disk)], check=True)
+
+
+@pytest.mark.django_db
+def test_a_worker_file_made_a_moment_ago_and_still_empty_fails_no_scrape(tmp_path, monkeypatch):
+    """r148: a new worker's file is empty for a moment (made, then given its space); a scrape that
+    met it failed (struct.error, 500) at every worker replacement. It holds no figure yet."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    _worker(tmp_path, 100001, 4.0)
+    (tmp_path / "counter_100002.db").write_bytes(b"")
+    (tmp_path / "histogram_100002.db").write_bytes(b"")
+    assert _totals(tmp_path) == (4.0, 4.0)

@@ -1142,7 +1142,9 @@ def test_a_backup_published_before_its_run_was_lost_counts_as_made_without_a_cle
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_published_backup_that_no_longer_checks_out_fails_the_preparation_saying_why(admin_user, backup_dir):
+@pytest.mark.parametrize("cancelled", [False, True])
+def test_a_published_backup_that_no_longer_checks_out_fails_the_preparation_saying_why(admin_user, backup_dir,
+                                                                                      cancelled):
     import os
 
     from retention.backups import create_backup
@@ -1162,6 +1164,16 @@ def test_a_published_backup_that_no_longer_checks_out_fails_the_preparation_sayi
     os.utime(damaged.path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     ToolPayloadOperation.objects.filter(pk=retry).update(
         heartbeat_at=timezone.now() - timedelta(seconds=jobs.LEASE_SECONDS + 5))
+    if cancelled:  # r148: a Cancel accepted meanwhile said "nothing was kept" of the copy that stays
+        service.cancel(user=admin_user, operation_id=retry)
+        ToolPayloadOperation.objects.filter(pk=retry).update(
+            heartbeat_at=timezone.now() - timedelta(seconds=jobs.LEASE_SECONDS + 5))
+        ended = run(retry)
+        assert (ended.state, ended.error_code) == ("cancelled", "cancelled")
+        assert "nothing was kept" not in ended.error_message and "the copy stays" in ended.error_message
+        assert damaged.path.exists() and ToolPayloadPolicy.load().preparation_state == "cancelled"
+        assert not ToolPayloadOperation.objects.filter(kind="cleanup").exists() and snapshot() == before
+        return
     failed = run(retry)
     # r146: said as "interrupted", the reason dropped; it says why the copy does not verify
     assert (failed.state, failed.error_code, failed.backup_name) == ("failed", "backup_unverified", "")

@@ -120,8 +120,10 @@
   var statusFocus = null;
   document.addEventListener("htmx:beforeSwap", function (event) {
     var target = event.detail.target;
-    statusFocus = target && target.id === "op-live" && target.contains(document.activeElement)
-      ? { id: document.activeElement.id } : statusFocus;
+    // (every read, a 204 too: what a read found is not left for a later swap, r148)
+    if (target && target.id === "op-live") {
+      statusFocus = target.contains(document.activeElement) ? { id: document.activeElement.id } : null;
+    }
   });
   document.addEventListener("htmx:afterSwap", function (event) {
     if (!event.detail.target || event.detail.target.id !== "op-live") return;
