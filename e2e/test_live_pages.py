@@ -213,17 +213,24 @@ def _stalled(op) -> None:
     DeleteOperation.objects.filter(pk=op.pk).update(stalled_attempts=executor.MAX_STALLED, last_error="database_busy")
 
 
+def _operation_page(open_page, live_server, viewport, *, who=ADMIN, stalled=True):
+    """A held delete's operation page, open (stalled first unless told otherwise), and the delete."""
+    _conversation, op = held_delete()
+    if stalled:
+        _stalled(op)
+    page = open_page(viewport)
+    log_in(page, live_server.url, *who)
+    page.goto(f"{live_server.url}/operations/{op.public_id}/")
+    page.wait_for_load_state("load")
+    return page, op
+
+
 @pytest.mark.parametrize("viewport", ["desktop", "small-phone"])
 def test_the_focus_on_retry_now_stays_on_the_card_when_the_delete_moves_on_under_it(seeded, live_server, open_page,
                                                                                     viewport):
     """r147: the status card was replaced under the focus (Retry now) when the delete completed
     or another admin retried it; the focus fell to the page, and the next Tab left it."""
-    _conversation, op = held_delete()
-    _stalled(op)
-    page = open_page(viewport)
-    log_in(page, live_server.url, *ADMIN)
-    page.goto(f"{live_server.url}/operations/{op.public_id}/")
-    page.wait_for_load_state("load")
+    page, op = _operation_page(open_page, live_server, viewport)
     page.locator("#op-retry").focus()
     assert executor.run_erasure(op.pk, force=True) == "completed"
     expect(page.locator("#op-status")).to_have_attribute("data-state", "completed", timeout=WAIT)
@@ -237,11 +244,7 @@ def test_a_delete_that_stops_being_retried_by_itself_is_said_and_so_is_a_retry(s
     """r147: going stalled, and being retried again, changed the card without a word."""
     from e2e.conftest import MEMBER
 
-    _conversation, op = held_delete()
-    page = open_page("desktop")
-    log_in(page, live_server.url, *MEMBER)
-    page.goto(f"{live_server.url}/operations/{op.public_id}/")
-    page.wait_for_load_state("load")
+    page, op = _operation_page(open_page, live_server, "desktop", who=MEMBER, stalled=False)
     _stalled(op)
     stalled = ("The erasure stopped several times without progress, so it is no longer retried by itself. "
                "An admin can retry it.")
@@ -257,12 +260,7 @@ def test_a_delete_that_stops_being_retried_by_itself_is_said_and_so_is_a_retry(s
 
 def test_retry_now_says_it_started_and_gives_the_message_the_focus(seeded, live_server, open_page):
     """r147: a Retry now that went through came back with no word and the focus at the start."""
-    _conversation, op = held_delete()
-    _stalled(op)
-    page = open_page("small-phone")
-    log_in(page, live_server.url, *ADMIN)
-    page.goto(f"{live_server.url}/operations/{op.public_id}/")
-    page.wait_for_load_state("load")
+    page, op = _operation_page(open_page, live_server, "small-phone")
     page.locator("#op-retry").focus()
     page.keyboard.press("Enter")
     message = page.locator(".flash")
@@ -274,12 +272,7 @@ def test_retry_now_says_it_started_and_gives_the_message_the_focus(seeded, live_
 def test_a_focus_that_left_the_card_is_not_pulled_back_when_the_card_changes_later(seeded, live_server, open_page):
     """r148: a read that found nothing new (204) left what it found of the focus for a later
     swap, which pulled the focus back into the card after the person had left it."""
-    _conversation, op = held_delete()
-    _stalled(op)
-    page = open_page("desktop")
-    log_in(page, live_server.url, *ADMIN)
-    page.goto(f"{live_server.url}/operations/{op.public_id}/")
-    page.wait_for_load_state("load")
+    page, op = _operation_page(open_page, live_server, "desktop")
     page.evaluate("""() => { window.__reads = 0;
         document.body.addEventListener('htmx:beforeSwap', (e) => { if (e.detail.target.id === 'op-live') window.__reads += 1; }); }""")
     page.locator("#op-retry").focus()
