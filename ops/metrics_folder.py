@@ -25,6 +25,7 @@ import contextlib
 import fcntl
 import os
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,17 +36,39 @@ KINDS = ("counter", "histogram")  # what adds up across processes; gauges are ma
 LOCK_NAME = ".folding.lock"  # not a "*.db": prometheus-client reads every one of those as figures
 
 
+# How long the master waits for the scrapes reading the folder to let it fold (r148: scrapes
+# one after another can hold the shared lock for long, and the master reaps and replaces workers
+# in the same loop). Past it the worker's files stay as they are, counted as before.
+FOLD_WAIT = 2.0
+
+
+class Busy(Exception):
+    """The folder's lock could not be had in FOLD_WAIT seconds."""
+
+
 @contextlib.contextmanager
-def _locked(folder: str | os.PathLike, mode: int) -> Iterator[None]:
-    """The folder's lock file held in `mode` (fcntl.LOCK_SH or LOCK_EX); without it when the lock
-    file cannot be opened or made (a read-only or full folder: nothing is folded there either)."""
+def _locked(folder: str | os.PathLike, mode: int, wait: float | None = None) -> Iterator[None]:
+    """The folder's lock file held in `mode` (fcntl.LOCK_SH or LOCK_EX), waiting at most `wait`
+    seconds when given (then Busy); without it when the lock file cannot be opened or made (a
+    read-only or full folder: nothing is folded there either)."""
     try:
         fd = os.open(Path(folder) / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError:
         yield
         return
     try:
-        fcntl.flock(fd, mode)
+        if wait is None:
+            fcntl.flock(fd, mode)
+        else:
+            deadline = time.monotonic() + wait
+            while True:
+                try:
+                    fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise Busy(str(folder)) from None
+                    time.sleep(0.01)
         yield
     finally:
         os.close(fd)  # releases the lock
@@ -85,9 +108,10 @@ def _allocated(path: Path, new_keys: list[str], used: int) -> None:
 def fold_exited_worker(folder: str | os.PathLike, pid: int) -> int:
     """Add the exited worker `pid`'s counters and histograms into the exited workers' files and
     remove its own. Returns how many of its files were folded. An OSError (a full or read-only
-    folder) leaves that worker's file as it was, counted as before."""
+    folder) leaves that worker's file as it was, counted as before, and so does Busy (the scrapes
+    held the folder for FOLD_WAIT seconds)."""
     folded = 0
-    with _locked(folder, fcntl.LOCK_EX):
+    with _locked(folder, fcntl.LOCK_EX, wait=FOLD_WAIT):
         for kind in KINDS:
             own = Path(folder) / f"{kind}_{pid}.db"
             try:

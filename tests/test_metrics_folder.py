@@ -120,3 +120,17 @@ def test_a_worker_file_made_a_moment_ago_and_still_empty_fails_no_scrape(tmp_pat
     (tmp_path / "counter_100002.db").write_bytes(b"")
     (tmp_path / "histogram_100002.db").write_bytes(b"")
     assert _totals(tmp_path) == (4.0, 4.0)
+
+
+def test_a_fold_waits_a_bounded_time_for_the_scrapes_and_leaves_the_files_as_they_were(tmp_path, monkeypatch):
+    """r148: scrapes one after another could hold the folder's shared lock for long, and the
+    gunicorn master, which reaps and replaces workers in the same loop, waited on it. It waits
+    FOLD_WAIT seconds at most; the worker's files then stay, counted as before."""
+    from ops import metrics_folder
+
+    monkeypatch.setattr(metrics_folder, "FOLD_WAIT", 0.2)
+    _worker(tmp_path, 100003, 2.0)
+    with metrics_folder.reading(tmp_path), pytest.raises(metrics_folder.Busy):
+        metrics_folder.fold_exited_worker(tmp_path, 100003)
+    assert (tmp_path / "counter_100003.db").exists() and not (tmp_path / "counter_exited.db").exists()
+    assert metrics_folder.fold_exited_worker(tmp_path, 100003) == 2  # the scrape ended: folded
