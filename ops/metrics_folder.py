@@ -10,8 +10,9 @@ process, so the only writer of these files) adds its counters and histograms int
 same, the folder holds the live workers' files and two more.
 
 A fold and a scrape never overlap (r145: a scrape met a file removed under it, 500, or counted
-a worker twice, once in each file): the fold holds the folder's lock file exclusively, a scrape
-holds it shared (`reading`). The exited file is given its disk space before it is mapped (as
+a worker twice, once in each file): the fold holds the folder's lock exclusively, a scrape holds
+it shared (`reading`). The lock is taken on the folder itself: no file is added to a folder
+that a full disk must leave as it is. The exited file is given its disk space before it is mapped (as
 ops.metrics does for the workers' files): a write to a page of a sparse mapped file on a full
 disk is a SIGBUS that no handler catches, and it stopped the master, and serve with it (r145).
 
@@ -33,7 +34,6 @@ from prometheus_client.mmap_dict import _INITIAL_MMAP_SIZE, MmapedDict
 
 EXITED = "exited"
 KINDS = ("counter", "histogram")  # what adds up across processes; gauges are marked dead instead
-LOCK_NAME = ".folding.lock"  # not a "*.db": prometheus-client reads every one of those as figures
 
 
 # How long the master waits for the scrapes reading the folder to let it fold (r148: scrapes
@@ -48,11 +48,10 @@ class Busy(Exception):
 
 @contextlib.contextmanager
 def _locked(folder: str | os.PathLike, mode: int, wait: float | None = None) -> Iterator[None]:
-    """The folder's lock file held in `mode` (fcntl.LOCK_SH or LOCK_EX), waiting at most `wait`
-    seconds when given (then Busy); without it when the lock file cannot be opened or made (a
-    read-only or full folder: nothing is folded there either)."""
+    """The folder's lock held in `mode` (fcntl.LOCK_SH or LOCK_EX), waiting at most `wait` seconds
+    when given (then Busy); without it when the folder cannot be opened."""
     try:
-        fd = os.open(Path(folder) / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         yield
         return
