@@ -120,11 +120,18 @@ class LifecycleMachine(RuleBasedStateMachine):
     def _conversation(self, model: _Model) -> Conversation:
         return Conversation.objects.get(pk=model.pk)
 
-    def _refused(self, call) -> None:
-        """A write to a conversation with a delete intent: refused by the fence, nothing stored."""
+    _REFUSED = object()
+
+    def _attempt(self, model: _Model, call, *, texts=()):
+        """A write: made while the conversation is live (its result), else refused by the fence
+        with nothing stored, its `texts` then in no table and no file (`_REFUSED`)."""
+        if model.live:
+            return call()
         with pytest.raises(ActionRefused) as refused:
             call()
         assert refused.value.code == FENCED
+        self.gone.update(texts)
+        return self._REFUSED
 
     # ---- The runtime -------------------------------------------------------------------
 
@@ -140,12 +147,9 @@ class LifecycleMachine(RuleBasedStateMachine):
     @rule(model=conversations, role=st.sampled_from(["user", "assistant"]))
     def append_message(self, model: _Model, role: str) -> None:
         content = _text()
-        call = lambda: append_item(self._conversation(model), role=role, content=content)  # noqa: E731
-        if not model.live:
-            self._refused(call)
-            self.gone.add(content)
+        if self._attempt(model, lambda: append_item(self._conversation(model), role=role, content=content),
+                         texts=[content]) is self._REFUSED:
             return
-        call()
         model.items += 1
         model.old = False
         model.kept.add(content)
@@ -155,14 +159,11 @@ class LifecycleMachine(RuleBasedStateMachine):
         title, output = _text(), _text()
         payload = {"command": "make test", "cwd": "/w", "exit_code": 1, "stdout": output + " ok" * 900,
                    "stderr": ""}
-        call = lambda: append_item(  # noqa: E731
+        item = self._attempt(model, lambda: append_item(
             self._conversation(model), role="tool", tool_kind="shell", payload=payload,
-            tool_call_id=f"call_{next(_serial)}", status="completed", title=title)
-        if not model.live:
-            self._refused(call)
-            self.gone.update({title, output})
+            tool_call_id=f"call_{next(_serial)}", status="completed", title=title), texts=[title, output])
+        if item is self._REFUSED:
             return
-        item = call()
         model.items += 1
         model.old = False
         model.kept.add(title)
@@ -175,11 +176,8 @@ class LifecycleMachine(RuleBasedStateMachine):
             return
         item = Item.objects.get(pk=data.draw(st.sampled_from(sorted(model.outputs))))
         old, new = item.title, _text()
-        if not model.live:
-            self._refused(lambda: update_item(item, title=new))
-            self.gone.add(new)
+        if self._attempt(model, lambda: update_item(item, title=new), texts=[new]) is self._REFUSED:
             return
-        update_item(item, title=new)
         model.old = False
         model.kept.discard(old)
         model.kept.add(new)
@@ -189,13 +187,12 @@ class LifecycleMachine(RuleBasedStateMachine):
     def write_engine_files(self, model: _Model) -> None:
         event, artifact = _text(), _text()
         conversation = self._conversation(model)
-        if not model.live:
-            self._refused(lambda: append_log(conversation, log="events", records=[{"note": event}]))
-            self._refused(lambda: write_artifact(conversation, name=f"{artifact}.txt", data=artifact.encode()))
-            self.gone.update({event, artifact})
+        logged = self._attempt(model, lambda: append_log(
+            conversation, log="events", records=[{"type": "turn.completed", "note": event}]), texts=[event])
+        written = self._attempt(model, lambda: write_artifact(
+            conversation, name=f"{artifact}.txt", data=artifact.encode() * 2), texts=[artifact])
+        if self._REFUSED in (logged, written):
             return
-        append_log(conversation, log="events", records=[{"type": "turn.completed", "note": event}])
-        write_artifact(conversation, name=f"{artifact}.txt", data=artifact.encode() * 2)
         model.kept.update({event, artifact})
 
     @rule(model=conversations)
@@ -225,20 +222,16 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     @rule(model=conversations, archived=st.booleans())
     def archive(self, model: _Model, archived: bool) -> None:
-        call = lambda: set_archived(self._conversation(model), archived=archived, acting_user=self.admin)  # noqa: E731
-        if not model.live:
-            self._refused(call)
+        if self._attempt(model, lambda: set_archived(self._conversation(model), archived=archived,
+                                                     acting_user=self.admin)) is self._REFUSED:
             return
-        call()
         model.archived = archived
 
     @rule(model=conversations, closed=st.booleans())
     def close(self, model: _Model, closed: bool) -> None:
-        call = lambda: set_closed(self._conversation(model), closed=closed, acting_user=self.admin)  # noqa: E731
-        if not model.live:
-            self._refused(call)
+        if self._attempt(model, lambda: set_closed(self._conversation(model), closed=closed,
+                                                   acting_user=self.admin)) is self._REFUSED:
             return
-        call()
         if closed and not model.closed:
             model.running_turn = False  # Close interrupts the running turn
         model.closed = closed
