@@ -72,7 +72,9 @@ def test_a_bound_delete_on_a_phone_is_pending_while_the_engine_is_down_then_comp
           new MutationObserver(() => { if (region.textContent) window.said.push(region.textContent); })
             .observe(region, {childList: true, characterData: true, subtree: true});
         }""")
-        expect(page.get_by_test_id("op-waiting")).to_contain_text("Waiting on: the engine")
+        # Until the cluster started above is seen running, the page truly says the delete waits on
+        # this console (r-CI: its start alone took more than a minute on a loaded machine).
+        expect(page.get_by_test_id("op-waiting")).to_contain_text("Waiting on: the engine", timeout=240_000)
         # The job cluster started above makes the first attempt: on a loaded machine its start
         # alone took more than a minute. Each failed attempt is due again 4 s later (two of the
         # page's polls); a job run retries for RUN_BUDGET, then the minute sweep takes it.
