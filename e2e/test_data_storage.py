@@ -417,7 +417,7 @@ _REFUSED = {"en": ("Some changes were not saved. Check the highlighted card.", "
 _ENDED = {"en": ("Your session ended, so nothing was saved. Your changes are still here: sign in again in a new tab, then press Save.",
                  "Session ended: nothing was saved."),
           "es": ("La sesión terminó, así que no se guardó nada. Los cambios siguen aquí: inicie sesión de nuevo en otra "
-                 "pestaña y después pulse Guardar.", "Sesión cerrada: no se guardó nada.")}
+                 "pestaña y después pulse Guardar.", "Sin sesión: no se guardó nada.")}
 
 
 @pytest.mark.parametrize("lang", ["en", "es"])

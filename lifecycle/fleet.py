@@ -129,10 +129,12 @@ def fleet_files(home: EngineHome) -> list[Path]:
 
 
 def origin_of(row: Row) -> str | None:
-    origin = row.get("origin")
-    if isinstance(origin, dict) and isinstance(origin.get("conversation"), str):
-        return origin["conversation"]
-    return None
+    """The conversation a row is of; None when its origin names none: no origin, null, "",
+    "unknown", an id in capitals or in another form (r150: such a row was taken for another
+    conversation's, so it neither stayed the delete as ambiguous nor was compacted, and the
+    check said clean while it held the conversation's prompt). The same rule as records
+    outside the rows (`_owner`)."""
+    return _owner(row)
 
 
 # The longest agent id a row can be named by: it goes in an address (the API's, a remote

@@ -142,7 +142,11 @@ def may_be_shorter(value: int, unit: str, than_value: int, than_unit: str) -> bo
 
 def eligible_conversations(cutoff: datetime, *, as_of: datetime | None = None):
     """Live conversations last active strictly before the cutoff, with no queued or running
-    work and no delete intent (AC-TPR-001.3), in id order.
+    work and no delete intent (AC-TPR-001.3), in id order. Work is a queued or running turn,
+    and any open runtime claim: a pending approval, user input or dynamic tool, a live shell
+    job, a task's or an automation's ownership (r150: a shell job started long ago that wrote
+    nothing since had its output removed while it ran; what the delete's admission refuses on
+    is what cleanup leaves alone).
 
     `as_of`: also none that had queued or running work at that time (a run's count): a
     cleanup run takes only conversations it counted when it started, so its figures add up
@@ -153,19 +157,24 @@ def eligible_conversations(cutoff: datetime, *, as_of: datetime | None = None):
         Conversation,
         ConversationState,
         DeleteOperation,
+        RuntimeClaim,
         Turn,
     )
 
     active = Turn.objects.filter(conversation=OuterRef("pk"), state__in=ACTIVE_TURN_STATES)
+    claimed = RuntimeClaim.objects.filter(conversation=OuterRef("pk"), resolved_at__isnull=True)
     intent = DeleteOperation.objects.filter(conversation=OuterRef("pk"), state__in=INTENT_STATES)
     eligible = (
         Conversation.objects.filter(state=ConversationState.LIVE, last_activity_at__lt=cutoff)
         .exclude(Exists(active))
+        .exclude(Exists(claimed))
         .exclude(Exists(intent))
     )
     if as_of is not None:  # work ends only by being marked finished (set_closed), with its time
         was_active = Turn.objects.filter(conversation=OuterRef("pk"), started_at__lte=as_of, finished_at__gt=as_of)
-        eligible = eligible.exclude(Exists(was_active))
+        was_claimed = RuntimeClaim.objects.filter(conversation=OuterRef("pk"), opened_at__lte=as_of,
+                                                  resolved_at__gt=as_of)
+        eligible = eligible.exclude(Exists(was_active)).exclude(Exists(was_claimed))
     return eligible.order_by("id")
 
 

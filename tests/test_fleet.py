@@ -181,6 +181,37 @@ def test_every_fleet_write_goes_through_the_fenced_path():
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("origin", [{"conversation": ""}, {"conversation": "unknown"}, {"conversation": None},
+                                    {"conversation": 7}, "upper", "legacy"])
+def test_a_row_whose_origin_names_no_conversation_is_ambiguous_never_another_conversations(
+        admin_user, engine_home, origin):
+    """r150: an origin that is not a conversation's public id ("", "unknown", the id in capitals
+    or with a prefix) was taken for another conversation's row: the delete completed, the row
+    with the conversation's prompt stayed, and the check said clean. It is a row of unknown
+    origin: ambiguous for the conversation it overlaps, with the way out."""
+    target = factories.make_conversation(days_idle=1)
+    if origin == "upper":
+        origin = {"conversation": target.public_id.upper()}
+    elif origin == "legacy":
+        origin = {"conversation": f"legacy:{target.public_id}"}
+    odd = {**row("sa_odd", None, started_at=target.created_at.isoformat(),
+                 finished_at=target.last_activity_at.isoformat(), prompt="SECRET-CHILD-CONTENT"), "origin": origin}
+    fleet.write_snapshot([odd])
+    assert fleet.origin_of(odd) is None
+    op = request_deletion(target, key="odd-1", acting_user=admin_user)
+    assert (op.state, op.reasons) == ("unavailable", ["conversation_child_ownership_ambiguous"])
+    assert fleet.read_rows(EngineHome().fleet_path) == [odd]
+
+    resolve_subagent("sa_odd", action="attribute", conversation=target, acting_user=admin_user)
+    op = request_deletion(target, key="odd-2", acting_user=admin_user)
+    executor.run_erasure(op.pk)
+    op.refresh_from_db()
+    assert op.state == "completed"
+    assert fleet.read_rows(EngineHome().fleet_path) == []
+    assert b"SECRET-CHILD-CONTENT" not in EngineHome().fleet_path.read_bytes()
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize("started_at", ["2020-01-01T10:00:00", "2020-02-30T10:00:00Z"])
 def test_a_legacy_row_with_a_time_that_is_not_one_counts_as_unknown(admin_user, conversation, started_at):
     """A legacy row without an origin whose start has no offset, or is not a real day, is a

@@ -132,7 +132,7 @@ def test_it_says_the_same_in_spanish(settings, admin_client):
     words = text(page)
     for key in ("lifecycle.Export", "lifecycle.SharedLink", "lifecycle.UsageFact", "provider"):
         assert label(key, "es") in words and label(key, "es") != label(key)
-    assert "se conserva 30 días tras la eliminación" in words
+    assert "se conserva durante 30 días tras la eliminación" in words
     assert "Queda una copia compartida: 1 copia publicada" in words
     assert "se rige por sus propias condiciones" in words
     assert "Otros datos del motor" in words

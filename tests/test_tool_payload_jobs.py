@@ -708,6 +708,33 @@ def test_a_conversation_active_again_before_the_run_reaches_it_is_counted_as_ski
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("kind", ["shell_job", "approval", "user_input", "dynamic_tool", "task", "automation"])
+def test_open_runtime_work_protects_an_old_conversation_from_analysis_and_cleanup(admin_user, kind):
+    """AC-TPR-001.3: active work is protected at any age, not only a queued or running turn
+    (r150: a live shell job that wrote nothing for months had its output removed while it ran).
+    Resolved, the claim protects nothing any more."""
+    from lifecycle.models import RuntimeClaim
+
+    held, free = old_conversation("held", tools=2), old_conversation("free", tools=2)
+    claim = RuntimeClaim.objects.create(conversation=held, kind=kind)
+    before = {i.pk: i.payload for i in Item.objects.filter(conversation=held)}
+    analysis = run(service.start_analysis(user=admin_user, age_value=3, age_unit="months"))
+    assert analysis.eligible_conversations == 1
+    enable(admin_user)
+    cleaned = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert cleaned.state == "succeeded" and cleaned.eligible_conversations == 1
+    assert {i.pk: i.payload for i in Item.objects.filter(conversation=held)} == before
+    assert not Item.objects.filter(conversation=held, details_removed_at__isnull=False).exists()
+    assert Item.objects.filter(conversation=free, details_removed_at__isnull=False).count() == 3
+
+    RuntimeClaim.objects.filter(pk=claim.pk).update(resolved_at=timezone.now())
+    assert jobs.eligible_conversations(timezone.now()).filter(pk=held.pk).exists()
+    # A run counted while the claim was open does not take the conversation later
+    was_open = claim.opened_at + timedelta(microseconds=1)
+    assert not jobs.eligible_conversations(timezone.now(), as_of=was_open).filter(pk=held.pk).exists()
+
+
+@pytest.mark.django_db
 def test_a_run_counts_what_it_leaves_alone_as_the_analysis_does(admin_user):
     """Unknown or unsupported data stays intact and is counted as skipped (AC-TPR-002.5), in the
     run's own results too (002.6), as the analysis counted it; details removed by an earlier
