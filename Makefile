@@ -31,7 +31,8 @@ var/secret-key:
 	@(umask 077 && $(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(50))' > $@.tmp && mv $@.tmp $@)
 
 ## setup-runtime: the runtime lock only (what `make run` needs; no test tools).
-setup-runtime: $(RUNTIME_STAMP) system-packages var/secret-key
+## (No gettext: the compiled catalogs are committed; `make run` and `make messages` need it.)
+setup-runtime: $(RUNTIME_STAMP) var/secret-key
 
 $(VENV)/bin/python:
 	@test -n "$(PYTHON)" || { echo "Python 3.12 or newer is required (pyenv install 3.12)"; exit 1; }
@@ -66,7 +67,7 @@ browser:
 	@test -x /usr/bin/chromium || { echo "Installing chromium"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-dejavu-core >/dev/null; }
 
 ## run: migrate, compile translations, collect static files, seed demo data once, serve with the job cluster.
-run: setup-runtime
+run: setup-runtime system-packages
 	@mkdir -p -m 700 var
 	$(PY) manage.py migrate --noinput -v0
 	$(PY) manage.py compilemessages -v0 --ignore=.venv

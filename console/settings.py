@@ -445,7 +445,11 @@ def trusted_origins(raw: str) -> list[str]:
 CSRF_TRUSTED_ORIGINS = from_env("CSRF_TRUSTED_ORIGINS", [], "origins (a scheme and a host, no path or "
                                 "trailing /) separated by commas, such as https://lethe.example.org", trusted_origins)
 
-DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'lethe.sqlite3'}"
+# Blank is unset, as for every other variable (r149: blanks were refused as a malformed URL).
+# (A value with blanks around it is taken as written: a SQLite file's name may end in one.)
+DATABASE_URL = os.environ.get("DATABASE_URL", "")
+if not DATABASE_URL.strip():
+    DATABASE_URL = f"sqlite:///{VAR_DIR / 'lethe.sqlite3'}"
 DATABASES = {"default": database_from_url(DATABASE_URL)}
 # PostgreSQL: how long a web request waits for a lock (a table another process holds, as an
 # erasure's VACUUM FULL does) before it answers 503 `database_busy`, as SQLite's 20 s wait for

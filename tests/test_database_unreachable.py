@@ -44,6 +44,31 @@ def test_an_unreachable_database_server_stops_a_command_with_one_line(tmp_path, 
     assert not (tmp_path / "lethe-engine").exists()  # serve made no folder, as it would for a new install
 
 
+@pytest.mark.skipif(not os.environ.get("DATABASE_URL", "").startswith("postgres"), reason="a PostgreSQL server")
+@pytest.mark.parametrize(("part", "said"), [("database", 'database "{name}" does not exist'),
+                                            ("role", 'role "{role}" does not exist')])
+def test_a_server_that_refuses_the_database_or_role_says_so_not_that_it_cannot_be_reached(tmp_path, part, said):
+    """r149: a running server without the database (not yet created) was said to be unreachable,
+    and the line said to start it."""
+    from urllib.parse import urlsplit
+
+    server = urlsplit(os.environ["DATABASE_URL"])
+    name, role = "lethe_never_created_r149", "lethe_no_such_role_r149"
+    url = (server._replace(path=f"/{name}") if part == "database"
+           else server._replace(netloc=f"{role}@{server.hostname}:{server.port or 5432}")).geturl()
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "ENGINE_URL")}
+    env.update(DJANGO_SETTINGS_MODULE="console.settings_test", LETHE_VAR_DIR=str(tmp_path / "var"),
+               ENGINE_HOME=str(tmp_path / "lethe-engine"), DATABASE_URL=url)
+    result = subprocess.run([sys.executable, "manage.py", "migrate"], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=120)
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("{")]
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
+    assert "cannot be reached" not in lines[0] and "Start it" not in lines[0]
+    assert lines[0].startswith("Lethe database error: The database server ") and " refused the connection to database " in lines[0]
+    assert said.format(name=name, role=role) in lines[0]
+    assert lines[0].endswith("Create the database or its role (docs/deploy.md), or correct DATABASE_URL, then start again.")
+
+
 def _env(tmp_path, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "ENGINE_URL")}
     env.update(DJANGO_SETTINGS_MODULE="console.settings_test", LETHE_VAR_DIR=str(tmp_path / "var"),

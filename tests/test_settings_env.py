@@ -421,10 +421,12 @@ def test_a_path_with_a_blank_at_its_start_or_end_is_refused_naming_the_variable(
 
 def test_a_blank_path_is_unset_and_means_the_default(monkeypatch, tmp_path):
     s = load(monkeypatch, tmp_path, ENGINE_HOME="  ", STATIC_ROOT=" ", PROMETHEUS_MULTIPROC_DIR="\t ",
-             LETHE_BACKUP_DIR="  ", LETHE_PG_BIN_DIR=" ")
+             LETHE_BACKUP_DIR="  ", LETHE_PG_BIN_DIR=" ", DATABASE_URL=" \t ")
     defaults = {"ENGINE_HOME": tmp_path / "var" / "engine", "METRICS_DIR": tmp_path / "var" / "prometheus",
                 "STATIC_ROOT": ROOT / "staticfiles"}
     assert {name: getattr(s, name) for name in defaults} == defaults
+    # DATABASE_URL too (r149: blanks were refused as a malformed URL)
+    assert str(s.DATABASES["default"]["NAME"]) == str(tmp_path / "var" / "lethe.sqlite3")
     # prometheus-client reads the variable itself, and takes even a blank one for its
     # multiprocess mode (its files then in the current folder): unset, as the settings take it.
     assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ
