@@ -65,6 +65,7 @@ class ApiError(Exception):
     def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.extra = status, code, message, extra
+        self.headers: dict[str, str] = {}  # answer headers the refusal needs
 
 
 class TextEncoder(DjangoJSONEncoder):
@@ -336,6 +337,15 @@ def read_json_body(request: HttpRequest) -> Any:
     if request.content_params.get("charset", "utf-8").strip().lower() not in ("utf-8", "utf8"):
         # JSON is UTF-8 (RFC 8259); a body said to be in another encoding is not read as JSON
         raise ApiError(415, "unsupported_media_type", _("Send the body as application/json in UTF-8."))
+    coding = request.headers.get("Content-Encoding", "").strip().lower()
+    if coding not in ("", "identity"):
+        # A compressed body is not read (RFC 7694: 415 with the codings taken, none here); it was
+        # read as JSON and refused as malformed (r153).
+        refused = ApiError(415, "unsupported_content_encoding", _(
+            "The request body is encoded (Content-Encoding: %(coding)s); send it as plain application/json.")
+            % {"coding": shown_name(coding, 40)})
+        refused.headers = {"Accept-Encoding": "identity"}
+        raise refused
     limit = settings.API_MAX_BODY_BYTES
     length = request.headers.get("Content-Length")
     if "Transfer-Encoding" in request.headers:
@@ -479,7 +489,16 @@ def _csrf_refused(request: HttpRequest) -> bool:
     return CsrfViewMiddleware(lambda r: None).process_view(request, None, (), {}) is not None
 
 
-def _not_authenticated() -> JsonResponse:
+def _not_authenticated(request: HttpRequest) -> JsonResponse:
+    """401. A token that was sent and is not valid (unknown, expired, revoked, its user
+    deactivated) is said to be the cause, in the words and in `WWW-Authenticate` (RFC 6750
+    section 3: error="invalid_token"), so a script tells it from a request that sent none (r153)."""
+    if getattr(request, "token_auth", False):
+        response = error(401, "not_authenticated", _(
+            "The API token sent is not valid: it is unknown, expired or revoked, or its user was deactivated. "
+            "Send a valid token."))
+        response["WWW-Authenticate"] = 'Bearer realm="lethe", error="invalid_token"'
+        return response
     response = error(401, "not_authenticated", _("Sign in or send an API token."))
     response["WWW-Authenticate"] = 'Bearer realm="lethe"'
     return response
@@ -510,7 +529,7 @@ def _answer(ep: Endpoint, result: Any) -> HttpResponse:
 
 def _run(ep: Endpoint, request: HttpRequest, kwargs: dict[str, Any]) -> HttpResponse:
     if not ep.public and not request.user.is_authenticated:
-        return _not_authenticated()
+        return _not_authenticated(request)
     if settings.ENGINE_URL and not ep.public and ep.path.startswith(ENGINE_PREFIX):
         # A console of a remote engine is no engine: its own tables hold no conversations, and a
         # delete sent past its bindings would bypass the bound delete that keeps the binding
@@ -563,7 +582,7 @@ def _dispatcher(by_method: dict[str, Endpoint]) -> Callable:
         try:
             if ep is None:
                 if not all(e.public for e in by_method.values()) and not request.user.is_authenticated:
-                    return _not_authenticated()
+                    return _not_authenticated(request)
                 if request.method == "OPTIONS":  # what the path takes, and nothing else
                     response = HttpResponse(status=204)
                     del response["Content-Type"]
@@ -574,6 +593,8 @@ def _dispatcher(by_method: dict[str, Endpoint]) -> Callable:
             response = _run(ep, request, dict(kwargs))
         except ApiError as exc:
             response = error(exc.status, exc.code, exc.message, **exc.extra)
+            for name, value in exc.headers.items():
+                response[name] = value
         except ActionRefused as exc:
             response = error(exc.status, exc.code, exc.message, **getattr(exc, "extra", {}))
         except Http404:
@@ -683,7 +704,8 @@ def openapi_document() -> dict[str, Any]:
                                           **({"pattern": header.pattern} if header.pattern else {})}})
         responses: dict[str, Any] = {}
         for status, model in ep.responses.items():
-            entry: dict[str, Any] = {"description": "OK" if status < 300 else str(status)}
+            entry: dict[str, Any] = {"description": "OK" if status < 300 else str(status),
+                                     "headers": _answer_headers(status)}
             if model is not None:
                 entry["content"] = {"application/json": {"schema": _schema_of(model, refs)}}
             responses[str(status)] = entry
@@ -704,6 +726,7 @@ def openapi_document() -> dict[str, Any]:
         for status in sorted(statuses):
             responses[str(status)] = {
                 "description": _ERROR_DESCRIPTIONS.get(status, "Refused"),
+                "headers": _answer_headers(status),
                 "content": {"application/json": {"schema": error_ref}},
             }
         operation: dict[str, Any] = {
@@ -727,12 +750,15 @@ def openapi_document() -> dict[str, Any]:
         "info": {
             "title": "Lethe API",
             "version": "1",
-            "description": "Engine API (/v1/) and console API (/api/v1/). Errors are {code, message}.",
+            "description": "Engine API (/v1/) and console API (/api/v1/). Errors are {code, message}. Types are "
+                           "exact: a field of type integer takes a number written without a fraction or an "
+                           "exponent (1, not 1.0 or 1e0: 400 invalid_type), a string never a number.",
         },
         "servers": [{"url": "/"}],
         "paths": paths,
         "components": {
             "schemas": definitions.get("$defs", {}),
+            "headers": _HEADERS,
             "securitySchemes": {
                 "bearer": {"type": "http", "scheme": "bearer",
                            "description": "A token from `manage.py create_api_token <user>`."},
@@ -746,6 +772,30 @@ def openapi_document() -> dict[str, Any]:
 
 ALWAYS_POSSIBLE = frozenset({400, 408, 411, 413, 414, 415, 429, 431, 503})
 
+# The answer headers a client reads, declared (r153: none was, so a generated client could not
+# read Retry-After, and a schema check could not hold the answers to them).
+_HEADERS = {
+    "RequestId": {"description": "The request's id: the caller's X-Request-ID when it is sane (1 to 128 letters, "
+                                 "digits and ._:/+=-, starting with a letter or digit), else a new one; in the logs.",
+                  "required": True, "schema": {"type": "string", "minLength": 1, "maxLength": 128}},
+    "RetryAfter": {"description": "Seconds to wait before trying again.",
+                   "schema": {"type": "string", "pattern": "^[0-9]+$"}},
+    "WWWAuthenticate": {"description": 'Bearer realm="lethe"; with error="invalid_token" when the token sent is '
+                                       "unknown, expired or revoked, or its user deactivated.",
+                        "required": True, "schema": {"type": "string"}},
+}
+
+
+def _answer_headers(status: int) -> dict[str, Any]:
+    headers: dict[str, Any] = {"X-Request-ID": {"$ref": "#/components/headers/RequestId"}}
+    if status == 401:
+        headers["WWW-Authenticate"] = {"$ref": "#/components/headers/WWWAuthenticate"}
+    if status == 429:  # always given
+        headers["Retry-After"] = {**_HEADERS["RetryAfter"], "required": True}
+    elif status == 503:  # where the wait is known
+        headers["Retry-After"] = {"$ref": "#/components/headers/RetryAfter"}
+    return headers
+
 _ERROR_DESCRIPTIONS = {
     400: "The request is not valid; nothing changed.",
     401: "Not signed in and no valid API token.",
@@ -758,7 +808,8 @@ _ERROR_DESCRIPTIONS = {
     411: "A body was sent without a Content-Length (chunked); send its length.",
     413: "The request body is too large.",
     414: "The request line (method, path and query) is longer than the web server accepts.",
-    415: "The body must be application/json.",
+    415: "The body must be application/json in UTF-8 (unsupported_media_type), not compressed "
+         "(unsupported_content_encoding).",
     421: "This is a console of a remote engine (ENGINE_URL): the engine API is the engine's.",
     422: "The request conflicts with an earlier one (e.g. an operation key reused).",
     429: "Too many requests with an unknown API token from this address; see Retry-After.",

@@ -606,7 +606,7 @@ SECURE_REFERRER_POLICY = "same-origin"
 # HTTPS=true: Lethe is served over HTTPS (usually behind a proxy that terminates TLS and
 # sets X-Forwarded-Proto). Secure cookies, HSTS and the redirect to https:// all follow.
 # Whether a request came over https is the web server's answer (gunicorn believes
-# X-Forwarded-Proto only from FORWARDED_ALLOW_IPS, 127.0.0.1 by default), not the header's:
+# X-Forwarded-Proto only from FORWARDED_ALLOW_IPS, 127.0.0.1 and ::1 by default), not the header's:
 # with SECURE_PROXY_SSL_HEADER any client reaching the server directly could claim https and
 # skip the redirect (r22).
 HTTPS = env_bool("HTTPS", False)

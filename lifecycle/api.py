@@ -168,7 +168,7 @@ def thread_list(request: HttpRequest, query: ThreadsQuery) -> dict:
         except InvalidCursor:
             raise cursor_of_another_list() from None
         if cursor.backward:
-            raise ApiError(400, "invalid_cursor", _("The cursor is not valid."))
+            raise cursor_of_another_list()
     qs, key = listing(qs, query.view)
     page = snapshot_page(qs, cursor, query.limit, count=False, key=key, scope=scope)
     return {

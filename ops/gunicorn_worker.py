@@ -119,14 +119,36 @@ def refusal_of(kind: type[errors.ParseException]) -> tuple[int, str, str, str]:
     return next(row[1:] for row in _REFUSALS if row[0] is kind)
 
 
+# What every answer of the console carries (Django's security middleware and Lethe's request
+# middleware), this server's own refusals too (r153: they had none of it, nor the request id).
+_SAFETY_HEADERS = ("X-Content-Type-Options: nosniff\r\nX-Frame-Options: DENY\r\nReferrer-Policy: same-origin\r\n"
+                   "Cross-Origin-Opener-Policy: same-origin\r\n")
+# The caller's request id, in a complete header line of the request read so far
+_REQUEST_ID_LINE = re.compile(rb"\nx-request-id:[ \t]*([^\r\n]*?)[ \t]*\r?(?=\n)", re.IGNORECASE)
+
+
+def request_id_of(data=b"", end: int = -1) -> str:
+    """The request's X-Request-ID when its head so far holds a sane one, else a new id (as the
+    request middleware answers: ops.context.sane_request_id)."""
+    from ops.context import sane_request_id
+
+    found = _REQUEST_ID_LINE.search(data, 0, _head_stop(data, end))
+    return sane_request_id(found[1][:200].decode("latin-1") if found else None)
+
+
 def json_error(status: int, reason: str, code: str, message: str, retry_after: int | None = None,
-               language: str | None = None) -> bytes:
-    """The whole answer: `message` as given (`localized` translates it), in `language` if named."""
-    body = json.dumps({"code": code, "message": message}).encode()
+               language: str | None = None, request_id: str | None = None) -> bytes:
+    """The whole answer: `message` as given (`localized` translates it), in `language` if named.
+    Its text as it is, in UTF-8, as every JSON answer of the API (r153: escaped as \\uXXXX)."""
+    from ops.context import sane_request_id
+
+    body = json.dumps({"code": code, "message": message}, ensure_ascii=False).encode()
     retry = f"Retry-After: {retry_after}\r\n" if retry_after is not None else ""
     content_language = f"Content-Language: {language}\r\n" if language else ""
     head = (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nCache-Control: no-store\r\n{content_language}{retry}\r\n")
+            f"Content-Length: {len(body)}\r\nCache-Control: no-store\r\n{content_language}{retry}"
+            f"Content-Security-Policy: default-src 'none'; frame-ancestors 'none'\r\n{_SAFETY_HEADERS}"
+            f"X-Request-ID: {request_id or sane_request_id(None)}\r\n\r\n")
     return head.encode("latin-1") + body
 
 
@@ -205,10 +227,11 @@ def localized(row: tuple[int, str, str, str], data=b"", end: int = -1, fields: i
     status, reason, code, message = row
     language = request_language(*language_headers(data, end, fields))
     with translation.override(language):
+        request_id = request_id_of(data, end)
         if loads_a_page(data, end):
             return page_error(status, reason, translation.gettext(_PAGE_TITLE), translation.gettext(message),
-                              translation.gettext(_PAGE_BACK), retry_after, language)
-        return json_error(status, reason, code, translation.gettext(message), retry_after, language)
+                              translation.gettext(_PAGE_BACK), retry_after, language, request_id)
+        return json_error(status, reason, code, translation.gettext(message), retry_after, language, request_id)
 
 
 # The page's own look, allowed by its hash alone (no other style, no script, nothing loaded):
@@ -223,10 +246,12 @@ _PAGE_BACK = gettext_noop("Back to Lethe")
 
 
 def page_error(status: int, reason: str, title: str, message: str, back: str, retry_after: int | None = None,
-               language: str = "en") -> bytes:
+               language: str = "en", request_id: str | None = None) -> bytes:
     """The whole answer as a page for a browser: the refusal's words and a way back, nothing else
     (no script, nothing loaded: the policy allows only its own style, by its hash)."""
     from html import escape
+
+    from ops.context import sane_request_id
 
     body = (f'<!DOCTYPE html>\n<html lang="{escape(language)}"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{escape(title)}</title>'
@@ -238,8 +263,9 @@ def page_error(status: int, reason: str, title: str, message: str, back: str, re
     retry = f"Retry-After: {retry_after}\r\n" if retry_after is not None else ""
     head = (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: text/html; charset=utf-8\r\n"
             f"Content-Length: {len(body)}\r\nCache-Control: no-store\r\nContent-Language: {language}\r\n"
-            f"Content-Security-Policy: default-src 'none'; style-src 'sha256-{_PAGE_STYLE_HASH}'\r\n"
-            f"X-Content-Type-Options: nosniff\r\n{retry}\r\n")
+            f"Content-Security-Policy: default-src 'none'; style-src 'sha256-{_PAGE_STYLE_HASH}'; "
+            f"frame-ancestors 'none'\r\n{_SAFETY_HEADERS}X-Request-ID: {request_id or sane_request_id(None)}\r\n"
+            f"{retry}\r\n")
     return head.encode("latin-1") + body
 
 

@@ -244,8 +244,8 @@ def _cursor_place(token: str) -> tuple[str, int, int]:
         if version != "b2" or kind not in ("account", "computer"):
             raise InvalidCursor(token)
         return kind, token_pk(owner_id), token_pk(place)
-    except InvalidCursor:
-        raise ApiError(400, "invalid_cursor", _("The cursor is not valid.")) from None
+    except InvalidCursor:  # the words every list's cursor has (r153: these were shorter)
+        raise cursor_of_another_list() from None
 
 
 @endpoint("DELETE", "/api/v1/bindings/{binding_id}", response={202: BoundDeleteOut}, admin=True,

@@ -116,7 +116,8 @@ class BackupReceipt:
     database: str
     # The published file's modification time (receipts written since 2026-12-03 have it).
     mtime_ns: int | None = None
-    # The cleanup operation (its id) that made it, when a job made it (receipts since 2026-12-04).
+    # The backup operation (its id: a backup is an operation of its own, before the cleanup that
+    # waits for it) that made it, when a job made it (receipts since 2026-12-04).
     operation: int | None = None
     # Where the database it was made from is, as a key (`database_key`; receipts since
     # 2026-12-05): a folder may hold another installation's backups too.

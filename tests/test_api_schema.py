@@ -94,7 +94,7 @@ def test_schemathesis_finds_no_server_error_and_no_answer_outside_the_schema(liv
          f"{live_server.url}/v1/openapi.json",
          "--header", f"Authorization: Bearer {raw}",
          "--checks", "not_a_server_error,status_code_conformance,content_type_conformance,"
-                     "response_schema_conformance,negative_data_rejection",
+                     "response_schema_conformance,response_headers_conformance,negative_data_rejection",
          "--max-examples", "25", "--seed", "7", "--no-shrink", "--workers", "1",
          "--generation-database", "none", "--phases", "examples,coverage,fuzzing",
          "--request-timeout", "20", "--report", "ndjson", "--report-dir", str(report)],

@@ -371,6 +371,22 @@ def test_a_body_in_another_encoding_than_utf8_is_refused_with_415(runtime, conve
     assert accepted.status_code == 201 and Item.objects.get().content == "caf\xe9"
 
 
+@pytest.mark.parametrize("coding", ["gzip", "br", " GZIP ", "deflate, identity"])
+def test_a_compressed_body_is_refused_with_415_saying_so_not_called_malformed(runtime, conversation, coding):
+    """r153: a gzip body was read as JSON and refused as not valid JSON."""
+    import gzip
+
+    body = gzip.compress(b'{"role":"user","content":"hello"}')
+    response = runtime.post(f"/v1/threads/{conversation.public_id}/items", data=body, content_type="application/json",
+                            HTTP_CONTENT_ENCODING=coding)
+    assert (response.status_code, response.json()["code"]) == (415, "unsupported_content_encoding")
+    assert response["Accept-Encoding"] == "identity" and "Content-Encoding" in response.json()["message"]
+    assert Item.objects.count() == 0
+    plain = runtime.post(f"/v1/threads/{conversation.public_id}/items", data=b'{"role":"user","content":"hello"}',
+                         content_type="application/json", HTTP_CONTENT_ENCODING="identity")
+    assert plain.status_code == 201 and Item.objects.get().content == "hello"
+
+
 def test_a_half_given_owner_filter_says_what_is_missing(member_client):
     for url in ("/v1/threads?owner_kind=account", "/v1/threads?owner_id=3", "/api/v1/bindings?owner_kind=account"):
         answer = member_client.get(url, HTTP_HOST="127.0.0.1")

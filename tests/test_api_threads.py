@@ -22,6 +22,34 @@ def test_it_answers_anonymous_requests_with_401_json(client):
     response = client.get("/v1/threads", **HOST)
     assert response.status_code == 401
     assert response.json()["code"] == "not_authenticated"
+    assert response["WWW-Authenticate"] == 'Bearer realm="lethe"'
+
+
+@pytest.mark.parametrize("how", ["unknown", "revoked", "expired", "inactive"])
+def test_a_token_that_is_not_valid_is_named_as_the_cause_of_the_401(member_user, how):
+    """r153: an expired or revoked token was told to sign in or send a token, and the header did
+    not say the token was the trouble (RFC 6750: error="invalid_token")."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from console.models import ApiToken
+
+    raw = token_for(member_user)
+    token = ApiToken.objects.get(user=member_user)
+    if how == "unknown":
+        raw = raw[:-4] + "zzzz"
+    elif how == "revoked":
+        ApiToken.objects.filter(pk=token.pk).update(revoked_at=timezone.now())
+    elif how == "expired":
+        ApiToken.objects.filter(pk=token.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    else:
+        type(member_user).objects.filter(pk=member_user.pk).update(is_active=False)
+    for language, words in (("en", "The API token sent is not valid"), ("es", "El token de API enviado no es válido")):
+        response = Client(HTTP_AUTHORIZATION=f"Bearer {raw}", HTTP_ACCEPT_LANGUAGE=language, **HOST).get("/v1/threads")
+        assert response.status_code == 401 and response.json()["code"] == "not_authenticated"
+        assert response.json()["message"].startswith(words), response.json()
+        assert response["WWW-Authenticate"] == 'Bearer realm="lethe", error="invalid_token"'
 
 
 def test_it_lists_threads_with_the_documented_shape(member_client):

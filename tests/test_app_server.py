@@ -351,6 +351,15 @@ def test_requests_the_server_refuses_before_lethe_sees_them_get_the_json_error(s
         assert (answered, headers["Content-Type"]) == (status, "application/json"), (request[:60], body[:200])
         document = json.loads(body)
         assert document["code"] == code and document["message"], document
+        # r153: the headers every answer carries, these too
+        assert (headers["X-Content-Type-Options"], headers["X-Frame-Options"]) == ("nosniff", "DENY"), headers
+        assert re.fullmatch(r"[0-9a-f]{32}", headers["X-Request-ID"]), headers
+    # The caller's request id comes back, and the words are UTF-8 as in every API answer (r153:
+    # escaped as \uXXXX, and no request id)
+    answered, headers, body = _raw(port, b"PUT /api/v1/system/retained-facts HTTP/1.1\r\nHost: x\r\n"
+                                   b"X-Request-ID: abc123\r\nAccept-Language: es\r\nContent-Length: abc\r\n\r\n")
+    assert (answered, headers["X-Request-ID"], headers["Content-Language"]) == (400, "abc123", "es"), headers
+    assert "válido".encode() in body and b"\\u" not in body, body
     # r82: a browser loading a page (a search too long, a form too large) gets a page in its
     # language with a way back, not the JSON document with its letters escaped.
     page_load = "Sec-Fetch-Dest: document\r\nCookie: django_language=es\r\nAccept: text/html\r\n"
@@ -364,7 +373,7 @@ def test_requests_the_server_refuses_before_lethe_sees_them_get_the_json_error(s
             status, "text/html; charset=utf-8", "es"), body[:200]
         from ops.gunicorn_worker import _PAGE_STYLE_HASH
 
-        assert headers["Content-Security-Policy"] == f"default-src 'none'; style-src 'sha256-{_PAGE_STYLE_HASH}'"
+        assert headers["Content-Security-Policy"] == f"default-src 'none'; style-src 'sha256-{_PAGE_STYLE_HASH}'; frame-ancestors 'none'"
         page = body.decode()
         assert '<html lang="es">' in page and "Lethe no pudo atender esta solicitud" in page
         assert '<a href="/">Volver a Lethe</a>' in page and "aaaaaaaaaa" not in page

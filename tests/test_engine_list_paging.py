@@ -84,6 +84,8 @@ def test_the_api_pages_every_binding_of_an_owner(admin_client):
     for bad in ("x", "YjF8eA", "djJ8MQ", "b1"):
         answer = admin_client.get(f"/api/v1/bindings?owner_kind=account&owner_id=9&cursor={bad}", **HOST)
         assert (answer.status_code, answer.json()["code"]) == (400, "invalid_cursor"), bad
+        # the words of every list's cursor (r153: "The cursor is not valid." here only)
+        assert answer.json()["message"].startswith("The cursor is not valid for this list: it was handed out"), bad
     for bad in ("0", "201", "x"):
         answer = admin_client.get(f"/api/v1/bindings?limit={bad}", **HOST)
         assert (answer.status_code, answer.json()["code"]) == (400, "invalid_limit"), bad

@@ -93,7 +93,10 @@ class InProcessEngine:
                                                     "instead.") % {"max": number_format(MAX_OFFSET, force_grouping=True)},
                                 status=400) from None
         except InvalidCursor:
-            raise ActionRefused("invalid_cursor", _("The cursor is not valid."), status=400) from None
+            from lifecycle.api import cursor_of_another_list
+
+            refused = cursor_of_another_list()  # the words every list's cursor has (r153)
+            raise ActionRefused(refused.code, refused.message, status=400) from None
         qs = with_steps(DeleteOperation.objects.all())
         if state:
             qs = qs.filter(state=state)
