@@ -190,15 +190,19 @@ def backup_dir() -> Path:
 
 
 def readable_backup_dir() -> Path | None:
-    """The backup folder to read; None when it is missing and cannot be created (no backup
-    could be made there). Something there that cannot be used as the folder raises
-    BackupFolderUnreadable: it may hold backups this process cannot see."""
+    """The backup folder to read; None when it is missing (nothing to read; a read creates
+    nothing: r149, the status made an empty folder on a host that lacked the shared one, and the
+    receipts then said their backups were gone from it). Something there that cannot be used as
+    the folder raises BackupFolderUnreadable: it may hold backups this process cannot see."""
+    directory = configured_backup_dir()
     try:
-        return backup_dir()
+        if directory.is_dir():
+            return directory
+        if not os.path.lexists(directory):
+            return None
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(directory))
     except OSError as exc:
-        if os.path.lexists(configured_backup_dir()):
-            raise BackupFolderUnreadable(exc.errno, exc.strerror, str(configured_backup_dir())) from exc
-        return None
+        raise BackupFolderUnreadable(exc.errno, exc.strerror, str(directory)) from exc
 
 
 def list_backup_folder(directory: Path) -> list[Path]:

@@ -133,6 +133,13 @@ def test_a_backup_folder_that_is_not_there_removes_nothing_from_the_receipt(sett
     op.refresh_from_db()
     assert [h for h in op.receipt["holders"] if "removed_at" in h] == []
     assert not settings.LETHE_BACKUP_DIR.exists()  # reading it created nothing
+    # r149: the tool payload status (the Data & storage page, its API, the command) read the
+    # folder by making it, empty; every receipt then said its backups were gone from it
+    admin_client.get("/settings/system/data-storage/", **HOST)
+    admin_client.get("/api/v1/system/tool-payload-retention", **HOST)
+    call_command("tool_payloads", "status", stdout=io.StringIO())
+    assert not settings.LETHE_BACKUP_DIR.exists()
+    assert f"still held by: Backup {made.name}" in _status(op)
 
 
 def test_the_confirmation_names_the_backups_that_hold_the_conversation_before_the_delete(settings, tmp_path,
