@@ -220,3 +220,85 @@ def test_a_field_typed_in_stays_in_view_with_the_keyboard_open(seeded, live_serv
     page.locator("#q").blur()
     expect(page.locator(".phonenav")).to_be_visible()
     page.set_viewport_size(size)
+
+
+_LARGE_TEXT = "() => { document.documentElement.style.fontSize = '200%'; document.body.style.fontSize = '32px'; }"
+_SETTLED = "() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))"
+
+
+@pytest.mark.parametrize("lang", ["en", "es"])
+def test_with_the_text_twice_as_large_every_bottom_tab_is_on_the_screen_and_nothing_hides_under_the_bars(
+        seeded, live_server, open_page, lang):
+    """r152: at 200% text the bottom bar's Settings tab was past the screen's right edge (its
+    words kept whole, its tab not shrinking), the only way to Data & storage on a phone; the top
+    bar grew to 107 px under a scroll padding of 72."""
+    page = open_page("small-phone")
+    log_in(page, live_server.url, *ADMIN)
+    if lang == "es":
+        page.locator("#language-foot").select_option("es")
+        expect(page.locator("html")).to_have_attribute("lang", "es")
+    page.evaluate(_LARGE_TEXT)
+    page.evaluate(_SETTLED)
+    tabs = page.locator(".phonenav .navlink")
+    expect(tabs).to_have_count(3)
+    for n in range(3):
+        box = tabs.nth(n).bounding_box()
+        assert box["x"] >= 0 and box["x"] + box["width"] <= 320.5, (n, box)
+        assert box["height"] >= 43.5 and box["width"] >= 43.5, (n, box)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 320
+    bars = page.evaluate("""() => ({top: document.querySelector('.topbar').offsetHeight,
+        nav: document.querySelector('.phonenav').getBoundingClientRect().top,
+        padding: parseFloat(getComputedStyle(document.documentElement).scrollPaddingTop)})""")
+    assert bars["top"] > 72 and bars["padding"] >= bars["top"] + 8, bars
+    # The page's last control clears the (now taller) bottom bar at the very bottom
+    page.evaluate("window.scrollTo(0, document.documentElement.scrollHeight)")
+    page.evaluate(_SETTLED)
+    last = page.locator("#timezone-foot").bounding_box()
+    nav = page.locator(".phonenav").bounding_box()
+    assert last["y"] + last["height"] + RING <= nav["y"], (last, nav)
+    # A tap on the third tab takes the admin to the settings
+    tabs.nth(2).click()
+    expect(page).to_have_url(re.compile(r"/settings/"))
+
+
+def test_held_sideways_with_the_keyboard_open_the_field_being_typed_in_stays_clear(seeded, live_server, open_page):
+    """r152: at 640 px wide (the phone rules) the compact save bar stacked its buttons under its
+    words (82 px) and the sticky top bar took 56 more: in a 640x160 visible area the field being
+    typed in was under the bar. The bar keeps one row when it fits, and with a text field focused
+    on a short screen the top bar scrolls away."""
+    page = open_page({"width": 640, "height": 700})
+    log_in(page, live_server.url, *ADMIN)
+    open_nav(page, "Data & storage")
+    for field in ("id_age_value", "id_audit_days"):
+        page.set_viewport_size({"width": 640, "height": 700})
+        page.locator(f"#{field}").focus()
+        page.keyboard.press("End")
+        page.keyboard.type("3")
+        expect(page.locator("#save-bar")).to_be_visible()
+        page.set_viewport_size({"width": 640, "height": 160})
+        clear_soon(page, field)
+        assert page.locator("#save-bar").bounding_box()["height"] < 72, page.locator("#save-bar").bounding_box()  # one row (two: 82)
+        for button in ("Save", "Discard"):
+            box = page.locator("#save-bar").get_by_role("button", name=button).bounding_box()
+            assert box["height"] >= 43.5 and box["width"] >= 43.5 and box["y"] + box["height"] <= 160.5, box
+        page.locator("#save-bar").get_by_role("button", name="Discard").click()
+        expect(page.locator("#save-bar")).to_be_hidden()
+    # Without a focused text field the top bar is sticky again
+    page.locator("h1").click()
+    assert page.evaluate("getComputedStyle(document.querySelector('.topbar')).position") == "sticky"
+
+
+def test_a_side_menu_taller_than_the_screen_scrolls_with_the_page(seeded, live_server, open_page):
+    """r152: at 844x390 the sticky side menu (394 px) kept its time zone below the screen's edge
+    until the page's very end."""
+    page = open_page({"width": 844, "height": 390})
+    log_in(page, live_server.url, *ADMIN)
+    open_nav(page, "Data & storage")
+    page.evaluate(_SETTLED)
+    assert page.evaluate("getComputedStyle(document.querySelector('.sidenav')).position") == "static"
+    page.locator("#timezone-nav").scroll_into_view_if_needed()
+    box = page.locator("#timezone-nav").bounding_box()
+    assert box["y"] >= 0 and box["y"] + box["height"] <= 390.5, box
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.evaluate(_SETTLED)
+    assert page.evaluate("getComputedStyle(document.querySelector('.sidenav')).position") == "sticky"

@@ -759,6 +759,40 @@
   document.addEventListener("htmx:oobAfterSwap", syncCleanupDraft);
   syncCleanupDraft();
 
+  // ---- The bars' real heights -----------------------------------------------------
+  // The sticky top bar and the phone's bottom bar grow with the reader's text size (r152: at
+  // 200% the top bar was 107 px under a fixed 72 px scroll padding, and the bottom bar's tabs
+  // wrapped to a second row the page's bottom room did not allow for): the CSS reads their
+  // heights from here (--topbar-h, --phonenav-h; its own defaults without a script). A bottom
+  // bar hidden meanwhile (a text field focused) keeps its last height, so nothing jumps. A
+  // side menu taller than the screen scrolls with the page instead of sticking out of reach.
+  // A short visible area (the on-screen keyboard open, a phone held sideways) is marked
+  // .is-short: with a text field focused, the top bar then scrolls away (lethe.css).
+  var SHORT_BELOW = 480; // visible height, CSS px (the save bar's compact form too)
+  function measureBars() {
+    var root = document.documentElement;
+    var top = document.querySelector(".topbar");
+    var nav = document.querySelector(".phonenav");
+    var side = document.querySelector(".sidenav");
+    if (top && top.offsetHeight) root.style.setProperty("--topbar-h", top.offsetHeight + "px");
+    if (nav && nav.offsetHeight) root.style.setProperty("--phonenav-h", nav.offsetHeight + "px");
+    if (side && side.offsetHeight) {
+      side.classList.toggle("is-tall", side.offsetHeight + (top ? top.offsetHeight : 0) > window.innerHeight);
+    }
+    var vv = window.visualViewport;
+    root.classList.toggle("is-short", (vv ? vv.height : window.innerHeight) < SHORT_BELOW);
+  }
+  measureBars();
+  if (window.ResizeObserver) {
+    var barWatch = new ResizeObserver(measureBars);
+    [".topbar", ".phonenav", ".sidenav"].forEach(function (s) {
+      var el = document.querySelector(s);
+      if (el) barWatch.observe(el);
+    });
+  }
+  if (window.visualViewport) window.visualViewport.addEventListener("resize", measureBars);
+  window.addEventListener("resize", measureBars);
+
   // ---- Phone: the field being typed in stays in view ---------------------------
   // When the on-screen keyboard opens the visible area shrinks under a focused field; the
   // bottom navigation steps aside while a text field has focus (lethe.css), and the field is
@@ -884,7 +918,7 @@
   // (the whole sentence stays in the bar for screen readers and is announced), no card
   // names, so the field and its error keep the room.
   var RING = 8; // 3px outline + 2px offset + room to breathe
-  var COMPACT_BELOW = 480; // visible height, CSS px
+  var COMPACT_BELOW = SHORT_BELOW;
   function shortText(text) {
     var keys = ["failed", "offline", "lost", "lostUnsaved", "sessionEnded", "forbidden"];
     for (var i = 0; i < keys.length; i++) {
