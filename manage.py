@@ -16,11 +16,16 @@ def unreachable(database: dict, error: Exception) -> str | None:
     where = f"{database.get('HOST') or 'localhost'}:{database.get('PORT') or 5432}"
     why = (str(error).strip().splitlines() or ["no reason given"])[0]
     if "FATAL:" in why:
-        # The server answered and refused: no such database or role, a password, a limit (r149:
-        # "cannot be reached ... Start it" for a database not yet created on a running server).
+        # The server answered and refused (r149: "cannot be reached ... Start it" for a database
+        # not yet created on a running server). What to do depends on why (r154: a setting it
+        # refused, too many clients, a server starting up were told to create the database).
+        said = why.split("FATAL:", 1)[1].strip()
+        if " does not exist" in said and ("database " in said or "role " in said):
+            advice = "Create the database or its role (docs/deploy.md), or correct DATABASE_URL"
+        else:
+            advice = "Correct DATABASE_URL or the server's settings, or wait for the server if it is starting or full"
         return (f"The database server {where} refused the connection to database {database.get('NAME')}: "
-                f"{why.split('FATAL:', 1)[1].strip()}. Create the database or its role (docs/deploy.md), or correct "
-                "DATABASE_URL, then start again.")
+                f"{said}. {advice}, then start again.")
     return (f"The database server {where} (database {database.get('NAME')}) cannot be reached: {why}. Start it, or "
             "correct DATABASE_URL, then start again.")
 

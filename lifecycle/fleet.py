@@ -201,9 +201,34 @@ def children(rows: Iterable[Row], conversation: Conversation) -> list[Row]:
     return [r for r in rows if origin_of(r) == conversation.public_id]
 
 
+def names(row: Row, public_id: str) -> bool:
+    """Whether a row of unknown origin names the conversation: its id (in any case) in its text,
+    as a record's origin nested in it, or as a key (`_holds_records_of`, the rule for records
+    outside the rows). r154: an origin of "C_<ID IN CAPITALS>" or "legacy:c_..." on a row that
+    began after the conversation's last activity was neither compacted nor ambiguous, and
+    stayed after a delete that the check called clean."""
+    return origin_of(row) is None and _holds_records_of(row, public_id)
+
+
 def ambiguous(rows: Iterable[Row], conversation: Conversation) -> list[Row]:
-    """Rows of unknown origin whose lifetime overlaps the conversation's: never guessed at."""
-    return [r for r in rows if origin_of(r) is None and overlaps(r, conversation)]
+    """Rows of unknown origin whose lifetime overlaps the conversation's, or that name it:
+    never guessed at."""
+    return [r for r in rows if origin_of(r) is None
+            and (overlaps(r, conversation) or _holds_records_of(r, conversation.public_id))]
+
+
+def named_rows(rows: Iterable[Row], conversation: Conversation) -> list[Row]:
+    """The conversation's rows and the rows of unknown origin that name it: what must be gone
+    once it is deleted (the erasure check)."""
+    return [r for r in rows if origin_of(r) == conversation.public_id or names(r, conversation.public_id)]
+
+
+_ANY_ID = re.compile(r"c_[0-9a-f]{20}", re.IGNORECASE)
+
+
+def _named_ids(row: Row) -> set[str]:
+    """The conversation ids a row of unknown origin may name (a superset: `names` decides)."""
+    return {found.lower() for found in _ANY_ID.findall(json.dumps(row))} if origin_of(row) is None else set()
 
 
 def way_out(rows: Iterable[Row], conversation: Conversation) -> tuple[list[dict[str, Any]], bool]:
@@ -240,7 +265,18 @@ def fenced_origins(origins: set[str]) -> set[str]:
     )
 
 
+def _fenced_row(row: Row, fenced: set[str]) -> bool:
+    origin = origin_of(row)
+    if origin is not None:
+        return origin in fenced
+    return any(names(row, public_id) for public_id in _named_ids(row) & fenced)
+
+
 def _without_fenced(rows: list[Row]) -> list[Row]:
+    """The rows but those of fenced conversations. (A row of unknown origin that names one is
+    kept as it is: it may be another conversation's, whose rows no write drops unseen; a new one
+    is refused by `put_row`, one there before stays the delete as ambiguous, and the erasure
+    check names one found after.)"""
     fenced = fenced_origins({o for r in rows if (o := origin_of(r))})
     return [r for r in rows if origin_of(r) not in fenced] if fenced else rows
 
@@ -275,9 +311,10 @@ def put_row(row: Row, *, home: EngineHome | None = None) -> list[Row]:
     """
     agent_id = row.get("agent_id")
     origin = origin_of(row)
+    candidates = {origin} if origin is not None else _named_ids(row)
 
     def change(rows: list[Row]) -> list[Row]:
-        if origin is not None and fenced_origins({origin}):
+        if candidates and _fenced_row(row, fenced_origins(candidates)):
             raise refusal()
         return [r for r in rows if r.get("agent_id") != agent_id] + [row]
 

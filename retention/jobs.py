@@ -171,9 +171,12 @@ def eligible_conversations(cutoff: datetime, *, as_of: datetime | None = None):
         .exclude(Exists(intent))
     )
     if as_of is not None:  # work ends only by being marked finished (set_closed), with its time
-        was_active = Turn.objects.filter(conversation=OuterRef("pk"), started_at__lte=as_of, finished_at__gt=as_of)
-        was_claimed = RuntimeClaim.objects.filter(conversation=OuterRef("pk"), opened_at__lte=as_of,
-                                                  resolved_at__gt=as_of)
+        # Work that ended after that time, whenever it began: work begun just after it and
+        # running when the count read (its snapshot is a moment later) kept the conversation out
+        # of the count too (r154: the run then took it, done 9 of 6). Work begun later still
+        # left it out of nothing the run counted: leaving it out now changes no figure.
+        was_active = Turn.objects.filter(conversation=OuterRef("pk"), finished_at__gt=as_of)
+        was_claimed = RuntimeClaim.objects.filter(conversation=OuterRef("pk"), resolved_at__gt=as_of)
         eligible = eligible.exclude(Exists(was_active)).exclude(Exists(was_claimed))
     return eligible.order_by("id")
 
@@ -564,19 +567,23 @@ def _analysis_step(op: ToolPayloadOperation, token: str) -> str:
 
     deadline = time.monotonic() + STEP_SECONDS
     if op.cutoff is None:
-        cutoff = cutoff_for(timezone.now(), op.age_value, op.age_unit)
+        now = timezone.now()
+        cutoff = cutoff_for(now, op.age_value, op.age_unit)
         total = eligible_conversations(cutoff).count()
         with transaction.atomic():
             _locked(op, token)
-            ToolPayloadOperation.objects.filter(pk=op.pk).update(cutoff=cutoff, progress_total=total)
-        op.cutoff, op.progress_total = cutoff, total
+            ToolPayloadOperation.objects.filter(pk=op.pk).update(cutoff=cutoff, counted_at=now, progress_total=total)
+        op.cutoff, op.counted_at, op.progress_total = cutoff, now, total
     while time.monotonic() < deadline:
         def batch() -> str:
             fresh_cursor = ToolPayloadOperation.objects.get(pk=op.pk)
             if fresh_cursor.cancel_requested:
                 return "cancel"
+            # Only conversations idle when it counted (r154: one whose work ended meanwhile was
+            # analysed besides, 7 of 6)
             ids = list(
-                eligible_conversations(op.cutoff).filter(id__gt=fresh_cursor.cursor_conversation)
+                eligible_conversations(op.cutoff, as_of=fresh_cursor.counted_at)
+                .filter(id__gt=fresh_cursor.cursor_conversation)
                 .values_list("id", flat=True)[:ANALYSIS_BATCH]
             )
             if not ids:

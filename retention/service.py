@@ -255,10 +255,14 @@ BACKUPS_SHOWN = 20  # the newest backups the status lists (it is read every seco
 
 def _backups() -> tuple[list[dict[str, Any]], int, set[str] | None]:
     """The newest BACKUPS_SHOWN backups, how many older ones the backup folder holds, and the
-    names of all of them (None: the backup primitives are not installed)."""
+    names of all of them (None: the backup primitives are not installed, or the folder is missing)."""
     try:
-        from retention.backups import list_backups
+        from retention.backups import list_backups, readable_backup_dir
     except ImportError:  # the backup primitives are not installed in this build
+        return [], 0, None
+    if readable_backup_dir() is None:
+        # No folder (a disk not mounted, a host without the shared one): whether a backup is
+        # still there cannot be told (r154: every backup was said to be gone from it)
         return [], 0, None
     receipts = list_backups()
     return [

@@ -925,6 +925,22 @@ def test_the_language_headers_read_are_bounded():
         assert time.monotonic() - started < 0.25, filler[:20]
 
 
+def test_the_request_id_is_read_from_a_complete_line_and_quickly_whatever_the_client_pads():
+    """The caller's sane X-Request-ID (blanks around it dropped), else a new one; a line with a
+    bare CR inside is no line. r154: spaces ending in a bare CR took the pattern quadratic time
+    (1.3 s a line; 130 s for a head of 100 such lines, in the worker's main loop)."""
+    from ops.gunicorn_worker import request_id_of
+
+    assert request_id_of(b"GET / HTTP/1.1\r\nx-request-id: \t abc-123 \r\n\r\n") == "abc-123"
+    assert request_id_of(b"GET / HTTP/1.1\r\nX-Request-ID: a\rb\r\n\r\n") != "a"
+    assert re.fullmatch(r"[0-9a-f]{32}", request_id_of(b"GET / HTTP/1.1\r\nX-Request-ID: bad value\r\n\r\n"))
+    assert request_id_of(bytearray(b"GET / HTTP/1.1\nX-Request-ID: r1\n\nGET / HTTP/1.1\nX-Request-ID: r2\n\n")) == "r1"
+    hostile = b"GET / HTTP/1.1\r\n" + (b"X-Request-ID: a" + b" " * 8150 + b"\rx\r\n") * 100 + b"\r\n"
+    started = time.monotonic()
+    assert re.fullmatch(r"[0-9a-f]{32}", request_id_of(hostile))
+    assert time.monotonic() - started < 1.0
+
+
 @pytest.mark.parametrize(("cookie", "accept", "language"), [
     (b"", b"", "en"),
     (b"django_language=es", b"en", "es"),  # the cookie first

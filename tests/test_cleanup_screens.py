@@ -923,6 +923,43 @@ def test_a_removed_backup_shows_as_removed_and_no_backup_failure(admin_client, a
     assert [op["backup"]["present"] for op in api["history"] if op["kind"] == "backup"] == [False]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_backup_folder_that_is_not_there_says_nothing_of_its_backups_and_is_not_made(
+        admin_client, admin_user, settings, tmp_path):
+    """r154: with the folder missing (a disk not mounted, a host without the shared folder) the
+    card, its API and the Operations page said the backup was no longer in the folder, and the
+    next delete made the folder, empty, and took the backup off the earlier receipt."""
+    import shutil
+
+    from lifecycle.actions.request_deletion import request_deletion
+    from lifecycle.deletion import executor
+
+    folder = tmp_path / "backups"
+    settings.LETHE_BACKUP_DIR = str(folder)
+    old_conversation("first", tools=2)
+    held = factories.make_conversation(title="held")  # in the backup
+    enable(admin_user, choice="create")
+    backup = run(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision))
+    assert run(ToolPayloadOperation.objects.get(kind="cleanup").pk).removed_messages == 3
+    deleted = request_deletion(held, key="held", acting_user=admin_user)
+    assert executor.run_erasure(deleted.pk) == "completed"
+    deleted.refresh_from_db()
+    assert [h["name"] for h in deleted.receipt["holders"] if h["kind"] == "backup"] == [backup.backup_name]
+
+    shutil.move(folder, tmp_path / "unmounted")
+    html = page(admin_client)
+    assert 'data-testid="backup-gone"' not in html and "no longer in the backup folder" not in html
+    listing = admin_client.get("/operations/", HTTP_HOST="127.0.0.1").content.decode()
+    assert 'data-testid="backup-gone"' not in listing
+    api = admin_client.get("/api/v1/system/tool-payload-retention", HTTP_HOST="127.0.0.1").json()
+    assert [op["backup"]["present"] for op in api["history"] if op["kind"] == "backup"] == [None]
+    other = request_deletion(factories.make_conversation(title="other"), key="other", acting_user=admin_user)
+    assert executor.run_erasure(other.pk) == "completed"
+    assert not folder.exists()
+    deleted.refresh_from_db()
+    assert [h["name"] for h in deleted.receipt["holders"] if h["kind"] == "backup"] == [backup.backup_name]
+
+
 @pytest.mark.parametrize("data", [
     {"age_value": "3", "age_unit": "years", "revision": "1"},
     {"age_value": "3", "age_unit": "months", "revision": "x"},

@@ -69,6 +69,22 @@ def test_a_server_that_refuses_the_database_or_role_says_so_not_that_it_cannot_b
     assert lines[0].endswith("Create the database or its role (docs/deploy.md), or correct DATABASE_URL, then start again.")
 
 
+@pytest.mark.skipif(not os.environ.get("DATABASE_URL", "").startswith("postgres"), reason="a PostgreSQL server")
+def test_a_server_that_refuses_a_setting_is_not_said_to_lack_the_database(tmp_path):
+    """r154: every refusal the server sent was answered with 'Create the database or its role'."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "ENGINE_URL")}
+    env.update(DJANGO_SETTINGS_MODULE="console.settings_test", LETHE_VAR_DIR=str(tmp_path / "var"),
+               ENGINE_HOME=str(tmp_path / "lethe-engine"),
+               DATABASE_URL=os.environ["DATABASE_URL"] + "?options=-c%20lethe_no_such.setting%3D1%20-c%20statement_timeout%3Dx")
+    result = subprocess.run([sys.executable, "manage.py", "migrate"], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=120)
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("{")]
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
+    assert " refused the connection to database " in lines[0] and "Create the database" not in lines[0], lines[0]
+    assert lines[0].endswith("Correct DATABASE_URL or the server's settings, or wait for the server if it is starting "
+                             "or full, then start again.")
+
+
 def _env(tmp_path, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "ENGINE_URL")}
     env.update(DJANGO_SETTINGS_MODULE="console.settings_test", LETHE_VAR_DIR=str(tmp_path / "var"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import json
 import re
 import subprocess
 import threading
@@ -209,6 +211,53 @@ def test_a_row_whose_origin_names_no_conversation_is_ambiguous_never_another_con
     assert op.state == "completed"
     assert fleet.read_rows(EngineHome().fleet_path) == []
     assert b"SECRET-CHILD-CONTENT" not in EngineHome().fleet_path.read_bytes()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("origin", ["upper", "legacy", "none-but-prompt"])
+def test_a_row_of_unknown_origin_that_names_the_conversation_stays_its_delete_whenever_it_ran(
+        admin_user, engine_home, origin):
+    """r154: such a row that began after the conversation's last activity (a child started just
+    after the last item) was neither ambiguous nor compacted: the delete completed, the check
+    called it clean and the row kept the prompt. A row naming the conversation is ambiguous
+    whatever its times; a new one is refused once the delete is under way; one that appears
+    after is named by the erasure check."""
+    from datetime import timedelta
+
+    from django.core.management import call_command
+
+    target = factories.make_conversation(days_idle=5)
+    later = target.last_activity_at + timedelta(days=1)
+    naming = {"upper": {"conversation": target.public_id.upper()},
+              "legacy": {"conversation": f"legacy:{target.public_id}"}, "none-but-prompt": None}[origin]
+    late = {**row("sa_late", None, started_at=later.isoformat(), finished_at=(later + timedelta(hours=1)).isoformat(),
+                  prompt=f"SECRET-CHILD-CONTENT of {target.public_id}"), "origin": naming}
+    unrelated = {**row("sa_other", None, started_at=later.isoformat(), finished_at=later.isoformat()), "origin": None}
+    fleet.write_snapshot([late, unrelated])
+    op = request_deletion(target, key="late-1", acting_user=admin_user)
+    assert (op.state, op.reasons) == ("unavailable", ["conversation_child_ownership_ambiguous"])
+
+    resolve_subagent("sa_late", action="clear", acting_user=admin_user)
+    op = request_deletion(target, key="late-2", acting_user=admin_user)
+    assert op.state == "pending"
+    with pytest.raises(ActionRefused):  # a new row naming it, while its delete is under way
+        fleet.put_row({**late, "agent_id": "sa_again"})
+    executor.run_erasure(op.pk)
+    op.refresh_from_db()
+    assert op.state == "completed"
+    home = EngineHome()
+    assert [r["agent_id"] for r in fleet.read_rows(home.fleet_path)] == ["sa_other"]  # the other row kept
+    # One written behind Lethe's back afterwards is residue the check names
+    fleet.update_file(home, home.fleet_path, lambda rows: [*rows, {**late, "agent_id": "sa_behind"}])
+    assert [r["agent_id"] for r in fleet.read_rows(home.fleet_path)] == ["sa_other", "sa_behind"]
+    out = io.StringIO()
+    with pytest.raises(SystemExit) as caught:
+        call_command("verify_erasure", target.public_id, "--json", stdout=out)
+    assert caught.value.code == 1
+    findings = json.loads(out.getvalue())["reports"][0]["logical_findings"]
+    assert {"what": "fleet_rows", "count": 1} in [{k: f[k] for k in ("what", "count")} for f in findings], findings
+    op.refresh_from_db()
+    assert op.receipt["verification"]["logical"] == "found"
 
 
 @pytest.mark.django_db

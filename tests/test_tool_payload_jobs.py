@@ -735,6 +735,53 @@ def test_open_runtime_work_protects_an_old_conversation_from_analysis_and_cleanu
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("kind", ["run", "analysis"])
+def test_work_that_began_after_the_count_and_ended_before_the_batch_leaves_the_conversation_out(
+        admin_user, monkeypatch, kind):
+    """r154: a claim opened after the run's count time (the count's snapshot is a moment later,
+    or a writer's clock runs ahead) kept the conversation out of the count; once resolved, the
+    batches took it: done 9 of 6. Work that ended after the count time leaves it out, whenever
+    it began; the analysis scans only what it counted too (it scanned 7 of 6)."""
+    from lifecycle.models import RuntimeClaim
+
+    monkeypatch.setattr(jobs, "CONVERSATIONS_PER_BATCH", 1)
+    monkeypatch.setattr(jobs, "ANALYSIS_BATCH", 1)
+    old_conversation("first", tools=2)
+    second = old_conversation("second", tools=2)
+    later = timezone.now() + timedelta(seconds=30)  # opened after the count's time
+    claim = RuntimeClaim.objects.create(conversation=second, kind="shell_job", opened_at=later)
+    resolved = []
+
+    def resolve(*_args):
+        if not resolved:
+            resolved.append(RuntimeClaim.objects.filter(pk=claim.pk).update(resolved_at=later + timedelta(seconds=1)))
+
+    if kind == "analysis":
+        op = jobs._claim(service.start_analysis(user=admin_user, age_value=3, age_unit="months"), "t")
+        original = jobs._skip_counts
+
+        def counting(items):  # the first batch has read its conversation: the work ends now
+            found = original(items)
+            resolve()
+            return found
+
+        monkeypatch.setattr(jobs, "_skip_counts", counting)
+        while jobs._analysis_step(op, "t") != "done":
+            op.refresh_from_db()
+        done = ToolPayloadOperation.objects.get(pk=op.pk)
+        assert (done.state, done.progress_total, done.scanned, done.progress_done) == ("succeeded", 1, 1, 1)
+        assert done.eligible_conversations == 1
+        return
+    enable(admin_user)
+    op = jobs._claim(service.start_run(user=admin_user, revision=ToolPayloadPolicy.load().revision), "t")
+    assert jobs._cleanup_step(op, "t", after_batch=resolve) == "done"
+    done = ToolPayloadOperation.objects.get(pk=op.pk)
+    assert done.state == "succeeded" and done.eligible_conversations == 1
+    assert done.progress_done == done.progress_total == done.removed_messages == 3
+    assert not Item.objects.filter(conversation=second, details_removed_at__isnull=False).exists()
+
+
+@pytest.mark.django_db
 def test_a_run_counts_what_it_leaves_alone_as_the_analysis_does(admin_user):
     """Unknown or unsupported data stays intact and is counted as skipped (AC-TPR-002.5), in the
     run's own results too (002.6), as the analysis counted it; details removed by an earlier

@@ -154,12 +154,19 @@ def forget_vanished_backups(operation_id: int) -> None:
     is gone now (discarded meanwhile, its `forget_backup` having run before this receipt was
     committed) is taken off again."""
     from lifecycle.models import DeleteOperation
-    from retention.backups import NAME_PATTERN, TEMP_PREFIX, backup_dir
+    from retention.backups import (
+        NAME_PATTERN,
+        TEMP_PREFIX,
+        BackupFolderUnreadable,
+        readable_backup_dir,
+    )
 
     receipt = DeleteOperation.objects.filter(pk=operation_id).values_list("receipt", flat=True).first() or {}
     try:
-        folder = backup_dir()
-    except OSError:  # the folder cannot be read now: the receipt keeps naming what it named
+        folder = readable_backup_dir()
+    except BackupFolderUnreadable:  # the folder cannot be read now: the receipt keeps naming what it named
+        return
+    if folder is None:  # missing (r154: this made it, empty, and took every backup off the receipts)
         return
     for holder in receipt.get("holders", []):
         name = holder.get("name") or ""

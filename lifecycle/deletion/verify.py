@@ -134,7 +134,8 @@ def logical_findings(conversation: Conversation, home: EngineHome) -> list[Findi
                 continue
             if s.shared_file:
                 try:
-                    n = len(fleet.children(fleet.read_rows(path, cached=True), conversation))
+                    # its rows, and rows of unknown origin naming it (r154)
+                    n = len(fleet.named_rows(fleet.read_rows(path, cached=True), conversation))
                     # entries of the file besides its rows that name it (another runtime's records)
                     outside = fleet.named_outside_rows(path, conversation.public_id, cached=True)
                 except fleet.FleetUnreadable:
