@@ -205,6 +205,17 @@ def readable_backup_dir() -> Path | None:
         raise BackupFolderUnreadable(exc.errno, exc.strerror, str(directory)) from exc
 
 
+def ever_used(directory: Path) -> bool:
+    """Whether a backup was ever made in the folder: every backup leaves its lock file there
+    (`_folder_lock`), and an operator removing old backups leaves it. A folder without it holds
+    no backup Lethe made: an empty mount point of a disk not mounted, another host's empty
+    folder. Whether one of Lethe's backups is gone from the folder is told only in a folder where
+    one was made (r156: such a folder said every backup was gone, and the erasure check dated
+    their removal). (What a folder holds is read in any: an operator's own copy there is named
+    as holding a conversation.)"""
+    return os.path.lexists(directory / LOCK_NAME)
+
+
 def list_backup_folder(directory: Path) -> list[Path]:
     try:
         return sorted(directory.iterdir())
@@ -701,7 +712,7 @@ def names_in_folder() -> frozenset[str] | None:
     created."""
     folder = configured_backup_dir()
     try:
-        if not folder.is_dir():
+        if not folder.is_dir() or not ever_used(folder):
             return None
         return frozenset(path.name.removeprefix(TEMP_PREFIX) for path in folder.iterdir())
     except OSError:

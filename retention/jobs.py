@@ -614,7 +614,9 @@ def _analysis_step(op: ToolPayloadOperation, token: str) -> str:
             _finish(op, token, OperationState.CANCELLED)
             return "done"
         if result == "end":
-            _finish(op, token, OperationState.SUCCEEDED)
+            # Every conversation it counted was analysed or left out as no longer idle since its
+            # count (r156: "done 1 of 2" for a succeeded analysis): the count is done.
+            _finish(op, token, OperationState.SUCCEEDED, progress_done=F("progress_total"))
             return "done"
     return "more"
 

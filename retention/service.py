@@ -257,10 +257,11 @@ def _backups() -> tuple[list[dict[str, Any]], int, set[str] | None]:
     """The newest BACKUPS_SHOWN backups, how many older ones the backup folder holds, and the
     names of all of them (None: the backup primitives are not installed, or the folder is missing)."""
     try:
-        from retention.backups import list_backups, readable_backup_dir
+        from retention.backups import ever_used, list_backups, readable_backup_dir
     except ImportError:  # the backup primitives are not installed in this build
         return [], 0, None
-    if readable_backup_dir() is None:
+    folder = readable_backup_dir()
+    if folder is None or not ever_used(folder):
         # No folder (a disk not mounted, a host without the shared one): whether a backup is
         # still there cannot be told (r154: every backup was said to be gone from it)
         return [], 0, None

@@ -451,7 +451,7 @@ def test_records_of_the_conversation_outside_the_fleet_rows_keep_the_delete_from
     with pytest.raises(SystemExit) as caught:
         call_command("verify_erasure", pid)
     assert caught.value.code == 1
-    assert "subagents (fleet_records: 1)" in capsys.readouterr().out
+    assert "subagents (fleet_records: 1; follow_ups)" in capsys.readouterr().out  # the entry named
 
 
 @pytest.mark.parametrize(("entry", "held"), [

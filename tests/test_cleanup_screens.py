@@ -7,10 +7,12 @@ operation, a failed backup): there the operation row is set as the job would lea
 
 from __future__ import annotations
 
+import io
 import json
 import re
 
 import pytest
+from django.core.management import call_command
 from django.db import DatabaseError, connection
 from django.db.models import Sum
 from django.template.defaultfilters import filesizeformat
@@ -924,8 +926,9 @@ def test_a_removed_backup_shows_as_removed_and_no_backup_failure(admin_client, a
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("empty", [False, True], ids=["missing", "empty-mount-point"])
 def test_a_backup_folder_that_is_not_there_says_nothing_of_its_backups_and_is_not_made(
-        admin_client, admin_user, settings, tmp_path):
+        admin_client, admin_user, settings, tmp_path, empty):
     """r154: with the folder missing (a disk not mounted, a host without the shared folder) the
     card, its API and the Operations page said the backup was no longer in the folder, and the
     next delete made the folder, empty, and took the backup off the earlier receipt."""
@@ -947,6 +950,8 @@ def test_a_backup_folder_that_is_not_there_says_nothing_of_its_backups_and_is_no
     assert [h["name"] for h in deleted.receipt["holders"] if h["kind"] == "backup"] == [backup.backup_name]
 
     shutil.move(folder, tmp_path / "unmounted")
+    if empty:
+        folder.mkdir()  # a disk not mounted leaves its empty mount point (r156)
     html = page(admin_client)
     assert 'data-testid="backup-gone"' not in html and "no longer in the backup folder" not in html
     listing = admin_client.get("/operations/", HTTP_HOST="127.0.0.1").content.decode()
@@ -955,8 +960,11 @@ def test_a_backup_folder_that_is_not_there_says_nothing_of_its_backups_and_is_no
     assert [op["backup"]["present"] for op in api["history"] if op["kind"] == "backup"] == [None]
     other = request_deletion(factories.make_conversation(title="other"), key="other", acting_user=admin_user)
     assert executor.run_erasure(other.pk) == "completed"
-    assert not folder.exists()
+    assert folder.exists() == empty and not any(folder.iterdir() if empty else ())
+    out = io.StringIO()
+    call_command("verify_erasure", "--all", stdout=out)
     deleted.refresh_from_db()
+    assert not [h for h in deleted.receipt["holders"] if "removed_at" in h]
     assert [h["name"] for h in deleted.receipt["holders"] if h["kind"] == "backup"] == [backup.backup_name]
 
 

@@ -255,9 +255,51 @@ def test_a_row_of_unknown_origin_that_names_the_conversation_stays_its_delete_wh
         call_command("verify_erasure", target.public_id, "--json", stdout=out)
     assert caught.value.code == 1
     findings = json.loads(out.getvalue())["reports"][0]["logical_findings"]
-    assert {"what": "fleet_rows", "count": 1} in [{k: f[k] for k in ("what", "count")} for f in findings], findings
+    assert {"what": "fleet_rows", "count": 1, "where": "sa_behind"} in [
+        {k: f[k] for k in ("what", "count", "where")} for f in findings], findings  # the id to clear (r156)
     op.refresh_from_db()
     assert op.receipt["verification"]["logical"] == "found"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("action", ["clear", "attribute"])
+@pytest.mark.parametrize("where", ["legacy", "same-file"])
+def test_a_copy_of_unknown_origin_beside_one_that_names_its_conversation_can_be_resolved(
+        admin_user, engine_home, action, where):
+    """r156: one agent id with a copy naming its conversation (the other file's, or twice in one
+    file) and a copy of unknown origin quoting the target's id: the delete was held back by the
+    latter and every resolution refused for the former, with no way out but editing the file.
+    The resolution changes the unknown copies only; the other stays as it was."""
+    from datetime import timedelta
+
+    target, other = factories.make_conversation(days_idle=5), factories.make_conversation(days_idle=5)
+    later = (target.last_activity_at + timedelta(days=400)).isoformat()
+    known = row("sa_b", other, prompt=f"about {target.public_id}")
+    unknown = {**row("sa_b", None, started_at=later, finished_at=later, prompt=f"about {target.public_id}"),
+               "origin": None}
+    home = EngineHome()
+    if where == "legacy":
+        fleet.write_snapshot([known])
+        fleet.update_file(home, home.legacy_fleet_path, lambda rows: [unknown])
+    else:
+        fleet.update_file(home, home.fleet_path, lambda rows: [known, unknown])
+    op = request_deletion(target, key="mixed-1", acting_user=admin_user)
+    assert (op.state, op.reasons) == ("unavailable", ["conversation_child_ownership_ambiguous"])
+    if action == "clear":
+        resolve_subagent("sa_b", action="clear", acting_user=admin_user)
+        resolve_subagent("sa_b", action="clear", acting_user=admin_user)  # a retry answers as the first
+    else:
+        resolve_subagent("sa_b", action="attribute", conversation=other, acting_user=admin_user)
+        resolve_subagent("sa_b", action="attribute", conversation=other, acting_user=admin_user)
+    rows = fleet.read_rows(home.fleet_path) + fleet.read_rows(home.legacy_fleet_path)
+    assert known in rows  # untouched
+    assert [fleet.origin_of(r) for r in rows] == [other.public_id] * (1 if action == "clear" else 2)
+    op = request_deletion(target, key="mixed-2", acting_user=admin_user)
+    assert op.state == "pending"
+    executor.run_erasure(op.pk)
+    op.refresh_from_db()
+    assert op.state == "completed"
+    assert known in fleet.read_rows(home.fleet_path) + fleet.read_rows(home.legacy_fleet_path)
 
 
 @pytest.mark.django_db

@@ -735,6 +735,33 @@ def test_open_runtime_work_protects_an_old_conversation_from_analysis_and_cleanu
 
 
 @pytest.mark.django_db
+def test_an_analysis_that_leaves_out_a_conversation_no_longer_idle_still_ends_its_count(admin_user, monkeypatch):
+    """r156: a conversation counted, then with work opened and ended before its batch, was left
+    out by the batches (as it should), and the analysis succeeded at 'done 1 of 2'."""
+    from lifecycle.models import RuntimeClaim
+
+    monkeypatch.setattr(jobs, "ANALYSIS_BATCH", 1)
+    old_conversation("first", tools=2)
+    second = old_conversation("second", tools=2)
+    op = jobs._claim(service.start_analysis(user=admin_user, age_value=3, age_unit="months"), "t")
+    original = jobs._skip_counts
+
+    def counting(items):  # after the count, before the second conversation's batch
+        found = original(items)
+        if not RuntimeClaim.objects.exists():
+            now = timezone.now()
+            RuntimeClaim.objects.create(conversation=second, kind="shell_job", opened_at=now, resolved_at=now)
+        return found
+
+    monkeypatch.setattr(jobs, "_skip_counts", counting)
+    while jobs._analysis_step(op, "t") != "done":
+        op.refresh_from_db()
+    done = ToolPayloadOperation.objects.get(pk=op.pk)
+    assert (done.state, done.progress_total, done.progress_done, done.scanned) == ("succeeded", 2, 2, 1)
+    assert done.eligible_conversations == 1
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize("kind", ["run", "analysis"])
 def test_work_that_began_after_the_count_and_ended_before_the_batch_leaves_the_conversation_out(
         admin_user, monkeypatch, kind):

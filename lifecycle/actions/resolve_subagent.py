@@ -217,21 +217,27 @@ def _unsafe_refusal() -> ActionRefused:
 
 
 def _state(rows: list, agent_id: str, action: str, target: Conversation | None) -> str:
-    """ABSENT: no row has the id; DONE: every row is attributed here to the target; CHANGE: the
-    files are to change. Refuses a row that names its conversation itself."""
+    """ABSENT: no row has the id (or a clear of it is recorded and no copy of unknown origin is
+    left); DONE: none is left and a copy is attributed here to the target; CHANGE: the files are
+    to change. Refuses a row that names its conversation itself."""
     found = [row for _path, row in rows if row.get("agent_id") == agent_id]
     if not found:
         return ABSENT
-    if action == "attribute" and all(_attributed_to(row, target) for row in found):
-        return DONE
+    # Only the copies of unknown origin are the action's: a copy of the same id that names its
+    # conversation (in the other file, or twice in one) stays as it is (r156: with one such copy
+    # every resolution was refused, and the delete the other copy held back had no way out).
+    unknown = [row for row in found if fleet.origin_of(row) is None]
+    if unknown:
+        return CHANGE
     # A row this action attributed to this very conversation is no obstacle: a retry after a
     # write stopped between the two files (a full disk) finishes the other file's rows.
-    if any(fleet.origin_of(row) is not None and not (action == "attribute" and _attributed_to(row, target))
-           for row in found):
-        raise ActionRefused(
-            "subagent_not_ambiguous", _("This subagent row already names its conversation; it is not changed here.")
-        )
-    return CHANGE
+    if action == "attribute" and any(_attributed_to(row, target) for row in found):
+        return DONE
+    if action == "clear" and AuditFact.objects.filter(action=FACTS["clear"], new_value__agent_id=agent_id).exists():
+        return ABSENT  # cleared before: the retry's answer is the first one's
+    raise ActionRefused(
+        "subagent_not_ambiguous", _("This subagent row already names its conversation; it is not changed here.")
+    )
 
 
 def _answered(state: str, agent_id: str, action: str) -> bool:
@@ -253,10 +259,13 @@ def _change_files(home: EngineHome, agent_id: str, action: str, target: Conversa
     (`kept`), so recovery finishes the rest and records the whole, and says so."""
 
     def change(rows: list[dict]) -> list[dict]:
+        def ours(r: dict) -> bool:  # the id's copies of unknown origin (see _state)
+            return r.get("agent_id") == agent_id and fleet.origin_of(r) is None
+
         if action == "clear":
-            return [r for r in rows if r.get("agent_id") != agent_id]
-        return [{**r, "origin": {"conversation": target.public_id, "attributed": True}}
-                if r.get("agent_id") == agent_id else r for r in rows]
+            return [r for r in rows if not ours(r)]
+        return [{**r, "origin": {"conversation": target.public_id, "attributed": True}} if ours(r) else r
+                for r in rows]
 
     written = 0
     try:

@@ -158,6 +158,7 @@ def forget_vanished_backups(operation_id: int) -> None:
         NAME_PATTERN,
         TEMP_PREFIX,
         BackupFolderUnreadable,
+        ever_used,
         readable_backup_dir,
     )
 
@@ -166,7 +167,9 @@ def forget_vanished_backups(operation_id: int) -> None:
         folder = readable_backup_dir()
     except BackupFolderUnreadable:  # the folder cannot be read now: the receipt keeps naming what it named
         return
-    if folder is None:  # missing (r154: this made it, empty, and took every backup off the receipts)
+    if folder is None or not ever_used(folder):
+        # missing, or no backup was made there (a disk not mounted): whether one is gone cannot
+        # be told (r154: this made it, empty, and took every backup off the receipts)
         return
     for holder in receipt.get("holders", []):
         name = holder.get("name") or ""

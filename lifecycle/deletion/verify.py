@@ -34,6 +34,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
+from console.shown import written_out
 from lifecycle import engine_folder, fleet
 from lifecycle.deletion import executor, files
 from lifecycle.deletion.fingerprints import Hit, Scanner
@@ -134,15 +135,18 @@ def logical_findings(conversation: Conversation, home: EngineHome) -> list[Findi
                 continue
             if s.shared_file:
                 try:
-                    # its rows, and rows of unknown origin naming it (r154)
-                    n = len(fleet.named_rows(fleet.read_rows(path, cached=True), conversation))
+                    # its rows, and rows of unknown origin naming it (r154), these by their ids:
+                    # what the admin clears (r156: no screen or line named them)
+                    named = fleet.named_rows(fleet.read_rows(path, cached=True), conversation)
+                    n = len(named)
+                    unknown = sorted({written_out(r.get("agent_id")) for r in named if fleet.origin_of(r) is None})
                     # entries of the file besides its rows that name it (another runtime's records)
                     outside = fleet.named_outside_rows(path, conversation.public_id, cached=True)
                 except fleet.FleetUnreadable:
                     out.append(Finding(s.key, "unreadable"))
                     continue
                 if n:
-                    out.append(Finding(s.key, "fleet_rows", n))
+                    out.append(Finding(s.key, "fleet_rows", n, where=", ".join(unknown)))
                 if outside:
                     out.append(Finding(s.key, "fleet_records", len(outside), where=", ".join(outside)))
                 # a temporary a killed writer left beside the fleet file, holding its rows

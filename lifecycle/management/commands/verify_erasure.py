@@ -126,7 +126,7 @@ class Command(JsonErrors, BaseCommand):
 
     def _write(self, r, erased: list[str], *, physical: bool) -> None:
         logical = "clean" if not r.logical else "FOUND " + ", ".join(
-            f"{f.store} ({f.what}: {f.count})" for f in r.logical)
+            f"{f.store} ({f.what}: {f.count}{f'; {f.where}' if f.where else ''})" for f in r.logical)
         if erased:
             self._line(f"{r.operation}  {r.target}  erased again: {', '.join(erased)}")
         self._line(f"{r.operation}  {r.target}  logical: {logical}")
