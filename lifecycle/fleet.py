@@ -314,8 +314,12 @@ def put_row(row: Row, *, home: EngineHome | None = None) -> list[Row]:
     candidates = {origin} if origin is not None else _named_ids(row)
 
     def change(rows: list[Row]) -> list[Row]:
-        if candidates and _fenced_row(row, fenced_origins(candidates)):
-            raise refusal()
+        fenced = fenced_origins(candidates)
+        if fenced and _fenced_row(row, fenced):
+            states = set(Conversation.objects.filter(public_id__in=fenced).values_list("state", flat=True))
+            # the words of the state it is in: deleted, or being deleted (r156: "being deleted" always)
+            raise refusal(ConversationState.DELETED if states == {ConversationState.DELETED}
+                          else ConversationState.PENDING_DELETE)
         return [r for r in rows if r.get("agent_id") != agent_id] + [row]
 
     return update_fleet(change, home=home)

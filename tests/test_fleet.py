@@ -247,6 +247,9 @@ def test_a_row_of_unknown_origin_that_names_the_conversation_stays_its_delete_wh
     assert op.state == "completed"
     home = EngineHome()
     assert [r["agent_id"] for r in fleet.read_rows(home.fleet_path)] == ["sa_other"]  # the other row kept
+    with pytest.raises(ActionRefused) as refused:  # once deleted, said so (r156: "being deleted")
+        fleet.put_row({**late, "agent_id": "sa_after"})
+    assert "was deleted" in refused.value.message
     # One written behind Lethe's back afterwards is residue the check names
     fleet.update_file(home, home.fleet_path, lambda rows: [*rows, {**late, "agent_id": "sa_behind"}])
     assert [r["agent_id"] for r in fleet.read_rows(home.fleet_path)] == ["sa_other", "sa_behind"]
