@@ -99,8 +99,19 @@ def test_it_runs_the_workers_the_environment_asks_for_and_adds_up_their_figures(
 
     status, _body, headers = get(port, "/static/css/lethe.css")
     assert status == 200 and headers["Server"] == "gunicorn"
-    before = login_count(get(port, "/metrics", Authorization=f"Bearer {METRICS_TOKEN}")[1].decode())
-    assert before >= 1  # watch()'s own visits
+    # watch()'s own visits: one it gave up on (its 2 s timeout, a loaded machine starting the
+    # server) is still answered, and counted, a moment later (CI: 32 for 31); counted once the
+    # figure holds still
+    def logins() -> float:
+        return login_count(get(port, "/metrics", Authorization=f"Bearer {METRICS_TOKEN}")[1].decode())
+
+    before, deadline = logins(), time.monotonic() + 30
+    while time.monotonic() < deadline:
+        time.sleep(1.5)  # each request watch() sent is answered within its 2 s, or was given up
+        if (now := logins()) == before:
+            break
+        before = now
+    assert before >= 1
     for _ in range(30):  # a new connection each time, so the workers share them
         assert get(port, "/accounts/login/")[0] == 200
     # replaced: a worker that reached its 5 requests has just left, and its replacement may
