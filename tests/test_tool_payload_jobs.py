@@ -734,6 +734,23 @@ def test_open_runtime_work_protects_an_old_conversation_from_analysis_and_cleanu
     assert not jobs.eligible_conversations(timezone.now(), as_of=was_open).filter(pk=held.pk).exists()
 
 
+def _analysis_with(user, monkeypatch, *, after_read) -> ToolPayloadOperation:
+    """An analysis run to its end, `after_read()` called each time a batch has read its
+    conversations (before it records them); the operation as stored."""
+    op = jobs._claim(service.start_analysis(user=user, age_value=3, age_unit="months"), "t")
+    original = jobs._skip_counts
+
+    def counting(items):
+        found = original(items)
+        after_read()
+        return found
+
+    monkeypatch.setattr(jobs, "_skip_counts", counting)
+    while jobs._analysis_step(op, "t") != "done":
+        op.refresh_from_db()
+    return ToolPayloadOperation.objects.get(pk=op.pk)
+
+
 @pytest.mark.django_db
 def test_an_analysis_that_leaves_out_a_conversation_no_longer_idle_still_ends_its_count(admin_user, monkeypatch):
     """r156: a conversation counted, then with work opened and ended before its batch, was left
@@ -743,20 +760,12 @@ def test_an_analysis_that_leaves_out_a_conversation_no_longer_idle_still_ends_it
     monkeypatch.setattr(jobs, "ANALYSIS_BATCH", 1)
     old_conversation("first", tools=2)
     second = old_conversation("second", tools=2)
-    op = jobs._claim(service.start_analysis(user=admin_user, age_value=3, age_unit="months"), "t")
-    original = jobs._skip_counts
-
-    def counting(items):  # after the count, before the second conversation's batch
-        found = original(items)
+    def work_came_and_went():  # after the count, before the second conversation's batch
         if not RuntimeClaim.objects.exists():
             now = timezone.now()
             RuntimeClaim.objects.create(conversation=second, kind="shell_job", opened_at=now, resolved_at=now)
-        return found
 
-    monkeypatch.setattr(jobs, "_skip_counts", counting)
-    while jobs._analysis_step(op, "t") != "done":
-        op.refresh_from_db()
-    done = ToolPayloadOperation.objects.get(pk=op.pk)
+    done = _analysis_with(admin_user, monkeypatch, after_read=work_came_and_went)
     assert (done.state, done.progress_total, done.progress_done, done.scanned) == ("succeeded", 2, 2, 1)
     assert done.eligible_conversations == 1
 
@@ -784,18 +793,7 @@ def test_work_that_began_after_the_count_and_ended_before_the_batch_leaves_the_c
             resolved.append(RuntimeClaim.objects.filter(pk=claim.pk).update(resolved_at=later + timedelta(seconds=1)))
 
     if kind == "analysis":
-        op = jobs._claim(service.start_analysis(user=admin_user, age_value=3, age_unit="months"), "t")
-        original = jobs._skip_counts
-
-        def counting(items):  # the first batch has read its conversation: the work ends now
-            found = original(items)
-            resolve()
-            return found
-
-        monkeypatch.setattr(jobs, "_skip_counts", counting)
-        while jobs._analysis_step(op, "t") != "done":
-            op.refresh_from_db()
-        done = ToolPayloadOperation.objects.get(pk=op.pk)
+        done = _analysis_with(admin_user, monkeypatch, after_read=resolve)  # the work ends after the first read
         assert (done.state, done.progress_total, done.scanned, done.progress_done) == ("succeeded", 1, 1, 1)
         assert done.eligible_conversations == 1
         return
